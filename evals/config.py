@@ -1,0 +1,163 @@
+"""`routeopt.yaml`: the fleet of candidates and where the pipeline keeps its state.
+
+Validated with pydantic so every mistake is reported with the field that holds it. Paths are
+resolved relative to the config file, so a config works from any working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ProviderName = Literal["openai", "anthropic", "local"]
+Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8"]
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+class Candidate(BaseModel):
+    """One model the pipeline may route to: an API model or a self-hosted checkpoint+variant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    provider: ProviderName
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    variant: Variant = "api"
+    device: str = "auto"
+    input_price_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_price_per_mtok: float | None = Field(default=None, ge=0)
+    output_price_per_mtok: float | None = Field(default=None, ge=0)
+    gpu_hour_usd: float | None = Field(default=None, ge=0)
+    utilization: float = Field(default=1.0, gt=0, le=1)
+    max_concurrency: int = Field(default=8, ge=1, le=4096)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=4, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _priced(self) -> "Candidate":
+        token_priced = self.input_price_per_mtok is not None or self.output_price_per_mtok is not None
+        if token_priced and self.gpu_hour_usd is not None:
+            raise ValueError("give either token prices or gpu_hour_usd, not both")
+        if not token_priced and self.gpu_hour_usd is None:
+            raise ValueError(
+                "needs a price: input_price_per_mtok/output_price_per_mtok, or gpu_hour_usd"
+            )
+        if self.provider == "local" and self.variant == "api":
+            self.variant = "fp32"
+        return self
+
+    def api_key(self) -> str | None:
+        """The secret, read from the environment at call time only; never stored."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def public_dict(self) -> dict:
+        """What may be recorded in the database and artifacts: everything but secrets."""
+        return self.model_dump(mode="json")
+
+
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    quality_target: float = Field(default=0.95, ge=0, le=1)
+    holdout_fraction: float = Field(default=0.3, gt=0, lt=1)
+    seed: int = 0
+
+
+class Config(BaseModel):
+    """The resolved contents of `routeopt.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidates: list[Candidate] = Field(min_length=1)
+    suites_dir: Path = Path("evals/suites")
+    suites: list[str] | None = None
+    db_path: Path = Path(".routeopt/routeopt.duckdb")
+    registry_dir: Path = Path(".routeopt/registry")
+    cache_dir: Path = Path(".routeopt/cache")
+    router: RouterSettings = RouterSettings()
+    source_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("candidates")
+    @classmethod
+    def _unique_names(cls, candidates: list[Candidate]) -> list[Candidate]:
+        seen: set[str] = set()
+        for c in candidates:
+            if c.name in seen:
+                raise ValueError(f"candidate name {c.name!r} is used twice")
+            seen.add(c.name)
+        return candidates
+
+    def candidate(self, name: str) -> Candidate:
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(f"no candidate {name!r}; the config has {[c.name for c in self.candidates]}")
+
+    def fingerprint(self) -> str:
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+
+def _resolve(base: Path, p: Path) -> Path:
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def _format_errors(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid config"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and validate a config file; raise ConfigError naming the file and each bad field."""
+    path = Path(path).resolve()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(path, err)) from None
+    base = path.parent
+    return cfg.model_copy(
+        update={
+            "suites_dir": _resolve(base, cfg.suites_dir),
+            "db_path": _resolve(base, cfg.db_path),
+            "registry_dir": _resolve(base, cfg.registry_dir),
+            "cache_dir": _resolve(base, cfg.cache_dir),
+            "source_path": path,
+        }
+    )
+
+
+def default_config_path() -> Path:
+    """`$ROUTEOPT_CONFIG`, else `./routeopt.yaml`, else the demo config shipped in the package."""
+    env = os.environ.get("ROUTEOPT_CONFIG")
+    if env:
+        return Path(env)
+    local = Path("routeopt.yaml")
+    if local.exists():
+        return local
+    return Path(__file__).resolve().parent.parent / "routeopt.yaml"

@@ -1,0 +1,53 @@
+"""Model providers, one module each, created through one registry.
+
+Vendor SDKs (and torch) are imported inside each factory, so `evals` imports without them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from evals.providers.base import (
+    Completion,
+    GenerationSettings,
+    Message,
+    Provider,
+    ProviderError,
+    Request,
+)
+
+if TYPE_CHECKING:
+    from evals.config import Candidate
+
+# provider name -> "module:factory"; each factory takes a Candidate and returns a Provider.
+PROVIDERS: dict[str, str] = {
+    "openai": "evals.providers.openai_provider:create",
+    "anthropic": "evals.providers.anthropic_provider:create",
+    "local": "evals.providers.local:create",
+}
+
+
+def make_provider(candidate: "Candidate") -> Provider:
+    """Build the provider for a candidate; a miss names the providers that exist."""
+    try:
+        target = PROVIDERS[candidate.provider]
+    except KeyError:
+        raise ValueError(
+            f"candidate {candidate.name!r}: unknown provider {candidate.provider!r}; "
+            f"known: {sorted(PROVIDERS)}"
+        ) from None
+    module_name, _, factory = target.partition(":")
+    return getattr(import_module(module_name), factory)(candidate)
+
+
+__all__ = [
+    "Completion",
+    "GenerationSettings",
+    "Message",
+    "Provider",
+    "ProviderError",
+    "Request",
+    "make_provider",
+    "PROVIDERS",
+]

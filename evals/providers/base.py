@@ -1,0 +1,116 @@
+"""The one small interface every model provider implements, and the types it speaks.
+
+Providers turn a `Request` into a `Completion`, measuring time to first token and latency the
+way serving benchmarks do (vLLM's definitions: TTFT = first non-empty content chunk minus send
+time; TPOT = (latency - TTFT) / (output tokens - 1)). A provider raises `ProviderError` for
+anything that is not a complete answer, so the runner can retry, back off or record it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    top_p: float | None = None
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    messages: tuple[Message, ...]
+    settings: GenerationSettings = GenerationSettings()
+
+    @property
+    def system(self) -> str | None:
+        parts = [m.content for m in self.messages if m.role == "system"]
+        return "\n\n".join(parts) if parts else None
+
+    @property
+    def chat(self) -> list[dict[str, str]]:
+        """Messages without the system prompt, as wire-format dicts."""
+        return [{"role": m.role, "content": m.content} for m in self.messages if m.role != "system"]
+
+    @property
+    def prompt_text(self) -> str:
+        """All message text, for routing features and token estimates."""
+        return "\n".join(m.content for m in self.messages)
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    tokens_estimated: bool = False
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    chunk_gaps_s: list[float] = field(default_factory=list)
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Per-request time per output token after the first (vLLM's TPOT)."""
+        if self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+ErrorKind = Literal[
+    "rate_limited",
+    "server_error",
+    "connection",
+    "timeout",
+    "bad_response",
+    "truncated_stream",
+    "empty_content",
+    "client_error",
+    "auth",
+    "circuit_open",
+    "budget",
+    "internal",
+]
+
+RETRYABLE: frozenset[str] = frozenset(
+    {"rate_limited", "server_error", "connection", "timeout", "bad_response", "truncated_stream"}
+)
+
+
+class ProviderError(Exception):
+    """A call that produced no usable completion; `kind` says which fault it was."""
+
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """An async model client. Created per candidate; no network or heavy work in __init__."""
+
+    async def generate(self, request: Request) -> Completion: ...
+
+    async def aclose(self) -> None: ...

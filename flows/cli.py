@@ -1,0 +1,37 @@
+"""The `routeopt` command line. Each area keeps its commands in `flows/commands/<area>.py`.
+
+Heavy modules (torch, prefect, lightgbm) are imported inside the commands, so `--help` is fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import click
+
+# "module:attribute" of each click command or group added to the top-level group.
+COMMANDS: list[str] = [
+]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="routeopt")
+def cli() -> None:
+    """routeopt: find, per request, the cheapest LLM that will pass your evals.
+
+    The nightly pipeline evaluates suites across candidate models, stores outcomes in DuckDB,
+    trains a router and publishes a versioned routing policy that gateways pull.
+    """
+
+
+for _target in COMMANDS:
+    _module, _, _attr = _target.partition(":")
+    cli.add_command(getattr(import_module(_module), _attr))
+
+
+def main() -> None:
+    cli(prog_name="routeopt")
+
+
+if __name__ == "__main__":
+    main()
