@@ -141,8 +141,15 @@ def load_config(path: str | os.PathLike) -> Config:
     except ValidationError as err:
         raise ConfigError(_format_errors(path, err)) from None
     base = path.parent
+    candidates = [
+        c.model_copy(update={"model": str(base / c.model)})
+        if c.provider == "local" and not Path(c.model).is_absolute() and (base / c.model).exists()
+        else c
+        for c in cfg.candidates
+    ]
     return cfg.model_copy(
         update={
+            "candidates": candidates,
             "suites_dir": _resolve(base, cfg.suites_dir),
             "db_path": _resolve(base, cfg.db_path),
             "registry_dir": _resolve(base, cfg.registry_dir),
