@@ -11,6 +11,8 @@ import click
 
 # "module:attribute" of each click command or group added to the top-level group.
 COMMANDS: list[str] = [
+    "flows.commands.pipeline:run",
+    "flows.commands.pipeline:eval_cmd",
 ]
 
 

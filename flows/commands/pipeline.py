@@ -1,0 +1,124 @@
+"""`routeopt run` and `routeopt eval`: the nightly pipeline, whole or its evaluation stage."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from evals.config import ConfigError, default_config_path
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).",
+)
+
+
+def _common(fn: Any) -> Any:
+    fn = CONFIG_OPTION(fn)
+    fn = click.option("--run-id", default=None, help="Resume or name a run (default: a new id).")(fn)
+    fn = click.option("--db", "db_path", default=None, help="DuckDB file (default: from config).")(fn)
+    fn = click.option("--suite", "suites", multiple=True, help="Only these suites (repeatable).")(fn)
+    fn = click.option(
+        "--candidate", "candidates", multiple=True, help="Only these candidates (repeatable)."
+    )(fn)
+    fn = click.option("--no-progress", is_flag=True, help="Do not draw progress bars.")(fn)
+    return fn
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[str | None]:
+    """A rich progress bar per (suite x candidate), fed by the flow's tasks in this process."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows import nightly
+
+    bars: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+    progress = Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+    def hook(suite: str, candidate: str, advance: int, total: int) -> None:
+        with lock:
+            key = (suite, candidate)
+            if key not in bars:
+                bars[key] = progress.add_task(f"{suite} x {candidate}", total=total)
+        progress.advance(bars[key], advance)
+
+    key = f"cli-{os.getpid()}"
+    nightly._PROGRESS[key] = hook
+    with progress:
+        try:
+            yield key
+        finally:
+            nightly._PROGRESS.pop(key, None)
+
+
+def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
+    from rich.console import Console
+
+    from flows.nightly import nightly, shared_store
+    from flows.summary import candidate_table, print_summary
+
+    config_path = kw.pop("config_path") or default_config_path()
+    started = time.perf_counter()
+    try:
+        with _progress(not kw.pop("no_progress") and sys.stderr.isatty()) as progress_key:
+            result = nightly(
+                config_path=str(config_path),
+                run_id=kw["run_id"],
+                suites=list(kw["suites"]) or None,
+                candidates=list(kw["candidates"]) or None,
+                db_path=kw["db_path"],
+                train=train,
+                publish=publish,
+                progress_key=progress_key,
+            )
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    console = Console()
+    rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])
+    print_summary(console, rows, result)
+    console.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
+    if result["suite_errors"]:
+        sys.exit(1)
+
+
+@click.command("run")
+@_common
+@click.option("--no-publish", is_flag=True, help="Train and report, but publish nothing.")
+def run(**kw: Any) -> None:
+    """Run the nightly pipeline once: evaluate, store, train, publish, summarise.
+
+    Every suite runs across every candidate; outcomes go to DuckDB; a router is trained and
+    checked on held-out items; the policy is published to the registry. Re-running with the
+    same --run-id resumes: finished items are not called again.
+    """
+    _run_flow(train=True, publish=not kw.pop("no_publish"), **kw)
+
+
+@click.command("eval")
+@_common
+def eval_cmd(**kw: Any) -> None:
+    """Evaluate every suite across every candidate and store the outcomes (no training).
+
+    Resumable: with the --run-id of an interrupted run, only the remaining items are called.
+    """
+    _run_flow(train=False, publish=False, **kw)

@@ -1,0 +1,189 @@
+"""The nightly flow: evaluate every suite across every candidate, store, train, publish.
+
+The flow body reads as the pipeline's table of contents; the logic lives in plain functions of
+`evals`, `router_training` and `artifacts`. The (suite x candidate) work fans out as Prefect
+tasks, so another task runner (Dask, Ray) spreads it over machines without changing this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from evals.config import Candidate, Config, load_config
+from evals.runner import PairStats, evaluate_pair
+from evals.store import Outcome, Store
+from evals.suites import Suite, SuiteError, discover_suites, load_suite
+
+ProgressHook = Callable[[str, str, int, int], None]
+"""(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
+
+_PROGRESS: dict[str, ProgressHook] = {}
+_STORES: dict[str, Store] = {}
+
+
+def shared_store(path: Path) -> Store:
+    """The one writing connection per DuckDB file in this process (DuckDB allows one writer)."""
+    key = str(Path(path).resolve())
+    if key not in _STORES:
+        _STORES[key] = Store(key)
+    return _STORES[key]
+
+
+def close_store(path: Path) -> None:
+    store = _STORES.pop(str(Path(path).resolve()), None)
+    if store is not None:
+        store.close()
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class EvalReport:
+    run_id: str
+    suites: dict[str, str] = field(default_factory=dict)
+    suite_errors: dict[str, str] = field(default_factory=dict)
+    pairs: list[PairStats] = field(default_factory=list)
+
+
+def load_suites(cfg: Config, names: list[str] | None) -> tuple[list[Suite], dict[str, str]]:
+    """Load every suite; a broken suite is reported by name and the others still run."""
+    suites, errors = [], {}
+    for path in discover_suites(cfg.suites_dir, names or cfg.suites):
+        try:
+            suites.append(load_suite(path))
+        except SuiteError as exc:
+            errors[path.stem] = str(exc)
+    return suites, errors
+
+
+@task(name="evaluate", cache_policy=NO_CACHE, task_run_name="{suite.name} x {candidate.name}")
+def evaluate_task(
+    suite: Suite,
+    candidate: Candidate,
+    run_id: str,
+    done: list[str],
+    db_path: str | None,
+    progress_key: str | None = None,
+) -> tuple[PairStats, list[Outcome]]:
+    """Run one (suite, candidate) pair.
+
+    With `db_path` the task writes through this process's single writer as it goes (resumable
+    at batch granularity); without it (workers in other processes) it returns the rows and the
+    flow persists them.
+    """
+    hook = _PROGRESS.get(progress_key or "")
+    kept: list[Outcome] = []
+    sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
+    on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
+    stats = asyncio.run(
+        evaluate_pair(suite, candidate, run_id, sink, done=done, on_progress=on_progress)
+    )
+    return stats, kept
+
+
+def evaluate_all(
+    cfg: Config,
+    run_id: str,
+    *,
+    suites: list[str] | None = None,
+    candidates: list[str] | None = None,
+    persist_in_tasks: bool = True,
+    progress_key: str | None = None,
+) -> EvalReport:
+    """Fan (suite x candidate) out as tasks, resuming what a previous attempt of the run did."""
+    store = shared_store(cfg.db_path)
+    chosen = [cfg.candidate(n) for n in candidates] if candidates else cfg.candidates
+    store.begin_run(
+        run_id,
+        config_fingerprint=cfg.fingerprint(),
+        config=cfg.model_dump(mode="json"),
+        candidates=[c.public_dict() for c in chosen],
+    )
+    loaded, errors = load_suites(cfg, suites)
+    report = EvalReport(run_id, {s.name: s.version for s in loaded}, errors)
+    futures = []
+    for suite in loaded:
+        store.register_suite(
+            suite.name,
+            suite.version,
+            suite.spec.model_dump(mode="json"),
+            ((it.id, suite.prompt_text(it), it.fields) for it in suite.items),
+        )
+        for cand in chosen:
+            done = sorted(store.done_items(run_id, suite.name, cand.name))
+            db = str(cfg.db_path) if persist_in_tasks else None
+            futures.append(evaluate_task.submit(suite, cand, run_id, done, db, progress_key))
+    for fut in futures:
+        stats, rows = fut.result()
+        store.write_outcomes(rows)
+        report.pairs.append(stats)
+    store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
+    return report
+
+
+@task(name="train-router", cache_policy=NO_CACHE)
+def train_task(cfg: Config, run_id: str) -> Any:
+    from router_training.train import train_router
+
+    frame = shared_store(cfg.db_path).training_frame([run_id])
+    if frame.empty:
+        raise RuntimeError(f"run {run_id} has no graded outcomes to train on")
+    return train_router(
+        frame,
+        quality_target=cfg.router.quality_target,
+        holdout_fraction=cfg.router.holdout_fraction,
+        seed=cfg.router.seed,
+    )
+
+
+@task(name="publish-policy", cache_policy=NO_CACHE)
+def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
+    from artifacts.registry import publish
+
+    lineage = {"runs": [report.run_id], "suites": report.suites}
+    return publish(result.policy, cfg.registry_dir, lineage=lineage, metrics=result.metrics)
+
+
+@flow(name="routeopt-nightly", log_prints=True)
+def nightly(
+    config_path: str = "routeopt.yaml",
+    run_id: str | None = None,
+    suites: list[str] | None = None,
+    candidates: list[str] | None = None,
+    train: bool = True,
+    publish: bool = True,
+    db_path: str | None = None,
+    progress_key: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate -> store -> train -> publish, once. Re-running with the same run id resumes."""
+    logger = get_run_logger()
+    cfg = load_config(config_path)
+    if db_path:
+        cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
+    run_id = run_id or new_run_id()
+    report = evaluate_all(
+        cfg, run_id, suites=suites, candidates=candidates, progress_key=progress_key
+    )
+    for name, err in report.suite_errors.items():
+        logger.error("suite %s skipped: %s", name, err)
+    result = train_task(cfg, run_id) if train else None
+    published = publish_task(cfg, result, report) if (publish and result is not None) else None
+    return {
+        "run_id": run_id,
+        "db_path": str(cfg.db_path),
+        "suites": report.suites,
+        "suite_errors": report.suite_errors,
+        "pairs": [asdict(p) for p in report.pairs],
+        "router_metrics": result.metrics if result is not None else None,
+        "published": str(getattr(published, "path", published)) if published else None,
+    }
