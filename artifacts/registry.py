@@ -1,0 +1,296 @@
+"""The policy registry: publish immutable signed versions, move channels, promote, roll back.
+
+Layout (the same keys in a folder or a bucket):
+    versions/000007-<sha12>/   policy files, manifest.sig, manifest.json (written in that order)
+    index/000007.json          the commit point: a version exists once its index entry does
+    channels/<name>.json       {"payload": pointer, "signature": ...}, moved with a conditional write
+
+A version number is taken with a conditional create of its index entry, so two publishers can
+never both get number 7; a channel moves with a compare-and-swap on its ETag, so two promoters
+cannot both win. Both retry or fail with a clear message instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from artifacts.backends import Backend, NotFound, RegistryError, exists, open_backend
+from artifacts.manifest import (
+    MANIFEST_NAME, SIGNATURE_NAME, Pointer, build_manifest, canonical_json, check_channel,
+    format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
+)
+from artifacts.signing import resolve_signing_key, sign
+from artifacts.verify import VerificationError, read_pointer
+
+DEFAULT_TTL = timedelta(days=30)
+MAX_STACK, MAX_HISTORY, MAX_ATTEMPTS = 50, 200, 20
+
+
+class SavablePolicy(Protocol):
+    candidates: list[str]
+
+    def save(self, folder: Path) -> list[str]: ...
+    def describe(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    version: int
+    path: str
+    uri: str
+    digest: str
+    signed: bool
+    channel: str | None
+
+
+def _backend(registry: Backend | str | os.PathLike) -> Backend:
+    return registry if hasattr(registry, "put_if_match") else open_backend(registry)  # type: ignore[return-value]
+
+
+def _signing_key(key: Ed25519PrivateKey | str | os.PathLike | None) -> Ed25519PrivateKey | None:
+    return key if isinstance(key, Ed25519PrivateKey) else resolve_signing_key(key)
+
+
+def _policy_files(policy: SavablePolicy) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory(prefix="routeopt-publish-") as tmp:
+        names = policy.save(Path(tmp))
+        return {name: (Path(tmp) / name).read_bytes() for name in names}
+
+
+def version_numbers(backend: Backend) -> list[int]:
+    nums = []
+    for key in backend.list("index/"):
+        stem = key.rsplit("/", 1)[-1].removesuffix(".json")
+        if stem.isdigit():
+            nums.append(int(stem))
+    return sorted(nums)
+
+
+def publish(
+    policy: SavablePolicy, registry: Backend | str | os.PathLike, *, lineage: dict, metrics: dict,
+    channel: str | None = "latest", signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+    expires_in: timedelta | None = DEFAULT_TTL, now: datetime | None = None,
+) -> PublishedVersion:
+    """Write `policy` as the next version (signed if a key is given or `$ROUTEOPT_SIGNING_KEY` set).
+
+    Unsigned versions are allowed so a fresh install works; gateways given a public key refuse them.
+    """
+    backend, key = _backend(registry), _signing_key(signing_key)
+    files = _policy_files(policy)
+    created = now or datetime.now(timezone.utc)
+    for _ in range(MAX_ATTEMPTS):
+        number = (version_numbers(backend) or [0])[-1] + 1
+        manifest = build_manifest(version=number, files=files, lineage=lineage, metrics=metrics,
+                                  policy=policy.describe(), created_at=created, expires_in=expires_in)
+        digest = sha256_hex(manifest)
+        folder = version_dir(number, digest)
+        written = [f"{folder}/{name}" for name in files] + [f"{folder}/{MANIFEST_NAME}"]
+        for name, blob in files.items():
+            backend.put(f"{folder}/{name}", blob)
+        if key is not None:
+            backend.put(f"{folder}/{SIGNATURE_NAME}", pretty_json(sign(manifest, key).to_dict()))
+            written.append(f"{folder}/{SIGNATURE_NAME}")
+        backend.put(f"{folder}/{MANIFEST_NAME}", manifest)
+        entry = {"version": number, "path": folder, "digest": digest, "created_at": format_time(created)}
+        if backend.put_if_absent(f"index/{number:06d}.json", pretty_json(entry)):
+            break
+        backend.delete(written)  # another publisher took this number; try the next one
+    else:
+        raise RegistryError(f"{backend.location}: could not take a version number after {MAX_ATTEMPTS} tries")
+    if channel is not None:
+        move_channel(backend, channel, number, action="publish", signing_key=key, only_forward=True)
+    return PublishedVersion(number, folder, f"{backend.location.rstrip('/')}/{folder}", digest,
+                            key is not None, channel)
+
+
+def version_entry(backend: Backend, version: int) -> dict:
+    try:
+        return json.loads(backend.get(f"index/{version:06d}.json")[0])
+    except NotFound:
+        have = version_numbers(backend)
+        raise RegistryError(f"{backend.location}: no version {version}; versions are {have}") from None
+
+
+def current_pointer(backend: Backend, channel: str) -> tuple[Pointer | None, str | None]:
+    """The channel's pointer (unchecked signature: the writer side) and its ETag, or (None, None)."""
+    try:
+        got = read_pointer(backend, channel, None)
+    except VerificationError as exc:
+        if "no such channel" in str(exc):
+            return None, None
+        raise RegistryError(str(exc)) from None
+    assert got is not None
+    return got.pointer, got.etag
+
+
+def _next_pointer(current: Pointer | None, channel: str, entry: dict, action: str,
+                  pop: bool = False) -> Pointer:
+    ref = {"version": entry["version"], "path": entry["path"], "digest": entry["digest"]}
+    stack = list(current.stack) if current else []
+    if pop:
+        stack = stack[:-1]
+    else:
+        stack = (stack + [ref])[-MAX_STACK:]
+    now = format_time(datetime.now(timezone.utc))
+    seq = (current.seq if current else 0) + 1
+    history = (list(current.history) if current else []) + [
+        {"seq": seq, "version": entry["version"], "action": action, "at": now}]
+    return Pointer(channel=channel, seq=seq, version=entry["version"], path=entry["path"],
+                   digest=entry["digest"], action=action, updated_at=now, stack=tuple(stack),
+                   history=tuple(history[-MAX_HISTORY:]))
+
+
+def _write_pointer(backend: Backend, pointer: Pointer, etag: str | None,
+                   key: Ed25519PrivateKey | None) -> bool:
+    payload = pointer.payload()
+    signature = sign(canonical_json(payload), key).to_dict() if key is not None else None
+    doc = pretty_json({"payload": payload, "signature": signature})
+    return backend.put_if_match(f"channels/{pointer.channel}.json", doc, etag)
+
+
+def move_channel(
+    backend: Backend | str | os.PathLike, channel: str, version: int, *, action: str = "promote",
+    signing_key: Ed25519PrivateKey | str | os.PathLike | None = None, only_forward: bool = False,
+    allow_downgrade: bool = False,
+) -> Pointer | None:
+    """Point `channel` at `version` with a compare-and-swap; refuse going backwards unless allowed.
+
+    A deliberate downgrade is recorded as a signed 'rollback' so gateways accept it.
+    With `only_forward` (publishing to `latest`) an older version is silently not moved.
+    """
+    backend, key = _backend(backend), _signing_key(signing_key)
+    check_channel(channel)
+    entry = version_entry(backend, version)
+    for _ in range(MAX_ATTEMPTS):
+        current, etag = current_pointer(backend, channel)
+        this_action = action
+        if current is not None and version <= current.version:
+            if only_forward or version == current.version:
+                return current
+            if not allow_downgrade:
+                raise RegistryError(f"channel {channel} is at version {current.version}; moving it back "
+                                    f"to {version} needs --allow-downgrade (or use rollback)")
+            this_action = "rollback"
+        pointer = _next_pointer(current, channel, entry, this_action)
+        if _write_pointer(backend, pointer, etag, key):
+            return pointer
+    raise RegistryError(f"{backend.location}: channel {channel} kept changing; try again")
+
+
+def rollback(backend: Backend | str | os.PathLike, channel: str, *,
+             signing_key: Ed25519PrivateKey | str | os.PathLike | None = None) -> Pointer:
+    """Move `channel` back to the version it held before the current one (signed 'rollback')."""
+    backend, key = _backend(backend), _signing_key(signing_key)
+    current, etag = current_pointer(backend, channel)
+    if current is None or len(current.stack) < 2:
+        raise RegistryError(f"channel {channel}: no earlier version to roll back to")
+    entry = dict(current.stack[-2])
+    pointer = _next_pointer(current, channel, entry, "rollback", pop=True)
+    if not _write_pointer(backend, pointer, etag, key):
+        raise RegistryError(f"channel {channel} changed while rolling back; check `policies list` and retry")
+    return pointer
+
+
+def list_channels(backend: Backend | str | os.PathLike) -> dict[str, Pointer]:
+    backend = _backend(backend)
+    out = {}
+    for key in backend.list("channels/"):
+        name = key.rsplit("/", 1)[-1].removesuffix(".json")
+        pointer, _ = current_pointer(backend, name)
+        if pointer is not None:
+            out[name] = pointer
+    return out
+
+
+def list_versions(registry: Backend | str | os.PathLike) -> list[dict]:
+    """One row per version: number, created_at, digest, channels on it, headline metrics."""
+    backend = _backend(registry)
+    channels = list_channels(backend)
+    rows = []
+    for number in version_numbers(backend):
+        entry = version_entry(backend, number)
+        manifest = parse_manifest(backend.get(f"{entry['path']}/{MANIFEST_NAME}")[0])
+        rows.append({
+            **entry,
+            "expires_at": manifest.raw.get("expires_at"),
+            "signed": exists(backend, f"{entry['path']}/{SIGNATURE_NAME}"),
+            "channels": sorted(c for c, p in channels.items() if p.version == number),
+            "metrics": headline(manifest.metrics),
+        })
+    return rows
+
+
+def show(registry: Backend | str | os.PathLike, version: int) -> dict:
+    """The full manifest of one version."""
+    backend = _backend(registry)
+    entry = version_entry(backend, version)
+    return json.loads(backend.get(f"{entry['path']}/{MANIFEST_NAME}")[0])
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}
+
+
+def diff(registry: Backend | str | os.PathLike, a: int, b: int) -> dict[str, dict]:
+    """What changed between two versions: candidates, policy description (thresholds), metrics."""
+    ma, mb = show(registry, a), show(registry, b)
+    out: dict[str, dict] = {}
+    for section in ("policy", "metrics", "lineage"):
+        fa, fb = _flatten(ma.get(section, {})), _flatten(mb.get(section, {}))
+        changed = {k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+        out[section] = changed
+    ca = set(ma.get("policy", {}).get("candidates", []) or [])
+    cb = set(mb.get("policy", {}).get("candidates", []) or [])
+    out["candidates"] = {"added": sorted(cb - ca), "removed": sorted(ca - cb)}
+    return out
+
+
+_PASS_KEYS = ("pass_rate", "router_pass_rate", "quality")
+_COST_KEYS = ("cost_usd", "router_cost_usd", "cost", "mean_cost_usd")
+
+
+def _metric(metrics: dict, names: tuple[str, ...]) -> float | None:
+    for scope in (metrics, metrics.get("router") if isinstance(metrics.get("router"), dict) else {}):
+        for name in names:
+            value = scope.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def headline(metrics: dict) -> dict:
+    return {"pass_rate": _metric(metrics, _PASS_KEYS), "cost_usd": _metric(metrics, _COST_KEYS)}
+
+
+def gate(new_metrics: dict, champion_metrics: dict | None, tolerance: float = 0.0) -> tuple[bool, str]:
+    """Promote only if, on the same held-out items, pass rate is not lower beyond `tolerance`
+    (absolute) and cost is not higher. Metrics give `pass_rate` and `cost_usd` (top level or
+    under `router`)."""
+    new = headline(new_metrics)
+    if new["pass_rate"] is None or new["cost_usd"] is None:
+        return False, "new metrics lack pass_rate/cost_usd; cannot judge"
+    if not champion_metrics:
+        return True, "no champion yet"
+    old = headline(champion_metrics)
+    if old["pass_rate"] is None or old["cost_usd"] is None:
+        return True, "champion has no comparable metrics"
+    if new["pass_rate"] < old["pass_rate"] - tolerance:
+        return False, (f"pass rate {new['pass_rate']:.4f} is below champion {old['pass_rate']:.4f} "
+                       f"by more than {tolerance}")
+    if new["cost_usd"] > old["cost_usd"] * (1 + 1e-9):
+        return False, f"cost {new['cost_usd']:.6g} is above champion {old['cost_usd']:.6g}"
+    return True, (f"pass rate {new['pass_rate']:.4f} vs {old['pass_rate']:.4f}, "
+                  f"cost {new['cost_usd']:.6g} vs {old['cost_usd']:.6g}")

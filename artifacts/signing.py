@@ -1,0 +1,149 @@
+"""Ed25519 keys and signatures for policy manifests and channel pointers.
+
+`cryptography` is the one dependency the gateway needs beyond numpy/lightgbm: it is the reference
+binding to OpenSSL's constant-time Ed25519, which a hand-written verifier would not match.
+Keys are PEM files (PKCS#8 private, SubjectPublicKeyInfo public); the private key path comes from
+the caller (config `signing_key`) or the `ROUTEOPT_SIGNING_KEY` environment variable, never from
+an artifact.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+SIGNING_KEY_ENV = "ROUTEOPT_SIGNING_KEY"
+PUBLIC_KEY_ENV = "ROUTEOPT_PUBLIC_KEY"
+ALGORITHM = "ed25519"
+
+
+class SigningError(ValueError):
+    """A key that cannot be read or a signature that does not verify; the message says which."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A detached signature and the id of the key that made it."""
+
+    key_id: str
+    value: bytes
+
+    def to_dict(self) -> dict:
+        return {"alg": ALGORITHM, "key_id": self.key_id,
+                "signature": base64.b64encode(self.value).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> "Signature":
+        if not isinstance(raw, dict):
+            raise SigningError(f"{where}: signature must be a JSON object")
+        if raw.get("alg") != ALGORITHM:
+            raise SigningError(f"{where}: unsupported signature algorithm {raw.get('alg')!r}")
+        try:
+            value = base64.b64decode(str(raw["signature"]), validate=True)
+            key_id = str(raw["key_id"])
+        except (KeyError, ValueError) as exc:
+            raise SigningError(f"{where}: malformed signature field ({exc})") from None
+        if len(value) != 64:
+            raise SigningError(f"{where}: an Ed25519 signature is 64 bytes, got {len(value)}")
+        return cls(key_id=key_id, value=value)
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """A short stable name for a public key, so a signature says which key to check it with."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def generate_keys(out_dir: Path) -> tuple[Path, Path]:
+    """Write a new `signing_key.pem` (mode 0600) and `public_key.pem`; refuse to overwrite."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    private_path, public_path = out_dir / "signing_key.pem", out_dir / "public_key.pem"
+    for p in (private_path, public_path):
+        if p.exists():
+            raise SigningError(f"{p}: already exists; move it away or choose another --out")
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_pem)
+        f.flush()
+        os.fsync(f.fileno())
+    public_path.write_bytes(public_pem)
+    return private_path, public_path
+
+
+def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
+    """Read a PEM Ed25519 private key, naming the file on any problem."""
+    path = Path(path)
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise SigningError(f"{path}: signing key not found") from None
+    except (ValueError, TypeError) as exc:
+        raise SigningError(f"{path}: not a PEM private key without password ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningError(f"{path}: expected an Ed25519 key, got {type(key).__name__}")
+    return key
+
+
+def load_public_key(source: str | os.PathLike | bytes | Ed25519PublicKey) -> Ed25519PublicKey:
+    """Accept a key object, PEM bytes or a path to a PEM public key."""
+    if isinstance(source, Ed25519PublicKey):
+        return source
+    where = "public key"
+    if isinstance(source, bytes):
+        data = source
+    else:
+        where = str(source)
+        try:
+            data = Path(source).read_bytes()
+        except FileNotFoundError:
+            raise SigningError(f"{source}: public key not found") from None
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as exc:
+        raise SigningError(f"{where}: not a PEM public key ({exc})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise SigningError(f"{where}: expected an Ed25519 key, got {type(key).__name__}")
+    return key
+
+
+def resolve_signing_key(configured: str | os.PathLike | None = None) -> Ed25519PrivateKey | None:
+    """The key to publish with: the configured path, else `$ROUTEOPT_SIGNING_KEY`, else None."""
+    path = configured or os.environ.get(SIGNING_KEY_ENV)
+    return load_private_key(path) if path else None
+
+
+def resolve_public_key(
+    given: str | os.PathLike | bytes | Ed25519PublicKey | None,
+) -> Ed25519PublicKey | None:
+    """The key to verify with: the argument, else `$ROUTEOPT_PUBLIC_KEY`, else None (unchecked)."""
+    if given is None:
+        env = os.environ.get(PUBLIC_KEY_ENV)
+        return load_public_key(env) if env else None
+    return load_public_key(given)
+
+
+def sign(data: bytes, key: Ed25519PrivateKey) -> Signature:
+    return Signature(key_id=key_id(key.public_key()), value=key.sign(data))
+
+
+def verify(data: bytes, signature: Signature, public_key: Ed25519PublicKey, what: str) -> None:
+    """Raise SigningError naming `what` unless `signature` is a valid signature of `data`."""
+    expected = key_id(public_key)
+    if signature.key_id != expected:
+        raise SigningError(f"{what}: signed by key {signature.key_id}, but the trusted key is {expected}")
+    try:
+        public_key.verify(signature.value, data)
+    except InvalidSignature:
+        raise SigningError(f"{what}: signature does not match the content (tampered or truncated)") from None
