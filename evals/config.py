@@ -76,6 +76,44 @@ class RouterSettings(BaseModel):
     seed: int = 0
 
 
+class BudgetSettings(BaseModel):
+    """Spend caps of one run in USD (enforced by `evals.budget.Budget`); None is no cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_usd: float | None = Field(default=None, ge=0)
+    per_candidate_usd: dict[str, float] = {}
+
+    @field_validator("per_candidate_usd")
+    @classmethod
+    def _non_negative(cls, caps: dict[str, float]) -> dict[str, float]:
+        for name, cap in caps.items():
+            if cap < 0:
+                raise ValueError(f"cap of {name!r} must be >= 0, got {cap}")
+        return caps
+
+
+class AlertSettings(BaseModel):
+    """Drift alerts (`flows/drift.py`): thresholds, and where to send them besides Prefect.
+
+    A webhook URL that embeds a token (Slack, Teams) is a secret: name its environment variable
+    in `webhook_url_env` instead of writing it in `webhook_url`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://")
+    webhook_url_env: str | None = None
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    min_pass_rate_drop: float = Field(default=0.02, ge=0, le=1)
+    cost_increase_pct: float = Field(default=10.0, ge=0)
+    latency_p95_increase_pct: float = Field(default=25.0, ge=0)
+    ttft_p95_increase_pct: float = Field(default=25.0, ge=0)
+    baseline_runs: int = Field(default=3, ge=1, le=100)
+    min_items: int = Field(default=10, ge=1)
+
+
 class Config(BaseModel):
     """The resolved contents of `routeopt.yaml`."""
 
@@ -88,6 +126,8 @@ class Config(BaseModel):
     registry_dir: Path = Path(".routeopt/registry")
     cache_dir: Path = Path(".routeopt/cache")
     router: RouterSettings = RouterSettings()
+    budget: BudgetSettings = BudgetSettings()
+    alerts: AlertSettings = AlertSettings()
     source_path: Path | None = Field(default=None, exclude=True)
 
     @field_validator("candidates")
@@ -99,6 +139,17 @@ class Config(BaseModel):
                 raise ValueError(f"candidate name {c.name!r} is used twice")
             seen.add(c.name)
         return candidates
+
+    @model_validator(mode="after")
+    def _budget_names(self) -> "Config":
+        names = {c.name for c in self.candidates}
+        unknown = sorted(set(self.budget.per_candidate_usd) - names)
+        if unknown:
+            raise ValueError(
+                f"budget.per_candidate_usd names unknown candidates {unknown}; "
+                f"the config has {sorted(names)}"
+            )
+        return self
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:
