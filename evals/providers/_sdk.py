@@ -1,0 +1,136 @@
+"""What the OpenAI and Anthropic providers share: timing, token estimates, error mapping.
+
+Timing follows vLLM's serving-benchmark definitions: TTFT is the time from sending the request
+to the first chunk with non-empty content; inter-chunk gaps are the times between consecutive
+content chunks (vLLM's ITL); TPOT = (latency - TTFT) / (output tokens - 1) (`Completion.tpot_s`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+import time
+from types import ModuleType
+from typing import Any, Mapping
+
+from evals.providers.base import ProviderError
+
+# Placeholder key for OpenAI-compatible servers that need none (vLLM, TGI): the SDKs refuse None.
+NO_KEY = "not-needed"
+_KEYLIKE = re.compile(r"(sk-[A-Za-z0-9_\-]{4,}|sk-ant-[A-Za-z0-9_\-]{4,})")
+
+
+def estimate_tokens(text: str) -> int:
+    """~4 characters per token (OpenAI's rule of thumb for English); used only when the
+    server reports no usage, and the row is marked `tokens_estimated`. Offline, no downloads."""
+    return math.ceil(len(text) / 4) if text else 0
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove the API key (and anything key-shaped) from a message before it is recorded."""
+    if secret and secret != NO_KEY:
+        text = text.replace(secret, "[redacted]")
+    return _KEYLIKE.sub("[redacted]", text)
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parsed = email.utils.parsedate_to_datetime(value) if value else None
+    if parsed is None:
+        return None
+    return max(0.0, parsed.timestamp() - time.time())
+
+
+class StreamTimer:
+    """Collects TTFT and inter-chunk gaps of the non-empty content chunks of one call."""
+
+    def __init__(self) -> None:
+        self.sent = time.perf_counter()
+        self.ttft_s: float | None = None
+        self.gaps: list[float] = []
+        self._last: float | None = None
+
+    def content(self) -> None:
+        now = time.perf_counter()
+        if self.ttft_s is None:
+            self.ttft_s = now - self.sent
+        else:
+            assert self._last is not None
+            self.gaps.append(now - self._last)
+        self._last = now
+
+    def latency(self) -> float:
+        return time.perf_counter() - self.sent
+
+
+def _status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ProviderError:
+    text = f"HTTP {status}: {message}"
+    if status == 429:
+        return ProviderError("rate_limited", text, retry_after(headers))
+    if status in (401, 403):
+        return ProviderError("auth", text)
+    if status == 408:
+        return ProviderError("timeout", text)
+    if status >= 500:
+        return ProviderError("server_error", text, retry_after(headers))
+    return ProviderError("client_error", text)
+
+
+def map_error(exc: BaseException, sdk: ModuleType, secret: str | None) -> ProviderError:
+    """Translate an SDK / transport exception into the ProviderError kind the runner acts on."""
+    import httpx
+    import httpx2
+
+    err = _map(exc, sdk, (httpx2, httpx))
+    err.message = redact(err.message, secret)[:2000]
+    err.args = (f"{err.kind}: {err.message}",)
+    return err
+
+
+def _map(exc: BaseException, sdk: ModuleType, transports: tuple[ModuleType, ...]) -> ProviderError:
+    cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+    if isinstance(exc, sdk.APIStatusError):
+        headers = exc.response.headers if exc.response is not None else None
+        return _status_error(exc.status_code, _body_message(exc), headers)
+    if isinstance(exc, sdk.APITimeoutError):
+        return ProviderError("timeout", f"request timed out{cause}")
+    if isinstance(exc, sdk.APIConnectionError):
+        return ProviderError("connection", f"{exc}{cause}")
+    if isinstance(exc, sdk.APIResponseValidationError):
+        return ProviderError("bad_response", f"response did not match the API schema: {exc}")
+    if isinstance(exc, sdk.APIError):  # e.g. an error event inside a stream
+        return ProviderError("server_error", f"error in response: {exc}")
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        return ProviderError("bad_response", f"response is not valid JSON: {exc}")
+    for t in transports:
+        if isinstance(exc, t.TimeoutException):
+            return ProviderError("timeout", f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, t.TransportError):
+            return ProviderError("connection", f"{type(exc).__name__}: {exc}")
+    return ProviderError("internal", f"{type(exc).__name__}: {exc}")
+
+
+def _body_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(getattr(exc, "message", exc))

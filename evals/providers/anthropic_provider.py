@@ -1,0 +1,163 @@
+"""Anthropic Messages through the official `anthropic` SDK; the system prompt goes in `system=`.
+
+Streams by default (raw events: message_start ... message_stop), measuring TTFT and
+inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers._sdk`). A stream without
+`message_stop` or a stop reason is a `truncated_stream` error. The SDK's retries are off; the
+runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
+`extra_body` (the Messages API accepts both), keeping evals deterministic.
+
+Token accounting: Anthropic's `input_tokens` excludes cache reads and writes; `Completion`
+counts all input, so input = input_tokens + cache_read + cache_creation, and cached input =
+`cache_read_input_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from evals.providers._sdk import NO_KEY, StreamTimer, estimate_tokens, map_error
+from evals.providers.base import Completion, ProviderError, Request
+
+if TYPE_CHECKING:
+    from evals.config import Candidate
+
+
+class AnthropicProvider:
+    """One candidate's client, created on first use."""
+
+    def __init__(self, candidate: "Candidate", *, stream: bool = True):
+        self.candidate = candidate
+        self.stream = stream
+        self._client: Any = None
+
+    def _sdk(self) -> Any:
+        if self._client is None:
+            import anthropic
+
+            key = self.candidate.api_key()
+            if self.candidate.api_key_env and not key:
+                raise ProviderError(
+                    "auth", f"environment variable {self.candidate.api_key_env} is not set "
+                    f"(api_key_env of candidate {self.candidate.name!r})")
+            kwargs: dict[str, Any] = {}
+            if self.candidate.base_url:
+                kwargs["base_url"] = self.candidate.base_url
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key or NO_KEY, max_retries=0, timeout=self.candidate.timeout_s, **kwargs)
+        return self._client
+
+    def _params(self, request: Request) -> dict[str, Any]:
+        s = request.settings
+        params: dict[str, Any] = {
+            "model": self.candidate.model,
+            "max_tokens": s.max_tokens,
+            "messages": request.chat,
+        }
+        if request.system:
+            params["system"] = request.system
+        if s.stop:
+            params["stop_sequences"] = list(s.stop)
+        extra: dict[str, Any] = {"temperature": s.temperature}
+        if s.top_p is not None:
+            extra["top_p"] = s.top_p
+        params["extra_body"] = extra
+        return params
+
+    async def generate(self, request: Request) -> Completion:
+        import anthropic
+
+        try:
+            client = self._sdk()
+            if self.stream:
+                return await self._streamed(client, request)
+            return await self._plain(client, request)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise map_error(exc, anthropic, self.candidate.api_key()) from None
+
+    async def _plain(self, client: Any, request: Request) -> Completion:
+        timer = StreamTimer()
+        msg = await client.messages.create(**self._params(request))
+        blocks = getattr(msg, "content", None)
+        if blocks is None or getattr(msg, "stop_reason", None) is None:
+            raise ProviderError("bad_response", "200 response without content or stop_reason")
+        text = "".join(getattr(b, "text", "") or "" for b in blocks if getattr(b, "type", "") == "text")
+        usage = _Usage()
+        usage.start(getattr(msg, "usage", None))
+        return usage.completion(request, text, msg.stop_reason, timer, streamed=False)
+
+    async def _streamed(self, client: Any, request: Request) -> Completion:
+        timer = StreamTimer()
+        stream = await client.messages.create(**self._params(request), stream=True)
+        parts: list[str] = []
+        usage = _Usage()
+        stop_reason: str | None = None
+        stopped = False
+        events = 0
+        try:
+            async for ev in stream:
+                events += 1
+                if ev.type == "message_start":
+                    usage.start(ev.message.usage)
+                elif ev.type == "content_block_delta" and getattr(ev.delta, "type", "") == "text_delta":
+                    if ev.delta.text:
+                        timer.content()
+                        parts.append(ev.delta.text)
+                elif ev.type == "message_delta":
+                    stop_reason = ev.delta.stop_reason or stop_reason
+                    usage.delta(getattr(ev, "usage", None))
+                elif ev.type == "message_stop":
+                    stopped = True
+        finally:
+            await stream.close()
+        if not stopped or stop_reason is None:
+            raise ProviderError(
+                "truncated_stream",
+                f"stream ended after {events} events without message_stop/stop_reason")
+        return usage.completion(request, "".join(parts), stop_reason, timer, streamed=True)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class _Usage:
+    """Accumulates Anthropic usage from message_start and message_delta."""
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.cached = 0
+        self.output: int | None = None
+
+    def start(self, u: Any) -> None:
+        if u is None:
+            return
+        read = getattr(u, "cache_read_input_tokens", None) or 0
+        write = getattr(u, "cache_creation_input_tokens", None) or 0
+        self.input = (getattr(u, "input_tokens", None) or 0) + read + write
+        self.cached = read
+        self.output = getattr(u, "output_tokens", None)
+
+    def delta(self, u: Any) -> None:
+        if u is not None and getattr(u, "output_tokens", None) is not None:
+            self.output = u.output_tokens
+
+    def completion(self, request: Request, text: str, stop_reason: str, timer: StreamTimer,
+                   *, streamed: bool) -> Completion:
+        c = Completion(text=text, finish_reason=stop_reason, latency_s=timer.latency(),
+                       ttft_s=timer.ttft_s if streamed else None, chunk_gaps_s=timer.gaps)
+        if self.input and self.output is not None:
+            c.input_tokens, c.output_tokens, c.cached_input_tokens = self.input, self.output, self.cached
+        else:  # a server that reports no usage (zeros): estimate, and say so
+            c.input_tokens = estimate_tokens(request.prompt_text)
+            c.output_tokens = estimate_tokens(text)
+            c.cached_input_tokens = 0
+            c.tokens_estimated = True
+        return c
+
+
+def create(candidate: "Candidate") -> AnthropicProvider:
+    """Registry factory (`evals.providers.PROVIDERS`)."""
+    return AnthropicProvider(candidate, stream=getattr(candidate, "stream", True))

@@ -1,0 +1,143 @@
+"""OpenAI Chat Completions through the official `openai` SDK; any OpenAI-compatible server
+(vLLM, TGI, llama.cpp) works by pointing the candidate's `base_url` at it.
+
+Streams by default, measuring TTFT and inter-chunk gaps the way vLLM's benchmarks do (see
+`evals.providers._sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
+with backoff, limits and a circuit breaker it can account for. A stream that ends without a
+finish reason is a `truncated_stream` error, never an empty answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from evals.providers._sdk import NO_KEY, StreamTimer, estimate_tokens, map_error
+from evals.providers.base import Completion, ProviderError, Request
+
+if TYPE_CHECKING:
+    from evals.config import Candidate
+
+
+class OpenAIProvider:
+    """One candidate's client. The SDK client is created on first use, never at import."""
+
+    def __init__(self, candidate: "Candidate", *, stream: bool = True):
+        self.candidate = candidate
+        self.stream = stream
+        self._client: Any = None
+
+    def _sdk(self) -> Any:
+        if self._client is None:
+            import openai
+
+            self._client = openai.AsyncOpenAI(
+                api_key=self._key() or NO_KEY,
+                base_url=self.candidate.base_url,
+                max_retries=0,
+                timeout=self.candidate.timeout_s,
+            )
+        return self._client
+
+    def _key(self) -> str | None:
+        key = self.candidate.api_key()
+        if self.candidate.api_key_env and not key:
+            raise ProviderError(
+                "auth", f"environment variable {self.candidate.api_key_env} is not set "
+                f"(api_key_env of candidate {self.candidate.name!r})")
+        return key
+
+    def _params(self, request: Request) -> dict[str, Any]:
+        s = request.settings
+        params: dict[str, Any] = {
+            "model": self.candidate.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+        }
+        if s.stop:
+            params["stop"] = list(s.stop)
+        if s.top_p is not None:
+            params["top_p"] = s.top_p
+        return params
+
+    async def generate(self, request: Request) -> Completion:
+        import openai
+
+        client = self._sdk()
+        try:
+            if self.stream:
+                return await self._streamed(client, request)
+            return await self._plain(client, request)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise map_error(exc, openai, self.candidate.api_key()) from None
+
+    async def _plain(self, client: Any, request: Request) -> Completion:
+        timer = StreamTimer()
+        resp = await client.chat.completions.create(**self._params(request))
+        if not getattr(resp, "choices", None):
+            raise ProviderError("bad_response", "200 response without choices")
+        choice = resp.choices[0]
+        if choice.finish_reason is None or choice.message is None:
+            raise ProviderError("bad_response", "choice without message or finish_reason")
+        return _completion(request, choice.message.content or "", choice.finish_reason,
+                           getattr(resp, "usage", None), timer, streamed=False)
+
+    async def _streamed(self, client: Any, request: Request) -> Completion:
+        timer = StreamTimer()
+        stream = await client.chat.completions.create(
+            **self._params(request), stream=True, stream_options={"include_usage": True})
+        parts: list[str] = []
+        finish: str | None = None
+        usage = None
+        chunks = 0
+        try:
+            async for chunk in stream:
+                chunks += 1
+                if getattr(chunk, "usage", None):
+                    usage = chunk.usage
+                for choice in chunk.choices or []:
+                    if choice.index != 0:
+                        continue
+                    piece = choice.delta.content if choice.delta is not None else None
+                    if piece:
+                        timer.content()
+                        parts.append(piece)
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        finally:
+            await stream.close()
+        if finish is None:
+            raise ProviderError(
+                "truncated_stream", f"stream ended after {chunks} chunks without a finish_reason")
+        return _completion(request, "".join(parts), finish, usage, timer, streamed=True)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _completion(request: Request, text: str, finish: str, usage: Any, timer: StreamTimer,
+                *, streamed: bool) -> Completion:
+    """Build the Completion; tokens from `usage`, else estimated (and marked so)."""
+    latency = timer.latency()
+    c = Completion(text=text, finish_reason=finish, latency_s=latency,
+                   ttft_s=timer.ttft_s if streamed else None, chunk_gaps_s=timer.gaps)
+    if usage is not None and getattr(usage, "completion_tokens", None) is not None:
+        c.input_tokens = usage.prompt_tokens
+        c.output_tokens = usage.completion_tokens
+        details = getattr(usage, "prompt_tokens_details", None)
+        c.cached_input_tokens = getattr(details, "cached_tokens", None) or 0
+    else:
+        c.input_tokens = estimate_tokens(request.prompt_text)
+        c.output_tokens = estimate_tokens(text)
+        c.cached_input_tokens = 0
+        c.tokens_estimated = True
+    return c
+
+
+def create(candidate: "Candidate") -> OpenAIProvider:
+    """Registry factory (`evals.providers.PROVIDERS`)."""
+    return OpenAIProvider(candidate, stream=getattr(candidate, "stream", True))

@@ -1,0 +1,664 @@
+"""A fake LLM server on 127.0.0.1 that speaks the real OpenAI and Anthropic wire protocols.
+
+The real `openai` and `anthropic` SDKs talk to it over HTTP/1.1, so streaming, error mapping and
+retries are exercised for real. It implements `POST /v1/chat/completions` (plain JSON and SSE
+`data:` chunks with `stream_options.include_usage`, a final usage chunk and `data: [DONE]`) and
+`POST /v1/messages` (plain JSON and the message_start ... message_stop event stream).
+
+The "model" is deterministic: an answer table keyed by the last user message, else
+`default_answer` (arithmetic like "What is 3 + 4?" -> "7", otherwise "echo: <text>"), so tests can
+check graded correctness. Token usage counts whitespace-separated words, so tests can tell reported
+usage from the client's chars/4 estimate.
+
+Faults are chosen per request, either by a prompt marker `[[fault:NAME]]` (always) or
+`[[fault:NAME*N]]` (only the first N attempts of that prompt), or by a seeded mix of
+probabilities that depends only on (seed, prompt, attempt number) - so a run is reproducible
+whatever the order in which concurrent requests arrive. Every request is recorded (headers
+without credentials, body, fault) for tests to assert on what was sent.
+
+Run it in its own process with `python tests/fake_llm.py --mix rate_limit=0.1 --seed 1`; it prints
+`PORT <n>` and serves `GET /_fake/requests` so another process can read the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+FAULTS: tuple[str, ...] = (
+    "rate_limit",  # 429 with Retry-After
+    "server_error",  # 500
+    "unavailable",  # 503
+    "overloaded",  # 529 (Anthropic's overload status)
+    "auth",  # 401
+    "bad_request",  # 400
+    "drop",  # connection closed: before the response, or mid-stream after the first token
+    "hang",  # no answer for `hang_s` (the client's timeout should fire first)
+    "malformed",  # 200 with a body (or one SSE event) that is not JSON
+    "truncated",  # stream ends cleanly without finish chunk / [DONE]; plain: body cut short
+    "slow_first",  # `slow_first_s` before the first token, then a normal answer
+    "empty",  # a complete answer with empty content
+    "no_choices",  # 200 whose JSON has no choices / no content
+)
+MARKER = re.compile(r"\[\[fault:([a-z_]+)(?:\*(\d+))?\]\]")
+_ARITH = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
+
+
+def count_tokens(text: str) -> int:
+    """The fake model's tokenizer: whitespace words (deliberately not chars/4)."""
+    return len(text.split())
+
+
+def default_answer(prompt: str) -> str:
+    """Deterministic model: solve `a op b` if present, else echo the prompt."""
+    m = _ARITH.search(prompt)
+    if m:
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        return str(a + b if op == "+" else a - b if op == "-" else a * b)
+    return f"echo: {MARKER.sub('', prompt).strip()}"
+
+
+@dataclass
+class FaultPlan:
+    """Which fault (if any) a request gets: prompt markers first, else a seeded mix."""
+
+    mix: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    retry_after_s: float = 0.05
+    retry_after_header: str = "retry-after"  # or "retry-after-ms"
+    slow_first_s: float = 0.3
+    hang_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.mix) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {FAULTS}")
+        if sum(self.mix.values()) > 1.0 + 1e-9:
+            raise ValueError("fault probabilities add up to more than 1")
+
+    def choose(self, prompt: str, attempt: int) -> str | None:
+        m = MARKER.search(prompt)
+        if m:
+            limit = int(m.group(2)) if m.group(2) else None
+            return m.group(1) if limit is None or attempt <= limit else None
+        if not self.mix:
+            return None
+        digest = hashlib.sha256(f"{self.seed}|{attempt}|{prompt}".encode()).digest()
+        r = random.Random(digest).random()
+        acc = 0.0
+        for name, p in sorted(self.mix.items()):
+            acc += p
+            if r < acc:
+                return name
+        return None
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    fault: str | None
+    attempt: int
+    t: float
+
+
+@dataclass
+class _Http:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Drop(Exception):
+    """Abort the connection without a (complete) response."""
+
+
+def _prompt_of(path: str, body: dict) -> str:
+    parts: list[str] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        parts.append(system)
+    elif isinstance(system, list):
+        parts.extend(b.get("text", "") for b in system if isinstance(b, dict))
+    for msg in body.get("messages") or []:
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = "".join(b.get("text", "") for b in content if isinstance(b, dict))
+        parts.append(str(content or ""))
+    return "\n".join(parts)
+
+
+def _last_user(body: dict) -> str:
+    for msg in reversed(body.get("messages") or []):
+        if msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, list):
+                content = "".join(b.get("text", "") for b in content if isinstance(b, dict))
+            return MARKER.sub("", str(content or "")).strip()
+    return ""
+
+
+class FakeLLM:
+    """The server. Tests may change `faults`, `answers`, `usage`, delays, between calls."""
+
+    def __init__(
+        self,
+        *,
+        faults: FaultPlan | None = None,
+        answers: dict[str, str] | None = None,
+        answer_fn: Callable[[str], str] = default_answer,
+        usage: bool = True,
+        prompt_cache: bool = True,
+        first_token_delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
+        expect_api_key: str | None = None,
+    ):
+        self.faults = faults or FaultPlan()
+        self.answers = dict(answers or {})
+        self.answer_fn = answer_fn
+        self.usage = usage
+        self.prompt_cache = prompt_cache
+        self.first_token_delay_s = first_token_delay_s
+        self.token_delay_s = token_delay_s
+        self.expect_api_key = expect_api_key
+        self.port: int | None = None
+        self._records: list[RecordedRequest] = []
+        self._attempts: dict[str, int] = {}
+        self._seen_prefixes: set[str] = set()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.url
+
+    async def serve(self, port: int = 0) -> None:
+        """Start listening on the running loop (for in-process or subprocess use)."""
+        self._loop = asyncio.get_running_loop()
+        self._server = await asyncio.start_server(self._on_conn, "127.0.0.1", port, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def start(self) -> "FakeLLM":
+        """Serve from a daemon thread with its own event loop; returns once listening."""
+        ready = threading.Event()
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(self.serve())
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="fake-llm", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake LLM server did not start")
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        self._thread.join(10)
+
+    def __enter__(self) -> "FakeLLM":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- records ---------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._records)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._records.clear()
+            self._attempts.clear()
+            self._seen_prefixes.clear()
+
+    # --- HTTP/1.1 ----------------------------------------------------------------------------
+
+    async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            while True:
+                req = await _read_request(reader)
+                if req is None:
+                    break
+                await self._dispatch(req, writer)
+        except _Drop:
+            writer.transport.abort()
+            return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            self._conns.discard(task)
+        writer.close()
+
+    async def _dispatch(self, req: _Http, writer: asyncio.StreamWriter) -> None:
+        if req.method == "GET" and req.path == "/_fake/requests":
+            await _send_json(writer, 200, [asdict(r) for r in self.requests])
+            return
+        if req.method == "POST" and req.path == "/_fake/reset":
+            self.reset()
+            await _send_json(writer, 200, {"ok": True})
+            return
+        kind = "openai" if req.path.endswith("/chat/completions") else (
+            "anthropic" if req.path.endswith("/messages") else None)
+        if req.method != "POST" or kind is None:
+            await _send_json(writer, 404, {"error": {"message": f"no route {req.path}"}})
+            return
+        try:
+            body = json.loads(req.body or b"{}")
+        except json.JSONDecodeError:
+            await _send_error(writer, kind, 400, "bad_request", "request body is not JSON")
+            return
+        prompt = _prompt_of(req.path, body)
+        with self._lock:
+            attempt = self._attempts[prompt] = self._attempts.get(prompt, 0) + 1
+        fault = self.faults.choose(prompt, attempt)
+        headers = {k: v for k, v in req.headers.items() if k not in SECRET_HEADERS}
+        with self._lock:
+            self._records.append(
+                RecordedRequest(req.method, req.path, headers, body, fault, attempt, time.time())
+            )
+        if self.expect_api_key is not None and self._key(req) != self.expect_api_key:
+            # Echo the key back, worse than real APIs do, so tests can check redaction.
+            await _send_error(writer, kind, 401, "authentication_error",
+                              f"Incorrect API key provided: {self._key(req)}")
+            return
+        await self._respond(writer, kind, body, fault)
+
+    @staticmethod
+    def _key(req: _Http) -> str | None:
+        if "x-api-key" in req.headers:
+            return req.headers["x-api-key"]
+        auth = req.headers.get("authorization", "")
+        return auth[7:] if auth.lower().startswith("bearer ") else None
+
+    # --- the model -------------------------------------------------------------------------
+
+    def _answer(self, body: dict) -> str:
+        user = _last_user(body)
+        return self.answers[user] if user in self.answers else self.answer_fn(user)
+
+    def _complete(self, body: dict, kind: str, fault: str | None) -> tuple[list[str], str, dict]:
+        """Token pieces, the finish reason and usage numbers for this request."""
+        answer = "" if fault == "empty" else self._answer(body)
+        stops = body.get("stop") or body.get("stop_sequences") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        stopped = False
+        for s in stops:
+            if s and s in answer:
+                answer, stopped = answer[: answer.index(s)], True
+        pieces = re.findall(r"\S+\s*", answer) or ([answer] if answer else [])
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1 << 30)
+        length = len(pieces) > max_tokens
+        pieces = pieces[:max_tokens]
+        if kind == "openai":
+            finish = "length" if length else "stop"
+        else:
+            finish = "max_tokens" if length else "stop_sequence" if stopped else "end_turn"
+        prompt = _prompt_of("", body)
+        prefix = str(body.get("system") or (body.get("messages") or [{}])[0].get("content", ""))
+        with self._lock:
+            cached = count_tokens(prefix) if self.prompt_cache and prefix in self._seen_prefixes else 0
+            self._seen_prefixes.add(prefix)
+        usage = {"input": count_tokens(prompt), "cached": cached, "output": len(pieces)}
+        return pieces, finish, usage
+
+    async def _respond(self, writer: asyncio.StreamWriter, kind: str, body: dict, fault: str | None) -> None:
+        plan = self.faults
+        if fault in _STATUS_FAULTS:
+            status, etype = _STATUS_FAULTS[fault]
+            extra = {}
+            if fault == "rate_limit":
+                ra = plan.retry_after_s
+                value = f"{ra * 1000:g}" if plan.retry_after_header == "retry-after-ms" else f"{ra:g}"
+                extra = {plan.retry_after_header: value}
+            await _send_error(writer, kind, status, etype, f"injected fault: {fault}", extra)
+            return
+        stream = bool(body.get("stream"))
+        if fault == "drop" and not stream:
+            raise _Drop()
+        if fault == "hang":
+            await asyncio.sleep(plan.hang_s)
+            raise _Drop()
+        delay = self.first_token_delay_s + (plan.slow_first_s if fault == "slow_first" else 0.0)
+        pieces, finish, usage = self._complete(body, kind, fault)
+        if not stream:
+            if delay:
+                await asyncio.sleep(delay)
+            await self._respond_plain(writer, kind, body, fault, pieces, finish, usage)
+            return
+        events = (_openai_events if kind == "openai" else _anthropic_events)(
+            body, pieces, finish, usage, self.usage)
+        bad = (b'data: {"choices": [{"delta": {"content": "x"\n\n' if kind == "openai"
+               else b'event: content_block_delta\ndata: {"type": "content_block_delta", "ind\n\n')
+        await _send_sse(writer, events, fault, delay, self.token_delay_s, bad)
+
+    async def _respond_plain(self, writer, kind, body, fault, pieces, finish, usage) -> None:
+        if fault == "malformed":
+            await _send_raw(writer, 200, b'{"id": "x", "choices": [{"index": 0, "mess', "application/json")
+            return
+        payload = (_openai_plain if kind == "openai" else _anthropic_plain)(
+            body, "".join(pieces), finish, usage, self.usage)
+        if fault == "no_choices":
+            payload.pop("choices" if kind == "openai" else "content", None)
+            if kind == "openai":
+                payload["choices"] = []
+        data = json.dumps(payload).encode()
+        if fault == "truncated":
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            writer.write(head.encode() + data[: len(data) // 2])
+            await writer.drain()
+            raise _Drop()
+        await _send_raw(writer, 200, data, "application/json")
+
+
+_STATUS_FAULTS: dict[str, tuple[int, str]] = {
+    "rate_limit": (429, "rate_limit_error"),
+    "server_error": (500, "api_error"),
+    "unavailable": (503, "api_error"),
+    "overloaded": (529, "overloaded_error"),
+    "auth": (401, "authentication_error"),
+    "bad_request": (400, "invalid_request_error"),
+}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
+            500: "Internal Server Error", 503: "Service Unavailable", 529: "Overloaded"}
+
+
+def _openai_usage(u: dict) -> dict:
+    return {"prompt_tokens": u["input"], "completion_tokens": u["output"],
+            "total_tokens": u["input"] + u["output"],
+            "prompt_tokens_details": {"cached_tokens": u["cached"]}}
+
+
+def _anthropic_usage(u: dict) -> dict:
+    return {"input_tokens": u["input"] - u["cached"], "output_tokens": u["output"],
+            "cache_read_input_tokens": u["cached"], "cache_creation_input_tokens": 0}
+
+
+def _openai_plain(body: dict, text: str, finish: str, u: dict, usage: bool) -> dict:
+    out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+           "model": body.get("model", "fake"),
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish, "logprobs": None}]}
+    if usage:
+        out["usage"] = _openai_usage(u)
+    return out
+
+
+def _anthropic_plain(body: dict, text: str, finish: str, u: dict, usage: bool) -> dict:
+    out = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model", "fake"),
+           "content": [{"type": "text", "text": text}], "stop_reason": finish, "stop_sequence": None}
+    out["usage"] = _anthropic_usage(u) if usage else {"input_tokens": 0, "output_tokens": 0}
+    return out
+
+
+def _openai_events(body: dict, pieces: list[str], finish: str, u: dict, usage: bool) -> Iterator[tuple[str, bytes]]:
+    """(tag, SSE bytes); tags: 'first' (first content), 'content', 'final', 'tail'."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.get("model", "fake")}
+
+    def chunk(delta: dict, fin: str | None = None, **extra: Any) -> bytes:
+        d = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": fin}], **extra}
+        return f"data: {json.dumps(d)}\n\n".encode()
+
+    yield "head", chunk({"role": "assistant", "content": ""})
+    for n, piece in enumerate(pieces):
+        yield ("first" if n == 0 else "content"), chunk({"content": piece})
+    yield "final", chunk({}, finish)
+    if usage and (body.get("stream_options") or {}).get("include_usage"):
+        d = {**base, "choices": [], "usage": _openai_usage(u)}
+        yield "tail", f"data: {json.dumps(d)}\n\n".encode()
+    yield "tail", b"data: [DONE]\n\n"
+
+
+def _anthropic_events(body: dict, pieces: list[str], finish: str, u: dict, usage: bool) -> Iterator[tuple[str, bytes]]:
+    def ev(name: str, d: dict) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(d)}\n\n".encode()
+
+    au = _anthropic_usage(u) if usage else {"input_tokens": 0, "output_tokens": 0}
+    msg = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model", "fake"),
+           "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**au, "output_tokens": 1}}
+    yield "head", ev("message_start", {"type": "message_start", "message": msg})
+    yield "head", ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                             "content_block": {"type": "text", "text": ""}})
+    yield "head", ev("ping", {"type": "ping"})
+    for n, piece in enumerate(pieces):
+        yield ("first" if n == 0 else "content"), ev("content_block_delta", {
+            "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})
+    yield "final", ev("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield "final", ev("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": finish, "stop_sequence": None},
+                                        "usage": {"output_tokens": au["output_tokens"]}})
+    yield "tail", ev("message_stop", {"type": "message_stop"})
+
+
+async def _send_sse(writer: asyncio.StreamWriter, events: Iterator[tuple[str, bytes]], fault: str | None,
+                    delay: float, token_delay: float, bad: bytes) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    sent_content = False
+    for tag, data in events:
+        if tag in ("first", "content", "final") and not sent_content and delay:
+            await asyncio.sleep(delay)
+        if tag == "content" and token_delay:
+            await asyncio.sleep(token_delay)
+        if tag in ("final", "tail") and fault == "truncated":
+            break
+        if tag in ("content", "final") and fault == "drop" and sent_content:
+            await writer.drain()
+            raise _Drop()
+        if tag in ("content", "final") and fault == "malformed":
+            data, fault = bad, None
+        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        sent_content = sent_content or tag == "first"
+        if tag in ("first", "content"):
+            await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _Http | None:
+    line = await reader.readline()
+    if not line:
+        return None
+    method, path, _ = line.decode("latin-1").split(" ", 2)
+    headers: dict[str, str] = {}
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = h.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    n = int(headers.get("content-length", "0"))
+    body = await reader.readexactly(n) if n else b""
+    return _Http(method, path.split("?", 1)[0], headers, body)
+
+
+async def _send_raw(writer: asyncio.StreamWriter, status: int, data: bytes, ctype: str,
+                    extra: dict[str, str] | None = None) -> None:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {ctype}",
+             f"Content-Length: {len(data)}"]
+    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    await writer.drain()
+
+
+async def _send_json(writer: asyncio.StreamWriter, status: int, payload: Any,
+                     extra: dict[str, str] | None = None) -> None:
+    await _send_raw(writer, status, json.dumps(payload).encode(), "application/json", extra)
+
+
+async def _send_error(writer: asyncio.StreamWriter, kind: str, status: int, etype: str, message: str,
+                      extra: dict[str, str] | None = None) -> None:
+    if kind == "anthropic":
+        payload: dict = {"type": "error", "error": {"type": etype, "message": message}}
+    else:
+        payload = {"error": {"message": message, "type": etype, "code": None, "param": None}}
+    await _send_json(writer, status, payload, extra)
+
+
+# --- a server in its own process ------------------------------------------------------------
+
+
+class FakeLLMProcess:
+    """The server in a subprocess (no shared GIL); records are read over HTTP."""
+
+    def __init__(self, *args: str):
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    openai_base_url = property(lambda self: self.url + "/v1")
+    anthropic_base_url = property(lambda self: self.url)
+
+    def start(self) -> "FakeLLMProcess":
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *self.args],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"fake LLM process did not start: {line!r}")
+        self.port = int(line.split()[1])
+        return self
+
+    def requests(self) -> list[dict]:
+        import httpx
+
+        return httpx.get(self.url + "/_fake/requests", timeout=30).json()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def __enter__(self) -> "FakeLLMProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _parse_mix(text: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, p = part.partition("=")
+        out[name.strip()] = float(p)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="fake OpenAI/Anthropic server")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--mix", default="", help="e.g. rate_limit=0.1,drop=0.05")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true")
+    ap.add_argument("--first-token-delay", type=float, default=0.0)
+    ap.add_argument("--token-delay", type=float, default=0.0)
+    a = ap.parse_args(argv)
+    server = FakeLLM(faults=FaultPlan(_parse_mix(a.mix), a.seed), usage=not a.no_usage,
+                     first_token_delay_s=a.first_token_delay, token_delay_s=a.token_delay)
+
+    async def run() -> None:
+        await server.serve(a.port)
+        print(f"PORT {server.port}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+# --- pytest fixtures (import them into conftest.py) -----------------------------------------
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the module also runs as a plain script
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture
+    def fake_llm() -> Iterator[FakeLLM]:
+        """A fresh fake server in a thread, for one test."""
+        with FakeLLM() as server:
+            yield server
+
+    @pytest.fixture
+    def fake_llm_process() -> Iterator[FakeLLMProcess]:
+        """A fake server in its own process (default behaviour, no faults)."""
+        with FakeLLMProcess() as server:
+            yield server
+
+    @pytest.fixture
+    def fake_candidate(fake_llm: FakeLLM) -> Callable[..., Any]:
+        """Factory: `fake_candidate("openai"|"anthropic", **fields)` -> a Candidate on `fake_llm`."""
+        from evals.config import Candidate
+
+        def make(provider: str = "openai", **overrides: Any) -> Candidate:
+            base = fake_llm.openai_base_url if provider == "openai" else fake_llm.anthropic_base_url
+            spec = dict(name=f"fake-{provider}", provider=provider, model=f"fake-{provider}-model",
+                        base_url=base, input_price_per_mtok=1.0, output_price_per_mtok=2.0,
+                        timeout_s=5.0, max_retries=3)
+            spec.update(overrides)
+            return Candidate(**spec)
+
+        return make
+
+
+if __name__ == "__main__":
+    main()
