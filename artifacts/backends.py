@@ -53,7 +53,7 @@ def _safe_key(key: str) -> str:
         raise RegistryError(str(exc)) from None
 
 
-def _etag(data: bytes) -> str:
+def etag_of(data: bytes) -> str:
     return '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
 
 
@@ -95,7 +95,7 @@ class LocalBackend:
             raise NotFound(f"{self.root}: {key} not found") from None
         except OSError as exc:
             raise RegistryError(f"{self.root}: cannot read {key}: {exc}") from None
-        return data, _etag(data)
+        return data, etag_of(data)
 
     def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes, str] | None:
         data, tag = self.get(key)
@@ -136,9 +136,18 @@ class LocalBackend:
                       if p.is_file() and not p.name.startswith("."))
 
     def delete(self, keys: list[str]) -> None:
+        """Remove keys and any folders they leave empty (a publisher's abandoned attempt)."""
         for key in keys:
+            path = self._path(key)
             with contextlib.suppress(FileNotFoundError):
-                self._path(key).unlink()
+                path.unlink()
+            for parent in path.parents:
+                if parent == self.root or self.root not in parent.parents:
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
 
 
 class S3Backend:

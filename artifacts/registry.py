@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from artifacts.backends import Backend, NotFound, RegistryError, exists, open_backend
 from artifacts.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Pointer, build_manifest, canonical_json, check_channel,
+    check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
 from artifacts.signing import resolve_signing_key, sign
@@ -61,12 +62,12 @@ def _signing_key(key: Ed25519PrivateKey | str | os.PathLike | None) -> Ed25519Pr
 
 def _policy_files(policy: SavablePolicy) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="routeopt-publish-") as tmp:
-        names = policy.save(Path(tmp))
+        names = [check_file_name(n, f"{type(policy).__name__}.save() file") for n in policy.save(Path(tmp))]
         return {name: (Path(tmp) / name).read_bytes() for name in names}
 
 
-def version_numbers(backend: Backend) -> list[int]:
-    nums = []
+def version_numbers(registry: Backend | str | os.PathLike) -> list[int]:
+    backend, nums = _backend(registry), []
     for key in backend.list("index/"):
         stem = key.rsplit("/", 1)[-1].removesuffix(".json")
         if stem.isdigit():
@@ -111,7 +112,8 @@ def publish(
                             key is not None, channel)
 
 
-def version_entry(backend: Backend, version: int) -> dict:
+def version_entry(registry: Backend | str | os.PathLike, version: int) -> dict:
+    backend = _backend(registry)
     try:
         return json.loads(backend.get(f"index/{version:06d}.json")[0])
     except NotFound:
@@ -119,8 +121,10 @@ def version_entry(backend: Backend, version: int) -> dict:
         raise RegistryError(f"{backend.location}: no version {version}; versions are {have}") from None
 
 
-def current_pointer(backend: Backend, channel: str) -> tuple[Pointer | None, str | None]:
+def current_pointer(registry: Backend | str | os.PathLike,
+                    channel: str) -> tuple[Pointer | None, str | None]:
     """The channel's pointer (unchecked signature: the writer side) and its ETag, or (None, None)."""
+    backend = _backend(registry)
     try:
         got = read_pointer(backend, channel, None)
     except VerificationError as exc:

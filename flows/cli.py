@@ -13,6 +13,9 @@ import click
 COMMANDS: list[str] = [
     "flows.commands.pipeline:run",
     "flows.commands.pipeline:eval_cmd",
+    "flows.commands.artifacts:policies",
+    "flows.commands.artifacts:keys",
+    "flows.commands.artifacts:registry_group",
 ]
 
 

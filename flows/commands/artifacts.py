@@ -1,0 +1,186 @@
+"""`routeopt policies ...`, `routeopt keys generate`, `routeopt registry serve`: the publishing side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _default_registry() -> str:
+    from evals.config import ConfigError, default_config_path, load_config
+
+    try:
+        return str(load_config(default_config_path()).registry_dir)
+    except ConfigError as exc:
+        raise click.UsageError(f"give --registry (no usable config: {exc})") from None
+
+
+REGISTRY = click.option("--registry", "registry", default=None, envvar="ROUTEOPT_REGISTRY",
+                        help="Registry folder or s3://bucket/prefix (default: $ROUTEOPT_REGISTRY, "
+                             "else registry_dir from the config).")
+SIGNING_KEY = click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path),
+                           default=None, help="Ed25519 private key (default: $ROUTEOPT_SIGNING_KEY).")
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+@click.group()
+def policies() -> None:
+    """List, inspect, compare, promote, roll back and verify published routing policies."""
+
+
+@policies.command("list")
+@REGISTRY
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(registry: str | None, as_json: bool) -> None:
+    """Every version with its channels and headline held-out metrics."""
+    from artifacts.registry import list_versions
+
+    try:
+        rows = list_versions(registry or _default_registry())
+    except (ValueError, RuntimeError) as exc:
+        _fail(exc)
+    if as_json:
+        _echo_json(rows)
+        return
+    click.echo(f"{'version':>7}  {'created_at':<20}  {'digest':<12}  {'signed':<6}  "
+               f"{'pass_rate':>9}  {'cost_usd':>10}  channels")
+    for r in rows:
+        m = r["metrics"]
+        pr = "-" if m["pass_rate"] is None else f"{m['pass_rate']:.4f}"
+        cost = "-" if m["cost_usd"] is None else f"{m['cost_usd']:.4g}"
+        click.echo(f"{r['version']:>7}  {r['created_at']:<20}  {r['digest'][:12]:<12}  "
+                   f"{'yes' if r['signed'] else 'no':<6}  {pr:>9}  {cost:>10}  {','.join(r['channels'])}")
+
+
+@policies.command()
+@click.argument("version", type=int)
+@REGISTRY
+def show(version: int, registry: str | None) -> None:
+    """Print a version's manifest (files, lineage, metrics, policy description)."""
+    from artifacts.registry import show as show_version
+
+    try:
+        _echo_json(show_version(registry or _default_registry(), version))
+    except (ValueError, RuntimeError) as exc:
+        _fail(exc)
+
+
+@policies.command()
+@click.argument("a", type=int)
+@click.argument("b", type=int)
+@REGISTRY
+def diff(a: int, b: int, registry: str | None) -> None:
+    """What changed from version A to B: candidates, thresholds, metrics, lineage."""
+    from artifacts.registry import diff as diff_versions
+
+    try:
+        d = diff_versions(registry or _default_registry(), a, b)
+    except (ValueError, RuntimeError) as exc:
+        _fail(exc)
+    cands = d.pop("candidates")
+    click.echo(f"candidates: +{cands['added']} -{cands['removed']}")
+    for section, changes in d.items():
+        click.echo(f"{section}: {len(changes)} changed")
+        for key, (old, new) in changes.items():
+            click.echo(f"  {key}: {json.dumps(old, default=str)} -> {json.dumps(new, default=str)}")
+
+
+@policies.command()
+@click.argument("version", type=int)
+@click.option("--channel", default="champion", show_default=True)
+@click.option("--allow-downgrade", is_flag=True, help="Move the channel to an older version "
+              "(recorded as a signed rollback).")
+@REGISTRY
+@SIGNING_KEY
+def promote(version: int, channel: str, allow_downgrade: bool, registry: str | None,
+            signing_key: Path | None) -> None:
+    """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
+    from artifacts.registry import move_channel
+
+    try:
+        p = move_channel(registry or _default_registry(), channel, version, action="promote",
+                         signing_key=signing_key, allow_downgrade=allow_downgrade)
+    except (ValueError, RuntimeError) as exc:
+        _fail(exc)
+    assert p is not None
+    click.echo(f"{channel} -> version {p.version} ({p.action}, move #{p.seq})")
+
+
+@policies.command("rollback")
+@click.option("--channel", default="champion", show_default=True)
+@REGISTRY
+@SIGNING_KEY
+def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None) -> None:
+    """Move CHANNEL back to the version it held before the current one."""
+    from artifacts.registry import rollback
+
+    try:
+        p = rollback(registry or _default_registry(), channel, signing_key=signing_key)
+    except (ValueError, RuntimeError) as exc:
+        _fail(exc)
+    click.echo(f"{channel} -> version {p.version} (rollback, move #{p.seq})")
+
+
+@policies.command()
+@click.argument("source")
+@click.option("--public-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Trusted Ed25519 public key (default: $ROUTEOPT_PUBLIC_KEY); makes signatures mandatory.")
+@click.option("--channel", default=None, help="Channel of a registry (default: champion, else latest).")
+def verify(source: str, public_key: Path | None, channel: str | None) -> None:
+    """Check SOURCE (version folder, registry folder, s3:// or http(s) URL) exactly as a gateway does."""
+    from artifacts.runtime import PolicyLoadError, check
+
+    try:
+        report = check(source, public_key, channel=channel)
+    except (PolicyLoadError, ValueError, RuntimeError) as exc:
+        _fail(exc)
+    for key, value in report.items():
+        click.echo(f"{key}: {value}")
+    click.echo("OK")
+
+
+@click.group()
+def keys() -> None:
+    """Signing keys for policies."""
+
+
+@keys.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+def generate(out_dir: Path) -> None:
+    """Write signing_key.pem (keep secret; point ROUTEOPT_SIGNING_KEY at it) and public_key.pem."""
+    from artifacts.signing import SigningError, generate_keys, key_id, load_public_key
+
+    try:
+        private, public = generate_keys(out_dir)
+    except SigningError as exc:
+        _fail(exc)
+    click.echo(f"private key: {private} (mode 0600; set ROUTEOPT_SIGNING_KEY={private})")
+    click.echo(f"public key:  {public} (key id {key_id(load_public_key(public))}; give it to gateways)")
+
+
+@click.group("registry")
+def registry_group() -> None:
+    """Serve a registry folder to gateways over HTTP."""
+
+
+@registry_group.command()
+@REGISTRY
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8600, show_default=True, type=int)
+def serve(registry: str | None, host: str, port: int) -> None:
+    """Read-only HTTP with ETag / If-None-Match so polling gateways mostly get 304s."""
+    from artifacts.server import serve_forever
+
+    serve_forever(Path(registry or _default_registry()), host, port)

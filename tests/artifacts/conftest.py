@@ -1,0 +1,52 @@
+"""Fixtures for the publishing side: real routing policies, keys and an empty registry."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.artifacts.policies import make_policy
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def policies() -> list:
+    """Two different real policies (trained once per session)."""
+    return [make_policy(0), make_policy(1)]
+
+
+@pytest.fixture(scope="session")
+def keypair(tmp_path_factory) -> tuple[Path, Path]:
+    from artifacts.signing import generate_keys
+
+    return generate_keys(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def other_keypair(tmp_path_factory) -> tuple[Path, Path]:
+    from artifacts.signing import generate_keys
+
+    return generate_keys(tmp_path_factory.mktemp("other-keys"))
+
+
+@pytest.fixture()
+def registry(tmp_path: Path) -> Path:
+    return tmp_path / "registry"
+
+
+@pytest.fixture()
+def publish_to(registry: Path, keypair) -> Callable:
+    """publish(policy, **kw) into the test registry, signed by default."""
+    from artifacts.registry import publish
+
+    def go(policy, **kw):
+        kw.setdefault("signing_key", keypair[0])
+        kw.setdefault("lineage", {"runs": ["run-1"], "suites": {"reverse": "v1"}})
+        kw.setdefault("metrics", {"pass_rate": 0.9, "cost_usd": 0.01})
+        return publish(policy, registry, **kw)
+
+    return go

@@ -1,0 +1,143 @@
+"""Publishing: immutable content-addressed versions, signed manifests, channels, the promotion gate."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from artifacts.backends import RegistryError
+from artifacts.manifest import parse_manifest, sha256_hex
+from artifacts.registry import (
+    current_pointer, diff, gate, list_versions, move_channel, publish, rollback, show,
+)
+
+
+def test_publish_writes_content_addressed_signed_version(policies, publish_to, registry: Path) -> None:
+    v = publish_to(policies[0], lineage={"runs": ["r1"], "suites": {"sort": "abc"}},
+                   metrics={"pass_rate": 0.91, "cost_usd": 0.02, "nan": float("nan")})
+    folder = registry / v.path
+    data = (folder / "manifest.json").read_bytes()
+    assert v.version == 1 and v.digest == sha256_hex(data)
+    assert folder.name == f"000001-{v.digest[:12]}"
+    m = parse_manifest(data)
+    assert m.lineage == {"runs": ["r1"], "suites": {"sort": "abc"}}
+    assert m.metrics["pass_rate"] == 0.91 and m.metrics["nan"] is None
+    assert m.policy["candidates"] == policies[0].candidates
+    assert m.expires_at is not None and m.expires_at > m.created_at
+    names = {f.path for f in m.files}
+    assert "policy.json" in names
+    for f in m.files:
+        assert sha256_hex((folder / f.path).read_bytes()) == f.sha256
+    sig = json.loads((folder / "manifest.sig").read_text())
+    assert sig["alg"] == "ed25519" and v.signed
+    assert not list(folder.rglob("*.pkl")) and not list(folder.rglob("*.pickle"))
+
+
+def test_versions_are_monotonic_and_latest_follows(policies, publish_to, registry: Path) -> None:
+    versions = [publish_to(policies[i % 2]).version for i in range(3)]
+    assert versions == [1, 2, 3]
+    pointer, _ = current_pointer(registry, "latest")
+    assert pointer is not None and pointer.version == 3 and pointer.seq == 3
+    rows = list_versions(registry)
+    assert [r["version"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["channels"] == ["latest"] and all(r["signed"] for r in rows)
+
+
+def test_concurrent_publishers_never_share_a_number(policies, publish_to, registry: Path) -> None:
+    results, errors = [], []
+
+    def worker(i: int) -> None:
+        try:
+            results.append(publish_to(policies[i % 2], lineage={"runs": [f"r{i}"]}))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(r.version for r in results) == [1, 2, 3, 4, 5, 6]
+    assert len({r.path for r in results}) == 6
+    assert len(list((registry / "versions").iterdir())) == 6  # losers cleaned up their folders
+    assert current_pointer(registry, "latest")[0].version == 6
+
+
+def test_promote_rollback_and_downgrade_rules(policies, publish_to, registry: Path, keypair) -> None:
+    for i in range(3):
+        publish_to(policies[i % 2])
+    key = keypair[0]
+    move_channel(registry, "champion", 1, signing_key=key)
+    move_channel(registry, "champion", 3, signing_key=key)
+    with pytest.raises(RegistryError, match="allow-downgrade"):
+        move_channel(registry, "champion", 2, signing_key=key)
+    back = rollback(registry, "champion", signing_key=key)
+    assert (back.version, back.action, back.seq) == (1, "rollback", 3)
+    with pytest.raises(RegistryError, match="no earlier version"):
+        rollback(registry, "champion", signing_key=key)
+    down = move_channel(registry, "champion", 2, signing_key=key, allow_downgrade=True)
+    assert down.action == "promote"  # 2 > 1: moving forward again
+    forced = move_channel(registry, "champion", 1, signing_key=key, allow_downgrade=True)
+    assert forced.action == "rollback" and [h["version"] for h in forced.history] == [1, 3, 1, 2, 1]
+    with pytest.raises(RegistryError, match="no version 9"):
+        move_channel(registry, "champion", 9, signing_key=key)
+
+
+def test_show_and_diff(policies, publish_to, registry: Path) -> None:
+    publish_to(policies[0], metrics={"pass_rate": 0.9, "cost_usd": 0.03})
+    publish_to(policies[1], metrics={"pass_rate": 0.92, "cost_usd": 0.02})
+    assert show(registry, 2)["version"] == 2
+    d = diff(registry, 1, 2)
+    assert d["metrics"]["pass_rate"] == [0.9, 0.92]
+    assert d["candidates"] == {"added": [], "removed": []}
+    assert d["policy"], "two differently trained policies must differ in their description"
+
+
+def test_unsigned_publish_when_no_key(policies, registry: Path, monkeypatch) -> None:
+    monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
+    v = publish(policies[0], registry, lineage={}, metrics={})
+    assert not v.signed and not (registry / v.path / "manifest.sig").exists()
+    assert list_versions(registry)[0]["signed"] is False
+
+
+def test_signing_key_from_env(policies, registry: Path, keypair, monkeypatch) -> None:
+    monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(keypair[0]))
+    assert publish(policies[0], registry, lineage={}, metrics={}).signed
+
+
+def test_policy_file_names_are_checked_before_writing(registry: Path) -> None:
+    class Evil:
+        candidates = ["a"]
+
+        def save(self, folder: Path) -> list[str]:
+            (folder / "sub").mkdir()
+            (folder / "sub" / "x.json").write_text("{}")
+            return ["sub/../../escape.json"]
+
+        def describe(self) -> dict:
+            return {}
+
+    with pytest.raises(ValueError, match="unsafe file name"):
+        publish(Evil(), registry, lineage={}, metrics={}, signing_key=None)
+    assert not (registry / "versions").exists()
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "tol", "ok", "why"),
+    [
+        ({"pass_rate": 0.90, "cost_usd": 1.0}, None, 0.0, True, "no champion"),
+        ({"pass_rate": 0.90, "cost_usd": 1.0}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, True, "vs"),
+        ({"pass_rate": 0.89, "cost_usd": 0.5}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, False, "below"),
+        ({"pass_rate": 0.89, "cost_usd": 0.5}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.02, True, "vs"),
+        ({"pass_rate": 0.95, "cost_usd": 1.1}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, False, "cost"),
+        ({"router": {"pass_rate": 0.9, "cost_usd": 1}}, {"pass_rate": 0.9, "cost_usd": 2}, 0.0, True, "vs"),
+        ({"accuracy": 1.0}, {"pass_rate": 0.9, "cost_usd": 1.0}, 0.0, False, "cannot judge"),
+    ],
+)
+def test_gate(new: dict, old: dict | None, tol: float, ok: bool, why: str) -> None:
+    result, reason = gate(new, old, tol)
+    assert result is ok and why in reason
