@@ -1,0 +1,181 @@
+"""Bad input and attacks: each is refused with a clear reason, and the gateway keeps routing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from artifacts.manifest import canonical_json, pretty_json, sha256_hex
+from artifacts.registry import current_pointer, publish
+from artifacts.runtime import PolicyLoadError, load
+from artifacts.server import serve_in_thread
+from artifacts.signing import load_private_key, sign
+from tests.artifacts.policies import PROMPTS
+
+
+@pytest.fixture()
+def served(policies, publish_to, registry, keypair):
+    """A gateway serving signed version 1 from the `latest` channel, recording events."""
+    publish_to(policies[0])
+    events: list[tuple[str, str]] = []
+    router = load(registry, keypair[1], on_event=lambda k, m: events.append((k, m)))
+    router.events = events
+    return router
+
+
+def _refused(router, pattern: str) -> None:
+    """The refresh is refused for `pattern`, version 1 keeps routing, and the reason is reported."""
+    assert router.refresh() is False
+    status = router.status()
+    assert status.version == 1 and status.consecutive_failures >= 1
+    assert status.last_error is not None and re.search(pattern, status.last_error), status.last_error
+    assert router.events[-1][0] in ("rejected", "unreachable")
+    assert router.route(*PROMPTS[0]).policy_version == 1
+
+
+def _folder(registry: Path, version: int) -> Path:
+    return next((registry / "versions").glob(f"{version:06d}-*"))
+
+
+def test_tampered_model_file(served, policies, publish_to, registry) -> None:
+    publish_to(policies[1])
+    target = _folder(registry, 2) / "scorer.json"
+    if not target.exists():
+        target = _folder(registry, 2) / "policy.json"
+    target.write_bytes(target.read_bytes().replace(b"1", b"2", 1))
+    _refused(served, r"sha256 does not match manifest\.json \(tampered")
+
+
+def test_signature_by_another_key(served, policies, publish_to, other_keypair) -> None:
+    publish_to(policies[1], signing_key=other_keypair[0])
+    _refused(served, r"signed by key \w+, but the trusted key is")
+
+
+def test_corrupted_signature(served, policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[1])
+    sig_path = _folder(registry, 2) / "manifest.sig"
+    sig = json.loads(sig_path.read_text())
+    raw = bytearray(base64.b64decode(sig["signature"]))
+    raw[0] ^= 1
+    sig["signature"] = base64.b64encode(bytes(raw)).decode()
+    sig_path.write_text(json.dumps(sig))
+    _refused(served, r"manifest\.json: signature does not match the content")
+    with pytest.raises(PolicyLoadError, match="signature does not match"):
+        load(_folder(registry, 2), keypair[1])
+
+
+def test_missing_signature(served, policies, publish_to, monkeypatch) -> None:
+    monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
+    publish_to(policies[1], signing_key=None)
+    _refused(served, r"unsigned")
+
+
+def test_truncated_manifest(served, policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[1])
+    manifest = _folder(registry, 2) / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])
+    _refused(served, r"does not match the channel's")
+    with pytest.raises(PolicyLoadError, match="signature does not match"):
+        load(_folder(registry, 2), keypair[1])
+    with pytest.raises(PolicyLoadError, match="not valid JSON"):
+        load(_folder(registry, 2), None)
+
+
+def test_expired_policy(served, policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[1], now=datetime.now(timezone.utc) - timedelta(days=2),
+               expires_in=timedelta(days=1))
+    _refused(served, r"version 2 expired at .*publish a fresh policy")
+    with pytest.raises(PolicyLoadError, match="expired"):
+        load(_folder(registry, 2), keypair[1])
+
+
+def test_replayed_old_pointer_is_a_refused_downgrade(served, policies, publish_to, registry) -> None:
+    old = (registry / "channels" / "latest.json").read_bytes()
+    publish_to(policies[1])
+    assert served.refresh() is True and served.version == 2
+    (registry / "channels" / "latest.json").write_bytes(old)  # an attacker replays move #1
+    assert served.refresh() is False and served.version == 2
+    assert "replayed" in served.status().last_error
+
+
+def _write_pointer(registry: Path, key_path: Path, **changes) -> None:
+    """Write a channel file as a (buggy or compromised) publisher holding the key would."""
+    pointer, _ = current_pointer(registry, "latest")
+    payload = {**pointer.payload(), **changes}
+    sig = sign(canonical_json(payload), load_private_key(key_path)).to_dict()
+    (registry / "channels" / "latest.json").write_bytes(pretty_json({"payload": payload, "signature": sig}))
+
+
+def test_signed_but_non_rollback_downgrade_is_refused(served, policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[1])
+    assert served.refresh() is True
+    v1 = _folder(registry, 1)
+    digest = sha256_hex((v1 / "manifest.json").read_bytes())
+    _write_pointer(registry, keypair[0], seq=99, version=1, digest=digest,
+                   path=f"versions/{v1.name}", action="promote")
+    assert served.refresh() is False and served.version == 2
+    assert "downgrade refused" in served.status().last_error
+
+
+def test_pointer_edited_without_the_key(served, policies, publish_to, registry) -> None:
+    publish_to(policies[1])
+    path = registry / "channels" / "latest.json"
+    doc = json.loads(path.read_text())
+    doc["payload"]["history"] = []
+    path.write_text(json.dumps(doc))
+    _refused(served, r"channels/latest\.json: signature does not match")
+
+
+def test_path_traversal_in_manifest_and_pointer(served, policies, publish_to, registry, keypair) -> None:
+    v = publish_to(policies[1])
+    folder = registry / v.path
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][0]["path"] = "../../../etc/passwd"
+    data = pretty_json(manifest)
+    (folder / "manifest.json").write_bytes(data)
+    sig = sign(data, load_private_key(keypair[0])).to_dict()  # even a validly signed one
+    (folder / "manifest.sig").write_text(json.dumps(sig))
+    with pytest.raises(PolicyLoadError, match=r"unsafe file name '\.\./\.\./\.\./etc/passwd'"):
+        load(folder, keypair[1])
+    _write_pointer(registry, keypair[0], path="versions/../../../tmp")
+    _refused(served, r"is not versions/<number>-<sha12>")
+
+
+def test_unsafe_channel_name_is_refused(registry, policies, publish_to) -> None:
+    publish_to(policies[0])
+    with pytest.raises(ValueError, match="channel '../latest'"):
+        load(registry, channel="../latest")
+
+
+def test_registry_unreachable_mid_poll(policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[0])
+    server, url = serve_in_thread(registry)
+    events: list[tuple[str, str]] = []
+    router = load(url, keypair[1], on_event=lambda k, m: events.append((k, m)))
+    router.events = events
+    assert router.version == 1 and router.refresh() is False
+    server.shutdown()
+    server.server_close()
+    _refused(router, r"registry unreachable")
+    assert events[-1][0] == "unreachable"
+
+
+def test_recovers_after_a_bad_version(served, policies, publish_to, other_keypair) -> None:
+    publish_to(policies[1], signing_key=other_keypair[0])
+    _refused(served, "trusted key")
+    publish_to(policies[1])
+    assert served.refresh() is True and served.version == 3
+    assert served.status().last_error is None and served.status().consecutive_failures == 0
+
+
+def test_unsigned_registry_is_refused_when_a_key_is_given(policies, registry, keypair, monkeypatch) -> None:
+    monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
+    publish(policies[0], registry, lineage={}, metrics={})
+    with pytest.raises(PolicyLoadError, match="unsigned"):
+        load(registry, keypair[1])
+    assert load(registry, None).version == 1  # allowed only without a trusted key
