@@ -11,11 +11,14 @@ import click
 
 # "module:attribute" of each click command or group added to the top-level group.
 COMMANDS: list[str] = [
+    "flows.commands.gpu:bench",
+    "flows.commands.gpu:cost",
     "flows.commands.pipeline:run",
     "flows.commands.pipeline:eval_cmd",
     "flows.commands.artifacts:policies",
     "flows.commands.artifacts:keys",
     "flows.commands.artifacts:registry_group",
+    "flows.commands.suites:suites",
 ]
 
 

@@ -1,0 +1,251 @@
+"""`routeopt bench serving` and `routeopt cost compare`: self-hosted speed, and what it costs.
+
+`bench` is shared with the router's `bench router`: if `flows.commands.router` defines a `bench`
+group, `serving` joins it; otherwise this module owns the group. Either way one object is
+registered, so both commands appear under one `routeopt bench`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evals.config import Config, ConfigError, default_config_path, load_config
+
+CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).")
+DB_OPTION = click.option("--db", "db_path", default=None, help="DuckDB file (default: from config).")
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path or default_config_path())
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _bench_group() -> click.Group:
+    """The one `bench` group: the router helper's when its module has it, else a new one."""
+    if importlib.util.find_spec("flows.commands.router") is not None:
+        group = getattr(import_module("flows.commands.router"), "bench", None)
+        if isinstance(group, click.Group):
+            return group
+
+    @click.group("bench")
+    def bench() -> None:
+        """Benchmarks that print figures: serving speed (and the router's, where installed)."""
+
+    return bench
+
+
+def _floats(text: str | None, option: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers",
+                                 param_hint=option) from None
+
+
+def _make_provider(candidate: Any, max_batch: int | None) -> Any:
+    from evals.providers import make_provider
+
+    if max_batch and candidate.provider == "local":
+        from evals.providers.local import LocalProvider
+
+        return LocalProvider(candidate, max_batch=max_batch)
+    return make_provider(candidate)
+
+
+def _print_levels(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from evals.serving import TABLE_COLUMNS, table_cells
+
+    table = Table(title=f"serving: {report.candidate} ({report.bench_id})")
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="right")
+    for lv in report.levels:
+        table.add_row(*table_cells(lv))
+    Console().print(table)
+
+
+@click.command("serving")
+@click.option("--candidate", "candidate_name", required=True, help="Candidate name in the config.")
+@click.option("--concurrency", "levels", default="1,8,32,128", show_default=True,
+              help="Comma-separated numbers of requests kept in flight.")
+@click.option("--prompts", "prompts_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Suite YAML, JSONL ({prompt|messages, max_tokens?}) or one prompt per line.")
+@CONFIG_OPTION
+@DB_OPTION
+@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=None,
+              help="Requests per level (default max(2c, 16); never fewer than c).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Override every prompt's max_tokens.")
+@click.option("--latency-target-s", type=float, default=None, help="Goodput SLO on latency.")
+@click.option("--ttft-target-s", type=float, default=None, help="Goodput SLO on TTFT.")
+@click.option("--tpot-target-s", type=float, default=None, help="Goodput SLO on TPOT.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Local candidates: largest batch the in-process batcher forms.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Unmeasured requests first (the local provider loads its model then).")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the figures to this JSON file.")
+@click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
+def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_path: Path | None,
+                db_path: str | None, n_requests: int | None, max_tokens: int | None,
+                latency_target_s: float | None, ttft_target_s: float | None,
+                tpot_target_s: float | None, max_batch: int | None, warmup: int,
+                json_out: Path | None, no_store: bool) -> None:
+    """Measure TTFT, TPOT, inter-token latency, tokens/s and goodput at fixed concurrencies.
+
+    Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
+    `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
+    """
+    from evals.serving import ServingError, Targets, bench_serving, load_prompts, parse_levels, save_report
+
+    cfg = _load(config_path)
+    try:
+        candidate = cfg.candidate(candidate_name)
+        requests = load_prompts(prompts_path, max_tokens)
+        level_list = parse_levels(levels)
+    except (KeyError, ServingError) as exc:
+        raise click.ClickException(str(exc).strip("'\"")) from None
+    targets = Targets(latency_target_s, ttft_target_s, tpot_target_s)
+    report = asyncio.run(bench_serving(
+        candidate, requests, level_list, n_requests, targets,
+        provider=_make_provider(candidate, max_batch), prompts_label=str(prompts_path),
+        warmup=warmup,
+        on_level=lambda lv: click.echo(f"  c={lv.concurrency}: {lv.output_tok_s:.1f} out tok/s, "
+                                       f"{lv.errors} errors", err=True)))
+    _print_levels(report)
+    if json_out:
+        _atomic_json(json_out, _report_json(report))
+    if not no_store:
+        from evals.store import Store
+
+        path = Path(db_path) if db_path else cfg.db_path
+        with Store(path) as store:
+            save_report(store, report)
+        click.echo(f"stored {len(report.levels)} rows in {path} (bench_id {report.bench_id})")
+
+
+def _report_json(report: Any) -> dict:
+    from evals.serving import report_json
+
+    return report_json(report)
+
+
+def _atomic_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+bench = _bench_group()
+bench.add_command(serving_cmd)
+
+
+@click.group("cost")
+def cost() -> None:
+    """What self-hosted candidates cost per token, beside the API candidates' list prices."""
+
+
+@cost.command("compare")
+@CONFIG_OPTION
+@DB_OPTION
+@click.option("--utilization", "utils", default="0.1,0.25,0.5,1", show_default=True,
+              help="Utilisations to price at (share of paid GPU hours spent serving).")
+@click.option("--input-per-output", type=float, default=None,
+              help="Input tokens per output token for API prices (default: the benchmark's).")
+@click.option("--min-good", type=float, default=0.9, show_default=True,
+              help="A level counts as capacity only if this share of requests met the targets.")
+def compare(config_path: Path | None, db_path: str | None, utils: str,
+            input_per_output: float | None, min_good: float) -> None:
+    """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
+    and the daily output-token volume above which self-hosting is cheaper."""
+    from rich.console import Console
+
+    from evals.costmodel import compare as compare_costs
+    from evals.costmodel import load_curve
+    from evals.store import Store
+
+    cfg = _load(config_path)
+    path = Path(db_path) if db_path else cfg.db_path
+    if not path.exists():
+        raise click.ClickException(f"{path}: no database; run `routeopt bench serving` first")
+    utilizations = _floats(utils, "--utilization")
+    if not utilizations or any(not 0 < u <= 1 for u in utilizations):
+        raise click.BadParameter("utilisations must be in (0, 1]", param_hint="--utilization")
+    with Store(path, read_only=True) as store:
+        curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
+    if not any(curves.values()):
+        raise click.ClickException(
+            f"{path}: no serving benchmark for any GPU-priced candidate "
+            f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
+    summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
+                                        min_good)
+    _print_comparison(Console(), summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+
+
+def _usd(x: float) -> str:
+    return "inf" if x == float("inf") else f"{x:,.3f}"
+
+
+def _print_comparison(console: Any, summaries: list, verdicts: list, apis: list) -> None:
+    from rich.table import Table
+
+    from evals.costmodel import api_usd_per_mtok
+
+    for s in summaries:
+        utils = sorted({r.utilization for r in s.table})
+        t = Table(title=f"{s.candidate}: $/Mtok output at ${s.gpu_hour_usd:g}/GPU-hour")
+        t.add_column("concurrency", justify="right")
+        t.add_column("out tok/s", justify="right")
+        for u in utils:
+            t.add_column(f"util {u:g}", justify="right")
+        for conc in sorted({r.concurrency for r in s.table}):
+            rows = {r.utilization: r for r in s.table if r.concurrency == conc}
+            first = next(iter(rows.values()))
+            t.add_row(str(conc), f"{first.output_tok_s:.1f}", *(_usd(rows[u].usd_per_mtok) for u in utils))
+        console.print(t)
+        conf = "-" if s.configured_usd_per_mtok is None else _usd(s.configured_usd_per_mtok)
+        console.print(f"  capacity {s.capacity_tok_s:.1f} out tok/s; at the configured utilisation "
+                      f"{s.utilization:g}: ${conf}/Mtok")
+    if apis:
+        t = Table(title="API list prices ($/Mtok)")
+        for col in ("candidate", "input", "cached input", "output", "output incl. input"):
+            t.add_column(col, justify="right")
+        ratio = next((s.input_per_output for s in summaries if s.input_per_output), 0.0) or 0.0
+        for a in apis:
+            cached = a.cached_input_price_per_mtok
+            t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0), "-" if cached is None else _usd(cached),
+                      _usd(a.output_price_per_mtok or 0.0), _usd(api_usd_per_mtok(a, ratio)))
+        console.print(t)
+        console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token "
+                      "(the benchmark prompts' ratio)")
+    if verdicts:
+        t = Table(title="Break-even: daily output tokens above which self-hosting is cheaper")
+        for col in ("self-hosted", "vs API", "API $/Mtok", "self $/Mtok @100%", "first", "always"):
+            t.add_column(col, justify="right")
+        for v in verdicts:
+            be = v.break_even
+            t.add_row(v.self_hosted, v.api, _usd(v.api_usd_per_mtok), _usd(v.self_usd_per_mtok_full_load),
+                      "never" if be is None else f"{be.first_tok_per_day:,.0f}",
+                      "never" if be is None else f"{be.always_tok_per_day:,.0f}")
+        console.print(t)
