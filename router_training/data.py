@@ -1,0 +1,112 @@
+"""From a long outcome frame (one row per run x request x model) to routing matrices.
+
+Several runs of the same (request, model) are averaged: the pass target becomes a pass
+fraction, the cost a mean. Missing pairs stay NaN and estimators skip them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+REQUIRED = ("request_id", "prompt", "model")
+
+
+@dataclass
+class RoutingData:
+    """Requests x candidates: outcome Y (pass fraction) and cost C, NaN where not observed."""
+
+    request_ids: list[str]
+    prompts: list[str]
+    suites: list[str | None]
+    candidates: list[str]
+    Y: np.ndarray
+    C: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def subset(self, idx: np.ndarray) -> "RoutingData":
+        idx = np.asarray(idx, dtype=int)
+        return RoutingData(
+            [self.request_ids[i] for i in idx], [self.prompts[i] for i in idx],
+            [self.suites[i] for i in idx], list(self.candidates), self.Y[idx], self.C[idx],
+        )
+
+    def complete(self) -> "RoutingData":
+        """Only requests where every candidate has an outcome and a cost (for fair evaluation)."""
+        ok = ~np.isnan(self.Y).any(axis=1) & ~np.isnan(self.C).any(axis=1)
+        return self.subset(np.flatnonzero(ok))
+
+    def align(self, candidates: list[str]) -> "RoutingData":
+        """Reorder (and NaN-fill) columns to a given candidate list."""
+        pos = {c: i for i, c in enumerate(self.candidates)}
+        Y = np.full((len(self), len(candidates)), np.nan)
+        C = np.full((len(self), len(candidates)), np.nan)
+        for j, c in enumerate(candidates):
+            if c in pos:
+                Y[:, j], C[:, j] = self.Y[:, pos[c]], self.C[:, pos[c]]
+        return RoutingData(self.request_ids, self.prompts, self.suites, list(candidates), Y, C)
+
+
+def _pass_target(frame: pd.DataFrame) -> pd.Series:
+    score = pd.to_numeric(frame["score"], errors="coerce") if "score" in frame else None
+    if "passed" in frame:
+        passed = frame["passed"].astype("float64")
+        if score is not None:
+            return passed.fillna(score.clip(0, 1))
+        return passed
+    if score is None:
+        raise ValueError("outcome frame needs a 'score' or a 'passed' column")
+    return score.clip(0, 1)
+
+
+def _priced_cost(frame: pd.DataFrame, prices: dict[str, dict]) -> pd.Series:
+    """List price x tokens for priced candidates (tokens estimated as chars/4 when missing)."""
+    cost = pd.to_numeric(frame.get("cost_usd"), errors="coerce") if "cost_usd" in frame else None
+    cost = cost if cost is not None else pd.Series(np.nan, index=frame.index)
+    inp = pd.to_numeric(frame.get("input_tokens"), errors="coerce") if "input_tokens" in frame else None
+    inp = inp if inp is not None else pd.Series(np.nan, index=frame.index)
+    inp = inp.fillna(frame["prompt"].str.len() / 4.0)
+    out = pd.to_numeric(frame.get("output_tokens"), errors="coerce") if "output_tokens" in frame else None
+    out = out if out is not None else pd.Series(np.nan, index=frame.index)
+    out = out.fillna(out.groupby(frame["model"]).transform("mean")).fillna(0.0)
+    for model, price in prices.items():
+        rows = frame["model"] == model
+        p_in = float(price.get("input_price_per_mtok") or 0.0)
+        p_out = float(price.get("output_price_per_mtok") or 0.0)
+        cost[rows] = (inp[rows] * p_in + out[rows] * p_out) / 1e6
+    return cost
+
+
+def routing_data(
+    frame: pd.DataFrame, prices: dict[str, dict] | None = None, candidates: list[str] | None = None
+) -> RoutingData:
+    """Aggregate a long outcome frame into matrices; candidates sorted by name unless given."""
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ValueError(f"outcome frame lacks column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise ValueError("outcome frame is empty: nothing to train on")
+    df = pd.DataFrame({
+        "request_id": frame["request_id"].astype(str),
+        "prompt": frame["prompt"].astype(str),
+        "suite": frame["suite"].astype("object") if "suite" in frame else None,
+        "model": frame["model"].astype(str),
+        "y": _pass_target(frame).astype("float64"),
+        "cost": _priced_cost(frame, prices or {}).astype("float64"),
+    })
+    df = df.dropna(subset=["y"])
+    agg = df.groupby(["request_id", "model"], sort=True).agg(y=("y", "mean"), cost=("cost", "mean"))
+    first = df.groupby("request_id", sort=True).agg(prompt=("prompt", "first"), suite=("suite", "first"))
+    names = candidates or sorted(df["model"].unique().tolist())
+    Y = agg["y"].unstack("model").reindex(index=first.index, columns=names)
+    C = agg["cost"].unstack("model").reindex(index=first.index, columns=names)
+    suites = [None if (s is None or (isinstance(s, float) and np.isnan(s))) else str(s)
+              for s in first["suite"].tolist()]
+    return RoutingData(
+        request_ids=first.index.tolist(), prompts=first["prompt"].tolist(), suites=suites,
+        candidates=list(names), Y=Y.to_numpy(dtype=np.float64), C=C.to_numpy(dtype=np.float64),
+    )

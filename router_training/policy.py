@@ -1,0 +1,266 @@
+"""The routing policy a gateway loads: features -> calibrated pass probabilities -> a choice.
+
+Imports numpy and the standard library only, so a gateway can embed it. One shared rule turns
+per-candidate scores into a choice (RouteLLM's split: a router scores, a policy decides):
+
+* ``lambda``: maximise ``p - lambda * cost`` per request;
+* ``threshold``: the cheapest candidate whose ``p >= tau`` (else the most likely to pass).
+
+Training stores a table from the rule's parameter to the expected pass rate on calibration
+data; a quality target (a fraction of the best single candidate's pass rate) picks the
+cheapest table entry whose expected pass rate reaches it. Both rules are monotone: a higher
+target never lowers any request's chosen pass probability.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from router_training.features import FeatureSpec, request_features
+
+FORMAT_VERSION = 1
+RULES = ("lambda", "threshold")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One routing decision: the model to call, what to try next, and why."""
+
+    model: str
+    fallbacks: tuple[str, ...]
+    pass_probabilities: dict[str, float]
+    expected_cost_usd: dict[str, float]
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+@dataclass
+class LinearScorer:
+    """Per-candidate logits = x @ weights + bias over the sparse feature row."""
+
+    weights: np.ndarray  # (n_features, K)
+    bias: np.ndarray  # (K,)
+
+    def logits(self, ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        return vals @ self.weights[ids] + self.bias
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": "linear",
+            "shape": list(self.weights.shape),
+            "bias": [float(v) for v in self.bias],
+            "weights": [float(v) for v in np.round(self.weights.ravel(), 7)],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LinearScorer":
+        if d.get("kind") != "linear":
+            raise ValueError(f"unknown scorer kind {d.get('kind')!r}; this build reads 'linear'")
+        w = np.asarray(d["weights"], dtype=np.float64).reshape(d["shape"])
+        return cls(weights=w, bias=np.asarray(d["bias"], dtype=np.float64))
+
+
+@dataclass
+class CostModel:
+    """Predicted cost per candidate: intercept + per-1k-chars slope + per-suite offset, floored."""
+
+    coef: np.ndarray  # (2 + n_suites, K): [intercept, per_kchar, suite offsets...]
+    floor: np.ndarray  # (K,)
+
+    def predict(self, n_chars: np.ndarray, suite_pos: np.ndarray) -> np.ndarray:
+        """(n, K) costs; suite_pos is -1 for an unknown suite (no offset)."""
+        n_chars = np.asarray(n_chars, dtype=np.float64)
+        out = self.coef[0] + np.outer(n_chars / 1000.0, self.coef[1])
+        known = suite_pos >= 0
+        if known.any():
+            out[known] += self.coef[2 + suite_pos[known]]
+        return np.maximum(out, self.floor)
+
+    def to_dict(self) -> dict:
+        return {"coef": self.coef.tolist(), "floor": self.floor.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(coef=np.asarray(d["coef"], dtype=np.float64), floor=np.asarray(d["floor"]))
+
+
+def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
+    """Per-request preference order over candidates (n, K); column 0 is the choice.
+
+    Ties go to the cheaper candidate, so the rule is deterministic.
+    """
+    p = np.atleast_2d(p)
+    c = np.atleast_2d(c)
+    if rule == "lambda":
+        return np.lexsort((c, -(p - param * c)), axis=-1)
+    if rule == "threshold":
+        ok = p >= param
+        key = np.where(ok, c, np.inf)
+        second = np.where(ok, 0.0, -p)
+        return np.lexsort((c, second, key), axis=-1)
+    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class RoutingPolicy:
+    """Candidates, their scorer, Platt calibration, cost model and the target -> rule table."""
+
+    candidates: list[str]
+    spec: FeatureSpec
+    scorer: LinearScorer
+    platt: np.ndarray  # (2, K): p = sigmoid(a * logit + b)
+    cost_model: CostModel
+    rule: str
+    table: list[tuple[float, float]]  # (param, expected pass rate), cheapest entry first
+    reference_pass_rate: float  # best single candidate's pass rate on calibration data
+    reference_model: str
+    quality_target: float = 0.95
+    metrics: dict = field(default_factory=dict)
+
+    # -- scoring -------------------------------------------------------------------------
+    def predict(
+        self, prompts: Sequence[str], suites: Sequence[str | None] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated pass probabilities and predicted costs, each (n, K)."""
+        suites = list(suites) if suites is not None else [None] * len(prompts)
+        if len(suites) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
+        z = np.empty((len(prompts), len(self.candidates)))
+        for i, (prompt, suite) in enumerate(zip(prompts, suites)):
+            z[i] = self.scorer.logits(*request_features(prompt, suite, self.spec))
+        p = _sigmoid(self.platt[0] * z + self.platt[1])
+        pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites])
+        c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos)
+        return p, c
+
+    def param_for(self, quality_target: float | None = None) -> float:
+        """The cheapest table entry whose expected pass rate reaches the target's floor."""
+        target = self.quality_target if quality_target is None else float(quality_target)
+        if not np.isfinite(target):
+            raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
+        floor = target * self.reference_pass_rate
+        for param, expected in self.table:
+            if expected >= floor - 1e-12:
+                return param
+        return self.table[-1][0]
+
+    # -- deciding ------------------------------------------------------------------------
+    def decide(
+        self, prompt: str, suite: str | None = None, quality_target: float | None = None
+    ) -> Decision:
+        return self.decide_batch([prompt], [suite], quality_target)[0]
+
+    def decide_batch(
+        self,
+        prompts: Sequence[str],
+        suites: Sequence[str | None] | None = None,
+        quality_target: float | None = None,
+    ) -> list[Decision]:
+        p, c = self.predict(prompts, suites)
+        order = choose(p, c, self.rule, self.param_for(quality_target))
+        names = self.candidates
+        out = []
+        for i in range(len(prompts)):
+            ranked = [names[j] for j in order[i]]
+            out.append(
+                Decision(
+                    model=ranked[0],
+                    fallbacks=tuple(ranked[1:]),
+                    pass_probabilities=dict(zip(names, p[i].tolist())),
+                    expected_cost_usd=dict(zip(names, c[i].tolist())),
+                )
+            )
+        return out
+
+    # -- persistence ---------------------------------------------------------------------
+    def _header(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "candidates": list(self.candidates),
+            "rule": self.rule,
+            "table": [[float(a), float(b)] for a, b in self.table],
+            "reference_pass_rate": float(self.reference_pass_rate),
+            "reference_model": self.reference_model,
+            "quality_target": float(self.quality_target),
+            "platt": self.platt.tolist(),
+            "cost_model": self.cost_model.to_dict(),
+            "metrics": self.metrics,
+            "files": {"features": "features.json", "scorer": "scorer.json"},
+        }
+
+    def save(self, folder: Path) -> list[str]:
+        """Write policy.json, features.json and scorer.json (JSON only, atomically)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder / "features.json", json.dumps(self.spec.to_dict()))
+        _atomic_write(folder / "scorer.json", json.dumps(self.scorer.to_dict()))
+        _atomic_write(folder / "policy.json", json.dumps(self._header(), indent=1, sort_keys=True))
+        return ["policy.json", "features.json", "scorer.json"]
+
+    @classmethod
+    def load(cls, folder: Path) -> "RoutingPolicy":
+        folder = Path(folder)
+        try:
+            head = json.loads((folder / "policy.json").read_text(encoding="utf-8"))
+            files = head["files"]
+            spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
+            scorer = LinearScorer.from_dict(json.loads((folder / files["scorer"]).read_text()))
+        except (OSError, KeyError, ValueError) as e:
+            raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
+        if head.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{folder / 'policy.json'}: format_version {head.get('format_version')!r} "
+                f"is not supported by this build (expects {FORMAT_VERSION})"
+            )
+        return cls(
+            candidates=list(head["candidates"]),
+            spec=spec,
+            scorer=scorer,
+            platt=np.asarray(head["platt"], dtype=np.float64),
+            cost_model=CostModel.from_dict(head["cost_model"]),
+            rule=head["rule"],
+            table=[(float(a), float(b)) for a, b in head["table"]],
+            reference_pass_rate=float(head["reference_pass_rate"]),
+            reference_model=head["reference_model"],
+            quality_target=float(head["quality_target"]),
+            metrics=head.get("metrics", {}),
+        )
+
+    def describe(self) -> dict:
+        """A compact summary for manifests and diffs (no weights)."""
+        spec = self.spec.to_dict()
+        spec.pop("idf", None)
+        return {
+            "candidates": list(self.candidates),
+            "rule": self.rule,
+            "param_at_default_target": self.param_for(),
+            "quality_target": self.quality_target,
+            "reference": {"model": self.reference_model, "pass_rate": self.reference_pass_rate},
+            "table": [[round(a, 8), round(b, 6)] for a, b in self.table],
+            "cost_model": self.cost_model.to_dict(),
+            "feature_spec": spec,
+            "scorer": {"kind": "linear", "shape": list(self.scorer.weights.shape)},
+            "metrics": self.metrics,
+        }

@@ -1,0 +1,196 @@
+"""Train a routing policy from outcomes: fit, calibrate, choose the rule, measure on held-out data.
+
+Requests (not rows) are split, per suite, into train / calibration / test. The estimator learns
+on train; Platt scaling and the target -> parameter tables are fitted on calibration requests;
+the test requests are touched only to report metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from router_training import metrics as M
+from router_training.baselines import evaluate, outcomes_of, param_grid
+from router_training.data import RoutingData, routing_data
+from router_training.estimators import (
+    LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
+)
+from router_training.policy import RULES, LinearScorer, RoutingPolicy, choose
+
+
+@dataclass
+class TrainResult:
+    policy: RoutingPolicy
+    metrics: dict
+    split: dict[str, list[str]]
+
+
+def split_requests(
+    data: RoutingData, holdout_fraction: float, calib_fraction: float, seed: int
+) -> dict[str, np.ndarray]:
+    """Per-suite random split of request indices; every part gets at least one request if it can."""
+    rng = np.random.default_rng(seed)
+    parts: dict[str, list[int]] = {"train": [], "calib": [], "test": []}
+    suites = np.array([s or "" for s in data.suites])
+    for s in sorted(set(suites)):
+        idx = rng.permutation(np.flatnonzero(suites == s))
+        n_test = int(round(len(idx) * holdout_fraction)) if holdout_fraction > 0 else 0
+        n_cal = int(round((len(idx) - n_test) * calib_fraction))
+        if len(idx) >= 3:
+            n_test = max(n_test, 1) if holdout_fraction > 0 else 0
+            n_cal = max(n_cal, 1)
+        parts["test"] += idx[:n_test].tolist()
+        parts["calib"] += idx[n_test: n_test + n_cal].tolist()
+        parts["train"] += idx[n_test + n_cal:].tolist()
+    return {k: np.array(sorted(v), dtype=int) for k, v in parts.items()}
+
+
+def _suite_pos(suites: list[str | None], names: tuple[str, ...]) -> np.ndarray:
+    pos = {s: i for i, s in enumerate(names)}
+    return np.array([pos.get(s, -1) if s else -1 for s in suites], dtype=int)
+
+
+def build_table(P: np.ndarray, C: np.ndarray, rule: str) -> list[tuple[float, float]]:
+    """(parameter, expected pass rate) from cheapest to best; entries that add no quality dropped."""
+    grid = param_grid(rule, C)
+    if rule == "lambda":
+        grid = grid[::-1]  # large lambda = cheapest first
+    rows = np.arange(len(P))
+    table: list[tuple[float, float]] = []
+    for t in grid:
+        expected = float(P[rows, choose(P, C, rule, t)[:, 0]].mean())
+        if not table or expected > table[-1][1] + 1e-9:
+            table.append((float(t), expected))
+    return table
+
+
+def _calib_curve(P, Cp, data: RoutingData, rule: str, table) -> tuple[np.ndarray, np.ndarray]:
+    pts = [outcomes_of(choose(P, Cp, rule, t)[:, 0], data) for t, _ in table]
+    q, c = np.array(pts).T
+    return c, q
+
+
+def pick_rule(P: np.ndarray, Cp: np.ndarray, calib: RoutingData) -> tuple[str, dict]:
+    """Keep the rule whose calibration cost-quality hull has the larger AIQ."""
+    full = calib.complete()
+    keep = np.isin(calib.request_ids, full.request_ids)
+    scores: dict[str, float] = {}
+    for rule in RULES:
+        table = build_table(P[keep], Cp[keep], rule)
+        c, q = _calib_curve(P[keep], Cp[keep], full, rule, table) if len(full) else (np.empty(0),) * 2
+        sc = np.nanmean(full.C, axis=0) if len(full) else np.zeros(1)
+        scores[rule] = M.aiq(*M.frontier(c, q), float(sc.min()), float(sc.max())) if len(full) else 0.0
+    best = max(RULES, key=lambda r: (scores[r], r == "lambda"))
+    return best, {f"calib_aiq_{r}": v for r, v in scores.items()}
+
+
+def floor_confidence(policy: RoutingPolicy, data: RoutingData, target: float) -> dict:
+    """Observed pass rate at a target on held-out requests, its lower bound and P(floor holds)."""
+    full = data.align(policy.candidates).complete()
+    floor = target * policy.reference_pass_rate
+    if len(full) == 0:
+        return {"target": target, "floor_pass_rate": floor, "n": 0}
+    P, Cp = policy.predict(full.prompts, full.suites)
+    choice = choose(P, Cp, policy.rule, policy.param_for(target))[:, 0]
+    passed = float(full.Y[np.arange(len(full)), choice].sum())
+    return {
+        "target": target, "floor_pass_rate": floor, "n": len(full),
+        "observed_pass_rate": passed / len(full),
+        "lower95": M.wilson_lower(passed, len(full)),
+        "confidence_floor_holds": M.confidence_at_least(passed, len(full), floor),
+    }
+
+
+def _fit(train: RoutingData, calib: RoutingData, seed: int, quality_target: float) -> RoutingPolicy:
+    spec = fit_feature_spec(train.prompts, train.suites)
+    est = LinearPassEstimator(seed=seed).fit(design_matrix(train.prompts, train.suites, spec), train.Y)
+    scorer = LinearScorer(weights=est.coef_, bias=est.intercept_)
+    both = [train, calib]
+    cost_model = fit_cost_model(
+        np.concatenate([[len(p) for p in d.prompts] for d in both]),
+        np.concatenate([_suite_pos(d.suites, spec.suites) for d in both]),
+        np.vstack([d.C for d in both]), len(spec.suites),
+    )
+    z = est.decision_function(design_matrix(calib.prompts, calib.suites, spec))
+    platt = np.array([fit_platt(z[:, j], calib.Y[:, j]) for j in range(len(train.candidates))]).T
+    rates = np.nanmean(np.vstack([train.Y, calib.Y]), axis=0)
+    ref = int(np.nanargmax(rates))
+    policy = RoutingPolicy(
+        candidates=list(train.candidates), spec=spec, scorer=scorer, platt=platt,
+        cost_model=cost_model, rule="lambda", table=[(0.0, 0.0)],
+        reference_pass_rate=float(rates[ref]), reference_model=train.candidates[ref],
+        quality_target=quality_target,
+    )
+    P, Cp = policy.predict(calib.prompts, calib.suites)
+    policy.rule, rule_scores = pick_rule(P, Cp, calib)
+    calib_ref = calib.Y[:, ref]
+    if (~np.isnan(calib_ref)).any():
+        policy.reference_pass_rate = float(np.nanmean(calib_ref))
+    policy.table = build_table(P, Cp, policy.rule)
+    policy.metrics = {"rule_selection": rule_scores}
+    return policy
+
+
+def train_router(
+    frame: pd.DataFrame,
+    *,
+    quality_target: float = 0.95,
+    prices: dict[str, dict] | None = None,
+    holdout_fraction: float = 0.3,
+    seed: int = 0,
+    calib_fraction: float = 0.3,
+) -> TrainResult:
+    """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests."""
+    if not 0 <= holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+    if not math.isfinite(quality_target) or quality_target < 0:
+        raise ValueError(f"quality_target must be a non-negative number, got {quality_target}")
+    data = routing_data(frame, prices)
+    if len(data) < 4:
+        raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
+    parts = split_requests(data, holdout_fraction, calib_fraction, seed)
+    train, calib, test = (data.subset(parts[k]) for k in ("train", "calib", "test"))
+    policy = _fit(train, calib, seed, quality_target)
+    metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_calib": len(calib),
+                     "n_test": len(test), "candidates": list(data.candidates),
+                     "rule": policy.rule, **policy.metrics}
+    metrics["floor_calib"] = floor_confidence(policy, calib, quality_target)
+    no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
+    if no_cost:
+        metrics["candidates_without_cost"] = no_cost
+    if len(test) and len(test.complete()):
+        metrics["floor_test"] = floor_confidence(policy, test, quality_target)
+        metrics["holdout"] = _holdout_summary(policy, train, test, quality_target)
+    policy.metrics = _jsonable(metrics)
+    split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
+    return TrainResult(policy=policy, metrics=policy.metrics, split=split)
+
+
+def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingData, target: float) -> dict:
+    report = evaluate(policy, train, test)
+    full = test.align(policy.candidates).complete()
+    P, Cp = policy.predict(full.prompts, full.suites)
+    q, c = outcomes_of(choose(P, Cp, policy.rule, policy.param_for(target))[:, 0], full)
+    report.pop("curves")
+    report["router_at_target"] = {"target": target, "pass_rate": q, "cost": c}
+    return report
+
+
+def _jsonable(obj: object) -> object:
+    """Plain floats/ints/lists/dicts; NaN and inf become None (JSON has neither)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    return obj
