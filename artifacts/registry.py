@@ -266,8 +266,17 @@ _PASS_KEYS = ("pass_rate", "router_pass_rate", "quality")
 _COST_KEYS = ("cost_usd", "router_cost_usd", "cost", "mean_cost_usd")
 
 
+def _scopes(metrics: dict) -> list[dict]:
+    """Where training reports the router's own figures: top level, `router`, or
+    `holdout.router_at_target` (router_training.train)."""
+    holdout = metrics.get("holdout")
+    found = [metrics, metrics.get("router"),
+             holdout.get("router_at_target") if isinstance(holdout, dict) else None]
+    return [s for s in found if isinstance(s, dict)]
+
+
 def _metric(metrics: dict, names: tuple[str, ...]) -> float | None:
-    for scope in (metrics, metrics.get("router") if isinstance(metrics.get("router"), dict) else {}):
+    for scope in _scopes(metrics):
         for name in names:
             value = scope.get(name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -281,8 +290,8 @@ def headline(metrics: dict) -> dict:
 
 def gate(new_metrics: dict, champion_metrics: dict | None, tolerance: float = 0.0) -> tuple[bool, str]:
     """Promote only if, on the same held-out items, pass rate is not lower beyond `tolerance`
-    (absolute) and cost is not higher. Metrics give `pass_rate` and `cost_usd` (top level or
-    under `router`)."""
+    (absolute) and cost is not higher. Metrics give `pass_rate` and `cost_usd`/`cost` at the top
+    level, under `router`, or under `holdout.router_at_target` as `train_router` reports them."""
     new = headline(new_metrics)
     if new["pass_rate"] is None or new["cost_usd"] is None:
         return False, "new metrics lack pass_rate/cost_usd; cannot judge"

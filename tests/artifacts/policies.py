@@ -30,30 +30,10 @@ def synthetic_frame(seed: int, n_items: int = 60):
     return pd.DataFrame(rows)
 
 
-def _direct_policy(seed: int):
-    """A RoutingPolicy assembled from its parts (used until `train_router` is available)."""
-    from router_training.features import FeatureSpec
-    from router_training.policy import CostModel, LinearScorer, RoutingPolicy
-
-    rng = np.random.default_rng(seed)
-    spec = FeatureSpec(suites=SUITES, n_buckets=2**10)
-    k = len(CANDIDATES)
-    return RoutingPolicy(
-        candidates=list(CANDIDATES), spec=spec,
-        scorer=LinearScorer(rng.normal(size=(spec.n_features, k)), np.array([-1.0, 0.0, 1.5])),
-        platt=np.array([[1.0] * k, [0.0] * k]),
-        cost_model=CostModel(np.array([[1e-4, 5e-4, 2e-3], [1e-5, 5e-5, 2e-4]] + [[0.0] * k] * 3),
-                             np.array([1e-6] * k)),
-        rule="lambda", table=[(1000.0, 0.5), (100.0, 0.7), (10.0, 0.8), (0.0, 0.9)],
-        reference_pass_rate=0.9, reference_model="large", quality_target=0.9,
-        metrics={"seed": seed})
-
-
 def make_policy(seed: int = 0):
-    try:
-        from router_training.train import train_router
-    except ImportError:
-        return _direct_policy(seed)
+    """A RoutingPolicy trained by the real trainer on a small synthetic fleet."""
+    from router_training.train import train_router
+
     return train_router(synthetic_frame(seed), quality_target=0.9, seed=seed).policy
 
 

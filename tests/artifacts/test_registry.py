@@ -141,3 +141,10 @@ def test_policy_file_names_are_checked_before_writing(registry: Path) -> None:
 def test_gate(new: dict, old: dict | None, tol: float, ok: bool, why: str) -> None:
     result, reason = gate(new, old, tol)
     assert result is ok and why in reason
+
+
+def test_gate_reads_train_router_metrics() -> None:
+    new = {"holdout": {"router_at_target": {"target": 0.9, "pass_rate": 0.8, "cost": 1.0}}}
+    old = {"holdout": {"router_at_target": {"target": 0.9, "pass_rate": 0.85, "cost": 2.0}}}
+    assert gate(new, old, 0.01) == (False, "pass rate 0.8000 is below champion 0.8500 by more than 0.01")
+    assert gate(new, old, 0.1)[0] is True
