@@ -2,19 +2,37 @@
 
 Every grader is a pydantic model (its YAML parameters, validated) with an async `grade`, found
 through one registry that raises on duplicate names and, on a miss, names the graders that exist.
+Graders that need more than their parameters (the judge needs the config's candidates, a custom
+grader the suite's folder) get it from an explicit `GraderContext` when the suite is loaded.
+The code grader lives in `evals.sandbox` and the judge in `evals.judge`; both register here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
 import math
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from jinja2 import StrictUndefined
+import jsonschema
+from jinja2 import StrictUndefined, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from evals.datasets import lookup
+
+if TYPE_CHECKING:
+    from evals.config import Config
+
+Loc = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -28,6 +46,14 @@ class Grade:
             raise ValueError(f"grader score must be in [0, 1], got {self.score}")
 
 
+@dataclass(frozen=True)
+class GraderContext:
+    """What a grader may need beyond its YAML: the config (judge candidates), the suite folder."""
+
+    config: "Config | None" = None
+    base_dir: Path | None = None
+
+
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
 
 
@@ -36,14 +62,30 @@ def render(template: str, item: dict[str, Any]) -> str:
     return _ENV.from_string(template).render(**item)
 
 
+def template_error(template: str) -> str | None:
+    """Why a template does not parse (with its line), or None when it does."""
+    try:
+        _ENV.parse(template)
+    except TemplateSyntaxError as exc:
+        return f"template syntax error on its line {exc.lineno}: {exc.message}"
+    return None
+
+
 class Grader(BaseModel):
     """Base class: subclasses declare `type` and implement `grade`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: str
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:
         raise NotImplementedError
+
+    def setup(self, context: GraderContext) -> None:
+        """Resolve what needs context (a candidate, a function); raise ValueError if it cannot."""
+
+    def fingerprint(self) -> str:
+        """Anything beyond the YAML that changes grades (custom code, the judge model)."""
+        return ""
 
     def expected(self, item: dict[str, Any]) -> str:
         target = getattr(self, "target", None)
@@ -65,16 +107,46 @@ def register_grader(name: str) -> Callable[[type[Grader]], type[Grader]]:
     return deco
 
 
-def build_grader(spec: dict[str, Any]) -> Grader:
-    """Validate a grader spec from YAML into a grader instance."""
+class GraderSpecError(ValueError):
+    """A grader spec with problems; `problems` holds (location inside the spec, message)."""
+
+    def __init__(self, problems: list[tuple[Loc, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{'.'.join(map(str, loc)) or 'grader'}: {m}" for loc, m in problems))
+
+
+def _build(spec: Any, context: GraderContext, loc: Loc, problems: list[tuple[Loc, str]]) -> Grader | None:
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ValueError("grader needs a `type`")
-    kind = spec["type"]
+        problems.append((loc, "grader needs a `type`"))
+        return None
+    cls = GRADERS.get(spec["type"])
+    if cls is None:
+        problems.append(
+            (loc + ("type",), f"unknown grader {spec['type']!r}; known graders: {sorted(GRADERS)}")
+        )
+        return None
     try:
-        cls = GRADERS[kind]
-    except KeyError:
-        raise ValueError(f"unknown grader {kind!r}; known graders: {sorted(GRADERS)}") from None
-    return cls.model_validate(spec)
+        grader = cls.model_validate(spec)
+    except ValidationError as err:
+        problems.extend((loc + tuple(e["loc"]), e["msg"]) for e in err.errors())
+        return None
+    if isinstance(grader, Combinator):
+        children = [_build(c, context, loc + ("graders", i), problems) for i, c in enumerate(grader.graders)]
+        grader._children = [c for c in children if c is not None]
+    try:
+        grader.setup(context)
+    except ValueError as exc:
+        problems.append((loc, str(exc)))
+    return grader
+
+
+def build_grader(spec: dict[str, Any], context: GraderContext | None = None) -> Grader:
+    """Validate a grader spec from YAML into a grader; GraderSpecError lists every problem."""
+    problems: list[tuple[Loc, str]] = []
+    grader = _build(spec, context or GraderContext(), (), problems)
+    if problems or grader is None:
+        raise GraderSpecError(problems)
+    return grader
 
 
 Normalization = Literal["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]
@@ -120,6 +192,15 @@ class RegexExtract(Grader):
     target: str
     normalize: list[Normalization] = ["strip"]
     last: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:
         matches = list(re.finditer(self.pattern, response, flags=re.MULTILINE))
@@ -168,3 +249,312 @@ class Numeric(Grader):
         if math.isclose(got, want, rel_tol=self.rel_tol, abs_tol=self.abs_tol):
             return Grade(1.0, True)
         return Grade(0.0, False, f"got {got:g}, expected {want:g}")
+
+
+def extract_choice(response: str, letters: str) -> str | None:
+    """The choice letter a response commits to, or None when there is none or it is ambiguous.
+
+    Tries, in order: "answer is (B)" / "Answer: B" (last one wins, models restate), a reply that
+    is only a letter, a letter marked as an option ("(B)", "B)" or "B." at a line start), and a
+    single distinct standalone capital letter.
+    """
+    cls = f"[{re.escape(letters)}]"
+    stated = re.findall(rf"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*\(?({cls})\)?(?![\w])", response)
+    if stated:
+        return stated[-1].upper()
+    bare = re.fullmatch(rf"\s*\(?({cls})\)?[.:]?\s*", response)
+    if bare:
+        return bare.group(1)
+    marked = re.findall(rf"(?m)(?:^\s*|\()({cls})\)|^\s*({cls})[.:]\s", response)
+    if marked:
+        return next(a or b for a, b in marked)
+    alone = set(re.findall(rf"\b({cls})\b", response))
+    return alone.pop() if len(alone) == 1 else None
+
+
+@register_grader("multiple_choice")
+class MultipleChoice(Grader):
+    """Extract the chosen letter and compare it with the target letter (or 0-based index)."""
+
+    type: Literal["multiple_choice"] = "multiple_choice"
+    target: str = Field(description="template of the right letter, or its 0-based index")
+    letters: str = Field(default="ABCD", pattern=r"^[A-Z]{2,26}$")
+    target_is_index: bool = False
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        want = self.expected(item).strip()
+        if self.target_is_index:
+            if not want.isdigit() or int(want) >= len(self.letters):
+                raise ValueError(f"target index {want!r} is not in 0..{len(self.letters) - 1}")
+            want = self.letters[int(want)]
+        want = want.upper()
+        if want not in self.letters:
+            raise ValueError(f"target {want!r} is not one of the letters {self.letters}")
+        got = extract_choice(response, self.letters)
+        if got is None:
+            return Grade(0.0, False, f"no unambiguous choice among {self.letters} in response")
+        if got == want:
+            return Grade(1.0, True)
+        return Grade(0.0, False, f"chose {got}, expected {want}")
+
+
+class _Substrings(Grader):
+    target: str | list[str] = Field(description="template(s) of the text to look for")
+    case_sensitive: bool = False
+
+    def _found(self, response: str, item: dict[str, Any]) -> list[tuple[str, bool]]:
+        targets = [self.target] if isinstance(self.target, str) else self.target
+        hay = response if self.case_sensitive else response.lower()
+        out = []
+        for t in targets:
+            needle = render(t, item)
+            out.append((needle, (needle if self.case_sensitive else needle.lower()) in hay))
+        return out
+
+
+@register_grader("contains")
+class Contains(_Substrings):
+    """The response contains all (or any) of the given strings; score is the fraction found."""
+
+    type: Literal["contains"] = "contains"
+    mode: Literal["all", "any"] = "all"
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        found = self._found(response, item)
+        hits = sum(ok for _, ok in found)
+        passed = hits == len(found) if self.mode == "all" else hits > 0
+        missing = [n for n, ok in found if not ok]
+        return Grade(hits / len(found), passed, None if passed else f"missing {missing}")
+
+
+@register_grader("not_contains")
+class NotContains(_Substrings):
+    """The response contains none of the given strings; score is the fraction absent."""
+
+    type: Literal["not_contains"] = "not_contains"
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        found = self._found(response, item)
+        present = [n for n, ok in found if ok]
+        score = 1 - len(present) / len(found)
+        return Grade(score, not present, f"contains {present}" if present else None)
+
+
+_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)```", re.S | re.I)
+
+
+def extract_json(text: str) -> tuple[bool, Any]:
+    """(found, value): the whole text as JSON, else a fenced block, else the first object/array."""
+    try:
+        return True, json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    for block in _FENCE.findall(text):
+        try:
+            return True, json.loads(block)
+        except json.JSONDecodeError:
+            continue
+    decoder = json.JSONDecoder()
+    starts = [i for i, ch in enumerate(text) if ch in "{["][:200]
+    for i in starts:
+        try:
+            return True, decoder.raw_decode(text, i)[0]
+        except json.JSONDecodeError:
+            continue
+    return False, None
+
+
+def _json_equal(got: Any, want: Any) -> bool:
+    if isinstance(want, str):
+        try:
+            parsed = json.loads(want)
+        except json.JSONDecodeError:
+            parsed = want
+        if got == parsed and type(got) is type(parsed):
+            return True
+        return isinstance(got, str) and got.strip() == want.strip()
+    return got == want
+
+
+@register_grader("json")
+class JsonGrader(Grader):
+    """The response holds JSON that parses, validates against a schema and has expected fields.
+
+    Score is the fraction of checks passed (parses, schema, each expected field); pass is all.
+    """
+
+    type: Literal["json"] = "json"
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    fields: dict[str, Any] = Field(
+        default={}, description="dotted path in the JSON -> template or literal expected value"
+    )
+
+    def setup(self, context: GraderContext) -> None:
+        if self.json_schema is not None:
+            try:
+                jsonschema.validators.validator_for(self.json_schema).check_schema(self.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"schema is not a valid JSON Schema: {exc.message}") from None
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        found, value = extract_json(response)
+        checks = 1 + (self.json_schema is not None) + len(self.fields)
+        if not found:
+            return Grade(0.0, False, "no JSON found in response")
+        ok, failures = 1, []
+        if self.json_schema is not None:
+            errors = sorted(
+                jsonschema.validators.validator_for(self.json_schema)(self.json_schema).iter_errors(value),
+                key=lambda e: list(e.path),
+            )
+            if errors:
+                where = "/".join(map(str, errors[0].path)) or "(root)"
+                failures.append(f"schema: {where}: {errors[0].message}"[:300])
+            else:
+                ok += 1
+        for path, want in self.fields.items():
+            want = render(want, item) if isinstance(want, str) else want
+            try:
+                got = lookup(value, path) if isinstance(value, dict) else lookup({"": value}, path)
+            except KeyError:
+                failures.append(f"{path}: missing")
+                continue
+            if _json_equal(got, want):
+                ok += 1
+            else:
+                failures.append(f"{path}: got {got!r:.80}, expected {want!r:.80}")
+        return Grade(ok / checks, not failures, "; ".join(failures) or None)
+
+
+def _load_function(ref: str, base_dir: Path | None) -> tuple[Callable[..., Any], str]:
+    """Resolve "module:function" or "path/to/file.py:function" (relative to the suite folder)."""
+    target, sep, name = ref.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise ValueError(f"function {ref!r} must look like 'module:function' or 'file.py:function'")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            path = path if path.is_absolute() or base_dir is None else base_dir / path
+            if not path.is_file():
+                raise ValueError(f"function {ref!r}: file not found: {path}")
+            mod_name = "routeopt_custom_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ValueError:
+        raise
+    except Exception as exc:  # the user's module failing to import is the user's error to see
+        raise ValueError(f"function {ref!r}: cannot import {target!r}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"function {ref!r}: {target!r} has no callable {name!r}")
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ref
+    return fn, hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@register_grader("custom")
+class Custom(Grader):
+    """A Python function `fn(response, item, **params)` returning a Grade, a bool or a score."""
+
+    type: Literal["custom"] = "custom"
+    function: str
+    params: dict[str, Any] = {}
+    threshold: float = Field(default=1.0, ge=0, le=1, description="pass mark for a float score")
+    _fn: Callable[..., Any] | None = PrivateAttr(default=None)
+    _source_hash: str = PrivateAttr(default="")
+
+    def setup(self, context: GraderContext) -> None:
+        self._fn, self._source_hash = _load_function(self.function, context.base_dir)
+
+    def fingerprint(self) -> str:
+        return self._source_hash
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        if self._fn is None:
+            raise RuntimeError("custom grader was not set up; build it with build_grader")
+        result = self._fn(response, item, **self.params)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(result, Grade):
+            return result
+        if isinstance(result, bool):
+            return Grade(float(result), result)
+        if isinstance(result, (int, float)):
+            return Grade(float(result), float(result) >= self.threshold)
+        raise TypeError(f"{self.function} returned {type(result).__name__}; expected Grade, bool or float")
+
+
+class Combinator(Grader):
+    """Base for graders made of other graders (`graders:` is a list of grader specs)."""
+
+    graders: list[dict[str, Any]] = Field(min_length=1)
+    _children: list[Grader] = PrivateAttr(default_factory=list)
+
+    def fingerprint(self) -> str:
+        return "|".join(c.fingerprint() for c in self._children)
+
+    async def _grades(self, response: str, item: dict[str, Any]) -> list[Grade]:
+        return list(await asyncio.gather(*(c.grade(response, item) for c in self._children)))
+
+    def _reason(self, grades: list[Grade]) -> str | None:
+        parts = [f"{c.type}: {g.reason}" for c, g in zip(self._children, grades) if g.reason and not g.passed]
+        return "; ".join(parts) or None
+
+
+@register_grader("all")
+class AllOf(Combinator):
+    """Passes when every sub-grader passes; score is their mean."""
+
+    type: Literal["all"] = "all"
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        grades = await self._grades(response, item)
+        score = sum(g.score for g in grades) / len(grades)
+        return Grade(score, all(g.passed for g in grades), self._reason(grades))
+
+
+@register_grader("any")
+class AnyOf(Combinator):
+    """Passes when at least one sub-grader passes; score is the best."""
+
+    type: Literal["any"] = "any"
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        grades = await self._grades(response, item)
+        passed = any(g.passed for g in grades)
+        return Grade(max(g.score for g in grades), passed, None if passed else self._reason(grades))
+
+
+@register_grader("weighted")
+class Weighted(Combinator):
+    """Weighted mean of sub-grader scores; passes at `threshold` or above."""
+
+    type: Literal["weighted"] = "weighted"
+    weights: list[float] | None = None
+    threshold: float = Field(default=0.5, ge=0, le=1)
+
+    def setup(self, context: GraderContext) -> None:
+        if self.weights is not None:
+            if len(self.weights) != len(self.graders):
+                raise ValueError(f"weights has {len(self.weights)} entries for {len(self.graders)} graders")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        grades = await self._grades(response, item)
+        weights = self.weights or [1.0] * len(grades)
+        score = sum(w * g.score for w, g in zip(weights, grades)) / sum(weights)
+        score = min(1.0, max(0.0, score))
+        passed = score >= self.threshold
+        return Grade(score, passed, None if passed else self._reason(grades) or f"score {score:.2f} < {self.threshold}")
+
+
+# The code and judge graders live in their own modules and register themselves on import.
+from evals import judge as _judge  # noqa: E402,F401
+from evals import sandbox as _sandbox  # noqa: E402,F401

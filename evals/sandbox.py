@@ -1,0 +1,290 @@
+"""Run a model's program against unit tests in a separate, limited process: the `code` grader.
+
+Isolation, from the outside in: a new session (so the whole process group can be killed), a new
+network namespace with only a downed loopback (`unshare -n`), a new PID namespace whose init is
+the harness (`--fork --pid --kill-child`: when it dies, every process it forked dies with it),
+rlimits on memory, CPU seconds, file size, open files and processes, and, when started as root,
+`setpriv` to `nobody` before the interpreter starts, so RLIMIT_NPROC caps fork bombs and the
+model's code cannot write the repository. A wall-clock timeout kills the process group. An item that hangs or forks is killed, never the run.
+Where `unshare` cannot isolate the network the grader says why instead of running unisolated,
+unless the suite sets `network: allow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr
+
+from evals.graders import Grade, Grader, register_grader, render
+
+NOBODY = 65534
+_OUTPUT_CAP = 64 * 1024
+
+HARNESS = r'''
+import json, os, sys
+nonce = os.environ.pop("ROUTEOPT_NONCE")
+out = os.fdopen(os.dup(1), "w")
+def emit(obj):
+    out.write("\n" + nonce + json.dumps(obj) + "\n"); out.flush(); os._exit(0)
+def why(exc):
+    return (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:300]
+with open("../solution.py") as fh:
+    src = fh.read()
+with open("../tests.json") as fh:
+    tests = json.load(fh)
+ns = {"__name__": "solution"}
+try:
+    exec(compile(src, "solution.py", "exec"), ns)
+except BaseException as exc:
+    emit({"solution_error": why(exc), "results": []})
+results = []
+for i, test in enumerate(tests):
+    try:
+        exec(compile(test, "test_%d" % i, "exec"), ns)
+        results.append([True, None])
+    except BaseException as exc:
+        results.append([False, why(exc)])
+emit({"solution_error": None, "results": results})
+'''
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested isolation cannot be had on this machine; the message says why."""
+
+
+@dataclass
+class RunResult:
+    returncode: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How programs run here: command prefix, interpreter, and whether they run as `nobody`."""
+
+    prefix: tuple[str, ...]
+    python: str
+    unprivileged: bool
+
+
+_PROBE = "import json, unittest, urllib.request, collections, math"
+
+
+def _try(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=30, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+
+
+def _pythons() -> list[str]:
+    found = [sys.executable] + [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
+    return list(dict.fromkeys(found))
+
+
+def _prefixes(network: bool) -> list[list[str]]:
+    ns = ["--pid", "--fork", "--kill-child"] if network else ["--net", "--pid", "--fork", "--kill-child"]
+    out = [["unshare", *ns], ["unshare", "--map-root-user", *ns]] if shutil.which("unshare") else []
+    return out + ([[]] if network else [])
+
+
+@functools.lru_cache(maxsize=None)
+def isolation(network: bool = False) -> Isolation | str:
+    """The strongest isolation this machine allows, or why there is none (probed once).
+
+    Prefers new network (unless allowed) and PID namespaces, then `setpriv` to `nobody` with
+    an interpreter that `nobody` can run, so RLIMIT_NPROC binds and files stay out of reach.
+    """
+    reasons = [] if shutil.which("unshare") else ["`unshare` (util-linux) is not installed"]
+    for prefix in _prefixes(network):
+        drops: list[list[str]] = [[]]
+        if os.geteuid() == 0 and "--map-root-user" not in prefix and shutil.which("setpriv"):
+            drops.insert(0, ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"])
+        for drop in drops:
+            for py in _pythons():
+                why = _try(prefix + drop + [py, "-I", "-c", _PROBE])
+                if why is None:
+                    return Isolation(tuple(prefix + drop), py, bool(drop) or os.geteuid() != 0)
+                reasons.append(f"`{' '.join(prefix + drop + [py])}`: {why}")
+    return "no way to start an isolated interpreter: " + "; ".join(reasons[:4])
+
+
+def _limits(memory_mb: int, cpu_s: int, max_procs: int) -> None:
+    """preexec_fn: rlimits inherited by everything the sandbox starts (NPROC binds non-root)."""
+    mem = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path) -> str:
+    with path.open("rb") as fh:
+        return fh.read(_OUTPUT_CAP).decode("utf-8", "replace")
+
+
+def run_python_tests(
+    code: str,
+    tests: list[str],
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    network: bool = False,
+    max_procs: int = 64,
+) -> tuple[RunResult, dict[str, Any] | None]:
+    """Run `code` then each test in a fresh sandboxed interpreter; (process result, report)."""
+    iso = isolation(network)
+    if isinstance(iso, str):
+        how = "" if network else "; set `network: allow` to run without network isolation"
+        raise SandboxUnavailable(iso + how)
+    nonce = secrets.token_hex(16)
+    tmp = Path(tempfile.mkdtemp(prefix="routeopt-sandbox-"))
+    try:
+        work = tmp / "work"
+        work.mkdir()
+        (tmp / "solution.py").write_text(code)
+        (tmp / "tests.json").write_text(json.dumps(tests))
+        (tmp / "harness.py").write_text(HARNESS)
+        for p in (tmp, tmp / "solution.py", tmp / "tests.json", tmp / "harness.py"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        work.chmod(0o777)
+        env = {
+            "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(work), "ROUTEOPT_NONCE": nonce,
+        }
+        cmd = [*iso.prefix, iso.python, "-I", str(tmp / "harness.py")]
+        result = _run(cmd, work, env, tmp, timeout_s, memory_mb, max_procs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report = None
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(nonce):
+            report = json.loads(line[len(nonce):])
+            break
+    return result, report
+
+
+def _run(
+    cmd: list[str], cwd: Path, env: dict[str, str], tmp: Path, timeout_s: float, memory_mb: int,
+    max_procs: int,
+) -> RunResult:
+    out_path, err_path = tmp / "stdout", tmp / "stderr"
+    started = time.monotonic()
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True,
+            preexec_fn=functools.partial(_limits, memory_mb, math.ceil(timeout_s) + 1, max_procs),
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc)
+        proc.wait()
+    return RunResult(proc.returncode, timed_out, _tail(out_path), _tail(err_path), time.monotonic() - started)
+
+
+_CODE_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.S)
+
+
+def extract_code(response: str) -> str:
+    """The program in a response: its python (or unlabelled) fenced blocks, else the whole text."""
+    blocks = [body for lang, body in _CODE_FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
+    return "\n\n".join(blocks) if blocks else response
+
+
+def _explain(result: RunResult, report: dict[str, Any] | None, timeout_s: float) -> str:
+    if result.timed_out:
+        return f"timed out after {timeout_s:g}s; the process group was killed"
+    rc = result.returncode
+    if rc is not None and rc < 0:
+        sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        hint = " (CPU limit)" if -rc == signal.SIGXCPU else " (file size limit)" if -rc == signal.SIGXFSZ else ""
+        return f"killed by {sig}{hint}"
+    tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+    return f"no test report (exit code {rc}): {tail[0][:300]}"
+
+
+@register_grader("code")
+class CodeGrader(Grader):
+    """Runs the response's program against the item's unit tests; score is the fraction passed."""
+
+    type: Literal["code"] = "code"
+    language: Literal["python"] = "python"
+    tests_field: str = Field(default="tests", description="item field: a test string or a list of them")
+    prelude: str | None = Field(default=None, description="template prepended to the program")
+    extract: Literal["auto", "raw"] = "auto"
+    timeout_s: float = Field(default=10.0, gt=0, le=600)
+    memory_mb: int = Field(default=512, ge=64)
+    network: Literal["isolated", "allow"] = "isolated"
+    max_parallel: int = Field(default=2, ge=1, le=64)
+    _slots: threading.BoundedSemaphore = PrivateAttr()
+
+    def model_post_init(self, __context: Any) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_parallel)
+
+    def _tests(self, item: dict[str, Any]) -> list[str]:
+        tests = item.get(self.tests_field)
+        if isinstance(tests, str):
+            tests = [tests]
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+            raise ValueError(f"item field {self.tests_field!r} must be a test string or a non-empty list of them")
+        return tests
+
+    def _run_blocking(self, code: str, tests: list[str]) -> tuple[RunResult, dict[str, Any] | None]:
+        with self._slots:
+            return run_python_tests(
+                code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                network=self.network == "allow",
+            )
+
+    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
+        tests = self._tests(item)
+        code = extract_code(response) if self.extract == "auto" else response
+        if self.prelude:
+            code = render(self.prelude, item) + "\n" + code
+        result, report = await asyncio.to_thread(self._run_blocking, code, tests)
+        if report is None:
+            return Grade(0.0, False, _explain(result, report, self.timeout_s))
+        if report["solution_error"]:
+            return Grade(0.0, False, f"program raised {report['solution_error']}")
+        results = report["results"]
+        passed = sum(ok for ok, _ in results)
+        failed = [f"test {i}: {msg}" for i, (ok, msg) in enumerate(results) if not ok]
+        reason = None if not failed else f"{len(failed)}/{len(results)} tests failed: " + "; ".join(failed)[:500]
+        return Grade(passed / len(results), not failed, reason)
