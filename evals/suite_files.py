@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from evals.yamlpos import YamlError, load_yaml
 
@@ -25,10 +25,12 @@ class Problem:
     line: int | None
     field: str
     message: str
+    severity: Literal["error", "warning"] = "error"
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else str(self.file)
-        return f"{where}: {self.field}: {self.message}"
+        tag = "warning: " if self.severity == "warning" else ""
+        return f"{where}: {tag}{self.field}: {self.message}"
 
 
 class SuiteError(ValueError):

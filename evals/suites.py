@@ -129,6 +129,7 @@ class Suite:
     few_shot: list[Item] = field(default_factory=list)
     generation_by_candidate: dict[str, GenerationSpec] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -183,9 +184,14 @@ class _Checker:
         self.prov = prov
         self.problems: list[Problem] = []
 
-    def add(self, loc: tuple[str | int, ...], message: str) -> None:
+    def add(self, loc: tuple[str | int, ...], message: str, severity: Literal["error", "warning"] = "error") -> None:
         file, line = self.prov.locate(loc, self.path)
-        self.problems.append(Problem(file, line, ".".join(map(str, loc)) or "(top level)", message))
+        field = ".".join(map(str, loc)) or "(top level)"
+        self.problems.append(Problem(file, line, field, message, severity))
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
 
 
 def _spec(raw: dict[str, Any], chk: _Checker) -> SuiteSpec | None:
@@ -211,7 +217,8 @@ def _generations(spec: SuiteSpec, config: "Config | None", chk: _Checker) -> dic
     known = [c.name for c in config.candidates] if config is not None else None
     for name, override in spec.overrides.items():
         if known is not None and name not in known:
-            chk.add(("overrides", name), f"no candidate {name!r} in the config; it has {known}")
+            chk.add(("overrides", name), f"no candidate {name!r} in the config (it has {known}); "
+                    "the override is unused", "warning")
         merged = {**spec.generation.model_dump(), **override.generation}
         try:
             out[name] = GenerationSpec.model_validate(merged)
@@ -352,16 +359,20 @@ def _load(path: Path, config: "Config | None") -> tuple[Suite | None, list[Probl
         if prompt is not None:
             shots = _few_shot(prompt, dataset, path.parent, chk)
             items = _check_templates(prompt, dataset.skip_bad_rows, grader, items, shots, chk)
-    if not chk.problems and spec is not None and grader is not None and not items:
+    if not chk.errors and spec is not None and grader is not None and not items:
         chk.add(("dataset",), "no item is left after dropping the bad ones")
-    if chk.problems or spec is None or grader is None:
-        return None, sorted(chk.problems, key=lambda p: (str(p.file), p.line or 0))
+    problems = sorted(chk.problems, key=lambda p: (str(p.file), p.line or 0))
+    if chk.errors or spec is None or grader is None:
+        return None, problems
     version = suite_version(spec, items, shots, grader)
-    return Suite(spec, path, items, grader, version, shots, generations, skipped), []
+    return Suite(spec, path, items, grader, version, shots, generations, skipped, problems), problems
 
 
 def check_suite(path: str | Path, config: "Config | None" = None) -> list[Problem]:
-    """Every problem of a suite file (empty when it loads); what `routeopt suites validate` shows."""
+    """Every problem of a suite file, errors and warnings; what `routeopt suites validate` shows.
+
+    The suite loads when none has severity "error".
+    """
     return _load(Path(path).resolve(), config)[1]
 
 
@@ -374,7 +385,7 @@ def load_suite(path: str | Path, config: "Config | None" = None) -> Suite:
     path = Path(path).resolve()
     suite, problems = _load(path, config)
     if suite is None:
-        raise SuiteError(problems)
+        raise SuiteError([p for p in problems if p.severity == "error"])
     return suite
 
 

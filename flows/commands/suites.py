@@ -109,21 +109,25 @@ def list_cmd(folder: str | None, recursive: bool, config_path: str | None) -> No
 @click.argument("path", required=False, type=click.Path(exists=True))
 @config_option
 def validate_cmd(path: str | None, config_path: str | None) -> None:
-    """Check a suite file, or every suite under a folder; print every problem and exit 1 if any."""
+    """Check a suite file, or every suite under a folder (default: the config's suites folder).
+
+    Prints every problem with its file, line and field, and exits 1 if any is an error.
+    """
     from evals.suites import check_suite
 
     config = _config(config_path)
     root = Path(path) if path else _suites_dir(config, None)
-    files = _suite_files(root, recursive=True)
+    files = _suite_files(root, recursive=path is not None)
     if not files:
         raise click.UsageError(f"{root}: no suite files (*.yaml) found")
     total = 0
     for f in files:
         problems = check_suite(f, config=config)
-        total += len(problems)
+        errors = [p for p in problems if p.severity == "error"]
+        total += len(errors)
         for p in problems:
             click.echo(str(p))
-        if not problems:
+        if not errors:
             click.echo(f"ok  {f}")
     if total:
         click.echo(f"{total} problem(s) in {len(files)} file(s)", err=True)
@@ -225,4 +229,6 @@ def show_cmd(name: str, folder: str | None, item_id: str | None, candidate: str 
     except SuiteError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
+    for w in suite.warnings:
+        click.echo(str(w), err=True)
     _show(suite, item_id, candidate)
