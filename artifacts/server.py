@@ -8,6 +8,7 @@ file system beyond the registry's own keys (`_keys.json`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -69,10 +70,12 @@ def _handler(backend: LocalBackend) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            self._respond(True)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # client went away
+                self._respond(True)
 
         def do_HEAD(self) -> None:  # noqa: N802
-            self._respond(False)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._respond(False)
 
     return Handler
 
