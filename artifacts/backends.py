@@ -212,7 +212,9 @@ class S3Backend:
         return self._conditional(key, data, IfMatch=etag)
 
     def list(self, prefix: str) -> list[str]:
-        full = self._key(prefix) if prefix else self.prefix
+        if prefix.strip("/"):
+            _safe_key(prefix.strip("/"))
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         cut = len(self.prefix) + 1 if self.prefix else 0
         keys: list[str] = []
         try:
