@@ -364,16 +364,25 @@ def extract_json(text: str) -> tuple[bool, Any]:
     return False, None
 
 
+def _same(got: Any, want: Any) -> bool:
+    """JSON equality: 2 == 2.0, but true is not 1 and "2" is not 2."""
+    if isinstance(got, bool) or isinstance(want, bool):
+        return isinstance(got, bool) and isinstance(want, bool) and got == want
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        return got == want
+    return type(got) is type(want) and got == want
+
+
 def _json_equal(got: Any, want: Any) -> bool:
+    """`want` from YAML; a string (a rendered template) matches as JSON or as the same text."""
     if isinstance(want, str):
         try:
-            parsed = json.loads(want)
+            if _same(got, json.loads(want)):
+                return True
         except json.JSONDecodeError:
-            parsed = want
-        if got == parsed and type(got) is type(parsed):
-            return True
+            pass
         return isinstance(got, str) and got.strip() == want.strip()
-    return got == want
+    return _same(got, want)
 
 
 @register_grader("json")

@@ -42,8 +42,11 @@ HARNESS = r'''
 import json, os, sys
 nonce = os.environ.pop("ROUTEOPT_NONCE")
 out = os.fdopen(os.dup(1), "w")
+harness_pid = os.getpid()
 def emit(obj):
-    out.write("\n" + nonce + json.dumps(obj) + "\n"); out.flush(); os._exit(0)
+    if os.getpid() == harness_pid:
+        out.write("\n" + nonce + json.dumps(obj) + "\n"); out.flush()
+    os._exit(0)
 def why(exc):
     return (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:300]
 with open("../solution.py") as fh:
