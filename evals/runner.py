@@ -1,26 +1,41 @@
 """The eval runner: one suite across one candidate, async, graded, costed and persisted.
 
-Calls run concurrently up to the candidate's `max_concurrency`; retryable faults are retried
-with exponential backoff and jitter (honouring Retry-After). Every item ends with exactly one
-outcome: a grade, or an error row that says what happened. Results are flushed to the sink in
-small batches, so a run killed at any moment loses at most one batch and resumes where it was.
+Per call: response cache (deterministic settings only) -> spend budget -> circuit breaker ->
+RPM/TPM limiter -> provider call under a timeout -> retries with exponential backoff and full
+jitter that honour Retry-After. Every item ends with exactly one outcome: a grade, or an error
+row that says what happened (`error_kind`, `error`, `attempts`). Outcomes are flushed to the
+sink in small batches off the event loop; a run killed at any moment loses at most the
+unflushed batch, and a restart with the same run id (the store's primary key and
+`Store.done_items`) evaluates only the items without a row. Calls finished but not flushed
+before a kill were cached, so the resumed run does not pay for them again.
+
+Timing definitions are vLLM's (TTFT to the first non-empty content chunk, TPOT, inter-chunk
+gaps); see `evals.providers._sdk`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable
 
+from evals.budget import Budget, gpu_window_correction, run_within_budget
+from evals.cache import ResponseCache, cache_key
 from evals.config import Candidate
+from evals.limits import EndpointLimits, shared_limits
 from evals.providers import make_provider
-from evals.providers.base import Completion, Provider, ProviderError
+from evals.providers._sdk import estimate_tokens
+from evals.providers.base import Completion, Provider, ProviderError, Request
 from evals.store import Outcome
 from evals.suites import Item, Suite
 
 Sink = Callable[[list[Outcome]], object]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,8 +48,23 @@ class PairStats:
     skipped_done: int = 0
     completed: int = 0
     errors: int = 0
+    cached: int = 0
+    calls: int = 0
     wall_s: float = 0.0
     error_kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter (AWS architecture blog), at least Retry-After."""
+
+    base_s: float = 0.25
+    max_s: float = 30.0
+    max_retry_after_s: float = 300.0
+
+    def delay(self, attempt: int, err: ProviderError) -> float:
+        backoff = random.uniform(0.0, min(self.max_s, self.base_s * 2 ** (attempt - 1)))
+        return max(backoff, min(err.retry_after_s or 0.0, self.max_retry_after_s))
 
 
 def token_cost(candidate: Candidate, c: Completion) -> float | None:
@@ -52,78 +82,198 @@ def token_cost(candidate: Candidate, c: Completion) -> float | None:
 
 
 def apportion_gpu_cost(candidate: Candidate, rows: list[Outcome], window_s: float) -> None:
-    """Split a GPU-priced candidate's cost over a time window among the calls it finished.
+    """Split a GPU-priced candidate's cost over a time window among the calls it served.
 
     The GPU is paid for by the hour whether busy or idle, so the window's cost (divided by the
-    configured utilisation) is shared by tokens processed: idle time makes every token dearer.
+    configured utilisation) is shared by the tokens processed in it: idle time makes every token
+    dearer. Cache hits used no GPU and cost nothing; a window with no served call is not charged
+    to any row (the budget still sees the GPU's time through its provisional estimates).
     """
     if candidate.gpu_hour_usd is None:
         return
     dollars = candidate.gpu_hour_usd / 3600.0 * window_s / candidate.utilization
-    priced = [r for r in rows if r.error_kind is None]
+    priced = [r for r in rows if r.error_kind is None and not r.cached]
     tokens = sum((r.input_tokens or 0) + (r.output_tokens or 0) for r in priced)
     for r in priced:
         share = ((r.input_tokens or 0) + (r.output_tokens or 0)) / tokens if tokens else 1 / len(priced)
         r.cost_usd = dollars * share
 
 
-async def _call_with_retries(
-    provider: Provider, candidate: Candidate, suite: Suite, item: Item
-) -> tuple[Completion | None, ProviderError | None, int]:
-    request = suite.request(item)
+@dataclass
+class _Pair:
+    """Everything one item's evaluation needs, built once per (suite, candidate)."""
+
+    suite: Suite
+    candidate: Candidate
+    run_id: str
+    provider: Provider
+    limits: EndpointLimits
+    cache: ResponseCache | None
+    budget: Budget | None
+    retry: RetryPolicy
+    stats: PairStats
+
+    def row(self, item: Item, **values: object) -> Outcome:
+        return Outcome(run_id=self.run_id, suite=self.suite.name, suite_version=self.suite.version,
+                       item_id=item.id, candidate=self.candidate.name, **values)  # type: ignore[arg-type]
+
+
+async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Completion:
+    """One provider call under the limiter and the candidate's overall timeout."""
+    await pair.limits.limiter.acquire(reserve_tokens)
+    pair.stats.calls += 1
+    timeout = pair.candidate.timeout_s
+    try:
+        c = await asyncio.wait_for(pair.provider.generate(request), timeout)
+    except asyncio.TimeoutError:
+        raise ProviderError("timeout", f"no complete answer within {timeout:g}s") from None
+    except ProviderError:
+        raise
+    except Exception as exc:  # a provider bug must cost this item, never the run
+        raise ProviderError("internal", f"{type(exc).__name__}: {exc}") from None
+    pair.limits.limiter.refund(reserve_tokens - (c.input_tokens or 0) - (c.output_tokens or 0))
+    return c
+
+
+async def _call_with_retries(pair: _Pair, request: Request) -> tuple[Completion | None, ProviderError | None, int]:
+    reserve = estimate_tokens(request.prompt_text) + request.settings.max_tokens
+    breaker = pair.limits.breaker
     attempt = 0
+    last: ProviderError | None = None
     while True:
+        why = breaker.check()
+        if why is not None:
+            if last is not None:
+                why += f"; this item's last error: {last.kind}: {last.message[:200]}"
+            return None, ProviderError("circuit_open", why), attempt
         attempt += 1
         try:
-            completion = await asyncio.wait_for(provider.generate(request), candidate.timeout_s)
+            completion = await _attempt(pair, request, reserve)
+        except ProviderError as err:
+            breaker.record(err)
+            last = err
+        except BaseException:
+            breaker.release()
+            raise
+        else:
+            breaker.record(None)
             return completion, None, attempt
-        except asyncio.TimeoutError:
-            err = ProviderError("timeout", f"no complete answer within {candidate.timeout_s:g}s")
-        except ProviderError as exc:
-            err = exc
-        except Exception as exc:  # a provider bug must cost this item, never the run
-            err = ProviderError("internal", f"{type(exc).__name__}: {exc}")
-        if not err.retryable or attempt > candidate.max_retries:
-            return None, err, attempt
-        backoff = min(30.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())
-        await asyncio.sleep(max(backoff, err.retry_after_s or 0.0))
+        if not last.retryable or attempt > pair.candidate.max_retries:
+            return None, last, attempt
+        await asyncio.sleep(pair.retry.delay(attempt, last))
 
 
-async def _evaluate_item(
-    provider: Provider, candidate: Candidate, suite: Suite, item: Item, run_id: str
-) -> Outcome:
-    base = dict(
-        run_id=run_id,
-        suite=suite.name,
-        suite_version=suite.version,
-        item_id=item.id,
-        candidate=candidate.name,
-    )
-    completion, err, attempts = await _call_with_retries(provider, candidate, suite, item)
-    if completion is None:
-        assert err is not None
-        return Outcome(**base, error_kind=err.kind, error=err.message[:2000], attempts=attempts)
-    row = Outcome(
-        **base,
+def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: bool) -> dict:
+    return dict(
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
         cached_input_tokens=completion.cached_input_tokens,
         tokens_estimated=completion.tokens_estimated,
-        cost_usd=token_cost(candidate, completion),
+        cost_usd=0.0 if cached else token_cost(pair.candidate, completion),
         ttft_s=completion.ttft_s,
         latency_s=completion.latency_s,
         tpot_s=completion.tpot_s,
         finish_reason=completion.finish_reason,
         response=completion.text,
         attempts=attempts,
+        cached=cached,
     )
+
+
+async def _call(pair: _Pair, item: Item, request: Request) -> Outcome:
+    """The network part of an item: call (with retries), cache the answer, or record the error."""
+    completion, err, attempts = await _call_with_retries(pair, request)
+    if completion is None:
+        assert err is not None
+        return pair.row(item, error_kind=err.kind, error=err.message[:2000], attempts=attempts)
+    if pair.cache is not None and request.settings.deterministic:
+        pair.cache.put(cache_key(pair.candidate, request), completion)
+    return pair.row(item, **_graded_fields(pair, completion, attempts, cached=False))
+
+
+async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
     try:
-        grade = await suite.grader.grade(completion.text, item.fields)
+        request = pair.suite.request(item, pair.candidate)
+    except Exception as exc:  # a template that does not fit this item's fields
+        return pair.row(item, error_kind="internal", error=f"prompt: {type(exc).__name__}: {exc}"[:2000],
+                        attempts=0)
+    hit = None
+    if pair.cache is not None and request.settings.deterministic:
+        hit = pair.cache.get(cache_key(pair.candidate, request))
+    if hit is not None:
+        row = pair.row(item, **_graded_fields(pair, hit, attempts=0, cached=True))
+    else:
+        row = await run_within_budget(
+            pair.budget, pair.candidate, request, lambda: _call(pair, item, request),
+            lambda why: pair.row(item, error_kind="budget", error=why[:2000], attempts=0))
+    if row.error_kind is None:
+        await _grade(pair, item, row)
+    return row
+
+
+async def _grade(pair: _Pair, item: Item, row: Outcome) -> None:
+    try:
+        grade = await pair.suite.grader.grade(row.response or "", item.fields)
     except Exception as exc:  # a grader bug is recorded for this item; the run goes on
         row.error_kind, row.error = "grader_error", f"{type(exc).__name__}: {exc}"[:2000]
-        return row
+        return
     row.passed, row.score, row.reason = grade.passed, grade.score, grade.reason
-    return row
+
+
+class _Flusher:
+    """Batches outcomes to the sink off the event loop; GPU cost is apportioned per batch."""
+
+    def __init__(self, pair: _Pair, sink: Sink, flush_every: int):
+        self.pair, self.sink, self.flush_every = pair, sink, flush_every
+        self.buffer: list[Outcome] = []
+        self.window_start = time.perf_counter()
+        self.pending: set[asyncio.Task] = set()
+        self._lock = threading.Lock()  # one sink call at a time, whatever the sink
+
+    def add(self, row: Outcome) -> None:
+        self.buffer.append(row)
+        if len(self.buffer) >= self.flush_every:
+            task = asyncio.ensure_future(asyncio.to_thread(self._write, self._take()))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+
+    def _take(self) -> list[Outcome]:
+        rows, self.buffer = self.buffer, []
+        now = time.perf_counter()
+        apportion_gpu_cost(self.pair.candidate, rows, now - self.window_start)
+        self.window_start = now
+        if self.pair.budget is not None:
+            delta = gpu_window_correction(self.pair.candidate, rows)
+            if delta:
+                self.pair.budget.correct(self.pair.candidate.name, delta)
+        return rows
+
+    def _write(self, rows: list[Outcome]) -> None:
+        with self._lock:
+            self.sink(rows)
+            self._count(rows)
+
+    def _count(self, rows: list[Outcome]) -> None:
+        stats = self.pair.stats
+        for row in rows:
+            stats.completed += 1
+            stats.cached += row.cached
+            if row.error_kind:
+                stats.errors += 1
+                stats.error_kinds[row.error_kind] = stats.error_kinds.get(row.error_kind, 0) + 1
+
+    async def drain(self) -> None:
+        """Wait for batches in flight, then write the rest (also on cancellation)."""
+        if self.pending:
+            await asyncio.gather(*list(self.pending), return_exceptions=False)
+        if self.buffer:
+            self._write(self._take())
+
+
+def _open_cache(cache: ResponseCache | str | Path | None) -> tuple[ResponseCache | None, bool]:
+    if cache is None or isinstance(cache, ResponseCache):
+        return cache, False
+    return ResponseCache(cache), True
 
 
 async def evaluate_pair(
@@ -136,8 +286,18 @@ async def evaluate_pair(
     provider: Provider | None = None,
     on_progress: Callable[[int], None] | None = None,
     flush_every: int = 32,
+    cache: ResponseCache | str | Path | None = None,
+    budget: Budget | None = None,
+    limits: EndpointLimits | None = None,
+    retry: RetryPolicy = RetryPolicy(),
+    breaker_failures: int = 10,
+    breaker_cooldown_s: float = 30.0,
 ) -> PairStats:
-    """Evaluate every not-yet-done item of a suite on a candidate, flushing outcomes to `sink`."""
+    """Evaluate every not-yet-done item of a suite on a candidate, flushing outcomes to `sink`.
+
+    `cache`: a `ResponseCache` or a folder (e.g. `config.cache_dir`); None bypasses caching.
+    `limits`: the candidate's limiter and endpoint breaker; default: shared in this process.
+    """
     done_set = set(done)
     todo = [it for it in suite.items if it.id not in done_set]
     stats = PairStats(suite.name, candidate.name, total=len(suite.items))
@@ -145,40 +305,40 @@ async def evaluate_pair(
     if not todo:
         return stats
     own_provider = provider is None
-    provider = provider or make_provider(candidate)
+    response_cache, own_cache = _open_cache(cache)
+    pair = _Pair(
+        suite, candidate, run_id, provider or make_provider(candidate),
+        limits or shared_limits(candidate, breaker_failures=breaker_failures,
+                                breaker_cooldown_s=breaker_cooldown_s),
+        response_cache, budget, retry, stats)
+    prepare = getattr(pair.provider, "prepare", None)
+    if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
+        await prepare()
+    flusher = _Flusher(pair, sink, flush_every)
     sem = asyncio.Semaphore(candidate.max_concurrency)
-    buffer: list[Outcome] = []
-    started = window_start = time.perf_counter()
-
-    def flush() -> None:
-        nonlocal window_start
-        if not buffer:
-            return
-        now = time.perf_counter()
-        apportion_gpu_cost(candidate, buffer, now - window_start)
-        window_start = now
-        sink(list(buffer))
-        for row in buffer:
-            stats.completed += 1
-            if row.error_kind:
-                stats.errors += 1
-                stats.error_kinds[row.error_kind] = stats.error_kinds.get(row.error_kind, 0) + 1
-        buffer.clear()
+    started = time.perf_counter()
 
     async def one(item: Item) -> None:
         async with sem:
-            outcome = await _evaluate_item(provider, candidate, suite, item, run_id)
-        buffer.append(outcome)
+            try:
+                row = await _evaluate_item(pair, item)
+            except Exception as exc:  # a runner bug costs this item, never the run
+                log.exception("item %s of %s failed unexpectedly", item.id, suite.name)
+                row = pair.row(item, error_kind="internal", error=f"{type(exc).__name__}: {exc}"[:2000])
+        flusher.add(row)
         if on_progress:
             on_progress(1)
-        if len(buffer) >= flush_every:
-            flush()
 
     try:
         await asyncio.gather(*(one(it) for it in todo))
     finally:
-        flush()
+        await asyncio.shield(flusher.drain())
         if own_provider:
-            await provider.aclose()
+            await pair.provider.aclose()
+        if own_cache and response_cache is not None:
+            response_cache.close()
         stats.wall_s = time.perf_counter() - started
+    log.info("%s x %s: %d done, %d errors %s, %d cached, %d calls in %.1fs", suite.name,
+             candidate.name, stats.completed, stats.errors, stats.error_kinds, stats.cached,
+             stats.calls, stats.wall_s)
     return stats

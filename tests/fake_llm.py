@@ -623,6 +623,30 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
+def write_arithmetic_suite(folder: Path, n: int, *, name: str = "arith",
+                           tags: Callable[[int], str] | None = None, temperature: float = 0.0,
+                           system: str | None = "Answer with the number only.") -> Path:
+    """Write an n-item suite (jsonl + yaml) the fake model answers correctly; returns the yaml.
+
+    `tags(i)` adds text to item i's prompt, e.g. a fault marker `[[fault:drop*1]]`.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": f"q{i:05d}", "a": i, "b": 2 * i + 1, "answer": 3 * i + 1,
+             "tag": tags(i) if tags else ""} for i in range(n)]
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {
+        "name": name,
+        "dataset": {"path": f"{name}.jsonl", "id_field": "id"},
+        "prompt": {"template": "What is {{ a }} + {{ b }}? {{ tag }}",
+                   **({"system": system} if system else {})},
+        "generation": {"max_tokens": 16, "temperature": temperature},
+        "grader": {"type": "numeric", "target": "{{ answer }}"},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
+    return path
+
+
 # --- pytest fixtures (import them into conftest.py) -----------------------------------------
 
 try:

@@ -117,6 +117,13 @@ class AnthropicProvider:
                 f"stream ended after {events} events without message_stop/stop_reason")
         return usage.completion(request, "".join(parts), stop_reason, timer, streamed=True)
 
+    async def prepare(self) -> None:
+        """Import the SDK and build the client before the first timed call (imports are slow)."""
+        try:
+            self._sdk()
+        except ProviderError:
+            pass  # a missing key is reported by each call
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()

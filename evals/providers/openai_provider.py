@@ -113,6 +113,13 @@ class OpenAIProvider:
                 "truncated_stream", f"stream ended after {chunks} chunks without a finish_reason")
         return _completion(request, "".join(parts), finish, usage, timer, streamed=True)
 
+    async def prepare(self) -> None:
+        """Import the SDK and build the client before the first timed call (imports are slow)."""
+        try:
+            self._sdk()
+        except ProviderError:
+            pass  # a missing key is reported by each call
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
