@@ -287,18 +287,20 @@ def _check_templates(
         if syntax:
             chk.add(loc, syntax)
             return items
-    good, bad = [], []
+    good: list[Item] = []
+    bad: dict[tuple[tuple[str | int, ...], str], list[str]] = {}
     for item in items:
         for loc, template in checks:
             try:
                 render(template, item.fields)
             except Exception as exc:  # jinja raises several types; all mean "does not fit"
-                bad.append((loc, f"item {item.id!r}: {exc}"))
+                bad.setdefault((loc, str(exc)), []).append(item.id)
                 break
         else:
             good.append(item)
-    for loc, msg in bad[:5]:
-        chk.add(loc, msg + (f" (and {len(bad) - 5} more items)" if len(bad) > 5 and msg == bad[4][1] else ""))
+    for (loc, msg), ids in bad.items():
+        more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+        chk.add(loc, f"{msg} (item {', '.join(map(repr, ids[:3]))}{more})")
     fs = prompt.few_shot
     if fs is not None:
         user = fs.template or prompt.template or ""
