@@ -1,0 +1,367 @@
+"""Drift between a nightly run and the runs before it, and the alerts it raises.
+
+Per (candidate, suite) the current run is compared with the pooled previous runs of the same
+suite version: pass rate and error rate by Fisher's exact test, TTFT and latency p95 by their
+relative change guarded by a one-sided Mann-Whitney test, mean cost per call by its relative
+change, and list prices by any change. p-values are adjusted per metric family with
+Benjamini-Hochberg, since a fleet x suites grid makes dozens of tests a night and some would
+otherwise fire by chance. Findings go out as Prefect events and, optionally, to a webhook.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Literal
+
+import numpy as np
+import pandas as pd
+
+from evals.config import AlertSettings
+from evals.store import Store
+
+log = logging.getLogger(__name__)
+
+Severity = Literal["regression", "improvement", "info"]
+BLOCKING_METRICS = frozenset({"pass_rate", "error_rate", "latency_p95_s", "ttft_p95_s"})
+PRICE_FIELDS = ("input_price_per_mtok", "cached_input_price_per_mtok", "output_price_per_mtok", "gpu_hour_usd")
+
+OUTCOMES_SQL = """
+SELECT o.run_id, r.started_at, o.candidate, o.suite, o.suite_version, o.passed, o.error_kind,
+       o.cost_usd, o.ttft_s, o.latency_s, o.cached
+FROM outcomes o JOIN runs r USING (run_id)
+WHERE o.candidate IN (SELECT candidate FROM outcomes WHERE run_id = ?)
+  AND r.started_at <= (SELECT started_at FROM runs WHERE run_id = ?)
+  AND (o.run_id = ? OR r.status LIKE 'completed%')
+"""
+
+
+@dataclass
+class DriftFinding:
+    """One metric of one (candidate, suite) that moved beyond its threshold."""
+
+    candidate: str
+    suite: str
+    metric: str
+    severity: Severity
+    baseline: float | None
+    current: float | None
+    change: float | None
+    p_value: float | None = None
+    q_value: float | None = None
+    n_current: int = 0
+    n_baseline: int = 0
+    message: str = ""
+
+
+@dataclass
+class DriftReport:
+    run_id: str
+    baseline_runs: list[str] = field(default_factory=list)
+    findings: list[DriftFinding] = field(default_factory=list)
+    compared_pairs: int = 0
+
+    @property
+    def regressions(self) -> list[DriftFinding]:
+        return [f for f in self.findings if f.severity == "regression"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "baseline_runs": self.baseline_runs,
+            "compared_pairs": self.compared_pairs,
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+
+# -- tests and statistics --------------------------------------------------------------------
+
+
+def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided Fisher exact p-value that k1/n1 and k2/n2 come from one proportion."""
+    from scipy.stats import fisher_exact
+
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    return float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
+
+
+def greater_p(current: np.ndarray, baseline: np.ndarray) -> float:
+    """One-sided Mann-Whitney p-value that `current` tends to be larger than `baseline`."""
+    from scipy.stats import mannwhitneyu
+
+    if len(current) == 0 or len(baseline) == 0:
+        return 1.0
+    return float(mannwhitneyu(current, baseline, alternative="greater").pvalue)
+
+
+def bh_adjust(p_values: list[float]) -> list[float]:
+    """Benjamini-Hochberg q-values (the false discovery rate at which each test is significant)."""
+    from scipy.stats import false_discovery_control
+
+    if not p_values:
+        return []
+    return [float(q) for q in false_discovery_control(np.asarray(p_values, dtype=float))]
+
+
+def _rel(current: float, baseline: float) -> float:
+    if baseline == 0:
+        return math.inf if current > 0 else 0.0
+    return (current - baseline) / baseline
+
+
+# -- comparing runs ---------------------------------------------------------------------------
+
+
+def _load(store: Store, run_id: str) -> pd.DataFrame:
+    known = store.query("SELECT 1 FROM runs WHERE run_id = ?", [run_id])
+    if known.empty:
+        raise KeyError(f"no run {run_id!r} in {store.path}")
+    return store.query(OUTCOMES_SQL, [run_id, run_id, run_id])
+
+
+def _baseline(frame: pd.DataFrame, run_id: str, n_runs: int) -> pd.DataFrame:
+    """Per (candidate, suite, version): rows of the latest `n_runs` earlier runs that have it."""
+    cur = frame[frame.run_id == run_id][["candidate", "suite", "suite_version"]].drop_duplicates()
+    prev = frame[frame.run_id != run_id].merge(cur, on=["candidate", "suite", "suite_version"])
+    if prev.empty:
+        return prev
+    runs = prev[["candidate", "suite", "run_id", "started_at"]].drop_duplicates()
+    runs = runs.sort_values("started_at", ascending=False).groupby(["candidate", "suite"]).head(n_runs)
+    return prev.merge(runs[["candidate", "suite", "run_id"]], on=["candidate", "suite", "run_id"])
+
+
+def _proportion_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
+    rows = []
+    graded_c = cur[cur.error_kind.isna() & cur.passed.notna()]
+    graded_b = base[base.error_kind.isna() & base.passed.notna()]
+    budget_c, budget_b = cur.error_kind.eq("budget"), base.error_kind.eq("budget")
+    for metric, k_c, n_c, k_b, n_b, worse_up in (
+        ("pass_rate", int(graded_c.passed.sum()), len(graded_c), int(graded_b.passed.sum()), len(graded_b), False),
+        (
+            "error_rate",
+            int((cur.error_kind.notna() & ~budget_c).sum()), int((~budget_c).sum()),
+            int((base.error_kind.notna() & ~budget_b).sum()), int((~budget_b).sum()),
+            True,
+        ),
+    ):
+        if n_c == 0 or n_b == 0:
+            continue
+        rows.append(dict(
+            candidate=cand, suite=suite, metric=metric, current=k_c / n_c, baseline=k_b / n_b,
+            n_current=n_c, n_baseline=n_b, p=fisher_p(k_c, n_c, k_b, n_b), worse_up=worse_up,
+        ))
+    return rows
+
+
+def _timing_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
+    rows = []
+    live_c = cur[cur.error_kind.isna() & ~cur.cached.fillna(False).astype(bool)]
+    live_b = base[base.error_kind.isna() & ~base.cached.fillna(False).astype(bool)]
+    for metric, col in (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s")):
+        c, b = live_c[col].dropna().to_numpy(float), live_b[col].dropna().to_numpy(float)
+        if len(c) == 0 or len(b) == 0:
+            continue
+        rows.append(dict(
+            candidate=cand, suite=suite, metric=metric, current=float(np.quantile(c, 0.95)),
+            baseline=float(np.quantile(b, 0.95)), n_current=len(c), n_baseline=len(b),
+            p=greater_p(c, b), worse_up=True,
+        ))
+    c, b = live_c.cost_usd.dropna(), live_b.cost_usd.dropna()
+    if len(c) and len(b):
+        rows.append(dict(
+            candidate=cand, suite=suite, metric="cost_per_call_usd", current=float(c.mean()),
+            baseline=float(b.mean()), n_current=len(c), n_baseline=len(b), p=None, worse_up=True,
+        ))
+    return rows
+
+
+def _judge(row: dict, q: float | None, s: AlertSettings) -> DriftFinding | None:
+    """Turn one comparison into a finding when it crosses its threshold (and is significant)."""
+    cur, base, metric = row["current"], row["baseline"], row["metric"]
+    if min(row["n_current"], row["n_baseline"]) < s.min_items:
+        return None
+    if metric in ("pass_rate", "error_rate"):
+        change, threshold = cur - base, s.min_pass_rate_drop
+        significant = q is not None and q < s.alpha
+    else:
+        change = _rel(cur, base)
+        threshold = {
+            "latency_p95_s": s.latency_p95_increase_pct,
+            "ttft_p95_s": s.ttft_p95_increase_pct,
+            "cost_per_call_usd": s.cost_increase_pct,
+        }[metric] / 100.0
+        significant = q is None or q < s.alpha
+    worse = change > 0 if row["worse_up"] else change < 0
+    if abs(change) < threshold or not significant:
+        return None
+    if not worse and metric not in ("pass_rate", "cost_per_call_usd"):
+        return None  # faster or fewer errors: not worth an alert
+    severity: Severity = "regression" if worse else "improvement"
+    unit = "pts" if metric in ("pass_rate", "error_rate") else "%"
+    shown = change * 100
+    stat = f", q={q:.3g}" if q is not None else ""
+    msg = (
+        f"{row['candidate']} on {row['suite']}: {metric} {base:.4g} -> {cur:.4g} "
+        f"({shown:+.1f} {unit}{stat}; n={row['n_current']} vs {row['n_baseline']})"
+    )
+    return DriftFinding(
+        row["candidate"], row["suite"], metric, severity, base, cur, change,
+        row["p"], q, row["n_current"], row["n_baseline"], msg,
+    )
+
+
+def price_changes(store: Store, run_id: str) -> list[DriftFinding]:
+    """List-price changes of each candidate since the latest earlier run that had it."""
+    frame = store.query(
+        "SELECT c.*, r.started_at FROM candidates c JOIN runs r USING (run_id) "
+        "WHERE r.started_at <= (SELECT started_at FROM runs WHERE run_id = ?) "
+        "ORDER BY r.started_at DESC",
+        [run_id],
+    )
+    out: list[DriftFinding] = []
+    for name, grp in frame.groupby("name"):
+        if grp.iloc[0].run_id != run_id or len(grp) < 2:
+            continue
+        now, before = grp.iloc[0], grp.iloc[1]
+        for col in PRICE_FIELDS:
+            a, b = before[col], now[col]
+            if (pd.isna(a) and pd.isna(b)) or (not pd.isna(a) and not pd.isna(b) and math.isclose(a, b)):
+                continue
+            up = not pd.isna(a) and not pd.isna(b) and b > a
+            out.append(DriftFinding(
+                str(name), "*", f"price:{col}", "regression" if up else "info",
+                None if pd.isna(a) else float(a), None if pd.isna(b) else float(b),
+                None if pd.isna(a) or pd.isna(b) else _rel(float(b), float(a)),
+                message=f"{name}: {col} changed {a} -> {b} since run {before.run_id}",
+            ))
+    return out
+
+
+def detect_drift(store: Store, run_id: str, settings: AlertSettings | None = None) -> DriftReport:
+    """Compare `run_id` with the earlier completed runs; findings are sorted worst first."""
+    s = settings or AlertSettings()
+    frame = _load(store, run_id)
+    cur_all = frame[frame.run_id == run_id]
+    base_all = _baseline(frame, run_id, s.baseline_runs)
+    report = DriftReport(run_id, sorted(set(base_all.run_id)) if len(base_all) else [])
+    rows: list[dict] = []
+    for (cand, suite), cur in cur_all.groupby(["candidate", "suite"]):
+        base = base_all[(base_all.candidate == cand) & (base_all.suite == suite)]
+        if base.empty:
+            continue
+        report.compared_pairs += 1
+        rows += _proportion_rows(cand, suite, cur, base) + _timing_rows(cand, suite, cur, base)
+    for metric in {r["metric"] for r in rows}:
+        family = [r for r in rows if r["metric"] == metric]
+        tested = [r for r in family if r["p"] is not None]
+        for r, q in zip(tested, bh_adjust([r["p"] for r in tested])):
+            r["q"] = q
+        report.findings += [f for r in family if (f := _judge(r, r.get("q"), s)) is not None]
+    report.findings += price_changes(store, run_id)
+    order = {"regression": 0, "improvement": 1, "info": 2}
+    report.findings.sort(key=lambda f: (order[f.severity], f.candidate, f.suite, f.metric))
+    return report
+
+
+# -- acting on drift --------------------------------------------------------------------------
+
+
+def blocking_regressions(
+    report: DriftReport, candidates: Iterable[str], metrics: Iterable[str] = BLOCKING_METRICS
+) -> list[DriftFinding]:
+    """Regressions of the candidates a policy routes to: non-empty means do not promote it."""
+    used, kinds = set(candidates), set(metrics)
+    return [f for f in report.regressions if f.candidate in used and f.metric in kinds]
+
+
+def emit_drift_events(report: DriftReport) -> list[Any]:
+    """One Prefect event per finding plus a summary, so automations can page or block on them."""
+    from prefect.events import emit_event
+
+    run = {"prefect.resource.id": f"routeopt.run.{report.run_id}", "prefect.resource.role": "run"}
+    events = []
+    for f in report.findings:
+        ev = emit_event(
+            event=f"routeopt.drift.{f.severity}",
+            resource={
+                "prefect.resource.id": f"routeopt.candidate.{f.candidate}",
+                "prefect.resource.name": f.candidate,
+                "routeopt.suite": f.suite,
+                "routeopt.metric": f.metric,
+            },
+            related=[run],
+            payload=_jsonable(asdict(f)),
+        )
+        events.append(ev)
+    events.append(emit_event(
+        event="routeopt.drift.checked",
+        resource={"prefect.resource.id": f"routeopt.drift-check.{report.run_id}"},
+        related=[run],
+        payload={"regressions": len(report.regressions), "findings": len(report.findings),
+                 "baseline_runs": report.baseline_runs, "compared_pairs": report.compared_pairs},
+    ))
+    return events
+
+
+def webhook_url(settings: AlertSettings) -> str | None:
+    """The webhook to post to: the env var named in the config wins over a literal URL."""
+    if settings.webhook_url_env and os.environ.get(settings.webhook_url_env):
+        return os.environ[settings.webhook_url_env]
+    return settings.webhook_url
+
+
+def post_webhook(report: DriftReport, url: str, timeout_s: float = 10.0, attempts: int = 3) -> bool:
+    """POST the report as JSON (with a Slack-style `text` line). Never raises: an unreachable
+    receiver must not fail the nightly run; it is logged and reported as False."""
+    import httpx
+
+    body = {"text": summary_line(report), **_jsonable(report.to_dict())}
+    for attempt in range(1, attempts + 1):
+        try:
+            resp = httpx.post(url, json=body, timeout=timeout_s)
+            if resp.status_code < 300:
+                return True
+            if resp.status_code < 500 and resp.status_code != 429:
+                break
+        except httpx.HTTPError as exc:
+            log.warning("drift webhook attempt %d failed: %s", attempt, type(exc).__name__)
+    log.error("drift webhook: could not deliver the report of run %s", report.run_id)
+    return False
+
+
+def summary_line(report: DriftReport) -> str:
+    reg = report.regressions
+    if not reg:
+        return f"routeopt {report.run_id}: no regressions ({len(report.findings)} findings)"
+    shown = "; ".join(f.message for f in reg[:5])
+    more = f" (+{len(reg) - 5} more)" if len(reg) > 5 else ""
+    return f"routeopt {report.run_id}: {len(reg)} regressions: {shown}{more}"
+
+
+def send_alerts(report: DriftReport, settings: AlertSettings, *, events: bool = True) -> dict[str, Any]:
+    """Emit the events and post the webhook (when configured); say what was delivered."""
+    sent = {"events": 0, "webhook": None}
+    if events:
+        sent["events"] = sum(1 for e in emit_drift_events(report) if e is not None)
+    url = webhook_url(settings)
+    if url and (report.findings or report.compared_pairs):
+        sent["webhook"] = post_webhook(report, url, settings.webhook_timeout_s)
+    return sent
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON values: floats JSON cannot carry (inf, nan) become None, the rest str."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj if obj is None or isinstance(obj, str) else str(obj)

@@ -1,0 +1,205 @@
+"""Drift detection between nightly runs, its alerts (Prefect events, a webhook) and blocking."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from evals.config import AlertSettings
+from evals.store import Store
+from flows.drift import (
+    bh_adjust,
+    blocking_regressions,
+    detect_drift,
+    emit_drift_events,
+    fisher_p,
+    post_webhook,
+    send_alerts,
+)
+from tests.flows.ops_history import Regression, make_history
+
+
+def _find(report, candidate, suite, metric):
+    return [f for f in report.findings if (f.candidate, f.suite, f.metric) == (candidate, suite, metric)]
+
+
+@pytest.fixture(scope="module")
+def regressed(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("drift") / "db.duckdb"
+    make_history(
+        db,
+        runs=4,
+        items=120,
+        regressions=[
+            Regression("mid", "arith", pass_rate=0.45),
+            Regression("big", "facts", latency_factor=2.0),
+            Regression("small", "arith", price_factor=1.0),
+            Regression("big", "arith", price_factor=1.5),
+        ],
+    )
+    return db
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("steady") / "db.duckdb"
+    make_history(db, runs=4, items=120, seed=7)
+    return db
+
+
+def test_injected_regressions_are_found_and_nothing_else(regressed: Path):
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03", AlertSettings())
+    assert report.baseline_runs == ["run-00", "run-01", "run-02"]
+    assert report.compared_pairs == 6
+    drop = _find(report, "mid", "arith", "pass_rate")
+    assert len(drop) == 1 and drop[0].severity == "regression"
+    assert drop[0].change < -0.2 and drop[0].q_value < 0.05 and drop[0].n_baseline > 300
+    slow = _find(report, "big", "facts", "latency_p95_s")
+    assert len(slow) == 1 and slow[0].severity == "regression" and slow[0].change > 0.5
+    assert _find(report, "big", "facts", "ttft_p95_s")[0].severity == "regression"
+    price = _find(report, "big", "*", "price:output_price_per_mtok")
+    assert price and price[0].current == pytest.approx(22.5) and price[0].severity == "regression"
+    assert _find(report, "big", "arith", "cost_per_call_usd")[0].change > 0.1
+    flagged = {(f.candidate, f.suite) for f in report.regressions}
+    assert flagged <= {("mid", "arith"), ("big", "facts"), ("big", "*"), ("big", "arith")}
+    assert report.findings[0].severity == "regression"
+
+
+def test_a_steady_history_raises_no_pass_rate_or_latency_alarm(steady: Path):
+    with Store(steady, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    assert report.compared_pairs == 6
+    assert [f.message for f in report.regressions] == []
+
+
+def test_the_first_run_has_nothing_to_compare(steady: Path):
+    with Store(steady, read_only=True) as store:
+        report = detect_drift(store, "run-00")
+        assert report.compared_pairs == 0 and report.findings == []
+        with pytest.raises(KeyError, match="no run 'nope'"):
+            detect_drift(store, "nope")
+
+
+def test_an_earlier_run_is_compared_only_with_runs_before_it(regressed: Path):
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-02", AlertSettings(baseline_runs=1))
+    assert report.baseline_runs == ["run-01"] and report.regressions == []
+
+
+def test_statistics_helpers():
+    assert fisher_p(50, 100, 50, 100) == pytest.approx(1.0)
+    assert fisher_p(90, 100, 50, 100) < 1e-6
+    qs = bh_adjust([0.01, 0.04, 0.03, 0.5])
+    assert qs[0] == pytest.approx(0.04) and qs[3] == pytest.approx(0.5)
+    assert all(q >= p for q, p in zip(qs, [0.01, 0.04, 0.03, 0.5]))
+
+
+def test_min_pass_rate_drop_and_alpha_are_honoured(regressed: Path):
+    with Store(regressed, read_only=True) as store:
+        strict = detect_drift(store, "run-03", AlertSettings(min_pass_rate_drop=0.5))
+        tiny_alpha = detect_drift(store, "run-03", AlertSettings(alpha=1e-30))
+    assert not _find(strict, "mid", "arith", "pass_rate")
+    assert not _find(tiny_alpha, "mid", "arith", "pass_rate")
+
+
+def test_blocking_regressions_concern_only_the_policy_candidates(regressed: Path):
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    blocking = blocking_regressions(report, ["mid", "small"])
+    assert [(f.candidate, f.metric) for f in blocking] == [("mid", "pass_rate")]
+    assert blocking_regressions(report, ["small"]) == []
+    # a price rise alone does not block: the new policy was trained on the new prices
+    assert all(not f.metric.startswith("price") for f in blocking_regressions(report, ["big"]))
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[dict] = []
+    statuses: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append({"path": self.path, "ctype": self.headers["Content-Type"], "body": json.loads(body)})
+        status = type(self).statuses.pop(0) if type(self).statuses else 200
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
+    handler = type("Receiver", (_Receiver,), {"received": [], "statuses": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hooks/routeopt", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_webhook_receives_the_report_and_retries_a_5xx(regressed: Path, receiver, monkeypatch):
+    url, handler = receiver
+    handler.statuses = [503]
+    monkeypatch.setenv("ROUTEOPT_TEST_HOOK", url)
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    sent = send_alerts(report, AlertSettings(webhook_url_env="ROUTEOPT_TEST_HOOK"), events=False)
+    assert sent == {"events": 0, "webhook": True}
+    assert len(handler.received) == 2  # the 503, then the retry that landed
+    got = handler.received[-1]
+    assert got["path"] == "/hooks/routeopt" and got["ctype"] == "application/json"
+    assert got["body"]["run_id"] == "run-03" and "regressions" in got["body"]["text"]
+    metrics = {(f["candidate"], f["metric"]) for f in got["body"]["findings"] if f["severity"] == "regression"}
+    assert ("mid", "pass_rate") in metrics
+
+
+def test_webhook_failure_is_reported_not_raised(regressed: Path, receiver):
+    url, handler = receiver
+    handler.statuses = [400]
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    assert post_webhook(report, url) is False and len(handler.received) == 1  # 4xx: no retry
+    assert post_webhook(report, "http://127.0.0.1:9/unreachable", timeout_s=1, attempts=1) is False
+
+
+@pytest.mark.slow
+def test_drift_goes_out_as_prefect_events(regressed: Path, prefect_harness):
+    """Emitted to a real (temporary) Prefect server and read back through its events API."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+    from prefect.events.worker import EventsWorker
+
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    assert all(e is not None for e in emit_drift_events(report))
+    EventsWorker.drain_all()
+    wanted = EventFilter(
+        event=EventNameFilter(prefix=["routeopt.drift."]),
+        related=EventRelatedFilter(id=["routeopt.run.run-03"]),
+    )
+    deadline, got = time.monotonic() + 30, []
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline and len(got) < len(report.findings) + 1:
+            time.sleep(0.5)
+            got = client.read_events(filter=wanted, limit=50).events
+    assert len(got) == len(report.findings) + 1
+    names = sorted(e.event for e in got)
+    assert "routeopt.drift.regression" in names and "routeopt.drift.checked" in names
+    drop = next(
+        e for e in got if e.payload.get("metric") == "pass_rate" and e.resource.id == "routeopt.candidate.mid"
+    )
+    assert drop.resource["routeopt.suite"] == "arith" and drop.payload["severity"] == "regression"
+    checked = next(e for e in got if e.event == "routeopt.drift.checked")
+    assert checked.payload["regressions"] == len(report.regressions)
