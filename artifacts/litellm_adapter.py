@@ -1,0 +1,104 @@
+"""Route LiteLLM traffic with a routeopt policy: a custom routing strategy for `litellm.Router`.
+
+Requests sent to the alias model (default `routeopt`) are routed per prompt: the policy's choice
+is mapped to the deployment whose `model_name` equals the candidate name, falling back along the
+policy's ordered fallbacks when a candidate has no deployment. Requests for any other model go to
+a deployment of that model unchanged. The decision is written into the request's `metadata`
+(`routeopt_decision`) so LiteLLM callbacks and logs can record which policy version chose what.
+
+    strategy = install(litellm_router, artifacts.runtime.load(url, public_key=..., refresh_s=30))
+    await litellm_router.acompletion(model="routeopt", messages=[...], metadata={"routeopt_suite": "sql"})
+
+Importing this module sets `LITELLM_LOCAL_MODEL_COST_MAP=True` unless already set, so importing
+LiteLLM does not fetch its price map from the internet.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
+
+from artifacts.runtime import Router  # noqa: E402
+
+ALIAS = "routeopt"
+SUITE_KEY = "routeopt_suite"
+TARGET_KEY = "routeopt_quality_target"
+DECISION_KEY = "routeopt_decision"
+
+
+class NoDeployment(LookupError):
+    """Neither the policy's choice nor any fallback has a deployment in the LiteLLM router."""
+
+
+def prompt_text(messages: list[dict] | None, input: Any = None) -> str:
+    """All message text (string or content-part lists), the same text routeopt trained on."""
+    if messages:
+        parts = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if content:
+                parts.append(str(content))
+        return "\n".join(parts)
+    if isinstance(input, str):
+        return input
+    return "\n".join(str(x) for x in input) if isinstance(input, list) else ""
+
+
+class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
+    """LiteLLM's custom routing hook backed by a (refreshing, verified) routeopt `Router`."""
+
+    def __init__(self, litellm_router: Any, policy: Router, *, alias: str = ALIAS) -> None:
+        self.litellm_router, self.policy, self.alias = litellm_router, policy, alias
+
+    def _deployments(self) -> list[Any]:
+        registry = getattr(self.litellm_router, "registry", None)
+        return list(registry().all()) if callable(registry) else list(self.litellm_router.model_list)
+
+    def _first(self, names: list[str]) -> Any:
+        by_name: dict[str, Any] = {}
+        for d in self._deployments():
+            by_name.setdefault(d["model_name"], d)
+        for name in names:
+            if name in by_name:
+                return by_name[name]
+        raise NoDeployment(f"no LiteLLM deployment named any of {names}; add a model_list entry "
+                           f"whose model_name is the candidate name")
+
+    def pick(self, model: str, messages: list[dict] | None = None, input: Any = None,
+             request_kwargs: dict | None = None) -> Any:
+        """The deployment for one request (shared by the sync and async hooks)."""
+        if model != self.alias:
+            return self._first([model])
+        metadata = (request_kwargs or {}).get("metadata") or {}
+        target = metadata.get(TARGET_KEY)
+        decision = self.policy.route(prompt_text(messages, input), suite=metadata.get(SUITE_KEY),
+                                     quality_target=None if target is None else float(target))
+        if request_kwargs is not None and isinstance(request_kwargs.get("metadata"), dict):
+            request_kwargs["metadata"][DECISION_KEY] = {
+                "model": decision.model, "fallbacks": list(decision.fallbacks),
+                "policy_version": decision.policy_version}
+        return self._first([decision.model, *decision.fallbacks])
+
+    async def async_get_available_deployment(self, model: str, messages: list[dict] | None = None,
+                                             input: Any = None, specific_deployment: bool | None = False,
+                                             request_kwargs: dict | None = None) -> Any:
+        return self.pick(model, messages, input, request_kwargs)
+
+    def get_available_deployment(self, model: str, messages: list[dict] | None = None,
+                                 input: Any = None, specific_deployment: bool | None = False,
+                                 request_kwargs: dict | None = None) -> Any:
+        return self.pick(model, messages, input, request_kwargs)
+
+
+def install(litellm_router: Any, policy: Router, *, alias: str = ALIAS) -> RouteoptRoutingStrategy:
+    """Make `litellm_router` route `alias` requests with `policy`; returns the strategy."""
+    strategy = RouteoptRoutingStrategy(litellm_router, policy, alias=alias)
+    register = getattr(litellm_router, "register_plugin", None) or litellm_router.set_custom_routing_strategy
+    register(strategy)
+    return strategy

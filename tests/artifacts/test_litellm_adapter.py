@@ -1,0 +1,79 @@
+"""The LiteLLM adapter with the real `litellm` Router talking to a local OpenAI-protocol server."""
+
+from __future__ import annotations
+
+import pytest
+
+from artifacts.runtime import load
+from tests.artifacts.policies import PROMPTS
+from tests.fake_llm import FakeLLM
+
+pytest.importorskip("litellm")
+pytestmark = pytest.mark.slow  # importing litellm alone takes ~15 s on the shared CI cores
+from artifacts.litellm_adapter import DECISION_KEY, NoDeployment, install  # noqa: E402
+
+
+@pytest.fixture()
+def fake():
+    with FakeLLM() as server:
+        yield server
+
+
+def _litellm_router(fake: FakeLLM, names: list[str]):
+    from litellm import Router as LiteLLMRouter
+
+    model_list = [{"model_name": n, "litellm_params": {"model": f"openai/{n}-model", "api_base":
+                  fake.openai_base_url, "api_key": "sk-test-not-a-secret"}} for n in names]
+    return LiteLLMRouter(model_list=model_list, num_retries=0)
+
+
+@pytest.fixture()
+def policy_router(policies, publish_to, registry, keypair):
+    publish_to(policies[0])
+    return load(registry, keypair[1])
+
+
+async def test_routes_each_request_to_the_policys_choice(fake, policies, policy_router) -> None:
+    router = _litellm_router(fake, policies[0].candidates)
+    install(router, policy_router)
+    expected = []
+    for target in (0.0, 1.0):
+        for prompt, suite in PROMPTS:
+            metadata = {"routeopt_suite": suite, "routeopt_quality_target": target}
+            resp = await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}],
+                                            metadata=metadata)
+            want = policies[0].decide(prompt, suite, quality_target=target).model
+            expected.append(f"{want}-model")
+            assert resp.choices[0].message.content == f"echo: {prompt.strip()}"
+            assert metadata[DECISION_KEY]["model"] == want
+            assert metadata[DECISION_KEY]["policy_version"] == 1
+    assert [r.body["model"] for r in fake.requests] == expected
+    assert len(set(expected)) >= 2, "the policy should pick differently at targets 0 and 1"
+    assert all(r.body["messages"][-1]["content"] for r in fake.requests)
+
+
+async def test_falls_back_when_the_choice_has_no_deployment(fake, policies, policy_router) -> None:
+    prompt, suite = PROMPTS[0]
+    decision = policies[0].decide(prompt, suite)
+    router = _litellm_router(fake, [c for c in policies[0].candidates if c != decision.model])
+    install(router, policy_router)
+    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}],
+                             metadata={"routeopt_suite": suite})
+    assert fake.requests[-1].body["model"] == f"{decision.fallbacks[0]}-model"
+
+
+def test_sync_completion_and_other_models_pass_through(fake, policies, policy_router) -> None:
+    router = _litellm_router(fake, policies[0].candidates)
+    install(router, policy_router)
+    router.completion(model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}])
+    assert fake.requests[-1].body["model"] == f"{policies[0].decide('What is 2 + 3?').model}-model"
+    resp = router.completion(model="large", messages=[{"role": "user", "content": "What is 2 + 3?"}])
+    assert resp.choices[0].message.content == "5" and fake.requests[-1].body["model"] == "large-model"
+
+
+async def test_no_deployment_at_all_is_a_clear_error(fake, policy_router) -> None:
+    router = _litellm_router(fake, ["unrelated"])
+    install(router, policy_router)
+    with pytest.raises(Exception, match="no LiteLLM deployment named any of"):
+        await router.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])
+    assert NoDeployment.__mro__[1] is LookupError
