@@ -300,7 +300,9 @@ def _check_templates(
             good.append(item)
     for (loc, msg), ids in bad.items():
         more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
-        chk.add(loc, f"{msg} (item {', '.join(map(repr, ids[:3]))}{more})")
+        severity: Literal["error", "warning"] = "warning" if skip_bad else "error"
+        dropped = "; these items are skipped" if skip_bad else ""
+        chk.add(loc, f"{msg} (item {', '.join(map(repr, ids[:3]))}{more}){dropped}", severity)
     fs = prompt.few_shot
     if fs is not None:
         user = fs.template or prompt.template or ""
@@ -316,9 +318,11 @@ def _check_templates(
 def _hashable(spec: SuiteSpec) -> dict[str, Any]:
     """The spec minus metadata and file locations: only what changes results is hashed."""
     data = spec.model_dump(mode="json", exclude=set(METADATA))
-    data["dataset"].pop("path", None)
-    if data["prompt"].get("few_shot") and data["prompt"]["few_shot"].get("dataset"):
-        data["prompt"]["few_shot"]["dataset"].pop("path", None)
+    few_shot = data["prompt"].get("few_shot") or {}
+    for ds in (data["dataset"], few_shot.get("dataset") or {}):
+        ds.pop("path", None)
+        if ds.get("hf") and Path(ds["hf"]["name"]).is_absolute():  # a local dataset folder
+            ds["hf"]["name"] = Path(ds["hf"]["name"]).name
     return data
 
 
@@ -360,7 +364,10 @@ def _load(path: Path, config: "Config | None") -> tuple[Suite | None, list[Probl
         items, skipped, _ = _items(dataset, path.parent, chk, ("dataset",))
         if prompt is not None:
             shots = _few_shot(prompt, dataset, path.parent, chk)
-            items = _check_templates(prompt, dataset.skip_bad_rows, grader, items, shots, chk)
+            kept = _check_templates(prompt, dataset.skip_bad_rows, grader, items, shots, chk)
+            kept_ids = {i.id for i in kept}
+            skipped += [f"item {i.id!r}: a template does not render" for i in items if i.id not in kept_ids]
+            items = kept
     if not chk.errors and spec is not None and grader is not None and not items:
         chk.add(("dataset",), "no item is left after dropping the bad ones")
     problems = sorted(chk.problems, key=lambda p: (str(p.file), p.line or 0))

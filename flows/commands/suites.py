@@ -194,7 +194,9 @@ def _show(suite: "Suite", item_id: str | None, candidate: str | None) -> None:
     import yaml
 
     click.echo(f"# {suite.source}\n# version {suite.version}, {len(suite.items)} items"
-               + (f", {len(suite.skipped)} rows skipped" if suite.skipped else ""))
+               + (f", {len(suite.skipped)} rows skipped:" if suite.skipped else ""))
+    for why in suite.skipped[:20]:
+        click.echo(f"#   skipped {why}")
     resolved: dict[str, Any] = suite.resolved()
     click.echo(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True, width=100).rstrip())
     item = suite.items[0]

@@ -301,6 +301,14 @@ def test_bad_rows_are_named_by_line_or_skipped(tmp_path: Path) -> None:
     assert [i.id for i in suite.items] == ["q0", "q1"] and len(suite.skipped) == 3
 
 
+def test_items_whose_template_fails_can_be_skipped(tmp_path: Path) -> None:
+    data(tmp_path, [ROWS[0], {"id": "b", "answer": 2}, ROWS[2]])
+    suite = load_suite(write(tmp_path, "s.yaml", BASE.replace("id_field: id}", "id_field: id, skip_bad_rows: true}")))
+    assert [i.id for i in suite.items] == ["q0", "q2"]
+    assert suite.skipped == ["item 'b': a template does not render"]
+    assert [w.field for w in suite.warnings] == ["prompt.template"]
+
+
 def test_duplicate_ids_are_an_error(tmp_path: Path) -> None:
     data(tmp_path, [ROWS[0], ROWS[1], ROWS[0]])
     [p] = problems(write(tmp_path, "s.yaml", BASE))
