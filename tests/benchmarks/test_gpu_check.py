@@ -1,0 +1,149 @@
+"""benchmarks/gpu_check.py: its pieces, and its CPU path end to end (`--device cpu --tiny`).
+
+The real run needs an NVIDIA GPU; that test is marked `gpu` and skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    if "gpu_check" in sys.modules:
+        return sys.modules["gpu_check"]
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+gc = _load()
+
+
+@pytest.mark.parametrize("name,tbs", [
+    ("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA L4", 0.3), ("NVIDIA GH200 480GB", 4.0),
+    ("Some Future GPU", None),
+])
+def test_bandwidth_table(name, tbs):
+    assert gc.bandwidth_tbs(name) == tbs
+    assert gc.bandwidth_tbs(name, override=1.5) == 1.5
+
+
+def test_tokenizer_has_the_model_vocab_and_round_trips():
+    tok = gc.build_tokenizer(32000, 4096)
+    assert len(tok) == 32000
+    ids = list(range(4, 32000, 997))
+    text = tok.decode(ids)
+    assert tok(text, add_special_tokens=False)["input_ids"] == ids
+    assert tok("add: 1+2=", add_special_tokens=False)["input_ids"] == [
+        tok.convert_tokens_to_ids(c) for c in "add: 1+2="]
+
+
+def _expected_weight_bytes(a: dict, per_param: int) -> int:
+    h, i, v, layers = a["hidden_size"], a["intermediate_size"], a["vocab_size"], a["num_hidden_layers"]
+    kv = h // a["num_attention_heads"] * a["num_key_value_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return per_param * (layers * per_layer + h + v * h)  # + final norm + lm_head, no embedding
+
+
+def test_checkpoint_and_weight_bytes(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    info = gc.build_checkpoint(tmp_path / "ck", gc.ARCH_TINY)
+    model = AutoModelForCausalLM.from_pretrained(info["path"], dtype=torch.bfloat16)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.vocab_size) == (64, 2, 512)
+    assert model.lm_head.weight[:4].abs().sum() == 0  # pad/bos/eos/unk can never be chosen
+    want = _expected_weight_bytes(gc.ARCH_TINY, 2)
+    got = gc.weight_bytes_per_token(model)
+    assert want <= got <= want + 4096  # plus the rotary frequency buffer
+
+
+def test_decode_vs_bandwidth_arithmetic():
+    level = SimpleNamespace(concurrency=1, tpot_s={"p50": 0.01})
+    report = SimpleNamespace(levels=[SimpleNamespace(concurrency=8, tpot_s={"p50": 1.0}), level])
+    out = gc.decode_vs_bandwidth(report, wbytes=2_000_000_000, bw_tbs=4.0, raw_tok_s=500.0)
+    assert out["limit_tok_s"] == pytest.approx(2000.0)
+    assert out["provider_batch1_tok_s"] == pytest.approx(100.0)
+    assert out["provider_ratio"] == pytest.approx(0.05)
+    assert out["forward_loop_ratio"] == pytest.approx(0.25)
+    assert gc.decode_vs_bandwidth(report, 10, None, None)["provider_ratio"] is None
+
+
+def test_cuda_request_without_cuda_is_one_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(SystemExit, match="--device cpu --tiny"):
+        gc.check_device("cuda")
+
+
+def test_cpu_tiny_end_to_end(tmp_path):
+    out = tmp_path / "gc"
+    res = gc.main(["--device", "cpu", "--tiny", "--out", str(out), "--skip-pipeline",
+                   "--concurrency", "1,3", "--requests", "3", "--raw-steps", "4",
+                   "--bandwidth-tbs", "0.05"])
+    assert [v["variant"] for v in res["variants"]] == ["bf16", "fp8"]
+    for v in res["variants"]:
+        assert "error" not in v, v
+        levels = v["serving"]["levels"]
+        assert [lv["concurrency"] for lv in levels] == [1, 3]
+        for lv in levels:
+            assert lv["errors"] == 0 and lv["max_in_flight"] == lv["concurrency"]
+            assert lv["mean_output_tokens"] == 8  # every request decodes exactly max_tokens
+        bw = v["bandwidth"]
+        assert bw["limit_tok_s"] == pytest.approx(0.05e12 / bw["weight_bytes_per_token"])
+        assert bw["provider_ratio"] > 0
+    fp8, bf16 = res["variants"][1]["bandwidth"], res["variants"][0]["bandwidth"]
+    assert fp8["weight_bytes_per_token"] != bf16["weight_bytes_per_token"]
+    stored = json.loads((out / "gpu_check.json").read_text())
+    assert stored["variants"][0]["candidate"] == "rand-tiny-bf16"
+    assert "of the limit" in (out / "gpu_check.md").read_text()
+    con = duckdb.connect(str(out / "serving.duckdb"), read_only=True)
+    rows = con.execute("SELECT candidate, count(*) FROM serving_runs GROUP BY 1 ORDER BY 1").fetchall()
+    con.close()
+    assert rows == [("rand-tiny-bf16", 2), ("rand-tiny-fp8", 2)]
+
+
+@pytest.mark.slow
+def test_shell_script_runs_the_pipeline_on_cpu(tmp_path):
+    """The wrapper script, including `routeopt run` of the generated suite (Prefect: slow)."""
+    out = tmp_path / "gc"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out",
+         str(out), "--variants", "bf16", "--concurrency", "1", "--requests", "2", "--raw-steps", "2"],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "gpu_check.json").read_text())
+    pipe = res["pipeline"]
+    assert pipe["rc"] == 0, pipe["output_tail"]
+    by_name = {o["candidate"]: o for o in pipe["outcomes"]}
+    assert by_name["rand-tiny-bf16"]["items"] == 6 and by_name["rand-tiny-bf16"]["errors"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_tiny_run(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (torch sees none)")
+    res = gc.main(["--device", "cuda", "--tiny", "--out", str(tmp_path / "gc"), "--skip-pipeline",
+                   "--concurrency", "1,4", "--requests", "4"])
+    assert all("error" not in v for v in res["variants"]), res["variants"]
+    assert res["variants"][0]["bandwidth"]["provider_ratio"] is not None
