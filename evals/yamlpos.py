@@ -24,20 +24,28 @@ class YamlError(ValueError):
         self.path, self.line, self.detail = path, line, message
 
 
-def _walk(node: yaml.Node, loc: Loc, out: LineMap) -> None:
+def _walk(node: yaml.Node, loc: Loc, out: LineMap, dupes: list[tuple[Loc, int, int]]) -> None:
     out.setdefault(loc, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode):
-                out[loc + (key.value,)] = key.start_mark.line + 1
-                _walk(value, loc + (key.value,), out)
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    dupes.append((loc + (key.value,), line, seen[key.value]))
+                seen[key.value] = line
+                out[loc + (key.value,)] = line
+                _walk(value, loc + (key.value,), out, dupes)
     elif isinstance(node, yaml.SequenceNode):
         for i, value in enumerate(node.value):
-            _walk(value, loc + (i,), out)
+            _walk(value, loc + (i,), out, dupes)
 
 
 def load_yaml(path: Path) -> tuple[Any, LineMap]:
-    """Parse a YAML file; return the data and the line map. Raises YamlError with the line."""
+    """Parse a YAML file; return the data and the line map. Raises YamlError with the line.
+
+    A repeated key is an error: PyYAML silently keeps the last one, which hides real mistakes.
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -52,8 +60,13 @@ def load_yaml(path: Path) -> tuple[Any, LineMap]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise YamlError(path, mark.line + 1 if mark else None, problem) from None
     lines: LineMap = {}
+    dupes: list[tuple[Loc, int, int]] = []
     if node is not None:
-        _walk(node, (), lines)
+        _walk(node, (), lines, dupes)
+    if dupes:
+        loc, line, first = dupes[0]
+        raise YamlError(path, line, f"duplicate key {'.'.join(map(str, loc))!r} (first at line {first}); "
+                        "YAML keeps only the last, so merge them")
     return data, lines
 
 

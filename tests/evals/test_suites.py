@@ -230,6 +230,12 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
     assert str(path) in str(err.value)
 
 
+def test_duplicate_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    data(tmp_path)
+    [p] = problems(write(tmp_path, "s.yaml", BASE + "prompt: {template: other}\n"))
+    assert p.line == 10 and "duplicate key 'prompt' (first at line 5)" in p.message
+
+
 def test_top_level_not_a_mapping(tmp_path: Path) -> None:
     [p] = problems(write(tmp_path, "s.yaml", "- a\n- b\n"))
     assert "expected a mapping" in p.message
