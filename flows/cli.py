@@ -11,6 +11,8 @@ import click
 
 # "module:attribute" of each click command or group added to the top-level group.
 COMMANDS: list[str] = [
+    "flows.commands.ops:export_group",
+    "flows.commands.ops:drift_cmd",
     "flows.commands.gpu:bench",
     "flows.commands.gpu:cost",
     "flows.commands.pipeline:run",

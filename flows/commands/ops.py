@@ -1,0 +1,119 @@
+"""`routeopt report | export parquet | drift | deploy`: operating the nightly pipeline."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evals.config import ConfigError, default_config_path
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).",
+)
+DB_OPTION = click.option(
+    "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="DuckDB file (default: db_path from the config).",
+)
+
+
+def _config(config_path: Path | None) -> Any:
+    from evals.config import load_config
+
+    try:
+        return load_config(config_path or default_config_path())
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _open_store(config_path: Path | None, db_path: Path | None) -> Any:
+    """Open the outcome store read-only: reports and exports must never take the writer's lock."""
+    import duckdb
+
+    from evals.store import Store
+
+    path = db_path or _config(config_path).db_path
+    if not Path(path).exists():
+        raise click.ClickException(f"{path}: no outcome database; run `routeopt run` first")
+    try:
+        return Store(path, read_only=True)
+    except duckdb.Error as exc:
+        raise click.ClickException(f"{path}: cannot open the outcome database: {exc}") from None
+
+
+def latest_run(store: Any) -> str:
+    frame = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
+    if frame.empty:
+        raise click.ClickException(f"{store.path}: has no runs yet")
+    return str(frame.run_id.iloc[0])
+
+
+@click.group("export")
+def export_group() -> None:
+    """Export stored outcomes for other tools."""
+
+
+@export_group.command("parquet")
+@CONFIG_OPTION
+@DB_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder of the Hive-partitioned dataset (run_date=.../suite=.../RUN.parquet).")
+@click.option("--run", "run_ids", multiple=True, help="Only these runs (repeatable; default: all).")
+@click.option("--since", default=None, help="Only runs started on or after this date (YYYY-MM-DD).")
+@click.option("--no-text", is_flag=True, help="Leave out model responses and error messages.")
+def export_parquet_cmd(config_path: Path | None, db_path: Path | None, out_dir: Path,
+                       run_ids: tuple[str, ...], since: str | None, no_text: bool) -> None:
+    """Write outcomes to Parquet, partitioned by run date and suite.
+
+    Re-exporting a run rewrites its files in place, so the command is safe to repeat nightly.
+    """
+    from flows.export import export_parquet
+
+    with _open_store(config_path, db_path) as store:
+        try:
+            result = export_parquet(store, out_dir, list(run_ids) or None, since=since,
+                                    include_text=not no_text)
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0])) from None
+    click.echo(f"wrote {result.rows} outcomes of {len(result.runs)} runs in {len(result.files)} files "
+               f"under {out_dir}")
+
+
+@click.command("drift")
+@CONFIG_OPTION
+@DB_OPTION
+@click.argument("run_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@click.option("--alert", is_flag=True, help="Also emit the Prefect events and post the webhook.")
+@click.option("--fail-on-regression", is_flag=True, help="Exit with status 3 if anything regressed.")
+def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None, as_json: bool,
+              alert: bool, fail_on_regression: bool) -> None:
+    """Compare a run (default: the latest) with the runs before it and list what drifted."""
+    from flows.drift import detect_drift, send_alerts, summary_line
+
+    cfg = _config(config_path)
+    with _open_store(config_path, db_path) as store:
+        run_id = run_id or latest_run(store)
+        try:
+            report = detect_drift(store, run_id, cfg.alerts)
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0])) from None
+    if as_json:
+        from flows.drift import _jsonable
+
+        click.echo(json.dumps(_jsonable(report.to_dict()), indent=2))
+    else:
+        click.echo(summary_line(report))
+        for f in report.findings:
+            click.echo(f"  [{f.severity}] {f.message}")
+    if alert:
+        click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
+    if fail_on_regression and report.regressions:
+        sys.exit(3)
