@@ -10,6 +10,7 @@ The code grader lives in `evals.sandbox` and the judge in `evals.judge`; both re
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import jsonschema
-from jinja2 import StrictUndefined, TemplateSyntaxError
+from jinja2 import StrictUndefined, Template, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -57,9 +58,17 @@ class GraderContext:
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
 
 
+@functools.lru_cache(maxsize=4096)
+def _compiled(template: str) -> Template:
+    return _ENV.from_string(template)
+
+
 def render(template: str, item: dict[str, Any]) -> str:
-    """Render a Jinja2 template over an item's fields; a missing field raises."""
-    return _ENV.from_string(template).render(**item)
+    """Render a Jinja2 template over an item's fields; a missing field raises.
+
+    Templates are compiled once: a suite renders the same few templates for every item.
+    """
+    return _compiled(template).render(**item)
 
 
 def template_error(template: str) -> str | None:
@@ -398,12 +407,16 @@ class JsonGrader(Grader):
         default={}, description="dotted path in the JSON -> template or literal expected value"
     )
 
+    _validator: Any = PrivateAttr(default=None)
+
     def setup(self, context: GraderContext) -> None:
         if self.json_schema is not None:
+            cls = jsonschema.validators.validator_for(self.json_schema)
             try:
-                jsonschema.validators.validator_for(self.json_schema).check_schema(self.json_schema)
+                cls.check_schema(self.json_schema)
             except jsonschema.SchemaError as exc:
                 raise ValueError(f"schema is not a valid JSON Schema: {exc.message}") from None
+            self._validator = cls(self.json_schema)
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:
         found, value = extract_json(response)
@@ -412,10 +425,9 @@ class JsonGrader(Grader):
             return Grade(0.0, False, "no JSON found in response")
         ok, failures = 1, []
         if self.json_schema is not None:
-            errors = sorted(
-                jsonschema.validators.validator_for(self.json_schema)(self.json_schema).iter_errors(value),
-                key=lambda e: list(e.path),
-            )
+            if self._validator is None:
+                self.setup(GraderContext())
+            errors = sorted(self._validator.iter_errors(value), key=lambda e: list(map(str, e.path)))
             if errors:
                 where = "/".join(map(str, errors[0].path)) or "(root)"
                 failures.append(f"schema: {where}: {errors[0].message}"[:300])
