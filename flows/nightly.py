@@ -185,5 +185,9 @@ def nightly(
         "suite_errors": report.suite_errors,
         "pairs": [asdict(p) for p in report.pairs],
         "router_metrics": result.metrics if result is not None else None,
-        "published": str(getattr(published, "path", published)) if published else None,
+        "published": (
+            {"version": published.version, "uri": published.uri, "signed": published.signed}
+            if published
+            else None
+        ),
     }

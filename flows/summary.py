@@ -33,6 +33,26 @@ def _fmt(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
+def router_table(holdout: dict[str, Any]) -> Table:
+    """The router at its target beside the best and cheapest single candidates and the oracle."""
+    n = holdout.get("n_test_requests")
+    table = Table(title=f"router on {n} held-out requests (mean cost per request)")
+    for col in ("policy", "pass rate", "cost $/req", "cost vs best single"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    best_cost = (holdout.get("best_single") or {}).get("cost")
+    rows = [("router", holdout.get("router_at_target"))]
+    rows += [(k, holdout.get(k)) for k in ("best_single", "cheapest_single", "oracle")]
+    for name, m in rows:
+        if not m:
+            continue
+        label = f"{name} ({m['model']})" if "model" in m else name
+        if name == "router":
+            label = f"router (target {m['target']:g})"
+        ratio = m["cost"] / best_cost if best_cost else None
+        table.add_row(label, _fmt(m["pass_rate"], ".3f"), _fmt(m["cost"], ".3g"), _fmt(ratio, ".2f"))
+    return table
+
+
 def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
     """Print the candidates table and the router's held-out comparison."""
     table = Table(title=f"run {result['run_id']}: candidates (all items)")
@@ -50,27 +70,12 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
             _fmt(r["p50_ttft_s"], ".3f"),
         )
     console.print(table)
-    metrics = result.get("router_metrics") or {}
-    heldout = metrics.get("heldout") or {}
-    if heldout:
-        rt = Table(title="router on held-out items (cost per 1k requests)")
-        for col in ("policy", "pass rate", "cost $ / 1k req", "cost vs best single"):
-            rt.add_column(col, justify="left" if col == "policy" else "right")
-        best_cost = (heldout.get("best_single") or {}).get("cost_per_request")
-        for name in ("router", "best_single", "cheapest_single", "oracle"):
-            m = heldout.get(name)
-            if not m:
-                continue
-            label = name if "model" not in m else f"{name} ({m['model']})"
-            ratio = m["cost_per_request"] / best_cost if best_cost else None
-            rt.add_row(
-                label,
-                _fmt(m.get("pass_rate"), ".3f"),
-                _fmt(m["cost_per_request"] * 1000, ".6f"),
-                _fmt(ratio, ".2f"),
-            )
-        console.print(rt)
+    holdout = (result.get("router_metrics") or {}).get("holdout") or {}
+    if holdout:
+        console.print(router_table(holdout))
     for name, err in (result.get("suite_errors") or {}).items():
         console.print(f"[red]suite {name} was skipped:[/red] {err}")
     if result.get("published"):
-        console.print(f"published policy: {result['published']}")
+        pub = result["published"]
+        signed = "signed" if pub["signed"] else "unsigned"
+        console.print(f"published policy v{pub['version']} ({signed}): {pub['uri']}")

@@ -1,0 +1,84 @@
+"""The nightly flow end to end on API candidates served by the local wire-protocol server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.fake_llm import FakeLLM, write_arithmetic_suite
+
+
+@pytest.fixture
+def two_servers():
+    """A 'strong' model that answers everything and a 'weak' one that fails odd answers."""
+    with FakeLLM() as strong, FakeLLM() as weak:
+        from tests.fake_llm import default_answer
+
+        weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
+        yield strong, weak
+
+
+def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
+    suites = tmp_path / "suites"
+    write_arithmetic_suite(suites, 40, name="arith")
+    write_arithmetic_suite(suites, 30, name="arith2", system=None)
+    cfg = {
+        "candidates": [
+            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
+             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": "STRONG_KEY"},
+            {"name": "weak", "provider": "anthropic", "model": "small", "base_url": weak.anthropic_base_url,
+             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": "WEAK_KEY"},
+        ],
+        "suites_dir": "suites",
+        "db_path": "out/routeopt.duckdb",
+        "registry_dir": "out/registry",
+        "cache_dir": "out/cache",
+        "router": {"quality_target": 1.0, "holdout_fraction": 0.3},
+    }
+    path = tmp_path / "routeopt.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_nightly_evaluates_trains_publishes_and_resumes(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.nightly import close_store, nightly
+
+    monkeypatch.setenv("STRONG_KEY", "sk-strong-planted-secret")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak-planted-secret")
+    strong, weak = two_servers
+    config = _config(tmp_path, strong, weak)
+    result = nightly(config_path=str(config), run_id="night-1")
+    db = tmp_path / "out" / "routeopt.duckdb"
+    close_store(db)
+
+    assert result["suite_errors"] == {}
+    assert set(result["suites"]) == {"arith", "arith2"}
+    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    con = duckdb.connect(str(db), read_only=True)
+    n, distinct, passed_weak = con.execute(
+        "SELECT count(*), count(DISTINCT (suite, item_id, candidate)), "
+        "sum(CASE WHEN candidate = 'weak' AND passed THEN 1 ELSE 0 END) FROM outcomes"
+    ).fetchone()
+    assert n == distinct == 140
+    assert 0 < passed_weak < 70  # the weak model really fails some items
+    con.close()
+    assert "sk-strong-planted-secret" not in db.read_bytes().decode("latin-1")
+
+    (tmp_path / "metrics.json").write_text(json.dumps(result["router_metrics"], indent=1))
+    published = Path(result["published"]["uri"])
+    manifest = json.loads((published / "manifest.json").read_text())
+    assert manifest["lineage"]["runs"] == ["night-1"]
+    assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
+
+    # Resuming the same run calls nothing again and duplicates nothing.
+    nightly(config_path=str(config), run_id="night-1", train=False, publish=False)
+    close_store(db)
+    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM outcomes").fetchone()[0] == 140
+    con.close()
