@@ -253,66 +253,89 @@ def _few_shot(prompt: PromptSpec, dataset: DatasetSpec, base: Path, chk: _Checke
     return shots
 
 
-def _template_checks(p: PromptSpec, grader: Grader | None) -> list[tuple[tuple[str | int, ...], str]]:
-    """(location, template) of every template rendered over an item's fields."""
-    out: list[tuple[tuple[str | int, ...], str]] = []
+Check = tuple[tuple[str | int, ...], str, dict[str, Any]]
+
+
+def _template_checks(p: PromptSpec, grader: Grader | None) -> list[Check]:
+    """(location, template, extra variables) of every template rendered over an item's fields."""
+    out: list[Check] = []
     if p.system:
-        out.append((("prompt", "system"), p.system))
+        out.append((("prompt", "system"), p.system, {}))
     if p.template is not None:
-        out.append((("prompt", "template"), p.template))
-    out += [(("prompt", "messages", i, "content"), m.content) for i, m in enumerate(p.messages or [])]
+        out.append((("prompt", "template"), p.template, {}))
+    out += [(("prompt", "messages", i, "content"), m.content, {}) for i, m in enumerate(p.messages or [])]
     out += _grader_templates(grader, ("grader",)) if grader else []
     return out
 
 
-def _grader_templates(g: Grader, loc: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
-    out: list[tuple[tuple[str | int, ...], str]] = []
-    for name in ("target", "prelude"):
+def _grader_templates(g: Grader, loc: tuple[str | int, ...]) -> list[Check]:
+    out: list[Check] = []
+    for name in ("target", "prelude", "rubric"):
         value = getattr(g, name, None)
         values = value if isinstance(value, list) else [value]
-        out += [(loc + (name,), v) for v in values if isinstance(v, str)]
+        extra = {"response": ""} if name == "rubric" else {}
+        out += [(loc + (name,), v, extra) for v in values if isinstance(v, str)]
     for i, child in enumerate(getattr(g, "_children", [])):
         out += _grader_templates(child, loc + ("graders", i))
     return out
 
 
 def _check_templates(
-    prompt: PromptSpec, skip_bad: bool, grader: Grader | None, items: list[Item], shots: list[Item],
-    chk: _Checker,
+    prompt: PromptSpec, skip_bad: bool, grader: Grader | None, items: list[Item], chk: _Checker
 ) -> list[Item]:
     """Render every template over every item; return the items that rendered (bad ones reported)."""
     checks = _template_checks(prompt, grader)
-    for loc, template in checks:
-        syntax = template_error(template)
-        if syntax:
-            chk.add(loc, syntax)
-            return items
+    syntax = [(loc, template_error(t)) for loc, t, _ in checks]
+    for loc, why in syntax:
+        if why:
+            chk.add(loc, why)
+    if any(why for _, why in syntax):
+        return items
     good: list[Item] = []
     bad: dict[tuple[tuple[str | int, ...], str], list[str]] = {}
     for item in items:
-        for loc, template in checks:
+        for loc, template, extra in checks:
             try:
-                render(template, item.fields)
+                render(template, {**item.fields, **extra} if extra else item.fields)
             except Exception as exc:  # jinja raises several types; all mean "does not fit"
                 bad.setdefault((loc, str(exc)), []).append(item.id)
                 break
         else:
             good.append(item)
+    severity: Literal["error", "warning"] = "warning" if skip_bad else "error"
     for (loc, msg), ids in bad.items():
         more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
-        severity: Literal["error", "warning"] = "warning" if skip_bad else "error"
         dropped = "; these items are skipped" if skip_bad else ""
         chk.add(loc, f"{msg} (item {', '.join(map(repr, ids[:3]))}{more}){dropped}", severity)
-    fs = prompt.few_shot
-    if fs is not None:
-        user = fs.template or prompt.template or ""
-        for shot in shots[:1]:
-            for loc, template in ((("prompt", "few_shot", "template"), user), (("prompt", "few_shot", "answer"), fs.answer)):
-                try:
-                    render(template, shot.fields)
-                except Exception as exc:  # as above
-                    chk.add(loc, f"few-shot example {shot.id!r}: {exc}")
     return good if skip_bad else items
+
+
+def _check_few_shot(prompt: PromptSpec, shots: list[Item], chk: _Checker) -> None:
+    fs = prompt.few_shot
+    if fs is None:
+        return
+    user = fs.template or prompt.template or ""
+    for loc, template in ((("prompt", "few_shot", "template"), user), (("prompt", "few_shot", "answer"), fs.answer)):
+        for shot in shots:
+            try:
+                render(template, shot.fields)
+            except Exception as exc:  # as in _check_templates
+                chk.add(loc, f"few-shot example {shot.id!r}: {exc}")
+                break
+
+
+def _without_shots(items: list[Item], shots: list[Item]) -> tuple[list[Item], list[str]]:
+    """Items minus any that is also a few-shot example (its answer would be in its own prompt)."""
+    if not shots:
+        return items, []
+    shown = {json.dumps(s.fields, sort_keys=True, default=str) for s in shots}
+    keep, leaked = [], []
+    for item in items:
+        if json.dumps(item.fields, sort_keys=True, default=str) in shown:
+            leaked.append(item.id)
+        else:
+            keep.append(item)
+    return keep, leaked
 
 
 def _hashable(spec: SuiteSpec) -> dict[str, Any]:
@@ -364,10 +387,12 @@ def _load(path: Path, config: "Config | None") -> tuple[Suite | None, list[Probl
         items, skipped, _ = _items(dataset, path.parent, chk, ("dataset",))
         if prompt is not None:
             shots = _few_shot(prompt, dataset, path.parent, chk)
-            kept = _check_templates(prompt, dataset.skip_bad_rows, grader, items, shots, chk)
+            _check_few_shot(prompt, shots, chk)
+            kept = _check_templates(prompt, dataset.skip_bad_rows, grader, items, chk)
             kept_ids = {i.id for i in kept}
             skipped += [f"item {i.id!r}: a template does not render" for i in items if i.id not in kept_ids]
-            items = kept
+            items, leaked = _without_shots(kept, shots)
+            skipped += [f"item {i!r}: it is a few-shot example" for i in leaked]
     if not chk.errors and spec is not None and grader is not None and not items:
         chk.add(("dataset",), "no item is left after dropping the bad ones")
     problems = sorted(chk.problems, key=lambda p: (str(p.file), p.line or 0))

@@ -111,6 +111,30 @@ prompt:
     assert other.request(other.items[0]) != req and other.version != suite.version
 
 
+def test_few_shot_from_the_same_file_never_shows_an_item_its_own_answer(tmp_path: Path) -> None:
+    data(tmp_path)
+    write(tmp_path, "_base.yaml", BASE)
+    suite = load_suite(write(tmp_path, "s.yaml", """include: _base.yaml
+prompt:
+  few_shot: {dataset: {path: data.jsonl, id_field: id}, n: 3, answer: "{{ answer }}"}
+"""))
+    shot_ids = {s.id for s in suite.few_shot}
+    assert len(shot_ids) == 3 and not shot_ids & {i.id for i in suite.items}
+    assert len(suite.items) == 7 and sorted(suite.skipped) == sorted(
+        f"item {i!r}: it is a few-shot example" for i in shot_ids)
+
+
+def test_few_shot_template_errors_are_reported(tmp_path: Path) -> None:
+    data(tmp_path)
+    write(tmp_path, "_base.yaml", BASE)
+    path = write(tmp_path, "s.yaml", """include: _base.yaml
+prompt:
+  few_shot: {dataset: {path: data.jsonl}, n: 2, answer: "{{ solution }}"}
+""")
+    [p] = problems(path)
+    assert p.field == "prompt.few_shot.answer" and "'solution' is undefined" in p.message
+
+
 def test_per_candidate_generation_overrides(tmp_path: Path) -> None:
     data(tmp_path)
     path = write(tmp_path, "s.yaml", BASE + """
@@ -337,6 +361,9 @@ def test_judge_needs_a_config(tmp_path: Path) -> None:
     [p] = problems(path, config("other"))
     assert "'j' is not in the config" in p.message
     assert load_suite(path, config=config("j")).grader.type == "judge"
+    typo = write(tmp_path, "t.yaml", text.replace('rubric: "{{ response }}"', 'rubric: "{{ response }} {{ refrence }}"'))
+    [p] = problems(typo, config("j"))
+    assert p.field == "grader.rubric" and "'refrence' is undefined" in p.message
 
 
 def test_discover_suites_skips_bases(tmp_path: Path) -> None:
