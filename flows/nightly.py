@@ -60,7 +60,7 @@ def load_suites(cfg: Config, names: list[str] | None) -> tuple[list[Suite], dict
     suites, errors = [], {}
     for path in discover_suites(cfg.suites_dir, names or cfg.suites):
         try:
-            suites.append(load_suite(path))
+            suites.append(load_suite(path, config=cfg))
         except SuiteError as exc:
             errors[path.stem] = str(exc)
     return suites, errors
