@@ -236,7 +236,7 @@ def decode_vs_bandwidth(report: Any, wbytes: int, bw_tbs: float | None,
 
 
 async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prompts: Path,
-                        store: Any, bw_tbs: float | None) -> dict:
+                        store: Any, bw_tbs: float | None, stop_after: float | None = None) -> dict:
     """Serving benchmark of one variant through the local provider, plus its bandwidth ratio."""
     from evals.config import Candidate
     from evals.costmodel import ThroughputPoint, cost_table
@@ -252,8 +252,9 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
     t0 = time.perf_counter()
     try:
         report = await bench_serving(
-            cand, load_prompts(prompts), levels, args.requests, Targets(args.latency_target_s),
-            provider=provider, prompts_label=str(prompts), warmup=2)
+            cand, load_prompts(prompts), levels, requests_per_level(args),
+            Targets(args.latency_target_s), provider=provider, prompts_label=str(prompts),
+            warmup=2, stop_after=stop_after)
         model = provider._model  # the loaded variant, for its byte count and a bare decode loop
         wbytes = weight_bytes_per_token(model)
         raw = raw_decode_tok_s(model, args.device, args.raw_steps) if args.raw_steps else None
@@ -270,6 +271,14 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
                                    for r in cost_table(points, args.gpu_hour_usd, (1.0,))},
         "bandwidth": decode_vs_bandwidth(report, wbytes, bw_tbs, raw),
     }
+
+
+def requests_per_level(args: argparse.Namespace) -> int | dict[int, int]:
+    """--requests for every level, else 2c per level (batch 1: 6 requests, each with
+    max_tokens-1 decode steps, pins TPOT down; more only spends the time budget)."""
+    if args.requests:
+        return args.requests
+    return {c: 6 if c == 1 else max(2 * c, 16) for c in args.concurrency}
 
 
 def _free(device: str) -> None:
@@ -360,7 +369,8 @@ def render_markdown(res: dict) -> str:
             lines += [f"failed: `{v['error']}`", ""]
             continue
         bw = v["bandwidth"]
-        lines += ["", v["table_md"], "",
+        skipped = v["serving"].get("skipped_levels")
+        lines += ["", v["table_md"], "", *([f"- levels skipped (time budget): {skipped}"] if skipped else []),
                   f"- weight bytes read per decode step: {bw['weight_bytes_per_token'] / 1e6:.1f} MB; "
                   f"bandwidth {bw['bandwidth_tbs']} TB/s -> limit {_num(bw['limit_tok_s'])} tok/s",
                   f"- batch-1 decode through the provider: {_num(bw['provider_batch1_tok_s'])} tok/s "
@@ -397,7 +407,7 @@ def environment(device: str) -> dict:
     env = {"device": device, "device_name": gpu_name(device), "torch": torch.__version__,
            "transformers": transformers.__version__, "cuda": torch.version.cuda}
     if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(torch.device(device).index or 0)
         env.update(capability=f"{props.major}.{props.minor}",
                    memory_gib=round(props.total_memory / 2**30, 1))
     return env
@@ -421,7 +431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--request-timeout-s", type=float, default=300.0)
     ap.add_argument("--pipeline-items", type=int, default=None, help="gpu-smoke items (60; tiny 6)")
     ap.add_argument("--skip-pipeline", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting steps after this")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from evals.serving import parse_levels
@@ -465,17 +475,22 @@ def main(argv: list[str] | None = None) -> dict:
     run_variants(args, out, Path(ckpt["path"]), prompts, bw, clock, res)
     if args.skip_pipeline:
         res["skipped"].append("pipeline (--skip-pipeline)")
-    elif clock.left() < 30:
+    elif clock.left() < 60:
         res["skipped"].append("pipeline (time budget)")
     else:
         cfg = write_pipeline_config(out, Path(ckpt["path"]), args, args.pipeline_items)
         print("  pipeline: routeopt run ...", flush=True)
         res["pipeline"] = run_pipeline(cfg, out, clock.left())
+    write_results(out, res, clock)
+    print(render_markdown(res), flush=True)
+    return res
+
+
+def write_results(out: Path, res: dict, clock: Clock) -> None:
+    """Write the figures so far (after every step: a killed run still leaves what it measured)."""
     res["wall_s"] = clock.elapsed
     _atomic_write(out / "gpu_check.json", json.dumps(res, indent=2, sort_keys=True, default=str))
     _atomic_write(out / "gpu_check.md", render_markdown(res))
-    print(render_markdown(res), flush=True)
-    return res
 
 
 def run_variants(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path,
@@ -483,17 +498,23 @@ def run_variants(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path,
     """Benchmark each variant in turn (a failing variant is recorded, the others still run)."""
     from evals.store import Store
 
+    estimate = 60.0
     with Store(out / "serving.duckdb") as store:
         for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-            if clock.left() < 60:
+            if clock.left() < estimate:
                 res["skipped"].append(f"variant {variant} (time budget)")
                 continue
             print(f"  serving {variant} at {args.concurrency} ...", flush=True)
+            t0 = time.perf_counter()
+            stop_after = t0 + clock.left() - 45.0
             try:
-                res["variants"].append(asyncio.run(bench_variant(ckpt, variant, args, prompts, store, bw)))
+                res["variants"].append(asyncio.run(
+                    bench_variant(ckpt, variant, args, prompts, store, bw, stop_after)))
             except Exception as exc:  # e.g. fp8 on a GPU without fp8: recorded, not fatal
                 res["variants"].append({"candidate": f"{args.name}-{variant}", "variant": variant,
                                         "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            estimate = max(estimate, 1.3 * (time.perf_counter() - t0))
+            write_results(out, res, clock)
             _free(args.device)
 
 

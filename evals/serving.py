@@ -21,7 +21,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -101,6 +101,7 @@ class ServingReport:
     prompts: str
     targets: Targets
     levels: list[LevelResult]
+    skipped_levels: list[int] = field(default_factory=list)
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
@@ -282,18 +283,21 @@ async def bench_serving(
     candidate: "Candidate",
     requests: Sequence[Request],
     levels: Sequence[int],
-    n_requests: int | None = None,
+    n_requests: int | Mapping[int, int] | None = None,
     targets: Targets = Targets(),
     *,
     provider: Provider | None = None,
     prompts_label: str = "",
     warmup: int = 1,
     on_level: Any = None,
+    stop_after: float | None = None,
 ) -> ServingReport:
-    """Benchmark one candidate at each concurrency level (N defaults to max(2c, 16) requests).
+    """Benchmark one candidate at each concurrency level (N defaults to max(2c, 16) requests;
+    a mapping gives N per level).
 
     A level never sends fewer requests than its concurrency, or it could not fill its slots.
     `warmup` requests run first and are not measured (the local provider loads its model then).
+    No level starts after `stop_after` (a `time.perf_counter()` value); skipped ones are listed.
     """
     own = provider is None
     if provider is None:
@@ -301,12 +305,16 @@ async def bench_serving(
 
         provider = make_provider(candidate)
     levels_out: list[LevelResult] = []
+    skipped: list[int] = []
     try:
         for i in range(warmup):
             await _timed_call(provider, requests[i % len(requests)], time.perf_counter(),
                               candidate.timeout_s * 10)
         for c in levels:
-            n = max(c, n_requests if n_requests is not None else max(2 * c, 16))
+            if stop_after is not None and time.perf_counter() > stop_after:
+                skipped.append(c)
+                continue
+            n = max(c, _requests_for(n_requests, c))
             records, wall, peak = await run_level(provider, requests, c, n, candidate.timeout_s)
             levels_out.append(summarize(c, records, wall, peak, targets))
             if on_level is not None:
@@ -317,8 +325,14 @@ async def bench_serving(
     return ServingReport(
         bench_id=f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
         candidate=candidate.name, spec=candidate.public_dict(), prompts=prompts_label,
-        targets=targets, levels=levels_out,
+        targets=targets, levels=levels_out, skipped_levels=skipped,
     )
+
+
+def _requests_for(n_requests: int | Mapping[int, int] | None, c: int) -> int:
+    if isinstance(n_requests, Mapping):
+        return n_requests.get(c, max(2 * c, 16))
+    return n_requests if n_requests is not None else max(2 * c, 16)
 
 
 SCHEMA = f"""
@@ -437,4 +451,5 @@ def report_json(report: ServingReport) -> dict[str, Any]:
         "bench_id": report.bench_id, "candidate": report.candidate, "prompts": report.prompts,
         "targets": asdict(report.targets), "created_at": report.created_at.isoformat(),
         "levels": [{k: v for k, v in asdict(lv).items() if k != "records"} for lv in report.levels],
+        "skipped_levels": report.skipped_levels,
     }
