@@ -1,13 +1,14 @@
 """Run a model's program against unit tests in a separate, limited process: the `code` grader.
 
-Isolation, from the outside in: a new session (so the whole process group can be killed), a new
-network namespace with only a downed loopback (`unshare -n`), a new PID namespace whose init is
-the harness (`--fork --pid --kill-child`: when it dies, every process it forked dies with it),
-rlimits on memory, CPU seconds, file size, open files and processes, and, when started as root,
-`setpriv` to `nobody` before the interpreter starts, so RLIMIT_NPROC caps fork bombs and the
-model's code cannot write the repository. A wall-clock timeout kills the process group. An item that hangs or forks is killed, never the run.
-Where `unshare` cannot isolate the network the grader says why instead of running unisolated,
-unless the suite sets `network: allow`.
+Isolation, from the outside in: a new session (so the whole process group can be killed); rlimits
+on memory, CPU seconds, file size, open files and processes, set by `prlimit` so that no Python
+runs between fork and exec in a threaded runner; a new network namespace with only a downed
+loopback (`unshare --net`); a new PID namespace (`--pid --fork --kill-child`: when the sandbox
+dies, every process it forked dies with it); and, when started as root, `setpriv` to `nobody`
+before the interpreter starts, so RLIMIT_NPROC caps fork bombs and the program cannot write the
+repository. A wall-clock timeout kills the process group. An item that hangs or forks is killed,
+never the run. Where the network cannot be isolated the grader says why instead of running
+unisolated, unless the suite sets `network: allow`.
 """
 
 from __future__ import annotations
@@ -136,15 +137,32 @@ def isolation(network: bool = False) -> Isolation | str:
     return "no way to start an isolated interpreter: " + "; ".join(reasons[:4])
 
 
+_FSIZE = 16 * 1024 * 1024
+
+
+def _limit_values(memory_mb: int, cpu_s: int, max_procs: int) -> dict[int, int]:
+    return {
+        resource.RLIMIT_NPROC: max_procs, resource.RLIMIT_AS: memory_mb * 1024 * 1024,
+        resource.RLIMIT_CPU: cpu_s, resource.RLIMIT_FSIZE: _FSIZE, resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_NOFILE: 256,
+    }
+
+
 def _limits(memory_mb: int, cpu_s: int, max_procs: int) -> None:
-    """preexec_fn: rlimits inherited by everything the sandbox starts (NPROC binds non-root)."""
-    mem = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    """preexec_fn fallback where `prlimit` is missing (preexec_fn is unsafe with threads)."""
+    for which, value in _limit_values(memory_mb, cpu_s, max_procs).items():
+        resource.setrlimit(which, (value, value))
+
+
+def _prlimit(memory_mb: int, cpu_s: int, max_procs: int) -> list[str] | None:
+    """`prlimit` sets the rlimits then execs the sandbox: no Python runs between fork and exec."""
+    if shutil.which("prlimit") is None:
+        return None
+    v = _limit_values(memory_mb, cpu_s, max_procs)
+    return [
+        "prlimit", f"--nproc={v[resource.RLIMIT_NPROC]}", f"--as={v[resource.RLIMIT_AS]}",
+        f"--cpu={cpu_s}", f"--fsize={_FSIZE}", "--core=0", f"--nofile={v[resource.RLIMIT_NOFILE]}", "--",
+    ]
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -205,12 +223,14 @@ def _run(
     max_procs: int,
 ) -> RunResult:
     out_path, err_path = tmp / "stdout", tmp / "stderr"
+    cpu_s = math.ceil(timeout_s) + 1
+    limit = _prlimit(memory_mb, cpu_s, max_procs)
+    preexec = None if limit else functools.partial(_limits, memory_mb, cpu_s, max_procs)
     started = time.monotonic()
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True,
-            preexec_fn=functools.partial(_limits, memory_mb, math.ceil(timeout_s) + 1, max_procs),
+            (limit or []) + cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, preexec_fn=preexec,
         )
         timed_out = False
         try:

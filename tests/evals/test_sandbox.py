@@ -94,9 +94,16 @@ async def test_fork_bomb_is_contained() -> None:
 
 
 @needs_isolation
-async def test_memory_limit() -> None:
+@pytest.mark.parametrize("via", ["prlimit", "preexec_fn"])
+async def test_memory_limit(via: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if via == "preexec_fn":
+        monkeypatch.setattr(sandbox, "_prlimit", lambda *a: None)
+    elif sandbox._prlimit(256, 2, 64) is None:
+        pytest.skip("prlimit is not installed")
     g = await grader(memory_mb=256).grade("x = bytearray(1024 ** 3)\ndef add(a, b):\n    return a + b", ITEM)
     assert not g.passed and "MemoryError" in g.reason
+    ok = await grader(memory_mb=256).grade("x = bytearray(64 * 1024 ** 2)\ndef add(a, b):\n    return a + b", ITEM)
+    assert ok.passed, ok.reason
 
 
 @needs_isolation
