@@ -116,6 +116,11 @@ def register_grader(name: str) -> Callable[[type[Grader]], type[Grader]]:
     return deco
 
 
+def pydantic_message(error: Any) -> str:
+    """A pydantic error's message without its "Value error, " prefix."""
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 class GraderSpecError(ValueError):
     """A grader spec with problems; `problems` holds (location inside the spec, message)."""
 
@@ -137,7 +142,7 @@ def _build(spec: Any, context: GraderContext, loc: Loc, problems: list[tuple[Loc
     try:
         grader = cls.model_validate(spec)
     except ValidationError as err:
-        problems.extend((loc + tuple(e["loc"]), e["msg"]) for e in err.errors())
+        problems.extend((loc + tuple(e["loc"]), pydantic_message(e)) for e in err.errors())
         return None
     if isinstance(grader, Combinator):
         children = [_build(c, context, loc + ("graders", i), problems) for i, c in enumerate(grader.graders)]

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evals.datasets import DatasetError, DatasetSpec, content_digest, load_rows
-from evals.graders import Grader, GraderContext, GraderSpecError, build_grader, render, template_error
+from evals.graders import (
+    Grader, GraderContext, GraderSpecError, build_grader, pydantic_message, render, template_error,
+)
 from evals.providers.base import GenerationSettings, Message, Request
 from evals.suite_files import Problem, Provenance, SuiteError, resolve_includes
 
@@ -199,7 +201,7 @@ def _spec(raw: dict[str, Any], chk: _Checker) -> SuiteSpec | None:
         return SuiteSpec.model_validate(raw)
     except ValidationError as err:
         for e in err.errors():
-            chk.add(tuple(e["loc"]), e["msg"])
+            chk.add(tuple(e["loc"]), pydantic_message(e))
     return None
 
 
@@ -224,7 +226,7 @@ def _generations(spec: SuiteSpec, config: "Config | None", chk: _Checker) -> dic
             out[name] = GenerationSpec.model_validate(merged)
         except ValidationError as err:
             for e in err.errors():
-                chk.add(("overrides", name, "generation") + tuple(e["loc"]), e["msg"])
+                chk.add(("overrides", name, "generation") + tuple(e["loc"]), pydantic_message(e))
     return out
 
 
