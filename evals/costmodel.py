@@ -185,6 +185,15 @@ def request_cost_usd(candidate: "Candidate", output_tokens: int,
     return None if rate is None else rate * output_tokens / 1e6
 
 
+def stored_usd_per_mtok(store: "Store", candidate: "Candidate") -> float | None:
+    """Self-hosted $/Mtok at the configured utilisation, from the candidate's latest stored
+    serving benchmark; None for API candidates or when none was run."""
+    if candidate.gpu_hour_usd is None:
+        return None
+    points = load_curve(store, candidate.name)
+    return configured_usd_per_mtok(candidate, points) if points else None
+
+
 def load_curve(store: "Store", candidate: str, bench_id: str | None = None) -> list[ThroughputPoint]:
     """The throughput curve of a candidate's latest (or named) serving benchmark in the store."""
     from evals.serving import SERVING_TABLE
@@ -231,6 +240,7 @@ class SelfHostedSummary:
     input_per_output: float | None
     configured_usd_per_mtok: float | None
     table: list[CostRow]
+    good_fraction: dict[int, float | None]
 
 
 @dataclass(frozen=True)
@@ -268,7 +278,8 @@ def compare(
         cap = capacity_tok_s(points, min_good)
         summaries.append(SelfHostedSummary(
             c.name, c.gpu_hour_usd, c.utilization, cap, ratio,
-            configured_usd_per_mtok(c, points), cost_table(points, c.gpu_hour_usd, utilizations)))
+            configured_usd_per_mtok(c, points), cost_table(points, c.gpu_hour_usd, utilizations),
+            {p.concurrency: p.good_fraction for p in points}))
         for a in apis:
             price = api_usd_per_mtok(a, ratio or 0.0)
             verdicts.append(PairVerdict(c.name, a.name, price, usd_per_mtok(c.gpu_hour_usd, cap),

@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import sys
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,14 @@ def _make_provider(candidate: Any, max_batch: int | None) -> Any:
     return make_provider(candidate)
 
 
-def _print_levels(report: Any) -> None:
+def _console() -> Any:
+    """Rich console; wide when piped, so the tables are not cut to 80 columns."""
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _print_levels(report: Any) -> None:
     from rich.table import Table
 
     from evals.serving import TABLE_COLUMNS, table_cells
@@ -77,7 +84,7 @@ def _print_levels(report: Any) -> None:
         table.add_column(col, justify="right")
     for lv in report.levels:
         table.add_row(*table_cells(lv))
-    Console().print(table)
+    _console().print(table)
 
 
 @click.command("serving")
@@ -179,8 +186,6 @@ def compare(config_path: Path | None, db_path: str | None, utils: str,
             input_per_output: float | None, min_good: float) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
     and the daily output-token volume above which self-hosting is cheaper."""
-    from rich.console import Console
-
     from evals.costmodel import compare as compare_costs
     from evals.costmodel import load_curve
     from evals.store import Store
@@ -200,7 +205,7 @@ def compare(config_path: Path | None, db_path: str | None, utils: str,
             f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
     summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
                                         min_good)
-    _print_comparison(Console(), summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+    _print_comparison(_console(), summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
 
 
 def _usd(x: float) -> str:
@@ -208,44 +213,64 @@ def _usd(x: float) -> str:
 
 
 def _print_comparison(console: Any, summaries: list, verdicts: list, apis: list) -> None:
+    for s in summaries:
+        _print_selfhosted(console, s)
+    if apis:
+        ratio = next((s.input_per_output for s in summaries if s.input_per_output), 0.0) or 0.0
+        _print_api(console, apis, ratio)
+    if verdicts:
+        _print_verdicts(console, verdicts)
+
+
+def _print_selfhosted(console: Any, s: Any) -> None:
+    from rich.table import Table
+
+    utils = sorted({r.utilization for r in s.table})
+    t = Table(title=f"{s.candidate}: $/Mtok output at ${s.gpu_hour_usd:g}/GPU-hour")
+    for col in ("concurrency", "out tok/s", "met targets", *(f"util {u:g}" for u in utils)):
+        t.add_column(col, justify="right")
+    for conc in sorted({r.concurrency for r in s.table}):
+        rows = {r.utilization: r for r in s.table if r.concurrency == conc}
+        good = s.good_fraction.get(conc)
+        t.add_row(str(conc), f"{rows[utils[0]].output_tok_s:.1f}",
+                  "-" if good is None else f"{good:.0%}",
+                  *(_usd(rows[u].usd_per_mtok) for u in utils))
+    console.print(t)
+    conf = "-" if s.configured_usd_per_mtok is None else _usd(s.configured_usd_per_mtok)
+    console.print(f"  capacity {s.capacity_tok_s:.1f} out tok/s (levels meeting the targets); at "
+                  f"the configured utilisation {s.utilization:g} and concurrency: ${conf}/Mtok")
+
+
+def _print_api(console: Any, apis: list, ratio: float) -> None:
     from rich.table import Table
 
     from evals.costmodel import api_usd_per_mtok
 
-    for s in summaries:
-        utils = sorted({r.utilization for r in s.table})
-        t = Table(title=f"{s.candidate}: $/Mtok output at ${s.gpu_hour_usd:g}/GPU-hour")
-        t.add_column("concurrency", justify="right")
-        t.add_column("out tok/s", justify="right")
-        for u in utils:
-            t.add_column(f"util {u:g}", justify="right")
-        for conc in sorted({r.concurrency for r in s.table}):
-            rows = {r.utilization: r for r in s.table if r.concurrency == conc}
-            first = next(iter(rows.values()))
-            t.add_row(str(conc), f"{first.output_tok_s:.1f}", *(_usd(rows[u].usd_per_mtok) for u in utils))
-        console.print(t)
-        conf = "-" if s.configured_usd_per_mtok is None else _usd(s.configured_usd_per_mtok)
-        console.print(f"  capacity {s.capacity_tok_s:.1f} out tok/s; at the configured utilisation "
-                      f"{s.utilization:g}: ${conf}/Mtok")
-    if apis:
-        t = Table(title="API list prices ($/Mtok)")
-        for col in ("candidate", "input", "cached input", "output", "output incl. input"):
-            t.add_column(col, justify="right")
-        ratio = next((s.input_per_output for s in summaries if s.input_per_output), 0.0) or 0.0
-        for a in apis:
-            cached = a.cached_input_price_per_mtok
-            t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0), "-" if cached is None else _usd(cached),
-                      _usd(a.output_price_per_mtok or 0.0), _usd(api_usd_per_mtok(a, ratio)))
-        console.print(t)
-        console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token "
-                      "(the benchmark prompts' ratio)")
-    if verdicts:
-        t = Table(title="Break-even: daily output tokens above which self-hosting is cheaper")
-        for col in ("self-hosted", "vs API", "API $/Mtok", "self $/Mtok @100%", "first", "always"):
-            t.add_column(col, justify="right")
-        for v in verdicts:
-            be = v.break_even
-            t.add_row(v.self_hosted, v.api, _usd(v.api_usd_per_mtok), _usd(v.self_usd_per_mtok_full_load),
-                      "never" if be is None else f"{be.first_tok_per_day:,.0f}",
-                      "never" if be is None else f"{be.always_tok_per_day:,.0f}")
-        console.print(t)
+    t = Table(title="API list prices ($/Mtok)")
+    for col in ("candidate", "input", "cached input", "output", "output incl. input"):
+        t.add_column(col, justify="right")
+    for a in apis:
+        cached = a.cached_input_price_per_mtok
+        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0),
+                  "-" if cached is None else _usd(cached), _usd(a.output_price_per_mtok or 0.0),
+                  _usd(api_usd_per_mtok(a, ratio)))
+    console.print(t)
+    console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token "
+                  "(the benchmark prompts' ratio, or --input-per-output)")
+
+
+def _print_verdicts(console: Any, verdicts: list) -> None:
+    from rich.table import Table
+
+    t = Table(title="Break-even: daily output tokens above which self-hosting is cheaper")
+    for col in ("self-hosted", "vs API", "API $/Mtok", "self $/Mtok @100%", "first", "always"):
+        t.add_column(col, justify="right")
+    for v in verdicts:
+        be = v.break_even
+        t.add_row(v.self_hosted, v.api, _usd(v.api_usd_per_mtok),
+                  _usd(v.self_usd_per_mtok_full_load),
+                  "never" if be is None else f"{be.first_tok_per_day:,.0f}",
+                  "never" if be is None else f"{be.always_tok_per_day:,.0f}")
+    console.print(t)
+    console.print("  first: one GPU 24/7 becomes cheaper; always: cheaper at every larger volume "
+                  "(each added GPU is a step of fixed cost)")

@@ -146,3 +146,8 @@ def test_load_curve_reads_the_latest_benchmark(tmp_path):
         assert curve[0].mean_input_tokens == 10.0
         old = cm.load_curve(store, "gpu-a", bench_id="b10")
         assert [p.output_tok_s for p in old] == [10.0, 40.0]
+        # max_concurrency 8 is past the curve's end: 80 tok/s at 50% busy, $3.60/h
+        c = gpu(utilization=0.5)
+        assert cm.stored_usd_per_mtok(store, c) == pytest.approx(0.001 / 40 * 1e6)
+        assert cm.stored_usd_per_mtok(store, gpu(name="never-benched")) is None
+        assert cm.stored_usd_per_mtok(store, api()) is None
