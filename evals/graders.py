@@ -96,6 +96,9 @@ class Grader(BaseModel):
         """Anything beyond the YAML that changes grades (custom code, the judge model)."""
         return ""
 
+    async def aclose(self) -> None:
+        """Release clients opened on the running event loop (the judge's provider)."""
+
     def expected(self, item: dict[str, Any]) -> str:
         target = getattr(self, "target", None)
         if target is None:
@@ -167,8 +170,16 @@ Normalization = Literal["strip", "lower", "collapse_whitespace", "strip_punctuat
 _PUNCT = re.compile(r"[^\w\s]", re.UNICODE)
 
 
+_ORDER: tuple[Normalization, ...] = ("nfkc", "lower", "strip_punctuation", "collapse_whitespace", "strip")
+
+
 def normalize(text: str, steps: list[Normalization]) -> str:
-    for step in steps:
+    """Apply the chosen steps in one fixed order (listing order does not matter), so that
+    normalising twice changes nothing: ["strip", "strip_punctuation"] on "! a" gives "a"."""
+    chosen = set(steps)
+    for step in _ORDER:
+        if step not in chosen:
+            continue
         if step == "strip":
             text = text.strip()
         elif step == "lower":
@@ -524,6 +535,10 @@ class Combinator(Grader):
 
     def fingerprint(self) -> str:
         return "|".join(c.fingerprint() for c in self._children)
+
+    async def aclose(self) -> None:
+        for child in self._children:
+            await child.aclose()
 
     async def _grades(self, response: str, item: dict[str, Any]) -> list[Grade]:
         return list(await asyncio.gather(*(c.grade(response, item) for c in self._children)))

@@ -93,6 +93,11 @@ class Judge(Grader):
             provider = self._providers[loop] = make_provider(self._candidate)
         return provider
 
+    async def aclose(self) -> None:
+        provider = self._providers.pop(asyncio.get_running_loop(), None)
+        if provider is not None:
+            await provider.aclose()
+
     def request(self, response: str, item: dict[str, Any]) -> Request:
         prompt = render(self.rubric, {**item, "response": response})
         if self.append_format:

@@ -131,8 +131,33 @@ async def test_judge_request_carries_the_rubric_and_a_bad_reply_is_a_grader_erro
         assert sent["messages"][0]["role"] == "system" and sent.get("temperature") == 0.0
         user = sent["messages"][1]["content"]
         assert item.fields["document"] in user and "SCORE: <number from 0 to 10>" in user
+        assert len(suite.grader._providers) == 1
+        await suite.grader.aclose()
+        assert len(suite.grader._providers) == 0
         server.answer_fn = lambda prompt: "I refuse to grade." if "Summary to grade:" in prompt else "x"
         rows: list[Outcome] = []
         stats = await evaluate_pair(suite, cfg.candidate("small-model"), "run-j", rows.extend)
         assert stats.errors == len(suite.items)
         assert all(r.error_kind == "grader_error" and "no score" in r.error for r in rows)
+
+
+async def test_a_grader_that_raises_costs_only_its_item(tmp_path: Path) -> None:
+    (tmp_path / "g.py").write_text(
+        "def picky(response, item):\n"
+        "    if item['id'] == 'q00002':\n        raise RuntimeError('grader bug on this item')\n"
+        "    return response.strip() == str(item['answer'])\n"
+    )
+    from tests.fake_llm import write_arithmetic_suite
+
+    path = write_arithmetic_suite(tmp_path, 5)
+    spec = json.loads(path.read_text())
+    spec["grader"] = {"type": "custom", "function": "g.py:picky"}
+    path.write_text(json.dumps(spec))
+    with FakeLLM() as server:
+        cfg = fleet(server)
+        rows: list[Outcome] = []
+        stats = await evaluate_pair(load_suite(path, config=cfg), cfg.candidate("small-model"), "r", rows.extend)
+    by_id = {r.item_id: r for r in rows}
+    assert stats.errors == 1 and by_id["q00002"].error_kind == "grader_error"
+    assert "RuntimeError: grader bug on this item" in by_id["q00002"].error
+    assert all(r.passed for i, r in by_id.items() if i != "q00002")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from evals.graders import (
     GRADERS,
@@ -280,3 +280,25 @@ def test_grade_rejects_out_of_range_scores() -> None:
         with pytest.raises(ValueError):
             Grade(bad, False)
     assert json.dumps(Grade(1.0, True).__dict__)
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, width=64))
+def test_numeric_reads_back_any_printed_float(x: float) -> None:
+    import asyncio
+
+    g = build_grader({"type": "numeric", "target": "{{ t }}", "rel_tol": 1e-12})
+    assert asyncio.run(g.grade(f"Working... the answer is {x!r}.", {"t": repr(x)})).passed
+
+
+@example("! a", ["strip", "strip_punctuation"])
+@given(st.text(max_size=40), st.lists(st.sampled_from(
+    ["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]), max_size=5))
+def test_normalisation_is_idempotent_so_exact_match_is_reflexive(text: str, steps: list) -> None:
+    import asyncio
+
+    from evals.graders import normalize
+
+    once = normalize(text, steps)
+    assert normalize(once, steps) == once
+    g = build_grader({"type": "exact_match", "target": "{{ t }}", "normalize": steps})
+    assert asyncio.run(g.grade(text, {"t": text})).passed
