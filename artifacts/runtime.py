@@ -186,6 +186,11 @@ class Router:
                 self._swaps += 1
                 log.info("policy version %d now serving", self._active.version)
                 self._emit("swapped", f"version {self._active.version}")
+            elif self._active.manifest.expired(datetime.now(timezone.utc)):
+                message = (f"serving version {self._active.version}, which expired at "
+                           f"{self._active.manifest.raw.get('expires_at')}; no newer valid policy")
+                log.warning(message)
+                self._emit("expired", message)
             return swapped
 
     def _emit(self, kind: str, message: str) -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from artifacts.backends import LocalBackend, RegistryError
 from artifacts.manifest import canonical_json, pretty_json, sha256_hex
 from artifacts.registry import current_pointer, publish
-from artifacts.runtime import PolicyLoadError, load
+from artifacts.runtime import PolicyLoadError, Router, load
 from artifacts.server import serve_in_thread
 from artifacts.signing import load_private_key, sign
 from tests.artifacts.policies import PROMPTS
@@ -179,3 +181,41 @@ def test_unsigned_registry_is_refused_when_a_key_is_given(policies, registry, ke
     with pytest.raises(PolicyLoadError, match="unsigned"):
         load(registry, keypair[1])
     assert load(registry, None).version == 1  # allowed only without a trusted key
+
+
+class _FlakyBackend(LocalBackend):
+    """A registry whose version files become unreachable after the channel was read."""
+
+    down = False
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        if self.down and key.startswith("versions/"):
+            raise RegistryError(f"{self.location}: {key}: connection reset")
+        return super().get(key)
+
+
+def test_registry_fails_between_pointer_and_files(policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[0])
+    backend = _FlakyBackend(registry)
+    events: list[tuple[str, str]] = []
+    router = Router(backend, channel="latest", public_key=keypair[1],
+                    on_event=lambda k, m: events.append((k, m)))
+    router.events = events
+    publish_to(policies[1])
+    backend.down = True
+    _refused(router, r"connection reset")
+    assert events[-1][0] == "unreachable"
+    backend.down = False
+    assert router.refresh() is True and router.version == 2  # the same pointer is retried
+
+
+def test_serving_an_expired_policy_is_reported(policies, publish_to, registry, keypair) -> None:
+    publish_to(policies[0], expires_in=timedelta(seconds=1))
+    events: list[tuple[str, str]] = []
+    router = load(registry, keypair[1], on_event=lambda k, m: events.append((k, m)))
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=3)
+    while not router.status().expired and datetime.now(timezone.utc) < deadline:
+        time.sleep(0.05)
+    assert router.refresh() is False and router.status().expired
+    assert events[-1][0] == "expired" and "version 1, which expired" in events[-1][1]
+    assert router.route(*PROMPTS[0]).policy_version == 1  # still serving: availability first
