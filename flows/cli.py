@@ -13,6 +13,7 @@ import click
 COMMANDS: list[str] = [
     "flows.commands.ops:export_group",
     "flows.commands.ops:drift_cmd",
+    "flows.commands.ops:report_cmd",
     "flows.commands.gpu:bench",
     "flows.commands.gpu:cost",
     "flows.commands.pipeline:run",

@@ -117,3 +117,36 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
         click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
     if fail_on_regression and report.regressions:
         sys.exit(3)
+
+
+@click.command("report")
+@CONFIG_OPTION
+@DB_OPTION
+@click.argument("run_id", required=False)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="Where to write the HTML file.")
+@click.option("--trend-runs", default=14, show_default=True, type=click.IntRange(1, 365),
+              help="How many runs the trend charts cover.")
+@click.option("--no-drift", is_flag=True, help="Leave out the drift comparison.")
+def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None, out_path: Path,
+               trend_runs: int, no_drift: bool) -> None:
+    """Write a self-contained HTML dashboard of a run (default: the latest).
+
+    Per candidate quality, cost per passing answer, tokens, TTFT and latency percentiles; the
+    router's cost-quality trade-off beside single models (from the published policy trained on
+    the run, when there is one); per-suite tables; trends; drift alerts. Opens offline.
+    """
+    from flows.drift import detect_drift
+    from flows.report import build_report
+
+    cfg = _config(config_path) if (db_path is None or config_path is not None) else None
+    registry = cfg.registry_dir if cfg is not None else None
+    with _open_store(config_path, db_path) as store:
+        run_id = run_id or latest_run(store)
+        try:
+            drift = None if no_drift else detect_drift(store, run_id, cfg.alerts if cfg else None)
+            path = build_report(store, run_id, out_path, drift=drift, registry=registry,
+                                trend_runs=trend_runs)
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0])) from None
+    click.echo(f"report of run {run_id}: {path}")

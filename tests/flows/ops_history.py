@@ -68,6 +68,13 @@ def _outcomes(run_id: str, rng: np.random.Generator, n: int, when: datetime, reg
     return rows
 
 
+def _items(suite: str, n: int) -> list[tuple[str, str, dict]]:
+    """Prompts whose length varies with the item, so a router has a feature to look at."""
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    return [(f"{i:03d}", f"[{suite}] question {i}: " + " ".join(words[: 1 + i % 8]) * (1 + i % 3), {})
+            for i in range(n)]
+
+
 def _bulk_insert(store: Store, rows: list[Outcome]) -> None:
     """Insert from a DataFrame: `Store.write_outcomes` (executemany) takes ~10 ms a row."""
     frame = pd.DataFrame([asdict(r) for r in rows], columns=list(OUTCOME_COLUMNS))
@@ -97,6 +104,9 @@ def make_history(
                     spec["output_price_per_mtok"] *= f
                 cands.append(spec)
             store.begin_run(run_id, source="nightly", candidates=cands)
+            if k == 0:
+                for suite in SUITES:
+                    store.register_suite(suite, "v1", {"name": suite}, _items(suite, items))
             when = start + timedelta(days=k)
             store._write("UPDATE runs SET started_at = ? WHERE run_id = ?", [(when, run_id)])
             _bulk_insert(store, _outcomes(run_id, rng, items, when, reg))

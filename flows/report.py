@@ -1,0 +1,367 @@
+"""The run dashboard: one self-contained HTML file (inline CSS, JS and SVG; no CDN, no network).
+
+It shows, for one run: per candidate quality, cost per passing answer, tokens, TTFT and latency
+percentiles; the router's cost-quality trade-off beside single-model baselines (from the
+published policy's metrics when there is one); per-suite tables; trends over the last nightly
+runs; and drift alerts. `publish_prefect_artifacts` puts the key tables into the Prefect UI.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evals.store import Store
+from flows.charts import Axis, Series, chart
+from flows.drift import DriftReport
+
+LIVE = "error_kind IS NULL AND NOT coalesce(cached, FALSE)"
+STATS_SQL = f"""
+SELECT {{keys}},
+  count(*) AS items,
+  count(*) FILTER (WHERE error_kind IS NULL AND passed IS NOT NULL) AS graded,
+  count(*) FILTER (WHERE error_kind IS NULL AND passed) AS passed,
+  count(*) FILTER (WHERE error_kind IS NOT NULL AND error_kind <> 'budget') AS errors,
+  count(*) FILTER (WHERE error_kind = 'budget') AS budget_skipped,
+  count(*) FILTER (WHERE cached) AS cached,
+  sum(cost_usd) AS cost_usd,
+  sum(input_tokens) AS input_tokens,
+  sum(output_tokens) AS output_tokens,
+  quantile_cont(ttft_s, 0.5) FILTER (WHERE {LIVE}) AS ttft_p50,
+  quantile_cont(ttft_s, 0.95) FILTER (WHERE {LIVE}) AS ttft_p95,
+  quantile_cont(ttft_s, 0.99) FILTER (WHERE {LIVE}) AS ttft_p99,
+  quantile_cont(latency_s, 0.5) FILTER (WHERE {LIVE}) AS latency_p50,
+  quantile_cont(latency_s, 0.95) FILTER (WHERE {LIVE}) AS latency_p95,
+  quantile_cont(latency_s, 0.99) FILTER (WHERE {LIVE}) AS latency_p99
+FROM outcomes WHERE run_id = ? {{extra}}
+GROUP BY {{keys}} ORDER BY {{keys}}
+"""
+TREND_SQL = f"""
+WITH recent AS (
+  SELECT run_id, started_at FROM runs
+  WHERE started_at <= (SELECT started_at FROM runs WHERE run_id = ?)
+  ORDER BY started_at DESC LIMIT ?
+)
+SELECT o.run_id, r.started_at, o.candidate,
+  count(*) FILTER (WHERE o.error_kind IS NULL AND o.passed IS NOT NULL) AS graded,
+  count(*) FILTER (WHERE o.error_kind IS NULL AND o.passed) AS passed,
+  sum(o.cost_usd) AS cost_usd,
+  quantile_cont(o.latency_s, 0.95) FILTER (WHERE {LIVE.replace('error_kind', 'o.error_kind').replace('cached', 'o.cached')}) AS latency_p95
+FROM outcomes o JOIN recent r USING (run_id)
+GROUP BY ALL ORDER BY r.started_at, o.candidate
+"""
+
+
+@dataclass
+class ReportData:
+    """Everything the page shows, gathered once (tests and Prefect artifacts reuse it)."""
+
+    run: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    suites: dict[str, list[dict[str, Any]]]
+    trend: pd.DataFrame
+    drift: DriftReport | None = None
+    metrics: dict[str, Any] | None = None
+    policy_version: int | None = None
+    generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _with_rates(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    frame = frame.copy()
+    frame["pass_rate"] = frame.passed / frame.graded.where(frame.graded > 0)
+    frame["cost_per_pass"] = frame.cost_usd / frame.passed.where(frame.passed > 0)
+    frame["cost_per_item"] = frame.cost_usd / (frame["items"] - frame.budget_skipped).where(frame["items"] > 0)
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _clean(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    if hasattr(v, "item"):
+        v = v.item()
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return v
+
+
+def candidate_stats(store: Store, run_id: str, suite: str | None = None) -> list[dict[str, Any]]:
+    """Per candidate: counts, pass rate, cost (total, per item, per pass), tokens, TTFT/latency."""
+    extra, params = ("AND suite = ?", [run_id, suite]) if suite else ("", [run_id])
+    return _with_rates(store.query(STATS_SQL.format(keys="candidate", extra=extra), params))
+
+
+def suite_stats(store: Store, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    rows = _with_rates(store.query(STATS_SQL.format(keys="suite, candidate", extra=""), [run_id]))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["suite"], []).append(row)
+    return out
+
+
+def trend_frame(store: Store, run_id: str, runs: int = 14) -> pd.DataFrame:
+    """Per (run, candidate) over the last `runs` runs up to this one: pass rate, $/pass, p95."""
+    frame = store.query(TREND_SQL, [run_id, runs])
+    frame["pass_rate"] = frame.passed / frame.graded.where(frame.graded > 0)
+    frame["cost_per_pass"] = frame.cost_usd / frame.passed.where(frame.passed > 0)
+    return frame
+
+
+def policy_metrics_for_run(registry: str | Path, run_id: str) -> tuple[int, dict] | None:
+    """The newest published policy trained on this run, and its metrics, if there is one."""
+    from artifacts.registry import RegistryError, show, version_numbers
+
+    try:
+        numbers = version_numbers(str(registry))
+    except (RegistryError, OSError):
+        return None
+    for number in reversed(numbers):
+        manifest = show(str(registry), number)
+        if run_id in (manifest.get("lineage") or {}).get("runs", []):
+            return number, manifest.get("metrics") or {}
+    return None
+
+
+def gather(
+    store: Store,
+    run_id: str,
+    *,
+    drift: DriftReport | None = None,
+    metrics: dict | None = None,
+    registry: str | Path | None = None,
+    trend_runs: int = 14,
+) -> ReportData:
+    """Read everything the report needs; metrics default to the policy published from this run."""
+    run = store.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
+    if run.empty:
+        raise KeyError(f"no run {run_id!r} in {store.path}")
+    version = None
+    if metrics is None and registry is not None:
+        found = policy_metrics_for_run(registry, run_id)
+        if found:
+            version, metrics = found
+    info = {k: _clean(v) for k, v in run.iloc[0].to_dict().items() if k != "config_json"}
+    return ReportData(
+        run=info,
+        candidates=candidate_stats(store, run_id),
+        suites=suite_stats(store, run_id),
+        trend=trend_frame(store, run_id, trend_runs),
+        drift=drift,
+        metrics=metrics,
+        policy_version=version,
+    )
+
+
+# -- charts -------------------------------------------------------------------------------------
+
+
+def _frontier(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Single models that no cheaper model beats: the baseline a router has to improve on."""
+    best, out = -1.0, []
+    for c, q, name in sorted(points):
+        if q > best:
+            out.append((c, q, name))
+            best = q
+    return out
+
+
+def cost_quality_chart(data: ReportData) -> str:
+    """Router vs baselines on held-out items (policy metrics), else candidates on this run."""
+    holdout = (data.metrics or {}).get("holdout") or {}
+    per_cand = holdout.get("per_candidate") or {}
+    series: list[Series] = []
+    if per_cand:
+        pts = [(v["cost"], v["pass_rate"], m) for m, v in per_cand.items()
+               if v.get("cost") is not None and v.get("pass_rate") is not None]
+        title = f"Cost vs quality on {holdout.get('n_test_requests', '?')} held-out requests"
+        x_label = "mean cost per request (USD)"
+    else:
+        pts = [(r["cost_per_item"], r["pass_rate"], r["candidate"]) for r in data.candidates
+               if r["cost_per_item"] is not None and r["pass_rate"] is not None]
+        title = "Cost vs quality of each candidate on this run"
+        x_label = "mean cost per item (USD)"
+    front = _frontier(pts)
+    series.append(Series("single-model frontier", [p[0] for p in front], [p[1] for p in front],
+                         [p[2] for p in front], dashed=True, marker="square", color="#9ca3af"))
+    series.append(Series("candidates", [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
+                         line=False, annotate=True, color="#2563eb"))
+    for name, curve in ((holdout.get("curves") or (data.metrics or {}).get("curves") or {})).items():
+        series.append(Series(f"{name} curve", curve.get("cost", []), curve.get("quality", []), marker="circle"))
+    oracle, router = holdout.get("oracle") or {}, holdout.get("router_at_target") or {}
+    if oracle.get("cost") is not None:
+        series.append(Series("oracle", [oracle["cost"]], [oracle.get("pass_rate")], ["oracle"], line=False,
+                             marker="star", color="#ca8a04"))
+    if router.get("cost") is not None:
+        label = f"router @ target {router.get('target')}"
+        series.append(Series(label, [router["cost"]], [router.get("pass_rate")], [label], line=False,
+                             marker="diamond", color="#dc2626"))
+    costs = [c for s in series for c in s.xs if c is not None and c > 0]
+    log = bool(costs) and len(costs) == sum(1 for s in series for c in s.xs if c is not None) and \
+        max(costs) / min(costs) > 20
+    return chart(title, series, Axis(x_label, log=log, fmt=".2g"), Axis("pass rate", fmt=".2f"),
+                 chart_id="cost-quality")
+
+
+def trend_charts(data: ReportData) -> list[str]:
+    frame = data.trend
+    if frame.empty:
+        return []
+    runs = list(dict.fromkeys(frame.run_id))
+    out = []
+    for metric, label, fmt in (("pass_rate", "pass rate", ".2f"), ("cost_per_pass", "USD per passing answer", ".2g"),
+                               ("latency_p95", "latency p95 (s)", ".3g")):
+        series = []
+        for cand, grp in frame.groupby("candidate", sort=True):
+            by_run = dict(zip(grp.run_id, grp[metric]))
+            ys = [_clean(by_run.get(r)) for r in runs]
+            series.append(Series(str(cand), list(range(len(runs))), ys, [f"{cand} {r}" for r in runs]))
+        out.append(chart(f"Trend: {label}", series, Axis("run", categories=runs), Axis(label, fmt=fmt),
+                         chart_id=f"trend-{metric}"))
+    return out
+
+
+# -- HTML -----------------------------------------------------------------------------------------
+
+
+def render_html(data: ReportData) -> str:
+    """The whole page as one string."""
+    from jinja2 import Environment
+
+    from flows.report_page import PAGE
+
+    env = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    env.filters["pct"] = lambda v: f"{100 * v:.1f}%" if _is_num(v) else "-"
+    return env.from_string(PAGE).render(
+        d=data,
+        cost_quality=cost_quality_chart(data),
+        trends=trend_charts(data),
+        router_rows=_router_rows(data.metrics),
+        total_cost=sum(r["cost_usd"] or 0 for r in data.candidates),
+        total_items=sum(r["items"] for r in data.candidates),
+    )
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v: Any, spec: str = ".4g") -> str:
+    """A number formatted, or '-' for missing values (None, NaN, a key the metrics lack)."""
+    return format(v, spec) if _is_num(v) else "-"
+
+
+def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
+    """Held-out rows: router at target, best and cheapest single models, oracle; with savings."""
+    holdout = (metrics or {}).get("holdout") or {}
+    table = holdout.get("table") or {}
+    rows = []
+    for key, label in (("router_at_target", "router @ target"), ("best_single", "best single"),
+                       ("cheapest_single", "cheapest single"), ("oracle", "oracle")):
+        m = holdout.get(key)
+        if not m:
+            continue
+        name = f"{label} ({m['model']})" if m.get("model") else label
+        rows.append({"name": name, "pass_rate": m.get("pass_rate"), "cost": m.get("cost"),
+                     "summary": table.get("router" if key == "router_at_target" else key, {})})
+    for name, summary in table.items():
+        if name not in ("router", "best_single", "cheapest_single", "oracle"):
+            rows.append({"name": f"baseline router: {name}", "pass_rate": None,
+                         "cost": None, "summary": summary})
+    return rows
+
+
+def write_report(html: str, out: str | Path) -> Path:
+    """Write atomically (temporary file, fsync, rename) so a reader never sees half a page."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(html)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def build_report(store: Store, run_id: str, out: str | Path, **kw: Any) -> Path:
+    """Gather, render and write the dashboard of one run; `kw` goes to `gather`."""
+    return write_report(render_html(gather(store, run_id, **kw)), out)
+
+
+# -- Prefect UI artifacts ---------------------------------------------------------------------
+
+
+def _table_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    def fmt(v: Any) -> Any:
+        return round(v, 6) if isinstance(v, float) else v
+
+    return [{k: fmt(r.get(k)) for k in keys} for r in rows]
+
+
+_ARTIFACT_COLUMNS = ("candidate", "items", "errors", "budget_skipped", "pass_rate", "cost_usd",
+                     "cost_per_pass", "input_tokens", "output_tokens", "ttft_p50", "ttft_p95",
+                     "latency_p50", "latency_p95", "latency_p99")
+
+
+def _drift_markdown(drift: DriftReport | None, metrics: dict | None) -> str:
+    lines = []
+    for r in _router_rows(metrics):
+        if not lines:
+            lines += ["### Router on held-out requests", "", "| policy | pass rate | USD / request |",
+                      "|---|---:|---:|"]
+        lines.append(f"| {r['name']} | {_num(r['pass_rate'], '.3f')} | {_num(r['cost'], '.4g')} |")
+    lines += ["", "### Drift"]
+    if drift is None:
+        lines.append("not computed")
+    elif not drift.findings:
+        lines.append(f"No drift against {len(drift.baseline_runs)} earlier runs.")
+    else:
+        lines += [f"Against runs {', '.join(drift.baseline_runs)}.", ""]
+        lines += [f"- **{f.severity}** {f.message}" for f in drift.findings]
+    return "\n".join(lines)
+
+
+def publish_prefect_artifacts(
+    store: Store,
+    run_id: str,
+    *,
+    drift: DriftReport | None = None,
+    metrics: dict | None = None,
+    report_path: str | Path | None = None,
+) -> list[Any]:
+    """Candidates and per-suite tables, router and drift summary (and a link to the HTML
+    report) as Prefect artifacts; called inside the nightly flow they attach to its run."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+    data = gather(store, run_id, drift=drift, metrics=metrics, trend_runs=1)
+    suite_rows = [dict(r, suite=s) for s, rows in data.suites.items() for r in rows]
+    ids = [
+        create_table_artifact(
+            table=_table_rows(data.candidates, _ARTIFACT_COLUMNS), key="routeopt-candidates",
+            description=f"Candidates on run {run_id}: pass rate, cost, tokens, TTFT and latency (s).",
+        ),
+        create_table_artifact(
+            table=_table_rows(suite_rows, ("suite",) + _ARTIFACT_COLUMNS), key="routeopt-suites",
+            description=f"Per suite and candidate on run {run_id}.",
+        ),
+        create_markdown_artifact(
+            markdown=_drift_markdown(drift, metrics), key="routeopt-router-drift",
+            description=f"Router metrics and drift alerts of run {run_id}.",
+        ),
+    ]
+    if report_path is not None:
+        ids.append(create_link_artifact(
+            link=Path(report_path).resolve().as_uri(), link_text="HTML report", key="routeopt-report",
+            description=f"Self-contained dashboard of run {run_id}.",
+        ))
+    return ids

@@ -1,0 +1,168 @@
+"""The dashboard's Jinja template: inline CSS and JS only, so the file works with no network."""
+
+PAGE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>routeopt - run {{ d.run.run_id }}</title>
+<style>
+:root { --fg:#111827; --muted:#6b7280; --line:#e5e7eb; --bg:#ffffff; --card:#f9fafb;
+        --bad:#b91c1c; --good:#15803d; --info:#1d4ed8; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+       background: var(--bg); margin: 0 auto; max-width: 1240px; padding: 24px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+.muted { color: var(--muted); }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 16px 0; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px;
+        min-width: 150px; }
+.card b { display: block; font-size: 20px; }
+table { border-collapse: collapse; width: 100%; margin: 6px 0 12px; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+th { background: var(--card); cursor: pointer; user-select: none; position: sticky; top: 0; }
+th.sorted-asc::after { content: " \25B2"; } th.sorted-desc::after { content: " \25BC"; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+svg.chart { background: #fff; border: 1px solid var(--line); border-radius: 8px; max-width: 100%; height: auto; }
+svg .plot-bg { fill: #fcfcfd; } svg .grid { stroke: var(--line); stroke-width: 1; }
+svg .tick, svg .legend { font-size: 11px; fill: var(--muted); } svg .axis { font-size: 12px; fill: var(--fg); } svg .label { font-size: 11px; fill: var(--fg); }
+svg .series { stroke-width: 2; } svg .mark:hover { opacity: .7; }
+.sev-regression { color: var(--bad); font-weight: 600; } .sev-improvement { color: var(--good); }
+.sev-info { color: var(--info); }
+.empty { padding: 20px; color: var(--muted); border: 1px dashed var(--line); border-radius: 8px; }
+.scroll { overflow-x: auto; }
+</style>
+</head>
+<body data-run="{{ d.run.run_id }}">
+<header>
+  <h1>routeopt nightly report</h1>
+  <div class="muted">run <code>{{ d.run.run_id }}</code> - {{ d.run.status }} - started {{ d.run.started_at }}
+  {% if d.run.finished_at %}- finished {{ d.run.finished_at }}{% endif %} - generated {{ d.generated_at }}</div>
+</header>
+<section class="cards">
+  <div class="card"><span class="muted">candidates</span><b>{{ d.candidates|length }}</b></div>
+  <div class="card"><span class="muted">suites</span><b>{{ d.suites|length }}</b></div>
+  <div class="card"><span class="muted">outcomes</span><b>{{ total_items }}</b></div>
+  <div class="card"><span class="muted">spend (USD)</span><b>{{ total_cost|num(".4g") }}</b></div>
+  <div class="card"><span class="muted">drift regressions</span>
+    <b class="{{ 'sev-regression' if d.drift and d.drift.regressions else '' }}">
+      {{ d.drift.regressions|length if d.drift else "-" }}</b></div>
+  <div class="card"><span class="muted">policy version</span><b>{{ d.policy_version or "-" }}</b></div>
+</section>
+
+<h2>Candidates</h2>
+<div class="scroll"><table class="sortable" id="candidates">
+<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>skipped (budget)</th><th>pass rate</th>
+<th>cost USD</th><th>USD / passing answer</th><th>tokens in</th><th>tokens out</th>
+<th>TTFT p50</th><th>TTFT p95</th><th>TTFT p99</th><th>latency p50</th><th>latency p95</th><th>latency p99</th></tr></thead>
+<tbody>
+{% for r in d.candidates %}
+<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.budget_skipped }}</td>
+<td data-v="{{ r.pass_rate if r.pass_rate is not none else '' }}">{{ r.pass_rate|pct }}</td>
+<td>{{ r.cost_usd|num }}</td><td>{{ r.cost_per_pass|num }}</td>
+<td>{{ r.input_tokens|num(",.0f") }}</td><td>{{ r.output_tokens|num(",.0f") }}</td>
+<td>{{ r.ttft_p50|num(".3f") }}</td><td>{{ r.ttft_p95|num(".3f") }}</td><td>{{ r.ttft_p99|num(".3f") }}</td>
+<td>{{ r.latency_p50|num(".3f") }}</td><td>{{ r.latency_p95|num(".3f") }}</td><td>{{ r.latency_p99|num(".3f") }}</td></tr>
+{% endfor %}
+</tbody></table></div>
+<p class="muted">Pass rate over graded items; errors exclude items skipped by the spend budget. Times in
+seconds over live calls (cache hits excluded).</p>
+
+<h2>Router: cost vs quality</h2>
+<div class="charts">{{ cost_quality|safe }}</div>
+{% if router_rows %}
+<table class="sortable" id="router">
+<thead><tr><th>policy</th><th>pass rate</th><th>USD / request</th><th>savings at best quality</th>
+<th>savings at 95%</th><th>AIQ</th></tr></thead>
+<tbody>
+{% for r in router_rows %}
+<tr><td>{{ r.name }}</td><td>{{ r.pass_rate|pct }}</td><td>{{ r.cost|num }}</td>
+<td>{{ r.summary.savings_at_best|pct }}</td><td>{{ r.summary.savings_at_95|pct }}</td>
+<td>{{ r.summary.aiq|num(".3f") }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% else %}
+<p class="muted">No published policy metrics for this run: the chart shows the candidates alone.</p>
+{% endif %}
+
+<h2>Trends over the last {{ d.trend.run_id.nunique() }} runs</h2>
+<div class="charts">
+{% for c in trends %}{{ c|safe }}{% else %}<div class="empty">no earlier runs</div>{% endfor %}
+</div>
+
+<h2>Per suite</h2>
+{% for suite, rows in d.suites.items() %}
+<h3>{{ suite }}</h3>
+<div class="scroll"><table class="sortable suite" data-suite="{{ suite }}">
+<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>budget</th><th>pass rate</th><th>cost USD</th>
+<th>USD / pass</th><th>TTFT p95</th><th>latency p50</th><th>latency p95</th><th>latency p99</th></tr></thead>
+<tbody>
+{% for r in rows %}
+<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.budget_skipped }}</td>
+<td data-v="{{ r.pass_rate if r.pass_rate is not none else '' }}">{{ r.pass_rate|pct }}</td>
+<td>{{ r.cost_usd|num }}</td><td>{{ r.cost_per_pass|num }}</td><td>{{ r.ttft_p95|num(".3f") }}</td>
+<td>{{ r.latency_p50|num(".3f") }}</td><td>{{ r.latency_p95|num(".3f") }}</td><td>{{ r.latency_p99|num(".3f") }}</td></tr>
+{% endfor %}
+</tbody></table></div>
+{% endfor %}
+
+<h2>Drift alerts</h2>
+{% if d.drift is none %}
+<p class="muted">Drift was not computed for this report.</p>
+{% elif not d.drift.findings %}
+<p>No drift against {{ d.drift.baseline_runs|length }} earlier runs ({{ d.drift.compared_pairs }} candidate x suite pairs compared).</p>
+{% else %}
+<p class="muted">Against runs {{ d.drift.baseline_runs|join(", ") }}; q = Benjamini-Hochberg adjusted p-value.</p>
+<table class="sortable" id="drift">
+<thead><tr><th>severity</th><th>candidate</th><th>suite</th><th>metric</th><th>baseline</th><th>current</th>
+<th>change</th><th>q</th><th>n (now / before)</th></tr></thead>
+<tbody>
+{% for f in d.drift.findings %}
+<tr class="sev-{{ f.severity }}"><td>{{ f.severity }}</td><td>{{ f.candidate }}</td><td>{{ f.suite }}</td>
+<td>{{ f.metric }}</td><td>{{ f.baseline|num }}</td><td>{{ f.current|num }}</td><td>{{ f.change|num("+.3g") }}</td>
+<td>{{ f.q_value|num(".2g") }}</td><td>{{ f.n_current }} / {{ f.n_baseline }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% endif %}
+
+<footer class="muted"><p>routeopt - self-contained report; no external resources.</p></footer>
+<script>
+(function () {
+  "use strict";
+  function cellValue(td) {
+    var v = td.getAttribute("data-v");
+    var text = v !== null ? v : td.textContent.trim();
+    var num = parseFloat(text.replace(/[%,]/g, ""));
+    return isNaN(num) ? text.toLowerCase() : num;
+  }
+  function sortBy(table, col, th) {
+    var body = table.tBodies[0];
+    var asc = !th.classList.contains("sorted-asc");
+    table.querySelectorAll("th").forEach(function (h) { h.classList.remove("sorted-asc", "sorted-desc"); });
+    th.classList.add(asc ? "sorted-asc" : "sorted-desc");
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
+      if (typeof x !== typeof y) { return typeof x === "number" ? -1 : 1; }
+      return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1);
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  }
+  document.querySelectorAll("table.sortable").forEach(function (table) {
+    table.querySelectorAll("th").forEach(function (th, col) {
+      th.addEventListener("click", function () { sortBy(table, col, th); });
+    });
+  });
+  var charts = document.querySelectorAll("svg.chart");
+  var marks = document.querySelectorAll("svg.chart .mark").length;
+  var rows = document.querySelectorAll("table tbody tr").length;
+  document.body.setAttribute("data-rendered", JSON.stringify({
+    charts: charts.length, marks: marks, tables: document.querySelectorAll("table").length, rows: rows
+  }));
+})();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,145 @@
+"""The HTML dashboard: right numbers, self-contained, escaped; Prefect artifacts; the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evals.store import Store
+from flows.drift import detect_drift
+from flows.report import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
+from tests.flows.ops_history import Regression, make_history
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "db.duckdb"
+    make_history(path, runs=4, items=40, regressions=[Regression("mid", "arith", pass_rate=0.2)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def metrics(db: Path) -> dict:
+    """Real router metrics: train_router on the last run's outcomes."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from router_training.train import train_router
+
+    with Store(db, read_only=True) as store:
+        frame = store.training_frame(["run-03"])
+    return train_router(frame, quality_target=0.9, seed=0).metrics
+
+
+def test_candidate_stats_match_a_direct_computation(db: Path):
+    with Store(db, read_only=True) as store:
+        rows = {r["candidate"]: r for r in candidate_stats(store, "run-03")}
+        raw = store.query("SELECT * FROM outcomes WHERE run_id = 'run-03' AND candidate = 'big'")
+    big = rows["big"]
+    graded = raw[raw.error_kind.isna()]
+    assert big["items"] == len(raw) == 80
+    assert big["pass_rate"] == pytest.approx(graded.passed.mean())
+    assert big["cost_per_pass"] == pytest.approx(raw.cost_usd.sum() / graded.passed.sum())
+    assert big["latency_p95"] == pytest.approx(np.quantile(graded.latency_s, 0.95))
+    assert big["ttft_p99"] == pytest.approx(np.quantile(graded.ttft_s, 0.99))
+    assert big["output_tokens"] == graded.output_tokens.sum()
+    assert big["errors"] == raw.error_kind.notna().sum()
+
+
+def test_report_is_self_contained_and_shows_every_section(db: Path, metrics: dict, tmp_path: Path):
+    with Store(db, read_only=True) as store:
+        drift = detect_drift(store, "run-03")
+        out = build_report(store, "run-03", tmp_path / "r" / "report.html", drift=drift, metrics=metrics)
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    # no external resource of any kind: only the SVG namespace URI may appear
+    urls = set(re.findall(r"""(?:src|href)\s*=\s*["']?([^"' >]+)""", html))
+    assert urls == set()
+    assert set(re.findall(r"https?://[^\s\"'<>]+", html)) == {"http://www.w3.org/2000/svg"}
+    assert html.count("<svg") == 4  # cost-quality + three trends
+    assert 'id="cost-quality"' in html and "router @ target" in html and "oracle" in html
+    assert "held-out requests" in html
+    for cand in ("big", "mid", "small"):
+        assert f"<td>{cand}</td>" in html
+    assert html.count('class="sortable suite"') == 2
+    assert 'class="sev-regression"' in html and "pass_rate" in html
+    assert not list((tmp_path / "r").glob(".*"))  # the temporary file was renamed away
+
+
+def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
+    with Store(db, read_only=True) as store:
+        html = render_html(gather(store, "run-00"))
+    assert "Cost vs quality of each candidate on this run" in html
+    assert "No published policy metrics" in html and "Drift was not computed" in html
+
+
+def test_policy_metrics_are_found_in_the_registry(db: Path, metrics: dict, tmp_path: Path):
+    from artifacts.registry import publish
+    from router_training.train import train_router
+
+    with Store(db, read_only=True) as store:
+        result = train_router(store.training_frame(["run-02"]), seed=0)
+        publish(result.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=result.metrics)
+        publish(result.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1})
+        data = gather(store, "run-02", registry=tmp_path / "reg")
+        none = gather(store, "run-03", registry=tmp_path / "reg")
+        missing = gather(store, "run-03", registry=tmp_path / "nothing-here")
+    assert data.policy_version == 1 and data.metrics["holdout"]["per_candidate"]
+    assert none.metrics is None and missing.metrics is None
+
+
+def test_run_ids_are_escaped(tmp_path: Path):
+    from evals.store import Outcome
+
+    with Store(tmp_path / "db.duckdb") as store:
+        store.begin_run("<script>alert(1)</script>")
+        store.write_outcomes([Outcome("<script>alert(1)</script>", "s", "v", "1", "c", passed=True)])
+        html = render_html(gather(store, "<script>alert(1)</script>"))
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
+
+
+def test_unknown_run_is_a_clear_error(db: Path):
+    with Store(db, read_only=True) as store, pytest.raises(KeyError, match="no run 'nope'"):
+        gather(store, "nope")
+
+
+def test_report_cli(db: Path, tmp_path: Path):
+    from click.testing import CliRunner
+
+    from flows.cli import cli
+
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(cli, ["report", "--db", str(db), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "run-03" in res.output and out.exists()
+    html = out.read_text()
+    assert 'data-run="run-03"' in html and "sev-regression" in html  # drift is computed by default
+
+
+@pytest.mark.slow
+def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefect_harness, tmp_path: Path):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    @flow
+    def publish_them() -> list:
+        with Store(db, read_only=True) as store:
+            drift = detect_drift(store, "run-03")
+            return publish_prefect_artifacts(store, "run-03", drift=drift, metrics=metrics,
+                                             report_path=tmp_path / "r.html")
+
+    ids = publish_them()
+    assert len(ids) == 4
+    with get_client(sync_client=True) as client:
+        arts = {a.key: a for a in client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="routeopt-")))}
+    assert set(arts) == {"routeopt-candidates", "routeopt-suites", "routeopt-router-drift", "routeopt-report"}
+    assert arts["routeopt-candidates"].flow_run_id is not None
+    table = arts["routeopt-candidates"].data
+    rows = table if isinstance(table, list) else __import__("json").loads(table)
+    assert {r["candidate"] for r in rows} == {"big", "mid", "small"}
+    assert "regression" in arts["routeopt-router-drift"].data and "router @ target" in arts["routeopt-router-drift"].data
+    assert arts["routeopt-report"].data.startswith("[HTML report](file://")
