@@ -97,7 +97,7 @@ def test_cpu_tiny_end_to_end(tmp_path):
     out = tmp_path / "gc"
     res = gc.main(["--device", "cpu", "--tiny", "--out", str(out), "--skip-pipeline",
                    "--concurrency", "1,3", "--requests", "3", "--raw-steps", "4",
-                   "--bandwidth-tbs", "0.05"])
+                   "--bandwidth-tbs", "0.05", "--static-compile", "bf16"])
     assert [v["variant"] for v in res["variants"]] == ["bf16", "fp8"]
     for v in res["variants"]:
         assert "error" not in v, v
@@ -110,6 +110,9 @@ def test_cpu_tiny_end_to_end(tmp_path):
         assert bw["limit_tok_s"] == pytest.approx(0.05e12 / bw["weight_bytes_per_token"])
         assert bw["provider_ratio"] > 0
     fp8, bf16 = res["variants"][1]["bandwidth"], res["variants"][0]["bandwidth"]
+    # the static-cache path (compiled only on GPUs) ran for bf16 alone
+    assert bf16["static_compiled_batch1_tok_s"] > 0 and bf16["static_compiled_ratio"] > 0
+    assert "static_compiled_batch1_tok_s" not in fp8
     assert fp8["weight_bytes_per_token"] != bf16["weight_bytes_per_token"]
     stored = json.loads((out / "gpu_check.json").read_text())
     assert stored["variants"][0]["candidate"] == "rand-tiny-bf16"
