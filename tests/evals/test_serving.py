@@ -4,6 +4,7 @@ fake OpenAI-compatible server (real SDK, real SSE) and an in-process local check
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
 import json
 import sys
@@ -235,3 +236,15 @@ async def test_bench_local_checkpoint(tmp_path):
         assert lv.mean_output_tokens == 6  # EOS can never win: every request runs to max_tokens
         assert lv.tpot_s is not None and lv.itl_s is not None and lv.ttft_s is not None
         assert lv.mean_input_tokens == pytest.approx((11 + 12) / 2)  # bos + one token per char
+
+
+def test_one_bench_group_shared_with_the_router_commands():
+    from flows.cli import cli
+    from flows.commands import gpu
+
+    assert "serving" in gpu.bench.commands
+    assert cli.commands["bench"] is gpu.bench  # whichever module registers it last
+    if importlib.util.find_spec("flows.commands.router") is not None:
+        router = importlib.import_module("flows.commands.router")
+        if hasattr(router, "bench"):
+            assert router.bench is gpu.bench
