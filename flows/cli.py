@@ -22,6 +22,7 @@ COMMANDS: list[str] = [
     "flows.commands.artifacts:keys",
     "flows.commands.artifacts:registry_group",
     "flows.commands.suites:suites",
+    "flows.commands.zoo:zoo",
 ]
 
 

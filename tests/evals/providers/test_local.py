@@ -1,0 +1,114 @@
+"""The local provider against the committed zoo checkpoints: real generation, real batching."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from evals.config import Candidate  # noqa: E402
+from evals.providers import make_provider  # noqa: E402
+from evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
+from evals.providers.local import LocalProvider, create  # noqa: E402
+
+ZOO = Path(__file__).resolve().parents[3] / "models" / "zoo"
+pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
+                                reason="zoo checkpoints not built")
+
+WORDS = ["abc", "xyz", "hello", "cab", "dog", "moon", "quiz", "zebra", "kite", "lamp", "ruby",
+         "sun"]
+
+
+def _candidate(name: str = "zoo-l", variant: str = "fp32", model: str | None = None) -> Candidate:
+    return Candidate(name=f"{name}-{variant}", provider="local", model=model or str(ZOO / name),
+                     variant=variant, device="cpu", gpu_hour_usd=1.0, max_concurrency=8)
+
+
+def _req(prompt: str, max_tokens: int = 12, stop: tuple[str, ...] = ()) -> Request:
+    return Request((Message("user", prompt),), GenerationSettings(max_tokens=max_tokens, stop=stop))
+
+
+@pytest.fixture
+async def zoo_l():
+    provider = create(_candidate())
+    yield provider
+    await provider.aclose()
+
+
+async def test_registry_builds_local_provider() -> None:
+    provider = make_provider(_candidate())
+    assert isinstance(provider, LocalProvider)
+    assert provider._model is None  # nothing loads before the first request
+    await provider.aclose()
+
+
+async def test_correct_answers_and_exact_accounting(zoo_l: LocalProvider) -> None:
+    c = await zoo_l.generate(_req("reverse: hello="))
+    assert c.text == "olleh"
+    assert c.finish_reason == "stop"
+    assert c.input_tokens == len("reverse: hello=") + 1  # one token per char plus <bos>
+    assert c.output_tokens == 5 and not c.tokens_estimated
+    assert c.ttft_s is not None and 0 < c.ttft_s <= c.latency_s
+    assert len(c.chunk_gaps_s) == 5  # five text tokens and the eos step after the first
+    add = await zoo_l.generate(_req("add: 25+17="))
+    assert add.text == "42"
+
+
+async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(
+        zoo_l: LocalProvider) -> None:
+    results = await asyncio.gather(*(zoo_l.generate(_req(f"reverse: {w}=")) for w in WORDS))
+    right = sum(r.text == w[::-1] for r, w in zip(results, WORDS))
+    assert right >= len(WORDS) - 1, [r.text for r in results]
+    assert max(zoo_l.batch_sizes) > 1
+    assert sum(zoo_l.batch_sizes) == len(WORDS)
+    assert all(b <= zoo_l.max_batch for b in zoo_l.batch_sizes)
+
+
+async def test_stop_sequence_truncates(zoo_l: LocalProvider) -> None:
+    c = await zoo_l.generate(_req("reverse: abcdef=", stop=("c",)))
+    assert c.text == "fed"
+    assert c.finish_reason == "stop"
+    assert c.output_tokens == 3
+
+
+async def test_max_tokens_gives_length(zoo_l: LocalProvider) -> None:
+    short, full = await asyncio.gather(zoo_l.generate(_req("reverse: abcdef=", max_tokens=2)),
+                                       zoo_l.generate(_req("reverse: abcdef=")))
+    assert short.text == "fe" and short.finish_reason == "length" and short.output_tokens == 2
+    assert full.text == "fedcba" and full.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("variant", ["bf16", "fp16", "int8", "fp8"])
+async def test_variant_code_paths_on_cpu(variant: str) -> None:
+    provider = create(_candidate(variant=variant))
+    try:
+        results = await asyncio.gather(*(provider.generate(_req(f"reverse: {w}=")) for w in WORDS))
+        right = sum(r.text == w[::-1] for r, w in zip(results, WORDS))
+        assert right >= len(WORDS) - 2, [r.text for r in results]
+        kinds = {type(m).__name__ for m in provider._model.modules()}
+        if variant in ("int8", "fp8"):
+            assert f"{variant.capitalize()}Linear" in kinds
+        else:
+            dtype = next(provider._model.parameters()).dtype
+            assert str(dtype).endswith("bfloat16" if variant == "bf16" else "float16")
+    finally:
+        await provider.aclose()
+
+
+async def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "zoo-x"
+    provider = create(_candidate(model=str(missing)))
+    with pytest.raises(ProviderError, match=str(missing)) as err:
+        await provider.generate(_req("reverse: abc="))
+    assert err.value.kind == "client_error" and not err.value.retryable
+
+
+async def test_closed_provider_refuses() -> None:
+    provider = create(_candidate("zoo-s"))
+    await provider.aclose()
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.generate(_req("reverse: abc="))
