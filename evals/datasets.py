@@ -79,7 +79,7 @@ class Rows:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -93,7 +93,7 @@ def _jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
 
 
 def _csv(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
-    with path.open(encoding="utf-8", newline="") as fh:
+    with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.DictReader(fh)
         if not reader.fieldnames:
             return

@@ -35,6 +35,13 @@ def test_csv_with_field_mapping(tmp_path: Path) -> None:
                           ("k2", {"key": "k2", "question": "3+3", "gold": "6", "answer": "6"})]
 
 
+def test_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_bytes("\ufeffid,q\n1,a\n".encode())
+    (tmp_path / "d.jsonl").write_bytes('\ufeff{"id": "1", "q": "a"}\n'.encode())
+    for name in ("d.csv", "d.jsonl"):
+        assert load_rows(DatasetSpec(path=tmp_path / name, id_field="id"), tmp_path).items == [("1", {"id": "1", "q": "a"})]
+
+
 def test_csv_row_with_wrong_width_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("id,q\n1,a\n2,b,extra\n3\n")
