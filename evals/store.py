@@ -133,6 +133,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(str(self.path), read_only=read_only)
         self._lock = threading.Lock()
+        self._outcome_schema: Any = None
         if not read_only:
             self._con.execute(SCHEMA)
 
@@ -223,19 +224,42 @@ class Store:
         )
 
     def write_outcomes(self, outcomes: Iterable[Outcome]) -> int:
-        """Persist outcomes in one transaction; rows already stored are kept, never duplicated."""
-        rows = []
+        """Persist outcomes in one transaction; rows already stored are kept, never duplicated.
+
+        The batch goes in as one Arrow table (one INSERT ... SELECT): DuckDB's executemany
+        costs ~7 ms of CPU per row, which capped the runner at ~150 calls/s.
+        """
+        import pyarrow as pa
+
+        cols: dict[str, list[Any]] = {c: [] for c in OUTCOME_COLUMNS}
         for o in outcomes:
             d = asdict(o)
             d["created_at"] = d["created_at"] or _now()
-            rows.append(tuple(d[c] for c in OUTCOME_COLUMNS))
-        placeholders = ", ".join("?" for _ in OUTCOME_COLUMNS)
-        self._write(
-            f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) VALUES ({placeholders}) "
-            "ON CONFLICT DO NOTHING",
-            rows,
-        )
-        return len(rows)
+            for c in OUTCOME_COLUMNS:
+                cols[c].append(d[c])
+        n = len(cols["run_id"])
+        if not n:
+            return 0
+        with self._lock:
+            if self._outcome_schema is None:
+                self._outcome_schema = self._con.sql(
+                    f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM outcomes LIMIT 0"
+                ).to_arrow_table().schema
+            batch = pa.table(cols, schema=self._outcome_schema)
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._con.register("_outcome_batch", batch)
+                self._con.execute(
+                    f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) "
+                    "SELECT * FROM _outcome_batch ON CONFLICT DO NOTHING"
+                )
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            finally:
+                self._con.unregister("_outcome_batch")
+        return n
 
     def done_items(self, run_id: str, suite: str, candidate: str) -> set[str]:
         """Items of a run that already have their one outcome or recorded error."""
