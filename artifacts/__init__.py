@@ -1,0 +1,11 @@
+"""Publishing and serving routing policies: signed, versioned, verifiable.
+
+- `artifacts.registry`: `publish(policy, registry, lineage=..., metrics=...)`, channels
+  (`move_channel`, `rollback`), `list_versions`, `show`, `diff`, and the promotion `gate`.
+- `artifacts.runtime`: the gateway loader, `load(source, public_key) -> Router` with a refresher.
+- `artifacts.manifest` / `artifacts.signing` / `artifacts.verify`: the format and its checks.
+- `artifacts.backends`: local folder, S3-compatible storage, HTTP (`artifacts.server`).
+- `artifacts.litellm_adapter`: a LiteLLM custom routing strategy.
+
+Nothing is imported here, so `import artifacts.runtime` stays light for gateways.
+"""
