@@ -175,9 +175,7 @@ def content_digest(items: list[tuple[str, dict[str, Any]]]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def load_rows(spec: DatasetSpec, base_dir: Path) -> Rows:
-    """Read, map, check and sample a dataset. Raises DatasetError naming every bad row."""
-    label, raw = _raw_rows(spec, base_dir)
+def _collect(spec: DatasetSpec, raw: Iterator[tuple[str, Any]]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     items: list[tuple[str, dict[str, Any]]] = []
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -195,6 +193,19 @@ def load_rows(spec: DatasetSpec, base_dir: Path) -> Rows:
             continue
         seen[item_id] = where
         items.append((item_id, fields))
+    return items, problems
+
+
+def load_rows(spec: DatasetSpec, base_dir: Path) -> Rows:
+    """Read, map, check and sample a dataset. Raises DatasetError naming every bad row."""
+    label, raw = _raw_rows(spec, base_dir)
+    try:
+        items, problems = _collect(spec, raw)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        raise DatasetError(f"{label}: not UTF-8 text (a byte 0x{bad}); re-save it as UTF-8") from None
+    except OSError as exc:
+        raise DatasetError(f"{label}: cannot read: {exc.strerror or exc}") from None
     if problems and not spec.skip_bad_rows:
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
         raise DatasetError(

@@ -42,6 +42,12 @@ def test_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None
         assert load_rows(DatasetSpec(path=tmp_path / name, id_field="id"), tmp_path).items == [("1", {"id": "1", "q": "a"})]
 
 
+def test_file_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "d.jsonl").write_bytes(b'{"q": "caf\xe9"}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl: not UTF-8 text \(a byte 0xe9\)"):
+        load_rows(DatasetSpec(path=tmp_path / "d.jsonl"), tmp_path)
+
+
 def test_csv_row_with_wrong_width_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("id,q\n1,a\n2,b,extra\n3\n")
