@@ -128,7 +128,7 @@ def _read(path: Path, stack: tuple[Path, ...], prov: Provenance) -> dict[str, An
     try:
         data, lines = load_yaml(path)
     except YamlError as exc:
-        raise SuiteError([Problem(path, exc.line, "(yaml)", f"not valid YAML: {exc.detail}")]) from None
+        raise SuiteError([Problem(path, exc.line, "(yaml)", exc.detail)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

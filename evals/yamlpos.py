@@ -18,10 +18,11 @@ LineMap = dict[Loc, int]
 class YamlError(ValueError):
     """A file that is not valid YAML; `line` is 1-based where the parser knows it."""
 
-    def __init__(self, path: Path, line: int | None, message: str):
+    def __init__(self, path: Path, line: int | None, message: str, syntax: bool = True):
         where = f"{path}:{line}" if line else str(path)
-        super().__init__(f"{where}: not valid YAML: {message}")
-        self.path, self.line, self.detail = path, line, message
+        self.path, self.line, self.syntax = path, line, syntax
+        self.detail = f"not valid YAML: {message}" if syntax else message
+        super().__init__(f"{where}: {self.detail}")
 
 
 def _walk(node: yaml.Node, loc: Loc, out: LineMap, dupes: list[tuple[Loc, int, int]]) -> None:
@@ -49,9 +50,11 @@ def load_yaml(path: Path) -> tuple[Any, LineMap]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise YamlError(path, None, "file not found") from None
+        raise YamlError(path, None, "file not found", syntax=False) from None
     except UnicodeDecodeError as exc:
-        raise YamlError(path, None, f"not UTF-8 text ({exc.reason})") from None
+        raise YamlError(path, None, f"not UTF-8 text ({exc.reason})", syntax=False) from None
+    except OSError as exc:
+        raise YamlError(path, None, f"cannot read: {exc.strerror or exc}", syntax=False) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)

@@ -260,6 +260,13 @@ def test_duplicate_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None
     assert p.line == 10 and "duplicate key 'prompt' (first at line 5)" in p.message
 
 
+def test_suite_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    [p] = problems(path)
+    assert p.file == path and p.message.startswith("not UTF-8 text")
+
+
 def test_top_level_not_a_mapping(tmp_path: Path) -> None:
     [p] = problems(write(tmp_path, "s.yaml", "- a\n- b\n"))
     assert "expected a mapping" in p.message
