@@ -45,6 +45,9 @@ class Candidate(BaseModel):
     tokens_per_minute: float | None = Field(default=None, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=4, ge=0, le=20)
+    stream: bool = True  # stream answers (TTFT/TPOT measured); false for servers without SSE
+    circuit_breaker_failures: int = Field(default=10, ge=1)  # consecutive endpoint faults
+    circuit_breaker_cooldown_s: float = Field(default=30.0, gt=0)  # open -> half-open probe
 
     @model_validator(mode="after")
     def _priced(self) -> "Candidate":

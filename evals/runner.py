@@ -290,13 +290,14 @@ async def evaluate_pair(
     budget: Budget | None = None,
     limits: EndpointLimits | None = None,
     retry: RetryPolicy = RetryPolicy(),
-    breaker_failures: int = 10,
-    breaker_cooldown_s: float = 30.0,
+    breaker_failures: int | None = None,
+    breaker_cooldown_s: float | None = None,
 ) -> PairStats:
     """Evaluate every not-yet-done item of a suite on a candidate, flushing outcomes to `sink`.
 
     `cache`: a `ResponseCache` or a folder (e.g. `config.cache_dir`); None bypasses caching.
-    `limits`: the candidate's limiter and endpoint breaker; default: shared in this process.
+    `limits`: the candidate's limiter and endpoint breaker; default: shared in this process,
+    the breaker set from the candidate's `circuit_breaker_*` fields unless overridden here.
     """
     done_set = set(done)
     todo = [it for it in suite.items if it.id not in done_set]
@@ -308,8 +309,10 @@ async def evaluate_pair(
     response_cache, own_cache = _open_cache(cache)
     pair = _Pair(
         suite, candidate, run_id, provider or make_provider(candidate),
-        limits or shared_limits(candidate, breaker_failures=breaker_failures,
-                                breaker_cooldown_s=breaker_cooldown_s),
+        limits or shared_limits(
+            candidate,
+            breaker_failures=breaker_failures or candidate.circuit_breaker_failures,
+            breaker_cooldown_s=breaker_cooldown_s or candidate.circuit_breaker_cooldown_s),
         response_cache, budget, retry, stats)
     prepare = getattr(pair.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts

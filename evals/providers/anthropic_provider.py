@@ -167,4 +167,4 @@ class _Usage:
 
 def create(candidate: "Candidate") -> AnthropicProvider:
     """Registry factory (`evals.providers.PROVIDERS`)."""
-    return AnthropicProvider(candidate, stream=getattr(candidate, "stream", True))
+    return AnthropicProvider(candidate, stream=candidate.stream)

@@ -147,4 +147,4 @@ def _completion(request: Request, text: str, finish: str, usage: Any, timer: Str
 
 def create(candidate: "Candidate") -> OpenAIProvider:
     """Registry factory (`evals.providers.PROVIDERS`)."""
-    return OpenAIProvider(candidate, stream=getattr(candidate, "stream", True))
+    return OpenAIProvider(candidate, stream=candidate.stream)

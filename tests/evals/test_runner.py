@@ -263,3 +263,16 @@ async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm,
     assert secret not in caplog.text and "0123456789" not in caplog.text
     assert all("authorization" not in r.headers and "x-api-key" not in r.headers
                for r in fake_llm.requests)
+
+
+def test_shared_limits_follow_candidate_fields(fake_candidate):
+    from evals.limits import reset_shared_limits, shared_limits
+
+    reset_shared_limits()
+    cand = fake_candidate(circuit_breaker_failures=3, circuit_breaker_cooldown_s=5,
+                          requests_per_minute=60)
+    a, b = shared_limits(cand, breaker_failures=3, breaker_cooldown_s=5), shared_limits(
+        cand, breaker_failures=3, breaker_cooldown_s=5)
+    assert a.breaker is b.breaker and a.limiter is b.limiter  # shared across pairs in a process
+    assert (a.breaker.failures, a.breaker.cooldown_s, a.limiter.active) == (3, 5, True)
+    reset_shared_limits()

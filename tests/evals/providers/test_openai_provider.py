@@ -167,3 +167,12 @@ async def test_wrong_key_echoed_by_server_is_redacted(fake_llm, fake_candidate, 
     await p.aclose()
     assert info.value.kind == "auth"
     assert "sk-wrong-key-abcdef" not in str(info.value) and "[redacted]" in info.value.message
+
+
+async def test_candidate_stream_flag_selects_plain_requests(fake_llm, fake_candidate):
+    p = make_provider(fake_candidate("openai", stream=False))
+    r = await p.generate(req("What is 1 + 1?"))
+    await p.aclose()
+    (sent,) = fake_llm.requests
+    assert r.text == "2" and r.ttft_s is None
+    assert "stream" not in sent.body and "stream_options" not in sent.body
