@@ -305,6 +305,23 @@ class MultipleChoice(Grader):
     target: str = Field(description="template of the right letter, or its 0-based index")
     letters: str = Field(default="ABCD", pattern=r"^[A-Z]{2,26}$")
     target_is_index: bool = False
+    choices: list[str] | None = Field(
+        default=None, description="templates of the option texts, in letter order: a reply that "
+        "is exactly one option's text (not its letter) counts as that letter",
+    )
+
+    def setup(self, context: GraderContext) -> None:
+        if self.choices is not None and len(self.choices) != len(self.letters):
+            raise ValueError(f"choices has {len(self.choices)} entries for {len(self.letters)} letters")
+
+    def _by_text(self, response: str, item: dict[str, Any]) -> str | None:
+        if not self.choices:
+            return None
+        said = normalize(response, list(_ORDER))
+        for letter, template in zip(self.letters, self.choices):
+            if said == normalize(render(template, item), list(_ORDER)):
+                return letter
+        return None
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:
         want = self.expected(item).strip()
@@ -315,7 +332,7 @@ class MultipleChoice(Grader):
         want = want.upper()
         if want not in self.letters:
             raise ValueError(f"target {want!r} is not one of the letters {self.letters}")
-        got = extract_choice(response, self.letters)
+        got = extract_choice(response, self.letters) or self._by_text(response, item)
         if got is None:
             return Grade(0.0, False, f"no unambiguous choice among {self.letters} in response")
         if got == want:

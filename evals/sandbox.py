@@ -251,6 +251,11 @@ def extract_code(response: str) -> str:
     return "\n\n".join(blocks) if blocks else response
 
 
+def _short(test: str) -> str:
+    line = " ".join(test.split())
+    return line if len(line) <= 60 else line[:57] + "..."
+
+
 def _explain(result: RunResult, report: dict[str, Any] | None, timeout_s: float) -> str:
     if result.timed_out:
         return f"timed out after {timeout_s:g}s; the process group was killed"
@@ -308,6 +313,6 @@ class CodeGrader(Grader):
             return Grade(0.0, False, f"program raised {report['solution_error']}")
         results = report["results"]
         passed = sum(ok for ok, _ in results)
-        failed = [f"test {i}: {msg}" for i, (ok, msg) in enumerate(results) if not ok]
+        failed = [f"test {i} `{_short(tests[i])}`: {msg}" for i, (ok, msg) in enumerate(results) if not ok]
         reason = None if not failed else f"{len(failed)}/{len(results)} tests failed: " + "; ".join(failed)[:500]
         return Grade(passed / len(results), not failed, reason)

@@ -272,7 +272,7 @@ def _template_checks(p: PromptSpec, grader: Grader | None) -> list[Check]:
 
 def _grader_templates(g: Grader, loc: tuple[str | int, ...]) -> list[Check]:
     out: list[Check] = []
-    for name in ("target", "prelude", "rubric"):
+    for name in ("target", "prelude", "rubric", "choices"):
         value = getattr(g, name, None)
         values = value if isinstance(value, list) else [value]
         extra = {"response": ""} if name == "rubric" else {}

@@ -130,6 +130,17 @@ async def test_multiple_choice_pass_fail_and_index_target() -> None:
         await grade(spec, "A", {"answer": "Z"})
 
 
+async def test_multiple_choice_by_option_text() -> None:
+    spec = {"type": "multiple_choice", "target": "{{ answer }}", "letters": "ABC",
+            "choices": ["{{ opts[0] }}", "{{ opts[1] }}", "{{ opts[2] }}"]}
+    item = {"answer": "B", "opts": ["Venus", "Mars", "Jupiter"]}
+    assert (await grade(spec, "mars.", item)).passed
+    assert not (await grade(spec, "Venus", item)).passed
+    assert not (await grade(spec, "Mars or Venus", item)).passed
+    with pytest.raises(GraderSpecError, match="choices has 2 entries for 3 letters"):
+        build_grader({**spec, "choices": ["x", "y"]})
+
+
 async def test_contains_and_not_contains() -> None:
     spec = {"type": "contains", "target": ["{{ a }}", "Berlin"]}
     assert (await grade(spec, "paris and berlin", {"a": "Paris"})).passed

@@ -50,7 +50,7 @@ async def test_correct_program_passes_and_wrong_one_scores_the_fraction() -> Non
     assert ok.passed and ok.score == 1.0 and ok.reason is None
     wrong = await grader().grade("def add(a, b):\n    return a * b", ITEM)
     assert not wrong.passed and wrong.score == pytest.approx(1 / 3)
-    assert wrong.reason.startswith("2/3 tests failed: test 0: AssertionError")
+    assert wrong.reason.startswith("2/3 tests failed: test 0 `assert add(1, 2) == 3`: AssertionError")
 
 
 @needs_isolation
