@@ -677,7 +677,7 @@ if pytest is not None:
             base = fake_llm.openai_base_url if provider == "openai" else fake_llm.anthropic_base_url
             spec = dict(name=f"fake-{provider}", provider=provider, model=f"fake-{provider}-model",
                         base_url=base, input_price_per_mtok=1.0, output_price_per_mtok=2.0,
-                        timeout_s=5.0, max_retries=3)
+                        timeout_s=10.0, max_retries=3)
             spec.update(overrides)
             return Candidate(**spec)
 

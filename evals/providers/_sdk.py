@@ -52,8 +52,9 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
-    parsed = email.utils.parsedate_to_datetime(value) if value else None
-    if parsed is None:
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
     return max(0.0, parsed.timestamp() - time.time())
 

@@ -120,9 +120,12 @@ class AnthropicProvider:
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
         try:
-            self._sdk()
+            client = self._sdk()
         except ProviderError:
-            pass  # a missing key is reported by each call
+            return  # a missing key is reported by each call
+        from anthropic.types import Message, RawMessageStreamEvent  # noqa: F401
+
+        client.messages  # noqa: B018 - resources load lazily on first access
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -116,9 +116,12 @@ class OpenAIProvider:
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
         try:
-            self._sdk()
+            client = self._sdk()
         except ProviderError:
-            pass  # a missing key is reported by each call
+            return  # a missing key is reported by each call
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: F401
+
+        client.chat.completions  # noqa: B018 - resources load lazily on first access
 
     async def aclose(self) -> None:
         if self._client is not None:

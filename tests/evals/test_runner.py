@@ -276,3 +276,23 @@ def test_shared_limits_follow_candidate_fields(fake_candidate):
     assert a.breaker is b.breaker and a.limiter is b.limiter  # shared across pairs in a process
     assert (a.breaker.failures, a.breaker.cooldown_s, a.limiter.active) == (3, 5, True)
     reset_shared_limits()
+
+
+async def test_cancelled_run_flushes_finished_items_and_resumes(tmp_path, fake_llm, fake_candidate):
+    import asyncio
+
+    fake_llm.first_token_delay_s = 0.05
+    suite = load_suite(write_arithmetic_suite(tmp_path, 40))
+    cand = fake_candidate(max_concurrency=4)
+    rows = Rows()
+    task = asyncio.ensure_future(run(suite, cand, rows, flush_every=5))
+    while len(fake_llm.requests) < 12:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    first = set(rows.by_item())
+    assert 8 <= len(first) < 40  # finished calls were flushed although the batch was not full
+    await run(suite, cand, rows, done=first)
+    assert sorted(rows.by_item()) == [it.id for it in suite.items]
+    assert all(r.passed for r in rows)
