@@ -14,6 +14,7 @@ COMMANDS: list[str] = [
     "flows.commands.ops:export_group",
     "flows.commands.ops:drift_cmd",
     "flows.commands.ops:report_cmd",
+    "flows.commands.ops:deploy_cmd",
     "flows.commands.gpu:bench",
     "flows.commands.gpu:cost",
     "flows.commands.pipeline:run",

@@ -150,3 +150,46 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from None
     click.echo(f"report of run {run_id}: {path}")
+
+
+@click.command("deploy")
+@CONFIG_OPTION
+@click.option("--name", default="nightly", show_default=True, help="Deployment name.")
+@click.option("--pool", "work_pool", default="routeopt", show_default=True, help="Work pool to run on.")
+@click.option("--pool-type", default="process", show_default=True,
+              help="Type of the pool if it must be created (process, kubernetes, docker, ...).")
+@click.option("--cron", default="0 2 * * *", show_default=True, help="Schedule ('' for none).")
+@click.option("--timezone", default="UTC", show_default=True)
+@click.option("--suite", "suites", multiple=True, help="Only these suites (repeatable).")
+@click.option("--candidate", "candidates", multiple=True, help="Only these candidates (repeatable).")
+@click.option("--source", default=None, help="Code location: a folder (default: this checkout) or a git URL.")
+@click.option("--branch", default=None, help="Git branch, with a git URL --source.")
+@click.option("--paused", is_flag=True, help="Create the schedule paused.")
+def deploy_cmd(config_path: Path | None, name: str, work_pool: str, pool_type: str, cron: str,
+               timezone: str, suites: tuple[str, ...], candidates: tuple[str, ...], source: str | None,
+               branch: str | None, paused: bool) -> None:
+    """Deploy the nightly flow to the Prefect server at $PREFECT_API_URL.
+
+    Creates the work pool if missing, schedules the flow with --cron, and passes the config
+    path, suites and candidates as parameters. Then start a worker on the pool:
+    `prefect worker start --pool routeopt`.
+    """
+    from flows.deploy import REPO_ROOT, DeploySpec, deploy_nightly
+
+    cfg = _config(config_path)  # fail here, not at 2 a.m., if the config is broken
+    for cand in candidates:
+        if cand not in {c.name for c in cfg.candidates}:
+            raise click.ClickException(f"--candidate {cand!r}: not in {cfg.source_path}")
+    spec = DeploySpec(
+        config_path=str(cfg.source_path), name=name, work_pool=work_pool, pool_type=pool_type,
+        cron=cron or None, timezone=timezone, suites=list(suites) or None,
+        candidates=list(candidates) or None, source=source or str(REPO_ROOT), branch=branch, paused=paused,
+    )
+    try:
+        deployment_id = deploy_nightly(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deployed routeopt-nightly/{name} ({deployment_id}) on pool {work_pool!r}, "
+               f"schedule: {cron or 'none'} {timezone if cron else ''}".rstrip())
+    click.echo(f"start a worker:  prefect worker start --pool {work_pool}")
+    click.echo(f"run it now:      prefect deployment run routeopt-nightly/{name}")
