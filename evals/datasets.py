@@ -175,8 +175,11 @@ def content_digest(items: list[tuple[str, dict[str, Any]]]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _collect(spec: DatasetSpec, raw: Iterator[tuple[str, Any]]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    items: list[tuple[str, dict[str, Any]]] = []
+_Row = tuple[str, dict[str, Any]]
+
+
+def _collect(spec: DatasetSpec, raw: Iterator[tuple[str, Any]]) -> tuple[list[_Row], list[str]]:
+    items: list[_Row] = []
     problems: list[str] = []
     seen: dict[str, str] = {}
     for where, row in raw:

@@ -4,17 +4,14 @@ Every grader is a pydantic model (its YAML parameters, validated) with an async 
 through one registry that raises on duplicate names and, on a miss, names the graders that exist.
 Graders that need more than their parameters (the judge needs the config's candidates, a custom
 grader the suite's folder) get it from an explicit `GraderContext` when the suite is loaded.
-The code grader lives in `evals.sandbox` and the judge in `evals.judge`; both register here.
+The custom grader lives in `evals.custom`, the code grader in `evals.sandbox` and the judge in
+`evals.judge`; all register here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import importlib
-import importlib.util
-import inspect
 import json
 import math
 import re
@@ -480,70 +477,6 @@ class JsonGrader(Grader):
         return Grade(ok / checks, not failures, "; ".join(failures) or None)
 
 
-def _load_function(ref: str, base_dir: Path | None) -> tuple[Callable[..., Any], str]:
-    """Resolve "module:function" or "path/to/file.py:function" (relative to the suite folder)."""
-    target, sep, name = ref.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise ValueError(f"function {ref!r} must look like 'module:function' or 'file.py:function'")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            path = path if path.is_absolute() or base_dir is None else base_dir / path
-            if not path.is_file():
-                raise ValueError(f"function {ref!r}: file not found: {path}")
-            mod_name = "routeopt_custom_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ValueError:
-        raise
-    except Exception as exc:  # the user's module failing to import is the user's error to see
-        raise ValueError(f"function {ref!r}: cannot import {target!r}: {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"function {ref!r}: {target!r} has no callable {name!r}")
-    try:
-        source = inspect.getsource(module)
-    except (OSError, TypeError):
-        source = ref
-    return fn, hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
-@register_grader("custom")
-class Custom(Grader):
-    """A Python function `fn(response, item, **params)` returning a Grade, a bool or a score."""
-
-    type: Literal["custom"] = "custom"
-    function: str
-    params: dict[str, Any] = {}
-    threshold: float = Field(default=1.0, ge=0, le=1, description="pass mark for a float score")
-    _fn: Callable[..., Any] | None = PrivateAttr(default=None)
-    _source_hash: str = PrivateAttr(default="")
-
-    def setup(self, context: GraderContext) -> None:
-        self._fn, self._source_hash = _load_function(self.function, context.base_dir)
-
-    def fingerprint(self) -> str:
-        return self._source_hash
-
-    async def grade(self, response: str, item: dict[str, Any]) -> Grade:
-        if self._fn is None:
-            raise RuntimeError("custom grader was not set up; build it with build_grader")
-        result = self._fn(response, item, **self.params)
-        if inspect.isawaitable(result):
-            result = await result
-        if isinstance(result, Grade):
-            return result
-        if isinstance(result, bool):
-            return Grade(float(result), result)
-        if isinstance(result, (int, float)):
-            return Grade(float(result), float(result) >= self.threshold)
-        raise TypeError(f"{self.function} returned {type(result).__name__}; expected Grade, bool or float")
-
-
 class Combinator(Grader):
     """Base for graders made of other graders (`graders:` is a list of grader specs)."""
 
@@ -610,9 +543,11 @@ class Weighted(Combinator):
         score = sum(w * g.score for w, g in zip(weights, grades)) / sum(weights)
         score = min(1.0, max(0.0, score))
         passed = score >= self.threshold
-        return Grade(score, passed, None if passed else self._reason(grades) or f"score {score:.2f} < {self.threshold}")
+        why = None if passed else self._reason(grades) or f"score {score:.2f} < {self.threshold}"
+        return Grade(score, passed, why)
 
 
-# The code and judge graders live in their own modules and register themselves on import.
+# The custom, code and judge graders live in their own modules and register themselves on import.
+from evals import custom as _custom  # noqa: E402,F401
 from evals import judge as _judge  # noqa: E402,F401
 from evals import sandbox as _sandbox  # noqa: E402,F401

@@ -106,7 +106,8 @@ def _try(cmd: list[str]) -> str | None:
 
 
 def _pythons() -> list[str]:
-    found = [sys.executable] + [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
+    system = [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
+    found = [sys.executable, *system]
     return list(dict.fromkeys(found))
 
 
@@ -247,7 +248,8 @@ _CODE_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.S)
 
 def extract_code(response: str) -> str:
     """The program in a response: its python (or unlabelled) fenced blocks, else the whole text."""
-    blocks = [body for lang, body in _CODE_FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
+    fenced = _CODE_FENCE.findall(response)
+    blocks = [body for lang, body in fenced if lang.lower() in ("", "python", "py", "python3")]
     return "\n\n".join(blocks) if blocks else response
 
 
@@ -262,7 +264,7 @@ def _explain(result: RunResult, report: dict[str, Any] | None, timeout_s: float)
     rc = result.returncode
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
-        hint = " (CPU limit)" if -rc == signal.SIGXCPU else " (file size limit)" if -rc == signal.SIGXFSZ else ""
+        hint = {signal.SIGXCPU: " (CPU limit)", signal.SIGXFSZ: " (file size limit)"}.get(-rc, "")
         return f"killed by {sig}{hint}"
     tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
     return f"no test report (exit code {rc}): {tail[0][:300]}"
@@ -291,7 +293,9 @@ class CodeGrader(Grader):
         if isinstance(tests, str):
             tests = [tests]
         if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-            raise ValueError(f"item field {self.tests_field!r} must be a test string or a non-empty list of them")
+            raise ValueError(
+                f"item field {self.tests_field!r} must be a test string or a non-empty list of them"
+            )
         return tests
 
     def _run_blocking(self, code: str, tests: list[str]) -> tuple[RunResult, dict[str, Any] | None]:
@@ -314,5 +318,5 @@ class CodeGrader(Grader):
         results = report["results"]
         passed = sum(ok for ok, _ in results)
         failed = [f"test {i} `{_short(tests[i])}`: {msg}" for i, (ok, msg) in enumerate(results) if not ok]
-        reason = None if not failed else f"{len(failed)}/{len(results)} tests failed: " + "; ".join(failed)[:500]
+        reason = f"{len(failed)}/{len(results)} tests failed: " + "; ".join(failed)[:500] if failed else None
         return Grade(passed / len(results), not failed, reason)

@@ -42,7 +42,9 @@ class SuiteError(ValueError):
             super().__init__(problems)
             return
         self.problems = list(problems)
-        head = f"{self.problems[0].file}: {len(self.problems)} problem(s)" if self.problems else "invalid suite"
+        head = "invalid suite"
+        if self.problems:
+            head = f"{self.problems[0].file}: {len(self.problems)} problem(s)"
         super().__init__("\n  ".join([head] + [str(p) for p in self.problems]))
 
 
@@ -118,7 +120,8 @@ def _include_list(data: dict[str, Any], path: Path, lines: dict[Loc, int]) -> li
         return [inc]
     if isinstance(inc, list) and all(isinstance(i, str) for i in inc):
         return inc
-    raise SuiteError([Problem(path, lines.get(("include",)), "include", "must be a file name or a list of them")])
+    line = lines.get(("include",))
+    raise SuiteError([Problem(path, line, "include", "must be a file name or a list of them")])
 
 
 def _read(path: Path, stack: tuple[Path, ...], prov: Provenance) -> dict[str, Any]:

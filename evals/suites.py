@@ -186,7 +186,9 @@ class _Checker:
         self.prov = prov
         self.problems: list[Problem] = []
 
-    def add(self, loc: tuple[str | int, ...], message: str, severity: Literal["error", "warning"] = "error") -> None:
+    def add(
+        self, loc: tuple[str | int, ...], message: str, severity: Literal["error", "warning"] = "error"
+    ) -> None:
         file, line = self.prov.locate(loc, self.path)
         field = ".".join(map(str, loc)) or "(top level)"
         self.problems.append(Problem(file, line, field, message, severity))
@@ -230,7 +232,9 @@ def _generations(spec: SuiteSpec, config: "Config | None", chk: _Checker) -> dic
     return out
 
 
-def _items(ds: DatasetSpec, base: Path, chk: _Checker, loc: tuple[str, ...]) -> tuple[list[Item], list[str], str]:
+def _items(
+    ds: DatasetSpec, base: Path, chk: _Checker, loc: tuple[str, ...]
+) -> tuple[list[Item], list[str], str]:
     try:
         rows = load_rows(ds, base)
     except DatasetError as exc:
@@ -317,7 +321,8 @@ def _check_few_shot(prompt: PromptSpec, shots: list[Item], chk: _Checker) -> Non
     if fs is None:
         return
     user = fs.template or prompt.template or ""
-    for loc, template in ((("prompt", "few_shot", "template"), user), (("prompt", "few_shot", "answer"), fs.answer)):
+    where = ("prompt", "few_shot")
+    for loc, template in ((where + ("template",), user), (where + ("answer",), fs.answer)):
         for shot in shots:
             try:
                 render(template, shot.fields)
