@@ -94,15 +94,21 @@ def list_cmd(folder: str | None, recursive: bool, config_path: str | None) -> No
     if not root.is_dir():
         raise click.UsageError(f"{root}: suites folder not found")
     rows = [("SUITE", "ITEMS", "GRADER", "VERSION", "FILE")]
+    failures: list[str] = []
     for path in _suite_files(root, recursive):
         try:
             s = load_suite(path, config=config)
             rows.append((s.name, str(len(s.items)), s.grader.type, s.version, str(path)))
         except SuiteError as exc:
             rows.append((path.stem, "-", "-", f"ERROR ({len(exc.problems) or 1})", str(path)))
+            failures.append(str(exc.problems[0]) if exc.problems else str(exc))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    if failures:
+        click.echo("\nnot loadable (`routeopt suites validate` lists every problem):")
+        for line in failures:
+            click.echo(f"  {line}")
 
 
 @suites.command("validate")

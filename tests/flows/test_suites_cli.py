@@ -76,9 +76,11 @@ def test_list_shows_versions_and_errors(project: Path) -> None:
     (project / "suites" / "beta.yaml").write_text("name: beta\n")
     res = run(project, "list")
     assert res.exit_code == 0
-    lines = {line.split()[0]: line for line in res.output.splitlines()[1:]}
+    table, _, failures = res.output.partition("\nnot loadable")
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert "numeric" in lines["alpha"] and "3" in lines["alpha"].split()
     assert "ERROR" in lines["beta"]
+    assert "beta.yaml" in failures and "dataset: Field required" in failures
 
 
 def test_show_applies_candidate_overrides_and_picks_items(project: Path) -> None:
