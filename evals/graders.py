@@ -281,9 +281,15 @@ def extract_choice(response: str, letters: str) -> str | None:
     single distinct standalone capital letter.
     """
     cls = f"[{re.escape(letters)}]"
-    stated = re.findall(rf"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*\(?({cls})\)?(?![\w])", response)
+    any_case = f"[{re.escape(letters)}{re.escape(letters.lower())}]"
+    # "Answer: b" and "answer is (b)" may be lower case; "answer is a ..." is English, not option A
+    stated = re.findall(
+        rf"(?i:answer)\s*(?:(?i:is)\s*)?"
+        rf"(?::\s*\(?({any_case})\)?|[:\-]?\s*\(({any_case})\)|[:\-]?\s*({cls}))(?!\w)",
+        response,
+    )
     if stated:
-        return stated[-1].upper()
+        return next(g for g in stated[-1] if g).upper()
     bare = re.fullmatch(rf"\s*\(?({cls})\)?[.:]?\s*", response)
     if bare:
         return bare.group(1)

@@ -113,6 +113,7 @@ async def test_numeric_no_number_and_bad_target() -> None:
     ("B", "B"), ("(c)", None), ("(C)", "C"), ("The answer is (D).", "D"), ("Answer: a", "A"),
     ("A) is wrong because... so the answer is C", "C"), ("I pick B.", "B"),
     ("A. no\nB. yes", "A"), ("A or B", None), ("Nothing here", None),
+    ("The answer is a tricky one, but I pick C", "C"), ("answer is (b)", "B"), ("ANSWER - D", "D"),
 ])
 def test_extract_choice(response: str, choice: str | None) -> None:
     assert extract_choice(response, "ABCD") == choice
