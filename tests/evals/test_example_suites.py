@@ -161,3 +161,18 @@ async def test_a_grader_that_raises_costs_only_its_item(tmp_path: Path) -> None:
     assert stats.errors == 1 and by_id["q00002"].error_kind == "grader_error"
     assert "RuntimeError: grader bug on this item" in by_id["q00002"].error
     assert all(r.passed for i, r in by_id.items() if i != "q00002")
+
+
+async def test_judge_works_through_the_anthropic_protocol_too() -> None:
+    with FakeLLM(answer_fn=scripted_model(True)) as server:
+        judge = Candidate(name="judge", provider="anthropic", model="judge-claude", timeout_s=10,
+                          base_url=server.anthropic_base_url, input_price_per_mtok=3, output_price_per_mtok=15)
+        suite = load_suite(EXAMPLES / "summary-judge.yaml", config=Config(candidates=[judge]))
+        item = suite.items[1]
+        good = await suite.grader.grade(item.fields["reference"], item.fields)
+        bad = await suite.grader.grade("Something happened somewhere.", item.fields)
+        await suite.grader.aclose()
+        sent = [r for r in server.requests if r.path.endswith("/messages")]
+    assert good.passed and not bad.passed and bad.score == pytest.approx(0.2)
+    assert len(sent) == 2 and sent[0].body["model"] == "judge-claude"
+    assert "strict, fair grader" in str(sent[0].body["system"])
