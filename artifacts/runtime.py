@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
 from artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
-from artifacts.signing import resolve_public_key
+from artifacts.signing import trusted_keys
 from artifacts.verify import (
     VerificationError, VerifiedVersion, check_order, materialize, read_pointer, verify_version,
 )
@@ -95,7 +95,7 @@ class Router:
                  public_key: Any = None, on_event: EventCallback | None = None,
                  policy_loader: PolicyLoader | None = None) -> None:
         self._backend, self._prefix, self._channel = backend, prefix, channel
-        self._key = resolve_public_key(public_key)
+        self._key = trusted_keys(public_key)
         self._on_event, self._loader = on_event, policy_loader or _default_loader
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -264,8 +264,8 @@ def load(source: str | Path, public_key: Any = None, *, channel: str | None = No
          policy_loader: PolicyLoader | None = None) -> Router:
     """Load a policy from a version folder, a registry folder/bucket/URL (+ channel), verified.
 
-    `public_key` (a PEM path, bytes or key; default `$ROUTEOPT_PUBLIC_KEY`) makes signatures
-    mandatory. `channel` defaults to `champion` if the registry has one, else `latest`. With
+    `public_key` (a PEM path, bytes or key, or a list of them while rotating keys; default
+    `$ROUTEOPT_PUBLIC_KEY`) makes signatures mandatory. `channel` defaults to `champion` if the registry has one, else `latest`. With
     `refresh_s` a background thread keeps the policy fresh.
     """
     try:

@@ -14,6 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -124,26 +125,40 @@ def resolve_signing_key(configured: str | os.PathLike | None = None) -> Ed25519P
     return load_private_key(path) if path else None
 
 
-def resolve_public_key(
-    given: str | os.PathLike | bytes | Ed25519PublicKey | None,
-) -> Ed25519PublicKey | None:
-    """The key to verify with: the argument, else `$ROUTEOPT_PUBLIC_KEY`, else None (unchecked)."""
+TrustedKeys = Mapping[str, Ed25519PublicKey]
+
+
+def trusted_keys(given: Any) -> dict[str, Ed25519PublicKey] | None:
+    """The keys to verify with, by key id: one key (object, PEM bytes or path) or a list of them
+    (to rotate keys, trust old and new for a while). Default `$ROUTEOPT_PUBLIC_KEY` (paths joined
+    by os.pathsep); None means signatures are not checked."""
     if given is None:
         env = os.environ.get(PUBLIC_KEY_ENV)
-        return load_public_key(env) if env else None
-    return load_public_key(given)
+        if not env:
+            return None
+        given = [p for p in env.split(os.pathsep) if p]
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    if not items:
+        return None
+    keys = [load_public_key(x) for x in items]
+    return {key_id(k): k for k in keys}
 
 
 def sign(data: bytes, key: Ed25519PrivateKey) -> Signature:
     return Signature(key_id=key_id(key.public_key()), value=key.sign(data))
 
 
-def verify(data: bytes, signature: Signature, public_key: Ed25519PublicKey, what: str) -> None:
-    """Raise SigningError naming `what` unless `signature` is a valid signature of `data`."""
-    expected = key_id(public_key)
-    if signature.key_id != expected:
-        raise SigningError(f"{what}: signed by key {signature.key_id}, but the trusted key is {expected}")
+def verify(data: bytes, signature: Signature, public_key: Ed25519PublicKey | TrustedKeys,
+           what: str) -> None:
+    """Raise SigningError naming `what` unless `signature` is a valid signature of `data` by a
+    trusted key."""
+    keys = public_key if isinstance(public_key, Mapping) else {key_id(public_key): public_key}
+    key = keys.get(signature.key_id)
+    if key is None:
+        trusted = ", ".join(sorted(keys))
+        raise SigningError(f"{what}: signed by key {signature.key_id}, but the trusted "
+                           f"key{' is' if len(keys) == 1 else 's are'} {trusted}")
     try:
-        public_key.verify(signature.value, data)
+        key.verify(signature.value, data)
     except InvalidSignature:
         raise SigningError(f"{what}: signature does not match the content (tampered or truncated)") from None

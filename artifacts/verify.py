@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from artifacts.backends import Backend, NotFound, RegistryError, atomic_write
 from artifacts.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Manifest, ManifestError, Pointer, canonical_json,
     check_channel, check_file_name, parse_manifest, parse_pointer, sha256_hex,
 )
-from artifacts.signing import Signature, SigningError, verify
+from artifacts.signing import Signature, SigningError, TrustedKeys, verify
 
 _DIR_NAME = re.compile(r"^(\d{6,})-([0-9a-f]{12})$")
 
@@ -60,7 +58,7 @@ def _read(backend: Backend, key: str) -> bytes:
 
 
 def _check_signature(backend: Backend, prefix: str, data: bytes,
-                     public_key: Ed25519PublicKey | None) -> tuple[bool, str | None]:
+                     public_key: TrustedKeys | None) -> tuple[bool, str | None]:
     where = f"{backend.location}: {_key(prefix, SIGNATURE_NAME)}"
     try:
         raw_sig = backend.get(_key(prefix, SIGNATURE_NAME))[0]
@@ -95,7 +93,7 @@ def _check_name(prefix: str, digest: str, manifest: Manifest, where: str) -> Non
 
 
 def verify_version(
-    backend: Backend, prefix: str, public_key: Ed25519PublicKey | None, *,
+    backend: Backend, prefix: str, public_key: TrustedKeys | None, *,
     expected_digest: str | None = None, now: datetime | None = None,
 ) -> VerifiedVersion:
     """Read and check one version (signature, digest, folder name, expiry, every file's hash)."""
@@ -143,7 +141,7 @@ class SignedPointer:
     etag: str
 
 
-def read_pointer(backend: Backend, channel: str, public_key: Ed25519PublicKey | None,
+def read_pointer(backend: Backend, channel: str, public_key: TrustedKeys | None,
                  etag: str | None = None) -> SignedPointer | None:
     """The channel's pointer, checked; None when unchanged since `etag` (cheap polling)."""
     key = f"channels/{check_channel(channel)}.json"

@@ -135,15 +135,17 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None) -
 
 @policies.command()
 @click.argument("source")
-@click.option("--public-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Trusted Ed25519 public key (default: $ROUTEOPT_PUBLIC_KEY); makes signatures mandatory.")
+@click.option("--public-key", "public_keys", multiple=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Trusted Ed25519 public key, repeatable while rotating keys (default: "
+                   "$ROUTEOPT_PUBLIC_KEY); makes signatures mandatory.")
 @click.option("--channel", default=None, help="Channel of a registry (default: champion, else latest).")
-def verify(source: str, public_key: Path | None, channel: str | None) -> None:
+def verify(source: str, public_keys: tuple[Path, ...], channel: str | None) -> None:
     """Check SOURCE (version folder, registry folder, s3:// or http(s) URL) exactly as a gateway does."""
     from artifacts.runtime import PolicyLoadError, check
 
     try:
-        report = check(source, public_key, channel=channel)
+        report = check(source, list(public_keys) or None, channel=channel)
     except (PolicyLoadError, ValueError, RuntimeError) as exc:
         _fail(exc)
     for key, value in report.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -105,3 +106,17 @@ def test_runtime_import_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def test_key_rotation_trusts_any_listed_key(policies, publish_to, registry, keypair, other_keypair,
+                                            monkeypatch) -> None:
+    publish_to(policies[0], signing_key=other_keypair[0])
+    move_channel(registry, "latest", 1, signing_key=other_keypair[0])
+    with pytest.raises(PolicyLoadError, match="trusted key is"):
+        load(registry, keypair[1])
+    router = load(registry, [keypair[1], other_keypair[1]])
+    assert router.status().signed
+    publish_to(policies[1])  # the new key signs from now on
+    assert router.refresh() is True and router.version == 2
+    monkeypatch.setenv("ROUTEOPT_PUBLIC_KEY", f"{keypair[1]}{os.pathsep}{other_keypair[1]}")
+    assert load(registry).status().signed

@@ -210,10 +210,10 @@ def test_registry_fails_between_pointer_and_files(policies, publish_to, registry
 
 
 def test_serving_an_expired_policy_is_reported(policies, publish_to, registry, keypair) -> None:
-    publish_to(policies[0], expires_in=timedelta(seconds=1))
+    publish_to(policies[0], expires_in=timedelta(seconds=3))
     events: list[tuple[str, str]] = []
     router = load(registry, keypair[1], on_event=lambda k, m: events.append((k, m)))
-    deadline = datetime.now(timezone.utc) + timedelta(seconds=3)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=8)
     while not router.status().expired and datetime.now(timezone.utc) < deadline:
         time.sleep(0.05)
     assert router.refresh() is False and router.status().expired
