@@ -120,7 +120,8 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
     `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
     """
-    from evals.serving import ServingError, Targets, bench_serving, load_prompts, parse_levels, save_report
+    from evals.serving import (ServingError, Targets, bench_serving, load_prompts, parse_levels,
+                               save_report)
 
     cfg = _load(config_path)
     try:
