@@ -91,12 +91,13 @@ def test_examples_cover_every_grader_kind() -> None:
 
 @pytest.mark.parametrize("right", [True, False], ids=["right-answers", "wrong-answers"])
 async def test_every_example_suite_runs_on_the_local_server(right: bool) -> None:
-    if isinstance(isolation(False), str):
-        pytest.skip(f"code example needs the sandbox: {isolation(False)}")
+    no_sandbox = isinstance(isolation(False), str)  # then the code example is left out, not all
     with FakeLLM(answer_fn=scripted_model(right)) as server:
         cfg = fleet(server)
         for path in discover_suites(EXAMPLES):
             suite = load_suite(path, config=cfg)
+            if no_sandbox and suite.grader.type == "code":
+                continue
             rows: list[Outcome] = []
             stats = await evaluate_pair(suite, cfg.candidate("small-model"), "run-1", rows.extend)
             assert stats.errors == 0, [(r.item_id, r.error) for r in rows if r.error]
