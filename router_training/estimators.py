@@ -12,8 +12,9 @@ from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.optimize import minimize
+from scipy.special import expit
 from sklearn.base import BaseEstimator
-from sklearn.linear_model import LogisticRegression
 from sklearn.utils.validation import check_is_fitted
 
 from router_training.features import (
@@ -22,6 +23,7 @@ from router_training.features import (
 from router_training.policy import CostModel
 
 _EPS = 1e-6
+_HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
 
 
 def fit_feature_spec(
@@ -63,85 +65,146 @@ def _logit(p: np.ndarray | float) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def _soft_rows(X: sp.csr_matrix, y: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-    """Pass fractions as weighted 0/1 rows, so logistic regression can fit averaged outcomes."""
-    if np.all((y == 0) | (y == 1)):
-        return X, y.astype(int), np.ones(len(y))
-    Xs = sp.vstack([X, X]).tocsr()
-    ys = np.concatenate([np.ones(len(y), int), np.zeros(len(y), int)])
-    ws = np.concatenate([y, 1 - y])
-    keep = ws > 0
-    return Xs[keep], ys[keep], ws[keep]
+def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(1.0 / (1.0 + np.exp(-z)), _EPS, 1 - _EPS)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def _fit_logistic(X: sp.csr_matrix, y: np.ndarray, C: float) -> tuple[np.ndarray, float]:
-    """Weights and intercept; a constant model when the target has one class (or few rows)."""
+def _fit_logistic(
+    X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
+    """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C).
+
+    A constant model when the target has a single value or too few rows: nothing to learn.
+    """
     rate = (y.sum() + 0.5) / (len(y) + 1.0)
-    if len(y) < 4 or np.all(y == y[0]) or min(y.sum(), (1 - y).sum()) < 1:
+    if len(y) < 4 or np.ptp(y) < 1e-12:
         return np.zeros(X.shape[1]), float(_logit(rate))
-    Xs, ys, ws = _soft_rows(X, y)
-    model = LogisticRegression(C=C, max_iter=300, tol=1e-4, solver="lbfgs")
-    model.fit(Xs, ys, sample_weight=ws)
-    return model.coef_[0].astype(np.float64), float(model.intercept_[0])
+    XT = X.T.tocsr() if sp.issparse(X) else X.T
+
+    def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[:-1], theta[-1]
+        z = X @ w + b
+        g = expit(z) - y
+        loss = float(np.sum(np.logaddexp(0.0, z) - y * z)) + 0.5 * float(w @ w) / C
+        return loss, np.append(XT @ g + w / C, g.sum())
+
+    theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), _logit(rate))
+    res = minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
+                   options={"maxiter": 500, "ftol": 1e-9 * len(y) ** 0.5, "gtol": 1e-6})
+    return res.x[:-1], float(res.x[-1])
 
 
 class LinearPassEstimator(BaseEstimator):
-    """Per-candidate logistic regression sharing strength through a common difficulty model.
+    """Item-response-style router: a shared difficulty model plus small per-candidate models.
 
-    A first model learns how hard a request is for the fleet on average (every candidate's
-    outcomes are evidence); each candidate's model then gets that difficulty as a feature
-    (cross-fitted, so it is not over-trusted). Both are linear, so they fold into one
-    weight matrix that the gateway scores with a sparse dot product.
+    A request's outcomes on every candidate are evidence of how hard it is, so one text model
+    learns difficulty from all K outcomes per request (K times the data of any single
+    candidate). Each candidate then gets a logistic model over its own per-suite prior, the
+    (cross-fitted, so it is not over-trusted) difficulty and difficulty x suite. The gateway
+    scores it with one sparse dot product: text -> difficulty, then a per-suite slope.
+    With C='auto' the difficulty model's ridge is the grid value with the best out-of-fold
+    log-loss.
     """
 
-    def __init__(self, C: float = 1.0, shared: bool = True, n_folds: int = 2, seed: int = 0):
+    def __init__(self, C: float | str = "auto", n_suites: int = 0, n_folds: int = 3, seed: int = 0,
+                 C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)):
         self.C = C
-        self.shared = shared
+        self.n_suites = n_suites
         self.n_folds = n_folds
         self.seed = seed
+        self.C_grid = C_grid
 
-    def _shared_logits(self, X: sp.csr_matrix, ybar: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        w, b = _fit_logistic(X, ybar, self.C)
-        oof = X @ w + b
-        n = X.shape[0]
-        if n >= 2 * self.n_folds and self.n_folds > 1:
-            folds = np.random.default_rng(self.seed).permutation(n) % self.n_folds
+    def _folds(self, n: int) -> np.ndarray:
+        return np.random.default_rng(self.seed).permutation(n) % self.n_folds
+
+    def _difficulty(self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray):
+        """Out-of-fold difficulty logits, the chosen C and the full fit (weights, intercept)."""
+        grid = self.C_grid if self.C == "auto" else (float(self.C),)
+        if X.shape[0] < 2 * self.n_folds or self.n_folds < 2:
+            w, b = _fit_logistic(X, ybar, grid[0])
+            return X @ w + b, grid[0], w, b
+        best = None
+        starts: list[np.ndarray | None] = [None] * self.n_folds
+        for C in sorted(grid):
+            oof = np.zeros(X.shape[0])
             for f in range(self.n_folds):
                 te = folds == f
-                wf, bf = _fit_logistic(X[~te], ybar[~te], self.C)
-                oof[te] = X[te] @ wf + bf
-        return oof, w, b
+                w, b = _fit_logistic(X[~te], ybar[~te], C, starts[f])
+                starts[f] = np.append(w, b)
+                oof[te] = X[te] @ w + b
+            loss = _soft_log_loss(oof, ybar)
+            if best is None or loss < best[0] - 1e-9:
+                best = (loss, C, oof, np.mean(starts, axis=0))
+        _, C, oof, start = best
+        w, b = _fit_logistic(X, ybar, C, start)
+        return oof, C, w, b
+
+    def _head(self, X: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
+        """Per-candidate dense inputs: [suite one-hot, d, d x suite one-hot]."""
+        onehot = X[:, : self.n_suites].toarray()
+        return np.hstack([onehot * _HEAD_SCALE, d[:, None], onehot * d[:, None]])
+
+    def _fit_heads(self, H: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = Y.shape[1]
+        weights, bias = np.zeros((H.shape[1], k)), np.zeros(k)
+        for j in range(k):
+            rows = ~np.isnan(Y[:, j])
+            weights[:, j], bias[j] = _fit_logistic(H[rows], Y[rows, j], 1.0)
+        return weights, bias
 
     def fit(self, X: sp.spmatrix, Y: np.ndarray) -> "LinearPassEstimator":
         X = sp.csr_matrix(X)
         Y = np.asarray(Y, dtype=np.float64)
-        n, k = Y.shape
-        coef = np.zeros((X.shape[1], k))
-        intercept = np.zeros(k)
+        n, s = Y.shape[0], self.n_suites
         seen = ~np.isnan(Y)
-        if self.shared and seen.any():
-            ybar = np.nanmean(np.where(seen.any(1, keepdims=True), Y, 0.5), axis=1)
-            oof, w_s, b_s = self._shared_logits(X, ybar)
-        for j in range(k):
-            rows = seen[:, j]
-            Xj = X[rows]
-            if self.shared:
-                Xj = sp.hstack([Xj, sp.csr_matrix(oof[rows][:, None])]).tocsr()
-            w, b = _fit_logistic(Xj, Y[rows, j], self.C)
-            if self.shared:
-                w, a = w[:-1], w[-1]
-                w, b = w + a * w_s, b + a * b_s
-            coef[:, j], intercept[j] = w, b
-        self.coef_, self.intercept_ = coef, intercept
+        has = seen.any(1)
+        ybar = np.where(seen, Y, 0.0).sum(1) / np.maximum(seen.sum(1), 1)
+        self.folds_ = self._folds(n)
+        self.oof_difficulty_ = np.zeros(n)
+        w_d, b_d, self.C_ = np.zeros(X.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
+        if has.sum() >= 4:
+            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(X[has], ybar[has], self.folds_[has])
+        H = self._head(X, self.oof_difficulty_)
+        hw, hb = self._fit_heads(H, Y)
+        coef = np.zeros((X.shape[1], Y.shape[1]))
+        coef[:s] = hw[:s] * _HEAD_SCALE
+        self.coef_, self.intercept_ = coef, hb
+        self.difficulty_coef_, self.difficulty_intercept_ = w_d, b_d
+        self.slopes_ = np.vstack([hw[s] + hw[s + 1:], hw[s: s + 1]])
         self.n_features_in_ = X.shape[1]
+        self.train_head_ = (H, Y)
         return self
+
+    def out_of_fold_logits(self) -> np.ndarray:
+        """Logits of each training request from heads fitted without its fold, on its
+        out-of-fold difficulty: honest inputs for calibration and policy tables."""
+        check_is_fitted(self, "coef_")
+        H, Y = self.train_head_
+        if len(Y) < 2 * self.n_folds or self.n_folds < 2:
+            return self.decision_function_from_head(H, *self._fit_heads(H, Y))
+        z = np.zeros(Y.shape)
+        for f in range(self.n_folds):
+            te = self.folds_ == f
+            z[te] = self.decision_function_from_head(H[te], *self._fit_heads(H[~te], Y[~te]))
+        return z
+
+    @staticmethod
+    def decision_function_from_head(H: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        return H @ weights + bias
+
+    def difficulty(self, X: sp.spmatrix) -> np.ndarray:
+        check_is_fitted(self, "coef_")
+        return np.asarray(sp.csr_matrix(X) @ self.difficulty_coef_) + self.difficulty_intercept_
 
     def decision_function(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "coef_")
-        return np.asarray(sp.csr_matrix(X) @ self.coef_) + self.intercept_
+        X = sp.csr_matrix(X)
+        slope = self.slopes_[_suite_of(X, self.n_suites)]
+        return np.asarray(X @ self.coef_) + self.intercept_ + self.difficulty(X)[:, None] * slope
 
     def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+        return expit(self.decision_function(X))
 
 
 def _column_means(Y: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:

@@ -45,28 +45,41 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 @dataclass
 class LinearScorer:
-    """Per-candidate logits = x @ weights + bias over the sparse feature row."""
+    """logit_k = x.W[:, k] + bias_k + difficulty(x) * slope[suite, k], difficulty = x.w_d + b_d.
 
-    weights: np.ndarray  # (n_features, K)
+    The last column of `weights` is w_d, so one sparse gather scores everything; row n_suites
+    of `slopes` serves requests whose suite is missing or unknown.
+    """
+
+    weights: np.ndarray  # (n_features, K + 1)
     bias: np.ndarray  # (K,)
+    difficulty_bias: float
+    slopes: np.ndarray  # (n_suites + 1, K)
 
-    def logits(self, ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
-        return vals @ self.weights[ids] + self.bias
+    def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
+        r = vals @ self.weights[ids]
+        return r[:-1] + self.bias + (r[-1] + self.difficulty_bias) * self.slopes[suite_pos]
 
     def to_dict(self) -> dict:
         return {
-            "kind": "linear",
+            "kind": "difficulty-linear",
             "shape": list(self.weights.shape),
-            "bias": [float(v) for v in self.bias],
-            "weights": [float(v) for v in np.round(self.weights.ravel(), 7)],
+            "bias": self.bias.tolist(),
+            "difficulty_bias": float(self.difficulty_bias),
+            "slopes": self.slopes.tolist(),
+            "weights": np.round(self.weights.ravel(), 7).tolist(),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "LinearScorer":
-        if d.get("kind") != "linear":
-            raise ValueError(f"unknown scorer kind {d.get('kind')!r}; this build reads 'linear'")
-        w = np.asarray(d["weights"], dtype=np.float64).reshape(d["shape"])
-        return cls(weights=w, bias=np.asarray(d["bias"], dtype=np.float64))
+        if d.get("kind") != "difficulty-linear":
+            raise ValueError(f"unknown scorer kind {d.get('kind')!r}; this build reads 'difficulty-linear'")
+        return cls(
+            weights=np.asarray(d["weights"], dtype=np.float64).reshape(d["shape"]),
+            bias=np.asarray(d["bias"], dtype=np.float64),
+            difficulty_bias=float(d["difficulty_bias"]),
+            slopes=np.asarray(d["slopes"], dtype=np.float64),
+        )
 
 
 @dataclass
@@ -147,11 +160,13 @@ class RoutingPolicy:
         suites = list(suites) if suites is not None else [None] * len(prompts)
         if len(suites) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
+        n_suites = len(self.spec.suites)
+        pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites], dtype=int)
         z = np.empty((len(prompts), len(self.candidates)))
         for i, (prompt, suite) in enumerate(zip(prompts, suites)):
-            z[i] = self.scorer.logits(*request_features(prompt, suite, self.spec))
+            ids, vals = request_features(prompt, suite, self.spec)
+            z[i] = self.scorer.logits(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
-        pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites])
         c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos)
         return p, c
 
@@ -261,6 +276,6 @@ class RoutingPolicy:
             "table": [[round(a, 8), round(b, 6)] for a, b in self.table],
             "cost_model": self.cost_model.to_dict(),
             "feature_spec": spec,
-            "scorer": {"kind": "linear", "shape": list(self.scorer.weights.shape)},
+            "scorer": {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)},
             "metrics": self.metrics,
         }

@@ -1,8 +1,9 @@
 """Train a routing policy from outcomes: fit, calibrate, choose the rule, measure on held-out data.
 
-Requests (not rows) are split, per suite, into train / calibration / test. The estimator learns
-on train; Platt scaling and the target -> parameter tables are fitted on calibration requests;
-the test requests are touched only to report metrics.
+Requests (not rows) are split, per suite, into train and held-out test. The estimator learns on
+all of train; Platt scaling and the target -> parameter tables are fitted on out-of-fold
+predictions of train (cross-fitting: no data is spent on a separate calibration set); the test
+requests are touched only to report metrics.
 """
 
 from __future__ import annotations
@@ -29,23 +30,18 @@ class TrainResult:
     split: dict[str, list[str]]
 
 
-def split_requests(
-    data: RoutingData, holdout_fraction: float, calib_fraction: float, seed: int
-) -> dict[str, np.ndarray]:
-    """Per-suite random split of request indices; every part gets at least one request if it can."""
+def split_requests(data: RoutingData, holdout_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """Per-suite random split of request indices into train and held-out test."""
     rng = np.random.default_rng(seed)
-    parts: dict[str, list[int]] = {"train": [], "calib": [], "test": []}
+    parts: dict[str, list[int]] = {"train": [], "test": []}
     suites = np.array([s or "" for s in data.suites])
     for s in sorted(set(suites)):
         idx = rng.permutation(np.flatnonzero(suites == s))
-        n_test = int(round(len(idx) * holdout_fraction)) if holdout_fraction > 0 else 0
-        n_cal = int(round((len(idx) - n_test) * calib_fraction))
-        if len(idx) >= 3:
-            n_test = max(n_test, 1) if holdout_fraction > 0 else 0
-            n_cal = max(n_cal, 1)
+        n_test = int(round(len(idx) * holdout_fraction))
+        if holdout_fraction > 0 and len(idx) >= 3:
+            n_test = min(max(n_test, 1), len(idx) - 2)
         parts["test"] += idx[:n_test].tolist()
-        parts["calib"] += idx[n_test: n_test + n_cal].tolist()
-        parts["train"] += idx[n_test + n_cal:].tolist()
+        parts["train"] += idx[n_test:].tolist()
     return {k: np.array(sorted(v), dtype=int) for k, v in parts.items()}
 
 
@@ -88,50 +84,66 @@ def pick_rule(P: np.ndarray, Cp: np.ndarray, calib: RoutingData) -> tuple[str, d
     return best, {f"calib_aiq_{r}": v for r, v in scores.items()}
 
 
-def floor_confidence(policy: RoutingPolicy, data: RoutingData, target: float) -> dict:
-    """Observed pass rate at a target on held-out requests, its lower bound and P(floor holds)."""
-    full = data.align(policy.candidates).complete()
+def floor_confidence(
+    policy: RoutingPolicy, data: RoutingData, target: float,
+    P: np.ndarray | None = None, Cp: np.ndarray | None = None,
+) -> dict:
+    """Observed pass rate at a target, its 95% lower bound and the confidence the floor holds.
+
+    Pass P/Cp (out-of-fold predictions) to measure on training requests without optimism.
+    """
     floor = target * policy.reference_pass_rate
-    if len(full) == 0:
+    if P is None or Cp is None:
+        data = data.align(policy.candidates)
+        P, Cp = policy.predict(data.prompts, data.suites)
+    ok = ~np.isnan(data.Y).any(axis=1)
+    if not ok.any():
         return {"target": target, "floor_pass_rate": floor, "n": 0}
-    P, Cp = policy.predict(full.prompts, full.suites)
-    choice = choose(P, Cp, policy.rule, policy.param_for(target))[:, 0]
-    passed = float(full.Y[np.arange(len(full)), choice].sum())
+    choice = choose(P[ok], Cp[ok], policy.rule, policy.param_for(target))[:, 0]
+    Y = data.Y[ok]
+    passed = float(Y[np.arange(len(Y)), choice].sum())
     return {
-        "target": target, "floor_pass_rate": floor, "n": len(full),
-        "observed_pass_rate": passed / len(full),
-        "lower95": M.wilson_lower(passed, len(full)),
-        "confidence_floor_holds": M.confidence_at_least(passed, len(full), floor),
+        "target": target, "floor_pass_rate": floor, "n": int(ok.sum()),
+        "observed_pass_rate": passed / len(Y),
+        "lower95": M.wilson_lower(passed, len(Y)),
+        "confidence_floor_holds": M.confidence_at_least(passed, len(Y), floor),
     }
 
 
-def _fit(train: RoutingData, calib: RoutingData, seed: int, quality_target: float) -> RoutingPolicy:
-    spec = fit_feature_spec(train.prompts, train.suites)
-    est = LinearPassEstimator(seed=seed).fit(design_matrix(train.prompts, train.suites, spec), train.Y)
-    scorer = LinearScorer(weights=est.coef_, bias=est.intercept_)
-    both = [train, calib]
-    cost_model = fit_cost_model(
-        np.concatenate([[len(p) for p in d.prompts] for d in both]),
-        np.concatenate([_suite_pos(d.suites, spec.suites) for d in both]),
-        np.vstack([d.C for d in both]), len(spec.suites),
+def _scorer(est: LinearPassEstimator) -> LinearScorer:
+    return LinearScorer(
+        weights=np.hstack([est.coef_, est.difficulty_coef_[:, None]]), bias=est.intercept_,
+        difficulty_bias=est.difficulty_intercept_, slopes=est.slopes_,
     )
-    z = est.decision_function(design_matrix(calib.prompts, calib.suites, spec))
-    platt = np.array([fit_platt(z[:, j], calib.Y[:, j]) for j in range(len(train.candidates))]).T
-    rates = np.nanmean(np.vstack([train.Y, calib.Y]), axis=0)
-    ref = int(np.nanargmax(rates))
+
+
+def _fit(data: RoutingData, seed: int, quality_target: float) -> RoutingPolicy:
+    """Fit on all requests; calibrate and build tables from out-of-fold predictions."""
+    spec = fit_feature_spec(data.prompts, data.suites)
+    X = design_matrix(data.prompts, data.suites, spec)
+    est = LinearPassEstimator(n_suites=len(spec.suites), seed=seed).fit(X, data.Y)
+    z = est.out_of_fold_logits()
+    platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
+    cost_model = fit_cost_model(
+        np.array([len(p) for p in data.prompts]), _suite_pos(data.suites, spec.suites),
+        data.C, len(spec.suites),
+    )
+    rates = np.nanmean(data.Y, axis=0)
+    ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
     policy = RoutingPolicy(
-        candidates=list(train.candidates), spec=spec, scorer=scorer, platt=platt,
+        candidates=list(data.candidates), spec=spec, scorer=_scorer(est), platt=platt,
         cost_model=cost_model, rule="lambda", table=[(0.0, 0.0)],
-        reference_pass_rate=float(rates[ref]), reference_model=train.candidates[ref],
+        reference_pass_rate=float(rates[ref]), reference_model=data.candidates[ref],
         quality_target=quality_target,
     )
-    P, Cp = policy.predict(calib.prompts, calib.suites)
-    policy.rule, rule_scores = pick_rule(P, Cp, calib)
-    calib_ref = calib.Y[:, ref]
-    if (~np.isnan(calib_ref)).any():
-        policy.reference_pass_rate = float(np.nanmean(calib_ref))
+    P = 1.0 / (1.0 + np.exp(-(platt[0] * z + platt[1])))
+    _, Cp = policy.predict(data.prompts, data.suites)
+    policy.rule, rule_scores = pick_rule(P, Cp, data)
     policy.table = build_table(P, Cp, policy.rule)
-    policy.metrics = {"rule_selection": rule_scores}
+    policy.metrics = {
+        "rule_selection": rule_scores, "difficulty_C": est.C_,
+        "floor_out_of_fold": floor_confidence(policy, data, quality_target, P, Cp),
+    }
     return policy
 
 
@@ -142,7 +154,6 @@ def train_router(
     prices: dict[str, dict] | None = None,
     holdout_fraction: float = 0.3,
     seed: int = 0,
-    calib_fraction: float = 0.3,
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests."""
     if not 0 <= holdout_fraction < 1:
@@ -152,13 +163,11 @@ def train_router(
     data = routing_data(frame, prices)
     if len(data) < 4:
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
-    parts = split_requests(data, holdout_fraction, calib_fraction, seed)
-    train, calib, test = (data.subset(parts[k]) for k in ("train", "calib", "test"))
-    policy = _fit(train, calib, seed, quality_target)
-    metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_calib": len(calib),
-                     "n_test": len(test), "candidates": list(data.candidates),
-                     "rule": policy.rule, **policy.metrics}
-    metrics["floor_calib"] = floor_confidence(policy, calib, quality_target)
+    parts = split_requests(data, holdout_fraction, seed)
+    train, test = data.subset(parts["train"]), data.subset(parts["test"])
+    policy = _fit(train, seed, quality_target)
+    metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
+                     "candidates": list(data.candidates), "rule": policy.rule, **policy.metrics}
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
     if no_cost:
         metrics["candidates_without_cost"] = no_cost
@@ -167,6 +176,7 @@ def train_router(
         metrics["holdout"] = _holdout_summary(policy, train, test, quality_target)
     policy.metrics = _jsonable(metrics)
     split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
+    split["calib"] = list(split["train"])  # calibrated on out-of-fold predictions of train
     return TrainResult(policy=policy, metrics=policy.metrics, split=split)
 
 

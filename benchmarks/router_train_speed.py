@@ -1,0 +1,56 @@
+"""How long train_router takes on ~120,000 outcome rows (RouterBench train, replicated).
+
+Each copy of a request gets a distinct id, a prompt with a few words dropped and 5% of its
+outcomes flipped, so the copies are not identical. Run with 2 cores, as CI does:
+
+    OMP_NUM_THREADS=1 taskset -c 0,1 python benchmarks/router_train_speed.py [--rows 120000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "routerbench" / "train.parquet"
+
+
+def synthesize(frame: pd.DataFrame, rows: int, seed: int = 0) -> pd.DataFrame:
+    """Replicate requests until the frame has at least `rows` rows."""
+    rng = np.random.default_rng(seed)
+    copies = int(np.ceil(rows / len(frame)))
+    parts = []
+    for k in range(copies):
+        part = frame.copy()
+        part["request_id"] = part["request_id"] + f"#{k}"
+        prompts = {p: " ".join(w for w in p.split(" ") if rng.random() > 0.03)
+                   for p in part["prompt"].unique()} if k else {}
+        if k:
+            part["prompt"] = part["prompt"].map(prompts)
+            flip = rng.random(len(part)) < 0.05
+            part.loc[flip, "score"] = 1.0 - part.loc[flip, "score"]
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True).iloc[:rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=120_000)
+    ap.add_argument("--data", type=Path, default=DATA)
+    args = ap.parse_args()
+    from router_training.train import train_router
+
+    frame = synthesize(pd.read_parquet(args.data), args.rows)
+    start = time.perf_counter()
+    result = train_router(frame, holdout_fraction=0.0)
+    took = time.perf_counter() - start
+    print(f"rows={len(frame)} requests={frame['request_id'].nunique()} "
+          f"candidates={frame['model'].nunique()} train_router_s={took:.1f} "
+          f"rule={result.policy.rule}")
+
+
+if __name__ == "__main__":
+    main()
