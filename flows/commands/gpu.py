@@ -141,12 +141,24 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     if json_out:
         _atomic_json(json_out, _report_json(report))
     if not no_store:
-        from evals.store import Store
-
         path = Path(db_path) if db_path else cfg.db_path
-        with Store(path) as store:
+        with _open_store(path, read_only=False) as store:
             save_report(store, report)
         click.echo(f"stored {len(report.levels)} rows in {path} (bench_id {report.bench_id})")
+
+
+def _open_store(path: Path, read_only: bool) -> Any:
+    """The store, or one clear error when another process holds the DuckDB file's lock."""
+    import duckdb
+
+    from evals.store import Store
+
+    try:
+        return Store(path, read_only=read_only)
+    except duckdb.IOException as exc:
+        raise click.ClickException(
+            f"{path}: cannot open the database ({exc}); another routeopt process may hold it - "
+            "wait for it, or pass --db with another file") from None
 
 
 def _report_json(report: Any) -> dict:
@@ -189,7 +201,6 @@ def compare(config_path: Path | None, db_path: str | None, utils: str,
     and the daily output-token volume above which self-hosting is cheaper."""
     from evals.costmodel import compare as compare_costs
     from evals.costmodel import load_curve
-    from evals.store import Store
 
     cfg = _load(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -198,7 +209,7 @@ def compare(config_path: Path | None, db_path: str | None, utils: str,
     utilizations = _floats(utils, "--utilization")
     if not utilizations or any(not 0 < u <= 1 for u in utilizations):
         raise click.BadParameter("utilisations must be in (0, 1]", param_hint="--utilization")
-    with Store(path, read_only=True) as store:
+    with _open_store(path, read_only=True) as store:
         curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
     if not any(curves.values()):
         raise click.ClickException(

@@ -248,3 +248,24 @@ def test_one_bench_group_shared_with_the_router_commands():
         router = importlib.import_module("flows.commands.router")
         if hasattr(router, "bench"):
             assert router.bench is gpu.bench
+
+
+def test_locked_database_is_one_clear_error(tmp_path):
+    import subprocess
+
+    from flows.cli import cli
+
+    db = tmp_path / "held.duckdb"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("candidates:\n  - {name: g, provider: local, model: m, gpu_hour_usd: 1.0}\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); "
+         "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = CliRunner().invoke(cli, ["cost", "compare", "--config", str(cfg), "--db", str(db)])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert res.exit_code != 0
+    assert "cannot open the database" in res.output and "--db" in res.output
