@@ -249,16 +249,24 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def diff(registry: Backend | str | os.PathLike, a: int, b: int) -> dict[str, dict]:
-    """What changed between two versions: candidates, policy description (thresholds), metrics."""
+    """What changed from version a to b: candidates, headline metrics, the policy's decision
+    parameters (rule, thresholds/lambda table, target), all metrics and lineage."""
     ma, mb = show(registry, a), show(registry, b)
-    out: dict[str, dict] = {}
-    for section in ("policy", "metrics", "lineage"):
-        fa, fb = _flatten(ma.get(section, {})), _flatten(mb.get(section, {}))
-        changed = {k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
-        out[section] = changed
-    ca = set(ma.get("policy", {}).get("candidates", []) or [])
-    cb = set(mb.get("policy", {}).get("candidates", []) or [])
-    out["candidates"] = {"added": sorted(cb - ca), "removed": sorted(ca - cb)}
+    pa, pb = ma.get("policy", {}), mb.get("policy", {})
+    ca, cb = set(pa.get("candidates") or []), set(pb.get("candidates") or [])
+    out: dict[str, dict] = {"candidates": {"added": sorted(cb - ca), "removed": sorted(ca - cb)}}
+    ha, hb = headline(ma.get("metrics", {})), headline(mb.get("metrics", {}))
+    out["headline"] = {k: [ha[k], hb[k]] for k in ha if ha[k] != hb[k]}
+    sections = {
+        "policy": ({k: v for k, v in pa.items() if k != "metrics"},
+                   {k: v for k, v in pb.items() if k != "metrics"}),
+        "metrics": (ma.get("metrics", {}), mb.get("metrics", {})),
+        "lineage": (ma.get("lineage", {}), mb.get("lineage", {})),
+    }
+    for section, (old, new) in sections.items():
+        fa, fb = _flatten(old), _flatten(new)
+        out[section] = {k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb))
+                        if fa.get(k) != fb.get(k)}
     return out
 
 

@@ -90,11 +90,16 @@ def diff(a: int, b: int, registry: str | None) -> None:
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     cands = d.pop("candidates")
-    click.echo(f"candidates: +{cands['added']} -{cands['removed']}")
+    click.echo(f"candidates: added {cands['added']}, removed {cands['removed']}")
     for section, changes in d.items():
         click.echo(f"{section}: {len(changes)} changed")
         for key, (old, new) in changes.items():
-            click.echo(f"  {key}: {json.dumps(old, default=str)} -> {json.dumps(new, default=str)}")
+            click.echo(f"  {key}: {_short(old)} -> {_short(new)}")
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @policies.command()
