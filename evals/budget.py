@@ -15,7 +15,7 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from evals.config import BudgetSettings, Candidate
 from evals.providers.base import Request
@@ -101,6 +101,43 @@ class Budget:
         self._in_flight: dict[int, Reservation] = {}
         self._ids = itertools.count(1)
         self.refused: dict[str, int] = {}
+
+    def __getstate__(self) -> dict:
+        """Picklable for tasks in other processes; the copy is independent (see `split`)."""
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_settled", "_ids")}
+            state["_in_flight"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._ids = itertools.count(1)
+
+    def split(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], "Budget"]:
+        """Independent budgets for (suite, candidate) tasks that run in other processes.
+
+        Workers elsewhere cannot share this object's lock, so each pair gets an equal share of
+        what remains of the run cap and of its candidate's cap. Conservative: a share one pair
+        leaves unspent is not reused by another.
+        """
+        pairs = list(dict.fromkeys(pairs))
+        per_cand: dict[str, int] = {}
+        for _, cand in pairs:
+            per_cand[cand] = per_cand.get(cand, 0) + 1
+        with self._lock:
+            run_left = None if self.run_usd is None else max(0.0, self.run_usd - self._spent_locked(None))
+            cand_left = {
+                c: max(0.0, cap - self._spent_locked(c)) for c, cap in self.per_candidate_usd.items()
+            }
+        return {
+            (suite, cand): Budget(
+                None if run_left is None else run_left / len(pairs),
+                {cand: cand_left[cand] / per_cand[cand]} if cand in cand_left else None,
+            )
+            for suite, cand in pairs
+        }
 
     # -- queries -------------------------------------------------------------------------
 

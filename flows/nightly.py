@@ -17,6 +17,7 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from evals.budget import Budget, budget_for_run, spent_in_run
 from evals.config import Candidate, Config, load_config
 from evals.runner import PairStats, evaluate_pair
 from evals.store import Outcome, Store
@@ -74,6 +75,7 @@ def evaluate_task(
     done: list[str],
     db_path: str | None,
     progress_key: str | None = None,
+    budget: Budget | None = None,
 ) -> tuple[PairStats, list[Outcome]]:
     """Run one (suite, candidate) pair.
 
@@ -86,7 +88,9 @@ def evaluate_task(
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
     stats = asyncio.run(
-        evaluate_pair(suite, candidate, run_id, sink, done=done, on_progress=on_progress)
+        evaluate_pair(
+            suite, candidate, run_id, sink, done=done, on_progress=on_progress, budget=budget
+        )
     )
     return stats, kept
 
@@ -111,6 +115,12 @@ def evaluate_all(
     )
     loaded, errors = load_suites(cfg, suites)
     report = EvalReport(run_id, {s.name: s.version for s in loaded}, errors)
+    budget = budget_for_run(cfg.budget, spent_in_run(store, run_id))
+    shares = (  # tasks in other processes cannot share one Budget: each gets a slice
+        budget.split([(s.name, c.name) for s in loaded for c in chosen])
+        if budget is not None and not persist_in_tasks
+        else {}
+    )
     futures = []
     for suite in loaded:
         store.register_suite(
@@ -122,7 +132,10 @@ def evaluate_all(
         for cand in chosen:
             done = sorted(store.done_items(run_id, suite.name, cand.name))
             db = str(cfg.db_path) if persist_in_tasks else None
-            futures.append(evaluate_task.submit(suite, cand, run_id, done, db, progress_key))
+            task_budget = budget if persist_in_tasks else shares.get((suite.name, cand.name))
+            futures.append(
+                evaluate_task.submit(suite, cand, run_id, done, db, progress_key, task_budget)
+            )
     for fut in futures:
         stats, rows = fut.result()
         store.write_outcomes(rows)
@@ -164,6 +177,7 @@ def nightly(
     publish: bool = True,
     db_path: str | None = None,
     progress_key: str | None = None,
+    persist_in_tasks: bool = True,
 ) -> dict[str, Any]:
     """Evaluate -> store -> train -> publish, once. Re-running with the same run id resumes."""
     logger = get_run_logger()
@@ -172,7 +186,12 @@ def nightly(
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
     report = evaluate_all(
-        cfg, run_id, suites=suites, candidates=candidates, progress_key=progress_key
+        cfg,
+        run_id,
+        suites=suites,
+        candidates=candidates,
+        progress_key=progress_key,
+        persist_in_tasks=persist_in_tasks,
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)

@@ -240,3 +240,21 @@ def test_config_rejects_caps_for_unknown_candidates(tmp_path: Path):
     cfg.write_text(cfg.read_text().replace("{b: 1}", "{a: -1}"))
     with pytest.raises(ConfigError, match=r"budget.per_candidate_usd.*>= 0"):
         load_config(cfg)
+
+
+def test_split_shares_what_remains_between_tasks_in_other_processes():
+    import pickle
+
+    b = Budget(run_usd=1.0, per_candidate_usd={"a": 0.4}, spent={"a": 0.1, "b": 0.1})
+    shares = b.split([("s1", "a"), ("s2", "a"), ("s1", "b"), ("s2", "b")])
+    assert shares[("s1", "a")].run_usd == pytest.approx(0.2)
+    assert shares[("s1", "a")].per_candidate_usd == {"a": pytest.approx(0.15)}
+    assert shares[("s1", "b")].per_candidate_usd == {}
+    assert sum(x.run_usd for x in shares.values()) == pytest.approx(1.0 - 0.2)
+    copy = pickle.loads(pickle.dumps(shares[("s2", "a")]))
+    r = copy.try_reserve("a", 0.1)
+    copy.settle(r, 0.1)
+    with pytest.raises(BudgetExhausted):
+        copy.try_reserve("a", 0.06)
+    assert shares[("s2", "a")].spent() == 0.0  # the copy is independent
+    assert Budget(per_candidate_usd={"a": 1.0}).split([("s", "a")])[("s", "a")].run_usd is None
