@@ -23,6 +23,7 @@ from typing import Iterator, Protocol
 from artifacts.manifest import ManifestError, check_file_name
 
 
+MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory
 LISTING_KEY = "_keys.json"  # synthesised by `registry serve`: every key in the registry
 
 
@@ -244,7 +245,10 @@ class HttpBackend:
         req = urllib.request.Request(url, headers={"If-None-Match": etag} if etag else {})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.read(), resp.headers.get("ETag", "")
+                data = resp.read(MAX_OBJECT_BYTES + 1)
+                if len(data) > MAX_OBJECT_BYTES:
+                    raise RegistryError(f"{url}: larger than {MAX_OBJECT_BYTES} bytes; refusing it")
+                return data, resp.headers.get("ETag", "")
         except urllib.error.HTTPError as exc:
             if exc.code == 304:
                 return None

@@ -125,13 +125,18 @@ class Router:
         return self._active.version
 
     def _build(self, verified: VerifiedVersion, pointer: Pointer | None) -> _Active:
+        """Load the checked files (the loader must read eagerly: the folder is then deleted) and
+        make one trial decision, so a signed but broken policy never replaces a working one."""
         with tempfile.TemporaryDirectory(prefix="routeopt-policy-") as tmp:
             try:
                 policy = self._loader(materialize(verified, Path(tmp)))
+                trial = policy.decide("routeopt load check: 2 + 2 = ?")
+                if trial.model not in policy.candidates:
+                    raise ValueError(f"chose {trial.model!r}, which is not a candidate")
             except VerificationError:
                 raise
-            except Exception as exc:  # a verified but unloadable policy must not crash the gateway
-                raise VerificationError(f"{verified.location}: policy files do not load: {exc}") from None
+            except Exception as exc:  # a verified but unusable policy must not crash the gateway
+                raise VerificationError(f"{verified.location}: policy does not load or decide: {exc}") from None
         return _Active(policy, verified.version, verified.digest, verified.signed, verified.key_id,
                        verified.manifest, pointer, datetime.now(timezone.utc))
 

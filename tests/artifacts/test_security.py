@@ -219,3 +219,23 @@ def test_serving_an_expired_policy_is_reported(policies, publish_to, registry, k
     assert router.refresh() is False and router.status().expired
     assert events[-1][0] == "expired" and "version 1, which expired" in events[-1][1]
     assert router.route(*PROMPTS[0]).policy_version == 1  # still serving: availability first
+
+
+def test_signed_but_broken_policy_is_refused(served, policies, publish_to, registry, keypair) -> None:
+    class Broken:
+        """Valid files, signed by the trusted key, whose scorer has the wrong shape."""
+
+        candidates = policies[1].candidates
+
+        def save(self, folder: Path) -> list[str]:
+            names = policies[1].save(folder)
+            scorer = json.loads((folder / "scorer.json").read_text())
+            scorer["shape"] = [scorer["shape"][0] // 2, scorer["shape"][1] * 2]
+            (folder / "scorer.json").write_text(json.dumps(scorer))
+            return names
+
+        def describe(self) -> dict:
+            return policies[1].describe()
+
+    publish_to(Broken())
+    _refused(served, r"policy does not load or decide")
