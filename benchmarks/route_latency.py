@@ -94,7 +94,7 @@ def build_policy(workdir: Path) -> tuple[Path, Path, list[tuple[str, str | None]
     return registry, public, prompts, what
 
 
-def measure(router, prompts: list[tuple[str, str | None]], n: int,
+def measure(route, prompts: list[tuple[str, str | None]], n: int,
             warmup: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-call wall time and this thread's CPU time, in microseconds.
 
@@ -102,7 +102,7 @@ def measure(router, prompts: list[tuple[str, str | None]], n: int,
     what the call costs on a quiet core; wall time is what a request would see right here.
     """
     for i in range(warmup):
-        router.route(*prompts[i % len(prompts)])
+        route(*prompts[i % len(prompts)])
     wall = np.empty(n, dtype=np.int64)
     cpu = np.empty(n, dtype=np.int64)
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
@@ -111,7 +111,7 @@ def measure(router, prompts: list[tuple[str, str | None]], n: int,
         for i in range(n):
             prompt, suite = prompts[i % len(prompts)]
             c0, t0 = cpu_clock(), clock()
-            router.route(prompt, suite)
+            route(prompt, suite)
             wall[i], cpu[i] = clock() - t0, cpu_clock() - c0
     finally:
         gc.enable()
@@ -133,7 +133,8 @@ def main() -> None:
         else:
             registry, public, prompts, what = build_policy(Path(tmp))
             router = load(registry, public)
-        us, cpu_us = measure(router, prompts, args.n, args.warmup)
+        us, cpu_us = measure(router.route, prompts, args.n, args.warmup)
+        bare_us, _ = measure(router.policy.decide, prompts, args.n, args.warmup)
     print(f"policy version {router.version} ({what}), {len(router.policy.candidates)} candidates, "
           f"mean prompt {np.mean([len(p) for p, _ in prompts]):.0f} chars, load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -141,6 +142,8 @@ def main() -> None:
         p50, p90, p99 = np.percentile(xs, [50, 90, 99])
         print(f"{args.n} decisions, one thread, {name}: mean {xs.mean():.1f} us, p50 {p50:.1f}, "
               f"p90 {p90:.1f}, p99 {p99:.1f}, max {xs.max():.1f}")
+    print(f"for comparison, RoutingPolicy.decide alone (no loader), wall time: p50 "
+          f"{np.percentile(bare_us, 50):.1f}, p99 {np.percentile(bare_us, 99):.1f} us")
     p50, p99 = np.percentile(us, [50, 99])
     print(f"p50_us={p50:.0f} p99_us={p99:.0f}")
 
