@@ -4,8 +4,8 @@ Per call: response cache (deterministic settings only) -> spend budget -> circui
 RPM/TPM limiter -> provider call under a timeout -> retries with exponential backoff and full
 jitter that honour Retry-After. Every item ends with exactly one outcome: a grade, or an error
 row that says what happened (`error_kind`, `error`, `attempts`). Outcomes are flushed to the
-sink in small batches off the event loop; a run killed at any moment loses at most the
-unflushed batch, and a restart with the same run id (the store's primary key and
+sink in batches off the event loop (by size, and at least every half second); a run killed at
+any moment loses at most the unflushed batch, and a restart with the same run id (the store's primary key and
 `Store.done_items`) evaluates only the items without a row. Calls finished but not flushed
 before a kill were cached, so the resumed run does not pay for them again.
 
@@ -221,21 +221,36 @@ async def _grade(pair: _Pair, item: Item, row: Outcome) -> None:
 
 
 class _Flusher:
-    """Batches outcomes to the sink off the event loop; GPU cost is apportioned per batch."""
+    """Batches outcomes to the sink off the event loop; GPU cost is apportioned per batch.
 
-    def __init__(self, pair: _Pair, sink: Sink, flush_every: int):
-        self.pair, self.sink, self.flush_every = pair, sink, flush_every
+    A batch goes when it holds `max_rows` rows or its oldest row is `max_age_s` old, whichever
+    comes first: DuckDB pays ~20 ms per transaction, so fast runs write big batches, while a
+    slow run still persists each answer within `max_age_s` (what a kill can lose).
+    """
+
+    def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float):
+        self.pair, self.sink, self.max_rows, self.max_age_s = pair, sink, max_rows, max_age_s
         self.buffer: list[Outcome] = []
         self.window_start = time.perf_counter()
-        self.pending: set[asyncio.Task] = set()
+        self.pending: set[asyncio.Future] = set()
         self._lock = threading.Lock()  # one sink call at a time, whatever the sink
+        self._ticker = asyncio.ensure_future(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.max_age_s)
+            if self.buffer:
+                self._flush()
 
     def add(self, row: Outcome) -> None:
         self.buffer.append(row)
-        if len(self.buffer) >= self.flush_every:
-            task = asyncio.ensure_future(asyncio.to_thread(self._write, self._take()))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
+        if len(self.buffer) >= self.max_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        task = asyncio.ensure_future(asyncio.to_thread(self._write, self._take()))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     def _take(self) -> list[Outcome]:
         rows, self.buffer = self.buffer, []
@@ -264,6 +279,7 @@ class _Flusher:
 
     async def drain(self) -> None:
         """Wait for batches in flight, then write the rest (also on cancellation)."""
+        self._ticker.cancel()
         if self.pending:
             await asyncio.gather(*list(self.pending), return_exceptions=False)
         if self.buffer:
@@ -285,7 +301,8 @@ async def evaluate_pair(
     done: Iterable[str] = (),
     provider: Provider | None = None,
     on_progress: Callable[[int], None] | None = None,
-    flush_every: int = 32,
+    flush_every: int = 512,
+    flush_interval_s: float = 0.5,
     cache: ResponseCache | str | Path | None = None,
     budget: Budget | None = None,
     limits: EndpointLimits | None = None,
@@ -294,6 +311,9 @@ async def evaluate_pair(
     breaker_cooldown_s: float | None = None,
 ) -> PairStats:
     """Evaluate every not-yet-done item of a suite on a candidate, flushing outcomes to `sink`.
+
+    Outcomes reach the sink in batches of at most `flush_every` rows, each row within
+    `flush_interval_s` of its answer; `sink` runs in a worker thread, one call at a time.
 
     `cache`: a `ResponseCache` or a folder (e.g. `config.cache_dir`); None bypasses caching.
     `limits`: the candidate's limiter and endpoint breaker; default: shared in this process,
@@ -317,7 +337,7 @@ async def evaluate_pair(
     prepare = getattr(pair.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
         await prepare()
-    flusher = _Flusher(pair, sink, flush_every)
+    flusher = _Flusher(pair, sink, flush_every, flush_interval_s)
     sem = asyncio.Semaphore(candidate.max_concurrency)
     started = time.perf_counter()
 
