@@ -3,6 +3,12 @@
 Timing follows vLLM's serving-benchmark definitions: TTFT is the time from sending the request
 to the first chunk with non-empty content; inter-chunk gaps are the times between consecutive
 content chunks (vLLM's ITL); TPOT = (latency - TTFT) / (output tokens - 1) (`Completion.tpot_s`).
+Non-streamed calls have no TTFT (None): the first token cannot be observed.
+
+What counts as an answer: a stream that ends without its finish chunk / stop reason is
+`truncated_stream`; a 200 without choices (content) or with malformed JSON is `bad_response`;
+both are retried. Empty content that the server marked complete is an answer, and is graded
+(usually a fail): it may be what the model really said, and hiding it would flatter the model.
 """
 
 from __future__ import annotations
