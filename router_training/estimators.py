@@ -91,7 +91,7 @@ def _fit_logistic(
 
     theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), _logit(rate))
     res = minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": 500, "ftol": 1e-9 * len(y) ** 0.5, "gtol": 1e-6})
+                   options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5})
     return res.x[:-1], float(res.x[-1])
 
 
