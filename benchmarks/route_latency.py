@@ -67,23 +67,26 @@ def _synthetic_frame(n: int = 600, seed: int = 0):
     return pd.DataFrame(rows)
 
 
-def training_frame() -> tuple[object, str]:
-    frame = _demo_frame()
+def training_frame(data: str = "auto") -> tuple[object, str]:
+    """Outcomes to train on: the demo fleet's (configured DuckDB), RouterBench's, or synthetic."""
+    frame = _demo_frame() if data in ("auto", "demo") else None
     if frame is not None:
         return frame, "demo fleet outcomes (configured DuckDB)"
+    if data == "demo":
+        raise SystemExit("no demo outcomes: run `routeopt run` first (or pick another --data)")
     routerbench = REPO.parent / "shared" / "data" / "routerbench" / "train.parquet"
-    if routerbench.exists():
+    if data in ("auto", "routerbench") and routerbench.exists():
         import pandas as pd
 
         return pd.read_parquet(routerbench), f"RouterBench train split ({routerbench})"
-    return _synthetic_frame(), "synthetic fleet"
+    return _synthetic_frame(), "synthetic fleet (short prompts)"
 
 
-def build_policy(workdir: Path) -> tuple[Path, Path, list[tuple[str, str | None]], str]:
+def build_policy(workdir: Path, data: str) -> tuple[Path, Path, list[tuple[str, str | None]], str]:
     """Train, publish signed into a temporary registry; returns (registry, public key, prompts, what)."""
     from router_training.train import train_router
 
-    frame, what = training_frame()
+    frame, what = training_frame(data)
     result = train_router(frame, quality_target=0.95, seed=0)
     private, public = generate_keys(workdir / "keys")
     registry = workdir / "registry"
@@ -123,15 +126,17 @@ def main() -> None:
     ap.add_argument("--policy", help="registry folder/URL or version folder (default: train one)")
     ap.add_argument("--public-key", help="trusted public key for --policy")
     ap.add_argument("--prompts", help="JSONL with {prompt, suite?} to route (default: training prompts)")
+    ap.add_argument("--data", choices=("auto", "demo", "routerbench", "synthetic"), default="auto",
+                    help="what to train on without --policy (auto: demo, else RouterBench, else synthetic)")
     ap.add_argument("-n", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="route-latency-") as tmp:
         if args.policy:
             router, what = load(args.policy, args.public_key), f"policy {args.policy}"
-            prompts = _prompts_from(args.prompts) if args.prompts else _default_prompts()
+            prompts = _prompts_from(args.prompts) if args.prompts else _default_prompts(args.data)
         else:
-            registry, public, prompts, what = build_policy(Path(tmp))
+            registry, public, prompts, what = build_policy(Path(tmp), args.data)
             router = load(registry, public)
         us, cpu_us = measure(router.route, prompts, args.n, args.warmup)
         bare_us, _ = measure(router.policy.decide, prompts, args.n, args.warmup)
@@ -155,8 +160,8 @@ def _prompts_from(path: str) -> list[tuple[str, str | None]]:
     return [(r["prompt"], r.get("suite")) for r in rows]
 
 
-def _default_prompts() -> list[tuple[str, str | None]]:
-    frame, _ = training_frame()
+def _default_prompts(data: str) -> list[tuple[str, str | None]]:
+    frame, _ = training_frame(data)
     firsts = frame.drop_duplicates("request_id")
     return list(zip(firsts["prompt"].astype(str), firsts["suite"].astype(str)))
 
