@@ -49,7 +49,7 @@ class Int8Linear(nn.Module):
         return (self.qweight.to(torch.float32) * self.scale[:, None]).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # scale is per output channel, so it can be applied after the matmul: x @ (q*s)^T = (x @ q^T) * s
+        # the scale is per output channel, so it applies after the matmul: x(qs)^T = (xq^T)s
         y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
@@ -96,7 +96,8 @@ def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             name = torch.cuda.get_device_name(device)
-            return False, f"{name} (compute capability {major}.{minor}) has no fp8 support; need 8.9+"
+            return False, (f"{name} (compute capability {major}.{minor}) has no fp8 "
+                           "support; need 8.9+")
     return True, ""
 
 

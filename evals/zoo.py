@@ -70,7 +70,8 @@ def make_example(task: str, difficulty: int, rng: random.Random) -> Example:
     raise ValueError(f"unknown zoo task {task!r}; known: {list(TASKS)}")
 
 
-def eval_examples(task: str, seed: int = 0, per_difficulty: int = EVAL_PER_DIFFICULTY) -> list[Example]:
+def eval_examples(task: str, seed: int = 0,
+                  per_difficulty: int = EVAL_PER_DIFFICULTY) -> list[Example]:
     """The held-out eval items of one task: distinct prompts from a seed training never uses."""
     rng = random.Random(f"zoo-eval-{task}-{seed + EVAL_SEED_OFFSET}")
     out: list[Example] = []
@@ -143,9 +144,9 @@ class ModelSpec:
 
 
 ZOO_SPECS: tuple[ModelSpec, ...] = (
-    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=800, lr=3e-3),
-    ModelSpec("zoo-m", hidden=96, layers=3, heads=4, steps=1500, lr=3e-3),
-    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=2600, lr=3e-3),
+    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=1000, lr=1e-2),
+    ModelSpec("zoo-m", hidden=96, layers=3, heads=4, steps=1200, lr=3e-3),
+    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=1600, lr=4e-3),
 )
 
 
@@ -262,7 +263,9 @@ def pass_rates(model: Any, tok: "PreTrainedTokenizerFast",
 
 def _save(model: Any, tok: "PreTrainedTokenizerFast", spec: ModelSpec, out: Path) -> None:
     from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
@@ -272,33 +275,78 @@ def _save(model: Any, tok: "PreTrainedTokenizerFast", spec: ModelSpec, out: Path
     _atomic_write(out / "zoo_spec.json", json.dumps(asdict(spec), indent=2) + "\n")
 
 
-def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPECS,
-              threads: int | None = 1, log: Callable[[str], None] = print,
-              measure_per_difficulty: int = EVAL_PER_DIFFICULTY) -> dict:
-    """Train, evaluate and save every zoo model under `out_dir/<name>/`; return what was measured
-    (seconds per model and pass rate per task x difficulty on the held-out eval items)."""
+def _load_info(path: Path, seed: int) -> dict[str, Any]:
+    """The previous build's info when it used the same seed (a partial rebuild extends it)."""
+    if path.exists():
+        info = json.loads(path.read_text())
+        if info.get("seed") == seed:
+            return info
+    return {"seed": seed, "models": {}}
+
+
+def _build_one(spec: ModelSpec, out_dir: Path, seed: int, threads: int | None,
+               measure_per_difficulty: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train, measure and save one model. Depends only on (spec, seed): safe in any process."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
-    out_dir = Path(out_dir)
     tok = build_tokenizer()
     held_out = [ex for task in TASKS for ex in eval_examples(task, seed)]
-    banned = {ex.prompt for ex in held_out}
-    measured = [ex for n, ex in enumerate(held_out) if n % EVAL_PER_DIFFICULTY < measure_per_difficulty]
-    info: dict[str, Any] = {"seed": seed, "models": {}}
-    t_all = time.perf_counter()
-    for spec in specs:
-        t0 = time.perf_counter()
-        model = train_model(spec, tok, seed, banned, log)
-        train_s = time.perf_counter() - t0
-        rates = pass_rates(model, tok, measured)
-        _save(model, tok, spec, out_dir / spec.name)
-        params = sum(p.numel() for p in model.parameters())
-        info["models"][spec.name] = {"params": params, "train_s": round(train_s, 1),
-                                     "pass_rates": rates}
-        log(f"{spec.name}: {params} params, trained in {train_s:.0f}s, pass rates {rates}")
-    info["total_s"] = round(time.perf_counter() - t_all, 1)
+    measured = [ex for n, ex in enumerate(held_out)
+                if n % EVAL_PER_DIFFICULTY < measure_per_difficulty]
+    t0 = time.perf_counter()
+    model = train_model(spec, tok, seed, {ex.prompt for ex in held_out}, log)
+    train_s = time.perf_counter() - t0
+    rates = pass_rates(model, tok, measured)
+    _save(model, tok, spec, out_dir / spec.name)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"{spec.name}: {params} params, trained in {train_s:.0f}s, pass rates {rates}")
+    return {"params": params, "train_s": round(train_s, 1), "spec": asdict(spec),
+            "build_s": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
+            "pass_rates": {t: {str(d): r for d, r in row.items()} for t, row in rates.items()}}
+
+
+def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPECS,
+              threads: int | None = 1, log: Callable[[str], None] = print,
+              measure_per_difficulty: int = EVAL_PER_DIFFICULTY,
+              only: Iterable[str] | None = None, jobs: int = 1) -> dict:
+    """Train, evaluate and save zoo models under `out_dir/<name>/`; return what was measured
+    (seconds and pass rate per task x difficulty on held-out items, per model).
+
+    Each model depends only on (seed, its spec), so `only` rebuilds a subset with the result a
+    full build would give (merged into `zoo_info.json`), and `jobs` > 1 trains models in
+    parallel processes (largest first) without changing any weight.
+    """
+    specs = list(specs)
+    wanted = set(only) if only else {sp.name for sp in specs}
+    unknown = wanted - {sp.name for sp in specs}
+    if unknown:
+        raise ValueError(f"unknown zoo model(s) {sorted(unknown)}; "
+                         f"known: {[sp.name for sp in specs]}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [sp for sp in specs if sp.name in wanted]
+    info = _load_info(out_dir / "zoo_info.json", seed) if only else {"seed": seed, "models": {}}
+    t0 = time.perf_counter()
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        largest_first = sorted(todo, key=lambda sp: -sp.hidden * sp.layers * sp.steps)
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {sp.name: pool.submit(_build_one, sp, out_dir, seed, threads,
+                                            measure_per_difficulty) for sp in largest_first}
+            for name, fut in futures.items():
+                info["models"][name] = fut.result()
+    else:
+        for sp in todo:
+            info["models"][sp.name] = _build_one(sp, out_dir, seed, threads,
+                                                 measure_per_difficulty, log)
+    info["models"] = {sp.name: info["models"][sp.name] for sp in specs if sp.name in info["models"]}
+    info["wall_s"] = round(time.perf_counter() - t0, 1)
+    info["jobs"] = jobs
+    info["total_s"] = round(sum(m.get("build_s", m["train_s"]) for m in info["models"].values()), 1)
     _atomic_write(out_dir / "zoo_info.json", json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info

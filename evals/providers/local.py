@@ -64,7 +64,8 @@ class _RowStops:
         done = [n_new >= lim for lim in self.limits]
         for i, stops in enumerate(self.stops):
             if stops and not done[i]:
-                text = self.tokenizer.decode(input_ids[i, self.prompt_len:], skip_special_tokens=True)
+                text = self.tokenizer.decode(input_ids[i, self.prompt_len:],
+                                             skip_special_tokens=True)
                 done[i] = any(s in text for s in stops)
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
@@ -75,7 +76,8 @@ def _resolve_device(requested: str) -> str:
     if requested in ("auto", ""):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ProviderError("client_error", f"device {requested!r} requested but CUDA is not available")
+        raise ProviderError("client_error",
+                            f"device {requested!r} requested but CUDA is not available")
     return requested
 
 
@@ -108,6 +110,7 @@ class LocalProvider:
                 return
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers.utils import logging as hf_logging
 
             from evals.quantize import QuantizeError, apply_variant
 
@@ -119,6 +122,7 @@ class LocalProvider:
             if self._device == "cpu":
                 torch.set_num_threads(int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
                                       or min(os.cpu_count() or 1, 4))
+            hf_logging.disable_progress_bar()
             try:
                 tok = AutoTokenizer.from_pretrained(ref)
                 model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
@@ -128,7 +132,8 @@ class LocalProvider:
             try:
                 model = apply_variant(model, self.candidate.variant, self._device)
             except QuantizeError as exc:
-                raise ProviderError("client_error", f"candidate {self.candidate.name!r}: {exc}") from None
+                raise ProviderError("client_error",
+                                    f"candidate {self.candidate.name!r}: {exc}") from None
             tok.padding_side = "left"
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
@@ -193,7 +198,8 @@ class LocalProvider:
             except ProviderError as exc:
                 results = [exc] * len(batch)
             except Exception as exc:  # a crash inside generate fails this batch, not the loop
-                results = [ProviderError("internal", f"local generation failed: {exc!r}")] * len(batch)
+                err = ProviderError("internal", f"local generation failed: {exc!r}")
+                results = [err] * len(batch)
             now = time.perf_counter()
             for p, res in zip(batch, results):
                 if p.future.done():
@@ -213,6 +219,7 @@ class LocalProvider:
 
     def _run_batch(self, batch: list[_Pending]) -> list[Completion]:
         import torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         tok, model = self._tokenizer, self._model
         enc = tok([self._render(p.request) for p in batch], return_tensors="pt", padding=True,
@@ -226,8 +233,9 @@ class LocalProvider:
             "do_sample": True, "temperature": s.temperature, "top_p": s.top_p or 1.0}
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=max(limits), pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id, logits_processor=[clock],
-                                 stopping_criteria=[stops], **sampling)
+                                 eos_token_id=tok.eos_token_id,
+                                 logits_processor=LogitsProcessorList([clock]),
+                                 stopping_criteria=StoppingCriteriaList([stops]), **sampling)
         new = out[:, width:].tolist()
         in_lens = enc["attention_mask"].sum(dim=1).tolist()
         return [self._completion(p, row, int(n_in), clock.times)
@@ -251,8 +259,8 @@ class LocalProvider:
             text = text[:cut]
             ids = tok(text, add_special_tokens=False)["input_ids"]
         reason = "stop" if hit_eos or cut >= 0 else "length"
-        n_steps = min(len(times), len(ids) + (1 if hit_eos else 0))
-        gaps = [b - a for a, b in zip(times[: n_steps], times[1:n_steps])]
+        n_steps = min(len(times), len(ids))
+        gaps = [b - a for a, b in zip(times[:n_steps], times[1:n_steps])]
         return Completion(
             text=text, finish_reason=reason, input_tokens=n_in, output_tokens=len(ids),
             tokens_estimated=False, ttft_s=(times[0] - p.enqueued) if times else None,

@@ -17,18 +17,27 @@ def zoo() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("models/zoo"), show_default=True, help="Where checkpoints are written.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds data and training.")
-@click.option("--threads", type=int, default=2, show_default=True,
+@click.option("--threads", type=int, default=1, show_default=True,
               help="torch CPU threads; keep it fixed for bit-identical rebuilds.")
+@click.option("--jobs", type=int, default=2, show_default=True,
+              help="Models trained in parallel processes (one thread each by default).")
+@click.option("--only", multiple=True, help="Rebuild just these models (e.g. --only zoo-s); "
+              "the others keep their checkpoints and measured info.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write the held-out eval datasets (<task>.jsonl) here.")
-def build(out_dir: Path, seed: int, threads: int, data_dir: Path | None) -> None:
+def build(out_dir: Path, seed: int, threads: int, jobs: int, only: tuple[str, ...],
+          data_dir: Path | None) -> None:
     """Train zoo-s, zoo-m and zoo-l, save them and print held-out pass rates."""
     from evals.zoo import build_zoo, write_eval_data
 
     if data_dir is not None:
         for task, path in write_eval_data(data_dir, seed).items():
             click.echo(f"wrote {task} eval data to {path}")
-    info = build_zoo(out_dir, seed=seed, threads=threads, log=click.echo)
+    try:
+        info = build_zoo(out_dir, seed=seed, threads=threads, log=click.echo, only=only or None,
+                         jobs=jobs)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
     click.echo(format_info(info))
 
 
@@ -47,10 +56,13 @@ def format_info(info: dict) -> str:
     """A pass-rate table: one row per model x task, one column per difficulty."""
     lines = []
     for name, m in info["models"].items():
-        lines.append(f"{name}: {m['params']:,} params, trained in {m['train_s']}s")
+        lines.append(f"{name}: {m['params']:,} params, trained in {m['train_s']}s "
+                     f"({m.get('threads', '?')} thread(s))")
         for task, row in m["pass_rates"].items():
-            cells = " ".join(f"d{d}={float(v):.2f}" for d, v in sorted(row.items(), key=lambda kv: int(kv[0])))
+            ordered = sorted(row.items(), key=lambda kv: int(kv[0]))
+            cells = " ".join(f"d{d}={float(v):.2f}" for d, v in ordered)
             lines.append(f"  {task:8s} {cells}")
     if "total_s" in info:
-        lines.append(f"total build time: {info['total_s']}s")
+        lines.append(f"build time: {info.get('wall_s', '?')}s wall with {info.get('jobs', 1)} "
+                     f"job(s); {info['total_s']}s summed over models")
     return "\n".join(lines)

@@ -88,13 +88,22 @@ def test_micro_build_is_deterministic_and_loadable(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = zoo.ModelSpec("micro", hidden=16, layers=1, heads=2, steps=4, lr=1e-3, batch=8)
+    other = zoo.ModelSpec("micro2", hidden=8, layers=1, heads=2, steps=2, lr=1e-3, batch=4)
     runs = []
-    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        info = zoo.build_zoo(tmp_path / name, seed=seed, specs=[spec], threads=1, log=lambda _: None,
-                               measure_per_difficulty=1)
+    # sequential, parallel (2 processes) and another seed: only the seed may change the weights
+    for name, seed, specs, jobs in (("a", 0, [spec], 1), ("b", 0, [spec, other], 2),
+                                    ("c", 1, [spec], 1)):
+        info = zoo.build_zoo(tmp_path / name, seed=seed, specs=specs, threads=1, jobs=jobs,
+                             log=lambda _: None, measure_per_difficulty=1)
         runs.append((tmp_path / name / "micro" / "model.safetensors").read_bytes())
         assert set(info["models"]["micro"]["pass_rates"]) == set(zoo.TASKS)
     assert runs[0] == runs[1] and runs[0] != runs[2]
+    assert list(info["models"]) == ["micro"]
+    partial = zoo.build_zoo(tmp_path / "b", seed=0, specs=[spec, other], threads=1, only=["micro2"],
+                            log=lambda _: None, measure_per_difficulty=1)
+    assert list(partial["models"]) == ["micro", "micro2"]  # the rebuilt one merged with the rest
+    with pytest.raises(ValueError, match="'nope'"):
+        zoo.build_zoo(tmp_path / "b", specs=[spec], only=["nope"])
     out = tmp_path / "a" / "micro"
     for f in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         assert (out / f).exists(), f

@@ -53,7 +53,7 @@ async def test_correct_answers_and_exact_accounting(zoo_l: LocalProvider) -> Non
     assert c.input_tokens == len("reverse: hello=") + 1  # one token per char plus <bos>
     assert c.output_tokens == 5 and not c.tokens_estimated
     assert c.ttft_s is not None and 0 < c.ttft_s <= c.latency_s
-    assert len(c.chunk_gaps_s) == 5  # five text tokens and the eos step after the first
+    assert len(c.chunk_gaps_s) == 4 and all(g > 0 for g in c.chunk_gaps_s)  # between 5 tokens
     add = await zoo_l.generate(_req("add: 25+17="))
     assert add.text == "42"
 
