@@ -155,7 +155,10 @@ class S3Backend:
     """An S3 bucket (or MinIO, moto...) under a key prefix; credentials from the usual AWS env."""
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None) -> None:
-        import boto3  # the gateway never needs boto3 unless it reads S3 directly
+        try:
+            import boto3  # the gateway never needs boto3 unless it reads S3 directly
+        except ImportError:
+            raise RegistryError(f"s3://{bucket}: needs boto3; pip install 'routeopt[s3]'") from None
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.client = boto3.client("s3", endpoint_url=endpoint_url)
