@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,6 +18,7 @@ from flows.drift import (
     send_alerts,
 )
 from tests.flows.ops_history import Regression, make_history
+from tests.flows.ops_receiver import receiver  # noqa: F401 (a fixture)
 
 
 def _find(report, candidate, suite, metric):
@@ -118,36 +115,7 @@ def test_blocking_regressions_concern_only_the_policy_candidates(regressed: Path
     assert all(not f.metric.startswith("price") for f in blocking_regressions(report, ["big"]))
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    received: list[dict] = []
-    statuses: list[int] = []
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append({"path": self.path, "ctype": self.headers["Content-Type"], "body": json.loads(body)})
-        status = type(self).statuses.pop(0) if type(self).statuses else 200
-        self.send_response(status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
-    handler = type("Receiver", (_Receiver,), {"received": [], "statuses": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hooks/routeopt", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_webhook_receives_the_report_and_retries_a_5xx(regressed: Path, receiver, monkeypatch):
+def test_webhook_receives_the_report_and_retries_a_5xx(regressed: Path, receiver, monkeypatch):  # noqa: F811
     url, handler = receiver
     handler.statuses = [503]
     monkeypatch.setenv("ROUTEOPT_TEST_HOOK", url)
@@ -163,7 +131,7 @@ def test_webhook_receives_the_report_and_retries_a_5xx(regressed: Path, receiver
     assert ("mid", "pass_rate") in metrics
 
 
-def test_webhook_failure_is_reported_not_raised(regressed: Path, receiver):
+def test_webhook_failure_is_reported_not_raised(regressed: Path, receiver):  # noqa: F811
     url, handler = receiver
     handler.statuses = [400]
     with Store(regressed, read_only=True) as store:

@@ -1,0 +1,40 @@
+"""review_run: drift, alerts, report and Prefect artifacts in one call from the flow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evals.config import AlertSettings, Candidate, Config
+from evals.store import Store
+from flows.review import default_report_path, review_run
+from tests.flows.ops_history import Regression, make_history
+from tests.flows.ops_receiver import receiver  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow  # needs the session Prefect server
+
+
+def test_review_run_alerts_reports_and_blocks(tmp_path: Path, prefect_harness, receiver):  # noqa: F811
+    from prefect import flow
+
+    url, handler = receiver
+    db = tmp_path / "db.duckdb"
+    make_history(db, runs=4, items=60, regressions=[Regression("mid", "arith", pass_rate=0.2)])
+    cfg = Config(
+        candidates=[Candidate(name="x", provider="openai", model="m", input_price_per_mtok=1.0)],
+        db_path=db, registry_dir=tmp_path / "reg", alerts=AlertSettings(webhook_url=url),
+    )
+
+    @flow
+    def nightly_like():
+        with Store(db, read_only=True) as store:
+            return review_run(cfg, store, "run-03", policy_candidates=["mid", "small"])
+
+    review = nightly_like()
+    assert [(f.candidate, f.metric) for f in review.blocking] == [("mid", "pass_rate")]
+    assert review.alerts["webhook"] is True and review.alerts["events"] == len(review.drift.findings) + 1
+    assert handler.received[0]["body"]["run_id"] == "run-03"
+    assert review.report_path == default_report_path(cfg, "run-03") == tmp_path / "reports" / "run-03.html"
+    assert "sev-regression" in review.report_path.read_text()
+    assert len(review.artifacts) == 4
