@@ -90,25 +90,10 @@ def _marker(kind: str, x: float, y: float, color: str, tip: str) -> str:
     return f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="{color}">{title}</circle>'
 
 
-def chart(title: str, series: Sequence[Series], x: Axis, y: Axis, *, chart_id: str) -> str:
-    """A line/scatter chart; categorical x when `x.categories` is set (e.g. run ids)."""
+def _frame(title: str, chart_id: str, xs: tuple[float, float, Axis], ys: tuple[float, float, Axis]) -> list[str]:
+    """The SVG element, plot area, grid, ticks and axis labels."""
+    (x0, x1, x), (y0, y1, y) = xs, ys
     cat = bool(x.categories)
-    pts = [(s, [(xv, yv) for xv, yv in zip(s.xs, s.ys) if _finite(xv) and _finite(yv)]) for s in series]
-    ys = [p[1] for _, ps in pts for p in ps]
-    xs = [p[0] for _, ps in pts for p in ps]
-    if not ys:
-        return f'<div class="chart empty" id="{escape(chart_id)}">{escape(title)}: no data</div>'
-    x0, x1 = (-0.5, len(x.categories) - 0.5) if cat else _bounds(xs, x)
-    y0, y1 = _bounds(ys, y)
-
-    def px(v: float) -> float:
-        v = math.log10(v) if x.log and not cat else v
-        return M_L + (v - x0) / (x1 - x0) * (W - M_L - M_R)
-
-    def py(v: float) -> float:
-        v = math.log10(v) if y.log else v
-        return H - M_B - (v - y0) / (y1 - y0) * (H - M_T - M_B)
-
     out = [
         f'<svg class="chart" id="{escape(chart_id)}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
         f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">',
@@ -131,6 +116,29 @@ def chart(title: str, series: Sequence[Series], x: Axis, y: Axis, *, chart_id: s
                f"{escape(x.label)}</text>")
     out.append(f'<text class="axis" transform="translate(14,{(M_T + H - M_B) / 2}) rotate(-90)" '
                f'text-anchor="middle">{escape(y.label)}</text>')
+    return out
+
+
+def chart(title: str, series: Sequence[Series], x: Axis, y: Axis, *, chart_id: str) -> str:
+    """A line/scatter chart; categorical x when `x.categories` is set (e.g. run ids)."""
+    cat = bool(x.categories)
+    pts = [(s, [(xv, yv) for xv, yv in zip(s.xs, s.ys) if _finite(xv) and _finite(yv)]) for s in series]
+    ys = [p[1] for _, ps in pts for p in ps]
+    xs = [p[0] for _, ps in pts for p in ps]
+    if not ys:
+        return f'<div class="chart empty" id="{escape(chart_id)}">{escape(title)}: no data</div>'
+    x0, x1 = (-0.5, len(x.categories) - 0.5) if cat else _bounds(xs, x)
+    y0, y1 = _bounds(ys, y)
+
+    def px(v: float) -> float:
+        v = math.log10(v) if x.log and not cat else v
+        return M_L + (v - x0) / (x1 - x0) * (W - M_L - M_R)
+
+    def py(v: float) -> float:
+        v = math.log10(v) if y.log else v
+        return H - M_B - (v - y0) / (y1 - y0) * (H - M_T - M_B)
+
+    out = _frame(title, chart_id, (x0, x1, x), (y0, y1, y))
     for k, (s, ps) in enumerate(pts):
         color = s.color or PALETTE[k % len(PALETTE)]
         labels = list(s.labels) or [s.name] * len(s.xs)

@@ -143,3 +143,13 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
     assert {r["candidate"] for r in rows} == {"big", "mid", "small"}
     assert "regression" in arts["routeopt-router-drift"].data and "router @ target" in arts["routeopt-router-drift"].data
     assert arts["routeopt-report"].data.startswith("[HTML report](file://")
+
+
+def test_charts_log_axis_and_empty_data():
+    from flows.charts import Axis, Series, chart
+
+    svg = chart("c", [Series("a", [1e-6, 1e-4, 1e-2], [0.5, 0.7, 0.9], ["x", "y", "z"])],
+                Axis("cost", log=True, fmt=".0e"), Axis("q"), chart_id="t")
+    assert svg.count('class="mark"') == 4  # three points and the legend marker
+    assert ">1e-04<" in svg and ">1e-06<" in svg and "z: cost 1e-02, q 0.9" in svg
+    assert 'class="chart empty"' in chart("none", [Series("a", [None], [1.0])], Axis("x"), Axis("y"), chart_id="e")
