@@ -24,6 +24,10 @@ COMMANDS: list[str] = [
     "flows.commands.artifacts:registry_group",
     "flows.commands.suites:suites",
     "flows.commands.zoo:zoo",
+    "flows.commands.router:import_group",
+    "flows.commands.router:train",
+    "flows.commands.router:bench",
+    "flows.commands.router:route",
 ]
 
 

@@ -1,0 +1,197 @@
+"""Router commands: import outcomes, train and publish, benchmark the router, route requests.
+
+Heavy imports (pandas, duckdb, sklearn) happen inside the commands so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+
+@click.group("import")
+def import_group() -> None:
+    """Bring outcomes recorded elsewhere into the store."""
+
+
+@import_group.command("outcomes")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="DuckDB store to write into.")
+@click.option("--run-id", default=None, help="Run id (default: derived from the file's hash).")
+@click.option("--suite-default", default="imported", show_default=True,
+              help="Suite for rows without a 'suite' value.")
+def import_outcomes_cmd(file: Path, db_path: Path, run_id: str | None, suite_default: str) -> None:
+    """Import a long-format outcome FILE (.parquet, .csv, .jsonl): request_id, prompt, model, score."""
+    from evals.importer import OutcomeImportError, import_outcomes
+    from evals.store import Store
+
+    try:
+        with Store(db_path) as store:
+            s = import_outcomes(file, store, run_id=run_id, suite_default=suite_default)
+    except OutcomeImportError as exc:
+        raise click.ClickException(str(exc)) from None
+    state = "imported" if s.new_run else "already imported (nothing duplicated)"
+    click.echo(f"{state}: run {s.run_id}: {s.rows} outcomes, {s.requests} requests, "
+               f"{len(s.candidates)} candidates, suites {', '.join(sorted(s.suites))}")
+
+
+def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
+    if importlib.util.find_spec("artifacts.registry") is None:
+        policy.save(registry)
+        return f"saved policy to {registry} (artifacts.registry not installed)"
+    from artifacts.registry import publish
+
+    v = publish(policy, registry, lineage=lineage, metrics=metrics)
+    return f"published version {v.version} to {v.location}"
+
+
+@click.command("train")
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              required=True, help="DuckDB store with outcomes.")
+@click.option("--registry", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Policy registry folder to publish into.")
+@click.option("--quality-target", type=float, default=0.95, show_default=True,
+              help="Fraction of the best single candidate's pass rate to keep.")
+@click.option("--holdout-fraction", type=float, default=0.3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--run-id", "run_ids", multiple=True, help="Train on these runs only (repeatable).")
+def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
+          seed: int, run_ids: tuple[str, ...]) -> None:
+    """Train a router on every outcome in the store and publish it."""
+    from evals.store import Store
+    from router_training.train import train_router
+
+    with Store(db_path, read_only=True) as store:
+        frame = store.training_frame(list(run_ids) or None)
+    if frame.empty:
+        raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
+    try:
+        result = train_router(frame, quality_target=quality_target,
+                              holdout_fraction=holdout_fraction, seed=seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
+               "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction,
+               "split_sizes": {k: len(v) for k, v in result.split.items()}}
+    click.echo(_publish(result.policy, registry, lineage, result.metrics))
+    held = result.metrics.get("holdout", {}).get("router_at_target")
+    if held:
+        click.echo(f"held-out at target {held['target']}: pass {held['pass_rate']:.4f}, "
+                   f"cost/request ${held['cost']:.6f}")
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks that print figures: router quality (and serving speed where installed)."""
+
+
+@bench.command("router")
+@click.option("--train", "train_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              required=True, help="Outcome file to train on.")
+@click.option("--test", "test_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              required=True, help="Outcome file to measure on (never trained on).")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write the cost-quality curves to this PNG.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write the full report (curves included) as JSON.")
+@click.option("--quality-target", type=float, default=0.95, show_default=True)
+def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path: Path | None,
+                 quality_target: float) -> None:
+    """Print the metrics table of the router and every baseline."""
+    from router_training.bench import format_table, plot_curves, run_bench
+    from router_training.train import _jsonable
+
+    try:
+        report = run_bench(train_path, test_path, quality_target=quality_target)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_table(report))
+    if plot is not None:
+        plot_curves(report, plot)
+        click.echo(f"plot: {plot}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(_jsonable(report), indent=1))
+
+
+def _load_policy(path: Path) -> Any:
+    """Through the verifying gateway loader when installed, else straight from a policy folder."""
+    if importlib.util.find_spec("artifacts.runtime") is not None:
+        from artifacts.runtime import load
+
+        return load(path).policy
+    from router_training.policy import RoutingPolicy
+
+    return RoutingPolicy.load(path)
+
+
+def _requests(path: Path) -> Iterator[tuple[int, dict]]:
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise click.ClickException(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+                raise click.ClickException(f"{path}: line {line_no}: needs a string field 'prompt'")
+            suite = rec.get("suite")
+            if suite is not None and not isinstance(suite, str):
+                raise click.ClickException(f"{path}: line {line_no}: field 'suite' must be a string")
+            yield line_no, rec
+
+
+def _write_decisions(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@click.command("route")
+@click.argument("text", required=False)
+@click.option("--policy", "policy_path", type=click.Path(path_type=Path, exists=True), required=True,
+              help="Registry folder or a version folder.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help='JSONL of {"id", "prompt", "suite"?}.')
+@click.option("--output", "output_path", type=click.Path(path_type=Path, dir_okay=False),
+              help='JSONL of {"id", "model"} (default: stdout).')
+@click.option("--suite", default=None, help="Suite of TEXT, when routing one prompt.")
+@click.option("--quality-target", type=float, default=None, help="Override the policy's target.")
+def route(text: str | None, policy_path: Path, input_path: Path | None, output_path: Path | None,
+          suite: str | None, quality_target: float | None) -> None:
+    """Route one TEXT, or every request of --input, with a published policy."""
+    if (text is None) == (input_path is None):
+        raise click.UsageError("give either TEXT or --input FILE")
+    try:
+        policy = _load_policy(policy_path)
+    except Exception as exc:  # the loader's errors name the problem; show them as-is
+        raise click.ClickException(str(exc)) from None
+    if text is not None:
+        d = policy.decide(text, suite=suite, quality_target=quality_target)
+        click.echo(json.dumps({"model": d.model, "fallbacks": list(d.fallbacks),
+                               "pass_probabilities": d.pass_probabilities,
+                               "expected_cost_usd": d.expected_cost_usd}))
+        return
+    records = list(_requests(input_path))
+    decisions = policy.decide_batch([r["prompt"] for _, r in records],
+                                    [r.get("suite") for _, r in records], quality_target)
+    rows = [{"id": r.get("id", line_no), "model": d.model} for (line_no, r), d in zip(records, decisions)]
+    if output_path is None:
+        for row in rows:
+            sys.stdout.write(json.dumps(row) + "\n")
+    else:
+        _write_decisions(output_path, rows)
+        click.echo(f"routed {len(rows)} requests -> {output_path}")
