@@ -8,9 +8,10 @@ from artifacts.runtime import load
 from tests.artifacts.policies import PROMPTS
 from tests.fake_llm import FakeLLM
 
-pytest.importorskip("litellm")
+# The adapter sets LITELLM_LOCAL_MODEL_COST_MAP before importing litellm (no price-map download).
+adapter = pytest.importorskip("artifacts.litellm_adapter", reason="needs litellm (extra 'gateway')")
+DECISION_KEY, NoDeployment, install = adapter.DECISION_KEY, adapter.NoDeployment, adapter.install
 pytestmark = pytest.mark.slow  # importing litellm alone takes ~15 s on the shared CI cores
-from artifacts.litellm_adapter import DECISION_KEY, NoDeployment, install  # noqa: E402
 
 
 @pytest.fixture()
