@@ -51,6 +51,11 @@ class PublishedVersion:
     signed: bool
     channel: str | None
 
+    @property
+    def location(self) -> str:
+        """Where the version lives (same as `uri`): a folder path or an s3:// URL."""
+        return self.uri
+
 
 def _backend(registry: Backend | str | os.PathLike) -> Backend:
     return registry if hasattr(registry, "put_if_match") else open_backend(registry)  # type: ignore[return-value]

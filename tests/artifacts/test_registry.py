@@ -20,7 +20,7 @@ def test_publish_writes_content_addressed_signed_version(policies, publish_to, r
                    metrics={"pass_rate": 0.91, "cost_usd": 0.02, "nan": float("nan")})
     folder = registry / v.path
     data = (folder / "manifest.json").read_bytes()
-    assert v.version == 1 and v.digest == sha256_hex(data)
+    assert v.version == 1 and v.digest == sha256_hex(data) and v.location == str(folder)
     assert folder.name == f"000001-{v.digest[:12]}"
     m = parse_manifest(data)
     assert m.lineage == {"runs": ["r1"], "suites": {"sort": "abc"}}
