@@ -288,7 +288,7 @@ def fit_platt(z: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[float, flo
     a, b = 1.0, 0.0
     ridge = 1e-3
     for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(a * z + b)))
+        p = expit(a * z + b)
         g = np.array([((p - t) * z).sum() + ridge * (a - 1), (p - t).sum()])
         w = p * (1 - p)
         H = np.array([[(w * z * z).sum() + ridge, (w * z).sum()], [(w * z).sum(), w.sum() + 1e-9]])

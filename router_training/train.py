@@ -20,7 +20,7 @@ from router_training.data import RoutingData, routing_data
 from router_training.estimators import (
     LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
-from router_training.policy import RULES, LinearScorer, RoutingPolicy, choose
+from router_training.policy import RULES, LinearScorer, RoutingPolicy, _sigmoid, choose
 
 
 @dataclass
@@ -136,7 +136,7 @@ def _fit(data: RoutingData, seed: int, quality_target: float) -> RoutingPolicy:
         reference_pass_rate=float(rates[ref]), reference_model=data.candidates[ref],
         quality_target=quality_target,
     )
-    P = 1.0 / (1.0 + np.exp(-(platt[0] * z + platt[1])))
+    P = _sigmoid(platt[0] * z + platt[1])
     _, Cp = policy.predict(data.prompts, data.suites)
     policy.rule, rule_scores = pick_rule(P, Cp, data)
     policy.table = build_table(P, Cp, policy.rule)

@@ -1,0 +1,113 @@
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from router_training.data import routing_data
+from router_training.estimators import (
+    KNNPassEstimator, LinearPassEstimator, PerSuitePassEstimator, design_matrix, fit_feature_spec, fit_platt,
+)
+from router_training.train import train_router
+from tests.router_training.conftest import demo_frame
+
+
+def test_split_is_disjoint_and_complete(trained, demo):
+    s = trained.split
+    assert not set(s["train"]) & set(s["test"])
+    assert len(s["train"]) + len(s["test"]) == demo["request_id"].nunique()
+
+
+def test_metrics_report_router_baselines_and_floor(trained):
+    m = trained.metrics
+    held = m["holdout"]
+    for key in ("best_single", "cheapest_single", "oracle", "per_candidate", "table", "router_at_target"):
+        assert key in held
+    assert {"router", "per_suite", "knn", "zero_router", "best_single", "oracle"} <= set(held["table"])
+    assert held["oracle"]["pass_rate"] >= max(v["pass_rate"] for v in held["per_candidate"].values())
+    floor = m["floor_out_of_fold"]
+    assert 0 <= floor["lower95"] <= floor["observed_pass_rate"] <= 1
+    assert 0 <= floor["confidence_floor_holds"] <= 1
+
+
+def test_router_reads_difficulty_and_saves_cost(trained):
+    """On the demo fleet the prompt states the difficulty: the router must use it."""
+    policy = trained.policy
+    easy = policy.decide("Task: add the input. difficulty: 1. Input: stone river", "add", 0.9)
+    hard = policy.decide("Task: add the input. difficulty: 5. Input: stone river tiger lemon piano rocket", "add", 0.9)
+    assert easy.pass_probabilities["tiny"] > hard.pass_probabilities["tiny"] + 0.3
+    assert easy.expected_cost_usd[easy.model] < hard.expected_cost_usd[hard.model]
+    table = trained.metrics["holdout"]["table"]
+    assert table["router"]["aiq"] > table["per_suite"]["aiq"]
+    assert table["router"]["savings_at_95"] > table["zero_router"]["savings_at_95"]
+
+
+@pytest.mark.parametrize("case", ["always_pass", "never_pass", "single_suite", "tiny"])
+def test_robust_to_degenerate_fleets(case):
+    kwargs = {"n_items": 40}
+    if case == "always_pass":
+        kwargs["candidates"] = {"a": (99.0, 0.001), "b": (2.0, 0.0001)}
+    elif case == "never_pass":
+        kwargs["candidates"] = {"a": (-99.0, 0.0001), "b": (3.0, 0.001)}
+    elif case == "single_suite":
+        kwargs["suites"] = ("add",)
+    else:
+        kwargs["n_items"] = 3
+    frame = demo_frame(**kwargs)
+    result = train_router(frame, holdout_fraction=0.3 if case != "tiny" else 0.0)
+    d = result.policy.decide("Task: add. difficulty: 2.", "add")
+    assert d.model in result.policy.candidates
+    assert all(np.isfinite(list(d.pass_probabilities.values())))
+
+
+def test_repeated_runs_are_averaged_and_missing_pairs_tolerated(demo):
+    twice = demo.assign(run_id="r1")
+    again = demo.assign(run_id="r2", score=1.0 - demo["score"])
+    data = routing_data(pd.concat([twice, again]))
+    assert np.allclose(data.Y[~np.isnan(data.Y)], 0.5)
+    holes = demo.drop(index=demo.index[::7])
+    result = train_router(holes, holdout_fraction=0.2)
+    assert result.metrics["holdout"]["n_test_requests"] > 0
+
+
+def test_bad_frames_are_clear_errors(demo):
+    with pytest.raises(ValueError, match="lacks column"):
+        train_router(demo.drop(columns=["prompt"]))
+    with pytest.raises(ValueError, match="at least 4 requests"):
+        train_router(demo.head(8))
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        train_router(demo, holdout_fraction=1.5)
+
+
+@pytest.fixture(scope="module")
+def design(demo):
+    data = routing_data(demo)
+    spec = fit_feature_spec(data.prompts, data.suites)
+    return design_matrix(data.prompts, data.suites, spec), data.Y, len(spec.suites)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: LinearPassEstimator(n_suites=s), lambda s: PerSuitePassEstimator(n_suites=s),
+    lambda s: KNNPassEstimator(n_suites=s),
+])
+def test_estimators_follow_sklearn_conventions(design, make):
+    X, Y, s = design
+    est = make(s)
+    params = est.get_params()
+    assert clone(est).get_params() == params  # __init__ only stores parameters
+    with pytest.raises(NotFittedError):
+        est.predict_proba(X)
+    assert est.fit(X, Y) is est
+    assert est.get_params() == params  # fit does not touch parameters
+    P = est.predict_proba(X)
+    assert P.shape == Y.shape and np.all((P >= 0) & (P <= 1))
+
+
+def test_platt_handles_one_class_and_fits_scale():
+    a, b = fit_platt(np.array([0.0, 1.0, 2.0]), np.array([1.0, 1.0, 1.0]))
+    assert np.isfinite(a) and np.isfinite(b)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(2 * z - 0.5)))).astype(float)
+    a, b = fit_platt(z, y)
+    assert abs(a - 2) < 0.25 and abs(b + 0.5) < 0.2
