@@ -63,15 +63,22 @@ def _pass_target(frame: pd.DataFrame) -> pd.Series:
     return score.clip(0, 1)
 
 
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name not in frame:
+        return pd.Series(np.nan, index=frame.index, dtype="float64")
+    return pd.to_numeric(frame[name], errors="coerce").astype("float64")
+
+
 def _priced_cost(frame: pd.DataFrame, prices: dict[str, dict]) -> pd.Series:
-    """List price x tokens for priced candidates (tokens estimated as chars/4 when missing)."""
-    cost = pd.to_numeric(frame.get("cost_usd"), errors="coerce") if "cost_usd" in frame else None
-    cost = cost if cost is not None else pd.Series(np.nan, index=frame.index)
-    inp = pd.to_numeric(frame.get("input_tokens"), errors="coerce") if "input_tokens" in frame else None
-    inp = inp if inp is not None else pd.Series(np.nan, index=frame.index)
-    inp = inp.fillna(frame["prompt"].str.len() / 4.0)
-    out = pd.to_numeric(frame.get("output_tokens"), errors="coerce") if "output_tokens" in frame else None
-    out = out if out is not None else pd.Series(np.nan, index=frame.index)
+    """Recorded cost, replaced by list price x tokens for priced candidates.
+
+    Missing input tokens are estimated as chars/4; missing output tokens as the candidate's mean.
+    """
+    cost = _column(frame, "cost_usd")
+    if not prices:
+        return cost
+    inp = _column(frame, "input_tokens").fillna(frame["prompt"].astype(str).str.len() / 4.0)
+    out = _column(frame, "output_tokens")
     out = out.fillna(out.groupby(frame["model"]).transform("mean")).fillna(0.0)
     for model, price in prices.items():
         rows = frame["model"] == model

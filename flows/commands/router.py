@@ -122,8 +122,10 @@ def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path
 
 
 def _load_policy(path: Path) -> Any:
-    """Through the verifying gateway loader when installed, else straight from a policy folder."""
-    if importlib.util.find_spec("artifacts.runtime") is not None:
+    """Registries and published versions go through the verifying gateway loader (when
+    installed); a bare folder written by `RoutingPolicy.save` is read directly."""
+    bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
+    if not bare and importlib.util.find_spec("artifacts.runtime") is not None:
         from artifacts.runtime import load
 
         return load(path).policy

@@ -111,3 +111,13 @@ def test_platt_handles_one_class_and_fits_scale():
     y = (rng.random(4000) < 1 / (1 + np.exp(-(2 * z - 0.5)))).astype(float)
     a, b = fit_platt(z, y)
     assert abs(a - 2) < 0.25 and abs(b + 0.5) < 0.2
+
+
+def test_prices_replace_recorded_costs(demo):
+    frame = demo.assign(input_tokens=pd.array([10] * len(demo), dtype="Int64"), output_tokens=None)
+    prices = {"large": {"input_price_per_mtok": 1000.0, "output_price_per_mtok": 0.0}}
+    data = routing_data(frame, prices)
+    j = data.candidates.index("large")
+    assert np.allclose(data.C[:, j], 10 * 1000.0 / 1e6)
+    k = data.candidates.index("tiny")
+    assert np.allclose(np.sort(np.unique(data.C[:, k]))[:1], 0.0001 * 1.1)

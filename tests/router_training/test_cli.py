@@ -1,0 +1,67 @@
+import json
+
+from click.testing import CliRunner
+
+from flows.cli import cli
+from tests.router_training.conftest import demo_frame
+
+
+def test_import_train_route_end_to_end(tmp_path):
+    runner = CliRunner()
+    data = tmp_path / "outcomes.parquet"
+    demo_frame(n_items=60).to_parquet(data)
+    db, registry = tmp_path / "db.duckdb", tmp_path / "registry"
+    r = runner.invoke(cli, ["import", "outcomes", str(data), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    assert "720 outcomes" in r.output
+    r = runner.invoke(cli, ["import", "outcomes", str(data), "--db", str(db)])
+    assert "already imported" in r.output
+
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--quality-target", "0.9"])
+    assert r.exit_code == 0, r.output
+    assert "held-out at target 0.9" in r.output
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(
+        json.dumps({"id": "a", "prompt": "Task: add the input. difficulty: 1. Input: stone", "suite": "add"}) + "\n"
+        + json.dumps({"id": "b", "prompt": "Task: sort the input. difficulty: 5. Input: x y z"}) + "\n"
+    )
+    out = tmp_path / "decisions.jsonl"
+    r = runner.invoke(cli, ["route", "--policy", str(registry), "--input", str(requests), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["a", "b"]
+    assert {row["model"] for row in rows} <= {"tiny", "small", "medium", "large"}
+
+    r = runner.invoke(cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
+
+
+def test_route_reports_bad_input_line(tmp_path, trained):
+    trained.policy.save(tmp_path / "policy")
+    bad = tmp_path / "in.jsonl"
+    bad.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2}\n')
+    r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad)])
+    assert r.exit_code != 0 and "line 2" in r.output and "prompt" in r.output
+
+
+def test_import_error_is_one_clear_line(tmp_path):
+    bad = tmp_path / "o.csv"
+    bad.write_text("request_id,prompt,model\nq1,hi,m\n")
+    r = CliRunner().invoke(cli, ["import", "outcomes", str(bad), "--db", str(tmp_path / "db.duckdb")])
+    assert r.exit_code != 0 and "missing required column(s): score (or passed)" in r.output
+
+
+def test_bench_router_prints_table_and_plot(tmp_path):
+    train, test = tmp_path / "train.parquet", tmp_path / "test.csv"
+    demo_frame(n_items=60, seed=1).to_parquet(train)
+    demo_frame(n_items=30, seed=2).to_csv(test, index=False)
+    png = tmp_path / "curves.png"
+    r = CliRunner().invoke(cli, ["bench", "router", "--train", str(train), "--test", str(test),
+                                 "--plot", str(png), "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    for name in ("router", "per_suite", "knn", "zero_router", "best_single", "oracle", "savings@best", "AIQ"):
+        assert name in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "r.json").read_text())["table"]["router"]["aiq"] > 0
