@@ -68,12 +68,13 @@ class DriftReport:
         return [f for f in self.findings if f.severity == "regression"]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """Plain JSON values (inf and NaN become None)."""
+        return _jsonable({
             "run_id": self.run_id,
             "baseline_runs": self.baseline_runs,
             "compared_pairs": self.compared_pairs,
             "findings": [asdict(f) for f in self.findings],
-        }
+        })
 
 
 # -- tests and statistics --------------------------------------------------------------------
@@ -318,7 +319,7 @@ def post_webhook(report: DriftReport, url: str, timeout_s: float = 10.0, attempt
     receiver must not fail the nightly run; it is logged and reported as False."""
     import httpx
 
-    body = {"text": summary_line(report), **_jsonable(report.to_dict())}
+    body = {"text": summary_line(report), **report.to_dict()}
     for attempt in range(1, attempts + 1):
         try:
             resp = httpx.post(url, json=body, timeout=timeout_s)

@@ -106,9 +106,7 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from None
     if as_json:
-        from flows.drift import _jsonable
-
-        click.echo(json.dumps(_jsonable(report.to_dict()), indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(summary_line(report))
         for f in report.findings:

@@ -23,14 +23,19 @@ def db(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def metrics(db: Path) -> dict:
-    """Real router metrics: train_router on the last run's outcomes."""
+def trained(db: Path):
+    """A real router: train_router on the last run's outcomes."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from router_training.train import train_router
 
     with Store(db, read_only=True) as store:
         frame = store.training_frame(["run-03"])
-    return train_router(frame, quality_target=0.9, seed=0).metrics
+    return train_router(frame, quality_target=0.9, seed=0)
+
+
+@pytest.fixture(scope="module")
+def metrics(trained) -> dict:
+    return trained.metrics
 
 
 def test_candidate_stats_match_a_direct_computation(db: Path):
@@ -75,14 +80,12 @@ def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
     assert "No published policy metrics" in html and "Drift was not computed" in html
 
 
-def test_policy_metrics_are_found_in_the_registry(db: Path, metrics: dict, tmp_path: Path):
+def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: Path):
     from artifacts.registry import publish
-    from router_training.train import train_router
 
+    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics)
+    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1})
     with Store(db, read_only=True) as store:
-        result = train_router(store.training_frame(["run-02"]), seed=0)
-        publish(result.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=result.metrics)
-        publish(result.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1})
         data = gather(store, "run-02", registry=tmp_path / "reg")
         none = gather(store, "run-03", registry=tmp_path / "reg")
         missing = gather(store, "run-03", registry=tmp_path / "nothing-here")
