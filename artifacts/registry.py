@@ -29,7 +29,7 @@ from artifacts.manifest import (
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
 from artifacts.signing import resolve_signing_key, sign
-from artifacts.verify import VerificationError, read_pointer
+from artifacts.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)
 MAX_STACK, MAX_HISTORY, MAX_ATTEMPTS = 50, 200, 20
@@ -178,6 +178,8 @@ def move_channel(
     backend, key = _backend(backend), _signing_key(signing_key)
     check_channel(channel)
     entry = version_entry(backend, version)
+    if action != "publish":
+        _check_intact(backend, entry)
     for _ in range(MAX_ATTEMPTS):
         current, etag = current_pointer(backend, channel)
         this_action = action
@@ -194,6 +196,14 @@ def move_channel(
     raise RegistryError(f"{backend.location}: channel {channel} kept changing; try again")
 
 
+def _check_intact(backend: Backend, entry: dict) -> None:
+    """Refuse to point a channel at a version gateways would reject (hashes, expiry)."""
+    try:
+        verify_version(backend, entry["path"], None, expected_digest=entry["digest"])
+    except VerificationError as exc:
+        raise RegistryError(f"version {entry['version']} cannot be served: {exc}") from None
+
+
 def rollback(backend: Backend | str | os.PathLike, channel: str, *,
              signing_key: Ed25519PrivateKey | str | os.PathLike | None = None) -> Pointer:
     """Move `channel` back to the version it held before the current one (signed 'rollback')."""
@@ -202,6 +212,7 @@ def rollback(backend: Backend | str | os.PathLike, channel: str, *,
     if current is None or len(current.stack) < 2:
         raise RegistryError(f"channel {channel}: no earlier version to roll back to")
     entry = dict(current.stack[-2])
+    _check_intact(backend, entry)
     pointer = _next_pointer(current, channel, entry, "rollback", pop=True)
     if not _write_pointer(backend, pointer, etag, key):
         raise RegistryError(f"channel {channel} changed while rolling back; check `policies list` and retry")

@@ -148,3 +148,15 @@ def test_gate_reads_train_router_metrics() -> None:
     old = {"holdout": {"router_at_target": {"target": 0.9, "pass_rate": 0.85, "cost": 2.0}}}
     assert gate(new, old, 0.01) == (False, "pass rate 0.8000 is below champion 0.8500 by more than 0.01")
     assert gate(new, old, 0.1)[0] is True
+
+
+def test_promote_refuses_a_damaged_or_expired_version(policies, publish_to, registry: Path, keypair) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    v1 = publish_to(policies[0])
+    publish_to(policies[1], now=datetime.now(timezone.utc) - timedelta(days=3), expires_in=timedelta(days=1))
+    with pytest.raises(RegistryError, match="version 2 cannot be served: .*expired"):
+        move_channel(registry, "champion", 2, signing_key=keypair[0])
+    (registry / v1.path / "policy.json").write_text("{}")
+    with pytest.raises(RegistryError, match="version 1 cannot be served: .*policy.json: size or sha256"):
+        move_channel(registry, "champion", 1, signing_key=keypair[0])
