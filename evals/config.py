@@ -79,6 +79,18 @@ class RouterSettings(BaseModel):
     seed: int = 0
 
 
+class PublishSettings(BaseModel):
+    """How the nightly flow publishes and promotes policies (`artifacts.registry`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signing_key: Path | None = Field(
+        default=None, description="Ed25519 private key file; else $ROUTEOPT_SIGNING_KEY; else unsigned"
+    )
+    promote_tolerance: float = Field(default=0.01, ge=0, le=1)
+    expires_days: float = Field(default=30.0, gt=0)
+
+
 class BudgetSettings(BaseModel):
     """Spend caps of one run in USD (enforced by `evals.budget.Budget`); None is no cap."""
 
@@ -129,6 +141,7 @@ class Config(BaseModel):
     registry_dir: Path = Path(".routeopt/registry")
     cache_dir: Path = Path(".routeopt/cache")
     router: RouterSettings = RouterSettings()
+    publishing: PublishSettings = PublishSettings()
     budget: BudgetSettings = BudgetSettings()
     alerts: AlertSettings = AlertSettings()
     source_path: Path | None = Field(default=None, exclude=True)
@@ -208,6 +221,13 @@ def load_config(path: str | os.PathLike) -> Config:
             "db_path": _resolve(base, cfg.db_path),
             "registry_dir": _resolve(base, cfg.registry_dir),
             "cache_dir": _resolve(base, cfg.cache_dir),
+            "publishing": cfg.publishing.model_copy(
+                update={
+                    "signing_key": _resolve(base, cfg.publishing.signing_key)
+                    if cfg.publishing.signing_key
+                    else None
+                }
+            ),
             "source_path": path,
         }
     )
