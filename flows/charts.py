@@ -149,7 +149,9 @@ def chart(title: str, series: Sequence[Series], x: Axis, y: Axis, *, chart_id: s
             path = " ".join(f"{a:.1f},{b:.1f}" for a, b in coords)
             out.append(f'<polyline class="series" points="{path}" stroke="{color}" fill="none"{dash}/>')
         for (cx, cy), tip in zip(coords, tips) if s.annotate else ():
-            out.append(f'<text class="label" x="{cx + 7:.1f}" y="{cy - 6:.1f}">{escape(tip[:24])}</text>')
+            right = cx > W - M_R - 70  # near the legend: write the label on the left
+            anchor = f'x="{cx - 7:.1f}" text-anchor="end"' if right else f'x="{cx + 7:.1f}"'
+            out.append(f'<text class="label" {anchor} y="{cy - 6:.1f}">{escape(tip[:24])}</text>')
         for (cx, cy), (xv, yv), tip in zip(coords, ps, tips):
             out.append(_marker(s.marker, cx, cy, color, f"{tip}: {x.label} {xv:{x.fmt}}, {y.label} {yv:{y.fmt}}"
                                if not cat else f"{tip}: {yv:{y.fmt}}"))
