@@ -69,6 +69,9 @@ def format_table(report: dict) -> str:
         f"cheapest single: {cheap['model']} pass {cheap['pass_rate']:.4f} cost/request ${cheap['cost']:.6f}",
         f"oracle: pass {oracle['pass_rate']:.4f} cost/request ${oracle['cost']:.6f}",
         f"APGR/CPT pair: strong {report['pair']['strong']} vs weak {report['pair']['weak']}",
+        "savings@X = 1 - cost to reach X x best single's pass rate / best single's cost (n/a: never "
+        "reached); AIQ = mean pass rate over [cheapest, dearest single's cost] on each hull (0 below "
+        "a router's cheapest point)",
     ]
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), "", *notes])
 
@@ -90,7 +93,10 @@ def plot_curves(report: dict, path: Path) -> None:
                     linestyle="--" if name == "zero_router" else "-")
         else:
             ax.scatter(c, q, marker="*" if name == "oracle" else "s", s=80, label=name, zorder=3)
-    for model, v in report["per_candidate"].items():
+    singles = report["per_candidate"]
+    ax.scatter([v["cost"] for v in singles.values()], [v["pass_rate"] for v in singles.values()],
+               marker="o", s=18, color="grey", label="single candidates", zorder=2)
+    for model, v in singles.items():
         ax.annotate(model.split("/")[-1], (v["cost"], v["pass_rate"]), fontsize=6, alpha=0.7)
     ax.set_xscale("log")
     ax.set_xlabel("mean cost per request (USD, log scale)")

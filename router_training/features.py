@@ -9,6 +9,7 @@ UTF-8 bytes with wrap-around uint64 arithmetic, so it is deterministic across pr
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -85,10 +86,10 @@ def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
 
 def _word_hashes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of alphanumeric runs (words) and their lengths, via prefix sums mod 2**64."""
-    alnum = (_CLASS[b] & _ALNUM).astype(bool)
-    edges = np.diff(alnum.astype(np.int8), prepend=0, append=0)
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1)
+    padded = np.zeros(len(b) + 2, dtype=np.uint8)
+    padded[1:-1] = _CLASS[b] & _ALNUM
+    change = np.flatnonzero(padded[1:] != padded[:-1])  # alternating word starts and ends
+    starts, ends = change[0::2], change[1::2]
     if len(starts) == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
     with np.errstate(over="ignore"):
@@ -103,7 +104,7 @@ class FeatureSpec:
 
     suites: tuple[str, ...] = ()
     n_buckets: int = 2**14
-    char_ngrams: tuple[int, ...] = (3, 5)
+    char_ngrams: tuple[int, ...] = (4,)
     word_bigrams: bool = True
     idf: tuple[float, ...] | None = field(default=None, repr=False)
     stat_mean: tuple[float, ...] | None = None
@@ -188,19 +189,22 @@ def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
     return _bucket_ids(b, _word_hashes(b)[0], spec)
 
 
+_FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] for c in range(32)],
+                        dtype=np.float64)
+
+
 def _stats(prompt: str, raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     n = max(len(raw), 1)
-    classes = np.bincount(_CLASS[raw], minlength=32)
-    bits = np.arange(32)
-    frac = [classes[(bits & flag) > 0].sum() / n for flag in (_DIGIT, _UPPER, _PUNCT, _CODE)]
+    frac = np.bincount(_CLASS[raw], minlength=32) @ _FLAG_MATRIX / n
+    n_words = len(lengths)
     return np.array(
         [
-            np.log1p(len(prompt)),
-            np.log1p(len(lengths)),
-            np.log1p(prompt.count("\n")),
-            *frac,
-            float(lengths.mean()) if len(lengths) else 0.0,
-            np.log1p(prompt.count("?")),
+            math.log1p(len(prompt)),
+            math.log1p(n_words),
+            math.log1p(prompt.count("\n")),
+            *frac.tolist(),
+            float(lengths.sum()) / n_words if n_words else 0.0,
+            math.log1p(prompt.count("?")),
         ],
         dtype=np.float64,
     )

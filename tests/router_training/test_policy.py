@@ -91,3 +91,12 @@ def test_extreme_targets_pick_cheapest_and_most_likely(trained):
 def test_bad_target_is_an_error(trained):
     with pytest.raises(ValueError):
         trained.policy.decide("x", quality_target=float("nan"))
+
+
+@pytest.mark.parametrize("target", [None, 0.0, 0.8, 1.0, 2.0])
+def test_decide_matches_decide_batch(trained, target):
+    suites = ["add", "sort", None, "unknown"] * 4
+    prompts = (PROMPTS * 2)[: len(suites)]
+    batch = trained.policy.decide_batch(prompts, suites, target)
+    single = [trained.policy.decide(p, s, target) for p, s in zip(prompts, suites)]
+    assert batch == single

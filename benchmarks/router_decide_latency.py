@@ -1,0 +1,52 @@
+"""Single-thread latency of RoutingPolicy.decide() (featurisation included) on RouterBench prompts.
+
+    OMP_NUM_THREADS=1 python benchmarks/router_decide_latency.py [--policy FOLDER] [--n 3000]
+
+Without --policy it trains one on RouterBench train.parquet first (not timed) and routes the
+prompts of test.parquet (about 1,500 characters each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "routerbench"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", type=Path, default=None)
+    ap.add_argument("--n", type=int, default=3000)
+    args = ap.parse_args()
+    from router_training.policy import RoutingPolicy
+
+    if args.policy is not None:
+        policy = RoutingPolicy.load(args.policy)
+    else:
+        from router_training.train import train_router
+
+        policy = train_router(pd.read_parquet(DATA / "train.parquet"), holdout_fraction=0.0).policy
+    test = pd.read_parquet(DATA / "test.parquet").drop_duplicates("request_id")
+    prompts, suites = test["prompt"].tolist(), test["suite"].tolist()
+    for p, s in zip(prompts[:200], suites[:200]):  # warm-up
+        policy.decide(p, s)
+    times = []
+    for i in range(args.n):
+        p, s = prompts[i % len(prompts)], suites[i % len(prompts)]
+        t = time.perf_counter()
+        policy.decide(p, s)
+        times.append(time.perf_counter() - t)
+    us = np.array(times) * 1e6
+    print(f"decide(): n={len(us)} candidates={len(policy.candidates)} "
+          f"mean_prompt_chars={np.mean([len(p) for p in prompts]):.0f} "
+          f"p50_us={np.percentile(us, 50):.0f} p90_us={np.percentile(us, 90):.0f} "
+          f"p99_us={np.percentile(us, 99):.0f}")
+
+
+if __name__ == "__main__":
+    main()
