@@ -355,12 +355,14 @@ async def evaluate_pair(
     try:
         await asyncio.gather(*(one(it) for it in todo))
     finally:
-        await asyncio.shield(flusher.drain())
-        if own_provider:
-            await pair.provider.aclose()
-        if own_cache and response_cache is not None:
-            response_cache.close()
-        stats.wall_s = time.perf_counter() - started
+        try:
+            await asyncio.shield(flusher.drain())
+        finally:
+            if own_provider:
+                await pair.provider.aclose()
+            if own_cache and response_cache is not None:
+                response_cache.close()
+            stats.wall_s = time.perf_counter() - started
     log.info("%s x %s: %d done, %d errors %s, %d cached, %d calls in %.1fs", suite.name,
              candidate.name, stats.completed, stats.errors, stats.error_kinds, stats.cached,
              stats.calls, stats.wall_s)
