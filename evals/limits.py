@@ -138,6 +138,47 @@ class CircuitBreaker:
             self._probe = False
 
 
+class GpuMeter:
+    """GPU-seconds of one self-hosted candidate, shared by every pair running on it.
+
+    Pairs of the same GPU candidate may run at once (suites fanned out as threads); each flush
+    takes the seconds since the previous flush of *any* of them, so the GPU's time is charged
+    once, not once per pair. The meter restarts when the first pair starts, so the time
+    between runs is left to the candidate's `utilization` instead of the next run's rows.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active = 0
+        self._last = clock()
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self._last = self._clock()
+            self._active += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+    def take(self) -> float:
+        """Seconds not yet charged to any row."""
+        with self._lock:
+            now = self._clock()
+            seconds, self._last = now - self._last, now
+        return seconds
+
+
+def shared_gpu_meter(candidate: Candidate) -> GpuMeter:
+    key = ("gpu", candidate.name, candidate.model, candidate.variant, candidate.base_url)
+    with _SHARED_LOCK:
+        meter = _SHARED.setdefault(key, GpuMeter())
+    assert isinstance(meter, GpuMeter)
+    return meter
+
+
 @dataclass
 class EndpointLimits:
     """What the runner needs for one candidate: its rate limiter and its endpoint's breaker."""

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 from evals.budget import Budget, gpu_window_correction, run_within_budget
 from evals.cache import ResponseCache, cache_key
 from evals.config import Candidate
-from evals.limits import EndpointLimits, shared_limits
+from evals.limits import EndpointLimits, GpuMeter, shared_gpu_meter, shared_limits
 from evals.providers import make_provider
 from evals.providers._sdk import estimate_tokens
 from evals.providers.base import Completion, Provider, ProviderError, Request
@@ -228,10 +228,11 @@ class _Flusher:
     slow run still persists each answer within `max_age_s` (what a kill can lose).
     """
 
-    def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float):
+    def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float,
+                 meter: GpuMeter | None):
         self.pair, self.sink, self.max_rows, self.max_age_s = pair, sink, max_rows, max_age_s
+        self.meter = meter
         self.buffer: list[Outcome] = []
-        self.window_start = time.perf_counter()
         self.pending: set[asyncio.Future] = set()
         self._lock = threading.Lock()  # one sink call at a time, whatever the sink
         self._ticker = asyncio.ensure_future(self._tick())
@@ -254,9 +255,8 @@ class _Flusher:
 
     def _take(self) -> list[Outcome]:
         rows, self.buffer = self.buffer, []
-        now = time.perf_counter()
-        apportion_gpu_cost(self.pair.candidate, rows, now - self.window_start)
-        self.window_start = now
+        if self.meter is not None:
+            apportion_gpu_cost(self.pair.candidate, rows, self.meter.take())
         if self.pair.budget is not None:
             delta = gpu_window_correction(self.pair.candidate, rows)
             if delta:
@@ -337,7 +337,10 @@ async def evaluate_pair(
     prepare = getattr(pair.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
         await prepare()
-    flusher = _Flusher(pair, sink, flush_every, flush_interval_s)
+    meter = shared_gpu_meter(candidate) if candidate.gpu_hour_usd is not None else None
+    if meter is not None:
+        meter.enter()
+    flusher = _Flusher(pair, sink, flush_every, flush_interval_s, meter)
     sem = asyncio.Semaphore(candidate.max_concurrency)
     started = time.perf_counter()
 
@@ -358,6 +361,8 @@ async def evaluate_pair(
         try:
             await asyncio.shield(flusher.drain())
         finally:
+            if meter is not None:
+                meter.exit()
             if own_provider:
                 await pair.provider.aclose()
             if own_cache and response_cache is not None:

@@ -296,3 +296,20 @@ async def test_cancelled_run_flushes_finished_items_and_resumes(tmp_path, fake_l
     await run(suite, cand, rows, done=first)
     assert sorted(rows.by_item()) == [it.id for it in suite.items]
     assert all(r.passed for r in rows)
+
+
+async def test_concurrent_pairs_on_one_gpu_share_its_time(tmp_path, fake_llm, fake_candidate):
+    import asyncio
+
+    fake_llm.first_token_delay_s = 0.05
+    suites = [load_suite(write_arithmetic_suite(tmp_path / n, 12, name=n)) for n in ("s-one", "s-two")]
+    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
+                          max_concurrency=2)
+    rows = Rows()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(evaluate_pair(s, cand, "run-g", rows, limits=fresh_limits(cand),
+                                         flush_every=3) for s in suites))
+    wall = time.perf_counter() - t0
+    total = sum(r.cost_usd for r in rows)
+    assert len(rows) == 24 and all(r.cost_usd > 0 for r in rows)
+    assert 0.001 * wall * 0.6 <= total <= 0.001 * wall * 1.01  # charged once, not per pair
