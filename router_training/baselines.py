@@ -98,7 +98,7 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     scored = {
         "router": P,
         "per_suite": PerSuitePassEstimator(n_suites=n_suites).fit(X_tr, train.Y).predict_proba(X_te),
-        "knn": KNNPassEstimator(k=knn_k, n_suites=n_suites).fit(X_tr, train.Y).predict_proba(X_te),
+        "knn": KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets).fit(X_tr, train.Y).predict_proba(X_te),
     }
     rate, mean_cost = _train_rates(train)
     best, cheapest = int(np.nanargmax(rate)), int(np.nanargmin(mean_cost))

@@ -33,11 +33,13 @@ def read_frame(path: Path) -> pd.DataFrame:
     raise ValueError(f"{path}: unknown format {suffix!r}; use .parquet, .csv or .jsonl")
 
 
-def run_bench(train_path: Path, test_path: Path, quality_target: float = 0.95, seed: int = 0) -> dict:
+def run_bench(train_path: Path, test_path: Path, quality_target: float = 0.95, seed: int = 0,
+              embeddings: bool = False) -> dict:
     """Train on all of `train_path` (cross-fitted calibration) and evaluate on `test_path`."""
     train_frame, test_frame = read_frame(train_path), read_frame(test_path)
     start = time.perf_counter()
-    result = train_router(train_frame, quality_target=quality_target, holdout_fraction=0.0, seed=seed)
+    result = train_router(train_frame, quality_target=quality_target, holdout_fraction=0.0, seed=seed,
+                          embeddings=embeddings)
     train_s = time.perf_counter() - start
     policy = result.policy
     train = routing_data(train_frame, candidates=policy.candidates)

@@ -47,8 +47,13 @@ def design_matrix(
 ) -> sp.csr_matrix:
     """The sparse feature rows of many requests, exactly as the gateway computes them."""
     indptr, indices, data = [0], [], []
-    for p, s in zip(prompts, suites):
-        ids, vals = request_features(p, s, spec)
+    embeddings = [None] * len(prompts)
+    if spec.embeddings:
+        from router_training.embeddings import embed
+
+        embeddings = list(embed(prompts))
+    for p, s, e in zip(prompts, suites, embeddings):
+        ids, vals = request_features(p, s, spec, e)
         indices.append(ids)
         data.append(vals)
         indptr.append(indptr[-1] + len(ids))
@@ -248,13 +253,14 @@ def _suite_of(X: sp.csr_matrix, n_suites: int) -> np.ndarray:
 class KNNPassEstimator(BaseEstimator):
     """Baseline: the candidates' mean outcome over the k most similar training requests (cosine)."""
 
-    def __init__(self, k: int = 25, n_suites: int = 0):
+    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14):
         self.k = k
         self.n_suites = n_suites
+        self.n_buckets = n_buckets
 
     def _text(self, X: sp.spmatrix) -> sp.csr_matrix:
         X = sp.csr_matrix(X)
-        return X[:, self.n_suites: X.shape[1] - len(STAT_NAMES)]
+        return X[:, self.n_suites: self.n_suites + self.n_buckets]
 
     def fit(self, X: sp.spmatrix, Y: np.ndarray) -> "KNNPassEstimator":
         self.text_ = self._text(X)

@@ -31,6 +31,7 @@ _CLASS[[ord(c) for c in "{}()[];=<>_"]] |= _CODE
 _LOWER = np.arange(256, dtype=np.uint8)
 _LOWER[65:91] += 32
 
+EMBEDDING_DIM = 384
 STAT_NAMES: tuple[str, ...] = (
     "log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
     "code_frac", "mean_word_len", "question_marks",
@@ -109,6 +110,7 @@ class FeatureSpec:
     idf: tuple[float, ...] | None = field(default=None, repr=False)
     stat_mean: tuple[float, ...] | None = None
     stat_std: tuple[float, ...] | None = None
+    embeddings: bool = False  # append MiniLM sentence embeddings (the optional 'embeddings' extra)
 
     def __post_init__(self) -> None:
         if self.n_buckets & (self.n_buckets - 1):
@@ -116,7 +118,7 @@ class FeatureSpec:
 
     @property
     def n_features(self) -> int:
-        return len(self.suites) + self.n_buckets + len(STAT_NAMES)
+        return len(self.suites) + self.n_buckets + len(STAT_NAMES) + (EMBEDDING_DIM if self.embeddings else 0)
 
     @property
     def idf_array(self) -> np.ndarray:
@@ -162,6 +164,7 @@ class FeatureSpec:
             idf=None if idf is None else tuple(float(v) for v in idf),
             stat_mean=_floats(d.get("stat_mean")),
             stat_std=_floats(d.get("stat_std")),
+            embeddings=bool(d.get("embeddings", False)),
         )
 
 
@@ -216,10 +219,13 @@ def text_stats(prompt: str) -> np.ndarray:
     return _stats(prompt, raw, _word_hashes(b)[1])
 
 
-def request_features(prompt: str, suite: str | None, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
-    """One request as a sparse row (column ids, values) of [suite one-hot | text | stats].
+def request_features(
+    prompt: str, suite: str | None, spec: FeatureSpec, embedding: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One request as a sparse row (column ids, values) of [suite one-hot | text | stats | emb].
 
     Text is sub-linear tf (x idf once fitted), L2-normalised; stats are standardised once fitted.
+    The embedding block exists only when the spec asks for it (computed here unless given).
     """
     raw, b = _lower(prompt)
     words, lengths = _word_hashes(b)
@@ -240,6 +246,14 @@ def request_features(prompt: str, suite: str | None, spec: FeatureSpec) -> tuple
     all_ids = np.concatenate((np.array(head_ids, dtype=np.intp), ids + n_suites,
                               np.arange(len(stats)) + n_suites + spec.n_buckets))
     all_vals = np.concatenate((np.ones(len(head_ids)), x, stats))
+    if spec.embeddings:
+        if embedding is None:
+            from router_training.embeddings import embed
+
+            embedding = embed([prompt])[0]
+        start = n_suites + spec.n_buckets + len(STAT_NAMES)
+        all_ids = np.concatenate((all_ids, np.arange(start, start + EMBEDDING_DIM)))
+        all_vals = np.concatenate((all_vals, embedding))
     return all_ids, all_vals
 
 

