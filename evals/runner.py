@@ -118,6 +118,9 @@ class _Pair:
                        item_id=item.id, candidate=self.candidate.name, **values)  # type: ignore[arg-type]
 
 
+_REFUSED = frozenset({"rate_limited", "auth", "client_error"})
+
+
 async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Completion:
     """One provider call under the limiter and the candidate's overall timeout."""
     await pair.limits.limiter.acquire(reserve_tokens)
@@ -127,7 +130,9 @@ async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Comple
         c = await asyncio.wait_for(pair.provider.generate(request), timeout)
     except asyncio.TimeoutError:
         raise ProviderError("timeout", f"no complete answer within {timeout:g}s") from None
-    except ProviderError:
+    except ProviderError as err:
+        if err.kind in _REFUSED:  # refused before any generation: its tokens were not used
+            pair.limits.limiter.refund(reserve_tokens)
         raise
     except Exception as exc:  # a provider bug must cost this item, never the run
         raise ProviderError("internal", f"{type(exc).__name__}: {exc}") from None
