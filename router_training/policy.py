@@ -187,10 +187,11 @@ class RoutingPolicy:
         if not np.isfinite(target):
             raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
         floor = target * self.reference_pass_rate
-        expected = self.__dict__.get("_expected")
-        if expected is None or len(expected) != len(self.table):
-            expected = [e for _, e in self.table]
-            self.__dict__["_expected"] = expected  # table entries rise strictly: bisect it
+        cached = self.__dict__.get("_expected")
+        if cached is None or cached[0] is not self.table:
+            cached = (self.table, [e for _, e in self.table])
+            self.__dict__["_expected"] = cached  # table entries rise strictly: bisect it
+        expected = cached[1]
         i = bisect.bisect_left(expected, floor - 1e-12)
         return self.table[min(i, len(self.table) - 1)][0]
 
