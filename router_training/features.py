@@ -88,14 +88,14 @@ def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
 def _word_hashes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of alphanumeric runs (words) and their lengths, via prefix sums mod 2**64."""
     padded = np.zeros(len(b) + 2, dtype=np.uint8)
-    padded[1:-1] = _CLASS[b] & _ALNUM
-    change = np.flatnonzero(padded[1:] != padded[:-1])  # alternating word starts and ends
+    padded[1:-1] = np.take(_CLASS, b) & _ALNUM
+    change = (padded[1:] != padded[:-1]).nonzero()[0]  # alternating word starts and ends
     starts, ends = change[0::2], change[1::2]
     if len(starts) == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
     with np.errstate(over="ignore"):
         s = np.concatenate(([np.uint64(0)], np.cumsum(b.astype(np.uint64) * _POW[: len(b)])))
-        h = (s[ends] - s[starts]) * _POW_INV[starts]
+        h = (np.take(s, ends) - np.take(s, starts)) * np.take(_POW_INV, starts)
     return h, ends - starts
 
 
@@ -183,7 +183,7 @@ def _bucket_ids(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarr
 
 def _lower(prompt: str) -> tuple[np.ndarray, np.ndarray]:
     raw = _to_bytes(prompt)
-    return raw, _LOWER[raw]
+    return raw, np.take(_LOWER, raw)
 
 
 def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
@@ -198,7 +198,7 @@ _FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] 
 
 def _stats(prompt: str, raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     n = max(len(raw), 1)
-    frac = np.bincount(_CLASS[raw], minlength=32) @ _FLAG_MATRIX / n
+    frac = np.bincount(np.take(_CLASS, raw), minlength=32) @ _FLAG_MATRIX / n
     n_words = len(lengths)
     return np.array(
         [
@@ -230,10 +230,10 @@ def request_features(
     raw, b = _lower(prompt)
     words, lengths = _word_hashes(b)
     counts = np.bincount(_bucket_ids(b, words, spec), minlength=spec.n_buckets)
-    ids = np.flatnonzero(counts)
-    x = np.log1p(counts[ids].astype(np.float64))
+    ids = (counts != 0).nonzero()[0]  # faster than flatnonzero on ints
+    x = np.log1p(np.take(counts, ids).astype(np.float64))
     if spec.idf is not None:
-        x *= spec.idf_array[ids]
+        x *= np.take(spec.idf_array, ids)
     norm = np.sqrt(x @ x)
     if norm > 0:
         x /= norm

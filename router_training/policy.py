@@ -58,11 +58,10 @@ class LinearScorer:
     slopes: np.ndarray  # (n_suites + 1, K)
 
     def __post_init__(self) -> None:
-        # float32 halves the memory the per-request row gather touches; logits stay float64
-        self.weights = np.ascontiguousarray(self.weights, dtype=np.float32)
+        self.weights = np.ascontiguousarray(self.weights, dtype=np.float64)
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
-        r = vals @ self.weights[ids].astype(np.float64)
+        r = vals @ np.take(self.weights, ids, axis=0)  # take: ~3x faster than fancy indexing
         return r[:-1] + self.bias + (r[-1] + self.difficulty_bias) * self.slopes[suite_pos]
 
     def to_dict(self) -> dict:
