@@ -145,10 +145,13 @@ def evaluate_all(
 
 
 @task(name="train-router", cache_policy=NO_CACHE)
-def train_task(cfg: Config, run_id: str) -> Any:
+def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
+    """`frame`: the run's training frame, read by the flow; a task on a worker in another
+    process cannot open the DuckDB file the flow process holds."""
     from router_training.train import train_router
 
-    frame = shared_store(cfg.db_path).training_frame([run_id])
+    if frame is None:
+        frame = shared_store(cfg.db_path).training_frame([run_id])
     if frame.empty:
         raise RuntimeError(f"run {run_id} has no graded outcomes to train on")
     return train_router(
@@ -195,7 +198,8 @@ def nightly(
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
-    result = train_task(cfg, run_id) if train else None
+    frame = shared_store(cfg.db_path).training_frame([run_id]) if train else None
+    result = train_task(cfg, run_id, frame) if train else None
     published = publish_task(cfg, result, report) if (publish and result is not None) else None
     return {
         "run_id": run_id,

@@ -1,5 +1,6 @@
-"""The nightly fan-out on a Dask cluster of two worker processes gives the same outcomes as the
-default (thread) task runner. Workers return rows; the flow process is the only DuckDB writer."""
+"""The nightly flow on a Dask cluster of two worker processes gives the same outcomes as the
+default (thread) task runner, then trains and publishes. Workers return rows and get the
+training frame from the flow: the flow process is the only one that opens DuckDB."""
 
 from __future__ import annotations
 
@@ -66,8 +67,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
             worker_pids = set(client.run(lambda: __import__("os").getpid()).values())
             on_dask = nightly.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
             with get_task_stream(client) as stream:
-                result = on_dask(config_path=str(dask_cfg), run_id="r1", train=False, publish=False,
-                                 persist_in_tasks=False)
+                result = on_dask(config_path=str(dask_cfg), run_id="r1", persist_in_tasks=False)
             close_store(tmp_path / "dask.duckdb")
         sent = len(strong.requests) + len(weak.requests)
 
@@ -75,6 +75,8 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
     ran_on = {t["worker"] for t in stream.data if "evaluate" in str(t.get("key", ""))}
     assert len(stream.data) >= 4 and ran_on, stream.data[:3]  # the four pairs ran on the workers
     assert sum(p["total"] for p in result["pairs"]) == 2 * (12 + 10)
+    # training ran on a worker too, from the frame the flow read (workers cannot open the DB)
+    assert result["router_metrics"]["n_requests"] == 22 and result["published"]["version"] == 1
     assert sent == 2 * 2 * (12 + 10)  # each run called every item once
     plain, dask = _outcomes(tmp_path / "plain.duckdb"), _outcomes(tmp_path / "dask.duckdb")
     assert len(plain) == 44 and plain == dask
