@@ -38,3 +38,7 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+# The wire-protocol fake LLM server's fixtures, for every test module.
+from tests.fake_llm import fake_candidate, fake_llm, fake_llm_process  # noqa: E402,F401
