@@ -125,7 +125,7 @@ def test_report_cli(db: Path, tmp_path: Path):
 def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefect_harness, tmp_path: Path):
     from prefect import flow
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
 
     @flow
     def publish_them() -> list:
@@ -137,8 +137,7 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
     ids = publish_them()
     assert len(ids) == 4
     with get_client(sync_client=True) as client:
-        arts = {a.key: a for a in client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="routeopt-")))}
+        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=ids)))}
     assert set(arts) == {"routeopt-candidates", "routeopt-suites", "routeopt-router-drift", "routeopt-report"}
     assert arts["routeopt-candidates"].flow_run_id is not None
     table = arts["routeopt-candidates"].data
