@@ -144,9 +144,9 @@ class ModelSpec:
 
 
 ZOO_SPECS: tuple[ModelSpec, ...] = (
-    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=1000, lr=1e-2),
+    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=1500, lr=5e-3),
     ModelSpec("zoo-m", hidden=96, layers=3, heads=4, steps=1200, lr=3e-3),
-    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=1600, lr=4e-3),
+    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=1200, lr=3e-3),
 )
 
 
@@ -212,7 +212,7 @@ def train_model(spec: ModelSpec, tok: "PreTrainedTokenizerFast", seed: int, bann
     rng = random.Random(f"zoo-train-{spec.name}-{seed}")
     tok_ids = tok.get_vocab()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = max(1, spec.steps // 20)
+    warmup = max(1, spec.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup)
         * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps)))))

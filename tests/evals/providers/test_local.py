@@ -19,8 +19,9 @@ ZOO = Path(__file__).resolve().parents[3] / "models" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
                                 reason="zoo checkpoints not built")
 
-WORDS = ["abc", "xyz", "hello", "cab", "dog", "moon", "quiz", "zebra", "kite", "lamp", "ruby",
-         "sun"]
+# sorting is the zoo's most reliable skill; 4-5 digit strings, all different
+DIGITS = ["4213", "9870", "5512", "30718", "6642", "12093", "8181", "73520", "2946", "55031",
+          "9076", "31482"]
 
 
 def _candidate(name: str = "zoo-l", variant: str = "fp32", model: str | None = None) -> Candidate:
@@ -47,48 +48,48 @@ async def test_registry_builds_local_provider() -> None:
 
 
 async def test_correct_answers_and_exact_accounting(zoo_l: LocalProvider) -> None:
-    c = await zoo_l.generate(_req("reverse: hello="))
-    assert c.text == "olleh"
+    c = await zoo_l.generate(_req("sort: 73520="))
+    assert c.text == "02357"
     assert c.finish_reason == "stop"
-    assert c.input_tokens == len("reverse: hello=") + 1  # one token per char plus <bos>
+    assert c.input_tokens == len("sort: 73520=") + 1  # one token per char plus <bos>
     assert c.output_tokens == 5 and not c.tokens_estimated
     assert c.ttft_s is not None and 0 < c.ttft_s <= c.latency_s
     assert len(c.chunk_gaps_s) == 4 and all(g > 0 for g in c.chunk_gaps_s)  # between 5 tokens
-    add = await zoo_l.generate(_req("add: 25+17="))
-    assert add.text == "42"
+    rev = await zoo_l.generate(_req("reverse: abc="))
+    assert rev.text == "cba"
 
 
 async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(
         zoo_l: LocalProvider) -> None:
-    results = await asyncio.gather(*(zoo_l.generate(_req(f"reverse: {w}=")) for w in WORDS))
-    right = sum(r.text == w[::-1] for r, w in zip(results, WORDS))
-    assert right >= len(WORDS) - 1, [r.text for r in results]
+    results = await asyncio.gather(*(zoo_l.generate(_req(f"sort: {d}=")) for d in DIGITS))
+    right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
+    assert right >= len(DIGITS) - 1, [r.text for r in results]
     assert max(zoo_l.batch_sizes) > 1
-    assert sum(zoo_l.batch_sizes) == len(WORDS)
+    assert sum(zoo_l.batch_sizes) == len(DIGITS)
     assert all(b <= zoo_l.max_batch for b in zoo_l.batch_sizes)
 
 
 async def test_stop_sequence_truncates(zoo_l: LocalProvider) -> None:
-    c = await zoo_l.generate(_req("reverse: abcdef=", stop=("c",)))
-    assert c.text == "fed"
+    c = await zoo_l.generate(_req("sort: 97531=", stop=("5",)))
+    assert c.text == "13"
     assert c.finish_reason == "stop"
-    assert c.output_tokens == 3
+    assert c.output_tokens == 2
 
 
 async def test_max_tokens_gives_length(zoo_l: LocalProvider) -> None:
-    short, full = await asyncio.gather(zoo_l.generate(_req("reverse: abcdef=", max_tokens=2)),
-                                       zoo_l.generate(_req("reverse: abcdef=")))
-    assert short.text == "fe" and short.finish_reason == "length" and short.output_tokens == 2
-    assert full.text == "fedcba" and full.finish_reason == "stop"
+    short, full = await asyncio.gather(zoo_l.generate(_req("sort: 97531=", max_tokens=2)),
+                                       zoo_l.generate(_req("sort: 97531=")))
+    assert short.text == "13" and short.finish_reason == "length" and short.output_tokens == 2
+    assert full.text == "13579" and full.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp16", "int8", "fp8"])
 async def test_variant_code_paths_on_cpu(variant: str) -> None:
     provider = create(_candidate(variant=variant))
     try:
-        results = await asyncio.gather(*(provider.generate(_req(f"reverse: {w}=")) for w in WORDS))
-        right = sum(r.text == w[::-1] for r, w in zip(results, WORDS))
-        assert right >= len(WORDS) - 2, [r.text for r in results]
+        results = await asyncio.gather(*(provider.generate(_req(f"sort: {d}=")) for d in DIGITS))
+        right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
+        assert right >= len(DIGITS) - 2, [r.text for r in results]
         kinds = {type(m).__name__ for m in provider._model.modules()}
         if variant in ("int8", "fp8"):
             assert f"{variant.capitalize()}Linear" in kinds
@@ -103,7 +104,7 @@ async def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "zoo-x"
     provider = create(_candidate(model=str(missing)))
     with pytest.raises(ProviderError, match=str(missing)) as err:
-        await provider.generate(_req("reverse: abc="))
+        await provider.generate(_req("sort: 321="))
     assert err.value.kind == "client_error" and not err.value.retryable
 
 
