@@ -173,8 +173,13 @@ class RoutingPolicy:
         n_suites = len(self.spec.suites)
         pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites], dtype=int)
         z = np.empty((len(prompts), len(self.candidates)))
+        embeddings = [None] * len(prompts)
+        if self.spec.embeddings and len(prompts) > 1:
+            from router_training.embeddings import embed  # optional extra; batched is faster
+
+            embeddings = list(embed(list(prompts)))
         for i, (prompt, suite) in enumerate(zip(prompts, suites)):
-            ids, vals = request_features(prompt, suite, self.spec)
+            ids, vals = request_features(prompt, suite, self.spec, embeddings[i])
             z[i] = self.scorer.logits(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
         c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos)
