@@ -228,8 +228,9 @@ def _print_comparison(console: Any, summaries: list, verdicts: list, apis: list)
     for s in summaries:
         _print_selfhosted(console, s)
     if apis:
-        ratio = next((s.input_per_output for s in summaries if s.input_per_output), 0.0) or 0.0
-        _print_api(console, apis, ratio)
+        first = next((s for s in summaries if s.input_per_output), None)
+        _print_api(console, apis, first.input_per_output if first else 0.0,
+                   first.candidate if first else "none")
     if verdicts:
         _print_verdicts(console, verdicts)
 
@@ -253,7 +254,7 @@ def _print_selfhosted(console: Any, s: Any) -> None:
                   f"the configured utilisation {s.utilization:g} and concurrency: ${conf}/Mtok")
 
 
-def _print_api(console: Any, apis: list, ratio: float) -> None:
+def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
     from rich.table import Table
 
     from evals.costmodel import api_usd_per_mtok
@@ -267,8 +268,9 @@ def _print_api(console: Any, apis: list, ratio: float) -> None:
                   "-" if cached is None else _usd(cached), _usd(a.output_price_per_mtok or 0.0),
                   _usd(api_usd_per_mtok(a, ratio)))
     console.print(t)
-    console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token "
-                  "(the benchmark prompts' ratio, or --input-per-output)")
+    console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token (from "
+                  f"{source}'s benchmark, or --input-per-output); the break-even table uses each "
+                  "self-hosted candidate's own ratio")
 
 
 def _print_verdicts(console: Any, verdicts: list) -> None:
