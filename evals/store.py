@@ -124,6 +124,15 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# A row skipped for budget is a placeholder: a later real outcome (a resumed run with more
+# budget) replaces it. Every other stored row is final and a repeat write keeps it.
+_REPLACE_BUDGET_SKIPS = (
+    ", ".join(f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in
+              ("run_id", "suite", "item_id", "candidate"))
+    + " WHERE outcomes.error_kind = 'budget'"
+)
+
+
 class Store:
     """A DuckDB file opened by the one process that writes it. Thread-safe within that process."""
 
@@ -251,7 +260,8 @@ class Store:
                 self._con.register("_outcome_batch", batch)
                 self._con.execute(
                     f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) "
-                    "SELECT * FROM _outcome_batch ON CONFLICT DO NOTHING"
+                    "SELECT * FROM _outcome_batch ON CONFLICT DO UPDATE SET "
+                    + _REPLACE_BUDGET_SKIPS
                 )
                 self._con.execute("COMMIT")
             except BaseException:
@@ -262,10 +272,11 @@ class Store:
         return n
 
     def done_items(self, run_id: str, suite: str, candidate: str) -> set[str]:
-        """Items of a run that already have their one outcome or recorded error."""
+        """Items of a run that have their final outcome or recorded error (budget skips are not)."""
         with self._lock:
             rows = self._con.execute(
-                "SELECT item_id FROM outcomes WHERE run_id = ? AND suite = ? AND candidate = ?",
+                "SELECT item_id FROM outcomes WHERE run_id = ? AND suite = ? AND candidate = ? "
+                "AND error_kind IS DISTINCT FROM 'budget'",
                 [run_id, suite, candidate],
             ).fetchall()
         return {r[0] for r in rows}

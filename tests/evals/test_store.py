@@ -52,3 +52,15 @@ def test_failed_batch_rolls_back(store: Store) -> None:
     assert store.query("SELECT count(*) AS n FROM outcomes")["n"][0] == 0
     store.write_outcomes([_outcome("1")])  # the connection is still usable
     assert store.query("SELECT count(*) AS n FROM outcomes")["n"][0] == 1
+
+
+def test_budget_skips_are_retried_and_replaced(store: Store) -> None:
+    skipped = Outcome("r1", "s", "v1", "1", "m", error_kind="budget", error="cap reached")
+    store.write_outcomes([skipped, _outcome("2")])
+    assert store.done_items("r1", "s", "m") == {"2"}  # a resumed run retries the skipped item
+    store.write_outcomes([_outcome("1"), _outcome("2", passed=False)])
+    df = store.query("SELECT item_id, passed, error_kind FROM outcomes ORDER BY item_id")
+    assert df.to_dict("records") == [
+        {"item_id": "1", "passed": True, "error_kind": None},  # the placeholder was replaced
+        {"item_id": "2", "passed": True, "error_kind": None},  # a final row was kept
+    ]
