@@ -43,6 +43,12 @@ class _StepClock:
         self.times: list[float] = []
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if not self.times and getattr(scores, "is_cuda", False):
+            # A GPU runs behind the host: wait once for the prefill, so TTFT is when the first
+            # token exists rather than when its kernels were queued.
+            import torch
+
+            torch.cuda.synchronize(scores.device)
         self.times.append(time.perf_counter())
         return scores
 
