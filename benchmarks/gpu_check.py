@@ -2,13 +2,12 @@
 hardware's limit, then push one suite through the whole pipeline on the same device.
 
 Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_check.md`):
-1. build a randomly initialised Llama-style model (~1B: hidden 2048, 16 layers, 32 heads, 8 KV
-   heads, vocab 32000, intermediate 5632; `--tiny` for a toy one) with a 32000-entry char-level
-   tokenizer, and save it as a Hugging Face checkpoint - no download;
+1. build a random Llama-style model (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 32000,
+   intermediate 5632: 0.85B params; `--tiny`: a toy) + char-level tokenizer; save it - no download;
 2. run the serving benchmark (`evals.serving`) through the `local` provider for each variant
    (bf16 and fp8 weight-only by default) at several concurrencies;
-3. compare batch-1 decode speed with the memory-bandwidth limit (bandwidth / bytes of weights
-   read per token), for the provider and for a bare forward loop (what generate() overhead costs);
+3. batch-1 decode speed vs the memory-bandwidth limit (bandwidth / weight bytes per token): the
+   provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
 4. `routeopt run --config <generated> --suite gpu-smoke` on the device, and count its outcomes.
 
 The special tokens' rows of the output layer are zeroed, so greedy decoding never picks EOS or
@@ -425,8 +424,10 @@ def render_markdown(res: dict) -> str:
         if "error" in v:
             lines += [f"failed: `{v['error']}`", ""]
             continue
-        bw = v["bandwidth"]
-        skipped = v["serving"].get("skipped_levels")
+        bw, skipped = v["bandwidth"], v["serving"].get("skipped_levels")
+        if v["variant"] in ("fp8", "int8"):
+            lines.append(f"(weight-only {v['variant']}: evals/quantize.py dequantizes every weight "
+                         "in forward and computes in fp32; the limit counts the stored bytes)")
         lines += ["", v["table_md"], "", *([f"- levels skipped (time budget): {skipped}"] if skipped else []),
                   f"- weight bytes read per decode step: {bw['weight_bytes_per_token'] / 1e6:.1f} MB; "
                   f"bandwidth {bw['bandwidth_tbs']} TB/s -> limit {_num(bw['limit_tok_s'])} tok/s",
