@@ -10,8 +10,7 @@ Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_ch
    provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
 4. `routeopt run --config <generated> --suite gpu-smoke` on the device, and count its outcomes.
 
-The special tokens' rows of the output layer are zeroed, so greedy decoding never picks EOS or
-PAD from the random weights: every request generates exactly max_tokens and levels compare.
+Special tokens' output-layer rows are zeroed, so every request decodes exactly max_tokens.
 
     python benchmarks/gpu_check.py --device cuda --out gpu_check_out     # real run (< 8 min)
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/gc     # the CPU code path
