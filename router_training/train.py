@@ -50,17 +50,29 @@ def _suite_pos(suites: list[str | None], names: tuple[str, ...]) -> np.ndarray:
     return np.array([pos.get(s, -1) if s else -1 for s in suites], dtype=int)
 
 
-def build_table(P: np.ndarray, C: np.ndarray, rule: str) -> list[tuple[float, float]]:
-    """(parameter, expected pass rate) from cheapest to best; entries that add no quality dropped."""
+def build_table(
+    P: np.ndarray, C: np.ndarray, rule: str, Y: np.ndarray | None = None
+) -> list[tuple[float, float]]:
+    """(parameter, pass rate) from cheapest to best; entries that add no quality are dropped.
+
+    The pass rate is the calibrated expectation of the chosen candidates, or, given out-of-fold
+    outcomes Y, the lower of that and the observed rate: picking the argmax of noisy
+    probabilities overestimates them (winner's curse), and the floor should hold in fact.
+    """
     grid = param_grid(rule, C)
     if rule == "lambda":
         grid = grid[::-1]  # large lambda = cheapest first
     rows = np.arange(len(P))
     table: list[tuple[float, float]] = []
     for t in grid:
-        expected = float(P[rows, choose(P, C, rule, t)[:, 0]].mean())
-        if not table or expected > table[-1][1] + 1e-9:
-            table.append((float(t), expected))
+        pick = choose(P, C, rule, t)[:, 0]
+        value = float(P[rows, pick].mean())
+        if Y is not None:
+            seen = Y[rows, pick]
+            if (~np.isnan(seen)).any():
+                value = min(value, float(np.nanmean(seen)))
+        if not table or value > table[-1][1] + 1e-9:
+            table.append((float(t), value))
     return table
 
 
@@ -139,7 +151,7 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
     P = _sigmoid(platt[0] * z + platt[1])
     _, Cp = policy.predict(data.prompts, data.suites)
     policy.rule, rule_scores = pick_rule(P, Cp, data)
-    policy.table = build_table(P, Cp, policy.rule)
+    policy.table = build_table(P, Cp, policy.rule, data.Y)
     policy.metrics = {
         "rule_selection": rule_scores, "difficulty_C": est.C_,
         "floor_out_of_fold": floor_confidence(policy, data, quality_target, P, Cp),
