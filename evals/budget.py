@@ -266,10 +266,13 @@ def budget_for_run(settings: BudgetSettings, spent: Mapping[str, float] | None =
 
 
 def spent_in_run(store: Store, run_id: str) -> dict[str, float]:
-    """What a run already spent per candidate, so a resumed run keeps counting from there."""
+    """What a run already spent per candidate, so a resumed run keeps counting from there.
+
+    Cached answers carry their list-price cost for training but were not paid: not counted.
+    """
     frame = store.query(
         "SELECT candidate, coalesce(sum(cost_usd), 0) AS usd FROM outcomes "
-        "WHERE run_id = ? GROUP BY candidate",
+        "WHERE run_id = ? AND NOT coalesce(cached, FALSE) GROUP BY candidate",
         [run_id],
     )
     return {str(r.candidate): float(r.usd) for r in frame.itertuples()}

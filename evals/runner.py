@@ -174,7 +174,7 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
         output_tokens=completion.output_tokens,
         cached_input_tokens=completion.cached_input_tokens,
         tokens_estimated=completion.tokens_estimated,
-        cost_usd=0.0 if cached else token_cost(pair.candidate, completion),
+        cost_usd=token_cost(pair.candidate, completion),
         ttft_s=completion.ttft_s,
         latency_s=completion.latency_s,
         tpot_s=completion.tpot_s,
@@ -331,7 +331,9 @@ async def evaluate_pair(
     if not todo:
         return stats
     own_provider = provider is None
-    response_cache, own_cache = _open_cache(cache)
+    # A self-hosted candidate's cost is measured from this run's throughput; a cached answer
+    # has none, so those candidates are always called.
+    response_cache, own_cache = _open_cache(cache if candidate.gpu_hour_usd is None else None)
     pair = _Pair(
         suite, candidate, run_id, provider or make_provider(candidate),
         limits or shared_limits(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +22,7 @@ from evals.config import Candidate, Config, load_config
 from evals.runner import PairStats, evaluate_pair
 from evals.store import Outcome, Store
 from evals.suites import Suite, SuiteError, discover_suites, load_suite
+from flows.review import review_run
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -76,6 +77,7 @@ def evaluate_task(
     db_path: str | None,
     progress_key: str | None = None,
     budget: Budget | None = None,
+    cache_dir: str | None = None,
 ) -> tuple[PairStats, list[Outcome]]:
     """Run one (suite, candidate) pair.
 
@@ -89,7 +91,14 @@ def evaluate_task(
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
     stats = asyncio.run(
         evaluate_pair(
-            suite, candidate, run_id, sink, done=done, on_progress=on_progress, budget=budget
+            suite,
+            candidate,
+            run_id,
+            sink,
+            done=done,
+            on_progress=on_progress,
+            budget=budget,
+            cache=cache_dir,
         )
     )
     return stats, kept
@@ -103,6 +112,7 @@ def evaluate_all(
     candidates: list[str] | None = None,
     persist_in_tasks: bool = True,
     progress_key: str | None = None,
+    use_cache: bool = True,
 ) -> EvalReport:
     """Fan (suite x candidate) out as tasks, resuming what a previous attempt of the run did."""
     store = shared_store(cfg.db_path)
@@ -121,6 +131,7 @@ def evaluate_all(
         if budget is not None and not persist_in_tasks
         else {}
     )
+    cache_dir = str(cfg.cache_dir) if use_cache else None
     futures = []
     for suite in loaded:
         store.register_suite(
@@ -134,7 +145,9 @@ def evaluate_all(
             db = str(cfg.db_path) if persist_in_tasks else None
             task_budget = budget if persist_in_tasks else shares.get((suite.name, cand.name))
             futures.append(
-                evaluate_task.submit(suite, cand, run_id, done, db, progress_key, task_budget)
+                evaluate_task.submit(
+                    suite, cand, run_id, done, db, progress_key, task_budget, cache_dir
+                )
             )
     for fut in futures:
         stats, rows = fut.result()
@@ -164,10 +177,41 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 
 @task(name="publish-policy", cache_policy=NO_CACHE)
 def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
-    from artifacts.registry import publish
+    """Publish the policy as the next version; it becomes `latest` and `candidate`."""
+    from artifacts.registry import move_channel, publish
 
-    lineage = {"runs": [report.run_id], "suites": report.suites}
-    return publish(result.policy, cfg.registry_dir, lineage=lineage, metrics=result.metrics)
+    key = cfg.publishing.signing_key
+    published = publish(
+        result.policy,
+        cfg.registry_dir,
+        lineage={"runs": [report.run_id], "suites": report.suites},
+        metrics=result.metrics,
+        signing_key=key,
+        expires_in=timedelta(days=cfg.publishing.expires_days),
+    )
+    move_channel(cfg.registry_dir, "candidate", published.version, action="publish",
+                 signing_key=key, only_forward=True)
+    return published
+
+
+@task(name="promotion-gate", cache_policy=NO_CACHE)
+def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
+    """Move `champion` to the new version only if the gate passes (`flows.promotion`)."""
+    from artifacts.registry import move_channel
+    from flows.promotion import champion_policy, decide_promotion, heldout
+
+    test = heldout(frame, result.split["test"])
+    decision = decide_promotion(
+        result.policy,
+        champion_policy(cfg.registry_dir),
+        test,
+        tolerance=cfg.publishing.promote_tolerance,
+        blocking=blocking,
+    )
+    if decision.promoted:
+        move_channel(cfg.registry_dir, "champion", published.version, action="promote",
+                     signing_key=cfg.publishing.signing_key, only_forward=True)
+    return decision
 
 
 @flow(name="routeopt-nightly", log_prints=True)
@@ -181,8 +225,9 @@ def nightly(
     db_path: str | None = None,
     progress_key: str | None = None,
     persist_in_tasks: bool = True,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate -> store -> train -> publish, once. Re-running with the same run id resumes."""
+    """Evaluate -> store -> train -> review -> publish -> promote. The same run id resumes."""
     logger = get_run_logger()
     cfg = load_config(config_path)
     if db_path:
@@ -195,12 +240,26 @@ def nightly(
         candidates=candidates,
         progress_key=progress_key,
         persist_in_tasks=persist_in_tasks,
+        use_cache=use_cache,
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
-    frame = shared_store(cfg.db_path).training_frame([run_id]) if train else None
+    store = shared_store(cfg.db_path)
+    frame = store.training_frame([run_id]) if train else None
     result = train_task(cfg, run_id, frame) if train else None
-    published = publish_task(cfg, result, report) if (publish and result is not None) else None
+    review = review_run(
+        cfg,
+        store,
+        run_id,
+        metrics=result.metrics if result is not None else None,
+        policy_candidates=result.policy.candidates if result is not None else (),
+    )
+    blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
+    published = promotion = None
+    if publish and result is not None:
+        published = publish_task(cfg, result, report)
+        promotion = promote_task(cfg, result, frame, published, blocking)
+        logger.info("champion %s: %s", "moved" if promotion.promoted else "kept", promotion.reason)
     return {
         "run_id": run_id,
         "db_path": str(cfg.db_path),
@@ -208,9 +267,12 @@ def nightly(
         "suite_errors": report.suite_errors,
         "pairs": [asdict(p) for p in report.pairs],
         "router_metrics": result.metrics if result is not None else None,
+        "report_path": str(review.report_path) if review.report_path else None,
+        "drift_blocking": blocking,
         "published": (
             {"version": published.version, "uri": published.uri, "signed": published.signed}
             if published
             else None
         ),
+        "promotion": asdict(promotion) if promotion is not None else None,
     }

@@ -79,3 +79,9 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
         pub = result["published"]
         signed = "signed" if pub["signed"] else "unsigned"
         console.print(f"published policy v{pub['version']} ({signed}): {pub['uri']}")
+    promotion = result.get("promotion")
+    if promotion:
+        verdict = "promoted to champion" if promotion["promoted"] else "kept as candidate"
+        console.print(f"policy {verdict}: {promotion['reason']}")
+    if result.get("report_path"):
+        console.print(f"dashboard: {result['report_path']}")

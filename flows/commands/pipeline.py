@@ -32,6 +32,9 @@ def _common(fn: Any) -> Any:
         "--candidate", "candidates", multiple=True, help="Only these candidates (repeatable)."
     )(fn)
     fn = click.option("--no-progress", is_flag=True, help="Do not draw progress bars.")(fn)
+    fn = click.option(
+        "--no-cache", is_flag=True, help="Call every model again instead of reusing cached answers."
+    )(fn)
     return fn
 
 
@@ -89,6 +92,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
                 db_path=kw["db_path"],
                 train=train,
                 publish=publish,
+                use_cache=not kw["no_cache"],
                 progress_key=progress_key,
             )
     except ConfigError as exc:

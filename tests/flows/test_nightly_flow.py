@@ -74,11 +74,21 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     manifest = json.loads((published / "manifest.json").read_text())
     assert manifest["lineage"]["runs"] == ["night-1"]
     assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
+    assert result["promotion"]["promoted"] and result["promotion"]["reason"] == "no champion yet"
+    assert Path(result["report_path"]).exists()
 
-    # Resuming the same run calls nothing again and duplicates nothing.
-    nightly(config_path=str(config), run_id="night-1", train=False, publish=False)
+    # A second night on the same outcomes: answers come from the response cache (nothing is
+    # paid twice), and the new policy is compared with the champion on the same held-out items.
+    second = nightly(config_path=str(config), run_id="night-2")
+    close_store(db)
+    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    assert second["published"]["version"] == 2
+    assert second["promotion"]["champion"], second["promotion"]
+
+    # Resuming a run calls nothing again and duplicates nothing, even without the cache.
+    nightly(config_path=str(config), run_id="night-1", train=False, publish=False, use_cache=False)
     close_store(db)
     assert len(strong.requests) == 70 and len(weak.requests) == 70
     con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT count(*) FROM outcomes").fetchone()[0] == 140
+    assert con.execute("SELECT count(*) FROM outcomes WHERE run_id = 'night-1'").fetchone()[0] == 140
     con.close()
