@@ -141,12 +141,13 @@ class ModelSpec:
     steps: int
     lr: float
     batch: int = 64
+    max_difficulty: int = 6  # the smallest model also sees less: only the easier half of the tasks
 
 
 ZOO_SPECS: tuple[ModelSpec, ...] = (
-    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=1500, lr=5e-3),
-    ModelSpec("zoo-m", hidden=96, layers=3, heads=4, steps=1200, lr=3e-3),
-    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=1200, lr=3e-3),
+    ModelSpec("zoo-s", hidden=64, layers=2, heads=4, steps=1000, lr=5e-3, max_difficulty=3),
+    ModelSpec("zoo-m", hidden=96, layers=3, heads=4, steps=1500, lr=5e-3),
+    ModelSpec("zoo-l", hidden=128, layers=4, heads=4, steps=1500, lr=3e-3),
 )
 
 
@@ -162,10 +163,10 @@ def _model_config(spec: ModelSpec, tok: "PreTrainedTokenizerFast") -> Any:
     )
 
 
-def _curriculum(progress: float) -> list[float]:
+def _curriculum(progress: float, max_difficulty: int = 6) -> list[float]:
     """Difficulty weights at a point in training: two levels at first, one more every 12.5% of
-    the run, all six by half-way; harder levels weigh a little more (they need more steps)."""
-    unlocked = min(len(DIFFICULTIES), 2 + int(progress / 0.125))
+    the run, all by half-way; harder levels weigh a little more (they need more steps)."""
+    unlocked = min(max_difficulty, 2 + int(progress / 0.125))
     return [1.0 + 0.5 * (d - 1) if d <= unlocked else 0.0 for d in DIFFICULTIES]
 
 
@@ -179,11 +180,11 @@ def sample_training_example(rng: random.Random, task: str, weights: list[float],
 
 
 def _batch(rng: random.Random, tok_ids: dict[str, int], n: int, progress: float,
-           banned: set[str]) -> tuple["torch.Tensor", "torch.Tensor"]:
+           banned: set[str], max_difficulty: int = 6) -> tuple["torch.Tensor", "torch.Tensor"]:
     """A right-padded batch of `<bos>prompt answer<eos>`; loss only on the answer and eos."""
     import torch
 
-    weights = _curriculum(progress)
+    weights = _curriculum(progress, max_difficulty)
     seqs: list[list[int]] = []
     starts: list[int] = []
     for i in range(n):
@@ -217,7 +218,8 @@ def train_model(spec: ModelSpec, tok: "PreTrainedTokenizerFast", seed: int, bann
         opt, lambda s: min(1.0, (s + 1) / warmup)
         * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps)))))
     for step in range(spec.steps):
-        ids, labels = _batch(rng, tok_ids, spec.batch, step / spec.steps, banned)
+        ids, labels = _batch(rng, tok_ids, spec.batch, step / spec.steps, banned,
+                             spec.max_difficulty)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -332,14 +334,15 @@ def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPE
     t0 = time.perf_counter()
     if jobs > 1 and len(todo) > 1:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         largest_first = sorted(todo, key=lambda sp: -sp.hidden * sp.layers * sp.steps)
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {sp.name: pool.submit(_build_one, sp, out_dir, seed, threads,
-                                            measure_per_difficulty) for sp in largest_first}
-            for name, fut in futures.items():
-                info["models"][name] = fut.result()
+            futures = {pool.submit(_build_one, sp, out_dir, seed, threads,
+                                   measure_per_difficulty): sp.name for sp in largest_first}
+            for fut in as_completed(futures):
+                info["models"][futures[fut]] = fut.result()
+                log(f"{futures[fut]}: done")
     else:
         for sp in todo:
             info["models"][sp.name] = _build_one(sp, out_dir, seed, threads,

@@ -26,7 +26,7 @@ def _linear(seed: int = 0, bias: bool = True) -> nn.Linear:
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
+    return float(((a - b).norm() / b.norm()).detach())
 
 
 @pytest.mark.parametrize("bias", [True, False])
