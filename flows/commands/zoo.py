@@ -63,6 +63,6 @@ def format_info(info: dict) -> str:
             cells = " ".join(f"d{d}={float(v):.2f}" for d, v in ordered)
             lines.append(f"  {task:8s} {cells}")
     if "total_s" in info:
-        lines.append(f"build time: {info.get('wall_s', '?')}s wall with {info.get('jobs', 1)} "
-                     f"job(s); {info['total_s']}s summed over models")
+        wall = f"{info['wall_s']}s wall with {info.get('jobs', 1)} job(s); " if "wall_s" in info else ""
+        lines.append(f"build time: {wall}{info['total_s']}s summed over models")
     return "\n".join(lines)

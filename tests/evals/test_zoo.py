@@ -130,3 +130,19 @@ def test_committed_zoo_quality_is_graded() -> None:
     assert easy_s > _hard_rate(info, "zoo-s")
     size = sum(p.stat().st_size for p in (REPO / "models" / "zoo").rglob("*") if p.is_file())
     assert size <= 20 * 2**20
+
+
+def test_cli_info_and_errors(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flows.commands.zoo import zoo as zoo_group
+
+    runner = CliRunner()
+    missing = runner.invoke(zoo_group, ["info", "--dir", str(tmp_path)])
+    assert missing.exit_code != 0 and "zoo_info.json: not found" in missing.output
+    bad = runner.invoke(zoo_group, ["build", "--out", str(tmp_path), "--only", "zoo-xl"])
+    assert bad.exit_code != 0 and "zoo-xl" in bad.output
+    if (REPO / "models" / "zoo" / "zoo_info.json").exists():
+        shown = runner.invoke(zoo_group, ["info", "--dir", str(REPO / "models" / "zoo")])
+        assert shown.exit_code == 0
+        assert "zoo-l:" in shown.output and "sort     d1=" in shown.output
