@@ -192,7 +192,12 @@ _SHARED_LOCK = threading.Lock()
 
 
 def endpoint_of(candidate: Candidate) -> str:
-    return candidate.base_url or f"{candidate.provider}:default"
+    """What fails together: a server URL, or for an in-process model its checkpoint and variant."""
+    if candidate.base_url:
+        return candidate.base_url
+    if candidate.provider == "local":
+        return f"local:{candidate.model}:{candidate.variant}"
+    return f"{candidate.provider}:default"
 
 
 def shared_limits(candidate: Candidate, *, breaker_failures: int = 10,

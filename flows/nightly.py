@@ -133,6 +133,9 @@ def evaluate_all(
     )
     cache_dir = str(cfg.cache_dir) if use_cache else None
     futures = []
+    # A candidate's pairs run one after another (its max_concurrency is the endpoint's capacity,
+    # not a per-suite one); different candidates run side by side.
+    last_of: dict[str, Any] = {}
     for suite in loaded:
         store.register_suite(
             suite.name,
@@ -146,9 +149,18 @@ def evaluate_all(
             task_budget = budget if persist_in_tasks else shares.get((suite.name, cand.name))
             futures.append(
                 evaluate_task.submit(
-                    suite, cand, run_id, done, db, progress_key, task_budget, cache_dir
+                    suite,
+                    cand,
+                    run_id,
+                    done,
+                    db,
+                    progress_key,
+                    task_budget,
+                    cache_dir,
+                    wait_for=[last_of[cand.name]] if cand.name in last_of else None,
                 )
             )
+            last_of[cand.name] = futures[-1]
     for fut in futures:
         stats, rows = fut.result()
         store.write_outcomes(rows)

@@ -76,6 +76,9 @@ class _RowStops:
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def _resolve_device(requested: str) -> str:
     import torch
 
@@ -103,7 +106,6 @@ class LocalProvider:
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batch_sizes: list[int] = []
-        self._load_lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
         self._device = "cpu"
@@ -111,7 +113,9 @@ class LocalProvider:
 
     # ---- loading -------------------------------------------------------------------------
     def _load(self) -> None:
-        with self._load_lock:
+        # One process-wide lock: transformers' lazy imports and meta-device initialisation are
+        # not thread-safe, and pairs of several candidates load their models from parallel tasks.
+        with _LOAD_LOCK:
             if self._model is not None:
                 return
             import torch
