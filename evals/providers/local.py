@@ -133,12 +133,18 @@ class LocalProvider:
                 torch.set_num_threads(int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
                                       or min(os.cpu_count() or 1, 4))
             hf_logging.disable_progress_bar()
+            # Tied input/output embeddings are reported as a "missing lm_head" load report at
+            # warning level; the weights are tied, so keep it out of the run's output.
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()
             try:
                 tok = AutoTokenizer.from_pretrained(ref)
                 model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             except (OSError, ValueError) as exc:
                 raise ProviderError("client_error", f"candidate {self.candidate.name!r}: cannot "
                                     f"load checkpoint {ref!r}: {exc}") from None
+            finally:
+                hf_logging.set_verbosity(verbosity)
             try:
                 model = apply_variant(model, self.candidate.variant, self._device)
             except QuantizeError as exc:
