@@ -84,8 +84,12 @@ def _train_rates(train: RoutingData) -> tuple[np.ndarray, np.ndarray]:
     return np.nanmean(train.Y, axis=0), np.nanmean(train.C, axis=0)
 
 
-def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k: int = 25) -> dict:
-    """Every router's curve and summary on complete test requests; JSON-serialisable."""
+def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k: int = 25,
+             others: dict[str, RoutingPolicy] | None = None) -> dict:
+    """Every router's curve and summary on complete test requests; JSON-serialisable.
+
+    `others` adds more trained policies (same candidates) as rows, each traced with its own rule.
+    """
     test = test.align(policy.candidates).complete()
     train = train.align(policy.candidates)
     if len(test) == 0:
@@ -108,6 +112,10 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     curves = [sweep(name, p, Cp, test, policy.rule) for name, p in scored.items()]
     for curve, p in zip(curves, scored.values()):
         pair_sweep(curve, p, test, best, cheapest)
+    for name, other in (others or {}).items():
+        P_o, Cp_o = other.predict(test.prompts, test.suites)
+        curves.insert(1, sweep(name, P_o, Cp_o, test, other.rule))
+        pair_sweep(curves[1], P_o, test, best, cheapest)
     curves += [
         Curve("zero_router", sc, sq),
         Curve("best_single", sc[best: best + 1], sq[best: best + 1]),

@@ -33,20 +33,38 @@ def read_frame(path: Path) -> pd.DataFrame:
     raise ValueError(f"{path}: unknown format {suffix!r}; use .parquet, .csv or .jsonl")
 
 
+ESTIMATOR_ROWS = {"linear": "router", "lightgbm": "router_lgbm"}
+
+
 def run_bench(train_path: Path, test_path: Path, quality_target: float = 0.95, seed: int = 0,
-              embeddings: bool = False) -> dict:
-    """Train on all of `train_path` (cross-fitted calibration) and evaluate on `test_path`."""
+              embeddings: bool = False, estimator: str = "linear") -> dict:
+    """Train on all of `train_path` (cross-fitted calibration) and evaluate on `test_path`.
+
+    `estimator` is 'linear', 'lightgbm' or 'both'; the first is the 'router' row, a LightGBM
+    router next to it is the 'router_lgbm' row.
+    """
+    names = list(ESTIMATOR_ROWS) if estimator == "both" else [estimator]
+    if any(n not in ESTIMATOR_ROWS for n in names):
+        raise ValueError(f"estimator must be one of {(*ESTIMATOR_ROWS, 'both')}, got {estimator!r}")
     train_frame, test_frame = read_frame(train_path), read_frame(test_path)
-    start = time.perf_counter()
-    result = train_router(train_frame, quality_target=quality_target, holdout_fraction=0.0, seed=seed,
-                          embeddings=embeddings)
-    train_s = time.perf_counter() - start
-    policy = result.policy
+    policies, seconds = {}, {}
+    for name in names:
+        start = time.perf_counter()
+        policies[name] = train_router(train_frame, quality_target=quality_target, holdout_fraction=0.0,
+                                      seed=seed, embeddings=embeddings, estimator=name).policy
+        seconds[name] = time.perf_counter() - start
+    policy = policies[names[0]]
     train = routing_data(train_frame, candidates=policy.candidates)
     test = routing_data(test_frame, candidates=policy.candidates)
-    report = evaluate(policy, train, test)
-    report["train_seconds"] = train_s
+    others = {ESTIMATOR_ROWS[n]: policies[n] for n in names[1:]}
+    report = evaluate(policy, train, test, others=others)
+    report["train_seconds"] = seconds[names[0]]
+    report["train_seconds_by_estimator"] = seconds
     report["rule"] = policy.rule
+    report["rules_by_estimator"] = {n: p.rule for n, p in policies.items()}
+    if names[0] != "linear":
+        report["table"] = {ESTIMATOR_ROWS[names[0]] if k == "router" else k: v
+                           for k, v in report["table"].items()}
     report["train_rows"] = len(train_frame)
     return report
 
@@ -57,6 +75,13 @@ def _fmt(v: object) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
+def _fmt_seconds(report: dict) -> str:
+    by = report.get("train_seconds_by_estimator")
+    if not by:
+        return f"{report.get('train_seconds', 0):.1f}s"
+    return ", ".join(f"{n} {s:.1f}s" for n, s in by.items())
+
+
 def format_table(report: dict) -> str:
     """The metrics table, router first, then every baseline."""
     head = ["router/baseline", *[label for _, label in COLUMNS]]
@@ -65,8 +90,9 @@ def format_table(report: dict) -> str:
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     best, cheap, oracle = report["best_single"], report["cheapest_single"], report["oracle"]
     notes = [
-        f"test requests: {report['n_test_requests']}  rule: {report.get('rule')}  "
-        f"train: {report.get('train_seconds', 0):.1f}s",
+        f"test requests: {report['n_test_requests']}  rule: "
+        f"{report.get('rules_by_estimator') or report.get('rule')}  "
+        f"train: {_fmt_seconds(report)}",
         f"best single: {best['model']} pass {best['pass_rate']:.4f} cost/request ${best['cost']:.6f}",
         f"cheapest single: {cheap['model']} pass {cheap['pass_rate']:.4f} cost/request ${cheap['cost']:.6f}",
         f"oracle: pass {oracle['pass_rate']:.4f} cost/request ${oracle['cost']:.6f}",
@@ -90,7 +116,7 @@ def plot_curves(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for name, curve in report["curves"].items():
         c, q = frontier(curve["cost"], curve["quality"])
-        if name in ("router", "per_suite", "knn", "zero_router"):
+        if name in ("router", "router_lgbm", "per_suite", "knn", "zero_router"):
             ax.plot(c, q, marker="." if name != "zero_router" else None, label=name,
                     linestyle="--" if name == "zero_router" else "-")
         else:

@@ -86,6 +86,80 @@ class LinearScorer:
         )
 
 
+class TreeScorer:
+    """logit_k = booster_k(x) (LightGBM raw score), or a constant for a candidate with one label.
+
+    Boosters live in LightGBM's text format, one file per candidate; lightgbm is imported only
+    when such a policy is built, so linear policies keep needing numpy alone.
+    """
+
+    kind = "lightgbm"
+
+    def __init__(self, models: Sequence[str | float], n_features: int) -> None:
+        import lightgbm as lgb
+
+        self.n_features = int(n_features)
+        self.texts = list(models)
+        try:
+            self.boosters = [None if isinstance(m, float) else lgb.Booster(model_str=m) for m in models]
+        except lgb.basic.LightGBMError as e:
+            raise ValueError(f"a LightGBM model file does not parse ({e})") from e
+        for j, b in enumerate(self.boosters):
+            if b is not None and b.num_feature() != self.n_features:
+                raise ValueError(f"lgbm_{j}.txt has {b.num_feature()} features; the policy has {self.n_features}")
+        self.constants = np.array([m if isinstance(m, float) else 0.0 for m in models])
+
+    def logits_dense(self, X: np.ndarray) -> np.ndarray:
+        out = np.tile(self.constants, (X.shape[0], 1))
+        for j, b in enumerate(self.boosters):
+            if b is not None:
+                out[:, j] = b.predict(X, raw_score=True, num_threads=1)
+        return out
+
+    def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
+        row = np.zeros((1, self.n_features))  # per call: gateways decide from many threads
+        row[0, ids] = vals
+        return self.logits_dense(row)[0]
+
+    def logits_many(self, rows: list[tuple[np.ndarray, np.ndarray]], chunk: int = 256) -> np.ndarray:
+        """Batch scoring in dense chunks (a policy may not import scipy for sparse input)."""
+        out = np.empty((len(rows), len(self.boosters)))
+        for start in range(0, len(rows), chunk):
+            part = rows[start: start + chunk]
+            X = np.zeros((len(part), self.n_features))
+            for i, (ids, vals) in enumerate(part):
+                X[i, ids] = vals
+            out[start: start + len(part)] = self.logits_dense(X)
+        return out
+
+    def file_names(self) -> list[str]:
+        return [f"lgbm_{j}.txt" for j, m in enumerate(self.texts) if not isinstance(m, float)]
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind, "n_features": self.n_features,
+            "models": [m if isinstance(m, float) else f"lgbm_{j}.txt" for j, m in enumerate(self.texts)],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, folder: Path) -> "TreeScorer":
+        models: list[str | float] = []
+        for m in d["models"]:
+            if isinstance(m, str):
+                if Path(m).name != m or not m.startswith("lgbm_"):
+                    raise ValueError(f"scorer.json: unsafe model file name {m!r}")
+                models.append((folder / m).read_text(encoding="utf-8"))
+            else:
+                models.append(float(m))
+        return cls(models, int(d["n_features"]))
+
+
+def _scorer_from_dict(d: dict, folder: Path) -> "LinearScorer | TreeScorer":
+    if d.get("kind") == TreeScorer.kind:
+        return TreeScorer.from_dict(d, folder)
+    return LinearScorer.from_dict(d)
+
+
 @dataclass
 class CostModel:
     """Predicted cost per candidate: intercept + per-1k-chars slope + per-suite offset, floored."""
@@ -152,7 +226,7 @@ class RoutingPolicy:
 
     candidates: list[str]
     spec: FeatureSpec
-    scorer: LinearScorer
+    scorer: "LinearScorer | TreeScorer"
     platt: np.ndarray  # (2, K): p = sigmoid(a * logit + b)
     cost_model: CostModel
     rule: str
@@ -178,9 +252,13 @@ class RoutingPolicy:
             from router_training.embeddings import embed  # optional extra; batched is faster
 
             embeddings = list(embed(list(prompts)))
-        for i, (prompt, suite) in enumerate(zip(prompts, suites)):
-            ids, vals = request_features(prompt, suite, self.spec, embeddings[i])
-            z[i] = self.scorer.logits(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
+        if isinstance(self.scorer, TreeScorer):
+            z[:] = self.scorer.logits_many(
+                [request_features(p, s, self.spec, e) for p, s, e in zip(prompts, suites, embeddings)])
+        else:
+            for i, (prompt, suite) in enumerate(zip(prompts, suites)):
+                ids, vals = request_features(prompt, suite, self.spec, embeddings[i])
+                z[i] = self.scorer.logits(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
         c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos)
         return p, c
@@ -258,13 +336,20 @@ class RoutingPolicy:
         }
 
     def save(self, folder: Path) -> list[str]:
-        """Write policy.json, features.json and scorer.json (JSON only, atomically)."""
+        """Write policy.json, features.json, scorer.json and, for a LightGBM scorer, one
+        lgbm_<j>.txt per candidate in LightGBM's text format (no pickle; atomically)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_write(folder / "features.json", json.dumps(self.spec.to_dict()))
+        extra: list[str] = []
+        if isinstance(self.scorer, TreeScorer):
+            extra = self.scorer.file_names()
+            texts = [m for m in self.scorer.texts if not isinstance(m, float)]
+            for name, text in zip(extra, texts):
+                _atomic_write(folder / name, text)
         _atomic_write(folder / "scorer.json", json.dumps(self.scorer.to_dict()))
         _atomic_write(folder / "policy.json", json.dumps(self._header(), indent=1, sort_keys=True))
-        return ["policy.json", "features.json", "scorer.json"]
+        return ["policy.json", "features.json", "scorer.json", *extra]
 
     @classmethod
     def load(cls, folder: Path) -> "RoutingPolicy":
@@ -273,8 +358,8 @@ class RoutingPolicy:
             head = json.loads((folder / "policy.json").read_text(encoding="utf-8"))
             files = head["files"]
             spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
-            scorer = LinearScorer.from_dict(json.loads((folder / files["scorer"]).read_text()))
-        except (OSError, KeyError, ValueError) as e:
+            scorer = _scorer_from_dict(json.loads((folder / files["scorer"]).read_text()), folder)
+        except (OSError, KeyError, ValueError, TypeError) as e:
             raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
         if head.get("format_version") != FORMAT_VERSION:
             raise ValueError(
@@ -308,6 +393,12 @@ class RoutingPolicy:
             "table": [[round(a, 8), round(b, 6)] for a, b in self.table],
             "cost_model": self.cost_model.to_dict(),
             "feature_spec": spec,
-            "scorer": {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)},
+            "scorer": self._scorer_summary(),
             "metrics": self.metrics,
         }
+
+    def _scorer_summary(self) -> dict:
+        if isinstance(self.scorer, TreeScorer):
+            return {"kind": TreeScorer.kind, "n_features": self.scorer.n_features,
+                    "files": self.scorer.file_names()}
+        return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}

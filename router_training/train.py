@@ -18,9 +18,12 @@ from router_training import metrics as M
 from router_training.baselines import evaluate, outcomes_of, param_grid
 from router_training.data import RoutingData, routing_data
 from router_training.estimators import (
-    LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
+    LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
-from router_training.policy import RULES, LinearScorer, RoutingPolicy, _sigmoid, choose
+from router_training.policy import RULES, LinearScorer, RoutingPolicy, TreeScorer, _sigmoid, choose
+
+
+ESTIMATORS = ("linear", "lightgbm")
 
 
 @dataclass
@@ -129,12 +132,22 @@ def _scorer(est: LinearPassEstimator) -> LinearScorer:
     )
 
 
-def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False) -> RoutingPolicy:
+def _fit_scorer(X, Y: np.ndarray, n_suites: int, seed: int, estimator: str):
+    """The fitted scorer, out-of-fold logits of the training requests and estimator metrics."""
+    if estimator == "lightgbm":
+        est = LightGBMPassEstimator(seed=seed).fit(X, Y)
+        scorer = TreeScorer(est.model_strings(), est.n_features_in_)
+        return scorer, est.out_of_fold_logits(), {"estimator": "lightgbm"}
+    lin = LinearPassEstimator(n_suites=n_suites, seed=seed).fit(X, Y)
+    return _scorer(lin), lin.out_of_fold_logits(), {"difficulty_C": lin.C_}
+
+
+def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
+         estimator: str = "linear") -> RoutingPolicy:
     """Fit on all requests; calibrate and build tables from out-of-fold predictions."""
     spec = fit_feature_spec(data.prompts, data.suites, embeddings=embeddings)
     X = design_matrix(data.prompts, data.suites, spec)
-    est = LinearPassEstimator(n_suites=len(spec.suites), seed=seed).fit(X, data.Y)
-    z = est.out_of_fold_logits()
+    scorer, z, est_metrics = _fit_scorer(X, data.Y, len(spec.suites), seed, estimator)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     cost_model = fit_cost_model(
         np.array([len(p) for p in data.prompts]), _suite_pos(data.suites, spec.suites),
@@ -143,17 +156,17 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
     rates = np.nanmean(data.Y, axis=0)
     ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
     policy = RoutingPolicy(
-        candidates=list(data.candidates), spec=spec, scorer=_scorer(est), platt=platt,
+        candidates=list(data.candidates), spec=spec, scorer=scorer, platt=platt,
         cost_model=cost_model, rule="lambda", table=[(0.0, 0.0)],
         reference_pass_rate=float(rates[ref]), reference_model=data.candidates[ref],
         quality_target=quality_target,
     )
     P = _sigmoid(platt[0] * z + platt[1])
-    _, Cp = policy.predict(data.prompts, data.suites)
+    Cp = cost_model.predict(np.array([len(p) for p in data.prompts]), _suite_pos(data.suites, spec.suites))
     policy.rule, rule_scores = pick_rule(P, Cp, data)
     policy.table = build_table(P, Cp, policy.rule, data.Y)
     policy.metrics = {
-        "rule_selection": rule_scores, "difficulty_C": est.C_,
+        "rule_selection": rule_scores, **est_metrics,
         "floor_out_of_fold": floor_confidence(policy, data, quality_target, P, Cp),
     }
     return policy
@@ -167,12 +180,17 @@ def train_router(
     holdout_fraction: float = 0.3,
     seed: int = 0,
     embeddings: bool = False,
+    estimator: str = "linear",
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
     `embeddings=True` adds MiniLM sentence embeddings to the features (the 'embeddings' extra;
     a gateway serving such a policy then needs torch, and each decision costs milliseconds).
+    `estimator="lightgbm"` scores with one LightGBM model per candidate instead of the linear
+    difficulty model (a gateway serving it then needs lightgbm).
     """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
     if not math.isfinite(quality_target) or quality_target < 0:
@@ -182,7 +200,7 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    policy = _fit(train, seed, quality_target, embeddings)
+    policy = _fit(train, seed, quality_target, embeddings, estimator)
     metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
                      "candidates": list(data.candidates), "rule": policy.rule, **policy.metrics}
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]

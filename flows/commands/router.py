@@ -64,8 +64,10 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--run-id", "run_ids", multiple=True, help="Train on these runs only (repeatable).")
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
+@click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True,
+              help="Pass-probability model: the linear difficulty model or one LightGBM model per candidate.")
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
-          seed: int, run_ids: tuple[str, ...], embeddings: bool) -> None:
+          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str) -> None:
     """Train a router on every outcome in the store and publish it."""
     from evals.store import Store
     from router_training.train import train_router
@@ -76,11 +78,12 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
     try:
         result = train_router(frame, quality_target=quality_target,
-                              holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings)
+                              holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings,
+                              estimator=estimator)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
-               "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction,
+               "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction, "estimator": estimator,
                "split_sizes": {k: len(v) for k, v in result.split.items()}}
     click.echo(_publish(result.policy, registry, lineage, result.metrics))
     held = result.metrics.get("holdout", {}).get("router_at_target")
@@ -105,14 +108,17 @@ def bench() -> None:
               help="Write the full report (curves included) as JSON.")
 @click.option("--quality-target", type=float, default=0.95, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
+@click.option("--estimator", type=click.Choice(["linear", "lightgbm", "both"]), default="linear",
+              show_default=True, help="'both' prints the linear 'router' and the 'router_lgbm' rows.")
 def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path: Path | None,
-                 quality_target: float, embeddings: bool) -> None:
+                 quality_target: float, embeddings: bool, estimator: str) -> None:
     """Print the metrics table of the router and every baseline."""
     from router_training.bench import format_table, plot_curves, run_bench
     from router_training.train import _jsonable
 
     try:
-        report = run_bench(train_path, test_path, quality_target=quality_target, embeddings=embeddings)
+        report = run_bench(train_path, test_path, quality_target=quality_target, embeddings=embeddings,
+                           estimator=estimator)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(report))

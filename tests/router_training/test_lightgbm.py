@@ -1,0 +1,120 @@
+"""The optional LightGBM router: estimator conventions, text-format persistence, publishing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from router_training.estimators import LightGBMPassEstimator
+from router_training.policy import LinearScorer, RoutingPolicy, TreeScorer
+from router_training.train import train_router
+from tests.router_training.conftest import demo_frame
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [("Task: sort the input. difficulty: 1. Input: stone river", "sort"),
+           ("Task: add the input. difficulty: 5. Input: apple cloud tiger lemon piano rocket", "add"),
+           ("Task: reverse the input. difficulty: 3. Input: maple violet", "reverse"),
+           ("something else entirely?", None)]
+
+
+def _toy(n: int = 300, seed: int = 0) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Column 0 decides candidate 0; candidate 1 always passes; candidate 2 is half missing."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, 40, density=0.2, random_state=seed, format="csr")
+    Y = np.empty((n, 3))
+    Y[:, 0] = (X[:, 0].toarray().ravel() > 0).astype(float)
+    Y[:, 1] = 1.0
+    Y[:, 2] = rng.random(n) < 0.5
+    Y[rng.random(n) < 0.5, 2] = np.nan
+    return X, Y
+
+
+@pytest.fixture(scope="module")
+def lgbm_result():
+    return train_router(demo_frame(n_items=80), quality_target=0.95, seed=0, estimator="lightgbm")
+
+
+def test_estimator_follows_sklearn_conventions() -> None:
+    X, Y = _toy()
+    est = LightGBMPassEstimator(n_estimators=60, seed=3)
+    assert est.get_params()["n_estimators"] == 60 and not hasattr(est, "models_")
+    with pytest.raises(NotFittedError):
+        est.predict_proba(X)
+    assert est.fit(X, Y) is est
+    P = est.predict_proba(X)
+    assert P.shape == (300, 3) and np.all((P > 0) & (P < 1))
+    assert isinstance(est.models_[1], float) and np.ptp(P[:, 1]) == 0 and P[0, 1] > 0.99
+    assert not isinstance(est.models_[0], float)
+    y0 = Y[:, 0] == 1
+    assert P[y0, 0].min() > P[~y0, 0].max()  # the deciding column is learned
+    assert est.out_of_fold_logits().shape == (300, 3)
+    again = clone(est).fit(X, Y).predict_proba(X)
+    np.testing.assert_array_equal(again, P)  # seeded and deterministic
+
+
+def test_default_stays_linear_and_bad_estimator_is_refused(lgbm_result) -> None:
+    frame = demo_frame(n_items=30)
+    assert isinstance(train_router(frame, seed=0).policy.scorer, LinearScorer)
+    assert isinstance(lgbm_result.policy.scorer, TreeScorer)
+    assert lgbm_result.metrics["estimator"] == "lightgbm"
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        train_router(frame, estimator="xgboost")
+
+
+def test_save_load_round_trip_gives_identical_decisions(lgbm_result, tmp_path: Path) -> None:
+    policy = lgbm_result.policy
+    names = policy.save(tmp_path)
+    lgbm_files = [n for n in names if n.startswith("lgbm_")]
+    assert lgbm_files == [f"lgbm_{j}.txt" for j in range(len(policy.candidates))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+    assert (tmp_path / lgbm_files[0]).read_text().startswith("tree\n")
+    loaded = RoutingPolicy.load(tmp_path)
+    for prompt, suite in PROMPTS:
+        assert loaded.decide(prompt, suite) == policy.decide(prompt, suite)
+    batch = loaded.decide_batch([p for p, _ in PROMPTS], [s for _, s in PROMPTS])
+    assert batch == [policy.decide(p, s) for p, s in PROMPTS]
+    assert loaded.describe()["scorer"] == {"kind": "lightgbm", "n_features": policy.spec.n_features,
+                                           "files": lgbm_files}
+
+
+def test_corrupt_model_file_is_a_clear_error(lgbm_result, tmp_path: Path) -> None:
+    lgbm_result.policy.save(tmp_path)
+    (tmp_path / "lgbm_0.txt").write_text("not a model\n")
+    with pytest.raises(ValueError, match="not a readable routing policy"):
+        RoutingPolicy.load(tmp_path)
+
+
+def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, tmp_path: Path) -> None:
+    from artifacts.registry import publish
+    from artifacts.runtime import PolicyLoadError, load
+    from artifacts.signing import generate_keys
+
+    private, public = generate_keys(tmp_path / "keys")
+    policy = lgbm_result.policy
+    v = publish(policy, tmp_path / "registry", lineage={"runs": ["r1"]}, metrics={}, signing_key=private)
+    folder = tmp_path / "registry" / v.path
+    router = load(folder, public_key=public)
+    for prompt, suite in PROMPTS:
+        got, want = router.route(prompt, suite), policy.decide(prompt, suite)
+        assert (got.model, got.fallbacks) == (want.model, want.fallbacks)
+        assert got.pass_probabilities == pytest.approx(want.pass_probabilities)
+    target = folder / "lgbm_1.txt"
+    text = target.read_text()
+    target.write_text(text.replace("leaf_value=", "leaf_value=1", 1))
+    with pytest.raises(PolicyLoadError, match="tampered"):
+        load(folder, public_key=public)
+
+
+def test_policy_module_imports_lightgbm_only_when_needed() -> None:
+    code = ("import sys, router_training.policy; "
+            "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
