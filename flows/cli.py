@@ -5,9 +5,14 @@ Heavy modules (torch, prefect, lightgbm) are imported inside the commands, so `-
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 
 import click
+
+# The temporary Prefect server's telemetry heartbeat races its own first SQLite writes and
+# prints a traceback on start; this machine sends telemetry nowhere anyway. Users may set it.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 # "module:attribute" of each click command or group added to the top-level group.
 COMMANDS: list[str] = [
