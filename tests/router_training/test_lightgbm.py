@@ -118,3 +118,34 @@ def test_policy_module_imports_lightgbm_only_when_needed() -> None:
     code = ("import sys, router_training.policy; "
             "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_cli_train_and_bench_take_an_estimator(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from flows.cli import cli
+
+    train, test = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    demo_frame(n_items=50, seed=1).to_parquet(train)
+    demo_frame(n_items=25, seed=2).to_parquet(test)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["bench", "router", "--train", str(train), "--test", str(test),
+                            "--estimator", "both", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    table = json.loads((tmp_path / "r.json").read_text())["table"]
+    assert {"router", "router_lgbm", "knn"} <= set(table) and table["router_lgbm"]["aiq"] > 0
+    assert "router_lgbm" in r.output
+    r = runner.invoke(cli, ["bench", "router", "--train", str(train), "--test", str(test),
+                            "--estimator", "lightgbm"])
+    assert r.exit_code == 0 and "router_lgbm" in r.output and "\nrouter " not in r.output, r.output
+
+    db, registry = tmp_path / "db.duckdb", tmp_path / "registry"
+    assert runner.invoke(cli, ["import", "outcomes", str(train), "--db", str(db)]).exit_code == 0
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--estimator", "lightgbm"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
+    assert list(registry.glob("versions/*/lgbm_0.txt"))
