@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from artifacts.manifest import ManifestError, check_file_name
-
+from evals.atomic import atomic_write
 
 MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory
 LISTING_KEY = "_keys.json"  # synthesised by `registry serve`: every key in the registry
@@ -56,27 +55,6 @@ def _safe_key(key: str) -> str:
 
 def etag_of(data: bytes) -> str:
     return '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, rename: readers see old or new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class LocalBackend:

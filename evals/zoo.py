@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from evals.atomic import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -98,18 +99,8 @@ def write_eval_data(data_dir: Path, seed: int = 0) -> dict[str, Path]:
                    "difficulty": ex.difficulty, "input": ex.prompt.split(": ", 1)[1][:-1],
                    "prompt": ex.prompt, "answer": ex.answer}
             lines.append(json.dumps(row, sort_keys=True))
-        paths[task] = _atomic_write(data_dir / f"{task}.jsonl", "\n".join(lines) + "\n")
+        paths[task] = atomic_write(data_dir / f"{task}.jsonl", "\n".join(lines) + "\n")
     return paths
-
-
-def _atomic_write(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
 
 
 def build_tokenizer() -> "PreTrainedTokenizerFast":
@@ -274,7 +265,7 @@ def _save(model: Any, tok: "PreTrainedTokenizerFast", spec: ModelSpec, out: Path
         pad_token_id=tok.pad_token_id, do_sample=False, max_new_tokens=16)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    _atomic_write(out / "zoo_spec.json", json.dumps(asdict(spec), indent=2) + "\n")
+    atomic_write(out / "zoo_spec.json", json.dumps(asdict(spec), indent=2) + "\n")
 
 
 def _load_info(path: Path, seed: int) -> dict[str, Any]:
@@ -351,5 +342,5 @@ def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPE
     info["wall_s"] = round(time.perf_counter() - t0, 1)
     info["jobs"] = jobs
     info["total_s"] = round(sum(m.get("build_s", m["train_s"]) for m in info["models"].values()), 1)
-    _atomic_write(out_dir / "zoo_info.json", json.dumps(info, indent=2, sort_keys=True) + "\n")
+    atomic_write(out_dir / "zoo_info.json", json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info

@@ -8,9 +8,7 @@ files are rewritten in place (each atomically), never duplicated.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from evals.atomic import atomic_writer
 from evals.store import Store
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
@@ -51,23 +50,9 @@ def _safe(value: str) -> str:
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write to a temporary file beside `path`, fsync it, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Readers of the lake see a partition file whole or not at all."""
+    with atomic_writer(path) as fh:
+        pq.write_table(table, fh, compression="zstd")
 
 
 _ARROW_TYPES: dict[str, pa.DataType] = {

@@ -9,8 +9,6 @@ runs; and drift alerts. `publish_prefect_artifacts` puts the key tables into the
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from evals.atomic import atomic_write
 from evals.store import Store
 from flows.charts import Axis, Series, chart
 from flows.drift import DriftReport
@@ -277,20 +276,8 @@ def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
 
 
 def write_report(html: str, out: str | Path) -> Path:
-    """Write atomically (temporary file, fsync, rename) so a reader never sees half a page."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(html)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write atomically so a reader never sees half a page."""
+    return atomic_write(out, html)
 
 
 def build_report(store: Store, run_id: str, out: str | Path, **kw: Any) -> Path:
@@ -341,7 +328,11 @@ def publish_prefect_artifacts(
 ) -> list[Any]:
     """Candidates and per-suite tables, router and drift summary (and a link to the HTML
     report) as Prefect artifacts; called inside the nightly flow they attach to its run."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+    from prefect.artifacts import (
+        create_link_artifact,
+        create_markdown_artifact,
+        create_table_artifact,
+    )
 
     data = gather(store, run_id, drift=drift, metrics=metrics, trend_runs=1)
     suite_rows = [dict(r, suite=s) for s, rows in data.suites.items() for r in rows]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import sys
 from importlib import import_module
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import click
 
+from evals.atomic import atomic_write
 from evals.config import Config, ConfigError, default_config_path, load_config
 
 CONFIG_OPTION = click.option(
@@ -120,8 +120,14 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
     `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
     """
-    from evals.serving import (ServingError, Targets, bench_serving, load_prompts, parse_levels,
-                               save_report)
+    from evals.serving import (
+        ServingError,
+        Targets,
+        bench_serving,
+        load_prompts,
+        parse_levels,
+        save_report,
+    )
 
     cfg = _load(config_path)
     try:
@@ -168,13 +174,7 @@ def _report_json(report: Any) -> dict:
 
 
 def _atomic_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(payload, indent=2, sort_keys=True, default=str))
 
 
 bench = _bench_group()

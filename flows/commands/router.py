@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 import click
+
+from evals.atomic import atomic_write
 
 
 @click.group("import")
@@ -160,14 +160,7 @@ def _requests(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def _write_decisions(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 @click.command("route")
