@@ -3,7 +3,9 @@
 Requests (not rows) are split, per suite, into train and held-out test. The estimator learns on
 all of train; Platt scaling and the target -> parameter tables are fitted on out-of-fold
 predictions of train (cross-fitting: no data is spent on a separate calibration set); the test
-requests are touched only to report metrics.
+requests are touched only to report metrics. The estimator is the linear difficulty model by
+default; `estimator="lightgbm"` fits one LightGBM booster per candidate on the same features and
+calibrates it the same way (Platt on out-of-fold raw scores).
 """
 
 from __future__ import annotations
