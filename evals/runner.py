@@ -127,8 +127,9 @@ async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Comple
     pair.stats.calls += 1
     timeout = pair.candidate.timeout_s
     try:
-        c = await asyncio.wait_for(pair.provider.generate(request), timeout)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout):  # unlike wait_for, no extra task per call
+            c = await pair.provider.generate(request)
+    except TimeoutError:
         raise ProviderError("timeout", f"no complete answer within {timeout:g}s") from None
     except ProviderError as err:
         if err.kind in _REFUSED:  # refused before any generation: its tokens were not used
@@ -348,22 +349,23 @@ async def evaluate_pair(
     if meter is not None:
         meter.enter()
     flusher = _Flusher(pair, sink, flush_every, flush_interval_s, meter)
-    sem = asyncio.Semaphore(candidate.max_concurrency)
+    queue = iter(todo)
     started = time.perf_counter()
 
-    async def one(item: Item) -> None:
-        async with sem:
+    async def worker() -> None:
+        # A fixed pool of max_concurrency workers pulling items: no task per pending item.
+        for item in queue:
             try:
                 row = await _evaluate_item(pair, item)
             except Exception as exc:  # a runner bug costs this item, never the run
                 log.exception("item %s of %s failed unexpectedly", item.id, suite.name)
                 row = pair.row(item, error_kind="internal", error=f"{type(exc).__name__}: {exc}"[:2000])
-        flusher.add(row)
-        if on_progress:
-            on_progress(1)
+            flusher.add(row)
+            if on_progress:
+                on_progress(1)
 
     try:
-        await asyncio.gather(*(one(it) for it in todo))
+        await asyncio.gather(*(worker() for _ in range(min(candidate.max_concurrency, len(todo)))))
     finally:
         try:
             await asyncio.shield(flusher.drain())
