@@ -61,8 +61,9 @@ def build_table(
     """(parameter, pass rate) from cheapest to best; entries that add no quality are dropped.
 
     The pass rate is the calibrated expectation of the chosen candidates, or, given out-of-fold
-    outcomes Y, the lower of that and the observed rate: picking the argmax of noisy
-    probabilities overestimates them (winner's curse), and the floor should hold in fact.
+    outcomes Y, the lower of that and a lower confidence bound of the observed rate: picking the
+    argmax of noisy probabilities overestimates them (winner's curse), and the floor should hold
+    on requests the router has not seen, not just in expectation.
     """
     grid = param_grid(rule, C)
     if rule == "lambda":
@@ -74,8 +75,9 @@ def build_table(
         value = float(P[rows, pick].mean())
         if Y is not None:
             seen = Y[rows, pick]
-            if (~np.isnan(seen)).any():
-                value = min(value, float(np.nanmean(seen)))
+            ok = ~np.isnan(seen)
+            if ok.any():  # one-sided lower bound (z=1, ~84%): the floor should hold on new data
+                value = min(value, M.wilson_lower(float(seen[ok].sum()), int(ok.sum()), z=1.0))
         if not table or value > table[-1][1] + 1e-9:
             table.append((float(t), value))
     return table

@@ -156,6 +156,14 @@ class LocalProvider:
             self._tokenizer, self._model = tok, model.eval()
 
     # ---- the public protocol --------------------------------------------------------------
+    async def prepare(self) -> None:
+        """Load the model before the runner starts its clock: loading is not serving time, and
+        a GPU-priced candidate's first requests must not pay for it."""
+        try:
+            await asyncio.to_thread(self._load)
+        except ProviderError:
+            return  # a missing checkpoint is reported by each call, as an error row
+
     async def generate(self, request: Request) -> Completion:
         if self._closed:
             raise ProviderError("internal", "local provider is closed")
