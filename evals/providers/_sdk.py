@@ -19,13 +19,39 @@ import math
 import re
 import time
 from types import ModuleType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from evals.providers.base import ProviderError
+
+if TYPE_CHECKING:
+    from evals.config import Candidate
 
 # Placeholder key for OpenAI-compatible servers that need none (vLLM, TGI): the SDKs refuse None.
 NO_KEY = "not-needed"
 _KEYLIKE = re.compile(r"(sk-[A-Za-z0-9_\-]{4,}|sk-ant-[A-Za-z0-9_\-]{4,})")
+
+
+class SdkProvider:
+    """A candidate served through a vendor SDK: the client is created on first use, never at
+    import, with the key read from the environment variable the config names."""
+
+    def __init__(self, candidate: "Candidate", *, stream: bool = True):
+        self.candidate = candidate
+        self.stream = stream
+        self._client: Any = None
+
+    def _key(self) -> str:
+        key = self.candidate.api_key()
+        if self.candidate.api_key_env and not key:
+            raise ProviderError(
+                "auth", f"environment variable {self.candidate.api_key_env} is not set "
+                f"(api_key_env of candidate {self.candidate.name!r})")
+        return key or NO_KEY
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
 
 def estimate_tokens(text: str) -> int:

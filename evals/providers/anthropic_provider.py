@@ -15,35 +15,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import NO_KEY, StreamTimer, estimate_tokens, map_error
+from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens, map_error
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
     from evals.config import Candidate
 
 
-class AnthropicProvider:
-    """One candidate's client, created on first use."""
-
-    def __init__(self, candidate: "Candidate", *, stream: bool = True):
-        self.candidate = candidate
-        self.stream = stream
-        self._client: Any = None
+class AnthropicProvider(SdkProvider):
+    """One candidate's Anthropic Messages client."""
 
     def _sdk(self) -> Any:
         if self._client is None:
             import anthropic
 
-            key = self.candidate.api_key()
-            if self.candidate.api_key_env and not key:
-                raise ProviderError(
-                    "auth", f"environment variable {self.candidate.api_key_env} is not set "
-                    f"(api_key_env of candidate {self.candidate.name!r})")
             kwargs: dict[str, Any] = {}
             if self.candidate.base_url:
                 kwargs["base_url"] = self.candidate.base_url
             self._client = anthropic.AsyncAnthropic(
-                api_key=key or NO_KEY, max_retries=0, timeout=self.candidate.timeout_s, **kwargs)
+                api_key=self._key(), max_retries=0, timeout=self.candidate.timeout_s, **kwargs)
         return self._client
 
     def _params(self, request: Request) -> dict[str, Any]:
@@ -127,10 +117,6 @@ class AnthropicProvider:
 
         client.messages  # noqa: B018 - resources load lazily on first access
 
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
 
 class _Usage:

@@ -11,40 +11,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import NO_KEY, StreamTimer, estimate_tokens, map_error
+from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens, map_error
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
     from evals.config import Candidate
 
 
-class OpenAIProvider:
-    """One candidate's client. The SDK client is created on first use, never at import."""
-
-    def __init__(self, candidate: "Candidate", *, stream: bool = True):
-        self.candidate = candidate
-        self.stream = stream
-        self._client: Any = None
+class OpenAIProvider(SdkProvider):
+    """One candidate's Chat Completions client (OpenAI, vLLM, TGI: any compatible server)."""
 
     def _sdk(self) -> Any:
         if self._client is None:
             import openai
 
             self._client = openai.AsyncOpenAI(
-                api_key=self._key() or NO_KEY,
+                api_key=self._key(),
                 base_url=self.candidate.base_url,
                 max_retries=0,
                 timeout=self.candidate.timeout_s,
             )
         return self._client
-
-    def _key(self) -> str | None:
-        key = self.candidate.api_key()
-        if self.candidate.api_key_env and not key:
-            raise ProviderError(
-                "auth", f"environment variable {self.candidate.api_key_env} is not set "
-                f"(api_key_env of candidate {self.candidate.name!r})")
-        return key
 
     def _params(self, request: Request) -> dict[str, Any]:
         s = request.settings
@@ -123,10 +110,6 @@ class OpenAIProvider:
 
         client.chat.completions  # noqa: B018 - resources load lazily on first access
 
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
 
 def _completion(request: Request, text: str, finish: str, usage: Any, timer: StreamTimer,
