@@ -26,8 +26,15 @@ def _per_channel_scale(weight: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
 
 
-class Int8Linear(nn.Module):
-    """A Linear whose weight is int8 with a per-output-channel fp32 scale."""
+class _WeightOnlyLinear(nn.Module):
+    """A Linear whose weight is stored quantized with a per-output-channel fp32 scale.
+
+    The scale is per output channel, so it applies after the matmul: x(qs)^T = (xq^T)s.
+    Subclasses say how a scaled fp32 weight becomes the stored dtype.
+    """
+
+    QMAX: float
+    LABEL: str
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -37,44 +44,16 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        w = linear.weight.detach().float()
-        scale = _per_channel_scale(w, 127.0)
-        q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(q, scale, bias)
-
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.qweight.to(torch.float32) * self.scale[:, None]).to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the scale is per output channel, so it applies after the matmul: x(qs)^T = (xq^T)s
-        y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
-
-
-class Fp8Linear(nn.Module):
-    """A Linear whose weight is float8_e4m3fn with a per-output-channel fp32 scale."""
-
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.in_features = qweight.shape[1]
-        self.out_features = qweight.shape[0]
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale)
-        self.register_buffer("bias", bias)
+    @staticmethod
+    def _quantize(scaled: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Fp8Linear":
+    def from_linear(cls, linear: nn.Linear) -> "_WeightOnlyLinear":
         w = linear.weight.detach().float()
-        scale = _per_channel_scale(w, FP8_MAX)
-        q = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        scale = _per_channel_scale(w, cls.QMAX)
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(q, scale, bias)
+        return cls(cls._quantize(w / scale[:, None]), scale, bias)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.qweight.to(torch.float32) * self.scale[:, None]).to(dtype)
@@ -84,7 +63,27 @@ class Fp8Linear(nn.Module):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3fn"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.LABEL}"
+
+
+class Int8Linear(_WeightOnlyLinear):
+    """int8 weights, rounded to the nearest step of the channel's scale."""
+
+    QMAX, LABEL = 127.0, "int8"
+
+    @staticmethod
+    def _quantize(scaled: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(torch.round(scaled), -127, 127).to(torch.int8)
+
+
+class Fp8Linear(_WeightOnlyLinear):
+    """float8_e4m3fn weights (Hopper's fp8), the channel's range mapped onto fp8's."""
+
+    QMAX, LABEL = FP8_MAX, "fp8_e4m3fn"
+
+    @staticmethod
+    def _quantize(scaled: torch.Tensor) -> torch.Tensor:
+        return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
