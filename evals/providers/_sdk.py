@@ -14,6 +14,7 @@ both are retried. Empty content that the server marked complete is an answer, an
 from __future__ import annotations
 
 import email.utils
+import importlib
 import json
 import math
 import re
@@ -21,7 +22,7 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from evals.providers.base import ProviderError
+from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
     from evals.config import Candidate
@@ -47,6 +48,30 @@ class SdkProvider:
                 "auth", f"environment variable {self.candidate.api_key_env} is not set "
                 f"(api_key_env of candidate {self.candidate.name!r})")
         return key or NO_KEY
+
+    VENDOR: str  # the SDK's module name, for mapping its exceptions
+
+    def _sdk(self) -> Any:
+        raise NotImplementedError
+
+    async def _plain(self, client: Any, request: Request) -> Completion:
+        raise NotImplementedError
+
+    async def _streamed(self, client: Any, request: Request) -> Completion:
+        raise NotImplementedError
+
+    async def generate(self, request: Request) -> Completion:
+        """One call; every SDK exception becomes a ProviderError of the right kind, key redacted."""
+        client = self._sdk()
+        try:
+            if self.stream:
+                return await self._streamed(client, request)
+            return await self._plain(client, request)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            vendor = importlib.import_module(self.VENDOR)
+            raise map_error(exc, vendor, self.candidate.api_key()) from None
 
     async def aclose(self) -> None:
         if self._client is not None:

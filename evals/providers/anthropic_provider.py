@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens, map_error
+from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 class AnthropicProvider(SdkProvider):
     """One candidate's Anthropic Messages client."""
+
+    VENDOR = "anthropic"
 
     def _sdk(self) -> Any:
         if self._client is None:
@@ -52,19 +54,6 @@ class AnthropicProvider(SdkProvider):
             extra["top_p"] = s.top_p
         params["extra_body"] = extra
         return params
-
-    async def generate(self, request: Request) -> Completion:
-        import anthropic
-
-        try:
-            client = self._sdk()
-            if self.stream:
-                return await self._streamed(client, request)
-            return await self._plain(client, request)
-        except ProviderError:
-            raise
-        except Exception as exc:
-            raise map_error(exc, anthropic, self.candidate.api_key()) from None
 
     async def _plain(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens, map_error
+from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 class OpenAIProvider(SdkProvider):
     """One candidate's Chat Completions client (OpenAI, vLLM, TGI: any compatible server)."""
+
+    VENDOR = "openai"
 
     def _sdk(self) -> Any:
         if self._client is None:
@@ -46,19 +48,6 @@ class OpenAIProvider(SdkProvider):
         if s.top_p is not None:
             params["top_p"] = s.top_p
         return params
-
-    async def generate(self, request: Request) -> Completion:
-        import openai
-
-        client = self._sdk()
-        try:
-            if self.stream:
-                return await self._streamed(client, request)
-            return await self._plain(client, request)
-        except ProviderError:
-            raise
-        except Exception as exc:
-            raise map_error(exc, openai, self.candidate.api_key()) from None
 
     async def _plain(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
