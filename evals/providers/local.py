@@ -1,10 +1,10 @@
 """The `local` provider: an in-process Hugging Face causal LM (a zoo model or any checkpoint).
 
-Concurrent `generate()` calls are queued and served in batches (continuous feeding: while one
-batch runs in a worker thread, new requests wait for the next one). Each batch is left-padded and
-decoded with `model.generate`; per-row stopping criteria end each row at its own max_tokens or
-stop string. Token counts come from the tokenizer, so they are exact. torch and transformers are
-imported on first use and the model loads once, in a thread, on the first request.
+Requests from any number of concurrent `generate()` calls, from any event loop, go to one engine
+thread per model that batches them per decode step (`evals.providers._batcher`): a request joins
+the running batch at the next step and leaves it, with its answer, the step it ends. Token counts
+come from the tokenizer, so they are exact; TTFT and inter-token gaps are the engine's step times.
+torch and transformers are imported on first use and the model loads once, on the first request.
 """
 
 from __future__ import annotations
@@ -26,54 +26,31 @@ DEFAULT_MAX_BATCH = 64
 
 @dataclass
 class _Pending:
+    """A request waiting for, or riding in, the engine, and where its answer goes."""
+
     request: Request
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
 
     @property
-    def key(self) -> tuple:
-        s = self.request.settings
-        return (s.temperature, s.top_p) if s.temperature > 0 else (0.0, None)
+    def abandoned(self) -> bool:
+        """The caller stopped waiting (timeout, cancellation): stop spending steps on it."""
+        return self.future.done()
 
-
-class _StepClock:
-    """A logits processor that only timestamps decode steps: step 0 is the first token."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if not self.times and getattr(scores, "is_cuda", False):
-            # A GPU runs behind the host: wait once for the prefill, so TTFT is when the first
-            # token exists rather than when its kernels were queued.
-            import torch
-
-            torch.cuda.synchronize(scores.device)
-        self.times.append(time.perf_counter())
-        return scores
-
-
-class _RowStops:
-    """Per-row stopping: each row ends at its own max_tokens or first stop string."""
-
-    def __init__(self, tokenizer: Any, prompt_len: int, limits: list[int],
-                 stops: list[tuple[str, ...]]):
-        self.tokenizer = tokenizer
-        self.prompt_len = prompt_len
-        self.limits = limits
-        self.stops = stops
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        n_new = input_ids.shape[1] - self.prompt_len
-        done = [n_new >= lim for lim in self.limits]
-        for i, stops in enumerate(self.stops):
-            if stops and not done[i]:
-                text = self.tokenizer.decode(input_ids[i, self.prompt_len:],
-                                             skip_special_tokens=True)
-                done[i] = any(s in text for s in stops)
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+    def settle(self, result: Completion | ProviderError) -> None:
+        """Hand the result to the caller's event loop (called from the engine thread)."""
+        def _set() -> None:
+            if self.future.done():
+                return
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+        try:
+            self.loop.call_soon_threadsafe(_set)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+            pass
 
 
 _LOAD_LOCK = threading.Lock()
@@ -96,16 +73,16 @@ def _looks_like_path(model: str) -> bool:
 
 
 class LocalProvider:
-    """In-process batched generation for one candidate (checkpoint + variant + device)."""
+    """In-process generation for one candidate (checkpoint + variant + device)."""
 
     def __init__(self, candidate: Candidate, max_batch: int | None = None):
         self.candidate = candidate
         self.max_batch = max_batch or min(candidate.max_concurrency, DEFAULT_MAX_BATCH)
-        self._pending: deque[_Pending] = deque()
-        self._wakeup: asyncio.Event | None = None
-        self._worker: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: list[int] = []  # rows in each decode step
+        self.admissions: list[int] = []  # requests admitted together, in order
+        self._inbox: deque[_Pending] = deque()
+        self._wake = threading.Condition()
+        self._engine: threading.Thread | None = None
         self._model: Any = None
         self._tokenizer: Any = None
         self._device = "cpu"
@@ -170,69 +147,96 @@ class LocalProvider:
         if self._model is None:
             await asyncio.to_thread(self._load)
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # first call, or reused from another event loop
-            self._loop, self._wakeup, self._pending = loop, asyncio.Event(), deque()
-            self._worker = None
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._serve())
-        item = _Pending(request, loop.create_future())
-        self._pending.append(item)
-        assert self._wakeup is not None
-        self._wakeup.set()
+        item = _Pending(request, loop.create_future(), loop)
+        with self._wake:
+            if self._closed:
+                raise ProviderError("internal", "local provider is closed")
+            if self._engine is None or not self._engine.is_alive():
+                self._engine = threading.Thread(target=self._serve, daemon=True,
+                                                name=f"routeopt-local-{self.candidate.name}")
+                self._engine.start()
+            self._inbox.append(item)
+            self._wake.notify()
         return await item.future
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._worker is not None and self._loop is asyncio.get_running_loop():
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        while self._pending:
-            p = self._pending.popleft()
-            if not p.future.done():
-                p.future.set_exception(ProviderError("internal", "local provider closed"))
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.join)
+        self._engine = None
+        self._fail(list(self._inbox), ProviderError("internal", "local provider closed"))
+        self._inbox.clear()
         self._model = None
 
-    # ---- batching ---------------------------------------------------------------------------
-    def _take_batch(self) -> list[_Pending]:
-        """Up to max_batch waiting requests that share sampling settings, oldest first."""
-        first = self._pending.popleft()
-        batch, rest = [first], deque()
-        while self._pending and len(batch) < self.max_batch:
-            p = self._pending.popleft()
-            (batch if p.key == first.key else rest).append(p)
-        rest.extend(self._pending)
-        self._pending = rest
-        return batch
+    # ---- the engine thread ----------------------------------------------------------------
+    def _serve(self) -> None:
+        """Admit waiting requests, run one decode step, hand back the rows that ended; repeat."""
+        from evals.providers._batcher import Batcher
 
-    async def _serve(self) -> None:
-        assert self._wakeup is not None
-        while True:
-            if not self._pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            await asyncio.sleep(0)  # let callers scheduled in the same tick join this batch
-            batch = self._take_batch()
-            self.batch_sizes.append(len(batch))
-            try:
-                results = await asyncio.to_thread(self._run_batch, batch)
-            except ProviderError as exc:
-                results = [exc] * len(batch)
-            except Exception as exc:  # a crash inside generate fails this batch, not the loop
-                err = ProviderError("internal", f"local generation failed: {exc!r}")
-                results = [err] * len(batch)
-            now = time.perf_counter()
-            for p, res in zip(batch, results):
-                if p.future.done():
+        batcher = Batcher(self._model, self._tokenizer, self._device, self.max_batch)
+        owners: dict[int, _Pending] = {}
+        try:
+            while True:
+                with self._wake:
+                    while not (self._inbox or batcher.rows or self._closed):
+                        self._wake.wait()
+                    if self._closed:
+                        break
+                    new = self._take(batcher.free)
+                if new:
+                    self._admit(batcher, new, owners)
+                self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
+                if not batcher.rows:
                     continue
-                if isinstance(res, Exception):
-                    p.future.set_exception(res)
-                else:
-                    res.latency_s = now - p.enqueued
-                    p.future.set_result(res)
+                self.batch_sizes.append(len(batcher.rows))
+                try:
+                    batcher.step()
+                except Exception as exc:  # a crash in a step fails this batch, not the engine
+                    self._fail([owners.pop(id(r)) for r in batcher.rows], _internal(exc))
+                    batcher.reset()
+                    continue
+                self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
+        finally:
+            self._fail(list(owners.values()), ProviderError("internal", "local provider closed"))
+
+    def _take(self, n: int) -> list[_Pending]:
+        """Up to n waiting requests, oldest first, skipping those nobody waits for any more."""
+        taken: list[_Pending] = []
+        while self._inbox and len(taken) < n:
+            p = self._inbox.popleft()
+            if not p.abandoned:
+                taken.append(p)
+        return taken
+
+    def _admit(self, batcher: Any, new: list[_Pending], owners: dict[int, _Pending]) -> None:
+        from evals.providers._batcher import Row
+
+        rows = []
+        for p in new:
+            s = p.request.settings
+            rows.append(Row(self._render(p.request), s.max_tokens, s.temperature, s.top_p,
+                            tuple(x for x in s.stop if x)))
+        try:
+            batcher.admit(rows)
+        except Exception as exc:  # a prompt that cannot be prefilled fails its own group only
+            self._fail(new, _internal(exc))
+            return
+        self.admissions.append(len(rows))
+        owners.update((id(r), p) for r, p in zip(rows, new))
+
+    def _finish(self, rows: list[Any], owners: dict[int, _Pending]) -> None:
+        now = time.perf_counter()
+        for r in rows:
+            p = owners.pop(id(r))
+            if not p.abandoned:
+                p.settle(self._completion(p, r, now))
+
+    @staticmethod
+    def _fail(items: list[_Pending], exc: ProviderError) -> None:
+        for p in items:
+            p.settle(exc)
 
     def _render(self, request: Request) -> str:
         tok = self._tokenizer
@@ -241,55 +245,28 @@ class LocalProvider:
             return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return (tok.bos_token or "") + request.prompt_text
 
-    def _run_batch(self, batch: list[_Pending]) -> list[Completion]:
-        import torch
-        from transformers import LogitsProcessorList, StoppingCriteriaList
-
-        tok, model = self._tokenizer, self._model
-        enc = tok([self._render(p.request) for p in batch], return_tensors="pt", padding=True,
-                  add_special_tokens=False).to(self._device)
-        width = enc["input_ids"].shape[1]
-        limits = [p.request.settings.max_tokens for p in batch]
-        clock = _StepClock()
-        stops = _RowStops(tok, width, limits, [p.request.settings.stop for p in batch])
-        s = batch[0].request.settings
-        sampling = {"do_sample": False} if s.temperature == 0 else {
-            "do_sample": True, "temperature": s.temperature, "top_p": s.top_p or 1.0}
-        with torch.inference_mode():
-            out = model.generate(**enc, max_new_tokens=max(limits), pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id,
-                                 logits_processor=LogitsProcessorList([clock]),
-                                 stopping_criteria=StoppingCriteriaList([stops]), **sampling)
-        new = out[:, width:].tolist()
-        in_lens = enc["attention_mask"].sum(dim=1).tolist()
-        return [self._completion(p, row, int(n_in), clock.times)
-                for p, row, n_in in zip(batch, new, in_lens)]
-
-    def _completion(self, p: _Pending, row: list[int], n_in: int, times: list[float]) -> Completion:
+    def _completion(self, p: _Pending, row: Any, now: float) -> Completion:
+        """The answer of a row that ended: text cut at the first stop string, exact counts."""
         tok = self._tokenizer
-        settings = p.request.settings
-        special = set(tok.all_special_ids)
-        ids: list[int] = []
-        hit_eos = False
-        for t in row[: settings.max_tokens]:
-            if t == tok.eos_token_id or t == tok.pad_token_id:
-                hit_eos = True
-                break
-            if t not in special:
-                ids.append(t)
+        ids = row.ids[:-1] if row.ended == "eos" else row.ids
         text = tok.decode(ids, skip_special_tokens=True)
-        cut = min((text.find(s) for s in settings.stop if s and s in text), default=-1)
+        cut = min((text.find(s) for s in row.stops if s in text), default=-1)
+        n_out = len([t for t in ids if t not in set(tok.all_special_ids)])
         if cut >= 0:
             text = text[:cut]
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-        reason = "stop" if hit_eos or cut >= 0 else "length"
-        n_steps = min(len(times), len(ids))
-        gaps = [b - a for a, b in zip(times[:n_steps], times[1:n_steps])]
+            n_out = len(tok(text, add_special_tokens=False)["input_ids"])
+        reason = "length" if row.ended == "length" else "stop"
+        n_steps = min(len(row.times), n_out)
+        gaps = [b - a for a, b in zip(row.times[:n_steps], row.times[1:n_steps])]
         return Completion(
-            text=text, finish_reason=reason, input_tokens=n_in, output_tokens=len(ids),
-            tokens_estimated=False, ttft_s=(times[0] - p.enqueued) if times else None,
-            chunk_gaps_s=gaps,
+            text=text, finish_reason=reason, input_tokens=row.n_in, output_tokens=n_out,
+            tokens_estimated=False, ttft_s=row.times[0] - p.enqueued if row.times else None,
+            latency_s=now - p.enqueued, chunk_gaps_s=gaps,
         )
+
+
+def _internal(exc: Exception) -> ProviderError:
+    return ProviderError("internal", f"local generation failed: {exc!r}")
 
 
 def create(candidate: Candidate) -> LocalProvider:

@@ -65,7 +65,7 @@ async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(
     right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
     assert right >= len(DIGITS) - 1, [r.text for r in results]
     assert max(zoo_l.batch_sizes) > 1
-    assert sum(zoo_l.batch_sizes) == len(DIGITS)
+    assert sum(zoo_l.admissions) == len(DIGITS)
     assert all(b <= zoo_l.max_batch for b in zoo_l.batch_sizes)
 
 
