@@ -80,6 +80,7 @@ class LocalProvider:
         self.max_batch = max_batch or min(candidate.max_concurrency, DEFAULT_MAX_BATCH)
         self.batch_sizes: list[int] = []  # rows in each decode step
         self.admissions: list[int] = []  # requests admitted together, in order
+        self.oom_backoffs = 0  # times out-of-memory made the batch smaller
         self._inbox: deque[_Pending] = deque()
         self._wake = threading.Condition()
         self._engine: threading.Thread | None = None
@@ -193,13 +194,31 @@ class LocalProvider:
                 self.batch_sizes.append(len(batcher.rows))
                 try:
                     batcher.step()
-                except Exception as exc:  # a crash in a step fails this batch, not the engine
-                    self._fail([owners.pop(id(r)) for r in batcher.rows], _internal(exc))
+                except Exception as exc:  # a crash in a step ends this batch, not the engine
+                    failed = [owners.pop(id(r)) for r in batcher.rows]
                     batcher.reset()
+                    self._requeue_or_fail(batcher, failed, exc)
                     continue
                 self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
         finally:
             self._fail(list(owners.values()), ProviderError("internal", "local provider closed"))
+
+    def _requeue_or_fail(self, batcher: Any, items: list[_Pending], exc: Exception) -> None:
+        """After a failed prefill or step. Out of memory shrinks the batch (to the rows still
+        running, else to half the failed ones) and requeues the requests, which restart with
+        their clocks still running; anything else, or out of memory at batch 1, fails them."""
+        room = len(batcher.rows) or len(items) // 2
+        if not _out_of_memory(exc) or room == 0:
+            if _out_of_memory(exc):
+                exc = RuntimeError(f"out of memory with one request in the batch ({exc}); "
+                                   "shorten its prompt or max_tokens, or use a smaller variant")
+            self._fail(items, _internal(exc))
+            return
+        batcher.max_batch = self.max_batch = room
+        self.oom_backoffs += 1
+        _free_device_memory(self._device)
+        with self._wake:
+            self._inbox.extendleft(reversed([p for p in items if not p.abandoned]))
 
     def _take(self, n: int) -> list[_Pending]:
         """Up to n waiting requests, oldest first, skipping those nobody waits for any more."""
@@ -220,8 +239,8 @@ class LocalProvider:
                             tuple(x for x in s.stop if x)))
         try:
             batcher.admit(rows)
-        except Exception as exc:  # a prompt that cannot be prefilled fails its own group only
-            self._fail(new, _internal(exc))
+        except Exception as exc:  # the running rows go on; only the new group is affected
+            self._requeue_or_fail(batcher, new, exc)
             return
         self.admissions.append(len(rows))
         owners.update((id(r), p) for r, p in zip(rows, new))
@@ -230,8 +249,13 @@ class LocalProvider:
         now = time.perf_counter()
         for r in rows:
             p = owners.pop(id(r))
-            if not p.abandoned:
-                p.settle(self._completion(p, r, now))
+            if p.abandoned:
+                continue
+            try:
+                result: Completion | ProviderError = self._completion(p, r, now)
+            except Exception as exc:  # one answer that cannot be decoded fails alone
+                result = _internal(exc)
+            p.settle(result)
 
     @staticmethod
     def _fail(items: list[_Pending], exc: ProviderError) -> None:
@@ -263,6 +287,22 @@ class LocalProvider:
             tokens_estimated=False, ttft_s=row.times[0] - p.enqueued if row.times else None,
             latency_s=now - p.enqueued, chunk_gaps_s=gaps,
         )
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _free_device_memory(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _internal(exc: Exception) -> ProviderError:

@@ -208,3 +208,46 @@ async def test_close_fails_requests_in_flight(endless: Path) -> None:
     await provider.aclose()
     with pytest.raises(ProviderError, match="closed"):
         await task
+
+
+async def test_out_of_memory_halves_the_batch_and_requeues(
+        endless: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that runs out of device memory must not turn the batch into error rows."""
+    real_step = _batcher.Batcher.step
+    calls = {"n": 0}
+
+    def oom_once_at_full_batch(self: _batcher.Batcher) -> None:
+        calls["n"] += 1
+        if len(self.rows) == 4 and calls["n"] < 100:
+            calls["n"] = 100
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        real_step(self)
+
+    requests = [_req(p, max_tokens=12) for p in ("sort: 12=", "add: 1+1=", "reverse: ab=",
+                                                 "sort: 4321=")]
+    alone = await _alone(endless, requests)
+    monkeypatch.setattr(_batcher.Batcher, "step", oom_once_at_full_batch)
+    provider = _provider(endless, max_batch=4)
+    try:
+        got = await asyncio.gather(*(provider.generate(r) for r in requests))
+    finally:
+        await provider.aclose()
+    assert calls["n"] >= 100  # the fault fired
+    assert [c.text for c in got] == alone
+    assert provider.oom_backoffs == 1 and provider.max_batch == 2
+    assert max(provider.batch_sizes[provider.batch_sizes.index(4) + 1:]) <= 2
+
+
+async def test_out_of_memory_at_batch_one_says_what_to_do(
+        endless: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def always_oom(self: _batcher.Batcher, rows: list) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(_batcher.Batcher, "admit", always_oom)
+    provider = _provider(endless)
+    try:
+        with pytest.raises(ProviderError, match="one request in the batch.*shorten") as err:
+            await provider.generate(_req("sort: 12=", max_tokens=4))
+    finally:
+        await provider.aclose()
+    assert err.value.kind == "internal"
