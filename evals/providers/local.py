@@ -178,6 +178,7 @@ class LocalProvider:
 
         batcher = Batcher(self._model, self._tokenizer, self._device, self.max_batch)
         owners: dict[int, _Pending] = {}
+        why = "local provider closed"
         try:
             while True:
                 with self._wake:
@@ -200,8 +201,13 @@ class LocalProvider:
                     self._requeue_or_fail(batcher, failed, exc)
                     continue
                 self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
-        finally:
-            self._fail(list(owners.values()), ProviderError("internal", "local provider closed"))
+        except Exception as exc:
+            why = f"local engine stopped: {exc!r}"
+            raise
+        finally:  # closed, or a bug in this loop: nobody may wait forever
+            with self._wake:
+                waiting, self._inbox = list(self._inbox), deque()
+            self._fail(list(owners.values()) + waiting, ProviderError("internal", why))
 
     def _requeue_or_fail(self, batcher: Any, items: list[_Pending], exc: Exception) -> None:
         """After a failed prefill or step. Out of memory shrinks the batch (to the rows still
@@ -232,18 +238,26 @@ class LocalProvider:
     def _admit(self, batcher: Any, new: list[_Pending], owners: dict[int, _Pending]) -> None:
         from evals.providers._batcher import Row
 
-        rows = []
+        rows, riding = [], []
         for p in new:
             s = p.request.settings
-            rows.append(Row(self._render(p.request), s.max_tokens, s.temperature, s.top_p,
+            try:
+                prompt = self._render(p.request)
+            except Exception as exc:  # e.g. a chat template that rejects these messages
+                p.settle(ProviderError("client_error", f"cannot render the prompt: {exc}"))
+                continue
+            rows.append(Row(prompt, s.max_tokens, s.temperature, s.top_p,
                             tuple(x for x in s.stop if x)))
+            riding.append(p)
+        if not rows:
+            return
         try:
             batcher.admit(rows)
         except Exception as exc:  # the running rows go on; only the new group is affected
-            self._requeue_or_fail(batcher, new, exc)
+            self._requeue_or_fail(batcher, riding, exc)
             return
         self.admissions.append(len(rows))
-        owners.update((id(r), p) for r, p in zip(rows, new))
+        owners.update((id(r), p) for r, p in zip(rows, riding))
 
     def _finish(self, rows: list[Any], owners: dict[int, _Pending]) -> None:
         now = time.perf_counter()
@@ -275,7 +289,8 @@ class LocalProvider:
         ids = row.ids[:-1] if row.ended == "eos" else row.ids
         text = tok.decode(ids, skip_special_tokens=True)
         cut = min((text.find(s) for s in row.stops if s in text), default=-1)
-        n_out = len([t for t in ids if t not in set(tok.all_special_ids)])
+        special = set(tok.all_special_ids)
+        n_out = len([t for t in ids if t not in special])
         if cut >= 0:
             text = text[:cut]
             n_out = len(tok(text, add_special_tokens=False)["input_ids"])

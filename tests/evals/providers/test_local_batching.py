@@ -251,3 +251,26 @@ async def test_out_of_memory_at_batch_one_says_what_to_do(
     finally:
         await provider.aclose()
     assert err.value.kind == "internal"
+
+
+async def test_a_prompt_that_cannot_be_rendered_fails_alone(endless: Path) -> None:
+    provider = _provider(endless)
+    try:
+        await provider.generate(_req("sort: 1=", max_tokens=2))  # loads the tokenizer
+        tok = provider._tokenizer
+        real = tok.apply_chat_template
+
+        def picky(messages, **kw):
+            if "poison" in messages[0]["content"]:
+                raise ValueError("template rejects this conversation")
+            return real(messages, **kw)
+
+        tok.apply_chat_template = picky
+        bad, good = await asyncio.gather(provider.generate(_req("poison", max_tokens=3)),
+                                         provider.generate(_req("sort: 21=", max_tokens=3)),
+                                         return_exceptions=True)
+    finally:
+        await provider.aclose()
+    assert isinstance(bad, ProviderError) and bad.kind == "client_error"
+    assert "template rejects" in str(bad)
+    assert good.output_tokens == 3
