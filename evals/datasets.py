@@ -78,7 +78,9 @@ class Rows:
     digest: str = ""
 
 
-def _jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
+def jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """Each non-blank line of a JSONL file as (`file:line`, its object), or (`file:line`, what
+    is wrong with it), so every reader reports bad lines the same way and chooses what to do."""
     with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -139,7 +141,7 @@ def _raw_rows(spec: DatasetSpec, base_dir: Path) -> tuple[str, Iterator[tuple[st
     path = spec.path if spec.path.is_absolute() else base_dir / spec.path
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
-    reader = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}[spec.format or "jsonl"]
+    reader = {"jsonl": jsonl_records, "csv": _csv, "parquet": _parquet}[spec.format or "jsonl"]
     return str(path), reader(path)
 
 

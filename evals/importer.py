@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from evals.datasets import jsonl_records
 from evals.store import Outcome, Store
 
 REQUIRED = ("request_id", "prompt", "model")
@@ -40,17 +41,10 @@ class ImportSummary:
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise OutcomeImportError(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise OutcomeImportError(f"{path}: line {line_no}: expected a JSON object per line")
-            records.append(rec)
+    for where, rec in jsonl_records(path):
+        if isinstance(rec, str):
+            raise OutcomeImportError(f"{where}: {rec}")
+        records.append(rec)
     return pd.DataFrame.from_records(records)
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from evals.datasets import jsonl_records
 from evals.providers.base import GenerationSettings, Message, Provider, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -161,19 +162,17 @@ def load_prompts(path: str | Path, max_tokens: int | None = None) -> list[Reques
         raise ServingError(f"{path}: prompts file not found")
     if path.suffix in (".yaml", ".yml"):
         return _suite_prompts(path, max_tokens)
-    lines = path.read_text().splitlines()
     requests: list[Request] = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ServingError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-            requests.append(_request_from_row(row, f"{path}:{lineno}", max_tokens))
-        else:
-            requests.append(_request_from_row({"prompt": line}, f"{path}:{lineno}", max_tokens))
+    if path.suffix == ".jsonl":
+        for where, row in jsonl_records(path):
+            if isinstance(row, str):
+                raise ServingError(f"{where}: {row}")
+            requests.append(_request_from_row(row, where, max_tokens))
+    else:
+        for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+            if line.strip():
+                requests.append(_request_from_row({"prompt": line}, f"{path}:{lineno}",
+                                                  max_tokens))
     if not requests:
         raise ServingError(f"{path}: no prompts in the file")
     return requests

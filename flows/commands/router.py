@@ -143,20 +143,17 @@ def _load_policy(path: Path) -> Any:
 
 
 def _requests(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise click.ClickException(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                raise click.ClickException(f"{path}: line {line_no}: needs a string field 'prompt'")
-            suite = rec.get("suite")
-            if suite is not None and not isinstance(suite, str):
-                raise click.ClickException(f"{path}: line {line_no}: field 'suite' must be a string")
-            yield line_no, rec
+    from evals.datasets import jsonl_records
+
+    for where, rec in jsonl_records(path):
+        if isinstance(rec, str):
+            raise click.ClickException(f"{where}: {rec}")
+        if not isinstance(rec.get("prompt"), str):
+            raise click.ClickException(f"{where}: needs a string field 'prompt'")
+        suite = rec.get("suite")
+        if suite is not None and not isinstance(suite, str):
+            raise click.ClickException(f"{where}: field 'suite' must be a string")
+        yield int(where.rpartition(":")[2]), rec
 
 
 def _write_decisions(path: Path, rows: list[dict]) -> None:

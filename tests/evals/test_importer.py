@@ -99,7 +99,7 @@ def test_duplicates_and_conflicting_prompts(tmp_path, store):
 def test_bad_json_line_and_unknown_format(tmp_path, store):
     path = tmp_path / "o.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
-    with pytest.raises(OutcomeImportError, match="line 2: not valid JSON"):
+    with pytest.raises(OutcomeImportError, match=r"\.jsonl:2: not valid JSON"):
         import_outcomes(path, store)
     other = tmp_path / "o.xlsx"
     other.write_text("x")

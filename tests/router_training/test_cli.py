@@ -43,7 +43,7 @@ def test_route_reports_bad_input_line(tmp_path, trained):
     bad = tmp_path / "in.jsonl"
     bad.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2}\n')
     r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad)])
-    assert r.exit_code != 0 and "line 2" in r.output and "prompt" in r.output
+    assert r.exit_code != 0 and "in.jsonl:2:" in r.output and "prompt" in r.output
 
 
 def test_import_error_is_one_clear_line(tmp_path):
