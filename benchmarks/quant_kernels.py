@@ -1,10 +1,10 @@
-"""Quantized Linear kernels against their dequantizing path, per layer shape, rows and dtype.
+"""Quantized Linear kernels against their dequantizing fallback, per layer shape, rows and dtype.
 
 Each row times one `evals.quantize` module's matmul both ways (`_matmul(x, kernel)`, the call
 forward makes), interleaved and best of several rounds, so background load hits both alike.
 `INT8PACK_MAX_ROWS` in evals/quantize.py comes from the int8 rows of this table on CPU.
 
-    python benchmarks/quant_kernels.py
+    python benchmarks/quant_kernels.py                  # int8 weight-only and both -dyn variants
     python benchmarks/quant_kernels.py --modules Int8Linear --threads 1
     python benchmarks/quant_kernels.py --device cuda    # the same table on a GPU
 """
@@ -24,9 +24,9 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.quantize import Int8Linear  # noqa: E402
+from evals.quantize import Fp8DynLinear, Int8DynLinear, Int8Linear  # noqa: E402
 
-FUSED = {Int8Linear: "int8pack"}
+FUSED = {Int8Linear: "int8pack", Int8DynLinear: "int_mm", Fp8DynLinear: "scaled_mm"}
 
 
 def best_us(fns: list[Callable[[], object]], rounds: int, sync: Callable[[], None]) -> list[float]:

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ProviderName = Literal["openai", "anthropic", "local"]
-Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8"]
+Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8-dyn"]
 
 
 class ConfigError(ValueError):

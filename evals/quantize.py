@@ -1,29 +1,32 @@
-"""Weight-only quantization for in-process checkpoints, so one checkpoint can be served (and
-evaluated) as several cost/quality variants: fp32, bf16/fp16 casts, int8 and fp8 weights.
+"""Quantized variants of in-process checkpoints, so one checkpoint can be served (and evaluated)
+as several cost/quality variants: fp32, bf16/fp16 casts, int8 and fp8 weights (weight-only), and
+int8/fp8 weights with activations rounded per token on the fly (`int8-dyn`, `fp8-dyn`: W8A8).
 
 Every quantized Linear keeps its weight [out, in] row-major with one fp32 scale per output channel.
 Each forward picks a kernel (`kernel_for` says which): a fused torch kernel where one takes the
 layer, the input and the device, else `"dequant"`, a fallback with the same numerics. Weight-only
-variants keep activations in the model's dtype, so they differ from fp32 only by weight rounding.
-torch is imported lazily by the callers; this module imports it at top level and is only imported
-on first use.
+variants keep activations in the model's dtype, so they differ from fp32 only by weight rounding;
+the -dyn variants also round each activation row to 8 bits. torch is imported lazily by the
+callers; this module imports it at top level and is only imported on first use.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-VARIANTS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8", "int8")
+VARIANTS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8-dyn")
 _CASTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # _weight_int8pack_mm on CPU beats the dequant path only for bf16 activations and few rows: it is
 # slower for fp32 and fp16 at every size, and for bf16 from ~12-16 rows (quant_kernels benchmark).
 INT8PACK_MAX_ROWS = 8
+INT_MM_MIN_ROWS_CUDA = 17  # cuBLASLt's int8 GEMM behind torch._int_mm refuses M <= 16
 
 
 class QuantizeError(ValueError):
@@ -49,7 +52,20 @@ def _probe_int8pack(device: torch.device) -> None:
     torch._weight_int8pack_mm(x, w, torch.ones(16, dtype=torch.bfloat16, device=device))
 
 
-_PROBES: dict[str, Callable[[torch.device], None]] = {"int8pack": _probe_int8pack}
+def _probe_int_mm(device: torch.device) -> None:
+    a = torch.zeros(INT_MM_MIN_ROWS_CUDA, 32, dtype=torch.int8, device=device)
+    torch._int_mm(a, torch.zeros(32, 32, dtype=torch.int8, device=device).t())
+
+
+def _probe_scaled_mm(device: torch.device) -> None:
+    a = torch.zeros(1, 32, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(32, 32, device=device).to(torch.float8_e4m3fn)
+    torch._scaled_mm(a, b.t(), scale_a=torch.ones(1, 1, device=device),
+                     scale_b=torch.ones(1, 32, device=device), out_dtype=torch.bfloat16)
+
+
+_PROBES: dict[str, Callable[[torch.device], None]] = {
+    "int8pack": _probe_int8pack, "int_mm": _probe_int_mm, "scaled_mm": _probe_scaled_mm}
 
 
 @functools.cache
@@ -66,7 +82,8 @@ def kernel_runs(kernel: str, device: str) -> bool:
 class _QuantizedLinear(nn.Module):
     """A Linear whose weight is stored quantized with a per-output-channel fp32 scale.
 
-    The weight stays [out, in] row-major, as _weight_int8pack_mm takes it.
+    The weight stays [out, in] row-major: _weight_int8pack_mm takes it as is, and _int_mm and
+    _scaled_mm want their second operand column-major, which its `.t()` is without a copy.
     Subclasses say how a scaled fp32 weight becomes the stored dtype and how forward multiplies.
     """
 
@@ -138,13 +155,77 @@ class Int8Linear(_WeightOnlyLinear):
 
 class Fp8Linear(_WeightOnlyLinear):
     """float8_e4m3fn weights (Hopper's fp8), the channel's range mapped onto fp8's. torch has no
-    weight-only fp8 matmul (_scaled_mm wants both operands in fp8), so forward always casts the
-    weight up to the activation dtype."""
+    weight-only fp8 matmul (_scaled_mm wants both operands in fp8: that is `fp8-dyn`), so forward
+    always casts the weight up to the activation dtype."""
 
     QMAX, LABEL, _quantize = FP8_MAX, "fp8_e4m3fn", staticmethod(_to_fp8)
 
 
-_LINEARS: dict[str, type[_QuantizedLinear]] = {"int8": Int8Linear, "fp8": Fp8Linear}
+def _row_scale(x: torch.Tensor, qmax: float) -> torch.Tensor:
+    amax = x.detach().abs().amax(dim=1, keepdim=True).float()
+    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+
+
+class _DynamicLinear(_QuantizedLinear):
+    """W8A8: each activation row (token) is rounded to the weight's 8-bit format on the fly with a
+    scale from that row's amax, the product runs on 8-bit operands, and the result is rescaled by
+    act_scale * weight_scale. `KERNEL` runs where both dimensions are multiples of `ALIGN` (the
+    CUDA kernel's rule, kept on every device so the CPU takes the path a GPU would) and the device
+    runs it; elsewhere `"dequant"` widens both 8-bit operands to fp32: the same numbers, slower."""
+
+    KERNEL: str
+    ALIGN: int
+
+    def kernel_for(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> str:
+        aligned = self.in_features % self.ALIGN == 0 and self.out_features % self.ALIGN == 0
+        return self.KERNEL if aligned and kernel_runs(self.KERNEL, str(device)) else "dequant"
+
+    def _fused(self, xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _matmul(self, x: torch.Tensor, kernel: str) -> torch.Tensor:
+        x_scale = _row_scale(x, self.QMAX)
+        xq = self._quantize(x.float() / x_scale)
+        if kernel == "dequant":
+            y = F.linear(xq.float(), self.qweight.float()) * x_scale * self.scale
+        else:
+            y = self._fused(xq, x_scale)
+        return y.to(x.dtype)
+
+
+class Int8DynLinear(_DynamicLinear):
+    """int8 weights and per-token int8 activations through torch._int_mm (int32 accumulation)."""
+
+    QMAX, LABEL = 127.0, "int8 weights, per-token int8 activations"
+    _quantize = staticmethod(_to_int8)
+    KERNEL, ALIGN = "int_mm", 8
+
+    def _fused(self, xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        rows = xq.shape[0]
+        if xq.is_cuda and rows < INT_MM_MIN_ROWS_CUDA:  # zero rows in, ignored rows out
+            xq = F.pad(xq, (0, 0, 0, INT_MM_MIN_ROWS_CUDA - rows))
+        acc = torch._int_mm(xq, self.qweight.t())[:rows]
+        return acc.float() * x_scale * self.scale
+
+
+class Fp8DynLinear(_DynamicLinear):
+    """fp8 e4m3 weights and per-token e4m3 activations through torch._scaled_mm with rowwise
+    scales. Its output is bf16 (the only dtype rowwise scaling allows on sm90), then cast to the
+    activation dtype: a rounding far below the activations' own e4m3 rounding. On CPU the kernel
+    is slower than the fallback (quant_kernels benchmark); it runs there anyway so that CPU tests
+    exercise the call a GPU makes: fp8 is for GPUs."""
+
+    QMAX, LABEL = FP8_MAX, "fp8_e4m3fn weights, per-token e4m3 activations"
+    _quantize = staticmethod(_to_fp8)
+    KERNEL, ALIGN = "scaled_mm", 16
+
+    def _fused(self, xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(xq, self.qweight.t(), scale_a=x_scale,
+                                scale_b=self.scale[None, :], out_dtype=torch.bfloat16)
+
+
+_LINEARS: dict[str, type[_QuantizedLinear]] = {
+    "int8": Int8Linear, "fp8": Fp8Linear, "int8-dyn": Int8DynLinear, "fp8-dyn": Fp8DynLinear}
 
 
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
@@ -175,13 +256,21 @@ def quantize_linears(model: nn.Module, variant: str, skip: tuple[str, ...] = ("l
     return len(targets)
 
 
+def kernel_counts(model: nn.Module, rows: int, dtype: torch.dtype,
+                  device: torch.device | str) -> dict[str, int]:
+    """How many quantized Linears would run each kernel for inputs of `rows` rows: what a report
+    can state as measured rather than assumed (e.g. rows=1 for batch-1 decode)."""
+    return dict(Counter(m.kernel_for(rows, dtype, device) for m in model.modules()
+                        if isinstance(m, _QuantizedLinear)))
+
+
 def apply_variant(model: nn.Module, variant: str, device: torch.device | str = "cpu") -> nn.Module:
     """Turn a loaded fp32 model into the requested variant on `device` (in place; returned)."""
     if variant not in VARIANTS:
         raise QuantizeError(f"unknown variant {variant!r}; known: {list(VARIANTS)}")
     if variant in _CASTS:
         return model.to(device=device, dtype=_CASTS[variant])
-    if variant == "fp8":
+    if variant.startswith("fp8"):
         ok, why = fp8_supported(device)
         if not ok:
             raise QuantizeError(f"variant {variant!r} cannot run on {device}: {why}")

@@ -1,22 +1,28 @@
-"""Weight-only quantization: each variant's Linear must track the fp32 module closely, take the
-fused kernel where one applies (spied: what it was sent), and the dequantizing path elsewhere."""
+"""Quantized variants: each Linear must track the fp32 module closely, take the fused kernel
+where one applies (spied: what it was sent), and the dequantizing fallback where none does."""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, get_args
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
+from evals.config import Variant  # noqa: E402
 from evals.quantize import (  # noqa: E402
     INT8PACK_MAX_ROWS,
+    VARIANTS,
+    Fp8DynLinear,
     Fp8Linear,
+    Int8DynLinear,
     Int8Linear,
     QuantizeError,
     apply_variant,
     fp8_supported,
+    kernel_counts,
     kernel_runs,
     quantize_linears,
 )
@@ -93,7 +99,8 @@ class _Tiny(nn.Module):
         return self.lm_head(self.body(x))
 
 
-@pytest.mark.parametrize("variant,cls", [("int8", Int8Linear), ("fp8", Fp8Linear)])
+@pytest.mark.parametrize("variant,cls", [("int8", Int8Linear), ("fp8", Fp8Linear),
+                                         ("int8-dyn", Int8DynLinear), ("fp8-dyn", Fp8DynLinear)])
 def test_quantize_linears_replaces_all_but_head(variant: str, cls: type) -> None:
     torch.manual_seed(1)
     model = _Tiny()
@@ -102,7 +109,7 @@ def test_quantize_linears_replaces_all_but_head(variant: str, cls: type) -> None
     assert quantize_linears(model, variant) == 2
     assert isinstance(model.body[0], cls) and isinstance(model.body[2], cls)
     assert isinstance(model.lm_head, nn.Linear)
-    assert _rel_err(model(x), ref) < (0.02 if variant == "int8" else 0.08)
+    assert _rel_err(model(x), ref) < (0.02 if variant.startswith("int8") else 0.08)
 
 
 @pytest.mark.parametrize("variant,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
@@ -127,7 +134,17 @@ def test_fp8_supported_on_cpu() -> None:
     assert ok, why
 
 
-# ---- int8: the fused kernel where it is faster, what it is sent, the fallback ------------------
+def test_config_variants_are_the_quantize_variants() -> None:
+    assert set(get_args(Variant)) == {"api", *VARIANTS}
+
+
+def test_fp8_dyn_checks_fp8_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("evals.quantize.fp8_supported", lambda device: (False, "no fp8 here"))
+    with pytest.raises(QuantizeError, match="'fp8-dyn' cannot run on cpu: no fp8 here"):
+        apply_variant(_Tiny(), "fp8-dyn")
+
+
+# ---- kernels: which one runs, what it is sent, and the fallback -------------------------------
 
 def _spy(monkeypatch: pytest.MonkeyPatch, op: str) -> list[tuple[tuple, dict]]:
     """Record every call of torch.<op> (then run the real op)."""
@@ -140,6 +157,11 @@ def _spy(monkeypatch: pytest.MonkeyPatch, op: str) -> list[tuple[tuple, dict]]:
 
     monkeypatch.setattr(torch, op, spy)
     return calls
+
+
+def _is_weight_transposed(t: torch.Tensor, q: nn.Module) -> bool:
+    """The column-major view of the stored weight, not a per-forward copy."""
+    return t.data_ptr() == q.qweight.data_ptr() and t.stride() == (1, q.in_features)
 
 
 @pytest.mark.parametrize("rows", [1, INT8PACK_MAX_ROWS])
@@ -175,7 +197,144 @@ def test_int8_where_int8pack_is_slower_dequantizes(monkeypatch: pytest.MonkeyPat
     assert calls == []
 
 
+DYN = [(Int8DynLinear, "_int_mm", 0.02), (Fp8DynLinear, "_scaled_mm", 0.08)]
+
+
+@pytest.mark.parametrize("cls,op,tol", DYN)
+def test_dyn_linear_tracks_fp32(cls: type, op: str, tol: float) -> None:
+    lin = _linear()
+    q = cls.from_linear(lin)
+    x = torch.randn(64, 64)  # many rows: one row's error is heavy-tailed (cancelling outputs)
+    assert q.kernel_for(64, torch.float32, "cpu") == cls.KERNEL
+    # tolerance: weight and activation rounding together (fp8 e4m3 keeps 3 mantissa bits)
+    assert _rel_err(q(x), lin(x)) < tol
+
+
+@pytest.mark.parametrize("cls,op,tol", DYN)
+@pytest.mark.parametrize("shape", [(1, 64), (5, 7, 64)])
+def test_dyn_linear_sends_its_kernel_8bit_operands(monkeypatch: pytest.MonkeyPatch, cls: type,
+                                                   op: str, tol: float, shape: tuple) -> None:
+    q = cls.from_linear(_linear())
+    kernel_runs(cls.KERNEL, "cpu")
+    calls = _spy(monkeypatch, op)
+    x = torch.randn(*shape)
+    out = q(x)
+    assert out.dtype == x.dtype and out.shape == (*shape[:-1], 48)
+    assert len(calls) == 1
+    (a, b), kw = calls[0]
+    rows = x.numel() // 64
+    assert a.dtype == q.qweight.dtype and a.shape == (rows, 64)  # activations quantized
+    assert _is_weight_transposed(b, q)
+    if cls is Fp8DynLinear:
+        assert kw["scale_a"].shape == (rows, 1) and kw["scale_b"].shape == (1, 48)
+        assert kw["out_dtype"] == torch.bfloat16
+    fallback = q._matmul(x.reshape(rows, 64), "dequant") + q.bias
+    assert _rel_err(out.reshape(rows, 48), fallback) < 0.01
+
+
+@pytest.mark.parametrize("cls,op,tol", DYN)
+def test_dyn_fallback_has_the_kernels_numbers(cls: type, op: str, tol: float) -> None:
+    q = cls.from_linear(_linear())
+    x = torch.randn(9, 64)
+    fused, fallback = q._matmul(x, cls.KERNEL), q._matmul(x, "dequant")
+    # int8: exact integer sums either way; fp8: the kernel's bf16 output is the only difference
+    assert _rel_err(fused, fallback) < (1e-6 if cls is Int8DynLinear else 0.01)
+
+
+@pytest.mark.parametrize("cls,op,tol", DYN)
+def test_dyn_unaligned_layer_falls_back(monkeypatch: pytest.MonkeyPatch, cls: type, op: str,
+                                        tol: float) -> None:
+    torch.manual_seed(3)
+    lin = nn.Linear(60, 36)  # 60 is a multiple of neither 8 nor 16: the CUDA kernels refuse it
+    q = cls.from_linear(lin)
+    calls = _spy(monkeypatch, op)
+    x = torch.randn(64, 60)
+    assert q.kernel_for(64, torch.float32, "cpu") == "dequant"
+    assert _rel_err(q(x), lin(x)) < tol
+    assert calls == []
+
+
+@pytest.mark.parametrize("cls,op,tol", DYN)
+def test_dyn_device_that_refuses_the_kernel_falls_back(monkeypatch: pytest.MonkeyPatch,
+                                                       cls: type, op: str, tol: float) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("not supported on this device")
+
+    monkeypatch.setattr(torch, op, refuse)
+    lin = _linear()
+    q = cls.from_linear(lin)
+    x = torch.randn(64, 64)
+    assert not kernel_runs(cls.KERNEL, "cpu")
+    assert q.kernel_for(64, torch.float32, "cpu") == "dequant"
+    assert _rel_err(q(x), lin(x)) < tol
+
+
+# ---- a real architecture: tiny random Llama ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=128, vocab_size=128,
+                                   max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+LLAMA_TOL = {"fp32": 1e-6, "bf16": 0.02, "fp16": 0.01, "int8": 0.03, "int8-dyn": 0.03,
+             "fp8": 0.1, "fp8-dyn": 0.1}
+LLAMA_KERNELS = {"int8": "dequant", "fp8": "dequant", "int8-dyn": "int_mm",
+                 "fp8-dyn": "scaled_mm"}  # fp32 activations at batch-1 decode, on CPU
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tiny_llama_variant_tracks_fp32_and_generates(tiny_llama: nn.Module, variant: str) -> None:
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = tiny_llama(ids).logits
+        model = apply_variant(copy.deepcopy(tiny_llama), variant, "cpu")
+        logits = model(ids).logits.float()
+    assert _rel_err(logits, ref) < LLAMA_TOL[variant]
+    counts = kernel_counts(model, 1, torch.float32, "cpu")
+    if variant in LLAMA_KERNELS:  # q k v o gate up down in each of 2 layers; lm_head stays fp32
+        assert counts == {LLAMA_KERNELS[variant]: 14}
+    else:
+        assert counts == {}
+    prompt = ids[:1]
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
+                         do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 16) and torch.equal(out[:, :12], prompt)
+
+
 # ---- CUDA: the GPU kernels' own rules ---------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_int8_dyn_cuda_pads_small_batches(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    lin = _linear().cuda()
+    q = Int8DynLinear.from_linear(lin).cuda()
+    assert kernel_runs("int_mm", "cuda:0"), "torch._int_mm does not run on this GPU"
+    calls = _spy(monkeypatch, "_int_mm")
+    x = torch.randn(rows, 64, device="cuda")
+    out = q(x)
+    assert calls[0][0][0].shape == (max(rows, 17), 64)  # cuBLASLt's int8 GEMM wants M > 16
+    assert out.shape == (rows, 48)
+    assert _rel_err(out, q._matmul(x, "dequant") + q.bias) < 1e-5  # padding rows change nothing
+
+
+@needs_cuda
+def test_fp8_dyn_cuda_uses_scaled_mm_where_fp8_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok, why = fp8_supported("cuda")
+    if not ok:
+        pytest.skip(why)
+    lin = _linear().cuda()
+    q = Fp8DynLinear.from_linear(lin).cuda()
+    calls = _spy(monkeypatch, "_scaled_mm")
+    x = torch.randn(64, 64, device="cuda")
+    assert q.kernel_for(64, torch.float32, x.device) == "scaled_mm"
+    assert _rel_err(q(x), lin(x)) < 0.08 and len(calls) == 1
+    assert _rel_err(q(x.bfloat16()).float(), lin(x)) < 0.08
+
 
 @needs_cuda
 def test_int8_weight_only_cuda_dequantizes() -> None:
