@@ -5,7 +5,7 @@ Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_ch
 1. build a random Llama-style model (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 32000,
    intermediate 5632: 0.85B params; `--tiny`: a toy) + char-level tokenizer; save it - no download;
 2. run the serving benchmark (`evals.serving`) through the `local` provider for each variant
-   (bf16 and fp8 weight-only by default) at several concurrencies;
+   (bf16, fp8 weight-only and fp8-dyn W8A8 by default) at several concurrencies;
 3. batch-1 decode speed vs the memory-bandwidth limit (bandwidth / weight bytes per token): the
    provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
 4. `routeopt run --config <generated> --suite gpu-smoke` on the device, and count its outcomes.
@@ -291,6 +291,7 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
             warmup=2, stop_after=stop_after)
         model = provider._model  # the loaded variant, for its byte count and a bare decode loop
         wbytes = weight_bytes_per_token(model)
+        act_dtype, kernels = batch1_kernels(model)
         raw = raw_decode_tok_s(model, args.device, args.raw_steps) if args.raw_steps else None
         compiled = _try_static(model, variant, args, stop_after)
         del model
@@ -305,7 +306,43 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
         "usd_per_mtok_full_load": {r.concurrency: r.usd_per_mtok
                                    for r in cost_table(points, args.gpu_hour_usd, (1.0,))},
         "bandwidth": _with_static(decode_vs_bandwidth(report, wbytes, bw_tbs, raw), compiled),
+        "activation_dtype": act_dtype, "kernels_batch1": kernels,
     }
+
+
+def batch1_kernels(model: Any) -> tuple[str, dict[str, int]]:
+    """The activation dtype and how many quantized Linears run each kernel at batch-1 decode:
+    asked of the loaded model, so the report states what ran rather than what was meant to."""
+    from evals.quantize import kernel_counts
+
+    emb = model.get_input_embeddings().weight
+    return str(emb.dtype).removeprefix("torch."), kernel_counts(model, 1, emb.dtype, emb.device)
+
+
+# What each quantized variant's Linears do in evals/quantize.py; `kernels_batch1` says which ran.
+KERNEL_NOTES = {
+    "fp8": "weight-only fp8: no fused kernel, as torch has no weight-only fp8 matmul; every "
+           "forward casts each fp8 weight up to the activation dtype, then a plain matmul",
+    "int8": "weight-only int8: torch._weight_int8pack_mm on CPU for bf16 inputs of <= 8 rows; "
+            "otherwise (always on CUDA) every forward casts each int8 weight up, then a plain "
+            "matmul",
+    "fp8-dyn": "W8A8 fp8: activations rounded per token to e4m3 with a dynamic amax scale, then "
+               "torch._scaled_mm with rowwise scales (bf16 out) where K and N are multiples of "
+               "16 and the device runs it; elsewhere both operands are widened ('dequant')",
+    "int8-dyn": "W8A8 int8: activations rounded per token to int8, then torch._int_mm (M <= 16 "
+                "zero-padded to 17 on CUDA) where K and N are multiples of 8 and the device runs "
+                "it; elsewhere both operands are widened ('dequant')",
+}
+
+
+def kernel_note(v: dict) -> list[str]:
+    """The report's line on how a quantized variant multiplies, with the kernels that ran."""
+    note = KERNEL_NOTES.get(v["variant"])
+    if note is None:
+        return []
+    ran = ", ".join(f"{k} x{n}" for k, n in sorted(v.get("kernels_batch1", {}).items())) or "-"
+    return [f"({note}. Activations and unquantized layers: {v.get('activation_dtype', '?')}; "
+            f"Linear kernels at batch-1 decode: {ran}; the limit counts the stored bytes)"]
 
 
 def _with_static(bw: dict, compiled: dict) -> dict:
@@ -424,9 +461,7 @@ def render_markdown(res: dict) -> str:
             lines += [f"failed: `{v['error']}`", ""]
             continue
         bw, skipped = v["bandwidth"], v["serving"].get("skipped_levels")
-        if v["variant"] in ("fp8", "int8"):
-            lines.append(f"(weight-only {v['variant']}: evals/quantize.py dequantizes every weight "
-                         "in forward and computes in fp32; the limit counts the stored bytes)")
+        lines += kernel_note(v)
         lines += ["", v["table_md"], "", *([f"- levels skipped (time budget): {skipped}"] if skipped else []),
                   f"- weight bytes read per decode step: {bw['weight_bytes_per_token'] / 1e6:.1f} MB; "
                   f"bandwidth {bw['bandwidth_tbs']} TB/s -> limit {_num(bw['limit_tok_s'])} tok/s",
@@ -487,7 +522,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--tiny", action="store_true", help="a toy model: the CPU code path in seconds")
     ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
-    ap.add_argument("--variants", default="bf16,fp8")
+    ap.add_argument("--variants", default="bf16,fp8,fp8-dyn")
     ap.add_argument("--concurrency", default=None, help="levels (default 1,8,32,128; tiny 1,4)")
     ap.add_argument("--requests", type=int, default=None, help="requests per level")
     ap.add_argument("--max-tokens", type=int, default=None, help="output tokens (128; tiny 8)")

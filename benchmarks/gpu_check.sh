@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check (issue 8): random-weight ~1B Llama served through the local provider (bf16, fp8),
-# decode speed vs the memory-bandwidth limit, and one suite through `routeopt run` on the GPU.
+# GPU check (issue 8): random-weight ~1B Llama served through the local provider (bf16, fp8,
+# fp8-dyn), decode speed vs the memory-bandwidth limit, and one suite through `routeopt run`.
 # Finishes in < 8 minutes on one H100/H200-class GPU; figures land in OUT/gpu_check.{json,md}.
 #
 #   benchmarks/gpu_check.sh                          # --device cuda --out gpu_check_out

@@ -98,7 +98,7 @@ def test_cpu_tiny_end_to_end(tmp_path):
     res = gc.main(["--device", "cpu", "--tiny", "--out", str(out), "--skip-pipeline",
                    "--concurrency", "1,3", "--requests", "3", "--raw-steps", "4",
                    "--bandwidth-tbs", "0.05", "--static-compile", "bf16"])
-    assert [v["variant"] for v in res["variants"]] == ["bf16", "fp8"]
+    assert [v["variant"] for v in res["variants"]] == ["bf16", "fp8", "fp8-dyn"]
     for v in res["variants"]:
         assert "error" not in v, v
         levels = v["serving"]["levels"]
@@ -109,18 +109,25 @@ def test_cpu_tiny_end_to_end(tmp_path):
         bw = v["bandwidth"]
         assert bw["limit_tok_s"] == pytest.approx(0.05e12 / bw["weight_bytes_per_token"])
         assert bw["provider_ratio"] > 0
-    fp8, bf16 = res["variants"][1]["bandwidth"], res["variants"][0]["bandwidth"]
+    bf16, fp8, dyn = (v["bandwidth"] for v in res["variants"])
     # the static-cache path (compiled only on GPUs) ran for bf16 alone
     assert bf16["static_compiled_batch1_tok_s"] > 0 and bf16["static_compiled_ratio"] > 0
     assert "static_compiled_batch1_tok_s" not in fp8
     assert fp8["weight_bytes_per_token"] != bf16["weight_bytes_per_token"]
+    assert dyn["weight_bytes_per_token"] == fp8["weight_bytes_per_token"]  # same stored weights
+    # what ran, asked of each loaded model: 7 Linears in each of 2 layers, lm_head unquantized
+    assert [v["kernels_batch1"] for v in res["variants"]] == [{}, {"dequant": 14},
+                                                             {"scaled_mm": 14}]
+    report = (out / "gpu_check.md").read_text()
+    assert "torch._scaled_mm" in report and "scaled_mm x14" in report
+    assert "Activations and unquantized layers: float32" in report
     stored = json.loads((out / "gpu_check.json").read_text())
     assert stored["variants"][0]["candidate"] == "rand-tiny-bf16"
     assert "of the limit" in (out / "gpu_check.md").read_text()
     con = duckdb.connect(str(out / "serving.duckdb"), read_only=True)
     rows = con.execute("SELECT candidate, count(*) FROM serving_runs GROUP BY 1 ORDER BY 1").fetchall()
     con.close()
-    assert rows == [("rand-tiny-bf16", 2), ("rand-tiny-fp8", 2)]
+    assert rows == [("rand-tiny-bf16", 2), ("rand-tiny-fp8", 2), ("rand-tiny-fp8-dyn", 2)]
 
 
 @pytest.mark.slow
