@@ -264,6 +264,15 @@ def kernel_counts(model: nn.Module, rows: int, dtype: torch.dtype,
                         if isinstance(m, _QuantizedLinear)))
 
 
+def compute_dtype(variant: str, device: torch.device | str) -> torch.dtype:
+    """The dtype a variant computes in: the cast's own, and for quantized weights bf16 on a GPU
+    (as serving stacks run them; fp32 activations would waste the bandwidth the 8-bit weights
+    save) but fp32 on a CPU, where bf16 matmuls are mostly slower."""
+    if variant in _CASTS:
+        return _CASTS[variant]
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def apply_variant(model: nn.Module, variant: str, device: torch.device | str = "cpu") -> nn.Module:
     """Turn a loaded fp32 model into the requested variant on `device` (in place; returned)."""
     if variant not in VARIANTS:
@@ -274,6 +283,7 @@ def apply_variant(model: nn.Module, variant: str, device: torch.device | str = "
         ok, why = fp8_supported(device)
         if not ok:
             raise QuantizeError(f"variant {variant!r} cannot run on {device}: {why}")
-    model = model.to(dtype=torch.float32)
+    # cast first: Module.to(dtype) would also cast the float8 weights, which are floating point
+    model = model.to(dtype=compute_dtype(variant, device))
     quantize_linears(model, variant)
     return model.to(device)

@@ -21,6 +21,7 @@ from evals.quantize import (  # noqa: E402
     Int8Linear,
     QuantizeError,
     apply_variant,
+    compute_dtype,
     fp8_supported,
     kernel_counts,
     kernel_runs,
@@ -122,6 +123,25 @@ def test_cast_variants(variant: str, dtype: torch.dtype) -> None:
     model = apply_variant(model, variant, "cpu")
     assert next(model.parameters()).dtype == dtype
     assert _rel_err(model(x.to(dtype)).float(), ref) < 0.02
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp8", "int8-dyn", "fp8-dyn"])
+def test_quantized_variants_compute_in_bf16_on_gpus_and_fp32_on_cpus(variant: str) -> None:
+    assert compute_dtype(variant, "cuda:0") == torch.bfloat16
+    assert compute_dtype(variant, "cpu") == torch.float32
+    model = apply_variant(_Tiny(), variant, "cpu")
+    assert {b.dtype for n, b in model.named_buffers() if n.endswith("qweight")} == {
+        torch.int8 if variant.startswith("int8") else torch.float8_e4m3fn}
+    assert model.lm_head.weight.dtype == torch.float32
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", ["int8", "int8-dyn"])
+def test_quantized_variant_on_cuda_keeps_8bit_weights_and_bf16_rest(variant: str) -> None:
+    model = apply_variant(_Tiny(), variant, "cuda")
+    assert {b.dtype for n, b in model.named_buffers() if n.endswith("qweight")} == {torch.int8}
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert model(torch.randn(4, 16, device="cuda", dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
 def test_unknown_variant_is_named() -> None:

@@ -83,7 +83,7 @@ async def test_max_tokens_gives_length(zoo_l: LocalProvider) -> None:
     assert full.text == "13579" and full.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp16", "int8", "fp8"])
+@pytest.mark.parametrize("variant", ["bf16", "fp16", "int8", "fp8", "int8-dyn", "fp8-dyn"])
 async def test_variant_code_paths_on_cpu(variant: str) -> None:
     provider = create(_candidate(variant=variant))
     try:
@@ -91,8 +91,10 @@ async def test_variant_code_paths_on_cpu(variant: str) -> None:
         right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
         assert right >= len(DIGITS) - 2, [r.text for r in results]
         kinds = {type(m).__name__ for m in provider._model.modules()}
-        if variant in ("int8", "fp8"):
-            assert f"{variant.capitalize()}Linear" in kinds
+        quantized = {"int8": "Int8Linear", "fp8": "Fp8Linear", "int8-dyn": "Int8DynLinear",
+                     "fp8-dyn": "Fp8DynLinear"}
+        if variant in quantized:
+            assert quantized[variant] in kinds
         else:
             dtype = next(provider._model.parameters()).dtype
             assert str(dtype).endswith("bfloat16" if variant == "bf16" else "float16")
