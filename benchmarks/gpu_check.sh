@@ -6,6 +6,9 @@
 #   benchmarks/gpu_check.sh                          # --device cuda --out gpu_check_out
 #   benchmarks/gpu_check.sh --device cpu --tiny --out /tmp/gc   # CPU code path, seconds
 #   benchmarks/gpu_check.sh --bandwidth-tbs 3.35     # override the bandwidth table
+#
+# The project's device machine lacks prefect, duckdb, pydantic and cryptography and cannot fetch
+# them: run `python benchmarks/gpu_wheels.py` here first; it prints the one device command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v nvidia-smi >/dev/null 2>&1; then
