@@ -509,6 +509,31 @@ def write_arithmetic_suite(folder: Path, n: int, *, name: str = "arith",
     return path
 
 
+def write_two_model_config(path: Path, strong: "FakeLLM", weak: "FakeLLM", *,
+                           key_envs: tuple[str, str],
+                           weak_protocol: str = "anthropic", db: str = "out/routeopt.duckdb",
+                           out: str = "out", router: dict | None = None) -> Path:
+    """A routeopt config (JSON is YAML) with a dear `strong` OpenAI candidate and a cheap `weak`
+    one speaking `weak_protocol` (their keys' variables: `key_envs`), suites in `suites/` beside
+    it; returns `path`."""
+    weak_url = weak.anthropic_base_url if weak_protocol == "anthropic" else weak.openai_base_url
+    cfg = {
+        "candidates": [
+            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
+             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": key_envs[0]},
+            {"name": "weak", "provider": weak_protocol, "model": "small", "base_url": weak_url,
+             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": key_envs[1]},
+        ],
+        "suites_dir": "suites",
+        "db_path": db,
+        "registry_dir": f"{out}/registry",
+        "cache_dir": f"{out}/cache",
+        **({"router": router} if router else {}),
+    }
+    path.write_text(json.dumps(cfg))
+    return path
+
+
 # --- pytest fixtures (import them into conftest.py) -----------------------------------------
 
 try:

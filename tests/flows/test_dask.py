@@ -4,13 +4,12 @@ training frame from the flow: the flow process is the only one that opens DuckDB
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite
+from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
 
 pytest.importorskip("prefect_dask", reason="install the 'dask' extra: pip install -e '.[dask]'")
 pytestmark = pytest.mark.slow
@@ -23,21 +22,8 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM, db: str) -> Path:
     if not suites.exists():
         write_arithmetic_suite(suites, 12, name="arith")
         write_arithmetic_suite(suites, 10, name="arith2", system=None)
-    cfg = {
-        "candidates": [
-            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
-             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": "OPS_DASK_KEY"},
-            {"name": "weak", "provider": "anthropic", "model": "small", "base_url": weak.anthropic_base_url,
-             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": "OPS_DASK_KEY"},
-        ],
-        "suites_dir": "suites",
-        "db_path": db,
-        "registry_dir": "registry",
-        "cache_dir": "cache",
-    }
-    path = tmp_path / f"{Path(db).stem}.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_two_model_config(tmp_path / f"{Path(db).stem}.yaml", strong, weak,
+                                  key_envs=("OPS_DASK_KEY", "OPS_DASK_KEY"), db=db, out=".")
 
 
 def _outcomes(db: Path) -> list[tuple]:

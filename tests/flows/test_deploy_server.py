@@ -21,7 +21,7 @@ import duckdb
 import httpx
 import pytest
 
-from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite
+from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -85,22 +85,9 @@ def server_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     write_arithmetic_suite(tmp_path / "suites", ITEMS, name="arith")
-    cfg = {
-        "candidates": [
-            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
-             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": "OPS_STRONG_KEY"},
-            {"name": "weak", "provider": "openai", "model": "small", "base_url": weak.openai_base_url,
-             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": "OPS_WEAK_KEY"},
-        ],
-        "suites_dir": "suites",
-        "db_path": "out/routeopt.duckdb",
-        "registry_dir": "out/registry",
-        "cache_dir": "out/cache",
-        "router": {"quality_target": 0.9, "holdout_fraction": 0.3},
-    }
-    path = tmp_path / "routeopt.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
+                                  key_envs=("OPS_STRONG_KEY", "OPS_WEAK_KEY"), weak_protocol="openai",
+                                  router={"quality_target": 0.9, "holdout_fraction": 0.3})
 
 
 def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: dict[str, str]):

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.fake_llm import FakeLLM, write_arithmetic_suite
+from tests.fake_llm import FakeLLM, write_arithmetic_suite, write_two_model_config
 
 
 @pytest.fixture
@@ -25,22 +25,9 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     suites = tmp_path / "suites"
     write_arithmetic_suite(suites, 40, name="arith")
     write_arithmetic_suite(suites, 30, name="arith2", system=None)
-    cfg = {
-        "candidates": [
-            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
-             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": "STRONG_KEY"},
-            {"name": "weak", "provider": "anthropic", "model": "small", "base_url": weak.anthropic_base_url,
-             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": "WEAK_KEY"},
-        ],
-        "suites_dir": "suites",
-        "db_path": "out/routeopt.duckdb",
-        "registry_dir": "out/registry",
-        "cache_dir": "out/cache",
-        "router": {"quality_target": 1.0, "holdout_fraction": 0.3},
-    }
-    path = tmp_path / "routeopt.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
+                                  key_envs=("STRONG_KEY", "WEAK_KEY"),
+                                  router={"quality_target": 1.0, "holdout_fraction": 0.3})
 
 
 def test_nightly_evaluates_trains_publishes_and_resumes(
