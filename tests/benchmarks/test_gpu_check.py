@@ -5,31 +5,21 @@ The real run needs an NVIDIA GPU; that test is marked `gpu` and skipped without 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import duckdb
 import pytest
 
+from tests.benchmarks import load
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load():
-    if "gpu_check" in sys.modules:
-        return sys.modules["gpu_check"]
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load()
+gc = load("gpu_check")
 
 
 @pytest.mark.parametrize("name,tbs", [

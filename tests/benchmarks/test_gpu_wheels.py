@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import load
+
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("gpu_wheels", REPO / "benchmarks" / "gpu_wheels.py")
-gw = importlib.util.module_from_spec(spec)
-sys.modules["gpu_wheels"] = gw
-spec.loader.exec_module(gw)
+gw = load("gpu_wheels")
 
 
 @pytest.mark.parametrize("wheel,name", [

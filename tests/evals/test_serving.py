@@ -29,6 +29,7 @@ from evals.serving import (
     summarize,
 )
 from evals.store import Store
+from tests.benchmarks import load
 from tests.fake_llm import FakeLLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,13 +214,7 @@ def test_cli_bench_then_cost_compare(tmp_path):
 
 
 def _gpu_check():
-    if "gpu_check" in sys.modules:
-        return sys.modules["gpu_check"]
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load("gpu_check")
 
 
 async def test_bench_local_checkpoint(tmp_path):
