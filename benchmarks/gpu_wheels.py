@@ -7,11 +7,14 @@ cannot fetch anything. This downloads, for its platform, the versions installed 
 imports, and writes them to `.whl/` (git-ignored), which a device call carries. The working tree
 plus the wheels must fit in the 64 MiB a call may carry; the script prints the total.
 
-Modules left out were checked by running `routeopt run` with them made unimportable: lightgbm,
-openai, anthropic, datasets, matplotlib, apprise, boto3, litellm and burner_redis are never
-imported on that path; prefect's server needs asyncpg and redis (via docket).
+`--check` runs `gpu_check.py --device cpu --tiny` here with every module made unimportable that
+the device would not have (neither in the image nor in `.whl/`), so a missing wheel shows up
+here rather than in the device's 15 minutes. That is how NEVER_IMPORTED was chosen: prefect
+requires those packages, but neither gpu_check nor `routeopt run` (with its Prefect server)
+imports them; the server does need asyncpg, redis and burner_redis.
 
-    python benchmarks/gpu_wheels.py          # then, on the device (see DEVICE_COMMAND below):
+    python benchmarks/gpu_wheels.py && python benchmarks/gpu_wheels.py --check
+    # then on the device, carrying .whl:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \\
         bash benchmarks/gpu_check.sh --out $OUT/gc
@@ -52,7 +55,10 @@ transformers treescope triton typer typing-extensions typing-inspect urllib3 uvl
 wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split())
 NEEDED = ("prefect", "duckdb", "pydantic", "cryptography")  # what gpu_check's path imports
-NEVER_IMPORTED = {"apprise", "burner-redis"}  # prefect requires them; `routeopt run` runs without
+# prefect requires these; gpu_check and `routeopt run` run without them (`--check` says so)
+NEVER_IMPORTED = {"amplitude-analytics", "apprise", "cyclopts", "dateparser", "docker",
+                  "docstring-parser", "jsonpatch", "oauthlib", "readchar", "requests-oauthlib",
+                  "rich-rst", "semver"}
 PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -84,10 +90,85 @@ def download(dest: Path) -> None:
     subprocess.run(cmd, check=True)
 
 
+def _requires(dist: metadata.Distribution) -> set[str]:
+    """Names of what a distribution requires unconditionally (extras and markers for other
+    platforms left out)."""
+    from packaging.requirements import Requirement
+
+    names = set()
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            names.add(re.sub(r"[-_.]+", "-", req.name).lower())
+    return names
+
+
+def absent_modules(wheels: Path) -> set[str]:
+    """Top-level modules installed here that the device would not have: their distribution is
+    neither in the image nor among the wheels, nor a dependency (as installed here) of one that
+    is, since the image's own versions bring their own dependencies."""
+    dists = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d
+             for d in metadata.distributions()}
+    present = {n for n in dists if n in IMAGE} | {project(w.name) for w in wheels.glob("*.whl")}
+    todo = [n for n in present if n in IMAGE]
+    while todo:  # the image's packages, as installed here, and what they pull in
+        for dep in _requires(dists[todo.pop()]):
+            if dep in dists and dep not in present:
+                present.add(dep)
+                todo.append(dep)
+    present.add("routeopt")
+    kept = {m for n in present if n in dists for m in _top_level(dists[n])}
+    gone = {m for n, d in dists.items() if n not in present for m in _top_level(d)}
+    return gone - kept - {"_distutils_hack", "pkg_resources", "setuptools"}
+
+
+def _top_level(dist: metadata.Distribution) -> set[str]:
+    text = dist.read_text("top_level.txt")
+    if text:
+        return set(text.split())
+    tops = set()
+    for f in dist.files or []:
+        head = str(f).split("/")[0]
+        name = head[:-3] if head.endswith(".py") else head
+        if name.isidentifier() and not head.endswith((".dist-info", ".egg-info")):
+            tops.add(name)
+    return tops
+
+
+def check(wheels: Path) -> int:
+    """Run gpu_check's CPU path with the modules the device lacks made unimportable."""
+    import tempfile
+
+    gone = sorted(absent_modules(wheels))
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "sitecustomize.py").write_text(
+            "import sys\n"
+            f"GONE = {set(gone)!r}\n\n"
+            "class _NotOnTheDevice:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in GONE:\n"
+            "            raise ModuleNotFoundError(f'not on the device: {name}', name=name)\n\n"
+            "sys.meta_path.insert(0, _NotOnTheDevice())\n")
+        env = {**__import__("os").environ, "PYTHONPATH": f"{tmp}:{REPO}"}
+        out = Path(tmp) / "gc"
+        print(f"gpu_check --device cpu --tiny with {len(gone)} modules unimportable", flush=True)
+        rc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"),
+                             "--device", "cpu", "--tiny", "--out", str(out)], env=env).returncode
+        report = out / "gpu_check.md"
+        missing = sorted(set(re.findall(r"not on the device: ([\w.]+)",
+                                        report.read_text() if report.exists() else "")))
+    print(f"gpu_check exit {rc}" + (f"; missing on the device: {missing}" if missing else ""))
+    return rc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / ".whl")
+    ap.add_argument("--check", action="store_true",
+                    help="do not download: run gpu_check's CPU path as the device would import")
     args = ap.parse_args()
+    if args.check:
+        sys.exit(check(args.out))
     exclude = REPO / ".git" / "info" / "exclude"
     if exclude.parent.is_dir() and "/.whl/" not in exclude.read_text().split():
         with exclude.open("a") as fh:
