@@ -283,12 +283,13 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
                      variant=variant, device=args.device, gpu_hour_usd=args.gpu_hour_usd,
                      max_concurrency=max(levels), timeout_s=args.request_timeout_s)
     provider = LocalProvider(cand, max_batch=max(levels))
+    occupancy = EngineOccupancy(provider)
     t0 = time.perf_counter()
     try:
         report = await bench_serving(
             cand, load_prompts(prompts), levels, requests_per_level(args),
             Targets(args.latency_target_s), provider=provider, prompts_label=str(prompts),
-            warmup=2, stop_after=stop_after)
+            warmup=2, stop_after=stop_after, on_level=occupancy.level_done)
         model = provider._model  # the loaded variant, for its byte count and a bare decode loop
         wbytes = weight_bytes_per_token(model)
         act_dtype, kernels = batch1_kernels(model)
@@ -306,8 +307,30 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
         "usd_per_mtok_full_load": {r.concurrency: r.usd_per_mtok
                                    for r in cost_table(points, args.gpu_hour_usd, (1.0,))},
         "bandwidth": _with_static(decode_vs_bandwidth(report, wbytes, bw_tbs, raw), compiled),
-        "activation_dtype": act_dtype, "kernels_batch1": kernels,
+        "activation_dtype": act_dtype, "kernels_batch1": kernels, "engine": occupancy.summary(),
     }
+
+
+class EngineOccupancy:
+    """The local engine's decode batch per concurrency level: with c requests in flight, a full
+    batch has c rows at every step; fewer means the device waited for the load generator.
+    The first level's steps include the warm-up requests' (one row each)."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self.start = 0
+        self.levels: dict[int, dict[str, float]] = {}
+
+    def level_done(self, level: Any) -> None:
+        sizes = self.provider.batch_sizes[self.start:]
+        self.start = len(self.provider.batch_sizes)
+        if sizes:
+            self.levels[level.concurrency] = {"steps": len(sizes),
+                                              "mean_batch": sum(sizes) / len(sizes),
+                                              "max_batch": max(sizes)}
+
+    def summary(self) -> dict[str, Any]:
+        return {"by_concurrency": self.levels, "oom_backoffs": self.provider.oom_backoffs}
 
 
 def batch1_kernels(model: Any) -> tuple[str, dict[str, int]]:
@@ -469,7 +492,7 @@ def render_markdown(res: dict) -> str:
                   f"= **{_pct(bw['provider_ratio'])}** of the limit",
                   f"- batch-1 bare forward loop: {_num(bw['forward_loop_batch1_tok_s'])} tok/s "
                   f"= {_pct(bw['forward_loop_ratio'])} of the limit",
-                  *_static_line(bw),
+                  *_static_line(bw), *_engine_line(v.get("engine")),
                   "- $/Mtok output at 100% utilisation by concurrency: " + ", ".join(
                       f"c={c}: {_num(x, 3)}" for c, x in v["usd_per_mtok_full_load"].items()), ""]
     pipe = res.get("pipeline")
@@ -483,6 +506,14 @@ def render_markdown(res: dict) -> str:
     if res.get("skipped"):
         lines += ["", "Skipped: " + ", ".join(res["skipped"])]
     return "\n".join(lines) + "\n"
+
+
+def _engine_line(engine: dict | None) -> list[str]:
+    if not engine or not engine.get("by_concurrency"):
+        return []
+    parts = ", ".join(f"c={c}: {e['mean_batch']:.1f}" for c, e in engine["by_concurrency"].items())
+    oom = f"; out-of-memory back-offs: {engine['oom_backoffs']}" if engine["oom_backoffs"] else ""
+    return [f"- mean decode batch (rows per engine step) by concurrency: {parts}{oom}"]
 
 
 def _static_line(bw: dict) -> list[str]:

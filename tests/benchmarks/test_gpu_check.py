@@ -96,6 +96,9 @@ def test_cpu_tiny_end_to_end(tmp_path):
         for lv in levels:
             assert lv["errors"] == 0 and lv["max_in_flight"] == lv["concurrency"]
             assert lv["mean_output_tokens"] == 8  # every request decodes exactly max_tokens
+        by_c = v["engine"]["by_concurrency"]
+        assert by_c[1]["max_batch"] == 1 and by_c[3]["max_batch"] <= 3
+        assert by_c[3]["mean_batch"] > 1  # three requests in flight share decode steps
         bw = v["bandwidth"]
         assert bw["limit_tok_s"] == pytest.approx(0.05e12 / bw["weight_bytes_per_token"])
         assert bw["provider_ratio"] > 0
@@ -114,6 +117,7 @@ def test_cpu_tiny_end_to_end(tmp_path):
     stored = json.loads((out / "gpu_check.json").read_text())
     assert stored["variants"][0]["candidate"] == "rand-tiny-bf16"
     assert "of the limit" in (out / "gpu_check.md").read_text()
+    assert "mean decode batch (rows per engine step) by concurrency: c=1: 1.0, c=3: " in report
     con = duckdb.connect(str(out / "serving.duckdb"), read_only=True)
     rows = con.execute("SELECT candidate, count(*) FROM serving_runs GROUP BY 1 ORDER BY 1").fetchall()
     con.close()
