@@ -137,6 +137,21 @@ class StreamTimer:
     def latency(self) -> float:
         return time.perf_counter() - self.sent
 
+    def completion(self, request: Request, text: str, finish: str,
+                   tokens: tuple[int, int, int] | None, *, streamed: bool) -> Completion:
+        """The call's Completion: `tokens` = (input, output, cached input) as the server
+        reported them, or None when it reported none, and then estimated (and marked so)."""
+        c = Completion(text=text, finish_reason=finish, latency_s=self.latency(),
+                       ttft_s=self.ttft_s if streamed else None, chunk_gaps_s=self.gaps)
+        if tokens is not None:
+            c.input_tokens, c.output_tokens, c.cached_input_tokens = tokens
+        else:
+            c.input_tokens = estimate_tokens(request.prompt_text)
+            c.output_tokens = estimate_tokens(text)
+            c.cached_input_tokens = 0
+            c.tokens_estimated = True
+        return c
+
 
 def _status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ProviderError:
     text = f"HTTP {status}: {message}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens
+from evals.providers._sdk import SdkProvider, StreamTimer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class AnthropicProvider(SdkProvider):
         text = "".join(getattr(b, "text", "") or "" for b in blocks if getattr(b, "type", "") == "text")
         usage = _Usage()
         usage.start(getattr(msg, "usage", None))
-        return usage.completion(request, text, msg.stop_reason, timer, streamed=False)
+        return timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False)
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
@@ -94,7 +94,8 @@ class AnthropicProvider(SdkProvider):
             raise ProviderError(
                 "truncated_stream",
                 f"stream ended after {events} events without message_stop/stop_reason")
-        return usage.completion(request, "".join(parts), stop_reason, timer, streamed=True)
+        return timer.completion(request, "".join(parts), stop_reason, usage.tokens(),
+                                streamed=True)
 
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
@@ -129,18 +130,11 @@ class _Usage:
         if u is not None and getattr(u, "output_tokens", None) is not None:
             self.output = u.output_tokens
 
-    def completion(self, request: Request, text: str, stop_reason: str, timer: StreamTimer,
-                   *, streamed: bool) -> Completion:
-        c = Completion(text=text, finish_reason=stop_reason, latency_s=timer.latency(),
-                       ttft_s=timer.ttft_s if streamed else None, chunk_gaps_s=timer.gaps)
+    def tokens(self) -> tuple[int, int, int] | None:
+        """(input, output, cached input), or None when the server reported no usage (zeros)."""
         if self.input and self.output is not None:
-            c.input_tokens, c.output_tokens, c.cached_input_tokens = self.input, self.output, self.cached
-        else:  # a server that reports no usage (zeros): estimate, and say so
-            c.input_tokens = estimate_tokens(request.prompt_text)
-            c.output_tokens = estimate_tokens(text)
-            c.cached_input_tokens = 0
-            c.tokens_estimated = True
-        return c
+            return self.input, self.output, self.cached
+        return None
 
 
 def create(candidate: "Candidate") -> AnthropicProvider:

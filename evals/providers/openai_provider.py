@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer, estimate_tokens
+from evals.providers._sdk import SdkProvider, StreamTimer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -57,8 +57,8 @@ class OpenAIProvider(SdkProvider):
         choice = resp.choices[0]
         if choice.finish_reason is None or choice.message is None:
             raise ProviderError("bad_response", "choice without message or finish_reason")
-        return _completion(request, choice.message.content or "", choice.finish_reason,
-                           getattr(resp, "usage", None), timer, streamed=False)
+        return timer.completion(request, choice.message.content or "", choice.finish_reason,
+                                _tokens(getattr(resp, "usage", None)), streamed=False)
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
@@ -87,7 +87,7 @@ class OpenAIProvider(SdkProvider):
         if finish is None:
             raise ProviderError(
                 "truncated_stream", f"stream ended after {chunks} chunks without a finish_reason")
-        return _completion(request, "".join(parts), finish, usage, timer, streamed=True)
+        return timer.completion(request, "".join(parts), finish, _tokens(usage), streamed=True)
 
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
@@ -101,23 +101,12 @@ class OpenAIProvider(SdkProvider):
 
 
 
-def _completion(request: Request, text: str, finish: str, usage: Any, timer: StreamTimer,
-                *, streamed: bool) -> Completion:
-    """Build the Completion; tokens from `usage`, else estimated (and marked so)."""
-    latency = timer.latency()
-    c = Completion(text=text, finish_reason=finish, latency_s=latency,
-                   ttft_s=timer.ttft_s if streamed else None, chunk_gaps_s=timer.gaps)
-    if usage is not None and getattr(usage, "completion_tokens", None) is not None:
-        c.input_tokens = usage.prompt_tokens
-        c.output_tokens = usage.completion_tokens
-        details = getattr(usage, "prompt_tokens_details", None)
-        c.cached_input_tokens = getattr(details, "cached_tokens", None) or 0
-    else:
-        c.input_tokens = estimate_tokens(request.prompt_text)
-        c.output_tokens = estimate_tokens(text)
-        c.cached_input_tokens = 0
-        c.tokens_estimated = True
-    return c
+def _tokens(usage: Any) -> tuple[int, int, int] | None:
+    """(input, output, cached input) from an OpenAI usage object; None if it has no counts."""
+    if usage is None or getattr(usage, "completion_tokens", None) is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    return usage.prompt_tokens, usage.completion_tokens, getattr(details, "cached_tokens", None) or 0
 
 
 def create(candidate: "Candidate") -> OpenAIProvider:
