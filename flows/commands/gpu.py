@@ -18,19 +18,7 @@ from typing import Any
 import click
 
 from evals.atomic import atomic_write
-from evals.config import Config, ConfigError, default_config_path, load_config
-
-CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).")
-DB_OPTION = click.option("--db", "db_path", default=None, help="DuckDB file (default: from config).")
-
-
-def _load(config_path: Path | None) -> Config:
-    try:
-        return load_config(config_path or default_config_path())
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit
 
 
 def _bench_group() -> click.Group:
@@ -111,7 +99,7 @@ def _print_levels(report: Any) -> None:
               help="Also write the figures to this JSON file.")
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
 def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_path: Path | None,
-                db_path: str | None, n_requests: int | None, max_tokens: int | None,
+                db_path: Path | None, n_requests: int | None, max_tokens: int | None,
                 latency_target_s: float | None, ttft_target_s: float | None,
                 tpot_target_s: float | None, max_batch: int | None, warmup: int,
                 json_out: Path | None, no_store: bool) -> None:
@@ -129,7 +117,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
         save_report,
     )
 
-    cfg = _load(config_path)
+    cfg = load_config_or_exit(config_path)
     try:
         candidate = cfg.candidate(candidate_name)
         requests = load_prompts(prompts_path, max_tokens)
@@ -195,14 +183,14 @@ def cost() -> None:
               help="Input tokens per output token for API prices (default: the benchmark's).")
 @click.option("--min-good", type=float, default=0.9, show_default=True,
               help="A level counts as capacity only if this share of requests met the targets.")
-def compare(config_path: Path | None, db_path: str | None, utils: str,
+def compare(config_path: Path | None, db_path: Path | None, utils: str,
             input_per_output: float | None, min_good: float) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
     and the daily output-token volume above which self-hosting is cheaper."""
     from evals.costmodel import compare as compare_costs
     from evals.costmodel import load_curve
 
-    cfg = _load(config_path)
+    cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
     if not path.exists():
         raise click.ClickException(f"{path}: no database; run `routeopt bench serving` first")

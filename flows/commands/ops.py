@@ -9,28 +9,7 @@ from typing import Any
 
 import click
 
-from evals.config import ConfigError, default_config_path
-
-CONFIG_OPTION = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).",
-)
-DB_OPTION = click.option(
-    "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="DuckDB file (default: db_path from the config).",
-)
-
-
-def _config(config_path: Path | None) -> Any:
-    from evals.config import load_config
-
-    try:
-        return load_config(config_path or default_config_path())
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit
 
 
 def _open_store(config_path: Path | None, db_path: Path | None) -> Any:
@@ -39,7 +18,7 @@ def _open_store(config_path: Path | None, db_path: Path | None) -> Any:
 
     from evals.store import Store
 
-    path = db_path or _config(config_path).db_path
+    path = db_path or load_config_or_exit(config_path).db_path
     if not Path(path).exists():
         raise click.ClickException(f"{path}: no outcome database; run `routeopt run` first")
     try:
@@ -98,7 +77,7 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
     """Compare a run (default: the latest) with the runs before it and list what drifted."""
     from flows.drift import detect_drift, send_alerts, summary_line
 
-    cfg = _config(config_path)
+    cfg = load_config_or_exit(config_path)
     with _open_store(config_path, db_path) as store:
         run_id = run_id or latest_run(store)
         try:
@@ -137,7 +116,7 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
     from flows.drift import detect_drift
     from flows.report import build_report
 
-    cfg = _config(config_path) if (db_path is None or config_path is not None) else None
+    cfg = load_config_or_exit(config_path) if (db_path is None or config_path is not None) else None
     registry = cfg.registry_dir if cfg is not None else None
     with _open_store(config_path, db_path) as store:
         run_id = run_id or latest_run(store)
@@ -174,7 +153,7 @@ def deploy_cmd(config_path: Path | None, name: str, work_pool: str, pool_type: s
     """
     from flows.deploy import REPO_ROOT, DeploySpec, deploy_nightly
 
-    cfg = _config(config_path)  # fail here, not at 2 a.m., if the config is broken
+    cfg = load_config_or_exit(config_path)  # fail here, not at 2 a.m., if the config is broken
     for cand in candidates:
         if cand not in {c.name for c in cfg.candidates}:
             raise click.ClickException(f"--candidate {cand!r}: not in {cfg.source_path}")

@@ -13,14 +13,7 @@ from typing import Any, Iterator
 import click
 
 from evals.config import ConfigError, default_config_path
-
-CONFIG_OPTION = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).",
-)
+from flows.commands import CONFIG_OPTION
 
 
 def _common(fn: Any) -> Any:
