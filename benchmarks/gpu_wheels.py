@@ -23,10 +23,12 @@ imports them; the server does need asyncpg, redis and burner_redis.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -137,7 +139,6 @@ def _top_level(dist: metadata.Distribution) -> set[str]:
 
 def check(wheels: Path) -> int:
     """Run gpu_check's CPU path with the modules the device lacks made unimportable."""
-    import tempfile
 
     gone = sorted(absent_modules(wheels))
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,7 +150,7 @@ def check(wheels: Path) -> int:
             "        if name.split('.')[0] in GONE:\n"
             "            raise ModuleNotFoundError(f'not on the device: {name}', name=name)\n\n"
             "sys.meta_path.insert(0, _NotOnTheDevice())\n")
-        env = {**__import__("os").environ, "PYTHONPATH": f"{tmp}:{REPO}"}
+        env = {**os.environ, "PYTHONPATH": f"{tmp}:{REPO}"}
         out = Path(tmp) / "gc"
         print(f"gpu_check --device cpu --tiny with {len(gone)} modules unimportable", flush=True)
         rc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"),

@@ -178,6 +178,10 @@ class LocalProvider:
 
         batcher = Batcher(self._model, self._tokenizer, self._device, self.max_batch)
         owners: dict[int, _Pending] = {}
+
+        def abandoned(row: Any) -> bool:
+            return owners[id(row)].abandoned
+
         why = "local provider closed"
         try:
             while True:
@@ -189,7 +193,7 @@ class LocalProvider:
                     new = self._take(batcher.free)
                 if new:
                     self._admit(batcher, new, owners)
-                self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
+                self._finish(batcher.evict(abandoned), owners)
                 if not batcher.rows:
                     continue
                 self.batch_sizes.append(len(batcher.rows))
@@ -200,7 +204,7 @@ class LocalProvider:
                     batcher.reset()
                     self._requeue_or_fail(batcher, failed, exc)
                     continue
-                self._finish(batcher.evict(lambda r: owners[id(r)].abandoned), owners)
+                self._finish(batcher.evict(abandoned), owners)
         except Exception as exc:
             why = f"local engine stopped: {exc!r}"
             raise
