@@ -117,15 +117,16 @@ async def test_late_request_joins_the_running_batch_and_leaves_first(endless: Pa
 
 async def test_a_caller_that_stops_waiting_frees_its_slot(endless: Path) -> None:
     provider = _provider(endless)
+    await provider.prepare()  # loading is not part of the caller's wait
     try:
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.3):
-                await provider.generate(_req("sort: 12=", max_tokens=240))
+            async with asyncio.timeout(0.2):  # a fraction of what 5,000 steps take
+                await provider.generate(_req("sort: 12=", max_tokens=5000))
         await asyncio.sleep(0.3)
         steps = len(provider.batch_sizes)
         await asyncio.sleep(0.3)
         assert len(provider.batch_sizes) == steps  # the engine went idle
-        assert steps < 239  # it did not decode the abandoned request to the end
+        assert steps < 4999  # it did not decode the abandoned request to the end
         after = await provider.generate(_req("add: 1+1=", max_tokens=4))
         assert after.output_tokens == 4
     finally:
@@ -203,7 +204,7 @@ def test_callers_on_several_event_loops_share_one_engine(endless: Path) -> None:
 
 async def test_close_fails_requests_in_flight(endless: Path) -> None:
     provider = _provider(endless)
-    task = asyncio.ensure_future(provider.generate(_req("sort: 12=", max_tokens=240)))
+    task = asyncio.ensure_future(provider.generate(_req("sort: 12=", max_tokens=5000)))
     await _wait_for_steps(provider, 3)
     await provider.aclose()
     with pytest.raises(ProviderError, match="closed"):
