@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from artifacts.manifest import ManifestError, check_file_name
-from evals.atomic import atomic_write
+from common.io import atomic_write
 
 MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory
 LISTING_KEY = "_keys.json"  # synthesised by `registry serve`: every key in the registry

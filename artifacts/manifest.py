@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
+
+from common.io import jsonable
 
 FORMAT = "routeopt.policy/1"
 POINTER_FORMAT = "routeopt.channel/1"
@@ -43,27 +44,6 @@ def pretty_json(obj: Any) -> bytes:
     """Readable, deterministic JSON for files people open (manifest.json is signed as stored)."""
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False)
             + "\n").encode("ascii")
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON values from metrics that may hold numpy scalars, tuples or NaN (-> None)."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
-        return obj
-    if isinstance(obj, int):
-        return int(obj)
-    if hasattr(obj, "item") and callable(obj.item):
-        return jsonable(obj.item())
-    if hasattr(obj, "tolist") and callable(obj.tolist):
-        return jsonable(obj.tolist())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, datetime):
-        return format_time(obj)
-    return str(obj)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -4,7 +4,7 @@ hardware's limit, then push one suite through the whole pipeline on the same dev
 Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_check.md`):
 1. build a random Llama-style model (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 32000,
    intermediate 5632: 0.85B params; `--tiny`: a toy) + char-level tokenizer; save it - no download;
-2. run the serving benchmark (`evals.serving`) through the `local` provider for each variant
+2. run the serving benchmark (`evals.selfhost.serving`) through the `local` provider for each variant
    (bf16, fp8 weight-only and fp8-dyn W8A8 by default) at several concurrencies;
 3. batch-1 decode speed vs the memory-bandwidth limit (bandwidth / weight bytes per token): the
    provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
@@ -34,6 +34,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from common.io import atomic_write  # noqa: E402  (standard library only)
 
 ARCH_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=32000, intermediate_size=5632,
@@ -103,7 +105,7 @@ def build_tokenizer(vocab_size: int, max_len: int) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from evals.zoo import CHARS, CHAT_TEMPLATE, SPECIALS
+    from evals.selfhost.zoo import CHARS, CHAT_TEMPLATE, SPECIALS
 
     base = list(SPECIALS) + list(CHARS)
     if vocab_size < len(base):
@@ -151,24 +153,14 @@ def build_checkpoint(out: Path, arch: dict, seed: int = 0) -> dict:
 
 def write_prompts(path: Path, n: int, prompt_chars: int, max_tokens: int, seed: int = 0) -> Path:
     """`n` JSONL prompts of `prompt_chars` characters (one token each) asking for max_tokens."""
-    from evals.zoo import CHARS
+    from evals.selfhost.zoo import CHARS
 
     rng = random.Random(seed)
     alphabet = CHARS.replace("\n", "")
     rows = [json.dumps({"prompt": "".join(rng.choice(alphabet) for _ in range(prompt_chars)),
                         "max_tokens": max_tokens}) for _ in range(n)]
-    _atomic_write(path, "\n".join(rows) + "\n")
+    atomic_write(path, "\n".join(rows) + "\n")
     return path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def weight_bytes_per_token(model: Any) -> int:
@@ -273,9 +265,9 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
                         store: Any, bw_tbs: float | None, stop_after: float | None = None) -> dict:
     """Serving benchmark of one variant through the local provider, plus its bandwidth ratio."""
     from evals.config import Candidate
-    from evals.costmodel import ThroughputPoint, cost_table
-    from evals.providers.local import LocalProvider
-    from evals.serving import (Targets, bench_serving, load_prompts, markdown_table, report_json,
+    from evals.selfhost.costmodel import ThroughputPoint, cost_table
+    from evals.providers.local.provider import LocalProvider
+    from evals.selfhost.serving import (Targets, bench_serving, load_prompts, markdown_table, report_json,
                                save_report)
 
     levels = args.concurrency
@@ -336,13 +328,13 @@ class EngineOccupancy:
 def batch1_kernels(model: Any) -> tuple[str, dict[str, int]]:
     """The activation dtype and how many quantized Linears run each kernel at batch-1 decode:
     asked of the loaded model, so the report states what ran rather than what was meant to."""
-    from evals.quantize import kernel_counts
+    from evals.providers.local.quantize import kernel_counts
 
     emb = model.get_input_embeddings().weight
     return str(emb.dtype).removeprefix("torch."), kernel_counts(model, 1, emb.dtype, emb.device)
 
 
-# What each quantized variant's Linears do in evals/quantize.py; `kernels_batch1` says which ran.
+# What each quantized variant's Linears do in evals/providers/local/quantize.py; `kernels_batch1` says which ran.
 KERNEL_NOTES = {
     "fp8": "weight-only fp8: no fused kernel, as torch has no weight-only fp8 matmul; every "
            "forward casts each fp8 weight up to the activation dtype, then a plain matmul",
@@ -407,7 +399,7 @@ def _free(device: str) -> None:
 def write_pipeline_config(out: Path, ckpt: Path, args: argparse.Namespace, n_items: int) -> Path:
     """A config + one suite (`gpu-smoke`: zoo-style additions) that runs on the device: the
     random model, and the zoo models where they are in the repo (so grades differ for real)."""
-    from evals.zoo import make_example
+    from evals.selfhost.zoo import make_example
 
     rng = random.Random(f"gpu-check-{args.seed}")
     rows = []
@@ -418,8 +410,8 @@ def write_pipeline_config(out: Path, ckpt: Path, args: argparse.Namespace, n_ite
     import yaml
 
     suites = out / "suites"
-    _atomic_write(suites / "gpu_smoke.jsonl", "\n".join(rows) + "\n")
-    _atomic_write(suites / "gpu-smoke.yaml", yaml.safe_dump({
+    atomic_write(suites / "gpu_smoke.jsonl", "\n".join(rows) + "\n")
+    atomic_write(suites / "gpu-smoke.yaml", yaml.safe_dump({
         "name": "gpu-smoke", "description": "zoo-style additions, run by benchmarks/gpu_check.py",
         "dataset": {"path": "gpu_smoke.jsonl", "id_field": "id"},
         "prompt": {"template": "{{ prompt }}"}, "generation": {"max_tokens": 8},
@@ -432,7 +424,7 @@ def write_pipeline_config(out: Path, ckpt: Path, args: argparse.Namespace, n_ite
         if (path / "config.json").exists():
             cands.append(dict(name=name, model=str(path), variant="fp32", gpu_hour_usd=price, **local))
     cfg = out / "routeopt-gpu.yaml"
-    _atomic_write(cfg, yaml.safe_dump({
+    atomic_write(cfg, yaml.safe_dump({
         "candidates": cands, "suites_dir": str(suites), "db_path": str(out / "pipeline.duckdb"),
         "registry_dir": str(out / "registry"), "cache_dir": str(out / "cache")}, sort_keys=False))
     return cfg
@@ -571,7 +563,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from evals.serving import parse_levels
+    from evals.selfhost.serving import parse_levels
 
     args.concurrency = parse_levels(args.concurrency or ("1,4" if args.tiny else "1,8,32,128"))
     args.max_tokens = args.max_tokens or (8 if args.tiny else 128)
@@ -629,14 +621,14 @@ def main(argv: list[str] | None = None) -> dict:
 def write_results(out: Path, res: dict, clock: Clock) -> None:
     """Write the figures so far (after every step: a killed run still leaves what it measured)."""
     res["wall_s"] = clock.elapsed
-    _atomic_write(out / "gpu_check.json", json.dumps(res, indent=2, sort_keys=True, default=str))
-    _atomic_write(out / "gpu_check.md", render_markdown(res))
+    atomic_write(out / "gpu_check.json", json.dumps(res, indent=2, sort_keys=True, default=str))
+    atomic_write(out / "gpu_check.md", render_markdown(res))
 
 
 def run_variants(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path,
                  bw: float | None, clock: Clock, res: dict) -> None:
     """Benchmark each variant in turn (a failing variant is recorded, the others still run)."""
-    from evals.store import Store
+    from evals.storage.store import Store
 
     estimate = 60.0
     with Store(out / "serving.duckdb") as store:

@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.budget import Budget  # noqa: E402
-from evals.store import Store  # noqa: E402
+from evals.execution.budget import Budget  # noqa: E402
+from evals.storage.store import Store  # noqa: E402
 from flows.drift import detect_drift  # noqa: E402
 from flows.export import export_parquet  # noqa: E402
 from flows.report import build_report  # noqa: E402

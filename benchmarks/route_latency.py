@@ -35,7 +35,7 @@ from artifacts.signing import generate_keys  # noqa: E402
 
 def _demo_frame():
     from evals.config import ConfigError, default_config_path, load_config
-    from evals.store import Store
+    from evals.storage.store import Store
 
     try:
         db = load_config(default_config_path()).db_path

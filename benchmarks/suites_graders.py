@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from evals.graders import build_grader
-from evals.sandbox import isolation
-from evals.suites import load_suite
+from evals.grading import build_grader
+from evals.grading.sandbox import isolation
+from evals.suite.spec import load_suite
 
 
 def _suite(folder: Path, n: int) -> Path:

@@ -14,8 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from evals.config import Candidate
-from evals.providers.local import LocalProvider
-from evals.suites import load_suite
+from evals.providers.local.provider import LocalProvider
+from evals.suite.spec import load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 FLEET = [("zoo-s", "fp32"), ("zoo-m", "fp32"), ("zoo-l", "fp32"), ("zoo-l", "int8")]

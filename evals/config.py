@@ -92,7 +92,7 @@ class PublishSettings(BaseModel):
 
 
 class BudgetSettings(BaseModel):
-    """Spend caps of one run in USD (enforced by `evals.budget.Budget`); None is no cap."""
+    """Spend caps of one run in USD (enforced by `evals.execution.budget.Budget`); None is no cap."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Literal
 import numpy as np
 import pandas as pd
 
+from common.io import jsonable
 from evals.config import AlertSettings
-from evals.store import Store
+from evals.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class DriftReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (inf and NaN become None)."""
-        return _jsonable({
+        return jsonable({
             "run_id": self.run_id,
             "baseline_runs": self.baseline_runs,
             "compared_pairs": self.compared_pairs,
@@ -294,7 +295,7 @@ def emit_drift_events(report: DriftReport) -> list[Any]:
                 "routeopt.metric": f.metric,
             },
             related=[run],
-            payload=_jsonable(asdict(f)),
+            payload=jsonable(asdict(f)),
         )
         events.append(ev)
     events.append(emit_event(
@@ -351,18 +352,3 @@ def send_alerts(report: DriftReport, settings: AlertSettings, *, events: bool = 
     if url and (report.findings or report.compared_pairs):
         sent["webhook"] = post_webhook(report, url, settings.webhook_timeout_s)
     return sent
-
-
-def _jsonable(obj: Any) -> Any:
-    """Plain JSON values: floats JSON cannot carry (inf, nan) become None, the rest str."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj if obj is None or isinstance(obj, str) else str(obj)

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from evals.atomic import atomic_writer
-from evals.store import Store
+from common.io import atomic_writer
+from evals.storage.store import Store
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 

@@ -17,11 +17,11 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evals.budget import Budget, budget_for_run, spent_in_run
+from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.config import Candidate, Config, load_config
-from evals.runner import PairStats, evaluate_pair
-from evals.store import Outcome, Store
-from evals.suites import Suite, SuiteError, discover_suites, load_suite
+from evals.execution.runner import PairStats, evaluate_pair
+from evals.storage.store import Outcome, Store
+from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from flows.review import review_run
 
 ProgressHook = Callable[[str, str, int, int], None]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from evals.atomic import atomic_write
-from evals.store import Store
+from common.io import atomic_write
+from evals.storage.store import Store
 from flows.charts import Axis, Series, chart
 from flows.drift import DriftReport
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from evals.config import Config
-from evals.store import Store
+from evals.storage.store import Store
 from flows.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift, send_alerts
 from flows.report import build_report, publish_prefect_artifacts
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evals.store import Store
+from evals.storage.store import Store
 
 CANDIDATE_SQL = """
 SELECT candidate,

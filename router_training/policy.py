@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from common.io import atomic_write
 from router_training.features import FeatureSpec, request_features
 
 FORMAT_VERSION = 1
@@ -207,19 +206,6 @@ def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
     raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass
 class RoutingPolicy:
     """Candidates, their scorer, Platt calibration, cost model and the target -> rule table."""
@@ -340,15 +326,15 @@ class RoutingPolicy:
         lgbm_<j>.txt per candidate in LightGBM's text format (no pickle; atomically)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        _atomic_write(folder / "features.json", json.dumps(self.spec.to_dict()))
+        atomic_write(folder / "features.json", json.dumps(self.spec.to_dict()))
         extra: list[str] = []
         if isinstance(self.scorer, TreeScorer):
             extra = self.scorer.file_names()
             texts = [m for m in self.scorer.texts if not isinstance(m, float)]
             for name, text in zip(extra, texts):
-                _atomic_write(folder / name, text)
-        _atomic_write(folder / "scorer.json", json.dumps(self.scorer.to_dict()))
-        _atomic_write(folder / "policy.json", json.dumps(self._header(), indent=1, sort_keys=True))
+                atomic_write(folder / name, text)
+        atomic_write(folder / "scorer.json", json.dumps(self.scorer.to_dict()))
+        atomic_write(folder / "policy.json", json.dumps(self._header(), indent=1, sort_keys=True))
         return ["policy.json", "features.json", "scorer.json", *extra]
 
     @classmethod

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from common.io import jsonable
 from router_training import metrics as M
 from router_training.baselines import evaluate, outcomes_of, param_grid
 from router_training.data import RoutingData, routing_data
@@ -213,7 +214,7 @@ def train_router(
     if len(test) and len(test.complete()):
         metrics["floor_test"] = floor_confidence(policy, test, quality_target)
         metrics["holdout"] = _holdout_summary(policy, train, test, quality_target)
-    policy.metrics = _jsonable(metrics)
+    policy.metrics = jsonable(metrics)
     split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
     split["calib"] = list(split["train"])  # calibrated on out-of-fold predictions of train
     return TrainResult(policy=policy, metrics=policy.metrics, split=split)
@@ -227,19 +228,3 @@ def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingDat
     report.pop("curves")
     report["router_at_target"] = {"target": target, "pass_rate": q, "cost": c}
     return report
-
-
-def _jsonable(obj: object) -> object:
-    """Plain floats/ints/lists/dicts; NaN and inf become None (JSON has neither)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    return obj

@@ -1,6 +1,9 @@
-"""Model providers, one module each, created through one registry.
+"""Model providers: one module per model API behind one Protocol, created through one registry.
 
-Vendor SDKs (and torch) are imported inside each factory, so `evals` imports without them.
+Owns the request/response types (`base`), what the SDK-based providers share (`sdk`: streaming,
+timing, token fallback, error mapping with keys redacted), OpenAI-compatible and Anthropic
+providers, and in-process models (`local/`). Vendor SDKs (and torch) are imported inside each
+factory, so `evals` imports without them. May import `evals.config` and nothing else of `evals`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
 PROVIDERS: dict[str, str] = {
     "openai": "evals.providers.openai_provider:create",
     "anthropic": "evals.providers.anthropic_provider:create",
-    "local": "evals.providers.local:create",
+    "local": "evals.providers.local.provider:create",
 }
 
 

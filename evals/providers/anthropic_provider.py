@@ -1,7 +1,7 @@
 """Anthropic Messages through the official `anthropic` SDK; the system prompt goes in `system=`.
 
 Streams by default (raw events: message_start ... message_stop), measuring TTFT and
-inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers._sdk`). A stream without
+inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers.sdk`). A stream without
 `message_stop` or a stop reason is a `truncated_stream` error. The SDK's retries are off; the
 runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
 `extra_body` (the Messages API accepts both), keeping evals deterministic.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer
+from evals.providers.sdk import SdkProvider, StreamTimer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:

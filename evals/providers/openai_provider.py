@@ -2,7 +2,7 @@
 (vLLM, TGI, llama.cpp) works by pointing the candidate's `base_url` at it.
 
 Streams by default, measuring TTFT and inter-chunk gaps the way vLLM's benchmarks do (see
-`evals.providers._sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
+`evals.providers.sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
 with backoff, limits and a circuit breaker it can account for. A stream that ends without a
 finish reason is a `truncated_stream` error, never an empty answer.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers._sdk import SdkProvider, StreamTimer
+from evals.providers.sdk import SdkProvider, StreamTimer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from evals.atomic import atomic_write
+from common.io import atomic_write
 from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit
 
 
@@ -49,7 +49,7 @@ def _make_provider(candidate: Any, max_batch: int | None) -> Any:
     from evals.providers import make_provider
 
     if max_batch and candidate.provider == "local":
-        from evals.providers.local import LocalProvider
+        from evals.providers.local.provider import LocalProvider
 
         return LocalProvider(candidate, max_batch=max_batch)
     return make_provider(candidate)
@@ -65,7 +65,7 @@ def _console() -> Any:
 def _print_levels(report: Any) -> None:
     from rich.table import Table
 
-    from evals.serving import TABLE_COLUMNS, table_cells
+    from evals.selfhost.serving import TABLE_COLUMNS, table_cells
 
     table = Table(title=f"serving: {report.candidate} ({report.bench_id})")
     for col in TABLE_COLUMNS:
@@ -108,7 +108,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
     `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
     """
-    from evals.serving import (
+    from evals.selfhost.serving import (
         ServingError,
         Targets,
         bench_serving,
@@ -145,7 +145,7 @@ def _open_store(path: Path, read_only: bool) -> Any:
     """The store, or one clear error when another process holds the DuckDB file's lock."""
     import duckdb
 
-    from evals.store import Store
+    from evals.storage.store import Store
 
     try:
         return Store(path, read_only=read_only)
@@ -156,7 +156,7 @@ def _open_store(path: Path, read_only: bool) -> Any:
 
 
 def _report_json(report: Any) -> dict:
-    from evals.serving import report_json
+    from evals.selfhost.serving import report_json
 
     return report_json(report)
 
@@ -187,8 +187,8 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
             input_per_output: float | None, min_good: float) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
     and the daily output-token volume above which self-hosting is cheaper."""
-    from evals.costmodel import compare as compare_costs
-    from evals.costmodel import load_curve
+    from evals.selfhost.costmodel import compare as compare_costs
+    from evals.selfhost.costmodel import load_curve
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -245,7 +245,7 @@ def _print_selfhosted(console: Any, s: Any) -> None:
 def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
     from rich.table import Table
 
-    from evals.costmodel import api_usd_per_mtok
+    from evals.selfhost.costmodel import api_usd_per_mtok
 
     t = Table(title="API list prices ($/Mtok)")
     for col in ("candidate", "input", "cached input", "output", "output incl. input"):

@@ -16,7 +16,7 @@ def _open_store(config_path: Path | None, db_path: Path | None) -> Any:
     """Open the outcome store read-only: reports and exports must never take the writer's lock."""
     import duckdb
 
-    from evals.store import Store
+    from evals.storage.store import Store
 
     path = db_path or load_config_or_exit(config_path).db_path
     if not Path(path).exists():

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import click
 
-from evals.atomic import atomic_write
+from common.io import atomic_write
 
 
 @click.group("import")
@@ -30,8 +30,8 @@ def import_group() -> None:
               help="Suite for rows without a 'suite' value.")
 def import_outcomes_cmd(file: Path, db_path: Path, run_id: str | None, suite_default: str) -> None:
     """Import a long-format outcome FILE (.parquet, .csv, .jsonl): request_id, prompt, model, score."""
-    from evals.importer import OutcomeImportError, import_outcomes
-    from evals.store import Store
+    from evals.storage.importer import OutcomeImportError, import_outcomes
+    from evals.storage.store import Store
 
     try:
         with Store(db_path) as store:
@@ -69,7 +69,7 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
           seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str) -> None:
     """Train a router on every outcome in the store and publish it."""
-    from evals.store import Store
+    from evals.storage.store import Store
     from router_training.train import train_router
 
     with Store(db_path, read_only=True) as store:
@@ -114,7 +114,7 @@ def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path
                  quality_target: float, embeddings: bool, estimator: str) -> None:
     """Print the metrics table of the router and every baseline."""
     from router_training.bench import format_table, plot_curves, run_bench
-    from router_training.train import _jsonable
+    from common.io import jsonable
 
     try:
         report = run_bench(train_path, test_path, quality_target=quality_target, embeddings=embeddings,
@@ -126,7 +126,7 @@ def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path
         plot_curves(report, plot)
         click.echo(f"plot: {plot}")
     if json_path is not None:
-        json_path.write_text(json.dumps(_jsonable(report), indent=1))
+        json_path.write_text(json.dumps(jsonable(report), indent=1))
 
 
 def _load_policy(path: Path) -> Any:
@@ -143,7 +143,7 @@ def _load_policy(path: Path) -> Any:
 
 
 def _requests(path: Path) -> Iterator[tuple[int, dict]]:
-    from evals.datasets import jsonl_records
+    from evals.suite.datasets import jsonl_records
 
     for where, rec in jsonl_records(path):
         if isinstance(rec, str):

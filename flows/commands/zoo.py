@@ -28,7 +28,7 @@ def zoo() -> None:
 def build(out_dir: Path, seed: int, threads: int, jobs: int, only: tuple[str, ...],
           data_dir: Path | None) -> None:
     """Train zoo-s, zoo-m and zoo-l, save them and print held-out pass rates."""
-    from evals.zoo import build_zoo, write_eval_data
+    from evals.selfhost.zoo import build_zoo, write_eval_data
 
     if data_dir is not None:
         for task, path in write_eval_data(data_dir, seed).items():

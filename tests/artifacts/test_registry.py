@@ -11,7 +11,14 @@ import pytest
 from artifacts.backends import RegistryError
 from artifacts.manifest import parse_manifest, sha256_hex
 from artifacts.registry import (
-    current_pointer, diff, gate, list_versions, move_channel, publish, rollback, show,
+    current_pointer,
+    diff,
+    gate,
+    list_versions,
+    move_channel,
+    publish,
+    rollback,
+    show,
 )
 
 

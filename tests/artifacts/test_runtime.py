@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from artifacts.registry import move_channel, rollback
 from artifacts.runtime import PolicyLoadError, check, load
 from tests.artifacts.policies import PROMPTS
+from tests import REPO
 
 
 def _same_decisions(router, policy) -> None:
@@ -99,13 +101,32 @@ def test_check_reports_signature_state(policies, publish_to, registry, keypair, 
     assert check(registry)["signature"] == "unsigned"
 
 
-def test_runtime_import_stays_light() -> None:
-    code = ("import sys, artifacts.runtime, router_training.policy\n"
-            "heavy = {'prefect', 'duckdb', 'pandas', 'sklearn', 'torch', 'boto3', 'pydantic'}\n"
-            "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.stdout.strip() == "[]"
+GATEWAY_SCRIPT = """
+import json, sys
+before = set(sys.modules)
+from artifacts.runtime import load
+router = load(sys.argv[1], public_key=sys.argv[2])
+decision = router.route("Reverse the string: abcdef", suite="reverse")
+loaded = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
+print(json.dumps({"model": decision.model, "version": decision.policy_version, "loaded": loaded}))
+"""
+
+
+def test_gateway_imports_only_numpy_cryptography_and_the_standard_library(
+        policies, publish_to, registry, keypair) -> None:
+    """A fresh interpreter loads a signed policy and routes one request; what it imported is
+    numpy, cryptography (with its cffi backend) and the gateway's own packages, nothing else."""
+    publish_to(policies[0])
+    out = subprocess.run([sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    result = json.loads(out.stdout)
+    assert result["model"] in policies[0].candidates and result["version"] == 1
+    forbidden = {"evals", "flows", "prefect", "duckdb", "pandas", "sklearn", "scipy", "torch",
+                 "lightgbm", "pydantic", "yaml", "boto3"}
+    assert not forbidden & set(result["loaded"]), result["loaded"]
+    allowed = {"numpy", "cryptography", "_cffi_backend", "_openssl",  # cryptography's bindings
+               "artifacts", "router_training", "common"}
+    assert set(result["loaded"]) <= allowed, result["loaded"]
 
 
 def test_key_rotation_trusts_any_listed_key(policies, publish_to, registry, keypair, other_keypair,

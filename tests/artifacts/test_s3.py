@@ -12,7 +12,13 @@ import threading
 import pytest
 
 from artifacts.backends import S3Backend, open_backend
-from artifacts.registry import current_pointer, list_versions, move_channel, publish, rollback
+from artifacts.registry import (
+    current_pointer,
+    list_versions,
+    move_channel,
+    publish,
+    rollback,
+)
 from artifacts.runtime import load
 from tests.artifacts.policies import PROMPTS
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import duckdb
 import pytest
 
+from tests import REPO
 from tests.benchmarks import load
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 gc = load("gpu_check")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import REPO
 from tests.benchmarks import load
 
-REPO = Path(__file__).resolve().parents[2]
 gw = load("gpu_wheels")
 
 

@@ -9,7 +9,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
+from tests.fake_llm import (
+    FakeLLM,
+    default_answer,
+    write_arithmetic_suite,
+    write_two_model_config,
+)
 
 pytest.importorskip("prefect_dask", reason="install the 'dask' extra: pip install -e '.[dask]'")
 pytestmark = pytest.mark.slow

@@ -21,9 +21,14 @@ import duckdb
 import httpx
 import pytest
 
-from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
+from tests import REPO
+from tests.fake_llm import (
+    FakeLLM,
+    default_answer,
+    write_arithmetic_suite,
+    write_two_model_config,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 ITEMS = 24
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evals.config import AlertSettings
-from evals.store import Store
+from evals.storage.store import Store
 from flows.drift import (
     bh_adjust,
     blocking_regressions,
@@ -146,10 +146,13 @@ def test_drift_goes_out_as_prefect_events(regressed: Path, prefect_harness):
     import time
 
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+    from prefect.events.filters import (
+        EventFilter,
+        EventNameFilter,
+        EventOccurredFilter,
+        EventRelatedFilter,
+    )
     from prefect.events.worker import EventsWorker
-
-    from prefect.events.filters import EventOccurredFilter
     from prefect.types._datetime import now
 
     with Store(regressed, read_only=True) as store:

@@ -8,7 +8,7 @@ import duckdb
 import pyarrow.dataset as ds
 import pytest
 
-from evals.store import Outcome, Store
+from evals.storage.store import Outcome, Store
 from flows.export import export_parquet
 from tests.flows.ops_history import make_history
 

@@ -9,9 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evals.store import Store
+from evals.storage.store import Store
 from flows.drift import detect_drift
-from flows.report import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
+from flows.report import (
+    build_report,
+    candidate_stats,
+    gather,
+    publish_prefect_artifacts,
+    render_html,
+)
 from tests.flows.ops_history import Regression, make_history
 
 
@@ -94,7 +100,7 @@ def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: P
 
 
 def test_run_ids_are_escaped(tmp_path: Path):
-    from evals.store import Outcome
+    from evals.storage.store import Outcome
 
     with Store(tmp_path / "db.duckdb") as store:
         store.begin_run("<script>alert(1)</script>")

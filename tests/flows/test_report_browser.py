@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from evals.store import Store
+from evals.storage.store import Store
 from flows.drift import detect_drift
 from flows.report import build_report, candidate_stats
 from tests.flows.ops_history import Regression, make_history

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evals.config import AlertSettings, Candidate, Config
-from evals.store import Store
+from evals.storage.store import Store
 from flows.review import default_report_path, review_run
 from tests.flows.ops_history import Regression, make_history
 from tests.flows.ops_receiver import receiver  # noqa: F401 (a fixture)

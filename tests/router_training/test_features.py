@@ -5,7 +5,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from router_training.features import FeatureSpec, STAT_NAMES, bucket_ids, request_features, text_stats
+from router_training.features import (
+    STAT_NAMES,
+    FeatureSpec,
+    bucket_ids,
+    request_features,
+    text_stats,
+)
 
 SPEC = FeatureSpec(suites=("add", "sort"), n_buckets=2**10)
 

@@ -16,10 +16,10 @@ from sklearn.exceptions import NotFittedError
 from router_training.estimators import LightGBMPassEstimator
 from router_training.policy import LinearScorer, RoutingPolicy, TreeScorer
 from router_training.train import train_router
+from tests import REPO
 from tests.router_training.conftest import demo_frame
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [("Task: sort the input. difficulty: 1. Input: stone river", "sort"),
            ("Task: add the input. difficulty: 5. Input: apple cloud tiger lemon piano rocket", "add"),
            ("Task: reverse the input. difficulty: 3. Input: maple violet", "reverse"),

@@ -6,7 +6,12 @@ from sklearn.exceptions import NotFittedError
 
 from router_training.data import routing_data
 from router_training.estimators import (
-    KNNPassEstimator, LinearPassEstimator, PerSuitePassEstimator, design_matrix, fit_feature_spec, fit_platt,
+    KNNPassEstimator,
+    LinearPassEstimator,
+    PerSuitePassEstimator,
+    design_matrix,
+    fit_feature_spec,
+    fit_platt,
 )
 from router_training.train import train_router
 from tests.router_training.conftest import demo_frame

@@ -8,9 +8,10 @@ import time
 
 import openai
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from evals.providers._sdk import estimate_tokens, map_error, redact, retry_after
+from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after
 
 
 def test_retry_after_forms():

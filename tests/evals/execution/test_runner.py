@@ -1,0 +1,320 @@
+"""The runner end to end: real SDKs -> fake wire-protocol server -> grader -> sink / DuckDB."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from evals.config import Candidate
+from evals.execution.budget import Budget
+from evals.execution.cache import ResponseCache
+from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+from evals.execution.runner import RetryPolicy, evaluate_pair, token_cost
+from evals.storage.store import Outcome, Store
+from evals.suite.spec import load_suite
+from tests.fake_llm import FaultPlan, fake_candidate, fake_llm, write_arithmetic_suite  # noqa: F401
+
+FAST = RetryPolicy(base_s=0.005, max_s=0.02)
+
+
+def fresh_limits(c: Candidate, failures: int = 10, cooldown_s: float = 30.0) -> EndpointLimits:
+    return EndpointLimits(RateLimiter(c.requests_per_minute, c.tokens_per_minute),
+                          CircuitBreaker(c.base_url or "", failures, cooldown_s))
+
+
+class Rows(list):
+    """A sink that keeps rows, and checks each item arrives once."""
+
+    def __call__(self, batch: list[Outcome]) -> None:
+        self.extend(batch)
+
+    def by_item(self) -> dict[str, Outcome]:
+        out = {r.item_id: r for r in self}
+        assert len(out) == len(self), "an item was written twice"
+        return out
+
+
+async def run(suite, cand, rows, **kw):
+    kw.setdefault("limits", fresh_limits(cand))
+    kw.setdefault("retry", FAST)
+    return await evaluate_pair(suite, cand, "run-1", rows, **kw)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_grades_costs_and_sends_every_item_once(tmp_path, fake_llm, fake_candidate, provider):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 40))
+    wrong = suite.request(suite.items[3]).messages[-1].content.strip()
+    fake_llm.answers[wrong] = "999"
+    cand = fake_candidate(provider, max_concurrency=8)
+    rows = Rows()
+    progress: list[int] = []
+    stats = await run(suite, cand, rows, on_progress=progress.append, flush_every=7)
+    got = rows.by_item()
+    assert set(got) == {it.id for it in suite.items} and sum(progress) == 40
+    assert (stats.completed, stats.errors, stats.calls) == (40, 0, 40), (
+        stats, [(r.error_kind, r.error, r.attempts) for r in rows if r.attempts != 1])
+    assert [i for i, r in got.items() if not r.passed] == [suite.items[3].id]
+    r = got[suite.items[0].id]
+    assert (r.score, r.attempts, r.cached, r.error_kind) == (1.0, 1, False, None)
+    assert r.input_tokens > 0 and r.output_tokens == 1 and r.ttft_s is not None
+    assert r.suite_version == suite.version and r.candidate == cand.name
+    # no cached-input price is configured, so cached input tokens cost the input price (whether
+    # the server reports this item's prefix as cached depends on which request it saw first)
+    cached = r.cached_input_tokens or 0
+    assert r.cost_usd == pytest.approx(
+        ((r.input_tokens - cached) * 1.0 + cached * 1.0 + r.output_tokens * 2.0) / 1e6)
+    assert len(fake_llm.requests) == 40
+
+
+async def test_done_items_are_skipped(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 10))
+    done = [it.id for it in suite.items[:6]]
+    rows = Rows()
+    stats = await run(suite, fake_candidate(), rows, done=done)
+    assert stats.skipped_done == 6 and sorted(rows.by_item()) == [it.id for it in suite.items[6:]]
+    assert len(fake_llm.requests) == 4
+
+
+async def test_retries_recover_and_count_attempts(tmp_path, fake_llm, fake_candidate):
+    tags = {0: "[[fault:server_error*2]]", 1: "[[fault:drop*1]]", 2: "[[fault:truncated*3]]",
+            3: "[[fault:malformed*1]]", 4: "[[fault:unavailable*1]]"}
+    suite = load_suite(write_arithmetic_suite(tmp_path, 6, tags=lambda i: tags.get(i, "")))
+    rows = Rows()
+    await run(suite, fake_candidate(max_retries=4), rows)
+    got = rows.by_item()
+    assert [got[f"q{i:05d}"].attempts for i in range(6)] == [3, 2, 4, 2, 2, 1]
+    assert all(r.passed and r.error_kind is None for r in rows)
+    assert len(fake_llm.requests) == 3 + 2 + 4 + 2 + 2 + 1
+
+
+async def test_retry_after_is_honoured(tmp_path, fake_llm, fake_candidate):
+    fake_llm.faults = FaultPlan(retry_after_s=0.4)
+    suite = load_suite(write_arithmetic_suite(tmp_path, 1, tags=lambda i: "[[fault:rate_limit*1]]"))
+    rows = Rows()
+    await run(suite, fake_candidate(), rows)
+    first, second = fake_llm.requests
+    assert second.t - first.t >= 0.38
+    assert rows[0].passed and rows[0].attempts == 2
+
+
+async def test_exhausted_and_non_retryable_errors_are_recorded(tmp_path, fake_llm, fake_candidate):
+    tags = {0: "[[fault:server_error]]", 1: "[[fault:bad_request]]", 2: "[[fault:hang]]"}
+    suite = load_suite(write_arithmetic_suite(tmp_path, 4, tags=lambda i: tags.get(i, "")))
+    rows = Rows()
+    stats = await run(suite, fake_candidate(max_retries=2, timeout_s=0.3), rows)
+    got = rows.by_item()
+    assert (got["q00000"].error_kind, got["q00000"].attempts) == ("server_error", 3)
+    assert (got["q00001"].error_kind, got["q00001"].attempts) == ("client_error", 1)
+    assert (got["q00002"].error_kind, got["q00002"].attempts) == ("timeout", 3)
+    assert "HTTP 500" in got["q00000"].error and got["q00000"].passed is None
+    assert got["q00003"].passed
+    assert stats.errors == 3 and stats.error_kinds == {"server_error": 1, "client_error": 1, "timeout": 1}
+
+
+async def test_circuit_breaker_opens_fails_fast_and_says_why(tmp_path, fake_llm, fake_candidate):
+    fake_llm.faults = FaultPlan({"server_error": 1.0})
+    suite = load_suite(write_arithmetic_suite(tmp_path, 30))
+    cand = fake_candidate(max_retries=5, max_concurrency=1)
+    rows = Rows()
+    stats = await run(suite, cand, rows, limits=fresh_limits(cand, failures=4))
+    kinds = [r.error_kind for r in sorted(rows, key=lambda r: r.item_id)]
+    assert len(fake_llm.requests) == 4  # then every call failed fast
+    assert kinds == ["circuit_open"] * 30 and stats.error_kinds == {"circuit_open": 30}
+    first = min(rows, key=lambda r: r.item_id)
+    assert first.attempts == 4 and "4 consecutive failures" in first.error
+    assert "server_error" in first.error
+
+
+async def test_breaker_half_opens_after_cooldown_and_closes_on_success(tmp_path, fake_llm, fake_candidate):
+    now = [0.0]
+    breaker = CircuitBreaker("x", failures=2, cooldown_s=10, clock=lambda: now[0])
+    from evals.providers.base import ProviderError
+
+    boom = ProviderError("server_error", "HTTP 500")
+    breaker.record(boom)
+    assert breaker.check() is None
+    breaker.record(boom)
+    assert breaker.state == "open" and "2 consecutive failures" in breaker.check()
+    now[0] = 10.5
+    assert breaker.check() is None and breaker.state == "half_open"  # the probe
+    assert breaker.check() is not None  # only one probe at a time
+    breaker.record(boom)
+    assert breaker.state == "open"
+    now[0] = 21.0
+    assert breaker.check() is None
+    breaker.record(None)
+    assert breaker.state == "closed" and breaker.check() is None
+    breaker.record(ProviderError("rate_limited", "429"))  # a live endpoint: not a failure
+    assert breaker.consecutive == 0
+
+
+async def test_rpm_limit_spreads_requests(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 30))
+    cand = fake_candidate(max_concurrency=30, requests_per_minute=1200)  # 20/s, burst 20
+    t0 = time.time()
+    await run(suite, cand, Rows())
+    times = sorted(r.t for r in fake_llm.requests)
+    assert times[-1] - t0 >= 0.45  # the last 10 go beyond the burst, at 20/s
+
+
+def test_token_bucket_tpm_with_refunds():
+    now = [0.0]
+    lim = RateLimiter(tpm=600, clock=lambda: now[0])  # 10 tokens/s, burst 10
+    assert lim.reserve(10) == 0.0
+    assert lim.reserve(20) == pytest.approx(2.0)  # 20 tokens in debt at 10/s
+    lim.refund(15)
+    now[0] = 0.6  # +6 tokens: level back to 1
+    assert lim.reserve(1) == 0.0 and RateLimiter().active is False
+
+
+async def test_cache_hit_is_not_paid_but_keeps_tokens_and_price(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 12))
+    cand = fake_candidate()
+    first, second = Rows(), Rows()
+    await evaluate_pair(suite, cand, "run-a", first, cache=tmp_path / "cache", limits=fresh_limits(cand))
+    stats = await evaluate_pair(suite, cand, "run-b", second, cache=tmp_path / "cache",
+                                limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 12 and stats.cached == 12 and stats.calls == 0
+    a, b = first.by_item(), second.by_item()
+    for item_id, row in b.items():
+        assert row.cached and row.attempts == 0 and row.passed
+        assert (row.input_tokens, row.output_tokens) == (a[item_id].input_tokens, a[item_id].output_tokens)
+        # cost_usd is what the answer costs at list price (what training learns from); the run
+        # paid nothing for it, which `cached` records and spend accounting honours
+        assert row.cost_usd == a[item_id].cost_usd > 0
+    # bypass: no cache given -> calls again
+    await evaluate_pair(suite, cand, "run-c", Rows(), limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 24
+
+
+async def test_sampling_settings_are_not_cached(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 5, temperature=0.7))
+    cand = fake_candidate()
+    for run_id in ("r1", "r2"):
+        await evaluate_pair(suite, cand, run_id, Rows(), cache=tmp_path / "c", limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 10 and len(ResponseCache(tmp_path / "c")) == 0
+
+
+async def test_grader_errors_are_recorded(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 3))
+
+    async def broken(response, item):
+        raise RuntimeError("grader exploded")
+
+    object.__setattr__(suite.grader, "grade", broken)
+    rows = Rows()
+    stats = await run(suite, fake_candidate(), rows)
+    assert {r.error_kind for r in rows} == {"grader_error"} and stats.errors == 3
+    assert "grader exploded" in rows[0].error and rows[0].response == rows[0].response.strip()
+
+
+async def test_gpu_priced_candidate_shares_the_window(tmp_path, fake_llm, fake_candidate):
+    fake_llm.first_token_delay_s = 0.02
+    suite = load_suite(write_arithmetic_suite(tmp_path, 16))
+    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
+                          utilization=0.5)
+    rows = Rows()
+    t0 = time.perf_counter()
+    stats = await run(suite, cand, rows, flush_every=4)
+    wall = time.perf_counter() - t0
+    total = sum(r.cost_usd for r in rows)
+    # $3.6/h = $0.001/s, at 50% utilisation every served second costs $0.002
+    assert 0.002 * stats.wall_s * 0.5 <= total <= 0.002 * wall * 1.01
+    assert all(r.cost_usd > 0 for r in rows) and token_cost(cand, _completion()) is None
+
+
+def _completion():
+    from evals.providers.base import Completion
+
+    return Completion("x", "stop", 1, 1)
+
+
+async def test_budget_cap_records_budget_rows(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 20))
+    cand = fake_candidate(max_concurrency=1, input_price_per_mtok=1000.0, output_price_per_mtok=1000.0)
+    rows = Rows()
+    stats = await run(suite, cand, rows, budget=Budget(run_usd=0.1))
+    kinds = {r.error_kind for r in rows}
+    assert kinds == {None, "budget"} and stats.completed == 20
+    assert sum(r.cost_usd or 0 for r in rows) <= 0.1
+    assert len(fake_llm.requests) == sum(r.error_kind is None for r in rows)
+
+
+async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm, fake_candidate,
+                                                             monkeypatch, caplog):
+    secret = "sk-planted-secret-0123456789"
+    monkeypatch.setenv("ROUTEOPT_TEST_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    suite = load_suite(write_arithmetic_suite(tmp_path, 6))
+    db = tmp_path / "out.duckdb"
+    with Store(db) as store:
+        for provider in ("openai", "anthropic"):
+            cand = fake_candidate(provider, api_key_env="ROUTEOPT_TEST_KEY", name=f"c-{provider}")
+            fake_llm.expect_api_key = secret  # right key: answers, cached
+            store.begin_run(f"ok-{provider}", candidates=[cand.public_dict()])
+            await evaluate_pair(suite, cand, f"ok-{provider}", store.write_outcomes,
+                                cache=tmp_path / "cache", limits=fresh_limits(cand))
+            fake_llm.expect_api_key = "something-else"  # server echoes the wrong key back
+            await evaluate_pair(suite, cand, f"bad-{provider}", store.write_outcomes,
+                                limits=fresh_limits(cand))
+        errors = store.query("SELECT error FROM outcomes WHERE error_kind = 'auth'")
+    assert len(errors) == 12 and errors.error.str.contains("Incorrect API key").all()
+    files = [db, *(tmp_path / "cache").iterdir()]
+    for f in files:
+        assert secret.encode() not in Path(f).read_bytes(), f
+    assert secret not in caplog.text and "0123456789" not in caplog.text
+    assert all("authorization" not in r.headers and "x-api-key" not in r.headers
+               for r in fake_llm.requests)
+
+
+def test_shared_limits_follow_candidate_fields(fake_candidate):
+    from evals.execution.limits import reset_shared_limits, shared_limits
+
+    reset_shared_limits()
+    cand = fake_candidate(circuit_breaker_failures=3, circuit_breaker_cooldown_s=5,
+                          requests_per_minute=60)
+    a, b = shared_limits(cand, breaker_failures=3, breaker_cooldown_s=5), shared_limits(
+        cand, breaker_failures=3, breaker_cooldown_s=5)
+    assert a.breaker is b.breaker and a.limiter is b.limiter  # shared across pairs in a process
+    assert (a.breaker.failures, a.breaker.cooldown_s, a.limiter.active) == (3, 5, True)
+    reset_shared_limits()
+
+
+async def test_cancelled_run_flushes_finished_items_and_resumes(tmp_path, fake_llm, fake_candidate):
+    import asyncio
+
+    fake_llm.first_token_delay_s = 0.05
+    suite = load_suite(write_arithmetic_suite(tmp_path, 40))
+    cand = fake_candidate(max_concurrency=4)
+    rows = Rows()
+    task = asyncio.ensure_future(run(suite, cand, rows, flush_every=5))
+    while len(fake_llm.requests) < 12:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    first = set(rows.by_item())
+    assert 8 <= len(first) < 40  # finished calls were flushed although the batch was not full
+    await run(suite, cand, rows, done=first)
+    assert sorted(rows.by_item()) == [it.id for it in suite.items]
+    assert all(r.passed for r in rows)
+
+
+async def test_concurrent_pairs_on_one_gpu_share_its_time(tmp_path, fake_llm, fake_candidate):
+    import asyncio
+
+    fake_llm.first_token_delay_s = 0.05
+    suites = [load_suite(write_arithmetic_suite(tmp_path / n, 12, name=n)) for n in ("s-one", "s-two")]
+    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
+                          max_concurrency=2)
+    rows = Rows()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(evaluate_pair(s, cand, "run-g", rows, limits=fresh_limits(cand),
+                                         flush_every=3) for s in suites))
+    wall = time.perf_counter() - t0
+    total = sum(r.cost_usd for r in rows)
+    assert len(rows) == 24 and all(r.cost_usd > 0 for r in rows)
+    assert 0.001 * wall * 0.6 <= total <= 0.001 * wall * 1.01  # charged once, not per pair

@@ -1,0 +1,118 @@
+"""The local provider against the committed zoo checkpoints: real generation, real batching."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from evals.config import Candidate  # noqa: E402
+from evals.providers import make_provider  # noqa: E402
+from evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
+from evals.providers.local.provider import LocalProvider, create  # noqa: E402
+from tests import REPO  # noqa: E402
+
+ZOO = REPO / "models" / "zoo"
+pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
+                                reason="zoo checkpoints not built")
+
+# sorting is the zoo's most reliable skill; 4-5 digit strings, all different
+DIGITS = ["4213", "9870", "5512", "30718", "6642", "12093", "8181", "73520", "2946", "55031",
+          "9076", "31482"]
+
+
+def _candidate(name: str = "zoo-l", variant: str = "fp32", model: str | None = None) -> Candidate:
+    return Candidate(name=f"{name}-{variant}", provider="local", model=model or str(ZOO / name),
+                     variant=variant, device="cpu", gpu_hour_usd=1.0, max_concurrency=8)
+
+
+def _req(prompt: str, max_tokens: int = 12, stop: tuple[str, ...] = ()) -> Request:
+    return Request((Message("user", prompt),), GenerationSettings(max_tokens=max_tokens, stop=stop))
+
+
+@pytest.fixture
+async def zoo_l():
+    provider = create(_candidate())
+    yield provider
+    await provider.aclose()
+
+
+async def test_registry_builds_local_provider() -> None:
+    provider = make_provider(_candidate())
+    assert isinstance(provider, LocalProvider)
+    assert provider._model is None  # nothing loads before the first request
+    await provider.aclose()
+
+
+async def test_correct_answers_and_exact_accounting(zoo_l: LocalProvider) -> None:
+    c = await zoo_l.generate(_req("sort: 73520="))
+    assert c.text == "02357"
+    assert c.finish_reason == "stop"
+    assert c.input_tokens == len("sort: 73520=") + 1  # one token per char plus <bos>
+    assert c.output_tokens == 5 and not c.tokens_estimated
+    assert c.ttft_s is not None and 0 < c.ttft_s <= c.latency_s
+    assert len(c.chunk_gaps_s) == 4 and all(g > 0 for g in c.chunk_gaps_s)  # between 5 tokens
+    rev = await zoo_l.generate(_req("reverse: abc="))
+    assert rev.text == "cba"
+
+
+async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(
+        zoo_l: LocalProvider) -> None:
+    results = await asyncio.gather(*(zoo_l.generate(_req(f"sort: {d}=")) for d in DIGITS))
+    right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
+    assert right >= len(DIGITS) - 1, [r.text for r in results]
+    assert max(zoo_l.batch_sizes) > 1
+    assert sum(zoo_l.admissions) == len(DIGITS)
+    assert all(b <= zoo_l.max_batch for b in zoo_l.batch_sizes)
+
+
+async def test_stop_sequence_truncates(zoo_l: LocalProvider) -> None:
+    c = await zoo_l.generate(_req("sort: 97531=", stop=("5",)))
+    assert c.text == "13"
+    assert c.finish_reason == "stop"
+    assert c.output_tokens == 2
+
+
+async def test_max_tokens_gives_length(zoo_l: LocalProvider) -> None:
+    short, full = await asyncio.gather(zoo_l.generate(_req("sort: 97531=", max_tokens=2)),
+                                       zoo_l.generate(_req("sort: 97531=")))
+    assert short.text == "13" and short.finish_reason == "length" and short.output_tokens == 2
+    assert full.text == "13579" and full.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("variant", ["bf16", "fp16", "int8", "fp8", "int8-dyn", "fp8-dyn"])
+async def test_variant_code_paths_on_cpu(variant: str) -> None:
+    provider = create(_candidate(variant=variant))
+    try:
+        results = await asyncio.gather(*(provider.generate(_req(f"sort: {d}=")) for d in DIGITS))
+        right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
+        assert right >= len(DIGITS) - 2, [r.text for r in results]
+        kinds = {type(m).__name__ for m in provider._model.modules()}
+        quantized = {"int8": "Int8Linear", "fp8": "Fp8Linear", "int8-dyn": "Int8DynLinear",
+                     "fp8-dyn": "Fp8DynLinear"}
+        if variant in quantized:
+            assert quantized[variant] in kinds
+        else:
+            dtype = next(provider._model.parameters()).dtype
+            assert str(dtype).endswith("bfloat16" if variant == "bf16" else "float16")
+    finally:
+        await provider.aclose()
+
+
+async def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "zoo-x"
+    provider = create(_candidate(model=str(missing)))
+    with pytest.raises(ProviderError, match=str(missing)) as err:
+        await provider.generate(_req("sort: 321="))
+    assert err.value.kind == "client_error" and not err.value.retryable
+
+
+async def test_closed_provider_refuses() -> None:
+    provider = create(_candidate("zoo-s"))
+    await provider.aclose()
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.generate(_req("reverse: abc="))

@@ -1,0 +1,78 @@
+"""The package layering that `evals/__init__.py` and docs/architecture.md describe, enforced.
+
+Every import in every module (including imports inside functions) is read from the source; a
+package may import only itself and the packages listed for it. Data flows one way:
+evals -> router_training -> artifacts, with flows on top and `common` underneath.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests import REPO
+
+OURS = ("common", "evals", "router_training", "artifacts", "flows")
+EVALS = ("evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage",
+         "evals.execution", "evals.selfhost")
+ALLOWED: dict[str, set[str]] = {
+    "common": set(),
+    "evals": set(),
+    "evals.config": set(),
+    "evals.providers": {"evals.config"},
+    "evals.grading": {"evals.config", "evals.providers"},
+    "evals.suite": {"evals.config", "evals.providers", "evals.grading"},
+    "evals.storage": {"evals.suite"},
+    "evals.execution": {"evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage"},
+    "evals.selfhost": {"evals.config", "evals.providers", "evals.suite", "evals.storage"},
+    "router_training": set(),
+    "artifacts": {"router_training"},
+    "flows": {"evals", *EVALS, "router_training", "artifacts"},
+}
+
+
+def unit(module: str) -> str | None:
+    """The layer a dotted module name belongs to (its evals sub-package, or its top package)."""
+    for name in (*EVALS, *OURS):
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # from pkg import module
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(p for top in OURS for p in (REPO / top).rglob("*.py")
+                  if "suites" not in p.relative_to(REPO).parts)
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_follow_the_layers(path: Path) -> None:
+    me = unit(".".join(path.relative_to(REPO).with_suffix("").parts))
+    assert me is not None
+    allowed = ALLOWED[me] | {me} | ({"common"} if me != "common" else set())
+    if me.startswith("evals."):
+        allowed.add("evals")  # the package itself (its docstring), never a sibling via it
+    wrong = sorted(m for m in imports(path) if (u := unit(m)) is not None and u not in allowed
+                   and not (u == "evals" and m != "evals"))
+    assert not wrong, f"{path.relative_to(REPO)} ({me}) imports {wrong}; allowed: {sorted(ALLOWED[me])}"
+
+
+def test_the_gateway_modules_are_leaves_of_router_training() -> None:
+    """policy and features (what a gateway loads) import no other router_training module but
+    each other and the optional embeddings, so numpy is all they need."""
+    for name in ("policy", "features"):
+        ours = {".".join(m.split(".")[:2]) for m in imports(REPO / "router_training" / f"{name}.py")
+                if unit(m) == "router_training"}
+        assert ours <= {"router_training.features", "router_training.policy", "router_training.embeddings"}, ours
