@@ -24,6 +24,7 @@ from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from flows.review import review_run
+from flows.summary import excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -288,6 +289,9 @@ def nightly(
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
     store = shared_store(cfg.db_path)
+    excluded = excluded_line(store, run_id)
+    if excluded:
+        logger.warning(excluded)
     frame = training_frame(cfg, run_id) if train else None
     result = train_task(cfg, run_id, frame) if train else None
     review = review_run(
@@ -319,4 +323,5 @@ def nightly(
         ),
         "promotion": asdict(promotion) if promotion is not None else None,
         "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
+        "excluded": excluded,
     }

@@ -68,12 +68,11 @@ def router_table(holdout: dict[str, Any]) -> Table:
     return table
 
 
-def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any],
-                  excluded: str = "") -> None:
+def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
     """Print the candidates table, what it leaves out, and the router's held-out comparison.
 
-    `excluded`: `excluded_line` of the run. Pass rates count the candidate's own errors as
-    failures; cost and times leave out answers replayed from the response cache.
+    Pass rates count the candidate's own errors as failures and leave out errors on our side
+    (`result["excluded"]` says how many); cost and times leave out replayed cache answers.
     """
     table = Table(title=f"run {result['run_id']}: candidates (all items)")
     cols = ("candidate", "items", "errors", "excluded", "pass rate", "cost $", "p50 lat s",
@@ -92,8 +91,8 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
             cells.insert(5, str(r["cached"]))
         table.add_row(*cells)
     console.print(table)
-    if excluded:
-        console.print(excluded)
+    if result.get("excluded"):
+        console.print(result["excluded"])
     if result.get("cache_max_age") or replayed:
         console.print(
             f"response cache: {replayed} answers replayed from earlier runs (at most "

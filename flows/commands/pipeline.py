@@ -92,7 +92,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
 
     from evals.storage.store import ResumeConflict
     from flows.nightly import nightly, shared_store
-    from flows.summary import candidate_table, excluded_line, print_summary
+    from flows.summary import candidate_table, print_summary
 
     config_path = kw.pop("config_path") or default_config_path()
     started = time.perf_counter()
@@ -112,9 +112,8 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     except (ConfigError, ResumeConflict) as exc:
         raise click.ClickException(str(exc)) from None
     console = Console()
-    store = shared_store(Path(result["db_path"]))
-    rows = candidate_table(store, result["run_id"])
-    print_summary(console, rows, result, excluded_line(store, result["run_id"]))
+    rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])
+    print_summary(console, rows, result)
     console.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
     if result["suite_errors"]:
         sys.exit(1)
