@@ -144,21 +144,25 @@ def _baseline(frame: pd.DataFrame, run_id: str, n_runs: int) -> pd.DataFrame:
     return prev.merge(runs[["candidate", "suite", "run_id"]], on=["candidate", "suite", "run_id"])
 
 
-def _pairs(cur: pd.DataFrame, base: pd.DataFrame, usable: str) -> pd.DataFrame:
-    """Items `usable` now and before, each with its latest usable baseline row (suffixes _c, _b).
+PAIR = ["candidate", "suite"]
+TIMED = (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s"), ("cost_per_call_usd", "cost_usd"))
+
+
+def _pairs(cur: pd.DataFrame, base: pd.DataFrame, usable: pd.Series, base_usable: pd.Series,
+           cols: list[str]) -> pd.DataFrame:
+    """Per (candidate, suite), the items usable now and before, each with its latest usable
+    baseline row: `cols` with suffixes _c and _b.
 
     Comparing the same items removes the variance of which items a run happened to have; taking
     each item's latest baseline run keeps an item that a cap or an outage skipped last night.
     """
-    before = base[base[usable]].sort_values("started_at").groupby("item_id").tail(1)
-    return cur[cur[usable]].merge(before, on="item_id", suffixes=("_c", "_b"))
+    keep = [*PAIR, "item_id", *cols]
+    before = base[base_usable].sort_values("started_at").groupby([*PAIR, "item_id"]).tail(1)
+    return cur.loc[usable, keep].merge(before[keep], on=[*PAIR, "item_id"], suffixes=("_c", "_b"))
 
 
-def _proportion_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
+def _proportion_rows(cand: str, suite: str, pairs: pd.DataFrame) -> list[dict]:
     """Pass rate and the candidate's error rate on the same labelled items, McNemar-tested."""
-    pairs = _pairs(cur, base, "labeled")
-    if pairs.empty:
-        return []
     rows = []
     for metric, now, before, worse_up in (
         ("pass_rate", pairs.label_c, pairs.label_b, False),
@@ -174,26 +178,37 @@ def _proportion_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFram
     return rows
 
 
-def _timing_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
-    """Latency and TTFT p95 (Wilcoxon on the same items) and mean cost per call, over calls
-    answered in each run (replayed cache rows have no time or cost of that run)."""
-    rows = []
-    for metric, col in (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s"),
-                        ("cost_per_call_usd", "cost_usd")):
-        pairs = _pairs(cur.assign(ok=cur.timed & cur[col].notna()),
-                       base.assign(ok=base.timed & base[col].notna()), "ok")
-        if pairs.empty:
-            continue
-        c, b = pairs[f"{col}_c"].to_numpy(float), pairs[f"{col}_b"].to_numpy(float)
-        p95 = metric != "cost_per_call_usd"
-        rows.append(dict(
-            candidate=cand, suite=suite, metric=metric,
-            current=float(np.quantile(c, 0.95) if p95 else c.mean()),
-            baseline=float(np.quantile(b, 0.95) if p95 else b.mean()),
-            n_current=len(pairs), n_baseline=len(pairs),
-            p=greater_p(c, b) if p95 else None, worse_up=True,
-        ))
-    return rows
+def _timing_row(cand: str, suite: str, metric: str, col: str, pairs: pd.DataFrame) -> dict:
+    """Latency or TTFT p95 (Wilcoxon on the same items), or the mean cost per call."""
+    c, b = pairs[f"{col}_c"].to_numpy(float), pairs[f"{col}_b"].to_numpy(float)
+    p95 = metric != "cost_per_call_usd"
+    return dict(
+        candidate=cand, suite=suite, metric=metric,
+        current=float(np.quantile(c, 0.95) if p95 else c.mean()),
+        baseline=float(np.quantile(b, 0.95) if p95 else b.mean()),
+        n_current=len(pairs), n_baseline=len(pairs),
+        p=greater_p(c, b) if p95 else None, worse_up=True,
+    )
+
+
+def _comparisons(cur: pd.DataFrame, base: pd.DataFrame) -> tuple[int, list[dict]]:
+    """Every (candidate, suite) of the run that has a baseline: how many, and their rows.
+
+    Times and costs come from calls answered in each run (never replayed cache rows).
+    """
+    labelled = _pairs(cur, base, cur.labeled, base.labeled, ["label", "error_kind"])
+    timed = {col: _pairs(cur, base, cur.timed & cur[col].notna(), base.timed & base[col].notna(),
+                         [col]) for _, col in TIMED}
+    groups = {name: dict(list(frame.groupby(PAIR))) for name, frame in
+              (("labelled", labelled), *timed.items())}
+    compared = base[PAIR].drop_duplicates().merge(cur[PAIR].drop_duplicates())
+    rows: list[dict] = []
+    for cand, suite in compared.itertuples(index=False):
+        if (cand, suite) in groups["labelled"]:
+            rows += _proportion_rows(cand, suite, groups["labelled"][(cand, suite)])
+        rows += [_timing_row(cand, suite, metric, col, groups[col][(cand, suite)])
+                 for metric, col in TIMED if (cand, suite) in groups[col]]
+    return len(compared), rows
 
 
 def _judge(row: dict, q: float | None, s: AlertSettings) -> DriftFinding | None:
@@ -266,13 +281,7 @@ def detect_drift(store: Store, run_id: str, settings: AlertSettings | None = Non
     cur_all = frame[frame.run_id == run_id]
     base_all = _baseline(frame, run_id, s.baseline_runs)
     report = DriftReport(run_id, sorted(set(base_all.run_id)) if len(base_all) else [])
-    rows: list[dict] = []
-    for (cand, suite), cur in cur_all.groupby(["candidate", "suite"]):
-        base = base_all[(base_all.candidate == cand) & (base_all.suite == suite)]
-        if base.empty:
-            continue
-        report.compared_pairs += 1
-        rows += _proportion_rows(cand, suite, cur, base) + _timing_rows(cand, suite, cur, base)
+    report.compared_pairs, rows = _comparisons(cur_all, base_all)
     for metric in {r["metric"] for r in rows}:
         family = [r for r in rows if r["metric"] == metric]
         tested = [r for r in family if r["p"] is not None]
