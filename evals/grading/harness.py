@@ -422,10 +422,13 @@ def _load(client: Client, code: str) -> dict:
     if "raise" in reply:
         raise RuntimeError(str(reply["raise"]["text"]))
     names = {}
+    stdlib = getattr(sys, "stdlib_module_names", ())
     for name, value in reply["names"].items():
         if type(name) is not str or hasattr(builtins, name) or name.startswith("__"):
             continue  # a program's `round` or `sorted` must not answer for the tests' built-ins
-        if type(value) is dict and "$exception" in value:
+        if name in stdlib and _module(name) is not None:
+            names[name] = _module(name)  # nor a program's class called `math` for the real one
+        elif type(value) is dict and "$exception" in value:
             names[name] = client.exception_class(name, value["$exception"])
         elif type(value) is dict and "$module" in value:
             names[name] = _module(str(value["$module"])) or client.remote(value["proxy"])

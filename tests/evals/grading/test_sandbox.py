@@ -144,6 +144,21 @@ async def test_an_object_equal_to_everything_is_named_in_the_reason() -> None:
     assert "the program gave a Anything object where the test compared it with a int" in g.reason
 
 
+@needs_isolation
+async def test_tests_get_the_real_builtins_and_stdlib_modules() -> None:
+    """Names the tests take from the program's namespace could answer for the tests' own helpers."""
+    item = {"tests": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-5)", "assert round(area(1), 2) == 3.14"]}
+    fake = (
+        "class math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\n"
+        "def round(*a, **k):\n    return 3.14\n"
+        "def area(r):\n    return 0\n"
+    )
+    g = await grader().grade(fake, item)
+    assert g.score == 0.0, g.reason
+    honest = await grader().grade("import math\ndef area(r):\n    return math.pi * r * r", item)
+    assert honest.passed, honest.reason
+
+
 @pytest.fixture
 def project() -> Path:
     """A project folder as a runner leaves it: world-readable, with a DuckDB file, a registry and
