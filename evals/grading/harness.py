@@ -19,17 +19,14 @@ imports, and the same text on both sides so that both speak one wire format.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import builtins
-import decimal
-import fractions
 import importlib
 import json
 import numbers
 import operator
 import os
 import resource
-import socket
 import sys
 
 MAX_MESSAGE = 8 * 1024 * 1024
@@ -72,10 +69,11 @@ def encode(value, ref, depth: int = 0):
         return {"$dict": [[encode(k, ref, down), encode(v, ref, down)] for k, v in value.items()]}
     if isinstance(value, (bytes, bytearray)):
         kind = "$bytearray" if isinstance(value, bytearray) else "$bytes"
-        return {kind: base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, decimal.Decimal):
+        return {kind: binascii.b2a_base64(bytes(value), newline=False).decode("ascii")}
+    decimal, fractions = sys.modules.get("decimal"), sys.modules.get("fractions")  # none if never imported
+    if decimal and isinstance(value, decimal.Decimal):
         return {"$decimal": str(value)}
-    if isinstance(value, fractions.Fraction):
+    if fractions and isinstance(value, fractions.Fraction):
         return {"$fraction": [value.numerator, value.denominator]}
     if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
         return {"$complex": [complex(value).real, complex(value).imag]}
@@ -108,26 +106,29 @@ def decode(obj, ref, depth: int = 0):
     if tag == "$dict":
         return {decode(k, ref, down): decode(v, ref, down) for k, v in body}
     if tag in ("$bytes", "$bytearray"):
-        raw = base64.b64decode(body.encode("ascii"), validate=True)
+        raw = binascii.a2b_base64(body.encode("ascii"))
         return bytearray(raw) if tag == "$bytearray" else raw
     if tag == "$decimal":
-        return decimal.Decimal(str(body))
+        return importlib.import_module("decimal").Decimal(str(body))
     if tag == "$fraction":
-        return fractions.Fraction(int(body[0]), int(body[1]))
+        return importlib.import_module("fractions").Fraction(int(body[0]), int(body[1]))
     if tag == "$complex":
         return complex(float(body[0]), float(body[1]))
     raise ValueError(f"unknown tag {tag[:20]!r}")
 
 
 class Channel:
-    """Newline-delimited JSON over a stream socket, one message per line, lines capped in size."""
+    """Newline-delimited JSON over a stream socket, one message per line, lines capped in size.
+    (Plain file objects on the descriptor: the socket module would add to every start-up.)"""
 
     def __init__(self, fd: int):
-        self.sock = socket.socket(fileno=fd)
-        self.rfile = self.sock.makefile("rb")
+        self.rfile = open(fd, "rb", closefd=False)
+        self.wfile = open(fd, "wb", buffering=0, closefd=False)
 
     def send(self, message: dict) -> None:
-        self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        data = memoryview(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        while data:
+            data = data[self.wfile.write(data):]
 
     def recv(self) -> dict:
         line = self.rfile.readline(MAX_MESSAGE + 1)
