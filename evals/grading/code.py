@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr
 
 from evals.grading.base import Grade, Grader, GraderContext, register_grader, render
-from evals.grading.sandbox import TestRun, isolation, run_tests
+from evals.grading.sandbox import Verdict, isolation, run_tests
 
 
 _CODE_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.S)
@@ -64,7 +64,7 @@ class CodeGrader(Grader):
             )
         return tests
 
-    def _run_blocking(self, code: str, tests: list[str]) -> TestRun:
+    def _run_blocking(self, code: str, tests: list[str]) -> Verdict:
         with self._slots:
             return run_tests(
                 code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb,

@@ -163,9 +163,10 @@ class _Objects:
         return {"$ref": len(self.by_id) - 1, "$type": type(value).__name__[:100]}
 
     def get(self, ref) -> object:
-        if type(ref) is not dict or type(ref.get("$ref")) is not int or not 0 <= ref["$ref"] < len(self.by_id):
+        ident = ref.get("$ref") if type(ref) is dict else None
+        if type(ident) is not int or not 0 <= ident < len(self.by_id):
             raise ValueError("unknown object")
-        return self.by_id[ref["$ref"]]
+        return self.by_id[ident]
 
 
 def _export(value, objects: _Objects):
@@ -196,9 +197,9 @@ def _act(message: dict, objects: _Objects):
         args = [decode(a, objects.get) for a in message["args"]]
         kwargs = {k: decode(v, objects.get) for k, v in message["kwargs"]}
         value = target(*args, **kwargs)
+        changed = [*enumerate(args), *kwargs.items()]
         mutable = (list, dict, set, bytearray)
-        after = [[i, encode(a, objects.ref)] for i, a in enumerate(args) if isinstance(a, mutable)]
-        return value, after + [[k, encode(v, objects.ref)] for k, v in kwargs.items() if isinstance(v, mutable)]
+        return value, [[k, encode(v, objects.ref)] for k, v in changed if isinstance(v, mutable)]
     actions = {
         "getattr": lambda: getattr(target, message["name"]),
         "setattr": lambda: setattr(target, message["name"], arg("value")),
@@ -219,7 +220,8 @@ def program_main(fd: int, memory_mb: int, cpu_s: int, max_procs: int, fsize: int
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
         exec(compile(code, "solution.py", "exec"), namespace)
-        names = {k: _export(v, objects) for k, v in list(namespace.items()) if not (k.startswith("__") and k.endswith("__"))}
+        names = {k: _export(v, objects) for k, v in list(namespace.items())
+                 if not (k.startswith("__") and k.endswith("__"))}
     except BaseException as exc:
         channel.send({"raise": _describe(exc)})
         return
@@ -476,6 +478,7 @@ def checker_main(fd: int, report_fd: int) -> None:
     emit(done=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `probe`: the sandbox's interpreter can run this file
     role, numbers_ = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    (program_main if role == "program" else checker_main)(*numbers_)
+    if role != "probe":
+        (program_main if role == "program" else checker_main)(*numbers_)

@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,8 @@ SCRATCH_LIMIT = 64 * 1024 * 1024  # the size of the sandbox's /tmp
 _TAIL = 64 * 1024
 _CHECKER_PROCS = 16
 HARNESS = Path(__file__).with_name("harness.py")
-OPT_OUT = "or set `sandbox: none` on the code grader to run programs unisolated (only programs you trust)"
+OPT_OUT = ("or set `sandbox: none` on the code grader to run programs unisolated (only programs "
+           "you trust)")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -58,9 +58,6 @@ class Isolation:
     description: str
 
 
-_PROBE = "import base64, decimal, fractions, importlib, json, numbers, operator, resource, socket"
-
-
 def _interpreters() -> list[tuple[str, str | None]]:
     """(interpreter, prefix to bind read-only or None when it lies under /usr), best first: the
     runner's own Python, then the system's."""
@@ -72,11 +69,11 @@ def _interpreters() -> list[tuple[str, str | None]]:
 
 
 def _profile(prefix: str | None, network: bool, nested_userns: bool) -> list[str]:
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", *([] if network else ["--unshare-net"]),
-            *([] if nested_userns else ["--disable-userns"]),
-            "--die-with-parent", "--new-session", "--clearenv", "--uid", str(NOBODY), "--gid", str(NOBODY),
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", *([] if network else ["--unshare-net"]),
+            *([] if nested_userns else ["--disable-userns"]), "--die-with-parent", "--new-session",
+            "--clearenv", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr"]
     for top in ("bin", "lib", "lib32", "lib64", "sbin"):
         host = f"/{top}"
         if os.path.islink(host):
@@ -128,7 +125,7 @@ def isolation(network: bool = False) -> Isolation | str:
     for nested in (False, True):  # bwrap < 0.8 lacks --disable-userns
         for python, prefix in _interpreters():
             profile = _profile(prefix, network, nested)
-            why = _try([*profile, python, "-I", "-c", _PROBE], run_as)
+            why = _try([*profile, python, "-I", "-c", _harness_source(), "probe"], run_as)
             if why is None:
                 net = "host network" if network else "no network"
                 return Isolation(python, tuple(profile), run_as, f"bubblewrap as {who}, {python}, {net}")
@@ -144,7 +141,7 @@ def unisolated() -> Isolation:
 
 
 @dataclass
-class TestRun:
+class Verdict:
     """What the checker reported, and how the processes ended."""
 
     tests: list[str]
@@ -156,7 +153,6 @@ class TestRun:
     program_ended: str | None = None  # how the program ended by itself, before the checker did
     checker_output: str = ""
     program_output: str = ""
-    wall_s: float = 0.0
 
     def lost_program(self) -> bool:
         """Whether the checker lost the program (it exited, was killed or broke the protocol)."""
@@ -169,7 +165,8 @@ class TestRun:
 
     @property
     def passed(self) -> bool:
-        return self.done and not self.load_error and len(self.results) == len(self.tests) and self.score == 1.0
+        complete = self.done and not self.load_error and len(self.results) == len(self.tests)
+        return complete and self.score == 1.0
 
     def reason(self) -> str | None:
         """Why it did not pass, in one line for the `reason` column (None when it passed)."""
@@ -206,22 +203,21 @@ def run_tests(
     network: bool = False,
     sandbox: bool = True,
     max_procs: int = 16,
-) -> TestRun:
+) -> Verdict:
     """Run `code` in one sandbox and `tests` against it in another; the checker's verdict."""
     iso = isolation(network) if sandbox else unisolated()
     if isinstance(iso, str):
         raise SandboxUnavailable(iso)
     cpu_s = math.ceil(timeout_s) + 1
-    run = TestRun(list(tests), timeout_s=timeout_s)
+    run = Verdict(list(tests), timeout_s=timeout_s)
     with ExitStack() as stack:
         spec, report, checker_out, program_out = (
             stack.enter_context(tempfile.TemporaryFile()) for _ in range(4))
-        checker_limits = {"memory_mb": max(memory_mb, 512), "cpu_s": cpu_s, "max_procs": _CHECKER_PROCS,
-                          "fsize": OUTPUT_LIMIT}
+        checker_limits = {"memory_mb": max(memory_mb, 512), "cpu_s": cpu_s,
+                          "max_procs": _CHECKER_PROCS, "fsize": OUTPUT_LIMIT}
         spec.write(json.dumps({"code": code, "tests": tests, "limits": checker_limits}).encode())
         spec.seek(0)
-        scratch = None if iso.bwrap else stack.enter_context(tempfile.TemporaryDirectory(prefix="routeopt-code-"))
-        started = time.monotonic()
+        scratch = None if iso.bwrap else stack.enter_context(tempfile.TemporaryDirectory(prefix="routeopt-"))
         procs = _start(iso, scratch, spec, report, checker_out, program_out,
                        [memory_mb, cpu_s, max_procs, OUTPUT_LIMIT])
         try:
@@ -233,13 +229,14 @@ def run_tests(
             for proc in procs:
                 _kill_group(proc)
                 proc.wait()
-        run.wall_s = time.monotonic() - started
         run.checker_output, run.program_output = _tail(checker_out), _tail(program_out)
     return run
 
 
-def _start(iso: Isolation, scratch: str | None, spec: IO[bytes], report: IO[bytes],
-           checker_out: IO[bytes], program_out: IO[bytes], limits: list[int]) -> list[subprocess.Popen]:
+def _start(
+    iso: Isolation, scratch: str | None, spec: IO[bytes], report: IO[bytes], checker_out: IO[bytes],
+    program_out: IO[bytes], limits: list[int],
+) -> list[subprocess.Popen]:
     """Start the checker and the program, joined by a socket pair only they hold."""
     ours, theirs = socket.socketpair()
     source = _harness_source()
@@ -268,14 +265,14 @@ def _spawn(iso: Isolation, scratch: str | None, harness_args: list[str], stdin: 
            out: IO[bytes], fds: tuple[int, ...]) -> subprocess.Popen:
     python = [iso.python, "-I", "-c", *harness_args]
     if iso.bwrap:
-        return subprocess.Popen([*iso.bwrap, *python], stdin=stdin, stdout=out, stderr=subprocess.STDOUT,
-                                pass_fds=fds, start_new_session=True, cwd="/", env={}, **_drop(iso.run_as))
+        return subprocess.Popen([*iso.bwrap, *python], stdin=stdin, stdout=out,
+                                stderr=subprocess.STDOUT, pass_fds=fds, start_new_session=True, cwd="/",
+                                env={}, **_drop(iso.run_as))
     return subprocess.Popen(python, stdin=stdin, stdout=out, stderr=subprocess.STDOUT, pass_fds=fds,
                             start_new_session=True, cwd=scratch, env=_env(scratch or "/tmp"))
 
 
-_SIGNALS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: f"output or file over {OUTPUT_LIMIT >> 20} MiB",
-            signal.SIGKILL: "SIGKILL"}
+_SIGNALS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: f"output or file over {OUTPUT_LIMIT >> 20} MiB"}
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -304,12 +301,11 @@ def _how_it_ended(program: subprocess.Popen, iso: Isolation) -> str | None:
     sig = -code if code < 0 else (code - 128 if iso.bwrap and code > 128 else 0)
     if sig:
         name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        what = _SIGNALS.get(sig)
-        return f"was killed by {name}" + (f" ({what})" if what and what != name else "")
+        return f"was killed by {name}" + (f" ({_SIGNALS[sig]})" if sig in _SIGNALS else "")
     return f"exited with code {code}"
 
 
-def _read_report(run: TestRun, report: IO[bytes]) -> None:
+def _read_report(run: Verdict, report: IO[bytes]) -> None:
     report.seek(0)
     for line in report.read(4 * 1024 * 1024).splitlines():
         try:
