@@ -178,7 +178,9 @@ class Verdict:
             return (f"timed out after {self.timeout_s:g}s; the process group was killed"
                     + (f" ({done}/{len(self.tests)} tests had passed)" if done else ""))
         if self.load_error and self.program_ended and self.load_error.startswith("the program exited"):
-            return f"the program {self.program_ended} before it finished loading"
+            said = self.program_output.strip().splitlines()[-1:]
+            return f"the program {self.program_ended} before it finished loading" + "".join(
+                f": {line[:200]}" for line in said)
         if self.load_error:
             return self.load_error + ended
         if not self.done and not self.results:
