@@ -209,6 +209,8 @@ def _act(message: dict, objects: _Objects):
         "len": lambda: len(target), "bool": lambda: bool(target), "str": lambda: str(target),
         "repr": lambda: repr(target), "iter": lambda: iter(target), "next": lambda: next(target),
         "compare": lambda: _COMPARE[message["how"]](target, objects.get(message["other"])),
+        "isinstance": lambda: isinstance(arg("value"), target),
+        "issubclass": lambda: issubclass(arg("value"), target),
     }
     return actions[op](), []
 
@@ -383,6 +385,12 @@ class Remote:
 
     def __hash__(self):
         return hash((Remote, self.__id))
+
+    def __instancecheck__(self, value):  # isinstance(x, AProgramClass)
+        return _typed(self._ask("isinstance", value=self.__client.encode_arg(value)), bool, "isinstance()")
+
+    def __subclasscheck__(self, value):
+        return _typed(self._ask("issubclass", value=self.__client.encode_arg(value)), bool, "issubclass()")
 
     def _compare(self, other, how: str):
         if isinstance(other, Remote) and other.__client is self.__client:

@@ -86,7 +86,8 @@ def test_nesting_and_message_size_are_capped() -> None:
     with pytest.raises(ValueError, match="nested deeper"):
         harness.decode(deep, no_refs)
     ours, theirs = socket.socketpair()
-    flood = threading.Thread(target=lambda: (theirs.sendall(b"[" * (harness.MAX_MESSAGE + 10)), theirs.close()))
+    flood = threading.Thread(target=lambda: (theirs.sendall(b"[" * (harness.MAX_MESSAGE + 10)),
+                                             theirs.close()))
     flood.start()
     fd = ours.detach()
     with pytest.raises(ValueError, match="over 8 MiB"):
@@ -145,6 +146,7 @@ HONEST_TESTS = [
     "a = Account(5)\ntry:\n    a.withdraw(10)\n    assert False\nexcept Insufficient:\n    pass\nassert a.balance == 5",
     "try:\n    Account(1).withdraw(2)\nexcept ValueError as e:\n    assert str(e) == 'no money'",
     "assert words('a b a') == {'a': 2, 'b': 1} and Point(1, 2) == (1, 2)",
+    "assert isinstance(Stack(), Stack) and not isinstance(3, Stack)\nassert issubclass(Insufficient, ValueError)",
     "assert list(squares(4)) == [0, 1, 4, 9] and sum(squares(3)) == 5",
     "xs = [3, 1, 2]; sort_in_place(xs); assert xs == [1, 2, 3]",
     "assert abs(area(1) - math.pi) < 1e-9 and LIMIT == 10",
@@ -161,6 +163,6 @@ async def test_honest_programs_keep_their_python_semantics() -> None:
              *HONEST_TESTS[:-1], "Stack().pop()", "bye()", "try:\n    bye()\nexcept Exception:\n    pass"]
     g = await grader.grade(PROGRAM, {"tests": tests})
     assert g.reason == (
-        "3/12 tests failed: test 9 `Stack().pop()`: IndexError: empty; test 10 `bye()`: SystemExit: 3; "
-        "test 11 `try: bye() except Exception: pass`: SystemExit: 3"
+        "3/13 tests failed: test 10 `Stack().pop()`: IndexError: empty; test 11 `bye()`: SystemExit: 3; "
+        "test 12 `try: bye() except Exception: pass`: SystemExit: 3"
     )
