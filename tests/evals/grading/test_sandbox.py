@@ -440,6 +440,8 @@ def test_the_attacks_fail_for_an_unprivileged_runner_too() -> None:
             "network": (net, ["pass"]),
             "fork": ("import os\nwhile True:\n    os.fork()", ["pass"]),
             "memory": ("x = bytearray(1024 ** 3)", ["pass"]),
+            "output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", ["pass"]),
+            "disk": ("for i in range(100):\n    open(f'c{i}', 'wb').write(b'x' * 2 ** 21)", ["pass"]),
             "honest": ("def add(a, b):\n    return a + b", ITEM["tests"]),
         }
         try:
@@ -456,6 +458,7 @@ def test_the_attacks_fail_for_an_unprivileged_runner_too() -> None:
         assert "Connection refused" in runs["network"][1] and listener.accepted == 0
         assert "BlockingIOError" in runs["fork"][1] or "timed out" in runs["fork"][1]
         assert "MemoryError" in runs["memory"][1]
+        assert "File too large" in runs["output"][1] and "No space left" in runs["disk"][1]
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
