@@ -295,11 +295,15 @@ class Client:
         mro, text = [str(n) for n in described["mro"]], str(described["text"])
         message = text.split(": ", 1)[1] if ": " in text else ""
         for name in mro:
-            if name in self.exceptions:
-                return self.exceptions[name](message)
-            base = getattr(builtins, name, None)
-            if isinstance(base, type) and issubclass(base, BaseException):
-                return base(message) if issubclass(base, Exception) else ProgramExit(text)
+            cls = self.exceptions.get(name) or getattr(builtins, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                continue
+            if not issubclass(cls, Exception):
+                return ProgramExit(text)
+            try:
+                return cls(message)
+            except Exception:  # UnicodeDecodeError and the like need more than a message
+                continue
         return ProgramExit(text)
 
     def exception_class(self, name: str, mro: list) -> type:

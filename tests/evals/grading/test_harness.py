@@ -138,6 +138,8 @@ def exact():
     return Fraction(1, 3), Decimal("1.10"), 2 ** 200, float("nan"), b"xy", {(1, 2): {3}}
 def bye():
     raise SystemExit(3)
+def decode_it(raw):
+    return raw.decode("ascii")
 LIMIT = 10
 '''
 HONEST_TESTS = [
@@ -150,6 +152,7 @@ HONEST_TESTS = [
     "assert list(squares(4)) == [0, 1, 4, 9] and sum(squares(3)) == 5",
     "xs = [3, 1, 2]; sort_in_place(xs); assert xs == [1, 2, 3]",
     "assert abs(area(1) - math.pi) < 1e-9 and LIMIT == 10",
+    "try:\n    decode_it(b'\\xff')\nexcept ValueError:\n    pass\nassert decode_it(b'ok') == 'ok'",
     "f, d, big, nan, raw, nested = exact()\n"
     "assert (f, d, big, raw, nested) == (Fraction(1, 3), Decimal('1.10'), 2 ** 200, b'xy', {(1, 2): {3}})\n"
     "assert nan != nan",
@@ -163,6 +166,6 @@ async def test_honest_programs_keep_their_python_semantics() -> None:
              *HONEST_TESTS[:-1], "Stack().pop()", "bye()", "try:\n    bye()\nexcept Exception:\n    pass"]
     g = await grader.grade(PROGRAM, {"tests": tests})
     assert g.reason == (
-        "3/13 tests failed: test 10 `Stack().pop()`: IndexError: empty; test 11 `bye()`: SystemExit: 3; "
-        "test 12 `try: bye() except Exception: pass`: SystemExit: 3"
+        "3/14 tests failed: test 11 `Stack().pop()`: IndexError: empty; test 12 `bye()`: SystemExit: 3; "
+        "test 13 `try: bye() except Exception: pass`: SystemExit: 3"
     )
