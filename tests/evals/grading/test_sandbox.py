@@ -129,10 +129,14 @@ async def test_program_that_raises_or_exits_fails_with_the_reason() -> None:
 
 
 @needs_isolation
-@pytest.mark.parametrize("attack", sorted(FORGERIES))
-async def test_a_program_cannot_forge_a_pass(attack: str) -> None:
+async def test_an_honest_program_scores_one_third_on_the_impossible_tests() -> None:
     honest = await grader().grade("def add(a, b):\n    return a + b", IMPOSSIBLE)
     assert honest.score == pytest.approx(1 / 3)
+
+
+@needs_isolation
+@pytest.mark.parametrize("attack", sorted(FORGERIES))
+async def test_a_program_cannot_forge_a_pass(attack: str) -> None:
     g = await grader().grade(FORGERIES[attack], IMPOSSIBLE)
     assert not g.passed and g.score <= 1 / 3 + 1e-9, g.reason
 
