@@ -74,6 +74,18 @@ def test_concurrent_publishers_never_share_a_number(policies, publish_to, regist
     assert current_pointer(registry, "latest")[0].version == 6
 
 
+def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(
+        policies, registry: Path, keypair) -> None:
+    from artifacts.backends import LocalBackend
+    from tests.artifacts.racing import assert_every_version_serves, race_two_publishers
+
+    versions = race_two_publishers(LocalBackend(registry), policies[0], keypair[0])
+    assert [v.version for v in versions] == [1, 2] and versions[0].path != versions[1].path
+    assert_every_version_serves(str(registry), versions, keypair[1])
+    assert sorted(p.name for p in (registry / "versions").iterdir()) == sorted(
+        v.path.split("/")[1] for v in versions)  # the loser's abandoned attempt is gone
+
+
 def test_promote_rollback_and_downgrade_rules(policies, publish_to, registry: Path, keypair) -> None:
     for i in range(3):
         publish_to(policies[i % 2])
@@ -104,11 +116,19 @@ def test_show_and_diff(policies, publish_to, registry: Path) -> None:
     assert d["policy"], "two differently trained policies must differ in their description"
 
 
-def test_unsigned_publish_when_no_key(policies, registry: Path, monkeypatch) -> None:
+def test_publishing_without_a_key_is_refused_unless_unsigned_is_allowed(
+        policies, registry: Path, keypair, monkeypatch) -> None:
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
-    v = publish(policies[0], registry, lineage={}, metrics={})
-    assert not v.signed and not (registry / v.path / "manifest.sig").exists()
+    with pytest.raises(RegistryError, match="no signing key"):
+        publish(policies[0], registry, lineage={}, metrics={})
+    assert not (registry / "versions").exists() or not list((registry / "versions").iterdir())
+    v = publish(policies[0], registry, lineage={}, metrics={}, allow_unsigned=True)
+    assert not v.signed and v.key_id is None and not (registry / v.path / "manifest.sig").exists()
     assert list_versions(registry)[0]["signed"] is False
+    with pytest.raises(RegistryError, match="no signing key"):
+        move_channel(registry, "champion", 1)
+    with pytest.raises(RegistryError, match="no signing key"):
+        rollback(registry, "latest")
 
 
 def test_signing_key_from_env(policies, registry: Path, keypair, monkeypatch) -> None:
@@ -129,7 +149,7 @@ def test_policy_file_names_are_checked_before_writing(registry: Path) -> None:
             return {}
 
     with pytest.raises(ValueError, match="unsafe file name"):
-        publish(Evil(), registry, lineage={}, metrics={}, signing_key=None)
+        publish(Evil(), registry, lineage={}, metrics={}, signing_key=None, allow_unsigned=True)
     assert not (registry / "versions").exists()
 
 
