@@ -30,3 +30,65 @@ def load_config_or_exit(config_path: Path | None) -> Any:
         return load_config(config_path or default_config_path())
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def signing_key_path(config_path: Path | None) -> Path | None:
+    """The signing key of the config (`Config.signing_key_path`: its `publishing.signing_key`,
+    `$ROUTEOPT_SIGNING_KEY` or `.routeopt/keys/signing_key.pem` beside it); None without one."""
+    import os
+
+    from evals.config import load_config
+
+    try:
+        return load_config(config_path or default_config_path()).signing_key_path()
+    except ConfigError:
+        env = os.environ.get("ROUTEOPT_SIGNING_KEY")
+        return Path(env) if env else None
+
+
+def publishing_key(given: Path | None, config_path: Path | None, *, create: bool,
+                   allow_unsigned: bool = False) -> Any:
+    """The private key a publishing command signs with: --signing-key, else the config's key
+    (created on first use when `create`). None only with `allow_unsigned` and no key at all."""
+    from artifacts.signing import SigningError, ensure_signing_key, load_private_key, public_key_path
+
+    path = given or signing_key_path(config_path)
+    try:
+        if path is not None and create and given is None:
+            key, created = ensure_signing_key(path)
+            if created:
+                click.echo(f"created the signing key {path} (keep it secret); gateways verify with "
+                           f"{public_key_path(path)}", err=True)
+            return key
+        if given is not None or (path is not None and path.exists()):
+            return load_private_key(path)  # type: ignore[arg-type]
+    except (SigningError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if allow_unsigned:
+        return None
+    where = f" at {path}" if path is not None else ""
+    raise click.ClickException(f"no signing key{where}: give --signing-key or set ROUTEOPT_SIGNING_KEY "
+                               f"(--allow-unsigned writes an unsigned pointer, which gateways refuse)")
+
+
+def verification_keys(given: tuple[Path, ...], config_path: Path | None,
+                      allow_unsigned: bool) -> list | None:
+    """The public keys a command that loads policies trusts: --public-key, else
+    `$ROUTEOPT_PUBLIC_KEY` (read by the loader), else the public key beside the config's signing
+    key. Without any, only `allow_unsigned` goes on (the loader then checks no signature)."""
+    import os
+
+    from artifacts.signing import public_key_path
+
+    if given:
+        return list(given)
+    if os.environ.get("ROUTEOPT_PUBLIC_KEY"):
+        return None
+    private = signing_key_path(config_path)
+    if private is not None and public_key_path(private).exists():
+        return [public_key_path(private)]
+    if allow_unsigned:
+        return None
+    where = f" (`routeopt run` creates it at {public_key_path(private)})" if private else ""
+    raise click.ClickException(f"no public key to verify the policy with{where}: give --public-key "
+                               f"or set ROUTEOPT_PUBLIC_KEY; --allow-unsigned loads it unverified")
