@@ -34,7 +34,7 @@ from artifacts.manifest import (
     check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
-from artifacts.signing import key_id, resolve_signing_key, sign
+from artifacts.signing import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
 from artifacts.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)
@@ -128,6 +128,43 @@ def publish(
                      allow_unsigned=allow_unsigned)
     return PublishedVersion(number, folder, f"{backend.location.rstrip('/')}/{folder}", digest,
                             key is not None, channel, key_id(key.public_key()) if key else None)
+
+
+def newest_signer(registry: Backend | str | os.PathLike) -> str | None:
+    """The key id that signed the newest version, or None (no versions, or unsigned)."""
+    backend = _backend(registry)
+    numbers = version_numbers(backend)
+    if not numbers:
+        return None
+    try:
+        raw = backend.get(f"{version_entry(backend, numbers[-1])['path']}/{SIGNATURE_NAME}")[0]
+        return str(json.loads(raw)["key_id"])
+    except NotFound:
+        return None
+    except (ValueError, KeyError, TypeError):
+        raise RegistryError(f"{backend.location}: version {numbers[-1]}: {SIGNATURE_NAME} is not "
+                            f"a signature") from None
+
+
+def registry_signing_key(registry: Backend | str | os.PathLike,
+                         path: str | os.PathLike) -> tuple[Ed25519PrivateKey, bool]:
+    """The key at `path` for publishing to `registry`, created on first use (True when created).
+
+    A key created now for a registry whose newest version another key signed would sign what no
+    gateway trusts: the key was lost, or lives on storage that does not outlast a run. Then the
+    new key is removed again and this raises, instead of publishing policies gateways refuse.
+    """
+    key, created = ensure_signing_key(path)
+    previous = newest_signer(registry) if created else None
+    if previous is not None and previous != key_id(key.public_key()):
+        for p in (Path(path), public_key_path(path)):
+            p.unlink(missing_ok=True)
+        raise RegistryError(
+            f"{path}: no signing key was there, but version {version_numbers(registry)[-1]} in "
+            f"{_backend(registry).location} is signed by key {previous}; gateways would refuse "
+            f"policies signed by a new key. Restore that key at {path} or point "
+            f"publishing.signing_key at it (a key must outlast each run: on Kubernetes, mount it).")
+    return key, created
 
 
 def version_entry(registry: Backend | str | os.PathLike, version: int) -> dict:

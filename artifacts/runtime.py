@@ -121,7 +121,8 @@ def _default_loader(folder: Path) -> Any:
 
 
 class Router:
-    """Routes requests with the current verified policy; `refresh()` polls once, `start()` keeps polling."""
+    """Routes requests with the current verified policy (or the default model while there is
+    none); `refresh()` polls once, `start()` keeps polling. Build it with `load()`."""
 
     def __init__(self, backend: Backend, *, prefix: str = "", channel: str | None = None,
                  public_key: Any = None, allow_unsigned: bool = False,
@@ -150,14 +151,18 @@ class Router:
         try:
             self._active = self._initial()
         except (VerificationError, RegistryError, OSError) as exc:
-            if self._default is None:
-                hint = (" (give default_model= or $ROUTEOPT_DEFAULT_MODEL to serve a default model "
-                        "until then)") if _kind(exc) == "expired" else ""
-                raise PolicyLoadError(f"cannot load a policy: {exc}{hint}", _kind(exc)) from None
-            self._failures, self._last_error = 1, str(exc)
-            self._default_reason = f"no valid policy: {exc}"
-            log.warning("serving the default model %s: %s", self._default, self._default_reason)
-            self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
+            self._start_on_default(exc)
+
+    def _start_on_default(self, exc: Exception) -> None:
+        """Nothing valid at start: serve the default model and say why, or fail without one."""
+        if self._default is None:
+            hint = (" (give default_model= or $ROUTEOPT_DEFAULT_MODEL to serve a default model "
+                    "until then)") if _kind(exc) == "expired" else ""
+            raise PolicyLoadError(f"cannot load a policy: {exc}{hint}", _kind(exc)) from None
+        self._failures, self._last_error = 1, str(exc)
+        self._default_reason = f"no valid policy: {exc}"
+        log.warning("serving the default model %s: %s", self._default, self._default_reason)
+        self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
 
     def route(self, prompt: str, suite: str | None = None,
               quality_target: float | None = None) -> Decision:

@@ -113,13 +113,18 @@ def generate_keys(out_dir: Path) -> tuple[Path, Path]:
 
 
 def ensure_signing_key(path: str | os.PathLike) -> tuple[Ed25519PrivateKey, bool]:
-    """The private key at `path`, created (0600, with its public key beside it, 0644) if there is
-    none yet; True when it was created now. An existing key whose public file is missing gets it."""
+    """The private key at `path`, created (0600) if there is none yet; True when it was created
+    now. `public_key.pem` beside it (0644) is kept equal to its public half."""
     path = Path(path)
     created = not path.exists() and _create_private(path)
     key = load_private_key(path)
-    if not public_key_path(path).exists():
-        _write_public(key, public_key_path(path))
+    public = public_key_path(path)
+    try:
+        current = load_public_key(public)
+    except SigningError:
+        current = None
+    if current is None or key_id(current) != key_id(key.public_key()):
+        _write_public(key, public)
     return key, created
 
 

@@ -191,11 +191,11 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
     """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
     The first publish creates the signing key (`Config.signing_key_path`)."""
-    from artifacts.registry import move_channel, publish
-    from artifacts.signing import ensure_signing_key, public_key_path
+    from artifacts.registry import move_channel, publish, registry_signing_key
+    from artifacts.signing import public_key_path
 
     path = cfg.signing_key_path()
-    key, created = ensure_signing_key(path)
+    key, created = registry_signing_key(cfg.registry_dir, path)
     if created:
         get_run_logger().warning("created the policy signing key %s (keep it secret); gateways "
                                  "verify with %s", path, public_key_path(path))
@@ -216,12 +216,13 @@ def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
 def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
     """Move `champion` to the new version only if the gate passes (`flows.promotion`)."""
     from artifacts.registry import move_channel
-    from artifacts.signing import load_private_key
+    from artifacts.signing import load_private_key, trusted_keys
     from flows.promotion import champion_policy, decide_promotion, heldout
 
     key = load_private_key(cfg.signing_key_path())
+    trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
     test = heldout(frame, result.split["test"])
-    champion, vacant = champion_policy(cfg.registry_dir, key.public_key())
+    champion, vacant = champion_policy(cfg.registry_dir, trusted)
     decision = decide_promotion(
         result.policy,
         champion,

@@ -9,9 +9,11 @@ Parquet files are therefore searched through SQL over every column cast to text;
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import duckdb
 
@@ -83,3 +85,31 @@ def hits_under(roots: Iterable[Path], needle: str) -> list[str]:
             if path.is_file() and path.stat().st_size:
                 hits.extend(file_hits(path, needle))
     return hits
+
+
+class _Keep(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))  # with the traceback, where there is one
+
+
+@contextlib.contextmanager
+def every_log_record() -> Iterator[list[str]]:
+    """Every record logged meanwhile, at DEBUG, formatted with its traceback. Call it after
+    Prefect is imported: Prefect's logging setup replaces the root logger's handlers (which is
+    why pytest's caplog sees nothing of a flow run)."""
+    handler, root, prefect = _Keep(), logging.getLogger(), logging.getLogger("prefect")
+    levels = root.level, prefect.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    prefect.setLevel(logging.DEBUG)
+    try:
+        yield handler.lines
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(levels[0])
+        prefect.setLevel(levels[1])

@@ -130,7 +130,7 @@ def promote(version: int, channel: str, allow_downgrade: bool, registry: str | N
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from artifacts.registry import move_channel
 
-    key = publishing_key(signing_key, config_path, create=False, allow_unsigned=allow_unsigned)
+    key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
         p = move_channel(registry or _default_registry(), channel, version, action="promote",
                          signing_key=key, allow_downgrade=allow_downgrade,
@@ -152,7 +152,7 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, a
     """Move CHANNEL back to the version it held before the current one."""
     from artifacts.registry import rollback
 
-    key = publishing_key(signing_key, config_path, create=False, allow_unsigned=allow_unsigned)
+    key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
         p = rollback(registry or _default_registry(), channel, signing_key=key,
                      allow_unsigned=allow_unsigned)

@@ -74,7 +74,7 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
     from evals.storage.store import Store
     from router_training.train import train_router
 
-    key = publishing_key(signing_key, config_path, create=True)
+    key = publishing_key(signing_key, config_path, create_for=registry)
 
     with Store(db_path, read_only=True) as store:
         frame = store.training_frame(list(run_ids) or None)

@@ -20,9 +20,12 @@ def _run(*args: str, ok: bool = True) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _no_env_keys(monkeypatch) -> None:
+def _no_ambient_keys(monkeypatch, tmp_path) -> None:
+    """Keys come only from what each test gives: not the environment, and not the key pair that
+    `routeopt run` may have made beside the repository's own config."""
     for name in ("ROUTEOPT_SIGNING_KEY", "ROUTEOPT_PUBLIC_KEY", "ROUTEOPT_REGISTRY"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROUTEOPT_CONFIG", str(tmp_path / "no-config-here.yaml"))
 
 
 def test_keys_generate(tmp_path: Path) -> None:
@@ -57,7 +60,7 @@ def test_verify_exits_nonzero_with_the_reason(policies, publish_to, registry: Pa
     assert "but the trusted key is" in out
     (registry / v.path / "policy.json").write_text("{}")
     out = _run("policies", "verify", str(registry / v.path), "--allow-unsigned", ok=False)
-    assert "policy.json: size or sha256 does not match" in out
+    assert "policy.json: size or sha256 does not match" in out  # hashes are checked regardless
 
 
 def test_errors_name_the_problem(registry: Path, policies, publish_to, keypair) -> None:
@@ -99,19 +102,21 @@ def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp
 
 
 def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -> None:
+    """No key given, none in the environment, no config (the fixture points ROUTEOPT_CONFIG at
+    nothing): loading and moving channels need an explicit --allow-unsigned."""
     from artifacts.registry import publish
 
     reg = str(tmp_path / "registry")
     publish(policies[0], reg, lineage={}, metrics={}, allow_unsigned=True)
-    config = str(tmp_path / "none.yaml")
-    out = _run("policies", "verify", reg, "--config", config, ok=False)
+    out = _run("policies", "verify", reg, ok=False)
     assert "no public key to verify the policy with" in out and "--allow-unsigned" in out
-    assert "signature: unsigned" in _run("policies", "verify", reg, "--config", config, "--allow-unsigned")
-    assert "no public key" in _run("route", "--policy", reg, "--config", config, "hi", ok=False)
-    assert json.loads(_run("route", "--policy", reg, "--config", config, "--allow-unsigned", "hi"))["model"]
-    assert "no signing key" in _run("policies", "promote", "1", "--registry", reg, "--config", config, ok=False)
-    assert "champion -> version 1" in _run("policies", "promote", "1", "--registry", reg, "--config", config,
-                                          "--allow-unsigned")
+    assert "signature: unsigned" in _run("policies", "verify", reg, "--allow-unsigned")
+    assert "no public key" in _run("route", "--policy", reg, "hi", ok=False)
+    assert json.loads(_run("route", "--policy", reg, "--allow-unsigned", "hi"))["model"]
+    assert "no signing key" in _run("policies", "promote", "1", "--registry", reg, ok=False)
+    assert "champion -> version 1" in _run("policies", "promote", "1", "--registry", reg, "--allow-unsigned")
+    assert "config file not found" in _run("policies", "verify", reg, "--config", str(tmp_path / "x.yaml"),
+                                           ok=False)
 
 
 def test_route_with_an_expired_policy_needs_a_default_model(policies, tmp_path: Path) -> None:

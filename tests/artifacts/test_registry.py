@@ -187,3 +187,26 @@ def test_promote_refuses_a_damaged_or_expired_version(policies, publish_to, regi
     (registry / v1.path / "policy.json").write_text("{}")
     with pytest.raises(RegistryError, match="version 1 cannot be served: .*policy.json: size or sha256"):
         move_channel(registry, "champion", 1, signing_key=keypair[0])
+
+
+def test_a_lost_signing_key_is_not_silently_replaced(policies, publish_to, registry: Path, tmp_path) -> None:
+    """The first publish creates the key; a key created later for a registry another key signed
+    (lost, or on storage that does not outlast a run) would sign what no gateway trusts."""
+    from artifacts.registry import registry_signing_key
+    from artifacts.signing import load_public_key, public_key_path
+
+    key_path = tmp_path / "keys" / "signing_key.pem"
+    (tmp_path / "keys").mkdir()
+    public_key_path(key_path).write_text("stale")  # left over: replaced by the new key's half
+    key, created = registry_signing_key(registry, key_path)
+    assert created and load_public_key(public_key_path(key_path)).public_bytes_raw() == \
+        key.public_key().public_bytes_raw()
+    assert registry_signing_key(registry, key_path)[1] is False  # the same key from now on
+    publish(policies[0], registry, lineage={}, metrics={}, signing_key=key)
+    key_path.unlink()  # lost
+    with pytest.raises(RegistryError, match=r"version 1 in .* is signed by key \w+; gateways would refuse"):
+        registry_signing_key(registry, key_path)
+    assert not key_path.exists() and not public_key_path(key_path).exists()
+    legacy = tmp_path / "legacy"
+    publish(policies[0], legacy, lineage={}, metrics={}, allow_unsigned=True)
+    assert registry_signing_key(legacy, key_path)[1]  # an unsigned registry starts being signed

@@ -216,3 +216,12 @@ def test_gateway_started_before_the_first_publish_waits_on_the_champion(
     assert router.refresh() is False  # `latest` is not the gated channel
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     assert router.refresh() is True and router.route(*PROMPTS[0]).policy_version == 1
+
+
+def test_a_registry_unreachable_at_start_is_not_an_outage(keypair) -> None:
+    with pytest.raises(PolicyLoadError, match="registry unreachable") as info:
+        load("http://127.0.0.1:9/", keypair[1])
+    assert info.value.kind == "unreachable"
+    router = load("http://127.0.0.1:9/", keypair[1], default_model="gpt-4o-mini")
+    assert router.route("hi").model == "gpt-4o-mini" and "registry unreachable" in router.status().default_reason
+    assert router.refresh() is False and router.status().consecutive_failures == 2

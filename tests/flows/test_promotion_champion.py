@@ -74,6 +74,7 @@ def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(tmp
     move_channel(tmp_path / "forged", "champion", v.version, signing_key=other_keys)
     with pytest.raises(PolicyLoadError, match="the champion cannot be verified.*promote a good version by hand"):
         champion_policy(tmp_path / "forged", public)
+    assert champion_policy(tmp_path / "forged", [public, other_keys.public_key()])[0] is not None  # rotating
 
 
 def _no_items():
