@@ -302,3 +302,27 @@ def test_a_gateway_running_as_another_user_can_read_what_was_published(policies,
         assert json.loads(out.stdout) == {"uid": 65534, "version": 1}
     finally:
         shutil.rmtree(shared)
+
+
+def test_first_runs_at_once_end_with_one_key(tmp_path) -> None:
+    """Two nightlies starting together on a fresh install both create 'the' key: one wins, the
+    other uses it, and neither ever reads half a key."""
+    import threading
+
+    from artifacts.signing import ensure_signing_key, key_id, load_public_key, public_key_path
+
+    path, results, start = tmp_path / "keys" / "signing_key.pem", [], threading.Barrier(8)
+
+    def first_run() -> None:
+        start.wait()
+        key, created = ensure_signing_key(path)
+        results.append((key_id(key.public_key()), created))
+
+    threads = [threading.Thread(target=first_run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({k for k, _ in results}) == 1 and sum(c for _, c in results) == 1, results
+    assert key_id(load_public_key(public_key_path(path))) == results[0][0]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left
