@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from artifacts.manifest import ManifestError, check_file_name
-from common.io import atomic_write
+from common.io import atomic_write, make_dirs
 
 MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory
 LISTING_KEY = "_keys.json"  # synthesised by `registry serve`: every key in the registry
@@ -81,11 +81,15 @@ class LocalBackend:
         return None if tag == etag else (data, tag)
 
     def put(self, key: str, data: bytes) -> None:
-        atomic_write(self._path(key), data)
+        """Write atomically, readable by all (0644, folders 0755): a gateway often runs as
+        another user than the publisher, and nothing in a registry is secret."""
+        path = self._path(key)
+        make_dirs(path.parent)
+        atomic_write(path, data, permissions=0o644)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root)
         with open(self.root / ".lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
@@ -115,13 +119,14 @@ class LocalBackend:
                       if p.is_file() and not p.name.startswith("."))
 
     def delete(self, keys: list[str]) -> None:
-        """Remove keys and any folders they leave empty (a publisher's abandoned attempt)."""
+        """Remove keys and the version folders they leave empty (a publisher's abandoned
+        attempt); top-level folders such as `versions/` stay, since others write into them."""
         for key in keys:
             path = self._path(key)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             for parent in path.parents:
-                if parent == self.root or self.root not in parent.parents:
+                if parent.parent == self.root or self.root not in parent.parents:
                     break
                 try:
                     parent.rmdir()

@@ -5,6 +5,8 @@ is mapped to the deployment whose `model_name` equals the candidate name, fallin
 policy's ordered fallbacks when a candidate has no deployment. Requests for any other model go to
 a deployment of that model unchanged. The decision is written into the request's `metadata`
 (`routeopt_decision`) so LiteLLM callbacks and logs can record which policy version chose what.
+While the gateway has no valid policy and serves its default model (`load(..., default_model=)`),
+requests go to that model's deployment and the metadata says why (`default_reason`).
 
     strategy = install(litellm_router, artifacts.runtime.load(url, public_key=..., refresh_s=30))
     await litellm_router.acompletion(model="routeopt", messages=[...], metadata={"routeopt_suite": "sql"})
@@ -60,13 +62,16 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
         registry = getattr(self.litellm_router, "registry", None)
         return list(registry().all()) if callable(registry) else list(self.litellm_router.model_list)
 
-    def _first(self, names: list[str]) -> Any:
+    def _first(self, names: list[str], default_reason: str | None = None) -> Any:
         by_name: dict[str, Any] = {}
         for d in self._deployments():
             by_name.setdefault(d["model_name"], d)
         for name in names:
             if name in by_name:
                 return by_name[name]
+        if default_reason is not None:
+            raise NoDeployment(f"routeopt serves its default model {names[0]!r} ({default_reason}), "
+                               f"but no LiteLLM deployment is named {names[0]!r}; add one")
         raise NoDeployment(f"no LiteLLM deployment named any of {names}; add a model_list entry "
                            f"whose model_name is the candidate name")
 
@@ -82,8 +87,8 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
         if request_kwargs is not None and isinstance(request_kwargs.get("metadata"), dict):
             request_kwargs["metadata"][DECISION_KEY] = {
                 "model": decision.model, "fallbacks": list(decision.fallbacks),
-                "policy_version": decision.policy_version}
-        return self._first([decision.model, *decision.fallbacks])
+                "policy_version": decision.policy_version, "default_reason": decision.default_reason}
+        return self._first([decision.model, *decision.fallbacks], decision.default_reason)
 
     async def async_get_available_deployment(self, model: str, messages: list[dict] | None = None,
                                              input: Any = None, specific_deployment: bool | None = False,

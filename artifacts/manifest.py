@@ -127,9 +127,12 @@ class Manifest:
 
 def build_manifest(
     *, version: int, files: Mapping[str, bytes], lineage: dict, metrics: dict, policy: dict,
-    created_at: datetime, expires_in: timedelta | None,
+    created_at: datetime, expires_in: timedelta | None, publish_id: str | None = None,
 ) -> bytes:
-    """The manifest bytes for a new version; file names are checked before anything is written."""
+    """The manifest bytes for a new version; file names are checked before anything is written.
+
+    `publish_id` (random per publish) makes two publishers' manifests, hence their
+    content-addressed folders, differ even for the same policy at the same second."""
     entries = []
     for name in sorted(files):
         check_file_name(name, f"policy file {name!r}")
@@ -146,6 +149,8 @@ def build_manifest(
         "metrics": jsonable(metrics),
         "policy": jsonable(policy),
     }
+    if publish_id is not None:
+        doc["publish_id"] = publish_id
     return pretty_json(doc)
 
 

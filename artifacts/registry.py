@@ -7,13 +7,19 @@ Layout (the same keys in a folder or a bucket):
 
 A version number is taken with a conditional create of its index entry, so two publishers can
 never both get number 7; a channel moves with a compare-and-swap on its ETag, so two promoters
-cannot both win. Both retry or fail with a clear message instead.
+cannot both win. Both retry or fail with a clear message instead. Each publish writes into a
+folder no other publish can name (its manifest holds a random `publish_id`), so the loser of a
+race deletes only its own files, never the winner's.
+
+Everything is signed: without a signing key (argument or `$ROUTEOPT_SIGNING_KEY`) publishing and
+moving channels fail unless `allow_unsigned=True`, since gateways refuse unsigned policies.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -28,7 +34,7 @@ from artifacts.manifest import (
     check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
-from artifacts.signing import resolve_signing_key, sign
+from artifacts.signing import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
 from artifacts.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)
@@ -50,6 +56,7 @@ class PublishedVersion:
     digest: str
     signed: bool
     channel: str | None
+    key_id: str | None = None
 
     @property
     def location(self) -> str:
@@ -61,8 +68,14 @@ def _backend(registry: Backend | str | os.PathLike) -> Backend:
     return registry if hasattr(registry, "put_if_match") else open_backend(registry)  # type: ignore[return-value]
 
 
-def _signing_key(key: Ed25519PrivateKey | str | os.PathLike | None) -> Ed25519PrivateKey | None:
-    return key if isinstance(key, Ed25519PrivateKey) else resolve_signing_key(key)
+def _signing_key(key: Ed25519PrivateKey | str | os.PathLike | None,
+                 allow_unsigned: bool) -> Ed25519PrivateKey | None:
+    found = key if isinstance(key, Ed25519PrivateKey) else resolve_signing_key(key)
+    if found is None and not allow_unsigned:
+        raise RegistryError("no signing key: give one (--signing-key, publishing.signing_key or "
+                            "$ROUTEOPT_SIGNING_KEY), or allow unsigned policies explicitly; "
+                            "gateways refuse unsigned policies unless told to accept them")
+    return found
 
 
 def _policy_files(policy: SavablePolicy) -> dict[str, bytes]:
@@ -83,19 +96,18 @@ def version_numbers(registry: Backend | str | os.PathLike) -> list[int]:
 def publish(
     policy: SavablePolicy, registry: Backend | str | os.PathLike, *, lineage: dict, metrics: dict,
     channel: str | None = "latest", signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
-    expires_in: timedelta | None = DEFAULT_TTL, now: datetime | None = None,
+    allow_unsigned: bool = False, expires_in: timedelta | None = DEFAULT_TTL, now: datetime | None = None,
 ) -> PublishedVersion:
-    """Write `policy` as the next version (signed if a key is given or `$ROUTEOPT_SIGNING_KEY` set).
-
-    Unsigned versions are allowed so a fresh install works; gateways given a public key refuse them.
-    """
-    backend, key = _backend(registry), _signing_key(signing_key)
+    """Write `policy` as the next version, signed with `signing_key` (else `$ROUTEOPT_SIGNING_KEY`;
+    with neither, only `allow_unsigned=True` publishes, unsigned)."""
+    backend, key = _backend(registry), _signing_key(signing_key, allow_unsigned)
     files = _policy_files(policy)
-    created = now or datetime.now(timezone.utc)
+    created, publish_id = now or datetime.now(timezone.utc), secrets.token_hex(16)
     for _ in range(MAX_ATTEMPTS):
         number = (version_numbers(backend) or [0])[-1] + 1
         manifest = build_manifest(version=number, files=files, lineage=lineage, metrics=metrics,
-                                  policy=policy.describe(), created_at=created, expires_in=expires_in)
+                                  policy=policy.describe(), created_at=created, expires_in=expires_in,
+                                  publish_id=publish_id)
         digest = sha256_hex(manifest)
         folder = version_dir(number, digest)
         written = [f"{folder}/{name}" for name in files] + [f"{folder}/{MANIFEST_NAME}"]
@@ -108,13 +120,51 @@ def publish(
         entry = {"version": number, "path": folder, "digest": digest, "created_at": format_time(created)}
         if backend.put_if_absent(f"index/{number:06d}.json", pretty_json(entry)):
             break
-        backend.delete(written)  # another publisher took this number; try the next one
+        backend.delete(written)  # another publisher took this number (its folder is not ours)
     else:
         raise RegistryError(f"{backend.location}: could not take a version number after {MAX_ATTEMPTS} tries")
     if channel is not None:
-        move_channel(backend, channel, number, action="publish", signing_key=key, only_forward=True)
+        move_channel(backend, channel, number, action="publish", signing_key=key, only_forward=True,
+                     allow_unsigned=allow_unsigned)
     return PublishedVersion(number, folder, f"{backend.location.rstrip('/')}/{folder}", digest,
-                            key is not None, channel)
+                            key is not None, channel, key_id(key.public_key()) if key else None)
+
+
+def newest_signer(registry: Backend | str | os.PathLike) -> str | None:
+    """The key id that signed the newest version, or None (no versions, or unsigned)."""
+    backend = _backend(registry)
+    numbers = version_numbers(backend)
+    if not numbers:
+        return None
+    try:
+        raw = backend.get(f"{version_entry(backend, numbers[-1])['path']}/{SIGNATURE_NAME}")[0]
+        return str(json.loads(raw)["key_id"])
+    except NotFound:
+        return None
+    except (ValueError, KeyError, TypeError):
+        raise RegistryError(f"{backend.location}: version {numbers[-1]}: {SIGNATURE_NAME} is not "
+                            f"a signature") from None
+
+
+def registry_signing_key(registry: Backend | str | os.PathLike,
+                         path: str | os.PathLike) -> tuple[Ed25519PrivateKey, bool]:
+    """The key at `path` for publishing to `registry`, created on first use (True when created).
+
+    A key created now for a registry whose newest version another key signed would sign what no
+    gateway trusts: the key was lost, or lives on storage that does not outlast a run. Then the
+    new key is removed again and this raises, instead of publishing policies gateways refuse.
+    """
+    key, created = ensure_signing_key(path)
+    previous = newest_signer(registry) if created else None
+    if previous is not None and previous != key_id(key.public_key()):
+        for p in (Path(path), public_key_path(path)):
+            p.unlink(missing_ok=True)
+        raise RegistryError(
+            f"{path}: no signing key was there, but version {version_numbers(registry)[-1]} in "
+            f"{_backend(registry).location} is signed by key {previous}; gateways would refuse "
+            f"policies signed by a new key. Restore that key at {path} or point "
+            f"publishing.signing_key at it (a key must outlast each run: on Kubernetes, mount it).")
+    return key, created
 
 
 def version_entry(registry: Backend | str | os.PathLike, version: int) -> dict:
@@ -168,14 +218,14 @@ def _write_pointer(backend: Backend, pointer: Pointer, etag: str | None,
 def move_channel(
     backend: Backend | str | os.PathLike, channel: str, version: int, *, action: str = "promote",
     signing_key: Ed25519PrivateKey | str | os.PathLike | None = None, only_forward: bool = False,
-    allow_downgrade: bool = False,
+    allow_downgrade: bool = False, allow_unsigned: bool = False,
 ) -> Pointer | None:
     """Point `channel` at `version` with a compare-and-swap; refuse going backwards unless allowed.
 
     A deliberate downgrade is recorded as a signed 'rollback' so gateways accept it.
     With `only_forward` (publishing to `latest`) an older version is silently not moved.
     """
-    backend, key = _backend(backend), _signing_key(signing_key)
+    backend, key = _backend(backend), _signing_key(signing_key, allow_unsigned)
     check_channel(channel)
     entry = version_entry(backend, version)
     if action != "publish":
@@ -205,9 +255,10 @@ def _check_intact(backend: Backend, entry: dict) -> None:
 
 
 def rollback(backend: Backend | str | os.PathLike, channel: str, *,
-             signing_key: Ed25519PrivateKey | str | os.PathLike | None = None) -> Pointer:
+             signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+             allow_unsigned: bool = False) -> Pointer:
     """Move `channel` back to the version it held before the current one (signed 'rollback')."""
-    backend, key = _backend(backend), _signing_key(signing_key)
+    backend, key = _backend(backend), _signing_key(signing_key, allow_unsigned)
     current, etag = current_pointer(backend, channel)
     if current is None or len(current.stack) < 2:
         raise RegistryError(f"channel {channel}: no earlier version to roll back to")

@@ -11,14 +11,23 @@ A refresher thread polls the channel (a cheap conditional GET), checks the point
 and order, the manifest's signature, digest and expiry and every file's hash, then swaps the
 policy in one reference assignment. On any failure it keeps serving the last good policy and
 reports why through `status()`, the `on_event` callback and the `routeopt.runtime` logger.
+
+Secure by default: signatures are checked with `public_key` (or `$ROUTEOPT_PUBLIC_KEY`); without
+one, loading fails unless `allow_unsigned=True`. The newest channel move accepted is kept in a
+state file (`artifacts.gateway_state`), so a restarted gateway still refuses a replayed pointer.
+With `default_model` (or `$ROUTEOPT_DEFAULT_MODEL`) a gateway that has no valid policy (none
+published yet, expired, refused, registry unreachable at start) routes every request to that
+model and says why, instead of failing to start.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -26,20 +35,36 @@ from pathlib import Path
 from typing import Any, Callable
 
 from artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
+from artifacts.gateway_state import SeenFile, default_state_dir
 from artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from artifacts.signing import trusted_keys
 from artifacts.verify import (
-    VerificationError, VerifiedVersion, check_order, materialize, read_pointer, verify_version,
+    Seen, SignedPointer, VerificationError, VerifiedVersion, check_order, materialize, read_pointer,
+    verify_version,
 )
 
 log = logging.getLogger("routeopt.runtime")
 _VERSION_IN_URL = re.compile(r"^(.*?)/?(versions/\d{6,}-[0-9a-f]{12})/?$")
 EventCallback = Callable[[str, str], None]
 PolicyLoader = Callable[[Path], Any]
+DEFAULT_MODEL_ENV = "ROUTEOPT_DEFAULT_MODEL"
+NO_KEY = ("no public key to verify policies with: pass public_key= (a PEM file), set "
+          "$ROUTEOPT_PUBLIC_KEY, or pass allow_unsigned=True to accept unsigned policies")
 
 
 class PolicyLoadError(RuntimeError):
-    """No policy could be loaded at all (there is no last good one to fall back to)."""
+    """No policy could be loaded at all (there is no last good one to fall back to).
+
+    `kind` is VerificationError's ("expired", "unsigned", "order", "rejected"), "unreachable"
+    (the registry could not be read) or "config" (no key to verify with)."""
+
+    def __init__(self, message: str, kind: str = "rejected") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _kind(exc: Exception) -> str:
+    return exc.kind if isinstance(exc, VerificationError) else "unreachable"
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,7 @@ class Decision:
     pass_probabilities: dict[str, float]
     expected_cost_usd: dict[str, float]
     policy_version: int
+    default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
 
 
 @dataclass(frozen=True)
@@ -63,6 +89,7 @@ class _Active:
     manifest: Manifest
     pointer: Pointer | None
     loaded_at: datetime
+    stale_at: float | None  # time.time() from which the default model serves instead (expiry)
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,11 @@ class RouterStatus:
     consecutive_failures: int
     checks: int
     swaps: int
+    serving_default: bool = False
+    default_model: str | None = None
+    default_reason: str | None = None
+    state_file: str | None = None
+    state_error: str | None = None
 
 
 def _default_loader(folder: Path) -> Any:
@@ -89,13 +121,19 @@ def _default_loader(folder: Path) -> Any:
 
 
 class Router:
-    """Routes requests with the current verified policy; `refresh()` polls once, `start()` keeps polling."""
+    """Routes requests with the current verified policy (or the default model while there is
+    none); `refresh()` polls once, `start()` keeps polling. Build it with `load()`."""
 
     def __init__(self, backend: Backend, *, prefix: str = "", channel: str | None = None,
-                 public_key: Any = None, on_event: EventCallback | None = None,
+                 public_key: Any = None, allow_unsigned: bool = False,
+                 default_model: str | None = None, state_dir: str | os.PathLike | bool = True,
+                 on_event: EventCallback | None = None,
                  policy_loader: PolicyLoader | None = None) -> None:
         self._backend, self._prefix, self._channel = backend, prefix, channel
         self._key = trusted_keys(public_key)
+        if self._key is None and not allow_unsigned:
+            raise PolicyLoadError(NO_KEY, "config")
+        self._default = default_model or None
         self._on_event, self._loader = on_event, policy_loader or _default_loader
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -104,25 +142,54 @@ class Router:
         self._last_check: datetime | None = None
         self._last_error: str | None = None
         self._failures = self._checks = self._swaps = 0
+        self._state = None if channel is None or state_dir is False else SeenFile(
+            default_state_dir() if state_dir is True else state_dir, backend.location, channel)
+        self._state_error: str | None = None
+        self._seen: Seen | None = None
+        self._active: _Active | None = None
+        self._default_reason: str | None = None
         try:
             self._active = self._initial()
-        except (VerificationError, RegistryError) as exc:
-            raise PolicyLoadError(f"cannot load a policy: {exc}") from None
+        except (VerificationError, RegistryError, OSError) as exc:
+            self._start_on_default(exc)
+
+    def _start_on_default(self, exc: Exception) -> None:
+        """Nothing valid at start: serve the default model and say why, or fail without one."""
+        if self._default is None:
+            hint = (" (give default_model= or $ROUTEOPT_DEFAULT_MODEL to serve a default model "
+                    "until then)") if _kind(exc) == "expired" else ""
+            raise PolicyLoadError(f"cannot load a policy: {exc}{hint}", _kind(exc)) from None
+        self._failures, self._last_error = 1, str(exc)
+        self._default_reason = f"no valid policy: {exc}"
+        log.warning("serving the default model %s: %s", self._default, self._default_reason)
+        self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
 
     def route(self, prompt: str, suite: str | None = None,
               quality_target: float | None = None) -> Decision:
         active = self._active  # one read: a concurrent swap never mixes two policies
+        if active is None or (active.stale_at is not None and time.time() >= active.stale_at):
+            return Decision(str(self._default), (), {}, {}, 0, self._why_default(active))
         d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
         return Decision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
                         active.version)
 
     @property
     def policy(self) -> Any:
-        return self._active.policy
+        """The loaded policy (None while no valid policy was ever loaded)."""
+        return self._active.policy if self._active is not None else None
 
     @property
     def version(self) -> int:
-        return self._active.version
+        """The version that routes requests; 0 while the default model does."""
+        return 0 if self._why_default(self._active) else self._active.version  # type: ignore[union-attr]
+
+    def _why_default(self, active: _Active | None) -> str | None:
+        """Why the default model serves now, or None when a policy does."""
+        if active is None:
+            return self._default_reason
+        if active.stale_at is not None and time.time() >= active.stale_at:
+            return f"version {active.version} expired at {active.manifest.raw.get('expires_at')}"
+        return None
 
     def _build(self, verified: VerifiedVersion, pointer: Pointer | None) -> _Active:
         """Load the checked files (the loader must read eagerly: the folder is then deleted) and
@@ -137,39 +204,76 @@ class Router:
                 raise
             except Exception as exc:  # a verified but unusable policy must not crash the gateway
                 raise VerificationError(f"{verified.location}: policy does not load or decide: {exc}") from None
+        expires = verified.manifest.expires_at
+        stale_at = expires.timestamp() if expires is not None and self._default else None
         return _Active(policy, verified.version, verified.digest, verified.signed, verified.key_id,
-                       verified.manifest, pointer, datetime.now(timezone.utc))
+                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at)
+
+    def _check_order(self, pointer: Pointer) -> None:
+        """Refuse a pointer older than the newest move accepted, by this process or (through the
+        state file) by any gateway on this host before."""
+        seen = self._seen
+        if self._state is not None:
+            stored = self._state.read()
+            if stored is not None and (seen is None or stored.seq > seen.seq):
+                seen = stored
+        try:
+            check_order(pointer, seen)
+        except VerificationError as exc:
+            if self._state is None:
+                raise
+            raise VerificationError(f"{exc}; the newest move this host accepted is recorded in "
+                                    f"{self._state.path} (delete it only if the registry was "
+                                    f"deliberately recreated)", exc.kind) from None
+
+    def _accept(self, got: SignedPointer) -> None:
+        """Remember an accepted pointer: its ETag for cheap polls, and its move for order checks."""
+        self._etag, self._seen = got.etag, Seen.of(got.pointer)
+        if self._state is None:
+            return
+        try:
+            self._seen = max(self._state.record(self._seen), self._seen, key=lambda s: s.seq)
+            self._state_error = None
+        except (OSError, VerificationError) as exc:  # keep serving; a restart would forget this move
+            self._state_error = f"cannot record the accepted move in {self._state.path}: {exc}"
+            log.warning(self._state_error)
 
     def _initial(self) -> _Active:
         if self._channel is None:
             return self._build(verify_version(self._backend, self._prefix, self._key), None)
         got = read_pointer(self._backend, self._channel, self._key)
         assert got is not None
+        self._check_order(got.pointer)
         verified = verify_version(self._backend, got.pointer.path, self._key,
                                   expected_digest=got.pointer.digest)
-        self._etag = got.etag
-        return self._build(verified, got.pointer)
+        active = self._build(verified, got.pointer)
+        self._accept(got)
+        return active
 
-    def _poll(self) -> bool:
-        if self._channel is None:
-            return False  # a version folder is immutable: nothing to refresh
+    def _poll(self) -> _Active | None:
+        """The policy to swap in, checked and recorded, or None when nothing new is there."""
+        if self._channel is None:  # a version folder is immutable: load it once
+            return self._initial() if self._active is None else None
         got = read_pointer(self._backend, self._channel, self._key, etag=self._etag)
         if got is None:
-            return False
+            return None
         pointer, current = got.pointer, self._active
-        if pointer.version == current.version:
+        self._check_order(pointer)
+        if current is not None and pointer.version == current.version:
             if pointer.digest != current.digest:
                 raise VerificationError(f"channel {self._channel}: version {pointer.version} now has "
                                         f"digest {pointer.digest[:12]}, served {current.digest[:12]} (rewritten)")
-            check_order(pointer, current.pointer, current.version)
             self._active = replace(current, pointer=pointer)
-            self._etag = got.etag
-            return False
-        check_order(pointer, current.pointer, current.version)
+            self._accept(got)
+            return None
         verified = verify_version(self._backend, pointer.path, self._key, expected_digest=pointer.digest)
-        self._active = self._build(verified, pointer)
-        self._etag = got.etag
-        return True
+        new = self._build(verified, pointer)
+        self._accept(got)
+        return new
+
+    def _serving(self) -> str:
+        why = self._why_default(self._active)
+        return f"the default model {self._default}" if why else f"version {self.version}"
 
     def refresh(self) -> bool:
         """Poll once; True if a new policy was swapped in. Failures are recorded, never raised."""
@@ -177,26 +281,37 @@ class Router:
             self._checks += 1
             self._last_check = datetime.now(timezone.utc)
             try:
-                swapped = self._poll()
+                new = self._poll()
             except (VerificationError, RegistryError, OSError) as exc:
                 self._failures += 1
                 self._last_error = str(exc)
                 kind = "unreachable" if isinstance(exc, (RegistryError, OSError)) else "rejected"
-                log.warning("policy refresh %s, still serving version %d: %s",
-                            kind, self._active.version, exc)
+                log.warning("policy refresh %s, still serving %s: %s", kind, self._serving(), exc)
                 self._emit(kind, str(exc))
                 return False
             self._failures, self._last_error = 0, None
-            if swapped:
-                self._swaps += 1
-                log.info("policy version %d now serving", self._active.version)
-                self._emit("swapped", f"version {self._active.version}")
-            elif self._active.manifest.expired(datetime.now(timezone.utc)):
-                message = (f"serving version {self._active.version}, which expired at "
-                           f"{self._active.manifest.raw.get('expires_at')}; no newer valid policy")
-                log.warning(message)
-                self._emit("expired", message)
-            return swapped
+            if new is None:
+                self._report_expiry()
+                return False
+            self._swaps += 1
+            self._default_reason = None
+            self._active = new  # last, so whoever sees the new version also sees its counters
+            log.info("policy version %d now serving", new.version)
+            self._emit("swapped", f"version {new.version}")
+            return True
+
+    def _report_expiry(self) -> None:
+        a = self._active
+        if a is None or not a.manifest.expired(datetime.now(timezone.utc)):
+            return
+        expired_at = a.manifest.raw.get("expires_at")
+        if self._default is not None:
+            message = (f"version {a.version} expired at {expired_at}; serving the default model "
+                       f"{self._default} until a newer valid policy is published")
+        else:
+            message = f"serving version {a.version}, which expired at {expired_at}; no newer valid policy"
+        log.warning(message)
+        self._emit("expired", message)
 
     def _emit(self, kind: str, message: str) -> None:
         if self._on_event is not None:
@@ -230,17 +345,27 @@ class Router:
 
     def status(self) -> RouterStatus:
         a = self._active
+        why = self._why_default(a)
+        held = a is not None and not why
         return RouterStatus(
-            source=self._backend.location, channel=self._channel, version=a.version,
-            digest=a.digest, signed=a.signed, expires_at=a.manifest.raw.get("expires_at"),
-            expired=a.manifest.expired(datetime.now(timezone.utc)), loaded_at=format_time(a.loaded_at),
+            source=self._backend.location, channel=self._channel,
+            version=a.version if held else 0, digest=a.digest if held else "",
+            signed=held and a.signed, expires_at=a.manifest.raw.get("expires_at") if a else None,
+            expired=a is not None and a.manifest.expired(datetime.now(timezone.utc)),
+            loaded_at=format_time(a.loaded_at) if a else "",
             last_check_at=format_time(self._last_check) if self._last_check else None,
             last_error=self._last_error, consecutive_failures=self._failures,
-            checks=self._checks, swaps=self._swaps)
+            checks=self._checks, swaps=self._swaps, serving_default=why is not None,
+            default_model=self._default, default_reason=why,
+            state_file=str(self._state.path) if self._state else None, state_error=self._state_error)
 
 
 def _default_channel(backend: Backend) -> str:
-    return "champion" if exists(backend, "channels/champion.json") else "latest"
+    """`champion` if the registry has one, else `latest` if it has that, else `champion` (a
+    gateway that starts before the first promotion waits for the gated channel)."""
+    if exists(backend, "channels/champion.json"):
+        return "champion"
+    return "latest" if exists(backend, "channels/latest.json") else "champion"
 
 
 def resolve(source: str | Path) -> tuple[Backend, str, bool]:
@@ -260,42 +385,62 @@ def resolve(source: str | Path) -> tuple[Backend, str, bool]:
             return LocalBackend(path.resolve().parent.parent), f"versions/{name}", True
         return LocalBackend(path), "", True
     if not path.is_dir():
-        raise PolicyLoadError(f"{path}: no such policy folder or registry")
+        raise PolicyLoadError(f"{path}: no such policy folder or registry", "unreachable")
     return LocalBackend(path), "", False
 
 
 def load(source: str | Path, public_key: Any = None, *, channel: str | None = None,
          refresh_s: float | None = None, on_event: EventCallback | None = None,
-         policy_loader: PolicyLoader | None = None) -> Router:
+         policy_loader: PolicyLoader | None = None, allow_unsigned: bool = False,
+         default_model: str | None = None, state_dir: str | os.PathLike | bool = True) -> Router:
     """Load a policy from a version folder, a registry folder/bucket/URL (+ channel), verified.
 
-    `public_key` (a PEM path, bytes or key, or a list of them while rotating keys; default
-    `$ROUTEOPT_PUBLIC_KEY`) makes signatures mandatory. `channel` defaults to `champion` if the registry has one, else `latest`. With
-    `refresh_s` a background thread keeps the policy fresh.
+    `public_key`: a PEM path, bytes or key, or a list of them while rotating keys; default
+    `$ROUTEOPT_PUBLIC_KEY`. Without one, loading fails unless `allow_unsigned=True`.
+    `channel` defaults to `champion` if the registry has one, else `latest`. With `refresh_s` a
+    background thread keeps the policy fresh. `default_model` (default `$ROUTEOPT_DEFAULT_MODEL`)
+    serves every request while no valid policy is there, instead of raising. `state_dir` keeps
+    the newest channel move across restarts (True: `$ROUTEOPT_STATE_DIR` or
+    ~/.local/state/routeopt/gateway; False: this process only, for one-shot tools).
     """
+    fallback = (os.environ.get(DEFAULT_MODEL_ENV) if default_model is None else default_model) or None
     try:
         backend, prefix, is_version = resolve(source)
-        if not is_version and channel is None:
+    except RegistryError as exc:  # a malformed URL or a missing client library
+        raise PolicyLoadError(f"cannot load a policy: {exc}", "config") from None
+    except PolicyLoadError:
+        if fallback is None:
+            raise
+        backend, prefix, is_version = LocalBackend(Path(source)), "", False  # not there yet: wait
+    if not is_version and channel is None:
+        try:
             channel = _default_channel(backend)
-    except RegistryError as exc:
-        raise PolicyLoadError(f"cannot load a policy: {exc}") from None
+        except RegistryError as exc:
+            if fallback is None:
+                raise PolicyLoadError(f"cannot load a policy: {exc}", "unreachable") from None
+            channel = "champion"
     router = Router(backend, prefix=prefix, channel=None if is_version else channel,
-                    public_key=public_key, on_event=on_event, policy_loader=policy_loader)
+                    public_key=public_key, allow_unsigned=allow_unsigned, default_model=fallback,
+                    state_dir=state_dir, on_event=on_event, policy_loader=policy_loader)
     if refresh_s:
         router.start(refresh_s)
     return router
 
 
 def check(source: str | Path, public_key: Any = None, *, channel: str | None = None,
-          policy_loader: PolicyLoader | None = None) -> dict:
+          allow_unsigned: bool = False, policy_loader: PolicyLoader | None = None) -> dict:
     """What `routeopt policies verify` prints: load exactly as a gateway would, then describe it."""
-    router = load(source, public_key, channel=channel, policy_loader=policy_loader)
-    s, key_id = router.status(), router._active.key_id
-    if s.signed:
-        signature = f"valid (key {key_id})"
+    router = load(source, public_key, channel=channel, allow_unsigned=allow_unsigned,
+                  policy_loader=policy_loader, state_dir=False, default_model="")
+    active = router._active
+    assert active is not None
+    if active.signed:
+        signature = f"valid (key {active.key_id})"
+    elif active.key_id:
+        signature = f"present, NOT checked (--allow-unsigned without a public key; key {active.key_id})"
     else:
-        signature = f"present, NOT checked (no public key given; key {key_id})" if key_id else "unsigned"
+        signature = "unsigned"
+    s = router.status()
     return {"source": s.source, "channel": s.channel, "version": s.version, "digest": s.digest,
-            "signature": signature,
-            "expires_at": s.expires_at,
-            "files": [f.path for f in router._active.manifest.files]}
+            "signature": signature, "expires_at": s.expires_at,
+            "files": [f.path for f in active.manifest.files]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +20,8 @@ from typing import Any, Mapping
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from common.io import atomic_write, make_dirs
 
 SIGNING_KEY_ENV = "ROUTEOPT_SIGNING_KEY"
 PUBLIC_KEY_ENV = "ROUTEOPT_PUBLIC_KEY"
@@ -62,25 +65,67 @@ def key_id(public_key: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+PUBLIC_KEY_NAME = "public_key.pem"
+
+
+def public_key_path(private_path: str | os.PathLike) -> Path:
+    """Where the public half of a signing key lives: `public_key.pem` in the same folder."""
+    return Path(private_path).parent / PUBLIC_KEY_NAME
+
+
+def _write_public(key: Ed25519PrivateKey, path: Path) -> None:
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    atomic_write(path, pem, permissions=0o644)  # gateways running as other users read it
+
+
+def _create_private(path: Path) -> bool:
+    """Write a new private key at `path` (0600) unless one is there; False if another process
+    created it first. The key is written in full under a temporary name and then hard-linked into
+    place, so no reader ever sees half a key and two creators never overwrite each other."""
+    make_dirs(path.parent)  # 0755: the public key beside it is for others to read
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
 def generate_keys(out_dir: Path) -> tuple[Path, Path]:
-    """Write a new `signing_key.pem` (mode 0600) and `public_key.pem`; refuse to overwrite."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    private_path, public_path = out_dir / "signing_key.pem", out_dir / "public_key.pem"
+    """Write a new `signing_key.pem` (mode 0600) and `public_key.pem` (0644); refuse to overwrite."""
+    private_path, public_path = out_dir / "signing_key.pem", out_dir / PUBLIC_KEY_NAME
     for p in (private_path, public_path):
         if p.exists():
             raise SigningError(f"{p}: already exists; move it away or choose another --out")
-    key = Ed25519PrivateKey.generate()
-    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                               serialization.PublicFormat.SubjectPublicKeyInfo)
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private_pem)
-        f.flush()
-        os.fsync(f.fileno())
-    public_path.write_bytes(public_pem)
+    if not _create_private(private_path):
+        raise SigningError(f"{private_path}: already exists; move it away or choose another --out")
+    _write_public(load_private_key(private_path), public_path)
     return private_path, public_path
+
+
+def ensure_signing_key(path: str | os.PathLike) -> tuple[Ed25519PrivateKey, bool]:
+    """The private key at `path`, created (0600) if there is none yet; True when it was created
+    now. `public_key.pem` beside it (0644) is kept equal to its public half."""
+    path = Path(path)
+    created = not path.exists() and _create_private(path)
+    key = load_private_key(path)
+    public = public_key_path(path)
+    try:
+        current = load_public_key(public)
+    except SigningError:
+        current = None
+    if current is None or key_id(current) != key_id(key.public_key()):
+        _write_public(key, public)
+    return key, created
 
 
 def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:

@@ -5,9 +5,9 @@ and their signature checked before they are parsed; every file is read once, its
 checked, and only those checked bytes are written to a private folder that the policy loads from,
 so nothing can change between the check and the load.
 
-Unsigned policies: if no public key is given, signatures are not checked (hashes, expiry and
-version order still are) and the result says `signed=False`; with a public key, a missing or
-wrong signature is always rejected.
+Unsigned policies: with a public key, a missing or wrong signature is always rejected. Only a
+caller that passes no key (the gateway does so only when told `allow_unsigned`) skips signatures;
+hashes, expiry and version order are still checked and the result says `signed=False`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,28 @@ _DIR_NAME = re.compile(r"^(\d{6,})-([0-9a-f]{12})$")
 
 
 class VerificationError(ValueError):
-    """A policy that must not be served; the message is the reason, naming file and field."""
+    """A policy that must not be served; the message is the reason, naming file and field.
+
+    `kind` lets callers act on the reason without parsing it: "expired", "unsigned" (no
+    signature where one is required), "order" (replayed, rewritten or downgraded pointer) or
+    "rejected" (anything else: tampered, wrong key, malformed)."""
+
+    def __init__(self, message: str, kind: str = "rejected") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The newest channel move a gateway accepted; every later pointer is checked against it."""
+
+    seq: int
+    version: int
+    digest: str
+
+    @classmethod
+    def of(cls, pointer: Pointer) -> "Seen":
+        return cls(pointer.seq, pointer.version, pointer.digest)
 
 
 @dataclass(frozen=True)
@@ -64,7 +85,8 @@ def _check_signature(backend: Backend, prefix: str, data: bytes,
         raw_sig = backend.get(_key(prefix, SIGNATURE_NAME))[0]
     except NotFound:
         if public_key is not None:
-            raise VerificationError(f"{where}: missing, and a public key was given (unsigned policy)") from None
+            raise VerificationError(f"{where}: missing, and a public key was given (unsigned policy)",
+                                    "unsigned") from None
         return False, None
     try:
         sig = Signature.from_dict(json.loads(raw_sig.decode("utf-8")), where)
@@ -112,7 +134,7 @@ def verify_version(
     now = now or datetime.now(timezone.utc)
     if manifest.expired(now):
         raise VerificationError(f"{where}: version {manifest.version} expired at "
-                                f"{manifest.raw.get('expires_at')}; publish a fresh policy")
+                                f"{manifest.raw.get('expires_at')}; publish a fresh policy", "expired")
     files = {}
     for entry in manifest.files:
         blob = _read(backend, _key(prefix, entry.path))
@@ -161,7 +183,7 @@ def read_pointer(backend: Backend, channel: str, public_key: TrustedKeys | None,
     signed = False
     if public_key is not None:
         if raw_sig is None:
-            raise VerificationError(f"{where}: unsigned, and a public key was given")
+            raise VerificationError(f"{where}: unsigned, and a public key was given", "unsigned")
         try:
             verify(canonical_json(payload), Signature.from_dict(raw_sig, where), public_key, where)
         except (SigningError, ValueError) as exc:
@@ -176,16 +198,24 @@ def read_pointer(backend: Backend, channel: str, public_key: TrustedKeys | None,
     return SignedPointer(pointer, signed, new_etag)
 
 
-def check_order(new: Pointer, current: Pointer | None, current_version: int | None) -> None:
-    """Never go back to an older version unless a newer signed pointer says 'rollback'."""
-    if current is not None and new.seq < current.seq:
-        raise VerificationError(f"channel {new.channel}: pointer move #{new.seq} is older than "
-                                f"#{current.seq} already seen (replayed)")
-    if current_version is None or new.version >= current_version:
+def check_order(new: Pointer, seen: Seen | None) -> None:
+    """Never go back: a pointer older than the newest one accepted is a replay, the same move
+    with other contents a forgery, and an older version needs a newer signed 'rollback'."""
+    if seen is None:
         return
-    if new.action != "rollback" or (current is not None and new.seq <= current.seq):
-        raise VerificationError(f"channel {new.channel}: version {new.version} is older than the "
-                                f"served {current_version} and is not a rollback (downgrade refused)")
+    if new.seq < seen.seq:
+        raise VerificationError(f"channel {new.channel}: pointer move #{new.seq} is older than "
+                                f"#{seen.seq} already seen (replayed)", "order")
+    if new.seq == seen.seq:
+        if (new.version, new.digest) != (seen.version, seen.digest):
+            raise VerificationError(f"channel {new.channel}: pointer move #{new.seq} now names version "
+                                    f"{new.version}/{new.digest[:12]}, but #{seen.seq} was version "
+                                    f"{seen.version}/{seen.digest[:12]} (rewritten)", "order")
+        return
+    if new.version < seen.version and new.action != "rollback":
+        raise VerificationError(f"channel {new.channel}: version {new.version} is older than version "
+                                f"{seen.version} already accepted and is not a rollback (downgrade refused)",
+                                "order")
 
 
 def wrap_registry_error(exc: RegistryError) -> VerificationError:

@@ -124,7 +124,8 @@ def measure(route, prompts: list[tuple[str, str | None]], n: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", help="registry folder/URL or version folder (default: train one)")
-    ap.add_argument("--public-key", help="trusted public key for --policy")
+    ap.add_argument("--public-key", help="trusted public key for --policy (default: $ROUTEOPT_PUBLIC_KEY)")
+    ap.add_argument("--allow-unsigned", action="store_true", help="load --policy without a public key")
     ap.add_argument("--prompts", help="JSONL with {prompt, suite?} to route (default: training prompts)")
     ap.add_argument("--data", choices=("auto", "demo", "routerbench", "synthetic"), default="auto",
                     help="what to train on without --policy (auto: demo, else RouterBench, else synthetic)")
@@ -133,11 +134,12 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="route-latency-") as tmp:
         if args.policy:
-            router, what = load(args.policy, args.public_key), f"policy {args.policy}"
+            router = load(args.policy, args.public_key, allow_unsigned=args.allow_unsigned, state_dir=False)
+            what = f"policy {args.policy}"
             prompts = _prompts_from(args.prompts) if args.prompts else _default_prompts(args.data)
         else:
             registry, public, prompts, what = build_policy(Path(tmp), args.data)
-            router = load(registry, public)
+            router = load(registry, public, state_dir=False)
         us, cpu_us = measure(router.route, prompts, args.n, args.warmup)
         bare_us, _ = measure(router.policy.decide, prompts, args.n, args.warmup)
     print(f"policy version {router.version} ({what}), {len(router.policy.candidates)} candidates, "

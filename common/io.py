@@ -19,8 +19,12 @@ from typing import IO, Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file for writing; on success it replaces `path`, on error it vanishes."""
+def atomic_writer(path: str | os.PathLike, mode: str = "wb",
+                  permissions: int | None = None) -> Iterator[IO]:
+    """Open a temporary file for writing; on success it replaces `path`, on error it vanishes.
+
+    The file is private to its owner (0600) unless `permissions` says otherwise (0o644 for files
+    that readers running as other users need, such as published policies)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -28,6 +32,8 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
             yield fh
             fh.flush()
+            if permissions is not None:
+                os.fchmod(fh.fileno(), permissions)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -41,9 +47,25 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         os.close(dir_fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write bytes or text to `path` atomically; returns the path."""
-    with atomic_writer(path, "wb" if isinstance(data, bytes) else "w") as fh:
+def make_dirs(folder: str | os.PathLike, mode: int = 0o755) -> Path:
+    """Create `folder` and its missing parents with exactly `mode`, whatever the umask (a umask of
+    077 would otherwise hide published files from readers running as other users)."""
+    folder = Path(folder)
+    missing = []
+    probe = folder
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            d.mkdir()
+            os.chmod(d, mode)
+    return folder
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, permissions: int | None = None) -> Path:
+    """Write bytes or text to `path` atomically (mode 0600 unless `permissions`); returns the path."""
+    with atomic_writer(path, "wb" if isinstance(data, bytes) else "w", permissions) as fh:
         fh.write(data)
     return Path(path)
 

@@ -98,7 +98,9 @@ class PublishSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     signing_key: Path | None = Field(
-        default=None, description="Ed25519 private key file; else $ROUTEOPT_SIGNING_KEY; else unsigned"
+        default=None,
+        description="Ed25519 private key file; else $ROUTEOPT_SIGNING_KEY; else "
+        ".routeopt/keys/signing_key.pem beside the config (created on first publish)",
     )
     promote_tolerance: float = Field(default=0.01, ge=0, le=1)
     expires_days: float = Field(default=30.0, gt=0)
@@ -179,6 +181,16 @@ class Config(BaseModel):
                 f"the config has {sorted(names)}"
             )
         return self
+
+    def signing_key_path(self) -> Path:
+        """Where the policy signing key is (or will be created on the first publish), with its
+        public half `public_key.pem` beside it: see `PublishSettings.signing_key`."""
+        if self.publishing.signing_key:
+            return self.publishing.signing_key
+        if os.environ.get("ROUTEOPT_SIGNING_KEY"):
+            return Path(os.environ["ROUTEOPT_SIGNING_KEY"])
+        base = self.source_path.parent if self.source_path else Path.cwd()
+        return base / ".routeopt" / "keys" / "signing_key.pem"
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:

@@ -211,10 +211,16 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 
 @task(name="publish-policy", cache_policy=NO_CACHE)
 def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
-    """Publish the policy as the next version; it becomes `latest` and `candidate`."""
-    from artifacts.registry import move_channel, publish
+    """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
+    The first publish creates the signing key (`Config.signing_key_path`)."""
+    from artifacts.registry import move_channel, publish, registry_signing_key
+    from artifacts.signing import public_key_path
 
-    key = cfg.publishing.signing_key
+    path = cfg.signing_key_path()
+    key, created = registry_signing_key(cfg.registry_dir, path)
+    if created:
+        get_run_logger().warning("created the policy signing key %s (keep it secret); gateways "
+                                 "verify with %s", path, public_key_path(path))
     published = publish(
         result.policy,
         cfg.registry_dir,
@@ -232,19 +238,24 @@ def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: lis
 def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
     """Move `champion` to the new version only if the gate passes (`flows.promotion`)."""
     from artifacts.registry import move_channel
+    from artifacts.signing import load_private_key, trusted_keys
     from flows.promotion import champion_policy, decide_promotion, heldout
 
+    key = load_private_key(cfg.signing_key_path())
+    trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
     test = heldout(frame, result.split["test"])
+    champion, vacant = champion_policy(cfg.registry_dir, trusted)
     decision = decide_promotion(
         result.policy,
-        champion_policy(cfg.registry_dir),
+        champion,
         test,
         tolerance=cfg.publishing.promote_tolerance,
         blocking=blocking,
+        vacant=vacant,
     )
     if decision.promoted:
         move_channel(cfg.registry_dir, "champion", published.version, action="promote",
-                     signing_key=cfg.publishing.signing_key, only_forward=True)
+                     signing_key=key, only_forward=True)
     return decision
 
 
@@ -317,7 +328,9 @@ def nightly(
         "report_path": str(review.report_path) if review.report_path else None,
         "drift_blocking": blocking,
         "published": (
-            {"version": published.version, "uri": published.uri, "signed": published.signed}
+            {"version": published.version, "uri": published.uri, "signed": published.signed,
+             "key_id": published.key_id,
+             "public_key": str(cfg.signing_key_path().parent / "public_key.pem")}
             if published
             else None
         ),

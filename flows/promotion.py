@@ -57,13 +57,16 @@ def decide_promotion(
     *,
     tolerance: float,
     blocking: Sequence[str] = (),
+    vacant: str = "no champion yet",
 ) -> PromotionDecision:
-    """Compare both policies on the same held-out items and say whether the new one may lead."""
+    """Compare both policies on the same held-out items and say whether the new one may lead.
+
+    `vacant` says why there is no champion to compare with (none yet, or it expired)."""
     new = score_on(new_policy, test) if len(test) else {}
     if blocking:
         return PromotionDecision(False, "drift blocks promotion: " + "; ".join(blocking), new)
     if champion_policy is None:
-        return PromotionDecision(True, "no champion yet", new)
+        return PromotionDecision(True, vacant, new)
     if not len(test):
         return PromotionDecision(False, "no held-out items to compare on", new)
     old = score_on(champion_policy, test)
@@ -76,12 +79,25 @@ def decide_promotion(
     return PromotionDecision(True, "not worse than the champion on the same held-out items", new, old)
 
 
-def champion_policy(registry: Path | str, public_key: Any = None) -> RoutingPolicy | None:
-    """The verified champion policy, or None if the registry has no champion yet."""
+def champion_policy(registry: Path | str, public_key: Any) -> tuple[RoutingPolicy | None, str]:
+    """The verified champion policy, or (None, why) when any new policy may take its place.
+
+    A champion that expired, or that is unsigned while policies are signed, is served by no
+    verifying gateway, so it is replaceable: comparing with it would only keep gateways on their
+    default model. Any other failure (a bad signature, tampered files) raises: that needs a person.
+    """
     from artifacts.registry import current_pointer
-    from artifacts.runtime import load
+    from artifacts.runtime import PolicyLoadError, load
 
     pointer, _ = current_pointer(registry, CHAMPION)
     if pointer is None:
-        return None
-    return load(registry, public_key, channel=CHAMPION).policy
+        return None, "no champion yet"
+    try:
+        router = load(registry, public_key, channel=CHAMPION, state_dir=False, default_model="")
+    except PolicyLoadError as exc:
+        if exc.kind not in ("expired", "unsigned"):
+            raise PolicyLoadError(f"{registry}: the champion cannot be verified, so the gate cannot "
+                                  f"judge ({exc}); check it with `routeopt policies verify` and "
+                                  f"promote a good version by hand", exc.kind) from None
+        return None, f"champion version {pointer.version} is replaceable ({exc.kind}: {exc})"
+    return router.policy, ""

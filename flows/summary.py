@@ -105,8 +105,10 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
         console.print(f"[red]suite {name} was skipped:[/red] {err}")
     if result.get("published"):
         pub = result["published"]
-        signed = "signed" if pub["signed"] else "unsigned"
+        signed = f"signed, key {pub['key_id']}" if pub.get("key_id") else "UNSIGNED"
         console.print(f"published policy v{pub['version']} ({signed}): {pub['uri']}")
+        if pub.get("public_key"):
+            console.print(f"gateways verify it with the public key {pub['public_key']}")
     promotion = result.get("promotion")
     if promotion:
         verdict = "promoted to champion" if promotion["promoted"] else "kept as candidate"

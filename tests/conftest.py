@@ -35,6 +35,19 @@ def shared_dir() -> Path:
     return SHARED
 
 
+@pytest.fixture(autouse=True)
+def _keys_and_gateway_state(tmp_path_factory, monkeypatch):
+    """Gateways remember the newest policy they accepted (artifacts.gateway_state): each test
+    gets its own state folder, never the user's ~/.local/state. No test may create the signing
+    key of the repository's own config (publishers create it on first use)."""
+    monkeypatch.setenv("ROUTEOPT_STATE_DIR", str(tmp_path_factory.mktemp("gateway-state")))
+    monkeypatch.delenv("ROUTEOPT_DEFAULT_MODEL", raising=False)
+    repo_key = REPO / ".routeopt" / "keys" / "signing_key.pem"
+    existed = repo_key.exists()
+    yield
+    assert existed or not repo_key.exists(), f"the test created {repo_key}; give it a key in tmp_path"
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect server for the whole session (it is slow to start)."""

@@ -13,8 +13,9 @@ usage from the client's chars/4 estimate.
 Faults are chosen per request, either by a prompt marker `[[fault:NAME]]` (always) or
 `[[fault:NAME*N]]` (only the first N attempts of that prompt), or by a seeded mix of
 probabilities that depends only on (seed, prompt, attempt number) - so a run is reproducible
-whatever the order in which concurrent requests arrive. Every request is recorded (headers
-without credentials, body, fault) for tests to assert on what was sent.
+whatever the order in which concurrent requests arrive. Every request is recorded as it arrived
+(headers, credentials included, body, fault), so tests assert on what was sent: that a key
+reached the server, and (searching every output for it) nowhere else.
 
 Run it in its own process with `python -m tests.fake_llm --mix rate_limit=0.1 --seed 1`; it prints
 `PORT <n>` and serves `GET /_fake/requests` so another process can read the records.
@@ -69,7 +70,6 @@ FAULTS: tuple[str, ...] = (
 )
 MARKER = re.compile(r"\[\[fault:([a-z_]+)(?:\*(\d+))?\]\]")
 _ARITH = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
-SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 
 
 def count_tokens(text: str) -> int:
@@ -306,10 +306,9 @@ class FakeLLM:
         with self._lock:
             attempt = self._attempts[prompt] = self._attempts.get(prompt, 0) + 1
         fault = self.faults.choose(prompt, attempt)
-        headers = {k: v for k, v in req.headers.items() if k not in SECRET_HEADERS}
         with self._lock:
             self._records.append(
-                RecordedRequest(req.method, req.path, headers, body, fault, attempt, time.time())
+                RecordedRequest(req.method, req.path, dict(req.headers), body, fault, attempt, time.time())
             )
         if self.expect_api_key is not None and self._key(req) != self.expect_api_key:
             # Echo the key back, worse than real APIs do, so tests can check redaction.

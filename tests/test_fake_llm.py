@@ -35,14 +35,14 @@ def test_default_model():
     assert default_answer("hi [[fault:drop]]") == "echo: hi"
 
 
-def test_records_without_credentials_and_404(fake_llm):
+def test_records_what_arrived_credentials_included_and_404(fake_llm):
     body = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
     r = httpx.post(fake_llm.openai_base_url + "/chat/completions", json=body,
                    headers={"Authorization": "Bearer sk-secret-1"})
     assert r.json()["choices"][0]["message"]["content"] == "4"
     assert httpx.get(fake_llm.url + "/v1/nothing").status_code == 404
     (rec,) = fake_llm.requests
-    assert rec.body == body and "authorization" not in rec.headers and rec.attempt == 1
+    assert rec.body == body and rec.headers["authorization"] == "Bearer sk-secret-1" and rec.attempt == 1
 
 
 def test_process_mode_serves_and_reports(fake_llm_process):
@@ -51,4 +51,4 @@ def test_process_mode_serves_and_reports(fake_llm_process):
                    headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
     assert r.json()["content"][0]["text"] == "3" and r.json()["stop_reason"] == "end_turn"
     (rec,) = fake_llm_process.requests()
-    assert rec["body"] == body and "x-api-key" not in rec["headers"]
+    assert rec["body"] == body and rec["headers"]["x-api-key"] == "k"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +31,68 @@ def load_config_or_exit(config_path: Path | None) -> Any:
         return load_config(config_path or default_config_path())
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def signing_key_path(config_path: Path | None) -> Path | None:
+    """The signing key of the config (`Config.signing_key_path`: its `publishing.signing_key`,
+    `$ROUTEOPT_SIGNING_KEY` or `.routeopt/keys/signing_key.pem` beside it). Without a usable
+    default config, `$ROUTEOPT_SIGNING_KEY` or None; a broken --config is an error."""
+    from evals.config import load_config
+
+    if config_path is not None:
+        return load_config_or_exit(config_path).signing_key_path()
+    try:
+        return load_config(default_config_path()).signing_key_path()
+    except ConfigError:
+        env = os.environ.get("ROUTEOPT_SIGNING_KEY")
+        return Path(env) if env else None
+
+
+def publishing_key(given: Path | None, config_path: Path | None, *, create_for: Any = None,
+                   allow_unsigned: bool = False) -> Any:
+    """The private key a publishing command signs with: --signing-key, else the config's key
+    (created on first use for the registry `create_for`, see `registry_signing_key`). None only
+    with `allow_unsigned` and no key at all."""
+    from artifacts.registry import RegistryError, registry_signing_key
+    from artifacts.signing import SigningError, load_private_key, public_key_path
+
+    path = given or signing_key_path(config_path)
+    try:
+        if path is not None and create_for is not None and given is None:
+            key, created = registry_signing_key(create_for, path)
+            if created:
+                click.echo(f"created the signing key {path} (keep it secret); gateways verify with "
+                           f"{public_key_path(path)}", err=True)
+            return key
+        if given is not None or (path is not None and path.exists()):
+            return load_private_key(path)  # type: ignore[arg-type]
+    except (SigningError, RegistryError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if allow_unsigned:
+        return None
+    where = f" at {path}" if path is not None else ""
+    unsigned = "" if create_for is not None else (
+        " (--allow-unsigned writes an unsigned pointer, which gateways refuse)")
+    raise click.ClickException(f"no signing key{where}: give --signing-key or set "
+                               f"ROUTEOPT_SIGNING_KEY{unsigned}")
+
+
+def verification_keys(given: tuple[Path, ...], config_path: Path | None,
+                      allow_unsigned: bool) -> list | None:
+    """The public keys a command that loads policies trusts: --public-key, else
+    `$ROUTEOPT_PUBLIC_KEY` (read by the loader), else the public key beside the config's signing
+    key. Without any, only `allow_unsigned` goes on (the loader then checks no signature)."""
+    from artifacts.signing import public_key_path
+
+    if given:
+        return list(given)
+    if os.environ.get("ROUTEOPT_PUBLIC_KEY"):
+        return None
+    private = signing_key_path(config_path)
+    if private is not None and public_key_path(private).exists():
+        return [public_key_path(private)]
+    if allow_unsigned:
+        return None
+    where = f" (`routeopt run` creates it at {public_key_path(private)})" if private else ""
+    raise click.ClickException(f"no public key to verify the policy with{where}: give --public-key "
+                               f"or set ROUTEOPT_PUBLIC_KEY; --allow-unsigned loads it unverified")

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from flows.commands import CONFIG_OPTION, publishing_key, verification_keys
+
 
 def _default_registry() -> str:
     from evals.config import ConfigError, default_config_path, load_config
@@ -23,7 +25,19 @@ REGISTRY = click.option("--registry", "registry", default=None, envvar="ROUTEOPT
                         help="Registry folder or s3://bucket/prefix (default: $ROUTEOPT_REGISTRY, "
                              "else registry_dir from the config).")
 SIGNING_KEY = click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path),
-                           default=None, help="Ed25519 private key (default: $ROUTEOPT_SIGNING_KEY).")
+                           default=None, help="Ed25519 private key (default: the config's "
+                           "publishing.signing_key, $ROUTEOPT_SIGNING_KEY, or .routeopt/keys/signing_key.pem "
+                           "beside the config).")
+ALLOW_UNSIGNED_MOVE = click.option("--allow-unsigned", is_flag=True,
+                                   help="Without any signing key, write an unsigned pointer (gateways "
+                                        "refuse it unless they also allow unsigned policies).")
+PUBLIC_KEY = click.option("--public-key", "public_keys", multiple=True,
+                          type=click.Path(dir_okay=False, path_type=Path),
+                          help="Trusted Ed25519 public key, repeatable while rotating keys (default: "
+                               "$ROUTEOPT_PUBLIC_KEY, else public_key.pem beside the config's signing key).")
+ALLOW_UNSIGNED_LOAD = click.option("--allow-unsigned", is_flag=True,
+                                   help="Load without checking signatures when no public key is found "
+                                        "(hashes, expiry and order are still checked).")
 
 
 def _fail(exc: Exception) -> None:
@@ -109,14 +123,18 @@ def _short(value: Any, width: int = 70) -> str:
               "(recorded as a signed rollback).")
 @REGISTRY
 @SIGNING_KEY
+@ALLOW_UNSIGNED_MOVE
+@CONFIG_OPTION
 def promote(version: int, channel: str, allow_downgrade: bool, registry: str | None,
-            signing_key: Path | None) -> None:
+            signing_key: Path | None, allow_unsigned: bool, config_path: Path | None) -> None:
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from artifacts.registry import move_channel
 
+    key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
         p = move_channel(registry or _default_registry(), channel, version, action="promote",
-                         signing_key=signing_key, allow_downgrade=allow_downgrade)
+                         signing_key=key, allow_downgrade=allow_downgrade,
+                         allow_unsigned=allow_unsigned)
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     assert p is not None
@@ -127,12 +145,17 @@ def promote(version: int, channel: str, allow_downgrade: bool, registry: str | N
 @click.option("--channel", default="champion", show_default=True)
 @REGISTRY
 @SIGNING_KEY
-def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None) -> None:
+@ALLOW_UNSIGNED_MOVE
+@CONFIG_OPTION
+def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, allow_unsigned: bool,
+                 config_path: Path | None) -> None:
     """Move CHANNEL back to the version it held before the current one."""
     from artifacts.registry import rollback
 
+    key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
-        p = rollback(registry or _default_registry(), channel, signing_key=signing_key)
+        p = rollback(registry or _default_registry(), channel, signing_key=key,
+                     allow_unsigned=allow_unsigned)
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     click.echo(f"{channel} -> version {p.version} (rollback, move #{p.seq})")
@@ -140,17 +163,18 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None) -
 
 @policies.command()
 @click.argument("source")
-@click.option("--public-key", "public_keys", multiple=True,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="Trusted Ed25519 public key, repeatable while rotating keys (default: "
-                   "$ROUTEOPT_PUBLIC_KEY); makes signatures mandatory.")
+@PUBLIC_KEY
+@ALLOW_UNSIGNED_LOAD
+@CONFIG_OPTION
 @click.option("--channel", default=None, help="Channel of a registry (default: champion, else latest).")
-def verify(source: str, public_keys: tuple[Path, ...], channel: str | None) -> None:
+def verify(source: str, public_keys: tuple[Path, ...], allow_unsigned: bool, config_path: Path | None,
+           channel: str | None) -> None:
     """Check SOURCE (version folder, registry folder, s3:// or http(s) URL) exactly as a gateway does."""
     from artifacts.runtime import PolicyLoadError, check
 
+    keys = verification_keys(public_keys, config_path, allow_unsigned)
     try:
-        report = check(source, list(public_keys) or None, channel=channel)
+        report = check(source, keys, channel=channel, allow_unsigned=allow_unsigned)
     except (PolicyLoadError, ValueError, RuntimeError) as exc:
         _fail(exc)
     for key, value in report.items():

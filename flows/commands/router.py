@@ -5,7 +5,6 @@ Heavy imports (pandas, duckdb, sklearn) happen inside the commands so `--help` s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any, Iterator
 import click
 
 from common.io import atomic_write
+from flows.commands import CONFIG_OPTION, publishing_key, verification_keys
 
 
 @click.group("import")
@@ -43,14 +43,11 @@ def import_outcomes_cmd(file: Path, db_path: Path, run_id: str | None, suite_def
                f"{len(s.candidates)} candidates, suites {', '.join(sorted(s.suites))}")
 
 
-def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
-    if importlib.util.find_spec("artifacts.registry") is None:
-        policy.save(registry)
-        return f"saved policy to {registry} (artifacts.registry not installed)"
+def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any) -> str:
     from artifacts.registry import publish
 
-    v = publish(policy, registry, lineage=lineage, metrics=metrics)
-    return f"published version {v.version} to {v.location}"
+    v = publish(policy, registry, lineage=lineage, metrics=metrics, signing_key=key)
+    return f"published version {v.version} (signed, key {v.key_id}) to {v.location}"
 
 
 @click.command("train")
@@ -66,11 +63,18 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict) -> str:
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 @click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True,
               help="Pass-probability model: the linear difficulty model or one LightGBM model per candidate.")
+@click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Ed25519 private key (default: the config's key, created on first use in "
+                   ".routeopt/keys/ beside it).")
+@CONFIG_OPTION
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
-          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str) -> None:
-    """Train a router on every outcome in the store and publish it."""
+          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str,
+          signing_key: Path | None, config_path: Path | None) -> None:
+    """Train a router on every outcome in the store and publish it, signed."""
     from evals.storage.store import Store
     from router_training.train import train_router
+
+    key = publishing_key(signing_key, config_path, create_for=registry)
 
     with Store(db_path, read_only=True) as store:
         frame = store.training_frame(list(run_ids) or None)
@@ -85,7 +89,7 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
                "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction, "estimator": estimator,
                "split_sizes": {k: len(v) for k, v in result.split.items()}}
-    click.echo(_publish(result.policy, registry, lineage, result.metrics))
+    click.echo(_publish(result.policy, registry, lineage, result.metrics, key))
     held = result.metrics.get("holdout", {}).get("router_at_target")
     if held:
         click.echo(f"held-out at target {held['target']}: pass {held['pass_rate']:.4f}, "
@@ -129,17 +133,27 @@ def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path
         json_path.write_text(json.dumps(jsonable(report), indent=1))
 
 
-def _load_policy(path: Path) -> Any:
-    """Registries and published versions go through the verifying gateway loader (when
-    installed); a bare folder written by `RoutingPolicy.save` is read directly."""
-    bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
-    if not bare and importlib.util.find_spec("artifacts.runtime") is not None:
-        from artifacts.runtime import load
+def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
+                 default_model: str | None) -> tuple[Any, Any]:
+    """(policy, gateway status). Registries and published versions go through the verifying
+    gateway loader; the policy is None while it serves the default model. A bare folder written by
+    `RoutingPolicy.save` has no signature, so it loads only with --allow-unsigned (status None)."""
+    from artifacts.runtime import load
 
-        return load(path).policy
-    from router_training.policy import RoutingPolicy
+    if (path / "policy.json").is_file() and not (path / "manifest.json").exists():
+        if not allow_unsigned:
+            raise click.ClickException(f"{path}: a bare policy folder has no manifest or signature; "
+                                       f"publish it to a registry, or pass --allow-unsigned")
+        from router_training.policy import RoutingPolicy
 
-    return RoutingPolicy.load(path)
+        return RoutingPolicy.load(path), None
+    try:
+        router = load(path, keys, allow_unsigned=allow_unsigned, default_model=default_model or "",
+                      state_dir=False)
+    except Exception as exc:  # the loader's errors name the problem; show them as-is
+        raise click.ClickException(str(exc)) from None
+    status = router.status()
+    return (None if status.serving_default else router.policy), status
 
 
 def _requests(path: Path) -> Iterator[tuple[int, dict]]:
@@ -170,25 +184,45 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
               help='JSONL of {"id", "model"} (default: stdout).')
 @click.option("--suite", default=None, help="Suite of TEXT, when routing one prompt.")
 @click.option("--quality-target", type=float, default=None, help="Override the policy's target.")
+@click.option("--public-key", "public_keys", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trusted Ed25519 public key (default: $ROUTEOPT_PUBLIC_KEY, else public_key.pem "
+                   "beside the config's signing key).")
+@click.option("--allow-unsigned", is_flag=True,
+              help="Load without checking signatures when no public key is found.")
+@click.option("--default-model", envvar="ROUTEOPT_DEFAULT_MODEL", default=None,
+              help="Route to this model when no valid policy is there (expired, refused), saying why "
+                   "on stderr (default: $ROUTEOPT_DEFAULT_MODEL; without it such a policy is an error).")
+@CONFIG_OPTION
 def route(text: str | None, policy_path: Path, input_path: Path | None, output_path: Path | None,
-          suite: str | None, quality_target: float | None) -> None:
-    """Route one TEXT, or every request of --input, with a published policy."""
+          suite: str | None, quality_target: float | None, public_keys: tuple[Path, ...],
+          allow_unsigned: bool, default_model: str | None, config_path: Path | None) -> None:
+    """Route one TEXT, or every request of --input, with a published policy (verified)."""
     if (text is None) == (input_path is None):
         raise click.UsageError("give either TEXT or --input FILE")
-    try:
-        policy = _load_policy(policy_path)
-    except Exception as exc:  # the loader's errors name the problem; show them as-is
-        raise click.ClickException(str(exc)) from None
+    bare = (policy_path / "policy.json").is_file() and not (policy_path / "manifest.json").exists()
+    keys = None if bare else verification_keys(public_keys, config_path, allow_unsigned)
+    policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model)
+    if policy is None:
+        click.echo(f"warning: routing everything to the default model {status.default_model}: "
+                   f"{status.default_reason}", err=True)
     if text is not None:
+        if policy is None:
+            click.echo(json.dumps({"model": status.default_model, "fallbacks": [],
+                                   "pass_probabilities": {}, "expected_cost_usd": {},
+                                   "default_reason": status.default_reason}))
+            return
         d = policy.decide(text, suite=suite, quality_target=quality_target)
         click.echo(json.dumps({"model": d.model, "fallbacks": list(d.fallbacks),
                                "pass_probabilities": d.pass_probabilities,
                                "expected_cost_usd": d.expected_cost_usd}))
         return
     records = list(_requests(input_path))
-    decisions = policy.decide_batch([r["prompt"] for _, r in records],
-                                    [r.get("suite") for _, r in records], quality_target)
-    rows = [{"id": r.get("id", line_no), "model": d.model} for (line_no, r), d in zip(records, decisions)]
+    prompts, suites = [r["prompt"] for _, r in records], [r.get("suite") for _, r in records]
+    if policy is None:
+        models = [status.default_model] * len(records)
+    else:
+        models = [d.model for d in policy.decide_batch(prompts, suites, quality_target)]
+    rows = [{"id": r.get("id", line_no), "model": m} for (line_no, r), m in zip(records, models)]
     if output_path is None:
         for row in rows:
             sys.stdout.write(json.dumps(row) + "\n")

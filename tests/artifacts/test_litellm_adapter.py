@@ -78,3 +78,25 @@ async def test_no_deployment_at_all_is_a_clear_error(fake, policy_router) -> Non
     with pytest.raises(Exception, match="no LiteLLM deployment named any of"):
         await router.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])
     assert NoDeployment.__mro__[1] is LookupError
+
+
+async def test_default_model_serves_while_no_policy_is_valid(fake, policies, publish_to, registry,
+                                                             keypair) -> None:
+    """An expired policy: requests go to the default model's deployment, and the metadata says
+    why; a default model without a deployment is a clear error naming it."""
+    from datetime import datetime, timedelta, timezone
+
+    publish_to(policies[0], now=datetime.now(timezone.utc) - timedelta(days=2), expires_in=timedelta(days=1))
+    gateway = load(registry, keypair[1], default_model="fallback")
+    router = _litellm_router(fake, [*policies[0].candidates, "fallback"])
+    install(router, gateway)
+    metadata: dict = {}
+    resp = await router.acompletion(model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                                    metadata=metadata)
+    assert resp.choices[0].message.content == "5" and fake.requests[-1].body["model"] == "fallback-model"
+    assert metadata[DECISION_KEY]["policy_version"] == 0
+    assert "version 1 expired at" in metadata[DECISION_KEY]["default_reason"]
+    bare = _litellm_router(fake, policies[0].candidates)
+    install(bare, gateway)
+    with pytest.raises(Exception, match="serves its default model 'fallback' .*no LiteLLM deployment is named"):
+        await bare.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])

@@ -73,6 +73,18 @@ def test_concurrent_publishers_never_share_a_number(policies, publish_to, regist
     assert current_pointer(registry, "latest")[0].version == 6
 
 
+def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(
+        policies, registry: Path, keypair) -> None:
+    from artifacts.backends import LocalBackend
+    from tests.artifacts.racing import assert_every_version_serves, race_two_publishers
+
+    versions = race_two_publishers(LocalBackend(registry), policies[0], keypair[0])
+    assert [v.version for v in versions] == [1, 2] and versions[0].path != versions[1].path
+    assert_every_version_serves(str(registry), versions, keypair[1])
+    assert sorted(p.name for p in (registry / "versions").iterdir()) == sorted(
+        v.path.split("/")[1] for v in versions)  # the loser's abandoned attempt is gone
+
+
 def test_promote_rollback_and_downgrade_rules(policies, publish_to, registry: Path, keypair) -> None:
     for i in range(3):
         publish_to(policies[i % 2])
@@ -103,11 +115,19 @@ def test_show_and_diff(policies, publish_to, registry: Path) -> None:
     assert d["policy"], "two differently trained policies must differ in their description"
 
 
-def test_unsigned_publish_when_no_key(policies, registry: Path, monkeypatch) -> None:
+def test_publishing_without_a_key_is_refused_unless_unsigned_is_allowed(
+        policies, registry: Path, keypair, monkeypatch) -> None:
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
-    v = publish(policies[0], registry, lineage={}, metrics={})
-    assert not v.signed and not (registry / v.path / "manifest.sig").exists()
+    with pytest.raises(RegistryError, match="no signing key"):
+        publish(policies[0], registry, lineage={}, metrics={})
+    assert not (registry / "versions").exists() or not list((registry / "versions").iterdir())
+    v = publish(policies[0], registry, lineage={}, metrics={}, allow_unsigned=True)
+    assert not v.signed and v.key_id is None and not (registry / v.path / "manifest.sig").exists()
     assert list_versions(registry)[0]["signed"] is False
+    with pytest.raises(RegistryError, match="no signing key"):
+        move_channel(registry, "champion", 1)
+    with pytest.raises(RegistryError, match="no signing key"):
+        rollback(registry, "latest")
 
 
 def test_signing_key_from_env(policies, registry: Path, keypair, monkeypatch) -> None:
@@ -128,7 +148,7 @@ def test_policy_file_names_are_checked_before_writing(registry: Path) -> None:
             return {}
 
     with pytest.raises(ValueError, match="unsafe file name"):
-        publish(Evil(), registry, lineage={}, metrics={}, signing_key=None)
+        publish(Evil(), registry, lineage={}, metrics={}, signing_key=None, allow_unsigned=True)
     assert not (registry / "versions").exists()
 
 
@@ -142,3 +162,26 @@ def test_promote_refuses_a_damaged_or_expired_version(policies, publish_to, regi
     (registry / v1.path / "policy.json").write_text("{}")
     with pytest.raises(RegistryError, match="version 1 cannot be served: .*policy.json: size or sha256"):
         move_channel(registry, "champion", 1, signing_key=keypair[0])
+
+
+def test_a_lost_signing_key_is_not_silently_replaced(policies, publish_to, registry: Path, tmp_path) -> None:
+    """The first publish creates the key; a key created later for a registry another key signed
+    (lost, or on storage that does not outlast a run) would sign what no gateway trusts."""
+    from artifacts.registry import registry_signing_key
+    from artifacts.signing import load_public_key, public_key_path
+
+    key_path = tmp_path / "keys" / "signing_key.pem"
+    (tmp_path / "keys").mkdir()
+    public_key_path(key_path).write_text("stale")  # left over: replaced by the new key's half
+    key, created = registry_signing_key(registry, key_path)
+    assert created and load_public_key(public_key_path(key_path)).public_bytes_raw() == \
+        key.public_key().public_bytes_raw()
+    assert registry_signing_key(registry, key_path)[1] is False  # the same key from now on
+    publish(policies[0], registry, lineage={}, metrics={}, signing_key=key)
+    key_path.unlink()  # lost
+    with pytest.raises(RegistryError, match=r"version 1 in .* is signed by key \w+; gateways would refuse"):
+        registry_signing_key(registry, key_path)
+    assert not key_path.exists() and not public_key_path(key_path).exists()
+    legacy = tmp_path / "legacy"
+    publish(policies[0], legacy, lineage={}, metrics={}, allow_unsigned=True)
+    assert registry_signing_key(legacy, key_path)[1]  # an unsigned registry starts being signed

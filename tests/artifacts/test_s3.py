@@ -99,6 +99,16 @@ def test_concurrent_publishers_on_s3(bucket, policies, keypair) -> None:
     assert len(manifests) == 4  # losing attempts were deleted
 
 
+def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(bucket, policies, keypair) -> None:
+    from tests.artifacts.racing import assert_every_version_serves, race_two_publishers
+
+    versions = race_two_publishers(open_backend(bucket), policies[0], keypair[0])
+    assert [v.version for v in versions] == [1, 2] and versions[0].path != versions[1].path
+    assert_every_version_serves(bucket, versions, keypair[1])
+    manifests = [k for k in open_backend(bucket).list("versions/") if k.endswith("manifest.json")]
+    assert len(manifests) == 2  # the loser's abandoned attempt is gone, the winner's is whole
+
+
 def test_tampered_object_is_refused(bucket, policies, keypair) -> None:
     publish(policies[0], bucket, lineage={}, metrics={}, signing_key=keypair[0])
     router = load(bucket, keypair[1])

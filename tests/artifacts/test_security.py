@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import time
 from datetime import datetime, timedelta, timezone
@@ -73,7 +74,7 @@ def test_corrupted_signature(served, policies, publish_to, registry, keypair) ->
 
 def test_missing_signature(served, policies, publish_to, monkeypatch) -> None:
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
-    publish_to(policies[1], signing_key=None)
+    publish_to(policies[1], signing_key=None, allow_unsigned=True)
     _refused(served, r"unsigned")
 
 
@@ -85,7 +86,7 @@ def test_truncated_manifest(served, policies, publish_to, registry, keypair) -> 
     with pytest.raises(PolicyLoadError, match="signature does not match"):
         load(_folder(registry, 2), keypair[1])
     with pytest.raises(PolicyLoadError, match="not valid JSON"):
-        load(_folder(registry, 2), None)
+        load(_folder(registry, 2), None, allow_unsigned=True)
 
 
 def test_expired_policy(served, policies, publish_to, registry, keypair) -> None:
@@ -148,10 +149,10 @@ def test_path_traversal_in_manifest_and_pointer(served, policies, publish_to, re
     _refused(served, r"is not versions/<number>-<sha12>")
 
 
-def test_unsafe_channel_name_is_refused(registry, policies, publish_to) -> None:
+def test_unsafe_channel_name_is_refused(registry, policies, publish_to, keypair) -> None:
     publish_to(policies[0])
     with pytest.raises(ValueError, match="channel '../latest'"):
-        load(registry, channel="../latest")
+        load(registry, keypair[1], channel="../latest")
 
 
 def test_registry_unreachable_mid_poll(policies, publish_to, registry, keypair) -> None:
@@ -177,10 +178,11 @@ def test_recovers_after_a_bad_version(served, policies, publish_to, other_keypai
 
 def test_unsigned_registry_is_refused_when_a_key_is_given(policies, registry, keypair, monkeypatch) -> None:
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
-    publish(policies[0], registry, lineage={}, metrics={})
-    with pytest.raises(PolicyLoadError, match="unsigned"):
-        load(registry, keypair[1])
-    assert load(registry, None).version == 1  # allowed only without a trusted key
+    publish(policies[0], registry, lineage={}, metrics={}, allow_unsigned=True)
+    with pytest.raises(PolicyLoadError, match="unsigned") as info:
+        load(registry, keypair[1], allow_unsigned=True)  # a trusted key makes signatures mandatory
+    assert info.value.kind == "unsigned"
+    assert load(registry, None, allow_unsigned=True).version == 1
 
 
 class _FlakyBackend(LocalBackend):
@@ -239,3 +241,88 @@ def test_signed_but_broken_policy_is_refused(served, policies, publish_to, regis
 
     publish_to(Broken())
     _refused(served, r"policy does not load or decide")
+
+
+def test_gateway_without_a_key_refuses_to_load_unless_told(policies, publish_to, registry,
+                                                           monkeypatch) -> None:
+    """Secure by default: no public key means no load, not an unverified one."""
+    monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
+    publish_to(policies[0])
+    with pytest.raises(PolicyLoadError, match="no public key.*allow_unsigned=True") as info:
+        load(registry)
+    assert info.value.kind == "config"
+    with pytest.raises(PolicyLoadError, match="no public key"):
+        load(registry, default_model="gpt-4o-mini")  # a default model is no way around it
+    router = load(registry, allow_unsigned=True)
+    assert router.version == 1 and not router.status().signed
+
+
+GATEWAY_AS_NOBODY = """
+import json, os, sys
+from artifacts.runtime import load
+import _strptime, router_training.policy  # imported as root: the interpreter lives in root's home
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+router = load(sys.argv[1], public_key=sys.argv[2], state_dir=False)
+print(json.dumps({"uid": os.getuid(), "version": router.route("add 2 and 3").policy_version}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="starting a gateway as another user needs root")
+def test_a_gateway_running_as_another_user_can_read_what_was_published(policies, keypair) -> None:
+    """Published files are 0644 and folders 0755 even under a umask of 077; the private key
+    stays 0600. A gateway process running as `nobody` loads and verifies the policy."""
+    import shutil
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+
+    from artifacts.signing import generate_keys
+    from tests import REPO
+
+    shared = Path(tempfile.mkdtemp(prefix="routeopt-shared-"))
+    try:
+        shared.chmod(0o755)  # the operator's shared folder
+        old_umask = os.umask(0o077)
+        try:
+            generate_keys(shared / "keys")
+            publish(policies[0], shared / "registry", lineage={}, metrics={},
+                    signing_key=shared / "keys" / "signing_key.pem")
+        finally:
+            os.umask(old_umask)
+        modes = {str(p.relative_to(shared)): stat.S_IMODE(p.stat().st_mode) for p in shared.rglob("*")
+                 if not p.name.startswith(".")}
+        assert modes.pop("keys/signing_key.pem") == 0o600
+        assert all(m == (0o755 if (shared / p).is_dir() else 0o644) for p, m in modes.items()), modes
+        out = subprocess.run([sys.executable, "-c", GATEWAY_AS_NOBODY, str(shared / "registry"),
+                              str(shared / "keys" / "public_key.pem")],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout) == {"uid": 65534, "version": 1}
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_first_runs_at_once_end_with_one_key(tmp_path) -> None:
+    """Two nightlies starting together on a fresh install both create 'the' key: one wins, the
+    other uses it, and neither ever reads half a key."""
+    import threading
+
+    from artifacts.signing import ensure_signing_key, key_id, load_public_key, public_key_path
+
+    path, results, start = tmp_path / "keys" / "signing_key.pem", [], threading.Barrier(8)
+
+    def first_run() -> None:
+        start.wait()
+        key, created = ensure_signing_key(path)
+        results.append((key_id(key.public_key()), created))
+
+    threads = [threading.Thread(target=first_run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({k for k, _ in results}) == 1 and sum(c for _, c in results) == 1, results
+    assert key_id(load_public_key(public_key_path(path))) == results[0][0]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -12,6 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.fake_llm import FakeLLM, FaultPlan, write_arithmetic_suite, write_two_model_config
+from tests.leaks import every_log_record, hits_under
+
+SECRETS = ("sk-strong-planted-secret", "sk-weak-planted-secret")
 
 
 @pytest.fixture
@@ -38,16 +42,64 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     return path
 
 
+def _prefect_records(flow_run_id) -> tuple[list[str], list[str]]:
+    """What the Prefect API holds for a flow run: its log messages and its artifacts."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # logs go to the API in batches: send what is queued first
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [log.message for log in logs], [json.dumps(a.data, default=str) for a in arts]
+
+
+def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, log: str,
+                                                      flow_run_id) -> None:
+    """The planted keys were sent (in the auth header of every call) and are in none of the
+    outputs: DuckDB (SQL over every column), the response cache, the HTML report, the policy
+    files and manifests, the signing key folder, a Parquet export, the logs, Prefect's logs and
+    artifacts, and every record logged at DEBUG. Each search is shown to see its content (it
+    finds a known string)."""
+    from flows.export import export_parquet
+    from flows.nightly import shared_store, close_store
+
+    sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
+            for r in strong.requests + weak.requests}
+    assert sent == set(SECRETS)
+    db = tmp_path / "out" / "routeopt.duckdb"
+    export_parquet(shared_store(db), tmp_path / "out" / "export")
+    close_store(db)
+    logs, artifacts = _prefect_records(flow_run_id)
+    outputs = [tmp_path / "out", tmp_path / ".routeopt"]
+    assert {"registry", "cache", "reports", "export", "routeopt.duckdb"} <= {p.name for p in outputs[0].iterdir()}
+    for secret in SECRETS:
+        assert hits_under(outputs, secret) == []
+        assert secret not in log and not [m for m in logs + artifacts if secret in m]
+    found = hits_under(outputs, "q00001")  # an item id: in the store and in the export
+    assert any(".duckdb:" in h for h in found) and any(".parquet:" in h for h in found), found
+    assert hits_under([tmp_path / "out" / "cache"], '"finish_reason"')  # answers, in the cache
+    assert hits_under([tmp_path / "out" / "registry"], "strong") and hits_under([tmp_path / "out" / "reports"], "strong")
+    assert any("created the policy signing key" in m for m in logs), logs[-20:]
+    assert artifacts
+    assert "champion moved" in log and "chat/completions" in log  # the flow's and the SDKs' records
+
+
 def test_nightly_evaluates_trains_publishes_and_resumes(
     tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from artifacts.runtime import load
     from flows.nightly import close_store, nightly
 
-    monkeypatch.setenv("STRONG_KEY", "sk-strong-planted-secret")
-    monkeypatch.setenv("WEAK_KEY", "sk-weak-planted-secret")
+    monkeypatch.setenv("STRONG_KEY", SECRETS[0])
+    monkeypatch.setenv("WEAK_KEY", SECRETS[1])
+    monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
     strong, weak = two_servers
     config = _config(tmp_path, strong, weak)
-    result = nightly(config_path=str(config), run_id="night-1")
+    with every_log_record() as records:
+        state = nightly(config_path=str(config), run_id="night-1", return_state=True)
+    result = state.result()
     db = tmp_path / "out" / "routeopt.duckdb"
     close_store(db)
 
@@ -62,10 +114,18 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     assert n == distinct == 140
     assert 0 < passed_weak < 70  # the weak model really fails some items
     con.close()
-    assert "sk-strong-planted-secret" not in db.read_bytes().decode("latin-1")
+    _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, "\n".join(records),
+                                                      state.state_details.flow_run_id)
 
-    (tmp_path / "metrics.json").write_text(json.dumps(result["router_metrics"], indent=1))
+    # Signed with a key made on first use, beside the config; a verifying gateway loads it.
+    keys = tmp_path / ".routeopt" / "keys"
+    assert stat.S_IMODE((keys / "signing_key.pem").stat().st_mode) == 0o600
+    assert stat.S_IMODE((keys / "public_key.pem").stat().st_mode) == 0o644
+    assert result["published"]["signed"] and result["published"]["public_key"] == str(keys / "public_key.pem")
     published = Path(result["published"]["uri"])
+    assert (published / "manifest.sig").exists()
+    gateway = load(tmp_path / "out" / "registry", keys / "public_key.pem")
+    assert gateway.status().signed and gateway.status().channel == "champion" and gateway.version == 1
     manifest = json.loads((published / "manifest.json").read_text())
     assert manifest["lineage"]["runs"] == ["night-1"]
     assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
@@ -210,7 +270,8 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
         result = nightly(config_path=str(config), run_id=f"n{night}-{pool}", candidates=pools[pool])
         close_store(tmp_path / "out" / "db.duckdb")
         decisions.append(result["promotion"])
-        champions.append(sorted(champion_policy(tmp_path / "out" / "registry").candidates))
+        champion, _ = champion_policy(tmp_path / "out" / "registry", Path(result["published"]["public_key"]))
+        champions.append(sorted(champion.candidates))
     fleet = sorted(c["name"] for c in candidates)
     assert champions == [pools["a"], fleet, fleet], (champions, decisions)
     for d in decisions[1:]:  # the champion was scored on outcomes of the candidates it picks

@@ -117,8 +117,12 @@ def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
 def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: Path):
     from artifacts.registry import publish
 
-    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics)
-    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1})
+    from artifacts.signing import generate_keys
+
+    key, _ = generate_keys(tmp_path / "keys")
+    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics,
+            signing_key=key)
+    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1}, signing_key=key)
     with Store(db, read_only=True) as store:
         data = gather(store, "run-02", registry=tmp_path / "reg")
         none = gather(store, "run-03", registry=tmp_path / "reg")

@@ -6,7 +6,10 @@ from flows.cli import cli
 from tests.router_training.conftest import demo_frame
 
 
-def test_import_train_route_end_to_end(tmp_path):
+def test_import_train_route_end_to_end(tmp_path, monkeypatch):
+    key = tmp_path / "keys" / "signing_key.pem"
+    monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(key))  # train creates it on first use
+    monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
     runner = CliRunner()
     data = tmp_path / "outcomes.parquet"
     demo_frame(n_items=60).to_parquet(data)
@@ -19,7 +22,9 @@ def test_import_train_route_end_to_end(tmp_path):
 
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--quality-target", "0.9"])
     assert r.exit_code == 0, r.output
-    assert "held-out at target 0.9" in r.output
+    assert "held-out at target 0.9" in r.output and "(signed, key " in r.output
+    assert f"created the signing key {key}" in r.output
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and (key.parent / "public_key.pem").exists()
 
     requests = tmp_path / "in.jsonl"
     requests.write_text(
@@ -43,6 +48,9 @@ def test_route_reports_bad_input_line(tmp_path, trained):
     bad = tmp_path / "in.jsonl"
     bad.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2}\n')
     r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad)])
+    assert r.exit_code != 0 and "bare policy folder has no manifest or signature" in r.output
+    r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad),
+                                 "--allow-unsigned"])
     assert r.exit_code != 0 and "in.jsonl:2:" in r.output and "prompt" in r.output
 
 

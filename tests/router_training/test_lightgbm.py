@@ -120,9 +120,11 @@ def test_policy_module_imports_lightgbm_only_when_needed() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-def test_cli_train_and_bench_take_an_estimator(tmp_path: Path) -> None:
+def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> None:
     import json
 
+    monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(tmp_path / "keys" / "signing_key.pem"))
+    monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
     from click.testing import CliRunner
 
     from flows.cli import cli

@@ -16,6 +16,7 @@ from evals.execution.runner import RetryPolicy, evaluate_pair, token_cost
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import load_suite
 from tests.fake_llm import FaultPlan, fake_candidate, fake_llm, write_arithmetic_suite  # noqa: F401
+from tests.leaks import hits_under
 
 FAST = RetryPolicy(base_s=0.005, max_s=0.02)
 
@@ -306,12 +307,12 @@ async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm,
                                 limits=fresh_limits(cand))
         errors = store.query("SELECT error FROM outcomes WHERE error_kind = 'auth'")
     assert len(errors) == 12 and errors.error.str.contains("Incorrect API key").all()
-    files = [db, *(tmp_path / "cache").iterdir()]
-    for f in files:
-        assert secret.encode() not in Path(f).read_bytes(), f
+    sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
+            for r in fake_llm.requests}
+    assert sent == {secret}  # the key reached the server on every call...
+    assert hits_under([tmp_path], secret) == []  # ...and nothing the runs wrote holds it
+    assert f"{db}:outcomes.error" in hits_under([db], "Incorrect API key")  # the search sees rows
     assert secret not in caplog.text and "0123456789" not in caplog.text
-    assert all("authorization" not in r.headers and "x-api-key" not in r.headers
-               for r in fake_llm.requests)
 
 
 def test_shared_limits_follow_candidate_fields(fake_candidate):

@@ -60,8 +60,7 @@ async def test_what_was_sent(fake_llm, fake_candidate, monkeypatch):
     assert (sent.body["stop"], sent.body["top_p"]) == (["ZZZ"], 0.5)
     assert sent.body["stream"] is True
     assert sent.body["stream_options"] == {"include_usage": True}
-    assert "authorization" not in sent.headers  # recorded without credentials
-    assert "sk-test-secret" not in str(sent.headers)
+    assert sent.headers["authorization"] == "Bearer sk-test-secret-123456"  # the key, where it belongs
 
 
 async def test_streaming_timing_follows_vllm_definitions(fake_llm, fake_candidate):
