@@ -57,9 +57,14 @@ class CodeGrader(Grader):
     network: Literal["isolated", "allow"] = "isolated"
     max_parallel: int = Field(default=2, ge=1, le=64)
     _slots: threading.BoundedSemaphore = PrivateAttr()
+    _RUNTIME_STATE = ("_slots",)
 
     def model_post_init(self, __context: Any) -> None:
         self._slots = threading.BoundedSemaphore(self.max_parallel)
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._slots = threading.BoundedSemaphore(self.max_parallel)  # per copy in a worker
 
     def _tests(self, item: dict[str, Any]) -> list[str]:
         tests = item.get(self.tests_field)
