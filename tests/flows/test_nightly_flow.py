@@ -79,3 +79,45 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM outcomes WHERE run_id = 'night-1'").fetchone()[0] == 140
     con.close()
+
+
+def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the weak candidate's rows (a full disk): the run fails naming the pair
+    and is not marked completed; once the store works, the same run id finishes every item."""
+    from evals.execution.runner import _Flusher
+    from evals.storage.store import Store
+    from flows.nightly import close_store, nightly, shared_store
+
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak")
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0,))
+    strong, weak = two_servers
+    config = _config(tmp_path, strong, weak)
+    db = tmp_path / "out" / "routeopt.duckdb"
+    write = Store.write_outcomes
+
+    def full_disk(self, outcomes):
+        outcomes = list(outcomes)
+        if any(o.candidate == "weak" for o in outcomes):
+            raise duckdb.IOException("IO Error: No space left on device")
+        return write(self, outcomes)
+
+    monkeypatch.setattr(Store, "write_outcomes", full_disk)
+    with pytest.raises(RuntimeError, match=r"run night-w is not complete: FlushError: arith.? x weak"):
+        nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
+    store = shared_store(db)
+    status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
+    counts = dict(store.query("SELECT candidate, count(*) AS n FROM outcomes GROUP BY candidate")
+                  .itertuples(index=False, name=None))
+    assert status == ["failed"] and counts == {"strong": 70}
+
+    monkeypatch.setattr(Store, "write_outcomes", write)
+    nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
+    store = shared_store(db)
+    status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
+    n, distinct = store.query("SELECT count(*) AS n, count(DISTINCT (suite, item_id, candidate)) AS d "
+                              "FROM outcomes").iloc[0]
+    close_store(db)
+    assert status == ["completed"] and n == distinct == 140
