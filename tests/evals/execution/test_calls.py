@@ -51,8 +51,7 @@ async def test_an_open_breaker_makes_the_queue_wait_for_its_probe(tmp_path, fake
     watcher.start()
     rows: list[Outcome] = []
     try:
-        stats = await evaluate_pair(suite, cand, "r", rows.extend, limits=lim, retry=FAST,
-                                    breaker_max_wait_s=30)
+        stats = await evaluate_pair(suite, cand, "r", rows.extend, limits=lim, retry=FAST)
     finally:
         healed.set()
         watcher.join()

@@ -326,7 +326,7 @@ async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
         tmp_path, fake_llm, fake_candidate, monkeypatch):
     from evals.execution.runner import FlushError, _Flusher
 
-    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.01))
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.01), raising=False)
     fake_llm.first_token_delay_s = 0.01
     suite = load_suite(write_arithmetic_suite(tmp_path, 60))
     sink = FlakySink(lambda n: n > 1)  # the first batch is written, then the disk is full
@@ -344,7 +344,7 @@ async def test_a_write_that_fails_then_succeeds_loses_nothing(tmp_path, fake_llm
                                                               monkeypatch):
     from evals.execution.runner import _Flusher
 
-    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.0))
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.0), raising=False)
     suite = load_suite(write_arithmetic_suite(tmp_path, 30))
     sink = FlakySink(lambda n: n in (2, 3))  # one batch fails twice, then goes through
     stats = await run(suite, fake_candidate(max_concurrency=2), sink, flush_every=5)
