@@ -470,5 +470,6 @@ async def _run_items(pair: _Pair, todo: list[Item], own: tuple[bool, bool], sink
             stats.wall_s = time.perf_counter() - started
             stats.calls, stats.judge_calls = pair.caller.calls, pair.grading.calls
             stats.halted = pair.caller.halted
-            if stats.halted:
-                log.error("%s x %s: %s", pair.suite.name, candidate.name, stats.halted)
+            for caller in (pair.caller, *pair.grading.callers.values()):
+                if caller.halted:
+                    log.error("%s x %s: %s", pair.suite.name, candidate.name, caller.halted)
