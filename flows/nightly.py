@@ -45,6 +45,11 @@ def close_store(path: Path) -> None:
         store.close()
 
 
+class RunIncomplete(RuntimeError):
+    """Pairs of the run failed (rows could not be written): it is marked 'failed', and resuming
+    it with the same run id completes it."""
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
@@ -164,8 +169,8 @@ def evaluate_all(
     failed = _collect(futures, store, report)
     if failed:  # rows are missing: never mark such a run completed
         store.finish_run(run_id, "failed")
-        raise RuntimeError(f"run {run_id} is not complete: " + "; ".join(failed)
-                           + f". Resume it with --run-id {run_id}")
+        raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
+                            + f". Resume it with --run-id {run_id}")
     store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
     return report
 

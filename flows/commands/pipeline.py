@@ -70,7 +70,7 @@ def _progress(enabled: bool) -> Iterator[str | None]:
 def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     from rich.console import Console
 
-    from flows.nightly import nightly, shared_store
+    from flows.nightly import RunIncomplete, nightly, shared_store
     from flows.summary import candidate_table, print_summary
 
     config_path = kw.pop("config_path") or default_config_path()
@@ -88,7 +88,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
                 use_cache=not kw["no_cache"],
                 progress_key=progress_key,
             )
-    except ConfigError as exc:
+    except (ConfigError, RunIncomplete) as exc:
         raise click.ClickException(str(exc)) from None
     console = Console()
     rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])

@@ -89,7 +89,7 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
     with the store working, the same run id finishes every item."""
     from evals.execution.runner import _Flusher
     from evals.storage.store import Store
-    from flows.nightly import close_store, nightly, shared_store
+    from flows.nightly import RunIncomplete, close_store, nightly, shared_store
 
     monkeypatch.setenv("STRONG_KEY", "sk-strong")
     monkeypatch.setenv("WEAK_KEY", "sk-weak")
@@ -112,7 +112,7 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
         return write(self, outcomes)
 
     monkeypatch.setattr(Store, "write_outcomes", full_disk)
-    with pytest.raises(RuntimeError, match=r"run night-w is not complete: FlushError: arith.? x weak"):
+    with pytest.raises(RunIncomplete, match=r"run night-w is not complete: FlushError: arith.? x weak"):
         nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
     store = shared_store(db)
     status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
@@ -128,3 +128,24 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
                               "FROM outcomes").iloc[0]
     close_store(db)
     assert status == ["completed"] and n == distinct == 140
+
+
+def test_a_refused_key_is_named_in_the_summary_and_only_its_candidate_stops(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from flows.cli import cli
+    from flows.nightly import close_store
+
+    strong, weak = two_servers
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak-revoked-0123456789")
+    weak.expect_api_key = "sk-weak-current"
+    config = _config(tmp_path, strong, weak)
+    res = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k"])
+    close_store(tmp_path / "out" / "routeopt.duckdb")
+    out = " ".join(res.output.split())
+    assert "candidate weak stopped calling" in out and "fix $WEAK_KEY and resume the run" in out, out
+    assert "0123456789" not in res.output
+    assert len(strong.requests) == 70 and len(weak.requests) <= 2 * 8  # one wave per suite

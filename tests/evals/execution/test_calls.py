@@ -197,3 +197,19 @@ async def test_retries_count_toward_the_cap(tmp_path, fake_llm, fake_candidate):
     assert {r.error_kind for r in rows} == {"truncated_stream", "budget"}
     assert sum(r.attempts for r in rows) == len(fake_llm.requests)
     assert [r for r in rows if r.error_kind == "budget"][-1].attempts == 0
+
+
+async def test_a_timeout_mid_stream_costs_the_prompt_and_what_arrived(tmp_path, fake_llm, fake_candidate):
+    suite = load_suite(write_arithmetic_suite(tmp_path, 1))
+    long_answer = " ".join(f"word{i}" for i in range(40))
+    fake_llm.answer_fn = lambda prompt: long_answer
+    fake_llm.token_delay_s = 0.05  # 40 pieces take 2 s; the candidate waits 0.6 s
+    cand = fake_candidate(timeout_s=0.6, max_retries=0)
+    budget = Budget(run_usd=1.0)
+    rows: list[Outcome] = []
+    await evaluate_pair(suite, cand, "r", rows.extend, limits=limits(cand), retry=FAST, budget=budget)
+    (row,) = rows
+    prompt = estimate_tokens(suite.request(suite.items[0]).prompt_text) * 1.0 / 1e6
+    whole = prompt + math.ceil(len(long_answer) / 4) * 2.0 / 1e6
+    assert row.error_kind == "timeout" and prompt < row.cost_usd < whole  # part of the answer came
+    assert budget.spent() == pytest.approx(row.cost_usd)
