@@ -182,7 +182,7 @@ class Caller:
         try:
             completion = await self._send(request, reserve_tokens, progress)
         except ProviderError as err:
-            self.limits.breaker.record(err)
+            self.limits.breaker.record(err, admission)
             cost = self._failed_cost(request, progress, time.perf_counter() - started)
             self._settle(reservation, cost)
             return None, err, cost
@@ -191,7 +191,7 @@ class Caller:
             if reservation is not None:
                 self._settle(reservation, reservation.amount)
             raise
-        self.limits.breaker.record(None)
+        self.limits.breaker.record(None, admission)
         cost = token_cost(self.candidate, completion)
         if cost is None:
             cost = self._gpu(completion.latency_s)

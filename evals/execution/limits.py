@@ -152,10 +152,15 @@ class CircuitBreaker:
                 pause = min(pause, max_wait_s - down_for)
             await asyncio.sleep(max(pause, 0.001))
 
-    def record(self, error: ProviderError | None) -> None:
-        """Count a finished attempt: endpoint faults count, anything else resets the count."""
+    def record(self, error: ProviderError | None, admission: "Admission | None" = None) -> None:
+        """Count a finished attempt: endpoint faults count, anything else resets the count.
+
+        `admission`: how the call was let through; only the probe's answer closes the breaker
+        (without it, any finished call is taken for the probe)."""
         with self._lock:
-            was_probe, self._probe = self._probe, False
+            was_probe = self._probe if admission is None else admission.probe
+            if was_probe:
+                self._probe = False
             if error is None or error.kind not in BREAKER_KINDS:
                 self.consecutive = 0
                 if self.state != "closed" and was_probe:

@@ -217,3 +217,22 @@ async def test_a_timeout_mid_stream_costs_the_prompt_and_what_arrived(tmp_path, 
     whole = prompt + math.ceil(len(long_answer) / 4) * 2.0 / 1e6
     assert row.error_kind == "timeout" and prompt < row.cost_usd < whole  # part of the answer came
     assert budget.spent() == pytest.approx(row.cost_usd)
+
+
+async def test_only_the_probes_answer_decides_a_half_open_breaker():
+    """A call sent before the breaker opened and failing late must not take the probe's place:
+    the probe's success closes the breaker."""
+    from evals.execution.limits import Admission
+    from evals.providers.base import ProviderError
+
+    now = [0.0]
+    breaker = CircuitBreaker("x", failures=1, cooldown_s=1.0, clock=lambda: now[0])
+    boom = ProviderError("server_error", "HTTP 500")
+    straggler = await breaker.admit(10)  # let through while closed
+    breaker.record(boom, await breaker.admit(10))  # opens
+    now[0] = 1.5
+    probe = await breaker.admit(10)
+    assert probe.probe and not straggler.probe and breaker.state == "half_open"
+    breaker.record(boom, straggler)  # the straggler's late failure
+    breaker.record(None, probe)
+    assert breaker.state == "closed" and breaker.down_since is None
