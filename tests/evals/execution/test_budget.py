@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from evals.config import BudgetSettings, Candidate, ConfigError, load_config
 from evals.execution.budget import (
-    BUDGET_ERROR_KIND,
     Budget,
     BudgetExhausted,
     budget_for_run,

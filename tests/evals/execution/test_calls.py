@@ -222,7 +222,6 @@ async def test_a_timeout_mid_stream_costs_the_prompt_and_what_arrived(tmp_path, 
 async def test_only_the_probes_answer_decides_a_half_open_breaker():
     """A call sent before the breaker opened and failing late must not take the probe's place:
     the probe's success closes the breaker."""
-    from evals.execution.limits import Admission
     from evals.providers.base import ProviderError
 
     now = [0.0]
