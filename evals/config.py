@@ -48,6 +48,8 @@ class Candidate(BaseModel):
     stream: bool = True  # stream answers (TTFT/TPOT measured); false for servers without SSE
     circuit_breaker_failures: int = Field(default=10, ge=1)  # consecutive endpoint faults
     circuit_breaker_cooldown_s: float = Field(default=30.0, gt=0)  # open -> half-open probe
+    # how long an open breaker may hold the queue before its items are left for a resumed run
+    circuit_breaker_max_wait_s: float = Field(default=600.0, ge=0)
 
     @model_validator(mode="after")
     def _priced(self) -> "Candidate":

@@ -47,6 +47,11 @@ def close_store(path: Path) -> None:
         store.close()
 
 
+class RunIncomplete(RuntimeError):
+    """Pairs of the run failed (rows could not be written): it is marked 'failed', and resuming
+    it with the same run id completes it."""
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
@@ -175,12 +180,27 @@ def evaluate_all(
                 )
             )
             last_of[cand.name] = futures[-1]
-    for fut in futures:
-        stats, rows = fut.result()
-        store.write_outcomes(rows)
-        report.pairs.append(stats)
+    failed = _collect(futures, store, report)
+    if failed:  # rows are missing: never mark such a run completed
+        store.finish_run(run_id, "failed")
+        raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
+                            + f". Resume it with --run-id {run_id}")
     store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
     return report
+
+
+def _collect(futures: list[Any], store: Store, report: EvalReport) -> list[str]:
+    """Wait for every pair and persist what workers returned; say which pairs failed."""
+    failed = []
+    for fut in futures:
+        try:
+            stats, rows = fut.result()
+        except Exception as exc:  # e.g. FlushError: the others' rows are still written
+            failed.append(f"{type(exc).__name__}: {exc}")
+            continue
+        store.write_outcomes(rows)
+        report.pairs.append(stats)
+    return failed
 
 
 def training_frame(cfg: Config, run_id: str) -> Any:

@@ -103,6 +103,9 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
         console.print(router_table(holdout))
     for name, err in (result.get("suite_errors") or {}).items():
         console.print(f"[red]suite {name} was skipped:[/red] {err}")
+    halted = {p["candidate"]: p["halted"] for p in result.get("pairs") or [] if p.get("halted")}
+    for name, why in halted.items():
+        console.print(f"[red]candidate {name} stopped calling:[/red] {why}")
     if result.get("published"):
         pub = result["published"]
         signed = f"signed, key {pub['key_id']}" if pub.get("key_id") else "UNSIGNED"

@@ -1,7 +1,8 @@
 """Spend caps for a run: a budget in USD for the whole run and, optionally, per candidate.
 
-The runner reserves a pessimistic estimate of a call's cost *before* sending it and settles
-the reservation with the actual cost afterwards. A call is refused (its item recorded with
+The runner reserves a pessimistic estimate of each attempt's cost *before* sending it (retries
+and the judge's calls included) and settles the reservation with what the attempt actually
+cost, failed attempts included (`evals.execution.calls`). A call is refused (its item recorded with
 error_kind "budget") only when it could exceed a cap even if every call still in flight turned
 out to cost nothing; while in-flight reservations merely crowd the cap, the caller waits for
 them to settle instead of giving up early. One `Budget` is shared by every (suite, candidate)
@@ -15,11 +16,11 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from evals.config import BudgetSettings, Candidate
 from evals.providers.base import Request
-from evals.storage.store import Outcome, Store
+from evals.storage.store import Store
 
 BUDGET_ERROR_KIND = "budget"
 _WAIT_POLL_S = 0.02
@@ -119,8 +120,9 @@ class Budget:
         """Independent budgets for (suite, candidate) tasks that run in other processes.
 
         Workers elsewhere cannot share this object's lock, so each pair gets an equal share of
-        what remains of the run cap and of its candidate's cap. Conservative: a share one pair
-        leaves unspent is not reused by another.
+        what remains of the run cap and of its candidate's cap. A capped candidate that no pair
+        evaluates (a judge, called from every pair's grading) has its cap shared by all pairs.
+        Conservative: a share one pair leaves unspent is not reused by another.
         """
         pairs = list(dict.fromkeys(pairs))
         per_cand: dict[str, int] = {}
@@ -131,10 +133,11 @@ class Budget:
             cand_left = {
                 c: max(0.0, cap - self._spent_locked(c)) for c, cap in self.per_candidate_usd.items()
             }
+        others = {c: left / len(pairs) for c, left in cand_left.items() if c not in per_cand}
         return {
             (suite, cand): Budget(
                 None if run_left is None else run_left / len(pairs),
-                {cand: cand_left[cand] / per_cand[cand]} if cand in cand_left else None,
+                {**others, **({cand: cand_left[cand] / per_cand[cand]} if cand in cand_left else {})},
             )
             for suite, cand in pairs
         }
@@ -269,48 +272,15 @@ def spent_in_run(store: Store, run_id: str) -> dict[str, float]:
     """What a run already spent per candidate, so a resumed run keeps counting from there.
 
     Cached answers carry their list-price cost for training but were not paid: not counted.
+    Judge calls are counted against the judge candidate.
     """
     frame = store.query(
-        "SELECT candidate, coalesce(sum(cost_usd), 0) AS usd FROM outcomes "
-        "WHERE run_id = ? AND NOT coalesce(cached, FALSE) GROUP BY candidate",
-        [run_id],
+        "SELECT candidate, sum(usd) AS usd FROM ("
+        " SELECT candidate, coalesce(cost_usd, 0) AS usd FROM outcomes"
+        " WHERE run_id = ? AND NOT coalesce(cached, FALSE)"
+        " UNION ALL SELECT judge_candidate, judge_cost_usd FROM outcomes"
+        " WHERE run_id = ? AND judge_candidate IS NOT NULL AND judge_cost_usd IS NOT NULL"
+        ") GROUP BY candidate",
+        [run_id, run_id],
     )
     return {str(r.candidate): float(r.usd) for r in frame.itertuples()}
-
-
-async def run_within_budget(
-    budget: Budget | None,
-    candidate: Candidate,
-    request: Request,
-    evaluate: Callable[[], Awaitable[Outcome]],
-    skipped: Callable[[str], Outcome],
-) -> Outcome:
-    """Reserve, make the call through `evaluate`, settle with what it cost.
-
-    When a cap would be exceeded the call is not made and `skipped(reason)` builds the row
-    (error_kind "budget") that records the item. A call that dies unexpectedly is settled at
-    its full estimate: it may have been billed.
-    """
-    if budget is None:
-        return await evaluate()
-    try:
-        res = await budget.areserve(candidate.name, estimate_call_cost(candidate, request))
-    except BudgetExhausted as exc:
-        return skipped(str(exc))
-    cost: float | None = res.amount
-    try:
-        row = await evaluate()
-        cost = row.cost_usd if row.cost_usd is not None else gpu_provisional_cost(candidate, row.latency_s)
-        return row
-    finally:
-        budget.settle(res, cost)
-
-
-def gpu_window_correction(candidate: Candidate, rows: Iterable[Outcome]) -> float:
-    """What to `Budget.correct` once a GPU window's cost is apportioned over its rows."""
-    if candidate.gpu_hour_usd is None:
-        return 0.0
-    rows = list(rows)
-    actual = sum(r.cost_usd or 0.0 for r in rows)
-    provisional = sum(gpu_provisional_cost(candidate, r.latency_s) or 0.0 for r in rows)
-    return actual - provisional

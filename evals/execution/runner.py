@@ -1,15 +1,22 @@
 """The eval runner: one suite across one candidate, async, graded, costed and persisted.
 
-Per call: response cache (deterministic settings only) -> spend budget -> circuit breaker ->
-RPM/TPM limiter -> provider call under a timeout -> retries with exponential backoff and full
-jitter that honour Retry-After. Every item ends with exactly one outcome: a grade, or an error
-row that says what happened (`error_kind`, `error`, `attempts`). Outcomes are flushed to the
-sink in batches off the event loop (by size, and at least every half second); a run killed at
-any moment loses at most the unflushed batch, and a restart with the same run id (the store's primary key and
-`Store.done_items`) evaluates only the items without a row. Calls finished but not flushed
-before a kill are in the response cache under their run id, so the resumed run does not pay for
-them again; answers of other runs are replayed only when the caller opts in (`cache_max_age_s`).
+Per item: response cache (deterministic settings only) -> the candidate's call path
+(`evals.execution.calls`: a refused key stops the pair, an open breaker makes the queue wait for
+its probe, each attempt reserved under the spend caps, RPM/TPM limiter, timeout, retries) ->
+grading, whose model calls (the judge) take the same path and are recorded on the item's row.
+Every item ends with exactly one outcome: a grade, or an error row that says what happened
+(`error_kind`, `error`, `attempts`, and what the attempts cost). Errors on our side (budget,
+an endpoint down past the breaker's wait, a refused key) are placeholders a resumed run retries.
 
+Outcomes are flushed to the sink in batches off the event loop (by size, and at least every
+half second); a run killed at any moment loses at most the unflushed batch, and a restart with
+the same run id (the store's primary key and `Store.done_items`) evaluates only the items
+without a row. Calls finished but not flushed before a kill are in the response cache under
+their run id, so the resumed run does not pay for them again; answers of other runs are replayed
+only when the caller opts in (`cache_max_age_s`). A write that keeps failing stops the pair and
+raises `FlushError`.
+
+Self-hosted candidates that share a device are measured one at a time (`DeviceSlot`).
 Timing definitions are vLLM's (TTFT to the first non-empty content chunk, TPOT, inter-chunk
 gaps); see `evals.providers.sdk`.
 """
@@ -18,22 +25,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from evals.execution.budget import Budget, gpu_window_correction, run_within_budget
-from evals.execution.cache import Hit, ResponseCache, cache_key
 from evals.config import Candidate
-from evals.execution.limits import EndpointLimits, GpuMeter, shared_gpu_meter, shared_limits
+from evals.execution.budget import Budget, gpu_provisional_cost
+from evals.execution.cache import Hit, ResponseCache, cache_key
+from evals.execution.calls import Caller, CallResult, RetryPolicy, token_cost
+from evals.execution.limits import GpuMeter, EndpointLimits, shared_device_slot, shared_gpu_meter, shared_limits
+from evals.grading import Grader
 from evals.providers import make_provider
-from evals.providers.sdk import estimate_tokens
 from evals.providers.base import Completion, Provider, ProviderError, Request
-from evals.storage.store import Outcome
+from evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome
 from evals.suite.spec import Item, Suite
+
+__all__ = ["FlushError", "PairStats", "RetryPolicy", "apportion_gpu_cost", "evaluate_pair", "token_cost"]
 
 Sink = Callable[[list[Outcome]], object]
 log = logging.getLogger(__name__)
@@ -51,53 +61,107 @@ class PairStats:
     errors: int = 0
     cached: int = 0
     calls: int = 0
+    judge_calls: int = 0
     wall_s: float = 0.0
     error_kinds: dict[str, int] = field(default_factory=dict)
+    halted: str | None = None  # why the pair stopped calling early (its API key was refused)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter (AWS architecture blog), at least Retry-After."""
+class FlushError(RuntimeError):
+    """Outcome rows could not be written even after retries: the run must not be marked
+    complete. `rows` are those still unwritten; a resumed run evaluates the missing items."""
 
-    base_s: float = 0.25
-    max_s: float = 30.0
-    max_retry_after_s: float = 300.0
-
-    def delay(self, attempt: int, err: ProviderError) -> float:
-        backoff = random.uniform(0.0, min(self.max_s, self.base_s * 2 ** (attempt - 1)))
-        return max(backoff, min(err.retry_after_s or 0.0, self.max_retry_after_s))
+    def __init__(self, message: str, rows: list[Outcome]):
+        super().__init__(message)
+        self.rows = rows
 
 
-def token_cost(candidate: Candidate, c: Completion) -> float | None:
-    """List-price cost of one call; None for GPU-priced candidates (costed per flush window)."""
-    if candidate.gpu_hour_usd is not None:
-        return None
-    inp = c.input_tokens or 0
-    cached = min(c.cached_input_tokens or 0, inp)
-    out = c.output_tokens or 0
-    price_in = candidate.input_price_per_mtok or 0.0
-    price_cached = candidate.cached_input_price_per_mtok
-    price_cached = price_in if price_cached is None else price_cached
-    price_out = candidate.output_price_per_mtok or 0.0
-    return ((inp - cached) * price_in + cached * price_cached + out * price_out) / 1e6
-
-
-def apportion_gpu_cost(candidate: Candidate, rows: list[Outcome], window_s: float) -> None:
-    """Split a GPU-priced candidate's cost over a time window among the calls it served.
+def apportion_gpu_cost(candidate: Candidate, rows: list[Outcome], window_s: float) -> float:
+    """Split a GPU-priced candidate's cost over a time window among the calls it served;
+    returns the window's cost (what the budget is corrected to).
 
     The GPU is paid for by the hour whether busy or idle, so the window's cost (divided by the
     configured utilisation) is shared by the tokens processed in it: idle time makes every token
     dearer. Cache hits used no GPU and cost nothing; a window with no served call is not charged
-    to any row (the budget still sees the GPU's time through its provisional estimates).
+    to any row, but the budget still counts it.
     """
     if candidate.gpu_hour_usd is None:
-        return
+        return 0.0
     dollars = candidate.gpu_hour_usd / 3600.0 * window_s / candidate.utilization
     priced = [r for r in rows if r.error_kind is None and not r.cached]
     tokens = sum((r.input_tokens or 0) + (r.output_tokens or 0) for r in priced)
     for r in priced:
         share = ((r.input_tokens or 0) + (r.output_tokens or 0)) / tokens if tokens else 1 / len(priced)
         r.cost_usd = dollars * share
+    return dollars
+
+
+@dataclass
+class _GradingUsage:
+    """What one item's grading spent on model calls (the judge), for its outcome row."""
+
+    candidates: set[str] = field(default_factory=set)
+    cost_usd: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, candidate: Candidate, result: CallResult) -> None:
+        self.candidates.add(candidate.name)
+        c = result.completion
+        cost = result.cost_usd
+        if cost is None and c is not None:  # a GPU-priced judge: its own GPU time
+            cost = gpu_provisional_cost(candidate, c.latency_s)
+        self.cost_usd += cost or 0.0
+        if c is not None:
+            self.input_tokens += c.input_tokens or 0
+            self.output_tokens += c.output_tokens or 0
+
+    def record(self, row: Outcome) -> None:
+        if self.candidates:
+            row.judge_candidate = ",".join(sorted(self.candidates))
+            row.judge_cost_usd = self.cost_usd
+            row.judge_input_tokens, row.judge_output_tokens = self.input_tokens, self.output_tokens
+
+
+_GRADING_USAGE: ContextVar[_GradingUsage | None] = ContextVar("routeopt_grading_usage", default=None)
+
+
+class _GradingCalls:
+    """The call path the runner lends graders that call models (the judge): the same limits,
+    breaker, budget (against the judge candidate) and retries as the pair's own calls; each
+    call's cost and tokens go on the outcome row of the item being graded."""
+
+    def __init__(self, budget: Budget | None, retry: RetryPolicy, max_wait_s: float | None):
+        self.budget, self.retry, self.max_wait_s = budget, retry, max_wait_s
+        self.callers: dict[str, Caller] = {}
+
+    def _caller(self, candidate: Candidate) -> Caller:
+        caller = self.callers.get(candidate.name)
+        if caller is None:  # no await since the lookup: one caller per candidate and loop
+            limits = shared_limits(candidate, breaker_failures=candidate.circuit_breaker_failures,
+                                   breaker_cooldown_s=candidate.circuit_breaker_cooldown_s)
+            wait = candidate.circuit_breaker_max_wait_s if self.max_wait_s is None else self.max_wait_s
+            caller = self.callers[candidate.name] = Caller(
+                candidate, make_provider(candidate), limits, self.budget, self.retry, wait)
+        return caller
+
+    async def __call__(self, candidate: Candidate, request: Request) -> Completion:
+        result = await self._caller(candidate).call(request)
+        usage = _GRADING_USAGE.get()
+        if usage is not None:
+            usage.add(candidate, result)
+        if result.completion is None:
+            assert result.error is not None
+            raise result.error
+        return result.completion
+
+    @property
+    def calls(self) -> int:
+        return sum(c.calls for c in self.callers.values())
+
+    async def aclose(self) -> None:
+        for caller in self.callers.values():
+            await caller.provider.aclose()
 
 
 @dataclass
@@ -107,11 +171,10 @@ class _Pair:
     suite: Suite
     candidate: Candidate
     run_id: str
-    provider: Provider
-    limits: EndpointLimits
+    caller: Caller
+    grader: Grader  # the suite's grader, bound to `grading`
+    grading: _GradingCalls
     cache: ResponseCache | None
-    budget: Budget | None
-    retry: RetryPolicy
     stats: PairStats
     cache_scope: str  # the run whose own answers the cache gives back
 
@@ -120,64 +183,14 @@ class _Pair:
                        item_id=item.id, candidate=self.candidate.name, **values)  # type: ignore[arg-type]
 
 
-_REFUSED = frozenset({"rate_limited", "auth", "config", "client_error"})
-
-
-async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Completion:
-    """One provider call under the limiter and the candidate's overall timeout."""
-    await pair.limits.limiter.acquire(reserve_tokens)
-    pair.stats.calls += 1
-    timeout = pair.candidate.timeout_s
-    try:
-        async with asyncio.timeout(timeout):  # unlike wait_for, no extra task per call
-            c = await pair.provider.generate(request)
-    except TimeoutError:
-        raise ProviderError("timeout", f"no complete answer within {timeout:g}s") from None
-    except ProviderError as err:
-        if err.kind in _REFUSED:  # refused before any generation: its tokens were not used
-            pair.limits.limiter.refund(reserve_tokens)
-        raise
-    except Exception as exc:  # a provider bug must cost this item, never the run
-        raise ProviderError("internal", f"{type(exc).__name__}: {exc}") from None
-    pair.limits.limiter.refund(reserve_tokens - (c.input_tokens or 0) - (c.output_tokens or 0))
-    return c
-
-
-async def _call_with_retries(pair: _Pair, request: Request) -> tuple[Completion | None, ProviderError | None, int]:
-    reserve = estimate_tokens(request.prompt_text) + request.settings.max_tokens
-    breaker = pair.limits.breaker
-    attempt = 0
-    last: ProviderError | None = None
-    while True:
-        why = breaker.check()
-        if why is not None:
-            if last is not None:
-                why += f"; this item's last error: {last.kind}: {last.message[:200]}"
-            return None, ProviderError("circuit_open", why), attempt
-        attempt += 1
-        try:
-            completion = await _attempt(pair, request, reserve)
-        except ProviderError as err:
-            breaker.record(err)
-            last = err
-        except BaseException:
-            breaker.release()
-            raise
-        else:
-            breaker.record(None)
-            return completion, None, attempt
-        if not last.retryable or attempt > pair.candidate.max_retries:
-            return None, last, attempt
-        await asyncio.sleep(pair.retry.delay(attempt, last))
-
-
-def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: bool) -> dict:
+def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: bool,
+                   cost_usd: float | None) -> dict:
     return dict(
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
         cached_input_tokens=completion.cached_input_tokens,
         tokens_estimated=completion.tokens_estimated,
-        cost_usd=token_cost(pair.candidate, completion),
+        cost_usd=cost_usd,
         ttft_s=completion.ttft_s,
         latency_s=completion.latency_s,
         tpot_s=completion.tpot_s,
@@ -189,14 +202,19 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
 
 
 async def _call(pair: _Pair, item: Item, request: Request) -> Outcome:
-    """The network part of an item: call (with retries), cache the answer, or record the error."""
-    completion, err, attempts = await _call_with_retries(pair, request)
-    if completion is None:
-        assert err is not None
-        return pair.row(item, error_kind=err.kind, error=err.message[:2000], attempts=attempts)
+    """The network part of an item: call (with retries), cache the answer, or record the error.
+
+    The row's cost is what every attempt cost, failed ones included."""
+    result = await pair.caller.call(request)
+    if result.completion is None:
+        assert result.error is not None
+        return pair.row(item, error_kind=result.error.kind, error=result.error.message[:2000],
+                        attempts=result.attempts, cost_usd=result.cost_usd)
     if pair.cache is not None and request.settings.deterministic:
-        pair.cache.put(cache_key(pair.candidate, request), pair.cache_scope, completion, attempts)
-    return pair.row(item, **_graded_fields(pair, completion, attempts, cached=False))
+        pair.cache.put(cache_key(pair.candidate, request), pair.cache_scope, result.completion,
+                       result.attempts)
+    return pair.row(item, **_graded_fields(pair, result.completion, result.attempts, False,
+                                           result.cost_usd))
 
 
 async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
@@ -211,9 +229,7 @@ async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
     if hit is not None:
         row = _from_cache(pair, item, hit)
     else:
-        row = await run_within_budget(
-            pair.budget, pair.candidate, request, lambda: _call(pair, item, request),
-            lambda why: pair.row(item, error_kind="budget", error=why[:2000], attempts=0))
+        row = await _call(pair, item, request)
     if row.error_kind is None:
         await _grade(pair, item, row)
     return row
@@ -222,20 +238,30 @@ async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
 def _from_cache(pair: _Pair, item: Item, hit: Hit) -> Outcome:
     """This run's own answer, recovered after a kill (paid once, booked now), or an answer
     replayed from an earlier run (`cached`: not this run's cost or timing)."""
+    cost = token_cost(pair.candidate, hit.completion)
     if hit.scope != pair.cache_scope:
-        return pair.row(item, **_graded_fields(pair, hit.completion, attempts=0, cached=True))
-    row = pair.row(item, **_graded_fields(pair, hit.completion, hit.attempts, cached=False))
-    if pair.budget is not None and row.cost_usd:
-        pair.budget.correct(pair.candidate.name, row.cost_usd)
+        return pair.row(item, **_graded_fields(pair, hit.completion, 0, True, cost))
+    row = pair.row(item, **_graded_fields(pair, hit.completion, hit.attempts, False, cost))
+    if pair.caller.budget is not None and row.cost_usd:
+        pair.caller.budget.correct(pair.candidate.name, row.cost_usd)
     return row
 
 
 async def _grade(pair: _Pair, item: Item, row: Outcome) -> None:
+    usage = _GradingUsage()
+    token = _GRADING_USAGE.set(usage)
     try:
-        grade = await pair.suite.grader.grade(row.response or "", item.fields)
+        grade = await pair.grader.grade(row.response or "", item.fields)
+    except ProviderError as err:  # the judge's call path gave up: on our side, or the judge's fault
+        kind = err.kind if err.kind in RESUMABLE_ERROR_KINDS else "grader_error"
+        row.error_kind, row.error = kind, f"grader's model call failed: {err}"[:2000]
+        return
     except Exception as exc:  # a grader bug is recorded for this item; the run goes on
         row.error_kind, row.error = "grader_error", f"{type(exc).__name__}: {exc}"[:2000]
         return
+    finally:
+        _GRADING_USAGE.reset(token)
+        usage.record(row)
     row.passed, row.score, row.reason = grade.passed, grade.score, grade.reason
 
 
@@ -245,13 +271,20 @@ class _Flusher:
     A batch goes when it holds `max_rows` rows or its oldest row is `max_age_s` old, whichever
     comes first: DuckDB pays ~20 ms per transaction, so fast runs write big batches, while a
     slow run still persists each answer within `max_age_s` (what a kill can lose).
+
+    A write that fails is retried (`RETRY_DELAYS_S`); one that still fails keeps its rows,
+    stops the pair from starting new items, and makes `drain` raise `FlushError`.
     """
+
+    RETRY_DELAYS_S: tuple[float, ...] = (0.2, 1.0, 5.0)
 
     def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float,
                  meter: GpuMeter | None):
         self.pair, self.sink, self.max_rows, self.max_age_s = pair, sink, max_rows, max_age_s
         self.meter = meter
         self.buffer: list[Outcome] = []
+        self.unwritten: list[Outcome] = []  # rows whose write failed every retry
+        self.error: BaseException | None = None
         self.pending: set[asyncio.Future] = set()
         self._lock = threading.Lock()  # one sink call at a time, whatever the sink
         self._ticker = asyncio.ensure_future(self._tick())
@@ -274,17 +307,34 @@ class _Flusher:
 
     def _take(self) -> list[Outcome]:
         rows, self.buffer = self.buffer, []
+        caller, budget = self.pair.caller, self.pair.caller.budget
         if self.meter is not None:
-            apportion_gpu_cost(self.pair.candidate, rows, self.meter.take())
-        if self.pair.budget is not None:
-            delta = gpu_window_correction(self.pair.candidate, rows)
-            if delta:
-                self.pair.budget.correct(self.pair.candidate.name, delta)
+            dollars = apportion_gpu_cost(self.pair.candidate, rows, self.meter.take())
+            if budget is not None:  # the calls were settled provisionally: book the difference
+                budget.correct(self.pair.candidate.name, dollars - caller.gpu_provisional_usd)
+            caller.gpu_provisional_usd = 0.0
         return rows
 
     def _write(self, rows: list[Outcome]) -> None:
+        """Write `rows` and any earlier rows whose write failed; keep them all if it fails."""
         with self._lock:
-            self.sink(rows)
+            rows, self.unwritten = self.unwritten + rows, []
+            if not rows:
+                return
+            for delay in (*self.RETRY_DELAYS_S, None):
+                try:
+                    self.sink(rows)
+                    break
+                except Exception as exc:
+                    if delay is None:
+                        self.unwritten, self.error = rows, exc
+                        log.error("%s x %s: writing %d outcome rows failed after %d retries: %s: %s",
+                                  self.pair.suite.name, self.pair.candidate.name, len(rows),
+                                  len(self.RETRY_DELAYS_S), type(exc).__name__, exc)
+                        return
+                    log.warning("writing %d outcome rows failed (%s: %s); retrying in %gs",
+                                len(rows), type(exc).__name__, exc, delay)
+                    time.sleep(delay)
             self._count(rows)
 
     def _count(self, rows: list[Outcome]) -> None:
@@ -297,12 +347,20 @@ class _Flusher:
                 stats.error_kinds[row.error_kind] = stats.error_kinds.get(row.error_kind, 0) + 1
 
     async def drain(self) -> None:
-        """Wait for batches in flight, then write the rest (also on cancellation)."""
+        """Wait for batches in flight, write the rest (also on cancellation); raise FlushError
+        if any write failed for good, with the rows that are still unwritten."""
         self._ticker.cancel()
         if self.pending:
             await asyncio.gather(*list(self.pending), return_exceptions=False)
-        if self.buffer:
-            self._write(self._take())
+        if self.buffer or self.unwritten:
+            await asyncio.to_thread(self._write, self._take())
+        if self.error is not None:
+            p = self.pair
+            raise FlushError(
+                f"{p.suite.name} x {p.candidate.name}: writing outcome rows failed "
+                f"({type(self.error).__name__}: {self.error}); {len(self.unwritten)} rows are "
+                f"still unwritten and the pair stopped early: run {p.run_id} is not complete, "
+                "resume it with the same run id", self.unwritten) from self.error
 
 
 def _open_cache(cache: ResponseCache | str | Path | None,
@@ -331,11 +389,13 @@ async def evaluate_pair(
     retry: RetryPolicy = RetryPolicy(),
     breaker_failures: int | None = None,
     breaker_cooldown_s: float | None = None,
+    breaker_max_wait_s: float | None = None,
 ) -> PairStats:
     """Evaluate every not-yet-done item of a suite on a candidate, flushing outcomes to `sink`.
 
     Outcomes reach the sink in batches of at most `flush_every` rows, each row within
     `flush_interval_s` of its answer; `sink` runs in a worker thread, one call at a time.
+    Raises `FlushError` when rows could not be written.
 
     `cache`: a `ResponseCache` or a folder (e.g. `config.cache_dir`); None bypasses caching.
     With a folder, `cache_max_age_s` is how old another run's answer may be to be replayed
@@ -343,6 +403,7 @@ async def evaluate_pair(
     the cache (default: `run_id`; the flow adds its database).
     `limits`: the candidate's limiter and endpoint breaker; default: shared in this process,
     the breaker set from the candidate's `circuit_breaker_*` fields unless overridden here.
+    A self-hosted candidate waits until no other candidate holds its device (`DeviceSlot`).
     """
     done_set = set(done)
     todo = [it for it in suite.items if it.id not in done_set]
@@ -350,19 +411,52 @@ async def evaluate_pair(
     stats.skipped_done = len(suite.items) - len(todo)
     if not todo:
         return stats
-    own_provider = provider is None
+    slot = shared_device_slot(candidate)
+    if slot is not None:
+        await slot.take(f"{candidate.name}|{candidate.model}|{candidate.variant}")
+    try:
+        pair, own = _make_pair(suite, candidate, run_id, stats, provider=provider,
+                               cache=(cache, cache_max_age_s, cache_scope or run_id), budget=budget, limits=limits, retry=retry,
+                               breaker=(breaker_failures, breaker_cooldown_s, breaker_max_wait_s))
+        await _run_items(pair, todo, own, sink, on_progress, flush_every, flush_interval_s)
+    finally:
+        if slot is not None:
+            slot.give()
+    log.info("%s x %s: %d done, %d errors %s, %d cached, %d calls (+%d grading) in %.1fs",
+             suite.name, candidate.name, stats.completed, stats.errors, stats.error_kinds,
+             stats.cached, stats.calls, stats.judge_calls, stats.wall_s)
+    return stats
+
+
+def _make_pair(suite: Suite, candidate: Candidate, run_id: str, stats: PairStats, *,
+               provider: Provider | None,
+               cache: tuple[ResponseCache | str | Path | None, float | None, str],
+               budget: Budget | None, limits: EndpointLimits | None, retry: RetryPolicy,
+               breaker: tuple[int | None, float | None, float | None]) -> tuple[_Pair, tuple[bool, bool]]:
+    failures, cooldown, max_wait = breaker
+    limits = limits or shared_limits(
+        candidate, breaker_failures=failures or candidate.circuit_breaker_failures,
+        breaker_cooldown_s=cooldown or candidate.circuit_breaker_cooldown_s)
+    wait = candidate.circuit_breaker_max_wait_s if max_wait is None else max_wait
+    caller = Caller(candidate, provider or make_provider(candidate), limits, budget, retry, wait)
+    grading = _GradingCalls(budget, retry, max_wait)
     # A self-hosted candidate's cost is measured from this run's throughput; a cached answer
     # has none, so those candidates are always called.
-    response_cache, own_cache = _open_cache(cache if candidate.gpu_hour_usd is None else None,
-                                            cache_max_age_s)
-    pair = _Pair(
-        suite, candidate, run_id, provider or make_provider(candidate),
-        limits or shared_limits(
-            candidate,
-            breaker_failures=breaker_failures or candidate.circuit_breaker_failures,
-            breaker_cooldown_s=breaker_cooldown_s or candidate.circuit_breaker_cooldown_s),
-        response_cache, budget, retry, stats, cache_scope or run_id)
-    prepare = getattr(pair.provider, "prepare", None)
+    where, max_age_s, scope = cache
+    response_cache, own_cache = _open_cache(where if candidate.gpu_hour_usd is None else None,
+                                            max_age_s)
+    pair = _Pair(suite, candidate, run_id, caller, suite.grader.bind(grading), grading,
+                 response_cache, stats, scope)
+    return pair, (provider is None, own_cache)
+
+
+async def _run_items(pair: _Pair, todo: list[Item], own: tuple[bool, bool], sink: Sink,
+                     on_progress: Callable[[int], None] | None, flush_every: int,
+                     flush_interval_s: float) -> None:
+    """A fixed pool of max_concurrency workers pulling items (no task per pending item)."""
+    candidate, stats = pair.candidate, pair.stats
+    own_provider, own_cache = own
+    prepare = getattr(pair.caller.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
         await prepare()
     meter = shared_gpu_meter(candidate) if candidate.gpu_hour_usd is not None else None
@@ -373,12 +467,13 @@ async def evaluate_pair(
     started = time.perf_counter()
 
     async def worker() -> None:
-        # A fixed pool of max_concurrency workers pulling items: no task per pending item.
         for item in queue:
+            if flusher.error is not None:  # the store is failing: start nothing new
+                return
             try:
                 row = await _evaluate_item(pair, item)
             except Exception as exc:  # a runner bug costs this item, never the run
-                log.exception("item %s of %s failed unexpectedly", item.id, suite.name)
+                log.exception("item %s of %s failed unexpectedly", item.id, pair.suite.name)
                 row = pair.row(item, error_kind="internal", error=f"{type(exc).__name__}: {exc}"[:2000])
             flusher.add(row)
             if on_progress:
@@ -393,11 +488,13 @@ async def evaluate_pair(
             if meter is not None:
                 meter.exit()
             if own_provider:
-                await pair.provider.aclose()
-            if own_cache and response_cache is not None:
-                response_cache.close()
+                await pair.caller.provider.aclose()
+            await pair.grading.aclose()
+            if own_cache and pair.cache is not None:
+                pair.cache.close()
             stats.wall_s = time.perf_counter() - started
-    log.info("%s x %s: %d done, %d errors %s, %d cached, %d calls in %.1fs", suite.name,
-             candidate.name, stats.completed, stats.errors, stats.error_kinds, stats.cached,
-             stats.calls, stats.wall_s)
-    return stats
+            stats.calls, stats.judge_calls = pair.caller.calls, pair.grading.calls
+            stats.halted = pair.caller.halted
+            for caller in (pair.caller, *pair.grading.callers.values()):
+                if caller.halted:
+                    log.error("%s x %s: %s", pair.suite.name, candidate.name, caller.halted)

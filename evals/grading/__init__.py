@@ -16,6 +16,7 @@ from evals.grading.base import (
     Grader,
     GraderContext,
     GraderSpecError,
+    ModelCall,
     build_grader,
     lookup,
     pydantic_message,
@@ -25,6 +26,7 @@ from evals.grading.base import (
 )
 
 __all__ = [
-    "GRADERS", "Grade", "Grader", "GraderContext", "GraderSpecError", "build_grader", "lookup",
+    "GRADERS", "Grade", "Grader", "GraderContext", "GraderSpecError", "ModelCall", "build_grader",
+    "lookup",
     "pydantic_message", "register_grader", "render", "template_error",
 ]

@@ -5,23 +5,30 @@ through one registry that raises on duplicate names and, on a miss, names the gr
 Graders that need more than their parameters (the judge needs the config's candidates, a custom
 grader the suite's folder) get it from an explicit `GraderContext` when the suite is loaded.
 Graders of other distributions register through the `routeopt.graders` entry point group.
+
+Graders that call a model (the judge) are bound by the runner to its call path (`bind`), so
+their calls share the candidates' limits, breaker, budget and retries and are recorded. Graders
+pickle without their runtime state (locks, clients, loaded functions), which they rebuild on
+first use, so suites travel to workers in other processes (Dask).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from jinja2 import StrictUndefined, Template, TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 if TYPE_CHECKING:
-    from evals.config import Config
+    from evals.config import Candidate, Config
+    from evals.providers.base import Completion, Request
 
 Loc = tuple[str | int, ...]
 
@@ -43,6 +50,15 @@ class GraderContext:
 
     config: "Config | None" = None
     base_dir: Path | None = None
+
+
+class ModelCall(Protocol):
+    """How a grader calls a model when the runner lends it its call path: one request to one
+    candidate of the config, with that candidate's limits, breaker, spend cap and retries, the
+    cost recorded on the outcome row of the item being graded. Raises `ProviderError` (the
+    last error, or budget/circuit_open/auth) when it gives up."""
+
+    async def __call__(self, candidate: "Candidate", request: "Request") -> "Completion": ...
 
 
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
@@ -91,9 +107,34 @@ class Grader(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: str
+    # Private attributes that are runtime state: left out when pickled, rebuilt on first use.
+    _RUNTIME_STATE: ClassVar[tuple[str, ...]] = ()
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:
         raise NotImplementedError
+
+    def bind(self, call: ModelCall) -> "Grader":
+        """This grader with its model calls made through `call`; one that calls no model
+        returns itself. The runner binds a copy per (suite, candidate) pair."""
+        return self
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        private = state.get("__pydantic_private__")
+        if private and self._RUNTIME_STATE:
+            kept = {k: v for k, v in private.items() if k not in self._RUNTIME_STATE}
+            state = {**state, "__pydantic_private__": kept}
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        private = self.__pydantic_private__
+        if private is not None:
+            for name in self._RUNTIME_STATE:
+                if name not in private:
+                    attr = self.__private_attributes__[name]
+                    factory = attr.default_factory
+                    private[name] = factory() if factory is not None else copy.deepcopy(attr.default)
 
     def setup(self, context: GraderContext) -> None:
         """Resolve what needs context (a candidate, a function); raise ValueError if it cannot."""
@@ -195,6 +236,14 @@ class Combinator(Grader):
 
     def fingerprint(self) -> str:
         return "|".join(c.fingerprint() for c in self._children)
+
+    def bind(self, call: ModelCall) -> "Grader":
+        children = [c.bind(call) for c in self._children]
+        if all(new is old for new, old in zip(children, self._children)):
+            return self
+        bound = self.model_copy()
+        bound._children = children
+        return bound
 
     async def aclose(self) -> None:
         for child in self._children:

@@ -297,6 +297,7 @@ class JsonGrader(Grader):
     )
 
     _validator: Any = PrivateAttr(default=None)
+    _RUNTIME_STATE = ("_validator",)  # rebuilt from the schema on first use
 
     def setup(self, context: GraderContext) -> None:
         if self.json_schema is not None:

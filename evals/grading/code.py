@@ -43,6 +43,7 @@ class CodeGrader(Grader):
         default="bubblewrap", description="`none` runs programs unisolated: only for programs you trust"
     )
     _slots: threading.BoundedSemaphore = PrivateAttr()
+    _RUNTIME_STATE = ("_slots",)
 
     def model_post_init(self, __context: Any) -> None:
         self._slots = threading.BoundedSemaphore(self.max_parallel)
@@ -53,6 +54,10 @@ class CodeGrader(Grader):
             why = isolation(self.network == "allow")
             if isinstance(why, str):
                 raise ValueError(f"the code grader cannot isolate programs on this machine: {why}")
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._slots = threading.BoundedSemaphore(self.max_parallel)  # per copy in a worker
 
     def _tests(self, item: dict[str, Any]) -> list[str]:
         tests = item.get(self.tests_field)

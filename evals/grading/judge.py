@@ -1,9 +1,13 @@
 """LLM-as-judge: a rubric sent to a judge candidate from the config, which replies with a score.
 
-The judge is an ordinary candidate of `routeopt.yaml`, reached through `make_provider`, so any
-provider works as a judge. The candidate comes from the config passed explicitly when the suite
-is loaded, never from a global. A judge reply without a parseable score raises: that says
-nothing about the graded answer, so the runner records it as a grader error, not as a fail.
+The judge is an ordinary candidate of `routeopt.yaml`, so any provider works as a judge. The
+candidate comes from the config passed explicitly when the suite is loaded, never from a global.
+Under the runner the judge is bound to the runner's call path (`Grader.bind`): its calls share
+the judge candidate's limits and breaker, are budgeted against it, retried like any call, and
+their cost is recorded on the graded item's row. Unbound (a grader called directly) it calls
+the candidate's provider itself, with its own few retries. A judge reply without a parseable
+score raises: that says nothing about the graded answer, so the runner records it as a grader
+error, not as a fail.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from evals.grading.base import Grade, Grader, GraderContext, register_grader, render
+from evals.grading.base import Grade, Grader, GraderContext, ModelCall, register_grader, render
 from evals.providers.base import GenerationSettings, Message, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -43,11 +47,14 @@ class Judge(Grader):
     score_pattern: str = r"(?i)score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
     append_format: bool = True
     max_tokens: int = Field(default=256, ge=1)
-    retries: int = Field(default=2, ge=0, le=10)
+    retries: int = Field(default=2, ge=0, le=10, description="unbound only; the runner retries "
+                         "with the judge candidate's max_retries")
     _candidate: "Candidate | None" = PrivateAttr(default=None)
     _providers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Provider]" = PrivateAttr(
         default_factory=weakref.WeakKeyDictionary
     )
+    _call: ModelCall | None = PrivateAttr(default=None)
+    _RUNTIME_STATE = ("_providers", "_call")
 
     @field_validator("score_pattern")
     @classmethod
@@ -82,6 +89,11 @@ class Judge(Grader):
             return ""
         return json.dumps([c.provider, c.model, c.variant, c.base_url])
 
+    def bind(self, call: ModelCall) -> "Judge":
+        bound = self.model_copy()
+        bound._call, bound._providers = call, weakref.WeakKeyDictionary()
+        return bound
+
     def _provider(self) -> "Provider":
         """One provider per event loop: clients are bound to the loop that made them."""
         from evals.providers import make_provider
@@ -108,6 +120,9 @@ class Judge(Grader):
         return Request(tuple(messages), GenerationSettings(max_tokens=self.max_tokens, temperature=0.0))
 
     async def _ask(self, request: Request) -> str:
+        if self._call is not None:  # the runner's path retries; its ProviderError is recorded
+            assert self._candidate is not None
+            return (await self._call(self._candidate, request)).text
         for attempt in range(self.retries + 1):
             try:
                 return (await self._provider().generate(request)).text

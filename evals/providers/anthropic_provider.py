@@ -60,10 +60,12 @@ class AnthropicProvider(SdkProvider):
         msg = await client.messages.create(**self._params(request))
         blocks = getattr(msg, "content", None)
         if blocks is None or getattr(msg, "stop_reason", None) is None:
+            timer.began()
             raise ProviderError("bad_response", "200 response without content or stop_reason")
         text = "".join(getattr(b, "text", "") or "" for b in blocks if getattr(b, "type", "") == "text")
         usage = _Usage()
         usage.start(getattr(msg, "usage", None))
+        timer.reported(usage.input, usage.output)
         return timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False)
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
@@ -77,15 +79,18 @@ class AnthropicProvider(SdkProvider):
         try:
             async for ev in stream:
                 events += 1
+                timer.began()
                 if ev.type == "message_start":
                     usage.start(ev.message.usage)
+                    timer.reported(usage.input, None)
                 elif ev.type == "content_block_delta" and getattr(ev.delta, "type", "") == "text_delta":
                     if ev.delta.text:
-                        timer.content()
+                        timer.content(ev.delta.text)
                         parts.append(ev.delta.text)
                 elif ev.type == "message_delta":
                     stop_reason = ev.delta.stop_reason or stop_reason
                     usage.delta(getattr(ev, "usage", None))
+                    timer.reported(None, usage.output)
                 elif ev.type == "message_stop":
                     stopped = True
         finally:

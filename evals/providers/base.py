@@ -8,6 +8,7 @@ anything that is not a complete answer, so the runner can retry, back off or rec
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -71,6 +72,22 @@ class Completion:
         if self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
             return None
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass
+class CallProgress:
+    """What one call had received when it ended, so that a call that fails after the server
+    began to answer can be priced: servers bill the prompt and every token they generated,
+    whether or not the answer arrived whole. Filled by the SDK providers (`StreamTimer`)."""
+
+    started: bool = False  # the server answered 200 and began its response
+    input_tokens: int | None = None  # as the server reported them, if it did
+    output_tokens: int | None = None
+    output_chars: int = 0  # content received so far (tokens estimated from it)
+
+
+CALL_PROGRESS: ContextVar[CallProgress | None] = ContextVar("routeopt_call_progress", default=None)
+"""Set by the runner around one provider call; providers record into it when it is set."""
 
 
 ErrorKind = Literal[

@@ -52,13 +52,15 @@ class OpenAIProvider(SdkProvider):
     async def _plain(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
         resp = await client.chat.completions.create(**self._params(request))
+        usage = _tokens(getattr(resp, "usage", None))
+        timer.reported(*(usage[:2] if usage else (None, None)))
         if not getattr(resp, "choices", None):
             raise ProviderError("bad_response", "200 response without choices")
         choice = resp.choices[0]
         if choice.finish_reason is None or choice.message is None:
             raise ProviderError("bad_response", "choice without message or finish_reason")
         return timer.completion(request, choice.message.content or "", choice.finish_reason,
-                                _tokens(getattr(resp, "usage", None)), streamed=False)
+                                usage, streamed=False)
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
@@ -71,14 +73,16 @@ class OpenAIProvider(SdkProvider):
         try:
             async for chunk in stream:
                 chunks += 1
+                timer.began()
                 if getattr(chunk, "usage", None):
                     usage = chunk.usage
+                    timer.reported(*(_tokens(usage) or (None, None))[:2])
                 for choice in chunk.choices or []:
                     if choice.index != 0:
                         continue
                     piece = choice.delta.content if choice.delta is not None else None
                     if piece:
-                        timer.content()
+                        timer.content(piece)
                         parts.append(piece)
                     if choice.finish_reason:
                         finish = choice.finish_reason

@@ -22,7 +22,7 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from evals.providers.base import Completion, ProviderError, Request
+from evals.providers.base import CALL_PROGRESS, Completion, ProviderError, Request
 
 if TYPE_CHECKING:
     from evals.config import Candidate
@@ -117,15 +117,34 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
 
 
 class StreamTimer:
-    """Collects TTFT and inter-chunk gaps of the non-empty content chunks of one call."""
+    """Collects TTFT and inter-chunk gaps of the non-empty content chunks of one call, and
+    records what has arrived in the runner's `CallProgress` (if any), for pricing failures."""
 
     def __init__(self) -> None:
         self.sent = time.perf_counter()
         self.ttft_s: float | None = None
         self.gaps: list[float] = []
         self._last: float | None = None
+        self.progress = CALL_PROGRESS.get()
 
-    def content(self) -> None:
+    def began(self) -> None:
+        """The server answered and began its response (a stream event or a 200 body)."""
+        if self.progress is not None:
+            self.progress.started = True
+
+    def reported(self, input_tokens: int | None, output_tokens: int | None = None) -> None:
+        """Token counts the server reported before the call ended (usage events, a 200 body)."""
+        if self.progress is not None:
+            self.progress.started = True
+            if input_tokens:
+                self.progress.input_tokens = input_tokens
+            if output_tokens is not None:
+                self.progress.output_tokens = output_tokens
+
+    def content(self, piece: str = "") -> None:
+        if self.progress is not None:
+            self.progress.started = True
+            self.progress.output_chars += len(piece)
         now = time.perf_counter()
         if self.ttft_s is None:
             self.ttft_s = now - self.sent

@@ -81,9 +81,20 @@ CREATE TABLE IF NOT EXISTS outcomes (
     attempts INTEGER DEFAULT 1,
     cached BOOLEAN DEFAULT FALSE,
     created_at TIMESTAMPTZ NOT NULL,
+    judge_candidate VARCHAR,
+    judge_cost_usd DOUBLE,
+    judge_input_tokens BIGINT,
+    judge_output_tokens BIGINT,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
 """
+# Columns added since the first schema: files written by older versions get them on open.
+_ADDED_COLUMNS = (
+    ("outcomes", "judge_candidate", "VARCHAR"),
+    ("outcomes", "judge_cost_usd", "DOUBLE"),
+    ("outcomes", "judge_input_tokens", "BIGINT"),
+    ("outcomes", "judge_output_tokens", "BIGINT"),
+)
 
 
 @dataclass
@@ -113,6 +124,11 @@ class Outcome:
     attempts: int = 1
     cached: bool = False
     created_at: datetime | None = None
+    # What grading this item cost: the judge's calls, budgeted against the judge candidate.
+    judge_candidate: str | None = None
+    judge_cost_usd: float | None = None
+    judge_input_tokens: int | None = None
+    judge_output_tokens: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -126,12 +142,16 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-# A row skipped for budget is a placeholder: a later real outcome (a resumed run with more
-# budget) replaces it. Every other stored row is final and a repeat write keeps it.
-_REPLACE_BUDGET_SKIPS = (
+# Errors on our side leave an item for a resumed run: a spend cap (more budget), an endpoint
+# that stayed down past the breaker's wait, a refused API key (once it is fixed). Their rows
+# are placeholders that a later outcome replaces; every other stored row is final and a
+# repeat write keeps it.
+RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth")
+_RESUMABLE_SQL = ", ".join(f"'{k}'" for k in RESUMABLE_ERROR_KINDS)
+_REPLACE_PLACEHOLDERS = (
     ", ".join(f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in
               ("run_id", "suite", "item_id", "candidate"))
-    + " WHERE outcomes.error_kind = 'budget'"
+    + f" WHERE outcomes.error_kind IN ({_RESUMABLE_SQL})"
 )
 
 
@@ -151,6 +171,8 @@ class Store:
         self._outcome_schema: Any = None
         if not read_only:
             self._con.execute(SCHEMA)
+            for table, column, kind in _ADDED_COLUMNS:
+                self._con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -307,7 +329,7 @@ class Store:
                 self._con.execute(
                     f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) "
                     "SELECT * FROM _outcome_batch ON CONFLICT DO UPDATE SET "
-                    + _REPLACE_BUDGET_SKIPS
+                    + _REPLACE_PLACEHOLDERS
                 )
                 self._con.execute("COMMIT")
             except BaseException:
@@ -318,11 +340,12 @@ class Store:
         return n
 
     def done_items(self, run_id: str, suite: str, candidate: str) -> set[str]:
-        """Items of a run that have their final outcome or recorded error (budget skips are not)."""
+        """Items of a run that have their final outcome or recorded error (placeholders for
+        errors on our side, `RESUMABLE_ERROR_KINDS`, are not: a resumed run retries them)."""
         with self._lock:
             rows = self._con.execute(
                 "SELECT item_id FROM outcomes WHERE run_id = ? AND suite = ? AND candidate = ? "
-                "AND error_kind IS DISTINCT FROM 'budget'",
+                f"AND (error_kind IS NULL OR error_kind NOT IN ({_RESUMABLE_SQL}))",
                 [run_id, suite, candidate],
             ).fetchall()
         return {r[0] for r in rows}

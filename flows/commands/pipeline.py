@@ -91,7 +91,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     from rich.console import Console
 
     from evals.storage.store import ResumeConflict
-    from flows.nightly import nightly, shared_store
+    from flows.nightly import RunIncomplete, nightly, shared_store
     from flows.summary import candidate_table, print_summary
 
     config_path = kw.pop("config_path") or default_config_path()
@@ -109,7 +109,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
                 cache_max_age=kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None),
                 progress_key=progress_key,
             )
-    except (ConfigError, ResumeConflict) as exc:
+    except (ConfigError, ResumeConflict, RunIncomplete) as exc:
         raise click.ClickException(str(exc)) from None
     console = Console()
     rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])

@@ -279,3 +279,73 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     manifest = json.loads((Path(result["published"]["uri"]) / "manifest.json").read_text())
     assert manifest["lineage"]["runs"] == ["n3-a"]
     assert manifest["lineage"]["outcome_runs"] == ["n2-b", "n3-a"]
+
+
+def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the weak candidate's first batch and its retry (a full disk): the run
+    fails naming the pair and is not marked completed, although later writes would go through;
+    with the store working, the same run id finishes every item."""
+    from evals.execution.runner import _Flusher
+    from evals.storage.store import Store
+    from flows.nightly import RunIncomplete, close_store, nightly, shared_store
+
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak")
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0,), raising=False)
+    strong, weak = two_servers
+    weak.first_token_delay_s = 0.1  # several batches, flushed every half second
+    config = _config(tmp_path, strong, weak)
+    db = tmp_path / "out" / "routeopt.duckdb"
+    write = Store.write_outcomes
+    refused: set[tuple[str, str]] = set()  # the first weak batch, refused twice
+    tries = [0]
+
+    def full_disk(self, outcomes):
+        outcomes = list(outcomes)
+        weak_rows = {(o.suite, o.item_id) for o in outcomes if o.candidate == "weak"}
+        if weak_rows and tries[0] < 2 and (not refused or weak_rows & refused):
+            refused.update(weak_rows)
+            tries[0] += 1
+            raise duckdb.IOException("IO Error: No space left on device")
+        return write(self, outcomes)
+
+    monkeypatch.setattr(Store, "write_outcomes", full_disk)
+    with pytest.raises(RunIncomplete, match=r"run night-w is not complete: FlushError: arith.? x weak"):
+        nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
+    store = shared_store(db)
+    status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
+    counts = dict(store.query("SELECT candidate, count(*) AS n FROM outcomes GROUP BY candidate")
+                  .itertuples(index=False, name=None))
+    assert status == ["failed"] and counts["strong"] == 70 and counts.get("weak", 0) < 70
+
+    monkeypatch.setattr(Store, "write_outcomes", write)
+    nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
+    store = shared_store(db)
+    status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
+    n, distinct = store.query("SELECT count(*) AS n, count(DISTINCT (suite, item_id, candidate)) AS d "
+                              "FROM outcomes").iloc[0]
+    close_store(db)
+    assert status == ["completed"] and n == distinct == 140
+
+
+def test_a_refused_key_is_named_in_the_summary_and_only_its_candidate_stops(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from flows.cli import cli
+    from flows.nightly import close_store
+
+    strong, weak = two_servers
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak-revoked-0123456789")
+    weak.expect_api_key = "sk-weak-current"
+    config = _config(tmp_path, strong, weak)
+    res = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k"])
+    close_store(tmp_path / "out" / "routeopt.duckdb")
+    out = " ".join(res.output.split())
+    assert "candidate weak stopped calling" in out and "fix $WEAK_KEY and resume the run" in out, out
+    assert "0123456789" not in res.output
+    assert len(strong.requests) == 70 and len(weak.requests) <= 2 * 8  # one wave per suite

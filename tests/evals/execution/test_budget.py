@@ -13,15 +13,12 @@ from hypothesis import strategies as st
 
 from evals.config import BudgetSettings, Candidate, ConfigError, load_config
 from evals.execution.budget import (
-    BUDGET_ERROR_KIND,
     Budget,
     BudgetExhausted,
     budget_for_run,
     estimate_call_cost,
     gpu_provisional_cost,
-    gpu_window_correction,
     prompt_token_upper_bound,
-    run_within_budget,
     spent_in_run,
 )
 from evals.providers.base import GenerationSettings, Message, Request
@@ -157,75 +154,39 @@ def _outcome(item: str, **kw) -> Outcome:
     return Outcome(run_id="r", suite="s", suite_version="v", item_id=item, candidate="api", **kw)
 
 
-async def test_run_within_budget_calls_until_the_cap_then_records_budget_rows():
-    cand = _api(inp=0.0, out=1000.0)  # estimate: 100 tokens x $0.001 = $0.1 per call
+async def test_concurrent_reservations_wait_for_settlements_then_stop_at_the_cap():
     budget = Budget(run_usd=0.35)
-    sent: list[str] = []
+    sent: list[int] = []
 
-    def evaluate(item: str):
-        async def call() -> Outcome:
-            sent.append(item)
-            await asyncio.sleep(0.01)
-            return _outcome(item, cost_usd=0.1, latency_s=0.01, passed=True)
+    async def call(i: int) -> bool:
+        try:
+            res = await budget.areserve("api", 0.1)
+        except BudgetExhausted:
+            return False
+        sent.append(i)
+        await asyncio.sleep(0.01)
+        budget.settle(res, 0.1)
+        return True
 
-        return call
-
-    def skipped(item: str):
-        return lambda reason: _outcome(item, error_kind=BUDGET_ERROR_KIND, error=reason, attempts=0)
-
-    rows = await asyncio.gather(
-        *(
-            run_within_budget(budget, cand, _req(max_tokens=100), evaluate(str(i)), skipped(str(i)))
-            for i in range(6)
-        )
-    )
-    assert sorted(sent) == ["0", "1", "2"]  # concurrent callers waited for settlements, then 3 fit
-    by_item = {r.item_id: r for r in rows}
-    assert all(by_item[i].error_kind is None for i in sent)
-    skipped_rows = [r for r in rows if r.error_kind == BUDGET_ERROR_KIND]
-    assert len(skipped_rows) == 3 and "could cost up to $0.1" in skipped_rows[0].error
-    assert budget.spent() == pytest.approx(0.3) and budget.reserved() == 0
-
-
-async def test_a_crashing_call_is_settled_at_its_full_estimate():
-    budget = Budget(run_usd=1.0)
-
-    async def boom() -> Outcome:
-        raise RuntimeError("provider bug")
-
-    with pytest.raises(RuntimeError):
-        await run_within_budget(budget, _api(), _req(max_tokens=10), boom, lambda r: _outcome("x"))
-    assert budget.reserved() == 0
-    assert budget.spent() == pytest.approx(estimate_call_cost(_api(), _req(max_tokens=10)))
-
-
-async def test_without_a_budget_the_call_is_made_unchecked():
-    row = await run_within_budget(
-        None, _api(), _req(), lambda: asyncio.sleep(0, _outcome("x", cost_usd=9.0)), lambda r: None
-    )
-    assert row.cost_usd == 9.0
-
-
-def test_gpu_window_correction_books_the_apportioned_cost():
-    c = Candidate(name="g", provider="local", model="x", gpu_hour_usd=3600.0)
-    rows = [_outcome("a", latency_s=1.0, cost_usd=0.4), _outcome("b", latency_s=1.0, cost_usd=0.6)]
-    b = Budget(run_usd=200.0)
-    for r in rows:
-        b.settle(b.try_reserve("g", 60.0), gpu_provisional_cost(c, r.latency_s))
-    assert b.spent() == pytest.approx(2.0)  # provisional: each call alone on the GPU for 1 s
-    b.correct("g", gpu_window_correction(c, rows))
-    assert b.spent() == pytest.approx(1.0)  # actual: the window cost split between them
-    assert gpu_window_correction(_api(), rows) == 0.0
+    results = await asyncio.gather(*(call(i) for i in range(6)))
+    assert sum(results) == 3 and len(sent) == 3  # three fit; the others waited, then were refused
+    assert budget.spent() == pytest.approx(0.3) and budget.reserved() == 0 and budget.refused == {"api": 3}
 
 
 def test_budget_for_run_and_resume_spend(tmp_path: Path):
     assert budget_for_run(BudgetSettings()) is None
     with Store(tmp_path / "db.duckdb") as store:
-        store.write_outcomes([_outcome("a", cost_usd=0.25), _outcome("b", cost_usd=None)])
+        store.write_outcomes([
+            _outcome("a", cost_usd=0.25, judge_candidate="judge", judge_cost_usd=0.125),
+            _outcome("b", cost_usd=None), _outcome("c", cost_usd=0.5, cached=True),
+            _outcome("d", cost_usd=0.0625, error_kind="truncated_stream"),
+        ])
         spent = spent_in_run(store, "r")
-    assert spent == {"api": pytest.approx(0.25)}
-    b = budget_for_run(BudgetSettings(run_usd=1.0, per_candidate_usd={"api": 0.3}), spent)
-    assert b is not None and b.remaining("api") == pytest.approx(0.05)
+    # a failed call's cost counts; a cached answer was not paid; the judge's calls are its own
+    assert spent == {"api": pytest.approx(0.3125), "judge": pytest.approx(0.125)}
+    b = budget_for_run(BudgetSettings(run_usd=1.0, per_candidate_usd={"api": 0.4}), spent)
+    assert b is not None and b.remaining("api") == pytest.approx(0.0875)
+    assert b.remaining() == pytest.approx(1.0 - 0.3125 - 0.125)
 
 
 def test_config_rejects_caps_for_unknown_candidates(tmp_path: Path):
@@ -258,3 +219,6 @@ def test_split_shares_what_remains_between_tasks_in_other_processes():
         copy.try_reserve("a", 0.06)
     assert shares[("s2", "a")].spent() == 0.0  # the copy is independent
     assert Budget(per_candidate_usd={"a": 1.0}).split([("s", "a")])[("s", "a")].run_usd is None
+    # a judge, capped but evaluated by no pair, is called from every pair: each gets a share
+    judged = Budget(per_candidate_usd={"judge": 0.4}).split([("s1", "a"), ("s2", "b")])
+    assert all(x.per_candidate_usd == {"judge": pytest.approx(0.2)} for x in judged.values())

@@ -15,7 +15,7 @@ from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
 from evals.execution.runner import RetryPolicy, evaluate_pair, token_cost
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import load_suite
-from tests.fake_llm import FaultPlan, fake_candidate, fake_llm, write_arithmetic_suite  # noqa: F401
+from tests.fake_llm import FaultPlan, default_answer, fake_candidate, fake_llm, write_arithmetic_suite  # noqa: F401
 from tests.leaks import hits_under
 
 FAST = RetryPolicy(base_s=0.005, max_s=0.02)
@@ -113,20 +113,6 @@ async def test_exhausted_and_non_retryable_errors_are_recorded(tmp_path, fake_ll
     assert "HTTP 500" in got["q00000"].error and got["q00000"].passed is None
     assert got["q00003"].passed
     assert stats.errors == 3 and stats.error_kinds == {"server_error": 1, "client_error": 1, "timeout": 1}
-
-
-async def test_circuit_breaker_opens_fails_fast_and_says_why(tmp_path, fake_llm, fake_candidate):
-    fake_llm.faults = FaultPlan({"server_error": 1.0})
-    suite = load_suite(write_arithmetic_suite(tmp_path, 30))
-    cand = fake_candidate(max_retries=5, max_concurrency=1)
-    rows = Rows()
-    stats = await run(suite, cand, rows, limits=fresh_limits(cand, failures=4))
-    kinds = [r.error_kind for r in sorted(rows, key=lambda r: r.item_id)]
-    assert len(fake_llm.requests) == 4  # then every call failed fast
-    assert kinds == ["circuit_open"] * 30 and stats.error_kinds == {"circuit_open": 30}
-    first = min(rows, key=lambda r: r.item_id)
-    assert first.attempts == 4 and "4 consecutive failures" in first.error
-    assert "server_error" in first.error
 
 
 async def test_breaker_half_opens_after_cooldown_and_closes_on_success(tmp_path, fake_llm, fake_candidate):
@@ -363,3 +349,179 @@ async def test_concurrent_pairs_on_one_gpu_share_its_time(tmp_path, fake_llm, fa
     total = sum(r.cost_usd for r in rows)
     assert len(rows) == 24 and all(r.cost_usd > 0 for r in rows)
     assert 0.001 * wall * 0.6 <= total <= 0.001 * wall * 1.01  # charged once, not per pair
+
+
+class FlakySink(Rows):
+    """A store whose writes fail: `fail(n)` says whether the n-th write (from 1) raises."""
+
+    def __init__(self, fail):
+        super().__init__()
+        self.fail, self.writes = fail, 0
+
+    def __call__(self, batch: list[Outcome]) -> None:
+        self.writes += 1
+        if self.fail(self.writes):
+            import duckdb
+
+            raise duckdb.IOException("IO Error: could not write file: No space left on device")
+        self.extend(batch)
+
+
+async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
+        tmp_path, fake_llm, fake_candidate, monkeypatch):
+    from evals.execution.runner import FlushError, _Flusher
+
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.01), raising=False)
+    fake_llm.first_token_delay_s = 0.01
+    suite = load_suite(write_arithmetic_suite(tmp_path, 60))
+    sink = FlakySink(lambda n: n > 1)  # the first batch is written, then the disk is full
+    with pytest.raises(FlushError, match="not complete, resume it") as info:
+        await run(suite, fake_candidate(max_concurrency=2), sink, flush_every=5)
+    kept = info.value.rows
+    assert len(sink) == 5 and kept and not {r.item_id for r in kept} & {r.item_id for r in sink}
+    called = len(fake_llm.requests)
+    assert called < 60  # the pair stopped starting items
+    assert len(sink) + len(kept) == called  # every answer is written or handed back, none lost
+    assert sink.writes >= 1 + 3  # the failed write was retried
+
+
+async def test_a_write_that_fails_then_succeeds_loses_nothing(tmp_path, fake_llm, fake_candidate,
+                                                              monkeypatch):
+    from evals.execution.runner import _Flusher
+
+    monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.0), raising=False)
+    suite = load_suite(write_arithmetic_suite(tmp_path, 30))
+    sink = FlakySink(lambda n: n in (2, 3))  # one batch fails twice, then goes through
+    stats = await run(suite, fake_candidate(max_concurrency=2), sink, flush_every=5)
+    assert sorted(sink.by_item()) == [it.id for it in suite.items] and stats.completed == 30
+
+
+async def test_co_located_gpu_candidates_are_measured_one_at_a_time(tmp_path, fake_llm, fake_candidate):
+    """Two GPU-priced candidates served from one box (one base URL): run side by side, as the
+    nightly runs candidates, they take the device in turn, and each pays for its own time."""
+    import asyncio
+
+    from evals.execution.limits import reset_shared_limits
+
+    reset_shared_limits()
+    fake_llm.first_token_delay_s = 0.03
+    suite = load_suite(write_arithmetic_suite(tmp_path, 12))
+    cands = [fake_candidate(name=f"gpu-{x}", model=f"model-{x}", input_price_per_mtok=None,
+                            output_price_per_mtok=None, gpu_hour_usd=3.6, max_concurrency=2)
+             for x in "ab"]
+    rows = Rows()
+    t0 = time.perf_counter()
+    stats = await asyncio.gather(*(asyncio.to_thread(asyncio.run, evaluate_pair(
+        suite, c, "run-d", rows, limits=fresh_limits(c), retry=FAST, flush_every=4)) for c in cands))
+    wall = time.perf_counter() - t0
+    spans = [[r.t for r in fake_llm.requests if r.body["model"] == c.model] for c in cands]
+    first, second = sorted(spans, key=min)
+    assert len(first) == len(second) == 12 and max(first) < min(second)  # never at the same time
+    cost = {c.name: sum(r.cost_usd for r in rows if r.candidate == c.name) for c in cands}
+    for c, s in zip(cands, stats):  # $3.6/h = $0.001 per second of its own time on the device
+        assert 0.001 * s.wall_s * 0.9 <= cost[c.name] <= 0.001 * (s.wall_s + 0.2)
+    assert sum(cost.values()) <= 0.001 * wall * 1.01  # the device's time is charged once
+    reset_shared_limits()
+
+
+def test_co_location_is_by_device_or_server():
+    from evals.execution.limits import device_of
+
+    def local(device: str, name: str = "l") -> Candidate:
+        return Candidate(name=name, provider="local", model="m", device=device, gpu_hour_usd=1.0)
+
+    assert device_of(local("cuda")) == device_of(local("cuda:0")) == "local:cuda:0"
+    assert device_of(local("cuda:1")) != device_of(local("cuda:0"))
+    assert device_of(local("auto")) in ("local:cpu", "local:cuda:0")
+    server = dict(provider="openai", model="m", gpu_hour_usd=2.0)
+    assert device_of(Candidate(name="a", base_url="http://gpu1:8000/v1", **server)) == device_of(
+        Candidate(name="b", base_url="http://gpu1:8000/v1/", **server))
+    assert device_of(Candidate(name="c", base_url="http://gpu2:8000/v1", **server)) == "server:http://gpu2:8000/v1"
+    assert device_of(Candidate(name="api", provider="openai", model="m", input_price_per_mtok=1)) is None
+
+
+async def test_gpu_budget_ends_at_what_the_windows_cost(tmp_path, fake_llm, fake_candidate):
+    fake_llm.first_token_delay_s = 0.02
+    suite = load_suite(write_arithmetic_suite(tmp_path, 16))
+    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
+                          max_concurrency=4)
+    budget = Budget(run_usd=100.0)
+    rows = Rows()
+    await run(suite, cand, rows, flush_every=4, budget=budget)
+    total = sum(r.cost_usd for r in rows)
+    assert total > 0 and budget.spent(cand.name) == pytest.approx(total)
+
+
+def _judged_suite(tmp_path: Path, server, n: int, judge_cap: float | None = None):
+    import json
+
+    from evals.config import Config
+
+    path = write_arithmetic_suite(tmp_path, n)
+    spec = json.loads(path.read_text())
+    spec["grader"] = {"type": "judge", "candidate": "judge", "max_tokens": 64,
+                      "rubric": "Grade the answer {{ response }} to {{ a }} + {{ b }} (reference {{ answer }})."}
+    path.write_text(json.dumps(spec))
+    server.answer_fn = lambda p: "Correct.\nSCORE: 9" if p.startswith("Grade the answer") else default_answer(p)
+    common = dict(provider="openai", base_url=server.openai_base_url, timeout_s=10, max_retries=2)
+    cfg = Config(candidates=[
+        Candidate(name="model", model="model", input_price_per_mtok=1.0, output_price_per_mtok=2.0,
+                  max_concurrency=1, **common),
+        Candidate(name="judge", model="judge-model", input_price_per_mtok=3.0, output_price_per_mtok=15.0,
+                  **common)])
+    return load_suite(path, config=cfg), cfg
+
+
+async def test_judge_calls_are_recorded_and_budgeted_against_the_judge(tmp_path, fake_llm):
+    from tests.fake_llm import _prompt_of, count_tokens
+
+    suite, cfg = _judged_suite(tmp_path, fake_llm, 12)
+    budget = Budget(per_candidate_usd={"judge": 0.002})  # room for a few judge calls only
+    rows = Rows()
+    stats = await run(suite, cfg.candidate("model"), rows, budget=budget)
+    got = [rows.by_item()[it.id] for it in suite.items]
+    judged = [r for r in got if r.error_kind is None]
+    skipped = [r for r in got if r.error_kind == "budget"]
+    assert judged and skipped and len(judged) + len(skipped) == 12
+    assert all(r.passed and r.reason.startswith("judge 9/10") for r in judged)
+    assert all("grader's model call failed" in r.error and "candidate 'judge' is capped" in r.error
+               for r in skipped)
+    to_judge = [r for r in fake_llm.requests if r.body["model"] == "judge-model"]
+    assert len(to_judge) == len(judged) == stats.judge_calls  # the cap stopped the judge's calls
+    for r, sent in zip(judged, to_judge):
+        assert r.judge_candidate == "judge" and r.judge_input_tokens == count_tokens(_prompt_of("", sent.body))
+        assert r.judge_output_tokens == 3 and r.judge_cost_usd == pytest.approx(
+            (r.judge_input_tokens * 3.0 + r.judge_output_tokens * 15.0) / 1e6)
+    judge_spend = sum(r.judge_cost_usd for r in judged)
+    assert budget.spent("judge") == pytest.approx(judge_spend) and judge_spend <= 0.002
+    assert budget.spent("model") == pytest.approx(sum(r.cost_usd for r in got))
+    assert all(r.judge_cost_usd == 0 for r in skipped)  # refused before it was sent
+
+
+async def test_judge_calls_share_the_judge_breaker_and_retries(tmp_path, fake_llm, monkeypatch):
+    """The judge's endpoint fails twice: the runner's retries (not the judge's own) recover, and
+    the failures count on the breaker of the judge's endpoint and key."""
+    from evals.execution.limits import reset_shared_limits, shared_limits
+
+    reset_shared_limits()
+    suite, cfg = _judged_suite(tmp_path, fake_llm, 3)
+    judge = cfg.candidate("judge")
+    failures = [0]
+    original = fake_llm.faults.choose
+
+    def choose(prompt: str, attempt: int):
+        if prompt.startswith("You are a strict") and failures[0] < 2:  # the judge's system prompt
+            failures[0] += 1
+            return "server_error"
+        return original(prompt, attempt)
+
+    monkeypatch.setattr(fake_llm.faults, "choose", choose)
+    rows = Rows()
+    await run(suite, cfg.candidate("model"), rows)
+    assert all(r.passed for r in rows) and failures[0] == 2
+    first = rows.by_item()[suite.items[0].id]
+    assert first.judge_cost_usd is not None
+    breaker = shared_limits(judge, breaker_failures=judge.circuit_breaker_failures,
+                            breaker_cooldown_s=judge.circuit_breaker_cooldown_s).breaker
+    assert breaker.last_error.startswith("server_error")
+    reset_shared_limits()

@@ -24,7 +24,7 @@ from evals.providers.base import RETRYABLE
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import load_suite
 from tests import REPO
-from tests.fake_llm import FakeLLM, FaultPlan, fake_llm, write_arithmetic_suite  # noqa: F401
+from tests.fake_llm import FakeLLM, FaultPlan, default_answer, fake_llm, write_arithmetic_suite  # noqa: F401
 
 # 200-item runs through the real SDKs take 5-30 s each on a busy 2-core machine.
 pytestmark = pytest.mark.slow
@@ -34,7 +34,8 @@ MIXES = {
                   "malformed": 0.04, "truncated": 0.05, "slow_first": 0.04},
     "hangs_and_answers": {"hang": 0.04, "slow_first": 0.08, "empty": 0.08, "no_choices": 0.05,
                           "drop": 0.03},
-    "hard": {"auth": 0.02, "bad_request": 0.04, "server_error": 0.25, "overloaded": 0.05},
+    # (a refused key stops its pair: see test_a_key_revoked_mid_run_stops_the_pair_then_resumes)
+    "hard": {"bad_request": 0.06, "server_error": 0.25, "overloaded": 0.05},
 }
 FAULT_KIND = {"rate_limit": "rate_limited", "server_error": "server_error",
               "unavailable": "server_error", "overloaded": "server_error", "auth": "auth",
@@ -50,7 +51,8 @@ def candidate(server: FakeLLM, provider: str, **kw) -> Candidate:
     return Candidate(**{**spec, **kw})
 
 
-def check_invariants(suite, rows: list[Outcome], stats, server: FakeLLM, cand: Candidate, stream: bool):
+def check_invariants(suite, rows: list[Outcome], stats, server: FakeLLM, cand: Candidate, stream: bool,
+                     breaker: CircuitBreaker | None = None):
     by_item = {r.item_id: r for r in rows}
     assert len(by_item) == len(rows), "duplicate outcome"
     assert set(by_item) == {it.id for it in suite.items}, "lost item"
@@ -76,8 +78,8 @@ def check_invariants(suite, rows: list[Outcome], stats, server: FakeLLM, cand: C
         else:
             assert row.error and row.passed is None
             assert row.error_kind == fault_kind[last], (item.id, last, row.error_kind, row.error)
-            if row.error_kind in RETRYABLE:
-                assert row.attempts == cand.max_retries + 1
+            if row.error_kind in RETRYABLE and not (breaker and breaker.times_opened):
+                assert row.attempts == cand.max_retries + 1  # (failed probes are not retries)
 
 
 @pytest.mark.parametrize("mix", sorted(MIXES))
@@ -113,11 +115,62 @@ async def _run_mix(tmp_path, server: FakeLLM, provider: str, mix: str, *, stream
         store.close()
         rows = [Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
                 for rec in frame.to_dict("records")]
-    check_invariants(suite, rows, stats, server, cand, stream)
+    check_invariants(suite, rows, stats, server, cand, stream, limits.breaker)
     kinds = {r.error_kind for r in rows}
     assert None in kinds  # the mixes leave most items answerable
     if mix == "hard":
         assert {"client_error", "server_error"} <= kinds
+
+
+async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_llm, monkeypatch):
+    """The key is revoked after 60 answers: the pair stops calling (no 401 per remaining item),
+    every item still has exactly one row, and with the new key the resumed run finishes all."""
+    monkeypatch.setenv("ROTATED_KEY", "sk-old-key-000000")
+    fake_llm.expect_api_key = "sk-old-key-000000"
+    # faults that are answers of a live endpoint: only the 401s could open this breaker
+    fake_llm.faults = FaultPlan({"rate_limit": 0.1, "slow_first": 0.05, "empty": 0.05}, seed=5,
+                                retry_after_s=0.01, slow_first_s=0.05)
+    answered = [0]
+
+    def answer(prompt: str) -> str:
+        answered[0] += 1
+        if answered[0] == 60:
+            fake_llm.expect_api_key = "sk-new-key-111111"
+        return default_answer(prompt)
+
+    fake_llm.answer_fn = answer
+    suite = load_suite(write_arithmetic_suite(tmp_path, N))
+    cand = candidate(fake_llm, "openai", api_key_env="ROTATED_KEY")
+    limits = EndpointLimits(RateLimiter(), CircuitBreaker(cand.base_url, failures=3))
+    with Store(tmp_path / "o.duckdb") as store:
+        stats = await evaluate_pair(suite, cand, "run-a", store.write_outcomes, limits=limits,
+                                    retry=RetryPolicy(base_s=0.005, max_s=0.02), flush_every=16)
+        rows = _stored(store)
+        assert len(rows) == N and len({r.item_id for r in rows}) == N and stats.completed == N
+        assert sum(r.attempts for r in rows) == len(fake_llm.requests) == stats.calls
+        refused = [r for r in rows if r.error_kind == "auth"]
+        assert stats.halted and len(refused) > N / 2 and limits.breaker.times_opened == 0
+        assert sum(r.attempts > 0 for r in refused) <= cand.max_concurrency  # the wave in flight
+        assert all("$ROTATED_KEY" in r.error for r in refused if r.attempts == 0)
+        assert all(r.error_kind in (None, "auth", *RETRYABLE) for r in rows)
+
+        monkeypatch.setenv("ROTATED_KEY", "sk-new-key-111111")
+        mark = len(fake_llm.requests)
+        done = store.done_items("run-a", suite.name, cand.name)
+        assert done == {r.item_id for r in rows if r.error_kind != "auth"}
+        await evaluate_pair(suite, cand, "run-a", store.write_outcomes, done=done, limits=limits,
+                            retry=RetryPolicy(base_s=0.005, max_s=0.02), flush_every=16)
+        final = _stored(store)
+    assert len(final) == N and not [r for r in final if r.error_kind == "auth"]
+    asked = {rec.body["messages"][-1]["content"] for rec in fake_llm.requests[mark:]}
+    assert asked == {suite.request(it).messages[-1].content for it in suite.items
+                     if it.id in {r.item_id for r in refused}}
+
+
+def _stored(store: Store) -> list[Outcome]:
+    frame = store.query("SELECT * FROM outcomes")
+    return [Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
+            for rec in frame.to_dict("records")]
 
 
 def _isnull(v) -> bool:

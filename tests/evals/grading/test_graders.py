@@ -342,3 +342,64 @@ def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp
     assert asyncio.run(g.grade("HEY", {})).passed and not asyncio.run(g.grade("hey", {})).passed
     with pytest.raises(TypeError, match="not a Grader subclass"):
         build_grader({"type": "bogus"})
+
+
+# --- graders travel to workers in other processes ----------------------------------------------
+
+def _every_grader(tmp_path: Path, judge_url: str) -> list[tuple[dict, str, dict]]:
+    """(spec, response, item) for every grader type, each response passing."""
+    from evals.config import Candidate, Config
+
+    f = _custom_module(tmp_path)
+    item = {"a": "4", "tests": ["assert add(2, 2) == 4"]}
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    judge = {"type": "judge", "candidate": "judge", "rubric": "Is {{ response }} four?"}
+    specs = [
+        ({"type": "exact_match", "target": "{{ a }}"}, "4"),
+        ({"type": "regex", "pattern": r"is (\d+)", "target": "{{ a }}"}, "it is 4"),
+        ({"type": "numeric", "target": "{{ a }}"}, "4.0"),
+        ({"type": "multiple_choice", "target": "B", "letters": "AB", "choices": ["3", "4"]}, "4"),
+        ({"type": "contains", "target": "4"}, "it is 4"),
+        ({"type": "json", "schema": {"type": "object", "required": ["a"]}, "fields": {"a": "{{ a }}"}},
+         '{"a": "4"}'),
+        ({"type": "code", "tests_field": "tests", "timeout_s": 30}, code),
+        (judge, "4"),
+        ({"type": "custom", "function": f"{f}:length_ok"}, "4"),
+        ({"type": "all", "graders": [{"type": "contains", "target": "4"}, judge]}, "4"),
+        ({"type": "any", "graders": [{"type": "code", "tests_field": "tests"}, judge]}, code),
+        ({"type": "weighted", "graders": [{"type": "custom", "function": f"{f}:half"}, judge],
+          "threshold": 0.5}, "4"),
+    ]
+    cfg = Config(candidates=[Candidate(name="judge", provider="openai", model="j", base_url=judge_url,
+                                       input_price_per_mtok=1, output_price_per_mtok=1, timeout_s=30)])
+    return [(spec, response, item, cfg) for spec, response in specs]
+
+
+async def test_every_grader_pickles_without_runtime_state_and_grades_the_same(tmp_path: Path) -> None:
+    """Dask sends suites to worker processes with pickle: locks, clients and loaded functions
+    stay behind and are rebuilt there; a custom grader's file need not exist on the worker."""
+    import pickle
+
+    from evals.grading import GraderContext
+    from evals.grading.sandbox import isolation
+    from tests.fake_llm import FakeLLM
+
+    no_sandbox = isinstance(isolation(False), str)
+    with FakeLLM(answer_fn=lambda p: "SCORE: 9" if p.startswith("Is ") else "x") as server:
+        cases = _every_grader(tmp_path, server.openai_base_url)
+        assert {s["type"] for s, *_ in cases} >= set(GRADERS) - {"not_contains"}
+        for spec, response, item, cfg in cases:
+            if no_sandbox and "code" in json.dumps(spec):
+                continue
+            grader = build_grader(spec, GraderContext(config=cfg, base_dir=tmp_path))
+            before = await grader.grade(response, item)
+            copy = pickle.loads(pickle.dumps(grader))
+            (tmp_path / "my_graders.py").rename(tmp_path / "moved.py")  # not on the "worker"
+            try:
+                after = await copy.grade(response, item)
+            finally:
+                (tmp_path / "moved.py").rename(tmp_path / "my_graders.py")
+            assert before == after and after.passed, (spec["type"], before, after)
+            assert copy.fingerprint() == grader.fingerprint()
+            await grader.aclose()
+            await copy.aclose()
