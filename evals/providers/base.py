@@ -59,11 +59,14 @@ class Completion:
     finish_reason: str
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # input read from a prompt/prefix cache
+    cache_write_input_tokens: int | None = None  # input written to a prompt cache (Anthropic)
     tokens_estimated: bool = False
     ttft_s: float | None = None
     latency_s: float = 0.0
     chunk_gaps_s: list[float] = field(default_factory=list)
+    draft_tokens: int | None = None  # speculative decoding: tokens a draft model proposed
+    accepted_draft_tokens: int | None = None  # of which the target accepted
 
     @property
     def tpot_s(self) -> float | None:
