@@ -98,15 +98,20 @@ def _print_levels(report: Any) -> None:
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures to this JSON file.")
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
+@click.option("--draft-baseline/--no-draft-baseline", default=True, show_default=True,
+              help="For a candidate with a draft model: also measure it without the draft.")
 def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_path: Path | None,
                 db_path: Path | None, n_requests: int | None, max_tokens: int | None,
                 latency_target_s: float | None, ttft_target_s: float | None,
                 tpot_target_s: float | None, max_batch: int | None, warmup: int,
-                json_out: Path | None, no_store: bool) -> None:
+                json_out: Path | None, no_store: bool, draft_baseline: bool) -> None:
     """Measure TTFT, TPOT, inter-token latency, tokens/s and goodput at fixed concurrencies.
 
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
     `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
+    A candidate with a draft model (`speculative:`) also gets the draft's acceptance rate and
+    mean accepted length, and is measured again without the draft (stored as `NAME:no-draft`)
+    for the speed-up at each concurrency.
     """
     from evals.selfhost.serving import (
         ServingError,
@@ -115,6 +120,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
         load_prompts,
         parse_levels,
         save_report,
+        without_draft,
     )
 
     cfg = load_config_or_exit(config_path)
@@ -125,20 +131,37 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     except (KeyError, ServingError) as exc:
         raise click.ClickException(str(exc).strip("'\"")) from None
     targets = Targets(latency_target_s, ttft_target_s, tpot_target_s)
-    report = asyncio.run(bench_serving(
-        candidate, requests, level_list, n_requests, targets,
-        provider=_make_provider(candidate, max_batch), prompts_label=str(prompts_path),
-        warmup=warmup,
-        on_level=lambda lv: click.echo(f"  c={lv.concurrency}: {lv.output_tok_s:.1f} out tok/s, "
-                                       f"{lv.errors} errors", err=True)))
-    _print_levels(report)
+    runs = [candidate]
+    if candidate.speculative is not None and draft_baseline:
+        runs.append(without_draft(candidate))
+    reports = [asyncio.run(bench_serving(
+        c, requests, level_list, n_requests, targets,
+        provider=_make_provider(c, max_batch), prompts_label=str(prompts_path), warmup=warmup,
+        on_level=lambda lv, c=c: click.echo(f"  {c.name} c={lv.concurrency}: "
+                                            f"{lv.output_tok_s:.1f} out tok/s, "
+                                            f"{lv.errors} errors", err=True)))
+        for c in runs]
+    for report in reports:
+        _print_levels(report)
+    if len(reports) == 2:
+        _print_speedups(*reports)
     if json_out:
-        _atomic_json(json_out, _report_json(report))
+        _atomic_json(json_out, _report_json(*reports))
     if not no_store:
         path = Path(db_path) if db_path else cfg.db_path
         with _open_store(path, read_only=False) as store:
-            save_report(store, report)
-        click.echo(f"stored {len(report.levels)} rows in {path} (bench_id {report.bench_id})")
+            for report in reports:  # one benchmark: the pair shares its id
+                report.bench_id = reports[0].bench_id
+                save_report(store, report)
+        rows = sum(len(r.levels) for r in reports)
+        click.echo(f"stored {rows} rows in {path} (bench_id {reports[0].bench_id})")
+
+
+def _print_speedups(report: Any, baseline: Any) -> None:
+    from evals.selfhost.serving import speedups
+
+    parts = ", ".join(f"c={c}: {x:.2f}x" for c, x in speedups(report, baseline).items())
+    click.echo(f"speculative decoding, output tok/s with the draft / without: {parts}")
 
 
 def _open_store(path: Path, read_only: bool) -> Any:
@@ -155,10 +178,14 @@ def _open_store(path: Path, read_only: bool) -> Any:
             "wait for it, or pass --db with another file") from None
 
 
-def _report_json(report: Any) -> dict:
-    from evals.selfhost.serving import report_json
+def _report_json(report: Any, baseline: Any = None) -> dict:
+    from evals.selfhost.serving import report_json, speedups
 
-    return report_json(report)
+    out = report_json(report)
+    if baseline is not None:
+        out["without_draft"] = report_json(baseline)
+        out["speedup_by_concurrency"] = speedups(report, baseline)
+    return out
 
 
 def _atomic_json(path: Path, payload: dict) -> None:

@@ -118,7 +118,7 @@ class Batcher:
         mask = torch.cat([past, new], dim=1)
         starts = torch.tensor([h.tokens for h in hits], device=self.device)
         pos = starts[:, None] + (new.cumsum(-1) - 1).clamp(min=0)
-        logits = [f(ids, mask, pos, c)[:, -1] for f, c in zip(self._fwd, caches)][0]
+        logits = [f(ids, mask, pos, c)[:, -1] for f, c in zip(self._fwd, caches)][0]  # target
         for r, p, h in zip(rows, prompts, hits):
             r.n_in, r.n_cached = len(p), h.tokens
         if self.prefix_cache is not None and _plain_layers(caches[0]):

@@ -107,8 +107,8 @@ class LocalProvider:
             tok, model = self._checkpoint(self.candidate.model, self.candidate.variant)
             spec = self.candidate.speculative
             if spec is not None:
-                draft_tok, draft = self._checkpoint(spec.model, spec.variant or self.candidate.variant,
-                                                    role="draft ")
+                variant = spec.variant or self.candidate.variant
+                draft_tok, draft = self._checkpoint(spec.model, variant, role="draft ")
                 _same_vocabulary(self.candidate.name, tok, model, draft_tok, draft)
                 self._draft = draft.eval()
             tok.padding_side = "left"
