@@ -120,6 +120,15 @@ class Candidate(BaseModel):
             write = price_in * ANTHROPIC_CACHE_WRITE_X if anthropic else price_in
         return read, write
 
+    def input_cost_usd(self, input_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        """List price of a call's input, of which `cache_read` tokens were read from the
+        provider's prompt cache and `cache_write` written to it (all counted in input_tokens)."""
+        read = min(cache_read, input_tokens)
+        write = min(cache_write, input_tokens - read)
+        price_read, price_write = self.cache_prices()
+        plain = (input_tokens - read - write) * (self.input_price_per_mtok or 0.0)
+        return (plain + read * price_read + write * price_write) / 1e6
+
     def api_key(self) -> str | None:
         """The secret, read from the environment at call time only; never stored."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None

@@ -68,17 +68,13 @@ class RetryPolicy:
 
 
 def token_cost(candidate: Candidate, c: Completion) -> float | None:
-    """List-price cost of one call; None for GPU-priced candidates (costed per flush window)."""
-    if candidate.gpu_hour_usd is not None:
-        return None
-    inp = c.input_tokens or 0
-    cached = min(c.cached_input_tokens or 0, inp)
-    out = c.output_tokens or 0
-    price_in = candidate.input_price_per_mtok or 0.0
-    price_cached = candidate.cached_input_price_per_mtok
-    price_cached = price_in if price_cached is None else price_cached
-    price_out = candidate.output_price_per_mtok or 0.0
-    return ((inp - cached) * price_in + cached * price_cached + out * price_out) / 1e6
+    """List-price cost of one call; None for GPU-priced candidates (costed per flush window).
+    Prompt-cache reads and writes are priced as the candidate says (`Candidate.cache_prices`)."""
+    if candidate.gpu_hour_usd is None:
+        inp = candidate.input_cost_usd(c.input_tokens or 0, c.cached_input_tokens or 0,
+                                       c.cache_write_input_tokens or 0)
+        return inp + (c.output_tokens or 0) * (candidate.output_price_per_mtok or 0.0) / 1e6
+    return None
 
 
 def apportion_gpu_cost(candidate: Candidate, rows: list[Outcome], window_s: float) -> None:
@@ -174,6 +170,7 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
         cached_input_tokens=completion.cached_input_tokens,
+        cache_write_input_tokens=completion.cache_write_input_tokens,
         tokens_estimated=completion.tokens_estimated,
         cost_usd=token_cost(pair.candidate, completion),
         ttft_s=completion.ttft_s,

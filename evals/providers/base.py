@@ -36,6 +36,16 @@ class GenerationSettings:
 class Request:
     messages: tuple[Message, ...]
     settings: GenerationSettings = GenerationSettings()
+    # How many leading messages every request of its suite shares (system prompt, few-shot
+    # turns): the prefix a provider's prompt cache may keep. None: unknown (the system prompt).
+    shared_messages: int | None = None
+
+    @property
+    def shared_chat(self) -> int | None:
+        """How many leading non-system messages are shared (None: unknown)."""
+        if self.shared_messages is None:
+            return None
+        return sum(1 for m in self.messages[:self.shared_messages] if m.role != "system")
 
     @property
     def system(self) -> str | None:

@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -196,8 +196,7 @@ def _suite_prompts(path: Path, max_tokens: int | None) -> list[Request]:
     for item in suite.items:
         req = suite.request(item)
         if max_tokens:
-            s = req.settings
-            req = Request(req.messages, GenerationSettings(max_tokens, s.temperature, s.stop, s.top_p))
+            req = replace(req, settings=replace(req.settings, max_tokens=max_tokens))
         out.append(req)
     return out
 

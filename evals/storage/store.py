@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     input_tokens BIGINT,
     output_tokens BIGINT,
     cached_input_tokens BIGINT,
+    cache_write_input_tokens BIGINT,
     tokens_estimated BOOLEAN DEFAULT FALSE,
     cost_usd DOUBLE,
     ttft_s DOUBLE,
@@ -82,6 +83,10 @@ CREATE TABLE IF NOT EXISTS outcomes (
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
 """
+# Columns added after the first release: files written before them gain them when opened.
+MIGRATIONS = (
+    "ALTER TABLE outcomes ADD COLUMN IF NOT EXISTS cache_write_input_tokens BIGINT",
+)
 
 
 @dataclass
@@ -97,7 +102,8 @@ class Outcome:
     score: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # input read from a prompt cache (provider or prefix)
+    cache_write_input_tokens: int | None = None  # input written to a provider's prompt cache
     tokens_estimated: bool = False
     cost_usd: float | None = None
     ttft_s: float | None = None
@@ -145,6 +151,8 @@ class Store:
         self._outcome_schema: Any = None
         if not read_only:
             self._con.execute(SCHEMA)
+            for sql in MIGRATIONS:
+                self._con.execute(sql)
 
     def close(self) -> None:
         with self._lock:

@@ -210,12 +210,16 @@ def cost() -> None:
               help="Input tokens per output token for API prices (default: the benchmark's).")
 @click.option("--min-good", type=float, default=0.9, show_default=True,
               help="A level counts as capacity only if this share of requests met the targets.")
+@click.option("--run-id", default=None,
+              help="Run whose prompt caching to show (default: the latest run in the database).")
 def compare(config_path: Path | None, db_path: Path | None, utils: str,
-            input_per_output: float | None, min_good: float) -> None:
+            input_per_output: float | None, min_good: float, run_id: str | None) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
-    and the daily output-token volume above which self-hosting is cheaper."""
+    the daily output-token volume above which self-hosting is cheaper, and what prompt caching
+    saved in a run (tokens, and input $ against the same calls without caching)."""
     from evals.selfhost.costmodel import compare as compare_costs
-    from evals.selfhost.costmodel import load_curve
+    from evals.selfhost.costmodel import load_caching, load_curve
+    from flows.summary import caching_table
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -226,13 +230,32 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
         raise click.BadParameter("utilisations must be in (0, 1]", param_hint="--utilization")
     with _open_store(path, read_only=True) as store:
         curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
+        run_id = run_id or _latest_run(store)
+        caching = caching_table(load_caching(store, run_id, cfg.candidates)) if run_id else None
+    console = _console()
+    if caching is not None:
+        caching.title = f"run {run_id}: {caching.title}"
+        console.print(caching)
     if not any(curves.values()):
+        if caching is not None:
+            return
         raise click.ClickException(
             f"{path}: no serving benchmark for any GPU-priced candidate "
             f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
     summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
                                         min_good)
-    _print_comparison(_console(), summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+    _print_comparison(console, summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+
+
+def _latest_run(store: Any) -> str | None:
+    """The most recently started run in the store, if it has any."""
+    with store._lock:
+        has_runs = store._con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]
+    if not has_runs:
+        return None
+    latest = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
+    return None if latest.empty else str(latest.iloc[0]["run_id"])
 
 
 def _usd(x: float) -> str:
@@ -275,13 +298,12 @@ def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
     from evals.selfhost.costmodel import api_usd_per_mtok
 
     t = Table(title="API list prices ($/Mtok)")
-    for col in ("candidate", "input", "cached input", "output", "output incl. input"):
+    for col in ("candidate", "input", "cache read", "cache write", "output", "output incl. input"):
         t.add_column(col, justify="right")
     for a in apis:
-        cached = a.cached_input_price_per_mtok
-        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0),
-                  "-" if cached is None else _usd(cached), _usd(a.output_price_per_mtok or 0.0),
-                  _usd(api_usd_per_mtok(a, ratio)))
+        read, write = a.cache_prices()
+        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0), _usd(read), _usd(write),
+                  _usd(a.output_price_per_mtok or 0.0), _usd(api_usd_per_mtok(a, ratio)))
     console.print(t)
     console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token (from "
                   f"{source}'s benchmark, or --input-per-output); the break-even table uses each "
