@@ -73,6 +73,7 @@ class RequestRecord:
     error_kind: str | None = None
     draft_tokens: int | None = None
     accepted_draft_tokens: int | None = None
+    cached_input_tokens: int | None = None
 
 
 @dataclass
@@ -216,7 +217,7 @@ async def _timed_call(provider: Provider, request: Request, t0: float, timeout_s
         start, end, True, ttft_s=c.ttft_s, latency_s=c.latency_s or (end - start),
         tpot_s=c.tpot_s, input_tokens=c.input_tokens, output_tokens=c.output_tokens,
         chunk_gaps_s=list(c.chunk_gaps_s), draft_tokens=c.draft_tokens,
-        accepted_draft_tokens=c.accepted_draft_tokens,
+        accepted_draft_tokens=c.accepted_draft_tokens, cached_input_tokens=c.cached_input_tokens,
     )
 
 
