@@ -30,11 +30,11 @@ ZOO = REPO / "models" / "zoo"
 SUITES = ("add", "reverse", "sort")
 
 
-def demo_requests() -> list[Any]:
+def demo_requests(suites: list[str]) -> list[Any]:
     from evals.suite.spec import load_suite
 
     out = []
-    for name in SUITES:
+    for name in suites:
         suite = load_suite(REPO / "evals" / "suites" / f"{name}.yaml")
         out += [suite.request(item) for item in suite.items]
     return out
@@ -111,17 +111,18 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--suites", default=",".join(SUITES), help="demo suites to draw items from")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
-    requests = demo_requests()
+    requests = demo_requests(args.suites.split(","))
     pair = candidates(args.draft, args.k, max(levels))
     identical = same_answers(pair, requests)
     runs = [asyncio.run(one_repeat(pair, requests, levels)) for _ in range(args.repeats)]
     rows = summarize(runs, pair)
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                          text=True, check=False).stdout.strip()
-    print(f"commit={rev} draft={args.draft} k={args.k} requests={len(requests)} "
+    print(f"commit={rev} suites={args.suites} draft={args.draft} k={args.k} requests={len(requests)} "
           f"repeats={args.repeats} identical_answers={identical}")
     for r in rows:
         print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
