@@ -137,6 +137,7 @@ def bench_speculative(ckpt: Path, drafts: dict[str, Path], args: argparse.Namesp
     n = {c: 4 if c == 1 else 2 * c for c in levels}
     runs: list[dict[str, Any]] = []
     skipped: list[str] = []
+    weights = {label: _weight_bytes(path) for label, path in [("target alone", ckpt), *drafts.items()]}
     estimate = 30.0
     for label, draft in [("target alone", None), *drafts.items()]:
         if time.perf_counter() + estimate > deadline:
@@ -156,7 +157,13 @@ def bench_speculative(ckpt: Path, drafts: dict[str, Path], args: argparse.Namesp
         runs.append({"draft": label, "levels": [_spec_level(lv) for lv in report.levels]})
     _speedups(runs)
     return {"k": args.spec_k, "max_tokens": args.spec_max_tokens, "runs": runs,
-            "skipped": skipped}
+            "skipped": skipped, "weight_bytes": weights}
+
+
+def _weight_bytes(checkpoint: Path) -> int:
+    """Bytes of a checkpoint's weights: what a draft adds to the device's memory (a self-draft
+    loads a second copy of the target)."""
+    return sum(f.stat().st_size for f in checkpoint.glob("*.safetensors"))
 
 
 def _slug(label: str) -> str:
@@ -261,8 +268,12 @@ def render(res: dict) -> list[str]:
                              f"{_n(lv.get('speedup'), 2)}x | {_n(lv['acceptance_rate'], 2)} | "
                              f"{_n(lv['mean_accepted_length'], 2)} | {_ms(lv['ttft_p50_s'])} | "
                              f"{_ms(lv['tpot_p50_s'])} |")
+        sizes = spec.get("weight_bytes") or {}
+        if sizes:
+            lines.append("\n- weights on the device (the draft's are added to the target's): "
+                         + ", ".join(f"{k}: {v / 1e6:,.1f} MB" for k, v in sizes.items()))
         if spec["skipped"]:
-            lines.append(f"\n- skipped (time budget): {', '.join(spec['skipped'])}")
+            lines.append(f"- skipped (time budget): {', '.join(spec['skipped'])}")
         lines.append("")
     pc = res.get("prefix_cache")
     if pc:

@@ -141,6 +141,9 @@ def _check_levers(res: dict, report: str) -> None:
         assert lv["acceptance_rate"] == 1.0 and lv["mean_accepted_length"] == 5.0
     assert all(lv["acceptance_rate"] < 0.2 for lv in runs["small-random"]["levels"])
     assert all(0 <= lv["acceptance_rate"] <= 1 for lv in runs["first-1-layers"]["levels"])
+    sizes = spec["weight_bytes"]
+    assert sizes["self"] == sizes["target alone"] > sizes["first-1-layers"] > 0
+    assert "weights on the device (the draft's are added to the target's)" in report
     off, on = res["prefix_cache"]["runs"]
     assert (off["prefix_cache"], on["prefix_cache"]) == (False, True)
     for a, b in zip(off["levels"], on["levels"]):
