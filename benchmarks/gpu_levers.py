@@ -192,7 +192,7 @@ def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: A
                        deadline: float) -> dict:
     """TTFT and prefilled prompt tokens with the prefix cache off, then on. Every measured
     request has a tail of its own: only the shared prefix can come from the cache."""
-    from evals.selfhost.serving import bench_serving, load_prompts, save_report
+    from evals.selfhost.serving import load_prompts, save_report
 
     levels = args.spec_concurrency
     n = {c: 8 if c == 1 else 2 * c for c in levels}

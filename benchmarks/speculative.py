@@ -86,7 +86,7 @@ def summarize(runs: list[dict], pair: tuple[Any, Any]) -> list[dict]:
     base, spec = (c.name for c in pair)
     rows = []
     for c in runs[0]:
-        def med(name: str, f: Any) -> float:
+        def med(name: str, f: Any, c: int = c) -> float:
             return statistics.median(f(r[c][name]) for r in runs)
 
         rows.append({
