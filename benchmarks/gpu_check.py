@@ -5,10 +5,14 @@ Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_ch
 1. build a random Llama-style model (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 32000,
    intermediate 5632: 0.85B params; `--tiny`: a toy) + char-level tokenizer; save it - no download;
 2. run the serving benchmark (`evals.selfhost.serving`) through the `local` provider for each variant
-   (bf16, fp8 weight-only and fp8-dyn W8A8 by default) at several concurrencies;
+   (bf16, fp8 weight-only and fp8-dyn W8A8 by default) at concurrency 1, 16 and 64;
 3. batch-1 decode speed vs the memory-bandwidth limit (bandwidth / weight bytes per token): the
    provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
-4. `routeopt run --config <generated> --suite gpu-smoke` on the device, and count its outcomes.
+4. prefix caching: TTFT and prefilled tokens with the cache off and on, on prompts sharing a
+   1,024-token prefix; speculative decoding: the bf16 target alone and with three drafts (itself,
+   its first 2 layers, a small random model), tokens/s, acceptance and speed-up at 1 and 16
+   (`gpu_levers.py` says why three);
+5. `routeopt run --config <generated> --suite gpu-smoke` on the device, and count its outcomes.
 
 Special tokens' output-layer rows are zeroed, so every request decodes exactly max_tokens.
 
@@ -32,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "benchmarks"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from common.io import atomic_write  # noqa: E402  (standard library only)
 
@@ -273,7 +278,8 @@ async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prom
     levels = args.concurrency
     cand = Candidate(name=f"{args.name}-{variant}", provider="local", model=str(ckpt),
                      variant=variant, device=args.device, gpu_hour_usd=args.gpu_hour_usd,
-                     max_concurrency=max(levels), timeout_s=args.request_timeout_s)
+                     max_concurrency=max(levels), timeout_s=args.request_timeout_s,
+                     prefix_cache=False)  # the prompts repeat across levels: decode speed only
     provider = LocalProvider(cand, max_batch=max(levels))
     occupancy = EngineOccupancy(provider)
     t0 = time.perf_counter()
@@ -487,6 +493,13 @@ def render_markdown(res: dict) -> str:
                   *_static_line(bw), *_engine_line(v.get("engine")),
                   "- $/Mtok output at 100% utilisation by concurrency: " + ", ".join(
                       f"c={c}: {_num(x, 3)}" for c, x in v["usd_per_mtok_full_load"].items()), ""]
+    import gpu_levers
+
+    levers = {n: res[n] for n in ("prefix_cache", "speculative") if isinstance(res.get(n), dict)}
+    for name, v in levers.items():
+        if "error" in v:
+            lines += [f"## {name}", "", f"failed: `{v['error']}`", ""]
+    lines += gpu_levers.render({n: v for n, v in levers.items() if "error" not in v})
     pipe = res.get("pipeline")
     if pipe:
         lines += ["## Pipeline", "", f"`{pipe['command']}` -> rc {pipe['rc']} in {pipe['wall_s']}s", ""]
@@ -546,7 +559,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="a toy model: the CPU code path in seconds")
     ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
     ap.add_argument("--variants", default="bf16,fp8,fp8-dyn")
-    ap.add_argument("--concurrency", default=None, help="levels (default 1,8,32,128; tiny 1,4)")
+    ap.add_argument("--concurrency", default=None, help="levels (default 1,16,64; tiny 1,4)")
     ap.add_argument("--requests", type=int, default=None, help="requests per level")
     ap.add_argument("--max-tokens", type=int, default=None, help="output tokens (128; tiny 8)")
     ap.add_argument("--prompt-chars", type=int, default=None, help="prompt length (256; tiny 16)")
@@ -562,10 +575,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps after this")
     ap.add_argument("--seed", type=int, default=0)
+    import gpu_levers
+
+    gpu_levers.add_arguments(ap)
     args = ap.parse_args(argv)
     from evals.selfhost.serving import parse_levels
 
-    args.concurrency = parse_levels(args.concurrency or ("1,4" if args.tiny else "1,8,32,128"))
+    args.concurrency = parse_levels(args.concurrency or ("1,4" if args.tiny else "1,16,64"))
     args.max_tokens = args.max_tokens or (8 if args.tiny else 128)
     args.prompt_chars = args.prompt_chars or (16 if args.tiny else 256)
     args.raw_steps = 16 if args.tiny and args.raw_steps is None else (args.raw_steps or 64)
@@ -574,6 +590,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default_static = "" if args.device == "cpu" else "bf16"
     args.static_compile = [v.strip() for v in (args.static_compile if args.static_compile is not None
                                                else default_static).split(",") if v.strip()]
+    gpu_levers.finish_arguments(args)
     return args
 
 
@@ -605,6 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
     res: dict[str, Any] = {"environment": env, "checkpoint": ckpt, "variants": [], "skipped": [],
                            "args": {k: str(v) for k, v in vars(args).items()}}
     run_variants(args, out, Path(ckpt["path"]), prompts, bw, clock, res)
+    run_levers(args, out, Path(ckpt["path"]), prompts, clock, res)
     if args.skip_pipeline:
         res["skipped"].append("pipeline (--skip-pipeline)")
     elif clock.left() < 60:
@@ -623,6 +641,36 @@ def write_results(out: Path, res: dict, clock: Clock) -> None:
     res["wall_s"] = clock.elapsed
     atomic_write(out / "gpu_check.json", json.dumps(res, indent=2, sort_keys=True, default=str))
     atomic_write(out / "gpu_check.md", render_markdown(res))
+
+
+def run_levers(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path, clock: Clock,
+               res: dict) -> None:
+    """Prefix caching, then speculative decoding, within the time budget (the pipeline step
+    keeps 90 s); a failing step is recorded and the check goes on."""
+    import gpu_levers
+    from evals.storage.store import Store
+
+    if args.skip_levers:
+        res["skipped"].append("speculative decoding and prefix caching (--skip-levers)")
+        return
+    deadline = time.perf_counter() + clock.left() - (0 if args.skip_pipeline else 90.0)
+    with Store(out / "serving.duckdb") as store:
+        for name, step in (
+                ("prefix_cache", lambda: gpu_levers.bench_prefix_cache(ckpt, args, out, store,
+                                                                       deadline)),
+                ("speculative", lambda: gpu_levers.bench_speculative(
+                    ckpt, gpu_levers.build_drafts(ckpt, out, args, build_checkpoint), args,
+                    prompts, store, deadline))):
+            if time.perf_counter() + 20 > deadline:
+                res["skipped"].append(f"{name} (time budget)")
+                continue
+            print(f"  {name} ...", flush=True)
+            try:
+                res[name] = step()
+            except Exception as exc:  # recorded, not fatal: the other figures stand
+                res[name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+            write_results(out, res, clock)
+            _free(args.device)
 
 
 def run_variants(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path,

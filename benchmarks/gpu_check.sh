@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU check (issue 8): random-weight ~1B Llama served through the local provider (bf16, fp8,
-# fp8-dyn), decode speed vs the memory-bandwidth limit, and one suite through `routeopt run`.
-# Finishes in < 8 minutes on one H100/H200-class GPU; figures land in OUT/gpu_check.{json,md}.
+# GPU check (issues 8, 14): random-weight ~1B Llama served through the local provider (bf16, fp8,
+# fp8-dyn at concurrency 1/16/64), decode speed vs the memory-bandwidth limit, prefix-cache TTFT
+# with and without, speculative decoding with three drafts (self, first 2 layers, small random),
+# and one suite through `routeopt run`. Finishes in < 8 minutes on one H100/H200-class GPU (steps
+# that do not fit are skipped and listed); figures land in OUT/gpu_check.{json,md}.
 #
 #   benchmarks/gpu_check.sh                          # --device cuda --out gpu_check_out
 #   benchmarks/gpu_check.sh --device cpu --tiny --out /tmp/gc   # CPU code path, seconds

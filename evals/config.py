@@ -23,6 +23,45 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+# Anthropic's prompt-caching prices as multiples of the input price: a cache read costs 0.1x and
+# a 5-minute cache write 1.25x (https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching).
+ANTHROPIC_CACHE_READ_X = 0.1
+ANTHROPIC_CACHE_WRITE_X = 1.25
+
+
+class SpeculativeSpec(BaseModel):
+    """A draft model whose proposals a `local` candidate verifies (vLLM's `speculative_config`).
+
+    `model` is a checkpoint (path or hub id) or the name of another `local` candidate in the
+    config, whose checkpoint (and variant) is then used. The draft must share the target's
+    tokenizer; it runs on the target's device, so its time is part of the candidate's GPU time.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    variant: Variant | None = None  # default: the named candidate's variant, else the target's
+
+
+class PrefixCacheSpec(BaseModel):
+    """Reuse of a shared prompt prefix. `local`: automatic prefix caching as vLLM does it (the
+    prompt's key/value blocks of `block_size` tokens, hashed, in an LRU cache holding at most
+    `capacity_tokens` tokens on the model's device). `anthropic`: the shared prefix is marked
+    with `cache_control`. OpenAI caches by itself; `enabled` cannot turn that off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    block_size: int = Field(default=16, ge=1, le=4096)
+    capacity_tokens: int = Field(default=8192, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: object) -> object:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
 class Candidate(BaseModel):
     """One model the pipeline may route to: an API model or a self-hosted checkpoint+variant."""
 
@@ -36,7 +75,8 @@ class Candidate(BaseModel):
     variant: Variant = "api"
     device: str = "auto"
     input_price_per_mtok: float | None = Field(default=None, ge=0)
-    cached_input_price_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_price_per_mtok: float | None = Field(default=None, ge=0)  # cache reads
+    cache_write_input_price_per_mtok: float | None = Field(default=None, ge=0)
     output_price_per_mtok: float | None = Field(default=None, ge=0)
     gpu_hour_usd: float | None = Field(default=None, ge=0)
     utilization: float = Field(default=1.0, gt=0, le=1)
@@ -50,6 +90,8 @@ class Candidate(BaseModel):
     circuit_breaker_cooldown_s: float = Field(default=30.0, gt=0)  # open -> half-open probe
     # how long an open breaker may hold the queue before its items are left for a resumed run
     circuit_breaker_max_wait_s: float = Field(default=600.0, ge=0)
+    speculative: SpeculativeSpec | None = None
+    prefix_cache: PrefixCacheSpec = PrefixCacheSpec()
 
     @model_validator(mode="after")
     def _priced(self) -> "Candidate":
@@ -62,7 +104,32 @@ class Candidate(BaseModel):
             )
         if self.provider == "local" and self.variant == "api":
             self.variant = "fp32"
+        if self.speculative is not None and self.provider != "local":
+            raise ValueError("speculative: only `local` candidates run a draft model; for an "
+                             "OpenAI-compatible server configure it on the server (vLLM: "
+                             "--speculative-config)")
         return self
+
+    def cache_prices(self) -> tuple[float, float]:
+        """$/Mtok of cache-read and cache-write input tokens: as configured, else Anthropic's
+        multiples of the input price for `anthropic` candidates, else the input price."""
+        price_in = self.input_price_per_mtok or 0.0
+        anthropic = self.provider == "anthropic"
+        read, write = self.cached_input_price_per_mtok, self.cache_write_input_price_per_mtok
+        if read is None:
+            read = price_in * ANTHROPIC_CACHE_READ_X if anthropic else price_in
+        if write is None:
+            write = price_in * ANTHROPIC_CACHE_WRITE_X if anthropic else price_in
+        return read, write
+
+    def input_cost_usd(self, input_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        """List price of a call's input, of which `cache_read` tokens were read from the
+        provider's prompt cache and `cache_write` written to it (all counted in input_tokens)."""
+        read = min(cache_read, input_tokens)
+        write = min(cache_write, input_tokens - read)
+        price_read, price_write = self.cache_prices()
+        plain = (input_tokens - read - write) * (self.input_price_per_mtok or 0.0)
+        return (plain + read * price_read + write * price_write) / 1e6
 
     def api_key(self) -> str | None:
         """The secret, read from the environment at call time only; never stored."""
@@ -174,6 +241,26 @@ class Config(BaseModel):
         return candidates
 
     @model_validator(mode="after")
+    def _draft_candidates(self) -> "Config":
+        """A draft named by candidate becomes that candidate's checkpoint (and variant)."""
+        by_name = {c.name: c for c in self.candidates}
+        for i, c in enumerate(self.candidates):
+            spec = c.speculative
+            if spec is None or spec.model not in by_name:
+                continue
+            draft = by_name[spec.model]
+            where = f"candidates.{i}.speculative.model"
+            if draft.name == c.name:
+                raise ValueError(f"{where}: candidate {c.name!r} names itself as its draft; name "
+                                 "a smaller model")
+            if draft.provider != "local":
+                raise ValueError(f"{where}: draft candidate {draft.name!r} is a "
+                                 f"{draft.provider!r} candidate; a draft must be `local`")
+            c.speculative = spec.model_copy(update={
+                "model": draft.model, "variant": spec.variant or draft.variant})
+        return self
+
+    @model_validator(mode="after")
     def _budget_names(self) -> "Config":
         names = {c.name for c in self.candidates}
         unknown = sorted(set(self.budget.per_candidate_usd) - names)
@@ -209,6 +296,23 @@ def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else (base / p).resolve()
 
 
+def _local_path(base: Path, model: str) -> str:
+    """A local checkpoint path relative to the config file, resolved; anything else as is."""
+    if not Path(model).is_absolute() and (base / model).exists():
+        return str(base / model)
+    return model
+
+
+def _resolve_checkpoints(base: Path, c: Candidate) -> Candidate:
+    if c.provider != "local":
+        return c
+    update: dict = {"model": _local_path(base, c.model)}
+    if c.speculative is not None:
+        update["speculative"] = c.speculative.model_copy(
+            update={"model": _local_path(base, c.speculative.model)})
+    return c.model_copy(update=update)
+
+
 def _format_errors(path: Path, err: ValidationError) -> str:
     lines = [f"{path}: invalid config"]
     for e in err.errors():
@@ -235,12 +339,7 @@ def load_config(path: str | os.PathLike) -> Config:
     except ValidationError as err:
         raise ConfigError(_format_errors(path, err)) from None
     base = path.parent
-    candidates = [
-        c.model_copy(update={"model": str(base / c.model)})
-        if c.provider == "local" and not Path(c.model).is_absolute() and (base / c.model).exists()
-        else c
-        for c in cfg.candidates
-    ]
+    candidates = [_resolve_checkpoints(base, c) for c in cfg.candidates]
     return cfg.model_copy(
         update={
             "candidates": candidates,

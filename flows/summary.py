@@ -1,4 +1,5 @@
-"""The run summary: per candidate quality, cost and latency, and the router beside them."""
+"""The run summary: per candidate quality, cost and latency, what prompt caching saved, and the
+router beside them."""
 
 from __future__ import annotations
 
@@ -68,8 +69,27 @@ def router_table(holdout: dict[str, Any]) -> Table:
     return table
 
 
-def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
-    """Print the candidates table, what it leaves out, and the router's held-out comparison.
+def caching_table(savings: list[Any]) -> Table | None:
+    """Cache-read and cache-write input tokens per candidate, and the input $ they saved
+    against the same calls without caching (`evals.selfhost.costmodel.caching_savings`)."""
+    used = [s for s in savings if s.cache_read_tokens or s.cache_write_tokens]
+    if not used:
+        return None
+    table = Table(title="prompt caching (input tokens; $ vs the same calls without caching)")
+    for col in ("candidate", "input tokens", "cache reads", "cache writes", "input $",
+                "input $ uncached", "saved $"):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
+    for s in used:
+        table.add_row(s.candidate, f"{s.input_tokens:,}", f"{s.cache_read_tokens:,}",
+                      f"{s.cache_write_tokens:,}", _fmt(s.input_usd, ".6f"),
+                      _fmt(s.uncached_input_usd, ".6f"), _fmt(s.saved_usd, ".6f"))
+    return table
+
+
+def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any],
+                  caching: list[Any] | None = None) -> None:
+    """Print the candidates table, what it leaves out, prompt caching (when any call used a
+    cache) and the router's held-out comparison.
 
     Pass rates count the candidate's own errors as failures and leave out errors on our side
     (`result["excluded"]` says how many); cost and times leave out replayed cache answers.
@@ -98,6 +118,12 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
             f"response cache: {replayed} answers replayed from earlier runs (at most "
             f"{result.get('cache_max_age') or '?'} old); they count in pass rates, not in cost "
             "or latency")
+    cache_table = caching_table(caching or [])
+    if cache_table is not None:
+        console.print(cache_table)
+        if any(s.input_usd is None and s.cache_read_tokens for s in caching or []):
+            console.print("  local candidates: cache reads are prompt tokens reused from the "
+                          "prefix cache; their saving is GPU time, inside the measured throughput")
     holdout = (result.get("router_metrics") or {}).get("holdout") or {}
     if holdout:
         console.print(router_table(holdout))

@@ -10,6 +10,13 @@ The "model" is deterministic: an answer table keyed by the last user message, el
 check graded correctness. Token usage counts whitespace-separated words, so tests can tell reported
 usage from the client's chars/4 estimate.
 
+Prompt caching is reported in the real usage fields. OpenAI caches by itself: a request whose
+system prompt (else first message) was seen before reports it in
+`usage.prompt_tokens_details.cached_tokens`. Anthropic caches only up to blocks marked with
+`cache_control`: the longest marked prefix seen before is a read (`cache_read_input_tokens`),
+the rest up to the last mark is written (`cache_creation_input_tokens`), and `input_tokens`
+counts only the remainder, as the Messages API does.
+
 Faults are chosen per request, either by a prompt marker `[[fault:NAME]]` (always) or
 `[[fault:NAME*N]]` (only the first N attempts of that prompt), or by a seeded mix of
 probabilities that depends only on (seed, prompt, attempt number) - so a run is reproducible
@@ -145,6 +152,31 @@ def _prompt_of(path: str, body: dict) -> str:
             content = "".join(b.get("text", "") for b in content if isinstance(b, dict))
         parts.append(str(content or ""))
     return "\n".join(parts)
+
+
+def _parts(body: dict) -> list[tuple[str, bool]]:
+    """(text, marked with cache_control) for the system blocks, then each message."""
+    out: list[tuple[str, bool]] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        out.append((system, False))
+    elif isinstance(system, list):
+        out += [(b.get("text", ""), "cache_control" in b) for b in system if isinstance(b, dict)]
+    for msg in body.get("messages") or []:
+        content = msg.get("content")
+        if isinstance(content, list):
+            blocks = [b for b in content if isinstance(b, dict)]
+            out.append(("".join(b.get("text", "") for b in blocks),
+                        any("cache_control" in b for b in blocks)))
+        else:
+            out.append((str(content or ""), False))
+    return out
+
+
+def _marked_prefixes(body: dict) -> list[list[tuple[str, bool]]]:
+    """The request's prefixes that end at a `cache_control` mark, shortest first."""
+    parts = _parts(body)
+    return [parts[:i + 1] for i, (_, marked) in enumerate(parts) if marked]
 
 
 def _last_user(body: dict) -> str:
@@ -348,12 +380,32 @@ class FakeLLM:
         else:
             finish = "max_tokens" if length else "stop_sequence" if stopped else "end_turn"
         prompt = _prompt_of("", body)
+        read, written = (self._anthropic_cache(body) if kind == "anthropic"
+                         else (self._openai_cache(body), 0))
+        usage = {"input": count_tokens(prompt), "cached": read, "written": written,
+                 "output": len(pieces)}
+        return pieces, finish, usage
+
+    def _openai_cache(self, body: dict) -> int:
+        """Automatic caching: the system prompt (else first message) seen before is a read."""
         prefix = str(body.get("system") or (body.get("messages") or [{}])[0].get("content", ""))
         with self._lock:
             cached = count_tokens(prefix) if self.prompt_cache and prefix in self._seen_prefixes else 0
             self._seen_prefixes.add(prefix)
-        usage = {"input": count_tokens(prompt), "cached": cached, "output": len(pieces)}
-        return pieces, finish, usage
+        return cached
+
+    def _anthropic_cache(self, body: dict) -> tuple[int, int]:
+        """(read, written) tokens: prefixes end at `cache_control` marks only."""
+        if not self.prompt_cache:
+            return 0, 0
+        prefixes = ["\n".join(text for text, _ in parts) for parts in _marked_prefixes(body)]
+        if not prefixes:
+            return 0, 0
+        with self._lock:
+            hit = next((p for p in reversed(prefixes) if ("anthropic", p) in self._seen_prefixes), "")
+            self._seen_prefixes.update(("anthropic", p) for p in prefixes)
+        read = count_tokens(hit)
+        return read, count_tokens(prefixes[-1]) - read
 
     async def _respond(self, writer: asyncio.StreamWriter, kind: str, body: dict, fault: str | None) -> None:
         plan = self.faults

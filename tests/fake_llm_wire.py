@@ -43,8 +43,8 @@ def _openai_usage(u: dict) -> dict:
 
 
 def _anthropic_usage(u: dict) -> dict:
-    return {"input_tokens": u["input"] - u["cached"], "output_tokens": u["output"],
-            "cache_read_input_tokens": u["cached"], "cache_creation_input_tokens": 0}
+    return {"input_tokens": u["input"] - u["cached"] - u["written"], "output_tokens": u["output"],
+            "cache_read_input_tokens": u["cached"], "cache_creation_input_tokens": u["written"]}
 
 
 def _openai_plain(body: dict, text: str, finish: str, u: dict, usage: bool) -> dict:

@@ -48,17 +48,13 @@ class RetryPolicy:
 
 
 def token_cost(candidate: Candidate, c: Completion) -> float | None:
-    """List-price cost of one call; None for GPU-priced candidates (costed per flush window)."""
-    if candidate.gpu_hour_usd is not None:
-        return None
-    inp = c.input_tokens or 0
-    cached = min(c.cached_input_tokens or 0, inp)
-    out = c.output_tokens or 0
-    price_in = candidate.input_price_per_mtok or 0.0
-    price_cached = candidate.cached_input_price_per_mtok
-    price_cached = price_in if price_cached is None else price_cached
-    price_out = candidate.output_price_per_mtok or 0.0
-    return ((inp - cached) * price_in + cached * price_cached + out * price_out) / 1e6
+    """List-price cost of one call; None for GPU-priced candidates (costed per flush window).
+    Prompt-cache reads and writes are priced as the candidate says (`Candidate.cache_prices`)."""
+    if candidate.gpu_hour_usd is None:
+        inp = candidate.input_cost_usd(c.input_tokens or 0, c.cached_input_tokens or 0,
+                                       c.cache_write_input_tokens or 0)
+        return inp + (c.output_tokens or 0) * (candidate.output_price_per_mtok or 0.0) / 1e6
+    return None
 
 
 def failed_attempt_cost(candidate: Candidate, request: Request, progress: CallProgress) -> float:

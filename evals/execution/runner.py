@@ -189,6 +189,7 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
         cached_input_tokens=completion.cached_input_tokens,
+        cache_write_input_tokens=completion.cache_write_input_tokens,
         tokens_estimated=completion.tokens_estimated,
         cost_usd=cost_usd,
         ttft_s=completion.ttft_s,

@@ -6,9 +6,15 @@ inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers.sdk`). A
 runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
 `extra_body` (the Messages API accepts both), keeping evals deterministic.
 
+Prompt caching: unless the candidate's `prefix_cache.enabled` is false, the prefix a request
+shares with the other requests of its suite (`Request.shared_messages`) is marked with
+`cache_control` (ephemeral, 5 minutes): the system prompt, and the last shared chat message
+(the end of the suite's few-shot turns). Anthropic caches
+prefixes above a minimum length (1,024 or 2,048 tokens by model) and ignores shorter marks.
+
 Token accounting: Anthropic's `input_tokens` excludes cache reads and writes; `Completion`
-counts all input, so input = input_tokens + cache_read + cache_creation, and cached input =
-`cache_read_input_tokens`.
+counts all input, so input = input_tokens + cache_read + cache_creation, cached input =
+`cache_read_input_tokens` and cache-write input = `cache_creation_input_tokens`.
 """
 
 from __future__ import annotations
@@ -40,13 +46,17 @@ class AnthropicProvider(SdkProvider):
 
     def _params(self, request: Request) -> dict[str, Any]:
         s = request.settings
+        cache = self.candidate.prefix_cache.enabled
         params: dict[str, Any] = {
             "model": self.candidate.model,
             "max_tokens": s.max_tokens,
-            "messages": request.chat,
+            "messages": _mark_shared(request) if cache else request.chat,
         }
         if request.system:
-            params["system"] = request.system
+            shared_system = request.shared_messages is None or any(
+                m.role == "system" for m in request.messages[:request.shared_messages])
+            params["system"] = ([_cached_text(request.system)] if cache and shared_system
+                                else request.system)
         if s.stop:
             params["stop_sequences"] = list(s.stop)
         extra: dict[str, Any] = {"temperature": s.temperature}
@@ -66,7 +76,8 @@ class AnthropicProvider(SdkProvider):
         usage = _Usage()
         usage.start(getattr(msg, "usage", None))
         timer.reported(usage.input, usage.output)
-        return timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False)
+        return usage.with_writes(
+            timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False))
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
@@ -99,8 +110,8 @@ class AnthropicProvider(SdkProvider):
             raise ProviderError(
                 "truncated_stream",
                 f"stream ended after {events} events without message_stop/stop_reason")
-        return timer.completion(request, "".join(parts), stop_reason, usage.tokens(),
-                                streamed=True)
+        return usage.with_writes(timer.completion(request, "".join(parts), stop_reason,
+                                                  usage.tokens(), streamed=True))
 
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
@@ -120,6 +131,7 @@ class _Usage:
     def __init__(self) -> None:
         self.input: int | None = None
         self.cached = 0
+        self.written = 0
         self.output: int | None = None
 
     def start(self, u: Any) -> None:
@@ -128,7 +140,7 @@ class _Usage:
         read = getattr(u, "cache_read_input_tokens", None) or 0
         write = getattr(u, "cache_creation_input_tokens", None) or 0
         self.input = (getattr(u, "input_tokens", None) or 0) + read + write
-        self.cached = read
+        self.cached, self.written = read, write
         self.output = getattr(u, "output_tokens", None)
 
     def delta(self, u: Any) -> None:
@@ -140,6 +152,31 @@ class _Usage:
         if self.input and self.output is not None:
             return self.input, self.output, self.cached
         return None
+
+
+    def with_writes(self, c: Completion) -> Completion:
+        """The completion with its cache-write tokens (unknown when usage was estimated)."""
+        c.cache_write_input_tokens = None if c.tokens_estimated else self.written
+        return c
+
+
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+def _cached_text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text, "cache_control": _EPHEMERAL}
+
+
+def _mark_shared(request: Request) -> list[dict[str, Any]]:
+    """The chat with a cache breakpoint on its last shared message (the end of a suite's
+    few-shot turns), when the request says which messages its suite shares."""
+    chat = request.chat
+    n = request.shared_chat
+    if not n or n > len(chat):
+        return chat
+    end = chat[n - 1]
+    return [*chat[:n - 1], {"role": end["role"], "content": [_cached_text(end["content"])]},
+            *chat[n:]]
 
 
 def create(candidate: "Candidate") -> AnthropicProvider:

@@ -37,6 +37,16 @@ class GenerationSettings:
 class Request:
     messages: tuple[Message, ...]
     settings: GenerationSettings = GenerationSettings()
+    # How many leading messages every request of its suite shares (system prompt, few-shot
+    # turns): the prefix a provider's prompt cache may keep. None: unknown (the system prompt).
+    shared_messages: int | None = None
+
+    @property
+    def shared_chat(self) -> int | None:
+        """How many leading non-system messages are shared (None: unknown)."""
+        if self.shared_messages is None:
+            return None
+        return sum(1 for m in self.messages[:self.shared_messages] if m.role != "system")
 
     @property
     def system(self) -> str | None:
@@ -60,11 +70,14 @@ class Completion:
     finish_reason: str
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # input read from a prompt/prefix cache
+    cache_write_input_tokens: int | None = None  # input written to a prompt cache (Anthropic)
     tokens_estimated: bool = False
     ttft_s: float | None = None
     latency_s: float = 0.0
     chunk_gaps_s: list[float] = field(default_factory=list)
+    draft_tokens: int | None = None  # speculative decoding: tokens a draft model proposed
+    accepted_draft_tokens: int | None = None  # of which the target accepted
 
     @property
     def tpot_s(self) -> float | None:

@@ -8,7 +8,17 @@ come with each output token. Comparing the two per million *output* tokens is fa
 self-hosted throughput was measured on prompts like the traffic's (prefill time is in it), so the
 API side is priced with the same input/output ratio the benchmark measured.
 
-Pure functions over numbers; `load_curve` reads the benchmark's table from the store.
+A self-hosted candidate with a draft model (speculative decoding) is priced as one candidate:
+the draft runs on the same GPU in the same engine, so the GPU-hour price and the throughput
+measured with the draft already include its compute. Its memory is not free, though: the
+draft's weights and KV cache (and the prefix cache's blocks) share the device with the target's,
+which leaves less room for the batch; the benchmark's throughput curve includes that too.
+
+Prompt caching changes what an API's input costs: `caching_savings` compares what a run's
+calls were billed for their input (cache reads and writes at the candidate's cache prices) with
+the same input at the plain input price.
+
+Pure functions over numbers; `load_curve` and `load_caching` read the store.
 """
 
 from __future__ import annotations
@@ -131,8 +141,7 @@ def api_usd_per_mtok(candidate: "Candidate", input_per_output: float = 0.0,
     if input_per_output < 0 or not 0 <= cached_fraction <= 1:
         raise ValueError("input_per_output must be >= 0 and cached_fraction in [0, 1]")
     price_in = candidate.input_price_per_mtok or 0.0
-    cached = candidate.cached_input_price_per_mtok
-    price_cached = price_in if cached is None else cached
+    price_cached = candidate.cache_prices()[0]
     blended_in = (1 - cached_fraction) * price_in + cached_fraction * price_cached
     return (candidate.output_price_per_mtok or 0.0) + input_per_output * blended_in
 
@@ -294,3 +303,70 @@ def _measured_ratio(points: Sequence[ThroughputPoint]) -> float | None:
     if not ins or not outs:
         return None
     return (sum(ins) / len(ins)) / (sum(outs) / len(outs))
+
+
+@dataclass(frozen=True)
+class CachingSavings:
+    """What prompt caching did for one candidate's calls in one run.
+
+    Tokens as the provider reported them (for `local` candidates: prompt tokens taken from the
+    prefix cache). Dollars only for token-priced candidates: a GPU-priced candidate's saving
+    is the prefill it did not compute, which shows in its measured throughput instead.
+    """
+
+    candidate: str
+    calls: int
+    input_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    input_usd: float | None = None  # billed for the input, reads and writes at cache prices
+    uncached_input_usd: float | None = None  # the same input at the plain input price
+
+    @property
+    def saved_usd(self) -> float | None:
+        if self.input_usd is None or self.uncached_input_usd is None:
+            return None
+        return self.uncached_input_usd - self.input_usd
+
+
+def caching_savings(candidate: "Candidate", calls: int, input_tokens: int, cache_read: int,
+                    cache_write: int) -> CachingSavings:
+    """Input $ with the recorded cache reads and writes against the same input uncached."""
+    if candidate.gpu_hour_usd is not None:
+        return CachingSavings(candidate.name, calls, input_tokens, cache_read, cache_write)
+    return CachingSavings(candidate.name, calls, input_tokens, cache_read, cache_write,
+                          candidate.input_cost_usd(input_tokens, cache_read, cache_write),
+                          candidate.input_cost_usd(input_tokens))
+
+
+def load_caching(store: "Store", run_id: str,
+                 candidates: Sequence["Candidate"] = ()) -> list[CachingSavings]:
+    """Prompt caching per candidate in one run, priced with `candidates` (default: the specs
+    the run recorded). Answers replayed from the response cache made no call: left out."""
+    from evals.config import Candidate
+
+    with store._lock:
+        cols = {r[0] for r in store._con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'outcomes'"
+        ).fetchall()}
+    writes = "sum(cache_write_input_tokens)" if "cache_write_input_tokens" in cols else "0"
+    df = store.query(
+        f"SELECT candidate, count(*) AS calls, coalesce(sum(input_tokens), 0) AS inp, "
+        f"coalesce(sum(cached_input_tokens), 0) AS rd, coalesce({writes}, 0) AS wr "
+        "FROM outcomes WHERE run_id = ? AND error_kind IS NULL AND NOT cached "
+        "GROUP BY candidate ORDER BY candidate", [run_id])
+    known = {c.name: c for c in candidates}
+    if not known:
+        specs = store.query("SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id])
+        for r in specs.itertuples():
+            try:
+                known[r.name] = Candidate.model_validate_json(r.spec_json)
+            except ValueError:  # a spec from another version of the config: tokens only
+                continue
+    out = []
+    for r in df.itertuples():
+        args = (int(r.calls), int(r.inp), int(r.rd), int(r.wr))
+        c = known.get(r.candidate)
+        out.append(caching_savings(c, *args) if c is not None
+                   else CachingSavings(r.candidate, *args))
+    return out

@@ -8,7 +8,10 @@ TTFT) / (output tokens - 1); inter-token latency (ITL) = the gaps between conten
 over requests; goodput = requests per second that met every latency target given.
 
 Works with any provider: an OpenAI-compatible server (an `openai` candidate with `base_url`) or
-an in-process `local` checkpoint. Results go to the DuckDB table `serving_runs`, one row per
+an in-process `local` checkpoint. A `local` candidate with a draft model (speculative decoding)
+also reports the draft's acceptance rate (accepted / proposed tokens) and mean accepted length
+(tokens per target pass: 1 + accepted / verification steps, vLLM's "mean acceptance length"),
+and `without_draft` gives the same candidate without it, for the speed-up. Results go to the DuckDB table `serving_runs`, one row per
 (benchmark, candidate, concurrency), which `evals.selfhost.costmodel` turns into $/Mtok.
 """
 
@@ -18,7 +21,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -68,6 +71,9 @@ class RequestRecord:
     output_tokens: int | None = None
     chunk_gaps_s: list[float] = field(default_factory=list)
     error_kind: str | None = None
+    draft_tokens: int | None = None
+    accepted_draft_tokens: int | None = None
+    cached_input_tokens: int | None = None
 
 
 @dataclass
@@ -91,6 +97,8 @@ class LevelResult:
     goodput_rps: float | None
     mean_input_tokens: float | None
     mean_output_tokens: float | None
+    acceptance_rate: float | None = None  # speculative decoding: accepted / proposed tokens
+    mean_accepted_length: float | None = None  # tokens per target pass (1 + accepted / steps)
     records: list[RequestRecord] = field(default_factory=list, repr=False)
 
 
@@ -189,8 +197,7 @@ def _suite_prompts(path: Path, max_tokens: int | None) -> list[Request]:
     for item in suite.items:
         req = suite.request(item)
         if max_tokens:
-            s = req.settings
-            req = Request(req.messages, GenerationSettings(max_tokens, s.temperature, s.stop, s.top_p))
+            req = replace(req, settings=replace(req.settings, max_tokens=max_tokens))
         out.append(req)
     return out
 
@@ -209,7 +216,8 @@ async def _timed_call(provider: Provider, request: Request, t0: float, timeout_s
     return RequestRecord(
         start, end, True, ttft_s=c.ttft_s, latency_s=c.latency_s or (end - start),
         tpot_s=c.tpot_s, input_tokens=c.input_tokens, output_tokens=c.output_tokens,
-        chunk_gaps_s=list(c.chunk_gaps_s),
+        chunk_gaps_s=list(c.chunk_gaps_s), draft_tokens=c.draft_tokens,
+        accepted_draft_tokens=c.accepted_draft_tokens, cached_input_tokens=c.cached_input_tokens,
     )
 
 
@@ -249,8 +257,9 @@ def _meets(r: RequestRecord, targets: Targets) -> bool:
 
 
 def summarize(concurrency: int, records: list[RequestRecord], wall_s: float, peak: int,
-              targets: Targets = Targets()) -> LevelResult:
-    """Turn one level's request records into its figures (pure; tested directly)."""
+              targets: Targets = Targets(), num_draft: int | None = None) -> LevelResult:
+    """Turn one level's request records into its figures (pure; tested directly).
+    `num_draft`: the draft tokens proposed per verification step, when speculating."""
     ok = [r for r in records if r.ok]
     out_tokens = [r.output_tokens or 0 for r in ok]
     in_tokens = [r.input_tokens or 0 for r in ok]
@@ -274,8 +283,31 @@ def summarize(concurrency: int, records: list[RequestRecord], wall_s: float, pea
         goodput_rps=sum(_meets(r, targets) for r in records) / wall if targets.any else None,
         mean_input_tokens=float(np.mean(in_tokens)) if ok else None,
         mean_output_tokens=float(np.mean(out_tokens)) if ok else None,
+        **_acceptance(ok, num_draft),
         records=records,
     )
+
+
+def _acceptance(ok: list[RequestRecord], num_draft: int | None) -> dict[str, float | None]:
+    drafted = sum(r.draft_tokens or 0 for r in ok)
+    if not num_draft or not drafted:
+        return {}
+    accepted = sum(r.accepted_draft_tokens or 0 for r in ok)
+    return {"acceptance_rate": accepted / drafted,
+            "mean_accepted_length": 1 + accepted / (drafted / num_draft)}
+
+
+def without_draft(candidate: "Candidate") -> "Candidate":
+    """The same candidate served without its draft model: the speed-up's baseline."""
+    return candidate.model_copy(update={"name": f"{candidate.name}:no-draft",
+                                        "speculative": None})
+
+
+def speedups(report: "ServingReport", baseline: "ServingReport") -> dict[int, float]:
+    """Output tokens/s with the draft over without it, per concurrency both measured."""
+    base = {lv.concurrency: lv.output_tok_s for lv in baseline.levels}
+    return {lv.concurrency: lv.output_tok_s / base[lv.concurrency]
+            for lv in report.levels if base.get(lv.concurrency)}
 
 
 async def bench_serving(
@@ -305,6 +337,7 @@ async def bench_serving(
         provider = make_provider(candidate)
     levels_out: list[LevelResult] = []
     skipped: list[int] = []
+    k = candidate.speculative.num_speculative_tokens if candidate.speculative else None
     try:
         for i in range(warmup):
             await _timed_call(provider, requests[i % len(requests)], time.perf_counter(),
@@ -315,7 +348,7 @@ async def bench_serving(
                 continue
             n = max(c, _requests_for(n_requests, c))
             records, wall, peak = await run_level(provider, requests, c, n, candidate.timeout_s)
-            levels_out.append(summarize(c, records, wall, peak, targets))
+            levels_out.append(summarize(c, records, wall, peak, targets, k))
             if on_level is not None:
                 on_level(levels_out[-1])
     finally:
@@ -349,6 +382,7 @@ CREATE TABLE IF NOT EXISTS {SERVING_TABLE} (
     request_tok_s_p50 DOUBLE,
     output_tok_s DOUBLE, input_tok_s DOUBLE, request_rps DOUBLE, goodput_rps DOUBLE,
     mean_input_tokens DOUBLE, mean_output_tokens DOUBLE,
+    acceptance_rate DOUBLE, mean_accepted_length DOUBLE, draft_model VARCHAR,
     latency_target_s DOUBLE, ttft_target_s DOUBLE, tpot_target_s DOUBLE,
     detail_json VARCHAR,
     created_at TIMESTAMPTZ NOT NULL,
@@ -379,6 +413,8 @@ def level_row(report: ServingReport, lv: LevelResult) -> dict[str, Any]:
         request_tok_s_p50=_p(lv.request_tok_s, "p50"), output_tok_s=lv.output_tok_s,
         input_tok_s=lv.input_tok_s, request_rps=lv.request_rps, goodput_rps=lv.goodput_rps,
         mean_input_tokens=lv.mean_input_tokens, mean_output_tokens=lv.mean_output_tokens,
+        acceptance_rate=lv.acceptance_rate, mean_accepted_length=lv.mean_accepted_length,
+        draft_model=(s.get("speculative") or {}).get("model"),
         latency_target_s=t.latency_s, ttft_target_s=t.ttft_s, tpot_target_s=t.tpot_s,
     )
     errors: dict[str, int] = {}
@@ -393,6 +429,9 @@ def level_row(report: ServingReport, lv: LevelResult) -> dict[str, Any]:
     return row
 
 
+_ADDED_COLUMNS = ("acceptance_rate DOUBLE", "mean_accepted_length DOUBLE", "draft_model VARCHAR")
+
+
 def save_report(store: "Store", report: ServingReport) -> int:
     """Write a report's rows to `serving_runs` in one transaction (created if missing)."""
     rows = [level_row(report, lv) for lv in report.levels]
@@ -404,6 +443,8 @@ def save_report(store: "Store", report: ServingReport) -> int:
     with store._lock:
         con = store._con
         con.execute(SCHEMA)
+        for column in _ADDED_COLUMNS:  # tables written before these columns existed
+            con.execute(f"ALTER TABLE {SERVING_TABLE} ADD COLUMN IF NOT EXISTS {column}")
         con.execute("BEGIN TRANSACTION")
         try:
             con.executemany(sql, [[r[c] for c in cols] for r in rows])
@@ -420,7 +461,7 @@ def _ms(x: float | None) -> str:
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "conc", "reqs", "err", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms",
-    "tok/s/req p50", "out tok/s", "req/s", "goodput req/s",
+    "tok/s/req p50", "out tok/s", "req/s", "goodput req/s", "draft accept", "accepted len",
 )
 
 
@@ -434,6 +475,8 @@ def table_cells(lv: LevelResult) -> list[str]:
         trio(lv.itl_s), "-" if lv.request_tok_s is None else f"{lv.request_tok_s['p50']:.1f}",
         f"{lv.output_tok_s:.1f}", f"{lv.request_rps:.2f}",
         "-" if lv.goodput_rps is None else f"{lv.goodput_rps:.2f}",
+        "-" if lv.acceptance_rate is None else f"{lv.acceptance_rate:.2f}",
+        "-" if lv.mean_accepted_length is None else f"{lv.mean_accepted_length:.2f}",
     ]
 
 

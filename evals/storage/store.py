@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     input_tokens BIGINT,
     output_tokens BIGINT,
     cached_input_tokens BIGINT,
+    cache_write_input_tokens BIGINT,
     tokens_estimated BOOLEAN DEFAULT FALSE,
     cost_usd DOUBLE,
     ttft_s DOUBLE,
@@ -90,6 +91,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
 """
 # Columns added since the first schema: files written by older versions get them on open.
 _ADDED_COLUMNS = (
+    ("outcomes", "cache_write_input_tokens", "BIGINT"),
     ("outcomes", "judge_candidate", "VARCHAR"),
     ("outcomes", "judge_cost_usd", "DOUBLE"),
     ("outcomes", "judge_input_tokens", "BIGINT"),
@@ -110,7 +112,8 @@ class Outcome:
     score: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = None  # input read from a prompt cache (provider or prefix)
+    cache_write_input_tokens: int | None = None  # input written to a provider's prompt cache
     tokens_estimated: bool = False
     cost_usd: float | None = None
     ttft_s: float | None = None

@@ -162,7 +162,9 @@ class Suite:
         """
         name = getattr(candidate, "name", candidate)
         gen = self.generation_by_candidate.get(name, self.spec.generation) if name else self.spec.generation
-        return Request(tuple(self.messages(item)), gen.settings())
+        p = self.spec.prompt
+        shared = (1 if p.system else 0) + (2 * len(self.few_shot) if p.few_shot else 0)
+        return Request(tuple(self.messages(item)), gen.settings(), shared_messages=shared)
 
     def prompt_text(self, item: Item) -> str:
         return self.request(item).prompt_text

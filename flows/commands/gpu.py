@@ -98,15 +98,20 @@ def _print_levels(report: Any) -> None:
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures to this JSON file.")
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
+@click.option("--draft-baseline/--no-draft-baseline", default=True, show_default=True,
+              help="For a candidate with a draft model: also measure it without the draft.")
 def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_path: Path | None,
                 db_path: Path | None, n_requests: int | None, max_tokens: int | None,
                 latency_target_s: float | None, ttft_target_s: float | None,
                 tpot_target_s: float | None, max_batch: int | None, warmup: int,
-                json_out: Path | None, no_store: bool) -> None:
+                json_out: Path | None, no_store: bool, draft_baseline: bool) -> None:
     """Measure TTFT, TPOT, inter-token latency, tokens/s and goodput at fixed concurrencies.
 
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
     `openai` candidate with base_url). Rows go to the `serving_runs` table of the DuckDB store.
+    A candidate with a draft model (`speculative:`) also gets the draft's acceptance rate and
+    mean accepted length, and is measured again without the draft (stored as `NAME:no-draft`)
+    for the speed-up at each concurrency.
     """
     from evals.selfhost.serving import (
         ServingError,
@@ -115,6 +120,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
         load_prompts,
         parse_levels,
         save_report,
+        without_draft,
     )
 
     cfg = load_config_or_exit(config_path)
@@ -125,20 +131,37 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     except (KeyError, ServingError) as exc:
         raise click.ClickException(str(exc).strip("'\"")) from None
     targets = Targets(latency_target_s, ttft_target_s, tpot_target_s)
-    report = asyncio.run(bench_serving(
-        candidate, requests, level_list, n_requests, targets,
-        provider=_make_provider(candidate, max_batch), prompts_label=str(prompts_path),
-        warmup=warmup,
-        on_level=lambda lv: click.echo(f"  c={lv.concurrency}: {lv.output_tok_s:.1f} out tok/s, "
-                                       f"{lv.errors} errors", err=True)))
-    _print_levels(report)
+    runs = [candidate]
+    if candidate.speculative is not None and draft_baseline:
+        runs.append(without_draft(candidate))
+    reports = [asyncio.run(bench_serving(
+        c, requests, level_list, n_requests, targets,
+        provider=_make_provider(c, max_batch), prompts_label=str(prompts_path), warmup=warmup,
+        on_level=lambda lv, c=c: click.echo(f"  {c.name} c={lv.concurrency}: "
+                                            f"{lv.output_tok_s:.1f} out tok/s, "
+                                            f"{lv.errors} errors", err=True)))
+        for c in runs]
+    for report in reports:
+        _print_levels(report)
+    if len(reports) == 2:
+        _print_speedups(*reports)
     if json_out:
-        _atomic_json(json_out, _report_json(report))
+        _atomic_json(json_out, _report_json(*reports))
     if not no_store:
         path = Path(db_path) if db_path else cfg.db_path
         with _open_store(path, read_only=False) as store:
-            save_report(store, report)
-        click.echo(f"stored {len(report.levels)} rows in {path} (bench_id {report.bench_id})")
+            for report in reports:  # one benchmark: the pair shares its id
+                report.bench_id = reports[0].bench_id
+                save_report(store, report)
+        rows = sum(len(r.levels) for r in reports)
+        click.echo(f"stored {rows} rows in {path} (bench_id {reports[0].bench_id})")
+
+
+def _print_speedups(report: Any, baseline: Any) -> None:
+    from evals.selfhost.serving import speedups
+
+    parts = ", ".join(f"c={c}: {x:.2f}x" for c, x in speedups(report, baseline).items())
+    click.echo(f"speculative decoding, output tok/s with the draft / without: {parts}")
 
 
 def _open_store(path: Path, read_only: bool) -> Any:
@@ -155,10 +178,14 @@ def _open_store(path: Path, read_only: bool) -> Any:
             "wait for it, or pass --db with another file") from None
 
 
-def _report_json(report: Any) -> dict:
-    from evals.selfhost.serving import report_json
+def _report_json(report: Any, baseline: Any = None) -> dict:
+    from evals.selfhost.serving import report_json, speedups
 
-    return report_json(report)
+    out = report_json(report)
+    if baseline is not None:
+        out["without_draft"] = report_json(baseline)
+        out["speedup_by_concurrency"] = speedups(report, baseline)
+    return out
 
 
 def _atomic_json(path: Path, payload: dict) -> None:
@@ -183,12 +210,16 @@ def cost() -> None:
               help="Input tokens per output token for API prices (default: the benchmark's).")
 @click.option("--min-good", type=float, default=0.9, show_default=True,
               help="A level counts as capacity only if this share of requests met the targets.")
+@click.option("--run-id", default=None,
+              help="Run whose prompt caching to show (default: the latest run in the database).")
 def compare(config_path: Path | None, db_path: Path | None, utils: str,
-            input_per_output: float | None, min_good: float) -> None:
+            input_per_output: float | None, min_good: float, run_id: str | None) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
-    and the daily output-token volume above which self-hosting is cheaper."""
+    the daily output-token volume above which self-hosting is cheaper, and what prompt caching
+    saved in a run (tokens, and input $ against the same calls without caching)."""
     from evals.selfhost.costmodel import compare as compare_costs
-    from evals.selfhost.costmodel import load_curve
+    from evals.selfhost.costmodel import load_caching, load_curve
+    from flows.summary import caching_table
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -199,13 +230,32 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
         raise click.BadParameter("utilisations must be in (0, 1]", param_hint="--utilization")
     with _open_store(path, read_only=True) as store:
         curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
+        run_id = run_id or _latest_run(store)
+        caching = caching_table(load_caching(store, run_id, cfg.candidates)) if run_id else None
+    console = _console()
+    if caching is not None:
+        caching.title = f"run {run_id}: {caching.title}"
+        console.print(caching)
     if not any(curves.values()):
+        if caching is not None:
+            return
         raise click.ClickException(
             f"{path}: no serving benchmark for any GPU-priced candidate "
             f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
     summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
                                         min_good)
-    _print_comparison(_console(), summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+    _print_comparison(console, summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+
+
+def _latest_run(store: Any) -> str | None:
+    """The most recently started run in the store, if it has any."""
+    with store._lock:
+        has_runs = store._con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]
+    if not has_runs:
+        return None
+    latest = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
+    return None if latest.empty else str(latest.iloc[0]["run_id"])
 
 
 def _usd(x: float) -> str:
@@ -248,13 +298,12 @@ def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
     from evals.selfhost.costmodel import api_usd_per_mtok
 
     t = Table(title="API list prices ($/Mtok)")
-    for col in ("candidate", "input", "cached input", "output", "output incl. input"):
+    for col in ("candidate", "input", "cache read", "cache write", "output", "output incl. input"):
         t.add_column(col, justify="right")
     for a in apis:
-        cached = a.cached_input_price_per_mtok
-        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0),
-                  "-" if cached is None else _usd(cached), _usd(a.output_price_per_mtok or 0.0),
-                  _usd(api_usd_per_mtok(a, ratio)))
+        read, write = a.cache_prices()
+        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0), _usd(read), _usd(write),
+                  _usd(a.output_price_per_mtok or 0.0), _usd(api_usd_per_mtok(a, ratio)))
     console.print(t)
     console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token (from "
                   f"{source}'s benchmark, or --input-per-output); the break-even table uses each "

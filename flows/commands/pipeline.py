@@ -90,6 +90,7 @@ def _progress(enabled: bool) -> Iterator[str | None]:
 def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     from rich.console import Console
 
+    from evals.selfhost.costmodel import load_caching
     from evals.storage.store import ResumeConflict
     from flows.nightly import RunIncomplete, nightly, shared_store
     from flows.summary import candidate_table, print_summary
@@ -112,8 +113,9 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     except (ConfigError, ResumeConflict, RunIncomplete) as exc:
         raise click.ClickException(str(exc)) from None
     console = Console()
-    rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])
-    print_summary(console, rows, result)
+    store = shared_store(Path(result["db_path"]))
+    rows = candidate_table(store, result["run_id"])
+    print_summary(console, rows, result, load_caching(store, result["run_id"]))
     console.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
     if result["suite_errors"]:
         sys.exit(1)

@@ -116,9 +116,41 @@ def test_cpu_tiny_end_to_end(tmp_path):
     assert "of the limit" in (out / "gpu_check.md").read_text()
     assert "mean decode batch (rows per engine step) by concurrency: c=1: 1.0, c=3: " in report
     con = duckdb.connect(str(out / "serving.duckdb"), read_only=True)
-    rows = con.execute("SELECT candidate, count(*) FROM serving_runs GROUP BY 1 ORDER BY 1").fetchall()
+    rows = con.execute("SELECT candidate, count(*) FROM serving_runs WHERE candidate NOT LIKE "
+                       "'%-spec-%' AND candidate NOT LIKE '%-prefix-%' GROUP BY 1 ORDER BY 1"
+                       ).fetchall()
+    spec_rows = con.execute("SELECT candidate, concurrency, acceptance_rate FROM serving_runs "
+                            "WHERE candidate LIKE '%-spec-%' ORDER BY 1, 2").fetchall()
     con.close()
     assert rows == [("rand-tiny-bf16", 2), ("rand-tiny-fp8", 2), ("rand-tiny-fp8-dyn", 2)]
+    assert len(spec_rows) == 8 and ("rand-tiny-spec-self", 3, 1.0) in spec_rows
+    _check_levers(res, report)
+
+
+def _check_levers(res: dict, report: str) -> None:
+    """Speculative decoding with three drafts, and prefix caching off and on."""
+    spec = res["speculative"]
+    runs = {r["draft"]: r for r in spec["runs"]}
+    assert list(runs) == ["target alone", "self", "first-1-layers", "small-random"]
+    assert not spec["skipped"] and all("error" not in r for r in runs.values())
+    for r in runs.values():
+        assert [lv["concurrency"] for lv in r["levels"]] == [1, 3]
+        assert all(lv["errors"] == 0 and lv["speedup"] > 0 for lv in r["levels"])
+    assert all(lv["acceptance_rate"] is None for lv in runs["target alone"]["levels"])
+    for lv in runs["self"]["levels"]:  # greedy self-drafting: every proposal is accepted
+        assert lv["acceptance_rate"] == 1.0 and lv["mean_accepted_length"] == 5.0
+    assert all(lv["acceptance_rate"] < 0.2 for lv in runs["small-random"]["levels"])
+    assert all(0 <= lv["acceptance_rate"] <= 1 for lv in runs["first-1-layers"]["levels"])
+    sizes = spec["weight_bytes"]
+    assert sizes["self"] == sizes["target alone"] > sizes["first-1-layers"] > 0
+    assert "weights on the device (the draft's are added to the target's)" in report
+    off, on = res["prefix_cache"]["runs"]
+    assert (off["prefix_cache"], on["prefix_cache"]) == (False, True)
+    for a, b in zip(off["levels"], on["levels"]):
+        assert a["prompt_tokens"] == b["prompt_tokens"] == a["prefilled"] and a["reused"] == 0
+        assert b["reused"] == b["prompt_tokens"] - b["prefilled"] > 0.8 * b["prompt_tokens"]
+    assert "## Speculative decoding (bf16 target)" in report and "| self | 3 |" in report
+    assert "## Prefix caching (bf16)" in report and "| on | 3 |" in report
 
 
 @pytest.mark.slow

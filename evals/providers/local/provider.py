@@ -81,10 +81,12 @@ class LocalProvider:
         self.batch_sizes: list[int] = []  # rows in each decode step
         self.admissions: list[int] = []  # requests admitted together, in order
         self.oom_backoffs = 0  # times out-of-memory made the batch smaller
+        self.prefix_cache: Any = None  # the engine's PrefixCache, once it runs (for its stats)
         self._inbox: deque[_Pending] = deque()
         self._wake = threading.Condition()
         self._engine: threading.Thread | None = None
         self._model: Any = None
+        self._draft: Any = None
         self._tokenizer: Any = None
         self._device = "cpu"
         self._closed = False
@@ -97,41 +99,52 @@ class LocalProvider:
             if self._model is not None:
                 return
             import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-            from transformers.utils import logging as hf_logging
 
-            from evals.providers.local.quantize import QuantizeError, apply_variant
-
-            ref = self.candidate.model
-            if _looks_like_path(ref) and not Path(ref).expanduser().exists():
-                raise ProviderError("config", f"candidate {self.candidate.name!r}: "
-                                    f"checkpoint not found: {ref}")
             self._device = _resolve_device(self.candidate.device)
             if self._device == "cpu":
                 torch.set_num_threads(int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
                                       or min(os.cpu_count() or 1, 4))
-            hf_logging.disable_progress_bar()
-            # Tied input/output embeddings are reported as a "missing lm_head" load report at
-            # warning level; the weights are tied, so keep it out of the run's output.
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()
-            try:
-                tok = AutoTokenizer.from_pretrained(ref)
-                model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
-            except (OSError, ValueError) as exc:
-                raise ProviderError("config", f"candidate {self.candidate.name!r}: cannot "
-                                    f"load checkpoint {ref!r}: {exc}") from None
-            finally:
-                hf_logging.set_verbosity(verbosity)
-            try:
-                model = apply_variant(model, self.candidate.variant, self._device)
-            except QuantizeError as exc:
-                raise ProviderError("config",
-                                    f"candidate {self.candidate.name!r}: {exc}") from None
+            tok, model = self._checkpoint(self.candidate.model, self.candidate.variant)
+            spec = self.candidate.speculative
+            if spec is not None:
+                variant = spec.variant or self.candidate.variant
+                draft_tok, draft = self._checkpoint(spec.model, variant, role="draft ")
+                _same_vocabulary(self.candidate.name, tok, model, draft_tok, draft)
+                self._draft = draft.eval()
             tok.padding_side = "left"
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
             self._tokenizer, self._model = tok, model.eval()
+
+    def _checkpoint(self, ref: str, variant: str, role: str = "") -> tuple[Any, Any]:
+        """Tokenizer and model of one checkpoint, in `variant` on the candidate's device."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from evals.providers.local.quantize import QuantizeError, apply_variant
+
+        name = self.candidate.name
+        if _looks_like_path(ref) and not Path(ref).expanduser().exists():
+            raise ProviderError("config", f"candidate {name!r}: {role}checkpoint not found: "
+                                f"{ref}")
+        hf_logging.disable_progress_bar()
+        # Tied input/output embeddings are reported as a "missing lm_head" load report at
+        # warning level; the weights are tied, so keep it out of the run's output.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            tok = AutoTokenizer.from_pretrained(ref)
+            model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise ProviderError("config", f"candidate {name!r}: cannot load {role}"
+                                f"checkpoint {ref!r}: {exc}") from None
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        try:
+            return tok, apply_variant(model, variant, self._device)
+        except QuantizeError as exc:
+            raise ProviderError("config", f"candidate {name!r}: {role}{exc}") from None
 
     # ---- the public protocol --------------------------------------------------------------
     async def prepare(self) -> None:
@@ -169,14 +182,20 @@ class LocalProvider:
         self._engine = None
         self._fail(list(self._inbox), ProviderError("internal", "local provider closed"))
         self._inbox.clear()
-        self._model = None
+        self._model = self._draft = None
 
     # ---- the engine thread ----------------------------------------------------------------
     def _serve(self) -> None:
         """Admit waiting requests, run one decode step, hand back the rows that ended; repeat."""
         from evals.providers.local.batcher import Batcher
+        from evals.providers.local.prefix_cache import PrefixCache
 
-        batcher = Batcher(self._model, self._tokenizer, self._device, self.max_batch)
+        spec, pc = self.candidate.speculative, self.candidate.prefix_cache
+        batcher = Batcher(
+            self._model, self._tokenizer, self._device, self.max_batch, draft=self._draft,
+            num_draft=spec.num_speculative_tokens if spec is not None else 0,
+            prefix_cache=PrefixCache(pc.block_size, pc.capacity_tokens) if pc.enabled else None)
+        self.prefix_cache = batcher.prefix_cache
         owners: dict[int, _Pending] = {}
 
         def abandoned(row: Any) -> bool:
@@ -226,6 +245,8 @@ class LocalProvider:
             return
         batcher.max_batch = self.max_batch = room
         self.oom_backoffs += 1
+        if batcher.prefix_cache is not None:  # cached prefixes are memory the batch needs more
+            batcher.prefix_cache.clear()
         _free_device_memory(self._device)
         with self._wake:
             self._inbox.extendleft(reversed([p for p in items if not p.abandoned]))
@@ -303,9 +324,34 @@ class LocalProvider:
         gaps = [b - a for a, b in zip(row.times[:n_steps], row.times[1:n_steps])]
         return Completion(
             text=text, finish_reason=reason, input_tokens=row.n_in, output_tokens=n_out,
-            tokens_estimated=False, ttft_s=row.times[0] - p.enqueued if row.times else None,
+            cached_input_tokens=row.n_cached, tokens_estimated=False,
+            ttft_s=row.times[0] - p.enqueued if row.times else None,
             latency_s=now - p.enqueued, chunk_gaps_s=gaps,
+            draft_tokens=row.drafted if self._draft is not None else None,
+            accepted_draft_tokens=row.accepted if self._draft is not None else None,
         )
+
+
+def _same_vocabulary(name: str, tok: Any, model: Any, draft_tok: Any, draft: Any) -> None:
+    """Refuse a draft whose token ids mean something else than the target's: it proposes ids
+    and the target verifies them, so both must share one vocabulary (and output size)."""
+    why = None
+    if tok.get_vocab() != draft_tok.get_vocab():
+        ours, theirs = tok.get_vocab(), draft_tok.get_vocab()
+        differ = sorted(set(ours.items()) ^ set(theirs.items()))[:3]
+        why = (f"the tokenizers differ ({len(ours)} vs {len(theirs)} tokens; e.g. "
+               f"{', '.join(f'{t!r}={i}' for t, i in differ)})")
+    elif (tok.bos_token_id, tok.eos_token_id) != (draft_tok.bos_token_id, draft_tok.eos_token_id):
+        why = "their special tokens (bos/eos) differ"
+    else:
+        width = model.get_output_embeddings().weight.shape[0]
+        draft_width = draft.get_output_embeddings().weight.shape[0]
+        if width != draft_width:
+            why = f"their output layers score {width} vs {draft_width} token ids"
+    if why is not None:
+        raise ProviderError("config", f"candidate {name!r}: speculative.model cannot draft "
+                            f"for this model: {why}; a draft must share the target's tokenizer "
+                            "and vocabulary")
 
 
 def _out_of_memory(exc: BaseException) -> bool:

@@ -173,8 +173,9 @@ async def test_failed_attempts_and_retries_are_priced_and_budgeted(tmp_path, fak
         body = next(b for prompt, b in bodies.items() if tags[i] in prompt)
         return _failed_cost(provider, body, suite.request(suite.items[i]), str(3 * i + 1))
 
-    def answer_cost(row: Outcome) -> float:
-        return (row.input_tokens * 1.0 + row.output_tokens * 2.0) / 1e6
+    def answer_cost(row: Outcome) -> float:  # prompt-cache reads and writes at their prices
+        return (cand.input_cost_usd(row.input_tokens, row.cached_input_tokens or 0,
+                                    row.cache_write_input_tokens or 0) + row.output_tokens * 2.0 / 1e6)
 
     assert (got["q00000"].attempts, got["q00000"].error_kind) == (2, None)
     assert got["q00000"].cost_usd == pytest.approx(cut(0) + answer_cost(got["q00000"]))

@@ -62,11 +62,14 @@ async def test_grades_costs_and_sends_every_item_once(tmp_path, fake_llm, fake_c
     assert (r.score, r.attempts, r.cached, r.error_kind) == (1.0, 1, False, None)
     assert r.input_tokens > 0 and r.output_tokens == 1 and r.ttft_s is not None
     assert r.suite_version == suite.version and r.candidate == cand.name
-    # no cached-input price is configured, so cached input tokens cost the input price (whether
-    # the server reports this item's prefix as cached depends on which request it saw first)
-    cached = r.cached_input_tokens or 0
+    # no cache prices are configured: OpenAI's cached input costs the input price, Anthropic's
+    # reads 0.1x and writes 1.25x (whether the server reports this item's prefix as read or
+    # written depends on which request it saw first)
+    read, write = r.cached_input_tokens or 0, r.cache_write_input_tokens or 0
+    x_read, x_write = (0.1, 1.25) if provider == "anthropic" else (1.0, 1.0)
     assert r.cost_usd == pytest.approx(
-        ((r.input_tokens - cached) * 1.0 + cached * 1.0 + r.output_tokens * 2.0) / 1e6)
+        ((r.input_tokens - read - write) + read * x_read + write * x_write
+         + r.output_tokens * 2.0) / 1e6)
     assert len(fake_llm.requests) == 40
 
 

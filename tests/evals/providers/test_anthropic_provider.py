@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -30,10 +31,12 @@ async def test_answer_tokens_and_cache_reads(provider):
     await provider.aclose()
     assert (first.text, second.text) == ("42", "42")
     assert first.finish_reason == "end_turn"
-    words = len((SYSTEM + "\nWhat is 50 - 8?").split())
-    # input counts cache reads too (Anthropic's input_tokens excludes them)
+    words, system = len((SYSTEM + "\nWhat is 50 - 8?").split()), len(SYSTEM.split())
+    # input counts cache reads and writes too (Anthropic's input_tokens excludes them)
     assert (first.input_tokens, first.output_tokens, first.cached_input_tokens) == (words, 1, 0)
-    assert second.input_tokens == words and second.cached_input_tokens == len(SYSTEM.split())
+    assert first.cache_write_input_tokens == system  # the marked system prompt, written once
+    assert second.input_tokens == words and second.cached_input_tokens == system
+    assert second.cache_write_input_tokens == 0
     assert not first.tokens_estimated
     assert (first.ttft_s is not None) == provider.stream
 
@@ -47,7 +50,8 @@ async def test_what_was_sent(fake_llm, fake_candidate, monkeypatch):
     assert r.text == "echo: say hi"
     (sent,) = fake_llm.requests
     assert sent.path == "/v1/messages"
-    assert sent.body["system"] == SYSTEM
+    assert sent.body["system"] == [{"type": "text", "text": SYSTEM,
+                                    "cache_control": {"type": "ephemeral"}}]
     assert sent.body["messages"] == [{"role": "user", "content": "say hi"}]
     assert (sent.body["model"], sent.body["max_tokens"]) == ("fake-anthropic-model", 21)
     assert (sent.body["temperature"], sent.body["top_p"]) == (0.0, 0.9)
@@ -151,3 +155,50 @@ async def test_wrong_key_is_redacted_and_missing_key_sends_nothing(fake_llm, fak
         await p.generate(req("q"))
     assert info.value.kind == "auth" and "FAKE_ANTHROPIC_KEY" in info.value.message
     assert fake_llm.requests == []
+
+
+FEW_SHOT = (Message("system", SYSTEM), Message("user", "What is 1 + 1?"), Message("assistant", "2"),
+            Message("user", "What is 2 + 3?"), Message("assistant", "5"))
+
+
+def few_shot_req(question: str) -> Request:
+    """A suite's request: system prompt and two few-shot turns shared, then the item."""
+    return Request(FEW_SHOT + (Message("user", question),), shared_messages=len(FEW_SHOT))
+
+
+async def test_the_shared_prefix_is_marked_and_cache_tokens_are_recorded(provider, fake_llm):
+    first = await provider.generate(few_shot_req("What is 4 + 4?"))
+    second = await provider.generate(few_shot_req("What is 6 + 1?"))
+    await provider.aclose()
+    assert (first.text, second.text) == ("8", "7")
+    for sent in fake_llm.requests:  # breakpoints on the system prompt and the last shot only
+        assert sent.body["system"][0]["cache_control"] == {"type": "ephemeral"}
+        msgs = sent.body["messages"]
+        assert [m["content"] for m in msgs[:3]] == ["What is 1 + 1?", "2", "What is 2 + 3?"]
+        assert msgs[3] == {"role": "assistant", "content": [
+            {"type": "text", "text": "5", "cache_control": {"type": "ephemeral"}}]}
+        assert isinstance(msgs[4]["content"], str)
+    shared = len(" ".join(m.content for m in FEW_SHOT).split())
+    words = shared + len("What is 4 + 4?".split())
+    assert (first.input_tokens, first.cache_write_input_tokens, first.cached_input_tokens) == (
+        words, shared, 0)
+    assert (second.input_tokens, second.cache_write_input_tokens, second.cached_input_tokens) == (
+        words, 0, shared)
+
+
+async def test_prefix_cache_off_marks_nothing(fake_llm, fake_candidate):
+    p = AnthropicProvider(fake_candidate("anthropic", prefix_cache=False))
+    results = [await p.generate(few_shot_req(q)) for q in ("What is 4 + 4?", "What is 6 + 1?")]
+    await p.aclose()
+    assert "cache_control" not in json.dumps([r.body for r in fake_llm.requests])
+    assert fake_llm.requests[0].body["system"] == SYSTEM
+    assert [(r.cached_input_tokens, r.cache_write_input_tokens) for r in results] == [(0, 0)] * 2
+
+
+async def test_a_request_of_unknown_sharing_marks_only_the_system_prompt(fake_llm, fake_candidate):
+    p = AnthropicProvider(fake_candidate("anthropic"))
+    await p.generate(Request(FEW_SHOT + (Message("user", "What is 4 + 4?"),)))
+    await p.aclose()
+    (sent,) = fake_llm.requests
+    assert "cache_control" in sent.body["system"][0]
+    assert "cache_control" not in json.dumps(sent.body["messages"])

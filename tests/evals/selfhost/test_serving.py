@@ -261,3 +261,64 @@ def test_locked_database_is_one_clear_error(tmp_path):
         holder.wait()
     assert res.exit_code != 0
     assert "cannot open the database" in res.output and "--db" in res.output
+
+
+def test_summarize_acceptance_of_a_draft():
+    recs = [RequestRecord(0.0, 1.0, True, output_tokens=9, draft_tokens=12, accepted_draft_tokens=6),
+            RequestRecord(0.0, 1.0, True, output_tokens=5, draft_tokens=6, accepted_draft_tokens=0),
+            RequestRecord(0.0, 1.0, False, error_kind="timeout")]
+    lv = summarize(2, recs, 1.0, 2, num_draft=3)
+    assert lv.acceptance_rate == pytest.approx(6 / 18)
+    assert lv.mean_accepted_length == pytest.approx(1 + 6 / (18 / 3))  # 6 verification steps
+    assert summarize(2, recs, 1.0, 2).acceptance_rate is None  # no draft, no figure
+
+
+def test_cli_bench_a_draft_with_its_baseline(tmp_path, repo_root):
+    """`bench serving` on a candidate with a draft: acceptance beside TTFT/TPOT, the same
+    candidate without the draft at each concurrency, the speed-up, both stored."""
+    pytest.importorskip("transformers")
+    import duckdb
+
+    from flows.cli import cli
+
+    zoo = repo_root / "models" / "zoo"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "candidates:\n"
+        f"  - {{name: zoo-s, provider: local, model: {zoo / 'zoo-s'}, gpu_hour_usd: 0.5}}\n"
+        f"  - {{name: zoo-l-spec, provider: local, model: {zoo / 'zoo-l'}, gpu_hour_usd: 2.0,"
+        " device: cpu, speculative: {model: zoo-s, num_speculative_tokens: 3}}\n")
+    db = tmp_path / "db.duckdb"
+    from evals.selfhost import serving
+
+    old_schema = serving.SCHEMA.replace(
+        "acceptance_rate DOUBLE, mean_accepted_length DOUBLE, draft_model VARCHAR,", "")
+    assert old_schema != serving.SCHEMA
+    con = duckdb.connect(str(db))  # a table from before the speculative columns existed
+    con.execute(old_schema)
+    con.execute("INSERT INTO serving_runs (bench_id, candidate, concurrency, created_at) "
+                "VALUES ('old', 'x', 1, now())")
+    con.close()
+    res = CliRunner().invoke(cli, [
+        "bench", "serving", "--candidate", "zoo-l-spec", "--config", str(cfg), "--prompts",
+        str(repo_root / "evals" / "suites" / "sort.yaml"), "--concurrency", "1,4", "--requests",
+        "8", "--db", str(db), "--json-out", str(tmp_path / "o.json")])
+    assert res.exit_code == 0, res.output
+    assert "draft accept" in res.output and "zoo-l-spec:no-draft" in res.output
+    assert "output tok/s with the draft / without: c=1: " in res.output
+    assert "stored 4 rows" in res.output
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert set(out["speedup_by_concurrency"]) == {"1", "4"}
+    assert out["without_draft"]["levels"][0]["acceptance_rate"] is None
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT candidate, concurrency, acceptance_rate, mean_accepted_length, "
+                       "draft_model FROM serving_runs WHERE bench_id != 'old' "
+                       "ORDER BY candidate, concurrency").fetchall()
+    con.close()
+    assert [r[:2] for r in rows] == [("zoo-l-spec", 1), ("zoo-l-spec", 4),
+                                     ("zoo-l-spec:no-draft", 1), ("zoo-l-spec:no-draft", 4)]
+    for name, _, rate, length, draft in rows:
+        if name == "zoo-l-spec":
+            assert 0 < rate < 1 and 1 < length < 4 and draft == str(zoo / "zoo-s")
+        else:
+            assert rate is None and length is None and draft is None

@@ -1,0 +1,117 @@
+"""Automatic prefix caching in the local provider: requests that share a prompt prefix reuse its
+cached key/value blocks, answers do not change, and the cache stays within its bound."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from evals.config import Candidate  # noqa: E402
+from evals.providers.base import GenerationSettings, Message, Request  # noqa: E402
+from evals.providers.local.prefix_cache import PrefixCache  # noqa: E402
+from evals.providers.local.provider import LocalProvider  # noqa: E402
+from evals.suite.spec import load_suite  # noqa: E402
+from tests import REPO  # noqa: E402
+
+ZOO = REPO / "models" / "zoo"
+pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
+                                reason="zoo checkpoints not built")
+
+
+def _candidate(prefix_cache: object, **extra: object) -> Candidate:
+    return Candidate(name="zoo-l", provider="local", model=str(ZOO / "zoo-l"), variant="fp32",
+                     device="cpu", gpu_hour_usd=1.0, max_concurrency=64,
+                     prefix_cache=prefix_cache, **extra)
+
+
+async def _serve(candidate: Candidate, requests: list[Request]) -> tuple[list, LocalProvider]:
+    provider = LocalProvider(candidate)
+    try:
+        return await asyncio.gather(*(provider.generate(r) for r in requests)), provider
+    finally:
+        await provider.aclose()
+
+
+def _demo_requests() -> list[Request]:
+    out = []
+    for name in ("sort", "add", "reverse"):
+        suite = load_suite(REPO / "evals" / "suites" / f"{name}.yaml")
+        out += [suite.request(item) for item in suite.items]
+    return out
+
+
+@pytest.mark.parametrize("draft", [False, True], ids=["plain", "with-draft"])
+async def test_answers_are_identical_with_and_without_the_prefix_cache(draft: bool) -> None:
+    """Every demo item, 64 in flight: rows admitted together reuse prefixes of different
+    lengths, and the cache computes fewer prompt tokens without changing one answer."""
+    spec = {"model": str(ZOO / "zoo-s"), "num_speculative_tokens": 2}
+    extra = {"speculative": spec} if draft else {}
+    requests = _demo_requests()
+    off, _ = await _serve(_candidate(False, **extra), requests)
+    on, provider = await _serve(_candidate({"block_size": 4}, **extra), requests)
+    assert [c.text for c in on] == [c.text for c in off]
+    assert all(c.cached_input_tokens == 0 for c in off)
+    cached = [c.cached_input_tokens for c in on]
+    assert sum(cached) > 0.4 * sum(c.input_tokens for c in on)
+    assert len(set(cached)) >= 3  # "<bos>sort", "<bos>sort: 1", ...: prefixes of several lengths
+    assert all(n % 4 == 0 and n < c.input_tokens for n, c in zip(cached, on))
+    pc = provider.prefix_cache
+    assert pc.hit_tokens == sum(cached) and pc.evicted_blocks == 0
+
+
+async def test_a_bounded_cache_evicts_and_still_answers_the_same() -> None:
+    requests = _demo_requests()[:150]
+    off, _ = await _serve(_candidate(False), requests)
+    on, provider = await _serve(_candidate({"block_size": 2, "capacity_tokens": 16}), requests)
+    assert [c.text for c in on] == [c.text for c in off]
+    pc = provider.prefix_cache
+    assert len(pc) <= 8 and pc.evicted_blocks > 0 and pc.hit_tokens > 0
+
+
+async def test_a_long_shared_prefix_is_computed_once() -> None:
+    """Sequential requests with a 40-token shared prefix: after the first, only the unique
+    tail is prefilled."""
+    head = "sort: 9876543210 sort: 9876543210 sort: 12345 "  # 47 characters
+    requests = [Request((Message("user", head + f"sort: {n}="),), GenerationSettings(max_tokens=4))
+                for n in (4213, 9870, 5512)]  # 59-token prompts + 4 <= 64 positions
+    provider = LocalProvider(_candidate({"block_size": 8}))
+    try:
+        got = [await provider.generate(r) for r in requests]
+    finally:
+        await provider.aclose()
+    assert [c.cached_input_tokens for c in got] == [0, 48, 48]  # <bos> + 47 = 6 blocks of 8
+
+
+def test_block_names_chain_their_prefix_and_lookup_leaves_the_last_token() -> None:
+    pc = PrefixCache(block_size=2, capacity_tokens=100)
+    a, b = pc.names([1, 2, 3, 4]), pc.names([9, 9, 3, 4])
+    assert len(a) == 2 and a[1] != b[1]  # the same block after another prefix is another block
+    for name in reversed(a):
+        pc.store(name, [torch.zeros(1)])
+    assert pc.lookup([1, 2, 3, 4]).tokens == 2  # the last block holds the last token: computed
+    assert pc.lookup([1, 2, 3, 4, 5]).tokens == 4
+    assert pc.lookup([1, 2, 7, 7, 5]).tokens == 2
+    assert pc.lookup([1]).tokens == 0
+
+
+def test_lru_evicts_the_tails_of_chains_first() -> None:
+    pc = PrefixCache(block_size=1, capacity_tokens=3)
+    first = pc.names([1, 2, 3])
+    for name in reversed(first):
+        pc.store(name, [torch.zeros(1)])
+    pc.lookup([1, 2, 3, 9])  # touches 3, 2, then 1: the first block is the freshest
+    other = pc.names([5])
+    pc.store(other[0], [torch.zeros(1)])
+    assert pc.evicted_blocks == 1
+    assert pc.lookup([1, 2, 3, 9]).tokens == 2  # block [1,2,3] went, [1] and [1,2] stayed
+    assert pc.lookup([5, 0]).tokens == 1
+
+
+def test_zero_capacity_stores_nothing() -> None:
+    pc = PrefixCache(block_size=2, capacity_tokens=0)
+    pc.store(pc.names([1, 2])[0], [torch.zeros(1)])
+    assert len(pc) == 0 and pc.lookup([1, 2, 3]).tokens == 0
