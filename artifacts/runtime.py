@@ -44,13 +44,19 @@ class PolicyLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class Decision:
-    """The policy's choice plus which policy version made it (for logs and audits)."""
+    """The policy's choice plus which policy version made it (for logs and audits).
+
+    Routed through `artifacts.decisions.Gateway`, `propensity` is the probability with which the
+    model was chosen (exploration included) and `request_id` the id it was logged under.
+    """
 
     model: str
     fallbacks: tuple[str, ...]
     pass_probabilities: dict[str, float]
     expected_cost_usd: dict[str, float]
     policy_version: int
+    propensity: float = 1.0
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
