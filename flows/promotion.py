@@ -1,19 +1,28 @@
 """The promotion gate of the nightly flow: a new policy replaces the champion only if, on the
 same held-out items, it passes as often (within tolerance) and costs no more, and no candidate it
 routes to has significantly regressed.
+
+Where the gateways' decision logs hold enough requests with feedback, live traffic is a second
+source of evidence (`flows.live`): both policies are scored off-policy on the same logged
+requests, and the new one must not be significantly worse (its pass rate's difference not below
+-tolerance with 95% confidence, its cost not significantly higher). `decided_by` says which
+evidence decided.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from router_training.data import RoutingData, routing_data
 from router_training.policy import RoutingPolicy
+
+if TYPE_CHECKING:
+    from flows.live import Comparison
 
 CHAMPION = "champion"
 
@@ -24,6 +33,8 @@ class PromotionDecision:
     reason: str
     new: dict[str, float] = field(default_factory=dict)
     champion: dict[str, float] = field(default_factory=dict)
+    decided_by: str = "held-out items"
+    live: dict[str, Any] = field(default_factory=dict)
 
 
 def score_on(policy: RoutingPolicy, data: RoutingData) -> dict[str, float]:
@@ -57,6 +68,66 @@ def decide_promotion(
     *,
     tolerance: float,
     blocking: Sequence[str] = (),
+    live: Comparison | None = None,
+    min_feedback: int = 200,
+    require_live: bool = False,
+) -> PromotionDecision:
+    """Compare both policies on the same held-out items and, when there is enough of it, on live
+    traffic (`flows.live.compare`), and say whether the new one may lead and which evidence decided."""
+    held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
+                                 blocking=blocking)
+    if blocking:
+        return replace(held_out, decided_by="drift")
+    if champion_policy is None:
+        return held_out
+    return with_live_evidence(held_out, live, tolerance=tolerance, min_feedback=min_feedback,
+                              require_live=require_live)
+
+
+def live_verdict(live: Comparison, tolerance: float) -> tuple[bool, str]:
+    """Whether live traffic lets the new policy lead: not significantly worse in pass rate beyond
+    the tolerance, nor significantly dearer."""
+    dp, dc, n = live.pass_rate_diff, live.cost_diff, live.pass_rate_diff.n
+    if dp.high < -tolerance:
+        return False, (f"on {n} live requests the pass rate is {-dp.value:.3f} lower than the "
+                       f"champion's (95% CI {dp.low:+.3f}..{dp.high:+.3f}), beyond the tolerance {tolerance:g}")
+    if dc.n and dc.low > 0:
+        return False, (f"on {dc.n} live requests it costs {dc.value:+.3g} USD per request more than "
+                       f"the champion (95% CI {dc.low:+.3g}..{dc.high:+.3g})")
+    return True, (f"not worse on {n} live requests (pass rate {dp.value:+.3f}, 95% CI "
+                  f"{dp.low:+.3f}..{dp.high:+.3f}; cost {dc.value:+.3g} USD per request)")
+
+
+def with_live_evidence(held_out: PromotionDecision, live: Comparison | None, *, tolerance: float,
+                       min_feedback: int, require_live: bool = False) -> PromotionDecision:
+    """Combine the held-out verdict with live traffic's, when live traffic has enough feedback."""
+    n = live.pass_rate_diff.n if live is not None else 0
+    summary = live.to_dict() if live is not None else {}
+    if n < min_feedback:
+        note = f"live traffic: {n} requests with feedback, {min_feedback} needed"
+        if require_live and held_out.promoted:
+            return replace(held_out, promoted=False, reason=f"{note} (traffic.require_live)",
+                           decided_by="live traffic", live=summary)
+        return replace(held_out, reason=f"{held_out.reason} ({note})", live=summary)
+    assert live is not None
+    ok, why = live_verdict(live, tolerance)
+    if held_out.promoted and ok:
+        return replace(held_out, reason=f"{held_out.reason}; {why}",
+                       decided_by="held-out items and live traffic", live=summary)
+    if held_out.promoted:
+        return replace(held_out, promoted=False, reason=why, decided_by="live traffic", live=summary)
+    by = "held-out items" if ok else "held-out items and live traffic"
+    return replace(held_out, reason=f"{held_out.reason}; live traffic: {why}", decided_by=by,
+                   live=summary)
+
+
+def held_out_decision(
+    new_policy: RoutingPolicy,
+    champion_policy: RoutingPolicy | None,
+    test: RoutingData,
+    *,
+    tolerance: float,
+    blocking: Sequence[str] = (),
 ) -> PromotionDecision:
     """Compare both policies on the same held-out items and say whether the new one may lead."""
     new = score_on(new_policy, test) if len(test) else {}
@@ -78,10 +149,58 @@ def decide_promotion(
 
 def champion_policy(registry: Path | str, public_key: Any = None) -> RoutingPolicy | None:
     """The verified champion policy, or None if the registry has no champion yet."""
+    return champion_version(registry, public_key)[0]
+
+
+def champion_version(registry: Path | str, public_key: Any = None) -> tuple[RoutingPolicy | None, int | None]:
+    """The verified champion policy and its version, or (None, None) without a champion."""
     from artifacts.registry import current_pointer
     from artifacts.runtime import load
 
     pointer, _ = current_pointer(registry, CHAMPION)
     if pointer is None:
-        return None
-    return load(registry, public_key, channel=CHAMPION).policy
+        return None, None
+    router = load(registry, public_key, channel=CHAMPION)
+    return router.policy, router.version
+
+
+def rollout_evidence(store: Any, version: int, champion_version: int | None, kind: str, *,
+                     tolerance: float, min_feedback: int, since: str | None = None,
+                     source: str | None = None) -> tuple[bool, str, dict[str, Any]]:
+    """Whether a shadow or canary of `version` on live traffic lets it replace the champion.
+
+    shadow: both policies' choices are known on the logged requests (one served, the other was
+    shadowed), so they are compared off-policy, paired on the same requests. canary: the requests
+    the candidate served are compared with the champion's, arm against arm (the split is a hash
+    of the request id, so this is a randomised comparison).
+    """
+    from flows.live import canary_arms, compare, decisions_from_store, evaluate, feedback_from_store, \
+        traffic_frame
+
+    if kind not in ("shadow", "canary"):
+        raise ValueError(f"kind must be 'shadow' or 'canary', got {kind!r}")
+    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
+    if champion_version is None:
+        return True, "no champion yet", {}
+    if frame.empty:
+        return False, f"no logged decisions{' since ' + since if since else ''}", {}
+    if kind == "canary":
+        arms = canary_arms(frame, version)
+        n = arms.candidate.n
+        if n < min_feedback:
+            return False, (f"the canary of version {version} served {n} requests with feedback; "
+                           f"{min_feedback} needed"), arms.to_dict()
+        d = arms.difference
+        ok = not d.high < -tolerance
+        why = (f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm "
+               f"{arms.champion.value:.3f} (difference {d.value:+.3f}, 95% CI {d.low:+.3f}..{d.high:+.3f}) "
+               f"on {n} + {arms.champion.n} requests")
+        return ok, (why if ok else f"{why}: worse beyond the tolerance {tolerance:g}"), arms.to_dict()
+    new, old = evaluate(frame, version, label=f"version {version}"), \
+        evaluate(frame, champion_version, label="champion")
+    live = compare(frame, new, old)
+    if live.pass_rate_diff.n < min_feedback:
+        return False, (f"version {version} was shadowed on {live.pass_rate_diff.n} requests with "
+                       f"feedback beside the champion; {min_feedback} needed"), live.to_dict()
+    ok, why = live_verdict(live, tolerance)
+    return ok, why, live.to_dict()
