@@ -131,18 +131,26 @@ def choose(decision: Any, exploration: Exploration | None, u: float, v: float,
     `eligible` may be passed when already known (it depends only on the candidates without a
     cost cap); by default it is `exploration.eligible(decision)`.
     """
-    dist, own = policy_distribution(decision)
+    chosen = decision.model
+    full = getattr(decision, "choice_probabilities", None)
+    if full:
+        own = float(full.get(chosen, 0.0))
+    else:
+        stated = getattr(decision, "probability", None)
+        own = 1.0 if stated is None else float(stated)
+    base = own if full else 1.0  # what the propensity composes with (see the module docstring)
     if exploration is None or exploration.rate <= 0:
-        return Choice(decision.model, dist.get(decision.model, 0.0), own, False, ())
+        return Choice(chosen, base, own, False, ())
     if eligible is None:
         eligible = exploration.eligible(decision)
     if not eligible:
-        return Choice(decision.model, dist.get(decision.model, 0.0), own, False, ())
+        return Choice(chosen, base, own, False, ())
     rate = exploration.rate
     explored = u < rate
-    model = eligible[min(int(v * len(eligible)), len(eligible) - 1)] if explored else decision.model
+    model = eligible[min(int(v * len(eligible)), len(eligible) - 1)] if explored else chosen
+    policy_p = base if model == chosen else (float(full.get(model, 0.0)) if full else 0.0)
     share = rate / len(eligible) if model in eligible else 0.0
-    return Choice(model, (1 - rate) * dist.get(model, 0.0) + share, own, explored, eligible)
+    return Choice(model, (1 - rate) * policy_p + share, own, explored, eligible)
 
 
 # -- the log writer ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from evals.selfhost.costmodel import (
-    HOURS_PER_MONTH, GpuPlan, capacity_tok_s, gpu_plan, traffic_break_even,
+    HOURS_PER_MONTH, GpuPlan, capacity_tok_s, gpu_plan, measured_ratio, traffic_break_even,
 )
 
 
@@ -136,9 +136,15 @@ def plan_row(t: ModelTraffic, cfg: Any, curves: dict[str, list], scale: float, t
                    plan.peak_tok_s, plan.mean_tok_s, cap, plan.serves_peak)
     be = None if api is None else traffic_break_even(api, cand.gpu_hour_usd * HOURS_PER_MONTH,
                                                      plan.peak_tok_s, cap)
-    note = "" if price is not None else "no API price in traffic.api_prices"
+    notes = [] if price is not None else ["no API price in traffic.api_prices"]
     if not plan.serves_peak:
-        note = f"{plan.gpus} GPU(s) cannot serve the busiest hour ({plan.peak_tok_s:.1f} tok/s)"
+        notes.append(f"{plan.gpus} GPU(s) cannot serve the busiest hour ({plan.peak_tok_s:.1f} tok/s)")
+    bench_ratio = measured_ratio(curves[t.model])
+    ratio = t.input_tokens / t.output_tokens if t.output_tokens else math.inf
+    if bench_ratio and not 0.5 <= ratio / bench_ratio <= 2:
+        notes.append(f"benchmarked at {bench_ratio:.1f} input tokens per output token, the traffic has "
+                     f"{ratio:.1f}: measure with prompts like the traffic's")
+    note = "; ".join(notes)
     return PlanRow(kind="self-hosted", api_monthly_usd=api, gpu=plan, break_even_scale=be,
                    note=note, **base)
 
@@ -158,27 +164,35 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else ("inf" if math.isinf(x) else f"{x:,.2f}")
 
 
+def _pct(u: float) -> str:
+    return f"{u:.1%}" if u >= 0.01 else f"{u:.2%}"
+
+
 def format_plan(plan: CostPlan) -> str:
     """The plan as plain text (tables that survive a pipe)."""
+    w = max([5] + [len(r.model) for r in plan.rows])
     out = [f"logged traffic: {plan.requests:,} requests over {plan.hours} h ({plan.start} .. {plan.end}), "
            f"scaled to a month of {HOURS_PER_MONTH:g} h",
            f"tokens estimated for {plan.tokens_estimated:,} requests without usage records", "",
-           f"{'model':<24} {'kind':<11} {'share':>6} {'req/month':>11} {'in Mtok/mo':>10} "
+           f"{'model':<{w}} {'kind':<11} {'share':>6} {'req/month':>11} {'in Mtok/mo':>10} "
            f"{'out Mtok/mo':>11} {'API $/month':>12} {'GPUs':>4} {'util':>6} {'GPU $/month':>12} "
            f"{'self $/Mtok':>11} {'break-even':>10}"]
     for r in plan.rows:
         g = r.gpu
-        be = "-" if r.break_even_scale is None else f"{r.break_even_scale:.2f}x"
+        be = "-" if r.break_even_scale is None else f"{r.break_even_scale:,.1f}x"
         if g is not None and r.api_monthly_usd is not None and r.break_even_scale is None:
             be = "never"
         out.append(
-            f"{r.model[:24]:<24} {r.kind:<11} {r.share:>6.1%} {r.monthly_requests:>11,.0f} "
+            f"{r.model:<{w}} {r.kind:<11} {r.share:>6.1%} {r.monthly_requests:>11,.0f} "
             f"{r.monthly_input_tokens / 1e6:>10.3f} {r.monthly_output_tokens / 1e6:>11.3f} "
             f"{_usd(r.api_monthly_usd):>12} {g.gpus if g else '-':>4} "
-            f"{(f'{g.utilization:.1%}' if g else '-'):>6} {_usd(g.monthly_usd if g else None):>12} "
-            f"{_usd(g.usd_per_mtok if g else None):>11} {be:>10}" + (f"  ({r.note})" if r.note else ""))
+            f"{(_pct(g.utilization) if g else '-'):>6} {_usd(g.monthly_usd if g else None):>12} "
+            f"{_usd(g.usd_per_mtok if g else None):>11} {be:>10}")
+        if r.note:
+            out.append(f"{'':<{w}}   ({r.note})")
     out += ["", f"monthly, everything on provider APIs: {_usd(plan.all_api_usd)} USD",
-            f"monthly, open models on their GPUs, the rest on APIs: {_usd(plan.mixed_usd)} USD",
-            "break-even: the multiple of this traffic at which GPUs sized for its busiest hour cost "
-            "no more than the API (utilisation grows with volume; an idle GPU is paid like a busy one)"]
+            f"monthly, benchmarked open models on their GPUs, the rest on APIs: {_usd(plan.mixed_usd)} USD",
+            "util: the traffic's mean output tokens/s over what the GPUs serve; they are sized for the "
+            "busiest hour and paid every hour",
+            "break-even: the multiple of this traffic at which those GPUs cost no more than the API"]
     return "\n".join(out)

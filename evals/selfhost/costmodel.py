@@ -274,7 +274,7 @@ def compare(
         points = curves.get(c.name) or []
         if c.gpu_hour_usd is None or not points:
             continue
-        ratio = input_per_output if input_per_output is not None else _measured_ratio(points)
+        ratio = input_per_output if input_per_output is not None else measured_ratio(points)
         cap = capacity_tok_s(points, min_good)
         summaries.append(SelfHostedSummary(
             c.name, c.gpu_hour_usd, c.utilization, cap, ratio,
@@ -287,7 +287,7 @@ def compare(
     return summaries, verdicts
 
 
-def _measured_ratio(points: Sequence[ThroughputPoint]) -> float | None:
+def measured_ratio(points: Sequence[ThroughputPoint]) -> float | None:
     """Mean input tokens per output token over the benchmark's levels (None if unknown)."""
     ins = [p.mean_input_tokens for p in points if p.mean_input_tokens is not None]
     outs = [p.mean_output_tokens for p in points if p.mean_output_tokens]
