@@ -220,11 +220,6 @@ class PolicyOnTraffic:
     n_cost: int
     terms: Terms | None = field(default=None, repr=False)
 
-    def headline(self, kind: str = "dr") -> tuple[Estimate | None, Estimate | None]:
-        """The pass-rate and cost estimates to act on: doubly robust, else self-normalised."""
-        pick = lambda d: d.get(kind) or d.get("snips")  # noqa: E731
-        return pick(self.pass_rate), pick(self.cost)
-
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "version": self.version, "n_logged": self.n_logged,
                 "n_feedback": self.n_feedback, "n_evaluated": self.n_evaluated,

@@ -15,7 +15,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -219,7 +218,3 @@ def strongest_candidate(cfg: Any, registry: Any = None) -> str | None:
         return None
     names = {c.name for c in cfg.candidates}
     return policy.reference_model if policy is not None and policy.reference_model in names else None
-
-
-def utc_today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")

@@ -38,10 +38,6 @@ def _store(path: Path, read_only: bool) -> Any:
                                    "process may hold it") from None
 
 
-def _traffic_error(exc: Exception) -> click.ClickException:
-    return click.ClickException(str(exc))
-
-
 @import_group.command("decisions")
 @LOG_ARG
 @CONFIG_OPTION
@@ -55,7 +51,7 @@ def import_decisions_cmd(log: tuple[Path, ...], config_path: Path | None, db_pat
         with _store(path, read_only=False) as store:
             s = import_decisions(list(log), store)
     except TrafficImportError as exc:
-        raise _traffic_error(exc) from None
+        raise click.ClickException(str(exc)) from None
     click.echo(f"{s.new} new decisions ({s.decisions} in {s.files} files, {s.duplicates} repeated "
                f"request ids); usage for {s.usage_matched} of {s.usage} usage records -> {path}")
     if s.truncated:
@@ -87,7 +83,7 @@ def import_feedback_cmd(file: Path, config_path: Path | None, db_path: Path | No
                 import_decisions(list(logs), store)
             s = import_feedback(file, store, source=source, pass_threshold=pass_threshold)
     except TrafficImportError as exc:
-        raise _traffic_error(exc) from None
+        raise click.ClickException(str(exc)) from None
     click.echo(f"{s.rows} feedback rows from {file} ({s.new} new, {s.updated} updated, {s.unchanged} "
                f"unchanged; sources {', '.join(s.sources)}) -> {path}")
     waiting = s.rows - s.matched
@@ -131,7 +127,7 @@ def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, 
                                       reference=reference, seed=seed, suites_dir=suites_dir,
                                       data_dir=data_dir, max_tokens=max_tokens)
     except (TrafficImportError, TrafficSuiteError) as exc:
-        raise _traffic_error(exc) from None
+        raise click.ClickException(str(exc)) from None
     for s in suites:
         click.echo(f"{s.name}: {s.items} items -> {s.suite_path} ({s.data_path})")
     click.echo("the nightly evaluates them across all candidates; check with `routeopt suites validate`")
@@ -227,7 +223,7 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     try:
         decisions = decisions_from_log(list(logs)) if logs else None
     except TrafficImportError as exc:
-        raise _traffic_error(exc) from None
+        raise click.ClickException(str(exc)) from None
     if path.exists():
         with _store(path, read_only=True) as store:
             decisions = decisions if decisions is not None else decisions_from_store(store, since, until)
@@ -283,7 +279,7 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
     try:
         decisions = decisions_from_log(list(logs)) if logs else None
     except TrafficImportError as exc:
-        raise _traffic_error(exc) from None
+        raise click.ClickException(str(exc)) from None
     curves: dict[str, list] = {}
     feedback = feedback_from_store(_NoStore())
     if path.exists():

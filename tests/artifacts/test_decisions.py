@@ -17,7 +17,7 @@ from artifacts.decisions import (
     DecisionLog, Exploration, Gateway, choose, policy_distribution, unit_draw, verbatim,
 )
 from artifacts.registry import move_channel
-from artifacts.runtime import Decision, load
+from artifacts.runtime import Decision
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 

@@ -141,7 +141,7 @@ def replayed(pair, tmp_path_factory):
 
 def test_the_gate_sees_a_worse_policy_on_live_traffic(pair, replayed) -> None:
     champion, second = pair
-    registry, stores, fleet, _ = replayed
+    _, stores, fleet, _ = replayed
     with Store(stores["text"], read_only=True) as store:
         live = live_comparison(store, second, 2, champion, 1)
     (true_new, _), (true_old, _) = tr.truth(second, fleet), tr.truth(champion, fleet)
@@ -170,7 +170,7 @@ def test_rollout_evidence_for_shadow_and_canary(replayed) -> None:
 
 
 def test_cli_import_evaluate_and_promote_with_a_shadow_requirement(pair, replayed, tmp_path) -> None:
-    registry, _, fleet, folder = replayed
+    registry, _, _, folder = replayed
     db = tmp_path / "db.duckdb"
     log = folder / "log-shadow-1"
     out = _run("import", "decisions", str(log), "--db", str(db))
