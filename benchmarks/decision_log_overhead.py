@@ -8,12 +8,17 @@ keeps deciding, so its share of the GIL is in the figures.
 
     python benchmarks/decision_log_overhead.py [--data routerbench|synthetic|demo] [-n 5000] [--repeats 7]
 
+`isolated` times the gateway's own work alone: `Gateway.route` (1% exploration, logging, the
+writer thread running) around a router that returns the real policy's precomputed decision at
+once. A call of a few microseconds is rarely preempted, so its p99 is what logging adds to a
+decision's p99 even on a busy machine, where the full decision's p99 is mostly preemption.
+
 Setups: `log` (hash + counts only), `log+explore` (1% exploration), `log+explore+text` (the
 redaction hook keeps the text), `shadow` (the candidate's decision computed in the writer).
 Two clocks: wall time (what a request sees here, preemption by other processes included) and the
 routing thread's CPU time (what the call costs on a quiet core; time spent waiting for the GIL
-while the writer runs is not in it, but is in wall time). The last line is
-`added_p50_us=N added_p99_us=N` (wall) for `log+explore`.
+while the writer runs is not in it, but is in wall time). The last lines are
+`isolated_p50_us=N isolated_p99_us=N` and `added_p50_us=N added_p99_us=N` (wall, `log+explore`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim  # n
 from artifacts.registry import move_channel, publish  # noqa: E402
 from artifacts.runtime import load  # noqa: E402
 from route_latency import build_policy, measure  # noqa: E402
+import traffic_replay  # noqa: E402
 
 
 def setups(registry: Path, public: Path, logs: Path) -> dict[str, object]:
@@ -56,10 +62,56 @@ def setups(registry: Path, public: Path, logs: Path) -> dict[str, object]:
     }
 
 
+class _Instant:
+    """A router that returns precomputed decisions (one per prompt) without deciding."""
+
+    def __init__(self, router: object, prompts: list) -> None:
+        self.router = router
+        self.decisions = {p: router.route(p, s) for p, s in prompts}
+
+    def route(self, prompt: str, suite: object = None, quality_target: object = None) -> object:
+        return self.decisions[prompt]
+
+    def status(self) -> object:
+        return self.router.status()
+
+    def close(self) -> None:
+        pass
+
+
+def isolated(router: object, prompts: list, folder: Path, n: int, repeats: int) -> dict[str, list[float]]:
+    """The gateway's own per-call cost: p50/p99 of Gateway.route around an instant router."""
+    gw = Gateway(_Instant(router, prompts), log=DecisionLog(folder, max_queue=100_000),
+                 exploration=Exploration(rate=0.01, seed=0))
+    row: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        wall, cpu = measure(gw.route, prompts, n, warmup=200)
+        for clock, xs in (("wall", wall), ("cpu", cpu)):
+            for q, v in zip((50, 99, 99.9), np.percentile(xs, [50, 99, 99.9])):
+                row.setdefault(f"{clock} p{q:g}", []).append(float(v))
+    gw.log.close()
+    return row
+
+
+def policy_for(folder: Path, data: str) -> tuple[Path, Path, list, str]:
+    """route_latency's policy, or one trained on RouterBench's train split wherever ../shared is."""
+    if data != "routerbench":
+        return build_policy(folder, data)
+    from artifacts.registry import publish as publish_
+    from artifacts.signing import generate_keys
+    from router_training.train import train_router
+
+    train, fleet, what = traffic_replay.load_data("routerbench")
+    private, public = generate_keys(folder / "keys")
+    publish_(train_router(train, quality_target=0.95, seed=0).policy, folder / "registry",
+             lineage={"benchmark": what}, metrics={}, signing_key=private)
+    return folder / "registry", public, list(zip(fleet.prompts, fleet.suites)), what
+
+
 def run(n: int, repeats: int, data: str) -> dict[str, dict[str, list[float]]]:
     figures: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="decision-log-") as tmp:
-        registry, public, prompts, what = build_policy(Path(tmp), data)
+        registry, public, prompts, what = policy_for(Path(tmp), data)
         key = public.parent / "signing_key.pem"
         move_channel(registry, "champion", 1, signing_key=key)
         policy = load(registry, public).policy
@@ -76,6 +128,7 @@ def run(n: int, repeats: int, data: str) -> dict[str, dict[str, list[float]]]:
                 for clock, xs in (("wall", wall), ("cpu", cpu)):
                     for q, v in zip((50, 99, 99.9), np.percentile(xs, [50, 99, 99.9])):
                         row.setdefault(f"{clock} p{q:g}", []).append(float(v))
+        figures["isolated"] = isolated(routes["bare"], prompts, Path(tmp) / "logs" / "isolated", n, repeats)
         for name, target in routes.items():
             if isinstance(target, Gateway):
                 target.log.flush()
@@ -101,11 +154,18 @@ def main() -> None:
     print(f"{'setup':<18} {'wall p50':>9} {'wall p99':>9} {'p99.9':>8} {'cpu p50':>8} {'cpu p99':>8}"
           f" {'added wall p50/p99':>19} {'added cpu p50/p99':>18}")
     for name, row in figures.items():
+        if name == "isolated":
+            continue
         med = {k: float(np.median(v)) for k, v in row.items()}
         print(f"{name:<18} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['wall p99.9']:>8.1f} "
               f"{med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f} "
               f"{added(row, 'wall p50'):>9.1f}/{added(row, 'wall p99'):<9.1f} "
               f"{added(row, 'cpu p50'):>8.1f}/{added(row, 'cpu p99'):<9.1f}")
+    iso = {k: float(np.median(v)) for k, v in figures["isolated"].items()}
+    print(f"isolated (the gateway's own work per call, 1% exploration, logging): wall p50 "
+          f"{iso['wall p50']:.1f}, p99 {iso['wall p99']:.1f}, p99.9 {iso['wall p99.9']:.1f}; "
+          f"CPU p50 {iso['cpu p50']:.1f}, p99 {iso['cpu p99']:.1f}")
+    print(f"isolated_p50_us={iso['wall p50']:.1f} isolated_p99_us={iso['wall p99']:.1f}")
     row = figures["log+explore"]
     print(f"added_p50_us={added(row, 'wall p50'):.1f} added_p99_us={added(row, 'wall p99'):.1f} "
           f"added_cpu_p50_us={added(row, 'cpu p50'):.1f} added_cpu_p99_us={added(row, 'cpu p99'):.1f}")

@@ -150,8 +150,10 @@ def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, 
     return out
 
 
-def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None) -> Terms:
-    """The target policy's choice per request: logged, shadowed, or decided again on kept text."""
+def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
+                 needed: np.ndarray | None = None) -> Terms:
+    """The target policy's choice per request: logged, shadowed, or decided again on kept text
+    (only for the `needed` rows, when given: deciding again is the expensive part)."""
     n = len(frame)
     nan = np.full(n, np.nan)
     t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
@@ -171,7 +173,8 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None) -
                         "shadow")
     if policy is not None:
         texts = frame["text"].to_numpy()
-        rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)], dtype=int)
+        rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)
+                         and (needed is None or needed[i])], dtype=int)
         for i, d in _from_text(policy, frame, rest).items():
             views[i] = (d.model, d.pass_probabilities, d.expected_cost_usd, "text")
     mu = _logging_probability(frame)
@@ -237,8 +240,8 @@ def _rows(terms: Terms, reward: np.ndarray, g_logged: np.ndarray, g_target: np.n
 def evaluate(frame: pd.DataFrame, version: int | None, policy: Any = None, *, label: str = "",
              z: float = ope.Z95) -> PolicyOnTraffic:
     """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic."""
-    t = policy_terms(frame, version, policy)
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost))
     rp = _rows(t, passed, t.g_pass_logged, t.g_pass_target)
     rc = _rows(t, cost, t.g_cost_logged, t.g_cost_target)
     variance = ope.dr_model_variance(t.g_pass_target[rp], t.target_propensity[rp])
