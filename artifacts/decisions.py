@@ -205,10 +205,6 @@ class DecisionLog:
         self._thread.start()
         atexit.register(self.close)
 
-    @property
-    def keeps_text(self) -> bool:
-        return self._redact is not None
-
     def submit(self, build: Callable[..., dict | None], *args: Any) -> bool:
         """Queue `build(*args)` (run in the writer thread); False, counted, when the queue is full."""
         if self._stopped or len(self._queue) >= self._max_queue:
@@ -314,7 +310,8 @@ class DecisionLog:
         self._close_file()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         path = self.folder / f"{self._name}-{stamp}-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
-        self._file = open(path, "a", encoding="utf-8")
+        # a lone surrogate in a kept prompt is written as a JSON \u escape, not a failed batch
+        self._file = open(path, "a", encoding="utf-8", errors="backslashreplace")
         self._file_path, self._file_opened = path, time.monotonic()
         self._files.append(path)
         if self._keep is not None:

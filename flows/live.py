@@ -183,8 +183,9 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
         t.known[i], t.agree[i], t.basis[i] = True, model == a, basis
         t.weight[i] = (1.0 if model == a else 0.0) / propensity[i]
         t.target_propensity[i] = mu(i, model)
-        t.g_pass_target[i], t.g_pass_logged[i] = p.get(model, np.nan), p.get(a, np.nan)
-        t.g_cost_target[i], t.g_cost_logged[i] = c.get(model, np.nan), c.get(a, np.nan)
+        unused = 0.0 if model != a else np.nan  # weight 0: the served model's value does not count
+        t.g_pass_target[i], t.g_pass_logged[i] = p.get(model, np.nan), p.get(a, unused)
+        t.g_cost_target[i], t.g_cost_logged[i] = c.get(model, np.nan), c.get(a, unused)
     return t
 
 

@@ -129,6 +129,16 @@ def test_log_records_every_decision_and_keeps_text_only_through_the_hook(tmp_pat
     assert a[-1] == {**a[-1], "kind": "usage", "request_id": "id-1", "input_tokens": 12, "cost_usd": 0.002}
 
 
+def test_a_prompt_that_is_not_valid_unicode_loses_no_records(tmp_path) -> None:
+    log = DecisionLog(tmp_path, redact=verbatim, flush_s=0.05)
+    gw = Gateway(FakeRouter(), log=log)
+    for i, prompt in enumerate(["fine", "broken \udc80 half", "fine again"]):
+        gw.route(prompt, request_id=str(i))
+    log.close()
+    assert [r["text"] for r in _records(tmp_path)] == ["fine", "broken \udc80 half", "fine again"]
+    assert log.status().written == 3 and log.status().dropped == 0
+
+
 def test_a_failing_redaction_hook_logs_no_text(tmp_path) -> None:
     def broken(text: str) -> str:
         raise RuntimeError("regex timeout")

@@ -60,6 +60,7 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
         decision("text", "b", 0.05, explored=True, policy_model="a", text="keep me"),
         decision("opaque", "a", 0.95),
         decision("unsupported", "a", 1.0, text="t2", exploration={"rate": 0.1, "eligible": ["a"]}),
+        decision("unknown-model", "z", 0.5, text="t3", policy_model="a", explored=True),  # z: unknown to v2
     ]
     for i, r in enumerate(records):
         r["time"] = f"2025-03-01T10:00:0{i}Z"
@@ -72,15 +73,16 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
         frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
     policy = TextPolicy()
     est = evaluate(frame, 2, policy)
-    assert policy.seen == ["keep me", "t2"]  # text is used only where nothing else says
-    assert est.basis == {"shadow": 1, "logged": 1, "text": 2}
-    assert (est.n_logged, est.n_feedback, est.n_evaluated, est.n_unknown) == (5, 5, 4, 1)
+    assert policy.seen == ["keep me", "t2", "t3"]  # text is used only where nothing else says
+    assert est.basis == {"shadow": 1, "logged": 1, "text": 3}
+    assert (est.n_logged, est.n_feedback, est.n_evaluated, est.n_unknown) == (6, 6, 5, 1)
     assert est.n_unsupported == 1  # picks b where exploration could only pick a
     t = est.terms
     assert t.weight.tolist()[:3] == [0.0, pytest.approx(1 / 0.95), pytest.approx(1 / 0.05)]
     assert t.target_propensity[0] == pytest.approx(0.05) and t.target_propensity[1] == pytest.approx(0.95)
+    assert est.terms.g_pass_logged[5] == 0.0 and est.terms.weight[5] == 0.0
     champion = evaluate(frame, 3)  # the serving policy: its own records only
-    assert champion.basis == {"logged": 4} and champion.n_unknown == 1
+    assert champion.basis == {"logged": 5} and champion.n_unknown == 1
 
 
 def _est(value: float, half: float, n: int = 500) -> Estimate:
