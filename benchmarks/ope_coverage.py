@@ -5,7 +5,8 @@ the gateway under the champion with exploration, once per seed, feeds back the t
 estimates a second policy's pass rate and cost per request (`benchmarks/traffic_replay.py`). The
 truth comes straight from the data. For each way of knowing the second policy's choices (text
 kept, shadow, canary) and each estimator it prints how many seeds' intervals cover the truth,
-the mean interval width and the mean effective sample size.
+the mean interval width and the mean effective sample size; also how often the paired
+difference from the champion (what the promotion gate uses) covers the true difference.
 
     python benchmarks/ope_coverage.py --seeds 20 [--data routerbench|synthetic] [--rate 0.1] [--reps 3]
 
@@ -67,10 +68,13 @@ def main() -> None:
                 path = tr.replay(registry, fleet, Path(tmp), mode=mode, seed=seed, rate=args.rate,
                                  reps=args.reps, canary_share=args.canary_share,
                                  feedback_share=args.feedback_share)
-                est = tr.estimate(path, second, 2, mode)
-                for what_, truth, table in (("pass", true_pass, est.pass_rate), ("cost", true_cost, est.cost)):
+                est, _, diff = tr.estimate_pair(path, second, 2, mode)
+                for what_, truth, table in (("pass", true_pass, est.pass_rate), ("cost", true_cost, est.cost),
+                                            ("diff", true_pass - champ_pass, {"pass": diff.pass_rate_diff}),
+                                            ("diff", true_cost - champ_cost, {"cost": diff.cost_diff})):
                     for name, e in table.items():
-                        stats.setdefault((what_, name), []).append((e.covers(truth), e.high - e.low, e.ess))
+                        stats.setdefault((what_, name), []).append((e.covers(truth), e.high - e.low,
+                                                                    e.ess if what_ != "diff" else est.pass_rate["dr"].ess))
                 path.unlink()
             print(f"\n{mode}: {args.seeds} seeds")
             print(f"  {'estimate':<12} {'covered':>8} {'mean CI width':>14} {'mean ESS':>9}")
@@ -78,9 +82,10 @@ def main() -> None:
                 cov = sum(r[0] for r in rows)
                 print(f"  {what_ + ' ' + name:<12} {cov:>5}/{len(rows):<2} {np.mean([r[1] for r in rows]):>14.4g} "
                       f"{np.mean([r[2] for r in rows]):>9.1f}")
-            dr_p, dr_c = stats[("pass", "dr")], stats[("cost", "dr")]
+            dr_p, dr_c, dp = stats[("pass", "dr")], stats[("cost", "dr")], stats[("diff", "pass")]
             lines.append(f"coverage {mode} pass_dr={sum(r[0] for r in dr_p)}/{len(dr_p)} "
-                         f"cost_dr={sum(r[0] for r in dr_c)}/{len(dr_c)}")
+                         f"cost_dr={sum(r[0] for r in dr_c)}/{len(dr_c)} "
+                         f"pass_diff_vs_champion={sum(r[0] for r in dp)}/{len(dp)}")
     print()
     print("\n".join(lines))
 

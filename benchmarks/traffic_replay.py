@@ -166,9 +166,17 @@ def replay(registry: Path, fleet: Fleet, folder: Path, *, mode: str, seed: int, 
 
 def estimate(store_path: Path, policy: Any, version: int, mode: str) -> Any:
     """flows.live's estimate of the policy (version 2) on the replayed traffic."""
+    return estimate_pair(store_path, policy, version, mode)[0]
+
+
+def estimate_pair(store_path: Path, policy: Any, version: int, mode: str) -> tuple[Any, Any, Any]:
+    """The policy's estimate, the champion's (version 1, from its own records) and the paired
+    difference policy - champion, as the promotion gate computes them."""
     from evals.storage.store import Store
-    from flows.live import decisions_from_store, evaluate, feedback_from_store, traffic_frame
+    from flows.live import compare, decisions_from_store, evaluate, feedback_from_store, traffic_frame
 
     with Store(store_path, read_only=True) as store:
         frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
-    return evaluate(frame, version, policy if mode == "text" else None)
+    new = evaluate(frame, version, policy if mode == "text" else None)
+    champion = evaluate(frame, 1)
+    return new, champion, compare(frame, new, champion)

@@ -122,6 +122,7 @@ class Terms:
     g_cost_logged: np.ndarray
     g_cost_target: np.ndarray
     target_propensity: np.ndarray
+    chosen: np.ndarray
     basis: list[str | None]
 
 
@@ -157,7 +158,7 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     n = len(frame)
     nan = np.full(n, np.nan)
     t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
-              nan.copy(), nan.copy(), [None] * n)
+              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n)
     served, propensity = frame["model"].tolist(), frame["propensity"].to_numpy(dtype=float)
     versions = pd.to_numeric(frame["policy_version"], errors="coerce").to_numpy()
     shadow_versions = pd.to_numeric(frame["shadow_version"], errors="coerce").to_numpy()
@@ -180,7 +181,7 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     mu = _logging_probability(frame)
     for i, (model, p, c, basis) in views.items():
         a = served[i]
-        t.known[i], t.agree[i], t.basis[i] = True, model == a, basis
+        t.known[i], t.agree[i], t.basis[i], t.chosen[i] = True, model == a, basis, model
         t.weight[i] = (1.0 if model == a else 0.0) / propensity[i]
         t.target_propensity[i] = mu(i, model)
         unused = 0.0 if model != a else np.nan  # weight 0: the served model's value does not count
@@ -287,7 +288,14 @@ def _paired(a: Terms, b: Terms, reward: np.ndarray, which: str, z: float) -> Est
         return ope.EMPTY
     ta = ope.dr_terms(reward[rows], a.weight[rows], gl_a[rows], gt_a[rows])
     tb = ope.dr_terms(reward[rows], b.weight[rows], gl_b[rows], gt_b[rows])
-    return ope.paired_difference(ta, tb, z=z)
+    if which != "pass":
+        return ope.paired_difference(ta, tb, z=z)
+    # where the two choose differently their corrections rest on different explored requests
+    differ = a.chosen[rows] != b.chosen[rows]
+    variance = differ * (ope.dr_model_variance(gt_a[rows], a.target_propensity[rows])
+                         + ope.dr_model_variance(gt_b[rows], b.target_propensity[rows]))
+    return ope.paired_difference(ta, tb, z=z, model_variance=variance,
+                                 baseline_diff=gt_a[rows] - gt_b[rows])
 
 
 def compare(frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic,

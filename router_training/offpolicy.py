@@ -160,8 +160,19 @@ def all_estimates(rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray
     return out
 
 
-def paired_difference(terms_a: np.ndarray, terms_b: np.ndarray, *, z: float = Z95) -> Estimate:
+def paired_difference(terms_a: np.ndarray, terms_b: np.ndarray, *, z: float = Z95,
+                      model_variance: np.ndarray | None = None,
+                      baseline_diff: np.ndarray | None = None) -> Estimate:
     """A - B from per-request terms of two policies on the same requests (their noise is shared,
-    so the interval is narrower than the two intervals side by side)."""
+    so the interval is narrower than the two intervals side by side). `model_variance` (per
+    request, e.g. the two policies' `dr_model_variance` where they choose differently) and
+    `baseline_diff` (g_target of A minus that of B) floor the standard error as in
+    `doubly_robust`."""
     a, b = _arrays(terms_a, terms_b)
-    return mean_estimate(a - b, z=z)
+    est = mean_estimate(a - b, z=z)
+    if model_variance is None or est.n < 2:
+        return est
+    (mv,) = _arrays(model_variance)
+    spread = float(np.var(baseline_diff, ddof=1)) if baseline_diff is not None else 0.0
+    floor = math.sqrt((float(mv.mean()) + spread) / est.n)
+    return _interval(est.value, max(est.se, floor), est.n, est.ess, z, None)
