@@ -135,3 +135,19 @@ def test_all_combinations_small_exact() -> None:
         w = [(a0 == target[0]) / mu[a0], (a1 == target[1]) / mu[a1]]
         total += prob * ope.ips([y[0, a0], y[1, a1]], w).value
     assert total == pytest.approx(expect)
+
+
+def test_a_reward_model_floor_keeps_lucky_intervals_honest() -> None:
+    """Few explored requests can make the sample variance 0; the model's predicted variance
+    then sets the standard error (and a larger sample variance still wins)."""
+    g = np.full(100, 0.5)
+    flat = ope.doubly_robust(np.full(100, 0.5), np.zeros(100), g, g, model_variance=ope.dr_model_variance(g, np.full(100, 0.04)))
+    assert flat.se == pytest.approx(math.sqrt(0.25 / 0.04 / 100))
+    assert ope.doubly_robust(np.full(100, 0.5), np.zeros(100), g, g).se == 0.0
+    noisy = np.r_[np.zeros(50), np.ones(50)] * 40
+    wide = ope.doubly_robust(noisy, np.ones(100), np.zeros(100), np.zeros(100), model_variance=np.zeros(100))
+    assert wide.se == pytest.approx(noisy.std(ddof=1) / 10)
+    assert ope.dr_model_variance([0.5, 0.5], [0.0, 0.5]).tolist() == [0.25, 0.5]
+    diff = ope.paired_difference(np.ones(100), np.ones(100), model_variance=np.full(100, 4.0),
+                                 baseline_diff=np.zeros(100))
+    assert diff.value == 0 and diff.se == pytest.approx(0.2)
