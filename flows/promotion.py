@@ -165,9 +165,11 @@ def champion_version(registry: Path | str, public_key: Any = None) -> tuple[Rout
 
 
 def rollout_evidence(store: Any, version: int, champion_version: int | None, kind: str, *,
-                     tolerance: float, min_feedback: int, since: str | None = None,
+                     margin: float, min_feedback: int, since: str | None = None,
                      source: str | None = None) -> tuple[bool, str, dict[str, Any]]:
-    """Whether a shadow or canary of `version` on live traffic lets it replace the champion.
+    """Whether a shadow or canary of `version` on live traffic shows it is no worse than the
+    champion: its pass rate's difference is above -margin with 95% confidence (non-inferiority;
+    too little traffic shows nothing and does not promote), and its cost not significantly higher.
 
     shadow: both policies' choices are known on the logged requests (one served, the other was
     shadowed), so they are compared off-policy, paired on the same requests. canary: the requests
@@ -179,28 +181,40 @@ def rollout_evidence(store: Any, version: int, champion_version: int | None, kin
 
     if kind not in ("shadow", "canary"):
         raise ValueError(f"kind must be 'shadow' or 'canary', got {kind!r}")
-    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
     if champion_version is None:
         return True, "no champion yet", {}
+    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
     if frame.empty:
         return False, f"no logged decisions{' since ' + since if since else ''}", {}
     if kind == "canary":
         arms = canary_arms(frame, version)
-        n = arms.candidate.n
-        if n < min_feedback:
-            return False, (f"the canary of version {version} served {n} requests with feedback; "
-                           f"{min_feedback} needed"), arms.to_dict()
-        d = arms.difference
-        ok = not d.high < -tolerance
-        why = (f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm "
-               f"{arms.champion.value:.3f} (difference {d.value:+.3f}, 95% CI {d.low:+.3f}..{d.high:+.3f}) "
-               f"on {n} + {arms.champion.n} requests")
-        return ok, (why if ok else f"{why}: worse beyond the tolerance {tolerance:g}"), arms.to_dict()
-    new, old = evaluate(frame, version, label=f"version {version}"), \
-        evaluate(frame, champion_version, label="champion")
-    live = compare(frame, new, old)
-    if live.pass_rate_diff.n < min_feedback:
-        return False, (f"version {version} was shadowed on {live.pass_rate_diff.n} requests with "
-                       f"feedback beside the champion; {min_feedback} needed"), live.to_dict()
-    ok, why = live_verdict(live, tolerance)
-    return ok, why, live.to_dict()
+        n, d, dc = arms.candidate.n, arms.difference, _difference(arms.candidate_cost, arms.champion_cost)
+        what = (f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm {arms.champion.value:.3f} "
+                f"on {n} + {arms.champion.n} requests")
+        detail = arms.to_dict()
+    else:
+        live = compare(frame, evaluate(frame, version, label=f"version {version}"),
+                       evaluate(frame, champion_version, label="champion"))
+        n, d, dc = live.pass_rate_diff.n, live.pass_rate_diff, live.cost_diff
+        what = f"shadowed beside the champion on {n} requests"
+        detail = live.to_dict()
+    if n < min_feedback:
+        return False, f"version {version} {what.split(' on ')[0]}: {n} requests with feedback, {min_feedback} needed", detail
+    interval = f"pass rate difference {d.value:+.3f}, 95% CI {d.low:+.3f}..{d.high:+.3f}"
+    if not d.low >= -margin:
+        return False, (f"{what}: {interval}; not shown to be within {margin:g} of the champion "
+                       "(more traffic, or a wider --margin)"), detail
+    if dc.n and dc.low > 0:
+        return False, f"{what}: {interval}; but dearer by {dc.value:+.3g} USD per request", detail
+    return True, f"{what}: {interval}, within {margin:g} of the champion", detail
+
+
+def _difference(a: Any, b: Any) -> Any:
+    """a - b for two independent estimates (the canary arms' costs)."""
+    from router_training.offpolicy import EMPTY, Estimate
+
+    if not a.n or not b.n:
+        return EMPTY
+    se = (a.se ** 2 + b.se ** 2) ** 0.5
+    value = a.value - b.value
+    return Estimate(value, value - 1.96 * se, value + 1.96 * se, se, a.n + b.n, float(a.n + b.n))

@@ -115,17 +115,20 @@ def _short(value: Any, width: int = 70) -> str:
 @click.option("--since", default=None, help="With --require: only decisions since this ISO date/time.")
 @click.option("--min-feedback", type=click.IntRange(min=1), default=None,
               help="With --require: requests with feedback needed (default: traffic.min_feedback).")
+@click.option("--margin", type=click.FloatRange(0, 1), default=None,
+              help="With --require: how much lower a pass rate may be, shown with 95% confidence "
+                   "(default: publishing.promote_tolerance).")
 @REGISTRY
 @SIGNING_KEY
 def promote(version: int, channel: str, allow_downgrade: bool, require: str | None,
-            db_path: Path | None, since: str | None, min_feedback: int | None, registry: str | None,
-            signing_key: Path | None) -> None:
+            db_path: Path | None, since: str | None, min_feedback: int | None, margin: float | None,
+            registry: str | None, signing_key: Path | None) -> None:
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from artifacts.registry import move_channel
 
     registry = registry or _default_registry()
     if require is not None:
-        _require_live(registry, version, require, db_path, since, min_feedback)
+        _require_live(registry, version, require, db_path, since, min_feedback, margin)
     try:
         p = move_channel(registry, channel, version, action="promote",
                          signing_key=signing_key, allow_downgrade=allow_downgrade)
@@ -136,7 +139,7 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
 
 
 def _require_live(registry: str, version: int, kind: str, db_path: Path | None, since: str | None,
-                  min_feedback: int | None) -> None:
+                  min_feedback: int | None, margin: float | None) -> None:
     """Exit with the reason unless VERSION's shadow or canary result allows the promotion."""
     from artifacts.registry import current_pointer
     from evals.config import ConfigError, default_config_path, load_config
@@ -153,7 +156,7 @@ def _require_live(registry: str, version: int, kind: str, db_path: Path | None, 
     pointer, _ = current_pointer(registry, "champion")
     with Store(path, read_only=True) as store:
         ok, why, _ = rollout_evidence(store, version, pointer.version if pointer else None, kind,
-                                      tolerance=cfg.publishing.promote_tolerance,
+                                      margin=cfg.publishing.promote_tolerance if margin is None else margin,
                                       min_feedback=min_feedback or cfg.traffic.min_feedback, since=since)
     if not ok:
         _fail(RuntimeError(f"not promoted: {kind}: {why}"))

@@ -158,12 +158,12 @@ def test_rollout_evidence_for_shadow_and_canary(replayed) -> None:
     _, stores, _, _ = replayed
     for kind in ("shadow", "canary"):
         with Store(stores[kind], read_only=True) as store:
-            ok, why, detail = rollout_evidence(store, 2, 1, kind, tolerance=0.01, min_feedback=10_000)
+            ok, why, detail = rollout_evidence(store, 2, 1, kind, margin=0.01, min_feedback=10_000)
             assert not ok and "10000 needed" in why
-            ok, why, detail = rollout_evidence(store, 2, 1, kind, tolerance=0.01, min_feedback=50)
-            assert not ok and detail, why  # the candidate is worse: refused
-            ok, why, _ = rollout_evidence(store, 2, 1, kind, tolerance=1.0, min_feedback=50)
-            assert ok, why
+            ok, why, detail = rollout_evidence(store, 2, 1, kind, margin=0.01, min_feedback=50)
+            assert not ok and detail and "not shown to be within 0.01" in why  # the candidate is worse
+            ok, why, _ = rollout_evidence(store, 2, 1, kind, margin=1.0, min_feedback=50)
+            assert ok and "within 1 of the champion" in why, why
     with Store(stores["canary"], read_only=True) as store:
         frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
     arms = canary_arms(frame, 2)
@@ -196,11 +196,11 @@ def test_cli_import_evaluate_and_promote_with_a_shadow_requirement(pair, replaye
     assert from_log["policies"][0]["pass_rate"] == candidate["pass_rate"]
     refused = _run("policies", "promote", "2", "--registry", str(registry), "--require", "shadow",
                    "--db", str(db), "--min-feedback", "100", ok=False)
-    assert "not promoted: shadow:" in refused and "lower than the champion" in refused
+    assert "not promoted: shadow:" in refused and "not shown to be within 0.01" in refused
     assert "champion -> version 1" not in refused
     too_few = _run("policies", "promote", "2", "--registry", str(registry), "--require", "canary",
                    "--db", str(db), ok=False)
-    assert "served 0 requests with feedback" in too_few
+    assert "0 requests with feedback, 200 needed" in too_few
 
 
 def test_cli_promote_accepts_a_shadow_that_is_not_worse(pair, tmp_path) -> None:
@@ -211,7 +211,7 @@ def test_cli_promote_accepts_a_shadow_that_is_not_worse(pair, tmp_path) -> None:
     store = tr.replay(registry, fleet, tmp_path, mode="shadow", seed=2, rate=0.2)
     out = _run("policies", "promote", "2", "--registry", str(registry), "--require", "shadow",
                "--db", str(store), "--min-feedback", "100")
-    assert "shadow: not worse on 150 live requests" in out and "champion -> version 2" in out
+    assert "shadow: shadowed beside the champion on 150 requests" in out and "champion -> version 2" in out
 
 
 def test_the_dashboard_shows_champion_and_candidate_on_live_traffic(replayed, tmp_path) -> None:
