@@ -69,8 +69,11 @@ def importance_weights(target_prob: np.ndarray, propensity: np.ndarray) -> np.nd
 def effective_sample_size(weights: np.ndarray) -> float:
     """Kish's (sum w)^2 / sum w^2: n for equal weights, 1 when one request carries everything."""
     (w,) = _arrays(weights)
-    total = float((w * w).sum())
-    return float(w.sum() ** 2 / total) if total > 0 else 0.0
+    top = float(np.abs(w).max()) if len(w) else 0.0
+    if top <= 0:
+        return 0.0
+    w = w / top  # scale-free, and tiny weights do not underflow when squared
+    return float(w.sum() ** 2 / (w * w).sum())
 
 
 def _interval(value: float, se: float, n: int, ess: float, z: float,

@@ -96,6 +96,7 @@ def test_effective_sample_size_and_guards() -> None:
     assert ope.effective_sample_size([1, 1, 1, 1]) == pytest.approx(4)
     assert ope.effective_sample_size([0, 0, 5, 0]) == pytest.approx(1)
     assert ope.effective_sample_size([]) == 0.0
+    assert ope.effective_sample_size([0.0, 2.2e-308]) == pytest.approx(1)  # no underflow
     assert ope.ips([], []).n == 0 and math.isnan(ope.ips([], []).value)
     with pytest.raises(ValueError, match=r"propensities must lie in \(0, 1\]"):
         ope.importance_weights([1.0, 0.0], [0.5, 0.0])
