@@ -310,24 +310,3 @@ def _metric(metrics: dict, names: tuple[str, ...]) -> float | None:
 
 def headline(metrics: dict) -> dict:
     return {"pass_rate": _metric(metrics, _PASS_KEYS), "cost_usd": _metric(metrics, _COST_KEYS)}
-
-
-def gate(new_metrics: dict, champion_metrics: dict | None, tolerance: float = 0.0) -> tuple[bool, str]:
-    """Promote only if, on the same held-out items, pass rate is not lower beyond `tolerance`
-    (absolute) and cost is not higher. Metrics give `pass_rate` and `cost_usd`/`cost` at the top
-    level, under `router`, or under `holdout.router_at_target` as `train_router` reports them."""
-    new = headline(new_metrics)
-    if new["pass_rate"] is None or new["cost_usd"] is None:
-        return False, "new metrics lack pass_rate/cost_usd; cannot judge"
-    if not champion_metrics:
-        return True, "no champion yet"
-    old = headline(champion_metrics)
-    if old["pass_rate"] is None or old["cost_usd"] is None:
-        return True, "champion has no comparable metrics"
-    if new["pass_rate"] < old["pass_rate"] - tolerance:
-        return False, (f"pass rate {new['pass_rate']:.4f} is below champion {old['pass_rate']:.4f} "
-                       f"by more than {tolerance}")
-    if new["cost_usd"] > old["cost_usd"] * (1 + 1e-9):
-        return False, f"cost {new['cost_usd']:.6g} is above champion {old['cost_usd']:.6g}"
-    return True, (f"pass rate {new['pass_rate']:.4f} vs {old['pass_rate']:.4f}, "
-                  f"cost {new['cost_usd']:.6g} vs {old['cost_usd']:.6g}")

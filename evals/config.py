@@ -70,6 +70,16 @@ class Candidate(BaseModel):
         """What may be recorded in the database and artifacts: everything but secrets."""
         return self.model_dump(mode="json")
 
+    def measured_dict(self) -> dict:
+        """The fields that decide what the candidate answers, how it is timed and what it
+        costs: a resumed run refuses to change them (the others only pace the calls)."""
+        return {k: v for k, v in self.public_dict().items() if k not in _PACING_FIELDS}
+
+
+_PACING_FIELDS = frozenset({"api_key_env", "max_concurrency", "requests_per_minute",
+                            "tokens_per_minute", "circuit_breaker_failures",
+                            "circuit_breaker_cooldown_s"})
+
 
 class RouterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -77,6 +87,9 @@ class RouterSettings(BaseModel):
     quality_target: float = Field(default=0.95, ge=0, le=1)
     holdout_fraction: float = Field(default=0.3, gt=0, lt=1)
     seed: int = 0
+    # Train on the latest run of each (suite, candidate) that is at most this old, so
+    # deployments over different candidate subsets train on (and gate on) the whole fleet.
+    max_outcome_age_days: float = Field(default=7.0, gt=0)
 
 
 class PublishSettings(BaseModel):

@@ -1,11 +1,15 @@
 """Drift between a nightly run and the runs before it, and the alerts it raises.
 
-Per (candidate, suite) the current run is compared with the pooled previous runs of the same
-suite version: pass rate and error rate by Fisher's exact test, TTFT and latency p95 by their
-relative change guarded by a one-sided Mann-Whitney test, mean cost per call by its relative
-change, and list prices by any change. p-values are adjusted per metric family with
-Benjamini-Hochberg, since a fleet x suites grid makes dozens of tests a night and some would
-otherwise fire by chance. Findings go out as Prefect events and, optionally, to a webhook.
+Per (candidate, suite) the current run is compared item by item with the previous runs of the
+same suite version (each item's latest outcome in the last `baseline_runs` runs): pass rate and
+the candidate's error rate by the exact McNemar test on the discordant items, TTFT and latency
+p95 by their relative change guarded by a one-sided Wilcoxon signed-rank test on the same
+items, mean cost per call by its relative change, and list prices by any change. Pass labels
+follow `evals.storage.labels` (a candidate's error is a failure, errors on our side are left
+out); times and costs come from calls answered in each run, never from replayed cache rows.
+p-values are adjusted per metric family with Benjamini-Hochberg, since a fleet x suites grid
+makes dozens of tests a night and some would otherwise fire by chance. Findings go out as
+Prefect events and, optionally, to a webhook.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import numpy as np
 import pandas as pd
 
 from common.io import jsonable
 from evals.config import AlertSettings
+from evals.storage.labels import label_frame
 from evals.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -30,8 +37,8 @@ BLOCKING_METRICS = frozenset({"pass_rate", "error_rate", "latency_p95_s", "ttft_
 PRICE_FIELDS = ("input_price_per_mtok", "cached_input_price_per_mtok", "output_price_per_mtok", "gpu_hour_usd")
 
 OUTCOMES_SQL = """
-SELECT o.run_id, r.started_at, o.candidate, o.suite, o.suite_version, o.passed, o.error_kind,
-       o.cost_usd, o.ttft_s, o.latency_s, o.cached
+SELECT o.run_id, r.started_at, o.candidate, o.suite, o.suite_version, o.item_id, o.passed,
+       o.error_kind, o.cost_usd, o.ttft_s, o.latency_s, o.cached
 FROM outcomes o JOIN runs r USING (run_id)
 WHERE o.candidate IN (SELECT candidate FROM outcomes WHERE run_id = ?)
   AND r.started_at <= (SELECT started_at FROM runs WHERE run_id = ?)
@@ -81,22 +88,24 @@ class DriftReport:
 # -- tests and statistics --------------------------------------------------------------------
 
 
-def fisher_p(k1: int, n1: int, k2: int, n2: int) -> float:
-    """Two-sided Fisher exact p-value that k1/n1 and k2/n2 come from one proportion."""
-    from scipy.stats import fisher_exact
+def mcnemar_p(worse: int, better: int) -> float:
+    """Exact McNemar test: two-sided binomial p-value of the discordant pairs (items that
+    passed before and fail now, vs the reverse) under 'no change'."""
+    from scipy.stats import binomtest
 
-    if n1 == 0 or n2 == 0:
+    if worse + better == 0:
         return 1.0
-    return float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
+    return float(binomtest(worse, worse + better, 0.5).pvalue)
 
 
 def greater_p(current: np.ndarray, baseline: np.ndarray) -> float:
-    """One-sided Mann-Whitney p-value that `current` tends to be larger than `baseline`."""
-    from scipy.stats import mannwhitneyu
+    """One-sided Wilcoxon signed-rank p-value that paired `current` values exceed `baseline`."""
+    from scipy.stats import wilcoxon
 
-    if len(current) == 0 or len(baseline) == 0:
+    diff = np.asarray(current, float) - np.asarray(baseline, float)
+    if not np.any(diff != 0):
         return 1.0
-    return float(mannwhitneyu(current, baseline, alternative="greater").pvalue)
+    return float(wilcoxon(diff, alternative="greater").pvalue)
 
 
 def bh_adjust(p_values: list[float]) -> list[float]:
@@ -135,49 +144,71 @@ def _baseline(frame: pd.DataFrame, run_id: str, n_runs: int) -> pd.DataFrame:
     return prev.merge(runs[["candidate", "suite", "run_id"]], on=["candidate", "suite", "run_id"])
 
 
-def _proportion_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
+PAIR = ["candidate", "suite"]
+TIMED = (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s"), ("cost_per_call_usd", "cost_usd"))
+
+
+def _pairs(cur: pd.DataFrame, base: pd.DataFrame, usable: pd.Series, base_usable: pd.Series,
+           cols: list[str]) -> pd.DataFrame:
+    """Per (candidate, suite), the items usable now and before, each with its latest usable
+    baseline row: `cols` with suffixes _c and _b.
+
+    Comparing the same items removes the variance of which items a run happened to have; taking
+    each item's latest baseline run keeps an item that a cap or an outage skipped last night.
+    """
+    keep = [*PAIR, "item_id", *cols]
+    before = base[base_usable].sort_values("started_at").groupby([*PAIR, "item_id"]).tail(1)
+    return cur.loc[usable, keep].merge(before[keep], on=[*PAIR, "item_id"], suffixes=("_c", "_b"))
+
+
+def _proportion_rows(cand: str, suite: str, pairs: pd.DataFrame) -> list[dict]:
+    """Pass rate and the candidate's error rate on the same labelled items, McNemar-tested."""
     rows = []
-    graded_c = cur[cur.error_kind.isna() & cur.passed.notna()]
-    graded_b = base[base.error_kind.isna() & base.passed.notna()]
-    budget_c, budget_b = cur.error_kind.eq("budget"), base.error_kind.eq("budget")
-    for metric, k_c, n_c, k_b, n_b, worse_up in (
-        ("pass_rate", int(graded_c.passed.sum()), len(graded_c), int(graded_b.passed.sum()), len(graded_b), False),
-        (
-            "error_rate",
-            int((cur.error_kind.notna() & ~budget_c).sum()), int((~budget_c).sum()),
-            int((base.error_kind.notna() & ~budget_b).sum()), int((~budget_b).sum()),
-            True,
-        ),
+    for metric, now, before, worse_up in (
+        ("pass_rate", pairs.label_c, pairs.label_b, False),
+        ("error_rate", pairs.error_kind_c.notna().astype(float),
+         pairs.error_kind_b.notna().astype(float), True),
     ):
-        if n_c == 0 or n_b == 0:
-            continue
+        up, down = int(((now == 1) & (before == 0)).sum()), int(((now == 0) & (before == 1)).sum())
         rows.append(dict(
-            candidate=cand, suite=suite, metric=metric, current=k_c / n_c, baseline=k_b / n_b,
-            n_current=n_c, n_baseline=n_b, p=fisher_p(k_c, n_c, k_b, n_b), worse_up=worse_up,
+            candidate=cand, suite=suite, metric=metric, current=float(now.mean()),
+            baseline=float(before.mean()), n_current=len(pairs), n_baseline=len(pairs),
+            p=mcnemar_p(up if worse_up else down, down if worse_up else up), worse_up=worse_up,
         ))
     return rows
 
 
-def _timing_rows(cand: str, suite: str, cur: pd.DataFrame, base: pd.DataFrame) -> list[dict]:
-    rows = []
-    live_c = cur[cur.error_kind.isna() & ~cur.cached.fillna(False).astype(bool)]
-    live_b = base[base.error_kind.isna() & ~base.cached.fillna(False).astype(bool)]
-    for metric, col in (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s")):
-        c, b = live_c[col].dropna().to_numpy(float), live_b[col].dropna().to_numpy(float)
-        if len(c) == 0 or len(b) == 0:
-            continue
-        rows.append(dict(
-            candidate=cand, suite=suite, metric=metric, current=float(np.quantile(c, 0.95)),
-            baseline=float(np.quantile(b, 0.95)), n_current=len(c), n_baseline=len(b),
-            p=greater_p(c, b), worse_up=True,
-        ))
-    c, b = live_c.cost_usd.dropna(), live_b.cost_usd.dropna()
-    if len(c) and len(b):
-        rows.append(dict(
-            candidate=cand, suite=suite, metric="cost_per_call_usd", current=float(c.mean()),
-            baseline=float(b.mean()), n_current=len(c), n_baseline=len(b), p=None, worse_up=True,
-        ))
-    return rows
+def _timing_row(cand: str, suite: str, metric: str, col: str, pairs: pd.DataFrame) -> dict:
+    """Latency or TTFT p95 (Wilcoxon on the same items), or the mean cost per call."""
+    c, b = pairs[f"{col}_c"].to_numpy(float), pairs[f"{col}_b"].to_numpy(float)
+    p95 = metric != "cost_per_call_usd"
+    return dict(
+        candidate=cand, suite=suite, metric=metric,
+        current=float(np.quantile(c, 0.95) if p95 else c.mean()),
+        baseline=float(np.quantile(b, 0.95) if p95 else b.mean()),
+        n_current=len(pairs), n_baseline=len(pairs),
+        p=greater_p(c, b) if p95 else None, worse_up=True,
+    )
+
+
+def _comparisons(cur: pd.DataFrame, base: pd.DataFrame) -> tuple[int, list[dict]]:
+    """Every (candidate, suite) of the run that has a baseline: how many, and their rows.
+
+    Times and costs come from calls answered in each run (never replayed cache rows).
+    """
+    labelled = _pairs(cur, base, cur.labeled, base.labeled, ["label", "error_kind"])
+    timed = {col: _pairs(cur, base, cur.timed & cur[col].notna(), base.timed & base[col].notna(),
+                         [col]) for _, col in TIMED}
+    groups = {name: dict(list(frame.groupby(PAIR))) for name, frame in
+              (("labelled", labelled), *timed.items())}
+    compared = base[PAIR].drop_duplicates().merge(cur[PAIR].drop_duplicates())
+    rows: list[dict] = []
+    for cand, suite in compared.itertuples(index=False):
+        if (cand, suite) in groups["labelled"]:
+            rows += _proportion_rows(cand, suite, groups["labelled"][(cand, suite)])
+        rows += [_timing_row(cand, suite, metric, col, groups[col][(cand, suite)])
+                 for metric, col in TIMED if (cand, suite) in groups[col]]
+    return len(compared), rows
 
 
 def _judge(row: dict, q: float | None, s: AlertSettings) -> DriftFinding | None:
@@ -245,17 +276,12 @@ def price_changes(store: Store, run_id: str) -> list[DriftFinding]:
 def detect_drift(store: Store, run_id: str, settings: AlertSettings | None = None) -> DriftReport:
     """Compare `run_id` with the earlier completed runs; findings are sorted worst first."""
     s = settings or AlertSettings()
-    frame = _load(store, run_id)
+    frame = label_frame(_load(store, run_id))
+    frame["timed"] = frame.error_kind.isna() & frame.live
     cur_all = frame[frame.run_id == run_id]
     base_all = _baseline(frame, run_id, s.baseline_runs)
     report = DriftReport(run_id, sorted(set(base_all.run_id)) if len(base_all) else [])
-    rows: list[dict] = []
-    for (cand, suite), cur in cur_all.groupby(["candidate", "suite"]):
-        base = base_all[(base_all.candidate == cand) & (base_all.suite == suite)]
-        if base.empty:
-            continue
-        report.compared_pairs += 1
-        rows += _proportion_rows(cand, suite, cur, base) + _timing_rows(cand, suite, cur, base)
+    report.compared_pairs, rows = _comparisons(cur_all, base_all)
     for metric in {r["metric"] for r in rows}:
         family = [r for r in rows if r["metric"] == metric]
         tested = [r for r in family if r["p"] is not None]
@@ -315,21 +341,50 @@ def webhook_url(settings: AlertSettings) -> str | None:
     return settings.webhook_url
 
 
-def post_webhook(report: DriftReport, url: str, timeout_s: float = 10.0, attempts: int = 3) -> bool:
-    """POST the report as JSON (with a Slack-style `text` line). Never raises: an unreachable
-    receiver must not fail the nightly run; it is logged and reported as False."""
+@dataclass(frozen=True)
+class RetryBackoff:
+    """Exponential backoff with full jitter, at least a (bounded) Retry-After, at most `max_s`."""
+
+    base_s: float = 1.0
+    max_s: float = 30.0
+
+    def delay(self, attempt: int, retry_after_s: float | None = None) -> float:
+        jittered = random.uniform(0.0, min(self.max_s, self.base_s * 2 ** (attempt - 1)))
+        return min(self.max_s, max(jittered, retry_after_s or 0.0))
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the exponential backoff alone decides
+
+
+def post_webhook(
+    report: DriftReport, url: str, timeout_s: float = 10.0, attempts: int = 4,
+    backoff: RetryBackoff | None = None, sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """POST the report as JSON (with a Slack-style `text` line), retrying 5xx, 429 and network
+    errors with backoff. Never raises: an unreachable receiver must not fail the nightly run;
+    it is logged and reported as False."""
     import httpx
 
+    backoff = backoff or RetryBackoff()
     body = {"text": summary_line(report), **report.to_dict()}
     for attempt in range(1, attempts + 1):
+        retry_after = None
         try:
             resp = httpx.post(url, json=body, timeout=timeout_s)
             if resp.status_code < 300:
                 return True
             if resp.status_code < 500 and resp.status_code != 429:
                 break
+            retry_after = _retry_after(resp.headers.get("retry-after"))
+            log.warning("drift webhook attempt %d: HTTP %d", attempt, resp.status_code)
         except httpx.HTTPError as exc:
             log.warning("drift webhook attempt %d failed: %s", attempt, type(exc).__name__)
+        if attempt < attempts:
+            sleep(backoff.delay(attempt, retry_after))
     log.error("drift webhook: could not deliver the report of run %s", report.run_id)
     return False
 

@@ -18,11 +18,13 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
+from evals.execution.cache import format_age, parse_age
 from evals.config import Candidate, Config, load_config
 from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from flows.review import review_run
+from flows.summary import excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -78,6 +80,8 @@ def evaluate_task(
     progress_key: str | None = None,
     budget: Budget | None = None,
     cache_dir: str | None = None,
+    cache_max_age_s: float | None = None,
+    cache_scope: str | None = None,
 ) -> tuple[PairStats, list[Outcome]]:
     """Run one (suite, candidate) pair.
 
@@ -99,6 +103,8 @@ def evaluate_task(
             on_progress=on_progress,
             budget=budget,
             cache=cache_dir,
+            cache_max_age_s=cache_max_age_s,
+            cache_scope=cache_scope,
         )
     )
     return stats, kept
@@ -112,18 +118,25 @@ def evaluate_all(
     candidates: list[str] | None = None,
     persist_in_tasks: bool = True,
     progress_key: str | None = None,
-    use_cache: bool = True,
+    cache_max_age_s: float | None = None,
 ) -> EvalReport:
-    """Fan (suite x candidate) out as tasks, resuming what a previous attempt of the run did."""
+    """Fan (suite x candidate) out as tasks, resuming what a previous attempt of the run did.
+
+    A resumed run must have the candidates and suite versions it started with (ResumeConflict).
+    The response cache always serves the run's own unflushed answers back; answers of earlier
+    runs only with `cache_max_age_s` (development runs, never the nightly's default).
+    """
     store = shared_store(cfg.db_path)
     chosen = [cfg.candidate(n) for n in candidates] if candidates else cfg.candidates
+    loaded, errors = load_suites(cfg, suites)
+    store.check_resume(run_id, {c.name: c.measured_dict() for c in chosen},
+                       {s.name: s.version for s in loaded})
     store.begin_run(
         run_id,
         config_fingerprint=cfg.fingerprint(),
         config=cfg.model_dump(mode="json"),
         candidates=[c.public_dict() for c in chosen],
     )
-    loaded, errors = load_suites(cfg, suites)
     report = EvalReport(run_id, {s.name: s.version for s in loaded}, errors)
     budget = budget_for_run(cfg.budget, spent_in_run(store, run_id))
     shares = (  # tasks in other processes cannot share one Budget: each gets a slice
@@ -131,7 +144,6 @@ def evaluate_all(
         if budget is not None and not persist_in_tasks
         else {}
     )
-    cache_dir = str(cfg.cache_dir) if use_cache else None
     futures = []
     # A candidate's pairs run one after another (its max_concurrency is the endpoint's capacity,
     # not a per-suite one); different candidates run side by side.
@@ -156,7 +168,9 @@ def evaluate_all(
                     db,
                     progress_key,
                     task_budget,
-                    cache_dir,
+                    str(cfg.cache_dir),
+                    cache_max_age_s,
+                    f"{cfg.db_path}#{run_id}",  # the same run id in another store is another run
                     wait_for=[last_of[cand.name]] if cand.name in last_of else None,
                 )
             )
@@ -169,14 +183,22 @@ def evaluate_all(
     return report
 
 
+def training_frame(cfg: Config, run_id: str) -> Any:
+    """The latest outcomes of every (suite, candidate) of the fleet, this run's included: a
+    deployment over a subset of candidates trains on (and gates on) the whole fleet."""
+    return shared_store(cfg.db_path).latest_frame(
+        run_id, candidates=[c.name for c in cfg.candidates],
+        max_age_days=cfg.router.max_outcome_age_days)
+
+
 @task(name="train-router", cache_policy=NO_CACHE)
 def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
-    """`frame`: the run's training frame, read by the flow; a task on a worker in another
-    process cannot open the DuckDB file the flow process holds."""
+    """`frame`: the training frame, read by the flow; a task on a worker in another process
+    cannot open the DuckDB file the flow process holds."""
     from router_training.train import train_router
 
     if frame is None:
-        frame = shared_store(cfg.db_path).training_frame([run_id])
+        frame = training_frame(cfg, run_id)
     if frame.empty:
         raise RuntimeError(f"run {run_id} has no graded outcomes to train on")
     return train_router(
@@ -188,7 +210,7 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 
 
 @task(name="publish-policy", cache_policy=NO_CACHE)
-def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
+def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
     """Publish the policy as the next version; it becomes `latest` and `candidate`."""
     from artifacts.registry import move_channel, publish
 
@@ -196,7 +218,7 @@ def publish_task(cfg: Config, result: Any, report: EvalReport) -> Any:
     published = publish(
         result.policy,
         cfg.registry_dir,
-        lineage={"runs": [report.run_id], "suites": report.suites},
+        lineage={"runs": [report.run_id], "outcome_runs": outcome_runs, "suites": report.suites},
         metrics=result.metrics,
         signing_key=key,
         expires_in=timedelta(days=cfg.publishing.expires_days),
@@ -272,11 +294,21 @@ def nightly(
     db_path: str | None = None,
     progress_key: str | None = None,
     persist_in_tasks: bool = True,
-    use_cache: bool = True,
+    cache_max_age: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate -> store -> train -> review -> publish -> promote. The same run id resumes."""
+    """Evaluate -> store -> train -> review -> publish -> promote. The same run id resumes.
+
+    `cache_max_age` (e.g. "1d"): replay cached answers of earlier runs up to that age, for
+    development runs only; by default every model is called again (resuming a run still takes
+    its own finished answers from the cache).
+    """
     logger = get_run_logger()
     cfg = load_config(config_path)
+    max_age_s = parse_age(cache_max_age) if cache_max_age else None
+    if max_age_s is not None:
+        logger.warning("response cache: replaying answers of earlier runs up to %s old; their "
+                       "rows are marked cached and left out of cost and latency figures",
+                       format_age(max_age_s))
     if db_path:
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
@@ -287,13 +319,16 @@ def nightly(
         candidates=candidates,
         progress_key=progress_key,
         persist_in_tasks=persist_in_tasks,
-        use_cache=use_cache,
+        cache_max_age_s=max_age_s,
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
     traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
     store = shared_store(cfg.db_path)
-    frame = store.training_frame([run_id]) if train else None
+    excluded = excluded_line(store, run_id)
+    if excluded:
+        logger.warning(excluded)
+    frame = training_frame(cfg, run_id) if train else None
     result = train_task(cfg, run_id, frame) if train else None
     review = review_run(
         cfg,
@@ -305,7 +340,7 @@ def nightly(
     blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
     published = promotion = None
     if publish and result is not None:
-        published = publish_task(cfg, result, report)
+        published = publish_task(cfg, result, report, sorted(set(frame.run_id)))
         promotion = promote_task(cfg, result, frame, published, blocking)
         logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
                     promotion.decided_by, promotion.reason)
@@ -324,5 +359,7 @@ def nightly(
             else None
         ),
         "promotion": asdict(promotion) if promotion is not None else None,
+        "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
+        "excluded": excluded,
         "traffic": traffic,
     }

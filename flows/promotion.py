@@ -108,6 +108,8 @@ def with_live_evidence(held_out: PromotionDecision, live: Comparison | None, *, 
         if require_live and held_out.promoted:
             return replace(held_out, promoted=False, reason=f"{note} (traffic.require_live)",
                            decided_by="live traffic", live=summary)
+        if live is None:  # no decision logs at all: the held-out verdict stands as it is
+            return held_out
         return replace(held_out, reason=f"{held_out.reason} ({note})", live=summary)
     assert live is not None
     ok, why = live_verdict(live, tolerance)

@@ -17,23 +17,28 @@ from typing import Any
 import pandas as pd
 
 from common.io import atomic_write
+from evals.storage.labels import LABELS, LabelSql
 from evals.storage.store import Store
 from flows.charts import Axis, Series, chart
 from flows.drift import DriftReport
 from flows.live import live_summary
 
-LIVE = "error_kind IS NULL AND NOT coalesce(cached, FALSE)"
+L, LO = LABELS, LabelSql("o.")
+LIVE = f"error_kind IS NULL AND {L.live}"  # answers measured in this run: times come from these
 STATS_SQL = f"""
 SELECT {{keys}},
   count(*) AS items,
-  count(*) FILTER (WHERE error_kind IS NULL AND passed IS NOT NULL) AS graded,
-  count(*) FILTER (WHERE error_kind IS NULL AND passed) AS passed,
-  count(*) FILTER (WHERE error_kind IS NOT NULL AND error_kind <> 'budget') AS errors,
+  count(*) FILTER (WHERE {L.labeled}) AS labeled,
+  count(*) FILTER (WHERE {L.passed}) AS passed,
+  count(*) FILTER (WHERE {L.failed_call}) AS errors,
+  count(*) FILTER (WHERE {L.excluded}) AS excluded,
   count(*) FILTER (WHERE error_kind = 'budget') AS budget_skipped,
   count(*) FILTER (WHERE cached) AS cached,
-  sum(cost_usd) AS cost_usd,
-  sum(input_tokens) AS input_tokens,
-  sum(output_tokens) AS output_tokens,
+  count(*) FILTER (WHERE {L.live} AND NOT {L.excluded}) AS live_items,
+  count(*) FILTER (WHERE {L.live} AND {L.passed}) AS live_passed,
+  sum(cost_usd) FILTER (WHERE {L.live}) AS cost_usd,
+  sum(input_tokens) FILTER (WHERE {L.live}) AS input_tokens,
+  sum(output_tokens) FILTER (WHERE {L.live}) AS output_tokens,
   quantile_cont(ttft_s, 0.5) FILTER (WHERE {LIVE}) AS ttft_p50,
   quantile_cont(ttft_s, 0.95) FILTER (WHERE {LIVE}) AS ttft_p95,
   quantile_cont(ttft_s, 0.99) FILTER (WHERE {LIVE}) AS ttft_p99,
@@ -50,10 +55,11 @@ WITH recent AS (
   ORDER BY started_at DESC LIMIT ?
 )
 SELECT o.run_id, r.started_at, o.candidate,
-  count(*) FILTER (WHERE o.error_kind IS NULL AND o.passed IS NOT NULL) AS graded,
-  count(*) FILTER (WHERE o.error_kind IS NULL AND o.passed) AS passed,
-  sum(o.cost_usd) AS cost_usd,
-  quantile_cont(o.latency_s, 0.95) FILTER (WHERE {LIVE.replace('error_kind', 'o.error_kind').replace('cached', 'o.cached')}) AS latency_p95
+  count(*) FILTER (WHERE {LO.labeled}) AS labeled,
+  count(*) FILTER (WHERE {LO.passed}) AS passed,
+  count(*) FILTER (WHERE {LO.live} AND {LO.passed}) AS live_passed,
+  sum(o.cost_usd) FILTER (WHERE {LO.live}) AS cost_usd,
+  quantile_cont(o.latency_s, 0.95) FILTER (WHERE o.error_kind IS NULL AND {LO.live}) AS latency_p95
 FROM outcomes o JOIN recent r USING (run_id)
 GROUP BY ALL ORDER BY r.started_at, o.candidate
 """
@@ -75,10 +81,12 @@ class ReportData:
 
 
 def _with_rates(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Pass rate over labelled rows (`evals.storage.labels`); cost per passing answer and per
+    item over the answers paid for in this run (replayed cache rows have neither)."""
     frame = frame.copy()
-    frame["pass_rate"] = frame.passed / frame.graded.where(frame.graded > 0)
-    frame["cost_per_pass"] = frame.cost_usd / frame.passed.where(frame.passed > 0)
-    frame["cost_per_item"] = frame.cost_usd / (frame["items"] - frame.budget_skipped).where(frame["items"] > 0)
+    frame["pass_rate"] = frame.passed / frame.labeled.where(frame.labeled > 0)
+    frame["cost_per_pass"] = frame.cost_usd / frame.live_passed.where(frame.live_passed > 0)
+    frame["cost_per_item"] = frame.cost_usd / frame.live_items.where(frame.live_items > 0)
     return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
 
 
@@ -108,8 +116,8 @@ def suite_stats(store: Store, run_id: str) -> dict[str, list[dict[str, Any]]]:
 def trend_frame(store: Store, run_id: str, runs: int = 14) -> pd.DataFrame:
     """Per (run, candidate) over the last `runs` runs up to this one: pass rate, $/pass, p95."""
     frame = store.query(TREND_SQL, [run_id, runs])
-    frame["pass_rate"] = frame.passed / frame.graded.where(frame.graded > 0)
-    frame["cost_per_pass"] = frame.cost_usd / frame.passed.where(frame.passed > 0)
+    frame["pass_rate"] = frame.passed / frame.labeled.where(frame.labeled > 0)
+    frame["cost_per_pass"] = frame.cost_usd / frame.live_passed.where(frame.live_passed > 0)
     return frame
 
 
@@ -314,7 +322,8 @@ def _table_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[
     return [{k: fmt(r.get(k)) for k in keys} for r in rows]
 
 
-_ARTIFACT_COLUMNS = ("candidate", "items", "errors", "budget_skipped", "pass_rate", "cost_usd",
+_ARTIFACT_COLUMNS = ("candidate", "items", "errors", "excluded", "budget_skipped", "cached",
+                     "pass_rate", "cost_usd",
                      "cost_per_pass", "input_tokens", "output_tokens", "ttft_p50", "ttft_p95",
                      "latency_p50", "latency_p95", "latency_p99")
 

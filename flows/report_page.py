@@ -54,12 +54,13 @@ svg .series { stroke-width: 2; } svg .mark:hover { opacity: .7; }
 
 <h2>Candidates</h2>
 <div class="scroll"><table class="sortable" id="candidates">
-<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>skipped (budget)</th><th>pass rate</th>
+<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>excluded</th><th>cached</th><th>pass rate</th>
 <th>cost USD</th><th>USD / passing answer</th><th>tokens in</th><th>tokens out</th>
 <th>TTFT p50</th><th>TTFT p95</th><th>TTFT p99</th><th>latency p50</th><th>latency p95</th><th>latency p99</th></tr></thead>
 <tbody>
 {% for r in d.candidates %}
-<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.budget_skipped }}</td>
+<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.excluded }}</td>
+<td>{{ r.cached }}</td>
 <td data-v="{{ r.pass_rate if r.pass_rate is not none else '' }}">{{ r.pass_rate|pct }}</td>
 <td>{{ r.cost_usd|num }}</td><td>{{ r.cost_per_pass|num }}</td>
 <td>{{ r.input_tokens|num(",.0f") }}</td><td>{{ r.output_tokens|num(",.0f") }}</td>
@@ -67,8 +68,11 @@ svg .series { stroke-width: 2; } svg .mark:hover { opacity: .7; }
 <td>{{ r.latency_p50|num(".3f") }}</td><td>{{ r.latency_p95|num(".3f") }}</td><td>{{ r.latency_p99|num(".3f") }}</td></tr>
 {% endfor %}
 </tbody></table></div>
-<p class="muted">Pass rate over graded items; errors exclude items skipped by the spend budget. Times in
-seconds over live calls (cache hits excluded).</p>
+<p class="muted">Pass rate over graded answers and the candidate's own errors (timeouts, truncated
+streams, refusals), which count as failures; <em>excluded</em> rows are errors on our side (spend
+cap, open circuit breaker, refused key, configuration, grader or routeopt faults) and count
+nowhere. Cost, tokens and times (in seconds) are this run's calls: answers replayed from the
+response cache (<em>cached</em>) count in pass rates only.</p>
 
 <h2>Router: cost vs quality</h2>
 <div class="charts">{{ cost_quality|safe }}</div>
@@ -128,11 +132,11 @@ difference {{ L.canary.difference|ci("+.3f") }}.</p>
 {% for suite, rows in d.suites.items() %}
 <h3>{{ suite }}</h3>
 <div class="scroll"><table class="sortable suite" data-suite="{{ suite }}">
-<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>budget</th><th>pass rate</th><th>cost USD</th>
+<thead><tr><th>candidate</th><th>items</th><th>errors</th><th>excluded</th><th>pass rate</th><th>cost USD</th>
 <th>USD / pass</th><th>TTFT p95</th><th>latency p50</th><th>latency p95</th><th>latency p99</th></tr></thead>
 <tbody>
 {% for r in rows %}
-<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.budget_skipped }}</td>
+<tr><td>{{ r.candidate }}</td><td>{{ r["items"] }}</td><td>{{ r.errors }}</td><td>{{ r.excluded }}</td>
 <td data-v="{{ r.pass_rate if r.pass_rate is not none else '' }}">{{ r.pass_rate|pct }}</td>
 <td>{{ r.cost_usd|num }}</td><td>{{ r.cost_per_pass|num }}</td><td>{{ r.ttft_p95|num(".3f") }}</td>
 <td>{{ r.latency_p50|num(".3f") }}</td><td>{{ r.latency_p95|num(".3f") }}</td><td>{{ r.latency_p99|num(".3f") }}</td></tr>

@@ -7,24 +7,39 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from evals.storage.labels import LABELS, exclusion_summary
 from evals.storage.store import Store
 
-CANDIDATE_SQL = """
+L = LABELS
+CANDIDATE_SQL = f"""
 SELECT candidate,
        count(*) AS items,
-       count(*) FILTER (WHERE error_kind IS NOT NULL) AS errors,
-       avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS pass_rate,
-       sum(cost_usd) AS cost_usd,
-       quantile_cont(latency_s, 0.5) AS p50_latency_s,
-       quantile_cont(latency_s, 0.95) AS p95_latency_s,
-       quantile_cont(ttft_s, 0.5) AS p50_ttft_s
+       count(*) FILTER (WHERE {L.failed_call}) AS errors,
+       count(*) FILTER (WHERE {L.excluded}) AS excluded,
+       avg(CASE WHEN {L.passed} THEN 1.0 ELSE 0.0 END) FILTER (WHERE {L.labeled}) AS pass_rate,
+       count(*) FILTER (WHERE cached) AS cached,
+       sum(cost_usd) FILTER (WHERE {L.live}) AS cost_usd,
+       quantile_cont(latency_s, 0.5) FILTER (WHERE {L.live}) AS p50_latency_s,
+       quantile_cont(latency_s, 0.95) FILTER (WHERE {L.live}) AS p95_latency_s,
+       quantile_cont(ttft_s, 0.5) FILTER (WHERE {L.live}) AS p50_ttft_s
 FROM outcomes WHERE run_id = ?
 GROUP BY candidate ORDER BY sum(cost_usd) NULLS LAST, candidate
+"""
+EXCLUDED_SQL = f"""
+SELECT error_kind, count(*) AS n FROM outcomes WHERE run_id = ? AND {L.excluded} GROUP BY 1
 """
 
 
 def candidate_table(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Per candidate: items, the candidate's errors (failures), rows excluded (errors on our
+    side), pass rate over labelled rows, replayed rows, and the cost and times of this run."""
     return store.query(CANDIDATE_SQL, [run_id]).to_dict("records")
+
+
+def excluded_line(store: Store, run_id: str) -> str:
+    """How many rows the pass rates leave out, by error kind and why ('' when none)."""
+    frame = store.query(EXCLUDED_SQL, [run_id])
+    return exclusion_summary({str(r.error_kind): int(r.n) for r in frame.itertuples()})
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -54,22 +69,35 @@ def router_table(holdout: dict[str, Any]) -> Table:
 
 
 def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
-    """Print the candidates table and the router's held-out comparison."""
+    """Print the candidates table, what it leaves out, and the router's held-out comparison.
+
+    Pass rates count the candidate's own errors as failures and leave out errors on our side
+    (`result["excluded"]` says how many); cost and times leave out replayed cache answers.
+    """
     table = Table(title=f"run {result['run_id']}: candidates (all items)")
-    for col in ("candidate", "items", "errors", "pass rate", "cost $", "p50 lat s", "p95 lat s", "p50 ttft s"):
+    cols = ("candidate", "items", "errors", "excluded", "pass rate", "cost $", "p50 lat s",
+            "p95 lat s", "p50 ttft s")
+    replayed = sum(int(r.get("cached") or 0) for r in rows)
+    if replayed:
+        cols = cols[:5] + ("cached",) + cols[5:]
+    for col in cols:
         table.add_column(col, justify="left" if col == "candidate" else "right")
     for r in rows:
-        table.add_row(
-            r["candidate"],
-            str(r["items"]),
-            str(r["errors"]),
-            _fmt(r["pass_rate"], ".3f"),
-            _fmt(r["cost_usd"], ".6f"),
-            _fmt(r["p50_latency_s"], ".3f"),
-            _fmt(r["p95_latency_s"], ".3f"),
-            _fmt(r["p50_ttft_s"], ".3f"),
-        )
+        cells = [r["candidate"], str(r["items"]), str(r["errors"]), str(r["excluded"]),
+                 _fmt(r["pass_rate"], ".3f"), _fmt(r["cost_usd"], ".6f"),
+                 _fmt(r["p50_latency_s"], ".3f"), _fmt(r["p95_latency_s"], ".3f"),
+                 _fmt(r["p50_ttft_s"], ".3f")]
+        if replayed:
+            cells.insert(5, str(r["cached"]))
+        table.add_row(*cells)
     console.print(table)
+    if result.get("excluded"):
+        console.print(result["excluded"])
+    if result.get("cache_max_age") or replayed:
+        console.print(
+            f"response cache: {replayed} answers replayed from earlier runs (at most "
+            f"{result.get('cache_max_age') or '?'} old); they count in pass rates, not in cost "
+            "or latency")
     holdout = (result.get("router_metrics") or {}).get("holdout") or {}
     if holdout:
         console.print(router_table(holdout))

@@ -1,30 +1,63 @@
-"""On-disk response cache: a re-run of a deterministic call neither waits nor pays again.
+"""On-disk response cache: what each call answered, for resuming its run and for dev runs.
 
-Keyed by a SHA-256 of (provider, base URL, model, variant, messages, generation settings); only
-deterministic calls (temperature 0) are cached, and only complete answers, never errors. The
-API key is not part of the key or the value. Stored in one SQLite file (WAL mode) in
-`config.cache_dir`, safe for several threads and processes.
+Two uses, and neither lets a nightly replay old answers (API aliases change behind the same
+name: a nightly that replays yesterday cannot see a model get better, worse or slower):
 
-A cache hit is recorded with `cached=True`, the original token counts and timings (they
-describe the model, not the cache) and `cost_usd = 0`: a resumed or repeated run must not pay
-twice.
+- **Resuming a run** (the same run id), always on: an answer that was finished but not yet
+  flushed to DuckDB when the run died is taken from here, so it is not paid twice. It is a
+  measurement of that run and is recorded as one (`cached=False`, its own timings and cost).
+- **Development runs that opt in** (`routeopt run --cache` or `--cache-max-age 1d`): answers
+  that earlier runs recorded at most `max_age_s` ago are replayed. Such a row has
+  `cached=True`: it counts in pass rates (it is graded again) but not in cost, tokens, latency
+  or spend, which belong to the run that made the call (`evals.storage.labels`).
+
+Keyed by (SHA-256 of provider, base URL, model, variant, messages and generation settings;
+scope). The scope is the run that made the call: its run id, and the flow adds its database,
+so that two stores never take each other's runs' answers as their own. Only deterministic calls (temperature 0) and complete answers are stored, never errors,
+never the API key. Entries older than `KEEP_S` are dropped when the cache is opened. One SQLite
+file (WAL mode) in `config.cache_dir`, safe for several threads and processes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 from evals.config import Candidate
 from evals.providers.base import Completion, Request
 
 CACHE_FILE = "responses.sqlite"
+KEEP_S = 30 * 86400.0
 _COMPLETION_FIELDS = {f.name for f in fields(Completion)}
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_age(text: str) -> float:
+    """'90s', '30m', '12h', '1d' or '2w' -> seconds; a clear error for anything else."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text))
+    if m is None:
+        raise ValueError(f"cache max age {text!r}: give a number and a unit (s, m, h, d or w), "
+                         "e.g. 12h or 1d")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds > KEEP_S:
+        raise ValueError(f"cache max age {text!r} is longer than the cache keeps answers "
+                         f"({format_age(KEEP_S)})")
+    return seconds
+
+
+def format_age(seconds: float) -> str:
+    """The largest whole unit: 86400 -> '1d', 5400 -> '90m'."""
+    for unit in ("w", "d", "h", "m"):
+        if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
+            return f"{int(seconds // _UNITS[unit])}{unit}"
+    return f"{seconds:g}s"
 
 
 def cache_key(candidate: Candidate, request: Request) -> str:
@@ -41,48 +74,75 @@ def cache_key(candidate: Candidate, request: Request) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-class ResponseCache:
-    """A SQLite file of completions; `get`/`put` are fast enough to call from the event loop."""
+@dataclass(frozen=True)
+class Hit:
+    completion: Completion
+    scope: str  # the run that made the call
+    attempts: int
+    age_s: float
 
-    def __init__(self, path: str | Path):
+
+class ResponseCache:
+    """A SQLite file of completions; `get`/`put` are fast enough to call from the event loop.
+
+    `max_age_s`: how old an answer from another run may be to be replayed; None (the default)
+    replays none, and only the same run's answers are found.
+    """
+
+    def __init__(self, path: str | Path, *, max_age_s: float | None = None,
+                 clock: Callable[[], float] = time.time):
         path = Path(path)
         if path.suffix != ".sqlite":
             path = path / CACHE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+        self.path, self.max_age_s, self._clock = path, max_age_s, clock
         self._lock = threading.Lock()
         self._con = sqlite3.connect(str(path), timeout=30, check_same_thread=False,
                                     isolation_level=None)
         self._con.execute("PRAGMA journal_mode=WAL")
         self._con.execute("PRAGMA synchronous=NORMAL")
+        self._con.execute("DROP TABLE IF EXISTS responses")  # the unscoped cache of older versions
         self._con.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, completion TEXT NOT NULL,"
-            " created_at REAL NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS calls (key TEXT NOT NULL, scope TEXT NOT NULL,"
+            " completion TEXT NOT NULL, attempts INTEGER NOT NULL, created_at REAL NOT NULL,"
+            " PRIMARY KEY (key, scope))"
         )
+        self._con.execute("CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at)")
+        self._con.execute("DELETE FROM calls WHERE created_at < ?", (clock() - KEEP_S,))
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: str) -> Completion | None:
+    def get(self, key: str, scope: str) -> Hit | None:
+        """This run's (scope's) answer to the call, else (when allowed) the newest one young
+        enough."""
+        now = self._clock()
+        oldest = now - self.max_age_s if self.max_age_s is not None else None
         with self._lock:
             row = self._con.execute(
-                "SELECT completion FROM responses WHERE key = ?", (key,)).fetchone()
+                "SELECT completion, scope, attempts, created_at FROM calls WHERE key = ? "
+                "AND (scope = ? OR created_at >= ?) ORDER BY scope = ? DESC, created_at DESC "
+                "LIMIT 1",
+                (key, scope, oldest if oldest is not None else float("inf"), scope),
+            ).fetchone()
         if row is None:
             self.misses += 1
             return None
-        data = json.loads(row[0])
         self.hits += 1
-        return Completion(**{k: v for k, v in data.items() if k in _COMPLETION_FIELDS})
+        data = json.loads(row[0])
+        completion = Completion(**{k: v for k, v in data.items() if k in _COMPLETION_FIELDS})
+        return Hit(completion, row[1], int(row[2]), max(0.0, now - row[3]))
 
-    def put(self, key: str, completion: Completion) -> None:
+    def put(self, key: str, scope: str, completion: Completion, attempts: int = 1) -> None:
         with self._lock:
             self._con.execute(
-                "INSERT OR REPLACE INTO responses (key, completion, created_at) VALUES (?, ?, ?)",
-                (key, json.dumps(asdict(completion)), time.time()),
+                "INSERT OR REPLACE INTO calls (key, scope, completion, attempts, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (key, scope, json.dumps(asdict(completion)), attempts, self._clock()),
             )
 
     def __len__(self) -> int:
         with self._lock:
-            return self._con.execute("SELECT count(*) FROM responses").fetchone()[0]
+            return self._con.execute("SELECT count(*) FROM calls").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:

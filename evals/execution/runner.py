@@ -7,7 +7,8 @@ row that says what happened (`error_kind`, `error`, `attempts`). Outcomes are fl
 sink in batches off the event loop (by size, and at least every half second); a run killed at
 any moment loses at most the unflushed batch, and a restart with the same run id (the store's primary key and
 `Store.done_items`) evaluates only the items without a row. Calls finished but not flushed
-before a kill were cached, so the resumed run does not pay for them again.
+before a kill are in the response cache under their run id, so the resumed run does not pay for
+them again; answers of other runs are replayed only when the caller opts in (`cache_max_age_s`).
 
 Timing definitions are vLLM's (TTFT to the first non-empty content chunk, TPOT, inter-chunk
 gaps); see `evals.providers.sdk`.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from evals.execution.budget import Budget, gpu_window_correction, run_within_budget
-from evals.execution.cache import ResponseCache, cache_key
+from evals.execution.cache import Hit, ResponseCache, cache_key
 from evals.config import Candidate
 from evals.execution.limits import EndpointLimits, GpuMeter, shared_gpu_meter, shared_limits
 from evals.providers import make_provider
@@ -112,13 +113,14 @@ class _Pair:
     budget: Budget | None
     retry: RetryPolicy
     stats: PairStats
+    cache_scope: str  # the run whose own answers the cache gives back
 
     def row(self, item: Item, **values: object) -> Outcome:
         return Outcome(run_id=self.run_id, suite=self.suite.name, suite_version=self.suite.version,
                        item_id=item.id, candidate=self.candidate.name, **values)  # type: ignore[arg-type]
 
 
-_REFUSED = frozenset({"rate_limited", "auth", "client_error"})
+_REFUSED = frozenset({"rate_limited", "auth", "config", "client_error"})
 
 
 async def _attempt(pair: _Pair, request: Request, reserve_tokens: int) -> Completion:
@@ -193,7 +195,7 @@ async def _call(pair: _Pair, item: Item, request: Request) -> Outcome:
         assert err is not None
         return pair.row(item, error_kind=err.kind, error=err.message[:2000], attempts=attempts)
     if pair.cache is not None and request.settings.deterministic:
-        pair.cache.put(cache_key(pair.candidate, request), completion)
+        pair.cache.put(cache_key(pair.candidate, request), pair.cache_scope, completion, attempts)
     return pair.row(item, **_graded_fields(pair, completion, attempts, cached=False))
 
 
@@ -205,15 +207,26 @@ async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
                         attempts=0)
     hit = None
     if pair.cache is not None and request.settings.deterministic:
-        hit = pair.cache.get(cache_key(pair.candidate, request))
+        hit = pair.cache.get(cache_key(pair.candidate, request), pair.cache_scope)
     if hit is not None:
-        row = pair.row(item, **_graded_fields(pair, hit, attempts=0, cached=True))
+        row = _from_cache(pair, item, hit)
     else:
         row = await run_within_budget(
             pair.budget, pair.candidate, request, lambda: _call(pair, item, request),
             lambda why: pair.row(item, error_kind="budget", error=why[:2000], attempts=0))
     if row.error_kind is None:
         await _grade(pair, item, row)
+    return row
+
+
+def _from_cache(pair: _Pair, item: Item, hit: Hit) -> Outcome:
+    """This run's own answer, recovered after a kill (paid once, booked now), or an answer
+    replayed from an earlier run (`cached`: not this run's cost or timing)."""
+    if hit.scope != pair.cache_scope:
+        return pair.row(item, **_graded_fields(pair, hit.completion, attempts=0, cached=True))
+    row = pair.row(item, **_graded_fields(pair, hit.completion, hit.attempts, cached=False))
+    if pair.budget is not None and row.cost_usd:
+        pair.budget.correct(pair.candidate.name, row.cost_usd)
     return row
 
 
@@ -292,10 +305,11 @@ class _Flusher:
             self._write(self._take())
 
 
-def _open_cache(cache: ResponseCache | str | Path | None) -> tuple[ResponseCache | None, bool]:
+def _open_cache(cache: ResponseCache | str | Path | None,
+                max_age_s: float | None) -> tuple[ResponseCache | None, bool]:
     if cache is None or isinstance(cache, ResponseCache):
         return cache, False
-    return ResponseCache(cache), True
+    return ResponseCache(cache, max_age_s=max_age_s), True
 
 
 async def evaluate_pair(
@@ -310,6 +324,8 @@ async def evaluate_pair(
     flush_every: int = 512,
     flush_interval_s: float = 0.5,
     cache: ResponseCache | str | Path | None = None,
+    cache_max_age_s: float | None = None,
+    cache_scope: str | None = None,
     budget: Budget | None = None,
     limits: EndpointLimits | None = None,
     retry: RetryPolicy = RetryPolicy(),
@@ -322,6 +338,9 @@ async def evaluate_pair(
     `flush_interval_s` of its answer; `sink` runs in a worker thread, one call at a time.
 
     `cache`: a `ResponseCache` or a folder (e.g. `config.cache_dir`); None bypasses caching.
+    With a folder, `cache_max_age_s` is how old another run's answer may be to be replayed
+    (None: only this run's own answers are found, to resume it). `cache_scope` names the run in
+    the cache (default: `run_id`; the flow adds its database).
     `limits`: the candidate's limiter and endpoint breaker; default: shared in this process,
     the breaker set from the candidate's `circuit_breaker_*` fields unless overridden here.
     """
@@ -334,14 +353,15 @@ async def evaluate_pair(
     own_provider = provider is None
     # A self-hosted candidate's cost is measured from this run's throughput; a cached answer
     # has none, so those candidates are always called.
-    response_cache, own_cache = _open_cache(cache if candidate.gpu_hour_usd is None else None)
+    response_cache, own_cache = _open_cache(cache if candidate.gpu_hour_usd is None else None,
+                                            cache_max_age_s)
     pair = _Pair(
         suite, candidate, run_id, provider or make_provider(candidate),
         limits or shared_limits(
             candidate,
             breaker_failures=breaker_failures or candidate.circuit_breaker_failures,
             breaker_cooldown_s=breaker_cooldown_s or candidate.circuit_breaker_cooldown_s),
-        response_cache, budget, retry, stats)
+        response_cache, budget, retry, stats, cache_scope or run_id)
     prepare = getattr(pair.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
         await prepare()

@@ -83,6 +83,7 @@ ErrorKind = Literal[
     "empty_content",
     "client_error",
     "auth",
+    "config",
     "circuit_open",
     "budget",
     "internal",

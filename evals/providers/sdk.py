@@ -161,6 +161,8 @@ def _status_error(status: int, message: str, headers: Mapping[str, str] | None) 
         return ProviderError("auth", text)
     if status == 408:
         return ProviderError("timeout", text)
+    if status == 404:  # no such model or route: the candidate's model/base_url is wrong
+        return ProviderError("config", text)
     if status >= 500:
         return ProviderError("server_error", text, retry_after(headers))
     return ProviderError("client_error", text)

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
+from evals.storage.labels import LabelSql
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY,
@@ -177,6 +179,10 @@ _REPLACE_BUDGET_SKIPS = (
 )
 
 
+class ResumeConflict(ValueError):
+    """A run cannot be resumed: its config or suites changed since it started."""
+
+
 class Store:
     """A DuckDB file opened by the one process that writes it. Thread-safe within that process."""
 
@@ -253,6 +259,46 @@ class Store:
             ],
         )
         return existing is None
+
+    def changes_since(
+        self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]
+    ) -> list[str]:
+        """What differs between a run as recorded and as it would now be resumed.
+
+        `candidates`: name -> the fields that change what it answers or costs (only fields the
+        run recorded are compared); `suite_versions`: suite -> version about to run. Candidates
+        and suites the run has not met yet are no change.
+        """
+        with self._lock:
+            stored = self._con.execute(
+                "SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id]).fetchall()
+            versions = self._con.execute(
+                "SELECT DISTINCT suite, suite_version FROM outcomes WHERE run_id = ? "
+                "ORDER BY suite, suite_version", [run_id]).fetchall()
+        changes = []
+        for name, spec_json in stored:
+            now = candidates.get(name)
+            before = json.loads(spec_json or "{}")
+            for field in sorted(set(now or {}) & set(before)):
+                if now[field] != before[field]:
+                    changes.append(f"candidate {name!r}: {field} {before[field]!r} -> {now[field]!r}")
+        for suite, version in versions:
+            if suite in suite_versions and suite_versions[suite] != version:
+                changes.append(f"suite {suite!r}: version {version} -> {suite_versions[suite]}")
+        return changes
+
+    def check_resume(
+        self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]
+    ) -> None:
+        """Refuse to resume a run whose candidates or suites changed since it started: its
+        outcomes would silently mix two configurations (see `changes_since`)."""
+        changes = self.changes_since(run_id, candidates, suite_versions)
+        if changes:
+            raise ResumeConflict(
+                f"cannot resume run {run_id!r}: {'; '.join(changes)} since it started, and its "
+                "outcomes would mix both. Start a new run instead (run again without --run-id, "
+                f"or with a new one); the outcomes recorded under {run_id!r} stay as they are."
+            )
 
     def finish_run(self, run_id: str, status: str = "completed") -> None:
         self._write(
@@ -354,25 +400,67 @@ class Store:
             return self._con.execute(sql, list(params)).df()
 
     def training_frame(self, run_ids: Sequence[str] | None = None) -> "Any":
-        """Graded outcomes joined with their prompts: the input of router training.
+        """Labelled outcomes of these runs (default: every run) joined with their prompts.
 
-        Rows with an error carry no evidence about the model's quality and are left out.
+        Labels follow `evals.storage.labels`: a candidate's own error is a failure (passed
+        False, score 0) and errors on our side are left out. A failed call without a recorded
+        cost gets the mean cost of the candidate's calls on that suite in that run, so the
+        router sees a price for the items a model fails, not only for those it answers.
         """
-        where = "o.error_kind IS NULL AND o.score IS NOT NULL"
-        params: list[Any] = []
+        where, params = "TRUE", []
         if run_ids:
-            where += f" AND o.run_id IN ({', '.join('?' for _ in run_ids)})"
+            where = f"o.run_id IN ({', '.join('?' for _ in run_ids)})"
             params.extend(run_ids)
+        return self._labelled(f"SELECT * FROM outcomes o WHERE {where}", params)
+
+    def latest_frame(
+        self, run_id: str, *, candidates: Sequence[str], max_age_days: float
+    ) -> "Any":
+        """What a nightly run trains on: per (suite, candidate), the labelled outcomes of the
+        latest run that measured it, so deployments over different candidate subsets train on
+        the whole fleet.
+
+        Only completed runs (and `run_id` itself) started at most `max_age_days` before `run_id`
+        count, only `candidates` (the fleet in the config now), and per suite only its newest
+        version, so every candidate of a suite is compared on the same items.
+        """
+        lab = LabelSql("o.")
+        sql = f"""
+            WITH me AS (SELECT started_at FROM runs WHERE run_id = ?),
+            pairs AS (
+                SELECT o.suite, o.candidate, o.suite_version, o.run_id, r.started_at
+                FROM outcomes o JOIN runs r USING (run_id), me
+                WHERE (r.status LIKE 'completed%' OR o.run_id = ?) AND {lab.labeled}
+                  AND r.started_at <= me.started_at
+                  AND r.started_at >= me.started_at - to_microseconds(CAST(? * 86400e6 AS BIGINT))
+                  AND o.candidate IN ({', '.join('?' for _ in candidates) or 'NULL'})
+                GROUP BY ALL
+            ),
+            versions AS (SELECT suite, arg_max(suite_version, started_at) AS suite_version
+                         FROM pairs GROUP BY suite),
+            chosen AS (SELECT p.suite, p.candidate, arg_max(p.run_id, p.started_at) AS run_id
+                       FROM pairs p JOIN versions v USING (suite, suite_version)
+                       GROUP BY p.suite, p.candidate)
+            SELECT o.* FROM outcomes o JOIN chosen c USING (run_id, suite, candidate)
+        """
+        return self._labelled(sql, [run_id, run_id, float(max_age_days), *candidates])
+
+    def _labelled(self, rows_sql: str, params: list[Any]) -> "Any":
+        """The training columns of the outcome rows `rows_sql` selects (labelled rows only)."""
+        lab = LabelSql("o.")
         return self.query(
             f"""
+            WITH o AS ({rows_sql})
             SELECT o.run_id, o.suite, o.suite_version, o.item_id,
                    o.suite || '/' || o.item_id AS request_id,
-                   i.prompt, o.candidate AS model, o.score, o.passed, o.cost_usd,
-                   o.input_tokens, o.output_tokens, o.latency_s, o.ttft_s
-            FROM outcomes o
+                   i.prompt, o.candidate AS model, {lab.score} AS score, {lab.passed} AS passed,
+                   coalesce(o.cost_usd, avg(o.cost_usd) OVER (
+                       PARTITION BY o.run_id, o.suite, o.candidate)) AS cost_usd,
+                   o.input_tokens, o.output_tokens, o.latency_s, o.ttft_s, o.error_kind
+            FROM o
             JOIN items i ON i.suite = o.suite AND i.version = o.suite_version
                         AND i.item_id = o.item_id
-            WHERE {where}
+            WHERE {lab.labeled}
             ORDER BY o.suite, o.item_id, o.candidate
             """,
             params,

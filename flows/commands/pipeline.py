@@ -15,6 +15,8 @@ import click
 from evals.config import ConfigError, default_config_path
 from flows.commands import CONFIG_OPTION
 
+DEFAULT_CACHE_AGE = "1d"  # how old a replayed answer may be with a bare --cache
+
 
 def _common(fn: Any) -> Any:
     fn = CONFIG_OPTION(fn)
@@ -26,9 +28,27 @@ def _common(fn: Any) -> Any:
     )(fn)
     fn = click.option("--no-progress", is_flag=True, help="Do not draw progress bars.")(fn)
     fn = click.option(
-        "--no-cache", is_flag=True, help="Call every model again instead of reusing cached answers."
+        "--cache", "cache", is_flag=True,
+        help=f"Development runs: replay answers that earlier runs recorded up to "
+             f"{DEFAULT_CACHE_AGE} ago instead of calling the models (they count in pass rates, "
+             "not in cost or latency). Off by default: every model is called again.",
+    )(fn)
+    fn = click.option(
+        "--cache-max-age", "cache_max_age", default=None, callback=_check_age, metavar="AGE",
+        help="Like --cache, with this age limit (e.g. 30m, 12h, 1d).",
     )(fn)
     return fn
+
+
+def _check_age(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from evals.execution.cache import parse_age
+
+    if value is not None:
+        try:
+            parse_age(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 @contextmanager
@@ -70,6 +90,7 @@ def _progress(enabled: bool) -> Iterator[str | None]:
 def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     from rich.console import Console
 
+    from evals.storage.store import ResumeConflict
     from flows.nightly import nightly, shared_store
     from flows.summary import candidate_table, print_summary
 
@@ -85,10 +106,10 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
                 db_path=kw["db_path"],
                 train=train,
                 publish=publish,
-                use_cache=not kw["no_cache"],
+                cache_max_age=kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None),
                 progress_key=progress_key,
             )
-    except ConfigError as exc:
+    except (ConfigError, ResumeConflict) as exc:
         raise click.ClickException(str(exc)) from None
     console = Console()
     rows = candidate_table(shared_store(Path(result["db_path"])), result["run_id"])
@@ -106,7 +127,9 @@ def run(**kw: Any) -> None:
 
     Every suite runs across every candidate; outcomes go to DuckDB; a router is trained and
     checked on held-out items; the policy is published to the registry. Re-running with the
-    same --run-id resumes: finished items are not called again.
+    same --run-id resumes: finished items are not called again (a changed candidate or suite
+    version is refused: start a new run). Every model is called again on a new run unless
+    --cache asks to replay earlier answers.
     """
     _run_flow(train=True, publish=not kw.pop("no_publish"), **kw)
 
@@ -116,6 +139,7 @@ def run(**kw: Any) -> None:
 def eval_cmd(**kw: Any) -> None:
     """Evaluate every suite across every candidate and store the outcomes (no training).
 
-    Resumable: with the --run-id of an interrupted run, only the remaining items are called.
+    Resumable: with the --run-id of an interrupted run, only the remaining items are called
+    (a changed candidate or suite version is refused: start a new run).
     """
     _run_flow(train=False, publish=False, **kw)

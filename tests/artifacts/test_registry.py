@@ -1,4 +1,4 @@
-"""Publishing: immutable content-addressed versions, signed manifests, channels, the promotion gate."""
+"""Publishing: immutable content-addressed versions, signed manifests, channels, promotion."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from artifacts.manifest import parse_manifest, sha256_hex
 from artifacts.registry import (
     current_pointer,
     diff,
-    gate,
     list_versions,
     move_channel,
     publish,
@@ -131,30 +130,6 @@ def test_policy_file_names_are_checked_before_writing(registry: Path) -> None:
     with pytest.raises(ValueError, match="unsafe file name"):
         publish(Evil(), registry, lineage={}, metrics={}, signing_key=None)
     assert not (registry / "versions").exists()
-
-
-@pytest.mark.parametrize(
-    ("new", "old", "tol", "ok", "why"),
-    [
-        ({"pass_rate": 0.90, "cost_usd": 1.0}, None, 0.0, True, "no champion"),
-        ({"pass_rate": 0.90, "cost_usd": 1.0}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, True, "vs"),
-        ({"pass_rate": 0.89, "cost_usd": 0.5}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, False, "below"),
-        ({"pass_rate": 0.89, "cost_usd": 0.5}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.02, True, "vs"),
-        ({"pass_rate": 0.95, "cost_usd": 1.1}, {"pass_rate": 0.90, "cost_usd": 1.0}, 0.0, False, "cost"),
-        ({"router": {"pass_rate": 0.9, "cost_usd": 1}}, {"pass_rate": 0.9, "cost_usd": 2}, 0.0, True, "vs"),
-        ({"accuracy": 1.0}, {"pass_rate": 0.9, "cost_usd": 1.0}, 0.0, False, "cannot judge"),
-    ],
-)
-def test_gate(new: dict, old: dict | None, tol: float, ok: bool, why: str) -> None:
-    result, reason = gate(new, old, tol)
-    assert result is ok and why in reason
-
-
-def test_gate_reads_train_router_metrics() -> None:
-    new = {"holdout": {"router_at_target": {"target": 0.9, "pass_rate": 0.8, "cost": 1.0}}}
-    old = {"holdout": {"router_at_target": {"target": 0.9, "pass_rate": 0.85, "cost": 2.0}}}
-    assert gate(new, old, 0.01) == (False, "pass rate 0.8000 is below champion 0.8500 by more than 0.01")
-    assert gate(new, old, 0.1)[0] is True
 
 
 def test_promote_refuses_a_damaged_or_expired_version(policies, publish_to, registry: Path, keypair) -> None:

@@ -50,8 +50,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
         weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
         plain_cfg = _config(tmp_path, strong, weak, "plain.duckdb")
         dask_cfg = _config(tmp_path, strong, weak, "dask.duckdb")
-        nightly(config_path=str(plain_cfg), run_id="r1", train=False, publish=False,
-                use_cache=False)
+        nightly(config_path=str(plain_cfg), run_id="r1", train=False, publish=False)
         close_store(tmp_path / "plain.duckdb")
 
         with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
@@ -59,8 +58,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
             worker_pids = set(client.run(lambda: __import__("os").getpid()).values())
             on_dask = nightly.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
             with get_task_stream(client) as stream:
-                result = on_dask(config_path=str(dask_cfg), run_id="r1", persist_in_tasks=False,
-                                 use_cache=False)
+                result = on_dask(config_path=str(dask_cfg), run_id="r1", persist_in_tasks=False)
             close_store(tmp_path / "dask.duckdb")
         sent = len(strong.requests) + len(weak.requests)
 

@@ -13,7 +13,8 @@ from flows.drift import (
     blocking_regressions,
     detect_drift,
     emit_drift_events,
-    fisher_p,
+    RetryBackoff,
+    mcnemar_p,
     post_webhook,
     send_alerts,
 )
@@ -56,7 +57,9 @@ def test_injected_regressions_are_found_and_nothing_else(regressed: Path):
     assert report.compared_pairs == 6
     drop = _find(report, "mid", "arith", "pass_rate")
     assert len(drop) == 1 and drop[0].severity == "regression"
-    assert drop[0].change < -0.2 and drop[0].q_value < 0.05 and drop[0].n_baseline > 300
+    assert drop[0].change < -0.2 and drop[0].q_value < 0.05
+    # compared item by item: each of the 120 items, now and in its latest baseline run
+    assert drop[0].n_current == drop[0].n_baseline == 120
     slow = _find(report, "big", "facts", "latency_p95_s")
     assert len(slow) == 1 and slow[0].severity == "regression" and slow[0].change > 0.5
     assert _find(report, "big", "facts", "ttft_p95_s")[0].severity == "regression"
@@ -90,11 +93,84 @@ def test_an_earlier_run_is_compared_only_with_runs_before_it(regressed: Path):
 
 
 def test_statistics_helpers():
-    assert fisher_p(50, 100, 50, 100) == pytest.approx(1.0)
-    assert fisher_p(90, 100, 50, 100) < 1e-6
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(10, 10) == pytest.approx(1.0)
+    assert mcnemar_p(12, 0) == pytest.approx(2 * 0.5 ** 12)  # 12 items got worse, none better
+    assert mcnemar_p(0, 12) == mcnemar_p(12, 0)  # two-sided
     qs = bh_adjust([0.01, 0.04, 0.03, 0.5])
     assert qs[0] == pytest.approx(0.04) and qs[3] == pytest.approx(0.5)
     assert all(q >= p for q, p in zip(qs, [0.01, 0.04, 0.03, 0.5]))
+
+
+def _two_nights(path: Path, before: list[dict], now: list[dict]) -> Store:
+    """Two completed runs of one candidate on one suite; each dict holds an item's fields."""
+    from datetime import datetime, timedelta, timezone
+
+    from evals.storage.store import Outcome
+
+    store = Store(path)
+    for k, (run_id, rows) in enumerate((("before", before), ("now", now))):
+        store.begin_run(run_id)
+        when = datetime(2026, 5, 1, tzinfo=timezone.utc) + timedelta(days=k)
+        store._write("UPDATE runs SET started_at = ? WHERE run_id = ?", [(when, run_id)])
+        store.write_outcomes([Outcome(run_id, "s", "v1", f"{i:03d}", "m", **r) for i, r in enumerate(rows)])
+        store.finish_run(run_id)
+    return store
+
+
+def _graded(ok: bool, latency: float = 1.0, **kw) -> dict:
+    return dict(passed=ok, score=float(ok), latency_s=latency, ttft_s=latency / 2, cost_usd=0.01, **kw)
+
+
+def test_the_same_items_are_compared_pairwise(tmp_path: Path):
+    """8 of 48 passing items now fail and none recovers: 0.8 -> 0.667. An unpaired test on two
+    samples of 60 calls this chance (Fisher p = 0.13); item by item it is 8 flips one way."""
+    before = [_graded(i < 48) for i in range(60)]
+    now = [_graded(i < 40) for i in range(60)]
+    with _two_nights(tmp_path / "db.duckdb", before, now) as store:
+        report = detect_drift(store, "now")
+    drop = _find(report, "m", "s", "pass_rate")
+    assert len(drop) == 1 and drop[0].severity == "regression"
+    assert drop[0].p_value == pytest.approx(2 * 0.5 ** 8)
+    assert (drop[0].baseline, drop[0].current) == (pytest.approx(0.8), pytest.approx(40 / 60))
+
+
+def test_timeouts_count_as_failures_and_our_errors_do_not(tmp_path: Path):
+    """A model that starts timing out on half the items has regressed in pass rate, not only in
+    error rate; items an open breaker or a spend cap kept from it are no evidence either way."""
+    before = [_graded(True) for _ in range(60)]
+    now = ([_graded(True) for _ in range(20)] + [dict(error_kind="timeout") for _ in range(20)]
+           + [dict(error_kind="circuit_open") for _ in range(20)])
+    with _two_nights(tmp_path / "db.duckdb", before, now) as store:
+        report = detect_drift(store, "now")
+    drop = _find(report, "m", "s", "pass_rate")
+    assert len(drop) == 1 and drop[0].current == pytest.approx(0.5) and drop[0].n_current == 40
+    errors = _find(report, "m", "s", "error_rate")
+    assert errors[0].current == pytest.approx(0.5) and errors[0].severity == "regression"
+
+
+def test_replayed_answers_count_in_pass_rates_not_in_times(tmp_path: Path):
+    """A replayed cache row keeps its pass label (graded again) but not its original timing."""
+    before = [_graded(True) for _ in range(40)]
+    now = [_graded(True) for _ in range(30)] + [_graded(False, 50.0, cached=True) for _ in range(10)]
+    with _two_nights(tmp_path / "db.duckdb", before, now) as store:
+        report = detect_drift(store, "now")
+    assert _find(report, "m", "s", "pass_rate")[0].current == pytest.approx(0.75)
+    assert not _find(report, "m", "s", "latency_p95_s")  # 30 live items, all as fast as before
+
+
+def test_webhook_retries_back_off_with_jitter_and_a_bound(regressed: Path, receiver):  # noqa: F811
+    url, handler = receiver
+    handler.statuses = [503, 503, 503, 503]
+    slept: list[float] = []
+    with Store(regressed, read_only=True) as store:
+        report = detect_drift(store, "run-03")
+    backoff = RetryBackoff(base_s=1.0, max_s=3.0)
+    assert post_webhook(report, url, attempts=4, backoff=backoff, sleep=slept.append) is False
+    assert len(handler.received) == 4 and len(slept) == 3  # no sleep after the last attempt
+    assert all(0 <= d <= bound for d, bound in zip(slept, (1.0, 2.0, 3.0)))
+    delays = [backoff.delay(3) for _ in range(200)]
+    assert max(delays) <= 3.0 and len(set(delays)) > 100  # capped, and jittered
+    assert backoff.delay(1, retry_after_s=2.5) >= 2.5 and backoff.delay(1, retry_after_s=99) == 3.0
 
 
 def test_min_pass_rate_drop_and_alpha_are_honoured(regressed: Path):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pytest
+from click.testing import CliRunner, Result
 
-from tests.fake_llm import FakeLLM, write_arithmetic_suite, write_two_model_config
+from tests.fake_llm import FakeLLM, FaultPlan, write_arithmetic_suite, write_two_model_config
 
 
 @pytest.fixture
@@ -25,9 +28,14 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     suites = tmp_path / "suites"
     write_arithmetic_suite(suites, 40, name="arith")
     write_arithmetic_suite(suites, 30, name="arith2", system=None)
-    return write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
+    path = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
                                   key_envs=("STRONG_KEY", "WEAK_KEY"),
                                   router={"quality_target": 1.0, "holdout_fraction": 0.3})
+    # the fake servers answer in milliseconds: their latency moves with the machine's load
+    cfg = json.loads(path.read_text())
+    cfg["alerts"] = {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000}
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 def test_nightly_evaluates_trains_publishes_and_resumes(
@@ -64,18 +72,149 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     assert result["promotion"]["promoted"] and result["promotion"]["reason"] == "no champion yet"
     assert Path(result["report_path"]).exists()
 
-    # A second night on the same outcomes: answers come from the response cache (nothing is
-    # paid twice), and the new policy is compared with the champion on the same held-out items.
+    # A second night measures the models again (API aliases change behind the same name, and a
+    # replayed answer says nothing about tonight), and the new policy is compared with the
+    # champion on the same held-out items.
     second = nightly(config_path=str(config), run_id="night-2")
     close_store(db)
-    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    assert len(strong.requests) == 140 and len(weak.requests) == 140
     assert second["published"]["version"] == 2
     assert second["promotion"]["champion"], second["promotion"]
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM outcomes WHERE cached").fetchone()[0] == 0
+    con.close()
 
-    # Resuming a run calls nothing again and duplicates nothing, even without the cache.
-    nightly(config_path=str(config), run_id="night-1", train=False, publish=False, use_cache=False)
+    # Resuming a run calls nothing again and duplicates nothing.
+    nightly(config_path=str(config), run_id="night-1", train=False, publish=False)
     close_store(db)
-    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    assert len(strong.requests) == 140 and len(weak.requests) == 140
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM outcomes WHERE run_id = 'night-1'").fetchone()[0] == 140
     con.close()
+
+
+class _TruncatesHardItems(FaultPlan):
+    """Every attempt at every third item ends in a truncated stream (spread out, so that the
+    endpoint's circuit breaker never sees ten failures in a row)."""
+
+    def choose(self, prompt: str, attempt: int) -> str | None:
+        m = re.search(r"What is (\d+)", prompt)
+        return "truncated" if m and int(m.group(1)) % 3 == 0 else None
+
+
+def _cli(*args: str) -> Result:
+    from flows.cli import cli
+
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"}, catch_exceptions=False)
+
+
+def _edit(config: Path, change: Callable[[dict], None]) -> None:
+    cfg = json.loads(config.read_text())
+    change(cfg)
+    config.write_text(json.dumps(cfg))
+
+
+def test_summary_counts_the_candidates_errors_and_says_what_it_left_out(
+    tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPS_LABEL_KEY", "sk-label-test")
+    write_arithmetic_suite(tmp_path / "suites", 30, name="arith")
+    with FakeLLM() as strong, FakeLLM() as weak:
+        weak.faults = _TruncatesHardItems()
+        config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
+                                        key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"),
+                                        weak_protocol="openai")
+
+        def limits(cfg: dict) -> None:
+            cfg["candidates"][1]["max_retries"] = 1
+            cfg["budget"] = {"per_candidate_usd": {"strong": 0.002}}
+
+        _edit(config, limits)
+        res = _cli("eval", "--config", str(config), "--run-id", "e1")
+        assert res.exit_code == 0, res.output
+        answered = sum(1 for r in strong.requests)
+    skipped = 30 - answered
+    assert 0 < skipped < 30
+    # weak: the 10 truncated items are failures (20 of 30 pass); strong: the items the spend
+    # cap kept from it are left out, so its pass rate is over the items it answered
+    assert re.search(r"weak\W+30\W+10\W+0\W+0\.667\W", res.output), res.output
+    assert re.search(rf"strong\W+30\W+0\W+{skipped}\W+1\.000\W", res.output), res.output
+    assert (f"{skipped} rows excluded from pass rates (errors on our side): budget {skipped} "
+            "(a spend cap stopped the call)") in res.output
+
+
+def test_cache_is_opt_in_and_a_changed_resume_is_refused(
+    tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPS_LABEL_KEY", "sk-label-test")
+    suites = tmp_path / "suites"
+    write_arithmetic_suite(suites, 20, name="arith")
+    with FakeLLM() as strong, FakeLLM() as weak:
+        config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
+                                        key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"))
+        calls = lambda: len(strong.requests) + len(weak.requests)  # noqa: E731
+        assert _cli("eval", "--config", str(config), "--run-id", "e1").exit_code == 0
+        assert calls() == 40
+        second = _cli("eval", "--config", str(config), "--run-id", "e2")
+        assert second.exit_code == 0 and calls() == 80  # a new run measures the models again
+        assert "response cache" not in second.output
+        dev = _cli("eval", "--config", str(config), "--run-id", "e3", "--cache")
+        assert dev.exit_code == 0 and calls() == 80  # opted in: replayed
+        # 20 replayed rows: in the pass rate, not in cost or times (no call of this run has any)
+        assert re.search(r"strong\W+20\W+0\W+0\W+1\.000\W+20\W+-\W+-\W+-\W+-\W", dev.output), dev.output
+        assert ("response cache: 40 answers replayed from earlier runs (at most 1d old); they "
+                "count in pass rates, not in cost or latency") in dev.output
+        bad_age = _cli("eval", "--config", str(config), "--run-id", "e4", "--cache-max-age", "soon")
+        assert bad_age.exit_code == 2 and "give a number and a unit" in bad_age.output
+
+        # resuming e1: pacing may change, what the models answer may not
+        _edit(config, lambda cfg: cfg["candidates"][0].update(max_concurrency=2))
+        assert _cli("eval", "--config", str(config), "--run-id", "e1").exit_code == 0
+        _edit(config, lambda cfg: cfg["candidates"][1].update(model="small-2"))
+        (suites / "arith.yaml").write_text(
+            (suites / "arith.yaml").read_text().replace("number only", "digits only"))
+        refused = _cli("eval", "--config", str(config), "--run-id", "e1")
+        assert calls() == 80
+    assert refused.exit_code == 1
+    out = " ".join(refused.output.split())
+    assert "Error: cannot resume run 'e1': candidate 'weak': model 'small' -> 'small-2'; suite 'arith': version" in out
+    assert "Start a new run instead (run again without --run-id, or with a new one)" in out
+
+
+def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deployments over disjoint candidate subsets run on alternate nights. Each trains on
+    the latest outcomes of every candidate, so the champion routes over the whole fleet and
+    does not flip from one subset to the other every night."""
+    from flows.nightly import close_store, nightly
+    from flows.promotion import champion_policy
+
+    monkeypatch.setenv("OPS_SPLIT_KEY", "sk-split-test")
+    good, bad = two_servers
+    write_arithmetic_suite(tmp_path / "suites", 30, name="arith")
+    price = {"big": (10.0, 30.0), "small": (0.5, 1.5)}
+    candidates = [
+        {"name": f"{pool}-{size}", "provider": "openai", "model": f"{size}-{pool}",
+         "base_url": (good if size == "big" else bad).openai_base_url, "api_key_env": "OPS_SPLIT_KEY",
+         "input_price_per_mtok": price[size][0] * k, "output_price_per_mtok": price[size][1] * k}
+        for pool, k in (("a", 1.0), ("b", 0.8)) for size in ("big", "small")]
+    config = tmp_path / "routeopt.yaml"
+    config.write_text(json.dumps({
+        "candidates": candidates, "suites_dir": "suites", "db_path": "out/db.duckdb",
+        "registry_dir": "out/registry", "cache_dir": "out/cache",
+        "alerts": {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000}}))
+    pools = {"a": ["a-big", "a-small"], "b": ["b-big", "b-small"]}
+    champions, decisions = [], []
+    for night, pool in enumerate("aba", start=1):
+        result = nightly(config_path=str(config), run_id=f"n{night}-{pool}", candidates=pools[pool])
+        close_store(tmp_path / "out" / "db.duckdb")
+        decisions.append(result["promotion"])
+        champions.append(sorted(champion_policy(tmp_path / "out" / "registry").candidates))
+    fleet = sorted(c["name"] for c in candidates)
+    assert champions == [pools["a"], fleet, fleet], (champions, decisions)
+    for d in decisions[1:]:  # the champion was scored on outcomes of the candidates it picks
+        assert d["champion"]["pass_rate"] >= d["new"]["pass_rate"] - 0.05, d
+    manifest = json.loads((Path(result["published"]["uri"]) / "manifest.json").read_text())
+    assert manifest["lineage"]["runs"] == ["n3-a"]
+    assert manifest["lineage"]["outcome_runs"] == ["n2-b", "n3-a"]

@@ -51,12 +51,40 @@ def test_candidate_stats_match_a_direct_computation(db: Path):
     big = rows["big"]
     graded = raw[raw.error_kind.isna()]
     assert big["items"] == len(raw) == 80
-    assert big["pass_rate"] == pytest.approx(graded.passed.mean())
+    # the history's only errors are rate limits that outlived their retries: failures
+    assert set(raw.error_kind.dropna()) <= {"rate_limited"}
+    assert big["pass_rate"] == pytest.approx(graded.passed.sum() / len(raw))
     assert big["cost_per_pass"] == pytest.approx(raw.cost_usd.sum() / graded.passed.sum())
     assert big["latency_p95"] == pytest.approx(np.quantile(graded.latency_s, 0.95))
     assert big["ttft_p99"] == pytest.approx(np.quantile(graded.ttft_s, 0.99))
     assert big["output_tokens"] == graded.output_tokens.sum()
-    assert big["errors"] == raw.error_kind.notna().sum()
+    assert big["errors"] == raw.error_kind.notna().sum() and big["excluded"] == 0
+
+
+def test_errors_and_replayed_answers_count_the_same_way_everywhere(tmp_path: Path):
+    """One rule for every statistic: the candidate's errors are failures, errors on our side
+    count nowhere, replayed cache rows count in pass rates but not in cost, tokens or time."""
+    from evals.storage.store import Outcome
+
+    def row(i: int, **kw) -> Outcome:
+        base = dict(passed=True, score=1.0, cost_usd=1.0, latency_s=1.0, ttft_s=0.5,
+                    output_tokens=10)
+        if "error_kind" in kw:
+            base = {}
+        return Outcome("r", "s", "v", str(i), "c", **{**base, **kw})
+
+    rows = [row(0), row(1, passed=False, score=0.0),
+            row(2, error_kind="timeout"), row(3, error_kind="truncated_stream"),
+            row(4, error_kind="budget"), row(5, error_kind="circuit_open"),
+            row(6, cached=True, cost_usd=50.0, latency_s=99.0, ttft_s=99.0, output_tokens=999)]
+    with Store(tmp_path / "db.duckdb") as store:
+        store.begin_run("r")
+        store.write_outcomes(rows)
+        stats = candidate_stats(store, "r")[0]
+    assert (stats["items"], stats["errors"], stats["excluded"], stats["cached"]) == (7, 2, 2, 1)
+    assert stats["pass_rate"] == pytest.approx(2 / 5)  # 0 and 6 pass; 1, 2, 3 fail; 4, 5 left out
+    assert stats["cost_usd"] == 2.0 and stats["output_tokens"] == 20  # paid in this run
+    assert stats["cost_per_pass"] == 2.0 and stats["latency_p99"] == 1.0
 
 
 def test_report_is_self_contained_and_shows_every_section(db: Path, metrics: dict, tmp_path: Path):

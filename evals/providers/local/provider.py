@@ -62,7 +62,7 @@ def _resolve_device(requested: str) -> str:
     if requested in ("auto", ""):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ProviderError("client_error",
+        raise ProviderError("config",
                             f"device {requested!r} requested but CUDA is not available")
     return requested
 
@@ -104,7 +104,7 @@ class LocalProvider:
 
             ref = self.candidate.model
             if _looks_like_path(ref) and not Path(ref).expanduser().exists():
-                raise ProviderError("client_error", f"candidate {self.candidate.name!r}: "
+                raise ProviderError("config", f"candidate {self.candidate.name!r}: "
                                     f"checkpoint not found: {ref}")
             self._device = _resolve_device(self.candidate.device)
             if self._device == "cpu":
@@ -119,14 +119,14 @@ class LocalProvider:
                 tok = AutoTokenizer.from_pretrained(ref)
                 model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             except (OSError, ValueError) as exc:
-                raise ProviderError("client_error", f"candidate {self.candidate.name!r}: cannot "
+                raise ProviderError("config", f"candidate {self.candidate.name!r}: cannot "
                                     f"load checkpoint {ref!r}: {exc}") from None
             finally:
                 hf_logging.set_verbosity(verbosity)
             try:
                 model = apply_variant(model, self.candidate.variant, self._device)
             except QuantizeError as exc:
-                raise ProviderError("client_error",
+                raise ProviderError("config",
                                     f"candidate {self.candidate.name!r}: {exc}") from None
             tok.padding_side = "left"
             if tok.pad_token is None:

@@ -170,24 +170,68 @@ def test_token_bucket_tpm_with_refunds():
     assert lim.reserve(1) == 0.0 and RateLimiter().active is False
 
 
-async def test_cache_hit_is_not_paid_but_keeps_tokens_and_price(tmp_path, fake_llm, fake_candidate):
+async def test_another_runs_answers_are_replayed_only_when_asked_and_young(tmp_path, fake_llm,
+                                                                           fake_candidate):
     suite = load_suite(write_arithmetic_suite(tmp_path, 12))
     cand = fake_candidate()
-    first, second = Rows(), Rows()
+    first, second, replayed = Rows(), Rows(), Rows()
     await evaluate_pair(suite, cand, "run-a", first, cache=tmp_path / "cache", limits=fresh_limits(cand))
+    # by default another run measures the model again: tonight's answers, not yesterday's
     stats = await evaluate_pair(suite, cand, "run-b", second, cache=tmp_path / "cache",
                                 limits=fresh_limits(cand))
-    assert len(fake_llm.requests) == 12 and stats.cached == 12 and stats.calls == 0
-    a, b = first.by_item(), second.by_item()
-    for item_id, row in b.items():
+    assert len(fake_llm.requests) == 24 and stats.cached == 0 and stats.calls == 12
+    assert not any(r.cached for r in second)
+    # a development run that opts in replays answers up to the age it names
+    stats = await evaluate_pair(suite, cand, "run-c", replayed, cache=tmp_path / "cache",
+                                cache_max_age_s=3600, limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 24 and stats.cached == 12 and stats.calls == 0
+    b, c = second.by_item(), replayed.by_item()
+    for item_id, row in c.items():
         assert row.cached and row.attempts == 0 and row.passed
-        assert (row.input_tokens, row.output_tokens) == (a[item_id].input_tokens, a[item_id].output_tokens)
+        assert (row.input_tokens, row.latency_s) == (b[item_id].input_tokens, b[item_id].latency_s)
         # cost_usd is what the answer costs at list price (what training learns from); the run
         # paid nothing for it, which `cached` records and spend accounting honours
-        assert row.cost_usd == a[item_id].cost_usd > 0
-    # bypass: no cache given -> calls again
-    await evaluate_pair(suite, cand, "run-c", Rows(), limits=fresh_limits(cand))
-    assert len(fake_llm.requests) == 24
+        assert row.cost_usd == b[item_id].cost_usd > 0
+    # two hours later the same answers are too old for a one-hour limit
+    later = ResponseCache(tmp_path / "cache", max_age_s=3600, clock=lambda: time.time() + 7200)
+    stats = await evaluate_pair(suite, cand, "run-d", Rows(), cache=later, limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 36 and stats.cached == 0
+    later.close()
+
+
+async def test_a_resumed_run_takes_back_its_own_unflushed_answers(tmp_path, fake_llm, fake_candidate):
+    """Answers finished before a kill but never flushed: the resumed run neither waits nor pays
+    for them again, records them as its own measurements and books what they cost."""
+    suite = load_suite(write_arithmetic_suite(tmp_path, 10))
+    cand = fake_candidate()
+    lost = Rows()  # the rows a killed run never wrote
+    await evaluate_pair(suite, cand, "run-k", lost, cache=tmp_path / "cache", limits=fresh_limits(cand))
+    budget = Budget(run_usd=1.0)
+    resumed = Rows()
+    stats = await evaluate_pair(suite, cand, "run-k", resumed, cache=tmp_path / "cache",
+                                budget=budget, limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 10 and stats.calls == 0
+    before = lost.by_item()
+    for item_id, row in resumed.by_item().items():
+        assert not row.cached and row.attempts == before[item_id].attempts == 1
+        assert (row.latency_s, row.cost_usd) == (before[item_id].latency_s, before[item_id].cost_usd)
+    assert budget.spent() == pytest.approx(sum(r.cost_usd for r in lost)) and budget.spent() > 0
+    # the same run id in another store is another run: it measures for itself
+    await evaluate_pair(suite, cand, "run-k", Rows(), cache=tmp_path / "cache",
+                        cache_scope="other.duckdb#run-k", limits=fresh_limits(cand))
+    assert len(fake_llm.requests) == 20
+
+
+def test_cache_ages_and_their_errors():
+    from evals.execution.cache import format_age, parse_age
+
+    assert [parse_age(a) for a in ("90s", "30m", "12h", "1d", "1.5d", "2w")] == [
+        90, 1800, 43200, 86400, 129600, 1209600]
+    assert [format_age(s) for s in (86400, 5400, 1209600, 45)] == ["1d", "90m", "2w", "45s"]
+    with pytest.raises(ValueError, match="give a number and a unit"):
+        parse_age("yesterday")
+    with pytest.raises(ValueError, match="longer than the cache keeps answers"):
+        parse_age("60d")
 
 
 async def test_sampling_settings_are_not_cached(tmp_path, fake_llm, fake_candidate):

@@ -44,8 +44,9 @@ def test_unknown_exceptions_are_internal_and_json_errors_bad_response():
         assert map_error(exc, openai, None).kind == "bad_response"
 
 
-@pytest.mark.parametrize("status,kind", [(401, "auth"), (403, "auth"), (404, "client_error"),
-                                         (408, "timeout"), (429, "rate_limited"), (502, "server_error")])
+@pytest.mark.parametrize("status,kind", [(401, "auth"), (403, "auth"), (404, "config"),
+                                         (400, "client_error"), (408, "timeout"),
+                                         (429, "rate_limited"), (502, "server_error")])
 def test_status_codes(status, kind):
     import httpx2
 

@@ -31,11 +31,99 @@ def test_writes_are_idempotent(store: Store) -> None:
 
 
 def test_done_items_and_training_frame(store: Store) -> None:
-    store.write_outcomes([_outcome("1"), Outcome("r1", "s", "v1", "2", "m", error_kind="timeout", error="x")])
-    assert store.done_items("r1", "s", "m") == {"1", "2"}
+    store.write_outcomes([_outcome("1"), Outcome("r1", "s", "v1", "2", "m", error_kind="budget", error="x")])
+    assert store.done_items("r1", "s", "m") == {"1"}  # a budget skip is retried on resume
     frame = store.training_frame()
-    assert list(frame["request_id"]) == ["s/1"]  # error rows carry no quality evidence
+    assert list(frame["request_id"]) == ["s/1"]  # a budget skip says nothing about the model
     assert list(frame["prompt"]) == ["p1"]
+
+
+CANDIDATE_FAILURES = ("timeout", "truncated_stream", "client_error", "server_error", "bad_response",
+                      "rate_limited", "connection", "empty_content")
+
+
+OUR_ERRORS = ("budget", "circuit_open", "auth", "config", "internal", "grader_error", "cancelled")
+
+
+def test_the_candidates_errors_are_failures_and_ours_are_excluded(tmp_path: Path) -> None:
+    """A model that times out on the hard items must not look better than it is."""
+    kinds = [None, *CANDIDATE_FAILURES, *OUR_ERRORS]
+    with Store(tmp_path / "x.duckdb") as store:
+        store.begin_run("r1")
+        store.register_suite("s", "v1", {}, [(str(i), f"p{i}", {}) for i in range(len(kinds))])
+        store.write_outcomes([
+            Outcome("r1", "s", "v1", str(i), "m", error_kind=k, error=k,
+                    passed=True if k is None else None, score=1.0 if k is None else None,
+                    cost_usd=0.004 if k is None else (0.002 if k == "timeout" else None))
+            for i, k in enumerate(kinds)])
+        frame = store.training_frame().set_index("item_id")
+    labelled = {str(i) for i, k in enumerate(kinds) if k is None or k in CANDIDATE_FAILURES}
+    assert set(frame.index) == labelled
+    failed = frame[frame.error_kind.notna()]
+    assert set(failed.error_kind) == set(CANDIDATE_FAILURES)
+    assert (~failed.passed.astype(bool)).all() and (failed.score == 0).all()
+    assert bool(frame.loc["0", "passed"]) and frame.loc["0", "score"] == 1.0
+    # a failed call's recorded cost is kept; one without gets the mean of the others
+    assert frame.loc["1", "cost_usd"] == 0.002
+    assert frame.loc["2", "cost_usd"] == pytest.approx((0.004 + 0.002) / 2)
+
+
+def _night(store: Store, run_id: str, day: int, results: dict[str, list[bool]], *,
+           version: str = "v1", status: str = "completed") -> None:
+    from datetime import datetime, timedelta, timezone
+
+    store.begin_run(run_id)
+    when = datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(days=day)
+    store._write("UPDATE runs SET started_at = ? WHERE run_id = ?", [(when, run_id)])
+    store.register_suite("s", version, {}, [(str(i), f"p{i}", {}) for i in range(3)])
+    store.write_outcomes([
+        Outcome(run_id, "s", version, str(i), cand, passed=ok, score=float(ok), cost_usd=0.001)
+        for cand, oks in results.items() for i, ok in enumerate(oks)])
+    store.finish_run(run_id, status)
+
+
+def test_latest_frame_takes_each_candidates_latest_run(tmp_path: Path) -> None:
+    """Deployments over different candidate subsets: each run trains on the whole fleet."""
+    with Store(tmp_path / "x.duckdb") as store:
+        _night(store, "a1", 0, {"a": [True, True, True]})
+        _night(store, "b1", 1, {"b": [False, False, False], "gone": [True] * 3})
+        _night(store, "a2", 2, {"a": [False, True, True]})
+        _night(store, "crashed", 3, {"b": [True] * 3}, status="running")
+        _night(store, "a3", 4, {"a": [True, False, True]})
+
+        def latest(run_id: str, days: float = 7.0) -> dict[tuple[str, str], str]:
+            frame = store.latest_frame(run_id, candidates=["a", "b"], max_age_days=days)
+            return {(r.model, r.item_id): r.run_id for r in frame.itertuples()}
+
+        got = latest("a3")
+        assert set(got.values()) == {"a3", "b1"}  # not a2 (older), not the crashed run
+        assert len(got) == 6  # 'gone' is no longer in the fleet
+        assert set(latest("a3", days=2.5).values()) == {"a3"}  # b1 is 3 days older
+        assert set(latest("a2").values()) == {"a2", "b1"}  # as of a2: a3 had not happened
+
+
+def test_latest_frame_keeps_one_suite_version(tmp_path: Path) -> None:
+    with Store(tmp_path / "x.duckdb") as store:
+        _night(store, "a1", 0, {"a": [True] * 3, "b": [True] * 3})
+        _night(store, "a2", 1, {"a": [False] * 3}, version="v2")
+        frame = store.latest_frame("a2", candidates=["a", "b"], max_age_days=7)
+    # b was only measured on v1: comparing it with a on v2's items would compare other prompts
+    assert set(frame.suite_version) == {"v2"} and set(frame.model) == {"a"}
+
+
+def test_resuming_refuses_a_changed_candidate_or_suite(store: Store) -> None:
+    from evals.storage.store import ResumeConflict
+
+    store.write_outcomes([_outcome("1")])
+    same = {"m": {"provider": "openai", "model": "gpt"}}
+    store.check_resume("r1", same, {"s": "v1"})  # unchanged: resumes
+    store.check_resume("r1", {**same, "new": {"model": "x"}}, {"s": "v1", "t": "v9"})  # new ones
+    with pytest.raises(ResumeConflict) as err:
+        store.check_resume("r1", {"m": {"provider": "openai", "model": "gpt-2"}}, {"s": "v2"})
+    msg = str(err.value)
+    assert "cannot resume run 'r1'" in msg
+    assert "candidate 'm': model 'gpt' -> 'gpt-2'" in msg and "suite 's': version v1 -> v2" in msg
+    assert "Start a new run" in msg and "without --run-id" in msg
 
 
 def test_begin_run_twice_resumes(store: Store) -> None:

@@ -108,7 +108,7 @@ async def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
     provider = create(_candidate(model=str(missing)))
     with pytest.raises(ProviderError, match=str(missing)) as err:
         await provider.generate(_req("sort: 321="))
-    assert err.value.kind == "client_error" and not err.value.retryable
+    assert err.value.kind == "config" and not err.value.retryable
 
 
 async def test_closed_provider_refuses() -> None:

@@ -1,0 +1,119 @@
+"""What one outcome row says about its candidate: the one place that turns error kinds into labels.
+
+Every row is either a *label* of the candidate on its item, or *excluded*:
+
+- a graded answer: `passed` and `score` as the grader gave them;
+- an error of the candidate (a timeout, a truncated stream, a refusal, a 5xx or rate limit that
+  outlived its retries, a malformed answer, or any kind not listed below): a failure, with
+  `passed = False` and `score = 0`. A model that times out on the hard items must not look
+  better than it is;
+- an error on our side (`OUR_SIDE`: a spend cap, an open circuit breaker, a refused key, an
+  unusable configuration, a bug in routeopt or a grader, a cancelled call): it says nothing
+  about the model, so it is left out of pass rates and training and counted as *excluded*.
+
+Training (`Store.training_frame`), the run summary, the report and drift all read their pass
+rates through these definitions, in SQL (`LABELS`) or pandas (`label_frame`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+OUR_SIDE: dict[str, str] = {
+    "budget": "a spend cap stopped the call",
+    "circuit_open": "the endpoint's circuit breaker was open",
+    "auth": "the endpoint refused the API key",
+    "config": "the candidate's configuration cannot be used",
+    "internal": "a fault in routeopt or in its provider code",
+    "grader_error": "the grader failed",
+    "cancelled": "the run stopped before the answer",
+}
+"""Error kinds that are our fault, not the candidate's, with why they are excluded."""
+
+
+def is_excluded(error_kind: str | None) -> bool:
+    """True for a row that is no evidence about the candidate (an error on our side)."""
+    return error_kind in OUR_SIDE
+
+
+def passed_label(error_kind: str | None, passed: bool | None) -> bool | None:
+    """The row's pass label: the grade, False for a candidate's error, None when excluded."""
+    if error_kind is None:
+        return passed
+    return None if is_excluded(error_kind) else False
+
+
+@dataclass(frozen=True)
+class LabelSql:
+    """The same definitions as SQL expressions over an outcomes table (optionally aliased)."""
+
+    prefix: str = ""
+
+    @property
+    def _ours(self) -> str:
+        return ", ".join(f"'{k}'" for k in sorted(OUR_SIDE))
+
+    @property
+    def excluded(self) -> str:
+        return f"({self.prefix}error_kind IN ({self._ours}))"
+
+    @property
+    def failed_call(self) -> str:
+        """An error of the candidate: counted as a failure."""
+        p = self.prefix
+        return f"({p}error_kind IS NOT NULL AND {p}error_kind NOT IN ({self._ours}))"
+
+    @property
+    def labeled(self) -> str:
+        """A row that counts in pass rates: graded, or a failure of the candidate."""
+        return f"(({self.prefix}error_kind IS NULL AND {self.prefix}passed IS NOT NULL) OR {self.failed_call})"
+
+    @property
+    def passed(self) -> str:
+        p = self.prefix
+        return f"(CASE WHEN {p}error_kind IS NULL THEN {p}passed WHEN {self.excluded} THEN NULL ELSE FALSE END)"
+
+    @property
+    def score(self) -> str:
+        p = self.prefix
+        return (f"(CASE WHEN {p}error_kind IS NULL THEN {p}score WHEN {self.excluded} THEN NULL "
+                "ELSE 0.0 END)")
+
+    @property
+    def live(self) -> str:
+        """A row measured in this run: it counts in cost, token and time statistics.
+
+        A cached row replays an answer recorded in an earlier run: its pass label is true of
+        the model (it is graded again here) but its cost, tokens and timings are not this run's.
+        """
+        return f"(NOT coalesce({self.prefix}cached, FALSE))"
+
+
+LABELS = LabelSql()
+
+
+def label_frame(frame: Any) -> Any:
+    """The same definitions over a pandas frame of outcome rows (error_kind, passed, cached):
+    adds `excluded`, `labeled`, `label` (1.0 pass, 0.0 failure, NaN when excluded) and `live`."""
+    import numpy as np
+
+    out = frame.copy()
+    kind = out["error_kind"]
+    out["excluded"] = kind.isin(list(OUR_SIDE))
+    graded = kind.isna() & out["passed"].notna()
+    failed = kind.notna() & ~out["excluded"]
+    out["labeled"] = graded | failed
+    out["label"] = np.where(graded, out["passed"].astype("float64"), np.where(failed, 0.0, np.nan))
+    out["live"] = ~out["cached"].astype("boolean").fillna(False).astype(bool)
+    return out
+
+
+def exclusion_summary(counts: dict[str, int]) -> str:
+    """'3 rows excluded from pass rates (errors on our side): budget 2 (a spend cap ...), ...'."""
+    shown = {k: n for k, n in sorted(counts.items()) if n}
+    if not shown:
+        return ""
+    total = sum(shown.values())
+    parts = ", ".join(f"{k} {n} ({OUR_SIDE.get(k, 'error on our side')})" for k, n in shown.items())
+    return f"{total} row{'s' if total != 1 else ''} excluded from pass rates (errors on our side): {parts}"
