@@ -8,6 +8,11 @@ a deployment of that model unchanged. The decision is written into the request's
 While the gateway has no valid policy and serves its default model (`load(..., default_model=)`),
 requests go to that model's deployment and the metadata says why (`default_reason`).
 
+With an `artifacts.decisions.Gateway` instead of a bare `Router`, decisions are logged (and may
+explore, shadow or canary) under the request id in `metadata["routeopt_request_id"]`, else under
+one the gateway makes; either is in `metadata["routeopt_decision"]["request_id"]`, for the
+callback that reports the outcome.
+
     strategy = install(litellm_router, artifacts.runtime.load(url, public_key=..., refresh_s=30))
     await litellm_router.acompletion(model="routeopt", messages=[...], metadata={"routeopt_suite": "sql"})
 
@@ -24,12 +29,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
 
+from artifacts.decisions import Gateway  # noqa: E402
 from artifacts.runtime import Router  # noqa: E402
 
 ALIAS = "routeopt"
 SUITE_KEY = "routeopt_suite"
 TARGET_KEY = "routeopt_quality_target"
 DECISION_KEY = "routeopt_decision"
+REQUEST_ID_KEY = "routeopt_request_id"
 
 
 class NoDeployment(LookupError):
@@ -55,7 +62,7 @@ def prompt_text(messages: list[dict] | None, input: Any = None) -> str:
 class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
     """LiteLLM's custom routing hook backed by a (refreshing, verified) routeopt `Router`."""
 
-    def __init__(self, litellm_router: Any, policy: Router, *, alias: str = ALIAS) -> None:
+    def __init__(self, litellm_router: Any, policy: Router | Gateway, *, alias: str = ALIAS) -> None:
         self.litellm_router, self.policy, self.alias = litellm_router, policy, alias
 
     def _deployments(self) -> list[Any]:
@@ -82,12 +89,17 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
             return self._first([model])
         metadata = (request_kwargs or {}).get("metadata") or {}
         target = metadata.get(TARGET_KEY)
+        extra = {}
+        if isinstance(self.policy, Gateway):
+            rid = metadata.get(REQUEST_ID_KEY)
+            extra["request_id"] = None if rid is None else str(rid)
         decision = self.policy.route(prompt_text(messages, input), suite=metadata.get(SUITE_KEY),
-                                     quality_target=None if target is None else float(target))
+                                     quality_target=None if target is None else float(target), **extra)
         if request_kwargs is not None and isinstance(request_kwargs.get("metadata"), dict):
             request_kwargs["metadata"][DECISION_KEY] = {
                 "model": decision.model, "fallbacks": list(decision.fallbacks),
-                "policy_version": decision.policy_version, "default_reason": decision.default_reason}
+                "policy_version": decision.policy_version, "default_reason": decision.default_reason,
+                "propensity": decision.propensity, "request_id": decision.request_id}
         return self._first([decision.model, *decision.fallbacks], decision.default_reason)
 
     async def async_get_available_deployment(self, model: str, messages: list[dict] | None = None,
@@ -101,7 +113,7 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
         return self.pick(model, messages, input, request_kwargs)
 
 
-def install(litellm_router: Any, policy: Router, *, alias: str = ALIAS) -> RouteoptRoutingStrategy:
+def install(litellm_router: Any, policy: Router | Gateway, *, alias: str = ALIAS) -> RouteoptRoutingStrategy:
     """Make `litellm_router` route `alias` requests with `policy`; returns the strategy."""
     strategy = RouteoptRoutingStrategy(litellm_router, policy, alias=alias)
     register = getattr(litellm_router, "register_plugin", None) or litellm_router.set_custom_routing_strategy

@@ -69,7 +69,11 @@ def _kind(exc: Exception) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """The policy's choice plus which policy version made it (for logs and audits)."""
+    """The policy's choice plus which policy version made it (for logs and audits).
+
+    Routed through `artifacts.decisions.Gateway`, `propensity` is the probability with which the
+    model was chosen (exploration included) and `request_id` the id it was logged under.
+    """
 
     model: str
     fallbacks: tuple[str, ...]
@@ -77,6 +81,8 @@ class Decision:
     expected_cost_usd: dict[str, float]
     policy_version: int
     default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
+    propensity: float = 1.0
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,36 @@ class AlertSettings(BaseModel):
     min_items: int = Field(default=10, ge=1)
 
 
+class ApiPrice(BaseModel):
+    """A provider API's list price for a model (USD per million tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_price_per_mtok: float = Field(ge=0)
+    output_price_per_mtok: float = Field(ge=0)
+    cached_input_price_per_mtok: float | None = Field(default=None, ge=0)
+
+
+class TrafficSettings(BaseModel):
+    """Production traffic (docs/operations.md): the gateways' decision logs and what uses them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log_dir: Path | None = Field(default=None, description="where gateways write decision logs; "
+                                 "the nightly imports them")
+    window_days: float = Field(default=14.0, gt=0, description="the gate scores policies on "
+                               "decisions this recent")
+    min_feedback: int = Field(default=200, ge=1, description="requests with feedback before live "
+                              "traffic joins the promotion gate")
+    require_live: bool = Field(default=False, description="never promote without enough live evidence")
+    feedback_source: str | None = None
+    judge: str | None = Field(default=None, description="candidate that grades traffic suites")
+    suites_dir: Path | None = None
+    data_dir: Path | None = None
+    api_prices: dict[str, ApiPrice] = Field(default_factory=dict, description="what each "
+                                            "self-hosted candidate's model costs on a provider API")
+
+
 class Config(BaseModel):
     """The resolved contents of `routeopt.yaml`."""
 
@@ -228,6 +258,7 @@ class Config(BaseModel):
     publishing: PublishSettings = PublishSettings()
     budget: BudgetSettings = BudgetSettings()
     alerts: AlertSettings = AlertSettings()
+    traffic: TrafficSettings = TrafficSettings()
     source_path: Path | None = Field(default=None, exclude=True)
 
     @field_validator("candidates")
@@ -269,6 +300,13 @@ class Config(BaseModel):
                 f"budget.per_candidate_usd names unknown candidates {unknown}; "
                 f"the config has {sorted(names)}"
             )
+        unknown = sorted(set(self.traffic.api_prices) - names)
+        if unknown:
+            raise ValueError(f"traffic.api_prices names unknown candidates {unknown}; "
+                             f"the config has {sorted(names)}")
+        if self.traffic.judge is not None and self.traffic.judge not in names:
+            raise ValueError(f"traffic.judge {self.traffic.judge!r} is not a candidate; "
+                             f"the config has {sorted(names)}")
         return self
 
     def signing_key_path(self) -> Path:
@@ -354,6 +392,10 @@ def load_config(path: str | os.PathLike) -> Config:
                     else None
                 }
             ),
+            "traffic": cfg.traffic.model_copy(update={
+                k: _resolve(base, v) for k, v in
+                (("log_dir", cfg.traffic.log_dir), ("suites_dir", cfg.traffic.suites_dir),
+                 ("data_dir", cfg.traffic.data_dir)) if v is not None}),
             "source_path": path,
         }
     )

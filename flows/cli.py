@@ -46,9 +46,14 @@ def cli() -> None:
     """
 
 
+# Modules that add subcommands to the groups above (`import`, `policies`, `cost`).
+EXTENSIONS: list[str] = ["flows.commands.traffic"]
+
 for _target in COMMANDS:
     _module, _, _attr = _target.partition(":")
     cli.add_command(getattr(import_module(_module), _attr))
+for _module in EXTENSIONS:
+    import_module(_module)
 
 
 def main() -> None:

@@ -254,17 +254,48 @@ def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: lis
     return published
 
 
+def import_traffic(cfg: Config, store: Store) -> dict[str, Any] | None:
+    """Bring the gateways' decision logs into the store (idempotent: the whole folder each night).
+    A missing folder or a bad log is reported, never fatal: the night's evaluation goes on."""
+    from evals.storage.traffic import TrafficImportError, import_decisions
+
+    folder = cfg.traffic.log_dir
+    if folder is None:
+        return None
+    if not Path(folder).exists():
+        return {"error": f"traffic.log_dir {folder} does not exist; no decision logs imported"}
+    try:
+        return asdict(import_decisions(folder, store))
+    except TrafficImportError as exc:
+        return {"error": f"decision logs not imported: {exc}"}
+
+
+@task(name="import-traffic", cache_policy=NO_CACHE)
+def import_traffic_task(cfg: Config) -> dict[str, Any] | None:
+    """`import_traffic` on the flow's store, logged."""
+    summary = import_traffic(cfg, shared_store(cfg.db_path))
+    if summary and "error" in summary:
+        get_run_logger().error(summary["error"])
+    elif summary:
+        get_run_logger().info("decision logs: %d new decisions from %d files", summary["new"], summary["files"])
+    return summary
+
+
 @task(name="promotion-gate", cache_policy=NO_CACHE)
 def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
     """Move `champion` to the new version only if the gate passes (`flows.promotion`)."""
     from artifacts.registry import move_channel
     from artifacts.signing import load_private_key, trusted_keys
-    from flows.promotion import champion_policy, decide_promotion, heldout
+    from flows.live import live_comparison
+    from flows.promotion import champion_version, decide_promotion, heldout
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
     test = heldout(frame, result.split["test"])
-    champion, vacant = champion_policy(cfg.registry_dir, trusted)
+    champion, champion_number, vacant = champion_version(cfg.registry_dir, trusted)
+    since = (datetime.now(timezone.utc) - timedelta(days=cfg.traffic.window_days)).isoformat()
+    live = live_comparison(shared_store(cfg.db_path), result.policy, published.version, champion,
+                           champion_number, since=since, source=cfg.traffic.feedback_source)
     decision = decide_promotion(
         result.policy,
         champion,
@@ -272,6 +303,9 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
         tolerance=cfg.publishing.promote_tolerance,
         blocking=blocking,
         vacant=vacant,
+        live=live,
+        min_feedback=cfg.traffic.min_feedback,
+        require_live=cfg.traffic.require_live,
     )
     if decision.promoted:
         move_channel(cfg.registry_dir, "champion", published.version, action="promote",
@@ -319,6 +353,7 @@ def nightly(
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
+    traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
     store = shared_store(cfg.db_path)
     excluded = excluded_line(store, run_id)
     if excluded:
@@ -337,7 +372,8 @@ def nightly(
     if publish and result is not None:
         published = publish_task(cfg, result, report, sorted(set(frame.run_id)))
         promotion = promote_task(cfg, result, frame, published, blocking)
-        logger.info("champion %s: %s", "moved" if promotion.promoted else "kept", promotion.reason)
+        logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
+                    promotion.decided_by, promotion.reason)
     return {
         "run_id": run_id,
         "db_path": str(cfg.db_path),
@@ -357,4 +393,5 @@ def nightly(
         "promotion": asdict(promotion) if promotion is not None else None,
         "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
         "excluded": excluded,
+        "traffic": traffic,
     }

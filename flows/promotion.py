@@ -1,19 +1,28 @@
 """The promotion gate of the nightly flow: a new policy replaces the champion only if, on the
 same held-out items, it passes as often (within tolerance) and costs no more, and no candidate it
 routes to has significantly regressed.
+
+Where the gateways' decision logs hold enough requests with feedback, live traffic is a second
+source of evidence (`flows.live`): both policies are scored off-policy on the same logged
+requests, and the new one must not be significantly worse (its pass rate's difference not below
+-tolerance with 95% confidence, its cost not significantly higher). `decided_by` says which
+evidence decided.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from router_training.data import RoutingData, routing_data
 from router_training.policy import RoutingPolicy
+
+if TYPE_CHECKING:
+    from flows.live import Comparison
 
 CHAMPION = "champion"
 
@@ -24,6 +33,8 @@ class PromotionDecision:
     reason: str
     new: dict[str, float] = field(default_factory=dict)
     champion: dict[str, float] = field(default_factory=dict)
+    decided_by: str = "held-out items"
+    live: dict[str, Any] = field(default_factory=dict)
 
 
 def score_on(policy: RoutingPolicy, data: RoutingData) -> dict[str, float]:
@@ -58,6 +69,69 @@ def decide_promotion(
     tolerance: float,
     blocking: Sequence[str] = (),
     vacant: str = "no champion yet",
+    live: Comparison | None = None,
+    min_feedback: int = 200,
+    require_live: bool = False,
+) -> PromotionDecision:
+    """Compare both policies on the same held-out items and, when there is enough of it, on live
+    traffic (`flows.live.compare`), and say whether the new one may lead and which evidence decided."""
+    held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
+                                 blocking=blocking, vacant=vacant)
+    if blocking:
+        return replace(held_out, decided_by="drift")
+    if champion_policy is None:
+        return held_out
+    return with_live_evidence(held_out, live, tolerance=tolerance, min_feedback=min_feedback,
+                              require_live=require_live)
+
+
+def live_verdict(live: Comparison, tolerance: float) -> tuple[bool, str]:
+    """Whether live traffic lets the new policy lead: not significantly worse in pass rate beyond
+    the tolerance, nor significantly dearer."""
+    dp, dc, n = live.pass_rate_diff, live.cost_diff, live.pass_rate_diff.n
+    if dp.high < -tolerance:
+        return False, (f"on {n} live requests the pass rate is {-dp.value:.3f} lower than the "
+                       f"champion's (95% CI {dp.low:+.3f}..{dp.high:+.3f}), beyond the tolerance {tolerance:g}")
+    if dc.n and dc.low > 0:
+        return False, (f"on {dc.n} live requests it costs {dc.value:+.3g} USD per request more than "
+                       f"the champion (95% CI {dc.low:+.3g}..{dc.high:+.3g})")
+    return True, (f"not worse on {n} live requests (pass rate {dp.value:+.3f}, 95% CI "
+                  f"{dp.low:+.3f}..{dp.high:+.3f}; cost {dc.value:+.3g} USD per request)")
+
+
+def with_live_evidence(held_out: PromotionDecision, live: Comparison | None, *, tolerance: float,
+                       min_feedback: int, require_live: bool = False) -> PromotionDecision:
+    """Combine the held-out verdict with live traffic's, when live traffic has enough feedback."""
+    n = live.pass_rate_diff.n if live is not None else 0
+    summary = live.to_dict() if live is not None else {}
+    if n < min_feedback:
+        note = f"live traffic: {n} requests with feedback, {min_feedback} needed"
+        if require_live and held_out.promoted:
+            return replace(held_out, promoted=False, reason=f"{note} (traffic.require_live)",
+                           decided_by="live traffic", live=summary)
+        if live is None:  # no decision logs at all: the held-out verdict stands as it is
+            return held_out
+        return replace(held_out, reason=f"{held_out.reason} ({note})", live=summary)
+    assert live is not None
+    ok, why = live_verdict(live, tolerance)
+    if held_out.promoted and ok:
+        return replace(held_out, reason=f"{held_out.reason}; {why}",
+                       decided_by="held-out items and live traffic", live=summary)
+    if held_out.promoted:
+        return replace(held_out, promoted=False, reason=why, decided_by="live traffic", live=summary)
+    by = "held-out items" if ok else "held-out items and live traffic"
+    return replace(held_out, reason=f"{held_out.reason}; live traffic: {why}", decided_by=by,
+                   live=summary)
+
+
+def held_out_decision(
+    new_policy: RoutingPolicy,
+    champion_policy: RoutingPolicy | None,
+    test: RoutingData,
+    *,
+    tolerance: float,
+    blocking: Sequence[str] = (),
+    vacant: str = "no champion yet",
 ) -> PromotionDecision:
     """Compare both policies on the same held-out items and say whether the new one may lead.
 
@@ -80,7 +154,13 @@ def decide_promotion(
 
 
 def champion_policy(registry: Path | str, public_key: Any) -> tuple[RoutingPolicy | None, str]:
-    """The verified champion policy, or (None, why) when any new policy may take its place.
+    """The verified champion policy, or (None, why) when any new policy may take its place."""
+    policy, _, vacant = champion_version(registry, public_key)
+    return policy, vacant
+
+
+def champion_version(registry: Path | str, public_key: Any) -> tuple[RoutingPolicy | None, int | None, str]:
+    """The verified champion policy, its version, and ('' or) why any new policy may take its place.
 
     A champion that expired, or that is unsigned while policies are signed, is served by no
     verifying gateway, so it is replaceable: comparing with it would only keep gateways on their
@@ -91,7 +171,7 @@ def champion_policy(registry: Path | str, public_key: Any) -> tuple[RoutingPolic
 
     pointer, _ = current_pointer(registry, CHAMPION)
     if pointer is None:
-        return None, "no champion yet"
+        return None, None, "no champion yet"
     try:
         router = load(registry, public_key, channel=CHAMPION, state_dir=False, default_model="")
     except PolicyLoadError as exc:
@@ -99,5 +179,61 @@ def champion_policy(registry: Path | str, public_key: Any) -> tuple[RoutingPolic
             raise PolicyLoadError(f"{registry}: the champion cannot be verified, so the gate cannot "
                                   f"judge ({exc}); check it with `routeopt policies verify` and "
                                   f"promote a good version by hand", exc.kind) from None
-        return None, f"champion version {pointer.version} is replaceable ({exc.kind}: {exc})"
-    return router.policy, ""
+        return None, None, f"champion version {pointer.version} is replaceable ({exc.kind}: {exc})"
+    return router.policy, router.version, ""
+
+
+def rollout_evidence(store: Any, version: int, champion_version: int | None, kind: str, *,
+                     margin: float, min_feedback: int, since: str | None = None,
+                     source: str | None = None) -> tuple[bool, str, dict[str, Any]]:
+    """Whether a shadow or canary of `version` on live traffic shows it is no worse than the
+    champion: its pass rate's difference is above -margin with 95% confidence (non-inferiority;
+    too little traffic shows nothing and does not promote), and its cost not significantly higher.
+
+    shadow: both policies' choices are known on the logged requests (one served, the other was
+    shadowed), so they are compared off-policy, paired on the same requests. canary: the requests
+    the candidate served are compared with the champion's, arm against arm (the split is a hash
+    of the request id, so this is a randomised comparison).
+    """
+    from flows.live import canary_arms, compare, decisions_from_store, evaluate, feedback_from_store, \
+        traffic_frame
+
+    if kind not in ("shadow", "canary"):
+        raise ValueError(f"kind must be 'shadow' or 'canary', got {kind!r}")
+    if champion_version is None:
+        return True, "no champion yet", {}
+    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
+    if frame.empty:
+        return False, f"no logged decisions{' since ' + since if since else ''}", {}
+    if kind == "canary":
+        arms = canary_arms(frame, version)
+        n, d, dc = arms.candidate.n, arms.difference, _difference(arms.candidate_cost, arms.champion_cost)
+        what = (f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm {arms.champion.value:.3f} "
+                f"on {n} + {arms.champion.n} requests")
+        detail = arms.to_dict()
+    else:
+        live = compare(frame, evaluate(frame, version, label=f"version {version}"),
+                       evaluate(frame, champion_version, label="champion"))
+        n, d, dc = live.pass_rate_diff.n, live.pass_rate_diff, live.cost_diff
+        what = f"shadowed beside the champion on {n} requests"
+        detail = live.to_dict()
+    if n < min_feedback:
+        return False, f"version {version} {what.split(' on ')[0]}: {n} requests with feedback, {min_feedback} needed", detail
+    interval = f"pass rate difference {d.value:+.3f}, 95% CI {d.low:+.3f}..{d.high:+.3f}"
+    if not d.low >= -margin:
+        return False, (f"{what}: {interval}; not shown to be within {margin:g} of the champion "
+                       "(more traffic, or a wider --margin)"), detail
+    if dc.n and dc.low > 0:
+        return False, f"{what}: {interval}; but dearer by {dc.value:+.3g} USD per request", detail
+    return True, f"{what}: {interval}, within {margin:g} of the champion", detail
+
+
+def _difference(a: Any, b: Any) -> Any:
+    """a - b for two independent estimates (the canary arms' costs)."""
+    from router_training.offpolicy import EMPTY, Estimate
+
+    if not a.n or not b.n:
+        return EMPTY
+    se = (a.se ** 2 + b.se ** 2) ** 0.5
+    value = a.value - b.value
+    return Estimate(value, value - 1.96 * se, value + 1.96 * se, se, a.n + b.n, float(a.n + b.n))

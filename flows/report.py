@@ -21,6 +21,7 @@ from evals.storage.labels import LABELS, LabelSql
 from evals.storage.store import Store
 from flows.charts import Axis, Series, chart
 from flows.drift import DriftReport
+from flows.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
 LIVE = f"error_kind IS NULL AND {L.live}"  # answers measured in this run: times come from these
@@ -75,6 +76,7 @@ class ReportData:
     drift: DriftReport | None = None
     metrics: dict[str, Any] | None = None
     policy_version: int | None = None
+    live: dict[str, Any] | None = None
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -142,8 +144,10 @@ def gather(
     metrics: dict | None = None,
     registry: str | Path | None = None,
     trend_runs: int = 14,
+    live_days: float = 14.0,
 ) -> ReportData:
-    """Read everything the report needs; metrics default to the policy published from this run."""
+    """Read everything the report needs; metrics default to the policy published from this run;
+    live traffic (decision logs with feedback) covers the `live_days` up to the run's end."""
     run = store.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if run.empty:
         raise KeyError(f"no run {run_id!r} in {store.path}")
@@ -161,7 +165,14 @@ def gather(
         drift=drift,
         metrics=metrics,
         policy_version=version,
+        live=live_summary(store, until=_run_end(info), days=live_days),
     )
+
+
+def _run_end(run: dict[str, Any]) -> str | None:
+    """The run's finish (else start) time: live traffic is shown up to it."""
+    end = run.get("finished_at") or run.get("started_at")
+    return None if end is None else pd.Timestamp(end).isoformat()
 
 
 # -- charts -------------------------------------------------------------------------------------
@@ -244,6 +255,7 @@ def render_html(data: ReportData) -> str:
     env = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%" if _is_num(v) else "-"
+    env.filters["ci"] = _ci
     return env.from_string(PAGE).render(
         d=data,
         cost_quality=cost_quality_chart(data),
@@ -261,6 +273,13 @@ def _is_num(v: Any) -> bool:
 def _num(v: Any, spec: str = ".4g") -> str:
     """A number formatted, or '-' for missing values (None, NaN, a key the metrics lack)."""
     return format(v, spec) if _is_num(v) else "-"
+
+
+def _ci(e: dict | None, spec: str = ".3f") -> str:
+    """An estimate as 'value [low, high]', or '-'."""
+    if not e or not _is_num(e.get("value")):
+        return "-"
+    return f"{_num(e['value'], spec)} [{_num(e.get('low'), spec)}, {_num(e.get('high'), spec)}]"
 
 
 def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:

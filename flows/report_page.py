@@ -91,6 +91,38 @@ response cache (<em>cached</em>) count in pass rates only.</p>
 <p class="muted">No published policy metrics for this run: the chart shows the candidates alone.</p>
 {% endif %}
 
+<h2>Live traffic: champion vs candidate</h2>
+{% if d.live %}
+{% set L = d.live %}
+<p class="muted">Decision logs from {{ L.since[:16] }} to {{ L.until[:16] }}: {{ L.logged }} requests,
+{{ L.feedback }} with feedback; {{ L.explored|pct }} explored, {{ L.shadowed|pct }} with a shadow decision,
+{{ L.with_text|pct }} with kept text. Off-policy estimates (doubly robust, 95% intervals) from the
+served and shadow records.</p>
+<table class="sortable" id="live">
+<thead><tr><th>policy</th><th>version</th><th>requests</th><th>agrees with served</th><th>pass rate</th>
+<th>USD / request</th><th>IPS</th><th>SNIPS</th><th>ESS</th></tr></thead>
+<tbody>
+{% for p in L.policies %}
+<tr><td>{{ p.label }}</td><td>{{ p.version if p.version is not none else "-" }}</td><td>{{ p.n_evaluated }}</td>
+<td>{{ p.agreement|pct }}</td><td>{{ p.pass_rate.dr|ci }}</td><td>{{ p.cost.dr|ci(".3g") }}</td>
+<td>{{ p.pass_rate.ips.value|num(".3f") if p.pass_rate.ips else "-" }}</td>
+<td>{{ p.pass_rate.snips.value|num(".3f") if p.pass_rate.snips else "-" }}</td>
+<td>{{ p.pass_rate.dr.ess|num(".0f") if p.pass_rate.dr else "-" }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% if L.difference %}
+<p>Candidate minus champion, paired on {{ L.difference.pass_rate_diff.n }} requests: pass rate
+{{ L.difference.pass_rate_diff|ci("+.3f") }}, USD per request {{ L.difference.cost_diff|ci("+.3g") }}.</p>
+{% endif %}
+{% if L.canary %}
+<p>Canary arms (served requests, exploration included): champion {{ L.canary.champion|ci }}
+({{ L.canary.champion.n }}), candidate {{ L.canary.candidate|ci }} ({{ L.canary.candidate.n }});
+difference {{ L.canary.difference|ci("+.3f") }}.</p>
+{% endif %}
+{% else %}
+<p class="muted">No decision logs in the store: see "Production traffic" in the README.</p>
+{% endif %}
+
 <h2>Trends over the last {{ d.trend.run_id.nunique() }} runs</h2>
 <div class="charts">
 {% for c in trends %}{{ c|safe }}{% else %}<div class="empty">no earlier runs</div>{% endfor %}

@@ -283,7 +283,7 @@ def compare(
         points = curves.get(c.name) or []
         if c.gpu_hour_usd is None or not points:
             continue
-        ratio = input_per_output if input_per_output is not None else _measured_ratio(points)
+        ratio = input_per_output if input_per_output is not None else measured_ratio(points)
         cap = capacity_tok_s(points, min_good)
         summaries.append(SelfHostedSummary(
             c.name, c.gpu_hour_usd, c.utilization, cap, ratio,
@@ -296,7 +296,7 @@ def compare(
     return summaries, verdicts
 
 
-def _measured_ratio(points: Sequence[ThroughputPoint]) -> float | None:
+def measured_ratio(points: Sequence[ThroughputPoint]) -> float | None:
     """Mean input tokens per output token over the benchmark's levels (None if unknown)."""
     ins = [p.mean_input_tokens for p in points if p.mean_input_tokens is not None]
     outs = [p.mean_output_tokens for p in points if p.mean_output_tokens]
@@ -370,3 +370,67 @@ def load_caching(store: "Store", run_id: str,
         out.append(caching_savings(c, *args) if c is not None
                    else CachingSavings(r.candidate, *args))
     return out
+
+
+# -- serving real traffic: GPUs sized for its peak hour, paid every hour ------------------------
+
+HOURS_PER_MONTH = 730.0
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """N GPUs serving a traffic's output tokens: what they cost a month and how busy they are."""
+
+    gpus: int
+    monthly_usd: float
+    utilization: float
+    peak_tok_s: float
+    mean_tok_s: float
+    capacity_tok_s: float
+    serves_peak: bool
+
+    @property
+    def usd_per_mtok(self) -> float:
+        tokens = self.mean_tok_s * 3600.0 * HOURS_PER_MONTH
+        return math.inf if tokens <= 0 else self.monthly_usd / tokens * 1e6
+
+
+def gpu_plan(hourly_output_tokens: Sequence[float], capacity_tok_s: float, gpu_hour_usd: float,
+             gpus: int | None = None, hours_per_month: float = HOURS_PER_MONTH) -> GpuPlan:
+    """GPUs for a traffic given per hour (`gpus`, or enough for its busiest hour, at least one).
+
+    Utilisation is the traffic's mean load over what the GPUs could serve: a GPU sized for the
+    peak idles the rest of the day, and its idle hours are paid like busy ones.
+    """
+    hours = [float(h) for h in hourly_output_tokens]
+    if not hours or min(hours) < 0:
+        raise ValueError("hourly_output_tokens needs one non-negative value per hour")
+    if capacity_tok_s <= 0:
+        raise ValueError("capacity_tok_s must be > 0: run `routeopt bench serving` first")
+    peak, mean = max(hours) / 3600.0, sum(hours) / len(hours) / 3600.0
+    n = gpus if gpus is not None else max(1, math.ceil(peak / capacity_tok_s - 1e-12))
+    if n < 1:
+        raise ValueError(f"gpus must be >= 1, got {n}")
+    return GpuPlan(n, n * gpu_hour_usd * hours_per_month, mean / (n * capacity_tok_s), peak, mean,
+                   capacity_tok_s, peak <= n * capacity_tok_s * (1 + 1e-9))
+
+
+def traffic_break_even(api_monthly_usd: float, gpu_monthly_usd: float, peak_tok_s: float,
+                       capacity_tok_s: float, max_gpus: int = 1_000_000) -> float | None:
+    """The smallest multiple s of a traffic at which enough GPUs for its peak cost no more than
+    the API would; None if the API stays cheaper at any volume.
+
+    At scale s the API costs s*A and self-hosting ceil(s*p/C)*G. Within band n (s in
+    ((n-1)C/p, nC/p]) self-hosting wins from s = nG/A on, so the first n whose band reaches
+    that point gives the answer; that needs G*p/(C*A) <= 1.
+    """
+    if api_monthly_usd <= 0 or peak_tok_s <= 0 or capacity_tok_s <= 0:
+        return None
+    band = capacity_tok_s / peak_tok_s  # the traffic multiple one more GPU adds
+    if gpu_monthly_usd / api_monthly_usd > band * (1 + 1e-12):
+        return None
+    for n in range(1, max_gpus + 1):
+        s = max((n - 1) * band, n * gpu_monthly_usd / api_monthly_usd)
+        if s <= n * band * (1 + 1e-12):
+            return s
+    return None

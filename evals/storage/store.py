@@ -88,6 +88,50 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_output_tokens BIGINT,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
+CREATE TABLE IF NOT EXISTS decisions (
+    request_id VARCHAR PRIMARY KEY,
+    time TIMESTAMPTZ NOT NULL,
+    suite VARCHAR,
+    quality_target DOUBLE,
+    prompt_hash VARCHAR,
+    prompt_chars INTEGER,
+    text VARCHAR,
+    channel VARCHAR,
+    policy_version INTEGER,
+    model VARCHAR NOT NULL,
+    propensity DOUBLE NOT NULL,
+    policy_model VARCHAR,
+    policy_probability DOUBLE,
+    explored BOOLEAN,
+    exploration_rate DOUBLE,
+    eligible_json VARCHAR,
+    canary_share DOUBLE,
+    pass_probabilities_json VARCHAR,
+    expected_cost_json VARCHAR,
+    shadow_channel VARCHAR,
+    shadow_version INTEGER,
+    shadow_model VARCHAR,
+    shadow_json VARCHAR,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    cost_usd DOUBLE,
+    source_file VARCHAR,
+    imported_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    request_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    passed BOOLEAN NOT NULL,
+    score DOUBLE,
+    cost_usd DOUBLE,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    recorded_at TIMESTAMPTZ,
+    file VARCHAR,
+    line VARCHAR,
+    imported_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (request_id, source)
+);
 """
 # Columns added since the first schema: files written by older versions get them on open.
 _ADDED_COLUMNS = (
@@ -352,6 +396,29 @@ class Store:
                 [run_id, suite, candidate],
             ).fetchall()
         return {r[0] for r in rows}
+
+    def has_table(self, name: str) -> bool:
+        """Whether the file has a table (a read-only store opened on an older file may not)."""
+        with self._lock:
+            return bool(self._con.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+            ).fetchone()[0])
+
+    def write_frame(self, frame: "Any", sql: str) -> None:
+        """Run one writing statement that reads a pandas/Arrow frame as `_frame`, atomically."""
+        if not len(frame):
+            return
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._con.register("_frame", frame)
+                self._con.execute(sql)
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            finally:
+                self._con.unregister("_frame")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> "Any":
         """Run a read query and return a pandas DataFrame."""

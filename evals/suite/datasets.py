@@ -121,6 +121,19 @@ def _parquet(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
         yield f"{path} row {i}", row
 
 
+def file_records(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """Rows of a .jsonl/.ndjson, .csv or .parquet file as (where, row) or (where, problem), the
+    way suites read them (CSV values stay text); an unknown extension raises DatasetError."""
+    suffix = path.suffix.lower()
+    readers = {".jsonl": jsonl_records, ".ndjson": jsonl_records, ".json": jsonl_records,
+               ".csv": _csv, ".parquet": _parquet, ".pq": _parquet}
+    if suffix not in readers:
+        raise DatasetError(f"{path}: unknown format {suffix!r}; use .jsonl, .csv or .parquet")
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    return readers[suffix](path)
+
+
 def _hub(src: HFSource) -> Iterator[tuple[str, dict[str, Any] | str]]:
     import datasets
 

@@ -121,24 +121,64 @@ def _short(value: Any, width: int = 70) -> str:
 @click.option("--channel", default="champion", show_default=True)
 @click.option("--allow-downgrade", is_flag=True, help="Move the channel to an older version "
               "(recorded as a signed rollback).")
+@click.option("--require", type=click.Choice(["shadow", "canary"]), default=None,
+              help="Move only if VERSION's shadow or canary on live traffic (decisions and feedback "
+                   "in the store) is not worse than the champion's.")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="DuckDB store with decisions and feedback (default: from the config).")
+@click.option("--since", default=None, help="With --require: only decisions since this ISO date/time.")
+@click.option("--min-feedback", type=click.IntRange(min=1), default=None,
+              help="With --require: requests with feedback needed (default: traffic.min_feedback).")
+@click.option("--margin", type=click.FloatRange(0, 1), default=None,
+              help="With --require: how much lower a pass rate may be, shown with 95% confidence "
+                   "(default: publishing.promote_tolerance).")
 @REGISTRY
 @SIGNING_KEY
 @ALLOW_UNSIGNED_MOVE
 @CONFIG_OPTION
-def promote(version: int, channel: str, allow_downgrade: bool, registry: str | None,
-            signing_key: Path | None, allow_unsigned: bool, config_path: Path | None) -> None:
+def promote(version: int, channel: str, allow_downgrade: bool, require: str | None,
+            db_path: Path | None, since: str | None, min_feedback: int | None, margin: float | None,
+            registry: str | None, signing_key: Path | None, allow_unsigned: bool,
+            config_path: Path | None) -> None:
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from artifacts.registry import move_channel
 
+    registry = registry or _default_registry()
+    if require is not None:
+        _require_live(registry, version, require, db_path, since, min_feedback, margin, config_path)
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
-        p = move_channel(registry or _default_registry(), channel, version, action="promote",
-                         signing_key=key, allow_downgrade=allow_downgrade,
-                         allow_unsigned=allow_unsigned)
+        p = move_channel(registry, channel, version, action="promote", signing_key=key,
+                         allow_downgrade=allow_downgrade, allow_unsigned=allow_unsigned)
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     assert p is not None
     click.echo(f"{channel} -> version {p.version} ({p.action}, move #{p.seq})")
+
+
+def _require_live(registry: str, version: int, kind: str, db_path: Path | None, since: str | None,
+                  min_feedback: int | None, margin: float | None, config_path: Path | None) -> None:
+    """Exit with the reason unless VERSION's shadow or canary result allows the promotion."""
+    from artifacts.registry import current_pointer
+    from evals.config import ConfigError, default_config_path, load_config
+    from evals.storage.store import Store
+    from flows.promotion import rollout_evidence
+
+    try:
+        cfg = load_config(config_path or default_config_path())
+    except ConfigError as exc:
+        raise click.UsageError(f"--require needs a config: {exc}") from None
+    path = Path(db_path or cfg.db_path)
+    if not path.exists():
+        _fail(RuntimeError(f"{path}: no database with logged decisions; import them first"))
+    pointer, _ = current_pointer(registry, "champion")
+    with Store(path, read_only=True) as store:
+        ok, why, _ = rollout_evidence(store, version, pointer.version if pointer else None, kind,
+                                      margin=cfg.publishing.promote_tolerance if margin is None else margin,
+                                      min_feedback=min_feedback or cfg.traffic.min_feedback, since=since)
+    if not ok:
+        _fail(RuntimeError(f"not promoted: {kind}: {why}"))
+    click.echo(f"{kind}: {why}")
 
 
 @policies.command("rollback")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 SUITES = ("reverse", "sort", "add")
@@ -30,8 +32,10 @@ def synthetic_frame(seed: int, n_items: int = 60):
     return pd.DataFrame(rows)
 
 
+@functools.lru_cache(maxsize=None)
 def make_policy(seed: int = 0):
-    """A RoutingPolicy trained by the real trainer on a small synthetic fleet."""
+    """A RoutingPolicy trained by the real trainer on a small synthetic fleet (once per process:
+    callers must not change it)."""
     from router_training.train import train_router
 
     return train_router(synthetic_frame(seed), quality_target=0.9, seed=seed).policy

@@ -58,8 +58,8 @@ async def test_falls_back_when_the_choice_has_no_deployment(fake, policies, poli
     decision = policies[0].decide(prompt, suite)
     router = _litellm_router(fake, [c for c in policies[0].candidates if c != decision.model])
     install(router, policy_router)
-    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}],
-                             metadata={"routeopt_suite": suite})
+    other = {"routeopt_suite": suite}
+    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=other)
     assert fake.requests[-1].body["model"] == f"{decision.fallbacks[0]}-model"
 
 
@@ -100,3 +100,24 @@ async def test_default_model_serves_while_no_policy_is_valid(fake, policies, pub
     install(bare, gateway)
     with pytest.raises(Exception, match="serves its default model 'fallback' .*no LiteLLM deployment is named"):
         await bare.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])
+
+
+async def test_a_gateway_logs_each_request_under_its_request_id(fake, policies, policy_router, tmp_path) -> None:
+    import json
+
+    from artifacts.decisions import DecisionLog, Gateway
+
+    log = DecisionLog(tmp_path, flush_s=0.05)
+    router = _litellm_router(fake, policies[0].candidates)
+    install(router, Gateway(policy_router, log=log))
+    prompt, suite = PROMPTS[1]
+    metadata = {"routeopt_suite": suite, "routeopt_request_id": "order-17"}
+    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=metadata)
+    other = {"routeopt_suite": suite}
+    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=other)
+    log.close()
+    records = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert metadata[DECISION_KEY]["request_id"] == "order-17" and metadata[DECISION_KEY]["propensity"] == 1.0
+    assert records[0]["request_id"] == "order-17" and records[0]["suite"] == suite
+    assert records[1]["request_id"] == other[DECISION_KEY]["request_id"] != "order-17"  # the gateway's
+    assert [r.body["model"] for r in fake.requests] == [f"{records[0]['model']}-model"] * 2

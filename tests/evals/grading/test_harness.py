@@ -7,8 +7,6 @@ import json
 import os
 import socket
 import threading
-from decimal import Decimal
-from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings

@@ -1,0 +1,409 @@
+"""Policies on live traffic: off-policy estimates from the gateways' decision logs and feedback.
+
+A logged request tells what the policy that served it chose, with which probability
+(`propensity`), and, once feedback arrives, whether it passed and what it cost. Any published
+policy can be scored on those requests (`router_training.offpolicy`) if its choice for each of
+them is known: from the record itself (it is the policy that served), from the shadow record
+(it was the other channel), or by deciding again on the logged text (only where the operator's
+redaction hook kept text). Requests with none of these are counted and skipped.
+
+The doubly robust estimator uses the evaluated policy's own model as reward model: its pass
+probabilities for the pass rate, its predicted costs for the cost per request. Costs are the
+observed ones (feedback `cost_usd`, else the gateway's usage record).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from router_training import offpolicy as ope
+from router_training.offpolicy import Estimate
+
+COLUMNS = ("request_id", "time", "suite", "quality_target", "text", "channel", "policy_version",
+           "model", "propensity", "policy_model", "explored", "exploration_rate", "eligible_json",
+           "pass_probabilities_json",
+           "expected_cost_json", "shadow_version", "shadow_model", "shadow_json",
+           "input_tokens", "output_tokens", "cost_usd", "prompt_chars", "prompt_hash")
+FEEDBACK_COLUMNS = ["request_id", "passed", "feedback_cost_usd", "feedback_input_tokens",
+                    "feedback_output_tokens", "sources"]
+
+
+# -- loading the traffic ----------------------------------------------------------------------
+
+
+def decisions_from_store(store: Any, since: str | None = None, until: str | None = None) -> pd.DataFrame:
+    """Logged decisions in [since, until) (ISO dates or times), oldest first."""
+    if not store.has_table("decisions"):
+        return pd.DataFrame(columns=list(COLUMNS))
+    where, params = [], []
+    if since:
+        where.append("time >= CAST(? AS TIMESTAMPTZ)")
+        params.append(since)
+    if until:
+        where.append("time < CAST(? AS TIMESTAMPTZ)")
+        params.append(until)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return store.query(f"SELECT {', '.join(COLUMNS)} FROM decisions {clause} ORDER BY time", params)
+
+
+def decisions_from_log(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
+    """The same frame read straight from decision log files (first record per request id)."""
+    from evals.storage.traffic import log_files, read_log
+
+    rows, usage, _ = read_log(log_files(paths))
+    frame = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in
+                                        ("input_tokens", "output_tokens", "cost_usd")])
+    frame = frame.drop_duplicates("request_id", keep="first")
+    if usage:
+        sums = pd.DataFrame(usage).groupby("request_id")[["input_tokens", "output_tokens", "cost_usd"]] \
+            .sum(min_count=1)
+        frame = frame.merge(sums, how="left", left_on="request_id", right_index=True)
+    for c in ("input_tokens", "output_tokens", "cost_usd"):
+        if c not in frame:
+            frame[c] = np.nan
+    return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def feedback_from_store(store: Any, source: str | None = None) -> pd.DataFrame:
+    """Per request: the mean of its feedback's `passed` over sources (or one source) and cost."""
+    if not store.has_table("feedback"):
+        return pd.DataFrame(columns=FEEDBACK_COLUMNS)
+    clause, params = ("WHERE source = ?", [source]) if source else ("", [])
+    return store.query(
+        "SELECT request_id, avg(CAST(passed AS DOUBLE)) AS passed, avg(cost_usd) AS feedback_cost_usd, "
+        "avg(input_tokens) AS feedback_input_tokens, avg(output_tokens) AS feedback_output_tokens, "
+        f"count(*) AS sources FROM feedback {clause} GROUP BY request_id", params)
+
+
+def window(decisions: pd.DataFrame, since: str | None, until: str | None) -> pd.DataFrame:
+    """The decisions in [since, until) (ISO dates or times, UTC unless they say otherwise)."""
+    if not since and not until:
+        return decisions
+    t = pd.to_datetime(decisions["time"], utc=True)
+    keep = np.ones(len(decisions), dtype=bool)
+    if since:
+        keep &= (t >= pd.Timestamp(since, tz="UTC") if pd.Timestamp(since).tzinfo is None
+                 else t >= pd.Timestamp(since)).to_numpy()
+    if until:
+        keep &= (t < pd.Timestamp(until, tz="UTC") if pd.Timestamp(until).tzinfo is None
+                 else t < pd.Timestamp(until)).to_numpy()
+    return decisions[keep].reset_index(drop=True)
+
+
+def traffic_frame(decisions: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
+    """Decisions with their feedback; `cost` is the observed cost (feedback, else usage)."""
+    frame = decisions.merge(feedback, how="left", on="request_id")
+    fb_cost = pd.to_numeric(frame.get("feedback_cost_usd"), errors="coerce")
+    frame["cost"] = fb_cost.fillna(pd.to_numeric(frame["cost_usd"], errors="coerce"))
+    frame["passed"] = pd.to_numeric(frame["passed"], errors="coerce")
+    return frame
+
+
+# -- one policy's view of the logged requests -------------------------------------------------
+
+
+@dataclass
+class Terms:
+    """Per logged request, what a target policy needs: its choice's weight and reward-model values
+    (NaN where the policy's choice is unknown)."""
+
+    known: np.ndarray
+    weight: np.ndarray
+    agree: np.ndarray
+    g_pass_logged: np.ndarray
+    g_pass_target: np.ndarray
+    g_cost_logged: np.ndarray
+    g_cost_target: np.ndarray
+    target_propensity: np.ndarray
+    chosen: np.ndarray
+    basis: list[str | None]
+
+
+def _dicts(column: pd.Series) -> list[dict]:
+    return [json.loads(x) if isinstance(x, str) and x else {} for x in column]
+
+
+def _shadows(frame: pd.DataFrame) -> list[dict]:
+    return [json.loads(x) if isinstance(x, str) and x else {} for x in frame["shadow_json"]]
+
+
+def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, Any]:
+    """The policy's decisions, made again on the kept text of `rows` (grouped by quality target)."""
+    out: dict[int, Any] = {}
+    targets = frame["quality_target"].to_numpy()
+    groups: dict[float | None, list[int]] = {}
+    for i in rows:
+        q = targets[i]
+        groups.setdefault(None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q),
+                          []).append(int(i))
+    for q, idx in groups.items():
+        texts = [str(frame["text"].iat[i]) for i in idx]
+        suites = [s if isinstance(s, str) else None for s in frame["suite"].iloc[idx]]
+        for i, d in zip(idx, policy.decide_batch(texts, suites, q)):
+            out[i] = d
+    return out
+
+
+def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
+                 needed: np.ndarray | None = None) -> Terms:
+    """The target policy's choice per request: logged, shadowed, or decided again on kept text
+    (only for the `needed` rows, when given: deciding again is the expensive part)."""
+    n = len(frame)
+    nan = np.full(n, np.nan)
+    t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
+              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n)
+    served, propensity = frame["model"].tolist(), frame["propensity"].to_numpy(dtype=float)
+    versions = pd.to_numeric(frame["policy_version"], errors="coerce").to_numpy()
+    shadow_versions = pd.to_numeric(frame["shadow_version"], errors="coerce").to_numpy()
+    logged_p, logged_c = _dicts(frame["pass_probabilities_json"]), _dicts(frame["expected_cost_json"])
+    shadows = _shadows(frame)
+    views: dict[int, tuple[str, dict, dict, str]] = {}
+    for i in range(n):
+        if version is not None and versions[i] == version:
+            views[i] = (frame["policy_model"].iat[i] or served[i], logged_p[i], logged_c[i], "logged")
+        elif version is not None and shadow_versions[i] == version and shadows[i].get("model"):
+            s = shadows[i]
+            views[i] = (s["model"], s.get("pass_probabilities") or {}, s.get("expected_cost_usd") or {},
+                        "shadow")
+    if policy is not None:
+        texts = frame["text"].to_numpy()
+        rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)
+                         and (needed is None or needed[i])], dtype=int)
+        for i, d in _from_text(policy, frame, rest).items():
+            views[i] = (d.model, d.pass_probabilities, d.expected_cost_usd, "text")
+    mu = _logging_probability(frame)
+    for i, (model, p, c, basis) in views.items():
+        a = served[i]
+        t.known[i], t.agree[i], t.basis[i], t.chosen[i] = True, model == a, basis, model
+        t.weight[i] = (1.0 if model == a else 0.0) / propensity[i]
+        t.target_propensity[i] = mu(i, model)
+        unused = 0.0 if model != a else np.nan  # weight 0: the served model's value does not count
+        t.g_pass_target[i], t.g_pass_logged[i] = p.get(model, np.nan), p.get(a, unused)
+        t.g_cost_target[i], t.g_cost_logged[i] = c.get(model, np.nan), c.get(a, unused)
+    return t
+
+
+def _logging_probability(frame: pd.DataFrame) -> Any:
+    """mu(i, model): the probability the logging policy of request i gave `model` (its own choice
+    with 1 - rate, plus rate / n_eligible for each model exploration could pick)."""
+    rates = pd.to_numeric(frame["exploration_rate"], errors="coerce").fillna(0.0).to_numpy()
+    own = frame["policy_model"].where(frame["policy_model"].notna(), frame["model"]).tolist()
+    eligible = [set(json.loads(e)) if isinstance(e, str) else set() for e in frame["eligible_json"]]
+
+    def mu(i: int, model: str) -> float:
+        share = rates[i] / len(eligible[i]) if model in eligible[i] else 0.0
+        return (1 - rates[i] if eligible[i] else 1.0) * (model == own[i]) + share
+
+    return mu
+
+
+# -- estimates --------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyOnTraffic:
+    """A policy's estimated pass rate and cost per request on the logged traffic."""
+
+    label: str
+    version: int | None
+    n_logged: int
+    n_feedback: int
+    n_evaluated: int
+    n_unknown: int
+    n_unsupported: int
+    agreement: float
+    basis: dict[str, int]
+    pass_rate: dict[str, Estimate]
+    cost: dict[str, Estimate]
+    n_cost: int
+    terms: Terms | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "version": self.version, "n_logged": self.n_logged,
+                "n_feedback": self.n_feedback, "n_evaluated": self.n_evaluated,
+                "n_unknown": self.n_unknown, "n_unsupported": self.n_unsupported,
+                "agreement": self.agreement, "basis": self.basis,
+                "n_cost": self.n_cost,
+                "pass_rate": {k: e.to_dict() for k, e in self.pass_rate.items()},
+                "cost": {k: e.to_dict() for k, e in self.cost.items()}}
+
+
+def _rows(terms: Terms, reward: np.ndarray, g_logged: np.ndarray, g_target: np.ndarray) -> np.ndarray:
+    return terms.known & ~np.isnan(reward) & ~np.isnan(g_logged) & ~np.isnan(g_target)
+
+
+def evaluate(frame: pd.DataFrame, version: int | None, policy: Any = None, *, label: str = "",
+             z: float = ope.Z95) -> PolicyOnTraffic:
+    """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic."""
+    passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost))
+    rp = _rows(t, passed, t.g_pass_logged, t.g_pass_target)
+    rc = _rows(t, cost, t.g_cost_logged, t.g_cost_target)
+    variance = ope.dr_model_variance(t.g_pass_target[rp], t.target_propensity[rp])
+    pass_rate = ope.all_estimates(passed[rp], t.weight[rp], t.g_pass_logged[rp], t.g_pass_target[rp],
+                                  z=z, bounds=(0.0, 1.0), model_variance=variance) if rp.any() else {}
+    costs = ope.all_estimates(cost[rc], t.weight[rc], t.g_cost_logged[rc], t.g_cost_target[rc],
+                              z=z, bounds=(0.0, math.inf)) if rc.any() else {}
+    basis: dict[str, int] = {}
+    for b, ok in zip(t.basis, rp):
+        if ok:
+            basis[b] = basis.get(b, 0) + 1
+    has_feedback = ~np.isnan(passed)
+    return PolicyOnTraffic(
+        label=label or (f"version {version}" if version is not None else "policy"), version=version,
+        n_logged=len(frame), n_feedback=int(has_feedback.sum()), n_evaluated=int(rp.sum()),
+        n_unknown=int((has_feedback & ~t.known).sum()),
+        n_unsupported=int((rp & (t.target_propensity <= 0)).sum()),
+        agreement=float(t.agree[rp].mean()) if rp.any() else math.nan, basis=basis,
+        pass_rate=pass_rate, cost=costs, n_cost=int(rc.sum()), terms=t)
+
+
+@dataclass
+class Comparison:
+    """New minus champion on the requests where both choices are known (doubly robust, paired)."""
+
+    new: PolicyOnTraffic
+    champion: PolicyOnTraffic
+    pass_rate_diff: Estimate
+    cost_diff: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"new": self.new.to_dict(), "champion": self.champion.to_dict(),
+                "pass_rate_diff": self.pass_rate_diff.to_dict(),
+                "cost_diff": self.cost_diff.to_dict()}
+
+
+def _paired(a: Terms, b: Terms, reward: np.ndarray, which: str, z: float) -> Estimate:
+    gl_a, gt_a = getattr(a, f"g_{which}_logged"), getattr(a, f"g_{which}_target")
+    gl_b, gt_b = getattr(b, f"g_{which}_logged"), getattr(b, f"g_{which}_target")
+    rows = _rows(a, reward, gl_a, gt_a) & _rows(b, reward, gl_b, gt_b)
+    if not rows.any():
+        return ope.EMPTY
+    ta = ope.dr_terms(reward[rows], a.weight[rows], gl_a[rows], gt_a[rows])
+    tb = ope.dr_terms(reward[rows], b.weight[rows], gl_b[rows], gt_b[rows])
+    if which != "pass":
+        return ope.paired_difference(ta, tb, z=z)
+    # where the two choose differently their corrections rest on different explored requests
+    differ = a.chosen[rows] != b.chosen[rows]
+    variance = differ * (ope.dr_model_variance(gt_a[rows], a.target_propensity[rows])
+                         + ope.dr_model_variance(gt_b[rows], b.target_propensity[rows]))
+    return ope.paired_difference(ta, tb, z=z, model_variance=variance,
+                                 baseline_diff=gt_a[rows] - gt_b[rows])
+
+
+def compare(frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic,
+            z: float = ope.Z95) -> Comparison:
+    assert new.terms is not None and champion.terms is not None
+    passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
+    return Comparison(new, champion, _paired(new.terms, champion.terms, passed, "pass", z),
+                      _paired(new.terms, champion.terms, cost, "cost", z))
+
+
+# -- canary -----------------------------------------------------------------------------------
+
+
+@dataclass
+class CanaryArms:
+    """What each channel's served requests scored (served models, exploration included)."""
+
+    version: int | None
+    champion: Estimate
+    candidate: Estimate
+    difference: Estimate
+    champion_cost: Estimate
+    candidate_cost: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.to_dict() if isinstance(v, Estimate) else v) for k, v in self.__dict__.items()}
+
+
+def _two_sample(a: np.ndarray, b: np.ndarray, z: float) -> Estimate:
+    if len(a) < 2 or len(b) < 2:
+        return ope.EMPTY
+    se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    value = float(b.mean() - a.mean())
+    return Estimate(value, value - z * se, value + z * se, se, len(a) + len(b), float(len(a) + len(b)))
+
+
+def canary_arms(frame: pd.DataFrame, version: int | None = None, z: float = ope.Z95) -> CanaryArms:
+    """Champion arm vs the candidate's canary arm (optionally of one candidate version); the arms
+    are assigned by a hash of the request id, so the difference is a randomised comparison."""
+    canary = frame["channel"] == "candidate"
+    if version is not None:
+        canary &= pd.to_numeric(frame["policy_version"], errors="coerce") == version
+    passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
+    champ = (frame["channel"] == "champion").to_numpy()
+    cand = canary.to_numpy()
+    pa, pb = passed[champ & ~np.isnan(passed)], passed[cand & ~np.isnan(passed)]
+    ca, cb = cost[champ & ~np.isnan(cost)], cost[cand & ~np.isnan(cost)]
+    return CanaryArms(version, ope.mean_estimate(pa, z=z, bounds=(0, 1)),
+                      ope.mean_estimate(pb, z=z, bounds=(0, 1)), _two_sample(pa, pb, z),
+                      ope.mean_estimate(ca, z=z, bounds=(0, math.inf)),
+                      ope.mean_estimate(cb, z=z, bounds=(0, math.inf)))
+
+
+def live_comparison(store: Any, new_policy: Any, new_version: int | None, champion_policy: Any,
+                    champion_version: int | None, *, since: str | None = None,
+                    source: str | None = None) -> Comparison | None:
+    """The new policy against the champion on the logged traffic since `since` (None without a
+    champion or without logged decisions)."""
+    if champion_policy is None:
+        return None
+    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
+    if frame.empty:
+        return None
+    new = evaluate(frame, new_version, new_policy, label="new")
+    old = evaluate(frame, champion_version, champion_policy, label="champion")
+    return compare(frame, new, old)
+
+
+def _versions(frame: pd.DataFrame) -> tuple[int | None, int | None]:
+    """(champion, candidate) versions seen in the window: the champion's most frequent serving
+    version, the candidate's latest shadowed or canary-served one."""
+    def latest(values: pd.Series) -> int | None:
+        values = pd.to_numeric(values, errors="coerce").dropna()
+        return int(values.iloc[-1]) if len(values) else None
+
+    served = pd.to_numeric(frame.loc[frame["channel"] == "champion", "policy_version"], errors="coerce").dropna()
+    champion = int(served.mode().iloc[0]) if len(served) else None
+    shadow = frame.loc[frame["shadow_version"].notna() & (frame["channel"] == "champion"), "shadow_version"]
+    canary = frame.loc[frame["channel"] == "candidate", "policy_version"]
+    return champion, latest(pd.concat([shadow, canary]))
+
+
+def live_summary(store: Any, *, until: str | None = None, days: float = 14.0) -> dict[str, Any] | None:
+    """Champion vs candidate on the logged traffic of the `days` before `until` (the dashboard's
+    section): counts, off-policy estimates from the logs alone (served and shadow records), the
+    paired difference, and the canary arms. None without logged decisions."""
+    if not store.has_table("decisions"):
+        return None
+    end = pd.Timestamp(until) if until else pd.Timestamp.now(tz="UTC")
+    end = end.tz_localize("UTC") if end.tzinfo is None else end
+    start = end - pd.Timedelta(days=days)
+    frame = traffic_frame(decisions_from_store(store, start.isoformat(), end.isoformat()),
+                          feedback_from_store(store))
+    if frame.empty:
+        return None
+    champion_v, candidate_v = _versions(frame)
+    policies = [evaluate(frame, champion_v, label="champion")]
+    if candidate_v is not None and candidate_v != champion_v:
+        policies.append(evaluate(frame, candidate_v, label="candidate"))
+    diff = compare(frame, policies[1], policies[0]) if len(policies) == 2 else None
+    canary = (frame["channel"] == "candidate").any()
+    return {
+        "since": start.isoformat(), "until": end.isoformat(), "logged": len(frame),
+        "feedback": int(frame["passed"].notna().sum()),
+        "explored": float(frame["explored"].fillna(False).astype(bool).mean()),
+        "with_text": float(frame["text"].map(lambda t: isinstance(t, str)).mean()),
+        "shadowed": float(frame["shadow_version"].notna().mean()),
+        "policies": [p.to_dict() for p in policies],
+        "difference": diff.to_dict() if diff else None,
+        "canary": canary_arms(frame, candidate_v).to_dict() if canary else None,
+    }
