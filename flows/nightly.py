@@ -29,6 +29,7 @@ ProgressHook = Callable[[str, str, int, int], None]
 
 _PROGRESS: dict[str, ProgressHook] = {}
 _STORES: dict[str, Store] = {}
+_RUNNING: dict[str, set[tuple[asyncio.AbstractEventLoop, "asyncio.Task[Any]"]]] = {}
 
 
 def shared_store(path: Path) -> Store:
@@ -43,6 +44,24 @@ def close_store(path: Path) -> None:
     store = _STORES.pop(str(Path(path).resolve()), None)
     if store is not None:
         store.close()
+
+
+def cancel_evaluations(run_id: str) -> int:
+    """Cancel the run's (suite x candidate) evaluations running in this process: each stores
+    the items it finished, and the run resumes with the rest."""
+    running = list(_RUNNING.get(run_id, ()))
+    for loop, task in running:
+        loop.call_soon_threadsafe(task.cancel)
+    return len(running)
+
+
+async def _cancellable(run_id: str, coro: Any) -> Any:
+    me = (asyncio.get_running_loop(), asyncio.current_task())
+    _RUNNING.setdefault(run_id, set()).add(me)  # type: ignore[arg-type]
+    try:
+        return await coro
+    finally:
+        _RUNNING[run_id].discard(me)  # type: ignore[arg-type]
 
 
 def new_run_id() -> str:
@@ -90,7 +109,7 @@ def evaluate_task(
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
     stats = asyncio.run(
-        evaluate_pair(
+        _cancellable(run_id, evaluate_pair(
             suite,
             candidate,
             run_id,
@@ -99,7 +118,7 @@ def evaluate_task(
             on_progress=on_progress,
             budget=budget,
             cache=cache_dir,
-        )
+        ))
     )
     return stats, kept
 
@@ -161,10 +180,14 @@ def evaluate_all(
                 )
             )
             last_of[cand.name] = futures[-1]
-    for fut in futures:
-        stats, rows = fut.result()
-        store.write_outcomes(rows)
-        report.pairs.append(stats)
+    try:
+        for fut in futures:
+            stats, rows = fut.result()
+            store.write_outcomes(rows)
+            report.pairs.append(stats)
+    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the pairs in flight stop too
+        cancel_evaluations(run_id)
+        raise
     store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
     return report
 
