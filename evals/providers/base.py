@@ -64,6 +64,10 @@ class Completion:
     ttft_s: float | None = None
     latency_s: float = 0.0
     chunk_gaps_s: list[float] = field(default_factory=list)
+    # True: the answer arrived as a stream, so TTFT was observed. False: as one body (a plain
+    # call, or a server that answered a stream request with JSON), so TTFT and TPOT are
+    # unknown (None), never made up. None: not recorded (older cache entries).
+    streamed: bool | None = None
 
     @property
     def tpot_s(self) -> float | None:

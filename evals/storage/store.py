@@ -79,8 +79,11 @@ CREATE TABLE IF NOT EXISTS outcomes (
     attempts INTEGER DEFAULT 1,
     cached BOOLEAN DEFAULT FALSE,
     created_at TIMESTAMPTZ NOT NULL,
+    streamed BOOLEAN,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
+-- Files written before the column existed.
+ALTER TABLE outcomes ADD COLUMN IF NOT EXISTS streamed BOOLEAN;
 """
 
 
@@ -111,6 +114,8 @@ class Outcome:
     attempts: int = 1
     cached: bool = False
     created_at: datetime | None = None
+    # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
+    streamed: bool | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str]:

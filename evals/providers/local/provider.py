@@ -304,7 +304,7 @@ class LocalProvider:
         return Completion(
             text=text, finish_reason=reason, input_tokens=row.n_in, output_tokens=n_out,
             tokens_estimated=False, ttft_s=row.times[0] - p.enqueued if row.times else None,
-            latency_s=now - p.enqueued, chunk_gaps_s=gaps,
+            latency_s=now - p.enqueued, chunk_gaps_s=gaps, streamed=True,
         )
 
 
