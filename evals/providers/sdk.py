@@ -20,6 +20,7 @@ import importlib
 import json
 import math
 import re
+import sys
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
@@ -189,12 +190,18 @@ def _status_error(status: int, message: str, headers: Mapping[str, str] | None) 
     return ProviderError("client_error", text)
 
 
+def transport(sdk: ModuleType) -> ModuleType:
+    """The HTTP library an SDK is built on (httpx, or httpx2 in later openai and anthropic
+    releases): the package of its default client's base class. Its errors can surface raw from
+    a stream, and routeopt depends on it only through the SDK, so it is never named here."""
+    base = next(c for c in sdk.DefaultAsyncHttpxClient.__mro__
+                if c.__module__.split(".")[0] != sdk.__name__)
+    return sys.modules[base.__module__.split(".")[0]]
+
+
 def map_error(exc: BaseException, sdk: ModuleType, secret: str | None) -> ProviderError:
     """Translate an SDK / transport exception into the ProviderError kind the runner acts on."""
-    import httpx
-    import httpx2
-
-    err = _map(exc, sdk, (httpx2, httpx))
+    err = _map(exc, sdk, (transport(sdk),))
     err.message = redact(err.message, secret)[:2000]
     err.args = (f"{err.kind}: {err.message}",)
     return err

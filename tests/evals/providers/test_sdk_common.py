@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after
+from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after, transport
 
 
 def test_retry_after_forms():
@@ -44,13 +44,26 @@ def test_unknown_exceptions_are_internal_and_json_errors_bad_response():
         assert map_error(exc, openai, None).kind == "bad_response"
 
 
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_raw_transport_errors_are_mapped_for_the_library_the_sdk_is_built_on(vendor):
+    """Errors raised mid-stream reach the provider unwrapped, as the SDK's HTTP library's own."""
+    import importlib
+
+    sdk = importlib.import_module(vendor)
+    http = transport(sdk)
+    assert isinstance(sdk.DefaultAsyncHttpxClient(), http.AsyncClient)
+    request = http.Request("POST", "http://x/v1/messages")
+    assert map_error(http.ReadTimeout("slow", request=request), sdk, None).kind == "timeout"
+    assert map_error(http.RemoteProtocolError("peer closed", request=request), sdk,
+                     None).kind == "connection"
+
+
 @pytest.mark.parametrize("status,kind", [(401, "auth"), (403, "auth"), (404, "client_error"),
                                          (408, "timeout"), (429, "rate_limited"), (502, "server_error")])
 def test_status_codes(status, kind):
-    import httpx2
-
-    resp = httpx2.Response(status, headers={"retry-after": "1"},
-                           request=httpx2.Request("POST", "http://x/v1/chat/completions"))
+    http = transport(openai)
+    resp = http.Response(status, headers={"retry-after": "1"},
+                         request=http.Request("POST", "http://x/v1/chat/completions"))
     exc = openai.APIStatusError("err sk-live-secret99", response=resp, body=None)
     err = map_error(exc, openai, None)
     assert err.kind == kind and "sk-live-secret99" not in err.message
