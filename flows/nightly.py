@@ -8,6 +8,7 @@ tasks, so another task runner (Dask, Ray) spreads it over machines without chang
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -30,6 +31,7 @@ ProgressHook = Callable[[str, str, int, int], None]
 _PROGRESS: dict[str, ProgressHook] = {}
 _STORES: dict[str, Store] = {}
 _RUNNING: dict[str, set[tuple[asyncio.AbstractEventLoop, "asyncio.Task[Any]"]]] = {}
+_RUNNING_LOCK = threading.Lock()  # evaluation threads add and remove, the flow's thread reads
 
 
 def shared_store(path: Path) -> Store:
@@ -49,19 +51,27 @@ def close_store(path: Path) -> None:
 def cancel_evaluations(run_id: str) -> int:
     """Cancel the run's (suite x candidate) evaluations running in this process: each stores
     the items it finished, and the run resumes with the rest."""
-    running = list(_RUNNING.get(run_id, ()))
-    for loop, task in running:
-        loop.call_soon_threadsafe(task.cancel)
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.get(run_id, ()))
+    for loop, main in running:
+        try:
+            loop.call_soon_threadsafe(main.cancel)
+        except RuntimeError:  # it finished (its loop closed) meanwhile
+            pass
     return len(running)
 
 
 async def _cancellable(run_id: str, coro: Any) -> Any:
     me = (asyncio.get_running_loop(), asyncio.current_task())
-    _RUNNING.setdefault(run_id, set()).add(me)  # type: ignore[arg-type]
+    with _RUNNING_LOCK:
+        _RUNNING.setdefault(run_id, set()).add(me)  # type: ignore[arg-type]
     try:
         return await coro
     finally:
-        _RUNNING[run_id].discard(me)  # type: ignore[arg-type]
+        with _RUNNING_LOCK:
+            _RUNNING[run_id].discard(me)  # type: ignore[arg-type]
+            if not _RUNNING[run_id]:
+                del _RUNNING[run_id]
 
 
 def new_run_id() -> str:
@@ -185,8 +195,9 @@ def evaluate_all(
             stats, rows = fut.result()
             store.write_outcomes(rows)
             report.pairs.append(stats)
-    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the pairs in flight stop too
-        cancel_evaluations(run_id)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # SIGTERM, Ctrl-C: the pairs in flight stop too
+            cancel_evaluations(run_id)
         raise
     store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
     return report

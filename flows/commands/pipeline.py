@@ -107,11 +107,10 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", **kw: Any) -> dict[str, Any]:
     from flows import prefect_api
 
     shutdown.server = prefect_api.launch()  # starting now, it overlaps the imports below
-    from flows.nightly import new_run_id, nightly, shared_store
+    from flows.nightly import new_run_id, nightly
 
     run_id = kw["run_id"] or new_run_id()
-    db_path = Path(kw["db_path"]).resolve() if kw["db_path"] else cfg.db_path
-    shutdown.run = (shared_store(db_path), run_id)
+    shutdown.run = (Path(kw["db_path"]).resolve() if kw["db_path"] else cfg.db_path, run_id)
     with _progress(not kw["no_progress"] and sys.stderr.isatty()) as progress_key, \
             prefect_api.serving(shutdown.server):
         return nightly(
@@ -155,15 +154,15 @@ class _Shutdown:
 
     The first signal interrupts the flow, which cancels the evaluations in flight (each stores
     what it finished); the run resumes with its id. Prefect handles a SIGTERM during the flow
-    first (it marks the run Crashed) and then passes it on here. If the calls in flight have not wound down SHUTDOWN_GRACE_S later, or a second
-    signal comes, the process stops the Prefect server and exits at once, as after a kill -9
-    (which the store is built to survive).
+    first (it marks the flow run Crashed) and then passes it on here. If the calls in flight
+    have not wound down SHUTDOWN_GRACE_S later, or a second signal comes, the process stops
+    the Prefect server and exits at once, as after a kill -9 (which the store survives).
     """
 
     def __init__(self, resume: str):
         self.resume = resume
         self.server: Any = None
-        self.run: tuple[Any, str] | None = None  # (store, run id) once the run has an id
+        self.run: tuple[Path, str] | None = None  # (DuckDB file, run id) once it has an id
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
@@ -197,16 +196,24 @@ class _Shutdown:
     def exit(self, signum: int) -> None:
         """Record the run as interrupted, say how to resume it, exit with 128 + signum."""
         name = signal.Signals(signum).name
-        if self.run is None:
-            click.echo(f"routeopt: {name} before the run started; nothing was recorded", err=True)
-            sys.exit(128 + signum)
-        store, run_id = self.run
-        try:
-            store.finish_run(run_id, "interrupted")
-        except Exception as exc:  # the exit status and the resume hint matter more
-            click.echo(f"routeopt: could not mark run {run_id} interrupted: {exc}", err=True)
-        click.echo(f"routeopt: run {run_id} interrupted by {name}; finished items are stored. "
-                   f"Resume with: {self.resume} --run-id {run_id}", err=True)
+        begun = False
+        if self.run is not None and self.run[0].exists():
+            from flows.nightly import shared_store
+
+            db_path, run_id = self.run
+            try:
+                store = shared_store(db_path)
+                begun = not store.query("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).empty
+                if begun:
+                    store.finish_run(run_id, "interrupted")
+            except Exception as exc:  # the exit status and the resume hint matter more
+                click.echo(f"routeopt: could not mark run {run_id} interrupted: {exc}", err=True)
+                begun = True
+        if begun:
+            click.echo(f"routeopt: run {run_id} interrupted by {name}; finished items are "
+                       f"stored. Resume with: {self.resume} --run-id {run_id}", err=True)
+        else:
+            click.echo(f"routeopt: {name} before the run began; nothing was recorded", err=True)
         sys.exit(128 + signum)
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -105,6 +106,19 @@ def assert_nothing_left(seen: set[tuple[int, int]], mark: str, within_s: float =
 
 
 @pytest.fixture
+def mark() -> str:
+    """This test's environment marker; whatever still carries it afterwards is killed, so a
+    failing test does not leave its processes to the next."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in marked(value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
 def project(tmp_path: Path):
     """A config with two API candidates on one slow fake server, and a 200-item suite."""
     with FakeLLM(first_token_delay_s=0.25) as server:
@@ -114,7 +128,7 @@ def project(tmp_path: Path):
         yield server, config, tmp_path / "out" / "routeopt.duckdb"
 
 
-def start_cli(config: Path, run_id: str, mark: str, **popen) -> subprocess.Popen:
+def start_cli(config: Path, run_id: str, mark: str, **popen: Any) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(REPO), LC_STRONG_KEY="sk-lc-strong", LC_WEAK_KEY="sk-lc-weak",
                PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
@@ -153,9 +167,9 @@ def prompts_of(rows, db: Path) -> set[str]:
 # --- the tests -----------------------------------------------------------------------------------
 
 
-def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project):
+def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project, mark):
     server, config, db = project
-    mark, run_id = uuid.uuid4().hex, "run-killed"
+    run_id = "run-killed"
     proc = start_cli(config, run_id, mark)
     tree = mid_evaluation(proc, server)
     proc.kill()
@@ -181,11 +195,11 @@ def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project):
 
 
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
-def test_sigterm_or_ctrl_c_stops_promptly_and_cleanly(project, how):
+def test_sigterm_or_ctrl_c_stops_promptly_and_cleanly(project, mark, how):
     from flows.commands.pipeline import SHUTDOWN_GRACE_S
 
     server, config, db = project
-    mark, run_id = uuid.uuid4().hex, f"run-{how}"
+    run_id = f"run-{how}"
     # A terminal's Ctrl-C signals the whole foreground process group: the CLI leads its own.
     proc = start_cli(config, run_id, mark, start_new_session=True)
     tree = mid_evaluation(proc, server)
