@@ -11,7 +11,8 @@ CLI starts that server itself (`launch`):
   (PR_SET_PDEATHSIG, Linux), and a thread in it also exits when its parent pid changes (every
   platform, and a parent that died before the request);
 - on a socket this process binds to port 0 and hands over, so concurrent runs never race for a
-  port (Prefect picks one at random in 8000-8999);
+  port (Prefect picks one at random in 8000-8999), and one start at a time per Prefect home, so
+  concurrent runs never migrate its database at once;
 - in a session of its own, so a Ctrl-C in a terminal (SIGINT to the whole foreground group)
   leaves it up while the CLI reports the run's final state, then stops it;
 - as soon as the config is valid, so its start (imports, database migrations: seconds) overlaps
@@ -33,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 # What Prefect's own temporary server sets: no UI, the services of an ephemeral server only.
@@ -50,9 +52,10 @@ class ServerError(RuntimeError):
 class LocalServer:
     """A temporary Prefect server in a child process that dies with this one."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int):
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, start_lock: int | None = None):
         self.proc = proc
         self.port = port
+        self._start_lock = start_lock  # held until the server answers (see `_lock_start`)
 
     @property
     def api_url(self) -> str:
@@ -60,6 +63,17 @@ class LocalServer:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the server answers its health check; a clear error if it never does."""
+        try:
+            self._wait(timeout_s)
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._start_lock is not None:
+            os.close(self._start_lock)  # closing the file releases the lock
+            self._start_lock = None
+
+    def _wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -83,6 +97,7 @@ class LocalServer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; safe to call twice (atexit calls it)."""
+        self._unlock()
         if self.proc.poll() is not None:
             return
         self.proc.terminate()
@@ -108,6 +123,21 @@ def startup_timeout_s() -> float:
     return max(float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()), MIN_STARTUP_TIMEOUT_S)
 
 
+def _lock_start() -> int:
+    """Wait for, then hold, the right to start a server on this Prefect home. Each start
+    migrates the home's database, and two runs migrating it at once break it (concurrent cron
+    jobs on a fresh home did). The kernel drops the lock if this process dies."""
+    import fcntl
+
+    from prefect.settings import PREFECT_HOME
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / "routeopt-server-start.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def launch() -> LocalServer | None:
     """Start the temporary server (without waiting for it); None when an API is configured or
     the platform cannot tie a child to its parent (then Prefect starts its own, as before)."""
@@ -120,6 +150,7 @@ def launch() -> LocalServer | None:
     # The kernel's parent-death signal follows the thread that started the child: ask for it
     # only from the main thread, which lives as long as the process.
     kernel = threading.current_thread() is threading.main_thread()
+    start_lock = _lock_start()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
@@ -130,7 +161,7 @@ def launch() -> LocalServer | None:
             [sys.executable, "-P", __file__, str(os.getpid()), str(sock.fileno()), str(int(kernel))],
             env=env, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
         )
-        server = LocalServer(proc, sock.getsockname()[1])
+        server = LocalServer(proc, sock.getsockname()[1], start_lock)
     # Registered before Prefect's log and event workers register their drains, so (atexit runs
     # last-in first-out) the server stops only after they have delivered what they hold.
     atexit.register(server.stop)

@@ -128,8 +128,9 @@ def project(tmp_path: Path):
         yield server, config, tmp_path / "out" / "routeopt.duckdb"
 
 
-def start_cli(config: Path, run_id: str, mark: str, **popen: Any) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def start_cli(config: Path, run_id: str, mark: str, env: dict[str, str] | None = None,
+              **popen: Any) -> subprocess.Popen:
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, **(env or {})}
     env.update(PYTHONPATH=str(REPO), LC_STRONG_KEY="sk-lc-strong", LC_WEAK_KEY="sk-lc-weak",
                PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
     return subprocess.Popen(
@@ -220,3 +221,21 @@ def test_sigterm_or_ctrl_c_stops_promptly_and_cleanly(project, mark, how):
         status = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
     assert status == ("interrupted",)
     assert 0 < len(stored(db, run_id)) < ITEMS * len(CANDIDATES)
+
+
+def test_two_runs_at_once_on_a_fresh_prefect_home_both_finish(tmp_path: Path, mark):
+    """Concurrent cron jobs: each starts its own server (ports from the kernel), and the second
+    waits for the first to migrate the shared Prefect database instead of breaking it."""
+    home = tmp_path / "prefect-home"
+    with FakeLLM() as server:
+        runs = []
+        for n in range(2):
+            write_arithmetic_suite(tmp_path / f"p{n}" / "suites", 20)
+            config = write_two_model_config(tmp_path / f"p{n}" / "routeopt.yaml", server, server,
+                                            key_envs=("LC_STRONG_KEY", "LC_WEAK_KEY"))
+            runs.append(start_cli(config, f"run-{n}", mark, env={"PREFECT_HOME": str(home)}))
+        outs = [proc.communicate(timeout=600)[0] for proc in runs]
+    assert [proc.returncode for proc in runs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    for n in range(2):
+        assert len(stored(tmp_path / f"p{n}" / "out" / "routeopt.duckdb", f"run-{n}")) == 40
+    assert_nothing_left(set(), mark)

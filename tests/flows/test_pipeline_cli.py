@@ -37,7 +37,7 @@ def test_a_bad_config_fails_before_prefect_with_file_line_and_field(tmp_path: Pa
                    "     max_concurrency: 0}\n")
     proc, imported = run_cli(command, "--config", str(bad))
     assert proc.returncode == 1
-    assert errors(proc) == f"Error: {bad}:3: candidates.0.max_concurrency: " \
+    assert errors(proc) == f"Error: {bad.resolve()}:3: candidates.0.max_concurrency: " \
                            "Input should be greater than or equal to 1"
     assert "prefect" not in imported, "Prefect was imported (and its server started) first"
 
