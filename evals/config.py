@@ -1,7 +1,8 @@
 """`routeopt.yaml`: the fleet of candidates and where the pipeline keeps its state.
 
-Validated with pydantic so every mistake is reported with the field that holds it. Paths are
-resolved relative to the config file, so a config works from any working directory.
+Validated with pydantic so every mistake is reported with the file, line and field that hold
+it (read with `load_yaml`, which the suite files share). Paths are resolved relative to the config
+file, so a config works from any working directory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,7 +21,83 @@ Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and the field."""
+    """A config file that cannot be used; the message names the file, the line and the field."""
+
+
+# --- YAML with line numbers: routeopt.yaml and the suite files (`evals.suite.files`) ---
+
+Loc = tuple[str | int, ...]
+
+LineMap = dict[Loc, int]
+
+
+class YamlError(ValueError):
+    """A file that is not valid YAML; `line` is 1-based where the parser knows it."""
+
+    def __init__(self, path: Path, line: int | None, message: str, syntax: bool = True):
+        where = f"{path}:{line}" if line else str(path)
+        self.path, self.line, self.syntax = path, line, syntax
+        self.detail = f"not valid YAML: {message}" if syntax else message
+        super().__init__(f"{where}: {self.detail}")
+
+
+def _walk(node: yaml.Node, loc: Loc, out: LineMap, dupes: list[tuple[Loc, int, int]]) -> None:
+    out.setdefault(loc, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    dupes.append((loc + (key.value,), line, seen[key.value]))
+                seen[key.value] = line
+                out[loc + (key.value,)] = line
+                _walk(value, loc + (key.value,), out, dupes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, value in enumerate(node.value):
+            _walk(value, loc + (i,), out, dupes)
+
+
+def load_yaml(path: Path) -> tuple[Any, LineMap]:
+    """Parse a YAML file (routeopt.yaml, a suite); return the data and the line map. Raises
+    YamlError with the line.
+
+    A repeated key is an error: PyYAML silently keeps the last one, which hides real mistakes.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise YamlError(path, None, "file not found", syntax=False) from None
+    except UnicodeDecodeError as exc:
+        raise YamlError(path, None, f"not UTF-8 text ({exc.reason})", syntax=False) from None
+    except OSError as exc:
+        raise YamlError(path, None, f"cannot read: {exc.strerror or exc}", syntax=False) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise YamlError(path, mark.line + 1 if mark else None, problem) from None
+    lines: LineMap = {}
+    dupes: list[tuple[Loc, int, int]] = []
+    if node is not None:
+        _walk(node, (), lines, dupes)
+    if dupes:
+        loc, line, first = dupes[0]
+        raise YamlError(path, line, f"duplicate key {'.'.join(map(str, loc))!r} (first at line {first}); "
+                        "YAML keeps only the last, so merge them")
+    return data, lines
+
+
+def line_of(lines: LineMap, loc: Sequence[str | int]) -> int | None:
+    """The line of the deepest known key on `loc` (a pydantic error location, say)."""
+    loc = tuple(loc)
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return lines.get(())
 
 
 # Anthropic's prompt-caching prices as multiples of the input price: a cache read costs 0.1x and
@@ -351,31 +428,31 @@ def _resolve_checkpoints(base: Path, c: Candidate) -> Candidate:
     return c.model_copy(update=update)
 
 
-def _format_errors(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid config"]
+def _format_errors(path: Path, err: ValidationError, lines: LineMap) -> str:
+    """One `file:line: field: message` line per problem, as `routeopt suites validate` prints."""
+    problems = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {e['msg']}")
-    return "\n".join(lines)
+        line = line_of(lines, e["loc"])
+        problems.append(f"{path}:{line}: {loc}: {e['msg']}" if line else f"{path}: {loc}: {e['msg']}")
+    if len(problems) == 1:
+        return problems[0]
+    return "\n  ".join([f"{path}: {len(problems)} problems in the config"] + problems)
 
 
 def load_config(path: str | os.PathLike) -> Config:
     """Read and validate a config file; raise ConfigError naming the file and each bad field."""
     path = Path(path).resolve()
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {exc}") from None
+        raw, lines = load_yaml(path)
+    except YamlError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}:1: expected a mapping at the top level")
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_errors(path, err)) from None
+        raise ConfigError(_format_errors(path, err, lines)) from None
     base = path.parent
     candidates = [_resolve_checkpoints(base, c) for c in cfg.candidates]
     return cfg.model_copy(

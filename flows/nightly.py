@@ -8,6 +8,7 @@ tasks, so another task runner (Dask, Ray) spreads it over machines without chang
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -31,6 +32,8 @@ ProgressHook = Callable[[str, str, int, int], None]
 
 _PROGRESS: dict[str, ProgressHook] = {}
 _STORES: dict[str, Store] = {}
+_RUNNING: dict[str, set[tuple[asyncio.AbstractEventLoop, "asyncio.Task[Any]"]]] = {}
+_RUNNING_LOCK = threading.Lock()  # evaluation threads add and remove, the flow's thread reads
 
 
 def shared_store(path: Path) -> Store:
@@ -50,6 +53,32 @@ def close_store(path: Path) -> None:
 class RunIncomplete(RuntimeError):
     """Pairs of the run failed (rows could not be written): it is marked 'failed', and resuming
     it with the same run id completes it."""
+
+
+def cancel_evaluations(run_id: str) -> int:
+    """Cancel the run's (suite x candidate) evaluations running in this process: each stores
+    the items it finished, and the run resumes with the rest."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.get(run_id, ()))
+    for loop, main in running:
+        try:
+            loop.call_soon_threadsafe(main.cancel)
+        except RuntimeError:  # it finished (its loop closed) meanwhile
+            pass
+    return len(running)
+
+
+async def _cancellable(run_id: str, coro: Any) -> Any:
+    me = (asyncio.get_running_loop(), asyncio.current_task())
+    with _RUNNING_LOCK:
+        _RUNNING.setdefault(run_id, set()).add(me)  # type: ignore[arg-type]
+    try:
+        return await coro
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING[run_id].discard(me)  # type: ignore[arg-type]
+            if not _RUNNING[run_id]:
+                del _RUNNING[run_id]
 
 
 def new_run_id() -> str:
@@ -99,7 +128,7 @@ def evaluate_task(
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
     stats = asyncio.run(
-        evaluate_pair(
+        _cancellable(run_id, evaluate_pair(
             suite,
             candidate,
             run_id,
@@ -110,7 +139,7 @@ def evaluate_task(
             cache=cache_dir,
             cache_max_age_s=cache_max_age_s,
             cache_scope=cache_scope,
-        )
+        ))
     )
     return stats, kept
 
@@ -180,7 +209,11 @@ def evaluate_all(
                 )
             )
             last_of[cand.name] = futures[-1]
-    failed = _collect(futures, store, report)
+    try:
+        failed = _collect(futures, store, report)
+    except BaseException:  # SIGTERM, Ctrl-C (_collect keeps going past a failed pair)
+        cancel_evaluations(run_id)  # the pairs in flight stop too
+        raise
     if failed:  # rows are missing: never mark such a run completed
         store.finish_run(run_id, "failed")
         raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)

@@ -3,7 +3,8 @@
 The real `openai` and `anthropic` SDKs talk to it over HTTP/1.1, so streaming, error mapping and
 retries are exercised for real. It implements `POST /v1/chat/completions` (plain JSON and SSE
 `data:` chunks with `stream_options.include_usage`, a final usage chunk and `data: [DONE]`) and
-`POST /v1/messages` (plain JSON and the message_start ... message_stop event stream).
+`POST /v1/messages` (plain JSON and the message_start ... message_stop event stream). With
+`stream_as_json` it answers stream requests with the plain JSON body, as LiteLLM's proxy does.
 
 The "model" is deterministic: an answer table keyed by the last user message, else
 `default_answer` (arithmetic like "What is 3 + 4?" -> "7", otherwise "echo: <text>"), so tests can
@@ -203,6 +204,7 @@ class FakeLLM:
         first_token_delay_s: float = 0.0,
         token_delay_s: float = 0.0,
         expect_api_key: str | None = None,
+        stream_as_json: bool = False,
     ):
         self.faults = faults or FaultPlan()
         self.answers = dict(answers or {})
@@ -212,6 +214,9 @@ class FakeLLM:
         self.first_token_delay_s = first_token_delay_s
         self.token_delay_s = token_delay_s
         self.expect_api_key = expect_api_key
+        # Answer stream requests with the plain JSON body (Content-Type: application/json), as
+        # LiteLLM's proxy does for Anthropic; faults then act on that body.
+        self.stream_as_json = stream_as_json
         self.port: int | None = None
         self._records: list[RecordedRequest] = []
         self._attempts: dict[str, int] = {}
@@ -418,7 +423,7 @@ class FakeLLM:
                 extra = {plan.retry_after_header: value}
             await _send_error(writer, kind, status, etype, f"injected fault: {fault}", extra)
             return
-        stream = bool(body.get("stream"))
+        stream = bool(body.get("stream")) and not self.stream_as_json
         if fault == "drop" and not stream:
             raise _Drop()
         if fault == "hang":
@@ -521,9 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-usage", action="store_true")
     ap.add_argument("--first-token-delay", type=float, default=0.0)
     ap.add_argument("--token-delay", type=float, default=0.0)
+    ap.add_argument("--stream-as-json", action="store_true",
+                    help="answer stream requests with one JSON body (as LiteLLM's proxy does)")
     a = ap.parse_args(argv)
     server = FakeLLM(faults=FaultPlan(_parse_mix(a.mix), a.seed), usage=not a.no_usage,
-                     first_token_delay_s=a.first_token_delay, token_delay_s=a.token_delay)
+                     first_token_delay_s=a.first_token_delay, token_delay_s=a.token_delay,
+                     stream_as_json=a.stream_as_json)
 
     async def run() -> None:
         await server.serve(a.port)

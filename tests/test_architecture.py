@@ -8,6 +8,10 @@ evals -> router_training -> artifacts, with flows on top and `common` underneath
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,26 @@ def test_the_gateway_modules_are_leaves_of_router_training() -> None:
         ours = {".".join(m.split(".")[:2]) for m in imports(REPO / "router_training" / f"{name}.py")
                 if unit(m) == "router_training"}
         assert ours <= {"router_training.features", "router_training.policy", "router_training.embeddings"}, ours
+
+
+def _distribution(requirement: str) -> str:
+    return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """A module imported only because another dependency happens to pull it in (httpx2 came
+    with the openai and anthropic SDKs, jsonschema with prefect) breaks when that one changes."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {_distribution(r) for r in project["dependencies"]}
+    declared |= {_distribution(r) for reqs in project["optional-dependencies"].values() for r in reqs}
+    providers = packages_distributions()
+    undeclared: dict[str, list[str]] = {}
+    for path in modules():
+        for module in imports(path):
+            top = module.split(".")[0]
+            if unit(top) is not None or top in sys.stdlib_module_names or top == "__future__":
+                continue
+            dists = {d.lower().replace("_", "-") for d in providers.get(top, ())}
+            if not dists & declared and top.replace("_", "-") not in declared:
+                undeclared.setdefault(top, []).append(str(path.relative_to(REPO)))
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"

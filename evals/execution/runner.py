@@ -195,6 +195,7 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
         ttft_s=completion.ttft_s,
         latency_s=completion.latency_s,
         tpot_s=completion.tpot_s,
+        streamed=completion.streamed,
         finish_reason=completion.finish_reason,
         response=completion.text,
         attempts=attempts,

@@ -2,8 +2,9 @@
 
 Streams by default (raw events: message_start ... message_stop), measuring TTFT and
 inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers.sdk`). A stream without
-`message_stop` or a stop reason is a `truncated_stream` error. The SDK's retries are off; the
-runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
+`message_stop` or a stop reason is a `truncated_stream` error; one JSON body sent for a stream
+request is a non-streamed answer (`evals.providers.sdk.json_answer`). The SDK's retries are
+off; the runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
 `extra_body` (the Messages API accepts both), keeping evals deterministic.
 
 Prompt caching: unless the candidate's `prefix_cache.enabled` is false, the prefix a request
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers.sdk import SdkProvider, StreamTimer
+from evals.providers.sdk import SdkProvider, StreamTimer, json_answer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -68,6 +69,12 @@ class AnthropicProvider(SdkProvider):
     async def _plain(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
         msg = await client.messages.create(**self._params(request))
+        return self._whole(msg, request, timer)
+
+    @staticmethod
+    def _whole(msg: Any, request: Request, timer: StreamTimer) -> Completion:
+        """A non-streamed answer: a plain call's, or one JSON body sent for a stream request
+        (LiteLLM's proxy answers streamed Messages requests so)."""
         blocks = getattr(msg, "content", None)
         if blocks is None or getattr(msg, "stop_reason", None) is None:
             timer.began()
@@ -82,6 +89,11 @@ class AnthropicProvider(SdkProvider):
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
         stream = await client.messages.create(**self._params(request), stream=True)
+        body = await json_answer(stream)
+        if body is not None:
+            from anthropic.types import Message
+
+            return self._whole(Message.model_construct(**body), request, timer)
         parts: list[str] = []
         usage = _Usage()
         stop_reason: str | None = None

@@ -78,6 +78,10 @@ class Completion:
     chunk_gaps_s: list[float] = field(default_factory=list)
     draft_tokens: int | None = None  # speculative decoding: tokens a draft model proposed
     accepted_draft_tokens: int | None = None  # of which the target accepted
+    # True: the answer arrived as a stream, so TTFT was observed. False: as one body (a plain
+    # call, or a server that answered a stream request with JSON), so TTFT and TPOT are
+    # unknown (None), never made up. None: not recorded (older cache entries).
+    streamed: bool | None = None
 
     @property
     def tpot_s(self) -> float | None:

@@ -4,14 +4,15 @@
 Streams by default, measuring TTFT and inter-chunk gaps the way vLLM's benchmarks do (see
 `evals.providers.sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
 with backoff, limits and a circuit breaker it can account for. A stream that ends without a
-finish reason is a `truncated_stream` error, never an empty answer.
+finish reason is a `truncated_stream` error, never an empty answer; one JSON body sent for a
+stream request is a non-streamed answer (`evals.providers.sdk.json_answer`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers.sdk import SdkProvider, StreamTimer
+from evals.providers.sdk import SdkProvider, StreamTimer, json_answer
 from evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ class OpenAIProvider(SdkProvider):
     async def _plain(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
         resp = await client.chat.completions.create(**self._params(request))
+        return self._whole(resp, request, timer)
+
+    @staticmethod
+    def _whole(resp: Any, request: Request, timer: StreamTimer) -> Completion:
+        """A non-streamed answer: a plain call's, or one JSON body sent for a stream request."""
         usage = _tokens(getattr(resp, "usage", None))
         timer.reported(*(usage[:2] if usage else (None, None)))
         if not getattr(resp, "choices", None):
@@ -66,6 +72,11 @@ class OpenAIProvider(SdkProvider):
         timer = StreamTimer()
         stream = await client.chat.completions.create(
             **self._params(request), stream=True, stream_options={"include_usage": True})
+        body = await json_answer(stream)
+        if body is not None:
+            from openai.types.chat import ChatCompletion
+
+            return self._whole(ChatCompletion.model_construct(**body), request, timer)
         parts: list[str] = []
         finish: str | None = None
         usage = None

@@ -7,7 +7,9 @@ Non-streamed calls have no TTFT (None): the first token cannot be observed.
 
 What counts as an answer: a stream that ends without its finish chunk / stop reason is
 `truncated_stream`; a 200 without choices (content) or with malformed JSON is `bad_response`;
-both are retried. Empty content that the server marked complete is an answer, and is graded
+both are retried. A server that answers a stream request with one JSON document instead of
+server-sent events (LiteLLM's proxy does, for Anthropic) has sent a non-streamed answer: it is
+checked and recorded as one (`json_answer`), with TTFT unknown (`Completion.streamed` False). Empty content that the server marked complete is an answer, and is graded
 (usually a fail): it may be what the model really said, and hiding it would flatter the model.
 """
 
@@ -18,6 +20,7 @@ import importlib
 import json
 import math
 import re
+import sys
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
@@ -116,6 +119,26 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     return max(0.0, parsed.timestamp() - time.time())
 
 
+async def json_answer(stream: Any) -> dict[str, Any] | None:
+    """The body of a stream request's answer when it is one JSON document (Content-Type JSON)
+    rather than server-sent events, read and the stream closed; None for an event stream.
+
+    Malformed JSON is `bad_response`, a body cut short a transport error, as for a plain call.
+    """
+    response = stream.response
+    ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not ctype.endswith("json"):
+        return None
+    try:
+        body = json.loads(await response.aread())
+    finally:
+        await stream.close()
+    if not isinstance(body, dict):
+        raise ProviderError("bad_response", f"JSON answer to a stream request is a "
+                            f"{type(body).__name__}, not an object")
+    return body
+
+
 class StreamTimer:
     """Collects TTFT and inter-chunk gaps of the non-empty content chunks of one call, and
     records what has arrived in the runner's `CallProgress` (if any), for pricing failures."""
@@ -161,7 +184,8 @@ class StreamTimer:
         """The call's Completion: `tokens` = (input, output, cached input) as the server
         reported them, or None when it reported none, and then estimated (and marked so)."""
         c = Completion(text=text, finish_reason=finish, latency_s=self.latency(),
-                       ttft_s=self.ttft_s if streamed else None, chunk_gaps_s=self.gaps)
+                       ttft_s=self.ttft_s if streamed else None, chunk_gaps_s=self.gaps,
+                       streamed=streamed)
         if tokens is not None:
             c.input_tokens, c.output_tokens, c.cached_input_tokens = tokens
         else:
@@ -187,12 +211,18 @@ def _status_error(status: int, message: str, headers: Mapping[str, str] | None) 
     return ProviderError("client_error", text)
 
 
+def transport(sdk: ModuleType) -> ModuleType:
+    """The HTTP library an SDK is built on (httpx, or httpx2 in later openai and anthropic
+    releases): the package of its default client's base class. Its errors can surface raw from
+    a stream, and routeopt depends on it only through the SDK, so it is never named here."""
+    base = next(c for c in sdk.DefaultAsyncHttpxClient.__mro__
+                if c.__module__.split(".")[0] != sdk.__name__)
+    return sys.modules[base.__module__.split(".")[0]]
+
+
 def map_error(exc: BaseException, sdk: ModuleType, secret: str | None) -> ProviderError:
     """Translate an SDK / transport exception into the ProviderError kind the runner acts on."""
-    import httpx
-    import httpx2
-
-    err = _map(exc, sdk, (httpx2, httpx))
+    err = _map(exc, sdk, (transport(sdk),))
     err.message = redact(err.message, secret)[:2000]
     err.args = (f"{err.kind}: {err.message}",)
     return err

@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_cost_usd DOUBLE,
     judge_input_tokens BIGINT,
     judge_output_tokens BIGINT,
+    streamed BOOLEAN,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
 CREATE TABLE IF NOT EXISTS decisions (
@@ -140,6 +141,7 @@ _ADDED_COLUMNS = (
     ("outcomes", "judge_cost_usd", "DOUBLE"),
     ("outcomes", "judge_input_tokens", "BIGINT"),
     ("outcomes", "judge_output_tokens", "BIGINT"),
+    ("outcomes", "streamed", "BOOLEAN"),
 )
 
 
@@ -176,6 +178,8 @@ class Outcome:
     judge_cost_usd: float | None = None
     judge_input_tokens: int | None = None
     judge_output_tokens: int | None = None
+    # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
+    streamed: bool | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str]:

@@ -91,7 +91,10 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
         for f in report.findings:
             click.echo(f"  [{f.severity}] {f.message}")
     if alert:
-        click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
+        from flows import prefect_api
+
+        with prefect_api.serving(prefect_api.launch()):  # a server of its own dies with it
+            click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
     if fail_on_regression and report.regressions:
         sys.exit(3)
 

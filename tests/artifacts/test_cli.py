@@ -115,8 +115,8 @@ def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -
     assert json.loads(_run("route", "--policy", reg, "--allow-unsigned", "hi"))["model"]
     assert "no signing key" in _run("policies", "promote", "1", "--registry", reg, ok=False)
     assert "champion -> version 1" in _run("policies", "promote", "1", "--registry", reg, "--allow-unsigned")
-    assert "config file not found" in _run("policies", "verify", reg, "--config", str(tmp_path / "x.yaml"),
-                                           ok=False)
+    assert f"{tmp_path / 'x.yaml'}: file not found" in _run("policies", "verify", reg, "--config",
+                                                            str(tmp_path / "x.yaml"), ok=False)
 
 
 def test_route_with_an_expired_policy_needs_a_default_model(policies, tmp_path: Path) -> None:

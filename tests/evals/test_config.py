@@ -53,6 +53,40 @@ def test_yaml_error_names_the_line(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "candidates:\n  - a\n b: [\n"))
 
 
+def test_validation_errors_name_file_line_and_field(tmp_path: Path) -> None:
+    """Each problem on its own `file:line: field: message` line, like `routeopt suites validate`."""
+    path = _write(tmp_path, """candidates:
+  - name: a
+    provider: openai
+    model: m
+    max_concurrency: 0
+    input_price_per_mtok: 1
+router:
+  quality_target: 3
+""")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    lines = str(exc.value).splitlines()
+    assert lines[0] == f"{path}: 2 problems in the config"
+    assert lines[1].strip().startswith(f"{path}:5: candidates.0.max_concurrency: ")
+    assert lines[2].strip().startswith(f"{path}:8: router.quality_target: ")
+
+
+def test_one_error_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
+                            "input_price_per_mtok: 1}\nrouter: {seed: x}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert str(exc.value).startswith(f"{path}:3: router.seed: ") and "\n" not in str(exc.value)
+
+
+def test_a_repeated_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    path = _write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
+                            "input_price_per_mtok: 1}\nrouter: {seed: 1}\nrouter: {seed: 2}\n")
+    with pytest.raises(ConfigError, match=r"routeopt.yaml:4: .*duplicate key 'router' \(first at line 3\)"):
+        load_config(path)
+
+
 def test_api_key_never_in_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "sk-secret-123")
     cfg = load_config(_write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "

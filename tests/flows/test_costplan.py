@@ -92,7 +92,7 @@ def test_break_even_is_the_first_volume_where_gpus_win(api, gpu, peak, cap) -> N
     s = traffic_break_even(api, gpu, peak, cap)
 
     def gpus_win(scale: float) -> bool:
-        return math.ceil(scale * peak / cap - 1e-9) * gpu <= scale * api * (1 + 1e-9)
+        return max(1, math.ceil(scale * peak / cap - 1e-9)) * gpu <= scale * api * (1 + 1e-9)  # >= 1 GPU
 
     if s is None:
         assert not any(gpus_win(k * cap / peak) for k in range(1, 50))  # not even at full bands

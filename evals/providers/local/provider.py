@@ -326,7 +326,7 @@ class LocalProvider:
             text=text, finish_reason=reason, input_tokens=row.n_in, output_tokens=n_out,
             cached_input_tokens=row.n_cached, tokens_estimated=False,
             ttft_s=row.times[0] - p.enqueued if row.times else None,
-            latency_s=now - p.enqueued, chunk_gaps_s=gaps,
+            latency_s=now - p.enqueued, chunk_gaps_s=gaps, streamed=True,
             draft_tokens=row.drafted if self._draft is not None else None,
             accepted_draft_tokens=row.accepted if self._draft is not None else None,
         )

@@ -73,6 +73,27 @@ async def test_grades_costs_and_sends_every_item_once(tmp_path, fake_llm, fake_c
     assert len(fake_llm.requests) == 40
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_server_that_answers_streams_with_json_is_recorded_not_broken(
+        tmp_path, fake_llm, fake_candidate, provider):
+    """LiteLLM's proxy answers a streamed Anthropic request with one JSON message: every item is
+    an answer with TTFT unknown (NULL in DuckDB, streamed false), and the breaker stays shut."""
+    fake_llm.stream_as_json = True
+    suite = load_suite(write_arithmetic_suite(tmp_path, 30))
+    cand = fake_candidate(provider, max_concurrency=4, stream=True, circuit_breaker_failures=3)
+    store = Store(tmp_path / "o.duckdb")
+    stats = await run(suite, cand, store.write_outcomes, limits=fresh_limits(cand, failures=3))
+    assert (stats.completed, stats.errors, stats.calls) == (30, 0, 30), stats.error_kinds
+    rows = store.query("SELECT passed, error_kind, ttft_s IS NULL AS no_ttft, tpot_s IS NULL AS "
+                       "no_tpot, latency_s, streamed, output_tokens FROM outcomes").to_dict("records")
+    store.close()
+    assert all(r["stream"] is True for r in (rec.body for rec in fake_llm.requests))
+    assert len(rows) == 30 and all(r["passed"] and r["error_kind"] is None for r in rows)
+    assert all(r["streamed"] is False and r["output_tokens"] == 1 and r["latency_s"] > 0
+               for r in rows)
+    assert all(r["no_ttft"] and r["no_tpot"] for r in rows)
+
+
 async def test_done_items_are_skipped(tmp_path, fake_llm, fake_candidate):
     suite = load_suite(write_arithmetic_suite(tmp_path, 10))
     done = [it.id for it in suite.items[:6]]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after
+from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after, transport
 
 
 def test_retry_after_forms():
@@ -44,15 +44,87 @@ def test_unknown_exceptions_are_internal_and_json_errors_bad_response():
         assert map_error(exc, openai, None).kind == "bad_response"
 
 
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_raw_transport_errors_are_mapped_for_the_library_the_sdk_is_built_on(vendor):
+    """Errors raised mid-stream reach the provider unwrapped, as the SDK's HTTP library's own."""
+    import importlib
+
+    sdk = importlib.import_module(vendor)
+    http = transport(sdk)
+    assert isinstance(sdk.DefaultAsyncHttpxClient(), http.AsyncClient)
+    request = http.Request("POST", "http://x/v1/messages")
+    assert map_error(http.ReadTimeout("slow", request=request), sdk, None).kind == "timeout"
+    assert map_error(http.RemoteProtocolError("peer closed", request=request), sdk,
+                     None).kind == "connection"
+
+
 @pytest.mark.parametrize("status,kind", [(401, "auth"), (403, "auth"), (404, "config"),
                                          (400, "client_error"), (408, "timeout"),
                                          (429, "rate_limited"), (502, "server_error")])
 def test_status_codes(status, kind):
-    import httpx2
-
-    resp = httpx2.Response(status, headers={"retry-after": "1"},
-                           request=httpx2.Request("POST", "http://x/v1/chat/completions"))
+    http = transport(openai)
+    resp = http.Response(status, headers={"retry-after": "1"},
+                         request=http.Request("POST", "http://x/v1/chat/completions"))
     exc = openai.APIStatusError("err sk-live-secret99", response=resp, body=None)
     err = map_error(exc, openai, None)
     assert err.kind == kind and "sk-live-secret99" not in err.message
     assert (err.retry_after_s == 1.0) == (kind == "rate_limited" or kind == "server_error")
+
+
+# --- a stream request answered with one JSON body (LiteLLM's proxy does, for Anthropic) -------
+
+
+def _json_server_provider(fake_llm, fake_candidate, vendor: str):
+    from evals.providers import make_provider
+
+    fake_llm.stream_as_json = True
+    return make_provider(fake_candidate(vendor, stream=True))
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+async def test_one_json_body_for_a_stream_request_is_an_answer_with_unknown_ttft(
+        fake_llm, fake_candidate, vendor):
+    from evals.providers.base import GenerationSettings, Message, Request
+
+    p = _json_server_provider(fake_llm, fake_candidate, vendor)
+    fake_llm.first_token_delay_s = 0.2  # the whole body arrives after it: no first token to time
+    request = Request((Message("system", "Be terse."), Message("user", "What is 50 - 8?")),
+                      GenerationSettings(max_tokens=8))
+    c = await p.generate(request)
+    await p.aclose()
+    (sent,) = fake_llm.requests
+    assert sent.body["stream"] is True  # it was asked for a stream...
+    assert c.text == "42"  # ...and the JSON answer is recorded as what it is
+    assert c.finish_reason == ("stop" if vendor == "openai" else "end_turn")
+    assert c.streamed is False and c.ttft_s is None and c.tpot_s is None and c.chunk_gaps_s == []
+    assert c.latency_s >= 0.2
+    assert (c.input_tokens, c.output_tokens) == (len("Be terse. What is 50 - 8?".split()), 1)
+    assert not c.tokens_estimated
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+@pytest.mark.parametrize("fault,kind", [("malformed", "bad_response"), ("no_choices", "bad_response"),
+                                        ("truncated", "connection")])
+async def test_a_broken_json_body_for_a_stream_request_is_still_an_error(
+        fake_llm, fake_candidate, vendor, fault, kind):
+    p = _json_server_provider(fake_llm, fake_candidate, vendor)
+    from evals.providers.base import Message, ProviderError, Request
+
+    with pytest.raises(ProviderError) as info:
+        await p.generate(Request((Message("user", f"What is 1 + 1? [[fault:{fault}]]"),)))
+    await p.aclose()
+    assert info.value.kind == kind
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+async def test_a_real_stream_is_timed_and_a_cut_one_still_truncated(fake_llm, fake_candidate, vendor):
+    from evals.providers import make_provider
+    from evals.providers.base import Message, ProviderError, Request
+
+    p = make_provider(fake_candidate(vendor, stream=True))
+    c = await p.generate(Request((Message("user", "What is 2 + 2?"),)))
+    assert c.streamed is True and c.ttft_s is not None
+    with pytest.raises(ProviderError) as info:
+        await p.generate(Request((Message("user", "What is 2 + 2? [[fault:truncated]]"),)))
+    await p.aclose()
+    assert info.value.kind == "truncated_stream"

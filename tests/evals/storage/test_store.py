@@ -152,3 +152,26 @@ def test_budget_skips_are_retried_and_replaced(store: Store) -> None:
         {"item_id": "1", "passed": True, "error_kind": None},  # the placeholder was replaced
         {"item_id": "2", "passed": True, "error_kind": None},  # a final row was kept
     ]
+
+
+def test_a_file_from_before_the_streamed_column_gains_it_and_keeps_its_rows(tmp_path: Path) -> None:
+    import dataclasses
+
+    import duckdb
+
+    from evals.storage import store as store_module
+
+    path = tmp_path / "old.duckdb"
+    old_schema = store_module.SCHEMA.replace("    streamed BOOLEAN,\n", "").split("-- Files")[0]
+    old_columns = [f.name for f in dataclasses.fields(Outcome) if f.name != "streamed"]
+    with duckdb.connect(str(path)) as con:
+        con.execute(old_schema)
+        con.execute(f"INSERT INTO outcomes ({', '.join(old_columns)}) VALUES "
+                    f"({', '.join('?' * len(old_columns))})",
+                    [{**dataclasses.asdict(_outcome("1")), "created_at": "2026-01-01"}[c]
+                     for c in old_columns])
+    with Store(path) as s:
+        s.write_outcomes([dataclasses.replace(_outcome("2"), streamed=False)])
+        rows = s.query("SELECT item_id, passed, streamed FROM outcomes ORDER BY item_id")
+    assert rows.to_dict("records") == [{"item_id": "1", "passed": True, "streamed": None},
+                                       {"item_id": "2", "passed": True, "streamed": False}]
