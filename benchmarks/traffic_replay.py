@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +35,11 @@ ROUTERBENCH = next((s / "data" / "routerbench" for s in _SHARED if (s / "data" /
 MODES = ("text", "shadow", "canary")
 
 
-@dataclass
-class Fleet:
-    """Requests with the true outcome and cost of every candidate on each."""
-
-    request_ids: list[str]
-    prompts: list[str]
-    suites: list[str | None]
-    candidates: list[str]
-    Y: np.ndarray
-    C: np.ndarray
-
-
-def fleet_from_frame(frame: Any) -> Fleet:
+def fleet_from_frame(frame: Any) -> Any:
+    """The requests with the true outcome and cost of every candidate (`RoutingData`)."""
     from router_training.data import routing_data
 
-    data = routing_data(frame).complete()
-    return Fleet(data.request_ids, data.prompts, data.suites, data.candidates, data.Y, data.C)
+    return routing_data(frame).complete()
 
 
 def synthetic_frame(seed: int, n: int) -> Any:
@@ -75,7 +63,7 @@ def synthetic_frame(seed: int, n: int) -> Any:
     return pd.DataFrame(rows)
 
 
-def load_data(source: str, n_test: int | None = None) -> tuple[Any, Fleet, str]:
+def load_data(source: str, n_test: int | None = None) -> tuple[Any, Any, str]:
     """(training frame, test fleet, description): 'routerbench' (../shared) or 'synthetic'."""
     import pandas as pd
 
@@ -88,10 +76,8 @@ def load_data(source: str, n_test: int | None = None) -> tuple[Any, Fleet, str]:
     else:
         train, fleet = synthetic_frame(0, 900), fleet_from_frame(synthetic_frame(1, n_test or 600))
         what = "synthetic fleet"
-    if n_test is not None and n_test < len(fleet.request_ids):
-        keep = slice(0, n_test)
-        fleet = Fleet(fleet.request_ids[keep], fleet.prompts[keep], fleet.suites[keep],
-                      fleet.candidates, fleet.Y[keep], fleet.C[keep])
+    if n_test is not None and n_test < len(fleet):
+        fleet = fleet.subset(np.arange(n_test))
     return train, fleet, f"{what}, {len(fleet.request_ids)} requests x {len(fleet.candidates)} models"
 
 
@@ -122,7 +108,7 @@ def registry_keys(registry: Path) -> Path:
     return registry.parent / "keys"
 
 
-def truth(policy: Any, fleet: Fleet, reps: int = 1) -> tuple[float, float]:
+def truth(policy: Any, fleet: Any, reps: int = 1) -> tuple[float, float]:
     """The policy's true pass rate and mean cost per request on the traffic."""
     pos = {c: j for j, c in enumerate(fleet.candidates)}
     picks = np.array([pos[d.model] for d in policy.decide_batch(fleet.prompts, fleet.suites)])
@@ -130,7 +116,7 @@ def truth(policy: Any, fleet: Fleet, reps: int = 1) -> tuple[float, float]:
     return float(fleet.Y[rows, picks].mean()), float(fleet.C[rows, picks].mean())
 
 
-def replay(registry: Path, fleet: Fleet, folder: Path, *, mode: str, seed: int, rate: float,
+def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, rate: float,
            canary_share: float = 0.2, reps: int = 1, feedback_share: float = 1.0) -> Path:
     """Route the traffic `reps` times through a gateway, feed back true outcomes; returns a store.
 
