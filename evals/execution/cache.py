@@ -82,6 +82,47 @@ class Hit:
     age_s: float
 
 
+_BUSY_S = 30.0
+
+
+def _set_up(con: sqlite3.Connection, drop_before: float) -> None:
+    """WAL mode, the table, and the expiry sweep, safe against other threads and processes
+    opening the same file at the same moment.
+
+    SQLite answers "database is locked" at once, without waiting on its busy timeout, when two
+    connections both hold a read lock and want to write (switching to WAL is such a write): one
+    of them must back off. So the switch is retried for the busy timeout, and the rest runs in
+    a `BEGIN IMMEDIATE` transaction, which takes the write lock first and so does wait.
+    """
+    deadline = time.monotonic() + _BUSY_S
+    delay = 0.005
+    while True:
+        try:
+            if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                con.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+    con.execute("PRAGMA synchronous=NORMAL")
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.execute("DROP TABLE IF EXISTS responses")  # the unscoped cache of older versions
+        con.execute(
+            "CREATE TABLE IF NOT EXISTS calls (key TEXT NOT NULL, scope TEXT NOT NULL,"
+            " completion TEXT NOT NULL, attempts INTEGER NOT NULL, created_at REAL NOT NULL,"
+            " PRIMARY KEY (key, scope))"
+        )
+        con.execute("CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at)")
+        con.execute("DELETE FROM calls WHERE created_at < ?", (drop_before,))
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
 class ResponseCache:
     """A SQLite file of completions; `get`/`put` are fast enough to call from the event loop.
 
@@ -97,18 +138,9 @@ class ResponseCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.max_age_s, self._clock = path, max_age_s, clock
         self._lock = threading.Lock()
-        self._con = sqlite3.connect(str(path), timeout=30, check_same_thread=False,
+        self._con = sqlite3.connect(str(path), timeout=_BUSY_S, check_same_thread=False,
                                     isolation_level=None)
-        self._con.execute("PRAGMA journal_mode=WAL")
-        self._con.execute("PRAGMA synchronous=NORMAL")
-        self._con.execute("DROP TABLE IF EXISTS responses")  # the unscoped cache of older versions
-        self._con.execute(
-            "CREATE TABLE IF NOT EXISTS calls (key TEXT NOT NULL, scope TEXT NOT NULL,"
-            " completion TEXT NOT NULL, attempts INTEGER NOT NULL, created_at REAL NOT NULL,"
-            " PRIMARY KEY (key, scope))"
-        )
-        self._con.execute("CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at)")
-        self._con.execute("DELETE FROM calls WHERE created_at < ?", (clock() - KEEP_S,))
+        _set_up(self._con, clock() - KEEP_S)
         self.hits = 0
         self.misses = 0
 

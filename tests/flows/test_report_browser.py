@@ -150,9 +150,11 @@ def test_dashboard_renders_in_headless_chromium(browser: DevTools, tmp_path: Pat
     assert all(w > 200 for w in sizes)  # laid out, not collapsed
     # clicking the pass-rate header sorts ascending, clicking again descending
     order = "Array.from(document.querySelectorAll('#candidates tbody tr')).map(r => r.cells[0].textContent)"
-    browser.evaluate("document.querySelectorAll('#candidates th')[4].click()")
+    click = ("Array.from(document.querySelectorAll('#candidates th'))"
+             ".find(th => th.textContent === 'pass rate').click()")
+    browser.evaluate(click)
     asc = browser.evaluate(order)
-    browser.evaluate("document.querySelectorAll('#candidates th')[4].click()")
+    browser.evaluate(click)
     desc = browser.evaluate(order)
     with Store(db, read_only=True) as store:
         by_rate = [r["candidate"] for r in sorted(candidate_stats(store, "run-03"), key=lambda r: r["pass_rate"])]
