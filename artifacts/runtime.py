@@ -51,6 +51,7 @@ class Decision:
     pass_probabilities: dict[str, float]
     expected_cost_usd: dict[str, float]
     policy_version: int
+    propensity: float = 1.0  # probability that this request gets this model (a mixed knob point < 1)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Router:
         active = self._active  # one read: a concurrent swap never mixes two policies
         d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
         return Decision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
-                        active.version)
+                        active.version, getattr(d, "propensity", 1.0))
 
     @property
     def policy(self) -> Any:
