@@ -71,8 +71,9 @@ def _kind(exc: Exception) -> str:
 class Decision:
     """The policy's choice plus which policy version made it (for logs and audits).
 
-    Routed through `artifacts.decisions.Gateway`, `propensity` is the probability with which the
-    model was chosen (exploration included) and `request_id` the id it was logged under.
+    `propensity` is the probability with which the model was chosen (the policy's own mixing, and
+    exploration when routed through `artifacts.decisions.Gateway`); `request_id` is the id the
+    Gateway logged it under.
     """
 
     model: str
@@ -81,6 +82,8 @@ class Decision:
     expected_cost_usd: dict[str, float]
     policy_version: int
     default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
+    # the probability that this request gets this model: below 1 at a knob point that mixes two
+    # rules, and (through artifacts.decisions.Gateway) with exploration composed in
     propensity: float = 1.0
     request_id: str | None = None
 
@@ -177,7 +180,7 @@ class Router:
             return Decision(str(self._default), (), {}, {}, 0, self._why_default(active))
         d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
         return Decision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
-                        active.version)
+                        active.version, propensity=getattr(d, "propensity", 1.0))
 
     @property
     def policy(self) -> Any:

@@ -11,13 +11,17 @@ prompts of test.parquet (about 1,500 characters each).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from router_data import ROOT, data_dir
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "routerbench"
+sys.path.insert(0, str(ROOT))  # measure this checkout's packages, not an installed copy
+
+DATA = data_dir() / "routerbench"
 
 
 def main() -> None:

@@ -9,13 +9,17 @@ outcomes flipped, so the copies are not identical. Run with 2 cores, as CI does:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from router_data import ROOT, data_dir
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "routerbench" / "train.parquet"
+sys.path.insert(0, str(ROOT))  # measure this checkout's packages, not an installed copy
+
+DATA = data_dir() / "routerbench" / "train.parquet"
 
 
 def synthesize(frame: pd.DataFrame, rows: int, seed: int = 0) -> pd.DataFrame:
@@ -49,7 +53,7 @@ def main() -> None:
     took, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"rows={len(frame)} requests={frame['request_id'].nunique()} "
           f"candidates={frame['model'].nunique()} train_router_wall_s={took:.1f} cpu_s={cpu:.1f} "
-          f"rule={result.policy.rule}")
+          f"knob_points={len(result.policy.knob.points)}")
 
 
 if __name__ == "__main__":

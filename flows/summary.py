@@ -56,6 +56,12 @@ def router_table(holdout: dict[str, Any]) -> Table:
     for col in ("policy", "pass rate", "cost $/req", "cost vs best single"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     best_cost = (holdout.get("best_single") or {}).get("cost")
+    promise = holdout.get("promise") or {}
+    at = holdout.get("router_at_target") or {}
+    if promise.get("promised") and at:
+        floor = at["target"] * promise["reference_pass_rate"]
+        table.caption = (f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}; "
+                         f"promise held at {promise['held']} of {promise['promised']} certified targets")
     rows = [("router", holdout.get("router_at_target"))]
     rows += [(k, holdout.get(k)) for k in ("best_single", "cheapest_single", "oracle")]
     for name, m in rows:

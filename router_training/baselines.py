@@ -85,10 +85,12 @@ def _train_rates(train: RoutingData) -> tuple[np.ndarray, np.ndarray]:
 
 
 def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k: int = 25,
-             others: dict[str, RoutingPolicy] | None = None) -> dict:
+             targets: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99,
+                                           1.0, 1.05, 1.1)) -> dict:
     """Every router's curve and summary on complete test requests; JSON-serialisable.
 
-    `others` adds more trained policies (same candidates) as rows, each traced with its own rule.
+    The router's curve is what its knob realises at `targets`; the per-suite and kNN baselines
+    are swept over lambda on the test requests (an upper bound of what a knob could reach).
     """
     test = test.align(policy.candidates).complete()
     train = train.align(policy.candidates)
@@ -100,7 +102,6 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     P, Cp = policy.predict(test.prompts, test.suites)
     n_suites = len(spec.suites)
     scored = {
-        "router": P,
         "per_suite": PerSuitePassEstimator(n_suites=n_suites).fit(X_tr, train.Y).predict_proba(X_te),
         "knn": KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets).fit(X_tr, train.Y).predict_proba(X_te),
     }
@@ -109,21 +110,17 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     singles = [outcomes_of(np.full(len(test), j), test) for j in range(len(policy.candidates))]
     sq, sc = np.array(singles).T
     oracle_q, oracle_c = outcomes_of(M.oracle_choice(test.Y, test.C), test)
-    curves = [sweep(name, p, Cp, test, policy.rule) for name, p in scored.items()]
-    for curve, p in zip(curves, scored.values()):
-        pair_sweep(curve, p, test, best, cheapest)
-    for name, other in (others or {}).items():
-        P_o, Cp_o = other.predict(test.prompts, test.suites)
-        curves.insert(1, sweep(name, P_o, Cp_o, test, other.rule))
-        pair_sweep(curves[1], P_o, test, best, cheapest)
+    knob = [outcomes_of(policy.select(P, Cp, test.prompts, test.suites, x)[0], test) for x in targets]
+    kq, kc = np.array(knob).T
+    curves = [Curve("router", kc, kq)]
+    curves += [sweep(name, p, Cp, test, "lambda") for name, p in scored.items()]
     curves += [
         Curve("zero_router", sc, sq),
         Curve("best_single", sc[best: best + 1], sq[best: best + 1]),
         Curve("oracle", np.array([oracle_c]), np.array([oracle_q])),
     ]
     cost_range = (float(sc.min()), float(sc.max()))
-    pair = (float(sq[cheapest]), float(sq[best])) if best != cheapest else None
-    table = {c.name: summarise(c, sq[best], sc[best], cost_range, pair) for c in curves}
+    table = {c.name: summarise(c, sq[best], sc[best], cost_range, None) for c in curves}
     return {
         "n_test_requests": len(test),
         "best_single": {"model": policy.candidates[best], "pass_rate": sq[best], "cost": sc[best]},
@@ -132,7 +129,103 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
         "oracle": {"pass_rate": oracle_q, "cost": oracle_c},
         "per_candidate": {m: {"pass_rate": float(q), "cost": float(c)}
                           for m, q, c in zip(policy.candidates, sq, sc)},
-        "pair": {"strong": policy.candidates[best], "weak": policy.candidates[cheapest]},
         "table": table,
         "curves": {c.name: {"cost": c.costs.tolist(), "quality": c.quality.tolist()} for c in curves},
     }
+
+
+def knob_lambda_grid(costs: np.ndarray) -> np.ndarray:
+    """Lambdas from 'best quality' (0) to 'always the cheapest', scaled to the mean cost."""
+    scale = float(np.nanmean(costs)) or 1.0
+    return np.concatenate(([0.0], np.geomspace(1e-3, 1e5, 400) / scale))
+
+
+def realised(choice: np.ndarray, Y: np.ndarray, C: np.ndarray) -> tuple[float, float]:
+    """Mean outcome and mean cost of one choice per request, skipping unobserved pairs."""
+    rows = np.arange(len(choice))
+    y, c = Y[rows, choice], C[rows, choice]
+    ok = ~np.isnan(y)
+    return (float(np.mean(y[ok])) if ok.any() else math.nan,
+            float(np.nanmean(c)) if (~np.isnan(c)).any() else math.nan)
+
+
+class ReferenceRouter:
+    """The plain reference of issue 17: suite one-hot + TF-IDF logistic regression per candidate,
+    `argmax p - lambda * cost` with each candidate's mean training cost, and for each quality
+    target the cheapest lambda whose 5-fold out-of-fold pass rate on the training requests
+    reaches target x best single's training pass rate (no test data, no confidence margin).
+    """
+
+    def __init__(self, C: float = 1.0, n_folds: int = 5, seed: int = 0) -> None:
+        self.C = C
+        self.n_folds = n_folds
+        self.seed = seed
+
+    def _features(self, prompts: list[str], suites: list[str | None]):
+        import scipy.sparse as sp
+
+        pos = {s: i for i, s in enumerate(self.suites_)}
+        cols = [pos.get(s, -1) for s in suites]
+        rows = [i for i, c in enumerate(cols) if c >= 0]
+        onehot = sp.csr_matrix((np.ones(len(rows)), (rows, [cols[i] for i in rows])),
+                               shape=(len(prompts), len(self.suites_)))
+        return sp.hstack([onehot, self.vectorizer_.transform(prompts)]).tocsr()
+
+    def _fit_models(self, X, Y: np.ndarray) -> list:
+        """One logistic regression per candidate; fractional outcomes become weighted 0/1 rows."""
+        import scipy.sparse as sp
+        from sklearn.linear_model import LogisticRegression
+
+        models: list = []
+        for j in range(Y.shape[1]):
+            ok = ~np.isnan(Y[:, j])
+            y = Y[ok, j]
+            if len(y) == 0 or np.ptp(y) < 1e-12 or not ((y > 0).any() and (y < 1).any()):
+                models.append(float(y.mean()) if len(y) else 0.5)
+                continue
+            Xj = X[ok]
+            lr = LogisticRegression(C=self.C, max_iter=1000)
+            lr.fit(sp.vstack([Xj, Xj]), np.r_[np.ones(len(y)), np.zeros(len(y))],
+                   sample_weight=np.r_[y, 1.0 - y])
+            models.append(lr)
+        return models
+
+    @staticmethod
+    def _proba(models: list, X) -> np.ndarray:
+        return np.column_stack([np.full(X.shape[0], m) if isinstance(m, float)
+                                else m.predict_proba(X)[:, 1] for m in models])
+
+    def fit(self, train: RoutingData) -> "ReferenceRouter":
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self.suites_ = sorted({s for s in train.suites if s})
+        self.vectorizer_ = TfidfVectorizer(sublinear_tf=True, min_df=2).fit(train.prompts)
+        X = self._features(train.prompts, train.suites)
+        self.models_ = self._fit_models(X, train.Y)
+        self.costs_ = np.nan_to_num(np.nanmean(train.C, axis=0), nan=0.0)
+        folds = np.random.default_rng(self.seed).permutation(len(train)) % self.n_folds
+        P = np.zeros(train.Y.shape)
+        for f in range(self.n_folds):
+            te = folds == f
+            P[te] = self._proba(self._fit_models(X[~te], train.Y[~te]), X[te])
+        self.lambdas_ = knob_lambda_grid(self.costs_)
+        points = [realised(self._argmax(P, lam), train.Y, train.C) for lam in self.lambdas_]
+        self.oof_quality_ = np.array([q for q, _ in points])
+        self.reference_rate_ = float(np.nanmax(np.nanmean(train.Y, axis=0)))
+        return self
+
+    def _argmax(self, P: np.ndarray, lam: float) -> np.ndarray:
+        return choose(P, np.broadcast_to(self.costs_, P.shape), "lambda", lam)[:, 0]
+
+    def lambda_for(self, target: float) -> float:
+        """The largest (cheapest) lambda whose out-of-fold pass rate reaches the target, else
+        the lambda with the best out-of-fold pass rate."""
+        ok = np.flatnonzero(self.oof_quality_ >= target * self.reference_rate_ - 1e-12)
+        if len(ok):
+            return float(self.lambdas_[ok.max()])
+        return float(self.lambdas_[np.nanargmax(self.oof_quality_)])
+
+    def choose(self, prompts: list[str], suites: list[str | None], target: float) -> np.ndarray:
+        """The chosen candidate index per request at a quality target."""
+        P = self._proba(self.models_, self._features(prompts, suites))
+        return self._argmax(P, self.lambda_for(target))

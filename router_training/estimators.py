@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from router_training.features import (
     STAT_NAMES, FeatureSpec, document_frequency, request_features, text_stats,
 )
-from router_training.policy import CostModel
+from router_training.policy import CostModel, assign_clusters
 
 _EPS = 1e-6
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
@@ -76,25 +76,29 @@ def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
 
 
 def _fit_logistic(
-    X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None
+    X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None,
+    offset: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C).
+    """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C),
+    on top of a fixed per-row `offset` logit when given.
 
     A constant model when the target has a single value or too few rows: nothing to learn.
     """
     rate = (y.sum() + 0.5) / (len(y) + 1.0)
     if len(y) < 4 or np.ptp(y) < 1e-12:
-        return np.zeros(X.shape[1]), float(_logit(rate))
+        return np.zeros(X.shape[1]), float(_logit(rate)) if offset is None else 0.0
     XT = X.T.tocsr() if sp.issparse(X) else X.T
+    base = 0.0 if offset is None else offset
 
     def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
         w, b = theta[:-1], theta[-1]
-        z = X @ w + b
+        z = X @ w + b + base
         g = expit(z) - y
         loss = float(np.sum(np.logaddexp(0.0, z) - y * z)) + 0.5 * float(w @ w) / C
         return loss, np.append(XT @ g + w / C, g.sum())
 
-    theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), _logit(rate))
+    b0 = _logit(rate) if offset is None else 0.0
+    theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), b0)
     res = minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
                    options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5})
     return res.x[:-1], float(res.x[-1])
@@ -110,21 +114,36 @@ class LinearPassEstimator(BaseEstimator):
     scores it with one sparse dot product: text -> difficulty, then a per-suite slope.
     With C='auto' the difficulty model's ridge is the grid value with the best out-of-fold
     log-loss.
+
+    With `n_clusters`, requests are also grouped by topic (k-means on a low-rank projection of
+    the text, computed the same way by the gateway), and each candidate gets a prior and a
+    difficulty slope per topic too: a fleet whose suite labels say little (one label for
+    math, code and knowledge questions) still learns which candidate is good at what. With
+    `candidate_text`, each candidate also gets its own text weights, fitted on top of its head's
+    logit with a strong ridge, so they only move it where the text says so.
     """
 
     def __init__(self, C: float | str = "auto", n_suites: int = 0, n_folds: int = 3, seed: int = 0,
-                 C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)):
+                 C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0), n_clusters: int = 0,
+                 cluster_rank: int = 32, n_buckets: int = 2**14, candidate_text: float = 0.0,
+                 deploy: str = "refit"):
         self.C = C
         self.n_suites = n_suites
         self.n_folds = n_folds
         self.seed = seed
         self.C_grid = C_grid
+        self.n_clusters = n_clusters
+        self.cluster_rank = cluster_rank
+        self.n_buckets = n_buckets
+        self.candidate_text = candidate_text
+        self.deploy = deploy
 
     def _folds(self, n: int) -> np.ndarray:
         return np.random.default_rng(self.seed).permutation(n) % self.n_folds
 
     def _difficulty(self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray):
-        """Out-of-fold difficulty logits, the chosen C and the full fit (weights, intercept)."""
+        """Out-of-fold difficulty logits, the chosen C and the deployed model (weights,
+        intercept): the mean of the fold models, or a refit on all rows."""
         grid = self.C_grid if self.C == "auto" else (float(self.C),)
         if X.shape[0] < 2 * self.n_folds or self.n_folds < 2:
             w, b = _fit_logistic(X, ybar, grid[0])
@@ -142,21 +161,70 @@ class LinearPassEstimator(BaseEstimator):
             if best is None or loss < best[0] - 1e-9:
                 best = (loss, C, oof, np.mean(starts, axis=0))
         _, C, oof, start = best
+        if self.deploy == "average":
+            return oof, C, start[:-1], float(start[-1])
         w, b = _fit_logistic(X, ybar, C, start)
         return oof, C, w, b
 
-    def _head(self, X: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
-        """Per-candidate dense inputs: [suite one-hot, d, d x suite one-hot]."""
-        onehot = X[:, : self.n_suites].toarray()
-        return np.hstack([onehot * _HEAD_SCALE, d[:, None], onehot * d[:, None]])
+    def _topics(self, X: sp.csr_matrix) -> None:
+        """Fit the text projection (top singular vectors of a row sample) and k-means centroids."""
+        from sklearn.cluster import KMeans
+        from sklearn.utils.extmath import randomized_svd
 
-    def _fit_heads(self, H: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        text = X[:, self.n_suites: self.n_suites + self.n_buckets]
+        k = min(self.n_clusters, X.shape[0] // 5)
+        rank = min(self.cluster_rank, min(text.shape) - 1)
+        if k < 2 or rank < 1:
+            self.cluster_basis_, self.centroids_ = np.zeros((self.n_buckets, 0)), np.zeros((0, 0))
+            return
+        rng = np.random.default_rng(self.seed)
+        sample = text[np.sort(rng.permutation(text.shape[0])[:4000])]
+        _, _, vt = randomized_svd(sample, rank, n_iter=4, random_state=self.seed)
+        self.cluster_basis_ = np.ascontiguousarray(vt.T)
+        Z = _unit_rows(np.asarray(text @ self.cluster_basis_))
+        self.centroids_ = KMeans(k, n_init=4, random_state=self.seed).fit(Z).cluster_centers_
+
+    def topics(self, X: sp.spmatrix) -> np.ndarray:
+        """Each request's topic (-1 without topics), as the gateway assigns it."""
+        check_is_fitted(self, "coef_")
+        X = sp.csr_matrix(X)
+        return self._clusters(X) if len(self.centroids_) else np.full(X.shape[0], -1)
+
+    def _clusters(self, X: sp.csr_matrix) -> np.ndarray:
+        if not len(self.centroids_):
+            return np.zeros(X.shape[0], dtype=int)
+        Z = np.asarray(X[:, self.n_suites: self.n_suites + self.n_buckets] @ self.cluster_basis_)
+        return assign_clusters(Z, self.centroids_)
+
+    def _head(self, X: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
+        """Per-candidate dense inputs: [suite one-hot, topic one-hot, d, d x suite, d x topic]."""
+        onehot = X[:, : self.n_suites].toarray()
+        topic = np.zeros((X.shape[0], len(self.centroids_)))
+        if len(self.centroids_):
+            topic[np.arange(X.shape[0]), self._clusters(X)] = 1.0
+        groups = np.hstack([onehot, topic])
+        return np.hstack([groups * _HEAD_SCALE, d[:, None], groups * d[:, None]])
+
+    def _fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
+        """Per candidate: a logistic head on H, then (with candidate text) its own text weights
+        on top of the head's logit; returns (head weights, bias, text weights, text bias)."""
         k = Y.shape[1]
         weights, bias = np.zeros((H.shape[1], k)), np.zeros(k)
+        tw = np.zeros((0 if T is None else T.shape[1], k))
+        tb = np.zeros(k)
         for j in range(k):
             rows = ~np.isnan(Y[:, j])
             weights[:, j], bias[j] = _fit_logistic(H[rows], Y[rows, j], 1.0)
-        return weights, bias
+            if T is not None:
+                offset = H[rows] @ weights[:, j] + bias[j]
+                tw[:, j], tb[j] = _fit_logistic(T[rows], Y[rows, j], 1.0, offset=offset)
+        return weights, bias, tw, tb
+
+    @staticmethod
+    def _head_logits(H: np.ndarray, T: sp.csr_matrix | None, params: tuple) -> np.ndarray:
+        weights, bias, tw, tb = params
+        z = H @ weights + bias
+        return z if T is None else z + np.asarray(T @ tw) + tb
 
     def fit(self, X: sp.spmatrix, Y: np.ndarray) -> "LinearPassEstimator":
         X = sp.csr_matrix(X)
@@ -167,49 +235,89 @@ class LinearPassEstimator(BaseEstimator):
         ybar = np.where(seen, Y, 0.0).sum(1) / np.maximum(seen.sum(1), 1)
         self.folds_ = self._folds(n)
         self.oof_difficulty_ = np.zeros(n)
-        w_d, b_d, self.C_ = np.zeros(X.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
+        if self.n_clusters:
+            self._topics(X)
+        else:
+            self.cluster_basis_, self.centroids_ = np.zeros((self.n_buckets, 0)), np.zeros((0, 0))
+        Xd = self._with_topics(X)  # a topic's mean difficulty is barely shrunk, as a suite's
+        w_d, b_d, self.C_ = np.zeros(Xd.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
         if has.sum() >= 4:
-            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(X[has], ybar[has], self.folds_[has])
+            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xd[has], ybar[has], self.folds_[has])
+        self.topic_difficulty_ = w_d[X.shape[1]:]
+        w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        hw, hb = self._fit_heads(H, Y)
+        T = X[:, s: s + self.n_buckets] * self.candidate_text if self.candidate_text else None
+        self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
+        g = len(self.centroids_)
         coef = np.zeros((X.shape[1], Y.shape[1]))
         coef[:s] = hw[:s] * _HEAD_SCALE
-        self.coef_, self.intercept_ = coef, hb
+        if T is not None:
+            coef[s: s + self.n_buckets] = tw * self.candidate_text
+        self.coef_, self.intercept_ = coef, hb + tb
         self.difficulty_coef_, self.difficulty_intercept_ = w_d, b_d
-        self.slopes_ = np.vstack([hw[s] + hw[s + 1:], hw[s: s + 1]])
+        slope = hw[s + g]
+        self.slopes_ = np.vstack([slope + hw[s + g + 1: 2 * s + g + 1], slope[None]])
+        self.cluster_bias_ = hw[s: s + g] * _HEAD_SCALE
+        self.cluster_slopes_ = hw[2 * s + g + 1:]
         self.n_features_in_ = X.shape[1]
-        self.train_head_ = (H, Y)
         return self
+
+    def _cross_fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
+        """Out-of-fold logits from heads fitted without each fold, and the deployed heads: the
+        mean of the fold heads (deploy='average') or a refit on all rows."""
+        if len(Y) < 2 * self.n_folds or self.n_folds < 2:
+            params = self._fit_heads(H, T, Y)
+            return (self._head_logits(H, T, params), *params)
+        z = np.zeros(Y.shape)
+        folds = []
+        for f in range(self.n_folds):
+            te = self.folds_ == f
+            folds.append(self._fit_heads(H[~te], None if T is None else T[~te], Y[~te]))
+            z[te] = self._head_logits(H[te], None if T is None else T[te], folds[-1])
+        if self.deploy == "average":
+            params = tuple(np.mean([p[i] for p in folds], axis=0) for i in range(4))
+        else:
+            params = self._fit_heads(H, T, Y)
+        return (z, *params)
 
     def out_of_fold_logits(self) -> np.ndarray:
         """Logits of each training request from heads fitted without its fold, on its
         out-of-fold difficulty: honest inputs for calibration and policy tables."""
         check_is_fitted(self, "coef_")
-        H, Y = self.train_head_
-        if len(Y) < 2 * self.n_folds or self.n_folds < 2:
-            return self.decision_function_from_head(H, *self._fit_heads(H, Y))
-        z = np.zeros(Y.shape)
-        for f in range(self.n_folds):
-            te = self.folds_ == f
-            z[te] = self.decision_function_from_head(H[te], *self._fit_heads(H[~te], Y[~te]))
-        return z
+        return self.oof_logits_
 
-    @staticmethod
-    def decision_function_from_head(H: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
-        return H @ weights + bias
+    def _with_topics(self, X: sp.csr_matrix) -> sp.csr_matrix:
+        """X with a one-hot column per topic appended (X itself without topics)."""
+        g = len(self.centroids_)
+        if not g:
+            return X
+        onehot = sp.csr_matrix((np.ones(X.shape[0]), (np.arange(X.shape[0]), self._clusters(X))),
+                               shape=(X.shape[0], g))
+        return sp.hstack([X, onehot], format="csr")
 
     def difficulty(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "coef_")
-        return np.asarray(sp.csr_matrix(X) @ self.difficulty_coef_) + self.difficulty_intercept_
+        X = sp.csr_matrix(X)
+        d = np.asarray(X @ self.difficulty_coef_) + self.difficulty_intercept_
+        return d + self.topic_difficulty_[self._clusters(X)] if len(self.centroids_) else d
 
     def decision_function(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "coef_")
         X = sp.csr_matrix(X)
         slope = self.slopes_[_suite_of(X, self.n_suites)]
-        return np.asarray(X @ self.coef_) + self.intercept_ + self.difficulty(X)[:, None] * slope
+        z = np.asarray(X @ self.coef_) + self.intercept_
+        if len(self.centroids_):
+            g = self._clusters(X)
+            z, slope = z + self.cluster_bias_[g], slope + self.cluster_slopes_[g]
+        return z + self.difficulty(X)[:, None] * slope
 
     def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
         return expit(self.decision_function(X))
+
+
+def _unit_rows(Z: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(Z, axis=1, keepdims=True)
+    return Z / np.where(norm > 0, norm, 1.0)
 
 
 def _column_means(Y: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
@@ -306,19 +414,22 @@ def fit_platt(z: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[float, flo
 
 
 def fit_cost_model(
-    n_chars: np.ndarray, suite_pos: np.ndarray, costs: np.ndarray, n_suites: int, ridge: float = 1e-3
+    n_chars: np.ndarray, suite_pos: np.ndarray, costs: np.ndarray, n_suites: int, ridge: float = 1e-3,
+    topic_pos: np.ndarray | None = None, n_topics: int = 0,
 ) -> CostModel:
-    """Least squares per candidate: cost ~ intercept + slope * kchars + suite offset.
-
-    A candidate with no recorded cost gets zero (and a note in the metrics, by the caller).
+    """Least squares per candidate: cost ~ intercept + slope * kchars + suite offset (+ topic
+    offset). A candidate with no recorded cost gets zero (and a note in the metrics, by the caller).
     """
     n, k = costs.shape
-    A = np.zeros((n, 2 + n_suites))
+    A = np.zeros((n, 2 + n_suites + n_topics))
     A[:, 0] = 1.0
     A[:, 1] = np.asarray(n_chars, dtype=np.float64) / 1000.0
     known = suite_pos >= 0
     A[np.flatnonzero(known), 2 + suite_pos[known]] = 1.0
-    coef = np.zeros((2 + n_suites, k))
+    if n_topics and topic_pos is not None:
+        has = topic_pos >= 0
+        A[np.flatnonzero(has), 2 + n_suites + topic_pos[has]] = 1.0
+    coef = np.zeros((A.shape[1], k))
     floor = np.zeros(k)
     for j in range(k):
         ok = ~np.isnan(costs[:, j])
@@ -328,7 +439,8 @@ def fit_cost_model(
         reg = ridge * np.eye(A.shape[1]) * max(float(cj.mean()) ** 2, 1e-12)
         coef[:, j] = np.linalg.solve(Aj.T @ Aj + reg + 1e-12 * np.eye(A.shape[1]), Aj.T @ cj)
         floor[j] = max(float(cj.min()), 0.0)
-    return CostModel(coef=coef, floor=floor)
+    topic_coef = coef[2 + n_suites:] if n_topics and topic_pos is not None else None
+    return CostModel(coef=coef[: 2 + n_suites], floor=floor, topic_coef=topic_coef)
 
 
 class LightGBMPassEstimator(BaseEstimator):

@@ -1,21 +1,26 @@
 """The routing policy a gateway loads: features -> calibrated pass probabilities -> a choice.
 
-Imports numpy and the standard library only, so a gateway can embed it. One shared rule turns
-per-candidate scores into a choice (RouteLLM's split: a router scores, a policy decides):
+Imports numpy and the standard library only, so a gateway can embed it. A router scores, one
+shared policy decides (RouteLLM's split). The quality knob is a `Knob`: a staircase of operating
+points, each a member rule or a per-request mix of two, with the largest quality target it is
+certified for (`router_training.knob` builds it). A member is a deterministic rule:
 
 * ``lambda``: maximise ``p - lambda * cost`` per request;
-* ``threshold``: the cheapest candidate whose ``p >= tau`` (else the most likely to pass).
+* ``single``: always the same candidate;
+* ``threshold`` (read from format 1 policies): the cheapest candidate whose ``p >= tau``.
 
-Training stores a table from the rule's parameter to the expected pass rate on calibration
-data; a quality target (a fraction of the best single candidate's pass rate) picks the
-cheapest table entry whose expected pass rate reaches it. Both rules are monotone: a higher
-target never lowers any request's chosen pass probability.
+A target x (a fraction of the best single candidate's pass rate) is served by the cheapest point
+certified for x, and a target above every certified one by the point with the best calibration
+pass rate. A mix picks its member with a hash of the request, so a decision is deterministic and
+its `propensity` (the probability that this model was chosen) is known for off-policy evaluation.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -25,8 +30,10 @@ import numpy as np
 from common.io import atomic_write
 from router_training.features import FeatureSpec, request_features
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 RULES = ("lambda", "threshold")
+MEMBER_RULES = ("lambda", "threshold", "single")
 
 
 @dataclass(frozen=True)
@@ -37,34 +44,68 @@ class Decision:
     fallbacks: tuple[str, ...]
     pass_probabilities: dict[str, float]
     expected_cost_usd: dict[str, float]
+    propensity: float = 1.0  # probability that this request gets this model (mixed points < 1)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+def assign_clusters(Z: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Nearest centroid (cosine: rows of Z are compared after scaling to unit length)."""
+    Z = np.atleast_2d(Z)
+    norm = np.sqrt(np.einsum("ij,ij->i", Z, Z))[:, None]
+    unit = Z / np.where(norm > 0, norm, 1.0)
+    return np.argmax(unit @ centroids.T - 0.5 * np.einsum("ij,ij->i", centroids, centroids), axis=1)
+
+
 @dataclass
 class LinearScorer:
     """logit_k = x.W[:, k] + bias_k + difficulty(x) * slope[suite, k], difficulty = x.w_d + b_d.
 
-    The last column of `weights` is w_d, so one sparse gather scores everything; row n_suites
-    of `slopes` serves requests whose suite is missing or unknown.
+    Column K of `weights` is w_d, so one sparse gather scores everything; row n_suites of
+    `slopes` serves requests whose suite is missing or unknown. With topics, the columns after
+    it project the text to the topic space; the nearest centroid's prior and slope are added.
     """
 
-    weights: np.ndarray  # (n_features, K + 1)
+    weights: np.ndarray  # (n_features, K + 1 + rank)
     bias: np.ndarray  # (K,)
     difficulty_bias: float
     slopes: np.ndarray  # (n_suites + 1, K)
+    centroids: np.ndarray | None = None  # (n_topics, rank)
+    topic_bias: np.ndarray | None = None  # (n_topics, K)
+    topic_slopes: np.ndarray | None = None  # (n_topics, K)
+    topic_difficulty: np.ndarray | None = None  # (n_topics,)
 
     def __post_init__(self) -> None:
         self.weights = np.ascontiguousarray(self.weights, dtype=np.float64)
+        k = len(self.bias)
+        if self.centroids is not None and self.weights.shape[1] != k + 1 + self.centroids.shape[1]:
+            raise ValueError(f"scorer weights have {self.weights.shape[1]} columns; expected "
+                             f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection")
+        self._half_norms = None if self.centroids is None else 0.5 * (self.centroids ** 2).sum(1)
+
+    def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
+        """Logits of every candidate and the request's topic (-1 without topics)."""
+        r = vals @ np.take(self.weights, ids, axis=0)  # take: ~3x faster than fancy indexing
+        k = len(self.bias)
+        out = r[:k] + self.bias
+        slope = self.slopes[suite_pos]
+        g, d = -1, r[k] + self.difficulty_bias
+        if self.centroids is not None:
+            z = r[k + 1:]
+            norm = math.sqrt(z @ z)
+            g = int(np.argmax(self.centroids @ (z / norm if norm > 0 else z) - self._half_norms))
+            out = out + self.topic_bias[g]
+            slope = slope + self.topic_slopes[g]
+            d = d + self.topic_difficulty[g]
+        return out + d * slope, g
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
-        r = vals @ np.take(self.weights, ids, axis=0)  # take: ~3x faster than fancy indexing
-        return r[:-1] + self.bias + (r[-1] + self.difficulty_bias) * self.slopes[suite_pos]
+        return self.score(ids, vals, suite_pos)[0]
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "kind": "difficulty-linear",
             "shape": list(self.weights.shape),
             "bias": self.bias.tolist(),
@@ -72,16 +113,26 @@ class LinearScorer:
             "slopes": self.slopes.tolist(),
             "weights": np.round(self.weights.ravel(), 7).tolist(),
         }
+        if self.centroids is not None:
+            d["topics"] = {"centroids": self.centroids.tolist(), "bias": self.topic_bias.tolist(),
+                           "slopes": self.topic_slopes.tolist(), "difficulty": self.topic_difficulty.tolist()}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "LinearScorer":
         if d.get("kind") != "difficulty-linear":
             raise ValueError(f"unknown scorer kind {d.get('kind')!r}; this build reads 'difficulty-linear'")
+        topics = d.get("topics")
+        arr = lambda v: np.asarray(v, dtype=np.float64)
         return cls(
-            weights=np.asarray(d["weights"], dtype=np.float64).reshape(d["shape"]),
-            bias=np.asarray(d["bias"], dtype=np.float64),
+            weights=arr(d["weights"]).reshape(d["shape"]),
+            bias=arr(d["bias"]),
             difficulty_bias=float(d["difficulty_bias"]),
-            slopes=np.asarray(d["slopes"], dtype=np.float64),
+            slopes=arr(d["slopes"]),
+            centroids=None if topics is None else arr(topics["centroids"]),
+            topic_bias=None if topics is None else arr(topics["bias"]),
+            topic_slopes=None if topics is None else arr(topics["slopes"]),
+            topic_difficulty=None if topics is None else arr(topics["difficulty"]),
         )
 
 
@@ -119,6 +170,9 @@ class TreeScorer:
         row = np.zeros((1, self.n_features))  # per call: gateways decide from many threads
         row[0, ids] = vals
         return self.logits_dense(row)[0]
+
+    def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
+        return self.logits(ids, vals, suite_pos), -1
 
     def logits_many(self, rows: list[tuple[np.ndarray, np.ndarray]], chunk: int = 256) -> np.ndarray:
         """Batch scoring in dense chunks (a policy may not import scipy for sparse input)."""
@@ -161,32 +215,45 @@ def _scorer_from_dict(d: dict, folder: Path) -> "LinearScorer | TreeScorer":
 
 @dataclass
 class CostModel:
-    """Predicted cost per candidate: intercept + per-1k-chars slope + per-suite offset, floored."""
+    """Predicted cost per candidate: intercept + per-1k-chars slope + per-suite offset (+ per
+    topic offset when the scorer has topics: code answers cost more than yes/no ones), floored."""
 
     coef: np.ndarray  # (2 + n_suites, K): [intercept, per_kchar, suite offsets...]
     floor: np.ndarray  # (K,)
+    topic_coef: np.ndarray | None = None  # (n_topics, K)
 
-    def predict(self, n_chars: np.ndarray, suite_pos: np.ndarray) -> np.ndarray:
-        """(n, K) costs; suite_pos is -1 for an unknown suite (no offset)."""
+    def predict(self, n_chars: np.ndarray, suite_pos: np.ndarray,
+                topic_pos: np.ndarray | None = None) -> np.ndarray:
+        """(n, K) costs; suite_pos (topic_pos) is -1 for an unknown suite (topic): no offset."""
         n_chars = np.asarray(n_chars, dtype=np.float64)
         out = self.coef[0] + np.outer(n_chars / 1000.0, self.coef[1])
         known = suite_pos >= 0
         if known.any():
             out[known] += self.coef[2 + suite_pos[known]]
+        if self.topic_coef is not None and topic_pos is not None:
+            has = topic_pos >= 0
+            out[has] += self.topic_coef[topic_pos[has]]
         return np.maximum(out, self.floor)
 
-    def predict_one(self, n_chars: int, suite_pos: int) -> np.ndarray:
+    def predict_one(self, n_chars: int, suite_pos: int, topic_pos: int = -1) -> np.ndarray:
         out = self.coef[0] + (n_chars / 1000.0) * self.coef[1]
         if suite_pos >= 0:
             out = out + self.coef[2 + suite_pos]
+        if self.topic_coef is not None and topic_pos >= 0:
+            out = out + self.topic_coef[topic_pos]
         return np.maximum(out, self.floor)
 
     def to_dict(self) -> dict:
-        return {"coef": self.coef.tolist(), "floor": self.floor.tolist()}
+        d = {"coef": self.coef.tolist(), "floor": self.floor.tolist()}
+        if self.topic_coef is not None:
+            d["topic_coef"] = self.topic_coef.tolist()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        return cls(coef=np.asarray(d["coef"], dtype=np.float64), floor=np.asarray(d["floor"]))
+        topic = d.get("topic_coef")
+        return cls(coef=np.asarray(d["coef"], dtype=np.float64), floor=np.asarray(d["floor"], dtype=np.float64),
+                   topic_coef=None if topic is None else np.asarray(topic, dtype=np.float64))
 
 
 def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
@@ -206,17 +273,134 @@ def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
     raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
 
 
+@dataclass(frozen=True)
+class Member:
+    """A deterministic rule: `lambda` (param = lambda), `threshold` (tau) or `single` (index)."""
+
+    rule: str
+    param: float
+
+    def to_list(self) -> list:
+        return [self.rule, float(self.param)]
+
+
+def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The candidate each request gets under one member (n,); ties go to the cheaper one."""
+    p = np.atleast_2d(p)
+    c = np.atleast_2d(c)
+    if member.rule == "single":
+        return np.full(p.shape[0], int(member.param), dtype=np.intp)
+    if member.rule == "lambda":
+        score = p - member.param * c
+        tied = score >= score.max(axis=1, keepdims=True)
+        return np.where(tied, c, np.inf).argmin(axis=1)
+    return choose(p, c, member.rule, member.param)[:, 0]
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Member `a` with probability `weight`, else member `b`; `certified` is the largest quality
+    target it keeps with the knob's confidence (-inf: none); pass rate and cost on calibration."""
+
+    a: int
+    b: int
+    weight: float
+    certified: float
+    pass_rate: float
+    cost: float
+
+    def to_list(self) -> list:
+        return [self.a, self.b, round(self.weight, 9), _finite_or_none(self.certified),
+                _finite_or_none(self.pass_rate), _finite_or_none(self.cost)]
+
+    @classmethod
+    def from_list(cls, v: Sequence) -> "OperatingPoint":
+        a, b, w, cert, q, c = v
+        return cls(int(a), int(b), float(w), -math.inf if cert is None else float(cert),
+                   math.nan if q is None else float(q), math.nan if c is None else float(c))
+
+
+def _finite_or_none(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+@dataclass
+class Knob:
+    """The quality knob: members, and a staircase of points (cost and certified target rise
+    together) plus the best-effort `top` for targets nothing certifies."""
+
+    members: list[Member]
+    points: list[OperatingPoint]
+    top: OperatingPoint
+    confidence: float
+
+    def __post_init__(self) -> None:
+        self._certified = [p.certified for p in self.points]
+        for p in (*self.points, self.top):
+            if not (0 <= p.a < len(self.members) and 0 <= p.b < len(self.members)):
+                raise ValueError(f"an operating point names member {max(p.a, p.b)}; there are {len(self.members)}")
+        if any(b <= a for a, b in zip(self._certified, self._certified[1:])):
+            raise ValueError("knob points must have strictly rising certified targets")
+
+    @classmethod
+    def from_points(cls, members: list[Member], points: list[OperatingPoint], reference: OperatingPoint,
+                    top: OperatingPoint, confidence: float) -> "Knob":
+        """Keep the points some target would choose: each certifies more than every cheaper one."""
+        stair: list[OperatingPoint] = []
+        for p in sorted([*points, reference], key=lambda p: (p.cost, -p.certified)):
+            if math.isfinite(p.certified) and (not stair or p.certified > stair[-1].certified + 1e-12):
+                stair.append(p)
+        return cls(members, stair, top, confidence)
+
+    def point_for(self, target: float) -> OperatingPoint:
+        """The cheapest point certified for the target, else the best-effort top."""
+        i = bisect.bisect_left(self._certified, target - 1e-12)
+        return self.points[i] if i < len(self.points) else self.top
+
+    def certified_up_to(self) -> float:
+        return self._certified[-1] if self._certified else -math.inf
+
+    def to_dict(self) -> dict:
+        return {"confidence": _finite_or_none(self.confidence), "members": [m.to_list() for m in self.members],
+                "points": [p.to_list() for p in self.points], "top": self.top.to_list()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Knob":
+        members = [Member(str(r), float(v)) for r, v in d["members"]]
+        bad = [m.rule for m in members if m.rule not in MEMBER_RULES]
+        if bad:
+            raise ValueError(f"unknown knob member rule {bad[0]!r}; this build reads {MEMBER_RULES}")
+        return cls(members, [OperatingPoint.from_list(p) for p in d["points"]],
+                   OperatingPoint.from_list(d["top"]),
+                   math.nan if d.get("confidence") is None else float(d["confidence"]))
+
+    @classmethod
+    def from_table(cls, rule: str, table: list[tuple[float, float]], reference_rate: float) -> "Knob":
+        """A format 1 table (param, expected pass rate), cheapest first, served as it was."""
+        members = [Member(rule, float(param)) for param, _ in table]
+        scale = reference_rate if reference_rate > 0 else 1.0
+        points = [OperatingPoint(i, i, 1.0, float(q) / scale, float(q), math.nan)
+                  for i, (_, q) in enumerate(table)]
+        stair = [p for i, p in enumerate(points) if i == 0 or p.certified > points[i - 1].certified]
+        return cls(members, stair, points[-1], math.nan)
+
+
+def request_unit(prompt: str, suite: str | None) -> float:
+    """A uniform number in [0, 1) fixed by the request: mixes pick their member with it."""
+    digest = hashlib.blake2b(f"{suite or ''}\x00{prompt}".encode("utf-8", "replace"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
 @dataclass
 class RoutingPolicy:
-    """Candidates, their scorer, Platt calibration, cost model and the target -> rule table."""
+    """Candidates, their scorer, Platt calibration, cost model and the quality knob."""
 
     candidates: list[str]
     spec: FeatureSpec
     scorer: "LinearScorer | TreeScorer"
     platt: np.ndarray  # (2, K): p = sigmoid(a * logit + b)
     cost_model: CostModel
-    rule: str
-    table: list[tuple[float, float]]  # (param, expected pass rate), cheapest entry first
+    knob: Knob
     reference_pass_rate: float  # best single candidate's pass rate on calibration data
     reference_model: str
     quality_target: float = 0.95
@@ -233,6 +417,7 @@ class RoutingPolicy:
         n_suites = len(self.spec.suites)
         pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites], dtype=int)
         z = np.empty((len(prompts), len(self.candidates)))
+        topic = np.full(len(prompts), -1)
         embeddings = [None] * len(prompts)
         if self.spec.embeddings and len(prompts) > 1:
             from router_training.embeddings import embed  # optional extra; batched is faster
@@ -244,24 +429,39 @@ class RoutingPolicy:
         else:
             for i, (prompt, suite) in enumerate(zip(prompts, suites)):
                 ids, vals = request_features(prompt, suite, self.spec, embeddings[i])
-                z[i] = self.scorer.logits(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
+                z[i], topic[i] = self.scorer.score(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
-        c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos)
+        c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos, topic)
         return p, c
 
-    def param_for(self, quality_target: float | None = None) -> float:
-        """The cheapest table entry whose expected pass rate reaches the target's floor."""
+    def point_for(self, quality_target: float | None = None) -> OperatingPoint:
+        """The operating point that serves a target (the policy's own target by default)."""
         target = self.quality_target if quality_target is None else float(quality_target)
-        if not np.isfinite(target):
+        if not math.isfinite(target):
             raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
-        floor = target * self.reference_pass_rate
-        cached = self.__dict__.get("_expected")
-        if cached is None or cached[0] is not self.table:
-            cached = (self.table, [e for _, e in self.table])
-            self.__dict__["_expected"] = cached  # table entries rise strictly: bisect it
-        expected = cached[1]
-        i = bisect.bisect_left(expected, floor - 1e-12)
-        return self.table[min(i, len(self.table) - 1)][0]
+        return self.knob.point_for(target)
+
+    def select(
+        self, p: np.ndarray, c: np.ndarray, prompts: Sequence[str], suites: Sequence[str | None],
+        quality_target: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Chosen candidate per request and the probability it had of being chosen."""
+        point = self.point_for(quality_target)
+        ma, mb = self.knob.members[point.a], self.knob.members[point.b]
+        pick_a = member_choice(ma, p, c)
+        if point.weight >= 1.0:
+            return pick_a, np.ones(len(pick_a))
+        pick_b = member_choice(mb, p, c)
+        u = np.array([request_unit(x, s) for x, s in zip(prompts, suites)])
+        pick = np.where(u < point.weight, pick_a, pick_b)
+        prop = point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
+        return pick, prop
+
+    def _fallback_param(self, point: OperatingPoint) -> float:
+        for m in (self.knob.members[point.a], self.knob.members[point.b]):
+            if m.rule == "lambda":
+                return m.param
+        return 0.0
 
     # -- deciding ------------------------------------------------------------------------
     def decide(
@@ -271,16 +471,23 @@ class RoutingPolicy:
         n_suites = len(self.spec.suites)
         pos = self.spec.suite_positions.get(suite, -1) if suite else -1
         ids, vals = request_features(prompt, suite, self.spec)
-        z = self.scorer.logits(ids, vals, pos if pos >= 0 else n_suites)
+        z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
-        c = self.cost_model.predict_one(len(prompt), pos)
-        order = choose(p[None], c[None], self.rule, self.param_for(quality_target))[0].tolist()
+        c = self.cost_model.predict_one(len(prompt), pos, topic)
+        pick, prop = self.select(p[None], c[None], [prompt], [suite], quality_target)
+        return self._decision(pick[0], prop[0], p, c, quality_target)
+
+    def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray,
+                  quality_target: float | None) -> Decision:
         names = self.candidates
+        lam = self._fallback_param(self.point_for(quality_target))
+        order = [j for j in choose(p[None], c[None], "lambda", lam)[0].tolist() if j != pick]
         return Decision(
-            model=names[order[0]],
-            fallbacks=tuple(names[j] for j in order[1:]),
+            model=names[pick],
+            fallbacks=tuple(names[j] for j in order),
             pass_probabilities=dict(zip(names, p.tolist())),
             expected_cost_usd=dict(zip(names, c.tolist())),
+            propensity=float(prop),
         )
 
     def decide_batch(
@@ -289,29 +496,17 @@ class RoutingPolicy:
         suites: Sequence[str | None] | None = None,
         quality_target: float | None = None,
     ) -> list[Decision]:
+        suites = list(suites) if suites is not None else [None] * len(prompts)
         p, c = self.predict(prompts, suites)
-        order = choose(p, c, self.rule, self.param_for(quality_target))
-        names = self.candidates
-        out = []
-        for i in range(len(prompts)):
-            ranked = [names[j] for j in order[i]]
-            out.append(
-                Decision(
-                    model=ranked[0],
-                    fallbacks=tuple(ranked[1:]),
-                    pass_probabilities=dict(zip(names, p[i].tolist())),
-                    expected_cost_usd=dict(zip(names, c[i].tolist())),
-                )
-            )
-        return out
+        pick, prop = self.select(p, c, prompts, suites, quality_target)
+        return [self._decision(int(pick[i]), prop[i], p[i], c[i], quality_target) for i in range(len(prompts))]
 
     # -- persistence ---------------------------------------------------------------------
     def _header(self) -> dict:
         return {
             "format_version": FORMAT_VERSION,
             "candidates": list(self.candidates),
-            "rule": self.rule,
-            "table": [[float(a), float(b)] for a, b in self.table],
+            "knob": self.knob.to_dict(),
             "reference_pass_rate": float(self.reference_pass_rate),
             "reference_model": self.reference_model,
             "quality_target": float(self.quality_target),
@@ -339,44 +534,56 @@ class RoutingPolicy:
 
     @classmethod
     def load(cls, folder: Path) -> "RoutingPolicy":
+        """Read a policy folder; format 1 policies (a rule and its table) load as a knob too."""
         folder = Path(folder)
         try:
             head = json.loads((folder / "policy.json").read_text(encoding="utf-8"))
+            version = head.get("format_version")
+            if version not in READABLE_VERSIONS:
+                raise _FormatError(
+                    f"{folder / 'policy.json'}: format_version {version!r} is not supported by this "
+                    f"build (reads {', '.join(map(str, READABLE_VERSIONS))})")
             files = head["files"]
             spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
             scorer = _scorer_from_dict(json.loads((folder / files["scorer"]).read_text()), folder)
-        except (OSError, KeyError, ValueError, TypeError) as e:
-            raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
-        if head.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{folder / 'policy.json'}: format_version {head.get('format_version')!r} "
-                f"is not supported by this build (expects {FORMAT_VERSION})"
+            ref_rate = float(head["reference_pass_rate"])
+            if version == 1:
+                knob = Knob.from_table(head["rule"], [(float(a), float(b)) for a, b in head["table"]], ref_rate)
+            else:
+                knob = Knob.from_dict(head["knob"])
+            policy = cls(
+                candidates=list(head["candidates"]), spec=spec, scorer=scorer,
+                platt=np.asarray(head["platt"], dtype=np.float64),
+                cost_model=CostModel.from_dict(head["cost_model"]), knob=knob,
+                reference_pass_rate=ref_rate, reference_model=head["reference_model"],
+                quality_target=float(head["quality_target"]), metrics=head.get("metrics", {}),
             )
-        return cls(
-            candidates=list(head["candidates"]),
-            spec=spec,
-            scorer=scorer,
-            platt=np.asarray(head["platt"], dtype=np.float64),
-            cost_model=CostModel.from_dict(head["cost_model"]),
-            rule=head["rule"],
-            table=[(float(a), float(b)) for a, b in head["table"]],
-            reference_pass_rate=float(head["reference_pass_rate"]),
-            reference_model=head["reference_model"],
-            quality_target=float(head["quality_target"]),
-            metrics=head.get("metrics", {}),
-        )
+        except _FormatError as e:
+            raise ValueError(str(e)) from None
+        except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
+        policy._check_members()
+        return policy
+
+    def _check_members(self) -> None:
+        k = len(self.candidates)
+        for m in self.knob.members:
+            if m.rule == "single" and not 0 <= int(m.param) < k:
+                raise ValueError(f"knob member names candidate {int(m.param)}; the policy has {k}")
 
     def describe(self) -> dict:
         """A compact summary for manifests and diffs (no weights)."""
         spec = self.spec.to_dict()
         spec.pop("idf", None)
+        point = self.point_for()
         return {
             "candidates": list(self.candidates),
-            "rule": self.rule,
-            "param_at_default_target": self.param_for(),
             "quality_target": self.quality_target,
+            "point_at_default_target": point.to_list(),
             "reference": {"model": self.reference_model, "pass_rate": self.reference_pass_rate},
-            "table": [[round(a, 8), round(b, 6)] for a, b in self.table],
+            "knob": {"confidence": _finite_or_none(self.knob.confidence), "certified_up_to": _finite_or_none(self.knob.certified_up_to()),
+                     "points": [p.to_list() for p in self.knob.points], "top": self.knob.top.to_list(),
+                     "members": [m.to_list() for m in self.knob.members]},
             "cost_model": self.cost_model.to_dict(),
             "feature_spec": spec,
             "scorer": self._scorer_summary(),
@@ -388,3 +595,7 @@ class RoutingPolicy:
             return {"kind": TreeScorer.kind, "n_features": self.scorer.n_features,
                     "files": self.scorer.file_names()}
         return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}
+
+
+class _FormatError(ValueError):
+    """A policy written by a newer (or unknown) format."""

@@ -63,16 +63,17 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 @click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True,
               help="Pass-probability model: the linear difficulty model or one LightGBM model per candidate.")
+@click.option("--confidence", type=float, default=0.95, show_default=True,
+              help="How sure the knob must be that a target's promise holds on new requests.")
 @click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Ed25519 private key (default: the config's key, created on first use in "
                    ".routeopt/keys/ beside it).")
 @CONFIG_OPTION
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
-          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str,
+          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str, confidence: float,
           signing_key: Path | None, config_path: Path | None) -> None:
     """Train a router on every outcome in the store and publish it, signed."""
     from evals.storage.store import Store
-    from router_training.train import train_router
 
     key = publishing_key(signing_key, config_path, create_for=registry)
 
@@ -80,20 +81,32 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
         frame = store.training_frame(list(run_ids) or None)
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
-    try:
-        result = train_router(frame, quality_target=quality_target,
-                              holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings,
-                              estimator=estimator)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    result = _train(frame, quality_target=quality_target, holdout_fraction=holdout_fraction, seed=seed,
+                    embeddings=embeddings, estimator=estimator, confidence=confidence)
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
                "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction, "estimator": estimator,
-               "split_sizes": {k: len(v) for k, v in result.split.items()}}
+               "confidence": confidence, "split_sizes": {k: len(v) for k, v in result.split.items()}}
     click.echo(_publish(result.policy, registry, lineage, result.metrics, key))
-    held = result.metrics.get("holdout", {}).get("router_at_target")
+    knob = result.metrics.get("knob", {})
+    click.echo(f"knob: certified up to target {knob.get('certified_up_to', float('nan')):.3f} with "
+               f"confidence {confidence:g} (reference {result.policy.reference_model})")
+    holdout = result.metrics.get("holdout", {})
+    held, promise = holdout.get("router_at_target"), holdout.get("promise")
     if held:
         click.echo(f"held-out at target {held['target']}: pass {held['pass_rate']:.4f}, "
                    f"cost/request ${held['cost']:.6f}")
+    if promise and promise.get("promised"):
+        click.echo(f"held-out promise (pass >= target x reference): held at {promise['held']} of "
+                   f"{promise['promised']} certified targets on {promise['n']} requests")
+
+
+def _train(frame: Any, **kwargs: Any) -> Any:
+    from router_training.train import train_router
+
+    try:
+        return train_router(frame, **kwargs)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group("bench")
@@ -101,36 +114,84 @@ def bench() -> None:
     """Benchmarks that print figures: router quality (and serving speed where installed)."""
 
 
+def _stored_frame(path: Path) -> Any:
+    """The training frame `routeopt train` reads after `routeopt import outcomes path`."""
+    import tempfile
+
+    from evals.storage.importer import OutcomeImportError, import_outcomes
+    from evals.storage.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="routeopt-bench-") as tmp:
+        try:
+            with Store(Path(tmp) / "bench.duckdb") as store:
+                import_outcomes(path, store)
+                return store.training_frame()
+        except OutcomeImportError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None) -> list:
+    if len(train_paths) != len(test_paths):
+        raise click.UsageError(f"give one --test per --train (got {len(train_paths)} and {len(test_paths)})")
+    from router_training.bench import find_sets
+
+    pairs = [(p.parent.name or p.stem, p, q) for p, q in zip(train_paths, test_paths)]
+    if sets is not None:
+        try:
+            pairs += find_sets(sets)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    if not pairs:
+        raise click.UsageError("give --sets FOLDER or --train FILE --test FILE (repeatable)")
+    return pairs
+
+
 @bench.command("router")
-@click.option("--train", "train_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              required=True, help="Outcome file to train on.")
-@click.option("--test", "test_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              required=True, help="Outcome file to measure on (never trained on).")
+@click.option("--train", "train_paths", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              multiple=True, help="Outcome file to train on (repeatable, paired with --test in order).")
+@click.option("--test", "test_paths", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              multiple=True, help="Outcome file to measure on, never trained on (repeatable).")
+@click.option("--sets", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="A folder of sets: every sub-folder with train.parquet and test.parquet.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Write the cost-quality curves to this PNG.")
+              help="Write the cost-quality points of every set to this PNG.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write the full report (curves included) as JSON.")
-@click.option("--quality-target", type=float, default=0.95, show_default=True)
+@click.option("--holdout-fraction", type=float, default=0.3, show_default=True,
+              help="As `routeopt train`: requests held out of training for the policy's own report.")
+@click.option("--confidence", type=float, default=0.95, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
-@click.option("--estimator", type=click.Choice(["linear", "lightgbm", "both"]), default="linear",
-              show_default=True, help="'both' prints the linear 'router' and the 'router_lgbm' rows.")
-def bench_router(train_path: Path, test_path: Path, plot: Path | None, json_path: Path | None,
-                 quality_target: float, embeddings: bool, estimator: str) -> None:
-    """Print the metrics table of the router and every baseline."""
-    from router_training.bench import format_table, plot_curves, run_bench
-    from common.io import jsonable
+@click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True)
+def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None,
+                 plot: Path | None, json_path: Path | None, holdout_fraction: float, confidence: float,
+                 seed: int, embeddings: bool, estimator: str) -> None:
+    """The quality knob on sets it never trained on, beside the reference and the zero router.
 
-    try:
-        report = run_bench(train_path, test_path, quality_target=quality_target, embeddings=embeddings,
-                           estimator=estimator)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(format_table(report))
+    Each set goes the user's way: its train file is imported into a fresh store and trained on
+    as `routeopt train` does; every test request is routed at the targets 0 ... 1.1 as `routeopt
+    route --quality-target` routes; the choices are scored against the test outcomes.
+    """
+    from common.io import jsonable
+    from router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
+
+    reports = []
+    for name, train_path, test_path in _bench_sets(train_paths, test_paths, sets):
+        frame = _stored_frame(train_path)
+        fit = lambda f: _train(f, holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings,
+                               estimator=estimator, confidence=confidence).policy
+        try:
+            report = run_set(name, frame, read_frame(test_path), fit)
+        except ValueError as exc:
+            raise click.ClickException(f"{test_path}: {exc}") from None
+        click.echo(format_set(report) + "\n")
+        reports.append(report)
+    click.echo(format_summary(reports))
     if plot is not None:
-        plot_curves(report, plot)
+        plot_sets(reports, plot)
         click.echo(f"plot: {plot}")
     if json_path is not None:
-        json_path.write_text(json.dumps(jsonable(report), indent=1))
+        atomic_write(json_path, json.dumps(jsonable(reports), indent=1))
 
 
 def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
@@ -214,7 +275,7 @@ def route(text: str | None, policy_path: Path, input_path: Path | None, output_p
         d = policy.decide(text, suite=suite, quality_target=quality_target)
         click.echo(json.dumps({"model": d.model, "fallbacks": list(d.fallbacks),
                                "pass_probabilities": d.pass_probabilities,
-                               "expected_cost_usd": d.expected_cost_usd}))
+                               "expected_cost_usd": d.expected_cost_usd, "propensity": d.propensity}))
         return
     records = list(_requests(input_path))
     prompts, suites = [r["prompt"] for _, r in records], [r.get("suite") for _, r in records]

@@ -21,7 +21,7 @@ tr = load("traffic_replay")
 @pytest.fixture(scope="module")
 def pair():
     champion = make_policy(0)
-    return champion, replace(champion, quality_target=0.5)
+    return champion, replace(champion, quality_target=0.8)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from flows.cli import cli
@@ -61,15 +62,43 @@ def test_import_error_is_one_clear_line(tmp_path):
     assert r.exit_code != 0 and "missing required column(s): score (or passed)" in r.output
 
 
-def test_bench_router_prints_table_and_plot(tmp_path):
-    train, test = tmp_path / "train.parquet", tmp_path / "test.csv"
-    demo_frame(n_items=60, seed=1).to_parquet(train)
-    demo_frame(n_items=30, seed=2).to_csv(test, index=False)
-    png = tmp_path / "curves.png"
-    r = CliRunner().invoke(cli, ["bench", "router", "--train", str(train), "--test", str(test),
-                                 "--plot", str(png), "--json", str(tmp_path / "r.json")])
+def _write_set(folder, seed):
+    folder.mkdir(parents=True)
+    demo_frame(n_items=60, seed=seed).to_parquet(folder / "train.parquet")
+    demo_frame(n_items=30, seed=seed + 100).to_parquet(folder / "test.parquet")
+
+
+def test_bench_router_measures_the_knob_on_every_set(tmp_path):
+    """A folder of sets and extra --train/--test pairs in one command: per set the knob at every
+    user target beside the reference, then a summary across sets, a plot and JSON."""
+    _write_set(tmp_path / "sets" / "alpha", 1)
+    _write_set(tmp_path / "sets" / "beta", 2)
+    extra_train, extra_test = tmp_path / "gamma" / "train.parquet", tmp_path / "gamma" / "test.csv"
+    extra_train.parent.mkdir()
+    demo_frame(n_items=60, seed=3).to_parquet(extra_train)
+    demo_frame(n_items=30, seed=4).to_csv(extra_test, index=False)
+    png, out = tmp_path / "curves.png", tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["bench", "router", "--sets", str(tmp_path / "sets"), "--train", str(extra_train),
+                                 "--test", str(extra_test), "--plot", str(png), "--json", str(out)])
     assert r.exit_code == 0, r.output
-    for name in ("router", "per_suite", "knn", "zero_router", "best_single", "oracle", "savings@best", "AIQ"):
-        assert name in r.output
+    for name in ("== alpha", "== beta", "== gamma", "summary across sets", "knob", "reference", "zero_router",
+                 "oracle", "S100", "S95", "AIQ", "certified", "promise"):
+        assert name in r.output, name
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "r.json").read_text())["table"]["router"]["aiq"] > 0
+    reports = json.loads(out.read_text())
+    assert [rep["name"] for rep in reports] == ["gamma", "alpha", "beta"]
+    for rep in reports:
+        targets = [row["target"] for row in rep["targets"]]
+        assert targets == [0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 1.0, 1.05, 1.1]
+        passes = [row["pass_rate"] for row in rep["targets"]]
+        assert passes[0] == pytest.approx(rep["per_candidate"]["tiny"]["pass_rate"])  # target 0: cheapest
+        assert rep["table"]["knob"]["aiq"] > 0 and "reference_pass_rate" in rep["targets"][0]
+
+
+def test_bench_router_needs_pairs(tmp_path):
+    r = CliRunner().invoke(cli, ["bench", "router"])
+    assert r.exit_code != 0 and "--sets" in r.output
+    train = tmp_path / "t.parquet"
+    demo_frame(n_items=10).to_parquet(train)
+    r = CliRunner().invoke(cli, ["bench", "router", "--train", str(train)])
+    assert r.exit_code != 0 and "one --test per --train" in r.output

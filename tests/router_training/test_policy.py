@@ -54,16 +54,16 @@ def test_load_rejects_unknown_format_version(trained, tmp_path):
         RoutingPolicy.load(tmp_path)
 
 
-def _expected_quality(policy, target):
-    ds = policy.decide_batch(PROMPTS, None, quality_target=target)
-    return sum(d.pass_probabilities[d.model] for d in ds)
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0, 1.2), st.floats(0, 1.2))
-def test_higher_target_never_lowers_expected_quality(trained, a, b):
+def test_higher_target_never_lowers_the_promised_pass_rate(trained, a, b):
+    """A higher target is served by a point certified for at least as much, that passed at least
+    as often on calibration data (the top, past every certified target, passed most often)."""
     lo, hi = sorted((a, b))
-    assert _expected_quality(trained.policy, hi) >= _expected_quality(trained.policy, lo) - 1e-9
+    p_lo, p_hi = trained.policy.point_for(lo), trained.policy.point_for(hi)
+    assert p_hi.pass_rate >= p_lo.pass_rate - 1e-12
+    if p_hi is not trained.policy.knob.top:
+        assert p_hi.certified >= p_lo.certified and p_hi.cost >= p_lo.cost
 
 
 @settings(max_examples=60)
@@ -100,3 +100,47 @@ def test_decide_matches_decide_batch(trained, target):
     batch = trained.policy.decide_batch(prompts, suites, target)
     single = [trained.policy.decide(p, s, target) for p, s in zip(prompts, suites)]
     assert batch == single
+
+
+def _as_format_1(policy, folder, table):
+    """Rewrite a saved policy folder the way format 1 stored it: a rule and its table."""
+    policy.save(folder)
+    head = json.loads((folder / "policy.json").read_text())
+    head.pop("knob")
+    head.update(format_version=1, rule="lambda", table=table)
+    head["cost_model"].pop("topic_coef", None)
+    (folder / "policy.json").write_text(json.dumps(head))
+
+
+def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
+    """A policy published before the knob (format 1: rule + table of lambda -> expected pass rate)
+    loads, and each target picks the cheapest table entry whose pass rate reaches its floor."""
+    from router_training.train import Design, train_router
+    from tests.router_training.conftest import demo_frame
+
+    policy = train_router(demo_frame(n_items=40), holdout_fraction=0.0,
+                          design=Design(topics=0, candidate_text=0.0, char_ngrams=4)).policy
+    ref = policy.reference_pass_rate
+    table = [[1e6, 0.3], [300.0, 0.5 * ref], [30.0, 0.8 * ref], [0.0, 0.97 * ref]]
+    _as_format_1(policy, tmp_path, table)
+    old = RoutingPolicy.load(tmp_path)
+    assert [m.param for m in old.knob.members] == [1e6, 300.0, 30.0, 0.0]
+    for target, want in ((0.0, 1e6), (0.5, 300.0), (0.79, 30.0), (0.9, 0.0), (2.0, 0.0)):
+        point = old.point_for(target)
+        assert old.knob.members[point.a].param == want and point.weight == 1.0
+        d = old.decide(PROMPTS[3], "reverse", quality_target=target)
+        P, C = old.predict([PROMPTS[3]], ["reverse"])
+        assert d.model == old.candidates[choose(P, C, "lambda", want)[0, 0]] and d.propensity == 1.0
+    again = tmp_path / "again"
+    old.save(again)  # written back in the current format, same decisions
+    assert json.loads((again / "policy.json").read_text())["format_version"] == 2
+    assert RoutingPolicy.load(again).decide_batch(PROMPTS, None, 0.8) == old.decide_batch(PROMPTS, None, 0.8)
+
+
+def test_a_policy_naming_a_missing_member_does_not_load(trained, tmp_path):
+    trained.policy.save(tmp_path)
+    head = json.loads((tmp_path / "policy.json").read_text())
+    head["knob"]["members"].append(["single", 99])
+    (tmp_path / "policy.json").write_text(json.dumps(head))
+    with pytest.raises(ValueError, match="candidate 99"):
+        RoutingPolicy.load(tmp_path)

@@ -23,16 +23,18 @@ def test_split_is_disjoint_and_complete(trained, demo):
     assert len(s["train"]) + len(s["test"]) == demo["request_id"].nunique()
 
 
-def test_metrics_report_router_baselines_and_floor(trained):
+def test_metrics_report_router_baselines_and_the_promise(trained):
     m = trained.metrics
     held = m["holdout"]
-    for key in ("best_single", "cheapest_single", "oracle", "per_candidate", "table", "router_at_target"):
+    for key in ("best_single", "cheapest_single", "oracle", "per_candidate", "table", "router_at_target", "promise"):
         assert key in held
     assert {"router", "per_suite", "knn", "zero_router", "best_single", "oracle"} <= set(held["table"])
     assert held["oracle"]["pass_rate"] >= max(v["pass_rate"] for v in held["per_candidate"].values())
-    floor = m["floor_out_of_fold"]
-    assert 0 <= floor["lower95"] <= floor["observed_pass_rate"] <= 1
-    assert 0 <= floor["confidence_floor_holds"] <= 1
+    knob = m["knob"]
+    assert knob["confidence"] == 0.95 and knob["certified_up_to"] >= 1.0
+    assert knob["reference"]["model"] == trained.policy.reference_model
+    promise = held["promise"]
+    assert promise["n"] == held["n_test_requests"] and promise["promised"] >= 1
 
 
 def test_router_reads_difficulty_and_saves_cost(trained):

@@ -1,0 +1,140 @@
+"""Choose router design by cross-validation on the training splits only (never the test splits).
+
+For every set under --data (sub-folders with train.parquet), the training split goes through
+`routeopt import outcomes` into a temporary store exactly as a user's would; its requests are
+cut into --folds folds; for each fold and each design variant a policy is trained as
+`routeopt train` trains it (held-out fraction 0.3 and all) on the other folds, and its knob is
+measured on the fold at the user targets, beside the reference trained on the same requests.
+
+    OMP_NUM_THREADS=1 python benchmarks/router_design_cv.py --variant base: \
+        --variant topics32:text_rank=32 --variant conf95:confidence=0.95 [--sets routerbench,...]
+
+A variant is NAME:key=value,key=value with keys of router_training.train.Design or
+`confidence`. Prints per set and variant the fold means of S100 / S95 / AIQ (S100 'never'
+counts as 0 in the mean and is counted apart), checks passed and promise held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from router_data import data_dir  # noqa: E402
+from router_training.baselines import ReferenceRouter  # noqa: E402
+from router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
+from router_training.data import routing_data  # noqa: E402
+from router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
+from router_training.train import Design, train_router  # noqa: E402
+
+
+def store_frame(path: Path) -> pd.DataFrame:
+    """The training frame `routeopt train` would read after `routeopt import outcomes path`."""
+    from evals.storage.importer import import_outcomes
+    from evals.storage.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with Store(Path(tmp) / "cv.duckdb") as store:
+            import_outcomes(path, store)
+            return store.training_frame()
+
+
+def parse_variant(text: str) -> tuple[str, dict, float]:
+    name, _, spec = text.partition(":")
+    fields = {f.name: f.type for f in dataclasses.fields(Design)}
+    design, confidence = {}, DEFAULT_CONFIDENCE
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key == "confidence":
+            confidence = float(value)
+        elif key in fields:
+            design[key] = type(getattr(Design(), key))(value) if not isinstance(getattr(Design(), key), bool) \
+                else value.lower() in ("1", "true", "yes")
+        else:
+            raise SystemExit(f"unknown design key {key!r}; use confidence or one of {sorted(fields)}")
+    return name or "base", design, confidence
+
+
+def folds_of(frame: pd.DataFrame, k: int, seed: int = 0) -> dict[str, int]:
+    """Request id -> fold, a random permutation within each suite."""
+    rng = np.random.default_rng(seed)
+    first = frame.drop_duplicates("request_id")[["request_id", "suite"]].sort_values("request_id")
+    out: dict[str, int] = {}
+    for _, grp in first.groupby("suite", sort=True):
+        ids = grp["request_id"].to_numpy()[rng.permutation(len(grp))]
+        out.update({r: i % k for i, r in enumerate(ids)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=data_dir())
+    ap.add_argument("--sets", default="", help="Comma-separated set names (default: all).")
+    ap.add_argument("--folds", type=int, default=4)
+    ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,... (repeatable)")
+    ap.add_argument("--one-suite", action="store_true",
+                    help="Give every request the same suite label (as one kept-back set has).")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in (args.variant or ["base:"])]
+    names = [s for s in args.sets.split(",") if s] or sorted(
+        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
+    for set_name in names:
+        frame = store_frame(args.data / set_name / "train.parquet")
+        if args.one_suite:
+            frame = frame.assign(suite="all")
+        fold = frame["request_id"].map(folds_of(frame, args.folds))
+        results: dict[str, list[dict]] = {v[0]: [] for v in variants}
+        for f in range(args.folds):
+            fit_frame, eval_frame = frame[fold != f], frame[fold == f]
+            fit_data = routing_data(fit_frame)
+            reference = ReferenceRouter().fit(fit_data)
+            for vname, design, confidence in variants:
+                start = time.perf_counter()
+                policy = train_router(fit_frame, confidence=confidence, design=Design(**design)).policy
+                seconds = time.perf_counter() - start
+                test = scoring_data(eval_frame, policy.candidates)
+                rep = measure(knob_choices(policy, test), test, fit_data, reference, knob=knob_info(policy))
+                rep["seconds"] = seconds
+                results[vname].append(rep)
+        label = " (one suite label)" if args.one_suite else ""
+        print(f"== {set_name}{label} ({args.folds}-fold CV on the training split)")
+        print(summarise_variants(results))
+        sys.stdout.flush()
+
+
+def summarise_variants(results: dict[str, list[dict]]) -> str:
+    head = f"{'variant':<14}{'S100':>7}{'never':>6}{'S95':>7}{'AIQ':>7}{'refS100':>8}{'refS95':>7}" \
+           f"{'refAIQ':>7}{'zeroAIQ':>8}{'checks':>8}{'held':>7}{'train s':>8}"
+    lines = [head]
+    for name, reps in results.items():
+        col = lambda row, key: np.array([r["table"][row][key] for r in reps], dtype=float)
+        s100 = col("knob", "savings_at_best")
+        r100 = col("reference", "savings_at_best")
+        checks = sum(sum(r["checks"].values()) for r in reps), sum(len(r["checks"]) for r in reps)
+        held = sum(sum(t["held"] for t in r["targets"] if t["certified"]) for r in reps)
+        promised = sum(sum(1 for t in r["targets"] if t["certified"]) for r in reps)
+        lines.append(
+            f"{name:<14}{np.nan_to_num(s100).mean():7.3f}{int(np.isnan(s100).sum()):6d}"
+            f"{np.nan_to_num(col('knob', 'savings_at_95')).mean():7.3f}{col('knob', 'aiq').mean():7.3f}"
+            f"{np.nan_to_num(r100).mean():8.3f}{np.nan_to_num(col('reference', 'savings_at_95')).mean():7.3f}"
+            f"{col('reference', 'aiq').mean():7.3f}{col('zero_router', 'aiq').mean():8.3f}"
+            f"{checks[0]:4d}/{checks[1]:<3d}{held:3d}/{promised:<3d}{np.mean([r['seconds'] for r in reps]):8.1f}")
+        failed: dict[str, int] = {}
+        for r in reps:
+            for key, ok in r["checks"].items():
+                failed[key] = failed.get(key, 0) + (not ok)
+        if any(failed.values()):
+            lines.append("    failed: " + "; ".join(f"{k} x{v}" for k, v in failed.items() if v))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

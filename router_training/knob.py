@@ -1,0 +1,139 @@
+"""The quality knob: which operating point serves a target, and how sure we are that it holds.
+
+A policy's operating points are built on cross-fitted calibration data (out-of-fold pass
+probabilities of the training requests, their recorded outcomes and costs):
+
+1. **Members**: deterministic rules. `argmax p - lambda * cost` for a grid of lambdas (lambda = 0
+   is the most likely to pass, a large lambda the cheapest), and "always candidate k" for every k.
+2. **Hull**: the upper convex hull of the members' (cost, pass rate) points. Between two hull
+   vertices a point mixes them per request (a hash of the prompt picks one), so every point of
+   the hull is reachable and the knob is never below a cost-weighted mix of single models.
+3. **Certification** (Learn-then-Test with fixed-sequence testing, Angelopoulos et al. 2021):
+   walking the hull from the dearest point below the reference (the best single candidate on
+   the training requests) to the cheapest, point j is certified for target x when the one-sided
+   lower confidence bound of the mean paired difference `y_chosen - x * y_reference` is >= 0;
+   the walk stops at the first point that fails. Because the order is fixed before testing,
+   every certified point keeps the promise "pass rate >= x * reference pass rate" with the stated
+   confidence at once (up to the normal approximation and cross-fitting). Always calling the
+   reference keeps the promise for any x <= 1 without a test.
+
+A target x is served by the cheapest point certified for x; a target nothing certifies (above
+1 unless a point beats the reference significantly) gets the point with the best calibration
+pass rate: the most the policy can do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from router_training.policy import Knob, Member, OperatingPoint, member_choice
+
+DEFAULT_CONFIDENCE = 0.95
+STANDARD_TARGETS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 1.0, 1.05, 1.1)
+MIX_STEPS = 8  # points per hull edge: the knob moves in steps of 1/8 of an edge
+_X_GRID = np.round(np.arange(0.0, 2.0005, 0.0005), 4)
+
+
+@dataclass
+class Calibration:
+    """Cross-fitted calibration data: predictions P, Cp and recorded outcomes Y, costs C (n, K)."""
+
+    P: np.ndarray
+    Cp: np.ndarray
+    Y: np.ndarray
+    C: np.ndarray
+
+    def filled(self) -> tuple[np.ndarray, np.ndarray]:
+        """Outcomes and costs with unobserved pairs replaced by their predictions."""
+        Y = np.where(np.isnan(self.Y), self.P, self.Y)
+        C = np.where(np.isnan(self.C), self.Cp, self.C)
+        return Y, C
+
+
+def lambda_grid(Cp: np.ndarray, n: int = 160) -> np.ndarray:
+    """Lambdas from 0 (most likely to pass) to 'always the cheapest', scaled to the mean cost."""
+    scale = float(np.nanmean(Cp)) or 1.0
+    return np.concatenate(([0.0], np.geomspace(1e-3, 1e4, n) / scale))
+
+
+def hull_vertices(cost: np.ndarray, quality: np.ndarray) -> np.ndarray:
+    """Indices of the non-decreasing upper convex hull of (cost, quality) points, by cost."""
+    order = np.lexsort((-quality, cost))
+    hull: list[int] = []
+    for i in order:
+        if hull and quality[i] <= quality[hull[-1]] + 1e-12:
+            continue  # no better than something as cheap
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (quality[b] - quality[a]) * (cost[i] - cost[a]) <= (quality[i] - quality[a]) * (cost[b] - cost[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(int(i))
+    return np.array(hull, dtype=int)
+
+
+def _members(cal: Calibration, ref: int) -> tuple[list[Member], np.ndarray]:
+    """Distinct members and their choices on the calibration requests (members x n)."""
+    members, choices, seen = [], [], set()
+    k = cal.P.shape[1]
+    candidates = [Member("single", float(ref))] + [Member("single", float(j)) for j in range(k) if j != ref]
+    candidates += [Member("lambda", float(lam)) for lam in lambda_grid(cal.Cp)]
+    for m in candidates:
+        pick = member_choice(m, cal.P, cal.Cp)
+        key = pick.tobytes()
+        if key not in seen:
+            seen.add(key)
+            members.append(m)
+            choices.append(pick)
+    return members, np.array(choices)
+
+
+def certified_targets(a: np.ndarray, r: np.ndarray, confidence: float) -> np.ndarray:
+    """Per point (rows of a), the largest x with LCB(mean(a - x r)) >= 0, a normal-approximation
+    one-sided bound; it and every smaller x must pass (the bound is tested on a fine grid)."""
+    n = a.shape[1]
+    z = NormalDist().inv_cdf(confidence)
+    am, rm = a.mean(1), r.mean()
+    va = a.var(1, ddof=1) if n > 1 else np.zeros(len(a))
+    vr = r.var(ddof=1) if n > 1 else 0.0
+    cov = ((a - am[:, None]) * (r - rm)).sum(1) / max(n - 1, 1)
+    x = _X_GRID[None, :]
+    mean = am[:, None] - x * rm
+    sd = np.sqrt(np.maximum(va[:, None] - 2 * x * cov[:, None] + x * x * vr, 0.0))
+    ok = mean - z * sd / math.sqrt(max(n, 1)) >= 0
+    first_fail = np.where(ok.all(1), len(_X_GRID), np.argmin(ok, axis=1))
+    return np.where(first_fail > 0, _X_GRID[np.maximum(first_fail - 1, 0)], 0.0)
+
+
+def build_knob(cal: Calibration, ref: int, confidence: float) -> Knob:
+    """Members, hull points and their certified targets, from calibration data."""
+    Y, C = cal.filled()
+    members, choices = _members(cal, ref)
+    rows = np.arange(Y.shape[0])
+    yq = Y[rows, choices]  # members x n outcomes of each member's choice
+    cq = C[rows, choices]
+    quality, cost = yq.mean(1), cq.mean(1)
+    verts = hull_vertices(cost, quality)
+    points: list[tuple[int, int, float]] = [(int(verts[0]), int(verts[0]), 1.0)]
+    for lo, hi in zip(verts[:-1], verts[1:]):
+        points += [(int(hi), int(lo), s / MIX_STEPS) for s in range(1, MIX_STEPS + 1)]
+    w = np.array([p[2] for p in points])
+    a_out = w[:, None] * yq[[p[0] for p in points]] + (1 - w[:, None]) * yq[[p[1] for p in points]]
+    p_cost = w * cost[[p[0] for p in points]] + (1 - w) * cost[[p[1] for p in points]]
+    p_quality = a_out.mean(1)
+    ref_cost = cost[0]  # member 0 is "always the reference"
+    below = np.flatnonzero(p_cost < ref_cost - 1e-15)[::-1]  # dearest first: the fixed sequence
+    certified = np.full(len(points), -math.inf)
+    if len(below):
+        x_star = certified_targets(a_out[below], Y[:, ref], confidence)
+        certified[below] = np.minimum.accumulate(x_star)
+    ops = [OperatingPoint(a, b, float(wt), float(cx), float(q), float(c))
+           for (a, b, wt), cx, q, c in zip(points, certified, p_quality, p_cost)]
+    ref_point = OperatingPoint(0, 0, 1.0, 1.0, float(quality[0]), float(ref_cost))
+    top = max(range(len(ops)), key=lambda i: (ops[i].pass_rate, -ops[i].cost))
+    return Knob.from_points(members, ops, ref_point, ops[top], confidence)

@@ -1,0 +1,184 @@
+"""The quality knob: safe ends, mixes of single candidates, certification, the promise on new data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_training.bench import scoring_data
+from router_training.data import routing_data
+from router_training.knob import DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices
+from router_training.policy import Knob, OperatingPoint, member_choice
+from router_training.train import train_router
+
+CODE = "def parse the list return python function loop index".split()
+MATH = "integer sum prime equation solve divide number total".split()
+
+
+def flat_fleet(n: int, seed: int) -> pd.DataFrame:
+    """Three candidates whose pass rates do not depend on the prompt at all: nothing to route on,
+    so the honest knob is the zero router (mixes of single candidates)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        prompt = " ".join(rng.choice(CODE + MATH, size=8))
+        for name, rate, cost in (("cheap", 0.5, 1e-4), ("mid", 0.75, 1e-3), ("dear", 0.9, 1e-2)):
+            rows.append({"request_id": f"q{seed}-{i}", "suite": "all", "prompt": prompt, "model": name,
+                         "score": float(rng.random() < rate), "cost_usd": cost})
+    return pd.DataFrame(rows)
+
+
+def specialist_fleet(n: int, seed: int) -> pd.DataFrame:
+    """One suite label for code and maths prompts; each cheap specialist is good at one kind,
+    the dear generalist at both. Only the text says which kind a prompt is."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        kind = "code" if i % 2 else "math"
+        prompt = " ".join(rng.choice(CODE if kind == "code" else MATH, size=10))
+        skills = {"coder": 0.95 if kind == "code" else 0.15, "mathematician": 0.95 if kind == "math" else 0.15,
+                  "generalist": 0.9}
+        for name, rate in skills.items():
+            rows.append({"request_id": f"{kind}-{seed}-{i}", "suite": "all", "prompt": prompt, "model": name,
+                         "score": float(rng.random() < rate),
+                         "cost_usd": 1e-2 if name == "generalist" else 1e-3})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def flat():
+    policy = train_router(flat_fleet(1500, 0), holdout_fraction=0.0).policy
+    return policy, scoring_data(flat_fleet(3000, 1), policy.candidates)
+
+
+def _realised(policy, test, target):
+    P, Cp = policy.predict(test.prompts, test.suites)
+    pick, prop = policy.select(P, Cp, test.prompts, test.suites, target)
+    rows = np.arange(len(test))
+    return pick, prop, test.Y[rows, pick].mean(), test.C[rows, pick].mean()
+
+
+def test_the_knob_reaches_the_cheapest_candidate_and_the_best_single(flat):
+    policy, test = flat
+    names = policy.candidates
+    assert policy.reference_model == "dear"
+    pick, prop, _, _ = _realised(policy, test, 0.0)
+    assert {names[j] for j in pick} == {"cheap"} and np.all(prop == 1)
+    pick, prop, _, _ = _realised(policy, test, 1.0)
+    assert {names[j] for j in pick} == {"dear"} and np.all(prop == 1)
+
+
+def test_between_the_ends_it_mixes_single_candidates_and_keeps_the_floor(flat):
+    """With no signal in the prompt, a target between two candidates is met by mixing them per
+    request (a hash picks), at about the cost of that mix and never below the floor."""
+    policy, test = flat
+    ref = test.Y[:, policy.candidates.index("dear")].mean()
+    for target in (0.7, 0.8, 0.9, 0.95):
+        pick, prop, q, c = _realised(policy, test, target)
+        assert q >= target * ref - 0.02, (target, q, target * ref)
+        assert len(set(pick.tolist())) <= 2
+    pick, prop, q, c = _realised(policy, test, 0.9)
+    assert 0 < prop.min() < 1 and len(set(pick.tolist())) == 2  # a mix, with its propensities
+    point = policy.point_for(0.9)
+    P, Cp = policy.predict(test.prompts, test.suites)
+    a, b = (member_choice(policy.knob.members[m], P, Cp) for m in (point.a, point.b))
+    split = a != b
+    assert split.mean() > 0.5 and np.mean(pick[split] == a[split]) == pytest.approx(point.weight, abs=0.03)
+    assert np.allclose(prop, point.weight * (pick == a) + (1 - point.weight) * (pick == b))
+    again = policy.decide_batch(test.prompts[:50], test.suites[:50], 0.9)
+    assert [d.model for d in again] == [policy.candidates[j] for j in pick[:50]]
+    assert [d.propensity for d in again] == pytest.approx(prop[:50].tolist())
+
+
+def test_the_knob_learns_text_specific_strengths_under_one_suite_label():
+    """Code prompts go to the coder and maths prompts to the mathematician (the old model could
+    only tell candidates apart by suite label, and there is one)."""
+    policy = train_router(specialist_fleet(800, 0), holdout_fraction=0.0).policy
+    test = scoring_data(specialist_fleet(400, 1), policy.candidates)
+    pick, _, q, c = _realised(policy, test, 0.95)
+    kinds = np.array([r.split("-")[0] for r in test.request_ids])
+    names = np.array(policy.candidates)[pick]
+    assert np.mean(names[kinds == "code"] == "coder") > 0.9
+    assert np.mean(names[kinds == "math"] == "mathematician") > 0.9
+    assert q > 0.9 and c < 2e-3
+
+
+def test_certified_targets_follow_the_paired_lower_bound():
+    rng = np.random.default_rng(0)
+    ref = (rng.random(4000) < 0.8).astype(float)
+    same = certified_targets(ref[None], ref, 0.9)[0]
+    assert same == pytest.approx(1.0, abs=1e-3)  # the reference itself: any x <= 1
+    worse = np.where(rng.random(4000) < 0.1, 0.0, ref)  # loses 10% of its passes
+    x = certified_targets(worse[None], ref, 0.9)[0]
+    assert 0.85 < x < worse.mean() / ref.mean()  # below the point estimate by the margin
+    assert certified_targets(worse[None], ref, 0.99)[0] < x
+
+
+def test_the_staircase_rises_in_cost_and_certified_target_and_the_manifest_says_so(flat):
+    policy, _ = flat
+    pts = policy.knob.points
+    assert all(b.cost > a.cost and b.certified > a.certified for a, b in zip(pts, pts[1:]))
+    assert policy.knob.confidence == DEFAULT_CONFIDENCE and policy.knob.certified_up_to() >= 1.0
+    summary = policy.metrics["knob"]
+    assert summary["confidence"] == DEFAULT_CONFIDENCE and "Learn-then-Test" in summary["method"]
+
+
+def test_held_out_report_says_how_often_the_promise_held():
+    result = train_router(flat_fleet(1200, 2), holdout_fraction=0.3)
+    promise = result.metrics["holdout"]["promise"]
+    assert promise["promised"] >= 10 and 0 <= promise["held"] <= promise["promised"]
+    rows = {r["target"]: r for r in promise["targets"]}
+    assert rows[1.0]["held"] and rows[1.0]["certified"] and not rows[1.1]["certified"]
+    assert rows[0.9]["floor"] == pytest.approx(0.9 * promise["reference_pass_rate"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 5), st.integers(0, 10**6))
+def test_hull_vertices_are_the_upper_concave_hull(k, seed):
+    rng = np.random.default_rng(seed)
+    cost, quality = rng.random(k * 3), rng.random(k * 3)
+    v = hull_vertices(cost, quality)
+    assert np.all(np.diff(cost[v]) > 0) and np.all(np.diff(quality[v]) > 0)
+    slopes = np.diff(quality[v]) / np.diff(cost[v])
+    assert np.all(np.diff(slopes) <= 1e-9)
+    for c, q in zip(cost, quality):  # every point lies on or under the hull
+        if c >= cost[v[0]]:
+            assert q <= np.interp(c, cost[v], quality[v]) + 1e-9
+
+
+def test_build_knob_on_calibration_data_serves_every_target():
+    rng = np.random.default_rng(3)
+    n, k = 600, 3
+    P = np.clip(rng.random((n, k)) * [0.6, 0.8, 1.0], 0.01, 0.99)
+    Y = (rng.random((n, k)) < P).astype(float)
+    C = np.tile([1.0, 3.0, 10.0], (n, 1))
+    knob = build_knob(Calibration(P, C, Y, C), ref=2, confidence=0.9)
+    assert knob.point_for(0.0).cost == min(p.cost for p in knob.points)
+    for x in np.linspace(0, 1, 21):
+        p = knob.point_for(x)
+        assert p.certified >= x - 1e-9
+    assert knob.point_for(5.0) == knob.top
+    assert Knob.from_dict(knob.to_dict()).to_dict() == knob.to_dict()
+
+
+def test_knob_rejects_points_that_do_not_rise():
+    members = [("single", 0.0)]
+    from router_training.policy import Member
+
+    with pytest.raises(ValueError, match="rising"):
+        Knob([Member(*members[0])], [OperatingPoint(0, 0, 1.0, 0.9, 0.5, 1.0),
+                                      OperatingPoint(0, 0, 1.0, 0.8, 0.6, 2.0)],
+             OperatingPoint(0, 0, 1.0, -math.inf, 0.6, 2.0), 0.9)
+
+
+def test_routing_data_of_a_test_file_scores_fractions(flat):
+    policy, _ = flat
+    frame = flat_fleet(10, 5).assign(passed=False)
+    data = scoring_data(frame, policy.candidates)  # score wins over a stored 'passed' column
+    assert np.allclose(np.nansum(data.Y), frame["score"].sum())
+    assert len(routing_data(frame)) == 10
