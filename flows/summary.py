@@ -60,8 +60,12 @@ def router_table(holdout: dict[str, Any]) -> Table:
     at = holdout.get("router_at_target") or {}
     if promise.get("promised") and at:
         floor = at["target"] * promise["reference_pass_rate"]
-        table.caption = (f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}; "
-                         f"promise held at {promise['held']} of {promise['promised']} certified targets")
+        row = next((r for r in promise.get("targets", []) if abs(r["target"] - at["target"]) < 1e-9), {})
+        noise = f" (±{1.96 * row['margin_se']:.3f} on {n} requests)" if row.get("margin_se") else ""
+        broken = promise.get("contradicted")
+        table.caption = (f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}{noise}; "
+                         f"promise held at {promise['held']} of {promise['promised']} certified targets"
+                         + ("" if broken is None else f", significantly broken at {broken}"))
     rows = [("router", holdout.get("router_at_target"))]
     rows += [(k, holdout.get(k)) for k in ("best_single", "cheapest_single", "oracle")]
     for name, m in rows:

@@ -248,6 +248,8 @@ def plot_sets(reports: list[dict], path: Path) -> None:
 
 
 def _plot_one(ax, report: dict) -> None:
+    from matplotlib.ticker import NullFormatter
+
     curves = report["curves"]
     for name, style in (("knob", "o-"), ("reference", "s--")):
         if name in curves:
@@ -261,6 +263,7 @@ def _plot_one(ax, report: dict) -> None:
                s=14, color="grey", label="single candidates")
     ax.scatter([report["oracle"]["cost"]], [report["oracle"]["pass_rate"]], marker="*", s=120, label="oracle")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on narrow ranges
     ax.set_xlabel("mean cost per request (USD, log scale)")
     ax.set_ylabel("pass rate")
     ax.set_title(f"{report.get('name', 'set')}: {report['n_test_requests']} test requests")

@@ -97,7 +97,8 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
                    f"cost/request ${held['cost']:.6f}")
     if promise and promise.get("promised"):
         click.echo(f"held-out promise (pass >= target x reference): held at {promise['held']} of "
-                   f"{promise['promised']} certified targets on {promise['n']} requests")
+                   f"{promise['promised']} certified targets on {promise['n']} requests, significantly "
+                   f"broken at {promise.get('contradicted', 0)}")
 
 
 def _train(frame: Any, **kwargs: Any) -> Any:

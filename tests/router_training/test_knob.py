@@ -135,6 +135,29 @@ def test_held_out_report_says_how_often_the_promise_held():
     rows = {r["target"]: r for r in promise["targets"]}
     assert rows[1.0]["held"] and rows[1.0]["certified"] and not rows[1.1]["certified"]
     assert rows[0.9]["floor"] == pytest.approx(0.9 * promise["reference_pass_rate"])
+    assert promise["contradicted"] == 0 and not rows[1.0]["contradicted"]
+
+
+def test_a_promise_the_held_out_requests_refute_is_reported_as_broken():
+    """Relabel the cheapest point as certified for every target: on held-out requests it is far
+    below 0.9 x the reference, beyond the noise of that many requests."""
+    from dataclasses import replace
+
+    from router_training.train import promise_report
+
+    frame = flat_fleet(1200, 2)
+    result = train_router(frame, holdout_fraction=0.3)
+    policy = result.policy
+    cheapest = policy.knob.points[0]
+    lying = replace(policy, knob=Knob(policy.knob.members, [replace(cheapest, certified=2.0)],
+                                      policy.knob.top, policy.knob.confidence))
+    test = routing_data(frame).subset(
+        np.flatnonzero(np.isin(routing_data(frame).request_ids, result.split["test"])))
+    honest, lied = promise_report(policy, test, (0.9,)), promise_report(lying, test, (0.9,))
+    assert honest["contradicted"] == 0
+    row = lied["targets"][0]
+    assert row["certified"] and not row["held"] and row["contradicted"]
+    assert row["margin"] + 3 * row["margin_se"] < 0
 
 
 @settings(max_examples=40, deadline=None)
