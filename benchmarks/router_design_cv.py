@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,23 +27,13 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from evals.storage.importer import training_frame_of  # noqa: E402
 from router_data import data_dir  # noqa: E402
 from router_training.baselines import ReferenceRouter  # noqa: E402
 from router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
 from router_training.data import routing_data  # noqa: E402
 from router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
 from router_training.train import Design, train_router  # noqa: E402
-
-
-def store_frame(path: Path) -> pd.DataFrame:
-    """The training frame `routeopt train` would read after `routeopt import outcomes path`."""
-    from evals.storage.importer import import_outcomes
-    from evals.storage.store import Store
-
-    with tempfile.TemporaryDirectory() as tmp:
-        with Store(Path(tmp) / "cv.duckdb") as store:
-            import_outcomes(path, store)
-            return store.training_frame()
 
 
 def parse_variant(text: str) -> tuple[str, dict, float]:
@@ -87,7 +76,7 @@ def main() -> None:
     names = [s for s in args.sets.split(",") if s] or sorted(
         d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
     for set_name in names:
-        frame = store_frame(args.data / set_name / "train.parquet")
+        frame = training_frame_of(args.data / set_name / "train.parquet")
         if args.one_suite:
             frame = frame.assign(suite="all")
         fold = frame["request_id"].map(folds_of(frame, args.folds))

@@ -446,7 +446,10 @@ class RoutingPolicy:
         quality_target: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Chosen candidate per request and the probability it had of being chosen."""
-        point = self.point_for(quality_target)
+        return self._select(self.point_for(quality_target), p, c, prompts, suites)
+
+    def _select(self, point: OperatingPoint, p: np.ndarray, c: np.ndarray, prompts: Sequence[str],
+                suites: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray]:
         ma, mb = self.knob.members[point.a], self.knob.members[point.b]
         pick_a = member_choice(ma, p, c)
         if point.weight >= 1.0:
@@ -474,13 +477,13 @@ class RoutingPolicy:
         z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else n_suites)
         p = _sigmoid(self.platt[0] * z + self.platt[1])
         c = self.cost_model.predict_one(len(prompt), pos, topic)
-        pick, prop = self.select(p[None], c[None], [prompt], [suite], quality_target)
-        return self._decision(pick[0], prop[0], p, c, quality_target)
+        point = self.point_for(quality_target)
+        pick, prop = self._select(point, p[None], c[None], [prompt], [suite])
+        return self._decision(pick[0], prop[0], p, c, self._fallback_param(point))
 
-    def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray,
-                  quality_target: float | None) -> Decision:
+    def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, lam: float) -> Decision:
+        """The decision for one request; fallbacks in the order of `p - lam * cost`."""
         names = self.candidates
-        lam = self._fallback_param(self.point_for(quality_target))
         order = [j for j in choose(p[None], c[None], "lambda", lam)[0].tolist() if j != pick]
         return Decision(
             model=names[pick],
@@ -498,8 +501,10 @@ class RoutingPolicy:
     ) -> list[Decision]:
         suites = list(suites) if suites is not None else [None] * len(prompts)
         p, c = self.predict(prompts, suites)
-        pick, prop = self.select(p, c, prompts, suites, quality_target)
-        return [self._decision(int(pick[i]), prop[i], p[i], c[i], quality_target) for i in range(len(prompts))]
+        point = self.point_for(quality_target)
+        pick, prop = self._select(point, p, c, prompts, suites)
+        lam = self._fallback_param(point)
+        return [self._decision(int(pick[i]), prop[i], p[i], c[i], lam) for i in range(len(prompts))]
 
     # -- persistence ---------------------------------------------------------------------
     def _header(self) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,12 @@ def import_outcomes(
         run_id=run_id, rows=len(rows), requests=sum(len(v) for v in items.values()),
         candidates=candidates, suites=versions, new_run=new,
     )
+
+
+def training_frame_of(path: str | Path) -> pd.DataFrame:
+    """The training frame `routeopt train` reads after `routeopt import outcomes path` into a new
+    store (a temporary one): what benchmarks train on, so they see exactly what a user's run sees."""
+    with tempfile.TemporaryDirectory(prefix="routeopt-import-") as tmp:
+        with Store(Path(tmp) / "outcomes.duckdb") as store:
+            import_outcomes(path, store)
+            return store.training_frame()

@@ -117,18 +117,12 @@ def bench() -> None:
 
 def _stored_frame(path: Path) -> Any:
     """The training frame `routeopt train` reads after `routeopt import outcomes path`."""
-    import tempfile
+    from evals.storage.importer import OutcomeImportError, training_frame_of
 
-    from evals.storage.importer import OutcomeImportError, import_outcomes
-    from evals.storage.store import Store
-
-    with tempfile.TemporaryDirectory(prefix="routeopt-bench-") as tmp:
-        try:
-            with Store(Path(tmp) / "bench.duckdb") as store:
-                import_outcomes(path, store)
-                return store.training_frame()
-        except OutcomeImportError as exc:
-            raise click.ClickException(str(exc)) from None
+    try:
+        return training_frame_of(path)
+    except OutcomeImportError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None) -> list:
