@@ -9,15 +9,17 @@ measured on the fold at the user targets, beside the reference trained on the sa
     OMP_NUM_THREADS=1 python benchmarks/router_design_cv.py --variant base: \
         --variant topics32:text_rank=32 --variant conf95:confidence=0.95 [--sets routerbench,...]
 
-A variant is NAME:key=value,key=value with keys of router_training.train.Design or
-`confidence`. Prints per set and variant the fold means of S100 / S95 / AIQ (S100 'never'
-counts as 0 in the mean and is counted apart), checks passed and promise held.
+A variant is NAME:key=value,key=value with keys of router_training.train.Design,
+`confidence`, `holdout` or `refit` (as `routeopt train --holdout-fraction`, `--no-refit` take
+them). Prints per set and variant the fold means of S100 / S95 / AIQ (S100 'never' counts as 0
+in the mean and is counted apart), checks passed and promise held.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -36,20 +38,27 @@ from router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
 from router_training.train import Design, train_router  # noqa: E402
 
 
-def parse_variant(text: str) -> tuple[str, dict, float]:
+def parse_variant(text: str) -> tuple[str, dict, dict]:
+    """(name, Design fields, other train_router keywords) of NAME:key=value,..."""
     name, _, spec = text.partition(":")
     fields = {f.name: f.type for f in dataclasses.fields(Design)}
-    design, confidence = {}, DEFAULT_CONFIDENCE
+    design: dict = {}
+    options = {"confidence": DEFAULT_CONFIDENCE}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if key == "confidence":
-            confidence = float(value)
+            options["confidence"] = float(value)
+        elif key == "holdout":
+            options["holdout_fraction"] = float(value)
+        elif key == "refit":
+            options["refit"] = value.lower() in ("1", "true", "yes")
         elif key in fields:
             design[key] = type(getattr(Design(), key))(value) if not isinstance(getattr(Design(), key), bool) \
                 else value.lower() in ("1", "true", "yes")
         else:
-            raise SystemExit(f"unknown design key {key!r}; use confidence or one of {sorted(fields)}")
-    return name or "base", design, confidence
+            raise SystemExit(f"unknown design key {key!r}; use confidence, holdout, refit or one of "
+                             f"{sorted(fields)}")
+    return name or "base", design, options
 
 
 def folds_of(frame: pd.DataFrame, k: int, seed: int = 0) -> dict[str, int]:
@@ -68,6 +77,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=data_dir())
     ap.add_argument("--sets", default="", help="Comma-separated set names (default: all).")
     ap.add_argument("--folds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="Repeat the CV with this many fold assignments (seeds 0, 1, ...): fold means "
+                         "of a few thousand requests move by a few points between assignments.")
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,... (repeatable)")
     ap.add_argument("--one-suite", action="store_true",
                     help="Give every request the same suite label (as one kept-back set has).")
@@ -79,22 +91,23 @@ def main() -> None:
         frame = training_frame_of(args.data / set_name / "train.parquet")
         if args.one_suite:
             frame = frame.assign(suite="all")
-        fold = frame["request_id"].map(folds_of(frame, args.folds))
         results: dict[str, list[dict]] = {v[0]: [] for v in variants}
-        for f in range(args.folds):
+        for repeat, f in itertools.product(range(args.repeats), range(args.folds)):
+            fold = frame["request_id"].map(folds_of(frame, args.folds, seed=repeat))
             fit_frame, eval_frame = frame[fold != f], frame[fold == f]
             fit_data = routing_data(fit_frame)
             reference = ReferenceRouter().fit(fit_data)
-            for vname, design, confidence in variants:
+            for vname, design, options in variants:
                 start = time.perf_counter()
-                policy = train_router(fit_frame, confidence=confidence, design=Design(**design)).policy
+                policy = train_router(fit_frame, design=Design(**design), **options).policy
                 seconds = time.perf_counter() - start
                 test = scoring_data(eval_frame, policy.candidates)
                 rep = measure(knob_choices(policy, test), test, fit_data, reference, knob=knob_info(policy))
                 rep["seconds"] = seconds
                 results[vname].append(rep)
         label = " (one suite label)" if args.one_suite else ""
-        print(f"== {set_name}{label} ({args.folds}-fold CV on the training split)")
+        times = f", {args.repeats} fold assignments" if args.repeats > 1 else ""
+        print(f"== {set_name}{label} ({args.folds}-fold CV on the training split{times})")
         print(summarise_variants(results))
         sys.stdout.flush()
 
