@@ -29,6 +29,13 @@ def fleet():
     return tr.fleet_from_frame(synthetic_frame(7, n_items=300))
 
 
+def within(est, truth: float, z: float = 3.29) -> bool:
+    """Whether the truth is within the estimate's 99.9% normal interval: nine such checks per
+    run fail together by chance about 1% of the time, whatever the policies (the 95% intervals'
+    coverage over many seeds is benchmarks/ope_coverage.py's job)."""
+    return abs(est.value - truth) <= z * est.se
+
+
 @pytest.mark.parametrize("mode", tr.MODES)
 def test_second_policy_estimated_within_its_interval(tmp_path, pair, fleet, mode) -> None:
     champion, second = pair
@@ -40,9 +47,9 @@ def test_second_policy_estimated_within_its_interval(tmp_path, pair, fleet, mode
     assert set(est.basis) == {"text": {"text"}, "shadow": {"shadow"}, "canary": {"shadow", "logged"}}[mode]
     assert 0.3 < est.agreement < 0.95  # the two policies differ: this is off-policy
     for name in ("ips", "snips", "dr"):
-        assert est.pass_rate[name].covers(true_pass), (name, est.pass_rate[name], true_pass)
+        assert within(est.pass_rate[name], true_pass), (name, est.pass_rate[name], true_pass)
     for name in ("ips", "dr"):
-        assert est.cost[name].covers(true_cost), (name, est.cost[name], true_cost)
+        assert within(est.cost[name], true_cost), (name, est.cost[name], true_cost)
     dr = est.pass_rate["dr"]
     assert dr.high - dr.low < 0.25 and 10 < dr.ess < 600
 
@@ -55,7 +62,7 @@ def test_feedback_missing_at_random_still_covers(tmp_path, pair, fleet) -> None:
                      feedback_share=0.6)
     est = tr.estimate(path, second, 2, "shadow")
     assert 300 < est.n_evaluated < 450 and est.n_logged == 600
-    assert est.pass_rate["dr"].covers(true_pass)
+    assert within(est.pass_rate["dr"], true_pass)
 
 
 @pytest.mark.slow
