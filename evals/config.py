@@ -232,6 +232,8 @@ class RouterSettings(BaseModel):
 
     quality_target: float = Field(default=0.95, ge=0, le=1)
     holdout_fraction: float = Field(default=0.3, gt=0, lt=1)
+    # After measuring on the held-out requests, publish the same procedure refit on all of them.
+    refit: bool = True
     seed: int = 0
     # Train on the latest run of each (suite, candidate) that is at most this old, so
     # deployments over different candidate subsets train on (and gate on) the whole fleet.

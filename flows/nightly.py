@@ -258,6 +258,7 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
         frame,
         quality_target=cfg.router.quality_target,
         holdout_fraction=cfg.router.holdout_fraction,
+        refit=cfg.router.refit,
         seed=cfg.router.seed,
     )
 
@@ -324,6 +325,9 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
+    # The policy that will serve against the one that serves, on the held-out items. With refit
+    # both learned from them (the split is fixed by the seed): like with like; live traffic is
+    # the out-of-sample evidence.
     test = heldout(frame, result.split["test"])
     champion, champion_number, vacant = champion_version(cfg.registry_dir, trusted)
     since = (datetime.now(timezone.utc) - timedelta(days=cfg.traffic.window_days)).isoformat()

@@ -52,7 +52,8 @@ def _fmt(x: Any, spec: str) -> str:
 def router_table(holdout: dict[str, Any]) -> Table:
     """The router at its target beside the best and cheapest single candidates and the oracle."""
     n = holdout.get("n_test_requests")
-    table = Table(title=f"router on {n} held-out requests (mean cost per request)")
+    refit = " (trained without them; the published policy is refit on all)" if holdout.get("policy") else ""
+    table = Table(title=f"router on {n} held-out requests{refit} (mean cost per request)")
     for col in ("policy", "pass rate", "cost $/req", "cost vs best single"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     best_cost = (holdout.get("best_single") or {}).get("cost")

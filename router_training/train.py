@@ -4,7 +4,10 @@ Requests (not rows) are split, per suite, into train and held-out test. The esti
 all of train; Platt scaling and the quality knob (router_training.knob) are fitted on
 out-of-fold predictions of train (cross-fitting: no data is spent on a separate calibration
 set); the test requests are touched only to report metrics, among them how often the knob's
-promise held there. The estimator is the linear difficulty model by default;
+promise held there. Then (`refit`, the default) the same procedure runs again on every request
+and that policy is the one published: the held-out figures describe the procedure on requests
+it has not seen, and the published policy learns from, and certifies its knob on, 1 / (1 -
+holdout) times as many requests (chosen by CV on the training splits of the shared sets). The estimator is the linear difficulty model by default;
 `estimator="lightgbm"` fits one LightGBM booster per candidate on the same features and
 calibrates it the same way (Platt on out-of-fold raw scores).
 """
@@ -46,9 +49,18 @@ class Design:
 
 @dataclass
 class TrainResult:
+    """`policy` is the one to publish; `evaluated` the one fitted without the held-out requests
+    (`split["test"]`), which the held-out metrics describe. They are the same policy when
+    training does not refit."""
+
     policy: RoutingPolicy
     metrics: dict
     split: dict[str, list[str]]
+    evaluated: RoutingPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if self.evaluated is None:
+            self.evaluated = self.policy
 
 
 def split_requests(data: RoutingData, holdout_fraction: float, seed: int) -> dict[str, np.ndarray]:
@@ -150,9 +162,12 @@ def train_router(
     estimator: str = "linear",
     confidence: float = DEFAULT_CONFIDENCE,
     design: Design = Design(),
+    refit: bool = True,
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
+    With `refit` (and a held-out split) the returned policy is fitted again on every request
+    once the held-out metrics are taken; `TrainResult.evaluated` is the policy they describe.
     `confidence` is how sure the knob must be that a point keeps its target on new requests.
     `embeddings=True` adds MiniLM sentence embeddings to the features (the 'embeddings' extra;
     a gateway serving such a policy then needs torch, and each decision costs milliseconds).
@@ -172,18 +187,26 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    policy = _fit(train, seed, quality_target, embeddings, estimator, confidence, design)
+    fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design)
+    evaluated = fit(train)
+    refit = refit and len(test) > 0
+    policy = fit(data) if refit else evaluated
     metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
+                     "refit": refit, "n_fit": len(data) if refit else len(train),
                      "candidates": list(data.candidates), **policy.metrics}
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
     if no_cost:
         metrics["candidates_without_cost"] = no_cost
     if len(test) and len(test.complete()):
-        metrics["holdout"] = _holdout_summary(policy, train, test, quality_target)
+        metrics["holdout"] = _holdout_summary(evaluated, train, test, quality_target)
+        if refit:
+            metrics["holdout"]["policy"] = (f"fitted on the {len(train)} training requests only; the "
+                                            f"published policy is the same procedure refit on all {len(data)}")
     policy.metrics = jsonable(metrics)
     split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
-    split["calib"] = list(split["train"])  # calibrated on out-of-fold predictions of train
-    return TrainResult(policy=policy, metrics=policy.metrics, split=split)
+    # the published policy is calibrated on out-of-fold predictions of every request it learned from
+    split["calib"] = list(data.request_ids) if refit else list(split["train"])
+    return TrainResult(policy=policy, metrics=policy.metrics, split=split, evaluated=evaluated)
 
 
 def promise_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:

@@ -57,7 +57,10 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
               help="Policy registry folder to publish into.")
 @click.option("--quality-target", type=float, default=0.95, show_default=True,
               help="Fraction of the best single candidate's pass rate to keep.")
-@click.option("--holdout-fraction", type=float, default=0.3, show_default=True)
+@click.option("--holdout-fraction", type=float, default=0.3, show_default=True,
+              help="Requests kept back to measure the policy and its knob's promise on.")
+@click.option("--refit/--no-refit", default=True, show_default=True,
+              help="Publish the policy refit on every request once the held-out figures are taken.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--run-id", "run_ids", multiple=True, help="Train on these runs only (repeatable).")
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
@@ -69,7 +72,7 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
               help="Ed25519 private key (default: the config's key, created on first use in "
                    ".routeopt/keys/ beside it).")
 @CONFIG_OPTION
-def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float,
+def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float, refit: bool,
           seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str, confidence: float,
           signing_key: Path | None, config_path: Path | None) -> None:
     """Train a router on every outcome in the store and publish it, signed."""
@@ -82,9 +85,10 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
     result = _train(frame, quality_target=quality_target, holdout_fraction=holdout_fraction, seed=seed,
-                    embeddings=embeddings, estimator=estimator, confidence=confidence)
+                    embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit)
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
-               "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction, "estimator": estimator,
+               "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction,
+               "refit": result.metrics["refit"], "estimator": estimator,
                "confidence": confidence, "split_sizes": {k: len(v) for k, v in result.split.items()}}
     click.echo(_publish(result.policy, registry, lineage, result.metrics, key))
     knob = result.metrics.get("knob", {})
@@ -92,6 +96,9 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
                f"confidence {confidence:g} (reference {result.policy.reference_model})")
     holdout = result.metrics.get("holdout", {})
     held, promise = holdout.get("router_at_target"), holdout.get("promise")
+    if held and result.metrics.get("refit"):
+        click.echo(f"published policy: fitted on all {result.metrics['n_fit']} requests; the held-out "
+                   f"figures are of the same training fitted without the {result.metrics['n_test']} held-out ones")
     if held:
         click.echo(f"held-out at target {held['target']}: pass {held['pass_rate']:.4f}, "
                    f"cost/request ${held['cost']:.6f}")

@@ -24,6 +24,7 @@ def test_import_train_route_end_to_end(tmp_path, monkeypatch):
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--quality-target", "0.9"])
     assert r.exit_code == 0, r.output
     assert "held-out at target 0.9" in r.output and "(signed, key " in r.output
+    assert "published policy: fitted on all 180 requests" in r.output  # refit after measuring
     assert f"created the signing key {key}" in r.output
     assert oct(key.stat().st_mode & 0o777) == "0o600" and (key.parent / "public_key.pem").exists()
 

@@ -23,6 +23,22 @@ def test_split_is_disjoint_and_complete(trained, demo):
     assert len(s["train"]) + len(s["test"]) == demo["request_id"].nunique()
 
 
+def test_published_policy_is_refit_on_every_request(trained, demo):
+    """The held-out figures belong to the policy fitted without the held-out requests; the
+    published one learned from all of them, and its knob is calibrated on all of them."""
+    m, n = trained.metrics, demo["request_id"].nunique()
+    assert m["refit"] and m["n_fit"] == n and m["n_train"] + m["n_test"] == n
+    assert trained.evaluated is not trained.policy and "refit on all" in m["holdout"]["policy"]
+    assert sorted(trained.split["calib"]) == sorted(demo["request_id"].unique())
+    prompts, suites = demo["prompt"].unique()[:50].tolist(), ["add"] * 50
+    assert not np.allclose(trained.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0])
+
+    kept = train_router(demo, quality_target=0.95, seed=0, refit=False)
+    assert kept.evaluated is kept.policy and not kept.metrics["refit"] and kept.metrics["n_fit"] == m["n_train"]
+    assert sorted(kept.split["calib"]) == sorted(kept.split["train"])
+    assert np.allclose(kept.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0])
+
+
 def test_metrics_report_router_baselines_and_the_promise(trained):
     m = trained.metrics
     held = m["holdout"]
