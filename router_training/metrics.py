@@ -26,6 +26,8 @@ def frontier(costs: np.ndarray, quality: np.ndarray) -> tuple[np.ndarray, np.nda
     for x, y in zip(c[order], q[order]):
         if hull and y <= hull[-1][1]:
             continue  # dominated: no better than something as cheap
+        if hull and x - hull[-1][0] <= 1e-12 * abs(x):
+            hull.pop()  # as cheap up to rounding, and better: interpolating between them is 0/0
         while len(hull) >= 2:
             (x1, y1), (x2, y2) = hull[-2], hull[-1]
             if (y2 - y1) * (x - x1) <= (y - y1) * (x2 - x1):
