@@ -45,6 +45,7 @@ class Design:
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
     deploy: str = "average"  # the served model: the mean of the fold models, or "refit" on all rows
+    above_one: str = "split"  # beating the reference: certified on a half the hull was not chosen on, or "full"
 
 
 @dataclass
@@ -125,7 +126,7 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
     ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
     P = _sigmoid(platt[0] * z + platt[1])
     Cp = cost_model.predict(n_chars, suite_pos, topic)
-    knob = build_knob(Calibration(P, Cp, data.Y, data.C), ref, confidence)
+    knob = build_knob(Calibration(P, Cp, data.Y, data.C), ref, confidence, design.above_one)
     policy = RoutingPolicy(
         candidates=list(data.candidates), spec=spec, scorer=scorer, platt=platt,
         cost_model=cost_model, knob=knob, reference_pass_rate=float(rates[ref]),

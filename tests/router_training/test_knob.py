@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from router_training.bench import scoring_data
 from router_training.data import routing_data
-from router_training.knob import DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices
+from router_training.knob import (
+    DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices, selection_half,
+)
 from router_training.policy import Knob, OperatingPoint, member_choice
-from router_training.train import train_router
+from router_training.train import Design, train_router
 
 CODE = "def parse the list return python function loop index".split()
 MATH = "integer sum prime equation solve divide number total".split()
@@ -71,6 +73,52 @@ def test_the_knob_reaches_the_cheapest_candidate_and_the_best_single(flat):
     assert {names[j] for j in pick} == {"cheap"} and np.all(prop == 1)
     pick, prop, _, _ = _realised(policy, test, 1.0)
     assert {names[j] for j in pick} == {"dear"} and np.all(prop == 1)
+
+
+def test_beating_the_reference_needs_evidence_from_requests_the_hull_was_not_chosen_on():
+    """Specialists beat the generalist (0.95 vs 0.9 at a tenth of the cost): the half-split
+    evidence certifies target 1.0 at a fraction of the reference's cost. With nothing to route
+    on, no point certifies 1.0 but the reference itself."""
+    special = train_router(specialist_fleet(1500, 0), holdout_fraction=0.0).policy
+    assert special.reference_model == "generalist" and special.knob.certified_up_to() > 1.0
+    at_one = special.knob.point_for(1.0)
+    assert at_one.certified >= 1.0 and at_one.cost < 0.5e-2  # the generalist costs 1e-2
+    test = scoring_data(specialist_fleet(3000, 1), special.candidates)
+    _, _, passed, cost = _realised(special, test, 1.0)
+    ref = special.candidates.index("generalist")
+    assert passed >= test.Y[:, ref].mean() and cost < 0.5 * test.C[:, ref].mean()
+
+    flat_policy = train_router(flat_fleet(1500, 0), holdout_fraction=0.0).policy
+    assert flat_policy.knob.certified_up_to() == 1.0
+    full = train_router(flat_fleet(1500, 0), holdout_fraction=0.0, design=Design(above_one="full")).policy
+    below_one = [p for p in flat_policy.knob.points if p.certified < 1.0]
+    assert [p.certified for p in below_one] == [p.certified for p in full.knob.points if p.certified < 1.0]
+
+
+def test_an_advantage_only_on_the_requests_the_hull_was_chosen_on_certifies_nothing_above_one():
+    """Routing the requests the cheap candidate is tipped for beats the reference on all
+    calibration requests, but only thanks to the half the hull is chosen on: on the other half
+    it loses. That is what a member looks like when it was chosen for its luck."""
+    n = 4000
+    half = selection_half(n)
+    tipped = np.arange(n) % 2 == 0
+    y_ref = np.ones(n)
+    y_alt = np.zeros(n)
+    y_alt[tipped & half] = 1.0
+    y_ref[tipped & half] = 0.0  # the cheap one passes where the reference fails: on this half only
+    y_alt[tipped & ~half] = (np.arange(n)[tipped & ~half] % 10 != 0)  # 10% worse on the other half
+    Y = np.column_stack([y_ref, y_alt])
+    C = np.tile([1e-2, 1e-3], (n, 1))
+    P = np.column_stack([np.full(n, 0.5), np.where(tipped, 0.9, 0.1)])
+    cal = Calibration(P, C.copy(), Y, C)
+    assert Y[:, 0].mean() > Y[:, 1].mean()  # the reference is the best single candidate
+    full = build_knob(cal, 0, DEFAULT_CONFIDENCE, above_one="full")
+    split = build_knob(cal, 0, DEFAULT_CONFIDENCE)
+    assert full.certified_up_to() > 1.05 and full.point_for(1.0).cost < 1e-2
+    assert split.certified_up_to() == 1.0
+    at_one = split.point_for(1.0)
+    assert (at_one.a, at_one.b, at_one.cost) == (0, 0, pytest.approx(1e-2))
+    assert split.point_for(0.95).cost < 1e-2  # below 1 the hull of all requests still serves
 
 
 def test_between_the_ends_it_mixes_single_candidates_and_keeps_the_floor(flat):
