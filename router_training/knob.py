@@ -146,6 +146,22 @@ def selection_half(n: int) -> np.ndarray:
     return np.random.default_rng(0).random(n) < 0.5
 
 
+def _beating_points(yq: np.ndarray, cq: np.ndarray, y_ref: np.ndarray, confidence: float):
+    """Points of the hull of the selection half that the other half certifies for a target of
+    1 or more: (points, certified targets, pass rates and costs over all requests)."""
+    half = selection_half(yq.shape[1])
+    sel, test = np.flatnonzero(half), np.flatnonzero(~half)
+    if len(sel) < 2 or len(test) < 2:
+        return [], np.empty(0), np.empty(0), np.empty(0)
+    points, _, cost_sel = _hull_points(yq[:, sel], cq[:, sel])
+    w = np.array([p[2] for p in points])
+    a_out = w[:, None] * yq[[p[0] for p in points]] + (1 - w[:, None]) * yq[[p[1] for p in points]]
+    cert = _fixed_sequence(a_out[:, test], cost_sel, float(cq[0, sel].mean()), y_ref[test], confidence)
+    keep = np.flatnonzero(cert >= 1.0)
+    cost = w * cq[[p[0] for p in points]].mean(1) + (1 - w) * cq[[p[1] for p in points]].mean(1)
+    return [points[i] for i in keep], cert[keep], a_out[keep].mean(1), cost[keep]
+
+
 def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "split") -> Knob:
     """Members, hull points and their certified targets, from calibration data.
 
@@ -156,6 +172,8 @@ def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "
     shared sets' training splits the points certified at 1.0 on all of them fell short of the
     reference by 0.009 on average (openllm_bbh). `above_one="full"` certifies every target on
     all requests."""
+    if above_one not in ("split", "full"):
+        raise ValueError(f"above_one must be 'split' or 'full', got {above_one!r}")
     Y, C = cal.filled()
     members, choices = _members(cal, ref)
     rows = np.arange(Y.shape[0])
@@ -167,19 +185,9 @@ def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "
     p_quality = a_out.mean(1)
     if above_one == "split":
         certified = np.minimum(certified, 1.0 - 1e-6)
-        half = selection_half(len(rows))
-        sel, test = np.flatnonzero(half), np.flatnonzero(~half)
-        if len(sel) >= 2 and len(test) >= 2:
-            pts, _, cost_sel = _hull_points(yq[:, sel], cq[:, sel])
-            w = np.array([p[2] for p in pts])
-            a_all = w[:, None] * yq[[p[0] for p in pts]] + (1 - w[:, None]) * yq[[p[1] for p in pts]]
-            cert = _fixed_sequence(a_all[:, test], cost_sel, float(cq[0, sel].mean()), Y[test, ref], confidence)
-            keep = np.flatnonzero(cert >= 1.0)
-            c_all = w * cq[[p[0] for p in pts]].mean(1) + (1 - w) * cq[[p[1] for p in pts]].mean(1)
-            points += [pts[i] for i in keep]
-            certified = np.concatenate((certified, cert[keep]))
-            p_quality = np.concatenate((p_quality, a_all[keep].mean(1)))
-            p_cost = np.concatenate((p_cost, c_all[keep]))
+        pts, cert, q, c = _beating_points(yq, cq, Y[:, ref], confidence)
+        points += pts
+        certified, p_quality, p_cost = (np.concatenate(v) for v in ((certified, cert), (p_quality, q), (p_cost, c)))
     ops = [OperatingPoint(a, b, float(wt), float(cx), float(q), float(c))
            for (a, b, wt), cx, q, c in zip(points, certified, p_quality, p_cost)]
     ref_point = OperatingPoint(0, 0, 1.0, 1.0, ref_quality, ref_cost)

@@ -7,9 +7,10 @@ set); the test requests are touched only to report metrics, among them how often
 promise held there. Then (`refit`, the default) the same procedure runs again on every request
 and that policy is the one published: the held-out figures describe the procedure on requests
 it has not seen, and the published policy learns from, and certifies its knob on, 1 / (1 -
-holdout) times as many requests (chosen by CV on the training splits of the shared sets). The estimator is the linear difficulty model by default;
-`estimator="lightgbm"` fits one LightGBM booster per candidate on the same features and
-calibrates it the same way (Platt on out-of-fold raw scores).
+holdout) times as many requests (chosen by CV on the training splits of the shared sets).
+The estimator is the linear difficulty model by default; `estimator="lightgbm"` fits one
+LightGBM booster per candidate on the same features and calibrates it the same way (Platt on
+out-of-fold raw scores).
 """
 
 from __future__ import annotations
