@@ -30,7 +30,7 @@ from router_training.estimators import (
 )
 from router_training.features import FeatureSpec
 from router_training.knob import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
-from router_training.policy import LinearScorer, RoutingPolicy, TreeScorer, _sigmoid
+from router_training.policy import CostModel, LinearScorer, RoutingPolicy, TreeScorer, _sigmoid
 
 
 ESTIMATORS = ("linear", "lightgbm")
@@ -99,41 +99,63 @@ def _scorer(est: LinearPassEstimator) -> LinearScorer:
 
 
 def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, design: Design):
-    """The fitted scorer, out-of-fold logits and topics of the training requests, and metrics."""
+    """The fitted scorer, out-of-fold logits, folds and topics of the training requests, and metrics."""
     if estimator == "lightgbm":
         est = LightGBMPassEstimator(seed=seed).fit(X, Y)
         scorer = TreeScorer(est.model_strings(), est.n_features_in_)
-        return scorer, est.out_of_fold_logits(), np.full(len(Y), -1), {"estimator": "lightgbm"}
+        return scorer, est.out_of_fold_logits(), est.folds_, np.full(len(Y), -1), {"estimator": "lightgbm"}
     lin = LinearPassEstimator(n_suites=len(spec.suites), seed=seed, n_folds=design.n_folds,
                               n_clusters=design.topics, n_buckets=spec.n_buckets,
                               candidate_text=design.candidate_text, deploy=design.deploy).fit(X, Y)
-    return _scorer(lin), lin.out_of_fold_logits(), lin.topics(X), {"difficulty_C": lin.C_}
+    return _scorer(lin), lin.out_of_fold_logits(), lin.folds_, lin.topics(X), {"difficulty_C": lin.C_}
 
 
-def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
-         estimator: str = "linear", confidence: float = DEFAULT_CONFIDENCE,
-         design: Design = Design()) -> RoutingPolicy:
-    """Fit on all requests; calibrate and build the knob from out-of-fold predictions."""
+@dataclass
+class Calibrated:
+    """A fitted scorer and cost model with the cross-fitted calibration data of its requests."""
+
+    spec: FeatureSpec
+    scorer: LinearScorer | TreeScorer
+    platt: np.ndarray
+    cost_model: CostModel
+    cal: Calibration
+    folds: np.ndarray  # each request's cross-fitting fold: its calibration row comes from the others
+    ref: int  # the best single candidate on these requests
+    rates: np.ndarray  # each candidate's pass rate on them
+    metrics: dict
+
+
+def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, estimator: str = "linear",
+                   design: Design = Design()) -> Calibrated:
+    """Fit on all requests; out-of-fold predictions, Platt-scaled, are the calibration data."""
     spec = fit_feature_spec(data.prompts, data.suites, embeddings=embeddings,
                             char_ngrams=(design.char_ngrams,) if design.char_ngrams else ())
     X = design_matrix(data.prompts, data.suites, spec)
-    scorer, z, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design)
+    scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     suite_pos = _suite_pos(data.suites, spec.suites)
     n_chars = np.array([len(p) for p in data.prompts])
     n_topics = len(scorer.centroids) if getattr(scorer, "centroids", None) is not None else 0
     cost_model = fit_cost_model(n_chars, suite_pos, data.C, len(spec.suites), topic_pos=topic, n_topics=n_topics)
     rates = np.nanmean(data.Y, axis=0)
-    ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
     P = _sigmoid(platt[0] * z + platt[1])
-    Cp = cost_model.predict(n_chars, suite_pos, topic)
-    knob = build_knob(Calibration(P, Cp, data.Y, data.C), ref, confidence, design.above_one)
+    cal = Calibration(P, cost_model.predict(n_chars, suite_pos, topic), data.Y, data.C)
+    ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
+    return Calibrated(spec, scorer, platt, cost_model, cal, folds, ref, rates, est_metrics)
+
+
+def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
+         estimator: str = "linear", confidence: float = DEFAULT_CONFIDENCE,
+         design: Design = Design()) -> RoutingPolicy:
+    """Fit on all requests; calibrate and build the knob from out-of-fold predictions."""
+    f = fit_calibrated(data, seed, embeddings, estimator, design)
+    knob = build_knob(f.cal, f.ref, confidence, design.above_one)
     policy = RoutingPolicy(
-        candidates=list(data.candidates), spec=spec, scorer=scorer, platt=platt,
-        cost_model=cost_model, knob=knob, reference_pass_rate=float(rates[ref]),
-        reference_model=data.candidates[ref], quality_target=quality_target,
+        candidates=list(data.candidates), spec=f.spec, scorer=f.scorer, platt=f.platt,
+        cost_model=f.cost_model, knob=knob, reference_pass_rate=float(f.rates[f.ref]),
+        reference_model=data.candidates[f.ref], quality_target=quality_target,
     )
-    policy.metrics = {**est_metrics, "knob": knob_summary(policy)}
+    policy.metrics = {**f.metrics, "knob": knob_summary(policy)}
     return policy
 
 
