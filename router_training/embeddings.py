@@ -44,21 +44,11 @@ def _model():
     return tokenizer, model, torch
 
 
-KEEP = ("head", "tail")
-
-
-def embed(texts: Sequence[str], batch_size: int = 32, keep: str = "head") -> np.ndarray:
-    """L2-normalised mean-pooled embeddings (n, 384), as sentence-transformers computes them.
-
-    The encoder reads 256 tokens: of a longer text, its first ones (`keep="head"`, as
-    sentence-transformers truncates) or its last ones (`"tail"`: the question after a long shared
-    preamble or system prompt, which is what tells requests apart)."""
-    if keep not in KEEP:
-        raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
+def embed(texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """L2-normalised mean-pooled embeddings (n, 384), as sentence-transformers computes them."""
     tokenizer, model, torch = _model()
     out = np.zeros((len(texts), DIM))
     with _LOCK, torch.inference_mode():
-        tokenizer.truncation_side = "left" if keep == "tail" else "right"
         for i in range(0, len(texts), batch_size):
             batch = tokenizer(list(texts[i: i + batch_size]), padding=True, truncation=True,
                               max_length=256, return_tensors="pt")

@@ -18,7 +18,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from router_training.features import (
-    STAT_NAMES, FeatureSpec, document_frequency, embed_prompts, request_features, text_stats,
+    STAT_NAMES, FeatureSpec, document_frequency, request_features, text_stats,
 )
 from router_training.policy import CostModel, assign_clusters
 
@@ -49,7 +49,9 @@ def design_matrix(
     indptr, indices, data = [0], [], []
     embeddings = [None] * len(prompts)
     if spec.embeddings:
-        embeddings = list(embed_prompts(prompts, spec))
+        from router_training.embeddings import embed
+
+        embeddings = list(embed(prompts))
     for p, s, e in zip(prompts, suites, embeddings):
         ids, vals = request_features(p, s, spec, e)
         indices.append(ids)

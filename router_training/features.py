@@ -111,13 +111,10 @@ class FeatureSpec:
     stat_mean: tuple[float, ...] | None = None
     stat_std: tuple[float, ...] | None = None
     embeddings: bool = False  # append MiniLM sentence embeddings (the optional 'embeddings' extra)
-    embedding_keep: str = "tail"  # which 256 tokens of a long prompt the encoder reads ("head": policies before it)
 
     def __post_init__(self) -> None:
         if self.n_buckets & (self.n_buckets - 1):
             raise ValueError(f"n_buckets must be a power of two, got {self.n_buckets}")
-        if self.embedding_keep not in ("head", "tail"):
-            raise ValueError(f"embedding_keep must be 'head' or 'tail', got {self.embedding_keep!r}")
 
     @property
     def n_features(self) -> int:
@@ -168,7 +165,6 @@ class FeatureSpec:
             stat_mean=_floats(d.get("stat_mean")),
             stat_std=_floats(d.get("stat_std")),
             embeddings=bool(d.get("embeddings", False)),
-            embedding_keep=str(d.get("embedding_keep", "head")),  # policies from before the field read the head
         )
 
 
@@ -252,18 +248,13 @@ def request_features(
     all_vals = np.concatenate((np.ones(len(head_ids)), x, stats))
     if spec.embeddings:
         if embedding is None:
-            embedding = embed_prompts([prompt], spec)[0]
+            from router_training.embeddings import embed
+
+            embedding = embed([prompt])[0]
         start = n_suites + spec.n_buckets + len(STAT_NAMES)
         all_ids = np.concatenate((all_ids, np.arange(start, start + EMBEDDING_DIM)))
         all_vals = np.concatenate((all_vals, embedding))
     return all_ids, all_vals
-
-
-def embed_prompts(prompts: Sequence[str], spec: FeatureSpec) -> np.ndarray:
-    """The sentence embeddings of many prompts, as the spec asks (the optional extra, loaded here)."""
-    from router_training.embeddings import embed
-
-    return embed(list(prompts), keep=spec.embedding_keep)
 
 
 def document_frequency(prompts: Sequence[str], spec: FeatureSpec) -> tuple[float, ...]:

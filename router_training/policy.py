@@ -28,10 +28,10 @@ from typing import Sequence
 import numpy as np
 
 from common.io import atomic_write
-from router_training.features import FeatureSpec, embed_prompts, request_features
+from router_training.features import FeatureSpec, request_features
 
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2)
 RULES = ("lambda", "threshold")
 MEMBER_RULES = ("lambda", "threshold", "single")
 
@@ -385,12 +385,6 @@ class Knob:
         return cls(members, stair, points[-1], math.nan)
 
 
-def format_version(spec: FeatureSpec) -> int:
-    """The policy format a reader must know: 3 when the features embed the tail of a prompt
-    (builds that read 2 would embed its head and score every request wrongly), else 2."""
-    return 3 if spec.embeddings and spec.embedding_keep == "tail" else FORMAT_VERSION
-
-
 def request_unit(prompt: str, suite: str | None) -> float:
     """A uniform number in [0, 1) fixed by the request: mixes pick their member with it."""
     digest = hashlib.blake2b(f"{suite or ''}\x00{prompt}".encode("utf-8", "replace"), digest_size=8).digest()
@@ -426,7 +420,9 @@ class RoutingPolicy:
         topic = np.full(len(prompts), -1)
         embeddings = [None] * len(prompts)
         if self.spec.embeddings and len(prompts) > 1:
-            embeddings = list(embed_prompts(prompts, self.spec))  # batched is faster
+            from router_training.embeddings import embed  # optional extra; batched is faster
+
+            embeddings = list(embed(list(prompts)))
         if isinstance(self.scorer, TreeScorer):
             z[:] = self.scorer.logits_many(
                 [request_features(p, s, self.spec, e) for p, s, e in zip(prompts, suites, embeddings)])
@@ -513,7 +509,7 @@ class RoutingPolicy:
     # -- persistence ---------------------------------------------------------------------
     def _header(self) -> dict:
         return {
-            "format_version": format_version(self.spec),
+            "format_version": FORMAT_VERSION,
             "candidates": list(self.candidates),
             "knob": self.knob.to_dict(),
             "reference_pass_rate": float(self.reference_pass_rate),

@@ -36,25 +36,3 @@ def test_policy_with_embeddings_round_trips(tmp_path):
     a = policy.decide("Task: add. difficulty: 1.", "add")
     b = again.decide("Task: add. difficulty: 1.", "add")
     assert a.model == b.model
-
-
-def test_the_tail_of_a_long_prompt_tells_requests_apart_and_the_head_does_not():
-    from router_training.embeddings import embed
-
-    preamble = "You are a careful assistant. Answer the question below in one word. " * 40  # > 256 tokens
-    prompts = [preamble + "What is the capital of France?", preamble + "How many legs does a spider have?"]
-    head, tail = embed(prompts, keep="head"), embed(prompts, keep="tail")
-    assert np.allclose(head[0], head[1])
-    assert tail[0] @ tail[1] < 0.9
-    with pytest.raises(ValueError, match="keep must be one of"):
-        embed(prompts, keep="middle")
-
-
-def test_a_policy_reads_the_part_of_the_prompt_its_spec_names():
-    from router_training.embeddings import embed
-
-    prompt = "Shared instructions for every request. " * 60 + "Sort 3 1 2."
-    for keep in ("head", "tail"):
-        spec = FeatureSpec(embeddings=True, embedding_keep=keep)
-        _, vals = request_features(prompt, None, spec)
-        assert np.allclose(vals[-EMBEDDING_DIM:], embed([prompt], keep=keep)[0])

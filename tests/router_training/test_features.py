@@ -77,13 +77,3 @@ def test_gateway_modules_import_without_heavy_packages():
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_embedding_keep_is_saved_and_a_spec_from_before_it_reads_the_head():
-    spec = FeatureSpec(suites=("a",), embeddings=True)
-    assert spec.embedding_keep == "tail"
-    assert FeatureSpec.from_dict(spec.to_dict()) == spec
-    old = {k: v for k, v in spec.to_dict().items() if k != "embedding_keep"}
-    assert FeatureSpec.from_dict(old).embedding_keep == "head"
-    with pytest.raises(ValueError, match="embedding_keep"):
-        FeatureSpec(embedding_keep="middle")

@@ -1,12 +1,11 @@
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_training.policy import Decision, RoutingPolicy, choose, format_version
+from router_training.policy import Decision, RoutingPolicy, choose
 
 PROMPTS = [f"Task: {s} the input. difficulty: {d}. Input: stone river" for s in ("reverse", "sort", "add")
            for d in range(1, 6)]
@@ -53,17 +52,6 @@ def test_load_rejects_unknown_format_version(trained, tmp_path):
     (tmp_path / "policy.json").write_text(json.dumps(head))
     with pytest.raises(ValueError, match="format_version"):
         RoutingPolicy.load(tmp_path)
-
-
-def test_a_policy_embedding_prompt_tails_needs_format_3_and_others_stay_at_2(trained, tmp_path):
-    """A build that reads format 2 would embed the head of a prompt where the policy learned from
-    its tail: such a policy says format 3, which those builds refuse by name."""
-    spec = trained.policy.spec
-    assert format_version(spec) == 2 and not spec.embeddings
-    assert format_version(replace(spec, embeddings=True)) == 3
-    assert format_version(replace(spec, embeddings=True, embedding_keep="head")) == 2
-    trained.policy.save(tmp_path)
-    assert json.loads((tmp_path / "policy.json").read_text())["format_version"] == 2
 
 
 @settings(max_examples=40, deadline=None)
