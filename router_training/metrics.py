@@ -52,7 +52,9 @@ def cost_at_quality(hc: np.ndarray, hq: np.ndarray, quality: float) -> float:
         return math.inf
     if quality <= hq[0]:
         return float(hc[0])
-    return float(np.interp(quality, hq, hc))
+    i = min(int(np.searchsorted(hq, quality)), len(hq) - 1)  # hq[i-1] < quality <= hq[i]
+    t = min((quality - hq[i - 1]) / (hq[i] - hq[i - 1]), 1.0)  # a fraction: np.interp's slope can overflow
+    return float(hc[i - 1] + t * (hc[i] - hc[i - 1]))
 
 
 def savings(hc: np.ndarray, hq: np.ndarray, quality: float, reference_cost: float) -> float:

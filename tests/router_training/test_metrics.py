@@ -81,3 +81,11 @@ def test_empty_inputs_are_guarded():
     c, q = M.frontier(np.array([]), np.array([]))
     assert M.aiq(c, q, 0, 1) == 0 and math.isinf(M.cost_at_quality(c, q, 0.5))
     assert M.wilson_lower(0, 0) == 0
+
+
+def test_cost_at_quality_between_qualities_a_subnormal_apart():
+    """np.interp's slope (cost per quality) overflows to inf here; the fraction does not."""
+    c, q = M.frontier(np.array([1.0, 2.0]), np.array([0.0, 2.225073858507203e-309]))
+    assert abs(M.cost_at_quality(c, q, 5e-324) - 1.0) < 1e-12
+    assert M.cost_at_quality(c, q, 2.225073858507203e-309) == 2.0
+    assert math.isinf(M.cost_at_quality(c, q, 0.5))
