@@ -11,9 +11,10 @@ measured on the fold at the user targets, beside the reference trained on the sa
 
 A variant is NAME:key=value,key=value with keys of router_training.train.Design,
 `confidence`, `holdout`, `refit` or `embeddings` (as `routeopt train --holdout-fraction`,
-`--no-refit`, `--embeddings` take them). Prints per set and variant the fold means of S100 / S95 / AIQ (S100 'never' counts as 0
-in the mean and is counted apart), checks passed, promise held, and top-best: the pass rate at
-the highest target (what the knob serves where nothing is certified) minus the best single's.
+`--no-refit`, `--embeddings` take them). Prints per set and variant the fold means of S100 /
+S95 / AIQ (S100 'never' counts as 0 in the mean and is counted apart), checks passed, promise
+held, and top-best: the pass rate at the highest target (what the knob serves where nothing is
+certified) minus the best single's.
 """
 
 from __future__ import annotations
@@ -65,17 +66,17 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
 
 
 def cache_embeddings() -> None:
-    """Embed each prompt once for all folds and variants: an embedding depends on its text (and
-    which end is kept) only, and without the cache a fold would embed its requests three times."""
+    """Embed each prompt once for all folds and variants: an embedding depends on its text only,
+    and without the cache a fold would embed its requests three times."""
     from router_training import embeddings
 
     compute, memo = embeddings.embed, {}
 
-    def embed(texts, batch_size: int = 32, keep: str = "head"):
-        todo = list(dict.fromkeys(t for t in texts if (t, keep) not in memo))
+    def embed(texts, batch_size: int = 32):
+        todo = list(dict.fromkeys(t for t in texts if t not in memo))
         if todo:
-            memo.update({(t, keep): e for t, e in zip(todo, compute(todo, batch_size, keep))})
-        return np.array([memo[(t, keep)] for t in texts]).reshape(len(texts), embeddings.DIM)
+            memo.update(zip(todo, compute(todo, batch_size)))
+        return np.array([memo[t] for t in texts]).reshape(len(texts), embeddings.DIM)
 
     embeddings.embed = embed
 
