@@ -23,6 +23,15 @@ DB_OPTION = click.option(
 )
 
 
+def console() -> Any:
+    """A rich console for stdout; wide when piped, so tables in logs are not cut to 80 columns."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def load_config_or_exit(config_path: Path | None) -> Any:
     """The config at `config_path` (or the default one); a bad file is a one-line CLI error."""
     from evals.config import load_config

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import sys
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import click
 
 from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit
+from flows.commands import CONFIG_OPTION, DB_OPTION, console, load_config_or_exit
 
 
 def _bench_group() -> click.Group:
@@ -55,13 +54,6 @@ def _make_provider(candidate: Any, max_batch: int | None) -> Any:
     return make_provider(candidate)
 
 
-def _console() -> Any:
-    """Rich console; wide when piped, so the tables are not cut to 80 columns."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=200)
-
-
 def _print_levels(report: Any) -> None:
     from rich.table import Table
 
@@ -72,7 +64,7 @@ def _print_levels(report: Any) -> None:
         table.add_column(col, justify="right")
     for lv in report.levels:
         table.add_row(*table_cells(lv))
-    _console().print(table)
+    console().print(table)
 
 
 @click.command("serving")
@@ -232,10 +224,10 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
         curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
         run_id = run_id or _latest_run(store)
         caching = caching_table(load_caching(store, run_id, cfg.candidates)) if run_id else None
-    console = _console()
+    out = console()
     if caching is not None:
         caching.title = f"run {run_id}: {caching.title}"
-        console.print(caching)
+        out.print(caching)
     if not any(curves.values()):
         if caching is not None:
             return
@@ -244,7 +236,7 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
             f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
     summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
                                         min_good)
-    _print_comparison(console, summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
+    _print_comparison(out, summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
 
 
 def _latest_run(store: Any) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import click
 
 from evals.config import ConfigError, default_config_path
-from flows.commands import CONFIG_OPTION, load_config_or_exit
+from flows.commands import CONFIG_OPTION, console, load_config_or_exit
 
 # After SIGINT/SIGTERM, how long the in-flight calls get to wind down before the process exits
 # regardless (Kubernetes sends SIGKILL 30 s after SIGTERM by default).
@@ -110,17 +110,15 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
     finally:
         if shutdown.signum is None:
             shutdown.restore()
-    from rich.console import Console
-
     from evals.selfhost.costmodel import load_caching
     from flows.nightly import shared_store
     from flows.summary import candidate_table, print_summary
 
-    console = Console()
+    out = console()
     store = shared_store(Path(result["db_path"]))
     rows = candidate_table(store, result["run_id"])
-    print_summary(console, rows, result, load_caching(store, result["run_id"]))
-    console.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
+    print_summary(out, rows, result, load_caching(store, result["run_id"]))
+    out.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
     if result["suite_errors"]:
         sys.exit(1)
 
