@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,6 @@ DB_OPTION = click.option(
 
 def console() -> Any:
     """A rich console for stdout; wide when piped, so tables in logs are not cut to 80 columns."""
-    import sys
-
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
