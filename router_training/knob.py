@@ -115,6 +115,12 @@ def certified_targets(a: np.ndarray, r: np.ndarray, confidence: float) -> np.nda
     return np.where(first_fail > 0, _X_GRID[np.maximum(first_fail - 1, 0)], 0.0)
 
 
+def _mix(points: list[tuple[int, int, float]], values: np.ndarray) -> np.ndarray:
+    """Per point (member a, member b, weight of a), the mix of the members' rows of `values`."""
+    w = np.array([p[2] for p in points]).reshape(-1, *([1] * (values.ndim - 1)))
+    return w * values[[p[0] for p in points]] + (1 - w) * values[[p[1] for p in points]]
+
+
 def _hull_points(yq: np.ndarray, cq: np.ndarray) -> tuple[list[tuple[int, int, float]], np.ndarray, np.ndarray]:
     """Points along the hull of members' (mean cost, mean outcome): (member a, member b, weight
     of a), each point's outcomes per request (points x n) and mean cost."""
@@ -123,10 +129,7 @@ def _hull_points(yq: np.ndarray, cq: np.ndarray) -> tuple[list[tuple[int, int, f
     points: list[tuple[int, int, float]] = [(int(verts[0]), int(verts[0]), 1.0)]
     for lo, hi in zip(verts[:-1], verts[1:]):
         points += [(int(hi), int(lo), s / MIX_STEPS) for s in range(1, MIX_STEPS + 1)]
-    w = np.array([p[2] for p in points])
-    a_out = w[:, None] * yq[[p[0] for p in points]] + (1 - w[:, None]) * yq[[p[1] for p in points]]
-    p_cost = w * cost[[p[0] for p in points]] + (1 - w) * cost[[p[1] for p in points]]
-    return points, a_out, p_cost
+    return points, _mix(points, yq), _mix(points, cost)
 
 
 def _fixed_sequence(a_out: np.ndarray, p_cost: np.ndarray, ref_cost: float, y_ref: np.ndarray,
@@ -154,11 +157,10 @@ def _beating_points(yq: np.ndarray, cq: np.ndarray, y_ref: np.ndarray, confidenc
     if len(sel) < 2 or len(test) < 2:
         return [], np.empty(0), np.empty(0), np.empty(0)
     points, _, cost_sel = _hull_points(yq[:, sel], cq[:, sel])
-    w = np.array([p[2] for p in points])
-    a_out = w[:, None] * yq[[p[0] for p in points]] + (1 - w[:, None]) * yq[[p[1] for p in points]]
+    a_out = _mix(points, yq)
     cert = _fixed_sequence(a_out[:, test], cost_sel, float(cq[0, sel].mean()), y_ref[test], confidence)
     keep = np.flatnonzero(cert >= 1.0)
-    cost = w * cq[[p[0] for p in points]].mean(1) + (1 - w) * cq[[p[1] for p in points]].mean(1)
+    cost = _mix(points, cq.mean(1))
     return [points[i] for i in keep], cert[keep], a_out[keep].mean(1), cost[keep]
 
 

@@ -16,7 +16,6 @@ out-of-fold raw scores).
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -122,9 +121,13 @@ class Calibrated:
     cost_model: CostModel
     cal: Calibration
     folds: np.ndarray  # each request's cross-fitting fold: its calibration row comes from the others
-    ref: int  # the best single candidate on these requests
-    rates: np.ndarray  # each candidate's pass rate on them
+    rates: np.ndarray  # each candidate's pass rate on these requests
     metrics: dict
+
+    @property
+    def ref(self) -> int:
+        """The best single candidate on these requests."""
+        return int(np.nanargmax(np.nan_to_num(self.rates, nan=-1.0)))
 
 
 def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, estimator: str = "linear",
@@ -142,8 +145,7 @@ def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, e
     rates = np.nanmean(data.Y, axis=0)
     P = _sigmoid(platt[0] * z + platt[1])
     cal = Calibration(P, cost_model.predict(n_chars, suite_pos, topic), data.Y, data.C)
-    ref = int(np.nanargmax(np.nan_to_num(rates, nan=-1.0)))
-    return Calibrated(spec, scorer, platt, cost_model, cal, folds, ref, rates, est_metrics)
+    return Calibrated(spec, scorer, platt, cost_model, cal, folds, rates, est_metrics)
 
 
 def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
@@ -213,7 +215,7 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    with reuse_embeddings() if embeddings else nullcontext():
+    with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
         fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design)
         evaluated = fit(train)
         refit = refit and len(test) > 0
