@@ -4,7 +4,7 @@ The traffic is a set of requests whose outcome is known for every model (RouterB
 in ../shared, or a synthetic fleet made here). The champion routes it through
 `artifacts.decisions.Gateway` with exploration; feedback (passed, cost) is drawn from the true
 outcome of the model each request was served by and imported with the decision log into a store;
-then `flows.live` estimates the second policy's pass rate and cost, whose true values come
+then `router_training.live` estimates the second policy's pass rate and cost, whose true values come
 straight from the data. Used by `benchmarks/ope_coverage.py` and `tests/flows/test_live_replay.py`.
 
 Three ways of knowing the second policy's choice on the logged requests:
@@ -160,7 +160,7 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
 
 
 def estimate(store_path: Path, policy: Any, version: int, mode: str) -> Any:
-    """flows.live's estimate of the policy (version 2) on the replayed traffic."""
+    """router_training.live's estimate of the policy (version 2) on the replayed traffic."""
     return estimate_pair(store_path, policy, version, mode)[0]
 
 
@@ -168,10 +168,11 @@ def estimate_pair(store_path: Path, policy: Any, version: int, mode: str) -> tup
     """The policy's estimate, the champion's (version 1, from its own records) and the paired
     difference policy - champion, as the promotion gate computes them."""
     from evals.storage.store import Store
-    from flows.live import compare, decisions_from_store, evaluate, feedback_from_store, traffic_frame
+    from evals.storage.traffic import load_traffic
+    from router_training.live import compare, evaluate
 
     with Store(store_path, read_only=True) as store:
-        frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
+        frame = load_traffic(store)
     new = evaluate(frame, version, policy if mode == "text" else None)
     champion = evaluate(frame, 1)
     return new, champion, compare(frame, new, champion)

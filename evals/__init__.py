@@ -7,12 +7,13 @@ One sub-package per concern, each importing only those listed before it (and `co
                 Hugging Face models (continuous batcher, quantized variants);
 * `grading`     graders, the judge, custom graders and the sandbox for untrusted code;
 * `suite`       the suite format: YAML files with line numbers and includes, datasets, items;
-* `storage`     the DuckDB outcome store and the importer of outcomes recorded elsewhere;
+* `storage`     the DuckDB outcome store, the importer of outcomes recorded elsewhere, the
+                gateways' decisions and feedback, drift between runs, the Parquet export;
 * `execution`   the runner (retries, timeouts, circuit breaker, rate limits), spend caps and
                 the response cache;
-* `selfhost`    the economics of serving open models: the serving benchmark, the GPU cost model
-                and the demo fleet (`zoo`).
+* `selfhost`    the economics of serving open models: the serving benchmark, the GPU cost model,
+                the cost plan of logged traffic and the demo fleet (`zoo`).
 
 The YAML suites and their data live beside the code, in `suites/` and `data/`, where ML
-engineers add them. Nothing here imports `router_training`, `artifacts` or `flows`.
+engineers add them. Nothing here imports `router_training`, `artifacts`, `reports` or `flows`.
 """

@@ -272,7 +272,8 @@ class BudgetSettings(BaseModel):
 
 
 class AlertSettings(BaseModel):
-    """Drift alerts (`flows/drift.py`): thresholds, and where to send them besides Prefect.
+    """Drift alerts (`evals.storage.drift`, sent by `reports.alerts`): thresholds, and where to
+    send them besides Prefect.
 
     A webhook URL that embeds a token (Slack, Teams) is a secret: name its environment variable
     in `webhook_url_env` instead of writing it in `webhook_url`.

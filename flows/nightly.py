@@ -18,14 +18,14 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from evals.config import Candidate, Config, load_config
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.execution.cache import format_age, parse_age
-from evals.config import Candidate, Config, load_config
 from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from flows.review import review_run
-from flows.summary import excluded_line
+from reports.summary import excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -317,11 +317,12 @@ def import_traffic_task(cfg: Config) -> dict[str, Any] | None:
 
 @task(name="promotion-gate", cache_policy=NO_CACHE)
 def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
-    """Move `champion` to the new version only if the gate passes (`flows.promotion`)."""
+    """Move `champion` to the new version only if the gate passes (`artifacts.promotion`)."""
+    from artifacts.promotion import champion_version, decide_promotion, heldout
     from artifacts.registry import move_channel
     from artifacts.signing import load_private_key, trusted_keys
-    from flows.live import live_comparison
-    from flows.promotion import champion_version, decide_promotion, heldout
+    from evals.storage.traffic import load_traffic
+    from router_training.live import live_comparison
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
@@ -331,8 +332,8 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
     test = heldout(frame, result.split["test"])
     champion, champion_number, vacant = champion_version(cfg.registry_dir, trusted)
     since = (datetime.now(timezone.utc) - timedelta(days=cfg.traffic.window_days)).isoformat()
-    live = live_comparison(shared_store(cfg.db_path), result.policy, published.version, champion,
-                           champion_number, since=since, source=cfg.traffic.feedback_source)
+    traffic = load_traffic(shared_store(cfg.db_path), since=since, source=cfg.traffic.feedback_source)
+    live = live_comparison(traffic, result.policy, published.version, champion, champion_number)
     decision = decide_promotion(
         result.policy,
         champion,

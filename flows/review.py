@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from evals.config import Config
+from evals.storage.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift
 from evals.storage.store import Store
-from flows.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift, send_alerts
-from flows.report import build_report, publish_prefect_artifacts
+from reports.alerts import send_alerts
+from reports.dashboard import build_report, publish_prefect_artifacts
 
 
 @dataclass

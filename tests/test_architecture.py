@@ -2,7 +2,7 @@
 
 Every import in every module (including imports inside functions) is read from the source; a
 package may import only itself and the packages listed for it. Data flows one way:
-evals -> router_training -> artifacts, with flows on top and `common` underneath.
+evals -> router_training -> artifacts -> reports, with flows on top and `common` underneath.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from tests import REPO
 
-OURS = ("common", "evals", "router_training", "artifacts", "flows")
+OURS = ("common", "evals", "router_training", "artifacts", "reports", "flows")
 EVALS = ("evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage",
          "evals.execution", "evals.selfhost")
 ALLOWED: dict[str, set[str]] = {
@@ -28,12 +28,13 @@ ALLOWED: dict[str, set[str]] = {
     "evals.providers": {"evals.config"},
     "evals.grading": {"evals.config", "evals.providers"},
     "evals.suite": {"evals.config", "evals.providers", "evals.grading"},
-    "evals.storage": {"evals.suite"},
+    "evals.storage": {"evals.config", "evals.suite"},
     "evals.execution": {"evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage"},
     "evals.selfhost": {"evals.config", "evals.providers", "evals.suite", "evals.storage"},
     "router_training": set(),
     "artifacts": {"router_training"},
-    "flows": {"evals", *EVALS, "router_training", "artifacts"},
+    "reports": {"evals", *EVALS, "router_training", "artifacts"},
+    "flows": {"evals", *EVALS, "router_training", "artifacts", "reports"},
 }
 
 

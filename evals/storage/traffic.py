@@ -6,6 +6,9 @@ outcomes (request id plus passed or score, from user ratings, a validator or a j
 `feedback`, keyed by (request id, source). Both are idempotent: a request id is stored once, and
 a feedback row imported again is kept, or updated if its values changed. Bad rows raise one
 error naming the file and line, and nothing of that file is written.
+
+`load_traffic` reads them back as one frame, decisions joined with their feedback, which
+`router_training.live` scores policies on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
 
 from evals.storage.store import Store
 from evals.suite.datasets import DatasetError, file_records
@@ -369,3 +375,88 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(b, float) or isinstance(a, float):
         return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
     return bool(a == b)
+
+
+# -- reading the traffic back: what `router_training.live` scores policies on -------------------
+
+TRAFFIC_COLUMNS = (
+    "request_id", "time", "suite", "quality_target", "text", "channel", "policy_version", "model",
+    "propensity", "policy_model", "explored", "exploration_rate", "eligible_json",
+    "pass_probabilities_json", "expected_cost_json", "shadow_version", "shadow_model", "shadow_json",
+    "input_tokens", "output_tokens", "cost_usd", "prompt_chars", "prompt_hash",
+)
+FEEDBACK_SUMMARY_COLUMNS = ["request_id", "passed", "feedback_cost_usd", "feedback_input_tokens",
+                            "feedback_output_tokens", "sources"]
+
+
+def decisions_from_store(store: Any, since: str | None = None, until: str | None = None) -> pd.DataFrame:
+    """Logged decisions in [since, until) (ISO dates or times), oldest first (none without a store)."""
+    if store is None or not store.has_table("decisions"):
+        return pd.DataFrame(columns=list(TRAFFIC_COLUMNS))
+    where, params = [], []
+    if since:
+        where.append("time >= CAST(? AS TIMESTAMPTZ)")
+        params.append(since)
+    if until:
+        where.append("time < CAST(? AS TIMESTAMPTZ)")
+        params.append(until)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return store.query(f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM decisions {clause} ORDER BY time", params)
+
+
+def decisions_from_log(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
+    """The same frame read straight from decision log files (first record per request id)."""
+    rows, usage, _ = read_log(log_files(paths))
+    frame = pd.DataFrame(rows, columns=[c for c in TRAFFIC_COLUMNS if c not in
+                                        ("input_tokens", "output_tokens", "cost_usd")])
+    frame = frame.drop_duplicates("request_id", keep="first")
+    if usage:
+        sums = pd.DataFrame(usage).groupby("request_id")[["input_tokens", "output_tokens", "cost_usd"]] \
+            .sum(min_count=1)
+        frame = frame.merge(sums, how="left", left_on="request_id", right_index=True)
+    for c in ("input_tokens", "output_tokens", "cost_usd"):
+        if c not in frame:
+            frame[c] = np.nan
+    return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def feedback_from_store(store: Any, source: str | None = None) -> pd.DataFrame:
+    """Per request: the mean of its feedback's `passed` over sources (or one source) and cost
+    (none without a store: feedback lives only in a database)."""
+    if store is None or not store.has_table("feedback"):
+        return pd.DataFrame(columns=FEEDBACK_SUMMARY_COLUMNS)
+    clause, params = ("WHERE source = ?", [source]) if source else ("", [])
+    return store.query(
+        "SELECT request_id, avg(CAST(passed AS DOUBLE)) AS passed, avg(cost_usd) AS feedback_cost_usd, "
+        "avg(input_tokens) AS feedback_input_tokens, avg(output_tokens) AS feedback_output_tokens, "
+        f"count(*) AS sources FROM feedback {clause} GROUP BY request_id", params)
+
+
+def window(decisions: pd.DataFrame, since: str | None, until: str | None) -> pd.DataFrame:
+    """The decisions in [since, until) (ISO dates or times, UTC unless they say otherwise)."""
+    if not since and not until:
+        return decisions
+    t = pd.to_datetime(decisions["time"], utc=True)
+    keep = np.ones(len(decisions), dtype=bool)
+    if since:
+        keep &= (t >= pd.Timestamp(since, tz="UTC") if pd.Timestamp(since).tzinfo is None
+                 else t >= pd.Timestamp(since)).to_numpy()
+    if until:
+        keep &= (t < pd.Timestamp(until, tz="UTC") if pd.Timestamp(until).tzinfo is None
+                 else t < pd.Timestamp(until)).to_numpy()
+    return decisions[keep].reset_index(drop=True)
+
+
+def traffic_frame(decisions: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
+    """Decisions with their feedback; `cost` is the observed cost (feedback, else usage)."""
+    frame = decisions.merge(feedback, how="left", on="request_id")
+    fb_cost = pd.to_numeric(frame.get("feedback_cost_usd"), errors="coerce")
+    frame["cost"] = fb_cost.fillna(pd.to_numeric(frame["cost_usd"], errors="coerce"))
+    frame["passed"] = pd.to_numeric(frame["passed"], errors="coerce")
+    return frame
+
+
+def load_traffic(store: Any, *, since: str | None = None, until: str | None = None,
+                 source: str | None = None) -> pd.DataFrame:
+    """The stored decisions in [since, until) with their feedback (of one `source`, or all)."""
+    return traffic_frame(decisions_from_store(store, since, until), feedback_from_store(store, source))

@@ -41,6 +41,29 @@ def load_config_or_exit(config_path: Path | None) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
+def resolve_db(config_path: Path | None, given: Path | None) -> Path:
+    """--db, else the config's `db_path`."""
+    return Path(given) if given else load_config_or_exit(config_path).db_path
+
+
+def open_store(path: Path, *, read_only: bool, missing: str = "run `routeopt run` first") -> Any:
+    """The outcome store, or one clear error: the file is missing (for a reader; `missing` says
+    what to do), or another process holds DuckDB's writer lock. Readers (reports, exports,
+    estimates) open it read-only and never take the writer's lock."""
+    import duckdb
+
+    from evals.storage.store import Store
+
+    if read_only and not Path(path).exists():
+        raise click.ClickException(f"{path}: no outcome database; {missing}")
+    try:
+        return Store(path, read_only=read_only)
+    except duckdb.Error as exc:
+        raise click.ClickException(
+            f"{path}: cannot open the database ({exc}); another routeopt process may hold it - "
+            "wait for it, or pass --db with another file") from None
+
+
 def signing_key_path(config_path: Path | None) -> Path | None:
     """The signing key of the config (`Config.signing_key_path`: its `publishing.signing_key`,
     `$ROUTEOPT_SIGNING_KEY` or `.routeopt/keys/signing_key.pem` beside it). Without a usable

@@ -159,10 +159,11 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
 def _require_live(registry: str, version: int, kind: str, db_path: Path | None, since: str | None,
                   min_feedback: int | None, margin: float | None, config_path: Path | None) -> None:
     """Exit with the reason unless VERSION's shadow or canary result allows the promotion."""
+    from artifacts.promotion import rollout_evidence
     from artifacts.registry import current_pointer
     from evals.config import ConfigError, default_config_path, load_config
     from evals.storage.store import Store
-    from flows.promotion import rollout_evidence
+    from evals.storage.traffic import load_traffic
 
     try:
         cfg = load_config(config_path or default_config_path())
@@ -173,9 +174,10 @@ def _require_live(registry: str, version: int, kind: str, db_path: Path | None, 
         _fail(RuntimeError(f"{path}: no database with logged decisions; import them first"))
     pointer, _ = current_pointer(registry, "champion")
     with Store(path, read_only=True) as store:
-        ok, why, _ = rollout_evidence(store, version, pointer.version if pointer else None, kind,
-                                      margin=cfg.publishing.promote_tolerance if margin is None else margin,
-                                      min_feedback=min_feedback or cfg.traffic.min_feedback, since=since)
+        frame = load_traffic(store, since=since)
+    ok, why, _ = rollout_evidence(frame, version, pointer.version if pointer else None, kind,
+                                  margin=cfg.publishing.promote_tolerance if margin is None else margin,
+                                  min_feedback=min_feedback or cfg.traffic.min_feedback, since=since)
     if not ok:
         _fail(RuntimeError(f"not promoted: {kind}: {why}"))
     click.echo(f"{kind}: {why}")

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, DB_OPTION, console, load_config_or_exit
+from flows.commands import CONFIG_OPTION, DB_OPTION, console, load_config_or_exit, open_store
 
 
 def _bench_group() -> click.Group:
@@ -141,7 +141,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
         _atomic_json(json_out, _report_json(*reports))
     if not no_store:
         path = Path(db_path) if db_path else cfg.db_path
-        with _open_store(path, read_only=False) as store:
+        with open_store(path, read_only=False) as store:
             for report in reports:  # one benchmark: the pair shares its id
                 report.bench_id = reports[0].bench_id
                 save_report(store, report)
@@ -154,20 +154,6 @@ def _print_speedups(report: Any, baseline: Any) -> None:
 
     parts = ", ".join(f"c={c}: {x:.2f}x" for c, x in speedups(report, baseline).items())
     click.echo(f"speculative decoding, output tok/s with the draft / without: {parts}")
-
-
-def _open_store(path: Path, read_only: bool) -> Any:
-    """The store, or one clear error when another process holds the DuckDB file's lock."""
-    import duckdb
-
-    from evals.storage.store import Store
-
-    try:
-        return Store(path, read_only=read_only)
-    except duckdb.IOException as exc:
-        raise click.ClickException(
-            f"{path}: cannot open the database ({exc}); another routeopt process may hold it - "
-            "wait for it, or pass --db with another file") from None
 
 
 def _report_json(report: Any, baseline: Any = None) -> dict:
@@ -211,7 +197,7 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
     saved in a run (tokens, and input $ against the same calls without caching)."""
     from evals.selfhost.costmodel import compare as compare_costs
     from evals.selfhost.costmodel import load_caching, load_curve
-    from flows.summary import caching_table
+    from reports.summary import caching_table
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -220,7 +206,7 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
     utilizations = _floats(utils, "--utilization")
     if not utilizations or any(not 0 < u <= 1 for u in utilizations):
         raise click.BadParameter("utilisations must be in (0, 1]", param_hint="--utilization")
-    with _open_store(path, read_only=True) as store:
+    with open_store(path, read_only=True) as store:
         curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
         run_id = run_id or _latest_run(store)
         caching = caching_table(load_caching(store, run_id, cfg.candidates)) if run_id else None

@@ -9,22 +9,11 @@ from typing import Any
 
 import click
 
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit
+from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db
 
 
-def _open_store(config_path: Path | None, db_path: Path | None) -> Any:
-    """Open the outcome store read-only: reports and exports must never take the writer's lock."""
-    import duckdb
-
-    from evals.storage.store import Store
-
-    path = db_path or load_config_or_exit(config_path).db_path
-    if not Path(path).exists():
-        raise click.ClickException(f"{path}: no outcome database; run `routeopt run` first")
-    try:
-        return Store(path, read_only=True)
-    except duckdb.Error as exc:
-        raise click.ClickException(f"{path}: cannot open the outcome database: {exc}") from None
+def _open_store(config_path: Path | None, given: Path | None) -> Any:
+    return open_store(resolve_db(config_path, given), read_only=True)
 
 
 def latest_run(store: Any) -> str:
@@ -53,7 +42,7 @@ def export_parquet_cmd(config_path: Path | None, db_path: Path | None, out_dir: 
 
     Re-exporting a run rewrites its files in place, so the command is safe to repeat nightly.
     """
-    from flows.export import export_parquet
+    from evals.storage.export import export_parquet
 
     with _open_store(config_path, db_path) as store:
         try:
@@ -75,7 +64,8 @@ def export_parquet_cmd(config_path: Path | None, db_path: Path | None, out_dir: 
 def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None, as_json: bool,
               alert: bool, fail_on_regression: bool) -> None:
     """Compare a run (default: the latest) with the runs before it and list what drifted."""
-    from flows.drift import detect_drift, send_alerts, summary_line
+    from evals.storage.drift import detect_drift, summary_line
+    from reports.alerts import send_alerts
 
     cfg = load_config_or_exit(config_path)
     with _open_store(config_path, db_path) as store:
@@ -116,8 +106,8 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
     router's cost-quality trade-off beside single models (from the published policy trained on
     the run, when there is one); per-suite tables; trends; drift alerts. Opens offline.
     """
-    from flows.drift import detect_drift
-    from flows.report import build_report
+    from evals.storage.drift import detect_drift
+    from reports.dashboard import build_report
 
     cfg = load_config_or_exit(config_path) if (db_path is None or config_path is not None) else None
     registry = cfg.registry_dir if cfg is not None else None

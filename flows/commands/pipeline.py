@@ -112,7 +112,7 @@ def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
             shutdown.restore()
     from evals.selfhost.costmodel import load_caching
     from flows.nightly import shared_store
-    from flows.summary import candidate_table, print_summary
+    from reports.summary import candidate_table, print_summary
 
     out = console()
     store = shared_store(Path(result["db_path"]))

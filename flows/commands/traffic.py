@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, verification_keys
+from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db, verification_keys
 from flows.commands.artifacts import ALLOW_UNSIGNED_LOAD, PUBLIC_KEY, REGISTRY, _default_registry, policies
 from flows.commands.gpu import cost
 from flows.commands.router import import_group
@@ -19,23 +19,18 @@ LOG_ARG = click.argument("log", nargs=-1, required=True,
                          type=click.Path(exists=True, path_type=Path))
 
 
-def _db(config_path: Path | None, db_path: Path | None) -> Path:
-    return Path(db_path) if db_path else load_config_or_exit(config_path).db_path
+def _champion(cfg: Any, registry: Any) -> Any:
+    """The verified champion policy of the registry, or None (no registry, no champion, or one
+    that cannot be verified: the caller asks for an explicit candidate instead)."""
+    from artifacts.promotion import champion_policy
+    from artifacts.signing import public_key_path
 
-
-def _store(path: Path, read_only: bool) -> Any:
-    """The store, or one clear error when it is missing or another process holds its lock."""
-    import duckdb
-
-    from evals.storage.store import Store
-
-    if read_only and not path.exists():
-        raise click.ClickException(f"{path}: no database yet; import decision logs first")
+    beside = public_key_path(cfg.signing_key_path())  # else $ROUTEOPT_PUBLIC_KEY
     try:
-        return Store(path, read_only=read_only)
-    except duckdb.Error as exc:
-        raise click.ClickException(f"{path}: cannot open the database ({exc}); another routeopt "
-                                   "process may hold it") from None
+        policy, _ = champion_policy(registry, beside if beside.exists() else None)
+    except Exception:  # noqa: BLE001 - any failure means "name the candidate yourself"
+        return None
+    return policy
 
 
 @import_group.command("decisions")
@@ -46,9 +41,9 @@ def import_decisions_cmd(log: tuple[Path, ...], config_path: Path | None, db_pat
     """Import gateway decision logs (JSONL files or folders) into the store; safe to repeat."""
     from evals.storage.traffic import TrafficImportError, import_decisions
 
-    path = _db(config_path, db_path)
+    path = resolve_db(config_path, db_path)
     try:
-        with _store(path, read_only=False) as store:
+        with open_store(path, read_only=False) as store:
             s = import_decisions(list(log), store)
     except TrafficImportError as exc:
         raise click.ClickException(str(exc)) from None
@@ -76,9 +71,9 @@ def import_feedback_cmd(file: Path, config_path: Path | None, db_path: Path | No
     cost_usd, input_tokens, output_tokens) from a .jsonl, .csv or .parquet FILE."""
     from evals.storage.traffic import TrafficImportError, import_decisions, import_feedback
 
-    path = _db(config_path, db_path)
+    path = resolve_db(config_path, db_path)
     try:
-        with _store(path, read_only=False) as store:
+        with open_store(path, read_only=False) as store:
             if logs:
                 import_decisions(list(logs), store)
             s = import_feedback(file, store, source=source, pass_threshold=pass_threshold)
@@ -112,13 +107,12 @@ def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, 
                        judge: str | None, reference: str | None, registry: str | None, seed: int,
                        suites_dir: Path | None, data_dir: Path | None, max_tokens: int) -> None:
     """Turn logged prompts (where the redaction hook kept text) into eval suites for the nightly."""
-    from evals.storage.traffic import TrafficImportError
-    from flows.live import decisions_from_log
-    from flows.traffic_suite import TrafficSuiteError, build_traffic_suites, strongest_candidate
+    from evals.storage.traffic import TrafficImportError, decisions_from_log
+    from evals.suite.traffic_suite import TrafficSuiteError, build_traffic_suites, strongest_candidate
 
     cfg = load_config_or_exit(config_path)
     if reference == "strongest":
-        reference = strongest_candidate(cfg, registry or cfg.registry_dir)
+        reference = strongest_candidate(cfg, _champion(cfg, registry or cfg.registry_dir))
         if reference is None:
             raise click.ClickException("--reference strongest: no champion policy whose best single "
                                        "candidate is in the config; name the candidate")
@@ -205,9 +199,15 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     sample size; each target is also compared with the first one, paired on the same requests.
     """
     from artifacts.runtime import PolicyLoadError
-    from evals.storage.traffic import TrafficImportError
-    from flows.live import compare, decisions_from_log, decisions_from_store, evaluate, \
-        feedback_from_store, traffic_frame, window
+    from evals.storage.traffic import (
+        TrafficImportError,
+        decisions_from_log,
+        decisions_from_store,
+        feedback_from_store,
+        traffic_frame,
+        window,
+    )
+    from router_training.live import compare, evaluate
 
     registry = registry or _default_registry()
     keys = verification_keys(public_keys, config_path, allow_unsigned)
@@ -221,19 +221,19 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
             click.echo(f"{spec}: not evaluated ({exc})", err=True)
     if not loaded:
         raise click.ClickException(f"{registry}: no policy to evaluate")
-    path = _db(config_path, db_path)
+    path = resolve_db(config_path, db_path)
     try:
         decisions = decisions_from_log(list(logs)) if logs else None
     except TrafficImportError as exc:
         raise click.ClickException(str(exc)) from None
     if path.exists():
-        with _store(path, read_only=True) as store:
+        with open_store(path, read_only=True, missing="import decision logs first") as store:
             decisions = decisions if decisions is not None else decisions_from_store(store, since, until)
             feedback = feedback_from_store(store, feedback_source)
     elif decisions is None:
         raise click.ClickException(f"{path}: no database; give --log or import decision logs first")
     else:
-        feedback = feedback_from_store(_NoStore(), feedback_source)
+        feedback = feedback_from_store(None)
     frame = traffic_frame(window(decisions, since, until) if logs else decisions, feedback)
     if frame.empty:
         raise click.ClickException("no logged decisions in the window")
@@ -244,13 +244,6 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
                                "differences": {k: d.to_dict() for k, d in diffs}}, indent=2, default=str))
         return
     _print_estimates(results, diffs)
-
-
-class _NoStore:
-    """A store without tables (feedback lives only in a database)."""
-
-    def has_table(self, name: str) -> bool:
-        return False
 
 
 # -- cost plan --------------------------------------------------------------------------------
@@ -271,10 +264,15 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
              gpus: int | None, since: str | None, min_good: float, as_json: bool) -> None:
     """Monthly cost of the routed traffic on provider APIs vs each open model's share on GPUs."""
     from evals.selfhost.costmodel import load_curve
-    from evals.storage.traffic import TrafficImportError
-    from flows.costplan import cost_plan, format_plan
-    from flows.live import decisions_from_log, decisions_from_store, feedback_from_store, \
-        traffic_frame, window
+    from evals.selfhost.costplan import cost_plan, format_plan
+    from evals.storage.traffic import (
+        TrafficImportError,
+        decisions_from_log,
+        decisions_from_store,
+        feedback_from_store,
+        traffic_frame,
+        window,
+    )
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -283,9 +281,9 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
     except TrafficImportError as exc:
         raise click.ClickException(str(exc)) from None
     curves: dict[str, list] = {}
-    feedback = feedback_from_store(_NoStore())
+    feedback = feedback_from_store(None)
     if path.exists():
-        with _store(path, read_only=True) as store:
+        with open_store(path, read_only=True, missing="import decision logs first") as store:
             if decisions is None:
                 decisions = decisions_from_store(store, since)
             feedback = feedback_from_store(store)

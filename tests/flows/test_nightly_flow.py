@@ -62,8 +62,8 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
     files and manifests, the signing key folder, a Parquet export, the logs, Prefect's logs and
     artifacts, and every record logged at DEBUG. Each search is shown to see its content (it
     finds a known string)."""
-    from flows.export import export_parquet
-    from flows.nightly import shared_store, close_store
+    from evals.storage.export import export_parquet
+    from flows.nightly import close_store, shared_store
 
     sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
             for r in strong.requests + weak.requests}
@@ -248,8 +248,8 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     """Two deployments over disjoint candidate subsets run on alternate nights. Each trains on
     the latest outcomes of every candidate, so the champion routes over the whole fleet and
     does not flip from one subset to the other every night."""
+    from artifacts.promotion import champion_policy
     from flows.nightly import close_store, nightly
-    from flows.promotion import champion_policy
 
     monkeypatch.setenv("OPS_SPLIT_KEY", "sk-split-test")
     good, bad = two_servers

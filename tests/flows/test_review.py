@@ -9,8 +9,8 @@ import pytest
 from evals.config import AlertSettings, Candidate, Config
 from evals.storage.store import Store
 from flows.review import default_report_path, review_run
-from tests.flows.ops_history import Regression, make_history
-from tests.flows.ops_receiver import receiver  # noqa: F401 (a fixture)
+from tests.ops_history import Regression, make_history
+from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow  # needs the session Prefect server
 

@@ -113,7 +113,7 @@ def test_summary_and_cost_compare_show_what_caching_saved(tmp_path, fake_llm):
 
     from evals.config import load_config
     from flows.cli import cli
-    from flows.summary import print_summary
+    from reports.summary import print_summary
 
     suite_path = few_shot_suite(tmp_path / "suites", 5)
     cfg_path = tmp_path / "routeopt.yaml"

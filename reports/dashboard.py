@@ -17,11 +17,12 @@ from typing import Any
 import pandas as pd
 
 from common.io import atomic_write
+from evals.storage.drift import DriftReport
 from evals.storage.labels import LABELS, LabelSql
 from evals.storage.store import Store
-from flows.charts import Axis, Series, chart
-from flows.drift import DriftReport
-from flows.live import live_summary
+from evals.storage.traffic import load_traffic
+from reports.charts import Axis, Series, chart
+from router_training.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
 LIVE = f"error_kind IS NULL AND {L.live}"  # answers measured in this run: times come from these
@@ -165,8 +166,17 @@ def gather(
         drift=drift,
         metrics=metrics,
         policy_version=version,
-        live=live_summary(store, until=_run_end(info), days=live_days),
+        live=_live(store, _run_end(info), live_days),
     )
+
+
+def _live(store: Store, until: str | None, days: float) -> dict[str, Any] | None:
+    """Champion vs candidate on the logged traffic of the `days` before `until` (default: now)."""
+    end = pd.Timestamp(until) if until else pd.Timestamp.now(tz="UTC")
+    end = end.tz_localize("UTC") if end.tzinfo is None else end
+    start = end - pd.Timedelta(days=days)
+    frame = load_traffic(store, since=start.isoformat(), until=end.isoformat())
+    return live_summary(frame, start.isoformat(), end.isoformat())
 
 
 def _run_end(run: dict[str, Any]) -> str | None:
@@ -250,7 +260,7 @@ def render_html(data: ReportData) -> str:
     """The whole page as one string."""
     from jinja2 import Environment
 
-    from flows.report_page import PAGE
+    from reports.dashboard_page import PAGE
 
     env = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
@@ -356,11 +366,7 @@ def publish_prefect_artifacts(
 ) -> list[Any]:
     """Candidates and per-suite tables, router and drift summary (and a link to the HTML
     report) as Prefect artifacts; called inside the nightly flow they attach to its run."""
-    from prefect.artifacts import (
-        create_link_artifact,
-        create_markdown_artifact,
-        create_table_artifact,
-    )
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
     data = gather(store, run_id, drift=drift, metrics=metrics, trend_runs=1)
     suite_rows = [dict(r, suite=s) for s, rows in data.suites.items() for r in rows]

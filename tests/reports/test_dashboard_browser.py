@@ -19,10 +19,10 @@ from typing import Any, Iterator
 
 import pytest
 
+from evals.storage.drift import detect_drift
 from evals.storage.store import Store
-from flows.drift import detect_drift
-from flows.report import build_report, candidate_stats
-from tests.flows.ops_history import Regression, make_history
+from reports.dashboard import build_report, candidate_stats
+from tests.ops_history import Regression, make_history
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 pytestmark = [

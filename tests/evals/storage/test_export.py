@@ -8,9 +8,9 @@ import duckdb
 import pyarrow.dataset as ds
 import pytest
 
+from evals.storage.export import export_parquet
 from evals.storage.store import Outcome, Store
-from flows.export import export_parquet
-from tests.flows.ops_history import make_history
+from tests.ops_history import make_history
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 
 from evals.selfhost.costmodel import (
-    HOURS_PER_MONTH, GpuPlan, capacity_tok_s, gpu_plan, measured_ratio, traffic_break_even,
+    HOURS_PER_MONTH,
+    GpuPlan,
+    capacity_tok_s,
+    gpu_plan,
+    measured_ratio,
+    traffic_break_even,
 )
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from evals.config import Config
 from evals.selfhost.costmodel import ThroughputPoint, gpu_plan, traffic_break_even
+from evals.selfhost.costplan import cost_plan, format_plan, model_traffic
 from flows.cli import cli
-from flows.costplan import cost_plan, format_plan, model_traffic
 from tests.evals.storage.test_traffic import decision, write_log
 from tests.fake_llm import FakeLLM
 

@@ -206,17 +206,8 @@ def build_traffic_suites(decisions: pd.DataFrame, n: int, *, cfg: Any, name: str
                         references=refs, strata=strata, max_tokens=max_tokens)
 
 
-def strongest_candidate(cfg: Any, registry: Any = None) -> str | None:
+def strongest_candidate(cfg: Any, champion: Any) -> str | None:
     """The champion policy's reference model (its best single candidate), if it is in the config."""
-    if registry is None:
-        return None
-    try:
-        from artifacts.signing import public_key_path
-        from flows.promotion import champion_policy
-
-        beside = public_key_path(cfg.signing_key_path())  # else $ROUTEOPT_PUBLIC_KEY
-        policy, _ = champion_policy(registry, beside if beside.exists() else None)
-    except Exception:  # no registry or no champion: the caller says to pass --reference
-        return None
     names = {c.name for c in cfg.candidates}
-    return policy.reference_model if policy is not None and policy.reference_model in names else None
+    model = getattr(champion, "reference_model", None)
+    return model if model in names else None

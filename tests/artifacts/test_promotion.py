@@ -1,4 +1,4 @@
-"""The nightly's promotion gate (`flows.promotion`): real policies scored on recorded outcomes."""
+"""The nightly's promotion gate (`artifacts.promotion`): real policies scored on recorded outcomes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from flows.promotion import decide_promotion, heldout, score_on
+from artifacts.promotion import decide_promotion, heldout, score_on
 from router_training.data import routing_data
 from tests.artifacts.policies import make_policy, synthetic_frame
 

@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from artifacts.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
 from evals.storage.store import Store
-from evals.storage.traffic import import_decisions, import_feedback
+from evals.storage.traffic import import_decisions, import_feedback, load_traffic
 from flows.cli import cli
-from flows.live import (
-    Comparison, PolicyOnTraffic, canary_arms, decisions_from_store, evaluate, feedback_from_store,
-    live_comparison, traffic_frame,
-)
-from flows.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
+from router_training.live import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
 from router_training.offpolicy import Estimate
 from tests.artifacts.policies import make_policy, synthetic_frame
 from tests.benchmarks import load
@@ -70,7 +67,7 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
         fb.write_text("".join(json.dumps({"request_id": r["request_id"], "passed": True, "cost_usd": 0.01})
                               + "\n" for r in records))
         import_feedback(fb, store)
-        frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
+        frame = load_traffic(store)
     policy = TextPolicy()
     est = evaluate(frame, 2, policy)
     assert policy.seen == ["keep me", "t2", "t3"]  # text is used only where nothing else says
@@ -145,7 +142,7 @@ def test_the_gate_sees_a_worse_policy_on_live_traffic(pair, replayed) -> None:
     champion, second = pair
     _, stores, fleet, _ = replayed
     with Store(stores["text"], read_only=True) as store:
-        live = live_comparison(store, second, 2, champion, 1)
+        live = live_comparison(load_traffic(store), second, 2, champion, 1)
     (true_new, _), (true_old, _) = tr.truth(second, fleet), tr.truth(champion, fleet)
     d = live.pass_rate_diff
     assert d.n == 600 and d.covers(true_new - true_old) and d.high < 0
@@ -158,14 +155,15 @@ def test_rollout_evidence_for_shadow_and_canary(replayed) -> None:
     _, stores, _, _ = replayed
     for kind in ("shadow", "canary"):
         with Store(stores[kind], read_only=True) as store:
-            ok, why, detail = rollout_evidence(store, 2, 1, kind, margin=0.01, min_feedback=10_000)
-            assert not ok and "10000 needed" in why
-            ok, why, detail = rollout_evidence(store, 2, 1, kind, margin=0.01, min_feedback=50)
-            assert not ok and detail and "not shown to be within 0.01" in why  # the candidate is worse
-            ok, why, _ = rollout_evidence(store, 2, 1, kind, margin=1.0, min_feedback=50)
-            assert ok and "within 1 of the champion" in why, why
+            frame = load_traffic(store)
+        ok, why, detail = rollout_evidence(frame, 2, 1, kind, margin=0.01, min_feedback=10_000)
+        assert not ok and "10000 needed" in why
+        ok, why, detail = rollout_evidence(frame, 2, 1, kind, margin=0.01, min_feedback=50)
+        assert not ok and detail and "not shown to be within 0.01" in why  # the candidate is worse
+        ok, why, _ = rollout_evidence(frame, 2, 1, kind, margin=1.0, min_feedback=50)
+        assert ok and "within 1 of the champion" in why, why
     with Store(stores["canary"], read_only=True) as store:
-        frame = traffic_frame(decisions_from_store(store), feedback_from_store(store))
+        frame = load_traffic(store)
     arms = canary_arms(frame, 2)
     assert 0.1 < arms.candidate.n / (arms.candidate.n + arms.champion.n) < 0.3  # canary share 0.2
     assert arms.difference.value < 0
@@ -223,7 +221,7 @@ def test_cli_promote_accepts_a_shadow_that_is_not_worse(pair, tmp_path) -> None:
 def test_the_dashboard_shows_champion_and_candidate_on_live_traffic(replayed, tmp_path) -> None:
     import shutil
 
-    from flows.report import build_report, gather
+    from reports.dashboard import build_report, gather
 
     _, stores, _, _ = replayed
     for mode in ("shadow", "canary"):

@@ -3,7 +3,7 @@ same held-out items, it passes as often (within tolerance) and costs no more, an
 routes to has significantly regressed.
 
 Where the gateways' decision logs hold enough requests with feedback, live traffic is a second
-source of evidence (`flows.live`): both policies are scored off-policy on the same logged
+source of evidence (`router_training.live`): both policies are scored off-policy on the same logged
 requests, and the new one must not be significantly worse (its pass rate's difference not below
 -tolerance with 95% confidence, its cost not significantly higher). `decided_by` says which
 evidence decided.
@@ -22,7 +22,7 @@ from router_training.data import RoutingData, routing_data
 from router_training.policy import RoutingPolicy
 
 if TYPE_CHECKING:
-    from flows.live import Comparison
+    from router_training.live import Comparison
 
 CHAMPION = "champion"
 
@@ -74,7 +74,7 @@ def decide_promotion(
     require_live: bool = False,
 ) -> PromotionDecision:
     """Compare both policies on the same held-out items and, when there is enough of it, on live
-    traffic (`flows.live.compare`), and say whether the new one may lead and which evidence decided."""
+    traffic (`router_training.live.compare`), and say whether the new one may lead and which evidence decided."""
     held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
                                  blocking=blocking, vacant=vacant)
     if blocking:
@@ -183,26 +183,24 @@ def champion_version(registry: Path | str, public_key: Any) -> tuple[RoutingPoli
     return router.policy, router.version, ""
 
 
-def rollout_evidence(store: Any, version: int, champion_version: int | None, kind: str, *,
-                     margin: float, min_feedback: int, since: str | None = None,
-                     source: str | None = None) -> tuple[bool, str, dict[str, Any]]:
-    """Whether a shadow or canary of `version` on live traffic shows it is no worse than the
-    champion: its pass rate's difference is above -margin with 95% confidence (non-inferiority;
-    too little traffic shows nothing and does not promote), and its cost not significantly higher.
+def rollout_evidence(frame: pd.DataFrame, version: int, champion_version: int | None, kind: str, *,
+                     margin: float, min_feedback: int, since: str | None = None) -> tuple[bool, str, dict[str, Any]]:
+    """Whether a shadow or canary of `version` on live traffic (a traffic frame of
+    `evals.storage.traffic`, logged since `since`) shows it is no worse than the champion: its
+    pass rate's difference is above -margin with 95% confidence (non-inferiority; too little
+    traffic shows nothing and does not promote), and its cost not significantly higher.
 
     shadow: both policies' choices are known on the logged requests (one served, the other was
     shadowed), so they are compared off-policy, paired on the same requests. canary: the requests
     the candidate served are compared with the champion's, arm against arm (the split is a hash
     of the request id, so this is a randomised comparison).
     """
-    from flows.live import canary_arms, compare, decisions_from_store, evaluate, feedback_from_store, \
-        traffic_frame
+    from router_training.live import canary_arms, compare, evaluate
 
     if kind not in ("shadow", "canary"):
         raise ValueError(f"kind must be 'shadow' or 'canary', got {kind!r}")
     if champion_version is None:
         return True, "no champion yet", {}
-    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
     if frame.empty:
         return False, f"no logged decisions{' since ' + since if since else ''}", {}
     if kind == "canary":

@@ -9,16 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evals.storage.drift import detect_drift
 from evals.storage.store import Store
-from flows.drift import detect_drift
-from flows.report import (
-    build_report,
-    candidate_stats,
-    gather,
-    publish_prefect_artifacts,
-    render_html,
-)
-from tests.flows.ops_history import Regression, make_history
+from reports.dashboard import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
+from tests.ops_history import Regression, make_history
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +110,6 @@ def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
 
 def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: Path):
     from artifacts.registry import publish
-
     from artifacts.signing import generate_keys
 
     key, _ = generate_keys(tmp_path / "keys")
@@ -186,7 +179,7 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
 
 
 def test_charts_log_axis_and_empty_data():
-    from flows.charts import Axis, Series, chart
+    from reports.charts import Axis, Series, chart
 
     svg = chart("c", [Series("a", [1e-6, 1e-4, 1e-2], [0.5, 0.7, 0.9], ["x", "y", "z"])],
                 Axis("cost", log=True, fmt=".0e"), Axis("q"), chart_id="t")

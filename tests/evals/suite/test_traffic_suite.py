@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evals.config import load_config
+from evals.suite.traffic_suite import allocate
 from flows.cli import cli
-from flows.traffic_suite import allocate
 from tests.evals.storage.test_traffic import decision, write_log
 from tests.fake_llm import FakeLLM, default_answer
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from artifacts.promotion import champion_policy, decide_promotion
 from artifacts.registry import move_channel, publish
 from artifacts.runtime import PolicyLoadError, load
-from flows.promotion import champion_policy, decide_promotion
 from tests.artifacts.policies import make_policy
 from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
 
@@ -78,9 +78,9 @@ def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(tmp
 
 
 def _no_items():
-    from router_training.data import RoutingData
-
     import numpy as np
+
+    from router_training.data import RoutingData
 
     return RoutingData(request_ids=[], prompts=[], suites=[], candidates=[], Y=np.zeros((0, 0)),
                        C=np.zeros((0, 0)))

@@ -1,5 +1,7 @@
 """Policies on live traffic: off-policy estimates from the gateways' decision logs and feedback.
 
+The traffic frame (decisions joined with their feedback) comes from `evals.storage.traffic`.
+
 A logged request tells what the policy that served it chose, with which probability
 (`propensity`), and, once feedback arrives, whether it passed and what it cost. Any published
 policy can be scored on those requests (`router_training.offpolicy`) if its choice for each of
@@ -17,94 +19,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from router_training import offpolicy as ope
 from router_training.offpolicy import Estimate
-
-COLUMNS = ("request_id", "time", "suite", "quality_target", "text", "channel", "policy_version",
-           "model", "propensity", "policy_model", "explored", "exploration_rate", "eligible_json",
-           "pass_probabilities_json",
-           "expected_cost_json", "shadow_version", "shadow_model", "shadow_json",
-           "input_tokens", "output_tokens", "cost_usd", "prompt_chars", "prompt_hash")
-FEEDBACK_COLUMNS = ["request_id", "passed", "feedback_cost_usd", "feedback_input_tokens",
-                    "feedback_output_tokens", "sources"]
-
-
-# -- loading the traffic ----------------------------------------------------------------------
-
-
-def decisions_from_store(store: Any, since: str | None = None, until: str | None = None) -> pd.DataFrame:
-    """Logged decisions in [since, until) (ISO dates or times), oldest first."""
-    if not store.has_table("decisions"):
-        return pd.DataFrame(columns=list(COLUMNS))
-    where, params = [], []
-    if since:
-        where.append("time >= CAST(? AS TIMESTAMPTZ)")
-        params.append(since)
-    if until:
-        where.append("time < CAST(? AS TIMESTAMPTZ)")
-        params.append(until)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    return store.query(f"SELECT {', '.join(COLUMNS)} FROM decisions {clause} ORDER BY time", params)
-
-
-def decisions_from_log(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
-    """The same frame read straight from decision log files (first record per request id)."""
-    from evals.storage.traffic import log_files, read_log
-
-    rows, usage, _ = read_log(log_files(paths))
-    frame = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in
-                                        ("input_tokens", "output_tokens", "cost_usd")])
-    frame = frame.drop_duplicates("request_id", keep="first")
-    if usage:
-        sums = pd.DataFrame(usage).groupby("request_id")[["input_tokens", "output_tokens", "cost_usd"]] \
-            .sum(min_count=1)
-        frame = frame.merge(sums, how="left", left_on="request_id", right_index=True)
-    for c in ("input_tokens", "output_tokens", "cost_usd"):
-        if c not in frame:
-            frame[c] = np.nan
-    return frame.sort_values("time", kind="stable").reset_index(drop=True)
-
-
-def feedback_from_store(store: Any, source: str | None = None) -> pd.DataFrame:
-    """Per request: the mean of its feedback's `passed` over sources (or one source) and cost."""
-    if not store.has_table("feedback"):
-        return pd.DataFrame(columns=FEEDBACK_COLUMNS)
-    clause, params = ("WHERE source = ?", [source]) if source else ("", [])
-    return store.query(
-        "SELECT request_id, avg(CAST(passed AS DOUBLE)) AS passed, avg(cost_usd) AS feedback_cost_usd, "
-        "avg(input_tokens) AS feedback_input_tokens, avg(output_tokens) AS feedback_output_tokens, "
-        f"count(*) AS sources FROM feedback {clause} GROUP BY request_id", params)
-
-
-def window(decisions: pd.DataFrame, since: str | None, until: str | None) -> pd.DataFrame:
-    """The decisions in [since, until) (ISO dates or times, UTC unless they say otherwise)."""
-    if not since and not until:
-        return decisions
-    t = pd.to_datetime(decisions["time"], utc=True)
-    keep = np.ones(len(decisions), dtype=bool)
-    if since:
-        keep &= (t >= pd.Timestamp(since, tz="UTC") if pd.Timestamp(since).tzinfo is None
-                 else t >= pd.Timestamp(since)).to_numpy()
-    if until:
-        keep &= (t < pd.Timestamp(until, tz="UTC") if pd.Timestamp(until).tzinfo is None
-                 else t < pd.Timestamp(until)).to_numpy()
-    return decisions[keep].reset_index(drop=True)
-
-
-def traffic_frame(decisions: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFrame:
-    """Decisions with their feedback; `cost` is the observed cost (feedback, else usage)."""
-    frame = decisions.merge(feedback, how="left", on="request_id")
-    fb_cost = pd.to_numeric(frame.get("feedback_cost_usd"), errors="coerce")
-    frame["cost"] = fb_cost.fillna(pd.to_numeric(frame["cost_usd"], errors="coerce"))
-    frame["passed"] = pd.to_numeric(frame["passed"], errors="coerce")
-    return frame
-
 
 # -- one policy's view of the logged requests -------------------------------------------------
 
@@ -349,15 +270,11 @@ def canary_arms(frame: pd.DataFrame, version: int | None = None, z: float = ope.
                       ope.mean_estimate(cb, z=z, bounds=(0, math.inf)))
 
 
-def live_comparison(store: Any, new_policy: Any, new_version: int | None, champion_policy: Any,
-                    champion_version: int | None, *, since: str | None = None,
-                    source: str | None = None) -> Comparison | None:
-    """The new policy against the champion on the logged traffic since `since` (None without a
-    champion or without logged decisions)."""
-    if champion_policy is None:
-        return None
-    frame = traffic_frame(decisions_from_store(store, since), feedback_from_store(store, source))
-    if frame.empty:
+def live_comparison(frame: pd.DataFrame, new_policy: Any, new_version: int | None,
+                    champion_policy: Any, champion_version: int | None) -> Comparison | None:
+    """The new policy against the champion on a traffic frame (None without a champion or
+    without logged decisions)."""
+    if champion_policy is None or frame.empty:
         return None
     new = evaluate(frame, new_version, new_policy, label="new")
     old = evaluate(frame, champion_version, champion_policy, label="champion")
@@ -378,17 +295,10 @@ def _versions(frame: pd.DataFrame) -> tuple[int | None, int | None]:
     return champion, latest(pd.concat([shadow, canary]))
 
 
-def live_summary(store: Any, *, until: str | None = None, days: float = 14.0) -> dict[str, Any] | None:
-    """Champion vs candidate on the logged traffic of the `days` before `until` (the dashboard's
-    section): counts, off-policy estimates from the logs alone (served and shadow records), the
-    paired difference, and the canary arms. None without logged decisions."""
-    if not store.has_table("decisions"):
-        return None
-    end = pd.Timestamp(until) if until else pd.Timestamp.now(tz="UTC")
-    end = end.tz_localize("UTC") if end.tzinfo is None else end
-    start = end - pd.Timedelta(days=days)
-    frame = traffic_frame(decisions_from_store(store, start.isoformat(), end.isoformat()),
-                          feedback_from_store(store))
+def live_summary(frame: pd.DataFrame, since: str, until: str) -> dict[str, Any] | None:
+    """Champion vs candidate on the traffic frame of [since, until) (the dashboard's section):
+    counts, off-policy estimates from the logs alone (served and shadow records), the paired
+    difference, and the canary arms. None without logged decisions."""
     if frame.empty:
         return None
     champion_v, candidate_v = _versions(frame)
@@ -398,7 +308,7 @@ def live_summary(store: Any, *, until: str | None = None, days: float = 14.0) ->
     diff = compare(frame, policies[1], policies[0]) if len(policies) == 2 else None
     canary = (frame["channel"] == "candidate").any()
     return {
-        "since": start.isoformat(), "until": end.isoformat(), "logged": len(frame),
+        "since": since, "until": until, "logged": len(frame),
         "feedback": int(frame["passed"].notna().sum()),
         "explored": float(frame["explored"].fillna(False).astype(bool).mean()),
         "with_text": float(frame["text"].map(lambda t: isinstance(t, str)).mean()),
