@@ -32,7 +32,8 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}"
 )
 EVAL_SEED_OFFSET = 1_000_003
-EVAL_PER_DIFFICULTY = 25
+EVAL_PER_DIFFICULTY = 75
+EVAL_SHARE_OF_SPACE = 4  # at most a quarter of a level's distinct prompts is held out from training
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _TASK_MIX = ("reverse", "add", "sort", "add")  # addition is the slowest to learn: twice the share
 
@@ -71,6 +72,24 @@ def make_example(task: str, difficulty: int, rng: random.Random) -> Example:
     raise ValueError(f"unknown zoo task {task!r}; known: {list(TASKS)}")
 
 
+def prompt_space(task: str, difficulty: int) -> int:
+    """How many distinct prompts a (task, difficulty) level has (see `make_example`)."""
+    if task == "reverse":
+        return len(_LETTERS) ** (difficulty + 1)
+    if task == "sort":
+        return 10 ** (difficulty + 1)
+    long, short = ADD_DIGITS[difficulty]
+    numbers = {d: 10 if d == 1 else 9 * 10 ** (d - 1) for d in (long, short)}
+    return numbers[long] * numbers[short] * (1 if long == short else 2)  # operands in either order
+
+
+def eval_count(task: str, difficulty: int, per_difficulty: int = EVAL_PER_DIFFICULTY) -> int:
+    """Held-out items of a level: `per_difficulty`, but never more than a quarter of its
+    distinct prompts, so training still sees most of a small level (add and sort at level 1
+    have 100 prompts each)."""
+    return min(per_difficulty, prompt_space(task, difficulty) // EVAL_SHARE_OF_SPACE)
+
+
 def eval_examples(task: str, seed: int = 0,
                   per_difficulty: int = EVAL_PER_DIFFICULTY) -> list[Example]:
     """The held-out eval items of one task: distinct prompts from a seed training never uses."""
@@ -79,7 +98,8 @@ def eval_examples(task: str, seed: int = 0,
     for d in DIFFICULTIES:
         seen: set[str] = set()
         tries = 0
-        while len(seen) < per_difficulty and tries < per_difficulty * 200:
+        want = eval_count(task, d, per_difficulty)
+        while len(seen) < want and tries < want * 200:
             tries += 1
             ex = make_example(task, d, rng)
             if ex.prompt not in seen:
@@ -287,8 +307,12 @@ def _build_one(spec: ModelSpec, out_dir: Path, seed: int, threads: int | None,
     torch.use_deterministic_algorithms(True)
     tok = build_tokenizer()
     held_out = [ex for task in TASKS for ex in eval_examples(task, seed)]
-    measured = [ex for n, ex in enumerate(held_out)
-                if n % EVAL_PER_DIFFICULTY < measure_per_difficulty]
+    rank: dict[tuple[str, int], int] = {}
+    measured = []
+    for ex in held_out:  # the first `measure_per_difficulty` items of each level
+        n = rank[ex.task, ex.difficulty] = rank.get((ex.task, ex.difficulty), -1) + 1
+        if n < measure_per_difficulty:
+            measured.append(ex)
     t0 = time.perf_counter()
     model = train_model(spec, tok, seed, {ex.prompt for ex in held_out}, log)
     train_s = time.perf_counter() - t0

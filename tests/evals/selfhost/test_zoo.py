@@ -41,7 +41,8 @@ def test_eval_items_are_deterministic_distinct_and_banned_from_training() -> Non
     items = zoo.eval_examples("add", seed=0)
     assert items == zoo.eval_examples("add", seed=0)
     assert items != zoo.eval_examples("add", seed=1)
-    assert len(items) == len(zoo.DIFFICULTIES) * zoo.EVAL_PER_DIFFICULTY
+    per_level = [sum(e.difficulty == d for e in items) for d in zoo.DIFFICULTIES]
+    assert per_level == [25] + [zoo.EVAL_PER_DIFFICULTY] * 5  # a quarter of level 1's 100 sums
     assert len({e.prompt for e in items}) == len(items)
     banned = {e.prompt for e in items if e.difficulty == 1}
     rng = random.Random(0)
@@ -51,6 +52,15 @@ def test_eval_items_are_deterministic_distinct_and_banned_from_training() -> Non
     assert len(drawn) == 100 - len(banned)  # every other 1-digit sum is still trained on
 
 
+def test_prompt_space_counts_every_distinct_prompt() -> None:
+    """The counts `eval_count` caps by, against an exhaustive draw of the small levels."""
+    rng = random.Random(0)
+    for task, d in (("add", 1), ("add", 2), ("sort", 1), ("reverse", 1)):
+        drawn = {zoo.make_example(task, d, rng).prompt for _ in range(60_000)}
+        assert len(drawn) == zoo.prompt_space(task, d), (task, d)
+    assert zoo.prompt_space("add", 6) == 9000 * 9000 and zoo.prompt_space("sort", 6) == 10**7
+
+
 def test_committed_eval_data_is_what_the_code_generates(tmp_path: Path) -> None:
     zoo.write_eval_data(tmp_path, seed=0)
     for task in zoo.TASKS:
@@ -58,7 +68,7 @@ def test_committed_eval_data_is_what_the_code_generates(tmp_path: Path) -> None:
         assert committed.read_bytes() == (tmp_path / f"{task}.jsonl").read_bytes(), task
         rows = [json.loads(line) for line in committed.read_text().splitlines()]
         assert all({"id", "difficulty", "input", "answer"} <= set(r) for r in rows)
-        assert 120 <= len(rows) <= 200
+        assert len(rows) == sum(zoo.eval_count(task, d) for d in zoo.DIFFICULTIES)
 
 
 def test_suites_load_and_render_the_training_format() -> None:
