@@ -277,6 +277,19 @@ class PublishSettings(BaseModel):
     expires_days: float = Field(default=30.0, gt=0)
 
 
+class PreflightSettings(BaseModel):
+    """One tiny request per candidate before the first suite (`evals.execution.preflight`): a
+    wrong key, model name, URL or port is named in seconds, and the run stops before spending
+    anything, instead of measuring a broken candidate as a model that fails every item."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # go on without the candidates that fail it (they are left out of training and the policy)
+    skip_broken: bool = False
+    timeout_s: float = Field(default=20.0, gt=0)  # per probe, model loading excluded
+
+
 class BudgetSettings(BaseModel):
     """Spend caps of one run in USD (enforced by `evals.execution.budget.Budget`); None is no cap."""
 
@@ -360,6 +373,7 @@ class Config(BaseModel):
     router: RouterSettings = RouterSettings()
     publishing: PublishSettings = PublishSettings()
     budget: BudgetSettings = BudgetSettings()
+    preflight: PreflightSettings = PreflightSettings()
     alerts: AlertSettings = AlertSettings()
     traffic: TrafficSettings = TrafficSettings()
     source_path: Path | None = Field(default=None, exclude=True)

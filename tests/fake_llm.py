@@ -329,8 +329,8 @@ class FakeLLM:
             self.reset()
             await _send_json(writer, 200, {"ok": True})
             return
-        kind = "openai" if req.path.endswith("/chat/completions") else (
-            "anthropic" if req.path.endswith("/messages") else None)
+        # The real routes only: a base URL with a wrong path gets the 404 a real server sends.
+        kind = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}.get(req.path.split("?")[0])
         if req.method != "POST" or kind is None:
             await _send_json(writer, 404, {"error": {"message": f"no route {req.path}"}})
             return

@@ -89,6 +89,21 @@ CREATE TABLE IF NOT EXISTS outcomes (
     streamed BOOLEAN,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
+CREATE TABLE IF NOT EXISTS preflight (
+    run_id VARCHAR NOT NULL,
+    candidate VARCHAR NOT NULL,
+    checked_at TIMESTAMPTZ NOT NULL,
+    endpoint VARCHAR,
+    verdict VARCHAR NOT NULL,
+    error_kind VARCHAR,
+    error VARCHAR,
+    status INTEGER,
+    latency_s DOUBLE,
+    cost_usd DOUBLE,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    streamed BOOLEAN
+);
 CREATE TABLE IF NOT EXISTS decisions (
     request_id VARCHAR PRIMARY KEY,
     time TIMESTAMPTZ NOT NULL,
@@ -328,6 +343,22 @@ class Store:
                 "outcomes would mix both. Start a new run instead (run again without --run-id, "
                 f"or with a new one); the outcomes recorded under {run_id!r} stay as they are."
             )
+
+    def record_preflight(self, run_id: str, probes: Iterable[dict]) -> None:
+        """Keep each candidate's preflight probe (`evals.execution.preflight.Probe` as a dict):
+        its verdict, what the endpoint said and what it cost (counted in the run's spend). A run
+        that stopped on its preflight has these rows and no `runs` row."""
+        now = _now()
+        self._write(
+            "INSERT INTO preflight VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, p["candidate"], now, p.get("endpoint"), p["verdict"], p.get("error_kind"),
+              p.get("error"), p.get("status"), p.get("latency_s"), p.get("cost_usd"),
+              p.get("input_tokens"), p.get("output_tokens"), p.get("streamed")) for p in probes])
+
+    def run_exists(self, run_id: str) -> bool:
+        """Whether this file has begun a run with this id (resumable or finished)."""
+        with self._lock:
+            return self._con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
 
     def finish_run(self, run_id: str, status: str = "completed") -> None:
         self._write(
