@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from evals.storage.labels import LabelSql
+from evals.storage.labels import MISCONFIGURED, SAME_ERROR_MIN_ROWS, LabelSql, same_error_sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -209,10 +209,10 @@ def _now() -> datetime:
 
 
 # Errors on our side leave an item for a resumed run: a spend cap (more budget), an endpoint
-# that stayed down past the breaker's wait, a refused API key (once it is fixed). Their rows
-# are placeholders that a later outcome replaces; every other stored row is final and a
-# repeat write keeps it.
-RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth")
+# that stayed down past the breaker's wait, a refused API key (once it is fixed), the same error
+# on every call (once the configuration is fixed). Their rows are placeholders that a later
+# outcome replaces; every other stored row is final and a repeat write keeps it.
+RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth", MISCONFIGURED)
 _RESUMABLE_SQL = ", ".join(f"'{k}'" for k in RESUMABLE_ERROR_KINDS)
 _REPLACE_PLACEHOLDERS = (
     ", ".join(f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in
@@ -354,6 +354,17 @@ class Store:
             [(run_id, p["candidate"], now, p.get("endpoint"), p["verdict"], p.get("error_kind"),
               p.get("error"), p.get("status"), p.get("latency_s"), p.get("cost_usd"),
               p.get("input_tokens"), p.get("output_tokens"), p.get("streamed")) for p in probes])
+
+    def mark_same_errors(self, run_id: str, min_rows: int = SAME_ERROR_MIN_ROWS) -> list[dict]:
+        """Apply the same-error rule of `evals.storage.labels` to one run: the rows of each
+        candidate whose every call got the same error become `misconfigured` (the message keeps
+        their former kind). Returns one dict per such candidate: candidate, n, error_kind, error."""
+        found = self.query(same_error_sql(), [run_id, min_rows]).to_dict("records")
+        self._write(
+            "UPDATE outcomes SET error = error_kind || ': ' || coalesce(error, ''), error_kind = ? "
+            "WHERE run_id = ? AND candidate = ? AND error_kind = ? AND coalesce(error, '') = ?",
+            [(MISCONFIGURED, run_id, f["candidate"], f["error_kind"], f["error"] or "") for f in found])
+        return [{**f, "n": int(f["n"])} for f in found]
 
     def run_exists(self, run_id: str) -> bool:
         """Whether this file has begun a run with this id (resumable or finished)."""
