@@ -94,6 +94,13 @@ def default_answer(prompt: str) -> str:
     return f"echo: {MARKER.sub('', prompt).strip()}"
 
 
+def fails_odd_answers(prompt: str) -> str:
+    """A weak model: "0" where the right answer is odd; any other prompt (a preflight probe) as
+    `default_answer`."""
+    answer = default_answer(prompt)
+    return "0" if answer.lstrip("-").isdigit() and int(answer) % 2 else answer
+
+
 @dataclass
 class FaultPlan:
     """Which fault (if any) a request gets: prompt markers first, else a seeded mix."""

@@ -55,6 +55,10 @@ _CONFIG_BODY = re.compile(
 _SENT_TO = re.compile(r" \((?:GET|POST|PUT|PATCH|DELETE) \S+\)$")  # `sdk._sent_to`'s suffix
 
 
+class PreflightFailed(RuntimeError):
+    """A candidate failed its preflight and the run was not told to go on without it."""
+
+
 @dataclass
 class Probe:
     """One candidate's preflight: the verdict, what the endpoint said, and what it cost."""

@@ -11,9 +11,10 @@ Every row is either a *label* of the candidate on its item, or *excluded*:
   unusable configuration, a bug in routeopt or a grader, a cancelled call): it says nothing
   about the model, so it is left out of pass rates and training and counted as *excluded*.
 
-The same error on every call is ours too, whatever its kind or status: when every labelled row
-of a candidate in a run (at least `SAME_ERROR_MIN_ROWS`) is an error with the same kind and the
-same message (same HTTP status, same body), the requests were never the problem. A proxy that
+The same error on every call is ours too, whatever its kind or status: when every row of a
+candidate in a run (at least `SAME_ERROR_MIN_ROWS`; rows already left out for another reason,
+a spend cap or an open breaker say, aside) is an error with the same kind and the same message
+(same HTTP status, same body), the requests were never the problem. A proxy that
 answers a wrong key or an unknown model with HTTP 400 looks, call by call, like a model that
 fails every item; taken together it is a configuration error. Those rows become `misconfigured`
 (their message keeps the kind they had: `client_error: HTTP 400: ...`), are excluded like the
@@ -108,9 +109,11 @@ LABELS = LabelSql()
 
 
 def same_error_sql() -> str:
-    """Per candidate of one run (parameters: run_id, min rows): the candidates whose every
-    labelled row is the same error, with the row count, the error kind and the message."""
-    ours = ", ".join(f"'{k}'" for k in sorted(OUR_SIDE))
+    """Per candidate of one run (parameters: run_id, min rows): the candidates whose every row
+    is the same error, with the row count, the error kind and the message. Rows left out for
+    another reason do not count; `config` rows (HTTP 404, a missing checkpoint) do, so that a
+    wrong path is named like a wrong key."""
+    ours = ", ".join(f"'{k}'" for k in sorted(set(OUR_SIDE) - {"config"}))
     return f"""
         SELECT candidate, count(*) AS n, any_value(error_kind) AS error_kind, any_value(error) AS error
         FROM outcomes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -208,6 +209,11 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def new_run_id() -> str:
+    """A new run's id: its start time (UTC) and a random suffix, e.g. run-20261201-224217-e83607."""
+    return _now().strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
 # Errors on our side leave an item for a resumed run: a spend cap (more budget), an endpoint
 # that stayed down past the breaker's wait, a refused API key (once it is fixed), the same error
 # on every call (once the configuration is fixed). Their rows are placeholders that a later
@@ -283,6 +289,9 @@ class Store:
             )
         else:
             self._write("UPDATE runs SET status = 'running' WHERE run_id = ?", [(run_id,)])
+            # a candidate the run never measured is recorded as it is now (a fixed URL or key)
+            self._write("DELETE FROM candidates WHERE run_id = ? AND name = ?",
+                        [(run_id, name) for name in self._unmeasured(run_id)])
         self._write(
             "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             [
@@ -311,8 +320,10 @@ class Store:
 
         `candidates`: name -> the fields that change what it answers or costs (only fields the
         run recorded are compared); `suite_versions`: suite -> version about to run. Candidates
-        and suites the run has not met yet are no change.
+        and suites the run has not met yet are no change, nor is a candidate the run has not
+        measured (every row of it a placeholder: a misconfigured candidate, once fixed).
         """
+        unmeasured = self._unmeasured(run_id)
         with self._lock:
             stored = self._con.execute(
                 "SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id]).fetchall()
@@ -321,6 +332,8 @@ class Store:
                 "ORDER BY suite, suite_version", [run_id]).fetchall()
         changes = []
         for name, spec_json in stored:
+            if name in unmeasured:
+                continue
             now = candidates.get(name)
             before = json.loads(spec_json or "{}")
             for field in sorted(set(now or {}) & set(before)):
@@ -330,6 +343,16 @@ class Store:
             if suite in suite_versions and suite_versions[suite] != version:
                 changes.append(f"suite {suite!r}: version {version} -> {suite_versions[suite]}")
         return changes
+
+    def _unmeasured(self, run_id: str) -> set[str]:
+        """Candidates of a run with no answer and no final error in it: only placeholders that
+        a resumed run replaces (`RESUMABLE_ERROR_KINDS`)."""
+        with self._lock:
+            rows = self._con.execute(
+                "SELECT name FROM candidates c WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "outcomes o WHERE o.run_id = c.run_id AND o.candidate = c.name AND "
+                f"coalesce(o.error_kind, '') NOT IN ({_RESUMABLE_SQL}))", [run_id]).fetchall()
+        return {r[0] for r in rows}
 
     def check_resume(
         self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]

@@ -126,6 +126,23 @@ def test_resuming_refuses_a_changed_candidate_or_suite(store: Store) -> None:
     assert "Start a new run" in msg and "without --run-id" in msg
 
 
+def test_a_candidate_the_run_never_measured_may_be_fixed_before_resuming(store: Store) -> None:
+    """Every row of 'm' is a placeholder (a wrong URL on every call): the run measured nothing
+    of it, so its fixed configuration resumes the run, and the run records the fix."""
+    from evals.storage.store import ResumeConflict
+
+    store.write_outcomes([Outcome("r1", "s", "v1", i, "m", error_kind="misconfigured",
+                                  error="config: HTTP 404: Not Found") for i in ("1", "2")])
+    fixed = {"m": {"provider": "openai", "model": "gpt", "base_url": "http://right/v1"}}
+    store.check_resume("r1", fixed, {"s": "v1"})
+    store.begin_run("r1", candidates=[{"name": "m", **fixed["m"]}])
+    recorded = store.query("SELECT base_url FROM candidates WHERE run_id = 'r1'").base_url.tolist()
+    assert recorded == ["http://right/v1"]
+    store.write_outcomes([_outcome("1")])  # measured now: a change is refused again
+    with pytest.raises(ResumeConflict, match="base_url 'http://right/v1' -> 'http://other/v1'"):
+        store.check_resume("r1", {"m": {**fixed["m"], "base_url": "http://other/v1"}}, {"s": "v1"})
+
+
 def test_begin_run_twice_resumes(store: Store) -> None:
     assert store.begin_run("r1") is False
     assert store.begin_run("r2") is True
@@ -190,6 +207,7 @@ def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(t
         "two-calls": [("client_error", bad_key)] * 2,  # too few calls to tell
         "dead-port": [("connection", refused)] * 3 + [("circuit_open", "gave up after 600s")] * 2,
         "two-ways": [("timeout", "no complete answer within 60s")] * 4 + [("client_error", bad_key)],
+        "wrong-path": [("config", "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)")] * 3,
     }
     with Store(tmp_path / "x.duckdb") as store:
         store.begin_run("r1")
@@ -203,11 +221,14 @@ def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(t
         frame = label_frame(after.assign(cached=False))
         resumable = store.done_items("r1", "s", "wrong-key")
     assert found == [{"candidate": "dead-port", "n": 3, "error_kind": "connection", "error": refused},
-                     {"candidate": "wrong-key", "n": 5, "error_kind": "client_error", "error": bad_key}]
+                     {"candidate": "wrong-key", "n": 5, "error_kind": "client_error", "error": bad_key},
+                     {"candidate": "wrong-path", "n": 3, "error_kind": "config",
+                      "error": "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)"}]
     marked = after[after.error_kind == "misconfigured"]
-    assert sorted(marked.candidate.unique()) == ["dead-port", "wrong-key"] and len(marked) == 8
+    assert sorted(marked.candidate.unique()) == ["dead-port", "wrong-key", "wrong-path"] and len(marked) == 11
     assert set(marked[marked.candidate == "wrong-key"].error) == {f"client_error: {bad_key}"}
     assert set(after[after.candidate == "dead-port"].error_kind) == {"misconfigured", "circuit_open"}
     excluded = frame.groupby("candidate").excluded.sum().to_dict()
-    assert excluded == {"wrong-key": 5, "dead-port": 5, "one-answer": 0, "two-calls": 0, "two-ways": 0}
+    assert excluded == {"wrong-key": 5, "dead-port": 5, "one-answer": 0, "two-calls": 0, "two-ways": 0,
+                        "wrong-path": 3}
     assert resumable == set()  # a resumed run calls them again, once the configuration is fixed
