@@ -437,7 +437,11 @@ class FakeLLM:
             await asyncio.sleep(plan.hang_s)
             raise _Drop()
         delay = self.first_token_delay_s + (plan.slow_first_s if fault == "slow_first" else 0.0)
-        pieces, finish, usage = self._complete(body, kind, fault)
+        try:
+            pieces, finish, usage = self._complete(body, kind, fault)
+        except Exception as exc:  # a test's answer_fn that does not fit this prompt: say so
+            await _send_error(writer, kind, 500, "api_error", f"answer_fn failed: {exc!r}")
+            return
         if not stream:
             if delay:
                 await asyncio.sleep(delay)

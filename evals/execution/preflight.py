@@ -7,12 +7,13 @@ probed first, with the smallest request its provider takes (one user message, `m
 streamed if the candidate streams), and the probe's verdict is one of:
 
 - `ok`: it answered. The probe's cost is what its tokens (or GPU time) cost, recorded with the run.
-- `broken`: the answer says the configuration is wrong: no connection (refused, DNS, TLS), HTTP
+- `broken`: the answer says the configuration is wrong: no connection made (refused, DNS, TLS), HTTP
   401/403/404, a 4xx whose body names the model, the key or the route, an `api_key_env` that is
   not set, or a local checkpoint that does not load or generate. The run stops before its first
   suite, unless told to go on without it (`--skip-broken`, `preflight.skip_broken`).
-- `unsure`: a fault that says nothing about the configuration (429, 5xx, a timeout, a malformed
-  answer). It is shown, and the run goes on: its breaker and retries deal with the endpoint.
+- `unsure`: a fault that says nothing about the configuration (429, 5xx, a timeout, a connection
+  the server dropped, a malformed answer). It is shown, and the run goes on: its breaker and
+  retries deal with the endpoint.
 
 Local (in-process) candidates load their checkpoint and generate one token; the load is outside
 the probe's timeout, as it is outside the runner's.
@@ -44,7 +45,10 @@ PROBE_REQUEST = Request((Message("user", "Reply with the word OK."),),
 CONNECTION_RETRY_S = 0.5  # a refused connection is tried once more, in case the server restarted
 
 # Error kinds that say the candidate's configuration is wrong, whatever the body says.
-_BROKEN_KINDS = frozenset({"auth", "config", "connection", "internal"})
+_BROKEN_KINDS = frozenset({"auth", "config", "internal"})
+# A connection that could not be made (refused, DNS, TLS: the transport's ConnectError or
+# ConnectTimeout) is a wrong URL; one the server dropped after accepting it says nothing.
+_NOT_CONNECTED = re.compile(r"\bConnect(?:Error|Timeout)\b")
 # A 4xx body that names the model, the key or the route. LiteLLM's proxy answers a key it cannot
 # look up with 400 `No connected db.` (type no_db_connection), and an unknown model with 400
 # `Invalid model name passed in model=...`.
@@ -104,6 +108,8 @@ def unset_keys(candidates: Iterable[Candidate]) -> dict[str, str]:
 def verdict_of(err: ProviderError) -> Verdict:
     """Whether a probe's error says the configuration is wrong (module docstring)."""
     if err.kind in _BROKEN_KINDS:
+        return "broken"
+    if err.kind == "connection" and _NOT_CONNECTED.search(err.message):
         return "broken"
     if err.kind == "client_error" and _CONFIG_BODY.search(_SENT_TO.sub("", err.message)):
         return "broken"

@@ -107,6 +107,8 @@ def _answer(prompt: str) -> str:
         return "Right.\nSCORE: 9"
     n = default_answer(prompt)
     style = prompt.rsplit("style:", 1)[-1].strip()
+    if not n.isdigit():  # a preflight probe
+        return n
     return {"sentence": f"The sum is {n}.", "json": json.dumps({"sum": int(n)}), "code": CODE}.get(style, n)
 
 

@@ -91,3 +91,10 @@ def test_local_candidates_load_and_generate_one_token_and_pay_their_gpu_time(tmp
     assert ok.cost_usd == pytest.approx(0.5 / 3600 * ok.latency_s)
     assert (bad.verdict, bad.error_kind) == ("broken", "config")
     assert bad.error == f"candidate 'gone': checkpoint not found: {tmp_path / 'no-such-model'}"
+
+
+async def test_a_connection_the_server_drops_is_unsure_unlike_one_never_made(fake_candidate):
+    with FakeLLM(faults=FaultPlan({"drop": 1.0})) as server:
+        p = await probe(fake_candidate("openai", base_url=server.openai_base_url, stream=False))
+        assert len(server.requests) == 2  # a connection error is tried once more
+    assert (p.verdict, p.error_kind) == ("unsure", "connection") and "ConnectError" not in p.error
