@@ -319,6 +319,27 @@ class PublishSettings(BaseModel):
     expires_days: float = Field(default=30.0, gt=0)
 
 
+class ReportSettings(BaseModel):
+    """The HTML dashboards (`<db dir>/reports/RUN.html`, `routeopt report`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # file mode: readable by others (a report is meant to be shared); "0600" keeps it private
+    permissions: int = 0o644
+
+    @field_validator("permissions", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                value = int(value, 8)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an octal file mode such as '0644'") from None
+        if isinstance(value, int) and not 0 <= value <= 0o777:
+            raise ValueError(f"{value} is not a file mode; write it in octal, quoted: '0644'")
+        return value
+
+
 class PreflightSettings(BaseModel):
     """One tiny request per candidate before the first suite (`evals.execution.preflight`): a
     wrong key, model name, URL or port is named in seconds, and the run stops before spending
@@ -416,6 +437,7 @@ class Config(BaseModel):
     publishing: PublishSettings = PublishSettings()
     budget: BudgetSettings = BudgetSettings()
     preflight: PreflightSettings = PreflightSettings()
+    reports: ReportSettings = ReportSettings()
     alerts: AlertSettings = AlertSettings()
     traffic: TrafficSettings = TrafficSettings()
     source_path: Path | None = Field(default=None, exclude=True)

@@ -129,7 +129,7 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     assert manifest["lineage"]["runs"] == ["night-1"]
     assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
     assert result["promotion"]["promoted"] and result["promotion"]["reason"] == "no champion yet"
-    assert Path(result["report_path"]).exists()
+    assert stat.S_IMODE(Path(result["report_path"]).stat().st_mode) == 0o644  # meant to be shared
 
     # A second night measures the models again (API aliases change behind the same name, and a
     # replayed answer says nothing about tonight), and the new policy is compared with the
