@@ -521,8 +521,8 @@ def _held(report: EvalReport, skip_broken: bool, would_publish: bool) -> str | N
     if not names or skip_broken or not would_publish:
         return None
     return (f"no policy published: {', '.join(names)} got the same error on every call (see "
-            "above); fix the configuration and resume the run, or publish without them with "
-            "--skip-broken (preflight.skip_broken)")
+            "above); fix the configuration and resume the run, or publish without "
+            f"{'it' if len(names) == 1 else 'them'} with --skip-broken (preflight.skip_broken)")
 
 
 def _publish_and_promote(cfg: Config, result: Any, frame: Any, report: EvalReport,

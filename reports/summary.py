@@ -82,7 +82,7 @@ def preflight_lines(probes: list[dict[str, Any]]) -> list[str]:
     answered = sum(p["verdict"] == "ok" for p in probes)
     cost = sum(p.get("cost_usd") or 0.0 for p in probes)
     lines = [f"preflight: {answered} of {len(probes)} candidates answered a 1-token request "
-             f"(cost ${cost:.6f})"]
+             f"(cost ${cost:.3g})"]
     for p in probes:
         if p["verdict"] == "broken":
             lines.append(f"[red]skipped, left out of this run and its policy:[/red] "

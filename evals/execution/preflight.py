@@ -200,6 +200,7 @@ def broken(probes: Iterable[Probe]) -> list[Probe]:
 
 def refusal(probes: Iterable[Probe]) -> str:
     """The sentence a run that stops on a failed preflight ends with."""
-    names = ", ".join(p.candidate for p in broken(probes))
-    return (f"preflight failed for {names}: nothing was evaluated. Fix the configuration named "
-            "above, or go on without them with --skip-broken (preflight.skip_broken in the config)")
+    names = [p.candidate for p in broken(probes)]
+    return (f"preflight failed for {', '.join(names)}: nothing was evaluated. Fix the configuration "
+            f"named above, or go on without {'it' if len(names) == 1 else 'them'} with --skip-broken "
+            "(preflight.skip_broken in the config)")

@@ -137,6 +137,8 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
         raise click.ClickException(str(exc)) from None
     except Interrupted as stop:
         shutdown.exit(stop.signum)
+    except click.ClickException:
+        raise
     except Exception as exc:
         from flows.nightly import RunIncomplete
 
@@ -181,8 +183,9 @@ def _problems(result: dict[str, Any], hint: str | None) -> list[str]:
     if result.get("held"):
         out.append(result["held"])
     if result.get("skipped"):
-        out.append(f"{', '.join(result['skipped'])} failed preflight and were left out of this run "
-                   "and its policy (--skip-broken)")
+        skipped = result["skipped"]
+        out.append(f"{', '.join(skipped)} failed preflight and {'was' if len(skipped) == 1 else 'were'} "
+                   "left out of this run and its policy (--skip-broken)")
     halted = [p["candidate"] for p in result.get("pairs") or [] if p.get("halted")]
     if halted:
         out.append(f"{', '.join(sorted(set(halted)))} stopped calling when the API key was refused; "

@@ -34,8 +34,9 @@ def refuse_unset_keys(candidates: list[Any], skip_broken: bool) -> None:
         for line in missing.values():
             click.echo(f"routeopt: {line}; skipped (--skip-broken)", err=True)
         return
-    raise click.ClickException("\n".join(missing.values()) + "\nSet them, or go on without "
-                               "these candidates with --skip-broken")
+    one = len(missing) == 1
+    raise click.ClickException("\n".join(missing.values()) + f"\nSet {'it' if one else 'them'}, or go "
+                               f"on without {'this candidate' if one else 'these candidates'} with --skip-broken")
 
 
 def run_id_for(db: Path, run_id: str | None, resume: str | None) -> str | None:

@@ -115,7 +115,7 @@ def test_with_skip_broken_the_rest_runs_and_publishes_without_it(tmp_path: Path,
     done = _run(_project(tmp_path, proxy, model="big-hundredd"), proxy, "--skip-broken")
     out = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, out  # it published, and still says a candidate needs fixing
-    assert "Error: big failed preflight and were left out of this run and its policy (--skip-broken)" in out
+    assert "Error: big failed preflight and was left out of this run and its policy (--skip-broken)" in out
     (version,) = _published(tmp_path)
     policy = json.loads((version / "policy.json").read_text())
     assert sorted(policy["candidates"]) == ["medium", "small"], policy["candidates"]

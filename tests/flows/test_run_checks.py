@@ -64,7 +64,7 @@ def test_an_unset_key_variable_is_named_before_prefect(project: Path, monkeypatc
     proc, imported = run_cli("run", "--config", str(project))
     assert proc.returncode == 1 and "prefect" not in imported
     assert errors(proc) == ("Error: candidate m: $I26_NEVER_SET_KEY is not set\n"
-                            "Set them, or go on without these candidates with --skip-broken")
+                            "Set it, or go on without this candidate with --skip-broken")
 
 
 def test_the_resume_hint_carries_every_option_that_decides_the_run(project: Path, tmp_path: Path,
