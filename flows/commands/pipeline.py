@@ -208,11 +208,19 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
     shutdown.run = (db, run_id)
     shutdown.hint = resume_hint(command, cfg, run_id, kw)
     preflight = cfg.preflight.enabled and not kw["no_preflight"]
+    started = time.perf_counter()
     remote = _probe(cfg, db, run_id, [c for c in chosen if c.provider != "local"], skip, preflight)
+    took = time.perf_counter() - started
     shutdown.server = prefect_api.launch()  # starting now, it overlaps the imports below
+    started = time.perf_counter()
     local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip, preflight)
+    took += time.perf_counter() - started
     order = {c.name: i for i, c in enumerate(chosen)}
     probes = sorted(remote + local, key=lambda p: order[p.candidate])
+    if probes:
+        answered = sum(p.verdict == "ok" for p in probes)
+        click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
+                   f"{took:.1f}s", err=True)
     from flows.nightly import nightly
 
     if not kw["debug"]:

@@ -161,28 +161,28 @@ def quiet_tracebacks() -> None:
 
 
 class Heartbeat:
-    """A line every HEARTBEAT_S while nothing else shows the run is alive (no progress bars, or
-    every bar full while the run trains, reviews and publishes)."""
+    """A line every HEARTBEAT_S while nothing else shows the run is alive: always without
+    progress bars, and with them while no bar has moved (training, reviewing, publishing, or an
+    endpoint the queue waits for)."""
 
-    def __init__(self, bars: bool, interval_s: float = HEARTBEAT_S):
-        self.bars, self.interval_s = bars, interval_s
-        self.started = time.monotonic()
-        self.totals: dict[tuple[str, str], int] = {}
+    def __init__(self, bars: bool, interval_s: float = HEARTBEAT_S, clock: Any = time.monotonic):
+        self.bars, self.interval_s, self.clock = bars, interval_s, clock
+        self.started = self.last = clock()
         self.done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="routeopt-heartbeat")
 
     def count(self, suite: str, candidate: str, advance: int, total: int) -> None:
-        self.totals[(suite, candidate)] = total
         self.done += advance
+        if advance:
+            self.last = self.clock()
 
     def line(self) -> str | None:
-        total = sum(self.totals.values())
-        if self.bars and self.done < total:
-            return None  # the bars are moving
-        took = time.monotonic() - self.started
-        stage = "evaluating" if self.done < total or not total else "training, reviewing, publishing"
-        return f"routeopt: still running after {took:.0f}s ({stage}; {self.done} of {total} items done)"
+        now = self.clock()
+        if self.bars and now - self.last < self.interval_s:
+            return None  # a bar has moved
+        last = f"; the last {now - self.last:.0f}s ago" if self.done else ""
+        return f"routeopt: still running after {now - self.started:.0f}s ({self.done} items evaluated{last})"
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):

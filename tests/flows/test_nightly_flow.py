@@ -372,3 +372,32 @@ def test_a_refused_key_stops_the_run_at_its_preflight_or_its_candidate_mid_run(
             f"routeopt eval --resume night-k --config {config.resolve()} --no-preflight") in out
     assert "0123456789" not in res.output + stopped.output
     assert len(strong.requests) == 71 and len(weak.requests) <= 1 + 2 * 8  # one wave per suite
+
+
+def test_the_flow_stops_on_a_failed_preflight_and_publishes_only_when_told_to_skip(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment runs the flow without the CLI: the flow probes, and a broken candidate stops
+    it before any suite; with skip_broken it runs and publishes without that candidate."""
+    from evals.execution.preflight import PreflightFailed
+    from flows.nightly import close_store, nightly
+
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak")
+    strong, weak = two_servers
+    config = _config(tmp_path, strong, weak)
+    _edit(config, lambda cfg: cfg["candidates"][1].update(base_url=weak.url + "/wrong"))
+    db, registry = tmp_path / "out" / "routeopt.duckdb", tmp_path / "out" / "registry"
+    with pytest.raises(PreflightFailed, match="preflight failed for weak: nothing was evaluated"):
+        nightly(config_path=str(config), run_id="p1")
+    assert not registry.exists() and len(strong.requests) == 1 and len(weak.requests) == 1
+    result = nightly(config_path=str(config), run_id="p2", skip_broken=True)
+    close_store(db)
+    assert result["skipped"] == ["weak"] and result["published"]["version"] == 1
+    manifest = json.loads((Path(result["published"]["uri"]) / "policy.json").read_text())
+    assert manifest["candidates"] == ["strong"]
+    assert len(weak.requests) == 2  # its second probe; none of its items were called
+    with duckdb.connect(str(db), read_only=True) as con:
+        probes = con.execute("SELECT run_id, candidate, verdict, status FROM preflight ORDER BY ALL").fetchall()
+    assert probes == [("p1", "strong", "ok", None), ("p1", "weak", "broken", 404),
+                      ("p2", "strong", "ok", None), ("p2", "weak", "broken", 404)]

@@ -83,16 +83,16 @@ def test_the_resume_hint_carries_every_option_that_decides_the_run(project: Path
 
 
 def test_the_heartbeat_speaks_only_when_nothing_else_shows_the_run_is_alive() -> None:
-    beat = Heartbeat(bars=True, interval_s=3600)
-    beat.count("add", "zoo-s", 0, 150)
+    now = [0.0]
+    beat = Heartbeat(bars=True, interval_s=60, clock=lambda: now[0])
+    now[0] = 30.0
     beat.count("add", "zoo-s", 40, 150)
-    assert beat.line() is None  # a bar is moving
-    beat.count("add", "zoo-s", 110, 150)
-    assert beat.line().endswith("(training, reviewing, publishing; 150 of 150 items done)")
-    quiet = Heartbeat(bars=False, interval_s=3600)
-    quiet.count("add", "zoo-s", 3, 150)
-    assert quiet.line().startswith("routeopt: still running after ")
-    assert quiet.line().endswith("s (evaluating; 3 of 150 items done)")
+    now[0] = 80.0
+    assert beat.line() is None  # a bar moved 50 s ago
+    now[0] = 200.0  # training: the bars are full and still
+    assert beat.line() == "routeopt: still running after 200s (40 items evaluated; the last 170s ago)"
+    quiet = Heartbeat(bars=False, interval_s=60, clock=lambda: now[0])
+    assert quiet.line() == "routeopt: still running after 0s (0 items evaluated)"  # no bars: always
 
 
 def test_log_records_lose_their_traceback_and_keep_the_error_type() -> None:
