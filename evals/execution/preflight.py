@@ -118,7 +118,7 @@ def verdict_of(err: ProviderError) -> Verdict:
 
 def _cost(candidate: Candidate, completion: Completion | None, progress: CallProgress,
           elapsed_s: float) -> float:
-    if candidate.gpu_hour_usd is not None:
+    if candidate.gpu_metered:  # priced by GPU time: the probe held the GPU this long
         return gpu_provisional_cost(candidate, elapsed_s) or 0.0
     if completion is not None:
         return token_cost(candidate, completion) or 0.0

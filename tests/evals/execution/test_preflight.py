@@ -85,10 +85,14 @@ def test_a_4xx_is_broken_when_its_body_names_the_model_the_key_or_the_route(mess
 @pytest.mark.skipif(not (ZOO / "zoo-s" / "config.json").exists(), reason="zoo checkpoints not built")
 def test_local_candidates_load_and_generate_one_token_and_pay_their_gpu_time(tmp_path):
     good = Candidate(name="zoo-s", provider="local", model=str(ZOO / "zoo-s"), gpu_hour_usd=0.5)
+    stated = Candidate(name="zoo-s-stated", provider="local", model=str(ZOO / "zoo-s"), gpu_hour_usd=0.5,
+                       gpu_tokens_per_s=1000)
     missing = Candidate(name="gone", provider="local", model=str(tmp_path / "no-such-model"), gpu_hour_usd=0.5)
-    ok, bad = run_preflight([good, missing])
+    ok, at_stated, bad = run_preflight([good, stated, missing])
     assert ok.verdict == "ok" and ok.output_tokens == 1 and ok.endpoint == f"local:{ZOO / 'zoo-s'}:fp32"
-    assert ok.cost_usd == pytest.approx(0.5 / 3600 * ok.latency_s)
+    assert ok.cost_usd == pytest.approx(0.5 / 3600 * ok.latency_s)  # the GPU time it held
+    per_token = 0.5 / 3600 / 1000  # a GPU priced at a stated throughput: its tokens
+    assert at_stated.cost_usd == pytest.approx((at_stated.input_tokens + 1) * per_token)
     assert (bad.verdict, bad.error_kind) == ("broken", "config")
     assert bad.error == f"candidate 'gone': checkpoint not found: {tmp_path / 'no-such-model'}"
 
