@@ -7,17 +7,16 @@ file, so a config works from any working directory.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from common.fields import did_you_mean
 
 ProviderName = Literal["openai", "anthropic", "local"]
 Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8-dyn"]
@@ -101,45 +100,6 @@ def line_of(lines: LineMap, loc: Sequence[str | int]) -> int | None:
             return lines[loc]
         loc = loc[:-1]
     return lines.get(())
-
-
-# --- "did you mean": a hint for a misspelt field of any validated file -----------------------
-
-
-def _descend(tp: Any, part: str | int) -> Any:
-    """The type found at `part` inside `tp` (a model's field, a list's item, a dict's value)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        found = (_descend(a, part) for a in (args[:1] if origin is typing.Annotated else args))
-        return next((f for f in found if f is not None), None)
-    if origin in (list, tuple, set, frozenset):
-        return args[0] if isinstance(part, int) and args else None
-    if origin is dict:
-        return args[1] if len(args) == 2 else None
-    if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
-        field = tp.model_fields.get(part)
-        return field.annotation if field is not None else None
-    return None
-
-
-def _field_names(tp: Any) -> list[str]:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return list(tp.model_fields)
-    return [n for a in typing.get_args(tp) for n in _field_names(a)]
-
-
-def did_you_mean(model: type[BaseModel], loc: Sequence[str | int]) -> str:
-    """'; did you mean 'grader'?' for an unknown field at `loc` of `model`, when a field of the
-    same place is spelt alike (`gradr`, `templat`); '' when none is."""
-    tp: Any = model
-    for part in loc[:-1]:
-        tp = _descend(tp, part)
-        if tp is None:
-            return ""
-    if not loc or not isinstance(loc[-1], str):
-        return ""
-    close = difflib.get_close_matches(loc[-1], _field_names(tp), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # Anthropic's prompt-caching prices as multiples of the input price: a cache read costs 0.1x and

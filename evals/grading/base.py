@@ -183,8 +183,8 @@ def _grader_class(name: str) -> type[Grader] | None:
 
 def pydantic_message(error: Any, model: type[BaseModel] | None = None) -> str:
     """A pydantic error's message without its "Value error, " prefix; for an unknown field of
-    `model`, with the field it was probably meant to be (`evals.config.did_you_mean`)."""
-    from evals.config import did_you_mean
+    `model`, with the field it was probably meant to be (`common.fields.did_you_mean`)."""
+    from common.fields import did_you_mean
 
     msg = str(error["msg"]).removeprefix("Value error, ")
     if model is not None and error.get("type") == "extra_forbidden":
