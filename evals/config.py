@@ -16,6 +16,8 @@ from typing import Any, Literal, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from common.fields import did_you_mean
+
 ProviderName = Literal["openai", "anthropic", "local"]
 Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8-dyn"]
 
@@ -277,6 +279,40 @@ class PublishSettings(BaseModel):
     expires_days: float = Field(default=30.0, gt=0)
 
 
+class ReportSettings(BaseModel):
+    """The HTML dashboards (`<db dir>/reports/RUN.html`, `routeopt report`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # file mode: readable by others (a report is meant to be shared); "0600" keeps it private
+    permissions: int = 0o644
+
+    @field_validator("permissions", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                value = int(value, 8)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an octal file mode such as '0644'") from None
+        if isinstance(value, int) and not 0 <= value <= 0o777:
+            raise ValueError(f"{value} is not a file mode; write it in octal, quoted: '0644'")
+        return value
+
+
+class PreflightSettings(BaseModel):
+    """One tiny request per candidate before the first suite (`evals.execution.preflight`): a
+    wrong key, model name, URL or port is named in seconds, and the run stops before spending
+    anything, instead of measuring a broken candidate as a model that fails every item."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # go on without the candidates that fail it (they are left out of training and the policy)
+    skip_broken: bool = False
+    timeout_s: float = Field(default=20.0, gt=0)  # per probe, model loading excluded
+
+
 class BudgetSettings(BaseModel):
     """Spend caps of one run in USD (enforced by `evals.execution.budget.Budget`); None is no cap."""
 
@@ -360,6 +396,8 @@ class Config(BaseModel):
     router: RouterSettings = RouterSettings()
     publishing: PublishSettings = PublishSettings()
     budget: BudgetSettings = BudgetSettings()
+    preflight: PreflightSettings = PreflightSettings()
+    reports: ReportSettings = ReportSettings()
     alerts: AlertSettings = AlertSettings()
     traffic: TrafficSettings = TrafficSettings()
     source_path: Path | None = Field(default=None, exclude=True)
@@ -460,7 +498,8 @@ def _format_errors(path: Path, err: ValidationError, lines: LineMap) -> str:
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         line = line_of(lines, e["loc"])
-        problems.append(f"{path}:{line}: {loc}: {e['msg']}" if line else f"{path}: {loc}: {e['msg']}")
+        msg = e["msg"] + (did_you_mean(Config, e["loc"]) if e["type"] == "extra_forbidden" else "")
+        problems.append(f"{path}:{line}: {loc}: {msg}" if line else f"{path}: {loc}: {msg}")
     if len(problems) == 1:
         return problems[0]
     return "\n  ".join([f"{path}: {len(problems)} problems in the config"] + problems)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,8 +20,9 @@ from prefect.cache_policies import NO_CACHE
 from evals.config import Candidate, Config, load_config
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.execution.cache import format_age, parse_age
+from evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
 from evals.execution.runner import PairStats, evaluate_pair
-from evals.storage.store import Outcome, Store
+from evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from flows.review import report_run, review_run
 from reports.summary import excluded_line
@@ -81,16 +81,14 @@ async def _cancellable(run_id: str, coro: Any) -> Any:
                 del _RUNNING[run_id]
 
 
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-
-
 @dataclass
 class EvalReport:
     run_id: str
     suites: dict[str, str] = field(default_factory=dict)
     suite_errors: dict[str, str] = field(default_factory=dict)
     pairs: list[PairStats] = field(default_factory=list)
+    # candidates whose every call got the same error (`Store.mark_same_errors`)
+    misconfigured: list[dict[str, Any]] = field(default_factory=list)
 
 
 def load_suites(cfg: Config, names: list[str] | None) -> tuple[list[Suite], dict[str, str]]:
@@ -161,7 +159,7 @@ def evaluate_all(
     runs only with `cache_max_age_s` (development runs, never the nightly's default).
     """
     store = shared_store(cfg.db_path)
-    chosen = [cfg.candidate(n) for n in candidates] if candidates else cfg.candidates
+    chosen = [cfg.candidate(n) for n in candidates] if candidates is not None else cfg.candidates
     loaded, errors = load_suites(cfg, suites)
     store.check_resume(run_id, {c.name: c.measured_dict() for c in chosen},
                        {s.name: s.version for s in loaded})
@@ -214,6 +212,7 @@ def evaluate_all(
     except BaseException:  # SIGTERM, Ctrl-C (_collect keeps going past a failed pair)
         cancel_evaluations(run_id)  # the pairs in flight stop too
         raise
+    report.misconfigured = store.mark_same_errors(run_id)
     if failed:  # rows are missing: never mark such a run completed
         store.finish_run(run_id, "failed")
         raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
@@ -236,12 +235,43 @@ def _collect(futures: list[Any], store: Store, report: EvalReport) -> list[str]:
     return failed
 
 
-def training_frame(cfg: Config, run_id: str) -> Any:
+def training_frame(cfg: Config, run_id: str, leave_out: list[str] | tuple[str, ...] = ()) -> Any:
     """The latest outcomes of every (suite, candidate) of the fleet, this run's included: a
-    deployment over a subset of candidates trains on (and gates on) the whole fleet."""
+    deployment over a subset of candidates trains on (and gates on) the whole fleet.
+    `leave_out`: candidates found misconfigured in this run, whose older outcomes must not put
+    them in a policy that gateways would route to."""
     return shared_store(cfg.db_path).latest_frame(
-        run_id, candidates=[c.name for c in cfg.candidates],
+        run_id, candidates=[c.name for c in cfg.candidates if c.name not in leave_out],
         max_age_days=cfg.router.max_outcome_age_days)
+
+
+def preflight_stage(cfg: Config, run_id: str, chosen: list[str], given: list[dict] | None,
+                    enabled: bool, skip_broken: bool) -> list[Probe]:
+    """Probe the chosen candidates (or take the probes the CLI already sent: `given`), keep
+    them with the run, and stop (`PreflightFailed`) on a broken one unless told to skip it."""
+    if given is not None:
+        probes = [Probe.from_dict(p) for p in given]
+    elif enabled:
+        probes = run_preflight([cfg.candidate(n) for n in chosen], cfg.preflight.timeout_s)
+        logger = get_run_logger()
+        for p in probes:
+            if p.verdict != "ok":
+                logger.warning("preflight: %s%s", p.line(), " (skipped)" if p.broken and skip_broken else "")
+    else:
+        return []
+    shared_store(cfg.db_path).record_preflight(run_id, [p.to_dict() for p in probes])
+    if broken(probes) and not skip_broken:
+        raise PreflightFailed(refusal(probes))
+    return probes
+
+
+@dataclass
+class Refused:
+    """A stage after training that could not be done (the champion cannot be verified, the
+    registry refused a write): the run's results stand, and the run says why in one sentence."""
+
+    stage: str
+    message: str
 
 
 @task(name="train-router", cache_policy=NO_CACHE)
@@ -263,8 +293,27 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
     )
 
 
+def _refusals() -> tuple[type[Exception], ...]:
+    """What the registry, the signing key or the champion's verification raise: a person must
+    look, and the run reports it in one sentence instead of a traceback."""
+    from artifacts.backends import RegistryError
+    from artifacts.runtime import PolicyLoadError
+    from artifacts.signing import SigningError
+
+    return (RegistryError, PolicyLoadError, SigningError, OSError)
+
+
 @task(name="publish-policy", cache_policy=NO_CACHE)
 def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
+    """Publish the policy, signed, as the next version (`Refused` if the registry or the key
+    refuses)."""
+    try:
+        return _publish(cfg, result, report, outcome_runs)
+    except _refusals() as exc:
+        return Refused("publish", f"the policy was not published: {exc}")
+
+
+def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
     """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
     The first publish creates the signing key (`Config.signing_key_path`)."""
     from artifacts.registry import move_channel, publish, registry_signing_key
@@ -317,6 +366,14 @@ def import_traffic_task(cfg: Config) -> dict[str, Any] | None:
 
 @task(name="promotion-gate", cache_policy=NO_CACHE)
 def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
+    """The promotion gate (`Refused` when the champion cannot be verified or the move fails)."""
+    try:
+        return _promote(cfg, result, frame, published, blocking)
+    except _refusals() as exc:
+        return Refused("promotion", f"the champion was not moved: {exc}")
+
+
+def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
     """Move `champion` to the new version only if the gate passes (`artifacts.promotion`)."""
     from artifacts.promotion import champion_version, decide_promotion, heldout
     from artifacts.registry import move_channel
@@ -363,12 +420,18 @@ def nightly(
     progress_key: str | None = None,
     persist_in_tasks: bool = True,
     cache_max_age: str | None = None,
+    preflight: bool | None = None,
+    skip_broken: bool | None = None,
+    probes: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate -> store -> train -> review -> publish -> promote -> report. The same run id resumes.
+    """Preflight -> evaluate -> store -> train -> review -> publish -> promote -> report. The
+    same run id resumes.
 
     `cache_max_age` (e.g. "1d"): replay cached answers of earlier runs up to that age, for
     development runs only; by default every model is called again (resuming a run still takes
-    its own finished answers from the cache).
+    its own finished answers from the cache). `preflight`, `skip_broken`: default from the
+    config's `preflight` section; `probes`: the preflight a caller already ran (the CLI, to
+    report a broken candidate before Prefect's server has started).
     """
     logger = get_run_logger()
     cfg = load_config(config_path)
@@ -380,36 +443,48 @@ def nightly(
     if db_path:
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
+    skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
+    chosen = candidates or [c.name for c in cfg.candidates]
+    checked = preflight_stage(cfg, run_id, chosen, probes,
+                              cfg.preflight.enabled if preflight is None else preflight, skip)
+    skipped = [p.candidate for p in broken(checked)]
     report = evaluate_all(
         cfg,
         run_id,
         suites=suites,
-        candidates=candidates,
+        candidates=[c for c in chosen if c not in skipped],
         progress_key=progress_key,
         persist_in_tasks=persist_in_tasks,
         cache_max_age_s=max_age_s,
     )
     for name, err in report.suite_errors.items():
         logger.error("suite %s skipped: %s", name, err)
+    for m in report.misconfigured:
+        logger.error("candidate %s: all %d calls got the same error, so its configuration is wrong "
+                     "(left out of pass rates and training): %s: %s", m["candidate"], m["n"],
+                     m["error_kind"], m["error"])
     traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
     store = shared_store(cfg.db_path)
     excluded = excluded_line(store, run_id)
     if excluded:
         logger.warning(excluded)
-    frame = training_frame(cfg, run_id) if train else None
-    result = train_task(cfg, run_id, frame) if train else None
+    leave_out = skipped + [m["candidate"] for m in report.misconfigured]
+    frame = training_frame(cfg, run_id, leave_out) if train else None
+    result = train_task(cfg, run_id, frame) if train and not frame.empty else None
+    if train and result is None:
+        logger.error("no graded outcomes to train on: no policy from run %s", run_id)
     metrics = result.metrics if result is not None else None
     review = review_run(cfg, store, run_id,
                         policy_candidates=result.policy.candidates if result is not None else ())
     blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
-    published = promotion = None
-    if publish and result is not None:
-        published = publish_task(cfg, result, report, sorted(set(frame.run_id)))
-        promotion = promote_task(cfg, result, frame, published, blocking)
-        logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
-                    promotion.decided_by, promotion.reason)
-    policy = None if published is None else {"version": published.version, "promoted": promotion.promoted,
-                                             "reason": promotion.reason}
+    held = _held(report, skip, publish and result is not None)
+    if held:
+        logger.error(held)
+    published, promotion, refused = _publish_and_promote(
+        cfg, result, frame, report, blocking, publish and result is not None and not held)
+    policy = None if published is None else {
+        "version": published.version, "promoted": promotion is not None and promotion.promoted,
+        "reason": promotion.reason if promotion is not None else refused[0].message}
     report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy)
     return {
         "run_id": run_id,
@@ -431,4 +506,40 @@ def nightly(
         "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
         "excluded": excluded,
         "traffic": traffic,
+        "preflight": [p.to_dict() for p in checked],
+        "skipped": skipped,
+        "misconfigured": report.misconfigured,
+        "held": held,
+        "refused": [asdict(r) for r in refused],
     }
+
+
+def _held(report: EvalReport, skip_broken: bool, would_publish: bool) -> str | None:
+    """Why no policy is published from this run: a candidate was misconfigured, and the run
+    was not told to go on without it (a fleet with a broken candidate publishes nothing)."""
+    names = [m["candidate"] for m in report.misconfigured]
+    if not names or skip_broken or not would_publish:
+        return None
+    return (f"no policy published: {', '.join(names)} got the same error on every call (see "
+            "above); fix the configuration and resume the run, or publish without "
+            f"{'it' if len(names) == 1 else 'them'} with --skip-broken (preflight.skip_broken)")
+
+
+def _publish_and_promote(cfg: Config, result: Any, frame: Any, report: EvalReport,
+                         blocking: list[str], go: bool) -> tuple[Any, Any, list[Refused]]:
+    """Publish and pass the gate; a refusal (tampered champion, registry error) is logged in
+    one sentence and returned, never raised: the run's results stand."""
+    if not go:
+        return None, None, []
+    logger = get_run_logger()
+    published = publish_task(cfg, result, report, sorted(set(frame.run_id)))
+    if isinstance(published, Refused):
+        logger.error(published.message)
+        return None, None, [published]
+    promotion = promote_task(cfg, result, frame, published, blocking)
+    if isinstance(promotion, Refused):
+        logger.error(promotion.message)
+        return published, None, [promotion]
+    logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
+                promotion.decided_by, promotion.reason)
+    return published, promotion, []

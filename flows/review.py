@@ -53,5 +53,6 @@ def report_run(cfg: Config, store: Store, run_id: str, *, drift: DriftReport | N
     for a policy trained on this run."""
     data = gather(store, run_id, drift=drift, metrics=metrics, policy=policy,
                   registry=None if metrics else cfg.registry_dir)
-    path = write_report(render_html(data), report_path or default_report_path(cfg, run_id))
+    path = write_report(render_html(data), report_path or default_report_path(cfg, run_id),
+                        cfg.reports.permissions)
     return path, publish_prefect_artifacts(data, path) if artifacts else []

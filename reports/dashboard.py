@@ -379,14 +379,19 @@ def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
     return rows
 
 
-def write_report(html: str, out: str | Path) -> Path:
+REPORT_PERMISSIONS = 0o644  # a report is meant to be shared: readable by others unless the config says
+
+
+def write_report(html: str, out: str | Path, permissions: int = REPORT_PERMISSIONS) -> Path:
     """Write atomically so a reader never sees half a page."""
-    return atomic_write(out, html)
+    return atomic_write(out, html, permissions)
 
 
-def build_report(store: Store, run_id: str, out: str | Path, **kw: Any) -> Path:
-    """Gather, render and write the dashboard of one run; `kw` goes to `gather`."""
-    return write_report(render_html(gather(store, run_id, **kw)), out)
+def build_report(store: Store, run_id: str, out: str | Path, *,
+                 permissions: int = REPORT_PERMISSIONS, **kw: Any) -> Path:
+    """Gather, render and write the dashboard of one run (file mode `permissions`, the config's
+    `reports.permissions`); `kw` goes to `gather`."""
+    return write_report(render_html(gather(store, run_id, **kw)), out, permissions)
 
 
 # -- Prefect UI artifacts ---------------------------------------------------------------------

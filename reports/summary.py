@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from evals.storage.labels import LABELS, exclusion_summary
+from evals.storage.labels import LABELS, exclusion_summary, is_excluded
 from evals.storage.store import Store
 
 L = LABELS
@@ -29,6 +30,12 @@ GROUP BY candidate ORDER BY sum(cost_usd) NULLS LAST, candidate
 EXCLUDED_SQL = f"""
 SELECT error_kind, count(*) AS n FROM outcomes WHERE run_id = ? AND {L.excluded} GROUP BY 1
 """
+ERRORS_SQL = """
+SELECT candidate, error_kind, count(*) AS n, arg_min(error, created_at) AS first
+FROM outcomes WHERE run_id = ? AND error_kind IS NOT NULL
+GROUP BY candidate, error_kind ORDER BY candidate, n DESC, error_kind
+"""
+MESSAGE_CHARS = 240  # of an error's first message in the summary (the store keeps it whole)
 
 
 def candidate_table(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -41,6 +48,55 @@ def excluded_line(store: Store, run_id: str) -> str:
     """How many rows the pass rates leave out, by error kind and why ('' when none)."""
     frame = store.query(EXCLUDED_SQL, [run_id])
     return exclusion_summary({str(r.error_kind): int(r.n) for r in frame.itertuples()})
+
+
+def error_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Per (candidate, error kind): how many rows, and the first one's message."""
+    return store.query(ERRORS_SQL, [run_id]).to_dict("records")
+
+
+def errors_table(rows: list[dict[str, Any]]) -> Table | None:
+    """The run's errors by candidate and kind with the first message of each, and whether
+    they count as the model's failures or are left out as ours."""
+    if not rows:
+        return None
+    table = Table(title="errors by candidate and kind (failure: the model's, in pass rates; "
+                        "excluded: ours)")
+    for col in ("candidate", "kind", "rows", "counts as", "first message"):
+        table.add_column(col, justify="right" if col == "rows" else "left")
+    for r in rows:
+        first = str(r["first"] or "")
+        if len(first) > MESSAGE_CHARS:
+            first = first[:MESSAGE_CHARS - 1] + "…"
+        table.add_row(r["candidate"], r["error_kind"], str(r["n"]),
+                      "excluded" if is_excluded(r["error_kind"]) else "failure", escape(first))
+    return table
+
+
+def preflight_lines(probes: list[dict[str, Any]]) -> list[str]:
+    """What the probes said: how many answered and what they cost, and each one that did not."""
+    from evals.execution.preflight import Probe
+
+    if not probes:
+        return []
+    answered = sum(p["verdict"] == "ok" for p in probes)
+    cost = sum(p.get("cost_usd") or 0.0 for p in probes)
+    lines = [f"preflight: {answered} of {len(probes)} candidates answered a 1-token request "
+             f"(cost ${cost:.3g})"]
+    for p in probes:
+        if p["verdict"] == "broken":
+            lines.append(f"[red]skipped, left out of this run and its policy:[/red] "
+                         f"{escape(Probe.from_dict(p).line())}")
+        elif p["verdict"] != "ok":
+            lines.append(f"did not answer (not a configuration error): {escape(Probe.from_dict(p).line())}")
+    return lines
+
+
+def misconfigured_lines(found: list[dict[str, Any]]) -> list[str]:
+    """One line per candidate whose every call got the same error (`Store.mark_same_errors`)."""
+    return [f"[red]candidate {m['candidate']} is misconfigured:[/red] all {m['n']} of its calls got "
+            f"the same error, left out of pass rates and training: {escape(m['error_kind'] + ': ' + str(m['error']))}"
+            for m in found]
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -106,9 +162,10 @@ def caching_table(savings: list[Any]) -> Table | None:
 
 
 def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any],
-                  caching: list[Any] | None = None) -> None:
-    """Print the candidates table, what it leaves out, prompt caching (when any call used a
-    cache) and the router's held-out comparison.
+                  caching: list[Any] | None = None, errors: list[dict[str, Any]] | None = None) -> None:
+    """Print the candidates table, what it leaves out, the errors by candidate and kind, the
+    preflight and misconfigured candidates, prompt caching (when any call used a cache) and
+    the router's held-out comparison.
 
     Pass rates count the candidate's own errors as failures and leave out errors on our side
     (`result["excluded"]` says how many); cost and times leave out replayed cache answers.
@@ -132,6 +189,12 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
     console.print(table)
     if result.get("excluded"):
         console.print(result["excluded"])
+    errors_tab = errors_table(errors or [])
+    if errors_tab is not None:
+        console.print(errors_tab)
+    for line in preflight_lines(result.get("preflight") or []) + misconfigured_lines(
+            result.get("misconfigured") or []):
+        console.print(line)
     if result.get("cache_max_age") or replayed:
         console.print(
             f"response cache: {replayed} answers replayed from earlier runs (at most "
@@ -147,10 +210,12 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
     if holdout:
         console.print(router_table(holdout))
     for name, err in (result.get("suite_errors") or {}).items():
-        console.print(f"[red]suite {name} was skipped:[/red] {err}")
+        console.print(f"[red]suite {name} was skipped:[/red] {escape(err)}")
     halted = {p["candidate"]: p["halted"] for p in result.get("pairs") or [] if p.get("halted")}
     for name, why in halted.items():
-        console.print(f"[red]candidate {name} stopped calling:[/red] {why}")
+        console.print(f"[red]candidate {name} stopped calling:[/red] {escape(why)}")
+    if result.get("held"):
+        console.print(f"[red]{escape(result['held'])}[/red]")
     if result.get("published"):
         pub = result["published"]
         signed = f"signed, key {pub['key_id']}" if pub.get("key_id") else "UNSIGNED"

@@ -94,6 +94,13 @@ def default_answer(prompt: str) -> str:
     return f"echo: {MARKER.sub('', prompt).strip()}"
 
 
+def fails_odd_answers(prompt: str) -> str:
+    """A weak model: "0" where the right answer is odd; any other prompt (a preflight probe) as
+    `default_answer`."""
+    answer = default_answer(prompt)
+    return "0" if answer.lstrip("-").isdigit() and int(answer) % 2 else answer
+
+
 @dataclass
 class FaultPlan:
     """Which fault (if any) a request gets: prompt markers first, else a seeded mix."""
@@ -329,8 +336,8 @@ class FakeLLM:
             self.reset()
             await _send_json(writer, 200, {"ok": True})
             return
-        kind = "openai" if req.path.endswith("/chat/completions") else (
-            "anthropic" if req.path.endswith("/messages") else None)
+        # The real routes only: a base URL with a wrong path gets the 404 a real server sends.
+        kind = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}.get(req.path.split("?")[0])
         if req.method != "POST" or kind is None:
             await _send_json(writer, 404, {"error": {"message": f"no route {req.path}"}})
             return
@@ -430,7 +437,11 @@ class FakeLLM:
             await asyncio.sleep(plan.hang_s)
             raise _Drop()
         delay = self.first_token_delay_s + (plan.slow_first_s if fault == "slow_first" else 0.0)
-        pieces, finish, usage = self._complete(body, kind, fault)
+        try:
+            pieces, finish, usage = self._complete(body, kind, fault)
+        except Exception as exc:  # a test's answer_fn that does not fit this prompt: say so
+            await _send_error(writer, kind, 500, "api_error", f"answer_fn failed: {exc!r}")
+            return
         if not stream:
             if delay:
                 await asyncio.sleep(delay)

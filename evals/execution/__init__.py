@@ -3,6 +3,7 @@
 Owns the runner (`runner`: concurrency, grading, batched writes), one candidate's call path
 shared by items and the judge (`calls`: breaker wait, per-attempt spend, timeouts, retries with
 backoff), rate limits, the circuit breaker, the GPU-time meter and device slots (`limits`),
-spend caps (`budget`) and the response cache (`cache`). May import `evals.providers`, `evals.suite`,
+spend caps (`budget`), the response cache (`cache`) and the probe each candidate answers before
+the first suite (`preflight`). May import `evals.providers`, `evals.suite`,
 `evals.storage` (the `Outcome` row it produces) and `evals.config`.
 """

@@ -271,7 +271,7 @@ def spent_in_run(store: Store, run_id: str) -> dict[str, float]:
     """What a run already spent per candidate, so a resumed run keeps counting from there.
 
     Cached answers carry their list-price cost for training but were not paid: not counted.
-    Judge calls are counted against the judge candidate.
+    Judge calls are counted against the judge candidate, preflight probes against their own.
     """
     frame = store.query(
         "SELECT candidate, sum(usd) AS usd FROM ("
@@ -279,7 +279,8 @@ def spent_in_run(store: Store, run_id: str) -> dict[str, float]:
         " WHERE run_id = ? AND NOT coalesce(cached, FALSE)"
         " UNION ALL SELECT judge_candidate, judge_cost_usd FROM outcomes"
         " WHERE run_id = ? AND judge_candidate IS NOT NULL AND judge_cost_usd IS NOT NULL"
+        " UNION ALL SELECT candidate, coalesce(cost_usd, 0) FROM preflight WHERE run_id = ?"
         ") GROUP BY candidate",
-        [run_id, run_id],
+        [run_id, run_id, run_id],
     )
     return {str(r.candidate): float(r.usd) for r in frame.itertuples()}

@@ -17,6 +17,7 @@ its own GPU time and the runner books the difference when it apportions each win
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -30,6 +31,7 @@ from evals.execution.limits import BREAKER_KINDS, Admission, EndpointLimits
 from evals.providers.base import CALL_PROGRESS, CallProgress, Completion, Provider, ProviderError, Request
 from evals.providers.sdk import estimate_tokens
 
+log = logging.getLogger(__name__)
 # Refused before any generation: the reserved tokens go back to the TPM bucket.
 _REFUSED = frozenset({"rate_limited", "auth", "config", "client_error"})
 
@@ -135,6 +137,7 @@ class Caller:
                 f"not sent: candidate {self.candidate.name!r} stopped calling after its API key was "
                 f"refused ({err.message[:300]}); fix {'$' + env if env else 'its credentials'} and "
                 "resume the run, which retries these items")
+            log.warning(self.halted.removeprefix("not sent: "))  # on screen now, not at the end
 
     def _halted_error(self, last: ProviderError | None) -> ProviderError:
         assert self.halted is not None

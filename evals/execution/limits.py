@@ -9,7 +9,9 @@
   breaker opens and the queue *waits* (`admit`); after a cool-down one probe call is let through
   (half-open): success closes it and the queue moves on, failure re-opens it. Only when the
   endpoint has been down longer than the candidate's `circuit_breaker_max_wait_s` are the
-  remaining calls given up (recorded as `circuit_open`, which a resumed run retries).
+  remaining calls given up (recorded as `circuit_open`, which a resumed run retries). Each change
+  is said at once, with its reason, as a warning of this module's logger (on screen in a CLI
+  run): opened, still down after a probe, answering again, given up.
 - `GpuMeter` and `DeviceSlot`: the GPU time of self-hosted candidates. Candidates that share a
   device are measured one at a time, so each one's GPU-hour cost and latencies are its own.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -35,6 +38,7 @@ BREAKER_KINDS: frozenset[str] = frozenset(
     {"server_error", "connection", "timeout", "bad_response", "truncated_stream"}
 )
 _PROBE_POLL_S = 0.05  # how often waiting calls look whether a probe in flight has closed it
+log = logging.getLogger(__name__)
 
 
 class _Bucket:
@@ -107,6 +111,7 @@ class CircuitBreaker:
     last_error: str = ""
     times_opened: int = 0
     _probe: bool = False
+    _gave_up: bool = False  # said once per outage that the queue stopped waiting
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def check(self) -> str | None:
@@ -145,12 +150,19 @@ class CircuitBreaker:
                 now = self.clock()
                 down_for = now - (self.down_since if self.down_since is not None else now)
                 if down_for >= max_wait_s:
-                    return Admission(f"{admission.refused}; gave up after waiting {down_for:.0f}s "
-                                     "(circuit_breaker_max_wait_s)")
+                    first, self._gave_up = not self._gave_up, True
+                    refused = Admission(f"{admission.refused}; gave up after waiting {down_for:.0f}s "
+                                        "(circuit_breaker_max_wait_s)")
+                    break
                 until_probe = self.cooldown_s - (now - self.opened_at)
                 pause = until_probe if self.state == "open" and until_probe > 0 else _PROBE_POLL_S
                 pause = min(pause, max_wait_s - down_for)
             await asyncio.sleep(max(pause, 0.001))
+        if first:
+            log.warning("gave up waiting for %s after %.0fs down (circuit_breaker_max_wait_s); "
+                        "its remaining items are recorded as circuit_open, and resuming the run "
+                        "calls them again", self.endpoint, down_for)
+        return refused
 
     def record(self, error: ProviderError | None, admission: "Admission | None" = None) -> None:
         """Count a finished attempt: endpoint faults count, anything else resets the count.
@@ -161,18 +173,37 @@ class CircuitBreaker:
             was_probe = self._probe if admission is None else admission.probe
             if was_probe:
                 self._probe = False
-            if error is None or error.kind not in BREAKER_KINDS:
-                self.consecutive = 0
-                if self.state != "closed" and was_probe:
-                    self.state, self.down_since = "closed", None
-                return
-            self.consecutive += 1
-            self.last_error = f"{error.kind}: {error.message[:200]}"
-            if self.state == "half_open" or self.consecutive >= self.failures:
-                if self.state == "closed":
-                    self.times_opened += 1
-                    self.down_since = self.clock()
-                self.state, self.opened_at = "open", self.clock()
+            notice = self._count(error, was_probe)
+        if notice:
+            log.warning(notice)
+
+    def _count(self, error: ProviderError | None, was_probe: bool) -> str | None:
+        """`record` under the lock; returns what to say when the breaker changed state."""
+        now = self.clock()
+        if error is None or error.kind not in BREAKER_KINDS:
+            self.consecutive = 0
+            if self.state != "closed" and was_probe:
+                down = now - (self.down_since if self.down_since is not None else now)
+                self.state, self.down_since, self._gave_up = "closed", None, False
+                return f"{self.endpoint} answers again after {down:.0f}s down; its calls go on"
+            return None
+        self.consecutive += 1
+        self.last_error = f"{error.kind}: {error.message[:200]}"
+        if self.state != "half_open" and self.consecutive < self.failures:
+            return None
+        notice = None
+        if self.state == "closed":
+            self.times_opened += 1
+            self.down_since = now
+            notice = (f"circuit breaker open for {self.endpoint} after {self.consecutive} "
+                      f"consecutive failures (last: {self.last_error}); its calls wait for a "
+                      f"probe every {self.cooldown_s:g}s")
+        elif was_probe:
+            down = now - (self.down_since if self.down_since is not None else now)
+            notice = (f"{self.endpoint} is still down after {down:.0f}s (probe: {self.last_error}); "
+                      f"next probe in {self.cooldown_s:g}s")
+        self.state, self.opened_at = "open", now
+        return notice
 
     def release(self, admission: "Admission | None" = None) -> None:
         """A call let through that ended without an answer (cancelled, or never sent): if it

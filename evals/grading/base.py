@@ -181,9 +181,15 @@ def _grader_class(name: str) -> type[Grader] | None:
     return GRADERS.get(name)
 
 
-def pydantic_message(error: Any) -> str:
-    """A pydantic error's message without its "Value error, " prefix."""
-    return str(error["msg"]).removeprefix("Value error, ")
+def pydantic_message(error: Any, model: type[BaseModel] | None = None) -> str:
+    """A pydantic error's message without its "Value error, " prefix; for an unknown field of
+    `model`, with the field it was probably meant to be (`common.fields.did_you_mean`)."""
+    from common.fields import did_you_mean
+
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    if model is not None and error.get("type") == "extra_forbidden":
+        msg += did_you_mean(model, error["loc"])
+    return msg
 
 
 class GraderSpecError(ValueError):
@@ -207,7 +213,7 @@ def _build(spec: Any, context: GraderContext, loc: Loc, problems: list[tuple[Loc
     try:
         grader = cls.model_validate(spec)
     except ValidationError as err:
-        problems.extend((loc + tuple(e["loc"]), pydantic_message(e)) for e in err.errors())
+        problems.extend((loc + tuple(e["loc"]), pydantic_message(e, cls)) for e in err.errors())
         return None
     if isinstance(grader, Combinator):
         children = [_build(c, context, loc + ("graders", i), problems) for i, c in enumerate(grader.graders)]

@@ -131,11 +131,13 @@ RETRYABLE: frozenset[str] = frozenset(
 class ProviderError(Exception):
     """A call that produced no usable completion; `kind` says which fault it was."""
 
-    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None):
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None,
+                 status: int | None = None):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
         self.retry_after_s = retry_after_s
+        self.status = status  # the HTTP status the server answered with, if it answered one
 
     @property
     def retryable(self) -> bool:

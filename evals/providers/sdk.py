@@ -199,16 +199,16 @@ class StreamTimer:
 def _status_error(status: int, message: str, headers: Mapping[str, str] | None) -> ProviderError:
     text = f"HTTP {status}: {message}"
     if status == 429:
-        return ProviderError("rate_limited", text, retry_after(headers))
+        return ProviderError("rate_limited", text, retry_after(headers), status=status)
     if status in (401, 403):
-        return ProviderError("auth", text)
+        return ProviderError("auth", text, status=status)
     if status == 408:
-        return ProviderError("timeout", text)
+        return ProviderError("timeout", text, status=status)
     if status == 404:  # no such model or route: the candidate's model/base_url is wrong
-        return ProviderError("config", text)
+        return ProviderError("config", text, status=status)
     if status >= 500:
-        return ProviderError("server_error", text, retry_after(headers))
-    return ProviderError("client_error", text)
+        return ProviderError("server_error", text, retry_after(headers), status=status)
+    return ProviderError("client_error", text, status=status)
 
 
 def transport(sdk: ModuleType) -> ModuleType:
@@ -232,11 +232,11 @@ def _map(exc: BaseException, sdk: ModuleType, transports: tuple[ModuleType, ...]
     cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
     if isinstance(exc, sdk.APIStatusError):
         headers = exc.response.headers if exc.response is not None else None
-        return _status_error(exc.status_code, _body_message(exc), headers)
+        return _status_error(exc.status_code, _body_message(exc) + _sent_to(exc), headers)
     if isinstance(exc, sdk.APITimeoutError):
-        return ProviderError("timeout", f"request timed out{cause}")
+        return ProviderError("timeout", f"request timed out{cause}{_sent_to(exc)}")
     if isinstance(exc, sdk.APIConnectionError):
-        return ProviderError("connection", f"{exc}{cause}")
+        return ProviderError("connection", f"{exc}{cause}{_sent_to(exc)}")
     if isinstance(exc, sdk.APIResponseValidationError):
         return ProviderError("bad_response", f"response did not match the API schema: {exc}")
     if isinstance(exc, sdk.APIError):  # e.g. an error event inside a stream
@@ -252,9 +252,31 @@ def _map(exc: BaseException, sdk: ModuleType, transports: tuple[ModuleType, ...]
 
 
 def _body_message(exc: Any) -> str:
+    """What the server said: the body's error message and its type or code (LiteLLM's proxy
+    answers a key it cannot check with `No connected db.` typed `no_db_connection`), else its
+    `detail` (FastAPI's 404), else the SDK's text."""
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
+            tag = next((str(inner[k]) for k in ("type", "code") if inner.get(k)
+                        and str(inner[k]) not in str(inner["message"])), "")
+            return str(inner["message"]) + (f" [{tag}]" if tag else "")
+        if isinstance(inner, str) and inner:
+            return inner
+        if body.get("detail"):
+            return str(body["detail"])
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
     return str(getattr(exc, "message", exc))
+
+
+def _sent_to(exc: Any) -> str:
+    """' (POST <url>)': where the failed request went, so an error names the endpoint that
+    refused it. The query string is left out (some APIs take a key there)."""
+    try:
+        request = exc.request
+        url = request.url.copy_with(query=None, fragment=None)
+        return f" ({request.method} {url})"
+    except Exception:  # no request attached (an error raised before sending)
+        return ""

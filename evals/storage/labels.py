@@ -11,6 +11,17 @@ Every row is either a *label* of the candidate on its item, or *excluded*:
   unusable configuration, a bug in routeopt or a grader, a cancelled call): it says nothing
   about the model, so it is left out of pass rates and training and counted as *excluded*.
 
+The same error on every call is ours too, whatever its kind or status: when every row of a
+candidate in a run (at least `SAME_ERROR_MIN_ROWS`; rows already left out for another reason,
+a spend cap or an open breaker say, aside) is an error with the same kind and the same message
+(same HTTP status, same body), the requests were never the problem. A proxy that
+answers a wrong key or an unknown model with HTTP 400 looks, call by call, like a model that
+fails every item; taken together it is a configuration error. Those rows become `misconfigured`
+(their message keeps the kind they had: `client_error: HTTP 400: ...`), are excluded like the
+others, and a resumed run calls them again (`Store.mark_same_errors` applies the rule, at the
+end of each evaluation). A candidate that answers even one call, or fails in two different ways,
+is measured as it is.
+
 Training (`Store.training_frame`), the run summary, the report and drift all read their pass
 rates through these definitions, in SQL (`LABELS`) or pandas (`label_frame`).
 """
@@ -28,8 +39,12 @@ OUR_SIDE: dict[str, str] = {
     "internal": "a fault in routeopt or in its provider code",
     "grader_error": "the grader failed",
     "cancelled": "the run stopped before the answer",
+    "misconfigured": "every call of the candidate got the same error: its configuration is wrong",
 }
 """Error kinds that are our fault, not the candidate's, with why they are excluded."""
+
+MISCONFIGURED = "misconfigured"
+SAME_ERROR_MIN_ROWS = 3  # fewer calls cannot tell a configuration from a model that fails them all
 
 
 def is_excluded(error_kind: str | None) -> bool:
@@ -91,6 +106,23 @@ class LabelSql:
 
 
 LABELS = LabelSql()
+
+
+def same_error_sql() -> str:
+    """Per candidate of one run (parameters: run_id, min rows): the candidates whose every row
+    is the same error, with the row count, the error kind and the message. Rows left out for
+    another reason do not count; `config` rows (HTTP 404, a missing checkpoint) do, so that a
+    wrong path is named like a wrong key."""
+    ours = ", ".join(f"'{k}'" for k in sorted(set(OUR_SIDE) - {"config"}))
+    return f"""
+        SELECT candidate, count(*) AS n, any_value(error_kind) AS error_kind, any_value(error) AS error
+        FROM outcomes
+        WHERE run_id = ? AND coalesce(error_kind, '') NOT IN ({ours})
+        GROUP BY candidate
+        HAVING count(*) >= ? AND count(*) FILTER (WHERE error_kind IS NULL) = 0
+           AND count(DISTINCT error_kind) = 1 AND count(DISTINCT coalesce(error, '')) = 1
+        ORDER BY candidate
+    """
 
 
 def label_frame(frame: Any) -> Any:

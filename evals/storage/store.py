@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from evals.storage.labels import LabelSql
+from evals.storage.labels import MISCONFIGURED, SAME_ERROR_MIN_ROWS, LabelSql, same_error_sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,6 +89,21 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_output_tokens BIGINT,
     streamed BOOLEAN,
     PRIMARY KEY (run_id, suite, item_id, candidate)
+);
+CREATE TABLE IF NOT EXISTS preflight (
+    run_id VARCHAR NOT NULL,
+    candidate VARCHAR NOT NULL,
+    checked_at TIMESTAMPTZ NOT NULL,
+    endpoint VARCHAR,
+    verdict VARCHAR NOT NULL,
+    error_kind VARCHAR,
+    error VARCHAR,
+    status INTEGER,
+    latency_s DOUBLE,
+    cost_usd DOUBLE,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    streamed BOOLEAN
 );
 CREATE TABLE IF NOT EXISTS decisions (
     request_id VARCHAR PRIMARY KEY,
@@ -193,11 +209,16 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def new_run_id() -> str:
+    """A new run's id: its start time (UTC) and a random suffix, e.g. run-20261201-224217-e83607."""
+    return _now().strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
 # Errors on our side leave an item for a resumed run: a spend cap (more budget), an endpoint
-# that stayed down past the breaker's wait, a refused API key (once it is fixed). Their rows
-# are placeholders that a later outcome replaces; every other stored row is final and a
-# repeat write keeps it.
-RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth")
+# that stayed down past the breaker's wait, a refused API key (once it is fixed), the same error
+# on every call (once the configuration is fixed). Their rows are placeholders that a later
+# outcome replaces; every other stored row is final and a repeat write keeps it.
+RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth", MISCONFIGURED)
 _RESUMABLE_SQL = ", ".join(f"'{k}'" for k in RESUMABLE_ERROR_KINDS)
 _REPLACE_PLACEHOLDERS = (
     ", ".join(f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in
@@ -268,6 +289,9 @@ class Store:
             )
         else:
             self._write("UPDATE runs SET status = 'running' WHERE run_id = ?", [(run_id,)])
+            # a candidate the run never measured is recorded as it is now (a fixed URL or key)
+            self._write("DELETE FROM candidates WHERE run_id = ? AND name = ?",
+                        [(run_id, name) for name in self._unmeasured(run_id)])
         self._write(
             "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             [
@@ -296,8 +320,10 @@ class Store:
 
         `candidates`: name -> the fields that change what it answers or costs (only fields the
         run recorded are compared); `suite_versions`: suite -> version about to run. Candidates
-        and suites the run has not met yet are no change.
+        and suites the run has not met yet are no change, nor is a candidate the run has not
+        measured (every row of it a placeholder: a misconfigured candidate, once fixed).
         """
+        unmeasured = self._unmeasured(run_id)
         with self._lock:
             stored = self._con.execute(
                 "SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id]).fetchall()
@@ -306,6 +332,8 @@ class Store:
                 "ORDER BY suite, suite_version", [run_id]).fetchall()
         changes = []
         for name, spec_json in stored:
+            if name in unmeasured:
+                continue
             now = candidates.get(name)
             before = json.loads(spec_json or "{}")
             for field in sorted(set(now or {}) & set(before)):
@@ -315,6 +343,16 @@ class Store:
             if suite in suite_versions and suite_versions[suite] != version:
                 changes.append(f"suite {suite!r}: version {version} -> {suite_versions[suite]}")
         return changes
+
+    def _unmeasured(self, run_id: str) -> set[str]:
+        """Candidates of a run with no answer and no final error in it: only placeholders that
+        a resumed run replaces (`RESUMABLE_ERROR_KINDS`)."""
+        with self._lock:
+            rows = self._con.execute(
+                "SELECT name FROM candidates c WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "outcomes o WHERE o.run_id = c.run_id AND o.candidate = c.name AND "
+                f"coalesce(o.error_kind, '') NOT IN ({_RESUMABLE_SQL}))", [run_id]).fetchall()
+        return {r[0] for r in rows}
 
     def check_resume(
         self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]
@@ -328,6 +366,33 @@ class Store:
                 "outcomes would mix both. Start a new run instead (run again without --run-id, "
                 f"or with a new one); the outcomes recorded under {run_id!r} stay as they are."
             )
+
+    def record_preflight(self, run_id: str, probes: Iterable[dict]) -> None:
+        """Keep each candidate's preflight probe (`evals.execution.preflight.Probe` as a dict):
+        its verdict, what the endpoint said and what it cost (counted in the run's spend). A run
+        that stopped on its preflight has these rows and no `runs` row."""
+        now = _now()
+        self._write(
+            "INSERT INTO preflight VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, p["candidate"], now, p.get("endpoint"), p["verdict"], p.get("error_kind"),
+              p.get("error"), p.get("status"), p.get("latency_s"), p.get("cost_usd"),
+              p.get("input_tokens"), p.get("output_tokens"), p.get("streamed")) for p in probes])
+
+    def mark_same_errors(self, run_id: str, min_rows: int = SAME_ERROR_MIN_ROWS) -> list[dict]:
+        """Apply the same-error rule of `evals.storage.labels` to one run: the rows of each
+        candidate whose every call got the same error become `misconfigured` (the message keeps
+        their former kind). Returns one dict per such candidate: candidate, n, error_kind, error."""
+        found = self.query(same_error_sql(), [run_id, min_rows]).to_dict("records")
+        self._write(
+            "UPDATE outcomes SET error = error_kind || ': ' || coalesce(error, ''), error_kind = ? "
+            "WHERE run_id = ? AND candidate = ? AND error_kind = ? AND coalesce(error, '') = ?",
+            [(MISCONFIGURED, run_id, f["candidate"], f["error_kind"], f["error"] or "") for f in found])
+        return [{**f, "n": int(f["n"])} for f in found]
+
+    def run_exists(self, run_id: str) -> bool:
+        """Whether this file has begun a run with this id (resumable or finished)."""
+        with self._lock:
+            return self._con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
 
     def finish_run(self, run_id: str, status: str = "completed") -> None:
         self._write(

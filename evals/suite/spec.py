@@ -205,7 +205,7 @@ def _spec(raw: dict[str, Any], chk: _Checker) -> SuiteSpec | None:
         return SuiteSpec.model_validate(raw)
     except ValidationError as err:
         for e in err.errors():
-            chk.add(tuple(e["loc"]), pydantic_message(e))
+            chk.add(tuple(e["loc"]), pydantic_message(e, SuiteSpec))
     return None
 
 

@@ -12,11 +12,13 @@ import click
 from flows.commands import CONFIG_OPTION, publishing_key, verification_keys
 
 
-def _default_registry() -> str:
+def _default_registry(config_path: Path | None = None) -> str:
+    """The registry of --config (else of the default config): what --registry and a SOURCE
+    default to, as `routeopt run` publishes there."""
     from evals.config import ConfigError, default_config_path, load_config
 
     try:
-        return str(load_config(default_config_path()).registry_dir)
+        return str(load_config(config_path or default_config_path()).registry_dir)
     except ConfigError as exc:
         raise click.UsageError(f"give --registry (no usable config: {exc})") from None
 
@@ -56,13 +58,14 @@ def policies() -> None:
 
 @policies.command("list")
 @REGISTRY
+@CONFIG_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(registry: str | None, as_json: bool) -> None:
+def list_cmd(registry: str | None, config_path: Path | None, as_json: bool) -> None:
     """Every version with its channels and headline held-out metrics."""
     from artifacts.registry import list_versions
 
     try:
-        rows = list_versions(registry or _default_registry())
+        rows = list_versions(registry or _default_registry(config_path))
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     if as_json:
@@ -81,12 +84,13 @@ def list_cmd(registry: str | None, as_json: bool) -> None:
 @policies.command()
 @click.argument("version", type=int)
 @REGISTRY
-def show(version: int, registry: str | None) -> None:
+@CONFIG_OPTION
+def show(version: int, registry: str | None, config_path: Path | None) -> None:
     """Print a version's manifest (files, lineage, metrics, policy description)."""
     from artifacts.registry import show as show_version
 
     try:
-        _echo_json(show_version(registry or _default_registry(), version))
+        _echo_json(show_version(registry or _default_registry(config_path), version))
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
 
@@ -95,12 +99,13 @@ def show(version: int, registry: str | None) -> None:
 @click.argument("a", type=int)
 @click.argument("b", type=int)
 @REGISTRY
-def diff(a: int, b: int, registry: str | None) -> None:
+@CONFIG_OPTION
+def diff(a: int, b: int, registry: str | None, config_path: Path | None) -> None:
     """What changed from version A to B: candidates, thresholds, metrics, lineage."""
     from artifacts.registry import diff as diff_versions
 
     try:
-        d = diff_versions(registry or _default_registry(), a, b)
+        d = diff_versions(registry or _default_registry(config_path), a, b)
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     cands = d.pop("candidates")
@@ -143,7 +148,7 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from artifacts.registry import move_channel
 
-    registry = registry or _default_registry()
+    registry = registry or _default_registry(config_path)
     if require is not None:
         _require_live(registry, version, require, db_path, since, min_feedback, margin, config_path)
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
@@ -196,7 +201,7 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, a
 
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
-        p = rollback(registry or _default_registry(), channel, signing_key=key,
+        p = rollback(registry or _default_registry(config_path), channel, signing_key=key,
                      allow_unsigned=allow_unsigned)
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
@@ -204,16 +209,18 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, a
 
 
 @policies.command()
-@click.argument("source")
+@click.argument("source", required=False)
 @PUBLIC_KEY
 @ALLOW_UNSIGNED_LOAD
 @CONFIG_OPTION
 @click.option("--channel", default=None, help="Channel of a registry (default: champion, else latest).")
-def verify(source: str, public_keys: tuple[Path, ...], allow_unsigned: bool, config_path: Path | None,
-           channel: str | None) -> None:
-    """Check SOURCE (version folder, registry folder, s3:// or http(s) URL) exactly as a gateway does."""
+def verify(source: str | None, public_keys: tuple[Path, ...], allow_unsigned: bool,
+           config_path: Path | None, channel: str | None) -> None:
+    """Check SOURCE (version folder, registry folder, s3:// or http(s) URL; default: the
+    config's registry) exactly as a gateway does."""
     from artifacts.runtime import PolicyLoadError, check
 
+    source = source or _default_registry(config_path)
     keys = verification_keys(public_keys, config_path, allow_unsigned)
     try:
         report = check(source, keys, channel=channel, allow_unsigned=allow_unsigned)
@@ -250,10 +257,11 @@ def registry_group() -> None:
 
 @registry_group.command()
 @REGISTRY
+@CONFIG_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8600, show_default=True, type=int)
-def serve(registry: str | None, host: str, port: int) -> None:
+def serve(registry: str | None, config_path: Path | None, host: str, port: int) -> None:
     """Read-only HTTP with ETag / If-None-Match so polling gateways mostly get 304s."""
     from artifacts.server import serve_forever
 
-    serve_forever(Path(registry or _default_registry()), host, port)
+    serve_forever(Path(registry or _default_registry(config_path)), host, port)

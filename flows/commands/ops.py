@@ -107,7 +107,7 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
     the run, when there is one); per-suite tables; trends; drift alerts. Opens offline.
     """
     from evals.storage.drift import detect_drift
-    from reports.dashboard import build_report
+    from reports.dashboard import REPORT_PERMISSIONS, build_report
 
     cfg = load_config_or_exit(config_path) if (db_path is None or config_path is not None) else None
     registry = cfg.registry_dir if cfg is not None else None
@@ -116,6 +116,7 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
         try:
             drift = None if no_drift else detect_drift(store, run_id, cfg.alerts if cfg else None)
             path = build_report(store, run_id, out_path, drift=drift, registry=registry,
+                                permissions=cfg.reports.permissions if cfg else REPORT_PERMISSIONS,
                                 trend_runs=trend_runs)
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from None

@@ -15,6 +15,10 @@ import click
 
 from evals.config import ConfigError, default_config_path
 from flows.commands import CONFIG_OPTION, console, load_config_or_exit
+from flows.commands.run_checks import (
+    Heartbeat, quiet_tracebacks, refuse_changed_resume, refuse_unset_keys, report_probes, resume_hint,
+    run_id_for, store_of,
+)
 
 # After SIGINT/SIGTERM, how long the in-flight calls get to wind down before the process exits
 # regardless (Kubernetes sends SIGKILL 30 s after SIGTERM by default).
@@ -24,7 +28,11 @@ DEFAULT_CACHE_AGE = "1d"  # how old a replayed answer may be with a bare --cache
 
 def _common(fn: Any) -> Any:
     fn = CONFIG_OPTION(fn)
-    fn = click.option("--run-id", default=None, help="Resume or name a run (default: a new id).")(fn)
+    fn = click.option("--run-id", default=None,
+                      help="Name a new run (default: a new id); an id the database has is refused.")(fn)
+    fn = click.option("--resume", default=None, metavar="ID",
+                      help="Resume the interrupted run ID of this database: only its missing items "
+                           "are called. An id the database does not have is refused.")(fn)
     fn = click.option("--db", "db_path", default=None, help="DuckDB file (default: from config).")(fn)
     fn = click.option("--suite", "suites", multiple=True, help="Only these suites (repeatable).")(fn)
     fn = click.option(
@@ -41,6 +49,14 @@ def _common(fn: Any) -> Any:
         "--cache-max-age", "cache_max_age", default=None, callback=_check_age, metavar="AGE",
         help="Like --cache, with this age limit (e.g. 30m, 12h, 1d).",
     )(fn)
+    fn = click.option(
+        "--skip-broken", is_flag=True,
+        help="Go on without the candidates that fail their preflight (or whose every call gets "
+             "the same error): they are left out of training and the policy, and the run still "
+             "exits non-zero (default: preflight.skip_broken from the config).")(fn)
+    fn = click.option("--no-preflight", is_flag=True,
+                      help="Do not probe each candidate before the first suite.")(fn)
+    fn = click.option("--debug", is_flag=True, help="Show tracebacks (default: one sentence per error).")(fn)
     return fn
 
 
@@ -56,14 +72,20 @@ def _check_age(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 @contextmanager
-def _progress(enabled: bool) -> Iterator[str | None]:
-    """A rich progress bar per (suite x candidate), fed by the flow's tasks in this process."""
+def _progress(enabled: bool, count: Any) -> Iterator[str | None]:
+    """A rich progress bar per (suite x candidate), fed by the flow's tasks in this process;
+    `count(suite, candidate, advance, total)` sees every advance (the heartbeat)."""
+    from flows import nightly
+
+    key = f"cli-{os.getpid()}"
     if not enabled:
-        yield None
+        nightly._PROGRESS[key] = count
+        try:
+            yield key
+        finally:
+            nightly._PROGRESS.pop(key, None)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flows import nightly
 
     bars: dict[tuple[str, str], Any] = {}
     lock = threading.Lock()
@@ -76,13 +98,13 @@ def _progress(enabled: bool) -> Iterator[str | None]:
     )
 
     def hook(suite: str, candidate: str, advance: int, total: int) -> None:
+        count(suite, candidate, advance, total)
         with lock:
-            key = (suite, candidate)
-            if key not in bars:
-                bars[key] = progress.add_task(f"{suite} x {candidate}", total=total)
-        progress.advance(bars[key], advance)
+            pair = (suite, candidate)
+            if pair not in bars:
+                bars[pair] = progress.add_task(f"{suite} x {candidate}", total=total)
+        progress.advance(bars[pair], advance)
 
-    key = f"cli-{os.getpid()}"
     nightly._PROGRESS[key] = hook
     with progress:
         try:
@@ -91,48 +113,120 @@ def _progress(enabled: bool) -> Iterator[str | None]:
             nightly._PROGRESS.pop(key, None)
 
 
-def _run_flow(train: bool, publish: bool, **kw: Any) -> None:
+def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     started = time.perf_counter()
     # Everything that can be wrong with the command line fails here, before anything slow.
     cfg = load_config_or_exit(kw.pop("config_path") or default_config_path())
     _check_names(cfg, kw["suites"], kw["candidates"])
-    shutdown = _Shutdown(resume=f"routeopt {'run' if train else 'eval'}")
+    chosen = [cfg.candidate(n) for n in kw["candidates"]] if kw["candidates"] else list(cfg.candidates)
+    skip = kw["skip_broken"] or cfg.preflight.skip_broken
+    refuse_unset_keys(chosen, skip)
+    db = Path(kw["db_path"]).resolve() if kw["db_path"] else cfg.db_path
+    run_id = run_id_for(db, kw["run_id"], kw["resume"])
+    if kw["resume"]:
+        refuse_changed_resume(cfg, db, kw["resume"], list(kw["suites"]) or None, chosen)
+    shutdown = _Shutdown()
+    from evals.execution.preflight import PreflightFailed
     from evals.storage.store import ResumeConflict
-    from flows.nightly import RunIncomplete
     from flows.prefect_api import ServerError
 
     try:
-        result = _run_nightly(cfg, shutdown, train=train, publish=publish, **kw)
-    except (ConfigError, ServerError, ResumeConflict, RunIncomplete) as exc:
+        result = _run_nightly(cfg, shutdown, run=(command, db, run_id, chosen, skip), train=train,
+                              publish=publish, **kw)
+    except (ConfigError, ServerError, ResumeConflict, PreflightFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except Interrupted as stop:
         shutdown.exit(stop.signum)
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        from flows.nightly import RunIncomplete
+
+        if kw["debug"] and not isinstance(exc, RunIncomplete):
+            raise
+        tail = "" if isinstance(exc, RunIncomplete) else f" ({type(exc).__name__}; --debug shows the traceback)"
+        raise click.ClickException(f"{exc}{tail}") from None
     finally:
         if shutdown.signum is None:
             shutdown.restore()
+    _summarise(result, started, shutdown.hint)
+
+
+def _summarise(result: dict[str, Any], started: float, hint: str | None) -> None:
+    """The summary of what ran; then each thing that went wrong, one sentence each, last; exit
+    non-zero when anything did (a suite that did not load, a misconfigured, skipped or halted
+    candidate, a policy held back or refused)."""
     from evals.selfhost.costmodel import load_caching
     from flows.nightly import shared_store
-    from reports.summary import candidate_table, print_summary
+    from reports.summary import candidate_table, error_rows, print_summary
 
     out = console()
     store = shared_store(Path(result["db_path"]))
     rows = candidate_table(store, result["run_id"])
-    print_summary(out, rows, result, load_caching(store, result["run_id"]))
+    print_summary(out, rows, result, load_caching(store, result["run_id"]),
+                  errors=error_rows(store, result["run_id"]))
     out.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
-    if result["suite_errors"]:
+    problems = _problems(result, hint)
+    for sentence in problems:
+        click.echo(f"Error: {sentence}", err=True)
+    if problems or result["suite_errors"]:
         sys.exit(1)
 
 
-def _run_nightly(cfg: Any, shutdown: "_Shutdown", **kw: Any) -> dict[str, Any]:
-    """The flow, reporting to a configured Prefect API or to a temporary server of its own."""
+def _problems(result: dict[str, Any], hint: str | None) -> list[str]:
+    """One sentence per reason this run needs a person (the suites' errors are in the summary)."""
+    out = [r["message"] for r in result.get("refused") or []]
+    if result.get("misconfigured"):
+        names = ", ".join(m["candidate"] for m in result["misconfigured"])
+        out.append(f"{names} got the same error on every call: a configuration error, left out "
+                   f"of pass rates and training; fix it, then resume with: {hint}")
+    if result.get("held"):
+        out.append(result["held"])
+    if result.get("skipped"):
+        skipped = result["skipped"]
+        out.append(f"{', '.join(skipped)} failed preflight and {'was' if len(skipped) == 1 else 'were'} "
+                   "left out of this run and its policy (--skip-broken)")
+    halted = [p["candidate"] for p in result.get("pairs") or [] if p.get("halted")]
+    if halted:
+        out.append(f"{', '.join(sorted(set(halted)))} stopped calling when the API key was refused; "
+                   f"fix the key, then resume with: {hint}")
+    return out
+
+
+def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | None, list[Any], bool],
+                 **kw: Any) -> dict[str, Any]:
+    """Preflight, then the flow, reporting to a configured Prefect API or a temporary server.
+
+    API candidates are probed before the server starts, so a wrong key, model, port or path is
+    named in the first seconds; local ones while it starts (they load a model: CPU time that
+    overlaps the server's start instead of preceding it)."""
+    from evals.storage.store import new_run_id
     from flows import prefect_api
 
+    command, db, run_id, chosen, skip = run
+    run_id = run_id or new_run_id()
+    shutdown.run = (db, run_id)
+    shutdown.hint = resume_hint(command, cfg, run_id, kw)
+    preflight = cfg.preflight.enabled and not kw["no_preflight"]
+    started = time.perf_counter()
+    remote = _probe(cfg, db, run_id, [c for c in chosen if c.provider != "local"], skip, preflight)
+    took = time.perf_counter() - started
     shutdown.server = prefect_api.launch()  # starting now, it overlaps the imports below
-    from flows.nightly import new_run_id, nightly
+    started = time.perf_counter()
+    local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip, preflight)
+    took += time.perf_counter() - started
+    order = {c.name: i for i, c in enumerate(chosen)}
+    probes = sorted(remote + local, key=lambda p: order[p.candidate])
+    if probes:
+        answered = sum(p.verdict == "ok" for p in probes)
+        click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
+                   f"{took:.1f}s", err=True)
+    from flows.nightly import nightly
 
-    run_id = kw["run_id"] or new_run_id()
-    shutdown.run = (Path(kw["db_path"]).resolve() if kw["db_path"] else cfg.db_path, run_id)
-    with _progress(not kw["no_progress"] and sys.stderr.isatty()) as progress_key, \
+    if not kw["debug"]:
+        quiet_tracebacks()
+    bars = not kw["no_progress"] and sys.stderr.isatty()
+    with Heartbeat(bars) as beat, _progress(bars, beat.count) as progress_key, \
             prefect_api.serving(shutdown.server):
         return nightly(
             config_path=str(cfg.source_path),
@@ -144,7 +238,27 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", **kw: Any) -> dict[str, Any]:
             publish=kw["publish"],
             cache_max_age=kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None),
             progress_key=progress_key,
+            preflight=preflight,
+            skip_broken=skip,
+            probes=[p.to_dict() for p in probes] if preflight else None,
         )
+
+
+def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,
+           enabled: bool) -> list[Any]:
+    """Preflight of these candidates, each failure said at once (`run_checks.report_probes`).
+    A broken one stops the run here, unless skipped, its probes kept with their cost."""
+    if not candidates or not enabled:
+        return []
+    from evals.execution.preflight import PreflightFailed, broken, refusal, run_preflight
+
+    probes = run_preflight(candidates, cfg.preflight.timeout_s)
+    report_probes(probes, skip)
+    if broken(probes) and not skip:
+        with store_of(db, read_only=False) as store:
+            store.record_preflight(run_id, [p.to_dict() for p in probes])
+        raise PreflightFailed(refusal(probes))
+    return probes
 
 
 def _check_names(cfg: Any, suites: tuple[str, ...], candidates: tuple[str, ...]) -> None:
@@ -180,8 +294,8 @@ class _Shutdown:
     the Prefect server and exits at once, as after a kill -9 (which the store survives).
     """
 
-    def __init__(self, resume: str):
-        self.resume = resume
+    def __init__(self) -> None:
+        self.hint: str | None = None  # the command that resumes the run (`resume_hint`)
         self.server: Any = None
         self.run: tuple[Path, str] | None = None  # (DuckDB file, run id) once it has an id
         self.signum: int | None = None
@@ -232,7 +346,7 @@ class _Shutdown:
                 begun = True
         if begun:
             click.echo(f"routeopt: run {run_id} interrupted by {name}; finished items are "
-                       f"stored. Resume with: {self.resume} --run-id {run_id}", err=True)
+                       f"stored. Resume with: {self.hint}", err=True)
         else:
             click.echo(f"routeopt: {name} before the run began; nothing was recorded", err=True)
         sys.exit(128 + signum)
@@ -242,15 +356,16 @@ class _Shutdown:
 @_common
 @click.option("--no-publish", is_flag=True, help="Train and report, but publish nothing.")
 def run(**kw: Any) -> None:
-    """Run the nightly pipeline once: evaluate, store, train, publish, summarise.
+    """Run the nightly pipeline once: preflight, evaluate, store, train, publish, summarise.
 
-    Every suite runs across every candidate; outcomes go to DuckDB; a router is trained and
-    checked on held-out items; the policy is published to the registry. Re-running with the
-    same --run-id resumes: finished items are not called again (a changed candidate or suite
-    version is refused: start a new run). Every model is called again on a new run unless
-    --cache asks to replay earlier answers.
+    Each candidate first answers one tiny request: a wrong key, model name, URL or port stops
+    the run before its first suite (unless --skip-broken). Every suite runs across every
+    candidate; outcomes go to DuckDB; a router is trained and checked on held-out items; the
+    policy is published to the registry. --resume ID resumes an interrupted run: finished
+    items are not called again (a changed candidate or suite version is refused: start a new
+    run). Every model is called again on a new run unless --cache asks to replay earlier answers.
     """
-    _run_flow(train=True, publish=not kw.pop("no_publish"), **kw)
+    _run_flow("run", train=True, publish=not kw["no_publish"], **kw)
 
 
 @click.command("eval")
@@ -258,7 +373,8 @@ def run(**kw: Any) -> None:
 def eval_cmd(**kw: Any) -> None:
     """Evaluate every suite across every candidate and store the outcomes (no training).
 
-    Resumable: with the --run-id of an interrupted run, only the remaining items are called
-    (a changed candidate or suite version is refused: start a new run).
+    Each candidate first answers one tiny request (see `routeopt run`). Resumable: with
+    --resume ID, only the remaining items of the interrupted run are called (a changed
+    candidate or suite version is refused: start a new run).
     """
-    _run_flow(train=False, publish=False, **kw)
+    _run_flow("eval", train=False, publish=False, **kw)

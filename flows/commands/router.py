@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import click
 
 from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, publishing_key, verification_keys
+from flows.commands import CONFIG_OPTION, open_store, publishing_key, resolve_db, verification_keys
 
 
 @click.group("import")
@@ -23,18 +23,20 @@ def import_group() -> None:
 
 @import_group.command("outcomes")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
-              help="DuckDB store to write into.")
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="DuckDB store to write into (default: db_path from the config).")
 @click.option("--run-id", default=None, help="Run id (default: derived from the file's hash).")
 @click.option("--suite-default", default="imported", show_default=True,
               help="Suite for rows without a 'suite' value.")
-def import_outcomes_cmd(file: Path, db_path: Path, run_id: str | None, suite_default: str) -> None:
+@CONFIG_OPTION
+def import_outcomes_cmd(file: Path, db_path: Path | None, run_id: str | None, suite_default: str,
+                        config_path: Path | None) -> None:
     """Import a long-format outcome FILE (.parquet, .csv, .jsonl): request_id, prompt, model, score."""
     from evals.storage.importer import OutcomeImportError, import_outcomes
-    from evals.storage.store import Store
 
+    db_path = resolve_db(config_path, db_path)
     try:
-        with Store(db_path) as store:
+        with open_store(db_path, read_only=False) as store:
             s = import_outcomes(file, store, run_id=run_id, suite_default=suite_default)
     except OutcomeImportError as exc:
         raise click.ClickException(str(exc)) from None
@@ -51,10 +53,10 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
 
 
 @click.command("train")
-@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              required=True, help="DuckDB store with outcomes.")
-@click.option("--registry", type=click.Path(path_type=Path, file_okay=False), required=True,
-              help="Policy registry folder to publish into.")
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="DuckDB store with outcomes (default: db_path from the config).")
+@click.option("--registry", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Policy registry folder to publish into (default: registry_dir from the config).")
 @click.option("--quality-target", type=float, default=0.95, show_default=True,
               help="Fraction of the best single candidate's pass rate to keep.")
 @click.option("--holdout-fraction", type=float, default=0.3, show_default=True,
@@ -72,15 +74,18 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
               help="Ed25519 private key (default: the config's key, created on first use in "
                    ".routeopt/keys/ beside it).")
 @CONFIG_OPTION
-def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float, refit: bool,
-          seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str, confidence: float,
-          signing_key: Path | None, config_path: Path | None) -> None:
-    """Train a router on every outcome in the store and publish it, signed."""
-    from evals.storage.store import Store
+def train(db_path: Path | None, registry: Path | None, quality_target: float, holdout_fraction: float,
+          refit: bool, seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str,
+          confidence: float, signing_key: Path | None, config_path: Path | None) -> None:
+    """Train a router on every outcome in the store and publish it, signed (the store and the
+    registry default to the config's)."""
+    from flows.commands.artifacts import _default_registry
 
+    db_path = resolve_db(config_path, db_path)
+    registry = Path(registry or _default_registry(config_path))
     key = publishing_key(signing_key, config_path, create_for=registry)
 
-    with Store(db_path, read_only=True) as store:
+    with open_store(db_path, read_only=True, missing="run `routeopt run` or import outcomes first") as store:
         frame = store.training_frame(list(run_ids) or None)
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
@@ -239,8 +244,8 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
 
 @click.command("route")
 @click.argument("text", required=False)
-@click.option("--policy", "policy_path", type=click.Path(path_type=Path, exists=True), required=True,
-              help="Registry folder or a version folder.")
+@click.option("--policy", "policy_path", type=click.Path(path_type=Path, exists=True), default=None,
+              help="Registry folder or a version folder (default: registry_dir from the config).")
 @click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help='JSONL of {"id", "prompt", "suite"?}.')
 @click.option("--output", "output_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -256,12 +261,18 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
               help="Route to this model when no valid policy is there (expired, refused), saying why "
                    "on stderr (default: $ROUTEOPT_DEFAULT_MODEL; without it such a policy is an error).")
 @CONFIG_OPTION
-def route(text: str | None, policy_path: Path, input_path: Path | None, output_path: Path | None,
+def route(text: str | None, policy_path: Path | None, input_path: Path | None, output_path: Path | None,
           suite: str | None, quality_target: float | None, public_keys: tuple[Path, ...],
           allow_unsigned: bool, default_model: str | None, config_path: Path | None) -> None:
     """Route one TEXT, or every request of --input, with a published policy (verified)."""
+    from flows.commands.artifacts import _default_registry
+
     if (text is None) == (input_path is None):
         raise click.UsageError("give either TEXT or --input FILE")
+    policy_path = Path(policy_path or _default_registry(config_path))
+    if not policy_path.exists():
+        raise click.ClickException(f"{policy_path}: no policy registry; run `routeopt run` or "
+                                   "`routeopt train` first, or give --policy")
     bare = (policy_path / "policy.json").is_file() and not (policy_path / "manifest.json").exists()
     keys = None if bare else verification_keys(public_keys, config_path, allow_unsigned)
     policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model)

@@ -15,8 +15,19 @@ from flows.commands.artifacts import ALLOW_UNSIGNED_LOAD, PUBLIC_KEY, REGISTRY, 
 from flows.commands.gpu import cost
 from flows.commands.router import import_group
 
-LOG_ARG = click.argument("log", nargs=-1, required=True,
-                         type=click.Path(exists=True, path_type=Path))
+LOG_ARG = click.argument("log", nargs=-1, type=click.Path(exists=True, path_type=Path))
+
+
+def _logs(given: tuple[Path, ...], cfg: Any) -> list[Path]:
+    """LOG files or folders, else the config's `traffic.log_dir`."""
+    if given:
+        return list(given)
+    if cfg.traffic.log_dir is None:
+        raise click.UsageError("give LOG (decision log files or folders), or set traffic.log_dir "
+                               f"in {cfg.source_path}")
+    if not Path(cfg.traffic.log_dir).exists():
+        raise click.ClickException(f"traffic.log_dir {cfg.traffic.log_dir} does not exist")
+    return [Path(cfg.traffic.log_dir)]
 
 
 def _champion(cfg: Any, registry: Any) -> Any:
@@ -38,13 +49,15 @@ def _champion(cfg: Any, registry: Any) -> Any:
 @CONFIG_OPTION
 @DB_OPTION
 def import_decisions_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None) -> None:
-    """Import gateway decision logs (JSONL files or folders) into the store; safe to repeat."""
+    """Import gateway decision logs (JSONL files or folders; default: traffic.log_dir) into the
+    store; safe to repeat."""
     from evals.storage.traffic import TrafficImportError, import_decisions
 
+    logs = log or _logs(log, load_config_or_exit(config_path))
     path = resolve_db(config_path, db_path)
     try:
         with open_store(path, read_only=False) as store:
-            s = import_decisions(list(log), store)
+            s = import_decisions(list(logs), store)
     except TrafficImportError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{s.new} new decisions ({s.decisions} in {s.files} files, {s.duplicates} repeated "
@@ -106,11 +119,13 @@ def import_feedback_cmd(file: Path, config_path: Path | None, db_path: Path | No
 def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, name: str,
                        judge: str | None, reference: str | None, registry: str | None, seed: int,
                        suites_dir: Path | None, data_dir: Path | None, max_tokens: int) -> None:
-    """Turn logged prompts (where the redaction hook kept text) into eval suites for the nightly."""
+    """Turn logged prompts (where the redaction hook kept text) into eval suites for the nightly
+    (LOG: decision log files or folders; default: traffic.log_dir)."""
     from evals.storage.traffic import TrafficImportError, decisions_from_log
     from evals.suite.traffic_suite import TrafficSuiteError, build_traffic_suites, strongest_candidate
 
     cfg = load_config_or_exit(config_path)
+    log = tuple(_logs(log, cfg))
     if reference == "strongest":
         reference = strongest_candidate(cfg, _champion(cfg, registry or cfg.registry_dir))
         if reference is None:
@@ -209,7 +224,7 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     )
     from router_training.live import compare, evaluate
 
-    registry = registry or _default_registry()
+    registry = registry or _default_registry(config_path)
     keys = verification_keys(public_keys, config_path, allow_unsigned)
     loaded = []
     for spec in targets or ("champion", "candidate"):

@@ -13,7 +13,7 @@ from artifacts.promotion import champion_policy, decide_promotion
 from artifacts.registry import move_channel, publish
 from artifacts.runtime import PolicyLoadError, load
 from tests.artifacts.policies import make_policy
-from tests.fake_llm import FakeLLM, default_answer, write_arithmetic_suite, write_two_model_config
+from tests.fake_llm import FakeLLM, fails_odd_answers, write_arithmetic_suite, write_two_model_config
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harnes
     monkeypatch.setenv("S_KEY", "sk-s")
     monkeypatch.setenv("W_KEY", "sk-w")
     with FakeLLM() as strong, FakeLLM() as weak:
-        weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
+        weak.answer_fn = fails_odd_answers
         write_arithmetic_suite(tmp_path / "suites", 30)
         config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak, key_envs=("S_KEY", "W_KEY"),
                                         router={"quality_target": 1.0, "holdout_fraction": 0.3})

@@ -74,6 +74,21 @@ router:
     assert lines[2].strip().startswith(f"{path}:8: router.quality_target: ")
 
 
+def test_a_misspelt_field_says_what_it_was_meant_to_be(tmp_path: Path) -> None:
+    path = tmp_path / "routeopt.yaml"
+    path.write_text("candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,\n"
+                    "     max_concurency: 3, prefix_cache: {blok_size: 8}}\nregistry: x\n"
+                    "preflight: {skip_brokn: true}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()[1:]
+    assert sorted(line.strip() for line in lines) == [
+        f"{path}:3: candidates.0.max_concurency: Extra inputs are not permitted; did you mean 'max_concurrency'?",
+        f"{path}:3: candidates.0.prefix_cache.blok_size: Extra inputs are not permitted; did you mean 'block_size'?",
+        f"{path}:4: registry: Extra inputs are not permitted; did you mean 'registry_dir'?",
+        f"{path}:5: preflight.skip_brokn: Extra inputs are not permitted; did you mean 'skip_broken'?"]
+
+
 def test_one_error_is_one_line(tmp_path: Path) -> None:
     path = _write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
                             "input_price_per_mtok: 1}\nrouter: {seed: x}\n")

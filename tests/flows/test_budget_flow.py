@@ -45,9 +45,9 @@ def test_a_capped_candidate_stops_before_its_cap(tmp_path: Path, prefect_harness
     reason = con.execute("SELECT error FROM outcomes WHERE error_kind = 'budget' LIMIT 1").fetchall()
     con.close()
     (cheap_row, dear_row) = rows
-    assert cheap_row[:4] == ("cheap", 40, 0, 40) and calls_cheap == 40
+    assert cheap_row[:4] == ("cheap", 40, 0, 40) and calls_cheap == 40 + 1  # and its preflight probe
     name, total, skipped, graded, spent = dear_row
     assert total == 40 and 0 < skipped < 40 and graded + skipped == 40  # every item has its row
-    assert calls_dear == graded  # no call was sent for a skipped item
+    assert calls_dear == graded + 1  # no call was sent for a skipped item (+ the probe)
     assert 0 < spent <= CAP
     assert "candidate 'dear' is capped at $0.004" in reason[0][0]

@@ -129,13 +129,13 @@ def project(tmp_path: Path):
 
 
 def start_cli(config: Path, run_id: str, mark: str, env: dict[str, str] | None = None,
-              **popen: Any) -> subprocess.Popen:
+              resume: bool = False, **popen: Any) -> subprocess.Popen:
     env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, **(env or {})}
     env.update(PYTHONPATH=str(REPO), LC_STRONG_KEY="sk-lc-strong", LC_WEAK_KEY="sk-lc-weak",
                PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "eval", "--config", str(config), "--run-id", run_id,
-         "--no-progress"],
+        [sys.executable, "-m", "flows.cli", "eval", "--config", str(config),
+         "--resume" if resume else "--run-id", run_id, "--no-progress"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
@@ -182,7 +182,7 @@ def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project, mark
     done_prompts = prompts_of(before, db)
     mark_sent = len(server.requests)
 
-    resumed = start_cli(config, run_id, mark)
+    resumed = start_cli(config, run_id, mark, resume=True)
     out = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, out[-4000:]
     assert_nothing_left(set(), mark)  # and a run that ends normally stops its server too
@@ -214,7 +214,7 @@ def test_sigterm_or_ctrl_c_stops_promptly_and_cleanly(project, mark, how):
     signum = signal.SIGTERM if how == "sigterm" else signal.SIGINT
     assert proc.returncode == 128 + signum, out[-4000:]
     assert took < SHUTDOWN_GRACE_S + 10, f"took {took:.1f} s to stop"
-    assert f"Resume with: routeopt eval --run-id {run_id}" in out, out[-4000:]
+    assert f"Resume with: routeopt eval --resume {run_id} --config {config.resolve()}\n" in out, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     assert_nothing_left(tree, mark)
     with duckdb.connect(str(db), read_only=True) as con:

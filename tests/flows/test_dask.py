@@ -13,6 +13,7 @@ import pytest
 from tests.fake_llm import (
     FakeLLM,
     default_answer,
+    fails_odd_answers,
     write_arithmetic_suite,
     write_two_model_config,
 )
@@ -49,7 +50,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
     monkeypatch.setenv("OPS_DASK_KEY", "sk-dask-test")
     # no prompt cache: which item writes it (and so pays more) depends on arrival order
     with FakeLLM(prompt_cache=False) as strong, FakeLLM(prompt_cache=False) as weak:
-        weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
+        weak.answer_fn = fails_odd_answers
         plain_cfg = _config(tmp_path, strong, weak, "plain.duckdb")
         dask_cfg = _config(tmp_path, strong, weak, "dask.duckdb")
         nightly(config_path=str(plain_cfg), run_id="r1", train=False, publish=False)
@@ -70,7 +71,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
     assert sum(p["total"] for p in result["pairs"]) == 2 * (12 + 10)
     # training ran on a worker too, from the frame the flow read (workers cannot open the DB)
     assert result["router_metrics"]["n_requests"] == 22 and result["published"]["version"] == 1
-    assert sent == 2 * 2 * (12 + 10)  # each run called every item once
+    assert sent == 2 * 2 * (12 + 10 + 1)  # each run called every item once, after a probe
     plain, dask = _outcomes(tmp_path / "plain.duckdb"), _outcomes(tmp_path / "dask.duckdb")
     assert len(plain) == 44 and plain == dask
     assert 0 < sum(1 for r in dask if r[3] == "weak" and r[4]) < 22  # the weak model fails some
@@ -106,6 +107,8 @@ def _answer(prompt: str) -> str:
         return "Right.\nSCORE: 9"
     n = default_answer(prompt)
     style = prompt.rsplit("style:", 1)[-1].strip()
+    if not n.isdigit():  # a preflight probe
+        return n
     return {"sentence": f"The sum is {n}.", "json": json.dumps({"sum": int(n)}), "code": CODE}.get(style, n)
 
 

@@ -24,7 +24,7 @@ import pytest
 from tests import REPO
 from tests.fake_llm import (
     FakeLLM,
-    default_answer,
+    fails_odd_answers,
     write_arithmetic_suite,
     write_two_model_config,
 )
@@ -102,7 +102,7 @@ def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: d
 
     env = {**server_env, "OPS_STRONG_KEY": "sk-ops-strong", "OPS_WEAK_KEY": "sk-ops-weak"}
     with FakeLLM() as strong, FakeLLM() as weak:
-        weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
+        weak.answer_fn = fails_odd_answers
         config = _config(tmp_path, strong, weak)
         deploy = subprocess.run(
             [sys.executable, "-m", "flows.cli", "deploy", "--config", str(config), "--pool", "ops-test",
@@ -136,7 +136,7 @@ def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: d
     assert [s.schedule.cron for s in dep.schedules] == ["30 3 * * *"]
     assert dep.schedules[0].schedule.timezone == "UTC"
 
-    assert sent_strong == sent_weak == ITEMS
+    assert sent_strong == sent_weak == ITEMS + 1  # each item, and a preflight probe
     con = duckdb.connect(str(tmp_path / "out" / "routeopt.duckdb"), read_only=True)
     try:
         rows = con.execute(

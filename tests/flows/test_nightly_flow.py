@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.fake_llm import FakeLLM, FaultPlan, write_arithmetic_suite, write_two_model_config
+from tests.fake_llm import FakeLLM, FaultPlan, fails_odd_answers, write_arithmetic_suite, write_two_model_config
 from tests.leaks import every_log_record, hits_under
 
 SECRETS = ("sk-strong-planted-secret", "sk-weak-planted-secret")
@@ -22,9 +22,7 @@ SECRETS = ("sk-strong-planted-secret", "sk-weak-planted-secret")
 def two_servers():
     """A 'strong' model that answers everything and a 'weak' one that fails odd answers."""
     with FakeLLM() as strong, FakeLLM() as weak:
-        from tests.fake_llm import default_answer
-
-        weak.answer_fn = lambda p: "0" if int(default_answer(p)) % 2 else default_answer(p)
+        weak.answer_fn = fails_odd_answers
         yield strong, weak
 
 
@@ -105,7 +103,8 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
 
     assert result["suite_errors"] == {}
     assert set(result["suites"]) == {"arith", "arith2"}
-    assert len(strong.requests) == 70 and len(weak.requests) == 70
+    assert len(strong.requests) == 70 + 1 and len(weak.requests) == 70 + 1  # + its preflight probe
+    assert result["preflight"] and {p["verdict"] for p in result["preflight"]} == {"ok"}
     con = duckdb.connect(str(db), read_only=True)
     n, distinct, passed_weak = con.execute(
         "SELECT count(*), count(DISTINCT (suite, item_id, candidate)), "
@@ -130,24 +129,24 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     assert manifest["lineage"]["runs"] == ["night-1"]
     assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
     assert result["promotion"]["promoted"] and result["promotion"]["reason"] == "no champion yet"
-    assert Path(result["report_path"]).exists()
+    assert stat.S_IMODE(Path(result["report_path"]).stat().st_mode) == 0o644  # meant to be shared
 
     # A second night measures the models again (API aliases change behind the same name, and a
     # replayed answer says nothing about tonight), and the new policy is compared with the
     # champion on the same held-out items.
     second = nightly(config_path=str(config), run_id="night-2")
     close_store(db)
-    assert len(strong.requests) == 140 and len(weak.requests) == 140
+    assert len(strong.requests) == 142 and len(weak.requests) == 142
     assert second["published"]["version"] == 2
     assert second["promotion"]["champion"], second["promotion"]
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM outcomes WHERE cached").fetchone()[0] == 0
     con.close()
 
-    # Resuming a run calls nothing again and duplicates nothing.
+    # Resuming a run calls nothing again (but the probe) and duplicates nothing.
     nightly(config_path=str(config), run_id="night-1", train=False, publish=False)
     close_store(db)
-    assert len(strong.requests) == 140 and len(weak.requests) == 140
+    assert len(strong.requests) == 143 and len(weak.requests) == 143
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM outcomes WHERE run_id = 'night-1'").fetchone()[0] == 140
     con.close()
@@ -192,7 +191,7 @@ def test_summary_counts_the_candidates_errors_and_says_what_it_left_out(
         _edit(config, limits)
         res = _cli("eval", "--config", str(config), "--run-id", "e1")
         assert res.exit_code == 0, res.output
-        answered = sum(1 for r in strong.requests)
+        answered = len(strong.requests) - 1  # its preflight probe aside
     skipped = 30 - answered
     assert 0 < skipped < 30
     # weak: the 10 truncated items are failures (20 of 30 pass); strong: the items the spend
@@ -215,12 +214,12 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
                                         key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"))
         calls = lambda: len(strong.requests) + len(weak.requests)  # noqa: E731
         assert _cli("eval", "--config", str(config), "--run-id", "e1").exit_code == 0
-        assert calls() == 40
+        assert calls() == 40 + 2  # every item, and each candidate's preflight probe
         second = _cli("eval", "--config", str(config), "--run-id", "e2")
-        assert second.exit_code == 0 and calls() == 80  # a new run measures the models again
+        assert second.exit_code == 0 and calls() == 84, second.output  # a new run measures the models again
         assert "response cache" not in second.output
         dev = _cli("eval", "--config", str(config), "--run-id", "e3", "--cache")
-        assert dev.exit_code == 0 and calls() == 80  # opted in: replayed
+        assert dev.exit_code == 0 and calls() == 86  # opted in: replayed (the probes are not)
         # 20 replayed rows: in the pass rate, not in cost or times (no call of this run has any)
         assert re.search(r"strong\W+20\W+0\W+0\W+1\.000\W+20\W+-\W+-\W+-\W+-\W", dev.output), dev.output
         assert ("response cache: 40 answers replayed from earlier runs (at most 1d old); they "
@@ -230,13 +229,17 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
 
         # resuming e1: pacing may change, what the models answer may not
         _edit(config, lambda cfg: cfg["candidates"][0].update(max_concurrency=2))
-        assert _cli("eval", "--config", str(config), "--run-id", "e1").exit_code == 0
+        assert _cli("eval", "--config", str(config), "--resume", "e1").exit_code == 0
+        assert calls() == 88  # nothing left to call but the probes
         _edit(config, lambda cfg: cfg["candidates"][1].update(model="small-2"))
         (suites / "arith.yaml").write_text(
             (suites / "arith.yaml").read_text().replace("number only", "digits only"))
-        refused = _cli("eval", "--config", str(config), "--run-id", "e1")
-        assert calls() == 80
+        refused = _cli("eval", "--config", str(config), "--resume", "e1")
+        assert calls() == 88  # refused before anything was sent
     assert refused.exit_code == 1
+    # what the run did so far, then the one sentence that says why it cannot go on
+    assert re.search(r"strong\W+20\W+0\W+0\W+1\.000\W", refused.output), refused.output
+    assert "Traceback" not in refused.output
     out = " ".join(refused.output.split())
     assert "Error: cannot resume run 'e1': candidate 'weak': model 'small' -> 'small-2'; suite 'arith': version" in out
     assert "Start a new run instead (run again without --run-id, or with a new one)" in out
@@ -331,7 +334,7 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
     assert status == ["completed"] and n == distinct == 140
 
 
-def test_a_refused_key_is_named_in_the_summary_and_only_its_candidate_stops(
+def test_a_refused_key_stops_the_run_at_its_preflight_or_its_candidate_mid_run(
     tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from click.testing import CliRunner
@@ -344,9 +347,58 @@ def test_a_refused_key_is_named_in_the_summary_and_only_its_candidate_stops(
     monkeypatch.setenv("WEAK_KEY", "sk-weak-revoked-0123456789")
     weak.expect_api_key = "sk-weak-current"
     config = _config(tmp_path, strong, weak)
-    res = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k"])
-    close_store(tmp_path / "out" / "routeopt.duckdb")
+    db = tmp_path / "out" / "routeopt.duckdb"
+    # the preflight names it before any suite runs, and nothing is evaluated
+    stopped = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-p"])
+    assert stopped.exit_code == 1
+    out = " ".join(stopped.output.split())
+    assert (f"preflight: candidate weak ({weak.anthropic_base_url}): HTTP 401: Incorrect API key "
+            f"provided: [redacted] [authentication_error] (POST {weak.anthropic_base_url}/v1/messages)") in out, out
+    assert "preflight failed for weak: nothing was evaluated" in out
+    assert len(strong.requests) == len(weak.requests) == 1  # the probes only
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        probes = con.execute("SELECT candidate, verdict, status FROM preflight ORDER BY 1").fetchall()
+    assert probes == [("strong", "ok", None), ("weak", "broken", 401)]
+
+    # without one, its candidate stops calling at its first refusal, and the run says so
+    res = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k",
+                                   "--no-preflight"])
+    close_store(db)
     out = " ".join(res.output.split())
+    assert res.exit_code == 1
     assert "candidate weak stopped calling" in out and "fix $WEAK_KEY and resume the run" in out, out
-    assert "0123456789" not in res.output
-    assert len(strong.requests) == 70 and len(weak.requests) <= 2 * 8  # one wave per suite
+    assert (f"Error: weak stopped calling when the API key was refused; fix the key, then resume with: "
+            f"routeopt eval --resume night-k --config {config.resolve()} --no-preflight") in out
+    assert "0123456789" not in res.output + stopped.output
+    assert len(strong.requests) == 71 and len(weak.requests) <= 1 + 2 * 8  # one wave per suite
+
+
+def test_the_flow_stops_on_a_failed_preflight_and_publishes_only_when_told_to_skip(
+    tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment runs the flow without the CLI: the flow probes, and a broken candidate stops
+    it before any suite; with skip_broken it runs and publishes without that candidate."""
+    from evals.execution.preflight import PreflightFailed
+    from flows.nightly import close_store, nightly
+
+    monkeypatch.setenv("STRONG_KEY", "sk-strong")
+    monkeypatch.setenv("WEAK_KEY", "sk-weak")
+    strong, weak = two_servers
+    config = _config(tmp_path, strong, weak)
+    _edit(config, lambda cfg: cfg["candidates"][1].update(base_url=weak.url + "/wrong"))
+    db, registry = tmp_path / "out" / "routeopt.duckdb", tmp_path / "out" / "registry"
+    with pytest.raises(PreflightFailed, match="preflight failed for weak: nothing was evaluated"):
+        nightly(config_path=str(config), run_id="p1")
+    # the probes only: weak's went to a path the server does not have (it records no request)
+    assert not registry.exists() and len(strong.requests) == 1 and weak.requests == []
+    result = nightly(config_path=str(config), run_id="p2", skip_broken=True)
+    close_store(db)
+    assert result["skipped"] == ["weak"] and result["published"]["version"] == 1
+    manifest = json.loads((Path(result["published"]["uri"]) / "policy.json").read_text())
+    assert manifest["candidates"] == ["strong"]
+    assert weak.requests == []  # none of its items were called
+    with duckdb.connect(str(db), read_only=True) as con:
+        probes = con.execute("SELECT run_id, candidate, verdict, status FROM preflight ORDER BY ALL").fetchall()
+    assert probes == [("p1", "strong", "ok", None), ("p1", "weak", "broken", 404),
+                      ("p2", "strong", "ok", None), ("p2", "weak", "broken", 404)]

@@ -65,6 +65,31 @@ def test_validate_reports_every_problem_with_line_and_exits_1(project: Path) -> 
     assert "3 problem(s) in 2 file(s)" in out
 
 
+def test_validate_says_which_field_a_misspelt_one_was_meant_to_be(project: Path) -> None:
+    run(project, "new", "good")
+    typo = project / "suites" / "typo.yaml"
+    typo.write_text(
+        "name: typo\n"
+        "dataset: {path: ../data/good.jsonl, id_field: id}\n"
+        "prompt:\n"
+        "  templat: '{{ question }}'\n"
+        "gradr: {type: numeric, target: '{{ answer }}'}\n"
+        "generation: {max_tokens: 4, temprature: 0}\n"
+        "owner: {name: x}\n"
+        "zzz: 1\n"
+    )
+    res = run(project, "validate", str(typo))
+    assert res.exit_code == 1
+    out = res.output
+    assert f"{typo}:4: prompt.templat: Extra inputs are not permitted; did you mean 'template'?" in out
+    assert f"{typo}:5: gradr: Extra inputs are not permitted; did you mean 'grader'?" in out
+    assert f"{typo}:6: generation.temprature: Extra inputs are not permitted; did you mean 'temperature'?" in out
+    assert f"{typo}:8: zzz: Extra inputs are not permitted\n" in out  # nothing is spelt like it
+    typo.write_text(typo.read_text().replace("gradr:", "grader:").replace("target:", "targt:"))
+    res = run(project, "validate", str(typo))
+    assert f"{typo}:5: grader.targt: Extra inputs are not permitted; did you mean 'target'?" in res.output
+
+
 def test_validate_malformed_yaml(project: Path) -> None:
     (project / "suites" / "broken.yaml").write_text("name: [unclosed\n")
     res = run(project, "validate")

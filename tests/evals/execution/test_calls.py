@@ -126,7 +126,8 @@ def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
 
 
 async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
-        tmp_path, fake_llm, fake_candidate, monkeypatch):
+        tmp_path, fake_llm, fake_candidate, monkeypatch, caplog):
+    caplog.set_level("WARNING", logger="evals.execution.calls")
     monkeypatch.setenv("FAKE_KEY", "sk-wrong-0123456789")
     fake_llm.expect_api_key = "sk-right-0123456789"
     suite = load_suite(write_arithmetic_suite(tmp_path, 30))
@@ -141,6 +142,8 @@ async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
         assert len(unsent) >= 27 and all("$FAKE_KEY" in r.error and "not sent" in r.error for r in unsent)
         assert lim.breaker.state == "closed" and lim.breaker.times_opened == 0
         assert stats.halted and "resume" in stats.halted and stats.error_kinds == {"auth": 30}
+        said = [r.getMessage() for r in caplog.records if r.name == "evals.execution.calls"]
+        assert len(said) == 1 and said[0].startswith("candidate 'fake-openai' stopped calling")  # when it stopped
         assert not any("sk-wrong" in (r.error or "") or "0123456789" in (r.error or "") for r in rows.values())
 
         monkeypatch.setenv("FAKE_KEY", "sk-right-0123456789")  # fixed: the resumed run finishes
@@ -236,3 +239,45 @@ async def test_only_the_probes_answer_decides_a_half_open_breaker():
     breaker.record(boom, straggler)  # the straggler's late failure
     breaker.record(None, probe)
     assert breaker.state == "closed" and breaker.down_since is None
+
+
+async def test_the_breaker_says_when_it_opens_stays_down_closes_and_gives_up(caplog):
+    """Each change of an endpoint's health is a warning at the moment it happens, with its
+    reason: a run waiting on a dead endpoint is never silent."""
+    import logging
+
+    from evals.providers.base import ProviderError
+
+    now = [0.0]
+    breaker = CircuitBreaker("http://127.0.0.1:9/v1 (key $K)", failures=2, cooldown_s=30.0,
+                             clock=lambda: now[0])
+    refused = ProviderError("connection", "Connection error. (POST http://127.0.0.1:9/v1/chat/completions)")
+    caplog.set_level(logging.WARNING, logger="evals.execution.limits")
+    breaker.record(refused, await breaker.admit(600))
+    assert caplog.messages == []  # one failure is not an outage
+    breaker.record(refused, await breaker.admit(600))
+    now[0] = 31.0
+    breaker.record(refused, await breaker.admit(600))  # the probe fails
+    now[0] = 62.0
+    breaker.record(None, await breaker.admit(600))  # the next probe answers
+    breaker.record(refused, await breaker.admit(600))
+    breaker.record(refused, await breaker.admit(600))  # down again
+    now[0] = 700.0
+    gave_up = [await breaker.admit(600), await breaker.admit(600)]
+    assert all(a.refused for a in gave_up[1:]) and gave_up[0].probe  # a probe due still goes
+    breaker.record(refused, gave_up[0])
+    assert (await breaker.admit(600)).refused and (await breaker.admit(600)).refused
+    assert caplog.messages[:3] == [
+        "circuit breaker open for http://127.0.0.1:9/v1 (key $K) after 2 consecutive failures "
+        "(last: connection: Connection error. (POST http://127.0.0.1:9/v1/chat/completions)); "
+        "its calls wait for a probe every 30s",
+        "http://127.0.0.1:9/v1 (key $K) is still down after 31s (probe: connection: Connection "
+        "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s",
+        "http://127.0.0.1:9/v1 (key $K) answers again after 62s down; its calls go on"]
+    assert caplog.messages[3].startswith("circuit breaker open for http://127.0.0.1:9/v1 (key $K)")
+    assert caplog.messages[4:] == [
+        "gave up waiting for http://127.0.0.1:9/v1 (key $K) after 638s down "
+        "(circuit_breaker_max_wait_s); its remaining items are recorded as circuit_open, and "
+        "resuming the run calls them again",  # said once, however many calls it refuses
+        "http://127.0.0.1:9/v1 (key $K) is still down after 638s (probe: connection: Connection "
+        "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s"]

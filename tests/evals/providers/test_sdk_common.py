@@ -71,6 +71,30 @@ def test_status_codes(status, kind):
     assert (err.retry_after_s == 1.0) == (kind == "rate_limited" or kind == "server_error")
 
 
+@pytest.mark.parametrize("body,said", [
+    ({"detail": "Not Found"}, "HTTP 404: Not Found"),  # FastAPI's 404 (LiteLLM's proxy, a wrong path)
+    ({"message": "No connected db.", "type": "no_db_connection", "code": "400"},
+     "HTTP 404: No connected db. [no_db_connection]"),  # LiteLLM's proxy, a key it cannot check
+    ({"error": {"message": "model not found", "code": "model_not_found"}},
+     "HTTP 404: model not found [model_not_found]"),
+    (None, "HTTP 404: Error code: 404"),
+])
+def test_a_status_error_says_what_the_server_said_and_where_it_was_sent(body, said):
+    """The message names the endpoint (without its query string, where some APIs take a key)
+    and the body's own words, so a wrong URL or key is recognisable on screen."""
+    http = transport(openai)
+    request = http.Request("POST", "http://proxy:4000/v2/chat/completions?key=sk-in-query-123")
+    exc = openai.NotFoundError("Error code: 404", response=http.Response(404, request=request),
+                               body=body)
+    err = map_error(exc, openai, None)
+    assert err.kind == "config" and err.status == 404
+    assert err.message == f"{said} (POST http://proxy:4000/v2/chat/completions)"
+    refused = map_error(openai.APIConnectionError(request=request), openai, None)
+    assert refused.kind == "connection" and refused.status is None
+    assert refused.message.endswith("(POST http://proxy:4000/v2/chat/completions)")
+    assert "sk-in-query" not in err.message + refused.message
+
+
 # --- a stream request answered with one JSON body (LiteLLM's proxy does, for Anthropic) -------
 
 

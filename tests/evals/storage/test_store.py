@@ -126,6 +126,23 @@ def test_resuming_refuses_a_changed_candidate_or_suite(store: Store) -> None:
     assert "Start a new run" in msg and "without --run-id" in msg
 
 
+def test_a_candidate_the_run_never_measured_may_be_fixed_before_resuming(store: Store) -> None:
+    """Every row of 'm' is a placeholder (a wrong URL on every call): the run measured nothing
+    of it, so its fixed configuration resumes the run, and the run records the fix."""
+    from evals.storage.store import ResumeConflict
+
+    store.write_outcomes([Outcome("r1", "s", "v1", i, "m", error_kind="misconfigured",
+                                  error="config: HTTP 404: Not Found") for i in ("1", "2")])
+    fixed = {"m": {"provider": "openai", "model": "gpt", "base_url": "http://right/v1"}}
+    store.check_resume("r1", fixed, {"s": "v1"})
+    store.begin_run("r1", candidates=[{"name": "m", **fixed["m"]}])
+    recorded = store.query("SELECT base_url FROM candidates WHERE run_id = 'r1'").base_url.tolist()
+    assert recorded == ["http://right/v1"]
+    store.write_outcomes([_outcome("1")])  # measured now: a change is refused again
+    with pytest.raises(ResumeConflict, match="base_url 'http://right/v1' -> 'http://other/v1'"):
+        store.check_resume("r1", {"m": {**fixed["m"], "base_url": "http://other/v1"}}, {"s": "v1"})
+
+
 def test_begin_run_twice_resumes(store: Store) -> None:
     assert store.begin_run("r1") is False
     assert store.begin_run("r2") is True
@@ -175,3 +192,43 @@ def test_a_file_from_before_the_streamed_column_gains_it_and_keeps_its_rows(tmp_
         rows = s.query("SELECT item_id, passed, streamed FROM outcomes ORDER BY item_id")
     assert rows.to_dict("records") == [{"item_id": "1", "passed": True, "streamed": None},
                                        {"item_id": "2", "passed": True, "streamed": False}]
+
+
+def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(tmp_path: Path) -> None:
+    """A proxy that answers a wrong key with HTTP 400 on every call looks, row by row, like a
+    model that fails every item; taken together the rows say the configuration is wrong."""
+    from evals.storage.labels import label_frame
+
+    bad_key = "HTTP 400: No connected db. [no_db_connection] (POST http://proxy/v1/chat/completions)"
+    refused = "Connection error. (POST http://127.0.0.1:9/v1/chat/completions)"
+    rows = {  # candidate -> [(error_kind, error)] over items 0..4; None is an answer
+        "wrong-key": [("client_error", bad_key)] * 5,
+        "one-answer": [("client_error", bad_key)] * 4 + [None],  # it answered once: measured
+        "two-calls": [("client_error", bad_key)] * 2,  # too few calls to tell
+        "dead-port": [("connection", refused)] * 3 + [("circuit_open", "gave up after 600s")] * 2,
+        "two-ways": [("timeout", "no complete answer within 60s")] * 4 + [("client_error", bad_key)],
+        "wrong-path": [("config", "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)")] * 3,
+    }
+    with Store(tmp_path / "x.duckdb") as store:
+        store.begin_run("r1")
+        store.register_suite("s", "v1", {}, [(str(i), f"p{i}", {}) for i in range(5)])
+        store.write_outcomes([
+            Outcome("r1", "s", "v1", str(i), cand, error_kind=e and e[0], error=e and e[1],
+                    passed=None if e else True, score=None if e else 1.0)
+            for cand, errs in rows.items() for i, e in enumerate(errs)])
+        found = store.mark_same_errors("r1")
+        after = store.query("SELECT candidate, error_kind, error, passed FROM outcomes")
+        frame = label_frame(after.assign(cached=False))
+        resumable = store.done_items("r1", "s", "wrong-key")
+    assert found == [{"candidate": "dead-port", "n": 3, "error_kind": "connection", "error": refused},
+                     {"candidate": "wrong-key", "n": 5, "error_kind": "client_error", "error": bad_key},
+                     {"candidate": "wrong-path", "n": 3, "error_kind": "config",
+                      "error": "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)"}]
+    marked = after[after.error_kind == "misconfigured"]
+    assert sorted(marked.candidate.unique()) == ["dead-port", "wrong-key", "wrong-path"] and len(marked) == 11
+    assert set(marked[marked.candidate == "wrong-key"].error) == {f"client_error: {bad_key}"}
+    assert set(after[after.candidate == "dead-port"].error_kind) == {"misconfigured", "circuit_open"}
+    excluded = frame.groupby("candidate").excluded.sum().to_dict()
+    assert excluded == {"wrong-key": 5, "dead-port": 5, "one-answer": 0, "two-calls": 0, "two-ways": 0,
+                        "wrong-path": 3}
+    assert resumable == set()  # a resumed run calls them again, once the configuration is fixed
