@@ -298,8 +298,7 @@ class Router:
             except (VerificationError, RegistryError, OSError) as exc:
                 self._failures += 1
                 self._last_error = str(exc)
-                kind = "unreachable" if isinstance(exc, (RegistryError, OSError)) else \
-                    "conformance" if getattr(exc, "kind", None) == "conformance" else "rejected"
+                kind = "unreachable" if isinstance(exc, (RegistryError, OSError)) else "rejected"
                 log.warning("policy refresh %s, still serving %s: %s", kind, self._serving(), exc)
                 self._emit(kind, str(exc))
                 return False
