@@ -41,7 +41,7 @@ from artifacts.runtime import Decision, Router, RouterStatus
 from router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
     Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
 )
-from router_training.features import text_bytes
+from router_training.features import n_chars, text_bytes
 
 log = logging.getLogger("routeopt.decisions")
 FORMAT_VERSION = 1
@@ -122,7 +122,7 @@ class DecisionLog:
         data = text_bytes(prompt)  # the spec's bytes: a JavaScript gateway hashes the same
         out: dict[str, Any] = {
             "prompt_hash": hashlib.blake2b(data, digest_size=16, key=self._hash_key).hexdigest(),
-            "prompt_chars": len(prompt)}
+            "prompt_chars": n_chars(prompt)}
         if self._redact is not None:
             try:
                 text = self._redact(prompt)

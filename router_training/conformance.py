@@ -127,7 +127,8 @@ def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
         return _text_layers(batch_features(texts, suites, policy.spec), n_detail)
     feats, z, topic, p, c = batch_predict(policy, texts, suites)
     out = _text_layers(feats, n_detail)
-    unit = [_unit(suite, feats.text.raw[j]) for suite, j in zip(suites, feats.text_of)]
+    t = feats.text
+    unit = [_unit(suite, t.cut[t.offsets[j]:t.offsets[j + 1]].tobytes()) for suite, j in zip(suites, feats.text_of)]
     out.update({"scores.logits": z, "scores.topic": topic.astype(np.int32), "calibration.p": p, "cost.c": c,
                 "knob.unit": np.array(unit, dtype=np.float64)})
     out.update(_decisions(policy, out, targets))
@@ -135,9 +136,9 @@ def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
     return out
 
 
-def _unit(suite: str | None, raw: bytes) -> float:
-    """`policy.request_unit`, from the prompt's bytes already at hand."""
-    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + raw, digest_size=8).digest()
+def _unit(suite: str | None, cut_bytes: bytes) -> float:
+    """`policy.request_unit`, from the prompt's cut bytes already at hand."""
+    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + cut_bytes, digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
 
 
@@ -157,8 +158,9 @@ def _pick(policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray, u:
 
 
 def _point_index(policy: RoutingPolicy, target: float) -> int:
-    point = policy.point_for(target)
-    return next((j for j, p in enumerate(policy.knob.points) if p is point), -1)
+    """The index of the point serving the target, -1 for the top (section 7's rule)."""
+    policy.point_for(target)  # the same checks
+    return next((j for j, p in enumerate(policy.knob.points) if p.certified >= target - 1e-12), -1)
 
 
 def _decisions(policy: RoutingPolicy, out: dict, targets: tuple[float, ...]) -> dict[str, np.ndarray]:

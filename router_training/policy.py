@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from router_training.features import FeatureSpec, feature_layers, n_chars, request_features, text_bytes
+from router_training.features import FeatureSpec, cut, feature_layers, n_chars, request_features, text_bytes
 from router_training.numerics import ordered_row_sum, ordered_sum, sigmoid
 from router_training.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
 
@@ -322,9 +322,10 @@ class Knob:
 def request_unit(prompt: str, suite: str | None) -> float:
     """A uniform number in [0, 1] fixed by the request: mixes pick their member with it.
 
-    BLAKE2b-64 of the suite's bytes, a NUL and the whole prompt's bytes (the spec's text bytes,
-    not the cut), read big-endian and divided by 2**64 (which may round up to 1.0)."""
-    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + text_bytes(prompt), digest_size=8).digest()
+    BLAKE2b-64 of the suite's bytes, a NUL and the prompt's cut bytes (the spec's section 7: the
+    cut bounds the work a huge prompt costs), read big-endian and divided by 2**64 (which may
+    round up to 1.0)."""
+    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + cut(text_bytes(prompt)), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
 
 
