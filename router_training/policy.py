@@ -348,6 +348,10 @@ class RoutingPolicy:
     def score_request(self, prompt: str, suite: str | None,
                       embedding: np.ndarray | None = None) -> "Scored":
         """One request through features, scorer, calibration and cost (the spec's steps)."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if suite is not None and not isinstance(suite, str):
+            raise TypeError(f"suite must be a string or None, got {type(suite).__name__}")
         if self.spec.embeddings:
             ids, vals = request_features(prompt, suite, self.spec, embedding)
             layers, chars = None, n_chars(prompt)

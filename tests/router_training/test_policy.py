@@ -173,3 +173,17 @@ def test_a_policy_naming_a_missing_member_does_not_load(trained, tmp_path):
     (tmp_path / "policy.json").write_text(json.dumps(head))
     with pytest.raises(ValueError, match="candidate 99"):
         RoutingPolicy.load(tmp_path)
+
+
+def test_hostile_requests_decide_and_non_strings_are_clear_errors(trained):
+    policy = trained.policy
+    for prompt in ["", "\x00", "\ud800", "abc\udfff", "a" * (1 << 20), "😀" * 5000, "İ" * 9000]:
+        for suite in (None, "", "no-such-suite", "add"):
+            d = policy.decide(prompt, suite)
+            assert d.model in policy.candidates and 0 < d.propensity <= 1
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        policy.decide(None)
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        policy.decide(b"bytes")
+    with pytest.raises(TypeError, match="suite must be a string"):
+        policy.decide("x", 3)
