@@ -47,11 +47,6 @@ def ln1p_int(n: np.ndarray) -> np.ndarray:
     return e * LN2_HI + (e * LN2_LO + log_m)
 
 
-def ln1p_scalar(n: int) -> float:
-    """`ln1p_int` of one integer (through the table when it is small)."""
-    return float(TF_TABLE[n]) if 0 <= n < TF_TABLE_SIZE else float(ln1p_int(np.array([n]))[0])
-
-
 def exp_nonpositive(x: np.ndarray) -> np.ndarray:
     """e**x for x <= 0 by the spec's algorithm: x = k ln 2 + r with |r| <= ln(2)/2, a degree-13
     Taylor polynomial in r (Horner), scaled by 2**k; 0 below EXP_FLOOR (k >= -1010: no subnormals)."""
