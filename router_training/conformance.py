@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from router_training.conformance_inputs import VectorInput, from_wtf8, vector_inputs, wtf8
-from router_training.draws import Exploration, choose, derive_key, unit_draw
+from router_training.draws import Exploration, derive_key, unit_draw
 from router_training.batch import BatchFeatures, batch_features, batch_predict
-from router_training.features import text_bytes
+from router_training.features import mix, text_bytes
 from router_training.policy import FORMAT_VERSION, RoutingPolicy, choose as order, member_choice
 from router_training.tensors import ContainerError, dumps, loads
 
@@ -78,6 +78,24 @@ def _digest(data: bytes) -> np.ndarray:
     return np.frombuffer(hashlib.blake2b(data, digest_size=8).digest(), dtype=np.uint8)
 
 
+DIGEST_SALT = 11
+
+
+def sequence_digests(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per segment of u64 values x_0, x_1, ...: the sum mod 2**64 of mix_11(x_i + (i + 1) G),
+    G = 0x9E3779B97F4A7C15, as 8 little-endian bytes (section 9: a sum of mixed, position-tagged
+    values is order-sensitive and, unlike a hash chain, computed for all segments at once)."""
+    values = np.asarray(values, dtype=np.uint64)
+    counts = np.diff(offsets)
+    pos = (np.arange(len(values)) - np.repeat(offsets[:-1], counts) + 1).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed = mix(values + pos * np.uint64(0x9E3779B97F4A7C15), DIGEST_SALT)
+    padded = np.concatenate((mixed, np.zeros(1, dtype=np.uint64)))
+    sums = np.add.reduceat(padded, np.minimum(offsets[:-1], len(values)))  # wrap-around sums: any order
+    sums = np.where(counts > 0, sums, np.uint64(0)).astype("<u8")
+    return sums.view(np.uint8).reshape(len(counts), 8)
+
+
 def _gateway_config(policy: RoutingPolicy) -> dict:
     exclude = [policy.candidates[-1]] if len(policy.candidates) > 2 else []
     return {"exploration": {"rate": 0.2, "exclude": exclude, "max_cost_usd": None, "max_cost_ratio": 4.0,
@@ -92,14 +110,12 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
     """The integer layers (with digests of the variable-length parts) and the statistics."""
     t, of = f.text, f.text_of
     n, t_of = len(of), of
-    words = f.words.astype("<u8")
-    cut_d, word_d, bucket_d = (np.zeros((len(t.raw), 8), np.uint8) for _ in range(3))
-    pairs = np.empty((len(f.buckets), 2), dtype="<u4")
-    pairs[:, 0], pairs[:, 1] = f.buckets, f.counts
+    cut_d = np.zeros((len(t.raw), 8), np.uint8)
     for i in range(len(t.raw)):
         cut_d[i] = _digest(t.cut[t.offsets[i]:t.offsets[i + 1]].tobytes())
-        word_d[i] = _digest(words[f.word_offsets[i]:f.word_offsets[i + 1]].tobytes())
-        bucket_d[i] = _digest(pairs[f.bucket_offsets[i]:f.bucket_offsets[i + 1]].tobytes())
+    word_d = sequence_digests(f.words, f.word_offsets)
+    pairs = (f.buckets.astype(np.uint64) << np.uint64(32)) | f.counts.astype(np.uint64)
+    bucket_d = sequence_digests(pairs, f.bucket_offsets)
     n_words, n_buckets = np.diff(f.word_offsets), np.diff(f.bucket_offsets)
     word_chars = np.bincount(np.repeat(np.arange(len(t.raw)), n_words), weights=f.lengths, minlength=len(t.raw))
     total = np.bincount(np.repeat(np.arange(len(t.raw)), n_buckets), weights=f.counts, minlength=len(t.raw))
@@ -175,15 +191,6 @@ def _decisions(policy: RoutingPolicy, out: dict, targets: tuple[float, ...]) -> 
             "knob.point": np.array([_point_index(policy, t) for t in targets], dtype=np.int32)}
 
 
-class _Served:
-    """The fields of a decision that exploration reads (a policy's Decision, without building one)."""
-
-    def __init__(self, model: str, names: list[str], p: np.ndarray, c: np.ndarray) -> None:
-        self.model = model
-        self.pass_probabilities = dict(zip(names, p.tolist()))
-        self.expected_cost_usd = dict(zip(names, c.tolist()))
-
-
 def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict, config: dict) -> dict[str, np.ndarray]:
     """Exploration and canary with the config's seeds, at the policy's own target (the canary's
     candidate is this same policy, so each arm's served decision is known)."""
@@ -191,22 +198,33 @@ def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict, config
     exploration = Exploration(rate=x["rate"], exclude=frozenset(x["exclude"]), max_cost_usd=x["max_cost_usd"],
                               max_cost_ratio=x["max_cost_ratio"], seed=x["seed"])
     explore_key, canary_key = derive_key("explore", x["seed"]), derive_key("canary", config["canary"]["seed"])
-    P, C = out["calibration.p"], out["cost.c"]
-    pick = _pick(policy, policy.quality_target, P, C, out["knob.unit"])[0]
-    n, names = len(inputs), policy.candidates
-    index = {c: j for j, c in enumerate(names)}
-    res = {"gateway.draws": np.zeros((n, 3)), "gateway.arm": np.zeros(n, np.uint8),
-           "gateway.model": np.zeros(n, np.uint16), "gateway.explored": np.zeros(n, np.uint8),
-           "gateway.eligible": np.zeros(n, np.uint16), "gateway.propensity": np.zeros(n)}
-    for i, inp in enumerate(inputs):
-        u, v = unit_draw(explore_key, inp.request_id)
-        arm_u = unit_draw(canary_key, inp.request_id)[0]
-        choice = choose(_Served(names[pick[i]], names, P[i], C[i]), exploration, u, v)
-        res["gateway.draws"][i] = (u, v, arm_u)
-        res["gateway.arm"][i] = arm_u < config["canary"]["share"]
-        res["gateway.model"][i], res["gateway.explored"][i] = index[choice.model], choice.explored
-        res["gateway.eligible"][i], res["gateway.propensity"][i] = len(choice.eligible), choice.propensity
-    return res
+    draws = np.array([(*unit_draw(explore_key, i.request_id), unit_draw(canary_key, i.request_id)[0]) for i in inputs])
+    draws = draws.reshape(len(inputs), 3)
+    pick = _pick(policy, policy.quality_target, out["calibration.p"], out["cost.c"], out["knob.unit"])[0]
+    model, explored, eligible, prop = explore_all(policy.candidates, out["cost.c"], pick, exploration, draws[:, 0], draws[:, 1])
+    return {"gateway.draws": draws, "gateway.arm": (draws[:, 2] < config["canary"]["share"]).astype(np.uint8),
+            "gateway.model": model.astype(np.uint16), "gateway.explored": explored.astype(np.uint8),
+            "gateway.eligible": eligible.astype(np.uint16), "gateway.propensity": prop}
+
+
+def explore_all(names: list[str], C: np.ndarray, pick: np.ndarray, x: Exploration, u: np.ndarray, v: np.ndarray):
+    """`router_training.draws.choose` for every request at once (served model, explored,
+    eligible count, propensity); a test holds it to `choose` request by request."""
+    n = len(pick)
+    rows = np.arange(n)
+    cap = np.full(n, np.inf if x.max_cost_usd is None else x.max_cost_usd)
+    if x.max_cost_ratio is not None:
+        cap = np.minimum(cap, x.max_cost_ratio * C[rows, pick])
+    mask = ~np.isin(np.array(names), list(x.exclude))[None, :] & (C <= cap[:, None])
+    count = mask.sum(1)
+    on = (x.rate > 0) & (count > 0)
+    explored = on & (u < x.rate)
+    nth = np.minimum(np.floor(v * np.maximum(count, 1)), np.maximum(count - 1, 0)).astype(np.int64)
+    drawn = np.argmax(np.cumsum(mask, axis=1) == (nth + 1)[:, None], axis=1)
+    served = np.where(explored, drawn, pick)
+    share = np.where(mask[rows, served], x.rate / np.maximum(count, 1), 0.0)
+    prop = np.where(on, (1 - x.rate) * (served == pick) + share, 1.0)
+    return served, explored, np.where(on, count, 0), prop
 
 
 # -- the file ---------------------------------------------------------------------------------

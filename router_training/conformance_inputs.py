@@ -148,9 +148,9 @@ _HOSTILE_IDS = ("", " ", "ünïcödé-id", "\ud800", "id\x00nul", "x" * 300, "�
 
 
 def vector_inputs(suites: tuple[str, ...], n_synthetic: int = N_SYNTHETIC) -> list[VectorInput]:
-    """Hostile then synthetic texts, each asked twice: under one of the policy's suites, and
-    under another (known, missing, empty, unknown, a case variant), each time with its own
-    request id for the exploration and canary draws."""
+    """Hostile then synthetic texts, each asked twice (a 1 MB one once): under one of the
+    policy's suites, and under another (known, missing, empty, unknown, a case variant), each
+    time with its own request id for the exploration and canary draws."""
     texts = hostile() + synthetic(n_synthetic)
     others: list[str | None] = list(suites) + list(_HOSTILE_SUITES)
     if suites:
@@ -158,7 +158,8 @@ def vector_inputs(suites: tuple[str, ...], n_synthetic: int = N_SYNTHETIC) -> li
     out = []
     for i, t in enumerate(texts):
         first = suites[i % len(suites)] if suites else None
-        for suite in (first, others[(i + 1) % len(others)]):
+        huge = len(t.prefix) + len(t.pattern) * t.repeat + len(t.suffix) > 1 << 16
+        for suite in (first,) if huge else (first, others[(i + 1) % len(others)]):
             n = len(out)
             rid = _HOSTILE_IDS[n] if n < len(_HOSTILE_IDS) else f"r{n}"
             out.append(VectorInput(t.prefix, t.pattern, t.repeat, t.suffix, suite, rid))

@@ -10,7 +10,9 @@ const files = Object.fromEntries(["policy.json", "arrays.safetensors", "conforma
 const t1 = performance.now();
 const policy = readPolicy(files["policy.json"], files["arrays.safetensors"]);
 const t2 = performance.now();
+const cpu0 = process.cpuUsage();
 const report = await checkVectors(policy, files["conformance.safetensors"]);
 const t3 = performance.now();
-process.stdout.write(JSON.stringify({ ...report, summary: conformanceSummary(report), readMs: t1 - t0, loadMs: t2 - t1, checkMs: t3 - t2 }) + "\n");
+const cpu = process.cpuUsage(cpu0);
+process.stdout.write(JSON.stringify({ ...report, summary: conformanceSummary(report), readMs: t1 - t0, loadMs: t2 - t1, checkMs: t3 - t2, checkCpuMs: (cpu.user + cpu.system) / 1000 }) + "\n");
 process.exitCode = report.ok ? 0 : 1;

@@ -87,39 +87,41 @@ function compress(h: Uint32Array, block: Uint8Array, offset: number, t: number, 
   for (let i = 0; i < 16; i++) h[i] = h[i] ^ v[i] ^ v[i + 16];
 }
 
+const H = new Uint32Array(16);
+const BLOCK = new Uint8Array(128);
+const OUT = new Uint8Array(64);
+
 /** BLAKE2b of `data`, `outLen` bytes (1..64), keyed with `key` (0..64 bytes). */
 export function blake2b(data: Uint8Array, outLen: number, key: Uint8Array = new Uint8Array(0)): Uint8Array {
   if (outLen < 1 || outLen > 64 || key.length > 64) throw new RangeError("blake2b: digest 1..64 bytes, key up to 64");
-  const h = new Uint32Array(IV);
+  const h = H;
+  h.set(IV);
   h[0] ^= 0x01010000 ^ (key.length << 8) ^ outLen;
-  const block = new Uint8Array(128);
   let t = 0;
-  let pos = 0;
-  const pieces: Uint8Array[] = key.length ? [key, new Uint8Array(128 - key.length), data] : [data];
-  let remaining = pieces.reduce((sum, p) => sum + p.length, 0);
-  for (const piece of pieces) {
-    let i = 0;
-    while (i < piece.length) {
-      if (pos === 128) {
-        t += 128; // a full block with more data after it
-        compress(h, block, 0, t, false);
-        pos = 0;
-      }
-      if (pos === 0 && piece.length - i >= 128 && remaining > 128) {
-        t += 128; // a whole block straight from the input, not the last one
-        compress(h, piece, i, t, false);
-        i += 128;
-        remaining -= 128;
-        continue;
-      }
-      block[pos++] = piece[i++];
-      remaining -= 1;
+  let at = 0;
+  if (key.length) {
+    BLOCK.fill(0);
+    BLOCK.set(key);
+    if (data.length > 0) {
+      t = 128;
+      compress(h, BLOCK, 0, t, false);
+    } else {
+      t = 128; // the key block is the last block
+      at = -1;
     }
   }
-  t += pos;
-  block.fill(0, pos);
-  compress(h, block, 0, t, true);
-  const out = new Uint8Array(outLen);
-  for (let i = 0; i < outLen; i++) out[i] = h[i >> 2] >>> (8 * (i & 3));
-  return out;
+  if (at === 0) {
+    while (data.length - at > 128) { // whole blocks with more data after them
+      t += 128;
+      compress(h, data, at, t, false);
+      at += 128;
+    }
+    const rest = data.length - at;
+    BLOCK.fill(0);
+    BLOCK.set(data.subarray(at), 0);
+    t += rest;
+  }
+  compress(h, BLOCK, 0, t, true);
+  for (let i = 0; i < outLen; i++) OUT[i] = h[i >> 2] >>> (8 * (i & 3));
+  return OUT.slice(0, outLen);
 }

@@ -7,7 +7,9 @@
 import { blake2b } from "./blake2b.js";
 import { FormatError, readContainer, Tensor, Typed } from "./container.js";
 import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
+import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
+import { add64 } from "./numbers.js";
 import { Policy, VECTORS } from "./policy.js";
 
 export const FORMAT = "routeopt.conformance/1";
@@ -90,6 +92,23 @@ function digestInto(out: Uint8Array, i: number, data: Uint8Array): void {
   out.set(blake2b(data, 8), i * 8);
 }
 
+const G_HI = 0x9e3779b9, G_LO = 0x7f4a7c15, SALT11_HI = 0xcc623af8, SALT11_LO = 0x783354e7;
+const m = new Float64Array(2), acc = new Float64Array(2), pos = new Float64Array(2), x = new Float64Array(2);
+
+/** Section 9's sequence digest of u64 values (hi, lo), as 8 little-endian bytes at out[i*8]. */
+function sequenceDigest(hi: ArrayLike<number>, lo: ArrayLike<number>, out: Uint8Array, i: number): void {
+  acc[0] = acc[1] = pos[0] = pos[1] = 0;
+  for (let j = 0; j < hi.length; j++) {
+    add64(pos[0], pos[1], G_HI, G_LO, pos);
+    add64(hi[j], lo[j], pos[0], pos[1], x);
+    mix(x[0], x[1], SALT11_HI, SALT11_LO, m);
+    add64(acc[0], acc[1], m[0], m[1], acc);
+  }
+  const dv = new DataView(out.buffer, out.byteOffset + i * 8, 8);
+  dv.setUint32(0, acc[1], true);
+  dv.setUint32(4, acc[0], true);
+}
+
 /** Every layer's values for the inputs, as this runtime computes them. */
 async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promise<Map<string, Typed>> {
   const n = inputs.length, k = policy.candidates.length, T = meta.targets.length;
@@ -115,14 +134,11 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
     utf8[i] = L.text.utf8Len; chars[i] = L.text.nChars; nl[i] = L.text.newlines; qs[i] = L.text.questions;
     digestInto(cutD, i, L.text.cut);
     words[i] = L.wordHi.length; wchars[i] = L.wordChars;
-    const wb = new Uint32Array(L.wordHi.length * 2);
-    for (let w = 0; w < L.wordHi.length; w++) { wb[2 * w] = L.wordLo[w]; wb[2 * w + 1] = L.wordHi[w]; }
-    digestInto(wordD, i, new Uint8Array(wb.buffer));
-    const pairs = new Uint32Array(L.buckets.length * 2);
+    sequenceDigest(L.wordHi, L.wordLo, wordD, i);
     let tot = 0;
-    for (let j = 0; j < L.buckets.length; j++) { pairs[2 * j] = L.buckets[j]; pairs[2 * j + 1] = L.counts[j]; tot += L.counts[j]; }
+    for (let j = 0; j < L.buckets.length; j++) tot += L.counts[j];
     distinct[i] = L.buckets.length; total[i] = tot;
-    digestInto(bucketD, i, new Uint8Array(pairs.buffer));
+    sequenceDigest(L.buckets, L.counts, bucketD, i);
     if (i < meta.detail) {
       for (let j = 0; j < L.buckets.length; j++) { detail[0].push(L.buckets[j]); detail[1].push(L.counts[j]); detail[2].push(L.textValues[j]); }
       detailOffsets.push(detail[0].length);

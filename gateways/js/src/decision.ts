@@ -33,16 +33,26 @@ export function fallbackLambda(knob: Knob, point: Point): number {
   return 0;
 }
 
-/** Candidates by p - lambda c descending, then cost, then index; without the pick. */
+const SCORE = new Float64Array(256);
+
+/** Candidates by p - lambda c descending, then cost, then index; without the pick (an
+ * insertion sort: K is small, and a decision should not allocate a comparator). */
 export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pick: number): number[] {
   const k = p.length;
-  const score = new Float64Array(k);
+  const score = k <= SCORE.length ? SCORE : new Float64Array(k);
   const order: number[] = [];
   for (let j = 0; j < k; j++) {
     score[j] = -(p[j] - lam * c[j]);
-    if (j !== pick) order.push(j);
+    if (j === pick) continue;
+    let at = order.length;
+    while (at > 0) {
+      const o = order[at - 1];
+      if (score[o] < score[j] || (score[o] === score[j] && c[o] <= c[j])) break; // o stays first (ties: lower index)
+      at--;
+    }
+    order.splice(at, 0, j);
   }
-  return order.sort((x, y) => (score[x] < score[y] ? -1 : score[x] > score[y] ? 1 : c[x] < c[y] ? -1 : c[x] > c[y] ? 1 : x - y));
+  return order;
 }
 
 // -- 8.1 exploration and canary ------------------------------------------------------------

@@ -7,7 +7,7 @@
  */
 
 import { MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
-import { add64, ln1p, ln1pCount, mul64, mulPAdd } from "./numbers.js";
+import { add64, ln1p, ln1pCount, mul64, mulPAdd, U64 } from "./numbers.js";
 
 export const N_STATS = 9;
 export const STAT_NAMES = ["log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
@@ -65,16 +65,22 @@ const BYTE_PLACE = [1, 256, 65536, 16777216];
 const pair = new Float64Array(2);
 const other = new Float64Array(2);
 
+/** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
+export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out: U64): void {
+  hi = (hi ^ saltHi) >>> 0;
+  lo = (lo ^ saltLo) >>> 0;
+  lo = (lo ^ (hi >>> 1)) >>> 0;
+  mul64(hi, lo, MIX1_HI, MIX1_LO, out);
+  hi = out[0];
+  lo = (out[1] ^ (hi >>> 1)) >>> 0;
+  mul64(hi, lo, MIX2_HI, MIX2_LO, out);
+  out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
+}
+
 /** mix(k) & mask: the bucket of a key (4.5). */
 function bucketOf(hi: number, lo: number, mask: number): number {
-  hi ^= SALT_HI;
-  lo = (lo ^ SALT_LO) >>> 0;
-  lo = (lo ^ (hi >>> 1)) >>> 0;
-  mul64(hi >>> 0, lo, MIX1_HI, MIX1_LO, pair);
-  hi = pair[0];
-  lo = (pair[1] ^ (hi >>> 1)) >>> 0;
-  mul64(hi, lo, MIX2_HI, MIX2_LO, pair);
-  return ((pair[1] ^ (pair[0] >>> 1)) & mask) >>> 0;
+  mix(hi, lo, SALT_HI, SALT_LO, pair);
+  return (pair[1] & mask) >>> 0;
 }
 
 /** Per-policy scratch space, so a decision allocates only its row. */
