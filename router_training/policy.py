@@ -404,7 +404,9 @@ class RoutingPolicy:
         if point.weight >= 1.0:
             return pick_a, np.ones(len(pick_a))
         pick_b = member_choice(mb, p, c)
-        u = np.array([request_unit(x, s) for x, s in zip(prompts, suites)])
+        u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
+        for i in np.flatnonzero(pick_a != pick_b):
+            u[i] = request_unit(prompts[i], suites[i])
         pick = np.where(u < point.weight, pick_a, pick_b)
         prop = point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
         return pick, prop

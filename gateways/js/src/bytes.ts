@@ -27,21 +27,16 @@ export function textBytes(text: string): Uint8Array<ArrayBuffer> {
   return encoder.encode(text);
 }
 
-/** How often byte b occurs (indexOf scans natively: a 1 MB prompt costs little). */
-function occurrences(raw: Uint8Array, b: number): number {
-  let n = 0;
-  for (let i = raw.indexOf(b); i >= 0; i = raw.indexOf(b, i + 1)) n++;
-  return n;
-}
-
 export function promptBytes(prompt: string): PromptBytes {
   const raw = encoder.encode(prompt);
-  let continuation = 0;
-  if (raw.length !== prompt.length) { // not all ASCII
-    for (let i = 0; i < raw.length; i++) if ((raw[i] & 0xc0) === 0x80) continuation++;
+  let continuation = 0, newlines = 0, questions = 0;
+  const ascii = raw.length === prompt.length;
+  for (let i = 0; i < raw.length; i++) {
+    const b = raw[i];
+    if (b === 0x0a) newlines++;
+    else if (b === 0x3f) questions++;
+    else if (!ascii && (b & 0xc0) === 0x80) continuation++;
   }
-  const newlines = occurrences(raw, 0x0a);
-  const questions = occurrences(raw, 0x3f);
   let cut = raw;
   if (raw.length > MAX_BYTES) {
     cut = new Uint8Array(MAX_BYTES);

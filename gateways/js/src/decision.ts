@@ -21,7 +21,7 @@ export function decidePoint(knob: Knob, point: Point, p: Float64Array, c: Float6
   if (point.weight < 1) {
     const w = point.weight;
     const b = memberChoice(knob.members[point.b], p, c);
-    pick = u() < w ? a : b;
+    pick = a === b || u() < w ? a : b; // the draw only matters (and is only hashed) when the members differ
     propensity = w * (a === pick ? 1 : 0) + (1 - w) * (b === pick ? 1 : 0);
   }
   return { pick, propensity, fallbacks: fallbackOrder(p, c, fallbackLambda(knob, point), pick) };

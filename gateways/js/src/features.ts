@@ -62,7 +62,6 @@ export interface FeatureLayers {
 }
 
 const BYTE_PLACE = [1, 256, 65536, 16777216];
-const pair = new Float64Array(2);
 const other = new Float64Array(2);
 
 /** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
@@ -77,10 +76,23 @@ export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out:
   out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
 }
 
-/** mix(k) & mask: the bucket of a key (4.5). */
+/** The high 32 bits of a * b for 32-bit a, b (16-bit pieces keep every sum exact). */
+function mulHi(a: number, b: number): number {
+  const a0 = a & 0xffff, a1 = a >>> 16, b0 = b & 0xffff, b1 = b >>> 16;
+  const p01 = a0 * b1, p10 = a1 * b0;
+  const mid = ((a0 * b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
+  return a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16);
+}
+
+/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`). */
 function bucketOf(hi: number, lo: number, mask: number): number {
-  mix(hi, lo, SALT_HI, SALT_LO, pair);
-  return (pair[1] & mask) >>> 0;
+  hi = (hi ^ SALT_HI) >>> 0;
+  lo = (lo ^ SALT_LO ^ (hi >>> 1)) >>> 0;
+  let h = (mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO) + Math.imul(lo, MIX1_HI)) >>> 0;
+  let l = (Math.imul(lo, MIX1_LO) ^ (h >>> 1)) >>> 0;
+  h = (mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO) + Math.imul(l, MIX2_HI)) >>> 0;
+  l = Math.imul(l, MIX2_LO) >>> 0;
+  return ((l ^ (h >>> 1)) & mask) >>> 0;
 }
 
 /** Per-policy scratch space, so a decision allocates only its row. */
@@ -91,6 +103,8 @@ export class Scratch {
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly classes = new Int32Array(32);
+  nWords = 0;
+  wordChars = 0;
 
   constructor(nBuckets: number) {
     this.counts = new Int32Array(nBuckets);
@@ -98,36 +112,40 @@ export class Scratch {
   }
 }
 
-/** 4.3: words of the lower-cased cut bytes, hashed into the scratch; returns (count, chars). */
-function words(cut: Uint8Array, s: Scratch): [number, number] {
-  const low = s.lower;
-  s.classes.fill(0);
-  for (let i = 0; i < cut.length; i++) {
-    const b = cut[i];
-    s.classes[CLASS[b]]++;
-    low[i] = b >= 0x41 && b <= 0x5a ? b + 32 : b;
-  }
-  let n = 0, chars = 0, i = 0;
-  while (i < cut.length) {
-    if (!(CLASS[low[i]] & ALNUM)) {
-      i++;
+/** 4.1-4.3 in one pass: class counts, lower-casing, and every word hashed into the scratch
+ * (s.nWords, s.wordChars). */
+function words(cut: Uint8Array, s: Scratch): void {
+  const low = s.lower, classes = s.classes, wh = s.wordHi, wl = s.wordLo;
+  classes.fill(0);
+  let n = 0, chars = 0, start = -1;
+  for (let i = 0; i <= cut.length; i++) {
+    let alnum = false;
+    if (i < cut.length) {
+      const b = cut[i];
+      const c = CLASS[b];
+      classes[c]++;
+      low[i] = b >= 0x41 && b <= 0x5a ? b + 32 : b;
+      alnum = (c & ALNUM) !== 0;
+    }
+    if (alnum) {
+      if (start < 0) start = i;
       continue;
     }
-    let end = i;
-    while (end < cut.length && CLASS[low[end]] & ALNUM) end++;
+    if (start < 0) continue;
     let hi = 0, lo = 0;
-    for (let j = end - 1; j >= i; j--) { // Horner from the last byte: sum b_j P^j
-      mulPAdd(hi, lo, low[j], pair);
-      hi = pair[0];
-      lo = pair[1];
+    for (let j = i - 1; j >= start; j--) { // Horner from the last byte: h = h P + b, P = 2^40 + 435
+      const t = lo * 435 + low[j]; // < 2^41: exact
+      hi = ((lo << 8) + Math.imul(hi, 435) + ((t * 2.3283064365386963e-10) | 0)) >>> 0; // t / 2^32, exact
+      lo = t >>> 0;
     }
-    s.wordHi[n] = hi;
-    s.wordLo[n] = lo;
+    wh[n] = hi;
+    wl[n] = lo;
     n++;
-    chars += end - i;
-    i = end;
+    chars += i - start;
+    start = -1;
   }
-  return [n, chars];
+  s.nWords = n;
+  s.wordChars = chars;
 }
 
 function count(s: Scratch, b: number, nTouched: number): number {
@@ -139,14 +157,15 @@ function count(s: Scratch, b: number, nTouched: number): number {
 function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: number): number {
   const mask = spec.nBuckets - 1;
   let t = 0;
-  for (let w = 0; w < nWords; w++) {
-    add64(s.wordHi[w], s.wordLo[w], 0, 1, other);
-    t = count(s, bucketOf(other[0], other[1], mask), t);
+  const wh = s.wordHi, wl = s.wordLo;
+  for (let w = 0; w < nWords; w++) { // word + 1
+    const lo = wl[w] + 1;
+    t = count(s, bucketOf(lo > 0xffffffff ? (wh[w] + 1) >>> 0 : wh[w], lo >>> 0, mask), t);
   }
   if (spec.wordBigrams) {
-    for (let w = 0; w + 1 < nWords; w++) {
-      mulPAdd(s.wordHi[w], s.wordLo[w], 0, other);
-      add64(other[0], other[1], s.wordHi[w + 1], s.wordLo[w + 1], other);
+    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2
+      mulPAdd(wh[w], wl[w], 0, other);
+      add64(other[0], other[1], wh[w + 1], wl[w + 1], other);
       add64(other[0], other[1], 0, 2, other);
       t = count(s, bucketOf(other[0], other[1], mask), t);
     }
@@ -196,7 +215,8 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
   const text = promptBytes(prompt);
-  const [nWords, wordChars] = words(text.cut, s);
+  words(text.cut, s);
+  const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
   const touched = s.touched.subarray(0, nt).sort();
   const st = stats(spec, text, s, nWords, wordChars);

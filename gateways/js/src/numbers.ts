@@ -13,19 +13,14 @@ const TWO32 = 4294967296;
 /** A u64 as [hi, lo], each an integer in [0, 2^32). Functions write into `out` to avoid allocation. */
 export type U64 = Float64Array | number[];
 
-/** out = a * b mod 2^64. */
+/** out = a * b mod 2^64: the high half of alo * blo from 16-bit pieces, the rest with Math.imul. */
 export function mul64(ahi: number, alo: number, bhi: number, blo: number, out: U64): void {
-  const a0 = alo & 0xffff;
-  const a1 = alo >>> 16;
-  const b0 = blo & 0xffff;
-  const b1 = blo >>> 16;
-  const mid = a0 * b1 + a1 * b0; // < 2^33
-  const low = a0 * b0 + (mid % 65536) * 65536; // < 2^33
-  const lo = low % TWO32;
-  const carry = (low - lo) / TWO32;
-  const hi = a1 * b1 + Math.floor(mid / 65536) + carry + Math.imul(ahi, blo) + Math.imul(alo, bhi);
-  out[0] = hi >>> 0;
-  out[1] = lo;
+  const a0 = alo & 0xffff, a1 = alo >>> 16, b0 = blo & 0xffff, b1 = blo >>> 16;
+  const p01 = a0 * b1, p10 = a1 * b0; // each < 2^32
+  const mid = ((a0 * b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff); // < 3 * 2^16
+  const hi = a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16); // alo * blo's high half, < 2^32
+  out[0] = (hi + Math.imul(ahi, blo) + Math.imul(alo, bhi)) >>> 0;
+  out[1] = Math.imul(alo, blo) >>> 0;
 }
 
 /** The FNV prime P = 2^40 + 0x1B3 of section 4.3. */
@@ -34,11 +29,10 @@ export const P_LO = 0x1b3;
 
 /** out = h * P + b mod 2^64 (P = 2^40 + 435): one Horner step of a word hash. */
 export function mulPAdd(hi: number, lo: number, b: number, out: U64): void {
-  const t = lo * 435 + b; // < 2^41
-  const tlo = t % TWO32;
-  const carry = (t - tlo) / TWO32;
-  out[0] = ((lo << 8) + hi * 435 + carry) >>> 0; // (h << 40) adds lo << 8 to the high half
-  out[1] = tlo;
+  const t = lo * 435 + b; // < 2^41, exact
+  const carry = (t * 2.3283064365386963e-10) | 0; // t / 2^32 (exact: a power of two), < 2^9
+  out[0] = ((lo << 8) + Math.imul(hi, 435) + carry) >>> 0; // (h << 40) adds lo << 8 to the high half
+  out[1] = t >>> 0;
 }
 
 /** out = a + b mod 2^64. */
