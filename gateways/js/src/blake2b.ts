@@ -35,7 +35,7 @@ function g(a: number, b: number, c: number, d: number, x: number, y: number): vo
   let alo = v[a], ahi = v[a + 1], blo = v[b], bhi = v[b + 1];
   let clo = v[c], chi = v[c + 1], dlo = v[d], dhi = v[d + 1];
   let t = alo + blo + m[x];
-  ahi = (ahi + bhi + m[x + 1] + Math.floor(t / 0x100000000)) >>> 0;
+  ahi = (ahi + bhi + m[x + 1] + ((t * 2.3283064365386963e-10) | 0)) >>> 0;
   alo = t >>> 0;
   let xlo = dlo ^ alo, xhi = dhi ^ ahi; // rotr 32
   dlo = xhi >>> 0; dhi = xlo >>> 0;
@@ -45,7 +45,7 @@ function g(a: number, b: number, c: number, d: number, x: number, y: number): vo
   xlo = blo ^ clo; xhi = bhi ^ chi; // rotr 24
   blo = ((xlo >>> 24) | (xhi << 8)) >>> 0; bhi = ((xhi >>> 24) | (xlo << 8)) >>> 0;
   t = alo + blo + m[y];
-  ahi = (ahi + bhi + m[y + 1] + Math.floor(t / 0x100000000)) >>> 0;
+  ahi = (ahi + bhi + m[y + 1] + ((t * 2.3283064365386963e-10) | 0)) >>> 0;
   alo = t >>> 0;
   xlo = dlo ^ alo; xhi = dhi ^ ahi; // rotr 16
   dlo = ((xlo >>> 16) | (xhi << 16)) >>> 0; dhi = ((xhi >>> 16) | (xlo << 16)) >>> 0;
@@ -64,7 +64,7 @@ function compress(h: Uint32Array, block: Uint8Array, offset: number, t: number, 
     v[i + 16] = IV[i];
   }
   v[24] ^= t % 0x100000000;
-  v[25] ^= Math.floor(t / 0x100000000);
+  v[25] ^= ((t * 2.3283064365386963e-10) | 0);
   if (last) {
     v[28] = ~v[28];
     v[29] = ~v[29];
