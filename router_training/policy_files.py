@@ -195,6 +195,8 @@ def _spec(head: dict, arrays: dict, where: str) -> FeatureSpec:
         raise PolicyFormatError(f"{where}: features.max_bytes / stats differ from this build's "
                                 f"({MAX_BYTES}, {len(STAT_NAMES)} statistics)")
     b, n_stats = int(f["n_buckets"]), len(STAT_NAMES)
+    if not 1 <= b <= 1 << 24:
+        raise PolicyFormatError(f"{where}: features.n_buckets {b} is outside 1 .. 2**24")
     idf = require(arrays, "features.idf", "F64", (b,), where) if f["idf"] else None
     mean = require(arrays, "features.stat_mean", "F64", (n_stats,), where) if f["stat_scaling"] else None
     std = require(arrays, "features.stat_std", "F64", (n_stats,), where) if f["stat_scaling"] else None
