@@ -14,14 +14,13 @@ per request:
 The routing thread pays for two keyed hashes and a deque append. The log's writer thread does the
 rest: it hashes the prompt, runs the redaction hook (text is logged only through it), computes the
 shadow decision, serialises and writes rotated JSONL files. A full queue drops the record and
-counts it; nothing in logging ever blocks or fails a routing call. Standard library only.
+counts it; nothing in logging ever blocks or fails a routing call. Standard library and the
+policy's own modules only.
 
-The propensity composes the policy's own randomisation with exploration:
-``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``. A policy whose
-decision exposes its whole choice distribution (`choice_probabilities`) gets the marginal; one that
-exposes only the chosen model's probability (`probability`) gets the propensity conditional on its
-own per-request draw, which is as exact and as unbiased for off-policy estimates, since that draw
-depends on the request id, not on the outcome. `policy_probability` records the policy's own figure.
+The draws and the propensity (`unit_draw`, `Exploration`, `choose`) are part of the policy
+format, so other runtimes draw the same: they live in `router_training.draws` and are re-exported
+here. The propensity composes the policy's own randomisation with exploration:
+``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``.
 """
 
 from __future__ import annotations
@@ -31,15 +30,18 @@ import collections
 import hashlib
 import json
 import logging
-import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable
 
 from artifacts.runtime import Decision, Router, RouterStatus
+from router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
+    Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
+)
+from router_training.features import n_chars, text_bytes
 
 log = logging.getLogger("routeopt.decisions")
 FORMAT_VERSION = 1
@@ -51,106 +53,7 @@ def verbatim(text: str) -> str:
     return text
 
 
-def unit_draw(key: bytes, request_id: str) -> tuple[float, float]:
-    """Two independent uniform numbers in [0, 1) from a keyed hash of the request id."""
-    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=16, key=key).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64, int.from_bytes(digest[8:], "big") / 2.0**64
-
-
-def _key(label: str, seed: int | str | None) -> bytes:
-    if seed is None:
-        return os.urandom(32)
-    return hashlib.sha256(f"routeopt-{label}:{seed}".encode()).digest()
-
-
-# -- exploration ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Exploration:
-    """Send a `rate` share of requests to a uniformly drawn eligible candidate.
-
-    Eligible: not in `exclude`, and an expected cost at most `max_cost_usd` and at most
-    `max_cost_ratio` times the policy's own choice's. `seed` makes the draws reproducible per
-    request id (default: a random key per process).
-    """
-
-    rate: float = 0.0
-    exclude: frozenset[str] = frozenset()
-    max_cost_usd: float | None = None
-    max_cost_ratio: float | None = None
-    seed: int | str | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.rate, (int, float)) and 0 <= self.rate <= 1):
-            raise ValueError(f"exploration rate must be in [0, 1], got {self.rate!r}")
-        for name in ("max_cost_usd", "max_cost_ratio"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"exploration {name} must be a positive number, got {value!r}")
-        object.__setattr__(self, "exclude", frozenset(self.exclude))
-
-    @property
-    def capped(self) -> bool:
-        """Whether eligibility depends on the request (its expected costs), not only on names."""
-        return self.max_cost_usd is not None or self.max_cost_ratio is not None
-
-    def eligible(self, decision: Any) -> tuple[str, ...]:
-        """Candidates exploration may send this request to, in the policy's candidate order."""
-        costs: Mapping[str, float] = decision.expected_cost_usd
-        cap = math.inf if self.max_cost_usd is None else self.max_cost_usd
-        if self.max_cost_ratio is not None:
-            cap = min(cap, self.max_cost_ratio * costs.get(decision.model, math.inf))
-        return tuple(c for c in decision.pass_probabilities
-                     if c not in self.exclude and costs.get(c, math.inf) <= cap)
-
-
-class Choice(NamedTuple):
-    """The model served, the probability it had, and how it came about."""
-
-    model: str
-    propensity: float
-    policy_probability: float
-    explored: bool
-    eligible: tuple[str, ...]
-
-
-def policy_distribution(decision: Any) -> tuple[dict[str, float], float]:
-    """(the distribution the propensity composes with, the policy's own P(chosen model))."""
-    full = getattr(decision, "choice_probabilities", None)
-    if full:
-        return dict(full), float(full.get(decision.model, 0.0))
-    own = getattr(decision, "probability", None)
-    return {decision.model: 1.0}, 1.0 if own is None else float(own)
-
-
-def choose(decision: Any, exploration: Exploration | None, u: float, v: float,
-           eligible: tuple[str, ...] | None = None) -> Choice:
-    """The served model for uniform draws `u` (explore?) and `v` (which one), with its propensity.
-
-    `eligible` may be passed when already known (it depends only on the candidates without a
-    cost cap); by default it is `exploration.eligible(decision)`.
-    """
-    chosen = decision.model
-    full = getattr(decision, "choice_probabilities", None)
-    if full:
-        own = float(full.get(chosen, 0.0))
-    else:
-        stated = getattr(decision, "probability", None)
-        own = 1.0 if stated is None else float(stated)
-    base = own if full else 1.0  # what the propensity composes with (see the module docstring)
-    if exploration is None or exploration.rate <= 0:
-        return Choice(chosen, base, own, False, ())
-    if eligible is None:
-        eligible = exploration.eligible(decision)
-    if not eligible:
-        return Choice(chosen, base, own, False, ())
-    rate = exploration.rate
-    explored = u < rate
-    model = eligible[min(int(v * len(eligible)), len(eligible) - 1)] if explored else chosen
-    policy_p = base if model == chosen else (float(full.get(model, 0.0)) if full else 0.0)
-    share = rate / len(eligible) if model in eligible else 0.0
-    return Choice(model, (1 - rate) * policy_p + share, own, explored, eligible)
+_key = derive_key  # the exploration and canary keys: SHA-256 of "routeopt-<label>:<seed>"
 
 
 # -- the log writer ---------------------------------------------------------------------------
@@ -216,10 +119,10 @@ class DecisionLog:
 
     def prompt_fields(self, prompt: str) -> dict[str, Any]:
         """The prompt's hash and length, and its redacted text when the operator opted in."""
-        data = prompt.encode("utf-8", "surrogatepass")
+        data = text_bytes(prompt)  # the spec's bytes: a JavaScript gateway hashes the same
         out: dict[str, Any] = {
             "prompt_hash": hashlib.blake2b(data, digest_size=16, key=self._hash_key).hexdigest(),
-            "prompt_chars": len(prompt)}
+            "prompt_chars": n_chars(prompt)}
         if self._redact is not None:
             try:
                 text = self._redact(prompt)

@@ -121,6 +121,12 @@ class Manifest:
     def policy(self) -> dict:
         return self.raw.get("policy", {})
 
+    @property
+    def policy_format(self) -> dict:
+        """{"version", "portable", "not_portable", "conformance"}; empty before format 3."""
+        value = self.raw.get("policy_format")
+        return value if isinstance(value, dict) else {}
+
     def expired(self, now: datetime) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
@@ -128,11 +134,14 @@ class Manifest:
 def build_manifest(
     *, version: int, files: Mapping[str, bytes], lineage: dict, metrics: dict, policy: dict,
     created_at: datetime, expires_in: timedelta | None, publish_id: str | None = None,
+    policy_format: dict | None = None,
 ) -> bytes:
     """The manifest bytes for a new version; file names are checked before anything is written.
 
     `publish_id` (random per publish) makes two publishers' manifests, hence their
-    content-addressed folders, differ even for the same policy at the same second."""
+    content-addressed folders, differ even for the same policy at the same second.
+    `policy_format` names the policy's format version, whether other runtimes can serve it (and
+    why not), and its conformance vectors' file (docs/policy-format.md, "Manifest")."""
     entries = []
     for name in sorted(files):
         check_file_name(name, f"policy file {name!r}")
@@ -151,6 +160,11 @@ def build_manifest(
     }
     if publish_id is not None:
         doc["publish_id"] = publish_id
+    if policy_format is not None:
+        vectors = policy_format.get("conformance")
+        if vectors is not None and vectors not in files:
+            raise ManifestError(f"policy_format.conformance: {vectors!r} is not one of the policy's files")
+        doc["policy_format"] = jsonable(policy_format)
     return pretty_json(doc)
 
 

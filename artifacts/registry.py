@@ -107,7 +107,7 @@ def publish(
         number = (version_numbers(backend) or [0])[-1] + 1
         manifest = build_manifest(version=number, files=files, lineage=lineage, metrics=metrics,
                                   policy=policy.describe(), created_at=created, expires_in=expires_in,
-                                  publish_id=publish_id)
+                                  publish_id=publish_id, policy_format=getattr(policy, "format_info", None))
         digest = sha256_hex(manifest)
         folder = version_dir(number, digest)
         written = [f"{folder}/{name}" for name in files] + [f"{folder}/{MANIFEST_NAME}"]

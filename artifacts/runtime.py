@@ -99,6 +99,7 @@ class _Active:
     pointer: Pointer | None
     loaded_at: datetime
     stale_at: float | None  # time.time() from which the default model serves instead (expiry)
+    conformance: str | None = None  # what the policy's self-check against its vectors found
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class RouterStatus:
     default_reason: str | None = None
     state_file: str | None = None
     state_error: str | None = None
+    conformance: str | None = None  # the served policy's self-check against its conformance vectors
 
 
 def _default_loader(folder: Path) -> Any:
@@ -201,11 +203,13 @@ class Router:
         return None
 
     def _build(self, verified: VerifiedVersion, pointer: Pointer | None) -> _Active:
-        """Load the checked files (the loader must read eagerly: the folder is then deleted) and
-        make one trial decision, so a signed but broken policy never replaces a working one."""
+        """Load the checked files (the loader must read eagerly: the folder is then deleted),
+        check this runtime against the policy's conformance vectors and make one trial decision,
+        so a signed but broken (or misread) policy never replaces a working one."""
         with tempfile.TemporaryDirectory(prefix="routeopt-policy-") as tmp:
             try:
                 policy = self._loader(materialize(verified, Path(tmp)))
+                conformance = _self_check(policy, verified)
                 trial = policy.decide("routeopt load check: 2 + 2 = ?")
                 if trial.model not in policy.candidates:
                     raise ValueError(f"chose {trial.model!r}, which is not a candidate")
@@ -216,7 +220,7 @@ class Router:
         expires = verified.manifest.expires_at
         stale_at = expires.timestamp() if expires is not None and self._default else None
         return _Active(policy, verified.version, verified.digest, verified.signed, verified.key_id,
-                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at)
+                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at, conformance)
 
     def _check_order(self, pointer: Pointer) -> None:
         """Refuse a pointer older than the newest move accepted, by this process or (through the
@@ -366,7 +370,26 @@ class Router:
             last_error=self._last_error, consecutive_failures=self._failures,
             checks=self._checks, swaps=self._swaps, serving_default=why is not None,
             default_model=self._default, default_reason=why,
-            state_file=str(self._state.path) if self._state else None, state_error=self._state_error)
+            state_file=str(self._state.path) if self._state else None, state_error=self._state_error,
+            conformance=a.conformance if a else None)
+
+
+def _self_check(policy: Any, verified: VerifiedVersion) -> str | None:
+    """Run the policy's conformance vectors (docs/policy-format.md); refuse it on any mismatch.
+    The manifest's format version must also be the one the policy's files say."""
+    stated = verified.manifest.policy_format.get("version")
+    actual = getattr(policy, "_format_version", None)
+    if stated is not None and actual is not None and stated != actual:
+        raise VerificationError(f"{verified.location}: manifest.json says policy format {stated}, "
+                                f"policy.json says {actual}")
+    check = getattr(policy, "self_check", None)
+    if check is None:
+        return None
+    report = check()
+    if not report.ok:
+        raise VerificationError(f"{verified.location}: this runtime refuses the policy: {report.summary()}",
+                                "conformance")
+    return report.summary()
 
 
 def _default_channel(backend: Backend) -> str:
@@ -452,4 +475,5 @@ def check(source: str | Path, public_key: Any = None, *, channel: str | None = N
     s = router.status()
     return {"source": s.source, "channel": s.channel, "version": s.version, "digest": s.digest,
             "signature": signature, "expires_at": s.expires_at,
-            "files": [f.path for f in active.manifest.files]}
+            "files": [f.path for f in active.manifest.files],
+            "policy_format": active.manifest.policy_format, "conformance": s.conformance}

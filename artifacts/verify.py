@@ -32,8 +32,9 @@ class VerificationError(ValueError):
     """A policy that must not be served; the message is the reason, naming file and field.
 
     `kind` lets callers act on the reason without parsing it: "expired", "unsigned" (no
-    signature where one is required), "order" (replayed, rewritten or downgraded pointer) or
-    "rejected" (anything else: tampered, wrong key, malformed)."""
+    signature where one is required), "order" (replayed, rewritten or downgraded pointer),
+    "conformance" (this runtime disagrees with the policy's conformance vectors) or "rejected"
+    (anything else: tampered, wrong key, malformed)."""
 
     def __init__(self, message: str, kind: str = "rejected") -> None:
         super().__init__(message)

@@ -5,21 +5,31 @@ hashed text n-grams (lower-cased words, word bigrams, character n-grams; sub-lin
 L2-normalised), and a few length/structure statistics. Hashing is vectorised over the prompt's
 UTF-8 bytes with wrap-around uint64 arithmetic, so it is deterministic across processes
 (Python's `hash()` is salted per process and would not be).
+
+Every step is the one docs/policy-format.md specifies ("Bytes" and "Features"), in its order:
+text -> bytes (lone surrogates become U+FFFD) -> the head/tail cut -> byte classes and
+lower-casing -> word hashes -> n-gram keys -> buckets -> tf-idf -> statistics. Floats follow the
+spec's operation order (router_training.numerics), so other runtimes reproduce them exactly.
 """
 
 from __future__ import annotations
 
-import math
+import re
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from router_training.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_sum
 
 _P = np.uint64(1099511628211)  # FNV prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 2**64))
 _MIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-_MAX_BYTES = 8192  # longer prompts keep their head and tail: routing signal sits there
+_GOLDEN = 0x9E3779B97F4A7C15
+BUCKET_SALT = 7
+MAX_BYTES = 8192  # longer prompts keep their head and tail: routing signal sits there
+_MAX_BYTES = MAX_BYTES
 _DIGIT, _UPPER, _PUNCT, _CODE, _ALNUM = 1, 2, 4, 8, 16
 _CLASS = np.zeros(256, dtype=np.uint8)
 _CLASS[48:58] |= _DIGIT | _ALNUM
@@ -51,10 +61,10 @@ _POW = _powers(_P, _MAX_BYTES + 1)
 _POW_INV = _powers(_P_INV, _MAX_BYTES + 1)
 
 
-def _mix(h: np.ndarray, salt: int) -> np.ndarray:
+def mix(h: np.ndarray, salt: int = BUCKET_SALT) -> np.ndarray:
     """A murmur-style finaliser, so nearby polynomial hashes spread over all buckets."""
     with np.errstate(over="ignore"):
-        h = h ^ np.uint64(salt * 0x9E3779B97F4A7C15 % 2**64)
+        h = h ^ np.uint64(salt * _GOLDEN % 2**64)
         h = h ^ (h >> np.uint64(33))
         h = h * _MIX1
         h = h ^ (h >> np.uint64(33))
@@ -62,13 +72,63 @@ def _mix(h: np.ndarray, salt: int) -> np.ndarray:
         return h ^ (h >> np.uint64(33))
 
 
-def _to_bytes(prompt: str) -> np.ndarray:
-    """The prompt's UTF-8 bytes (head and tail when long), with ASCII letters kept as-is."""
-    raw = prompt.encode("utf-8", "replace")
-    if len(raw) > _MAX_BYTES:
-        half = _MAX_BYTES // 2
-        raw = raw[:half] + raw[-half:]
-    return np.frombuffer(raw, dtype=np.uint8)
+_mix = mix
+
+
+def _normalised(text: str) -> tuple[bytes, int]:
+    """(UTF-8 bytes, code points) of the text with each unpaired surrogate replaced by U+FFFD
+    (as WHATWG's TextEncoder does) and a high surrogate followed by a low one read as the
+    character they denote."""
+    try:
+        return text.encode("utf-8"), len(text)
+    except UnicodeEncodeError:  # surrogates: fix their 3-byte forms (no codec lookup: gateways may be sandboxed)
+        raw = text.encode("utf-8", "surrogatepass")
+        pairs = len(_PAIR.findall(raw))
+        return _SURROGATE.sub(_fix_surrogate, raw), len(text) - pairs
+
+
+_PAIR = re.compile(rb"\xed[\xa0-\xaf][\x80-\xbf]\xed[\xb0-\xbf][\x80-\xbf]")
+_SURROGATE = re.compile(_PAIR.pattern + rb"|\xed[\xa0-\xbf][\x80-\xbf]")
+
+
+def _fix_surrogate(m: re.Match) -> bytes:
+    """A high+low pair's two 3-byte forms -> the character's 4 bytes; a lone one -> U+FFFD."""
+    b = m.group()
+    if len(b) == 3:
+        return b"\xef\xbf\xbd"
+    hi = 0xD000 | (b[1] & 0x3F) << 6 | b[2] & 0x3F
+    lo = 0xD000 | (b[4] & 0x3F) << 6 | b[5] & 0x3F
+    return chr(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)).encode("utf-8")
+
+
+def text_bytes(text: str) -> bytes:
+    """The spec's bytes of a text (prompt, suite, request id): UTF-8, lone surrogates as U+FFFD."""
+    return _normalised(text)[0]
+
+
+class PromptBytes(NamedTuple):
+    """The spec's "Bytes" step: full UTF-8 length, code points, the cut bytes, and the two
+    counts taken over the whole text."""
+
+    utf8_len: int
+    n_chars: int
+    cut: np.ndarray  # uint8, at most MAX_BYTES
+    newlines: int
+    questions: int
+
+
+def cut(raw: bytes) -> bytes:
+    """The first and last MAX_BYTES / 2 bytes of a longer text (a character may be split)."""
+    if len(raw) <= _MAX_BYTES:
+        return raw
+    half = _MAX_BYTES // 2
+    return raw[:half] + raw[-half:]
+
+
+def prompt_bytes(prompt: str) -> PromptBytes:
+    raw, n_chars = _normalised(prompt)
+    return PromptBytes(len(raw), n_chars, np.frombuffer(cut(raw), dtype=np.uint8),
+                       raw.count(b"\n"), raw.count(b"?"))
 
 
 def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
@@ -86,7 +146,8 @@ def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
 
 
 def _word_hashes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes of alphanumeric runs (words) and their lengths, via prefix sums mod 2**64."""
+    """Hashes sum(byte_j * P**j) mod 2**64 of alphanumeric runs (words) and their lengths, via
+    prefix sums and inverse powers mod 2**64."""
     padded = np.zeros(len(b) + 2, dtype=np.uint8)
     padded[1:-1] = np.take(_CLASS, b) & _ALNUM
     change = (padded[1:] != padded[:-1]).nonzero()[0]  # alternating word starts and ends
@@ -113,28 +174,33 @@ class FeatureSpec:
     embeddings: bool = False  # append MiniLM sentence embeddings (the optional 'embeddings' extra)
 
     def __post_init__(self) -> None:
-        if self.n_buckets & (self.n_buckets - 1):
+        if self.n_buckets < 1 or self.n_buckets & (self.n_buckets - 1):
             raise ValueError(f"n_buckets must be a power of two, got {self.n_buckets}")
+        if any(not 1 <= n <= 7 for n in self.char_ngrams):
+            raise ValueError(f"char_ngrams must be lengths 1 to 7, got {list(self.char_ngrams)}")
 
     @property
     def n_features(self) -> int:
         return len(self.suites) + self.n_buckets + len(STAT_NAMES) + (EMBEDDING_DIM if self.embeddings else 0)
 
-    @property
-    def idf_array(self) -> np.ndarray:
-        cached = self.__dict__.get("_idf_array")
+    def _cached(self, name: str, value: object) -> np.ndarray:
+        cached = self.__dict__.get(name)
         if cached is None:
-            cached = np.asarray(self.idf, dtype=np.float64)
-            object.__setattr__(self, "_idf_array", cached)
+            cached = np.asarray(value, dtype=np.float64)
+            object.__setattr__(self, name, cached)
         return cached
 
     @property
+    def idf_array(self) -> np.ndarray:
+        return self._cached("_idf_array", self.idf)
+
+    @property
     def stat_mean_array(self) -> np.ndarray:
-        return np.asarray(self.stat_mean, dtype=np.float64)
+        return self._cached("_stat_mean_array", self.stat_mean)
 
     @property
     def stat_std_array(self) -> np.ndarray:
-        return np.asarray(self.stat_std, dtype=np.float64)
+        return self._cached("_stat_std_array", self.stat_std)
 
     @property
     def suite_positions(self) -> dict[str, int]:
@@ -144,7 +210,12 @@ class FeatureSpec:
             object.__setattr__(self, "_suite_positions", cached)
         return cached
 
+    def suite_position(self, suite: str | None) -> int:
+        """The suite's one-hot column, or -1 (no suite, the empty string, or unknown)."""
+        return self.suite_positions.get(suite, -1) if suite else -1
+
     def to_dict(self) -> dict:
+        """Format 2's features.json (idf rounded to 5 decimals, as that format stored it)."""
         d = asdict(self)
         d["suites"] = list(self.suites)
         d["char_ngrams"] = list(self.char_ngrams)
@@ -172,51 +243,108 @@ def _floats(v: Sequence[float] | None) -> tuple[float, ...] | None:
     return None if v is None else tuple(float(x) for x in v)
 
 
-def _bucket_ids(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+def ngram_keys(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    """The 64-bit key of every n-gram: words + 1, bigrams w1 * P + w2 + 2, then char n-grams."""
     parts = [words + np.uint64(1)]
     if spec.word_bigrams and len(words) > 1:
         with np.errstate(over="ignore"):
             parts.append(words[:-1] * _P + words[1:] + np.uint64(2))
     parts.extend(_char_hashes(b, spec.char_ngrams))
-    return (_mix(np.concatenate(parts), 7) & np.uint64(spec.n_buckets - 1)).astype(np.intp)
+    return np.concatenate(parts)
 
 
-def _lower(prompt: str) -> tuple[np.ndarray, np.ndarray]:
-    raw = _to_bytes(prompt)
-    return raw, np.take(_LOWER, raw)
+def _bucket_ids(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    keys = ngram_keys(b, words, spec)
+    return (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(np.intp)
+
+
+def lowered(cut_bytes: np.ndarray) -> np.ndarray:
+    """ASCII A-Z to a-z; every other byte (all of UTF-8's multi-byte ones) as it is."""
+    return np.take(_LOWER, cut_bytes)
 
 
 def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
     """Hash bucket of every text n-gram of a prompt (with repeats: counts are term frequencies)."""
-    _, b = _lower(prompt)
+    b = lowered(prompt_bytes(prompt).cut)
     return _bucket_ids(b, _word_hashes(b)[0], spec)
+
+
+def bucket_counts(ids: np.ndarray, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct bucket ids in ascending order and how often each occurs."""
+    if len(ids) * 8 < n_buckets:
+        return np.unique(ids, return_counts=True)
+    counts = np.bincount(ids, minlength=n_buckets)
+    distinct = (counts != 0).nonzero()[0]
+    return distinct, np.take(counts, distinct)
 
 
 _FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] for c in range(32)],
                         dtype=np.float64)
 
 
-def _stats(prompt: str, raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    n = max(len(raw), 1)
-    frac = np.bincount(np.take(_CLASS, raw), minlength=32) @ _FLAG_MATRIX / n
+def _stats(pb: PromptBytes, lengths: np.ndarray) -> np.ndarray:
+    """The nine statistics on their raw scale (class counts over the cut bytes before lower-casing)."""
+    n = max(len(pb.cut), 1)
+    counts = np.bincount(np.take(_CLASS, pb.cut), minlength=32) @ _FLAG_MATRIX  # exact integers
     n_words = len(lengths)
-    return np.array(
-        [
-            math.log1p(len(prompt)),
-            math.log1p(n_words),
-            math.log1p(prompt.count("\n")),
-            *frac.tolist(),
-            float(lengths.sum()) / n_words if n_words else 0.0,
-            math.log1p(prompt.count("?")),
-        ],
-        dtype=np.float64,
-    )
+    logs = ln1p_int(np.array([pb.n_chars, n_words, pb.newlines, pb.questions]))
+    return np.array([
+        logs[0], logs[1], logs[2], *(counts / n).tolist(),
+        float(int(lengths.sum())) / n_words if n_words else 0.0,
+        logs[3],
+    ], dtype=np.float64)
 
 
 def text_stats(prompt: str) -> np.ndarray:
     """Length and structure statistics on their raw scale."""
-    raw, b = _lower(prompt)
-    return _stats(prompt, raw, _word_hashes(b)[1])
+    pb = prompt_bytes(prompt)
+    return _stats(pb, _word_hashes(lowered(pb.cut))[1])
+
+
+def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    """ln(1 + count) x idf per distinct bucket (ascending ids), divided by the L2 norm summed in
+    that order."""
+    if len(counts) and counts.max() >= TF_TABLE_SIZE:
+        x = ln1p_int(counts)
+    else:
+        x = np.take(TF_TABLE, counts)
+    if spec.idf is not None:
+        x = x * np.take(spec.idf_array, distinct)
+    norm = np.sqrt(ordered_sum(x * x))
+    return x / norm if norm > 0 else x
+
+
+class FeatureLayers(NamedTuple):
+    """Each step's output for one request, as the conformance vectors record them."""
+
+    text: PromptBytes
+    words: np.ndarray  # uint64 word hashes, in text order
+    lengths: np.ndarray
+    buckets: np.ndarray  # distinct bucket ids, ascending
+    counts: np.ndarray
+    text_values: np.ndarray
+    stats: np.ndarray  # standardised when the spec has scaling
+    suite_pos: int
+    ids: np.ndarray
+    vals: np.ndarray
+
+
+def feature_layers(prompt: str, suite: str | None, spec: FeatureSpec) -> FeatureLayers:
+    """One request through the spec's steps, keeping every intermediate result."""
+    pb = prompt_bytes(prompt)
+    b = lowered(pb.cut)
+    words, lengths = _word_hashes(b)
+    distinct, counts = bucket_counts(_bucket_ids(b, words, spec), spec.n_buckets)
+    x = tf_idf(counts, distinct, spec)
+    stats = _stats(pb, lengths)
+    if spec.stat_mean is not None:
+        stats = (stats - spec.stat_mean_array) / spec.stat_std_array
+    n_suites = len(spec.suites)
+    pos = spec.suite_position(suite)
+    head = np.array([pos] if pos >= 0 else [], dtype=np.intp)
+    ids = np.concatenate((head, distinct + n_suites, np.arange(len(stats)) + n_suites + spec.n_buckets))
+    vals = np.concatenate((np.ones(len(head)), x, stats))
+    return FeatureLayers(pb, words, lengths, distinct, counts, x, stats, pos, ids, vals)
 
 
 def request_features(
@@ -227,34 +355,23 @@ def request_features(
     Text is sub-linear tf (x idf once fitted), L2-normalised; stats are standardised once fitted.
     The embedding block exists only when the spec asks for it (computed here unless given).
     """
-    raw, b = _lower(prompt)
-    words, lengths = _word_hashes(b)
-    counts = np.bincount(_bucket_ids(b, words, spec), minlength=spec.n_buckets)
-    ids = (counts != 0).nonzero()[0]  # faster than flatnonzero on ints
-    x = np.log1p(np.take(counts, ids).astype(np.float64))
-    if spec.idf is not None:
-        x *= np.take(spec.idf_array, ids)
-    norm = np.sqrt(x @ x)
-    if norm > 0:
-        x /= norm
-    stats = _stats(prompt, raw, lengths)
-    if spec.stat_mean is not None:
-        stats = (stats - spec.stat_mean_array) / spec.stat_std_array
-    n_suites = len(spec.suites)
-    pos = spec.suite_positions.get(suite) if suite is not None else None
-    head_ids = [pos] if pos is not None else []
-    all_ids = np.concatenate((np.array(head_ids, dtype=np.intp), ids + n_suites,
-                              np.arange(len(stats)) + n_suites + spec.n_buckets))
-    all_vals = np.concatenate((np.ones(len(head_ids)), x, stats))
+    layers = feature_layers(prompt, suite, spec)
+    all_ids, all_vals = layers.ids, layers.vals
     if spec.embeddings:
         if embedding is None:
             from router_training.embeddings import embed
 
             embedding = embed([prompt])[0]
-        start = n_suites + spec.n_buckets + len(STAT_NAMES)
+        start = len(spec.suites) + spec.n_buckets + len(STAT_NAMES)
         all_ids = np.concatenate((all_ids, np.arange(start, start + EMBEDDING_DIM)))
         all_vals = np.concatenate((all_vals, embedding))
     return all_ids, all_vals
+
+
+def n_chars(prompt: str) -> int:
+    """The prompt's length in code points after the spec's text normalisation (the cost model's
+    and the statistics' length): len(prompt) unless it holds surrogates."""
+    return _normalised(prompt)[1]
 
 
 def document_frequency(prompts: Sequence[str], spec: FeatureSpec) -> tuple[float, ...]:
@@ -264,3 +381,4 @@ def document_frequency(prompts: Sequence[str], spec: FeatureSpec) -> tuple[float
         df[np.flatnonzero(np.bincount(bucket_ids(p, spec), minlength=spec.n_buckets))] += 1
     idf = np.log((1 + len(prompts)) / (1 + df)) + 1.0
     return tuple(float(v) for v in idf)
+

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from common.io import atomic_write
-from router_training.features import FeatureSpec, request_features
+from router_training.features import FeatureSpec, cut, feature_layers, n_chars, request_features, text_bytes
+from router_training.numerics import ordered_row_sum, ordered_sum, sigmoid
+from router_training.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 RULES = ("lambda", "threshold")
 MEMBER_RULES = ("lambda", "threshold", "single")
 
@@ -48,7 +48,8 @@ class Decision:
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
+    """Platt's logistic function as the spec computes it (router_training.numerics.sigmoid)."""
+    return sigmoid(z)
 
 
 def assign_clusters(Z: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -78,28 +79,38 @@ class LinearScorer:
     topic_difficulty: np.ndarray | None = None  # (n_topics,)
 
     def __post_init__(self) -> None:
-        self.weights = np.ascontiguousarray(self.weights, dtype=np.float64)
+        dtype = np.float32 if np.asarray(self.weights).dtype == np.float32 else np.float64
+        self.weights = np.ascontiguousarray(self.weights, dtype=dtype)  # float32 as published (format 3)
         k = len(self.bias)
         if self.centroids is not None and self.weights.shape[1] != k + 1 + self.centroids.shape[1]:
             raise ValueError(f"scorer weights have {self.weights.shape[1]} columns; expected "
                              f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection")
-        self._half_norms = None if self.centroids is None else 0.5 * (self.centroids ** 2).sum(1)
+        if self.centroids is not None:
+            self._half_norms = 0.5 * ordered_row_sum((self.centroids * self.centroids).T)
 
     def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
-        """Logits of every candidate and the request's topic (-1 without topics)."""
-        r = vals @ np.take(self.weights, ids, axis=0)  # take: ~3x faster than fancy indexing
+        """Logits of every candidate and the request's topic (-1 without topics).
+
+        r = sum over the row's features, in column order, of value x weight row (the spec's
+        "Scorer": a fixed order, so every runtime gets the same bits)."""
+        r = ordered_row_sum(vals[:, None] * np.take(self.weights, ids, axis=0))  # take: ~3x faster than fancy indexing
         k = len(self.bias)
         out = r[:k] + self.bias
         slope = self.slopes[suite_pos]
         g, d = -1, r[k] + self.difficulty_bias
         if self.centroids is not None:
-            z = r[k + 1:]
-            norm = math.sqrt(z @ z)
-            g = int(np.argmax(self.centroids @ (z / norm if norm > 0 else z) - self._half_norms))
+            g = self.topic(r[k + 1:])
             out = out + self.topic_bias[g]
             slope = slope + self.topic_slopes[g]
             d = d + self.topic_difficulty[g]
         return out + d * slope, g
+
+    def topic(self, z: np.ndarray) -> int:
+        """The nearest centroid to z scaled to unit length: the first g maximising
+        centroid_g . z_unit - |centroid_g|^2 / 2."""
+        norm = math.sqrt(ordered_sum(z * z))
+        unit = z / norm if norm > 0 else z
+        return int(np.argmax(ordered_row_sum(self.centroids.T * unit[:, None]) - self._half_norms))
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
         return self.score(ids, vals, suite_pos)[0]
@@ -136,83 +147,6 @@ class LinearScorer:
         )
 
 
-class TreeScorer:
-    """logit_k = booster_k(x) (LightGBM raw score), or a constant for a candidate with one label.
-
-    Boosters live in LightGBM's text format, one file per candidate; lightgbm is imported only
-    when such a policy is built, so linear policies keep needing numpy alone.
-    """
-
-    kind = "lightgbm"
-
-    def __init__(self, models: Sequence[str | float], n_features: int) -> None:
-        import lightgbm as lgb
-
-        self.n_features = int(n_features)
-        self.texts = list(models)
-        try:
-            self.boosters = [None if isinstance(m, float) else lgb.Booster(model_str=m) for m in models]
-        except lgb.basic.LightGBMError as e:
-            raise ValueError(f"a LightGBM model file does not parse ({e})") from e
-        for j, b in enumerate(self.boosters):
-            if b is not None and b.num_feature() != self.n_features:
-                raise ValueError(f"lgbm_{j}.txt has {b.num_feature()} features; the policy has {self.n_features}")
-        self.constants = np.array([m if isinstance(m, float) else 0.0 for m in models])
-
-    def logits_dense(self, X: np.ndarray) -> np.ndarray:
-        out = np.tile(self.constants, (X.shape[0], 1))
-        for j, b in enumerate(self.boosters):
-            if b is not None:
-                out[:, j] = b.predict(X, raw_score=True, num_threads=1)
-        return out
-
-    def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
-        row = np.zeros((1, self.n_features))  # per call: gateways decide from many threads
-        row[0, ids] = vals
-        return self.logits_dense(row)[0]
-
-    def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
-        return self.logits(ids, vals, suite_pos), -1
-
-    def logits_many(self, rows: list[tuple[np.ndarray, np.ndarray]], chunk: int = 256) -> np.ndarray:
-        """Batch scoring in dense chunks (a policy may not import scipy for sparse input)."""
-        out = np.empty((len(rows), len(self.boosters)))
-        for start in range(0, len(rows), chunk):
-            part = rows[start: start + chunk]
-            X = np.zeros((len(part), self.n_features))
-            for i, (ids, vals) in enumerate(part):
-                X[i, ids] = vals
-            out[start: start + len(part)] = self.logits_dense(X)
-        return out
-
-    def file_names(self) -> list[str]:
-        return [f"lgbm_{j}.txt" for j, m in enumerate(self.texts) if not isinstance(m, float)]
-
-    def to_dict(self) -> dict:
-        return {
-            "kind": self.kind, "n_features": self.n_features,
-            "models": [m if isinstance(m, float) else f"lgbm_{j}.txt" for j, m in enumerate(self.texts)],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict, folder: Path) -> "TreeScorer":
-        models: list[str | float] = []
-        for m in d["models"]:
-            if isinstance(m, str):
-                if Path(m).name != m or not m.startswith("lgbm_"):
-                    raise ValueError(f"scorer.json: unsafe model file name {m!r}")
-                models.append((folder / m).read_text(encoding="utf-8"))
-            else:
-                models.append(float(m))
-        return cls(models, int(d["n_features"]))
-
-
-def _scorer_from_dict(d: dict, folder: Path) -> "LinearScorer | TreeScorer":
-    if d.get("kind") == TreeScorer.kind:
-        return TreeScorer.from_dict(d, folder)
-    return LinearScorer.from_dict(d)
-
-
 @dataclass
 class CostModel:
     """Predicted cost per candidate: intercept + per-1k-chars slope + per-suite offset (+ per
@@ -233,7 +167,7 @@ class CostModel:
         if self.topic_coef is not None and topic_pos is not None:
             has = topic_pos >= 0
             out[has] += self.topic_coef[topic_pos[has]]
-        return np.maximum(out, self.floor)
+        return np.where(out < self.floor, self.floor, out)
 
     def predict_one(self, n_chars: int, suite_pos: int, topic_pos: int = -1) -> np.ndarray:
         out = self.coef[0] + (n_chars / 1000.0) * self.coef[1]
@@ -241,7 +175,7 @@ class CostModel:
             out = out + self.coef[2 + suite_pos]
         if self.topic_coef is not None and topic_pos >= 0:
             out = out + self.topic_coef[topic_pos]
-        return np.maximum(out, self.floor)
+        return np.where(out < self.floor, self.floor, out)
 
     def to_dict(self) -> dict:
         d = {"coef": self.coef.tolist(), "floor": self.floor.tolist()}
@@ -386,8 +320,12 @@ class Knob:
 
 
 def request_unit(prompt: str, suite: str | None) -> float:
-    """A uniform number in [0, 1) fixed by the request: mixes pick their member with it."""
-    digest = hashlib.blake2b(f"{suite or ''}\x00{prompt}".encode("utf-8", "replace"), digest_size=8).digest()
+    """A uniform number in [0, 1] fixed by the request: mixes pick their member with it.
+
+    BLAKE2b-64 of the suite's bytes, a NUL and the prompt's cut bytes (the spec's section 7: the
+    cut bounds the work a huge prompt costs), read big-endian and divided by 2**64 (which may
+    round up to 1.0)."""
+    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + cut(text_bytes(prompt)), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
 
 
@@ -407,6 +345,25 @@ class RoutingPolicy:
     metrics: dict = field(default_factory=dict)
 
     # -- scoring -------------------------------------------------------------------------
+    def score_request(self, prompt: str, suite: str | None,
+                      embedding: np.ndarray | None = None) -> "Scored":
+        """One request through features, scorer, calibration and cost (the spec's steps)."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if suite is not None and not isinstance(suite, str):
+            raise TypeError(f"suite must be a string or None, got {type(suite).__name__}")
+        if self.spec.embeddings:
+            ids, vals = request_features(prompt, suite, self.spec, embedding)
+            layers, chars = None, n_chars(prompt)
+            pos = self.spec.suite_position(suite)
+        else:
+            layers = feature_layers(prompt, suite, self.spec)
+            ids, vals, pos, chars = layers.ids, layers.vals, layers.suite_pos, layers.text.n_chars
+        z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else len(self.spec.suites))
+        p = sigmoid(self.platt[0] * z + self.platt[1])
+        c = self.cost_model.predict_one(chars, pos, topic)
+        return Scored(layers, z, topic, p, c)
+
     def predict(
         self, prompts: Sequence[str], suites: Sequence[str | None] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -414,24 +371,16 @@ class RoutingPolicy:
         suites = list(suites) if suites is not None else [None] * len(prompts)
         if len(suites) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
-        n_suites = len(self.spec.suites)
-        pos = np.array([self.spec.suite_positions.get(s, -1) if s else -1 for s in suites], dtype=int)
-        z = np.empty((len(prompts), len(self.candidates)))
-        topic = np.full(len(prompts), -1)
         embeddings = [None] * len(prompts)
         if self.spec.embeddings and len(prompts) > 1:
             from router_training.embeddings import embed  # optional extra; batched is faster
 
             embeddings = list(embed(list(prompts)))
-        if isinstance(self.scorer, TreeScorer):
-            z[:] = self.scorer.logits_many(
-                [request_features(p, s, self.spec, e) for p, s, e in zip(prompts, suites, embeddings)])
-        else:
-            for i, (prompt, suite) in enumerate(zip(prompts, suites)):
-                ids, vals = request_features(prompt, suite, self.spec, embeddings[i])
-                z[i], topic[i] = self.scorer.score(ids, vals, pos[i] if pos[i] >= 0 else n_suites)
-        p = _sigmoid(self.platt[0] * z + self.platt[1])
-        c = self.cost_model.predict(np.array([len(x) for x in prompts]), pos, topic)
+        k = len(self.candidates)
+        p, c = np.empty((len(prompts), k)), np.empty((len(prompts), k))
+        for i, (prompt, suite) in enumerate(zip(prompts, suites)):
+            s = self.score_request(prompt, suite, embeddings[i])
+            p[i], c[i] = s.p, s.c
         return p, c
 
     def point_for(self, quality_target: float | None = None) -> OperatingPoint:
@@ -455,7 +404,9 @@ class RoutingPolicy:
         if point.weight >= 1.0:
             return pick_a, np.ones(len(pick_a))
         pick_b = member_choice(mb, p, c)
-        u = np.array([request_unit(x, s) for x, s in zip(prompts, suites)])
+        u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
+        for i in np.flatnonzero(pick_a != pick_b):
+            u[i] = request_unit(prompts[i], suites[i])
         pick = np.where(u < point.weight, pick_a, pick_b)
         prop = point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
         return pick, prop
@@ -471,15 +422,10 @@ class RoutingPolicy:
         self, prompt: str, suite: str | None = None, quality_target: float | None = None
     ) -> Decision:
         """One request on the gateway's hot path (same result as decide_batch, fewer steps)."""
-        n_suites = len(self.spec.suites)
-        pos = self.spec.suite_positions.get(suite, -1) if suite else -1
-        ids, vals = request_features(prompt, suite, self.spec)
-        z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else n_suites)
-        p = _sigmoid(self.platt[0] * z + self.platt[1])
-        c = self.cost_model.predict_one(len(prompt), pos, topic)
+        s = self.score_request(prompt, suite)
         point = self.point_for(quality_target)
-        pick, prop = self._select(point, p[None], c[None], [prompt], [suite])
-        return self._decision(pick[0], prop[0], p, c, self._fallback_param(point))
+        pick, prop = self._select(point, s.p[None], s.c[None], [prompt], [suite])
+        return self._decision(pick[0], prop[0], s.p, s.c, self._fallback_param(point))
 
     def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, lam: float) -> Decision:
         """The decision for one request; fallbacks in the order of `p - lam * cost`."""
@@ -507,68 +453,33 @@ class RoutingPolicy:
         return [self._decision(int(pick[i]), prop[i], p[i], c[i], lam) for i in range(len(prompts))]
 
     # -- persistence ---------------------------------------------------------------------
-    def _header(self) -> dict:
-        return {
-            "format_version": FORMAT_VERSION,
-            "candidates": list(self.candidates),
-            "knob": self.knob.to_dict(),
-            "reference_pass_rate": float(self.reference_pass_rate),
-            "reference_model": self.reference_model,
-            "quality_target": float(self.quality_target),
-            "platt": self.platt.tolist(),
-            "cost_model": self.cost_model.to_dict(),
-            "metrics": self.metrics,
-            "files": {"features": "features.json", "scorer": "scorer.json"},
-        }
-
     def save(self, folder: Path) -> list[str]:
-        """Write policy.json, features.json, scorer.json and, for a LightGBM scorer, one
-        lgbm_<j>.txt per candidate in LightGBM's text format (no pickle; atomically)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(folder / "features.json", json.dumps(self.spec.to_dict()))
-        extra: list[str] = []
-        if isinstance(self.scorer, TreeScorer):
-            extra = self.scorer.file_names()
-            texts = [m for m in self.scorer.texts if not isinstance(m, float)]
-            for name, text in zip(extra, texts):
-                atomic_write(folder / name, text)
-        atomic_write(folder / "scorer.json", json.dumps(self.scorer.to_dict()))
-        atomic_write(folder / "policy.json", json.dumps(self._header(), indent=1, sort_keys=True))
-        return ["policy.json", "features.json", "scorer.json", *extra]
+        """Write the policy in format 3 (docs/policy-format.md): policy.json, arrays.safetensors
+        and conformance.safetensors, the vectors every runtime checks itself against (no pickle;
+        atomically). Returns the file names."""
+        from router_training.policy_files import save_policy
+
+        return save_policy(self, Path(folder))
 
     @classmethod
     def load(cls, folder: Path) -> "RoutingPolicy":
-        """Read a policy folder; format 1 policies (a rule and its table) load as a knob too."""
-        folder = Path(folder)
-        try:
-            head = json.loads((folder / "policy.json").read_text(encoding="utf-8"))
-            version = head.get("format_version")
-            if version not in READABLE_VERSIONS:
-                raise _FormatError(
-                    f"{folder / 'policy.json'}: format_version {version!r} is not supported by this "
-                    f"build (reads {', '.join(map(str, READABLE_VERSIONS))})")
-            files = head["files"]
-            spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
-            scorer = _scorer_from_dict(json.loads((folder / files["scorer"]).read_text()), folder)
-            ref_rate = float(head["reference_pass_rate"])
-            if version == 1:
-                knob = Knob.from_table(head["rule"], [(float(a), float(b)) for a, b in head["table"]], ref_rate)
-            else:
-                knob = Knob.from_dict(head["knob"])
-            policy = cls(
-                candidates=list(head["candidates"]), spec=spec, scorer=scorer,
-                platt=np.asarray(head["platt"], dtype=np.float64),
-                cost_model=CostModel.from_dict(head["cost_model"]), knob=knob,
-                reference_pass_rate=ref_rate, reference_model=head["reference_model"],
-                quality_target=float(head["quality_target"]), metrics=head.get("metrics", {}),
-            )
-        except _FormatError as e:
-            raise ValueError(str(e)) from None
-        except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
-            raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
-        policy._check_members()
-        return policy
+        """Read a policy folder of format 3, 2 or 1 (a format 1 rule and its table load as a knob)."""
+        from router_training.policy_files import load_policy
+
+        return load_policy(Path(folder))
+
+    def self_check(self) -> "object":
+        """Run the conformance vectors loaded with the policy (router_training.conformance)."""
+        from router_training.conformance import self_check
+
+        return self_check(self)
+
+    @property
+    def format_info(self) -> dict:
+        """What the manifest says about the format: version, portability, the vectors' file."""
+        from router_training.policy_files import format_info
+
+        return format_info(self)
 
     def _check_members(self) -> None:
         k = len(self.candidates)
@@ -596,11 +507,16 @@ class RoutingPolicy:
         }
 
     def _scorer_summary(self) -> dict:
-        if isinstance(self.scorer, TreeScorer):
-            return {"kind": TreeScorer.kind, "n_features": self.scorer.n_features,
-                    "files": self.scorer.file_names()}
-        return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}
+        if isinstance(self.scorer, LinearScorer):
+            return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}
+        return self.scorer.summary()
 
 
-class _FormatError(ValueError):
-    """A policy written by a newer (or unknown) format."""
+class Scored(NamedTuple):
+    """One request's feature layers (None with embeddings), logits, topic, probabilities, costs."""
+
+    layers: Any
+    z: np.ndarray
+    topic: int
+    p: np.ndarray
+    c: np.ndarray

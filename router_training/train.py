@@ -31,9 +31,10 @@ from router_training.embeddings import reuse_embeddings
 from router_training.estimators import (
     LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
-from router_training.features import FeatureSpec
+from router_training.features import FeatureSpec, n_chars as text_length
 from router_training.knob import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
-from router_training.policy import CostModel, LinearScorer, RoutingPolicy, TreeScorer, _sigmoid
+from router_training.policy import CostModel, LinearScorer, RoutingPolicy, _sigmoid
+from router_training.trees import TreeScorer
 
 
 ESTIMATORS = ("linear", "lightgbm")
@@ -103,11 +104,13 @@ def _suite_pos(suites: list[str | None], names: tuple[str, ...]) -> np.ndarray:
 
 
 def _scorer(est: LinearPassEstimator) -> LinearScorer:
+    """The gateway's scorer. Its weight matrix is rounded to float32 here, as format 3 publishes
+    it (half the bytes of float64), so the policy measured in-process is the one gateways run."""
     topics = len(est.centroids_) > 0
     text = np.zeros((est.coef_.shape[0], est.cluster_basis_.shape[1]))
     text[est.n_suites: est.n_suites + est.n_buckets] = est.cluster_basis_
     return LinearScorer(
-        weights=np.hstack([est.coef_, est.difficulty_coef_[:, None], text]), bias=est.intercept_,
+        weights=np.hstack([est.coef_, est.difficulty_coef_[:, None], text]).astype(np.float32), bias=est.intercept_,
         difficulty_bias=est.difficulty_intercept_, slopes=est.slopes_,
         centroids=est.centroids_ if topics else None, topic_bias=est.cluster_bias_ if topics else None,
         topic_slopes=est.cluster_slopes_ if topics else None,
@@ -119,7 +122,7 @@ def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, 
     """The fitted scorer, out-of-fold logits, folds and topics of the training requests, and metrics."""
     if estimator == "lightgbm":
         est = LightGBMPassEstimator(seed=seed).fit(X, Y)
-        scorer = TreeScorer(est.model_strings(), est.n_features_in_)
+        scorer = TreeScorer.from_models(est.model_strings(), est.n_features_in_)
         return scorer, est.out_of_fold_logits(), est.folds_, np.full(len(Y), -1), {"estimator": "lightgbm"}
     lin = LinearPassEstimator(n_suites=len(spec.suites), seed=seed, n_folds=design.n_folds,
                               n_clusters=design.topics, n_buckets=spec.n_buckets,
@@ -156,7 +159,7 @@ def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, e
     scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     suite_pos = _suite_pos(data.suites, spec.suites)
-    n_chars = np.array([len(p) for p in data.prompts])
+    n_chars = np.array([text_length(p) for p in data.prompts])
     n_topics = len(scorer.centroids) if getattr(scorer, "centroids", None) is not None else 0
     cost_model = fit_cost_model(n_chars, suite_pos, data.C, len(spec.suites), topic_pos=topic, n_topics=n_topics)
     rates = np.nanmean(data.Y, axis=0)

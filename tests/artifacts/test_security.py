@@ -231,9 +231,9 @@ def test_signed_but_broken_policy_is_refused(served, policies, publish_to, regis
 
         def save(self, folder: Path) -> list[str]:
             names = policies[1].save(folder)
-            scorer = json.loads((folder / "scorer.json").read_text())
-            scorer["shape"] = [scorer["shape"][0] // 2, scorer["shape"][1] * 2]
-            (folder / "scorer.json").write_text(json.dumps(scorer))
+            head = json.loads((folder / "policy.json").read_text())
+            head["scorer"]["rank"] += 1  # the weight matrix no longer has the columns it says
+            (folder / "policy.json").write_text(json.dumps(head))
             return names
 
         def describe(self) -> dict:

@@ -78,3 +78,26 @@ def test_training_with_embeddings_encodes_each_prompt_once(monkeypatch):
     result = train_router(frame, embeddings=True)  # held-out fit, held-out predictions, refit
     assert result.metrics["refit"] and "holdout" in result.metrics
     assert len(seen) == len(set(seen)) and set(seen) == set(frame["prompt"])
+
+
+def test_a_policy_with_embeddings_is_marked_not_portable(monkeypatch, tmp_path):
+    """Its manifest fields and policy.json say why other runtimes cannot serve it; its vectors
+    hold the text layers, which the Python runtime still checks."""
+    import json
+
+    from router_training.policy import RoutingPolicy
+    from router_training.tensors import loads
+    from router_training.train import train_router
+    from tests.router_training.conftest import demo_frame
+
+    fake_encoder(monkeypatch)
+    policy = train_router(demo_frame(n_items=20), holdout_fraction=0.0, embeddings=True).policy
+    info = policy.format_info
+    assert info["version"] == 3 and info["portable"] is False and "MiniLM" in info["not_portable"]
+    policy.save(tmp_path)
+    head = json.loads((tmp_path / "policy.json").read_text())
+    assert head["portable"] is False and head["not_portable"] == info["not_portable"]
+    _, meta = loads((tmp_path / "conformance.safetensors").read_bytes(), "vectors")
+    assert json.loads(meta["routeopt"])["layers"] == ["bytes", "words", "buckets", "features"]
+    report = RoutingPolicy.load(tmp_path).self_check()
+    assert report.ok and report.layers == ("bytes", "words", "buckets", "features")

@@ -71,26 +71,51 @@ def test_default_stays_linear_and_bad_estimator_is_refused(lgbm_result) -> None:
 
 
 def test_save_load_round_trip_gives_identical_decisions(lgbm_result, tmp_path: Path) -> None:
+    """The boosters are published as portable tree arrays, evaluated without lightgbm, to the
+    same decisions; a format 2 policy (LightGBM text files) loads to them too."""
+    from tests.router_training.legacy import save_format_2
+
     policy = lgbm_result.policy
-    names = policy.save(tmp_path)
-    lgbm_files = [n for n in names if n.startswith("lgbm_")]
-    assert lgbm_files == [f"lgbm_{j}.txt" for j in range(len(policy.candidates))]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
-    assert (tmp_path / lgbm_files[0]).read_text().startswith("tree\n")
-    loaded = RoutingPolicy.load(tmp_path)
-    for prompt, suite in PROMPTS:
-        assert loaded.decide(prompt, suite) == policy.decide(prompt, suite)
-    batch = loaded.decide_batch([p for p, _ in PROMPTS], [s for _, s in PROMPTS])
-    assert batch == [policy.decide(p, s) for p, s in PROMPTS]
-    assert loaded.describe()["scorer"] == {"kind": "lightgbm", "n_features": policy.spec.n_features,
-                                           "files": lgbm_files}
+    names = policy.save(tmp_path / "v3")
+    assert sorted(names) == ["arrays.safetensors", "conformance.safetensors", "policy.json"]
+    old = save_format_2(policy, tmp_path / "v2")
+    assert [n for n in old if n.startswith("lgbm_")] == [f"lgbm_{j}.txt" for j in range(len(policy.candidates))]
+    for loaded in (RoutingPolicy.load(tmp_path / "v3"), RoutingPolicy.load(tmp_path / "v2")):
+        for prompt, suite in PROMPTS:
+            assert loaded.decide(prompt, suite) == policy.decide(prompt, suite)
+        batch = loaded.decide_batch([p for p, _ in PROMPTS], [s for _, s in PROMPTS])
+        assert batch == [policy.decide(p, s) for p, s in PROMPTS]
+    summary = RoutingPolicy.load(tmp_path / "v3").describe()["scorer"]
+    assert summary["kind"] == "trees" and summary["n_features"] == policy.spec.n_features
+    assert RoutingPolicy.load(tmp_path / "v3").self_check().ok
+
+
+def test_portable_trees_give_lightgbms_own_raw_scores_to_the_bit(lgbm_result) -> None:
+    lgb = pytest.importorskip("lightgbm")
+    scorer, spec = lgbm_result.policy.scorer, lgbm_result.policy.spec
+    from router_training.estimators import design_matrix
+
+    frame = demo_frame(n_items=40, seed=5).drop_duplicates("request_id")
+    X = design_matrix(frame.prompt.tolist(), frame.suite.tolist(), spec).toarray()
+    X[:3] = 0.0  # every feature at zero: LightGBM's zero-as-missing branch
+    for j, text in enumerate(scorer.texts):
+        want = np.full(len(X), text) if isinstance(text, float) else \
+            lgb.Booster(model_str=text).predict(X, raw_score=True)
+        np.testing.assert_array_equal(scorer.logits_dense(X)[:, j], want)
 
 
 def test_corrupt_model_file_is_a_clear_error(lgbm_result, tmp_path: Path) -> None:
-    lgbm_result.policy.save(tmp_path)
-    (tmp_path / "lgbm_0.txt").write_text("not a model\n")
-    with pytest.raises(ValueError, match="not a readable routing policy"):
-        RoutingPolicy.load(tmp_path)
+    from tests.router_training.legacy import save_format_2
+
+    save_format_2(lgbm_result.policy, tmp_path / "v2")
+    (tmp_path / "v2" / "lgbm_0.txt").write_text("not a model\n")
+    with pytest.raises(ValueError, match="does not parse|not a readable routing policy"):
+        RoutingPolicy.load(tmp_path / "v2")
+    lgbm_result.policy.save(tmp_path / "v3")
+    data = (tmp_path / "v3" / "arrays.safetensors").read_bytes()
+    (tmp_path / "v3" / "arrays.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="arrays.safetensors"):
+        RoutingPolicy.load(tmp_path / "v3")
 
 
 def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, tmp_path: Path) -> None:
@@ -107,9 +132,10 @@ def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, 
         got, want = router.route(prompt, suite), policy.decide(prompt, suite)
         assert (got.model, got.fallbacks) == (want.model, want.fallbacks)
         assert got.pass_probabilities == pytest.approx(want.pass_probabilities)
-    target = folder / "lgbm_1.txt"
-    text = target.read_text()
-    target.write_text(text.replace("leaf_value=", "leaf_value=1", 1))
+    target = folder / "arrays.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-9] ^= 0x40  # a leaf value
+    target.write_bytes(bytes(data))
     with pytest.raises(PolicyLoadError, match="tampered"):
         load(folder, public_key=public)
 
@@ -146,4 +172,5 @@ def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> N
     r = runner.invoke(cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
-    assert list(registry.glob("versions/*/lgbm_0.txt"))
+    (folder,) = registry.glob("versions/*")
+    assert json.loads((folder / "policy.json").read_text())["scorer"]["kind"] == "trees"

@@ -24,20 +24,35 @@ def test_decision_contract(trained):
 
 
 def test_save_load_round_trip_without_pickle(trained, tmp_path):
+    """Format 3: policy.json is JSON, the arrays and vectors safetensors containers (raw
+    little-endian numbers under a JSON header); the loaded policy decides to the bit as the
+    trained one (its weights were float32 from the start)."""
+    from router_training.tensors import loads
+
     policy = trained.policy
     files = policy.save(tmp_path)
-    assert sorted(files) == sorted(p.name for p in tmp_path.iterdir())
-    for name in files:
-        json.loads((tmp_path / name).read_text())  # JSON only, no pickle
+    assert sorted(files) == sorted(p.name for p in tmp_path.iterdir()) == \
+        ["arrays.safetensors", "conformance.safetensors", "policy.json"]
+    assert json.loads((tmp_path / "policy.json").read_text())["format_version"] == 3
+    arrays, meta = loads((tmp_path / "arrays.safetensors").read_bytes(), "arrays")
+    assert meta == {"format": "routeopt.arrays/3"} and arrays["scorer.weights"].dtype == np.float32
     again = RoutingPolicy.load(tmp_path)
     suites = ["reverse", "sort", None] * 5
-    a = policy.decide_batch(PROMPTS, suites)
-    b = again.decide_batch(PROMPTS, suites)
-    assert [x.model for x in a] == [x.model for x in b]
-    for x, y in zip(a, b):
-        assert np.allclose(list(x.pass_probabilities.values()), list(y.pass_probabilities.values()), atol=1e-5)
+    assert policy.decide_batch(PROMPTS, suites) == again.decide_batch(PROMPTS, suites)
     assert again.describe()["candidates"] == policy.candidates
     json.dumps(again.describe())
+
+
+def test_safetensors_files_load_with_the_reference_library(trained, tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    trained.policy.save(tmp_path)
+    from router_training.tensors import loads
+
+    for name in ("arrays.safetensors", "conformance.safetensors"):
+        ours, _ = loads((tmp_path / name).read_bytes(), name)
+        theirs = safetensors.load_file(str(tmp_path / name))
+        assert set(ours) == set(theirs)
+        assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_load_rejects_broken_folder(tmp_path):
@@ -103,13 +118,10 @@ def test_decide_matches_decide_batch(trained, target):
 
 
 def _as_format_1(policy, folder, table):
-    """Rewrite a saved policy folder the way format 1 stored it: a rule and its table."""
-    policy.save(folder)
-    head = json.loads((folder / "policy.json").read_text())
-    head.pop("knob")
-    head.update(format_version=1, rule="lambda", table=table)
-    head["cost_model"].pop("topic_coef", None)
-    (folder / "policy.json").write_text(json.dumps(head))
+    """Write a policy the way format 1 stored it: a rule and its table."""
+    from tests.router_training.legacy import save_format_1
+
+    save_format_1(policy, folder, table)
 
 
 def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
@@ -132,9 +144,26 @@ def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
         P, C = old.predict([PROMPTS[3]], ["reverse"])
         assert d.model == old.candidates[choose(P, C, "lambda", want)[0, 0]] and d.propensity == 1.0
     again = tmp_path / "again"
-    old.save(again)  # written back in the current format, same decisions
-    assert json.loads((again / "policy.json").read_text())["format_version"] == 2
-    assert RoutingPolicy.load(again).decide_batch(PROMPTS, None, 0.8) == old.decide_batch(PROMPTS, None, 0.8)
+    old.save(again)  # written back in the current format; its weights become float32
+    assert json.loads((again / "policy.json").read_text())["format_version"] == 3
+    new = RoutingPolicy.load(again)
+    assert [d.model for d in new.decide_batch(PROMPTS, None, 0.8)] == \
+        [d.model for d in old.decide_batch(PROMPTS, None, 0.8)]
+    assert new.self_check().ok
+
+
+def test_format_2_policies_still_load_and_decide_as_they_did(trained, tmp_path):
+    """A format 2 policy (JSON arrays) loads, decides like the policy it was written from (its
+    weights rounded to 7 decimals), and reports that it has no conformance vectors."""
+    from tests.router_training.legacy import save_format_2
+
+    save_format_2(trained.policy, tmp_path)
+    old = RoutingPolicy.load(tmp_path)
+    suites = ["reverse", "sort", None] * 5
+    assert [d.model for d in old.decide_batch(PROMPTS, suites)] == \
+        [d.model for d in trained.policy.decide_batch(PROMPTS, suites)]
+    report = old.self_check()
+    assert report.ok and report.requests == 0 and "format 2" in report.summary()
 
 
 def test_a_policy_naming_a_missing_member_does_not_load(trained, tmp_path):
@@ -144,3 +173,17 @@ def test_a_policy_naming_a_missing_member_does_not_load(trained, tmp_path):
     (tmp_path / "policy.json").write_text(json.dumps(head))
     with pytest.raises(ValueError, match="candidate 99"):
         RoutingPolicy.load(tmp_path)
+
+
+def test_hostile_requests_decide_and_non_strings_are_clear_errors(trained):
+    policy = trained.policy
+    for prompt in ["", "\x00", "\ud800", "abc\udfff", "a" * (1 << 20), "😀" * 5000, "İ" * 9000]:
+        for suite in (None, "", "no-such-suite", "add"):
+            d = policy.decide(prompt, suite)
+            assert d.model in policy.candidates and 0 < d.propensity <= 1
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        policy.decide(None)
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        policy.decide(b"bytes")
+    with pytest.raises(TypeError, match="suite must be a string"):
+        policy.decide("x", 3)

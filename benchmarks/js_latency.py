@@ -1,0 +1,67 @@
+"""Decision latency of one request: the JavaScript gateway in Node beside Python's, same requests.
+
+The RouterBench policy is published through the CLI (benchmarks/js_common.py); both runtimes
+load it from its version folder (verified, self-checked) and route every test-split prompt of
+RouterBench (945, about 1,400 characters each) at the policy's own target, one at a time, after
+a warm-up. Each round reports p50 and p99 per request; the figures are medians of the rounds.
+
+    flock /tmp/routeopt-bench.lock python benchmarks/js_latency.py [--rounds 3] [--set routerbench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from js_common import build_js, load_average, node, published, test_requests
+
+
+def python_rounds(version: Path, key: Path, requests: list[dict], rounds: int) -> list[tuple[float, float]]:
+    from artifacts.runtime import load
+
+    router = load(version, public_key=key, state_dir=False)
+    for r in requests[:500]:
+        router.route(r["prompt"], r["suite"])
+    out = []
+    for _ in range(rounds):
+        times = np.empty(len(requests))
+        for i, r in enumerate(requests):
+            start = time.perf_counter_ns()
+            router.route(r["prompt"], r["suite"])
+            times[i] = (time.perf_counter_ns() - start) / 1000
+        out.append((float(np.quantile(times, 0.5)), float(np.quantile(times, 0.99))))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", default="routerbench")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    build_js()
+    version, key = published(args.set)
+    requests = test_requests(args.set)
+    print(load_average())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+        js = [json.loads(line) for line in node("bench/latency.mjs", str(version), str(path), str(args.rounds),
+                                                 public_key=key).splitlines()]
+    py = python_rounds(version, key, requests, args.rounds)
+    med = lambda xs: statistics.median(xs)
+    print(f"{args.set}: {len(requests)} requests per round, {args.rounds} rounds (medians of rounds)")
+    print(f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "
+          f"rounds {[(round(r['p50_us'], 1), round(r['p99_us'], 1)) for r in js]}")
+    print(f"  Python:             p50 {med([p for p, _ in py]):7.1f} us   p99 {med([q for _, q in py]):7.1f} us   "
+          f"rounds {[(round(p, 1), round(q, 1)) for p, q in py]}")
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()

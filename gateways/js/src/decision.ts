@@ -1,0 +1,112 @@
+/**
+ * Section 8, "Decision": the model a point chooses, its propensity and the fallback order;
+ * 8.1 exploration and canary draws.
+ */
+
+import { blake2b } from "./blake2b.js";
+import { textBytes } from "./bytes.js";
+import { Knob, Point, memberChoice } from "./knob.js";
+
+export interface Choice {
+  pick: number;
+  propensity: number;
+  fallbacks: number[];
+}
+
+/** The point's choice for (p, c) and mixing draw u (section 8). */
+export function decidePoint(knob: Knob, point: Point, p: Float64Array, c: Float64Array, u: () => number): Choice {
+  const a = memberChoice(knob.members[point.a], p, c);
+  let pick = a;
+  let propensity = 1.0;
+  if (point.weight < 1) {
+    const w = point.weight;
+    const b = memberChoice(knob.members[point.b], p, c);
+    pick = a === b || u() < w ? a : b; // the draw only matters (and is only hashed) when the members differ
+    propensity = w * (a === pick ? 1 : 0) + (1 - w) * (b === pick ? 1 : 0);
+  }
+  return { pick, propensity, fallbacks: fallbackOrder(p, c, fallbackLambda(knob, point), pick) };
+}
+
+/** The first lambda member's parameter among (a, b), else 0. */
+export function fallbackLambda(knob: Knob, point: Point): number {
+  for (const i of [point.a, point.b]) if (knob.members[i].rule === "lambda") return knob.members[i].param;
+  return 0;
+}
+
+const SCORE = new Float64Array(256);
+
+/** Candidates by p - lambda c descending, then cost, then index; without the pick (an
+ * insertion sort: K is small, and a decision should not allocate a comparator). */
+export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pick: number): number[] {
+  const k = p.length;
+  const score = k <= SCORE.length ? SCORE : new Float64Array(k);
+  const order: number[] = [];
+  for (let j = 0; j < k; j++) {
+    score[j] = -(p[j] - lam * c[j]);
+    if (j === pick) continue;
+    let at = order.length;
+    while (at > 0) {
+      const o = order[at - 1];
+      if (score[o] < score[j] || (score[o] === score[j] && c[o] <= c[j])) break; // o stays first (ties: lower index)
+      at--;
+    }
+    order.splice(at, 0, j);
+  }
+  return order;
+}
+
+// -- 8.1 exploration and canary ------------------------------------------------------------
+
+/** Two numbers in [0, 1] from BLAKE2b-128 of the request id keyed with `key`. */
+export function unitDraw(key: Uint8Array, requestId: string): [number, number] {
+  const d = blake2b(textBytes(requestId), 16, key);
+  const word = (i: number) => ((d[i] << 24) | (d[i + 1] << 16) | (d[i + 2] << 8) | d[i + 3]) >>> 0;
+  const unit = (i: number) => (word(i) * 4294967296 + word(i + 4)) / 18446744073709551616;
+  return [unit(0), unit(8)];
+}
+
+/** SHA-256("routeopt-<label>:<seed>") (WebCrypto), or 32 random bytes without a seed. */
+export async function deriveKey(label: string, seed: number | string | null | undefined): Promise<Uint8Array> {
+  if (seed === null || seed === undefined) return crypto.getRandomValues(new Uint8Array(32));
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", textBytes(`routeopt-${label}:${seed}`)));
+}
+
+export interface ExplorationOptions {
+  rate: number;
+  exclude?: string[];
+  maxCostUsd?: number | null;
+  maxCostRatio?: number | null;
+  seed?: number | string | null;
+}
+
+export interface Explored {
+  model: string;
+  propensity: number;
+  explored: boolean;
+  eligible: string[];
+}
+
+/** Check an exploration's settings the way Python's `Exploration` does. */
+export function checkExploration(x: ExplorationOptions): void {
+  if (!(typeof x.rate === "number" && x.rate >= 0 && x.rate <= 1)) throw new RangeError(`exploration rate must be in [0, 1], got ${x.rate}`);
+  for (const name of ["maxCostUsd", "maxCostRatio"] as const) {
+    const v = x[name];
+    if (v !== undefined && v !== null && !(Number.isFinite(v) && v > 0)) throw new RangeError(`exploration ${name} must be a positive number, got ${v}`);
+  }
+}
+
+/** Exploration of a decision (model m, costs by name) for draws u, v (8.1). */
+export function explore(model: string, names: string[], cost: Record<string, number>, x: ExplorationOptions | null,
+  u: number, v: number): Explored {
+  if (!x || x.rate <= 0) return { model, propensity: 1, explored: false, eligible: [] };
+  let cap = x.maxCostUsd ?? Infinity;
+  if (x.maxCostRatio !== undefined && x.maxCostRatio !== null) cap = Math.min(cap, x.maxCostRatio * (cost[model] ?? Infinity));
+  const exclude = new Set(x.exclude ?? []);
+  const eligible = names.filter((n) => !exclude.has(n) && (cost[n] ?? Infinity) <= cap);
+  if (eligible.length === 0) return { model, propensity: 1, explored: false, eligible: [] };
+  const n = eligible.length;
+  const explored = u < x.rate;
+  const served = explored ? eligible[Math.min(Math.floor(v * n), n - 1)] : model;
+  const share = eligible.includes(served) ? x.rate / n : 0;
+  return { model: served, propensity: (1 - x.rate) * (served === model ? 1 : 0) + share, explored, eligible };
+}

@@ -1,0 +1,260 @@
+/**
+ * Section 4, "Features": byte classes, lower-casing, word hashes, n-gram keys, buckets,
+ * tf-idf and the nine statistics, assembled into the sparse feature row.
+ *
+ * The hot path allocates nothing per request but the row: word hashes, bucket counts and the
+ * list of touched buckets live in scratch buffers sized for the largest cut (8192 bytes).
+ */
+
+import { MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
+import { add64, ln1p, ln1pCount, mul64, mulPAdd, U64 } from "./numbers.js";
+
+export const N_STATS = 9;
+export const STAT_NAMES = ["log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
+  "code_frac", "mean_word_len", "question_marks"];
+
+const DIGIT = 1, UPPER = 2, PUNCT = 4, CODE = 8, ALNUM = 16;
+/** 4.1: the classes of every byte value. */
+export const CLASS = new Uint8Array(256);
+for (let b = 0x30; b <= 0x39; b++) CLASS[b] |= DIGIT | ALNUM;
+for (let b = 0x41; b <= 0x5a; b++) CLASS[b] |= UPPER | ALNUM;
+for (let b = 0x61; b <= 0x7a; b++) CLASS[b] |= ALNUM;
+for (let b = 0x80; b <= 0xff; b++) CLASS[b] |= ALNUM;
+for (const c of "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") CLASS[c.charCodeAt(0)] |= PUNCT;
+for (const c of "{}()[];=<>_") CLASS[c.charCodeAt(0)] |= CODE;
+
+// 4.5: mix(k) constants as [hi, lo]
+const SALT_HI = 0x53845412, SALT_LO = 0x7b096493;
+const MIX1_HI = 0xff51afd7, MIX1_LO = 0xed558ccd;
+const MIX2_HI = 0xc4ceb9fe, MIX2_LO = 0x1a85ec53;
+
+export interface FeatureSpec {
+  suites: string[];
+  suiteIndex: Map<string, number>;
+  nBuckets: number;
+  charNgrams: number[];
+  wordBigrams: boolean;
+  idf: Float64Array | null;
+  statMean: Float64Array | null;
+  statStd: Float64Array | null;
+}
+
+/** The suite's one-hot column, or -1 (missing, empty or unknown). */
+export function suitePosition(spec: FeatureSpec, suite: string | null | undefined): number {
+  if (!suite) return -1;
+  const i = spec.suiteIndex.get(suite);
+  return i === undefined ? -1 : i;
+}
+
+/** Each step's output for one request, as the conformance vectors record them. */
+export interface FeatureLayers {
+  text: PromptBytes;
+  wordHi: Uint32Array;
+  wordLo: Uint32Array;
+  wordChars: number;
+  buckets: Int32Array;
+  counts: Int32Array;
+  textValues: Float64Array;
+  stats: Float64Array;
+  suitePos: number;
+  ids: Int32Array;
+  vals: Float64Array;
+}
+
+const BYTE_PLACE = [1, 256, 65536, 16777216];
+const other = new Float64Array(2);
+
+/** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
+export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out: U64): void {
+  hi = (hi ^ saltHi) >>> 0;
+  lo = (lo ^ saltLo) >>> 0;
+  lo = (lo ^ (hi >>> 1)) >>> 0;
+  mul64(hi, lo, MIX1_HI, MIX1_LO, out);
+  hi = out[0];
+  lo = (out[1] ^ (hi >>> 1)) >>> 0;
+  mul64(hi, lo, MIX2_HI, MIX2_LO, out);
+  out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
+}
+
+/** The high 32 bits of a * b for 32-bit a, b (16-bit pieces keep every sum exact). */
+function mulHi(a: number, b: number): number {
+  const a0 = a & 0xffff, a1 = a >>> 16, b0 = b & 0xffff, b1 = b >>> 16;
+  const p01 = a0 * b1, p10 = a1 * b0;
+  const mid = ((a0 * b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
+  return a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16);
+}
+
+/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`). */
+function bucketOf(hi: number, lo: number, mask: number): number {
+  hi = (hi ^ SALT_HI) >>> 0;
+  lo = (lo ^ SALT_LO ^ (hi >>> 1)) >>> 0;
+  let h = (mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO) + Math.imul(lo, MIX1_HI)) >>> 0;
+  let l = (Math.imul(lo, MIX1_LO) ^ (h >>> 1)) >>> 0;
+  h = (mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO) + Math.imul(l, MIX2_HI)) >>> 0;
+  l = Math.imul(l, MIX2_LO) >>> 0;
+  return ((l ^ (h >>> 1)) & mask) >>> 0;
+}
+
+/** Per-policy scratch space, so a decision allocates only its row. */
+export class Scratch {
+  readonly counts: Int32Array;
+  readonly touched: Int32Array;
+  readonly lower = new Uint8Array(MAX_BYTES);
+  readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
+  readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
+  readonly classes = new Int32Array(32);
+  nWords = 0;
+  wordChars = 0;
+
+  constructor(nBuckets: number) {
+    this.counts = new Int32Array(nBuckets);
+    this.touched = new Int32Array(Math.min(nBuckets, MAX_BYTES * 9));
+  }
+}
+
+/** 4.1-4.3 in one pass: class counts, lower-casing, and every word hashed into the scratch
+ * (s.nWords, s.wordChars). */
+function words(cut: Uint8Array, s: Scratch): void {
+  const low = s.lower, classes = s.classes, wh = s.wordHi, wl = s.wordLo;
+  classes.fill(0);
+  let n = 0, chars = 0, start = -1;
+  for (let i = 0; i <= cut.length; i++) {
+    let alnum = false;
+    if (i < cut.length) {
+      const b = cut[i];
+      const c = CLASS[b];
+      classes[c]++;
+      low[i] = b >= 0x41 && b <= 0x5a ? b + 32 : b;
+      alnum = (c & ALNUM) !== 0;
+    }
+    if (alnum) {
+      if (start < 0) start = i;
+      continue;
+    }
+    if (start < 0) continue;
+    let hi = 0, lo = 0;
+    for (let j = i - 1; j >= start; j--) { // Horner from the last byte: h = h P + b, P = 2^40 + 435
+      const t = lo * 435 + low[j]; // < 2^41: exact
+      hi = ((lo << 8) + Math.imul(hi, 435) + ((t * 2.3283064365386963e-10) | 0)) >>> 0; // t / 2^32, exact
+      lo = t >>> 0;
+    }
+    wh[n] = hi;
+    wl[n] = lo;
+    n++;
+    chars += i - start;
+    start = -1;
+  }
+  s.nWords = n;
+  s.wordChars = chars;
+}
+
+function count(s: Scratch, b: number, nTouched: number): number {
+  if (s.counts[b]++ === 0) s.touched[nTouched++] = b;
+  return nTouched;
+}
+
+/** 4.4-4.5: every n-gram key's bucket, counted; returns the number of distinct buckets. */
+function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: number): number {
+  const mask = spec.nBuckets - 1;
+  let t = 0;
+  const wh = s.wordHi, wl = s.wordLo;
+  for (let w = 0; w < nWords; w++) { // word + 1
+    const lo = wl[w] + 1;
+    t = count(s, bucketOf(lo > 0xffffffff ? (wh[w] + 1) >>> 0 : wh[w], lo >>> 0, mask), t);
+  }
+  if (spec.wordBigrams) {
+    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2
+      mulPAdd(wh[w], wl[w], 0, other);
+      add64(other[0], other[1], wh[w + 1], wl[w + 1], other);
+      add64(other[0], other[1], 0, 2, other);
+      t = count(s, bucketOf(other[0], other[1], mask), t);
+    }
+  }
+  const low = s.lower;
+  for (const n of spec.charNgrams) {
+    for (let i = 0; i + n <= cutLength; i++) {
+      let lo = 0, hi = 0;
+      for (let j = 0; j < n; j++) {
+        if (j < 4) lo += low[i + j] * BYTE_PLACE[j];
+        else hi += low[i + j] * BYTE_PLACE[j - 4];
+      }
+      t = count(s, bucketOf((hi | (n << 24)) >>> 0, lo, mask), t);
+    }
+  }
+  return t;
+}
+
+/** 4.7: the nine statistics, standardised when the policy scales them. */
+function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number): Float64Array {
+  const out = new Float64Array(N_STATS);
+  const size = Math.max(text.cut.length, 1);
+  let digit = 0, upper = 0, punct = 0, code = 0;
+  for (let c = 0; c < 32; c++) {
+    const k = s.classes[c];
+    if (c & DIGIT) digit += k;
+    if (c & UPPER) upper += k;
+    if (c & PUNCT) punct += k;
+    if (c & CODE) code += k;
+  }
+  out[0] = ln1p(text.nChars);
+  out[1] = ln1p(nWords);
+  out[2] = ln1p(text.newlines);
+  out[3] = digit / size;
+  out[4] = upper / size;
+  out[5] = punct / size;
+  out[6] = code / size;
+  out[7] = nWords > 0 ? wordChars / nWords : 0;
+  out[8] = ln1p(text.questions);
+  if (spec.statMean && spec.statStd) {
+    for (let i = 0; i < N_STATS; i++) out[i] = (out[i] - spec.statMean[i]) / spec.statStd[i];
+  }
+  return out;
+}
+
+/** One request through 3.1 to 4.8. With `keep`, the intermediate layers are copied out too. */
+export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
+  s: Scratch, keep = false): FeatureLayers {
+  const text = promptBytes(prompt);
+  words(text.cut, s);
+  const nWords = s.nWords, wordChars = s.wordChars;
+  const nt = buckets(spec, s, nWords, text.cut.length);
+  const touched = s.touched.subarray(0, nt).sort();
+  const st = stats(spec, text, s, nWords, wordChars);
+  const pos = suitePosition(spec, suite);
+  const head = pos >= 0 ? 1 : 0;
+  const nS = spec.suites.length;
+  const ids = new Int32Array(head + nt + N_STATS);
+  const vals = new Float64Array(head + nt + N_STATS);
+  if (head) {
+    ids[0] = pos;
+    vals[0] = 1;
+  }
+  const counts = keep ? new Int32Array(nt) : null;
+  let sq = 0;
+  for (let i = 0; i < nt; i++) {
+    const b = touched[i];
+    const c = s.counts[b];
+    s.counts[b] = 0;
+    if (counts) counts[i] = c;
+    let x = ln1pCount(c);
+    if (spec.idf) x = x * spec.idf[b];
+    ids[head + i] = nS + b;
+    vals[head + i] = x;
+    sq = i === 0 ? x * x : sq + x * x;
+  }
+  const norm = Math.sqrt(sq);
+  if (norm > 0) for (let i = 0; i < nt; i++) vals[head + i] = vals[head + i] / norm;
+  const base = nS + spec.nBuckets;
+  for (let i = 0; i < N_STATS; i++) {
+    ids[head + nt + i] = base + i;
+    vals[head + nt + i] = st[i];
+  }
+  return {
+    text, suitePos: pos, ids, vals, stats: st, wordChars,
+    wordHi: keep ? s.wordHi.slice(0, nWords) : s.wordHi.subarray(0, nWords),
+    wordLo: keep ? s.wordLo.slice(0, nWords) : s.wordLo.subarray(0, nWords),
+    buckets: keep ? Int32Array.from(touched) : touched,
+    counts: counts ?? new Int32Array(0),
+    textValues: vals.subarray(head, head + nt),
+  };
+}

@@ -1,0 +1,22 @@
+/**
+ * @routeopt/gateway: routeopt's policy format 3 (docs/policy-format.md) in JavaScript.
+ *
+ *     const router = await Router.open({ url: "https://policies.internal/", publicKeys: [pem], refreshS: 60 });
+ *     const d = router.route(prompt, { suite: "invoice-total", requestId });
+ *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
+ *
+ * Modules follow the spec's sections: bytes, features, scorer, calibration, knob, decision,
+ * verification, conformance. Node's file log is in "@routeopt/gateway/node".
+ */
+
+export { Router, PolicyLoadError, newRequestId } from "./registry.js";
+export type { Decision, RouterOptions, RouterStatus, StateStore } from "./registry.js";
+export { Gateway, MemoryLog, isoTime } from "./gateway.js";
+export type { GatewayOptions, GatewayStatus, LogSink } from "./gateway.js";
+export type { ExplorationOptions } from "./decision.js";
+export { Policy, readPolicy, FORMAT_VERSION } from "./policy.js";
+export { checkVectors, summary as conformanceSummary } from "./conformance.js";
+export type { ConformanceReport } from "./conformance.js";
+export { VerificationError } from "./verification.js";
+export { FormatError } from "./container.js";
+export { blake2b } from "./blake2b.js";

@@ -1,0 +1,96 @@
+/**
+ * Section 7, "Knob": members, operating points, the point that serves a target, and the
+ * request's mixing draw.
+ */
+
+import { blake2b } from "./blake2b.js";
+import { textBytes } from "./bytes.js";
+import { FormatError } from "./container.js";
+
+export type Rule = "lambda" | "single" | "threshold";
+export interface Member { rule: Rule; param: number }
+export interface Point { a: number; b: number; weight: number; certified: number }
+export interface Knob { members: Member[]; points: Point[]; top: Point }
+
+function num(v: unknown, where: string, nullAs?: number): number {
+  if (v === null && nullAs !== undefined) return nullAs;
+  if (typeof v !== "number" || !Number.isFinite(v)) throw new FormatError(`${where}: expected a number, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function point(v: unknown, nMembers: number, where: string): Point {
+  if (!Array.isArray(v) || v.length !== 6) throw new FormatError(`${where}: a point is [a, b, weight, certified, pass_rate, cost]`);
+  const [a, b] = [num(v[0], where), num(v[1], where)];
+  if (!Number.isInteger(a) || !Number.isInteger(b) || a < 0 || b < 0 || a >= nMembers || b >= nMembers) {
+    throw new FormatError(`${where}: an operating point names member ${Math.max(a, b)}; there are ${nMembers}`);
+  }
+  return { a, b, weight: num(v[2], where), certified: num(v[3], where, -Infinity) };
+}
+
+/** policy.json's knob, checked: known rules, members in range, strictly rising certificates. */
+export function parseKnob(raw: unknown, k: number): Knob {
+  const d = raw as { members?: unknown; points?: unknown; top?: unknown };
+  if (typeof d !== "object" || d === null || !Array.isArray(d.members) || !Array.isArray(d.points)) {
+    throw new FormatError("policy.json: knob must have members and points");
+  }
+  const members = d.members.map((m, i): Member => {
+    if (!Array.isArray(m) || m.length !== 2 || !["lambda", "single", "threshold"].includes(m[0])) {
+      throw new FormatError(`policy.json: knob.members[${i}]: unknown knob member rule ${JSON.stringify(Array.isArray(m) ? m[0] : m)}; this runtime reads lambda, single, threshold`);
+    }
+    const param = num(m[1], `policy.json: knob.members[${i}]`);
+    if (m[0] === "single" && !(Number.isInteger(param) && param >= 0 && param < k)) {
+      throw new FormatError(`policy.json: knob member names candidate ${param}; the policy has ${k}`);
+    }
+    return { rule: m[0] as Rule, param };
+  });
+  const points = d.points.map((p, i) => point(p, members.length, `policy.json: knob.points[${i}]`));
+  for (let i = 1; i < points.length; i++) {
+    if (!(points[i].certified > points[i - 1].certified)) throw new FormatError("policy.json: knob points must have strictly rising certified targets");
+  }
+  return { members, points, top: point(d.top, members.length, "policy.json: knob.top") };
+}
+
+/** The first point certified for x - 1e-12, else the top. */
+export function pointFor(knob: Knob, target: number): Point {
+  const t = target - 1e-12;
+  for (const p of knob.points) if (p.certified >= t) return p;
+  return knob.top;
+}
+
+/** The candidate a member chooses for (p, c). */
+export function memberChoice(m: Member, p: Float64Array, c: Float64Array): number {
+  const k = p.length;
+  if (m.rule === "single") return m.param;
+  if (m.rule === "lambda") {
+    let best = -Infinity;
+    for (let j = 0; j < k; j++) {
+      const s = p[j] - m.param * c[j];
+      if (s > best) best = s;
+    }
+    let pick = -1;
+    for (let j = 0; j < k; j++) {
+      if (p[j] - m.param * c[j] >= best && (pick < 0 || c[j] < c[pick])) pick = j;
+    }
+    return pick;
+  }
+  let pick = 0; // threshold: by (cost if p >= tau else +inf, 0 if p >= tau else -p, cost, index)
+  const key = (j: number) => (p[j] >= m.param ? c[j] : Infinity);
+  const second = (j: number) => (p[j] >= m.param ? 0 : -p[j]);
+  for (let j = 1; j < k; j++) {
+    const kj = key(j), kp = key(pick), sj = second(j), sp = second(pick);
+    if (kj < kp || (kj === kp && (sj < sp || (sj === sp && c[j] < c[pick])))) pick = j;
+  }
+  return pick;
+}
+
+/** 7: BLAKE2b-64 of the suite's bytes, 0x00 and the prompt's cut bytes, as a number in [0, 1]. */
+export function mixingDraw(cut: Uint8Array, suite: string | null | undefined): number {
+  const s = textBytes(suite || "");
+  const data = new Uint8Array(s.length + 1 + cut.length);
+  data.set(s, 0);
+  data.set(cut, s.length + 1);
+  const d = blake2b(data, 8);
+  const hi = ((d[0] << 24) | (d[1] << 16) | (d[2] << 8) | d[3]) >>> 0;
+  const lo = ((d[4] << 24) | (d[5] << 16) | (d[6] << 8) | d[7]) >>> 0;
+  return (hi * 4294967296 + lo) / 18446744073709551616;
+}

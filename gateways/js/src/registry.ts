@@ -1,0 +1,468 @@
+/**
+ * The gateway's loader: a registry URL polled with ETags (or a version's files given as
+ * bytes), every check of section 10, the conformance self-check of section 9, and a hot swap
+ * that never replaces the last good policy with a worse one.
+ *
+ * Only `fetch` and WebCrypto are used, so this runs in Node and in workers alike. Failures
+ * after the first load are recorded (status(), onEvent) and never thrown into routing.
+ */
+
+import { checkVectors, ConformanceReport, summary } from "./conformance.js";
+import { FormatError } from "./container.js";
+import { Policy, readPolicy, VECTORS } from "./policy.js";
+import {
+  checkChannel, checkOrder, FailureKind, importPublicKey, Manifest, MANIFEST, parseManifest, parsePointer, Pointer,
+  Seen, sha256Hex, SIGNATURE, TrustedKey, VerificationError, verifySignature, canonicalJson, versionDir,
+} from "./verification.js";
+
+export const MAX_OBJECT_BYTES = 256 * 2 ** 20;
+
+/** Where the newest accepted channel move is kept across restarts (a worker: KV, Durable Object...). */
+export interface StateStore {
+  get(): Seen | null | Promise<Seen | null>;
+  set(seen: Seen): void | Promise<void>;
+}
+
+export interface RouterOptions {
+  /** a registry's base URL (http(s)://host/prefix) or a version's URL (.../versions/000007-<sha12>) */
+  url?: string;
+  /** a version's files as bytes (manifest.json, manifest.sig and the policy's files), instead of a URL */
+  files?: Record<string, Uint8Array>;
+  /** trusted Ed25519 public keys (PEM); without any, loading fails unless allowUnsigned */
+  publicKeys?: (string | Uint8Array)[];
+  allowUnsigned?: boolean;
+  /** default: champion if the registry has one, else latest */
+  channel?: string;
+  /** serve this model, saying why, while no valid policy is there (instead of failing to start) */
+  defaultModel?: string;
+  /** poll every refreshS seconds */
+  refreshS?: number;
+  timeoutMs?: number;
+  fetch?: typeof fetch;
+  onEvent?: (kind: string, message: string) => void;
+  state?: StateStore;
+  now?: () => number;
+}
+
+export interface Decision {
+  model: string;
+  fallbacks: string[];
+  passProbabilities: Record<string, number>;
+  expectedCostUsd: Record<string, number>;
+  propensity: number;
+  policyVersion: number;
+  /** the id the decision is logged under (the request id given, else a generated one) */
+  decisionId: string;
+  defaultReason: string | null;
+}
+
+export interface RouterStatus {
+  source: string;
+  channel: string | null;
+  version: number;
+  digest: string;
+  signed: boolean;
+  expiresAt: string | null;
+  expired: boolean;
+  lastError: string | null;
+  consecutiveFailures: number;
+  checks: number;
+  swaps: number;
+  servingDefault: boolean;
+  defaultModel: string | null;
+  defaultReason: string | null;
+  conformance: string | null;
+}
+
+interface Active {
+  policy: Policy;
+  version: number;
+  digest: string;
+  signed: boolean;
+  manifest: Manifest;
+  conformance: string;
+}
+
+/** Reads registry keys: over HTTP(S) with a timeout and a size cap, or from given bytes. */
+class Source {
+  constructor(readonly location: string, private readonly files: Record<string, Uint8Array> | null,
+    private readonly fetchFn: typeof fetch, private readonly timeoutMs: number) {}
+
+  async get(key: string, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
+    if (this.files) {
+      const data = this.files[key.split("/").pop()!];
+      if (!data) throw new VerificationError(`${this.location}: ${key} is missing`);
+      return { data: new Uint8Array(data), etag: "" };
+    }
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.fetchOnce(key, etag);
+      } catch (e) {
+        // a connection dropped mid-answer (a pooled one the server had closed): GET again, twice at most
+        if (!(e instanceof VerificationError && e.kind === "unreachable" && /connection|reset|closed|lost/i.test(e.message)) || attempt === 3) throw e;
+      }
+    }
+  }
+
+  private async fetchOnce(key: string, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
+    const url = this.location.replace(/\/+$/, "") + "/" + key.split("/").map(encodeURIComponent).join("/");
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.timeoutMs);
+    try {
+      const res = await this.fetchFn(url, { headers: etag ? { "If-None-Match": etag } : {}, signal: abort.signal });
+      if (res.status === 304) return null;
+      if (res.status === 404) throw new VerificationError(`${url}: not found`, "unreachable");
+      if (!res.ok) throw new VerificationError(`${url}: HTTP ${res.status}`, "unreachable");
+      return { data: await readCapped(res, url), etag: res.headers.get("ETag") ?? "" };
+    } catch (e) {
+      if (e instanceof VerificationError) throw e;
+      const why = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : (e as Error).message;
+      throw new VerificationError(`${url}: registry unreachable (${why})`, "unreachable");
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+async function readCapped(res: Response, url: string): Promise<Uint8Array<ArrayBuffer>> {
+  const declared = Number(res.headers.get("Content-Length") ?? "0");
+  if (declared > MAX_OBJECT_BYTES) throw new VerificationError(`${url}: larger than ${MAX_OBJECT_BYTES} bytes; refusing it`);
+  if (!res.body) return new Uint8Array(await res.arrayBuffer());
+  const reader = res.body.getReader();
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.length;
+    if (size > MAX_OBJECT_BYTES) {
+      await reader.cancel();
+      throw new VerificationError(`${url}: larger than ${MAX_OBJECT_BYTES} bytes; refusing it`);
+    }
+    parts.push(value);
+  }
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const p of parts) { out.set(p, at); at += p.length; }
+  return out;
+}
+
+export class PolicyLoadError extends Error {
+  override name = "PolicyLoadError";
+  constructor(message: string, readonly kind: FailureKind) {
+    super(message);
+  }
+}
+
+let idCounter = 0;
+let idPrefix = ""; // drawn on first use: a worker may not draw random values at load time
+
+/** A request id for callers that give none: `<12 random hex>-<counter in hex>`. */
+export function newRequestId(): string {
+  if (!idPrefix) idPrefix = Array.from(crypto.getRandomValues(new Uint8Array(6)), (b) => b.toString(16).padStart(2, "0")).join("") + "-";
+  return idPrefix + (++idCounter).toString(16);
+}
+
+export class Router {
+  private active: Active | null = null;
+  private seen: Seen | null = null;
+  private etag: string | null = null;
+  private lastError: string | null = null;
+  private failures = 0;
+  private checks = 0;
+  private swaps = 0;
+  private defaultReason: string | null = null;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private busy: Promise<boolean> | null = null;
+
+  private constructor(private readonly source: Source, private readonly prefix: string, readonly channel: string | null,
+    private readonly keys: TrustedKey[] | null, private readonly opts: RouterOptions) {}
+
+  /** Load and verify a policy from a registry URL or from bytes; see RouterOptions. */
+  static async open(opts: RouterOptions): Promise<Router> {
+    const keys = opts.publicKeys?.length ? await Promise.all(opts.publicKeys.map(importPublicKey)) : null;
+    if (!keys && !opts.allowUnsigned) {
+      throw new PolicyLoadError("no public key to verify policies with: pass publicKeys (PEM), or allowUnsigned: true to accept unsigned policies", "config");
+    }
+    const fetchFn = opts.fetch ?? globalThis.fetch.bind(globalThis);
+    let source: Source, prefix = "", channel: string | null = null;
+    if (opts.files) {
+      source = new Source("files", opts.files, fetchFn, 0);
+    } else if (opts.url) {
+      const m = /^(.*?)\/?(versions\/\d{6,}-[0-9a-f]{12})\/?$/.exec(opts.url);
+      source = new Source(m ? m[1] : opts.url, null, fetchFn, opts.timeoutMs ?? 10000);
+      prefix = m ? m[2] : "";
+      if (!m) channel = opts.channel ? checkChannel(opts.channel) : await defaultChannel(source);
+    } else {
+      throw new PolicyLoadError("give url (a registry or version URL) or files (a version's bytes)", "config");
+    }
+    const router = new Router(source, prefix, channel, keys, opts);
+    await router.start0();
+    if (opts.refreshS) router.start(opts.refreshS);
+    return router;
+  }
+
+  private async start0(): Promise<void> {
+    try {
+      if (this.channel && this.opts.state) this.seen = (await this.opts.state.get()) ?? null;
+      this.active = await this.initial();
+    } catch (e) {
+      const err = e instanceof VerificationError ? e : new VerificationError(String((e as Error).message ?? e));
+      if (!this.opts.defaultModel) throw new PolicyLoadError(`cannot load a policy: ${err.message}`, err.kind);
+      this.failures = 1;
+      this.lastError = err.message;
+      this.defaultReason = `no valid policy: ${err.message}`;
+      this.emit("default", `serving the default model ${this.opts.defaultModel}: ${this.defaultReason}`);
+    }
+  }
+
+  private now(): number {
+    return this.opts.now ? this.opts.now() : Date.now();
+  }
+
+  /** Route one request with the current policy, or the default model while there is none. */
+  route(prompt: string, opts: { suite?: string | null; requestId?: string; qualityTarget?: number | null } = {}): Decision {
+    const id = opts.requestId ?? newRequestId();
+    const a = this.active;
+    const why = this.whyDefault(a);
+    if (!a || why) {
+      if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
+      return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
+        policyVersion: 0, decisionId: id, defaultReason: why };
+    }
+    const d = a.policy.decide(prompt, opts.suite, opts.qualityTarget);
+    const names = a.policy.candidates;
+    const p: Record<string, number> = {}, c: Record<string, number> = {};
+    names.forEach((m, j) => { p[m] = d.p[j]; c[m] = d.c[j]; });
+    return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: d.propensity,
+      policyVersion: a.version, decisionId: id, defaultReason: null };
+  }
+
+  get policy(): Policy | null {
+    return this.active?.policy ?? null;
+  }
+
+  /** The version that routes requests; 0 while the default model does. */
+  get version(): number {
+    return this.whyDefault(this.active) ? 0 : this.active!.version;
+  }
+
+  private whyDefault(a: Active | null): string | null {
+    if (!a) return this.defaultReason ?? "no policy";
+    if (this.opts.defaultModel && a.manifest.expiresAt !== null && this.now() >= a.manifest.expiresAt) {
+      return `version ${a.version} expired at ${a.manifest.expiresText}`;
+    }
+    return null;
+  }
+
+  private async initial(): Promise<Active> {
+    if (!this.channel) return this.build(this.prefix);
+    const got = await this.readPointer(null);
+    this.checkOrder(got!.pointer);
+    const active = await this.build(got!.pointer.path, got!.pointer.digest);
+    await this.accept(got!);
+    return active;
+  }
+
+  private async readPointer(etag: string | null): Promise<{ pointer: Pointer; etag: string } | null> {
+    const key = `channels/${this.channel}.json`;
+    const where = `${this.source.location}: ${key}`;
+    const got = await this.source.get(key, etag);
+    if (!got) return null;
+    let doc: { payload?: unknown; signature?: unknown };
+    try {
+      doc = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(got.data));
+      if (typeof doc !== "object" || doc === null || !("payload" in doc)) throw new Error("no payload");
+    } catch {
+      throw new VerificationError(`${where}: not a valid channel file (truncated or corrupt)`);
+    }
+    if (this.keys) {
+      if (!doc.signature) throw new VerificationError(`${where}: unsigned, and a public key was given`, "unsigned");
+      await verifySignature(doc.signature, new TextEncoder().encode(canonicalJson(doc.payload)), this.keys, where);
+    }
+    const pointer = parsePointer(doc.payload, where);
+    if (pointer.channel !== this.channel) throw new VerificationError(`${where}: pointer is for channel ${JSON.stringify(pointer.channel)} (copied?)`);
+    return { pointer, etag: got.etag };
+  }
+
+  private checkOrder(p: Pointer): void {
+    checkOrder(p, this.seen);
+  }
+
+  private async accept(got: { pointer: Pointer; etag: string }): Promise<void> {
+    this.etag = got.etag;
+    const p = got.pointer;
+    if (!this.seen || p.seq > this.seen.seq) this.seen = { seq: p.seq, version: p.version, digest: p.digest };
+    try {
+      await this.opts.state?.set(this.seen);
+    } catch (e) {
+      this.emit("state", `cannot record the accepted move: ${(e as Error).message}`);
+    }
+  }
+
+  /** Read and check one version, load it, run its conformance vectors and one trial decision. */
+  private async build(prefix: string, expectedDigest?: string): Promise<Active> {
+    const key = (name: string) => (prefix ? `${prefix}/${name}` : name);
+    const where = `${this.source.location}: ${key(MANIFEST)}`;
+    const manifestBytes = (await this.source.get(key(MANIFEST)))!.data;
+    const digest = await sha256Hex(manifestBytes);
+    if (expectedDigest && digest !== expectedDigest) {
+      throw new VerificationError(`${where}: sha256 ${digest.slice(0, 12)} does not match the channel's ${expectedDigest.slice(0, 12)} (tampered or replaced)`);
+    }
+    const signed = await this.checkManifestSignature(key(SIGNATURE), manifestBytes, where);
+    const manifest = parseManifest(manifestBytes, where);
+    const dir = /(\d{6,})-([0-9a-f]{12})$/.exec(prefix);
+    if (dir && (Number(dir[1]) !== manifest.version || dir[2] !== digest.slice(0, 12) || prefix !== versionDir(manifest.version, digest))) {
+      throw new VerificationError(`${where}: folder name says version ${Number(dir[1])} / ${dir[2]} but the manifest is version ${manifest.version} / ${digest.slice(0, 12)} (moved or tampered)`);
+    }
+    if (manifest.expiresAt !== null && this.now() >= manifest.expiresAt) {
+      throw new VerificationError(`${where}: version ${manifest.version} expired at ${manifest.expiresText}; publish a fresh policy`, "expired");
+    }
+    const pf = manifest.policyFormat;
+    if (pf.version !== 3) throw new VerificationError(`${where}: policy format ${JSON.stringify(pf.version ?? 2)} is not supported by this runtime (reads 3; publish the policy again with a current routeopt)`);
+    if (pf.portable === false) throw new VerificationError(`${where}: not portable: ${pf.not_portable ?? "the manifest says so"}`);
+    const files: Record<string, Uint8Array> = {};
+    for (const f of manifest.files) {
+      const blob = (await this.source.get(key(f.path)))!.data;
+      if (blob.length !== f.size || (await sha256Hex(blob)) !== f.sha256) {
+        throw new VerificationError(`${this.source.location}: ${key(f.path)}: size or sha256 does not match manifest.json (tampered or truncated)`);
+      }
+      files[f.path] = blob;
+    }
+    const active = { ...(await this.load(files, where)), version: manifest.version, digest, signed, manifest };
+    return active;
+  }
+
+  private async checkManifestSignature(sigKey: string, data: Uint8Array<ArrayBuffer>, where: string): Promise<boolean> {
+    let raw: Uint8Array;
+    try {
+      raw = (await this.source.get(sigKey))!.data;
+    } catch (e) {
+      if (e instanceof VerificationError && /not found|missing/.test(e.message)) {
+        if (this.keys) throw new VerificationError(`${this.source.location}: ${sigKey}: missing, and a public key was given (unsigned policy)`, "unsigned");
+        return false;
+      }
+      throw e;
+    }
+    if (!this.keys) return false;
+    let sig: unknown;
+    try {
+      sig = JSON.parse(new TextDecoder().decode(raw));
+    } catch {
+      throw new VerificationError(`${this.source.location}: ${sigKey}: not valid JSON`);
+    }
+    await verifySignature(sig, data, this.keys, where);
+    return true;
+  }
+
+  private async load(files: Record<string, Uint8Array>, where: string): Promise<{ policy: Policy; conformance: string }> {
+    let policy: Policy;
+    let report: ConformanceReport;
+    try {
+      if (!files["policy.json"] || !files["arrays.safetensors"]) throw new FormatError("policy.json or arrays.safetensors is not among the files");
+      policy = readPolicy(files["policy.json"], files["arrays.safetensors"]);
+      if (!files[VECTORS]) throw new FormatError(`${VECTORS} is missing; a format 3 policy ships its conformance vectors`);
+      report = await checkVectors(policy, files[VECTORS]);
+    } catch (e) {
+      throw new VerificationError(`${where}: policy does not load or decide: ${(e as Error).message}`);
+    }
+    if (!report.ok) throw new VerificationError(`${where}: this runtime refuses the policy: ${summary(report)}`, "conformance");
+    const trial = policy.decide("routeopt load check: 2 + 2 = ?");
+    if (!policy.candidates.includes(trial.model)) throw new VerificationError(`${where}: chose ${trial.model}, which is not a candidate`);
+    return { policy, conformance: summary(report) };
+  }
+
+  /** Poll once; true if a new policy was swapped in. Failures are recorded, never thrown. */
+  refresh(): Promise<boolean> {
+    if (!this.busy) this.busy = this.refresh0().finally(() => { this.busy = null; });
+    return this.busy;
+  }
+
+  private async refresh0(): Promise<boolean> {
+    this.checks++;
+    try {
+      const next = await this.poll();
+      this.failures = 0;
+      this.lastError = null;
+      if (!next) return false;
+      this.swaps++;
+      this.defaultReason = null;
+      this.active = next;
+      this.emit("swapped", `version ${next.version}`);
+      return true;
+    } catch (e) {
+      const err = e instanceof VerificationError ? e : new VerificationError(String((e as Error)?.message ?? e));
+      this.failures++;
+      this.lastError = err.message;
+      this.emit(err.kind === "unreachable" ? "unreachable" : "rejected", err.message);
+      return false;
+    }
+  }
+
+  private async poll(): Promise<Active | null> {
+    if (!this.channel) return this.active ? null : this.initial();
+    const got = await this.readPointer(this.etag);
+    if (!got) return null;
+    const p = got.pointer, current = this.active;
+    this.checkOrder(p);
+    if (current && p.version === current.version) {
+      if (p.digest !== current.digest) {
+        throw new VerificationError(`channel ${this.channel}: version ${p.version} now has digest ${p.digest.slice(0, 12)}, served ${current.digest.slice(0, 12)} (rewritten)`);
+      }
+      await this.accept(got);
+      return null;
+    }
+    const next = await this.build(p.path, p.digest);
+    await this.accept(got);
+    return next;
+  }
+
+  /** Poll every intervalS seconds until close(). */
+  start(intervalS: number): this {
+    if (!this.timer) {
+      this.timer = setInterval(() => void this.refresh(), intervalS * 1000);
+      (this.timer as { unref?: () => void }).unref?.();
+    }
+    return this;
+  }
+
+  close(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  status(): RouterStatus {
+    const a = this.active, why = this.whyDefault(a), held = Boolean(a) && !why;
+    return {
+      source: this.source.location, channel: this.channel, version: held ? a!.version : 0, digest: held ? a!.digest : "",
+      signed: held && a!.signed, expiresAt: a?.manifest.expiresText ?? null,
+      expired: Boolean(a && a.manifest.expiresAt !== null && this.now() >= a.manifest.expiresAt),
+      lastError: this.lastError, consecutiveFailures: this.failures, checks: this.checks, swaps: this.swaps,
+      servingDefault: why !== null, defaultModel: this.opts.defaultModel ?? null, defaultReason: why,
+      conformance: a?.conformance ?? null,
+    };
+  }
+
+  private emit(kind: string, message: string): void {
+    try {
+      this.opts.onEvent?.(kind, message);
+    } catch {
+      // a broken callback must not stop the refresher
+    }
+  }
+}
+
+/** champion if the registry has one, else latest if it has that, else champion. */
+async function defaultChannel(source: Source): Promise<string> {
+  for (const c of ["champion", "latest"]) {
+    try {
+      if (await source.get(`channels/${c}.json`)) return c;
+    } catch (e) {
+      if (!(e instanceof VerificationError && e.kind === "unreachable" && /not found/.test(e.message))) {
+        if (e instanceof VerificationError && e.kind === "unreachable") return "champion";
+        throw e;
+      }
+    }
+  }
+  return "champion";
+}

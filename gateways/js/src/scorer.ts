@@ -1,0 +1,190 @@
+/**
+ * Section 5, "Scorer": feature row -> one logit per candidate (and a topic).
+ *
+ * 5.1 `difficulty-linear`: ordered sums of value x weight over the row, then per-suite slopes
+ * and, with topics, the nearest centroid's prior and slope. 5.2 `trees`: LightGBM boosters as
+ * arrays, walked on the dense feature vector and summed in tree order.
+ */
+
+import { FormatError } from "./container.js";
+
+export interface Scorer {
+  /** Fills z (K logits) and returns the topic (-1 without topics). */
+  score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number;
+}
+
+export interface LinearArrays {
+  weights: Float32Array | Float64Array; // (F, C) row-major, C = K + 1 + R
+  bias: Float64Array;
+  difficultyBias: number;
+  slopes: Float64Array; // (S + 1, K)
+  centroids: Float64Array | null; // (G, R)
+  topicBias: Float64Array | null;
+  topicSlopes: Float64Array | null;
+  topicDifficulty: Float64Array | null;
+}
+
+export class LinearScorer implements Scorer {
+  private readonly c: number;
+  private readonly r: Float64Array;
+  private readonly halfNorms: Float64Array;
+
+  constructor(private readonly a: LinearArrays, private readonly k: number, private readonly nSuites: number,
+    private readonly rank: number, private readonly topics: number) {
+    this.c = k + 1 + rank;
+    this.r = new Float64Array(this.c);
+    this.halfNorms = new Float64Array(topics);
+    for (let g = 0; g < topics; g++) {
+      let s = 0;
+      for (let i = 0; i < rank; i++) {
+        const v = a.centroids![g * rank + i];
+        s = i === 0 ? v * v : s + v * v;
+      }
+      this.halfNorms[g] = 0.5 * s;
+    }
+  }
+
+  score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number {
+    const { a, c, k, r } = this;
+    const w = a.weights;
+    for (let e = 0; e < ids.length; e++) {
+      const v = vals[e];
+      const row = ids[e] * c;
+      if (e === 0) for (let j = 0; j < c; j++) r[j] = v * w[row + j];
+      else for (let j = 0; j < c; j++) r[j] = r[j] + v * w[row + j];
+    }
+    const sp = suitePos >= 0 ? suitePos : this.nSuites;
+    let d = r[k] + a.difficultyBias;
+    let g = -1;
+    if (this.topics > 0) {
+      g = this.topic();
+      d = d + a.topicDifficulty![g];
+    }
+    for (let j = 0; j < k; j++) {
+      let out = r[j] + a.bias[j];
+      let slope = a.slopes[sp * k + j];
+      if (g >= 0) {
+        out = out + a.topicBias![g * k + j];
+        slope = slope + a.topicSlopes![g * k + j];
+      }
+      z[j] = out + d * slope;
+    }
+    return g;
+  }
+
+  /** The first g maximising centroid_g . (zt / |zt|) - |centroid_g|^2 / 2. */
+  private topic(): number {
+    const { r, k, rank } = this;
+    const cent = this.a.centroids!;
+    let sq = 0;
+    for (let i = 0; i < rank; i++) {
+      const v = r[k + 1 + i];
+      sq = i === 0 ? v * v : sq + v * v;
+    }
+    const norm = Math.sqrt(sq);
+    let best = -1, bestSim = 0;
+    for (let g = 0; g < this.topics; g++) {
+      let s = 0;
+      for (let i = 0; i < rank; i++) {
+        const u = norm > 0 ? r[k + 1 + i] / norm : r[k + 1 + i];
+        const t = cent[g * rank + i] * u;
+        s = i === 0 ? t : s + t;
+      }
+      const sim = s - this.halfNorms[g];
+      if (best < 0 || sim > bestSim) {
+        best = g;
+        bestSim = sim;
+      }
+    }
+    return best;
+  }
+}
+
+export interface Forest {
+  feature: Int32Array;
+  threshold: Float64Array;
+  defaultLeft: Uint8Array;
+  missing: Uint8Array;
+  left: Int32Array;
+  right: Int32Array;
+  leafValue: Float64Array;
+  nodeStart: Int32Array;
+  leafStart: Int32Array;
+  treeStart: Int32Array;
+  constant: Float64Array;
+  hasTrees: Uint8Array;
+}
+
+const ZERO = 1.0000000180025095e-35;
+
+export class TreeScorer implements Scorer {
+  private readonly x: Float64Array;
+
+  constructor(private readonly f: Forest, private readonly k: number, nFeatures: number) {
+    this.x = new Float64Array(nFeatures);
+    checkForest(f, k, nFeatures);
+  }
+
+  score(ids: Int32Array, vals: Float64Array, _suitePos: number, z: Float64Array): number {
+    const { f, x } = this;
+    for (let e = 0; e < ids.length; e++) x[ids[e]] = vals[e];
+    for (let k = 0; k < this.k; k++) {
+      if (!f.hasTrees[k]) {
+        z[k] = f.constant[k];
+        continue;
+      }
+      let raw = 0;
+      for (let t = f.treeStart[k]; t < f.treeStart[k + 1]; t++) raw = raw + this.leaf(t);
+      z[k] = raw;
+    }
+    for (let e = 0; e < ids.length; e++) x[ids[e]] = 0;
+    return -1;
+  }
+
+  private leaf(t: number): number {
+    const { f, x } = this;
+    const base = f.nodeStart[t];
+    let node = f.nodeStart[t + 1] > base ? 0 : -1;
+    while (node >= 0) {
+      const at = base + node;
+      let v = x[f.feature[at]];
+      const missing = f.missing[at];
+      const nan = Number.isNaN(v);
+      if (nan && missing !== 2) v = 0;
+      let left: boolean;
+      if ((missing === 1 && v >= -ZERO && v <= ZERO) || (missing === 2 && nan)) left = f.defaultLeft[at] === 1;
+      else left = v <= f.threshold[at];
+      node = left ? f.left[at] : f.right[at];
+    }
+    return f.leafValue[f.leafStart[t] - node - 1];
+  }
+}
+
+/** 5.2's rules: every walk must end at a leaf of its own tree. */
+function checkForest(f: Forest, k: number, nFeatures: number): void {
+  const nTrees = f.nodeStart.length - 1;
+  const nNodes = f.feature.length;
+  const bad = (why: string) => new FormatError(`arrays.safetensors: scorer.trees: ${why}`);
+  if (f.treeStart.length !== k + 1 || f.treeStart[0] !== 0 || f.treeStart[k] !== nTrees) throw bad("tree_start does not cover the trees");
+  if (f.nodeStart[0] !== 0 || f.nodeStart[nTrees] !== nNodes || f.leafStart[0] !== 0 || f.leafStart[nTrees] !== f.leafValue.length
+      || f.leafStart.length !== nTrees + 1) throw bad("node or leaf offsets do not cover the arrays");
+  for (const a of [f.threshold, f.defaultLeft, f.missing, f.left, f.right]) if (a.length !== nNodes) throw bad("per-node arrays differ in length");
+  const nodeSeen = new Uint8Array(nNodes);
+  const leafSeen = new Uint8Array(f.leafValue.length);
+  for (let t = 0; t < nTrees; t++) {
+    const n0 = f.nodeStart[t], n1 = f.nodeStart[t + 1], l0 = f.leafStart[t], l1 = f.leafStart[t + 1];
+    const nodes = n1 - n0, leaves = l1 - l0;
+    if (nodes < 0 || leaves !== nodes + 1) throw bad(`tree ${t} must have one leaf more than it has nodes`);
+    if (nodes === 0) leafSeen[l0] = 1;
+    for (let i = 0; i < nodes; i++) {
+      if (f.feature[n0 + i] < 0 || f.feature[n0 + i] >= nFeatures) throw bad(`tree ${t} splits on a feature outside 0..${nFeatures - 1}`);
+      for (const c of [f.left[n0 + i], f.right[n0 + i]]) {
+        if (c >= 0) {
+          if (c <= i || c >= nodes || nodeSeen[n0 + c]++) throw bad(`tree ${t}: a child points outside its tree, back up it, or twice`);
+        } else if (-c - 1 >= leaves || leafSeen[l0 - c - 1]++) throw bad(`tree ${t}: a leaf is outside the tree or reached twice`);
+      }
+    }
+    for (let i = 1; i < nodes; i++) if (!nodeSeen[n0 + i]) throw bad(`tree ${t}: node ${i} is never reached`);
+    for (let i = 0; i < leaves; i++) if (!leafSeen[l0 + i]) throw bad(`tree ${t}: leaf ${i} is never reached`);
+  }
+}

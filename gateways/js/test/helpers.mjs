@@ -1,0 +1,48 @@
+// Fixtures made by tests/gateways/test_js_runtime.py (trained and published with the real
+// Python pipeline): ROUTEOPT_JS_FIXTURES names their folder.
+import { readdirSync, readFileSync, existsSync } from "node:fs";
+import { join } from "node:path";
+
+export const ROOT = process.env.ROUTEOPT_JS_FIXTURES ?? "";
+export const NO_FIXTURES = ROOT ? false : "ROUTEOPT_JS_FIXTURES is not set: run through tests/gateways/test_js_runtime.py";
+
+export function policyNames() {
+  return ROOT && existsSync(join(ROOT, "policies")) ? readdirSync(join(ROOT, "policies")).sort() : [];
+}
+
+export function policyFiles(name) {
+  const dir = join(ROOT, "policies", name);
+  return Object.fromEntries(readdirSync(dir).map((f) => [f, new Uint8Array(readFileSync(join(dir, f)))]));
+}
+
+/** A published version's files (manifest.json, manifest.sig and the policy's files). */
+export function versionFiles(registry, n = 1) {
+  const versions = join(ROOT, registry, "versions");
+  const dir = readdirSync(versions).sort()[n - 1];
+  return Object.fromEntries(readdirSync(join(versions, dir)).map((f) => [f, new Uint8Array(readFileSync(join(versions, dir, f)))]));
+}
+
+export function publicKey() {
+  return readFileSync(join(ROOT, "keys", "public_key.pem"), "utf8");
+}
+
+export function expected(name) {
+  return JSON.parse(readFileSync(join(ROOT, "expected", `${name}.json`), "utf8"));
+}
+
+/** Change tensor `name` of a container in place: fn(typedArray). */
+export function patchTensor(bytes, name, fn) {
+  const out = new Uint8Array(bytes);
+  const dv = new DataView(out.buffer);
+  const size = dv.getUint32(0, true);
+  const header = JSON.parse(new TextDecoder().decode(out.subarray(8, 8 + size)));
+  const t = header[name];
+  const start = 8 + size + t.data_offsets[0];
+  const length = (t.data_offsets[1] - t.data_offsets[0]);
+  const copy = out.slice(start, start + length);
+  const view = t.dtype === "F64" ? new Float64Array(copy.buffer) : t.dtype === "F32" ? new Float32Array(copy.buffer)
+    : t.dtype === "I32" ? new Int32Array(copy.buffer) : t.dtype === "U32" ? new Uint32Array(copy.buffer) : copy;
+  fn(view);
+  out.set(copy, start);
+  return out;
+}

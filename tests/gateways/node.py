@@ -1,0 +1,70 @@
+"""The JavaScript gateway package (gateways/js) for tests: its dev dependencies, built once.
+
+`npm ci` installs exactly what package-lock.json pins (TypeScript, miniflare with workerd's
+binary) into gateways/js/node_modules, once per lock file (a stamp records which), under a file
+lock so concurrent test sessions wait for one install; `npm run build` compiles src/ to dist/
+once per session. Tests that need node skip with the reason where node or npm is missing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import REPO
+
+PACKAGE = REPO / "gateways" / "js"
+_built: list[bool] = []
+
+
+def node() -> str:
+    """The node executable (>= 20), or skip."""
+    exe = shutil.which("node")
+    if exe is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed: the JavaScript gateway's tests need Node.js >= 20")
+    major = int(subprocess.run([exe, "-p", "process.versions.node.split('.')[0]"], capture_output=True,
+                               text=True, check=True).stdout.strip())
+    if major < 20:
+        pytest.skip(f"node {major} is too old: the JavaScript gateway needs Node.js >= 20")
+    return exe
+
+
+def _npm(*args: str, timeout: int = 900) -> None:
+    done = subprocess.run(["npm", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "npm_config_fund": "false", "npm_config_audit": "false"})
+    if done.returncode != 0:
+        raise RuntimeError(f"npm {' '.join(args)} failed in {PACKAGE}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def package() -> Path:
+    """gateways/js with its dev dependencies installed and dist/ built from src/."""
+    node()
+    lock = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
+    stamp = PACKAGE / "node_modules" / ".routeopt-lock"
+    with open(PACKAGE / ".install.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        if not stamp.exists() or stamp.read_text() != lock:
+            _npm("ci")
+            stamp.write_text(lock)
+        if not _built:
+            _npm("run", "build", timeout=600)
+            _built.append(True)
+    return PACKAGE
+
+
+def run_node(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([node(), *args], cwd=PACKAGE, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def node_json(*args: str, **kw) -> dict:
+    done = run_node(*args, **kw)
+    assert done.returncode == 0, f"node {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)

@@ -1,0 +1,287 @@
+"""The JavaScript gateway (gateways/js) against the Python pipeline that publishes for it.
+
+Policies are trained and published here with the real trainer and registry; the JavaScript
+runtime then loads them from bytes, from a registry over HTTP (polled while the registry
+changes under it), and inside workerd (a worker: no file system, fetch and WebCrypto only),
+and must decide exactly as the Python runtime does. Its decision logs go through the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from artifacts.registry import publish
+from artifacts.runtime import load
+from artifacts.server import serve_in_thread
+from tests import REPO
+from tests.gateways.node import package, run_node
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+HOSTILE = ["", " \t\n ", "\x00", "a\x00b", "\ud800", "abc\udfff", "e\u0301\u0301", "😀 👩‍👩‍👧‍👦", "مرحبا؟",
+           "日本語のテキスト", "İstanbul ıi", "ΟΔΟΣ οδος", "a" * 9000, "é" * 4096, "x" + "é" * 4096,
+           "Task: add the input. difficulty: 3. Input: stone river apple"]
+SUITES = [None, "", "add", "reverse", "sort", "no-such-suite"]
+TARGETS = [None, 0.0, 0.5, 0.9, 1.0, 1.2]
+
+
+def _requests() -> list[dict]:
+    out = []
+    for i, prompt in enumerate(HOSTILE):
+        for j, suite in enumerate(SUITES):
+            out.append({"id": f"r{i}-{j}", "prompt": prompt, "suite": suite, "quality_target": TARGETS[(i + j) % len(TARGETS)]})
+    return out
+
+
+def _python_decisions(router, requests: list[dict]) -> list[dict]:
+    rows = []
+    for r in requests:
+        d = router.route(r["prompt"], suite=r["suite"], quality_target=r["quality_target"])
+        rows.append({**r, "model": d.model, "fallbacks": list(d.fallbacks), "propensity": d.propensity,
+                     "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd})
+    return rows
+
+
+def _same(js: dict, py: dict) -> None:
+    assert (js["model"], js["fallbacks"], js["propensity"]) == (py["model"], py["fallbacks"], py["propensity"]), py["id"]
+    assert js["passProbabilities"] == py["pass_probabilities"] and js["expectedCostUsd"] == py["expected_cost_usd"]
+
+
+@pytest.fixture(scope="module")
+def js() -> Path:
+    return package()
+
+
+def build_fixtures(root: Path) -> Path:
+    """Policies trained and published by the Python pipeline, and Python's own decisions:
+    policies/ (linear with topics, char n-grams without topics, LightGBM trees), registry/
+    (versions 1 and 2 on `latest`), keys/, expected/."""
+    from artifacts.signing import generate_keys
+    from router_training.train import Design, train_router
+    from tests.router_training.conftest import demo_frame
+
+    private, public = generate_keys(root / "keys")
+    policies = {
+        "demo-linear": train_router(demo_frame(), seed=0).policy,
+        "demo-chars": train_router(demo_frame(n_items=60, seed=3), seed=3,
+                                   design=Design(topics=0, char_ngrams=4, candidate_text=0.0)).policy,
+        "demo-trees": train_router(demo_frame(n_items=60, seed=1), seed=1, estimator="lightgbm").policy,
+    }
+    for name, policy in policies.items():
+        policy.save(root / "policies" / name)
+    for name in ("demo-linear", "demo-chars"):
+        publish(policies[name], root / "registry", lineage={}, metrics={}, signing_key=private)
+    router = load(next((root / "registry" / "versions").glob("000001-*")), public_key=public, state_dir=False)
+    (root / "expected").mkdir()
+    (root / "expected" / "demo-linear.json").write_text(json.dumps({"requests": _python_decisions(router, _requests())}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory, js) -> Path:
+    return build_fixtures(tmp_path_factory.mktemp("js-fixtures"))
+
+
+def test_node_tests_pass_on_policies_the_python_pipeline_made(fixtures) -> None:
+    """gateways/js/test: numbers, BLAKE2b, the container, every conformance layer of three
+    policies (linear with topics, char n-grams without, LightGBM trees), tampering, signatures,
+    routing exactly as Python, exploration and the log's fields."""
+    files = sorted(str(f.relative_to(REPO / "gateways" / "js")) for f in (REPO / "gateways" / "js" / "test").glob("*.test.mjs"))
+    done = run_node("--test", *files, env={"ROUTEOPT_JS_FIXTURES": str(fixtures)})
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout[-2000:]
+
+
+class Harness:
+    """A node gateway process driven one JSON line at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["node", "test/harness.mjs"], cwd=REPO / "gateways" / "js", text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def __call__(self, op: str, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 300)
+        assert ready, f"the node gateway did not answer {op} within 300 s"
+        line = self.proc.stdout.readline()
+        assert line, f"the node gateway exited: {self.proc.stderr.read()[-3000:]}"
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self("close")
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture()
+def harness(js):
+    h = Harness()
+    yield h
+    h.close()
+
+
+def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures, tmp_path, harness) -> None:
+    from artifacts.signing import load_private_key
+    from router_training.policy import RoutingPolicy
+    from tests.artifacts.test_conformance import Altered, _rewrite_arrays
+
+    registry, key = tmp_path / "registry", load_private_key(fixtures / "keys" / "signing_key.pem")
+    pem = (fixtures / "keys" / "public_key.pem").read_text()
+    first, second = (RoutingPolicy.load(fixtures / "policies" / n) for n in ("demo-linear", "demo-chars"))
+    publish(first, registry, lineage={}, metrics={}, signing_key=key)
+    server, url = serve_in_thread(registry)
+    try:
+        opened = harness("open", url=url, pem=pem)
+        assert opened["version"] == 1 and "agree at every layer" in opened["status"]["conformance"]
+        assert harness("refresh")["swapped"] is False  # unchanged: a 304
+        old_pointer = (registry / "channels" / "latest.json").read_bytes()
+        publish(second, registry, lineage={}, metrics={}, signing_key=key)
+        swapped = harness("refresh")
+        assert swapped["swapped"] and swapped["version"] == 2 and swapped["events"][0][0] == "swapped"
+        python = load(registry, public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False)
+        requests = _requests()
+        got = harness("routeMany", requests=requests)["decisions"]
+        for js_d, py_d in zip(got, _python_decisions(python, requests)):
+            _same(js_d, py_d)
+
+        def edit(folder, names):
+            _rewrite_arrays(folder, lambda t: t["scorer.weights"].__setitem__((slice(None), 1), 0.3))
+        publish(Altered(first, edit), registry, lineage={}, metrics={}, signing_key=key)
+        refused = harness("refresh")
+        assert not refused["swapped"] and refused["version"] == 2
+        assert "conformance vectors disagree" in refused["status"]["lastError"]
+        assert refused["events"][-1][0] == "rejected"
+        assert harness("route", prompt="still routing?", suite="add")["policyVersion"] == 2
+        (registry / "channels" / "latest.json").write_bytes(old_pointer)  # a replayed, validly signed pointer
+        replay = harness("refresh")
+        assert replay["version"] == 2 and "replayed" in replay["status"]["lastError"]
+    finally:
+        server.shutdown()
+
+
+class _Bad(BaseHTTPRequestHandler):
+    """Answers every request with garbage, or (slow) only after the client gave up."""
+
+    slow = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.server.slow:  # type: ignore[attr-defined]
+            self.slow.wait(5)
+        body = b"\x00garbage{" * 10
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_registry_that_answers_garbage_or_slowly_is_a_clear_error(fixtures, harness, slow: bool) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bad)
+    server.slow = slow  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    pem = (fixtures / "keys" / "public_key.pem").read_text()
+    try:
+        failed = harness("open", url=url, pem=pem, channel="latest", timeoutMs=300)
+        assert failed["name"] == "PolicyLoadError"
+        assert ("no answer within 300 ms" if slow else "not a valid channel file") in failed["error"]
+        opened = harness("open", url=url, pem=pem, channel="latest", timeoutMs=300, defaultModel="safe-model")
+        assert opened["version"] == 0 and opened["status"]["servingDefault"]
+        d = harness("route", prompt="hello", suite="add")
+        assert d["model"] == "safe-model" and d["policyVersion"] == 0 and d["defaultReason"]
+    finally:
+        _Bad.slow.set()
+        server.shutdown()
+        _Bad.slow.clear()
+
+
+def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp_path) -> None:
+    """workerd (through miniflare) runs the package as a Cloudflare worker would: it fetches the
+    registry, verifies, self-checks and routes, with no file system and no Node APIs."""
+    server, url = serve_in_thread(fixtures / "registry")
+    requests = _requests()
+    (tmp_path / "requests.json").write_text(json.dumps({"requests": requests}))
+    try:
+        done = run_node("test/worker/run.mjs", url, str(fixtures / "keys" / "public_key.pem"),
+                        str(tmp_path / "requests.json"), timeout=600)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert "error" not in answer, answer
+    assert answer["environment"] == {"process": "undefined", "require": "undefined", "fs": "undefined"}
+    assert answer["status"]["version"] == 2 and "agree at every layer" in answer["status"]["conformance"]
+    python = load(fixtures / "registry", public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False)
+    for js_d, py_d in zip(answer["decisions"], _python_decisions(python, requests)):
+        _same(js_d, py_d)
+
+
+def test_decision_logs_go_through_the_real_cli(fixtures, tmp_path, harness, monkeypatch) -> None:
+    """`routeopt import feedback --log` and `routeopt policies evaluate --log` read the JavaScript
+    gateway's logs unchanged."""
+    server, url = serve_in_thread(fixtures / "registry")
+    logs = tmp_path / "logs"
+    pem = (fixtures / "keys" / "public_key.pem").read_text()
+    try:
+        assert harness("open", url=url, pem=pem, channel="latest")["version"] == 2
+        harness("gateway", logDir=str(logs), exploration={"rate": 0.5, "seed": 3}, keepText=True)
+        requests = [{"id": f"q{i}", "prompt": f"Task: add the input. difficulty: {i % 5 + 1}. Input: {i}", "suite": "add"}
+                    for i in range(300)]
+        decisions = harness("routeMany", requests=requests)["decisions"]
+        closed = harness("close")
+    finally:
+        server.shutdown()
+    assert closed["written"] == 300 and closed["dropped"] == 0
+    feedback = tmp_path / "feedback.jsonl"
+    feedback.write_text("".join(json.dumps({"request_id": d["decisionId"], "passed": i % 3 != 0}) + "\n"
+                                for i, d in enumerate(decisions)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEOPT_PUBLIC_KEY": str(fixtures / "keys" / "public_key.pem")}
+    db = tmp_path / "traffic.duckdb"
+    cli = lambda *a: subprocess.run(["python", "-m", "flows.cli", *a], cwd=tmp_path, env=env, capture_output=True,
+                                    text=True, timeout=600)
+    imported = cli("import", "feedback", str(feedback), "--db", str(db), "--log", str(logs))
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    assert "300 match a logged decision" in imported.stdout
+    evaluated = cli("policies", "evaluate", "2", "--registry", str(fixtures / "registry"), "--db", str(db),
+                    "--log", str(logs), "--json")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    result = json.loads(evaluated.stdout)["policies"][0]
+    assert result["n_logged"] == 300 and result["n_feedback"] == 300
+
+
+def _shared_sets() -> list[Path]:
+    """The shared outcome sets beside the checkout (a worktree's are beside its parent)."""
+    for data in (REPO.parent / "shared" / "data", REPO.parent.parent / "shared" / "data"):
+        if data.is_dir():
+            return sorted(p for p in data.iterdir() if (p / "train.parquet").is_file())
+    return []
+
+
+def test_policies_trained_on_every_shared_set_pass_in_javascript(js, tmp_path) -> None:
+    """The conformance vectors of policies trained on the shared sets' training splits (as
+    `routeopt train` trains, one fit without a held-out part) pass in JavaScript, bit for bit."""
+    from evals.storage.importer import training_frame_of
+    from router_training.train import train_router
+
+    sets = _shared_sets()
+    if not sets:
+        pytest.skip("no shared outcome sets (../shared/data) beside the checkout")
+    for folder in sets:
+        policy = train_router(training_frame_of(folder / "train.parquet"), holdout_fraction=0.0).policy
+        policy.save(tmp_path / folder.name)
+        out = run_node("bench/conformance.mjs", str(tmp_path / folder.name))
+        assert out.returncode == 0, out.stdout + out.stderr
+        report = json.loads(out.stdout)
+        assert report["ok"] and report["requests"] >= 2000 and report["maxRelativeError"] == 0, (folder.name, report)

@@ -1,0 +1,137 @@
+"""Conformance vectors: what they hold, that the batch path is the one-request path, and that a
+runtime which differs at any step is refused with that step named."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_training import features
+from router_training.batch import batch_predict
+from router_training.conformance import check_vectors, read_vectors
+from router_training.conformance_inputs import vector_inputs
+from router_training.policy import CostModel, Knob, Member, RoutingPolicy
+
+
+@pytest.fixture(scope="module")
+def saved(trained, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("policy")
+    trained.policy.save(folder)
+    return folder, (folder / "conformance.safetensors").read_bytes()
+
+
+def test_vectors_cover_hostile_text_the_cut_and_every_suite_kind(saved) -> None:
+    folder, blob = saved
+    inputs, meta, want = read_vectors(blob)
+    texts = [i.text for i in inputs]
+    assert len(inputs) >= 2000 and meta["layers"][0] == "bytes" and meta["layers"][-1] == "gateway"
+    lengths = set(want["bytes.utf8_len"].tolist())
+    assert {0, 8191, 8192, 8193} <= lengths and max(lengths) >= 1 << 20
+    assert {"", "\x00", "\ud800", "İstanbul ıi İI", "😀"} <= set(texts)
+    assert any("\u0301" in t for t in texts) and any("\u202e" in t for t in texts)
+    suites = {i.suite for i in inputs}
+    assert {None, "", "no-such-suite"} <= suites and set(RoutingPolicy.load(folder).spec.suites) <= suites
+    chosen = np.unique(want["decision.model"])
+    assert len(chosen) >= 2  # the decisions are not all the same candidate
+    assert want["gateway.explored"].any() and want["gateway.arm"].any() and not want["gateway.arm"].all()
+    assert len(blob) < 1_500_000
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+
+
+def _same_as_one_by_one(policy: RoutingPolicy, texts: list[str], suites: list) -> None:
+    feats, z, topic, p, c = batch_predict(policy, texts, suites)
+    for i, (text, suite) in enumerate(zip(texts, suites)):
+        s = policy.score_request(text, suite)
+        a, b = feats.row_offsets[i], feats.row_offsets[i + 1]
+        assert np.array_equal(s.layers.ids, feats.ids[a:b]), (i, text[:40])
+        assert np.array_equal(_bits(s.layers.vals), _bits(feats.vals[a:b])), (i, text[:40])
+        assert np.array_equal(_bits(s.z), _bits(z[i])) and s.topic == topic[i]
+        assert np.array_equal(_bits(s.p), _bits(p[i])) and np.array_equal(_bits(s.c), _bits(c[i]))
+
+
+def test_the_batch_path_is_the_one_request_path_to_the_bit(trained) -> None:
+    inputs = vector_inputs(tuple(trained.policy.spec.suites))[::3]
+    _same_as_one_by_one(trained.policy, [i.text for i in inputs], [i.suite for i in inputs])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=300),
+                          st.sampled_from([None, "", "add", "sort", "nope"])), min_size=1, max_size=12))
+def test_any_text_gives_the_same_bits_both_ways(trained, batch) -> None:
+    _same_as_one_by_one(trained.policy, [t for t, _ in batch], [s for _, s in batch])
+
+
+def _changed(policy: RoutingPolicy, **kw) -> RoutingPolicy:
+    out = dataclasses.replace(policy, **kw)
+    return out
+
+
+def test_a_runtime_that_differs_is_told_the_first_step_that_differs(saved, monkeypatch) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    assert check_vectors(policy, blob).ok
+    spec = policy.spec
+    idf = tuple(v * (1.01 if i % 2 else 1.0) for i, v in enumerate(spec.idf))
+    cases = {
+        "buckets": _changed(policy, spec=dataclasses.replace(spec, n_buckets=spec.n_buckets // 2,
+                                                             idf=spec.idf[: spec.n_buckets // 2])),
+        "features": _changed(policy, spec=dataclasses.replace(spec, idf=idf)),
+        "calibration": _changed(policy, platt=policy.platt * np.array([[1.0], [1.0 + 1e-6]]) + np.array([[0], [1e-6]])),
+        "cost": _changed(policy, cost_model=CostModel(policy.cost_model.coef, policy.cost_model.floor * 2 + 1e-9,
+                                                      policy.cost_model.topic_coef)),
+        "decision": _changed(policy, knob=Knob([Member("single", 0.0)] * len(policy.knob.members),
+                                               policy.knob.points, policy.knob.top, policy.knob.confidence)),
+    }
+    for step, changed in cases.items():
+        report = check_vectors(changed, blob)
+        assert not report.ok and report.first.startswith(f"step {step}"), (step, report.first)
+        assert step in report.summary()
+    monkeypatch.setattr(features, "_MAX_BYTES", 4096)
+    report = check_vectors(policy, blob)
+    assert not report.ok and report.first.startswith("step bytes"), report.first
+
+
+def test_vectors_of_other_candidates_are_refused(saved) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    policy = dataclasses.replace(policy, candidates=list(reversed(policy.candidates)))
+    report = check_vectors(policy, blob)
+    assert not report.ok and "swapped" in report.first
+
+
+def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    for bad in (b"", blob[:1000], blob[:-7], b"\x00" * 64):
+        report = check_vectors(policy, bad)
+        assert not report.ok and "conformance.safetensors" in report.first
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.2, 1.0]), st.sampled_from([None, 0.5]),
+       st.sampled_from([None, 2.0]), st.sampled_from([(), ("b",), ("a", "b", "c")]))
+def test_vectorised_exploration_is_choose_request_by_request(seed, rate, max_usd, ratio, exclude) -> None:
+    from types import SimpleNamespace
+
+    from router_training.conformance import explore_all
+    from router_training.draws import Exploration, choose
+
+    rng = np.random.default_rng(seed)
+    names = ["a", "b", "c", "d"]
+    C = rng.choice([0.1, 0.3, 0.6, 1.0, 2.0], size=(200, 4))
+    pick, u, v = rng.integers(0, 4, 200), rng.random(200), rng.random(200)
+    x = Exploration(rate=rate, exclude=frozenset(exclude), max_cost_usd=max_usd, max_cost_ratio=ratio)
+    served, explored, count, prop = explore_all(names, C, pick, x, u, v)
+    for i in range(200):
+        d = SimpleNamespace(model=names[pick[i]], pass_probabilities=dict.fromkeys(names, 0.5),
+                            expected_cost_usd=dict(zip(names, C[i].tolist())))
+        want = choose(d, x, u[i], v[i])
+        assert (names[served[i]], bool(explored[i]), int(count[i])) == (want.model, want.explored, len(want.eligible))
+        assert prop[i] == want.propensity
