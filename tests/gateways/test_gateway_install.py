@@ -25,7 +25,7 @@ from tests import REPO
 from tests.artifacts.policies import PROMPTS
 from tests.gateway_venv import GATEWAY_DIST, PIPELINE_PACKAGES, installed
 
-ENTRY_POINTS = ("artifacts.service_main", "artifacts.litellm_adapter",
+ENTRY_POINTS = ("artifacts.service_main", "artifacts.litellm_proxy", "artifacts.litellm_adapter",
                 "artifacts.decisions", "artifacts.runtime", "artifacts.gateway_settings")
 OURS = ("common", "router_training", "artifacts", "evals", "reports", "flows")
 REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
