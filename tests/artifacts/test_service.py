@@ -340,3 +340,19 @@ async def test_decisions_are_logged_as_the_embedded_gateway_logs_them(published,
     assert [(r["request_id"], r["model"], r["suite"]) for r in records] == \
         [(a["decision_id"], a["model"], s) for a, (_, s) in zip(answers, PROMPTS)]
     assert all(r["kind"] == "decision" and "text" not in r for r in records)  # no prompt text without a hook
+
+
+async def test_a_clients_key_reaches_no_answer_metric_or_log(published, registry, keypair, tmp_path) -> None:
+    secret = "sk-live-do-not-leak-4f7a"
+    service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
+    async with client(service) as c:
+        outputs = [await c.post("/v1/route", json={"prompt": "p", "suite": "sort"},
+                                headers={"authorization": f"Bearer {secret}", "x-api-key": secret}),
+                   await c.post("/v1/route", content=b"{bad", headers={"authorization": f"Bearer {secret}"}),
+                   await c.get("/metrics"), await c.get("/v1/status"), await c.get("/readyz")]
+    service.close()
+    written = "".join(f.read_text() for f in (tmp_path / "log").glob("*.jsonl"))
+    assert written and outputs[0].status_code == 200
+    for r in outputs:
+        assert secret not in r.text and secret not in str(r.headers)
+    assert secret not in written
