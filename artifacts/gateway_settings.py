@@ -23,12 +23,18 @@ A value that cannot be read is a `SettingsError` naming the variable; nothing is
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from artifacts.decisions import Exploration, Gateway
+from artifacts.runtime import PolicyLoadError
+from artifacts.signing import SigningError
+
+log = logging.getLogger("routeopt.gateway")
 
 POLICY_ENV = "ROUTEOPT_POLICY"
 HASH_KEY_ENV = "ROUTEOPT_PROMPT_HASH_KEY"
@@ -121,3 +127,62 @@ class GatewaySettings:
             allow_unsigned=self.allow_unsigned, default_model=self.default_model,
             log_dir=self.log_dir, hash_key=hash_key, exploration=exploration,
             shadow=self.shadow, canary_share=self.canary_share)
+
+
+class GatewayLoader:
+    """Opens the gateway from settings, and keeps trying while no policy can be loaded yet.
+
+    A gateway process that starts before anything is published, or while the registry is down,
+    must not fail (a LiteLLM proxy would take every other model down with it): `gateway` stays
+    None, `reason` says why, and a thread retries every `refresh_s` (30 s when 0). An unusable
+    key or setting is a configuration error: `start()` raises it, since waiting cannot fix it.
+    """
+
+    def __init__(self, settings: GatewaySettings, on_event: Callable[[str, str], None] | None = None) -> None:
+        self.settings, self.on_event = settings, on_event
+        self.gateway: Gateway | None = None
+        self.reason: str | None = "starting"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _open(self) -> Gateway:
+        try:
+            return self.settings.open(on_event=self.on_event)
+        except SigningError as exc:
+            raise PolicyLoadError(f"cannot verify policies: {exc}", "config") from None
+
+    def start(self) -> "GatewayLoader":
+        if self.gateway is not None or self._thread is not None:
+            return self
+        try:
+            self.gateway, self.reason = self._open(), None
+        except PolicyLoadError as exc:
+            if exc.kind == "config":
+                raise
+            self.reason = f"no policy loaded yet: {exc}"
+            log.warning("%s; retrying every %g s", self.reason, self._every())
+            self._thread = threading.Thread(target=self._keep_trying, name="routeopt-gateway-load", daemon=True)
+            self._thread.start()
+        return self
+
+    def _every(self) -> float:
+        return self.settings.refresh_s or 30.0
+
+    def _keep_trying(self) -> None:
+        while not self._stop.wait(self._every()):
+            try:
+                gateway = self._open()
+            except PolicyLoadError as exc:
+                self.reason = f"no policy loaded yet: {exc}"
+                if self.on_event is not None:
+                    self.on_event("unreachable" if exc.kind == "unreachable" else "rejected", str(exc))
+                continue
+            self.gateway, self.reason = gateway, None
+            log.warning("a policy is loaded; routing starts")
+            return
+
+    def close(self) -> None:
+        """Stop retrying, stop the refreshers and write what the decision log holds."""
+        self._stop.set()
+        if self.gateway is not None:
+            self.gateway.close()

@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from artifacts.decisions import Gateway
-from artifacts.gateway_settings import GatewaySettings
+from artifacts.gateway_settings import GatewayLoader, GatewaySettings
 from artifacts.route_request import ALIAS, BadRequest, RouteRequest, route_request
 from artifacts.runtime import Decision, PolicyLoadError
 from artifacts.service_metrics import CONTENT_TYPE, Metrics
-from artifacts.signing import SigningError
 
 log = logging.getLogger("routeopt.service")
 Send = Callable[[dict], Awaitable[None]]
@@ -81,55 +79,33 @@ class DecisionService:
                  options: ServiceOptions | None = None) -> None:
         if (settings is None) == (gateway is None):
             raise ValueError("give settings or an open gateway, not both")
-        self.settings, self.options = settings, options or ServiceOptions()
+        self.options = options or ServiceOptions()
         self.metrics = Metrics()
-        self.gateway: Gateway | None = gateway
-        self.not_ready_reason: str | None = None if gateway else "starting"
-        self._stop = threading.Event()
-        self._retry: threading.Thread | None = None
+        self._gateway = gateway
+        self._loader = GatewayLoader(settings, on_event=self.metrics.event) if settings is not None else None
         self._model_headers = tuple(h.lower().encode("ascii") for h in self.options.model_headers)
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Open the gateway. A policy that cannot load yet leaves the service unready and a thread
         retrying every `refresh_s`; a configuration error (an unreadable key) raises."""
-        if self.gateway is not None or self.settings is None or self._retry is not None:
-            return
-        try:
-            self.gateway = self.settings.open(on_event=self.metrics.event)
-            self.not_ready_reason = None
-        except SigningError as exc:
-            raise PolicyLoadError(f"cannot verify policies: {exc}", "config") from None
-        except PolicyLoadError as exc:
-            if exc.kind == "config":
-                raise
-            self.not_ready_reason = f"no policy loaded yet: {exc}"
-            log.warning("%s; retrying every %g s", self.not_ready_reason, self._retry_s())
-            self._retry = threading.Thread(target=self._keep_trying, name="routeopt-service-load",
-                                           daemon=True)
-            self._retry.start()
+        if self._loader is not None:
+            self._loader.start()
 
-    def _retry_s(self) -> float:
-        return (self.settings.refresh_s if self.settings else 0) or 30.0
+    @property
+    def gateway(self) -> Gateway | None:
+        return self._gateway if self._loader is None else self._loader.gateway
 
-    def _keep_trying(self) -> None:
-        assert self.settings is not None
-        while not self._stop.wait(self._retry_s()):
-            try:
-                self.gateway = self.settings.open(on_event=self.metrics.event)
-            except (PolicyLoadError, SigningError) as exc:
-                self.not_ready_reason = f"no policy loaded yet: {exc}"
-                self.metrics.event("unreachable" if getattr(exc, "kind", "") == "unreachable" else "rejected")
-                continue
-            self.not_ready_reason = None
-            log.info("policy loaded; the service is ready")
-            return
+    @property
+    def not_ready_reason(self) -> str | None:
+        return None if self._loader is None else self._loader.reason
 
     def close(self) -> None:
         """Stop retrying and refreshing, and write what the decision log still holds."""
-        self._stop.set()
-        if self.gateway is not None:
-            self.gateway.close()
+        if self._loader is not None:
+            self._loader.close()
+        elif self._gateway is not None:
+            self._gateway.close()
 
     @property
     def ready(self) -> bool:

@@ -356,3 +356,16 @@ async def test_a_clients_key_reaches_no_answer_metric_or_log(published, registry
     for r in outputs:
         assert secret not in r.text and secret not in str(r.headers)
     assert secret not in written
+
+
+async def test_a_policy_that_fails_verification_leaves_the_service_unready_not_down(
+        policies, publish_to, registry, keypair, other_keypair) -> None:
+    publish_to(policies[0], signing_key=other_keypair[0])  # signed, but not by the trusted key
+    service = make_service(registry, keypair[1], refresh_s=3600)
+    async with client(service) as c:
+        ready, routed = await c.get("/readyz"), await c.post("/v1/route", json={"prompt": "p"})
+        health = await c.get("/healthz")
+    service.close()
+    assert health.status_code == 200 and ready.status_code == 503
+    assert re.search(r"signed by key \w+, but the trusted key is", ready.json()["reason"])
+    assert routed.status_code == 503 and "x-routeopt-model" not in routed.headers
