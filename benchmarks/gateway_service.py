@@ -48,16 +48,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from router_data import data_dir  # noqa: E402
 
-LUA = r"""
-local bodies = dofile("%(bodies)s")
+REQUESTS_LUA = r"""
+local bodies = dofile("BODIES")
 local i = 0
 request = function()
-  i = i %% #bodies + 1
+  i = i % #bodies + 1
   return wrk.format("POST", "/v1/route", {["Content-Type"] = "application/json"}, bodies[i])
 end
+"""
+DONE_LUA = r"""
 done = function(summary, latency, requests)
-  io.write(string.format('{"requests": %%d, "duration_us": %%d, "errors": %%d, "non2xx": %%d, ' ..
-    '"p50": %%d, "p90": %%d, "p99": %%d, "p999": %%d, "mean": %%f}\n',
+  io.write(string.format('{"requests": %d, "duration_us": %d, "errors": %d, "non2xx": %d, ' ..
+    '"p50": %d, "p90": %d, "p99": %d, "p999": %d, "mean": %f}\n',
     summary.requests, summary.duration, summary.errors.connect + summary.errors.read +
     summary.errors.write + summary.errors.timeout, summary.errors.status,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9),
@@ -165,21 +167,25 @@ class Service:
         self.proc.wait(60)
 
 
-def wrk(port: int, script: Path, connections: int, duration: float) -> dict:
+def wrk(port: int, script: Path, connections: int, duration: float, path: str = "") -> dict:
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(script),
-                          f"http://127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+                          f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, check=True).stdout
     result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     return result
 
 
-def measure(service: Service, script: Path, levels: list[int], duration: float, runs: int) -> dict[int, list[dict]]:
+def measure(service: Service, script: Path, levels: list[int], duration: float, runs: int,
+            floor: Path) -> dict[int | str, list[dict]]:
+    """Per concurrency, one result per run; under "floor", GET /healthz at 2 clients: what the
+    HTTP server alone costs (uvicorn, the parser, the socket), measured in the same rounds."""
     wrk(service.port, script, 4, 2.0)  # warm-up: connections, caches, the first decisions
-    results: dict[int, list[dict]] = {c: [] for c in levels}
+    results: dict[int | str, list[dict]] = {c: [] for c in (*levels, "floor")}
     for _ in range(runs):
-        for c in levels:  # interleaved, so a burst of load elsewhere hits every level alike
+        for c in (*levels, "floor"):  # interleaved, so a burst of load elsewhere hits every level alike
             before = service.cpu_s()
-            r = wrk(service.port, script, c, duration)
+            r = wrk(service.port, floor, 2, duration, "/healthz") if c == "floor" else \
+                wrk(service.port, script, c, duration)
             r["cpu_us"] = (service.cpu_s() - before) / max(r["requests"], 1) * 1e6
             r["load"] = load_average()
             results[c].append(r)
@@ -195,6 +201,10 @@ def report(name: str, results: dict[int, list[dict]]) -> None:
     for c, rs in results.items():
         rps, p99 = med(rs, "rps"), med(rs, "p99") / 1000
         errors = sum(r["errors"] + r["non2xx"] for r in rs)
+        if c == "floor":
+            print(f"HTTP floor, GET /healthz at 2 clients (answers/s, not decisions): {rps:,.0f}/s, p99 {p99:.2f} ms, "
+                  f"CPU {med(rs, 'cpu_us'):.0f} us/req")
+            continue
         print(f"{c:>7} {rps:>11,.0f} {med(rs, 'p50') / 1000:>7.2f} {med(rs, 'p90') / 1000:>7.2f} {p99:>7.2f} "
               f"{med(rs, 'p999') / 1000:>8.2f} {med(rs, 'cpu_us'):>10.0f} {errors:>6}  {' | '.join(r['load'] for r in rs)}")
         if rps >= 2000 and p99 <= 2.0:
@@ -225,12 +235,13 @@ def main() -> None:
             work = tmp / policy
             work.mkdir()
             registry, public, prompts = routerbench_policy(work) if policy == "routerbench" else demo_policy()
-            script = work / "load.lua"
+            script, floor = work / "load.lua", work / "floor.lua"
             lua_bodies(prompts, work / "bodies.lua")
-            script.write_text(LUA % {"bodies": work / "bodies.lua"})
+            script.write_text(REQUESTS_LUA.replace("BODIES", str(work / "bodies.lua")) + DONE_LUA)
+            floor.write_text(DONE_LUA)
             service = Service(command, registry, public, work, args.log)
             try:
-                results = measure(service, script, levels, args.duration, args.runs)
+                results = measure(service, script, levels, args.duration, args.runs, floor)
             finally:
                 service.stop()
             mean_chars = statistics.mean(len(p) for p, _ in prompts)

@@ -21,7 +21,7 @@ from tests import REPO
 
 GATEWAY_DIST = REPO / "gateways" / "python"
 PIPELINE_PACKAGES = ("prefect", "duckdb", "pandas", "scikit-learn", "datasets", "openai", "anthropic",
-                     "torch", "pyarrow", "transformers", "lightgbm", "click-plugins", "pydantic")
+                     "torch", "pyarrow", "transformers", "lightgbm", "scipy", "pydantic")
 
 
 def site_packages(venv: Path) -> Path:
