@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from litellm.integrations.custom_logger import CustomLogger
 
 from artifacts.decisions import Gateway
-from artifacts.gateway_settings import GatewaySettings, SettingsError
+from artifacts.gateway_settings import GatewayLoader, GatewaySettings, SettingsError
 from artifacts.route_request import ALIAS, BadRequest, REQUEST_ID_KEY, route_request
 from artifacts.service import header_value
 
@@ -78,22 +78,30 @@ def _deployment_names() -> set[str] | None:
 class RouteoptProxyHandler(CustomLogger):
     """The callback: routes alias requests with `gateway` onto the proxy's deployments."""
 
-    def __init__(self, gateway: Gateway, *, deployments: Mapping[str, str] | None = None,
+    def __init__(self, gateway: Gateway | GatewayLoader, *, deployments: Mapping[str, str] | None = None,
                  alias: str = ALIAS) -> None:
         super().__init__()
-        self.gateway, self.alias = gateway, alias
+        self._source, self.alias = gateway, alias
         self.deployments = dict(deployments or {})
         self._candidates = {d: c for c, d in self.deployments.items()}
 
+    @property
+    def gateway(self) -> Gateway | None:
+        """The gateway routing requests (None while its loader still waits for a policy)."""
+        return self._source.gateway if isinstance(self._source, GatewayLoader) else self._source
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouteoptProxyHandler":
+        """From the ROUTEOPT_* variables. With no policy to load yet (and no default model), the
+        proxy still starts: alias requests get 503 until one loads, other models are untouched."""
         env = os.environ if env is None else env
         deployments = parse_deployments(env.get(DEPLOYMENTS_ENV, ""))
-        gateway = GatewaySettings.from_env(env).open()
-        version = gateway.status().champion
-        log.warning("routeopt routes the %r alias with policy version %d%s", ALIAS, version.version,
-                    f" (default model: {version.default_reason})" if version.serving_default else "")
-        return cls(gateway, deployments=deployments)
+        loader = GatewayLoader(GatewaySettings.from_env(env)).start()
+        if loader.gateway is not None:
+            s = loader.gateway.status().champion
+            log.warning("routeopt routes the %r alias with policy version %d%s", ALIAS, s.version,
+                        f" (default model: {s.default_reason})" if s.serving_default else "")
+        return cls(loader, deployments=deployments)
 
     def deployment(self, candidate: str) -> str:
         return self.deployments.get(candidate, candidate)
@@ -111,8 +119,12 @@ class RouteoptProxyHandler(CustomLogger):
         except BadRequest as exc:
             raise _http_error(400, str(exc)) from None
         rid = request.request_id or metadata.get(REQUEST_ID_KEY) or data.get("litellm_call_id")
+        gateway = self.gateway
+        if gateway is None:
+            raise _http_error(503, f"routeopt cannot route yet ({self._source.reason}); name a model "
+                                   f"instead of {self.alias!r} meanwhile")
         try:
-            d = self.gateway.route(request.prompt, request.suite, request.quality_target,
+            d = gateway.route(request.prompt, request.suite, request.quality_target,
                                    request_id=None if rid is None else str(rid))
         except Exception as exc:  # the proxy must answer, and say why, rather than crash
             log.exception("the routeopt policy failed to decide")
@@ -162,7 +174,10 @@ class RouteoptProxyHandler(CustomLogger):
             usage = getattr(response_obj, "usage", None)
             group = (kwargs.get("litellm_params", {}).get("metadata") or {}).get("model_group")
             served = self._candidates.get(group, group) if group else d["model"]
-            self.gateway.record_usage(str(d["decision_id"]), served,
+            gateway = self.gateway
+            if gateway is None:
+                return
+            gateway.record_usage(str(d["decision_id"]), served,
                                       input_tokens=getattr(usage, "prompt_tokens", None),
                                       output_tokens=getattr(usage, "completion_tokens", None),
                                       cost_usd=kwargs.get("response_cost"))

@@ -6,6 +6,7 @@ logged; bad requests get a clear 400 and other models pass untouched."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,50 @@ def test_decisions_and_usage_are_logged_under_the_decision_id(setup) -> None:
         assert decisions[f"r{i}"]["suite"] == suite and decisions[f"r{i}"]["policy_version"] == 1
         assert usage[f"r{i}"]["model"] == decisions[f"r{i}"]["model"] and usage[f"r{i}"]["input_tokens"] > 0
     assert "text" not in decisions["r0"]  # no prompt text without a redaction hook
+
+
+def test_a_proxy_started_before_any_policy_serves_other_models_and_routes_once_one_loads(
+        tmp_path, policies, keypair) -> None:
+    """No policy and no default model: the proxy still starts; alias requests get a clear 503
+    until the policy is published, then they are routed; other models are served throughout."""
+    from openai import APIStatusError
+
+    from artifacts.registry import move_channel, publish
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    server, url = serve_in_thread(registry)
+    venv = build_gateway_venv(tmp_path / "proxy-gateway-venv", base=proxy_venv())
+    fake = FakeLLM().start()
+    candidates = policies[0].candidates
+    model_list = [{"model_name": c, "litellm_params": {"model": f"openai/{c}-model", "api_base": fake.openai_base_url,
+                                                       "api_key": "sk-x"}} for c in candidates]
+    env = {"ROUTEOPT_POLICY": url, "ROUTEOPT_PUBLIC_KEY": str(keypair[1]), "ROUTEOPT_REFRESH_S": "0.2",
+           "ROUTEOPT_STATE_DIR": str(tmp_path / "state")}
+    config = {"model_list": model_list, "litellm_settings": {"callbacks": "artifacts.litellm_proxy.handler"}}
+    try:
+        with LiteLLMProxy(config, env=env, python=venv / "bin" / "python") as proxy:
+            client = OpenAI(base_url=proxy.base_url, api_key=proxy.master_key, max_retries=0)
+            with pytest.raises(APIStatusError, match="routeopt cannot route yet") as refused:
+                client.chat.completions.create(model="routeopt", messages=[{"role": "user", "content": "early"}])
+            assert refused.value.status_code == 503
+            direct = client.chat.completions.create(model=candidates[0], messages=[{"role": "user", "content": "direct"}])
+            assert direct.choices[0].message.content == "echo: direct"
+            publish(policies[0], registry, signing_key=keypair[0], lineage={"runs": ["r"]},
+                    metrics={"pass_rate": 0.9, "cost_usd": 0.01})
+            move_channel(registry, "champion", 1, signing_key=keypair[0])
+            prompt, suite = PROMPTS[1]
+            for _ in range(600):  # the handler's loader retries every 0.2 s
+                try:
+                    raw = client.chat.completions.with_raw_response.create(
+                        model="routeopt", messages=[{"role": "user", "content": prompt}],
+                        extra_body={"metadata": {"routeopt_suite": suite}})
+                    break
+                except APIStatusError as exc:
+                    assert exc.status_code == 503
+                    time.sleep(0.1)
+            want = Gateway(load(registry, keypair[1], state_dir=False)).route(prompt, suite)
+            assert raw.headers["x-routeopt-model"] == want.model and raw.headers["x-routeopt-policy-version"] == "1"
+    finally:
+        server.shutdown()
+        fake.stop()
