@@ -75,12 +75,15 @@ async def test_an_openai_chat_body_is_routed_on_its_messages(service, published)
     chat = {"model": "routeopt", "stream": True, "metadata": {"routeopt_suite": suite},
             "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}]}
     async with client(service) as c:
-        r = await c.post("/v1/route/v1/chat/completions", json=chat, headers={"x-request-id": "env-1"})
+        trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        r = await c.post("/v1/route/v1/chat/completions", json=chat,
+                         headers={"x-request-id": "env-1", "traceparent": trace})
         plain = await c.post("/v1/route", content=prompt.encode(), headers={
             "content-type": "text/plain", "x-routeopt-suite": suite})
     assert r.status_code == plain.status_code == 200
     assert r.json()["model"] == plain.json()["model"] == published.route(prompt, suite).model
     assert r.json()["decision_id"] == "env-1" and r.json()["suite"] == suite
+    assert r.headers["traceparent"] == trace  # W3C trace context passes through the decision
     assert "pass_probabilities" not in r.json()  # only with ?explain=1
 
 
