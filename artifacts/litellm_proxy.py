@@ -38,7 +38,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from artifacts.decisions import Gateway
 from artifacts.gateway_settings import GatewayLoader, GatewaySettings, SettingsError
-from artifacts.route_request import ALIAS, BadRequest, REQUEST_ID_KEY, route_request
+from artifacts.route_request import ALIAS, BadRequest, route_request
 from artifacts.service import header_value
 
 log = logging.getLogger("routeopt.litellm_proxy")
@@ -118,14 +118,14 @@ class RouteoptProxyHandler(CustomLogger):
             request = route_request(data, _headers(data), alias=self.alias)
         except BadRequest as exc:
             raise _http_error(400, str(exc)) from None
-        rid = request.request_id or metadata.get(REQUEST_ID_KEY) or data.get("litellm_call_id")
+        rid = request.request_id or data.get("litellm_call_id")  # the request's own id, else LiteLLM's
         gateway = self.gateway
         if gateway is None:
             raise _http_error(503, f"routeopt cannot route yet ({self._source.reason}); name a model "
                                    f"instead of {self.alias!r} meanwhile")
         try:
             d = gateway.route(request.prompt, request.suite, request.quality_target,
-                                   request_id=None if rid is None else str(rid))
+                              request_id=None if rid is None else str(rid))
         except Exception as exc:  # the proxy must answer, and say why, rather than crash
             log.exception("the routeopt policy failed to decide")
             raise _http_error(500, f"the routeopt policy failed to decide: {exc!r}") from None
