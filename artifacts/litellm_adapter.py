@@ -30,13 +30,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
 
 from artifacts.decisions import Gateway  # noqa: E402
+from artifacts.route_request import ALIAS, REQUEST_ID_KEY, SUITE_KEY, TARGET_KEY, messages_text  # noqa: E402
 from artifacts.runtime import Router  # noqa: E402
 
-ALIAS = "routeopt"
-SUITE_KEY = "routeopt_suite"
-TARGET_KEY = "routeopt_quality_target"
 DECISION_KEY = "routeopt_decision"
-REQUEST_ID_KEY = "routeopt_request_id"
 
 
 class NoDeployment(LookupError):
@@ -44,16 +41,10 @@ class NoDeployment(LookupError):
 
 
 def prompt_text(messages: list[dict] | None, input: Any = None) -> str:
-    """All message text (string or content-part lists), the same text routeopt trained on."""
+    """All message text (string or content-part lists), the same text routeopt trained on and
+    every other routeopt gateway routes on (`artifacts.route_request.messages_text`)."""
     if messages:
-        parts = []
-        for m in messages:
-            content = m.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if content:
-                parts.append(str(content))
-        return "\n".join(parts)
+        return messages_text(messages)
     if isinstance(input, str):
         return input
     return "\n".join(str(x) for x in input) if isinstance(input, list) else ""

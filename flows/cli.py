@@ -27,6 +27,7 @@ COMMANDS: list[str] = [
     "flows.commands.artifacts:policies",
     "flows.commands.artifacts:keys",
     "flows.commands.artifacts:registry_group",
+    "flows.commands.gateway:gateway_group",
     "flows.commands.suites:suites",
     "flows.commands.zoo:zoo",
     "flows.commands.router:import_group",

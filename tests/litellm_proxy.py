@@ -70,16 +70,18 @@ class LiteLLMProxy:
     `config` is the proxy's YAML as a dict (model_list, litellm_settings, general_settings...).
     The proxy refuses to start without a master key, so one is set unless the config has one:
     clients authenticate with `master_key`. `env` adds to the proxy's environment (API keys the
-    config reads with `os.environ/NAME`).
+    config reads with `os.environ/NAME`). `python` runs the proxy with another interpreter: one
+    of a virtualenv layered on `proxy_venv()` with more packages installed
+    (`tests.gateway_venv.build_gateway_venv(..., base=proxy_venv())`).
     """
 
     def __init__(self, config: dict[str, Any], *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, python: Path | None = None) -> None:
         general = dict(config.get("general_settings") or {})
         general.setdefault("master_key", "sk-routeopt-test-master")
         self.config = {**config, "general_settings": general}
         self.master_key: str = general["master_key"]
-        self.extra_env, self.cwd = env or {}, cwd
+        self.extra_env, self.cwd, self.python = env or {}, cwd, python
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="litellm-proxy-")
@@ -106,8 +108,9 @@ class LiteLLMProxy:
                     "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True", "LITELLM_TELEMETRY": "False",
                     "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}", **self.extra_env})
         log = self.log_path.open("wb")
+        launcher = [str(self.python)] if self.python else []  # e.g. a virtualenv layered on venv
         self.proc = subprocess.Popen(
-            [str(venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1",
+            [*launcher, str(venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1",
              "--port", str(self.port), "--num_workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd or self._dir.name)
         self._wait_ready()

