@@ -1,6 +1,6 @@
 """The gateway side: load a verified routing policy and keep it fresh without ever serving a bad one.
 
-Imports stay small on purpose (numpy, lightgbm via the policy, `cryptography`, the standard
+Imports stay small on purpose (numpy, `cryptography`, the standard
 library): a gateway embeds this module, so nothing here may pull in prefect, duckdb, pandas,
 sklearn or torch, and boto3 is imported only if an `s3://` registry is opened.
 

@@ -1,6 +1,6 @@
 """Ed25519 keys and signatures for policy manifests and channel pointers.
 
-`cryptography` is the one dependency the gateway needs beyond numpy/lightgbm: it is the reference
+`cryptography` is the one dependency the gateway needs beyond numpy: it is the reference
 binding to OpenSSL's constant-time Ed25519, which a hand-written verifier would not match.
 Keys are PEM files (PKCS#8 private, SubjectPublicKeyInfo public); the private key path comes from
 the caller (config `signing_key`) or the `ROUTEOPT_SIGNING_KEY` environment variable, never from
