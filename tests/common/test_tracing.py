@@ -1,0 +1,121 @@
+"""common.tracing: when it turns on, traceparent rules, and that a bad collector costs no call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import tracing
+from tests import REPO
+
+pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+VECTORS = json.loads((REPO / "docs" / "tracing_vectors.json").read_text())
+
+
+@pytest.fixture
+def memory():
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False)
+    yield exporter
+    tracing.disable()
+
+
+@pytest.mark.parametrize("case", VECTORS["traceparent"], ids=lambda c: c["name"])
+def test_traceparent_vectors(case: dict) -> None:
+    got = tracing.parse_traceparent(case["header"])
+    assert (list(got) if got else None) == case["parsed"]
+
+
+@pytest.mark.parametrize("env, on", [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "ROUTEOPT_TRACING": "off"}, False),
+    ({"ROUTEOPT_TRACING": "on"}, True),
+])
+def test_the_standard_variables_turn_it_on(env: dict, on: bool) -> None:
+    assert tracing.wanted(env) is on
+
+
+def test_decision_vectors_give_the_documented_attributes() -> None:
+    from artifacts.runtime import Decision
+
+    for case in VECTORS["decision_attributes"]:
+        d = Decision(**case["decision"])
+        assert tracing.decision_attributes(d, **case["context"]) == case["attributes"], case["name"]
+
+
+def test_a_decision_span_is_a_child_of_the_callers_traceparent(memory) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    back, trace_id, span_id = tracing.record_decision(parent, time.time_ns(), {"routeopt.decision.model": "m"})
+    (span,) = memory.get_finished_spans()
+    assert span.name == "routeopt.route" and trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert back == f"00-{trace_id}-{span_id}-01" and span_id == f"{span.context.span_id:016x}"
+    # an invalid header starts a new trace (W3C), never fails the decision
+    back2, trace2, _ = tracing.record_decision("00-garbage", time.time_ns(), {})
+    assert trace2 != trace_id and tracing.parse_traceparent(back2)[0] == trace2
+
+
+def test_off_it_hands_the_callers_header_back_and_records_nothing() -> None:
+    tracing.disable()
+    header = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert tracing.record_decision(header, 0, {}) == (header, "0af7651916cd43dd8448eb211c80319c", None)
+    assert tracing.record_decision("bogus", 0, {}) == (None, None, None)
+
+
+class _Down(SpanExporter):
+    """A collector that takes a second to refuse every batch."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def export(self, spans):
+        self.batches += 1
+        time.sleep(1.0)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_slow_dead_collector_blocks_nothing_and_drops_are_counted() -> None:
+    tracing.configure(_Down(), max_queue_size=50)
+    try:
+        started = time.perf_counter()
+        for i in range(500):
+            tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "m"})
+        spent = time.perf_counter() - started
+        assert spent < 0.9  # far less than one export attempt: nobody waited for the collector
+        s = tracing.status()
+        assert s.enabled and s.dropped >= 500 - 50  # at most 50 waited for the collector
+        assert s.dropped + s.ended == 500 and s.exported == 0
+        assert tracing.flush(0.2) is False  # bounded: the dead collector does not hold the caller
+    finally:
+        tracing.disable()
+    assert tracing.status().enabled is False
+
+
+def test_without_the_sdk_it_stays_off_and_says_why(tmp_path: Path) -> None:
+    """A fresh interpreter where `opentelemetry.sdk` cannot be imported, with an endpoint set."""
+    script = (
+        "import sys, json\n"
+        "sys.modules['opentelemetry.sdk'] = None\n"
+        "from common import tracing\n"
+        "print(json.dumps([tracing.enabled(), tracing.status().reason]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, check=True)
+    on, reason = json.loads(out.stdout)
+    assert on is False and "pip install 'routeopt[tracing]'" in reason
