@@ -158,6 +158,12 @@ def decision_row(where: str, rec: dict, source_file: str) -> dict[str, Any]:
     }
 
 
+def read_usage_line(where: str, rec: dict) -> tuple[str, int | None, int | None]:
+    """(request id, input tokens, output tokens) of one usage record, validated."""
+    u = _usage(where, rec)
+    return u["request_id"], u["input_tokens"], u["output_tokens"]
+
+
 def _usage(where: str, rec: dict) -> dict[str, Any]:
     return {"request_id": _str(where, rec, "request_id"),
             "input_tokens": _num(where, rec, "input_tokens", integer=True),
