@@ -412,34 +412,24 @@ class Gateway:
             choice = self._choose(d, rid)
             fallbacks = d.fallbacks if choice.model == d.model else \
                 (d.model, *(f for f in d.fallbacks if f != choice.model))
-            out = replace(d, model=choice.model, fallbacks=fallbacks, propensity=choice.propensity,
-                          request_id=rid)
-            span_id = None
+            header = trace_id = span_id = None
             if traced is not None:
-                out, span_id = self._traced(out, router, traced, channel, choice.explored, suite,
-                                            quality_target)
+                knob = quality_target if quality_target is not None else getattr(
+                    getattr(router, "policy", None), "quality_target", None)
+                header, trace_id, span_id = tracing.record_decision(traced[0], traced[1], tracing.attributes_for(
+                    choice.model, fallbacks, choice.propensity, d.policy_version, rid,
+                    default_reason=d.default_reason, channel=channel, explored=choice.explored,
+                    knob_target=knob, suite=suite))
+            out = replace(d, model=choice.model, fallbacks=fallbacks, propensity=choice.propensity,
+                          request_id=rid, trace_id=trace_id, traceparent=header)
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
                 self.log.submit(self._record, time.time(), rid, prompt, suite, quality_target,
-                                channel, d, choice, other, out.trace_id, span_id)
+                                channel, d, choice, other, trace_id, span_id)
             return out
         except Exception as exc:  # exploration or logging broke: serve the policy's own choice
             self._failed(exc)
             return replace(d, request_id=rid)
-
-    @staticmethod
-    def _traced(out: Decision, router: Any, traced: tuple[str | None, int], channel: str,
-                explored: bool, suite: str | None, quality_target: float | None
-                ) -> tuple[Decision, str | None]:
-        """The decision with its span recorded (`common.tracing.record_decision`), and the
-        span's id (None with tracing off: then only the caller's trace id is known)."""
-        header, start = traced
-        knob = quality_target if quality_target is not None else getattr(
-            getattr(router, "policy", None), "quality_target", None)
-        attrs = tracing.decision_attributes(out, channel=channel, explored=explored,
-                                            knob_target=knob, suite=suite)
-        back, trace_id, span_id = tracing.record_decision(header, start, attrs)
-        return replace(out, trace_id=trace_id, traceparent=back), span_id
 
     def record_usage(self, request_id: str, model: str, *, input_tokens: int | None = None,
                      output_tokens: int | None = None, cost_usd: float | None = None) -> bool:

@@ -25,10 +25,13 @@ a parent comes from a W3C `traceparent` header or from the caller's current span
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
+import random
 import re
 import threading
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -94,9 +97,28 @@ class _Counts:
 class _State:
     def __init__(self, tracer: Any = None, provider: Any = None, counts: _Counts | None = None,
                  exporter: str | None = None, endpoint: str | None = None,
-                 service: str | None = None, reason: str | None = None) -> None:
+                 service: str | None = None, reason: str | None = None, ids: Any = None) -> None:
         self.tracer, self.provider, self.counts = tracer, provider, counts or _Counts()
         self.exporter, self.endpoint, self.service, self.reason = exporter, endpoint, service, reason
+        self.ids = ids
+        self.deferred: _Deferred | None = None
+        self._parent_based = provider is not None and _is_parent_based(provider.sampler)
+
+    def sampled(self, parent: tuple | None, trace_id: int) -> bool:
+        """The provider's sampling decision for a decision span, taken where the ids are drawn."""
+        if parent is not None and self._parent_based:
+            return bool(parent[2] & 1)
+        from opentelemetry.trace import SpanKind, set_span_in_context, NonRecordingSpan, SpanContext, TraceFlags
+
+        ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
+            parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
+        return self.provider.sampler.should_sample(ctx, trace_id, DECISION_SPAN, SpanKind.SERVER).decision.is_sampled()
+
+
+def _is_parent_based(sampler: Any) -> bool:
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    return isinstance(sampler, ParentBased)
 
 
 _STATE: _State | None = None
@@ -209,7 +231,9 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
     if service or not (os.environ.get("OTEL_SERVICE_NAME")
                        or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")):
         attrs["service.name"] = service or "routeopt"
-    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False)
+    ids = _preset_ids()
+    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False,
+                              id_generator=ids)
     counts = _Counts()
     counted = _counting_exporter(exporter, counts)
     queue = max_queue_size or int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
@@ -217,9 +241,39 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
              if batch else SimpleSpanProcessor(counted))
     provider.add_span_processor(_gate(inner, counts, queue if batch else None))
     state = _State(provider.get_tracer("routeopt"), provider, counts, name, endpoint,
-                   provider.resource.attributes.get("service.name"))
+                   provider.resource.attributes.get("service.name"), ids=ids)
+    state.deferred = _Deferred(state, queue)
     atexit.register(_shutdown, state)
     return state
+
+
+def _preset_ids() -> Any:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class PresetIds(RandomIdGenerator):
+        """Random ids, except the next ones a decision span was already given (per thread)."""
+
+        def __init__(self) -> None:
+            self.local = threading.local()
+
+        def preset(self, trace_id: int, span_id: int) -> None:
+            self.local.trace, self.local.span = trace_id, span_id
+
+        def generate_span_id(self) -> int:
+            span = getattr(self.local, "span", None)
+            if span is None:
+                return super().generate_span_id()
+            self.local.span = None
+            return span
+
+        def generate_trace_id(self) -> int:
+            trace = getattr(self.local, "trace", None)
+            if trace is None:
+                return super().generate_trace_id()
+            self.local.trace = None
+            return trace
+
+    return PresetIds()
 
 
 def _counting_exporter(inner: Any, counts: _Counts) -> Any:
@@ -282,6 +336,8 @@ def _shutdown(state: _State) -> None:
     if state.provider is None:
         return
     timeout_s = float(os.environ.get("ROUTEOPT_TRACING_EXIT_TIMEOUT_S", "2"))
+    if state.deferred is not None:
+        state.deferred.flush(timeout_s / 2)
     done = threading.Thread(target=state.provider.shutdown, name="routeopt-tracing-shutdown", daemon=True)
     done.start()
     done.join(timeout_s)
@@ -292,6 +348,8 @@ def flush(timeout_s: float = 30.0) -> bool:
     state = _STATE
     if state is None or state.provider is None:
         return True
+    if state.deferred is not None:
+        state.deferred.flush(timeout_s)
     done: list[bool] = []
     worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush())),
                               name="routeopt-tracing-flush", daemon=True)
@@ -303,9 +361,10 @@ def flush(timeout_s: float = 30.0) -> bool:
 def status() -> TracingStatus:
     state = _STATE or _State()
     c = state.counts
+    waiting = len(state.deferred.queue) if state.deferred is not None else 0
     return TracingStatus(state.tracer is not None, state.exporter, state.endpoint, state.service,
                          c.ended, c.exported, c.failed, c.dropped,
-                         max(0, c.ended - c.exported - c.failed), c.last_error, state.reason)
+                         max(0, c.ended - c.exported - c.failed) + waiting, c.last_error, state.reason)
 
 
 # -- spans --------------------------------------------------------------------------------------
@@ -382,17 +441,27 @@ def decision_attributes(decision: Any, *, request_id: str | None = None, channel
                         suite: str | None = None) -> dict[str, Any]:
     """The decision span's attributes: the contract every runtime follows (docs/tracing.md).
     Never the prompt or its text."""
+    return attributes_for(decision.model, decision.fallbacks, decision.propensity, decision.policy_version,
+                          request_id if request_id is not None else getattr(decision, "request_id", None),
+                          default_reason=getattr(decision, "default_reason", None), channel=channel,
+                          explored=explored, knob_target=knob_target, suite=suite)
+
+
+def attributes_for(model: str, fallbacks: Any, propensity: float, policy_version: int,
+                   request_id: str | None, *, default_reason: str | None = None,
+                   channel: str | None = None, explored: bool | None = None,
+                   knob_target: float | None = None, suite: str | None = None) -> dict[str, Any]:
+    """`decision_attributes` from the values themselves (the gateway has them before its
+    Decision exists)."""
     attrs: dict[str, Any] = {
-        "routeopt.decision.model": decision.model,
-        "routeopt.decision.fallbacks": list(decision.fallbacks),
-        "routeopt.decision.propensity": float(decision.propensity),
-        "routeopt.policy.version": int(decision.policy_version),
+        "routeopt.decision.model": model,
+        "routeopt.decision.fallbacks": list(fallbacks),
+        "routeopt.decision.propensity": float(propensity),
+        "routeopt.policy.version": int(policy_version),
     }
-    rid = request_id if request_id is not None else getattr(decision, "request_id", None)
-    for key, value in (("routeopt.decision.id", rid), ("routeopt.policy.channel", channel),
+    for key, value in (("routeopt.decision.id", request_id), ("routeopt.policy.channel", channel),
                        ("routeopt.decision.explored", explored), ("routeopt.knob.target", knob_target),
-                       ("routeopt.suite", suite),
-                       ("routeopt.decision.default_reason", getattr(decision, "default_reason", None))):
+                       ("routeopt.suite", suite), ("routeopt.decision.default_reason", default_reason)):
         if value is not None:
             attrs[key] = value
     return attrs
@@ -401,19 +470,89 @@ def decision_attributes(decision: Any, *, request_id: str | None = None, channel
 def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[str, Any]
                     ) -> tuple[str | None, str | None, str | None]:
     """Record one finished decision as a span; returns (traceparent to send back, trace id,
-    span id). The span starts at `start_ns` (time.time_ns() before deciding) and ends now.
+    span id). The span starts at `start_ns` (time.time_ns() before deciding) and ends now; its
+    parent is the caller's `traceparent`, else the caller's current span, else none.
+
+    The caller's thread only draws the ids, asks the sampler and queues the span: a writer
+    thread builds it through the SDK (a few microseconds here instead of tens; the decision is
+    on a request's path). A full queue drops the span and counts it.
 
     With tracing off it records nothing and hands back the caller's own valid `traceparent`
     (the application's next span stays a child of the caller's) and its trace id."""
-    t = tracer()
-    if t is None:
+    state = _STATE
+    if state is None:
+        state = _resolve()
+    if state.tracer is None:
         parsed = parse_traceparent(traceparent)
         return (traceparent.strip(), parsed[0], None) if parsed else (None, None, None)  # type: ignore[union-attr]
-    from opentelemetry.trace import SpanKind
+    end_ns = time.time_ns()
+    parent = _parent(traceparent)
+    trace_id = parent[0] if parent else random.getrandbits(128) or 1
+    span_id = random.getrandbits(64) or 1
+    sampled = state.sampled(parent, trace_id)
+    if sampled:
+        state.deferred.submit((parent, trace_id, span_id, start_ns, end_ns, attributes))
+    t, sp = f"{trace_id:032x}", f"{span_id:016x}"
+    return format_traceparent(t, sp, sampled), t, sp
 
-    span = t.start_span(DECISION_SPAN, context=parent_context(traceparent), kind=SpanKind.SERVER,
-                        attributes=attributes, start_time=start_ns)
-    span.end()
-    c = span.get_span_context()
-    trace_id, span_id = f"{c.trace_id:032x}", f"{c.span_id:016x}"
-    return format_traceparent(trace_id, span_id, c.trace_flags.sampled), trace_id, span_id
+
+def _parent(traceparent: str | None) -> tuple[int, int, int, bool] | None:
+    """(trace id, span id, flags, remote) of the caller's header, else of its current span."""
+    parsed = parse_traceparent(traceparent)
+    if parsed is not None:
+        return int(parsed[0], 16), int(parsed[1], 16), int(parsed[2], 16), True
+    from opentelemetry.trace import get_current_span
+
+    c = get_current_span().get_span_context()
+    return (c.trace_id, c.span_id, int(c.trace_flags), c.is_remote) if c.is_valid else None
+
+
+class _Deferred:
+    """Builds queued decision spans in one daemon thread, with the ids already handed out."""
+
+    def __init__(self, state: "_State", limit: int) -> None:
+        self.state, self.limit = state, limit
+        self.queue: collections.deque = collections.deque()
+        self.wake = threading.Event()
+        self.busy = False
+        threading.Thread(target=self._run, name="routeopt-tracing-decisions", daemon=True).start()
+
+    def submit(self, item: tuple) -> None:
+        if len(self.queue) >= self.limit:
+            self.state.counts.dropped += 1
+            return
+        self.queue.append(item)
+        if len(self.queue) >= 256:
+            self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(0.2)
+            self.wake.clear()
+            self.drain()
+
+    def drain(self) -> None:
+        from opentelemetry import trace as api
+
+        self.busy = True
+        try:
+            while self.queue:
+                parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
+                ctx = None
+                if parent is not None:
+                    ctx = api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
+                        parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))))
+                self.state.ids.preset(trace_id, span_id)
+                span = self.state.tracer.start_span(DECISION_SPAN, context=ctx, kind=api.SpanKind.SERVER,
+                                                    attributes=attrs, start_time=start)
+                span.end(end_time=end)
+        except Exception as exc:  # never let one bad span stop the thread
+            self.state.counts.last_error = repr(exc)
+        finally:
+            self.busy = False
+
+    def flush(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (self.queue or self.busy) and time.monotonic() < deadline:
+            self.wake.set()
+            time.sleep(0.005)

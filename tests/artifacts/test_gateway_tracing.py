@@ -37,6 +37,7 @@ def test_a_gateway_decision_is_one_span_under_the_callers_trace(memory, tmp_path
                  exploration=Exploration(rate=0.0001, seed=1))
     d = gw.route("What is 2 + 2?", "add", 0.9, request_id="req-7", traceparent=PARENT)
     gw.log.flush()
+    assert tracing.flush()
     (span,) = memory.get_finished_spans()  # the router inside the gateway records none of its own
     assert span.name == "routeopt.route" and span.kind.name == "SERVER"
     assert f"{span.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736" == d.trace_id
@@ -58,6 +59,7 @@ def test_the_applications_llm_span_becomes_a_child_of_the_decision(memory) -> No
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     d = Gateway(FakeRouter()).route("hi", request_id="r1", traceparent=PARENT)
+    assert tracing.flush()
     app = TracerProvider()  # the application's own tracing, exporting where ours does
     app.add_span_processor(SimpleSpanProcessor(memory))
     ctx = TraceContextTextMapPropagator().extract({"traceparent": d.traceparent})
@@ -72,6 +74,7 @@ def test_a_router_alone_records_a_span_with_its_knob_target(memory, policies, pu
     publish_to(policies[0])
     router = load(registry, keypair[1])
     d = router.route(*PROMPTS[0])  # no header: a new trace (no current span here)
+    assert tracing.flush()
     (span,) = memory.get_finished_spans()
     assert span.parent is None and d.trace_id == f"{span.context.trace_id:032x}"
     assert span.attributes["routeopt.knob.target"] == policies[0].quality_target
@@ -98,6 +101,7 @@ def test_the_trace_id_is_imported_with_the_decision(memory, tmp_path: Path) -> N
     gw = Gateway(FakeRouter(), log=DecisionLog(tmp_path / "log"))
     d = gw.route("hi", request_id="r1", traceparent=PARENT)
     gw.close()
+    assert tracing.flush()
     with Store(tmp_path / "db.duckdb") as store:
         import_decisions(tmp_path / "log", store)
         row = store.query("SELECT trace_id, span_id FROM decisions").iloc[0]
