@@ -115,18 +115,27 @@ class _HttpSender:
             body["stream_options"] = {"include_usage": True}
         return body
 
-    async def send(self, rec: Sent, text: str, t0: float) -> None:
+    def start(self, rec: Sent, text: str, t0: float) -> Any:
+        """Send now when a connection is idle; the rest (reading the answer) is `send`'s."""
         marks: dict[str, float] = {}
+        payload = self.payload(text, rec.max_tokens)
+        conn = self.endpoint.send_now(self.path, payload, marks)
+        if conn is not None:
+            rec.sent_s = marks["sent"] - t0
+        return payload, marks, conn
+
+    async def send(self, rec: Sent, text: str, t0: float, started: Any = None) -> None:
+        payload, marks, conn = started or self.start(rec, text, t0)
         last = None
         finished = False
-        async for line in self.endpoint.stream(self.path, self.payload(text, rec.max_tokens), marks):
+        async for line in self.endpoint.stream(self.path, payload, marks, conn):
             if rec.sent_s is None:
                 rec.sent_s = marks["sent"] - t0
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if data == b"[DONE]":
-                break
+            if data == b"[DONE]":  # read on to the body's end: the connection is then reused
+                continue
             event = json.loads(data)
             piece, done = self._event(event, rec)
             finished = finished or done
@@ -179,7 +188,10 @@ class _LocalSender:
 
         self.provider, self.where = make_provider(candidate), f"local:{candidate.name}"
 
-    async def send(self, rec: Sent, text: str, t0: float) -> None:
+    def start(self, rec: Sent, text: str, t0: float) -> Any:
+        return None
+
+    async def send(self, rec: Sent, text: str, t0: float, started: Any = None) -> None:
         request = Request((Message("user", text),), GenerationSettings(max_tokens=rec.max_tokens))
         rec.sent_s = time.perf_counter() - t0
         c = await self.provider.generate(request)
@@ -225,26 +237,36 @@ class _Down:
                             "were not sent")
 
 
+SPIN_S = 0.001  # the selector's timeout has millisecond steps (rounded up): the last one is
+# waited by yielding to the loop, which keeps answering requests meanwhile
+
+
+async def _until(due: float) -> None:
+    """Return at `due` (perf_counter), never before it, and as little after as the loop allows."""
+    now = time.perf_counter()
+    if due - now > SPIN_S:
+        await asyncio.sleep(due - now - SPIN_S)
+    while time.perf_counter() < due:
+        await asyncio.sleep(0)
+
+
 async def replay_once(arrivals: Sequence[Arrival], speed: float, senders: dict[str, Any], *,
                       timeout_s: float = 60.0, down_after: int = 20,
                       stop: asyncio.Event | None = None, lead_s: float = 0.05) -> ReplayRun:
     """Send every arrival at offset / speed (never before), wait for the answers, return them."""
     records = [Sent(i, a.model, a.where, a.offset_s / speed, a.input_tokens, a.output_tokens)
                for i, a in enumerate(arrivals)]
-    texts = [a.text for a in arrivals]
+    texts = [a.text or synthesize(a.input_tokens, i) for i, a in enumerate(arrivals)]  # before the clock
     down = {m: _Down(down_after) for m in senders}
     in_flight = dict.fromkeys(senders, 0)
     tasks: set[asyncio.Task] = set()
     t0 = time.perf_counter() + lead_s
 
-    async def one(r: Sent) -> None:
+    async def one(r: Sent, text: str, started: Any, attempt: float) -> None:
         sender = senders[r.model]
-        r.in_flight = in_flight[r.model]
-        in_flight[r.model] += 1
-        attempt = time.perf_counter() - t0
         try:
             async with asyncio.timeout(timeout_s):
-                await sender.send(r, texts[r.index] or synthesize(r.input_tokens, r.index), t0)
+                await sender.send(r, text, t0, started)
             r.ok = True
         except TimeoutError:
             r.error_kind = "timeout"
@@ -262,17 +284,21 @@ async def replay_once(arrivals: Sequence[Arrival], speed: float, senders: dict[s
             down[r.model].saw(r, sender.where)
 
     for r in records:
-        due = t0 + r.due_s
-        now = time.perf_counter()
-        while now < due:  # never early: asyncio may wake a hair before its timer
-            await asyncio.sleep(due - now)
-            now = time.perf_counter()
+        await _until(t0 + r.due_s)
         if stop is not None and stop.is_set():
             break
         if down[r.model].why is not None:
             r.error_kind = "not_sent"
             continue
-        task = asyncio.ensure_future(one(r))
+        text = texts[r.index]
+        attempt = time.perf_counter() - t0
+        r.in_flight = in_flight[r.model]
+        in_flight[r.model] += 1
+        try:
+            started = senders[r.model].start(r, text, t0)  # written now if a connection is idle
+        except OSError:
+            started = None
+        task = asyncio.ensure_future(one(r, text, started, attempt))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     interrupted = stop is not None and stop.is_set()

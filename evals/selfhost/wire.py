@@ -56,17 +56,37 @@ class Endpoint:
             raise ProviderError("connection", f"{self.base_url}: {exc}") from None
         return _Conn(reader, writer)
 
-    async def stream(self, path: str, payload: dict[str, Any], marks: dict[str, float]) -> AsyncIterator[bytes]:
-        """POST `payload` and yield the body's lines; `marks['sent']` is set when it goes out.
-        A non-200 status raises ProviderError of the kind the runner would record."""
+    def _request(self, path: str, payload: dict[str, Any]) -> bytes:
         body = json.dumps(payload, separators=(",", ":")).encode()
-        conn = await self._conn()
-        request = (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        marks["sent"] = time.perf_counter()
+        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def send_now(self, path: str, payload: dict[str, Any], marks: dict[str, float]) -> _Conn | None:
+        """Write the request at once on an idle keep-alive connection (no trip through the event
+        loop between the moment it is due and the send); None when none is idle."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reader.at_eof() or conn.writer.is_closing():
+                conn.writer.close()
+                continue
+            request = self._request(path, payload)
+            marks["sent"] = time.perf_counter()
+            conn.writer.write(request)
+            return conn
+        return None
+
+    async def stream(self, path: str, payload: dict[str, Any], marks: dict[str, float],
+                     written: _Conn | None = None) -> AsyncIterator[bytes]:
+        """POST `payload` (already written on `written`, by `send_now`) and yield the body's
+        lines; `marks['sent']` is set when it goes out. A non-200 status raises ProviderError
+        of the kind the runner would record."""
+        conn = written or await self._conn()
         ok = False
         try:
-            conn.writer.write(request)
+            if written is None:
+                request = self._request(path, payload)
+                marks["sent"] = time.perf_counter()
+                conn.writer.write(request)
             status, headers = await _head(conn.reader)
             lines = _lines(conn.reader, headers)
             if status != 200:
