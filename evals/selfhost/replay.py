@@ -208,6 +208,19 @@ def make_sender(candidate: Any) -> Any:
     return _LocalSender(candidate) if candidate.provider == "local" else _HttpSender(candidate)
 
 
+async def warm_up(senders: dict[str, Any], arrivals: Sequence[Arrival], n: int) -> None:
+    """`n` unmeasured requests per candidate, one after another, shaped like its first arrivals
+    (the local provider loads its model then; HTTP connections open)."""
+    for model, sender in senders.items():
+        mine = [a for a in arrivals if a.model == model][:max(n, 0)]
+        for i, a in enumerate(mine):
+            rec = Sent(-1 - i, model, "warm-up", 0.0, a.input_tokens, a.output_tokens)
+            try:
+                await sender.send(rec, a.text or synthesize(a.input_tokens, -1 - i), time.perf_counter())
+            except (ProviderError, OSError):
+                return  # the replay itself will record what the endpoint does
+
+
 # -- the open loop -----------------------------------------------------------------------------
 
 

@@ -64,6 +64,8 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--timeout-s", type=float, default=60.0, show_default=True, help="Per request.")
 @click.option("--max-lateness-ms", type=float, default=10.0, show_default=True,
               help="Send lateness p99 above this marks a speed generator-limited.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Unmeasured requests per candidate first (a local model loads then).")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
 def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
@@ -71,7 +73,8 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
                only: str | None, maps: tuple[str, ...], skip_unknown: bool,
                ttft_target_s: float | None, latency_target_s: float | None, min_good: float,
                max_gap_s: float, duration_s: float | None, output_tokens: int | None,
-               timeout_s: float, max_lateness_ms: float, json_out: Path | None, no_store: bool) -> None:
+               timeout_s: float, max_lateness_ms: float, warmup: int, json_out: Path | None,
+               no_store: bool) -> None:
     """Replay decision logs or an arrival trace (timestamp, model or suite, input_tokens,
     output_tokens, text?) against the configured candidates, open loop, and report per model
     and overall: offered vs achieved rate, TTFT / TPOT / ITL / end-to-end p50, p95, p99,
@@ -92,13 +95,14 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
         click.echo(f"  note: {note}", err=True)
     slo = Slo(ttft_target_s, latency_target_s, min_good)
     results, replay_id = _run(cfg, arrivals, slo, _speeds(speeds), (sweep_start, max_speed, sweep_steps),
-                              timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path))
+                              timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path),
+                              warmup)
     _finish(results, replay_id, slo, speeds is None, json_out)
 
 
 def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_opts: tuple,
-         timeout_s: float, max_lateness_s: float, db: Path | None) -> tuple[list, str]:
-    from evals.selfhost.replay import make_sender, replay_once, summaries, sweep
+         timeout_s: float, max_lateness_s: float, db: Path | None, warmup: int) -> tuple[list, str]:
+    from evals.selfhost.replay import make_sender, replay_once, summaries, sweep, warm_up
     from evals.selfhost.replay_store import format_speed, new_replay_id, request_frame, run_rows, save
 
     replay_id = new_replay_id()
@@ -111,10 +115,7 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         senders = {m: make_sender(cfg.candidate(m)) for m in arrivals.models()}
-        for s in senders.values():  # a local model loads before the clock starts
-            prepare = getattr(getattr(s, "provider", None), "prepare", None)
-            if prepare is not None:
-                await prepare()
+        await warm_up(senders, arrivals.items, warmup)  # a local model loads before the clock starts
 
         async def run_at(speed: float) -> tuple:
             if stop.is_set():
