@@ -132,7 +132,8 @@ def evaluate_task(
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
     span = tracing.start_span(f"evaluate {suite.name} x {candidate.name}", traceparent=trace_parent,
-                              attributes={"routeopt.run_id": run_id, "routeopt.suite": suite.name,
+                              attributes={"openinference.span.kind": "CHAIN",
+                                          "routeopt.run_id": run_id, "routeopt.suite": suite.name,
                                           "routeopt.suite_version": suite.version,
                                           "routeopt.candidate": candidate.name,
                                           "gen_ai.request.model": candidate.model})
@@ -379,7 +380,8 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
 def _run_span(run_id: str) -> Iterator[str | None]:
     """The run's span (tracing on), current for the flow body; yields its `traceparent`,
     which each (suite, candidate) task is handed as its parent."""
-    span = tracing.start_span("routeopt nightly", attributes={"routeopt.run_id": run_id})
+    span = tracing.start_span("routeopt nightly", attributes={"routeopt.run_id": run_id,
+                                                              "openinference.span.kind": "CHAIN"})
     try:
         with tracing.use(span):
             yield tracing.traceparent_of(span)

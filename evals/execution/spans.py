@@ -24,6 +24,7 @@ _PROVIDER_NAMES = {"openai": "openai", "anthropic": "anthropic", "local": "route
 def call_attributes(candidate: Candidate, role: str) -> dict[str, Any]:
     """What is known of a call before it is made."""
     attrs: dict[str, Any] = {
+        "openinference.span.kind": "LLM",  # how OpenInference backends (Phoenix) class the span
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": _PROVIDER_NAMES.get(candidate.provider, candidate.provider),
         "gen_ai.request.model": candidate.model,
