@@ -12,7 +12,9 @@ positions and a tokenizer of one token per character, so only the set's prompts 
 characters are drawn, and their input length is their length in characters.
 
 Each run is one `routeopt bench replay LOG --candidate zoo-s --speed 1,2,5 ...` (as a user types
-it, with its JSON output); the summary gives TTFT and end-to-end p95/p99 per speed and run, their
+it, with its JSON output), with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
+torch's second intra-op thread waits at every operator's barrier for a core (a 1-minute trial at
+load average 6-14: end-to-end p95 3.7 s with two threads, 0.09 s with one); the summary gives TTFT and end-to-end p95/p99 per speed and run, their
 spread over runs ((max - min) / median), and where the SLO broke.
 
     python benchmarks/replay_diurnal.py --runs 3 --speeds 1,2,5 --ttft-target-s 1 --latency-target-s 3
@@ -103,7 +105,8 @@ def main() -> None:
         cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
                "--speed", a.speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
                str(a.latency_target_s), "--json-out", str(out), "--db", str(folder / "replay.duckdb")]
-        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+        env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}
+        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
         results.append(json.loads(out.read_text()))
         print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}", flush=True)
     report(results, a)

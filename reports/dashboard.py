@@ -22,6 +22,7 @@ from evals.storage.labels import LABELS, LabelSql
 from evals.storage.store import Store
 from evals.storage.traffic import load_traffic
 from reports.charts import Axis, Series, chart
+from reports.replay_chart import replay_section
 from router_training.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
@@ -78,6 +79,7 @@ class ReportData:
     metrics: dict[str, Any] | None = None
     policy_version: int | None = None
     live: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (reports.replay_chart)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -167,6 +169,7 @@ def gather(
         metrics=metrics,
         policy_version=version,
         live=_live(store, _run_end(info), live_days),
+        replay=replay_section(store),
     )
 
 

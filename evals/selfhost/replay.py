@@ -4,8 +4,8 @@ Each arrival (`evals.selfhost.arrivals`) goes at its offset / speed, whether or 
 requests have answered (open loop: a slow server meets the load it would really meet, as in
 GuideLLM's and vLLM's rate modes, but with the team's own arrivals and lengths). `max_tokens` is
 the recorded output length. OpenAI-compatible and Anthropic candidates are called over HTTP with
-a lean client (`evals.selfhost.wire`), `local` candidates through their in-process serving
-engine (the provider's continuous batcher). Definitions are the serving benchmark's (vLLM's):
+a lean client (`evals.selfhost.wire`), `local` candidates through their serving engine (the
+provider's continuous batcher) in a process of its own. Definitions are the serving benchmark's (vLLM's):
 TTFT to the first content chunk, TPOT, inter-token latency (the gaps), end-to-end latency.
 
 The generator measures itself: each request's lateness (when it was handed to the socket minus
@@ -181,27 +181,127 @@ class _HttpSender:
 
 
 class _LocalSender:
-    """A `local` candidate through its in-process serving engine (the provider's batcher)."""
+    """A `local` candidate through its serving engine, in a process of its own: the model's
+    compute must not share the generator's interpreter (its lock would delay the sends). The
+    engine (the provider's continuous batcher) measures TTFT and the gaps as the runner does;
+    both processes read the same monotonic clock, so the answer's times line up with the send."""
 
     def __init__(self, candidate: Any) -> None:
-        from evals.providers import make_provider
+        self.candidate, self.where = candidate, f"local:{candidate.name}"
+        self.conn: Any = None
+        self.proc: Any = None
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.ids = iter(range(1 << 62))
 
-        self.provider, self.where = make_provider(candidate), f"local:{candidate.name}"
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve_local, args=(self.candidate, child), daemon=True,
+                                name=f"routeopt-replay-{self.candidate.name}")
+        self.proc.start()
+        child.close()
+        asyncio.get_running_loop().add_reader(self.conn.fileno(), self._answers)
+
+    def _answers(self) -> None:
+        try:
+            while self.conn.poll():
+                i, reply = self.conn.recv()
+                fut = self.waiting.pop(i, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (EOFError, OSError):  # the engine process died: every waiting request fails
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
+            for fut in self.waiting.values():
+                if not fut.done():
+                    fut.set_exception(ProviderError("connection", f"{self.where}: the engine process exited"))
+            self.waiting.clear()
 
     def start(self, rec: Sent, text: str, t0: float) -> Any:
-        return None
+        if self.conn is None:
+            return None
+        i = next(self.ids)
+        self.waiting[i] = asyncio.get_running_loop().create_future()
+        sent = time.perf_counter()
+        self.conn.send((i, text, rec.max_tokens))
+        rec.sent_s = sent - t0
+        return i
 
     async def send(self, rec: Sent, text: str, t0: float, started: Any = None) -> None:
-        request = Request((Message("user", text),), GenerationSettings(max_tokens=rec.max_tokens))
-        rec.sent_s = time.perf_counter() - t0
-        c = await self.provider.generate(request)
-        if c.ttft_s is not None:
-            rec.first_s = rec.sent_s + c.ttft_s
-        rec.gaps = list(c.chunk_gaps_s)
-        rec.output_tokens, rec.reported_input_tokens = c.output_tokens, c.input_tokens
+        if self.conn is None:
+            self._start()
+        i = started if started is not None else self.start(rec, text, t0)
+        fut = self.waiting[i]
+        try:
+            reply = await fut
+        finally:
+            self.waiting.pop(i, None)
+        if not reply["ok"]:
+            raise ProviderError(reply["kind"], reply["message"])
+        if reply["ttft"] is not None:
+            rec.first_s = reply["received"] - t0 + reply["ttft"]
+        rec.gaps = reply["gaps"]
+        rec.output_tokens, rec.reported_input_tokens = reply["output_tokens"], reply["input_tokens"]
 
     def close(self) -> None:
-        pass
+        if self.conn is None:
+            return
+        try:
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
+        except RuntimeError:  # no loop running any more
+            pass
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.conn.close()
+
+
+def serve_local(candidate: Any, conn: Any) -> None:
+    """The engine process: requests (id, text, max_tokens) in, timings and token counts out."""
+    from evals.providers import make_provider
+
+    provider = make_provider(candidate)
+
+    async def answer(i: int, text: str, max_tokens: int, received: float) -> None:
+        request = Request((Message("user", text),), GenerationSettings(max_tokens=max_tokens))
+        try:
+            c = await provider.generate(request)
+            reply = {"ok": True, "received": received, "ttft": c.ttft_s, "gaps": list(c.chunk_gaps_s),
+                     "output_tokens": c.output_tokens, "input_tokens": c.input_tokens}
+        except ProviderError as exc:
+            reply = {"ok": False, "kind": exc.kind, "message": exc.message[:300]}
+        except Exception as exc:  # an engine bug costs this request only
+            reply = {"ok": False, "kind": "internal", "message": f"{type(exc).__name__}: {exc}"[:300]}
+        conn.send((i, reply))
+
+    async def main() -> None:
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        tasks: set[asyncio.Task] = set()
+
+        def incoming() -> None:
+            while conn.poll():
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    msg = None
+                if msg is None:
+                    done.set()
+                    loop.remove_reader(conn.fileno())
+                    return
+                task = loop.create_task(answer(*msg, time.perf_counter()))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        loop.add_reader(conn.fileno(), incoming)
+        await done.wait()
+        await provider.aclose()
+
+    asyncio.run(main())
 
 
 def make_sender(candidate: Any) -> Any:

@@ -174,3 +174,32 @@ def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp
     assert [(s, m, a, c) for s, m, a, c, _ in runs] == [(1.0, "*", 40, 40), (1.0, "oa", 40, 40),
                                                        (4.0, "*", 40, 40), (4.0, "oa", 40, 40)]
     assert all(t >= 0.03 for *_, t in runs) and n == 80
+
+
+def test_stored_speeds_give_the_cost_plan_its_capacity_and_the_dashboard_its_curve(tmp_path: Path) -> None:
+    from evals.selfhost.replay import ReplayRun, Sent, summaries
+    from evals.selfhost.replay_store import load_runs, replay_capacity, request_frame, run_rows, save
+    from evals.storage.store import Store
+    from reports.replay_chart import replay_section
+
+    slo = Slo(ttft_s=0.5)
+
+    def run(speed: float, ttft: float) -> ReplayRun:
+        recs = [Sent(i, "zoo", "t:1", i / (10 * speed), 5, 10, sent_s=i / (10 * speed),
+                     first_s=i / (10 * speed) + ttft, end_s=i / (10 * speed) + ttft + 0.1, ok=True,
+                     output_tokens=10) for i in range(600)]
+        return ReplayRun(speed, recs, 60 / speed, "complete")
+
+    with Store(tmp_path / "db.duckdb") as store:
+        for speed, ttft in ((1, 0.1), (2, 0.2), (4, 0.9)):  # the SLO (0.5 s) breaks at 4x
+            r = run(speed, ttft)
+            save(store, run_rows("replay-t", r, summaries(r, slo, 0.01, 10.0), slo, "t.jsonl", ["a note"]),
+                 request_frame("replay-t", r))
+        tok_s, replay_id, speed = replay_capacity(store, "zoo")
+        assert (replay_id, speed) == ("replay-t", 2.0) and tok_s == pytest.approx(200.0, rel=0.05)
+        assert replay_capacity(store, "other") is None
+        rows = load_runs(store)
+        assert sorted(set(rows.speed)) == [1.0, 2.0, 4.0] and set(rows.model) == {"*", "zoo"}
+        section = replay_section(store)
+    assert [r["meets_slo"] for r in section["rows"]] == [True, True, False]
+    assert "Latency vs replay speed" in section["chart"] and "TTFT p99" in section["chart"]
