@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,35 +78,42 @@ def test_off_it_hands_the_callers_header_back_and_records_nothing() -> None:
 
 
 class _Down(SpanExporter):
-    """A collector that takes a second to refuse every batch."""
+    """A collector that holds every batch until released, then refuses it."""
 
     def __init__(self) -> None:
-        self.batches = 0
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.threads: set[int] = set()
 
     def export(self, spans):
-        self.batches += 1
-        time.sleep(1.0)
+        self.threads.add(threading.get_ident())
+        self.entered.set()
+        self.release.wait(60)
         return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
-        pass
+        self.release.set()
 
 
-def test_a_slow_dead_collector_blocks_nothing_and_drops_are_counted() -> None:
-    tracing.configure(_Down(), max_queue_size=50)
+def test_a_stuck_collector_blocks_nothing_and_drops_are_counted() -> None:
+    """Every call returns while the exporter is stuck (had one waited for it, the test would
+    hang until the exporter gave up); the queue holds 50 spans and the rest are counted dropped."""
+    down = _Down()
+    tracing.configure(down, max_queue_size=50)
     try:
-        started = time.perf_counter()
-        for i in range(500):
+        for _ in range(500):
             tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "m"})
-        spent = time.perf_counter() - started
-        assert spent < 0.9  # far less than one export attempt: nobody waited for the collector
-        started = time.perf_counter()
-        assert tracing.flush(0.5) is False  # bounded: the dead collector does not hold the caller
-        assert time.perf_counter() - started < 0.9
+            with tracing.use(tracing.start_span("chat m")) as span:
+                span.end()
+        assert not down.release.is_set()  # all 1,000 spans were handed over with the collector stuck
+        assert tracing.flush(0.5) is False  # bounded: a stuck collector does not hold the caller
+        down.release.set()
+        tracing.flush(30)
         s = tracing.status()
-        assert s.enabled and s.dropped >= 500 - 2 * 50  # at most 50 waited, and 50 were being built
-        assert s.dropped + s.ended == 500 and s.exported == 0
+        assert s.enabled and s.dropped >= 1000 - 3 * 50  # the queue, a batch in export, the builder's queue
+        assert s.dropped + s.ended == 1000 and s.exported == 0 and s.export_failed == s.ended
+        assert threading.get_ident() not in down.threads  # exported by the SDK's thread, never the caller's
     finally:
+        down.release.set()
         tracing.disable()
     assert tracing.status().enabled is False
 
