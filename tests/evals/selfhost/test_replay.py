@@ -230,3 +230,18 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     assert run.status == "complete" and all(r.ok for r in run.records), [r.error_kind for r in run.records]
     for r in run.records:
         assert r.sent_s >= r.due_s and r.sent_s < r.first_s <= r.end_s and r.output_tokens <= 4  # may stop early
+
+
+def test_the_command_names_bad_input_and_sends_nothing(tmp_path: Path) -> None:
+    from flows.cli import cli
+
+    cfg = tmp_path / "routeopt.yaml"
+    cfg.write_text(json.dumps({"candidates": [{"name": "oa", "provider": "openai", "model": "m",
+                                               "base_url": "http://127.0.0.1:9/v1",
+                                               "input_price_per_mtok": 1, "output_price_per_mtok": 2}]}))
+    log = trace(tmp_path / "t.jsonl", [{"timestamp": 1, "model": "oa", "input_tokens": 3, "output_tokens": 2},
+                                       {"timestamp": 2, "model": "gpt-x", "input_tokens": 3, "output_tokens": 2}])
+    res = CliRunner().invoke(cli, ["bench", "replay", str(log), "--config", str(cfg), "--speed", "1"])
+    assert res.exit_code == 1 and f"'gpt-x' (1 arrivals, first at {log}:2)" in " ".join(res.output.split())
+    bad = CliRunner().invoke(cli, ["bench", "replay", str(log), "--config", str(cfg), "--speed", "0,2"])
+    assert bad.exit_code == 2 and "give positive speeds" in bad.output
