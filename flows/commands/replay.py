@@ -82,6 +82,7 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     from evals.selfhost.arrivals import ReplayInputError, load_arrivals
     from evals.selfhost.replay import Slo
 
+    speed_list = _speeds(speeds)
     cfg = load_config_or_exit(config_path)
     try:
         arrivals = load_arrivals(list(log), [c.name for c in cfg.candidates], mapping=_mapping(maps),
@@ -94,7 +95,7 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     for note in arrivals.notes:
         click.echo(f"  note: {note}", err=True)
     slo = Slo(ttft_target_s, latency_target_s, min_good)
-    results, replay_id = _run(cfg, arrivals, slo, _speeds(speeds), (sweep_start, max_speed, sweep_steps),
+    results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps),
                               timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path),
                               warmup)
     _finish(results, replay_id, slo, speeds is None, json_out)
