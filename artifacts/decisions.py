@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from artifacts.runtime import Decision, Router, RouterStatus
+from common import tracing
 from router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
     Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
 )
@@ -288,21 +289,46 @@ class Gateway:
         return self.champion.version
 
     def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
-              *, request_id: str | None = None) -> Decision:
-        """Route one request; pass the request id your outcomes will carry (else one is made)."""
-        rid = request_id if request_id is not None else f"{self._id_prefix}{next(self._ids):x}"
+              *, request_id: str | None = None, traceparent: str | None = None) -> Decision:
+        """Route one request; pass the request id your outcomes will carry (else one is made).
+
+        `traceparent`: the caller's W3C header. With tracing on, the decision is a span, a child
+        of it (else of the caller's current span), and `decision.traceparent` is the header to
+        return, so that the application's call of the model becomes a child of the decision;
+        the log records the trace id. With tracing off the caller's header is handed back."""
+        if traceparent is None and tracing.tracer() is None:
+            return self._route(prompt, suite, quality_target, rid=request_id)
+        start = time.time_ns()
+        token = tracing.IN_DECISION.set(True)
+        try:
+            d = self._route(prompt, suite, quality_target, rid=request_id, traced=(traceparent, start))
+        finally:
+            tracing.IN_DECISION.reset(token)
+        return d
+
+    def _route(self, prompt: str, suite: str | None, quality_target: float | None, *,
+               rid: str | None, traced: tuple[str | None, int] | None = None) -> Decision:
+        rid = rid if rid is not None else f"{self._id_prefix}{next(self._ids):x}"
         router, channel = self._arm(rid) if self._canary else (self.champion, "champion")
         d = router.route(prompt, suite, quality_target)
         try:
             choice = self._choose(d, rid)
             fallbacks = d.fallbacks if choice.model == d.model else \
                 (d.model, *(f for f in d.fallbacks if f != choice.model))
+            header = trace_id = span_id = None
+            if traced is not None:
+                knob = quality_target if quality_target is not None else getattr(
+                    getattr(router, "policy", None), "quality_target", None)
+                header, trace_id, span_id = tracing.record_decision(traced[0], traced[1], tracing.attributes_for(
+                    choice.model, fallbacks, choice.propensity, d.policy_version, rid,
+                    default_reason=d.default_reason, channel=channel, explored=choice.explored,
+                    knob_target=knob, suite=suite))
             out = replace(d, model=choice.model, fallbacks=fallbacks, propensity=choice.propensity,
-                          request_id=rid)
+                          request_id=rid, trace_id=trace_id, traceparent=header)
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
                 self.log.submit(self._record, time.time(), rid, prompt, suite, quality_target,
-                                channel, d, choice, other)
+                                channel, d, choice, other, trace_id, span_id)
             return out
         except Exception as exc:  # exploration or logging broke: serve the policy's own choice
             self._failed(exc)
@@ -397,7 +423,8 @@ class Gateway:
             log.warning("decision logging failed (%d so far), routing unaffected: %r", self._errors, exc)
 
     def _record(self, t: float, rid: str, prompt: str, suite: str | None, quality_target: float | None,
-                channel: str, d: Any, choice: Choice, shadow: Router | None) -> dict[str, Any]:
+                channel: str, d: Any, choice: Choice, shadow: Router | None,
+                trace_id: str | None = None, span_id: str | None = None) -> dict[str, Any]:
         """The log line of one decision (runs in the writer thread)."""
         assert self.log is not None
         rec: dict[str, Any] = {
@@ -408,6 +435,10 @@ class Gateway:
             "policy_probability": choice.policy_probability, "explored": choice.explored,
             "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd,
         }
+        if trace_id is not None:  # feedback, decisions and traces join on it
+            rec["trace_id"] = trace_id
+            if span_id is not None:
+                rec["span_id"] = span_id
         if self.exploration is not None:
             rec["exploration"] = {"rate": self.exploration.rate, "eligible": list(choice.eligible)}
         if self.canary_share > 0 and self.candidate is not None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
+from common import tracing
 from artifacts.gateway_state import SeenFile, default_state_dir
 from artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from artifacts.signing import trusted_keys
@@ -86,6 +87,10 @@ class Decision:
     # rules, and (through artifacts.decisions.Gateway) with exploration composed in
     propensity: float = 1.0
     request_id: str | None = None
+    # Tracing (common.tracing): the trace this decision belongs to, and the W3C header to send
+    # back so that the application's own call of the model is a child of the decision's span.
+    trace_id: str | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,8 +180,20 @@ class Router:
         log.warning("serving the default model %s: %s", self._default, self._default_reason)
         self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
 
-    def route(self, prompt: str, suite: str | None = None,
-              quality_target: float | None = None) -> Decision:
+    def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
+              *, traceparent: str | None = None) -> Decision:
+        """Decide for one request. With tracing on, the decision is a span (a child of the
+        caller's `traceparent`, else of its current span), and `decision.traceparent` names it."""
+        if traceparent is None and (tracing.tracer() is None or tracing.IN_DECISION.get()):
+            return self._decide(prompt, suite, quality_target)
+        start = time.time_ns()
+        d = self._decide(prompt, suite, quality_target)
+        knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
+        header, trace_id, _ = tracing.record_decision(
+            traceparent, start, tracing.decision_attributes(d, knob_target=knob, suite=suite))
+        return replace(d, trace_id=trace_id, traceparent=header)
+
+    def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> Decision:
         active = self._active  # one read: a concurrent swap never mixes two policies
         if active is None or (active.stale_at is not None and time.time() >= active.stale_at):
             return Decision(str(self._default), (), {}, {}, 0, self._why_default(active))

@@ -48,7 +48,7 @@ def cli() -> None:
 
 
 # Modules that add subcommands to the groups above (`import`, `policies`, `cost`).
-EXTENSIONS: list[str] = ["flows.commands.traffic"]
+EXTENSIONS: list[str] = ["flows.commands.traffic", "flows.commands.replay"]
 
 for _target in COMMANDS:
     _module, _, _attr = _target.partition(":")

@@ -8,15 +8,17 @@ tasks, so another task runner (Dask, Ray) spreads it over machines without chang
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from common import tracing
 from evals.config import Candidate, Config, load_config
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.execution.cache import format_age, parse_age
@@ -114,31 +116,52 @@ def evaluate_task(
     cache_dir: str | None = None,
     cache_max_age_s: float | None = None,
     cache_scope: str | None = None,
+    trace_parent: str | None = None,
 ) -> tuple[PairStats, list[Outcome]]:
     """Run one (suite, candidate) pair.
 
     With `db_path` the task writes through this process's single writer as it goes (resumable
     at batch granularity); without it (workers in other processes) it returns the rows and the
-    flow persists them.
+    flow persists them. With tracing on the pair is a span, a child of the run's
+    (`trace_parent`, a W3C header: it travels to workers in other processes too).
     """
     hook = _PROGRESS.get(progress_key or "")
     kept: list[Outcome] = []
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
-    stats = asyncio.run(
-        _cancellable(run_id, evaluate_pair(
-            suite,
-            candidate,
-            run_id,
-            sink,
-            done=done,
-            on_progress=on_progress,
-            budget=budget,
-            cache=cache_dir,
-            cache_max_age_s=cache_max_age_s,
-            cache_scope=cache_scope,
-        ))
-    )
+    span = tracing.start_span(f"evaluate {suite.name} x {candidate.name}", traceparent=trace_parent,
+                              attributes={"openinference.span.kind": "CHAIN",
+                                          "routeopt.run_id": run_id, "routeopt.suite": suite.name,
+                                          "routeopt.suite_version": suite.version,
+                                          "routeopt.candidate": candidate.name,
+                                          "gen_ai.request.model": candidate.model})
+    try:
+        with tracing.use(span):
+            stats = asyncio.run(
+                _cancellable(run_id, evaluate_pair(
+                    suite,
+                    candidate,
+                    run_id,
+                    sink,
+                    done=done,
+                    on_progress=on_progress,
+                    budget=budget,
+                    cache=cache_dir,
+                    cache_max_age_s=cache_max_age_s,
+                    cache_scope=cache_scope,
+                ))
+            )
+        if span is not None:
+            span.set_attributes({"routeopt.items": stats.total, "routeopt.completed": stats.completed,
+                                 "routeopt.errors": stats.errors, "routeopt.calls": stats.calls,
+                                 "routeopt.judge_calls": stats.judge_calls})
+    except BaseException as exc:
+        if span is not None:
+            tracing.set_error(span, type(exc).__name__, str(exc))
+        raise
+    finally:
+        if span is not None:
+            span.end()
     return stats, kept
 
 
@@ -151,6 +174,7 @@ def evaluate_all(
     persist_in_tasks: bool = True,
     progress_key: str | None = None,
     cache_max_age_s: float | None = None,
+    trace_parent: str | None = None,
 ) -> EvalReport:
     """Fan (suite x candidate) out as tasks, resuming what a previous attempt of the run did.
 
@@ -203,6 +227,7 @@ def evaluate_all(
                     str(cfg.cache_dir),
                     cache_max_age_s,
                     f"{cfg.db_path}#{run_id}",  # the same run id in another store is another run
+                    trace_parent,
                     wait_for=[last_of[cand.name]] if cand.name in last_of else None,
                 )
             )
@@ -408,6 +433,25 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
     return decision
 
 
+@contextlib.contextmanager
+def _run_span(run_id: str) -> Iterator[str | None]:
+    """The run's span (tracing on), current for the flow body; yields its `traceparent`,
+    which each (suite, candidate) task is handed as its parent."""
+    span = tracing.start_span("routeopt nightly", attributes={"routeopt.run_id": run_id,
+                                                              "openinference.span.kind": "CHAIN"})
+    try:
+        with tracing.use(span):
+            yield tracing.traceparent_of(span)
+    except BaseException as exc:
+        if span is not None:
+            tracing.set_error(span, type(exc).__name__, str(exc))
+        raise
+    finally:
+        if span is not None:
+            span.end()
+            tracing.flush(5.0)  # a run's trace reaches the collector before the command ends
+
+
 @flow(name="routeopt-nightly", log_prints=True)
 def nightly(
     config_path: str = "routeopt.yaml",
@@ -443,49 +487,51 @@ def nightly(
     if db_path:
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
-    skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
-    chosen = candidates or [c.name for c in cfg.candidates]
-    checked = preflight_stage(cfg, run_id, chosen, probes,
-                              cfg.preflight.enabled if preflight is None else preflight, skip)
-    skipped = [p.candidate for p in broken(checked)]
-    report = evaluate_all(
-        cfg,
-        run_id,
-        suites=suites,
-        candidates=[c for c in chosen if c not in skipped],
-        progress_key=progress_key,
-        persist_in_tasks=persist_in_tasks,
-        cache_max_age_s=max_age_s,
-    )
-    for name, err in report.suite_errors.items():
-        logger.error("suite %s skipped: %s", name, err)
-    for m in report.misconfigured:
-        logger.error("candidate %s: all %d calls got the same error, so its configuration is wrong "
-                     "(left out of pass rates and training): %s: %s", m["candidate"], m["n"],
-                     m["error_kind"], m["error"])
-    traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
-    store = shared_store(cfg.db_path)
-    excluded = excluded_line(store, run_id)
-    if excluded:
-        logger.warning(excluded)
-    leave_out = skipped + [m["candidate"] for m in report.misconfigured]
-    frame = training_frame(cfg, run_id, leave_out) if train else None
-    result = train_task(cfg, run_id, frame) if train and not frame.empty else None
-    if train and result is None:
-        logger.error("no graded outcomes to train on: no policy from run %s", run_id)
-    metrics = result.metrics if result is not None else None
-    review = review_run(cfg, store, run_id,
-                        policy_candidates=result.policy.candidates if result is not None else ())
-    blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
-    held = _held(report, skip, publish and result is not None)
-    if held:
-        logger.error(held)
-    published, promotion, refused = _publish_and_promote(
-        cfg, result, frame, report, blocking, publish and result is not None and not held)
-    policy = None if published is None else {
-        "version": published.version, "promoted": promotion is not None and promotion.promoted,
-        "reason": promotion.reason if promotion is not None else refused[0].message}
-    report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy)
+    with _run_span(run_id) as trace_parent:
+        skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
+        chosen = candidates or [c.name for c in cfg.candidates]
+        checked = preflight_stage(cfg, run_id, chosen, probes,
+                                  cfg.preflight.enabled if preflight is None else preflight, skip)
+        skipped = [p.candidate for p in broken(checked)]
+        report = evaluate_all(
+            cfg,
+            run_id,
+            suites=suites,
+            candidates=[c for c in chosen if c not in skipped],
+            progress_key=progress_key,
+            persist_in_tasks=persist_in_tasks,
+            cache_max_age_s=max_age_s,
+            trace_parent=trace_parent,
+        )
+        for name, err in report.suite_errors.items():
+            logger.error("suite %s skipped: %s", name, err)
+        for m in report.misconfigured:
+            logger.error("candidate %s: all %d calls got the same error, so its configuration is wrong "
+                         "(left out of pass rates and training): %s: %s", m["candidate"], m["n"],
+                         m["error_kind"], m["error"])
+        traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
+        store = shared_store(cfg.db_path)
+        excluded = excluded_line(store, run_id)
+        if excluded:
+            logger.warning(excluded)
+        leave_out = skipped + [m["candidate"] for m in report.misconfigured]
+        frame = training_frame(cfg, run_id, leave_out) if train else None
+        result = train_task(cfg, run_id, frame) if train and not frame.empty else None
+        if train and result is None:
+            logger.error("no graded outcomes to train on: no policy from run %s", run_id)
+        metrics = result.metrics if result is not None else None
+        review = review_run(cfg, store, run_id,
+                            policy_candidates=result.policy.candidates if result is not None else ())
+        blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
+        held = _held(report, skip, publish and result is not None)
+        if held:
+            logger.error(held)
+        published, promotion, refused = _publish_and_promote(
+            cfg, result, frame, report, blocking, publish and result is not None and not held)
+        policy = None if published is None else {
+            "version": published.version, "promoted": promotion is not None and promotion.promoted,
+            "reason": promotion.reason if promotion is not None else refused[0].message}
+        report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy)
     return {
         "run_id": run_id,
         "db_path": str(cfg.db_path),

@@ -30,6 +30,7 @@ from evals.storage.store import Store
 from evals.storage.traffic import load_traffic
 from reports.charts import Axis, Series, chart
 from reports.summary import promise_line
+from reports.replay_chart import replay_section
 from router_training.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
@@ -87,6 +88,7 @@ class ReportData:
     policy_version: int | None = None
     policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (reports.replay_chart)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -182,6 +184,7 @@ def gather(
         policy_version=version,
         policy_status=status,
         live=_live(store, _run_end(info), live_days),
+        replay=replay_section(store),
     )
 
 

@@ -150,6 +150,28 @@ difference {{ L.canary.difference|ci("+.3f") }}.</p>
 <p class="muted">No decision logs in the store: see "Production traffic" in the README.</p>
 {% endif %}
 
+<h2>Load replay: latency vs speed</h2>
+{% if d.replay %}
+{% set R = d.replay %}
+<div class="charts">{{ R.chart|safe }}</div>
+<table class="sortable" id="replay">
+<thead><tr><th>speed</th><th>status</th><th>offered req/s</th><th>achieved req/s</th><th>good share</th>
+<th>TTFT p95</th><th>TTFT p99</th><th>E2E p95</th><th>E2E p99</th><th>send lateness p99</th><th>errors</th><th>meets SLO</th></tr></thead>
+<tbody>
+{% for r in R.rows %}
+<tr><td>{{ r.speed|num(".3g") }}x</td><td>{{ r.status }}{% if r.generator_limited %} (generator fell behind){% endif %}</td>
+<td>{{ r.offered_rps|num(".3g") }}</td><td>{{ r.achieved_rps|num(".3g") }}</td><td>{{ r.good_share|pct }}</td>
+<td>{{ r.ttft_p95|num(".3f") }}</td><td>{{ r.ttft_p99|num(".3f") }}</td><td>{{ r.e2e_p95|num(".3f") }}</td>
+<td>{{ r.e2e_p99|num(".3f") }}</td><td>{{ r.lateness_p99|num(".4f") }}</td><td>{{ r.errors }}</td>
+<td>{{ "yes" if r.meets_slo else "no" }}</td></tr>
+{% endfor %}
+</tbody></table>
+<p class="muted">Replay {{ R.replay_id }} of {{ R.source }} (times in seconds). Speeds where the generator
+could not send on time are left off the curves: their latencies describe the sending machine.</p>
+{% else %}
+<p class="muted">No load replay in the store: <code>routeopt bench replay LOG --speed 1,2,5</code>.</p>
+{% endif %}
+
 <h2>Trends over the last {{ d.trend.run_id.nunique() }} runs</h2>
 <div class="charts">
 {% for c in trends %}{{ c|safe }}{% else %}<div class="empty">no earlier runs</div>{% endfor %}

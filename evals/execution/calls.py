@@ -23,7 +23,9 @@ import random
 import time
 from dataclasses import dataclass
 
+from common import tracing
 from evals.config import Candidate
+from evals.execution import spans
 from evals.execution.budget import (
     Budget, BudgetExhausted, Reservation, estimate_call_cost, gpu_provisional_cost,
 )
@@ -122,8 +124,17 @@ class Caller:
             # for the next probe without using up its retries (the breaker's wait bounds it).
             retries += not (admission.probe and err.kind in BREAKER_KINDS)
             if not err.retryable or retries > self.candidate.max_retries:
+                self._traced_failure(err, None)
                 return self._result(None, err, attempts, spent)
-            await asyncio.sleep(self.retry.delay(attempts, err))
+            delay = self.retry.delay(attempts, err)
+            self._traced_failure(err, delay)
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    def _traced_failure(err: ProviderError, delay_s: float | None) -> None:
+        """An event on the call's span (the current one) for each failed attempt."""
+        if tracing.tracer() is not None:
+            spans.record_attempt_failed(tracing.current_span(), err.kind, err.message, delay_s)
 
     def _result(self, completion: Completion | None, err: ProviderError | None, attempts: int,
                 spent: float) -> CallResult:

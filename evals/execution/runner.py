@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from common import tracing
 from evals.config import Candidate
+from evals.execution import spans
 from evals.execution.budget import Budget, gpu_provisional_cost
 from evals.execution.cache import Hit, ResponseCache, cache_key
 from evals.execution.calls import Caller, CallResult, RetryPolicy, token_cost
@@ -146,7 +148,15 @@ class _GradingCalls:
         return caller
 
     async def __call__(self, candidate: Candidate, request: Request) -> Completion:
-        result = await self._caller(candidate).call(request)
+        span = spans.start_call(candidate, "judge", spans.request_attributes(request)) \
+            if tracing.tracer() is not None else None
+        try:
+            with tracing.use(span):  # a child of the graded item's span
+                result = await self._caller(candidate).call(request)
+            spans.record_call(span, result.completion, result.error, result.attempts, result.cost_usd)
+        finally:
+            if span is not None:
+                span.end()
         usage = _GRADING_USAGE.get()
         if usage is not None:
             usage.add(candidate, result)
@@ -203,11 +213,12 @@ def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: b
     )
 
 
-async def _call(pair: _Pair, item: Item, request: Request) -> Outcome:
+async def _call(pair: _Pair, item: Item, request: Request, span: object = None) -> Outcome:
     """The network part of an item: call (with retries), cache the answer, or record the error.
 
     The row's cost is what every attempt cost, failed ones included."""
     result = await pair.caller.call(request)
+    spans.record_call(span, result.completion, result.error, result.attempts, result.cost_usd)
     if result.completion is None:
         assert result.error is not None
         return pair.row(item, error_kind=result.error.kind, error=result.error.message[:2000],
@@ -220,18 +231,38 @@ async def _call(pair: _Pair, item: Item, request: Request) -> Outcome:
 
 
 async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
+    """One item, as a `chat {model}` span when tracing is on (`evals.execution.spans`): the
+    call, its grading and the judge's calls under it; the row keeps the span's ids."""
+    if tracing.tracer() is None:
+        return await _evaluate(pair, item, None)
+    span = spans.start_call(pair.candidate, "answer",
+                            {"routeopt.suite": pair.suite.name, "routeopt.item_id": item.id})
+    try:
+        with tracing.use(span):
+            row = await _evaluate(pair, item, span)
+        spans.record_outcome(span, row)
+        row.trace_id, row.span_id = tracing.ids(span)
+        return row
+    finally:
+        span.end()
+
+
+async def _evaluate(pair: _Pair, item: Item, span: object) -> Outcome:
     try:
         request = pair.suite.request(item, pair.candidate)
     except Exception as exc:  # a template that does not fit this item's fields
         return pair.row(item, error_kind="internal", error=f"prompt: {type(exc).__name__}: {exc}"[:2000],
                         attempts=0)
+    if span is not None:
+        span.set_attributes(spans.request_attributes(request))  # type: ignore[attr-defined]
     hit = None
     if pair.cache is not None and request.settings.deterministic:
         hit = pair.cache.get(cache_key(pair.candidate, request), pair.cache_scope)
     if hit is not None:
         row = _from_cache(pair, item, hit)
+        spans.record_call(span, hit.completion, None, row.attempts, row.cost_usd, response_cache=True)
     else:
-        row = await _call(pair, item, request)
+        row = await _call(pair, item, request, span)
     if row.error_kind is None:
         await _grade(pair, item, row)
     return row

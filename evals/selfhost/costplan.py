@@ -53,6 +53,7 @@ class PlanRow:
     gpu: GpuPlan | None = None
     break_even_scale: float | None = None
     note: str = ""
+    capacity_source: str | None = None  # where the GPU capacity came from (bench serving or a replay)
 
 
 @dataclass
@@ -118,8 +119,28 @@ def _api_cost(price: Any, input_tokens: float, output_tokens: float) -> float:
             + output_tokens * (price.output_price_per_mtok or 0.0)) / 1e6
 
 
+def _capacity(model: str, curves: dict[str, list], replays: dict[str, tuple] | None,
+              min_good: float) -> tuple[float, str, str | None]:
+    """(output tok/s one GPU holds, where that figure comes from, what to run when there is none).
+
+    With `replays`, a replay's measured capacity: the busiest minute's output tokens/s at the
+    highest speed of the model's latest replay that met the SLO (`routeopt bench replay`);
+    else the model: the best fixed-concurrency level of `routeopt bench serving` that met its
+    latency targets."""
+    if replays is not None:
+        got = replays.get(model)
+        if got is None:
+            return 0.0, "replay", (f"no replay of it met its SLO: run `routeopt bench replay LOG "
+                                   f"--candidate {model} --ttft-target-s ...`, or plan with --capacity bench")
+        tok_s, replay_id, speed = got
+        return tok_s, f"measured: replay {replay_id} held {speed:g}x the logged traffic", None
+    cap = capacity_tok_s(curves.get(model) or [], min_good)
+    hint = None if cap > 0 else f"no serving benchmark: run `routeopt bench serving --candidate {model}`"
+    return cap, "modelled: bench serving at fixed concurrency", hint
+
+
 def plan_row(t: ModelTraffic, cfg: Any, curves: dict[str, list], scale: float, total: int,
-             gpus: int | None, min_good: float) -> PlanRow:
+             gpus: int | None, min_good: float, replays: dict[str, tuple] | None = None) -> PlanRow:
     """One model's monthly figures: its API bill, or GPUs for it beside its API price."""
     base = dict(model=t.model, share=t.requests / total, monthly_requests=t.requests * scale,
                 monthly_input_tokens=t.input_tokens * scale, monthly_output_tokens=t.output_tokens * scale)
@@ -132,10 +153,10 @@ def plan_row(t: ModelTraffic, cfg: Any, curves: dict[str, list], scale: float, t
                                                              base["monthly_output_tokens"]), **base)
     price = cfg.traffic.api_prices.get(t.model)
     api = None if price is None else _api_cost(price, base["monthly_input_tokens"], base["monthly_output_tokens"])
-    cap = capacity_tok_s(curves.get(t.model) or [], min_good)
+    cap, source, missing = _capacity(t.model, curves, replays, min_good)
     if cap <= 0:
-        return PlanRow(kind="self-hosted", api_monthly_usd=api, note="no serving benchmark: run "
-                       f"`routeopt bench serving --candidate {t.model}`", **base)
+        return PlanRow(kind="self-hosted", api_monthly_usd=api, note=missing or "", capacity_source=source,
+                       **base)
     plan = gpu_plan(t.hourly_output_tokens, cap, cand.gpu_hour_usd, gpus)
     plan = GpuPlan(plan.gpus, plan.gpus * cand.gpu_hour_usd * HOURS_PER_MONTH, plan.utilization,
                    plan.peak_tok_s, plan.mean_tok_s, cap, plan.serves_peak)
@@ -144,23 +165,25 @@ def plan_row(t: ModelTraffic, cfg: Any, curves: dict[str, list], scale: float, t
     notes = [] if price is not None else ["no API price in traffic.api_prices"]
     if not plan.serves_peak:
         notes.append(f"{plan.gpus} GPU(s) cannot serve the busiest hour ({plan.peak_tok_s:.1f} tok/s)")
-    bench_ratio = measured_ratio(curves[t.model])
+    bench_ratio = measured_ratio(curves[t.model]) if replays is None else None
     ratio = t.input_tokens / t.output_tokens if t.output_tokens else math.inf
     if bench_ratio and not 0.5 <= ratio / bench_ratio <= 2:
         notes.append(f"benchmarked at {bench_ratio:.1f} input tokens per output token, the traffic has "
                      f"{ratio:.1f}: measure with prompts like the traffic's")
     note = "; ".join(notes)
     return PlanRow(kind="self-hosted", api_monthly_usd=api, gpu=plan, break_even_scale=be,
-                   note=note, **base)
+                   note=note, capacity_source=source, **base)
 
 
 def cost_plan(frame: pd.DataFrame, cfg: Any, curves: dict[str, list], *, gpus: int | None = None,
-              min_good: float = 0.9) -> CostPlan:
-    """Everything `routeopt cost plan` prints, as data."""
+              min_good: float = 0.9, replays: dict[str, tuple] | None = None) -> CostPlan:
+    """Everything `routeopt cost plan` prints, as data. `replays` (model -> (tok/s, replay id,
+    speed), from `replay_store.replay_capacity`): size GPUs at the capacity replays measured
+    instead of the serving benchmark's model."""
     traffic, hours, start, end = model_traffic(frame)
     scale = HOURS_PER_MONTH / hours
     total = len(frame)
-    rows = [plan_row(t, cfg, curves, scale, total, gpus, min_good) for t in traffic]
+    rows = [plan_row(t, cfg, curves, scale, total, gpus, min_good, replays) for t in traffic]
     return CostPlan(hours, start.isoformat(), (end + pd.Timedelta(hours=1)).isoformat(), total,
                     sum(t.estimated for t in traffic), rows)
 
@@ -193,6 +216,8 @@ def format_plan(plan: CostPlan) -> str:
             f"{_usd(r.api_monthly_usd):>12} {g.gpus if g else '-':>4} "
             f"{(_pct(g.utilization) if g else '-'):>6} {_usd(g.monthly_usd if g else None):>12} "
             f"{_usd(g.usd_per_mtok if g else None):>11} {be:>10}")
+        if r.capacity_source and r.gpu is not None:
+            out.append(f"{'':<{w}}   (GPU capacity {r.gpu.capacity_tok_s:,.1f} out tok/s, {r.capacity_source})")
         if r.note:
             out.append(f"{'':<{w}}   ({r.note})")
     out += ["", f"monthly, everything on provider APIs: {_usd(plan.all_api_usd)} USD",

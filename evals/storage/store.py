@@ -88,6 +88,8 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_input_tokens BIGINT,
     judge_output_tokens BIGINT,
     streamed BOOLEAN,
+    trace_id VARCHAR,
+    span_id VARCHAR,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
 CREATE TABLE IF NOT EXISTS preflight (
@@ -133,7 +135,9 @@ CREATE TABLE IF NOT EXISTS decisions (
     output_tokens BIGINT,
     cost_usd DOUBLE,
     source_file VARCHAR,
-    imported_at TIMESTAMPTZ NOT NULL
+    imported_at TIMESTAMPTZ NOT NULL,
+    trace_id VARCHAR,
+    span_id VARCHAR
 );
 CREATE TABLE IF NOT EXISTS feedback (
     request_id VARCHAR NOT NULL,
@@ -158,6 +162,10 @@ _ADDED_COLUMNS = (
     ("outcomes", "judge_input_tokens", "BIGINT"),
     ("outcomes", "judge_output_tokens", "BIGINT"),
     ("outcomes", "streamed", "BOOLEAN"),
+    ("outcomes", "trace_id", "VARCHAR"),
+    ("outcomes", "span_id", "VARCHAR"),
+    ("decisions", "trace_id", "VARCHAR"),
+    ("decisions", "span_id", "VARCHAR"),
 )
 
 
@@ -196,6 +204,9 @@ class Outcome:
     judge_output_tokens: int | None = None
     # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
     streamed: bool | None = None
+    # The call's span when tracing is on (common.tracing): rows and traces join on these.
+    trace_id: str | None = None
+    span_id: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str]:

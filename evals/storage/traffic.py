@@ -31,7 +31,7 @@ DECISION_COLUMNS = (
     "channel", "policy_version", "model", "propensity", "policy_model", "policy_probability",
     "explored", "exploration_rate", "eligible_json", "canary_share", "pass_probabilities_json",
     "expected_cost_json", "shadow_channel", "shadow_version", "shadow_model", "shadow_json",
-    "source_file", "imported_at",
+    "source_file", "imported_at", "trace_id", "span_id",
 )
 FEEDBACK_COLUMNS = ("request_id", "source", "passed", "score", "cost_usd", "input_tokens",
                     "output_tokens", "recorded_at", "file", "line", "imported_at")
@@ -153,7 +153,15 @@ def decision_row(where: str, rec: dict, source_file: str) -> dict[str, Any]:
         "shadow_model": shadow.get("model") if shadow else None,
         "shadow_json": json.dumps(shadow) if shadow else None,
         "source_file": source_file,
+        "trace_id": _str(where, rec, "trace_id", required=False),
+        "span_id": _str(where, rec, "span_id", required=False),
     }
+
+
+def read_usage_line(where: str, rec: dict) -> tuple[str, int | None, int | None]:
+    """(request id, input tokens, output tokens) of one usage record, validated."""
+    u = _usage(where, rec)
+    return u["request_id"], u["input_tokens"], u["output_tokens"]
 
 
 def _usage(where: str, rec: dict) -> dict[str, Any]:

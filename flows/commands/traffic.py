@@ -274,9 +274,12 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
 @click.option("--since", default=None, help="Only decisions at or after this ISO date/time.")
 @click.option("--min-good", type=float, default=0.9, show_default=True,
               help="A serving level counts as capacity only if this share met the latency targets.")
+@click.option("--capacity", "capacity", type=click.Choice(["bench", "replay"]), default="bench",
+              show_default=True, help="GPU capacity from `bench serving` (fixed concurrency, a model "
+              "of the traffic) or from `bench replay` (the logged traffic itself, measured).")
 @click.option("--json", "as_json", is_flag=True)
 def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
-             gpus: int | None, since: str | None, min_good: float, as_json: bool) -> None:
+             gpus: int | None, since: str | None, min_good: float, capacity: str, as_json: bool) -> None:
     """Monthly cost of the routed traffic on provider APIs vs each open model's share on GPUs."""
     from evals.selfhost.costmodel import load_curve
     from evals.selfhost.costplan import cost_plan, format_plan
@@ -296,6 +299,7 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
     except TrafficImportError as exc:
         raise click.ClickException(str(exc)) from None
     curves: dict[str, list] = {}
+    replays: dict[str, tuple] | None = {} if capacity == "replay" else None
     feedback = feedback_from_store(None)
     if path.exists():
         with open_store(path, read_only=True, missing="import decision logs first") as store:
@@ -303,12 +307,18 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
                 decisions = decisions_from_store(store, since)
             feedback = feedback_from_store(store)
             curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
+            if capacity == "replay":
+                from evals.selfhost.replay_store import replay_capacity
+
+                replays = {c.name: got for c in cfg.candidates if c.gpu_hour_usd is not None
+                           and (got := replay_capacity(store, c.name)) is not None}
     if decisions is not None and logs:
         decisions = window(decisions, since, None)
     if decisions is None or decisions.empty:
         raise click.ClickException("no logged decisions: give --log or import decision logs first")
     try:
-        plan = cost_plan(traffic_frame(decisions, feedback), cfg, curves, gpus=gpus, min_good=min_good)
+        plan = cost_plan(traffic_frame(decisions, feedback), cfg, curves, gpus=gpus, min_good=min_good,
+                         replays=replays)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

@@ -84,7 +84,22 @@ def test_cost_plan_sizes_gpus_for_the_peak_and_prices_both_sides() -> None:
     assert not fixed.rows[0].gpu.serves_peak and "cannot serve the busiest hour" in fixed.rows[0].note
     text = format_plan(plan)
     assert "logged traffic: 811 requests over 48 h" in text
-    assert [line.split()[0] for line in text.splitlines()[4:7]] == ["open", "api", "unbenched"]
+    rows_text = [line for line in text.splitlines()[4:] if line and not line.startswith(" ")]
+    assert [line.split()[0] for line in rows_text[:3]] == ["open", "api", "unbenched"]
+    assert "(GPU capacity 60.0 out tok/s, modelled: bench serving at fixed concurrency)" in text
+
+
+def test_cost_plan_can_size_gpus_at_the_capacity_a_replay_measured() -> None:
+    """The replay held 4x the logged traffic: 150 output tok/s in its busiest minute, against the
+    bench's 60 at fixed concurrency; the plan says which figure it used."""
+    curves = {"open": [ThroughputPoint(1, 20.0), ThroughputPoint(8, 60.0)]}
+    plan = cost_plan(_frame(), _cfg(), curves, replays={"open": (150.0, "replay-x", 4.0)})
+    rows = {r.model: r for r in plan.rows}
+    g = rows["open"].gpu
+    assert g.capacity_tok_s == 150.0 and g.gpus == 1 and g.serves_peak
+    assert rows["open"].capacity_source == "measured: replay replay-x held 4x the logged traffic"
+    assert rows["unbenched"].gpu is None and "routeopt bench replay LOG --candidate unbenched" in rows["unbenched"].note
+    assert "(GPU capacity 150.0 out tok/s, measured: replay replay-x held 4x the logged traffic)" in format_plan(plan)
 
 
 @given(st.floats(1, 1e5), st.floats(1, 1e4), st.floats(0.1, 1e3), st.floats(0.1, 1e3))

@@ -1,0 +1,140 @@
+"""A 10-minute decision log with a diurnal and bursty arrival process, replayed at several speeds
+against a local demo candidate through `routeopt bench replay`, several times.
+
+The log is made here, seeded: prompts (text kept, as a redaction hook that keeps text would log
+them) from a shared set's test split (`../shared/data/alpacaeval/test.parquet` by default);
+arrivals from a non-homogeneous Poisson process whose rate follows one compressed "day" over the
+window (`mean * (1 - 0.7 cos(2 pi t / T))`: quiet at the ends, 1.7x the mean mid-way) plus bursts
+(a Poisson process of bursts, every `--burst-every-s` on average, each of a geometric number of
+requests, mean `--burst-size`, within half a second). Usage records carry the set's recorded input
+tokens and its output tokens divided by 20, clipped to [2, 16]: the demo models are tiny, with 64
+positions and a tokenizer of one token per character, so only the set's prompts of at most 48
+characters are drawn, and their input length is their length in characters.
+
+Each run is one `routeopt bench replay LOG --candidate zoo-s --speed 1,2,5 ...` (as a user types
+it, with its JSON output), with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
+torch's second intra-op thread waits at every operator's barrier for a core (a 1-minute trial at
+load average 6-14: end-to-end p95 3.7 s with two threads, 0.09 s with one); the summary gives TTFT and end-to-end p95/p99 per speed and run, their
+spread over runs ((max - min) / median), and where the SLO broke.
+
+    python benchmarks/replay_diurnal.py --runs 3 --speeds 1,2,5 --ttft-target-s 1 --latency-target-s 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = next((p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if p.is_dir()),
+              REPO.parent / "shared")
+
+
+def arrivals(seed: int, minutes: float, mean_rps: float, burst_every_s: float, burst_size: float) -> np.ndarray:
+    """Arrival times (seconds from the start), sorted."""
+    rng = np.random.default_rng(seed)
+    T = minutes * 60.0
+    peak = mean_rps * 1.7
+    n = rng.poisson(peak * T)
+    t = np.sort(rng.uniform(0, T, n))
+    rate = mean_rps * (1 - 0.7 * np.cos(2 * math.pi * t / T))
+    base = t[rng.uniform(0, peak, n) < rate]  # thinning
+    bursts = []
+    for start in np.sort(rng.uniform(0, T, rng.poisson(T / burst_every_s))):
+        k = rng.geometric(1 / burst_size)
+        bursts.append(start + rng.uniform(0, 0.5, k))
+    return np.sort(np.concatenate([base, *bursts]))
+
+
+def write_log(path: Path, seed: int, model: str, minutes: float, mean_rps: float, burst_every_s: float,
+              burst_size: float, dataset: str, max_chars: int = 48) -> int:
+    import pandas as pd
+
+    df = pd.read_parquet(SHARED / "data" / dataset / "test.parquet").drop_duplicates("request_id")
+    df = df[df.prompt.str.len() <= max_chars]  # the demo models have 64 positions, one per character
+    rng = np.random.default_rng(seed + 1)
+    times = arrivals(seed, minutes, mean_rps, burst_every_s, burst_size)
+    rows = df.iloc[rng.integers(0, len(df), len(times))]
+    start = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    lines = []
+    for i, (t, r) in enumerate(zip(times, rows.itertuples())):
+        stamp = np.datetime_as_string(np.datetime64(int((start + t) * 1e6), "us"), unit="us") + "Z"
+        rid = f"diurnal-{seed}-{i}"
+        lines.append({"v": 1, "kind": "decision", "time": stamp, "request_id": rid, "suite": dataset,
+                      "prompt_chars": len(r.prompt), "text": r.prompt, "channel": "champion",
+                      "policy_version": 1, "model": model, "propensity": 1.0})
+        lines.append({"v": 1, "kind": "usage", "time": stamp, "request_id": rid, "model": model,
+                      "input_tokens": len(r.prompt),
+                      "output_tokens": int(np.clip(int(r.output_tokens) // 20, 2, 16))})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return len(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--speeds", default="1,2,5")
+    ap.add_argument("--candidate", default="zoo-s")
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--mean-rps", type=float, default=1.0)
+    ap.add_argument("--burst-every-s", type=float, default=40.0)
+    ap.add_argument("--burst-size", type=float, default=8.0)
+    ap.add_argument("--dataset", default="alpacaeval")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ttft-target-s", type=float, default=1.0)
+    ap.add_argument("--latency-target-s", type=float, default=3.0)
+    ap.add_argument("--keep", type=Path, default=None, help="Write the log and the JSON results here.")
+    a = ap.parse_args()
+    folder = a.keep or Path(tempfile.mkdtemp(prefix="replay-diurnal-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "decisions.jsonl"
+    n = write_log(log, a.seed, a.candidate, a.minutes, a.mean_rps, a.burst_every_s, a.burst_size, a.dataset)
+    print(f"{log}: {n} arrivals over {a.minutes:g} min ({n / a.minutes / 60:.2f}/s mean) from {a.dataset}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    results = []
+    for run in range(a.runs):
+        out = folder / f"run{run}.json"
+        cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
+               "--speed", a.speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
+               str(a.latency_target_s), "--json-out", str(out), "--db", str(folder / "replay.duckdb")]
+        env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}
+        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
+        results.append(json.loads(out.read_text()))
+        print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}", flush=True)
+    report(results, a)
+
+
+def report(results: list[dict], a: argparse.Namespace) -> None:
+    speeds = [s["speed"] for s in results[0]["speeds"]]
+    print(f"{'speed':>5} {'metric':<10} " + " ".join(f"{'run ' + str(i + 1):>9}" for i in range(len(results)))
+          + f" {'median':>9} {'spread':>7}")
+    for k, speed in enumerate(speeds):
+        for metric, key, q in (("TTFT p95", "ttft_s", "p95"), ("TTFT p99", "ttft_s", "p99"),
+                               ("E2E p95", "e2e_s", "p95"), ("E2E p99", "e2e_s", "p99"),
+                               ("good", "good_share", None), ("late p99", "lateness_s", "p99")):
+            vals = []
+            for r in results:
+                f = r["speeds"][k]["figures"]["*"]
+                v = f[key] if q is None else (f[key] or {}).get(q)
+                vals.append(float("nan") if v is None else v)
+            med = float(np.nanmedian(vals))
+            spread = (max(vals) - min(vals)) / med if med else float("nan")
+            scale = 1 if q is None else 1000
+            print(f"{speed:>5g} {metric:<10} " + " ".join(f"{v * scale:>9.1f}" if q else f"{v:>9.3f}" for v in vals)
+                  + (f" {med * scale:>9.1f}" if q else f" {med:>9.3f}") + f" {spread:>7.1%}")
+    broke = [next((s["speed"] for s in r["speeds"] if not s["figures"]["*"]["meets_slo"]), None) for r in results]
+    print(f"(ms; SLO: {a.ttft_target_s:g} s TTFT and {a.latency_target_s:g} s end to end for 90% of requests)")
+    print(f"SLO first broken at speed, per run: {broke}; highest speed meeting it, per run: "
+          f"{[r['highest_speed_meeting_slo'] for r in results]}; load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

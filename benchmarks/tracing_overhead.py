@@ -1,0 +1,144 @@
+"""What tracing costs: gateway decisions and the eval runner, tracing off against on.
+
+On = every span sampled, the SDK's batch processor, and the OTLP/HTTP exporter sending to a real
+receiver in another process (`tests/otlp_sink.py`, which decodes every request and counts the
+spans, so a lost span would show). Off = `common.tracing` disabled, as in a gateway without the
+extra.
+
+Decisions: `Gateway.route` (decision log, 1% exploration, the caller's traceparent) and the bare
+`Router.route`, one thread, each repeat timing `-n` decisions of every setup in turn
+(interleaved, so a noisy neighbour hits them alike); the figures are medians over repeats of
+each setup's p50/p99 and of on minus off. Runner: `evaluate_pair` against the fake server in its
+own process, off and on alternately, `--runner-repeats` times; the ratio is on/off calls per s.
+
+    python benchmarks/tracing_overhead.py [-n 5000] [--repeats 7] [--calls 2000] [--runner-repeats 3]
+
+The last lines are `added_p50_us=N added_p99_us=N` (Gateway.route, wall) and `runner_ratio=R`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from common import tracing  # noqa: E402
+from route_latency import build_policy, measure  # noqa: E402
+from tests.otlp_sink import OtlpSink  # noqa: E402
+
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def tracing_on(sink: OtlpSink) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    tracing.configure(OTLPSpanExporter(endpoint=f"{sink.url}/v1/traces"), max_queue_size=1 << 16)
+
+
+def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
+    from artifacts.decisions import DecisionLog, Exploration, Gateway
+    from artifacts.runtime import load
+
+    registry, public, prompts, what = build_policy(tmp, "auto")
+    router = load(registry, public, state_dir=False)
+    gateway = Gateway(router, log=DecisionLog(tmp / "logs", max_queue=1 << 20),
+                      exploration=Exploration(rate=0.01, seed=0))
+    routes = {"router": router.route,
+              "gateway": lambda p, s: gateway.route(p, s, traceparent=PARENT)}
+    print(f"{what}: {len(prompts)} prompts, {n} decisions x {repeats} repeats per setup, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    figures: dict[str, dict[str, list[float]]] = {}
+    for _ in range(repeats):
+        for state in ("off", "on"):
+            tracing_on(sink) if state == "on" else tracing.disable()
+            for name, route in routes.items():
+                wall, cpu = measure(route, prompts, n, warmup=200)
+                row = figures.setdefault(f"{name} {state}", {})
+                for clock, xs in (("wall", wall), ("cpu", cpu)):
+                    for q, v in zip((50, 99), np.percentile(xs, [50, 99])):
+                        row.setdefault(f"{clock} p{q}", []).append(float(v))
+            tracing.flush(30)
+    gateway.close()
+    return figures
+
+
+async def _runner(suite, base_url: str, db: Path) -> float:
+    from evals.config import Candidate
+    from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+    from evals.execution.runner import evaluate_pair
+    from evals.storage.store import Store
+
+    cand = Candidate(name="bench", provider="openai", model="bench", base_url=base_url,
+                     input_price_per_mtok=1.0, output_price_per_mtok=2.0, max_concurrency=64, timeout_s=60)
+    with Store(db) as store:
+        started = time.perf_counter()
+        stats = await evaluate_pair(suite, cand, db.stem, store.write_outcomes,
+                                    limits=EndpointLimits(RateLimiter(), CircuitBreaker(base_url)))
+        wall = time.perf_counter() - started
+    assert stats.completed == len(suite.items) and stats.errors == 0, stats
+    return len(suite.items) / wall
+
+
+def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
+    from evals.suite.spec import load_suite
+    from tests.fake_llm import FakeLLMProcess, write_arithmetic_suite
+
+    suite = load_suite(write_arithmetic_suite(tmp / "suite", calls, name="bench"))
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    with FakeLLMProcess() as server:
+        for i in range(repeats):
+            for state in ("off", "on"):
+                tracing_on(sink) if state == "on" else tracing.disable()
+                rates[state].append(asyncio.run(_runner(suite, server.openai_base_url,
+                                                        tmp / f"r{i}-{state}.duckdb")))
+                tracing.flush(30)
+    tracing.disable()
+    return rates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=5000)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--runner-repeats", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tracing-overhead-") as tmp, OtlpSink() as sink:
+        figures = decisions(sink, args.n, args.repeats, Path(tmp))
+        rates = runner(sink, args.calls, args.runner_repeats, Path(tmp))
+        time.sleep(0.5)
+        received = sink.count()
+        s = tracing.status()
+    print(f"medians over {args.repeats} repeats, microseconds")
+    print(f"{'setup':<14} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}")
+    for name, row in figures.items():
+        med = {k: float(np.median(v)) for k, v in row.items()}
+        print(f"{name:<14} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f}")
+
+    def added(name: str, key: str) -> float:
+        return float(np.median(np.array(figures[f"{name} on"][key]) - np.array(figures[f"{name} off"][key])))
+
+    for name in ("router", "gateway"):
+        print(f"{name}: tracing adds {added(name, 'wall p50'):.1f} us p50, {added(name, 'wall p99'):.1f} us p99 "
+              f"(CPU {added(name, 'cpu p50'):.1f} / {added(name, 'cpu p99'):.1f})")
+    ratio = float(np.median(np.array(rates["on"]) / np.array(rates["off"])))
+    print(f"runner calls/s off {[round(r) for r in rates['off']]}, on {[round(r) for r in rates['on']]}")
+    print(f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
+          f"dropped {s.dropped}, export failures {s.export_failed}; load average {os.getloadavg()[0]:.1f}")
+    print(f"added_p50_us={added('gateway', 'wall p50'):.1f} added_p99_us={added('gateway', 'wall p99'):.1f}")
+    print(f"runner_ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,558 @@
+"""OpenTelemetry tracing for every layer: off unless configured, and free when off.
+
+Nothing here imports OpenTelemetry until tracing is turned on, so a gateway without the
+`tracing` extra (or with tracing off) imports nothing new and pays one function call per
+decision. Tracing is on when the standard variables ask for an exporter:
+
+- `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, or
+  `OTEL_TRACES_EXPORTER` is `otlp` or `console`; `ROUTEOPT_TRACING=on|off` overrides that;
+- and `OTEL_SDK_DISABLED` is not true and `OTEL_TRACES_EXPORTER` is not `none`.
+
+Then spans go through a batch processor to an OTLP exporter over HTTP (`http/protobuf`, the
+default) or gRPC (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL` = `grpc`),
+with the SDK's own handling of the endpoint, headers, timeout, `OTEL_SERVICE_NAME` (default
+`routeopt`), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)` and `OTEL_BSP_*`.
+
+Tracing never blocks or fails a call: spans are queued and exported by the SDK's thread; when the
+collector is down or slow and `OTEL_BSP_MAX_QUEUE_SIZE` spans wait, new spans are dropped and
+counted (`status().dropped`), and spans a collector refused are counted too (`export_failed`).
+At exit the queue gets `ROUTEOPT_TRACING_EXIT_TIMEOUT_S` (2 s) to drain, never more.
+
+The provider is routeopt's own (the global OpenTelemetry provider is left to the application);
+a parent comes from a W3C `traceparent` header or from the caller's current span.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import random
+import re
+import threading
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+log = logging.getLogger("routeopt.tracing")
+ON_VALUES, OFF_VALUES = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\s]*)?")
+DECISION_SPAN = "routeopt.route"
+IN_DECISION: ContextVar[bool] = ContextVar("routeopt_in_decision", default=False)
+"""Set while a Gateway records its decision span, so the Router it calls records none."""
+
+
+def parse_traceparent(header: str | None) -> tuple[str, str, str] | None:
+    """(trace id, parent span id, flags) of a W3C `traceparent`, or None when it is absent or
+    invalid (W3C: the receiver then starts a new trace). Version 00 has exactly four fields."""
+    if not header:
+        return None
+    m = _TRACEPARENT.fullmatch(header.strip())
+    if m is None:
+        return None
+    version, trace_id, span_id, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id, flags
+
+
+def format_traceparent(trace_id: int | str, span_id: int | str, sampled: bool) -> str:
+    """The W3C header naming a span as the parent of what the caller does next."""
+    t = trace_id if isinstance(trace_id, str) else f"{trace_id:032x}"
+    s = span_id if isinstance(span_id, str) else f"{span_id:016x}"
+    return f"00-{t}-{s}-{'01' if sampled else '00'}"
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TracingStatus:
+    """What tracing did in this process: spans handed to the exporter, exported, refused by the
+    collector (`export_failed`), dropped while the queue was full, and still queued."""
+
+    enabled: bool
+    exporter: str | None
+    endpoint: str | None
+    service_name: str | None
+    ended: int = 0
+    exported: int = 0
+    export_failed: int = 0
+    dropped: int = 0
+    queued: int = 0
+    last_error: str | None = None
+    reason: str | None = None  # why tracing is off, when it was asked for and could not start
+
+
+class _Counts:
+    """Span counters; each field has one writer thread (the callers, or the export thread)."""
+
+    def __init__(self) -> None:
+        self.ended = self.exported = self.failed = self.dropped = 0
+        self.last_error: str | None = None
+
+
+class _State:
+    def __init__(self, tracer: Any = None, provider: Any = None, counts: _Counts | None = None,
+                 exporter: str | None = None, endpoint: str | None = None,
+                 service: str | None = None, reason: str | None = None, ids: Any = None) -> None:
+        self.tracer, self.provider, self.counts = tracer, provider, counts or _Counts()
+        self.exporter, self.endpoint, self.service, self.reason = exporter, endpoint, service, reason
+        self.ids = ids
+        self.deferred: _Deferred | None = None
+        self._parent_based = provider is not None and _is_parent_based(provider.sampler)
+
+    def sampled(self, parent: tuple | None, trace_id: int) -> bool:
+        """The provider's sampling decision for a decision span, taken where the ids are drawn."""
+        if parent is not None and self._parent_based:
+            return bool(parent[2] & 1)
+        from opentelemetry.trace import SpanKind, set_span_in_context, NonRecordingSpan, SpanContext, TraceFlags
+
+        ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
+            parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
+        return self.provider.sampler.should_sample(ctx, trace_id, DECISION_SPAN, SpanKind.SERVER).decision.is_sampled()
+
+
+def _is_parent_based(sampler: Any) -> bool:
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    return isinstance(sampler, ParentBased)
+
+
+_STATE: _State | None = None
+_LOCK = threading.Lock()
+
+
+def tracer() -> Any:
+    """The tracer, or None while tracing is off (the first call decides, from the environment)."""
+    state = _STATE
+    if state is None:
+        state = _resolve()
+    return state.tracer
+
+
+def enabled() -> bool:
+    return tracer() is not None
+
+
+def wanted(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment asks for traces (see the module docstring)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() in ON_VALUES:
+        return False
+    exporters = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters == "none":
+        return False
+    override = env.get("ROUTEOPT_TRACING", "").strip().lower()
+    if override in OFF_VALUES:
+        return False
+    if override in ON_VALUES:
+        return True
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or exporters in ("otlp", "console"))
+
+
+def _resolve() -> _State:
+    global _STATE
+    with _LOCK:
+        if _STATE is None:
+            _STATE = _from_environment() if wanted() else _State()
+        return _STATE
+
+
+def _from_environment() -> _State:
+    try:
+        exporter, name, endpoint = _env_exporter()
+    except ImportError as exc:
+        reason = (f"tracing was asked for but the OpenTelemetry SDK is missing ({exc}); install "
+                  "the tracing extra: pip install 'routeopt[tracing]'")
+        log.warning(reason)
+        return _State(reason=reason)
+    return _build(exporter, name, endpoint, batch=True)
+
+
+def _env_exporter() -> tuple[Any, str, str | None]:
+    """The exporter the standard variables name: console, OTLP over gRPC, or OTLP over HTTP."""
+    env = os.environ
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(), "console", None
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf").strip().lower()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(), "otlp/grpc", endpoint or "http://localhost:4317"
+    if protocol != "http/protobuf":
+        log.warning("OTLP protocol %r is not supported here; exporting with http/protobuf", protocol)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(), "otlp/http", endpoint or "http://localhost:4318"
+
+
+def configure(exporter: Any = None, *, batch: bool = True, max_queue_size: int | None = None,
+              sampler: Any = None, service_name: str | None = None) -> TracingStatus:
+    """Turn tracing on in code, with a given span exporter (tests, benchmarks, an application
+    that exports its own way); without one, as the environment says. Replaces any earlier set-up."""
+    global _STATE
+    with _LOCK:
+        old, _STATE = _STATE, None
+    if old is not None and old.provider is not None:
+        old.provider.shutdown()
+    with _LOCK:
+        if exporter is None:
+            _STATE = _from_environment()
+        else:
+            _STATE = _build(exporter, type(exporter).__name__, None, batch=batch,
+                            max_queue_size=max_queue_size, sampler=sampler, service=service_name)
+    return status()
+
+
+def disable() -> None:
+    """Turn tracing off in this process (queued spans get the exit timeout to go)."""
+    global _STATE
+    with _LOCK:
+        old, _STATE = _STATE, _State()
+    if old is not None and old.provider is not None:
+        _shutdown(old)
+
+
+def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
+           max_queue_size: int | None = None, sampler: Any = None,
+           service: str | None = None) -> _State:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    attrs = {}
+    if service or not (os.environ.get("OTEL_SERVICE_NAME")
+                       or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")):
+        attrs["service.name"] = service or "routeopt"
+    ids = _preset_ids()
+    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False,
+                              id_generator=ids)
+    counts = _Counts()
+    counted = _counting_exporter(exporter, counts)
+    queue = max_queue_size or int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
+    inner = (BatchSpanProcessor(counted, max_queue_size=queue, max_export_batch_size=min(512, queue))
+             if batch else SimpleSpanProcessor(counted))
+    provider.add_span_processor(_gate(inner, counts, queue if batch else None))
+    state = _State(provider.get_tracer("routeopt"), provider, counts, name, endpoint,
+                   provider.resource.attributes.get("service.name"), ids=ids)
+    state.deferred = _Deferred(state, queue)
+    atexit.register(_shutdown, state)
+    return state
+
+
+def _preset_ids() -> Any:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class PresetIds(RandomIdGenerator):
+        """Random ids, except the next ones a decision span was already given (per thread)."""
+
+        def __init__(self) -> None:
+            self.local = threading.local()
+
+        def preset(self, trace_id: int, span_id: int) -> None:
+            self.local.trace, self.local.span = trace_id, span_id
+
+        def generate_span_id(self) -> int:
+            span = getattr(self.local, "span", None)
+            if span is None:
+                return super().generate_span_id()
+            self.local.span = None
+            return span
+
+        def generate_trace_id(self) -> int:
+            trace = getattr(self.local, "trace", None)
+            if trace is None:
+                return super().generate_trace_id()
+            self.local.trace = None
+            return trace
+
+    return PresetIds()
+
+
+def _counting_exporter(inner: Any, counts: _Counts) -> Any:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class CountingExporter(SpanExporter):
+        """Counts what the collector took and what it refused (never raises into the SDK)."""
+
+        def export(self, spans: Any) -> Any:
+            try:
+                result = inner.export(spans)
+            except Exception as exc:  # an exporter bug must not kill the export thread
+                result, counts.last_error = SpanExportResult.FAILURE, repr(exc)
+            if result == SpanExportResult.SUCCESS:
+                counts.exported += len(spans)
+            else:
+                counts.failed += len(spans)
+                if counts.last_error is None or counts.failed == len(spans) or counts.failed % 1000 < len(spans):
+                    log.warning("trace export failed: %d spans not exported so far", counts.failed)
+                counts.last_error = counts.last_error or "the collector did not take a batch"
+            return result
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return getattr(inner, "force_flush", lambda *_: True)(timeout_millis)
+
+    return CountingExporter()
+
+
+def _gate(inner: Any, counts: _Counts, limit: int | None) -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Gate(SpanProcessor):
+        """Drops (and counts) a finished span when `limit` spans already wait for the
+        collector, instead of letting the SDK log a warning per dropped span."""
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            inner.on_start(span, parent_context=parent_context)
+
+        def on_end(self, span: Any) -> None:
+            if limit is not None and counts.ended - counts.exported - counts.failed >= limit:
+                counts.dropped += 1
+                return
+            counts.ended += 1
+            inner.on_end(span)
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return inner.force_flush(timeout_millis)
+
+    return Gate()
+
+
+def _shutdown(state: _State) -> None:
+    """Give queued spans a bounded time to go (a dead collector must not hold up exit)."""
+    if state.provider is None:
+        return
+    timeout_s = float(os.environ.get("ROUTEOPT_TRACING_EXIT_TIMEOUT_S", "2"))
+    if state.deferred is not None:
+        state.deferred.flush(timeout_s / 2)
+    done = threading.Thread(target=state.provider.shutdown, name="routeopt-tracing-shutdown", daemon=True)
+    done.start()
+    done.join(timeout_s)
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export what is queued now (tests, the end of a command); False if it did not finish."""
+    state = _STATE
+    if state is None or state.provider is None:
+        return True
+    if state.deferred is not None:
+        state.deferred.flush(timeout_s)
+    done: list[bool] = []
+    worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush())),
+                              name="routeopt-tracing-flush", daemon=True)
+    worker.start()
+    worker.join(timeout_s)  # a dead or slow collector must not hold the caller longer
+    return bool(done and done[0])
+
+
+def status() -> TracingStatus:
+    state = _STATE or _State()
+    c = state.counts
+    waiting = len(state.deferred.queue) if state.deferred is not None else 0
+    return TracingStatus(state.tracer is not None, state.exporter, state.endpoint, state.service,
+                         c.ended, c.exported, c.failed, c.dropped,
+                         max(0, c.ended - c.exported - c.failed) + waiting, c.last_error, state.reason)
+
+
+# -- spans --------------------------------------------------------------------------------------
+
+
+def parent_context(traceparent: str | None) -> Any:
+    """The OpenTelemetry context of a `traceparent` (None: the caller's current context)."""
+    if parse_traceparent(traceparent) is None:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent.strip()})  # type: ignore[union-attr]
+
+
+def start_span(name: str, *, traceparent: str | None = None, attributes: Mapping[str, Any] | None = None,
+               kind: str = "internal", start_ns: int | None = None) -> Any:
+    """A started span (child of `traceparent`, else of the current span), or None when off."""
+    t = tracer()
+    if t is None:
+        return None
+    from opentelemetry.trace import SpanKind
+
+    return t.start_span(name, context=parent_context(traceparent), kind=SpanKind[kind.upper()],
+                        attributes=attributes, start_time=start_ns)
+
+
+def ids(span: Any) -> tuple[str, str] | tuple[None, None]:
+    """(trace id, span id) of a span in hex, as stored beside outcome rows and decisions."""
+    if span is None:
+        return None, None
+    c = span.get_span_context()
+    return f"{c.trace_id:032x}", f"{c.span_id:016x}"
+
+
+def traceparent_of(span: Any) -> str | None:
+    """The `traceparent` header that makes what the caller does next a child of `span`."""
+    if span is None:
+        return None
+    c = span.get_span_context()
+    return format_traceparent(c.trace_id, c.span_id, c.trace_flags.sampled)
+
+
+def use(span: Any) -> Any:
+    """Make `span` current for a `with` block (a no-op context without one); does not end it."""
+    import contextlib
+
+    if span is None:
+        return contextlib.nullcontext()
+    from opentelemetry.trace import use_span
+
+    return use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+
+
+def current_span() -> Any:
+    """The caller's current span if it is recording, else None."""
+    from opentelemetry.trace import get_current_span
+
+    span = get_current_span()
+    return span if span.is_recording() else None
+
+
+def set_error(span: Any, kind: str, message: str | None = None) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("error.type", kind)
+    span.set_status(Status(StatusCode.ERROR, (message or kind)[:500]))
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+
+def decision_attributes(decision: Any, *, request_id: str | None = None, channel: str | None = None,
+                        explored: bool | None = None, knob_target: float | None = None,
+                        suite: str | None = None) -> dict[str, Any]:
+    """The decision span's attributes: the contract every runtime follows (docs/tracing.md).
+    Never the prompt or its text."""
+    return attributes_for(decision.model, decision.fallbacks, decision.propensity, decision.policy_version,
+                          request_id if request_id is not None else getattr(decision, "request_id", None),
+                          default_reason=getattr(decision, "default_reason", None), channel=channel,
+                          explored=explored, knob_target=knob_target, suite=suite)
+
+
+def attributes_for(model: str, fallbacks: Any, propensity: float, policy_version: int,
+                   request_id: str | None, *, default_reason: str | None = None,
+                   channel: str | None = None, explored: bool | None = None,
+                   knob_target: float | None = None, suite: str | None = None) -> dict[str, Any]:
+    """`decision_attributes` from the values themselves (the gateway has them before its
+    Decision exists)."""
+    attrs: dict[str, Any] = {
+        "routeopt.decision.model": model,
+        "routeopt.decision.fallbacks": list(fallbacks),
+        "routeopt.decision.propensity": float(propensity),
+        "routeopt.policy.version": int(policy_version),
+    }
+    for key, value in (("routeopt.decision.id", request_id), ("routeopt.policy.channel", channel),
+                       ("routeopt.decision.explored", explored), ("routeopt.knob.target", knob_target),
+                       ("routeopt.suite", suite), ("routeopt.decision.default_reason", default_reason)):
+        if value is not None:
+            attrs[key] = value
+    return attrs
+
+
+def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[str, Any]
+                    ) -> tuple[str | None, str | None, str | None]:
+    """Record one finished decision as a span; returns (traceparent to send back, trace id,
+    span id). The span starts at `start_ns` (time.time_ns() before deciding) and ends now; its
+    parent is the caller's `traceparent`, else the caller's current span, else none.
+
+    The caller's thread only draws the ids, asks the sampler and queues the span: a writer
+    thread builds it through the SDK (a few microseconds here instead of tens; the decision is
+    on a request's path). A full queue drops the span and counts it.
+
+    With tracing off it records nothing and hands back the caller's own valid `traceparent`
+    (the application's next span stays a child of the caller's) and its trace id."""
+    state = _STATE
+    if state is None:
+        state = _resolve()
+    if state.tracer is None:
+        parsed = parse_traceparent(traceparent)
+        return (traceparent.strip(), parsed[0], None) if parsed else (None, None, None)  # type: ignore[union-attr]
+    end_ns = time.time_ns()
+    parent = _parent(traceparent)
+    trace_id = parent[0] if parent else random.getrandbits(128) or 1
+    span_id = random.getrandbits(64) or 1
+    sampled = state.sampled(parent, trace_id)
+    if sampled:
+        state.deferred.submit((parent, trace_id, span_id, start_ns, end_ns, attributes))
+    t, sp = f"{trace_id:032x}", f"{span_id:016x}"
+    return format_traceparent(t, sp, sampled), t, sp
+
+
+def _parent(traceparent: str | None) -> tuple[int, int, int, bool] | None:
+    """(trace id, span id, flags, remote) of the caller's header, else of its current span."""
+    parsed = parse_traceparent(traceparent)
+    if parsed is not None:
+        return int(parsed[0], 16), int(parsed[1], 16), int(parsed[2], 16), True
+    from opentelemetry.trace import get_current_span
+
+    c = get_current_span().get_span_context()
+    return (c.trace_id, c.span_id, int(c.trace_flags), c.is_remote) if c.is_valid else None
+
+
+class _Deferred:
+    """Builds queued decision spans in one daemon thread, with the ids already handed out."""
+
+    def __init__(self, state: "_State", limit: int) -> None:
+        self.state, self.limit = state, limit
+        self.queue: collections.deque = collections.deque()
+        self.wake = threading.Event()
+        self.busy = False
+        threading.Thread(target=self._run, name="routeopt-tracing-decisions", daemon=True).start()
+
+    def submit(self, item: tuple) -> None:
+        if len(self.queue) >= self.limit:
+            self.state.counts.dropped += 1
+            return
+        self.queue.append(item)
+        if len(self.queue) >= 256:
+            self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(0.2)
+            self.wake.clear()
+            self.drain()
+
+    def drain(self) -> None:
+        from opentelemetry import trace as api
+
+        self.busy = True
+        try:
+            while self.queue:
+                parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
+                ctx = None
+                if parent is not None:
+                    ctx = api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
+                        parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))))
+                self.state.ids.preset(trace_id, span_id)
+                span = self.state.tracer.start_span(DECISION_SPAN, context=ctx, kind=api.SpanKind.SERVER,
+                                                    attributes=attrs, start_time=start)
+                span.end(end_time=end)
+        except Exception as exc:  # never let one bad span stop the thread
+            self.state.counts.last_error = repr(exc)
+        finally:
+            self.busy = False
+
+    def flush(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (self.queue or self.busy) and time.monotonic() < deadline:
+            self.wake.set()
+            time.sleep(0.005)

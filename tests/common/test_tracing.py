@@ -1,0 +1,132 @@
+"""common.tracing: when it turns on, traceparent rules, and that a bad collector costs no call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common import tracing
+from tests import REPO
+
+pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+VECTORS = json.loads((REPO / "docs" / "tracing_vectors.json").read_text())
+
+
+@pytest.fixture
+def memory():
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False)
+    yield exporter
+    tracing.disable()
+
+
+@pytest.mark.parametrize("case", VECTORS["traceparent"], ids=lambda c: c["name"])
+def test_traceparent_vectors(case: dict) -> None:
+    got = tracing.parse_traceparent(case["header"])
+    assert (list(got) if got else None) == case["parsed"]
+
+
+@pytest.mark.parametrize("env, on", [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "ROUTEOPT_TRACING": "off"}, False),
+    ({"ROUTEOPT_TRACING": "on"}, True),
+])
+def test_the_standard_variables_turn_it_on(env: dict, on: bool) -> None:
+    assert tracing.wanted(env) is on
+
+
+def test_decision_vectors_give_the_documented_attributes() -> None:
+    from artifacts.runtime import Decision
+
+    for case in VECTORS["decision_attributes"]:
+        d = Decision(**case["decision"])
+        assert tracing.decision_attributes(d, **case["context"]) == case["attributes"], case["name"]
+
+
+def test_a_decision_span_is_a_child_of_the_callers_traceparent(memory) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    back, trace_id, span_id = tracing.record_decision(parent, time.time_ns(), {"routeopt.decision.model": "m"})
+    assert tracing.flush()
+    (span,) = memory.get_finished_spans()
+    assert span.name == "routeopt.route" and trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert back == f"00-{trace_id}-{span_id}-01" and span_id == f"{span.context.span_id:016x}"
+    # an invalid header starts a new trace (W3C), never fails the decision
+    back2, trace2, _ = tracing.record_decision("00-garbage", time.time_ns(), {})
+    assert trace2 != trace_id and tracing.parse_traceparent(back2)[0] == trace2
+
+
+def test_off_it_hands_the_callers_header_back_and_records_nothing() -> None:
+    tracing.disable()
+    header = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert tracing.record_decision(header, 0, {}) == (header, "0af7651916cd43dd8448eb211c80319c", None)
+    assert tracing.record_decision("bogus", 0, {}) == (None, None, None)
+
+
+class _Down(SpanExporter):
+    """A collector that holds every batch until released, then refuses it."""
+
+    def __init__(self) -> None:
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.threads: set[int] = set()
+
+    def export(self, spans):
+        self.threads.add(threading.get_ident())
+        self.entered.set()
+        self.release.wait(60)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_a_stuck_collector_blocks_nothing_and_drops_are_counted() -> None:
+    """Every call returns while the exporter is stuck (had one waited for it, the test would
+    hang until the exporter gave up); the queue holds 50 spans and the rest are counted dropped."""
+    down = _Down()
+    tracing.configure(down, max_queue_size=50)
+    try:
+        for _ in range(500):
+            tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "m"})
+            with tracing.use(tracing.start_span("chat m")) as span:
+                span.end()
+        assert not down.release.is_set()  # all 1,000 spans were handed over with the collector stuck
+        assert tracing.flush(0.5) is False  # bounded: a stuck collector does not hold the caller
+        down.release.set()
+        tracing.flush(30)
+        s = tracing.status()
+        assert s.enabled and s.dropped >= 1000 - 3 * 50  # the queue, a batch in export, the builder's queue
+        assert s.dropped + s.ended == 1000 and s.exported == 0 and s.export_failed == s.ended
+        assert threading.get_ident() not in down.threads  # exported by the SDK's thread, never the caller's
+    finally:
+        down.release.set()
+        tracing.disable()
+    assert tracing.status().enabled is False
+
+
+def test_without_the_sdk_it_stays_off_and_says_why(tmp_path: Path) -> None:
+    """A fresh interpreter where `opentelemetry.sdk` cannot be imported, with an endpoint set."""
+    script = (
+        "import sys, json\n"
+        "sys.modules['opentelemetry.sdk'] = None\n"
+        "from common import tracing\n"
+        "print(json.dumps([tracing.enabled(), tracing.status().reason]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, check=True)
+    on, reason = json.loads(out.stdout)
+    assert on is False and "pip install 'routeopt[tracing]'" in reason
