@@ -197,13 +197,17 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
 
 
 def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
-                 default_model: str | None) -> tuple[Any, Any]:
+                 default_model: str | None, channel: str | None = None) -> tuple[Any, Any]:
     """(policy, gateway status). Registries and published versions go through the verifying
-    gateway loader; the policy is None while it serves the default model. A bare folder written by
-    `RoutingPolicy.save` has no signature, so it loads only with --allow-unsigned (status None)."""
+    gateway loader (a registry's `channel`, by default champion, else latest); the policy is None
+    while it serves the default model. A bare folder written by `RoutingPolicy.save` has no
+    signature, so it loads only with --allow-unsigned (status None)."""
     from artifacts.runtime import load
 
-    if (path / "policy.json").is_file() and not (path / "manifest.json").exists():
+    bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
+    if channel is not None and (bare or (path / "manifest.json").exists()):
+        raise click.UsageError(f"--channel {channel}: {path} is one policy, not a registry")
+    if bare:
         if not allow_unsigned:
             raise click.ClickException(f"{path}: a bare policy folder has no manifest or signature; "
                                        f"publish it to a registry, or pass --allow-unsigned")
@@ -211,8 +215,8 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
 
         return RoutingPolicy.load(path), None
     try:
-        router = load(path, keys, allow_unsigned=allow_unsigned, default_model=default_model or "",
-                      state_dir=False)
+        router = load(path, keys, channel=channel, allow_unsigned=allow_unsigned,
+                      default_model=default_model or "", state_dir=False)
     except Exception as exc:  # the loader's errors name the problem; show them as-is
         raise click.ClickException(str(exc)) from None
     status = router.status()
@@ -241,6 +245,9 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
 @click.argument("text", required=False)
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, exists=True), required=True,
               help="Registry folder or a version folder.")
+@click.option("--channel", default=None,
+              help="The registry channel to route with (champion, candidate, latest; default: "
+                   "champion, else latest).")
 @click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help='JSONL of {"id", "prompt", "suite"?}.')
 @click.option("--output", "output_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -256,15 +263,16 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
               help="Route to this model when no valid policy is there (expired, refused), saying why "
                    "on stderr (default: $ROUTEOPT_DEFAULT_MODEL; without it such a policy is an error).")
 @CONFIG_OPTION
-def route(text: str | None, policy_path: Path, input_path: Path | None, output_path: Path | None,
-          suite: str | None, quality_target: float | None, public_keys: tuple[Path, ...],
-          allow_unsigned: bool, default_model: str | None, config_path: Path | None) -> None:
+def route(text: str | None, policy_path: Path, channel: str | None, input_path: Path | None,
+          output_path: Path | None, suite: str | None, quality_target: float | None,
+          public_keys: tuple[Path, ...], allow_unsigned: bool, default_model: str | None,
+          config_path: Path | None) -> None:
     """Route one TEXT, or every request of --input, with a published policy (verified)."""
     if (text is None) == (input_path is None):
         raise click.UsageError("give either TEXT or --input FILE")
     bare = (policy_path / "policy.json").is_file() and not (policy_path / "manifest.json").exists()
     keys = None if bare else verification_keys(public_keys, config_path, allow_unsigned)
-    policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model)
+    policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model, channel)
     if policy is None:
         click.echo(f"warning: routing everything to the default model {status.default_model}: "
                    f"{status.default_reason}", err=True)
