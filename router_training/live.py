@@ -55,15 +55,21 @@ def _shadows(frame: pd.DataFrame) -> list[dict]:
     return [json.loads(x) if isinstance(x, str) and x else {} for x in frame["shadow_json"]]
 
 
-def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, Any]:
-    """The policy's decisions, made again on the kept text of `rows` (grouped by quality target)."""
+def _targets(frame: pd.DataFrame) -> list[float | None]:
+    """Each record's quality target (None: the policy's own)."""
+    return [None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
+            for q in frame["quality_target"].to_numpy()]
+
+
+def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray,
+               quality_target: float | None = None) -> dict[int, Any]:
+    """The policy's decisions, made again on the kept text of `rows` at `quality_target`, else at
+    each record's own target (grouped by target)."""
     out: dict[int, Any] = {}
-    targets = frame["quality_target"].to_numpy()
+    targets = _targets(frame)
     groups: dict[float | None, list[int]] = {}
     for i in rows:
-        q = targets[i]
-        groups.setdefault(None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q),
-                          []).append(int(i))
+        groups.setdefault(targets[i] if quality_target is None else quality_target, []).append(int(i))
     for q, idx in groups.items():
         texts = [str(frame["text"].iat[i]) for i in idx]
         suites = [s if isinstance(s, str) else None for s in frame["suite"].iloc[idx]]
@@ -73,9 +79,13 @@ def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, 
 
 
 def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
-                 needed: np.ndarray | None = None) -> Terms:
+                 needed: np.ndarray | None = None, quality_target: float | None = None) -> Terms:
     """The target policy's choice per request: logged, shadowed, or decided again on kept text
-    (only for the `needed` rows, when given: deciding again is the expensive part)."""
+    (only for the `needed` rows, when given: deciding again is the expensive part).
+
+    With `quality_target`, the policy is scored at that target: a logged or shadowed choice
+    counts only where the record was routed at that very target (a record without one was
+    routed at the policy's own); elsewhere the policy decides again on the kept text."""
     n = len(frame)
     nan = np.full(n, np.nan)
     t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
@@ -86,7 +96,10 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     logged_p, logged_c = _dicts(frame["pass_probabilities_json"]), _dicts(frame["expected_cost_json"])
     shadows = _shadows(frame)
     views: dict[int, tuple[str, dict, dict, str]] = {}
+    same_target = _same_target(frame, quality_target, getattr(policy, "quality_target", None))
     for i in range(n):
+        if not same_target[i]:
+            continue
         if version is not None and versions[i] == version:
             views[i] = (frame["policy_model"].iat[i] or served[i], logged_p[i], logged_c[i], "logged")
         elif version is not None and shadow_versions[i] == version and shadows[i].get("model"):
@@ -97,7 +110,7 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
         texts = frame["text"].to_numpy()
         rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)
                          and (needed is None or needed[i])], dtype=int)
-        for i, d in _from_text(policy, frame, rest).items():
+        for i, d in _from_text(policy, frame, rest, quality_target).items():
             views[i] = (d.model, d.pass_probabilities, d.expected_cost_usd, "text")
     mu = _logging_probability(frame)
     for i, (model, p, c, basis) in views.items():
@@ -109,6 +122,15 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
         t.g_pass_target[i], t.g_pass_logged[i] = p.get(model, np.nan), p.get(a, unused)
         t.g_cost_target[i], t.g_cost_logged[i] = c.get(model, np.nan), c.get(a, unused)
     return t
+
+
+def _same_target(frame: pd.DataFrame, quality_target: float | None, own: float | None) -> np.ndarray:
+    """Per record, whether its logged decisions were made at `quality_target` (all of them when
+    no target is asked for); a record without a target was routed at the policy's `own`."""
+    if quality_target is None:
+        return np.ones(len(frame), dtype=bool)
+    routed = [own if q is None else q for q in _targets(frame)]
+    return np.array([q is not None and abs(q - quality_target) < 1e-9 for q in routed], dtype=bool)
 
 
 def _logging_probability(frame: pd.DataFrame) -> Any:
@@ -161,10 +183,12 @@ def _rows(terms: Terms, reward: np.ndarray, g_logged: np.ndarray, g_target: np.n
 
 
 def evaluate(frame: pd.DataFrame, version: int | None, policy: Any = None, *, label: str = "",
-             z: float = ope.Z95) -> PolicyOnTraffic:
-    """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic."""
+             z: float = ope.Z95, quality_target: float | None = None) -> PolicyOnTraffic:
+    """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic
+    (at `quality_target`, else at the targets the requests were routed at)."""
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
-    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost))
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost),
+                     quality_target=quality_target)
     rp = _rows(t, passed, t.g_pass_logged, t.g_pass_target)
     rc = _rows(t, cost, t.g_cost_logged, t.g_cost_target)
     variance = ope.dr_model_variance(t.g_pass_target[rp], t.target_propensity[rp])
