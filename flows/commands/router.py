@@ -71,21 +71,33 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
 @click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Ed25519 private key (default: the config's key, created on first use in "
                    ".routeopt/keys/ beside it).")
+@click.option("--traffic", "traffic_path", type=click.Path(path_type=Path, exists=True), default=None,
+              help="Certify the knob for this unlabelled traffic: decision logs (files or folders; "
+                   "text where kept, else suites, lengths and the logged pass probabilities) or a "
+                   "JSONL of {\"prompt\", \"suite\"?}.")
+@click.option("--robust", "robust_gamma", type=click.FloatRange(min=1.0), default=None,
+              help="Certify the knob for any traffic whose suite x difficulty mix is within this "
+                   "factor of the eval suites' (e.g. 2); nothing about the traffic need be known.")
 @CONFIG_OPTION
 def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction: float, refit: bool,
           seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str, confidence: float,
-          signing_key: Path | None, config_path: Path | None) -> None:
+          signing_key: Path | None, traffic_path: Path | None, robust_gamma: float | None,
+          config_path: Path | None) -> None:
     """Train a router on every outcome in the store and publish it, signed."""
     from evals.storage.store import Store
+    from router_training.certificate import Certificate
 
     key = publishing_key(signing_key, config_path, create_for=registry)
-
+    if traffic_path is not None and robust_gamma is not None:
+        raise click.UsageError("give --traffic or --robust, not both")
     with Store(db_path, read_only=True) as store:
         frame = store.training_frame(list(run_ids) or None)
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
+    sample = _traffic(traffic_path, registry, config_path) if traffic_path is not None else None
     result = _train(frame, quality_target=quality_target, holdout_fraction=holdout_fraction, seed=seed,
-                    embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit)
+                    embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit,
+                    certificate=Certificate(traffic=sample, robust=robust_gamma))
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
                "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction,
                "refit": result.metrics["refit"], "estimator": estimator,
@@ -93,7 +105,8 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
     click.echo(_publish(result.policy, registry, lineage, result.metrics, key))
     knob = result.metrics.get("knob", {})
     click.echo(f"knob: certified up to target {knob.get('certified_up_to', float('nan')):.3f} with "
-               f"confidence {confidence:g} (reference {result.policy.reference_model})")
+               f"confidence {confidence:g} (reference {result.policy.reference_model}), for "
+               f"{knob.get('certificate', {}).get('assumes', 'requests like the calibration requests')}")
     holdout = result.metrics.get("holdout", {})
     held, promise = holdout.get("router_at_target"), holdout.get("promise")
     if held and result.metrics.get("refit"):
@@ -106,6 +119,49 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
         click.echo(f"held-out promise (pass >= target x reference): held at {promise['held']} of "
                    f"{promise['promised']} certified targets on {promise['n']} requests, significantly "
                    f"broken at {promise.get('contradicted', 0)}")
+
+
+def _traffic(path: Path, registry: Path, config_path: Path | None) -> Any:
+    """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts. A log
+    without text is scored by the policy version that logged most of it, when the registry has it."""
+    from evals.storage.traffic import TrafficImportError, decisions_from_log
+    from router_training.certificate import traffic_sample_of
+
+    try:
+        frame = decisions_from_log(path)
+    except TrafficImportError:
+        frame = None
+    if frame is None or frame.empty:
+        import pandas as pd
+
+        from evals.suite.datasets import jsonl_records
+
+        rows = []
+        for where, rec in jsonl_records(path):
+            if isinstance(rec, str) or not isinstance(rec.get("prompt"), str):
+                raise click.ClickException(f"{where}: --traffic wants decision logs or lines with a string 'prompt'")
+            rows.append({"prompt": rec["prompt"], "suite": rec.get("suite")})
+        frame = pd.DataFrame(rows)
+    logging_policy = None
+    if "text" in frame and frame["text"].isna().all() and frame["policy_version"].notna().any():
+        logging_policy = _version_policy(registry, int(frame["policy_version"].mode().iloc[0]), config_path)
+    try:
+        return traffic_sample_of(frame, logging_policy, source=str(path))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _version_policy(registry: Path, version: int, config_path: Path | None) -> Any:
+    """The verified policy of a published version, or None (not in this registry, or no key)."""
+    from artifacts.registry import version_entry
+    from artifacts.runtime import load
+
+    try:
+        entry = version_entry(str(registry), version)
+        keys = verification_keys((), config_path, allow_unsigned=False)
+        return load(f"{str(registry).rstrip('/')}/{entry['path']}", keys, default_model="", state_dir=False).policy
+    except Exception:  # noqa: BLE001 - without it the sketch has suites and lengths only
+        return None
 
 
 def _train(frame: Any, **kwargs: Any) -> Any:
@@ -165,30 +221,49 @@ def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], set
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 @click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True)
+@click.option("--shift", "shifts", multiple=True, type=click.Choice(["all", "hard", "suites", "long"]),
+              help="Also measure on the project's own shifted test sets (repeatable; 'all': every one): "
+                   "the default knob, the knob certified toward the shifted prompts (--traffic) and "
+                   "the robust knob (--robust).")
+@click.option("--robust", "robust_gamma", type=click.FloatRange(min=1.0), default=2.0, show_default=True,
+              help="With --shift: the robust knob's gamma.")
 def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None,
                  plot: Path | None, json_path: Path | None, holdout_fraction: float, confidence: float,
-                 seed: int, embeddings: bool, estimator: str) -> None:
+                 seed: int, embeddings: bool, estimator: str, shifts: tuple[str, ...],
+                 robust_gamma: float) -> None:
     """The quality knob on sets it never trained on, beside the reference and the zero router.
 
     Each set goes the user's way: its train file is imported into a fresh store and trained on
     as `routeopt train` does; every test request is routed at the targets 0 ... 1.1 as `routeopt
-    route --quality-target` routes; the choices are scored against the test outcomes.
+    route --quality-target` routes; the choices are scored against the test outcomes. With
+    --shift, the same again on shifted test sets (`router_training.shift_bench`).
     """
     from common.io import jsonable
     from router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
+    from router_training.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
 
-    reports = []
+    options = dict(holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings, estimator=estimator,
+                   confidence=confidence)
+    wanted = SHIFTS if "all" in shifts else tuple(s for s in SHIFTS if s in shifts)
+    reports, shifted = [], []
     for name, train_path, test_path in _bench_sets(train_paths, test_paths, sets):
         frame = _stored_frame(train_path)
-        fit = lambda f: _train(f, holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings,
-                               estimator=estimator, confidence=confidence).policy
+        fit = lambda f: _train(f, **options).policy
         try:
             report = run_set(name, frame, read_frame(test_path), fit)
+            if wanted:
+                certified = lambda f, cert: _train(f, certificate=cert, **options).policy
+                shifted.append(run_shifts(name, frame, read_frame(test_path), certified, wanted, robust_gamma, seed))
         except ValueError as exc:
             raise click.ClickException(f"{test_path}: {exc}") from None
         click.echo(format_set(report) + "\n")
+        if wanted:
+            click.echo(format_shifts(shifted[-1]) + "\n")
         reports.append(report)
     click.echo(format_summary(reports))
+    if shifted:
+        click.echo("\n" + format_shift_summary(shifted))
+        reports = [{**r, "shifts": s} for r, s in zip(reports, shifted)]
     if plot is not None:
         plot_sets(reports, plot)
         click.echo(f"plot: {plot}")
