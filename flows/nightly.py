@@ -322,7 +322,7 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
     from artifacts.registry import move_channel
     from artifacts.signing import load_private_key, trusted_keys
     from evals.storage.traffic import load_traffic
-    from router_training.live import live_comparison
+    from router_training.live import live_comparison, live_promise
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
@@ -334,6 +334,7 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
     since = (datetime.now(timezone.utc) - timedelta(days=cfg.traffic.window_days)).isoformat()
     traffic = load_traffic(shared_store(cfg.db_path), since=since, source=cfg.traffic.feedback_source)
     live = live_comparison(traffic, result.policy, published.version, champion, champion_number)
+    promise = live_promise(traffic, published.version, result.policy) if not traffic.empty else None
     decision = decide_promotion(
         result.policy,
         champion,
@@ -344,6 +345,7 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
         live=live,
         min_feedback=cfg.traffic.min_feedback,
         require_live=cfg.traffic.require_live,
+        live_promise=promise,
     )
     if decision.promoted:
         move_channel(cfg.registry_dir, "champion", published.version, action="promote",

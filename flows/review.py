@@ -1,4 +1,5 @@
-"""After a nightly run's evaluation: drift, alerts, the HTML report and the Prefect artifacts.
+"""After a nightly run's evaluation: drift, the serving policy's traffic check, alerts, the HTML
+report and the Prefect artifacts.
 
 One call for the flow, between training and publishing, so that a policy relying on a
 regressed candidate can be held back: `review_run(...).blocking` lists what should block it.
@@ -13,7 +14,7 @@ from typing import Any, Iterable
 from evals.config import Config
 from evals.storage.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift
 from evals.storage.store import Store
-from reports.alerts import send_alerts
+from reports.alerts import send_alerts, send_traffic_alerts
 from reports.dashboard import build_report, publish_prefect_artifacts
 
 
@@ -24,6 +25,34 @@ class RunReview:
     alerts: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     artifacts: list[Any] = field(default_factory=list)
+    traffic: Any = None  # router_training.monitor.TrafficCheck of the serving champion
+    traffic_alerts: dict[str, Any] = field(default_factory=dict)
+
+
+def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until: str | None = None) -> Any:
+    """The champion's traffic check on the decisions of the last `traffic.window_days`: the shift
+    monitor (`router_training.monitor`) and, with feedback, its promise on live traffic. None
+    without a verified champion or without logged decisions."""
+    from datetime import datetime, timedelta, timezone
+
+    from artifacts.promotion import champion_version
+    from evals.storage.traffic import load_traffic
+    from router_training.monitor import check_traffic
+
+    end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
+    frame = load_traffic(store, since=(end - timedelta(days=cfg.traffic.window_days)).isoformat(),
+                         until=end.isoformat(), source=cfg.traffic.feedback_source)
+    if frame.empty:
+        return None
+    try:
+        champion, version, _ = champion_version(cfg.registry_dir, public_keys)
+    except Exception:  # noqa: BLE001 - a champion that cannot be verified is the gate's business
+        return None
+    if champion is None:
+        return None
+    t = cfg.traffic
+    return check_traffic(frame, champion, version, alpha=t.shift_alpha, min_effect=t.shift_min_effect,
+                         min_requests=t.shift_min_requests, min_feedback=t.min_feedback)
 
 
 def default_report_path(cfg: Config, run_id: str) -> Path:
@@ -49,12 +78,26 @@ def review_run(
     """
     drift = detect_drift(store, run_id, cfg.alerts)
     review = RunReview(drift, blocking_regressions(drift, policy_candidates))
+    review.traffic = traffic_review(cfg, store, trusted_public_keys(cfg))
     if send:
         review.alerts = send_alerts(drift, cfg.alerts)
+        if review.traffic is not None:
+            review.traffic_alerts = send_traffic_alerts(review.traffic, cfg.alerts)
     path = Path(report_path) if report_path else default_report_path(cfg, run_id)
     review.report_path = build_report(store, run_id, path, drift=drift, metrics=metrics,
-                                      registry=None if metrics else cfg.registry_dir)
+                                      registry=None if metrics else cfg.registry_dir,
+                                      traffic=review.traffic.to_dict() if review.traffic is not None else None)
     if artifacts:
         review.artifacts = publish_prefect_artifacts(store, run_id, drift=drift, metrics=metrics,
                                                      report_path=review.report_path)
     return review
+
+
+def trusted_public_keys(cfg: Config) -> Any:
+    """The public keys the champion is verified with: the config's (beside its signing key) and
+    $ROUTEOPT_PUBLIC_KEY."""
+    from artifacts.signing import public_key_path, trusted_keys
+
+    keys = [*(trusted_keys(None) or {}).values()]
+    beside = public_key_path(cfg.signing_key_path())
+    return [beside, *keys] if beside.exists() else (keys or None)

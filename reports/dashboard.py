@@ -78,6 +78,7 @@ class ReportData:
     metrics: dict[str, Any] | None = None
     policy_version: int | None = None
     live: dict[str, Any] | None = None
+    traffic: dict[str, Any] | None = None  # the champion's traffic check (router_training.monitor)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -146,9 +147,11 @@ def gather(
     registry: str | Path | None = None,
     trend_runs: int = 14,
     live_days: float = 14.0,
+    traffic: dict | None = None,
 ) -> ReportData:
     """Read everything the report needs; metrics default to the policy published from this run;
-    live traffic (decision logs with feedback) covers the `live_days` up to the run's end."""
+    live traffic (decision logs with feedback) covers the `live_days` up to the run's end;
+    `traffic` is the serving policy's traffic check (shift monitor and live promise), when run."""
     run = store.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if run.empty:
         raise KeyError(f"no run {run_id!r} in {store.path}")
@@ -167,6 +170,7 @@ def gather(
         metrics=metrics,
         policy_version=version,
         live=_live(store, _run_end(info), live_days),
+        traffic=traffic,
     )
 
 

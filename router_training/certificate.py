@@ -6,9 +6,8 @@ eval suites) unless told otherwise:
 * `--traffic LOG_OR_FILE`: unlabelled production requests are known; the calibration requests
   are weighted toward them (`router_training.covariate`), the reference is the best single
   candidate on that weighted data, and the certificate rests on the weights' effective sample
-  size. Text, where kept, is scored by the policy being trained; a decision log without text
-  gives its suites and lengths (and the logging policy's predicted pass rates, when that policy
-  is given to score the calibration requests the same way).
+  size. Where text was kept, the weights read the policy's text features; a decision log
+  without text gives suites and lengths only.
 * `--robust GAMMA`: nothing is known; the certificate holds for every traffic whose mix over
   (suite x difficulty band) cells is within a factor GAMMA of the calibration mix.
 
@@ -17,25 +16,23 @@ The manifest records which (`Assumption.to_dict()`), with the weights' summary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from router_training.certify import Assumption, difficulty_cells
-from router_training.covariate import Sketch, Weights, density_ratio
+from router_training.covariate import Sketch, Weights, density_ratio, text_features
 
 
 @dataclass
 class TrafficSample:
-    """Unlabelled traffic: prompts where text was kept (with suites), else a sketch of suites,
-    prompt lengths and, optionally, the logging policy's pass probabilities by candidate name."""
+    """Unlabelled traffic: prompts where text was kept (with suites), else a sketch of suites
+    and prompt lengths."""
 
     suites: list[str | None]
     chars: np.ndarray
     prompts: list[str] | None = None
-    logged_p: dict[str, np.ndarray] | None = None
-    logged_by: Any = None  # the policy whose pass probabilities `logged_p` are
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -55,13 +52,12 @@ class TrafficSample:
 
 @dataclass
 class Basis:
-    """The knob's inputs for one certificate: what it assumes, the calibration requests'
-    weights or cells, and the reference sketch the shift monitor compares live traffic with."""
+    """The knob's inputs for one certificate: what it assumes, and the calibration requests'
+    weights or cells."""
 
     assumption: Assumption
     weights: np.ndarray | None = None
     cells: np.ndarray | None = None
-    reference_sketch: dict = field(default_factory=dict)
 
     def reference(self, Y: np.ndarray) -> int:
         """The best single candidate on the (weighted) calibration requests."""
@@ -93,46 +89,37 @@ class Certificate:
             raise ValueError(f"the robust certificate's gamma must be >= 1, got {self.robust}")
 
     def basis(self, fitted: Any, data: Any, policy: Any) -> Basis:
-        """Weights or cells for `fitted` (a `train.Calibrated`) on `data`, scored by `policy`."""
-        from router_training.monitor import reference_sketch
-
-        sketch = Sketch(list(data.suites), np.array([len(p) for p in data.prompts]), fitted.cal.P)
-        ref_sketch = reference_sketch(sketch, list(data.candidates))
+        """Weights or cells for `fitted` (a `train.Calibrated`) on `data`, read by `policy`."""
         if self.robust is not None:
             score = fitted.cal.P[:, fitted.ref]
             cells = difficulty_cells(list(data.suites), score)
             assumption = Assumption("robust", gamma=float(self.robust),
                                     cells=f"{len(np.unique(cells))} (suite x 3 bands of the reference's predicted pass rate)")
-            return Basis(assumption, cells=cells, reference_sketch=ref_sketch)
+            return Basis(assumption, cells=cells)
         if self.traffic is None:
-            return Basis(Assumption(), reference_sketch=ref_sketch)
-        w = self.weights(fitted, data, policy, sketch)
+            return Basis(Assumption())
+        w = self.weights(data, policy)
         info = {"source": self.traffic.source, **w.summary()}
-        return Basis(Assumption("traffic", traffic=info), weights=w.w, reference_sketch=ref_sketch)
+        return Basis(Assumption("traffic", traffic=info), weights=w.w)
 
-    def weights(self, fitted: Any, data: Any, policy: Any, calibration: Sketch) -> Weights:
+    def weights(self, data: Any, policy: Any) -> Weights:
         """Density-ratio weights of the calibration requests toward the traffic sample."""
         t = self.traffic
         assert t is not None
         suites = sorted({s for s in data.suites if s})
+        chars = np.array([len(p) for p in data.prompts])
         if t.prompts is not None:
-            P, _ = policy.predict(t.prompts, t.suites)
-            return density_ratio(calibration, Sketch(t.suites, t.chars, P), suites, max_weight=self.max_weight)
-        if t.logged_p and t.logged_by is not None:
-            names = [c for c in t.logged_by.candidates if c in t.logged_p]
-            cal_p = t.logged_by.predict(data.prompts, data.suites)[0][:, [t.logged_by.candidates.index(c) for c in names]]
-            logged = np.column_stack([t.logged_p[c] for c in names])
-            return density_ratio(Sketch(calibration.suites, calibration.chars, cal_p),
-                                 Sketch(t.suites, t.chars, logged), suites, max_weight=self.max_weight)
-        return density_ratio(Sketch(calibration.suites, calibration.chars),
-                             Sketch(t.suites, t.chars), suites, max_weight=self.max_weight)
+            calibration = Sketch(list(data.suites), chars, text_features(policy, data.prompts, data.suites))
+            traffic = Sketch(t.suites, t.chars, text_features(policy, t.prompts, t.suites))
+        else:
+            calibration, traffic = Sketch(list(data.suites), chars), Sketch(t.suites, t.chars)
+        return density_ratio(calibration, traffic, suites, max_weight=self.max_weight)
 
 
-def traffic_sample_of(frame: Any, logging_policy: Any = None, source: str = "") -> TrafficSample:
+def traffic_sample_of(frame: Any, source: str = "") -> TrafficSample:
     """The unlabelled traffic in a frame of logged decisions (`evals.storage.traffic`) or of
     prompts (columns `prompt` or `text`, optional `suite`): the requests whose text was kept,
-    if any were; else a sketch of all of them (suites, lengths and, with `logging_policy`, the
-    pass probabilities it logged)."""
+    if any were; else a sketch of all of them (suites and lengths)."""
     if len(frame) == 0:
         raise ValueError(f"{source or 'the traffic sample'}: no requests")
     column = "prompt" if "prompt" in frame else "text" if "text" in frame else None
@@ -146,13 +133,5 @@ def traffic_sample_of(frame: Any, logging_policy: Any = None, source: str = "") 
     if "prompt_chars" not in frame:
         raise ValueError(f"{source or 'the traffic sample'}: neither prompt text nor prompt lengths")
     chars = np.nan_to_num(frame["prompt_chars"].to_numpy(dtype=np.float64), nan=0.0)
-    logged_p = None
-    if logging_policy is not None and "pass_probabilities_json" in frame:
-        import json
-
-        probs = [json.loads(t) if isinstance(t, str) and t else {} for t in frame["pass_probabilities_json"]]
-        names = [c for c in logging_policy.candidates if all(c in p for p in probs)]
-        logged_p = {c: np.array([p[c] for p in probs]) for c in names} or None
-    what = "suites, lengths and logged pass probabilities" if logged_p else "suites and lengths"
-    return TrafficSample(suites, chars, logged_p=logged_p, logged_by=logging_policy if logged_p else None,
-                         source=f"{source}: {len(frame)} logged requests without text ({what})")
+    return TrafficSample(suites, chars, source=f"{source}: {len(frame)} logged requests without text "
+                                               "(suites and lengths)")

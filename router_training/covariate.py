@@ -9,17 +9,21 @@ the calibration data (p), estimated by a classifier that tells the two apart (Bi
 mean is then an estimate of the traffic mean, resting on the Kish effective sample size
 (sum w)^2 / sum w^2 of the calibration requests, which the certificate uses for its width.
 
-Features are what both sides can have: the suite, the prompt's length and each candidate's
-predicted pass probability (the policy's own view of difficulty and topic). They come from
-`sketch_features`; the weights are clipped at `max_weight` (times the mean), which says how far
-from its calibration data a certificate may reach.
+Features must mean the same on both sides. The suite and the prompt's length always do; where
+text is there, so do the policy's deterministic text features: its standardised length and
+structure statistics and the low-rank text projection its topics are read from (fitted without
+outcomes). The policy's predicted pass probabilities do not: on its calibration requests they
+are out-of-fold (one fold model each), on new requests the average of the fold models, and that
+alone tells the two apart (total variation up to 0.4 on the shared sets' unshifted test splits).
+They come from `sketch_features`; the weights are clipped at `max_weight` (times the mean),
+which says how far from its calibration data a certificate may reach.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -29,38 +33,58 @@ MAX_WEIGHT = 20.0
 @dataclass
 class Sketch:
     """Requests without outcomes, as the certificate and the monitor see them: suite, prompt
-    characters and (where known) each candidate's predicted pass probability, (n, K)."""
+    characters and (where text was there) text features `X` (n, d) that mean the same for
+    calibration and traffic (`text_features`)."""
 
     suites: list[str | None]
     chars: np.ndarray
-    P: np.ndarray | None = None
+    X: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.chars = np.asarray(self.chars, dtype=np.float64)
         if len(self.suites) != len(self.chars):
             raise ValueError(f"a sketch has {len(self.suites)} suites but {len(self.chars)} lengths")
-        if self.P is not None:
-            self.P = np.asarray(self.P, dtype=np.float64)
-            if self.P.shape[0] != len(self.chars):
-                raise ValueError(f"a sketch has {len(self.chars)} requests but {self.P.shape[0]} rows of P")
+        if self.X is not None:
+            self.X = np.asarray(self.X, dtype=np.float64)
+            if self.X.shape[0] != len(self.chars):
+                raise ValueError(f"a sketch has {len(self.chars)} requests but {self.X.shape[0]} feature rows")
 
     def __len__(self) -> int:
         return len(self.chars)
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-4, 1 - 1e-4)
-    return np.log(p / (1 - p))
+def text_features(policy: Any, prompts: Sequence[str], suites: Sequence[str | None]) -> np.ndarray:
+    """The policy's outcome-free text features of each prompt: its standardised length and
+    structure statistics and, for a linear scorer with topics, the unit-length text projection
+    its topics are read from. The same function of the text for calibration requests and new
+    ones (unlike predicted pass probabilities)."""
+    from router_training.features import STAT_NAMES, request_features
+
+    spec = policy.spec
+    start = len(spec.suites) + spec.n_buckets
+    weights = getattr(policy.scorer, "weights", None)
+    k = len(policy.candidates)
+    rank = weights.shape[1] - k - 1 if weights is not None and getattr(policy.scorer, "centroids", None) is not None else 0
+    out = np.zeros((len(prompts), len(STAT_NAMES) + rank))
+    for i, (prompt, suite) in enumerate(zip(prompts, suites)):
+        ids, vals = request_features(prompt, suite, spec)
+        stat = (ids >= start) & (ids < start + len(STAT_NAMES))
+        out[i, ids[stat] - start] = vals[stat]
+        if rank:
+            z = vals @ np.take(weights[:, k + 1:], ids, axis=0)
+            norm = math.sqrt(float(z @ z))
+            out[i, len(STAT_NAMES):] = z / norm if norm > 0 else z
+    return out
 
 
-def sketch_features(sketch: Sketch, suites: Sequence[str], use_p: bool = True) -> np.ndarray:
-    """[suite one-hot (the given names, then 'other'), log characters, logit P per candidate]."""
+def sketch_features(sketch: Sketch, suites: Sequence[str], use_x: bool = True) -> np.ndarray:
+    """[suite one-hot (the given names, then 'other'), log characters, text features]."""
     pos = {s: i for i, s in enumerate(suites)}
     onehot = np.zeros((len(sketch), len(suites) + 1))
     onehot[np.arange(len(sketch)), [pos.get(s or "", len(suites)) for s in sketch.suites]] = 1.0
     parts = [onehot, np.log1p(sketch.chars)[:, None]]
-    if use_p and sketch.P is not None:
-        parts.append(_logit(sketch.P))
+    if use_x and sketch.X is not None:
+        parts.append(sketch.X)
     return np.hstack(parts)
 
 
@@ -124,8 +148,8 @@ def density_ratio(calibration: Sketch, traffic: Sketch, suites: Sequence[str], *
 
     if len(traffic) == 0:
         raise ValueError("the traffic sample is empty: nothing to weight the calibration requests toward")
-    use_p = calibration.P is not None and traffic.P is not None
-    Xc, Xt = sketch_features(calibration, suites, use_p), sketch_features(traffic, suites, use_p)
+    use_x = calibration.X is not None and traffic.X is not None
+    Xc, Xt = sketch_features(calibration, suites, use_x), sketch_features(traffic, suites, use_x)
     X = np.vstack([Xc, Xt])
     label = np.r_[np.zeros(len(Xc)), np.ones(len(Xt))]
     scaler = StandardScaler().fit(X)
@@ -135,6 +159,6 @@ def density_ratio(calibration: Sketch, traffic: Sketch, suites: Sequence[str], *
     w, clipped = capped(w / w.mean(), max_weight)
     auc = _auc(clf.decision_function(scaler.transform(X)), label)
     names = [f"suite={s}" for s in suites] + ["suite=other", "log_chars"]
-    if use_p:
-        names += [f"logit_p[{j}]" for j in range(calibration.P.shape[1])]
+    if use_x:
+        names += [f"text[{j}]" for j in range(calibration.X.shape[1])]
     return Weights(w, effective_sample_size(w), len(traffic), clipped, auc, names)

@@ -45,6 +45,7 @@ class Terms:
     target_propensity: np.ndarray
     chosen: np.ndarray
     basis: list[str | None]
+    probabilities: list[dict] = field(default_factory=list)  # the target policy's view, per request
 
 
 def _dicts(column: pd.Series) -> list[dict]:
@@ -89,7 +90,7 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     n = len(frame)
     nan = np.full(n, np.nan)
     t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
-              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n)
+              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n, [{} for _ in range(n)])
     served, propensity = frame["model"].tolist(), frame["propensity"].to_numpy(dtype=float)
     versions = pd.to_numeric(frame["policy_version"], errors="coerce").to_numpy()
     shadow_versions = pd.to_numeric(frame["shadow_version"], errors="coerce").to_numpy()
@@ -116,6 +117,7 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     for i, (model, p, c, basis) in views.items():
         a = served[i]
         t.known[i], t.agree[i], t.basis[i], t.chosen[i] = True, model == a, basis, model
+        t.probabilities[i] = p
         t.weight[i] = (1.0 if model == a else 0.0) / propensity[i]
         t.target_propensity[i] = mu(i, model)
         unused = 0.0 if model != a else np.nan  # weight 0: the served model's value does not count
@@ -249,6 +251,43 @@ def compare(frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
     return Comparison(new, champion, _paired(new.terms, champion.terms, passed, "pass", z),
                       _paired(new.terms, champion.terms, cost, "cost", z))
+
+
+# -- the promise on live traffic --------------------------------------------------------------
+
+
+def live_promise(frame: pd.DataFrame, version: int | None, policy: Any, *, quality_target: float | None = None,
+                 z: float = ope.Z95) -> dict[str, Any] | None:
+    """The knob's promise on the logged traffic: a doubly robust estimate of the paired margin
+    mean(pass of the policy at its target - x * pass of always calling its reference model), the
+    policy's own pass probabilities as reward model, with its interval. `broken`: the interval's
+    top is below 0 (the traffic is evidence that the promise does not hold there). None without
+    requests with feedback whose choice is known."""
+    x = float(policy.quality_target if quality_target is None else quality_target)
+    passed = frame["passed"].to_numpy(dtype=float)
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed), quality_target=quality_target)
+    ref, served = policy.reference_model, frame["model"].tolist()
+    propensity = frame["propensity"].to_numpy(dtype=float)
+    mu = _logging_probability(frame)
+    g_ref = np.array([p.get(ref, np.nan) for p in t.probabilities])
+    g_served = np.array([p.get(m, np.nan) for p, m in zip(t.probabilities, served)])
+    w_ref = np.array([float(m == ref) for m in served]) / propensity
+    rows = _rows(t, passed, t.g_pass_logged, t.g_pass_target) & ~np.isnan(g_ref) & ~np.isnan(g_served)
+    if not rows.any():
+        return None
+    own = ope.dr_terms(passed[rows], t.weight[rows], t.g_pass_logged[rows], t.g_pass_target[rows])
+    base = ope.dr_terms(passed[rows], w_ref[rows], g_served[rows], g_ref[rows])
+    mu_ref = np.array([mu(i, ref) for i in np.flatnonzero(rows)])
+    differ = t.chosen[rows] != ref  # where the policy calls the reference the two terms move together
+    variance = differ * (ope.dr_model_variance(t.g_pass_target[rows], t.target_propensity[rows])
+                         + x * x * ope.dr_model_variance(g_ref[rows], mu_ref))
+    margin = ope.paired_difference(own, x * base, z=z, model_variance=variance,
+                                   baseline_diff=t.g_pass_target[rows] - x * g_ref[rows])
+    mine, theirs = ope.mean_estimate(own, z=z, bounds=(0, 1)), ope.mean_estimate(base, z=z, bounds=(0, 1))
+    return {"version": version, "target": x, "reference_model": ref, "n": int(rows.sum()),
+            "pass_rate": mine.to_dict(), "reference_pass_rate": theirs.to_dict(),
+            "floor": x * theirs.value, "margin": margin.to_dict(), "broken": bool(margin.high < 0),
+            "held": bool(margin.value >= 0)}
 
 
 # -- canary -----------------------------------------------------------------------------------

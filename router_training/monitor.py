@@ -2,35 +2,38 @@
 
 The knob's certificate holds for traffic like its calibration requests (or like what its
 manifest says it assumes), so the first thing to watch in production is whether the traffic
-still is. This needs no outcomes: every logged decision carries its suite, the prompt's length
-and the serving policy's predicted pass probability of every candidate (the policy's view of a
-request's difficulty and topic). The policy's metrics carry a sketch of its calibration
-requests (`reference_sketch`): their suite counts, and per numeric feature the deciles and how
-many requests fell in each decile bin.
+still is. This needs no outcomes. Every logged decision carries its suite, the prompt's length
+and the model the policy chose at the request's quality target; the policy's metrics carry a
+sketch of its calibration requests (`reference_sketch`): suite counts, the deciles of the log
+length with how many requests fell in each bin, and the models its knob chose for them at each
+standard target (out-of-fold, as certified). Harder traffic moves the routing toward stronger
+models, another suite mix moves the suite counts, longer prompts the length.
 
-Per feature, the live values are counted in the reference's bins and the two count vectors are
-compared by a chi-square test of homogeneity (suites: their counts); the p-values are
-Holm-adjusted over the features. The traffic has shifted when some feature's adjusted p-value is
-below `alpha` and its distribution moved by at least `min_effect` in total variation (binned):
-with thousands of requests a test also finds shifts too small to matter, and the policy's
-predictions on new requests differ slightly from the out-of-fold ones it was calibrated on. The
-report names the features and the suites that moved (each suite's share, Holm-adjusted
-two-proportion tests). Pure functions over arrays and a traffic frame's columns.
+Per feature, the live counts are compared with the reference's by a chi-square test of
+homogeneity; the p-values are Holm-adjusted over the features. The traffic has shifted when a
+feature's adjusted p-value is below `alpha` and its distribution moved by at least `min_effect`
+in total variation (binned): with thousands of requests a test finds shifts too small to
+matter. Routing gets a larger threshold (`route_min_effect`): the policy's choices on new
+requests (the mean of its fold models) differ a little from its out-of-fold ones (total
+variation up to 0.055 on the shared sets' unshifted test splits). Its predicted pass
+probabilities are not compared at all: out-of-fold and averaged predictions differ by up to 0.4
+in total variation on the same requests. The report names the features and the suites that
+moved (each suite's share, Holm-adjusted two-proportion tests).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from router_training.covariate import Sketch
 
 ALPHA = 0.01
 MIN_EFFECT = 0.05
+ROUTE_MIN_EFFECT = 0.1
+MIN_GROUP = 50  # logged requests at one target before its routing is compared
 BINS = 10
 
 
@@ -43,19 +46,37 @@ def _binned(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1)
 
 
-def reference_sketch(sketch: Sketch, candidates: Sequence[str]) -> dict:
-    """What the monitor keeps of the calibration requests: suite counts, and per numeric feature
-    (log characters, each candidate's pass probability) the decile edges and counts."""
-    features = {"log_chars": np.log1p(sketch.chars)}
-    if sketch.P is not None:
-        features.update({f"p:{c}": sketch.P[:, j] for j, c in enumerate(candidates)})
-    out: dict[str, Any] = {"n": len(sketch), "suites": {}, "features": {}}
-    names, counts = np.unique(np.array([s or "" for s in sketch.suites], dtype=object), return_counts=True)
+def _target_key(x: float) -> str:
+    return f"{float(x):g}"
+
+
+@dataclass
+class Logged:
+    """What the monitor reads of logged decisions: suite, prompt characters, the quality target
+    each request was routed at and the model the policy chose for it (None where unknown)."""
+
+    suites: list[str | None]
+    chars: np.ndarray
+    targets: list[float] = field(default_factory=list)
+    routed: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.suites)
+
+
+def reference_sketch(suites: Sequence[str | None], chars: np.ndarray, routes: dict[float, Sequence[str]]) -> dict:
+    """What the monitor keeps of the calibration requests: suite counts, log-length deciles and
+    counts, and per target the models the knob chose for them."""
+    out: dict[str, Any] = {"n": len(suites), "suites": {}, "features": {}, "routes": {}}
+    names, counts = np.unique(np.array([s or "" for s in suites], dtype=object), return_counts=True)
     out["suites"] = {str(k): int(v) for k, v in zip(names, counts)}
-    for name, values in features.items():
-        edges = _edges(values)
-        out["features"][name] = {"edges": [round(float(e), 6) for e in edges],
-                                 "counts": _binned(values, edges).tolist()}
+    values = np.log1p(np.asarray(chars, dtype=np.float64))
+    edges = _edges(values)
+    out["features"]["log_chars"] = {"edges": [round(float(e), 6) for e in edges],
+                                    "counts": _binned(values, edges).tolist()}
+    for x, models in routes.items():
+        m, c = np.unique(np.asarray(list(models), dtype=object), return_counts=True)
+        out["routes"][_target_key(x)] = {str(k): int(v) for k, v in zip(m, c)}
     return out
 
 
@@ -170,43 +191,111 @@ def _suite_shares(reference: dict[str, int], live: dict[str, int], alpha: float)
     return sorted(moved, key=lambda r: -abs(r["live"] - r["reference"]))
 
 
-def detect_shift(reference: dict, live: Sketch, candidates: Sequence[str], *, alpha: float = ALPHA,
-               min_effect: float = MIN_EFFECT) -> ShiftReport:
-    """Compare live requests (their suites, lengths and the serving policy's predictions, in
-    `candidates` order) with the policy's reference sketch."""
+def _counts(reference: dict[str, int], live: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    keys = sorted(set(reference) | set(live))
+    return np.array([reference.get(k, 0) for k in keys]), np.array([live.get(k, 0) for k in keys])
+
+
+def _tally(values: Sequence[Any]) -> dict[str, int]:
+    names, counts = np.unique(np.array([v or "" for v in values], dtype=object), return_counts=True)
+    return {str(k): int(v) for k, v in zip(names, counts)}
+
+
+def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_effect: float = MIN_EFFECT,
+                 route_min_effect: float = ROUTE_MIN_EFFECT, min_group: int = MIN_GROUP) -> ShiftReport:
+    """Compare logged requests with a policy's reference sketch: suites, lengths and, at every
+    target with at least `min_group` logged requests, the models chosen."""
     report = ShiftReport(len(live), int(reference.get("n", 0)), alpha=alpha, min_effect=min_effect)
     if not len(live) or not reference.get("features"):
         return report
-    names, counts = np.unique(np.array([s or "" for s in live.suites], dtype=object), return_counts=True)
-    live_suites = {str(k): int(v) for k, v in zip(names, counts)}
-    ref_suites = reference.get("suites", {})
-    keys = sorted(set(ref_suites) | set(live_suites))
-    rows = [("suite", np.array([ref_suites.get(k, 0) for k in keys]), np.array([live_suites.get(k, 0) for k in keys]))]
-    values = {"log_chars": np.log1p(live.chars)}
-    if live.P is not None:
-        values.update({f"p:{c}": live.P[:, j] for j, c in enumerate(candidates)})
-    for name, spec in reference["features"].items():
-        v = values.get(name)
-        if v is None:
-            continue
-        ok = np.isfinite(v)
-        rows.append((name, np.asarray(spec["counts"]), _binned(v[ok], np.asarray(spec["edges"]))))
-    p = [chi2_homogeneity(a, b) for _, a, b in rows]
-    for (name, a, b), raw, adj in zip(rows, p, holm(p)):
+    live_suites = _tally(live.suites)
+    rows = [("suite", *_counts(reference.get("suites", {}), live_suites), min_effect)]
+    spec = reference["features"].get("log_chars")
+    if spec is not None:
+        rows.append(("log_chars", np.asarray(spec["counts"]), _binned(np.log1p(live.chars), np.asarray(spec["edges"])),
+                     min_effect))
+    groups: dict[str, list[str]] = {}
+    for x, model in zip(live.targets, live.routed):
+        if model is not None:
+            groups.setdefault(_target_key(x), []).append(model)
+    for key, models in sorted(groups.items()):
+        ref = reference.get("routes", {}).get(key)
+        if ref is not None and len(models) >= min_group:
+            rows.append((f"route@{key}", *_counts(ref, _tally(models)), route_min_effect))
+    p = [chi2_homogeneity(a, b) for _, a, b, _ in rows]
+    for (name, a, b, threshold), raw, adj in zip(rows, p, holm(p)):
         tv = total_variation(a, b)
-        report.features.append(FeatureShift(name, raw, float(adj), tv, bool(adj < alpha and tv >= min_effect)))
-    report.suites_moved = _suite_shares(ref_suites, live_suites, alpha)
+        report.features.append(FeatureShift(name, raw, float(adj), tv, bool(adj < alpha and tv >= threshold)))
+    report.suites_moved = _suite_shares(reference.get("suites", {}), live_suites, alpha)
     return report
 
 
-def live_sketch(frame: Any, candidates: Sequence[str]) -> Sketch:
-    """The sketch of logged decisions (a traffic frame of `evals.storage.traffic`): suite,
-    prompt characters and the logged pass probabilities in `candidates` order (NaN where a
-    record lacks one)."""
-    P = np.full((len(frame), len(candidates)), np.nan)
-    for i, text in enumerate(frame["pass_probabilities_json"].tolist()):
-        probs = json.loads(text) if isinstance(text, str) and text else {}
-        P[i] = [probs.get(c, np.nan) for c in candidates]
-    suites = [s if isinstance(s, str) else None for s in frame["suite"].tolist()]
-    chars = frame["prompt_chars"].to_numpy(dtype=np.float64) if "prompt_chars" in frame else np.full(len(frame), np.nan)
-    return Sketch(suites, np.nan_to_num(chars, nan=0.0), P)
+def logged(frame: Any, default_target: float) -> Logged:
+    """What the monitor reads of a traffic frame (`evals.storage.traffic`): a record without a
+    quality target was routed at the policy's own (`default_target`)."""
+    targets = [default_target if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
+               for q in frame["quality_target"].tolist()]
+    routed = frame["policy_model"].where(frame["policy_model"].notna(), frame["model"]).tolist()
+    chars = frame["prompt_chars"].to_numpy(dtype=np.float64)
+    return Logged([s if isinstance(s, str) else None for s in frame["suite"].tolist()],
+                  np.nan_to_num(chars, nan=0.0), targets, [m if isinstance(m, str) else None for m in routed])
+
+
+@dataclass
+class TrafficCheck:
+    """What the logged traffic says about a published policy: whether its requests still look
+    like the certified ones (`shift`) and, with feedback, whether its target's promise holds on
+    them (`promise`, `router_training.live.live_promise`)."""
+
+    version: int | None
+    target: float
+    shift: ShiftReport | None
+    promise: dict | None = None
+    n_logged: int = 0
+    note: str = ""
+
+    @property
+    def alert(self) -> bool:
+        return bool((self.shift is not None and self.shift.shifted) or (self.promise or {}).get("broken"))
+
+    def summary_line(self) -> str:
+        who = f"policy version {self.version}" if self.version is not None else "the policy"
+        parts = [self.shift.summary_line() if self.shift is not None else f"traffic shift: {self.note}"]
+        if self.promise:
+            m = self.promise["margin"]
+            verdict = "BROKEN" if self.promise["broken"] else "held" if self.promise["held"] else "not shown"
+            parts.append(f"promise at target {self.target:g} on {self.promise['n']} requests with feedback: "
+                         f"pass {self.promise['pass_rate']['value']:.3f} vs floor {self.promise['floor']:.3f} "
+                         f"(margin {m['value']:+.3f}, 95% CI {m['low']:+.3f}..{m['high']:+.3f}): {verdict}")
+        return f"{who}: " + "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "target": self.target, "alert": self.alert, "n_logged": self.n_logged,
+                "summary": self.summary_line(), "note": self.note,
+                "shift": self.shift.to_dict() if self.shift is not None else None, "promise": self.promise}
+
+
+def check_traffic(frame: Any, policy: Any, version: int | None, *, alpha: float = ALPHA,
+                  min_effect: float = MIN_EFFECT, min_requests: int = 200, min_feedback: int = 200) -> TrafficCheck:
+    """The shift monitor and the live promise for the policy that served `frame` (a traffic
+    frame): the requests it served are compared with its reference sketch (its metrics'
+    `shift_reference`); with at least `min_feedback` of them graded, its promise is estimated."""
+    from router_training.live import live_promise
+
+    mine = frame
+    if version is not None and "policy_version" in frame:
+        mine = frame[np.asarray(frame["policy_version"].to_numpy(dtype=float) == version)]
+    target = float(policy.quality_target)
+    reference = (getattr(policy, "metrics", None) or {}).get("shift_reference") or {}
+    check = TrafficCheck(version, target, None, n_logged=len(mine))
+    if not reference:
+        check.note = "the policy carries no reference sketch (trained before the monitor existed)"
+    elif len(mine) < min_requests:
+        check.note = f"{len(mine)} logged requests, {min_requests} needed"
+    else:
+        check.shift = detect_shift(reference, logged(mine, target), alpha=alpha, min_effect=min_effect)
+        check.shift.policy_version = version
+    graded = int(np.isfinite(mine["passed"].to_numpy(dtype=float)).sum()) if "passed" in mine else 0
+    if graded >= min_feedback:
+        check.promise = live_promise(mine.reset_index(drop=True), version, policy)
+    return check

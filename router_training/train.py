@@ -33,6 +33,7 @@ from router_training.features import FeatureSpec
 from router_training.certificate import Certificate
 from router_training.certify import Assumption
 from router_training.knob import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
+from router_training.monitor import reference_sketch
 from router_training.policy import CostModel, LinearScorer, RoutingPolicy, TreeScorer, _sigmoid
 
 
@@ -49,8 +50,8 @@ class Design:
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
     deploy: str = "average"  # the served model: the mean of the fold models, or "refit" on all rows
-    above_one: str = "split"  # beating the reference: certified on a half the hull was not chosen on, or "full"
-    split: float = 0.0  # > 0: every target certified on requests the hull was not chosen on (this share chooses it)
+    split: float = 0.0  # every target certified on requests the hull was not chosen on (this share chooses it)
+    above_one: str = "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
 
 
 @dataclass
@@ -169,8 +170,17 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
     policy.reference_model = data.candidates[ref]
     policy.reference_pass_rate = float(f.rates[ref]) if basis.weights is None else basis.reference_rate(f.cal.Y, ref)
     policy.metrics = {**f.metrics, "knob": knob_summary(policy, basis.assumption, design.split),
-                      "shift_reference": basis.reference_sketch}
+                      "shift_reference": shift_reference(policy, f.cal, data)}
     return policy
+
+
+def shift_reference(policy: RoutingPolicy, cal: Calibration, data: RoutingData) -> dict:
+    """The shift monitor's sketch of the calibration requests (`router_training.monitor`): their
+    suites, lengths and the models the knob chose for them, out of fold, at each standard target."""
+    names = np.array(policy.candidates, dtype=object)
+    routes = {x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
+              for x in STANDARD_TARGETS}
+    return reference_sketch(data.suites, np.array([len(p) for p in data.prompts]), routes)
 
 
 def knob_summary(policy: RoutingPolicy, assumption: Assumption = Assumption(), split: float = 0.0) -> dict:

@@ -73,7 +73,7 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
                    ".routeopt/keys/ beside it).")
 @click.option("--traffic", "traffic_path", type=click.Path(path_type=Path, exists=True), default=None,
               help="Certify the knob for this unlabelled traffic: decision logs (files or folders; "
-                   "text where kept, else suites, lengths and the logged pass probabilities) or a "
+                   "text where kept, else suites and prompt lengths) or a "
                    "JSONL of {\"prompt\", \"suite\"?}.")
 @click.option("--robust", "robust_gamma", type=click.FloatRange(min=1.0), default=None,
               help="Certify the knob for any traffic whose suite x difficulty mix is within this "
@@ -94,7 +94,7 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
         frame = store.training_frame(list(run_ids) or None)
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
-    sample = _traffic(traffic_path, registry, config_path) if traffic_path is not None else None
+    sample = _traffic(traffic_path) if traffic_path is not None else None
     result = _train(frame, quality_target=quality_target, holdout_fraction=holdout_fraction, seed=seed,
                     embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit,
                     certificate=Certificate(traffic=sample, robust=robust_gamma))
@@ -121,9 +121,8 @@ def train(db_path: Path, registry: Path, quality_target: float, holdout_fraction
                    f"broken at {promise.get('contradicted', 0)}")
 
 
-def _traffic(path: Path, registry: Path, config_path: Path | None) -> Any:
-    """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts. A log
-    without text is scored by the policy version that logged most of it, when the registry has it."""
+def _traffic(path: Path) -> Any:
+    """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts."""
     from evals.storage.traffic import TrafficImportError, decisions_from_log
     from router_training.certificate import traffic_sample_of
 
@@ -142,26 +141,10 @@ def _traffic(path: Path, registry: Path, config_path: Path | None) -> Any:
                 raise click.ClickException(f"{where}: --traffic wants decision logs or lines with a string 'prompt'")
             rows.append({"prompt": rec["prompt"], "suite": rec.get("suite")})
         frame = pd.DataFrame(rows)
-    logging_policy = None
-    if "text" in frame and frame["text"].isna().all() and frame["policy_version"].notna().any():
-        logging_policy = _version_policy(registry, int(frame["policy_version"].mode().iloc[0]), config_path)
     try:
-        return traffic_sample_of(frame, logging_policy, source=str(path))
+        return traffic_sample_of(frame, source=str(path))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _version_policy(registry: Path, version: int, config_path: Path | None) -> Any:
-    """The verified policy of a published version, or None (not in this registry, or no key)."""
-    from artifacts.registry import version_entry
-    from artifacts.runtime import load
-
-    try:
-        entry = version_entry(str(registry), version)
-        keys = verification_keys((), config_path, allow_unsigned=False)
-        return load(f"{str(registry).rstrip('/')}/{entry['path']}", keys, default_model="", state_dir=False).policy
-    except Exception:  # noqa: BLE001 - without it the sketch has suites and lengths only
-        return None
 
 
 def _train(frame: Any, **kwargs: Any) -> Any:

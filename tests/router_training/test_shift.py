@@ -9,21 +9,29 @@ from hypothesis import strategies as st
 
 from router_training.covariate import Sketch, density_ratio, effective_sample_size
 from router_training.data import RoutingData
-from router_training.monitor import chi2_homogeneity, detect_shift, holm, reference_sketch, total_variation
+from router_training.monitor import Logged, chi2_homogeneity, detect_shift, holm, reference_sketch, total_variation
 from router_training.shifts import keep_probability, shifted, suite_order_score
 
 SUITES = ["a", "b", "c"]
 
 
 def _sketch(n: int, seed: int, hard_share: float = 0.5, suite_p=(1 / 3, 1 / 3, 1 / 3)) -> Sketch:
-    """Requests whose predicted pass rate is lower when 'hard'; longer when hard."""
+    """Requests whose text features say 'hard' (two noisy coordinates); longer when hard."""
     rng = np.random.default_rng(seed)
     hard = rng.random(n) < hard_share
     suites = list(rng.choice(SUITES, size=n, p=list(suite_p)))
     chars = np.where(hard, rng.normal(400, 60, n), rng.normal(200, 40, n)).clip(10)
-    base = np.where(hard, 0.3, 0.8)
-    P = np.clip(np.column_stack([base + rng.normal(0, 0.08, n), base * 0.8 + rng.normal(0, 0.08, n)]), 0.01, 0.99)
-    return Sketch(suites, chars, P)
+    X = np.column_stack([hard + rng.normal(0, 0.5, n), rng.normal(0, 1, n)])
+    return Sketch(suites, chars, X)
+
+
+def _logged(n: int, seed: int, hard_share: float = 0.5, suite_p=(1 / 3, 1 / 3, 1 / 3), target: float = 0.95) -> Logged:
+    """Logged decisions: hard requests are routed to the strong model more often."""
+    sk = _sketch(n, seed, hard_share, suite_p)
+    rng = np.random.default_rng(seed + 1)
+    hard = sk.X[:, 0] > 0.5
+    routed = np.where(rng.random(n) < np.where(hard, 0.8, 0.2), "strong", "weak").tolist()
+    return Logged(sk.suites, sk.chars, [target] * n, routed)
 
 
 @settings(max_examples=50, deadline=None)
@@ -61,7 +69,7 @@ def test_density_ratio_recovers_a_tilt_and_is_one_without_shift():
     same = density_ratio(cal, _sketch(2000, 2), SUITES)
     assert same.ess > 0.9 * len(cal) and same.auc < 0.56
     toward = density_ratio(cal, _sketch(2000, 3, hard_share=0.8), SUITES)
-    hard = cal.P[:, 0] < 0.55
+    hard = cal.chars > 300  # 400 +- 60 characters when hard, 200 +- 40 otherwise
     # true ratio: 0.8 / 0.5 on hard requests, 0.2 / 0.5 on easy ones
     assert np.mean(toward.w[hard]) == pytest.approx(1.6, rel=0.15)
     assert np.mean(toward.w[~hard]) == pytest.approx(0.4, rel=0.25)
@@ -88,16 +96,20 @@ def test_chi2_and_total_variation_on_counts():
 
 
 def test_the_monitor_flags_a_shift_names_what_moved_and_stays_quiet_otherwise():
-    cal = _sketch(3000, 5)
-    ref = reference_sketch(cal, ["m1", "m2"])
-    quiet = [detect_shift(ref, _sketch(2000, 100 + s), ["m1", "m2"]).shifted for s in range(20)]
+    cal = _logged(3000, 5)
+    ref = reference_sketch(cal.suites, cal.chars, {0.95: cal.routed, 0.8: cal.routed})
+    quiet = [detect_shift(ref, _logged(2000, 100 + s)).shifted for s in range(20)]
     assert sum(quiet) <= 1
-    harder = detect_shift(ref, _sketch(2000, 6, hard_share=0.8), ["m1", "m2"])
+    harder = detect_shift(ref, _logged(2000, 6, hard_share=0.8))
     assert harder.shifted and harder.p_value < 0.01
     moved = {f.feature for f in harder.moved()}
-    assert {"p:m1", "log_chars"} <= moved and "suite" not in moved
-    remix = detect_shift(ref, _sketch(2000, 7, suite_p=(0.6, 0.2, 0.2)), ["m1", "m2"])
+    assert moved == {"route@0.95", "log_chars"}
+    remix = detect_shift(ref, _logged(2000, 7, suite_p=(0.6, 0.2, 0.2)))
     assert [f.feature for f in remix.moved()] == ["suite"]
     assert remix.suites_moved[0]["suite"] == "a" and remix.suites_moved[0]["live"] > 0.5
     assert "suite (TV" in remix.summary_line() and "; suites a 3" in remix.summary_line()
-    assert not detect_shift(ref, Sketch([], np.empty(0), np.empty((0, 2))), ["m1", "m2"]).features
+    elsewhere = detect_shift(ref, _logged(2000, 8, target=0.5))  # no reference routing at 0.5
+    assert [f.feature for f in elsewhere.features] == ["suite", "log_chars"]
+    few = _logged(30, 9, hard_share=1.0)
+    assert "route@0.95" not in {f.feature for f in detect_shift(ref, few).features}  # fewer than 50
+    assert not detect_shift(ref, Logged([], np.empty(0))).features
