@@ -50,7 +50,7 @@ class Design:
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
     deploy: str = "average"  # the served model: the mean of the fold models, or "refit" on all rows
-    split: float = 0.0  # every target certified on requests the hull was not chosen on (this share chooses it)
+    split: float = 0.5  # every target certified on requests the hull was not chosen on (this share chooses it)
     above_one: str = "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
 
 
