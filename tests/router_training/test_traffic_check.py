@@ -15,6 +15,7 @@ from router_training.live import live_promise
 from router_training.monitor import check_traffic
 from router_training.policy import Knob
 from tests.benchmarks import load
+from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 
 tr = load("traffic_replay")
 
@@ -80,3 +81,56 @@ def test_the_live_promise_covers_the_truth_and_catches_a_knob_that_lies(replays)
     assert not gate.promoted and gate.decided_by == "live traffic" and gate.reason == why
     check = check_traffic(frames["same"], lying, None, min_feedback=200)
     assert check.alert and "BROKEN" in check.summary_line()
+
+
+def test_a_shift_goes_out_to_the_webhook_and_the_dashboard(replays, receiver, monkeypatch, tmp_path) -> None:  # noqa: F811
+    from evals.config import AlertSettings
+    from reports.alerts import send_traffic_alerts
+    from reports.dashboard import gather, render_html
+
+    champion, _, _, frames = replays
+    url, handler = receiver
+    monkeypatch.setenv("ROUTEOPT_TEST_HOOK", url)
+    settings = AlertSettings(webhook_url_env="ROUTEOPT_TEST_HOOK")
+    quiet = check_traffic(frames["same"], champion, 1)
+    assert send_traffic_alerts(quiet, settings, events=False) == {"events": 0, "webhook": None}
+    harder = check_traffic(frames["harder"], champion, 1)
+    assert send_traffic_alerts(harder, settings, events=False) == {"events": 0, "webhook": True}
+    body = handler.received[-1]["body"]
+    assert body["kind"] == "traffic" and body["alert"] and "traffic shift on 924" in body["text"]
+    assert {f["feature"] for f in body["shift"]["features"] if f["moved"]} == {"log_chars", "route@0.95"}
+    with Store(tmp_path / "db.duckdb") as store:
+        store.begin_run("run-1")
+        store.finish_run("run-1")
+        html = render_html(gather(store, "run-1", traffic=harder.to_dict()))
+    assert "does it still look like the requests the policy was certified on" in html
+    assert "route@0.95" in html and harder.summary_line().split(":")[0] in html
+
+
+@pytest.mark.slow
+def test_a_traffic_check_goes_out_as_prefect_events(replays, prefect_harness) -> None:
+    """Emitted to a real (temporary) Prefect server and read back through its events API."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
+    from prefect.events.worker import EventsWorker
+    from prefect.types._datetime import now
+
+    from reports.alerts import emit_traffic_events
+
+    champion, _, _, frames = replays
+    check = check_traffic(frames["harder"], champion, 1)
+    since = now("UTC")
+    assert all(e is not None for e in emit_traffic_events(check))
+    EventsWorker.drain_all()
+    wanted = EventFilter(event=EventNameFilter(prefix=["routeopt.traffic."]), occurred=EventOccurredFilter(since=since))
+    deadline, got = time.monotonic() + 30, []
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline and len(got) < 3:
+            time.sleep(0.5)
+            got = client.read_events(filter=wanted, limit=50).events
+    names = sorted(e.event for e in got)
+    assert names == ["routeopt.traffic.checked", "routeopt.traffic.shift", "routeopt.traffic.shift"]
+    assert {e.resource.get("routeopt.feature") for e in got if e.event == "routeopt.traffic.shift"} == \
+        {"log_chars", "route@0.95"}
