@@ -107,26 +107,24 @@ def format_shifts(report: dict) -> str:
 
 def format_shift_summary(reports: list[dict]) -> str:
     """Across sets: checks passed per policy, and S95 of each policy beside the default's."""
-    head = ["set", "shift", "default S95", "traffic S95", "robust S95", "default checks", "traffic checks",
-            "robust checks"]
-    rows, totals = [], {"default": [0, 0], "traffic": [0, 0], "robust": [0, 0]}
+    labels = ("default", "traffic", "robust")
+    head = ["set", "shift", *[f"{k} S95" for k in labels], *[f"{k} checks" for k in labels]]
+    rows, totals = [], {k: [0, 0] for k in labels}
     for r in reports:
         for sh in r["shifts"]:
             if "skipped" in sh:
                 continue
             pol = sh["policies"]
-            s95 = {k: _fmt(v["table"]["knob"]["savings_at_95"]) if k in pol else "-"
-                   for k, v in ((k, pol.get(k)) for k in totals)}
-            checks = {}
-            for k in totals:
-                if k in pol:
-                    ok, n = sum(pol[k]["checks"].values()), len(pol[k]["checks"])
-                    totals[k][0] += ok
-                    totals[k][1] += n
-                    checks[k] = f"{ok}/{n}"
-                else:
-                    checks[k] = "-"
-            rows.append([r["name"], sh["shift"], s95["default"], s95["traffic"], s95["robust"],
-                         checks["default"], checks["traffic"], checks["robust"]])
+            s95 = [_fmt(pol[k]["table"]["knob"]["savings_at_95"]) if k in pol else "-" for k in labels]
+            checks = []
+            for k in labels:
+                if k not in pol:
+                    checks.append("-")
+                    continue
+                ok, n = sum(pol[k]["checks"].values()), len(pol[k]["checks"])
+                totals[k][0] += ok
+                totals[k][1] += n
+                checks.append(f"{ok}/{n}")
+            rows.append([r["name"], sh["shift"], *s95, *checks])
     total = "; ".join(f"{k} {v[0]}/{v[1]}" for k, v in totals.items() if v[1])
     return "\n".join(["== shifted sets: summary", *_grid(head, rows), "", f"checks passed: {total}"])

@@ -103,3 +103,31 @@ def test_bench_router_needs_pairs(tmp_path):
     demo_frame(n_items=10).to_parquet(train)
     r = CliRunner().invoke(cli, ["bench", "router", "--train", str(train)])
     assert r.exit_code != 0 and "one --test per --train" in r.output
+
+
+def test_bench_router_with_shifts_measures_every_certificate_on_every_shift(tmp_path):
+    """`--shift all`: per shift the default knob, the knob certified toward the shifted prompts
+    and the robust one, against the best single on the shifted requests; JSON keeps them."""
+    folder = tmp_path / "sets" / "alpha"
+    folder.mkdir(parents=True)
+    demo_frame(n_items=90, seed=5).to_parquet(folder / "train.parquet")
+    demo_frame(n_items=90, seed=6).to_parquet(folder / "test.parquet")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["bench", "router", "--sets", str(tmp_path / "sets"), "--shift", "all",
+                                 "--robust", "1.5", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "== alpha: shifted test sets" in r.output and "== shifted sets: summary" in r.output
+    shifts = json.loads(out.read_text())[0]["shifts"]
+    assert shifts["robust_gamma"] == 1.5
+    rows = {s["shift"]: s for s in shifts["shifts"]}
+    assert set(rows) == {"none", "hard", "suites", "long"}
+    assert set(rows["none"]["policies"]) == {"default", "robust"}
+    for name in ("hard", "suites", "long"):
+        row = rows[name]
+        assert set(row["policies"]) == {"default", "traffic", "robust"} and 0 < row["n"] < shifts["n_test"]
+        weighted = row["policies"]["traffic"]
+        assert weighted["weights"]["n_traffic"] == row["n"] and weighted["knob"]["reference_model"]
+        best = max(weighted["per_candidate"].values(), key=lambda v: v["pass_rate"])
+        assert weighted["best_single"]["pass_rate"] == best["pass_rate"]  # floors: best on the shifted set
+        assert set(weighted["checks"]) == {"pass@0.8 >= floor - 0.015", "pass@0.9 >= floor - 0.015",
+                                           "pass@0.95 >= floor - 0.015", "pass@1 >= floor - 0.01"}
