@@ -156,6 +156,10 @@ class Candidate(BaseModel):
     cache_write_input_price_per_mtok: float | None = Field(default=None, ge=0)
     output_price_per_mtok: float | None = Field(default=None, ge=0)
     gpu_hour_usd: float | None = Field(default=None, ge=0)
+    # Price the GPU at this stated throughput (input + output tokens per second, e.g. from
+    # `routeopt bench serving`) instead of the one measured in the run: every run costs a call
+    # the same, so nights (and the router trained on them) do not move with the machine's load.
+    gpu_tokens_per_s: float | None = Field(default=None, gt=0)
     utilization: float = Field(default=1.0, gt=0, le=1)
     max_concurrency: int = Field(default=8, ge=1, le=4096)
     requests_per_minute: float | None = Field(default=None, gt=0)
@@ -179,6 +183,8 @@ class Candidate(BaseModel):
             raise ValueError(
                 "needs a price: input_price_per_mtok/output_price_per_mtok, or gpu_hour_usd"
             )
+        if self.gpu_tokens_per_s is not None and self.gpu_hour_usd is None:
+            raise ValueError("gpu_tokens_per_s prices a GPU: give gpu_hour_usd too")
         if self.provider == "local" and self.variant == "api":
             self.variant = "fp32"
         if self.speculative is not None and self.provider != "local":
@@ -187,12 +193,29 @@ class Candidate(BaseModel):
                              "--speculative-config)")
         return self
 
+    @property
+    def gpu_metered(self) -> bool:
+        """Priced by the GPU time this run measures: `gpu_hour_usd` without a stated throughput."""
+        return self.gpu_hour_usd is not None and self.gpu_tokens_per_s is None
+
+    def token_prices(self) -> tuple[float, float]:
+        """$/Mtok of input and output tokens: the list prices, or for a GPU priced at a stated
+        throughput its hourly price spread over that many tokens a second (at `utilization`)."""
+        if self.gpu_hour_usd is not None and self.gpu_tokens_per_s is not None:
+            per_mtok = self.gpu_hour_usd / 3600.0 / (self.gpu_tokens_per_s * self.utilization) * 1e6
+            return per_mtok, per_mtok
+        return self.input_price_per_mtok or 0.0, self.output_price_per_mtok or 0.0
+
     def cache_prices(self) -> tuple[float, float]:
         """$/Mtok of cache-read and cache-write input tokens: as configured, else Anthropic's
-        multiples of the input price for `anthropic` candidates, else the input price."""
-        price_in = self.input_price_per_mtok or 0.0
+        multiples of the input price for `anthropic` candidates, else the input price. A GPU
+        priced at a stated throughput reads its prefix cache for free: reused tokens are not
+        computed again."""
+        price_in = self.token_prices()[0]
         anthropic = self.provider == "anthropic"
         read, write = self.cached_input_price_per_mtok, self.cache_write_input_price_per_mtok
+        if read is None and self.gpu_tokens_per_s is not None:
+            read = 0.0
         if read is None:
             read = price_in * ANTHROPIC_CACHE_READ_X if anthropic else price_in
         if write is None:
@@ -205,7 +228,7 @@ class Candidate(BaseModel):
         read = min(cache_read, input_tokens)
         write = min(cache_write, input_tokens - read)
         price_read, price_write = self.cache_prices()
-        plain = (input_tokens - read - write) * (self.input_price_per_mtok or 0.0)
+        plain = (input_tokens - read - write) * self.token_prices()[0]
         return (plain + read * price_read + write * price_write) / 1e6
 
     def api_key(self) -> str | None:

@@ -24,7 +24,7 @@ from evals.execution.cache import format_age, parse_age
 from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
-from flows.review import review_run
+from flows.review import report_run, review_run
 from reports.summary import excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
@@ -366,7 +366,7 @@ def nightly(
     persist_in_tasks: bool = True,
     cache_max_age: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate -> store -> train -> review -> publish -> promote. The same run id resumes.
+    """Evaluate -> store -> train -> review -> publish -> promote -> report. The same run id resumes.
 
     `cache_max_age` (e.g. "1d"): replay cached answers of earlier runs up to that age, for
     development runs only; by default every model is called again (resuming a run still takes
@@ -400,13 +400,9 @@ def nightly(
         logger.warning(excluded)
     frame = training_frame(cfg, run_id) if train else None
     result = train_task(cfg, run_id, frame) if train else None
-    review = review_run(
-        cfg,
-        store,
-        run_id,
-        metrics=result.metrics if result is not None else None,
-        policy_candidates=result.policy.candidates if result is not None else (),
-    )
+    metrics = result.metrics if result is not None else None
+    review = review_run(cfg, store, run_id,
+                        policy_candidates=result.policy.candidates if result is not None else ())
     blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
     published = promotion = None
     if publish and result is not None:
@@ -414,6 +410,10 @@ def nightly(
         promotion = promote_task(cfg, result, frame, published, blocking)
         logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
                     promotion.decided_by, promotion.reason)
+    policy = None if published is None else {"version": published.version, "promoted": promotion.promoted,
+                                             "reason": promotion.reason}
+    report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy,
+                                traffic=review.traffic.to_dict() if review.traffic is not None else None)
     return {
         "run_id": run_id,
         "db_path": str(cfg.db_path),
@@ -421,8 +421,9 @@ def nightly(
         "suite_errors": report.suite_errors,
         "pairs": [asdict(p) for p in report.pairs],
         "router_metrics": result.metrics if result is not None else None,
-        "report_path": str(review.report_path) if review.report_path else None,
+        "report_path": str(report_path),
         "drift_blocking": blocking,
+        "traffic_check": review.traffic.to_dict() if review.traffic is not None else None,
         "published": (
             {"version": published.version, "uri": published.uri, "signed": published.signed,
              "key_id": published.key_id,

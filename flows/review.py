@@ -1,8 +1,11 @@
-"""After a nightly run's evaluation: drift, the serving policy's traffic check, alerts, the HTML
-report and the Prefect artifacts.
+"""After a nightly run's evaluation: drift, the serving policy's traffic check and their alerts,
+then (once the policy is published and the gate has spoken) the HTML report and the Prefect
+artifacts.
 
-One call for the flow, between training and publishing, so that a policy relying on a
-regressed candidate can be held back: `review_run(...).blocking` lists what should block it.
+Two calls from the flow. `review_run`, between training and publishing, so that a policy relying
+on a regressed candidate can be held back: `review_run(...).blocking` lists what should block it.
+`report_run`, after the promotion gate, so the dashboard shows the version the run published and
+whether it became the champion.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from evals.config import Config
 from evals.storage.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift
 from evals.storage.store import Store
 from reports.alerts import send_alerts, send_traffic_alerts
-from reports.dashboard import build_report, publish_prefect_artifacts
+from reports.dashboard import gather, publish_prefect_artifacts, render_html, write_report
 
 
 @dataclass
@@ -23,8 +26,6 @@ class RunReview:
     drift: DriftReport
     blocking: list[DriftFinding] = field(default_factory=list)
     alerts: dict[str, Any] = field(default_factory=dict)
-    report_path: Path | None = None
-    artifacts: list[Any] = field(default_factory=list)
     traffic: Any = None  # router_training.monitor.TrafficCheck of the serving champion
     traffic_alerts: dict[str, Any] = field(default_factory=dict)
 
@@ -55,44 +56,6 @@ def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until:
                          min_requests=t.shift_min_requests, min_feedback=t.min_feedback)
 
 
-def default_report_path(cfg: Config, run_id: str) -> Path:
-    """Reports live beside the outcome database: `<db dir>/reports/<run_id>.html`."""
-    return cfg.db_path.parent / "reports" / f"{run_id}.html"
-
-
-def review_run(
-    cfg: Config,
-    store: Store,
-    run_id: str,
-    *,
-    metrics: dict | None = None,
-    policy_candidates: Iterable[str] = (),
-    report_path: str | Path | None = None,
-    send: bool = True,
-    artifacts: bool = True,
-) -> RunReview:
-    """Detect drift, alert (events + webhook), write the report, publish Prefect artifacts.
-
-    `policy_candidates`: the candidates the new policy routes to; regressions among them land in
-    `blocking`. `metrics`: the router's training metrics (for the report's cost-quality chart).
-    """
-    drift = detect_drift(store, run_id, cfg.alerts)
-    review = RunReview(drift, blocking_regressions(drift, policy_candidates))
-    review.traffic = traffic_review(cfg, store, trusted_public_keys(cfg))
-    if send:
-        review.alerts = send_alerts(drift, cfg.alerts)
-        if review.traffic is not None:
-            review.traffic_alerts = send_traffic_alerts(review.traffic, cfg.alerts)
-    path = Path(report_path) if report_path else default_report_path(cfg, run_id)
-    review.report_path = build_report(store, run_id, path, drift=drift, metrics=metrics,
-                                      registry=None if metrics else cfg.registry_dir,
-                                      traffic=review.traffic.to_dict() if review.traffic is not None else None)
-    if artifacts:
-        review.artifacts = publish_prefect_artifacts(store, run_id, drift=drift, metrics=metrics,
-                                                     report_path=review.report_path)
-    return review
-
-
 def trusted_public_keys(cfg: Config) -> Any:
     """The public keys the champion is verified with: the config's (beside its signing key) and
     $ROUTEOPT_PUBLIC_KEY."""
@@ -101,3 +64,38 @@ def trusted_public_keys(cfg: Config) -> Any:
     keys = [*(trusted_keys(None) or {}).values()]
     beside = public_key_path(cfg.signing_key_path())
     return [beside, *keys] if beside.exists() else (keys or None)
+
+
+def default_report_path(cfg: Config, run_id: str) -> Path:
+    """Reports live beside the outcome database: `<db dir>/reports/<run_id>.html`."""
+    return cfg.db_path.parent / "reports" / f"{run_id}.html"
+
+
+def review_run(cfg: Config, store: Store, run_id: str, *, policy_candidates: Iterable[str] = (),
+               send: bool = True) -> RunReview:
+    """Detect drift, check the champion's logged traffic, and alert (events + webhook).
+    `policy_candidates`: the candidates the new policy routes to; regressions among them land
+    in `blocking`."""
+    drift = detect_drift(store, run_id, cfg.alerts)
+    review = RunReview(drift, blocking_regressions(drift, policy_candidates))
+    review.traffic = traffic_review(cfg, store, trusted_public_keys(cfg))
+    if send:
+        review.alerts = send_alerts(drift, cfg.alerts)
+        if review.traffic is not None:
+            review.traffic_alerts = send_traffic_alerts(review.traffic, cfg.alerts)
+    return review
+
+
+def report_run(cfg: Config, store: Store, run_id: str, *, drift: DriftReport | None,
+               metrics: dict | None = None, policy: dict[str, Any] | None = None,
+               report_path: str | Path | None = None, artifacts: bool = True,
+               traffic: dict | None = None) -> tuple[Path, list[Any]]:
+    """Write the dashboard and publish the Prefect artifacts; returns (path, artifact ids).
+
+    `metrics`: the router's training metrics (the knob's held-out figures); `policy`: what the
+    run published (`version`, `promoted`, `reason`); `traffic`: the champion's traffic check.
+    Without metrics the registry is searched for a policy trained on this run."""
+    data = gather(store, run_id, drift=drift, metrics=metrics, policy=policy,
+                  registry=None if metrics else cfg.registry_dir, traffic=traffic)
+    path = write_report(render_html(data), report_path or default_report_path(cfg, run_id))
+    return path, publish_prefect_artifacts(data, path) if artifacts else []

@@ -1,9 +1,16 @@
 """The run dashboard: one self-contained HTML file (inline CSS, JS and SVG; no CDN, no network).
 
-It shows, for one run: per candidate quality, cost per passing answer, tokens, TTFT and latency
-percentiles; the router's cost-quality trade-off beside single-model baselines (from the
-published policy's metrics when there is one); per-suite tables; trends over the last nightly
-runs; and drift alerts. `publish_prefect_artifacts` puts the key tables into the Prefect UI.
+It shows, for one run: the policy it published and whether it became the champion; per
+candidate quality, cost per passing answer, tokens, TTFT and latency percentiles; what the
+router's quality knob gives at each target on held-out requests (pass rate, cost, and whether
+the promise held there), beside single models; per-suite tables; trends over the last nightly
+runs; live traffic; and drift alerts. `publish_prefect_artifacts` puts the key tables into the
+Prefect UI.
+
+Every router figure on the page is one a user gets by turning the knob, measured on requests
+the evaluated policy never saw. Figures read off a frontier drawn through points measured on
+those same requests (savings at the best single model's quality, AIQ) are upper bounds, and the
+page labels them so.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from evals.storage.labels import LABELS, LabelSql
 from evals.storage.store import Store
 from evals.storage.traffic import load_traffic
 from reports.charts import Axis, Series, chart
+from reports.summary import promise_line
 from router_training.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
@@ -77,6 +85,7 @@ class ReportData:
     drift: DriftReport | None = None
     metrics: dict[str, Any] | None = None
     policy_version: int | None = None
+    policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
     traffic: dict[str, Any] | None = None  # the champion's traffic check (router_training.monitor)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -145,21 +154,26 @@ def gather(
     drift: DriftReport | None = None,
     metrics: dict | None = None,
     registry: str | Path | None = None,
+    policy: dict[str, Any] | None = None,
     trend_runs: int = 14,
     live_days: float = 14.0,
     traffic: dict | None = None,
 ) -> ReportData:
-    """Read everything the report needs; metrics default to the policy published from this run;
-    live traffic (decision logs with feedback) covers the `live_days` up to the run's end;
-    `traffic` is the serving policy's traffic check (shift monitor and live promise), when run."""
+    """Read everything the report needs. `policy` is what the run published (`version`, and
+    `promoted` with its `reason`), as the nightly knows it; without it the policy and its
+    metrics are looked up in `registry` (the newest version trained on this run). Live traffic
+    (decision logs with feedback) covers the `live_days` up to the run's end; `traffic` is the
+    serving policy's traffic check (shift monitor and live promise), when run."""
     run = store.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if run.empty:
         raise KeyError(f"no run {run_id!r} in {store.path}")
-    version = None
-    if metrics is None and registry is not None:
+    version, status = (policy or {}).get("version"), _policy_status(policy)
+    if version is None and registry is not None:
         found = policy_metrics_for_run(registry, run_id)
         if found:
-            version, metrics = found
+            version, found_metrics = found
+            metrics = metrics if metrics is not None else found_metrics
+            status = _channel_status(registry, version)
     info = {k: _clean(v) for k, v in run.iloc[0].to_dict().items() if k != "config_json"}
     return ReportData(
         run=info,
@@ -169,9 +183,28 @@ def gather(
         drift=drift,
         metrics=metrics,
         policy_version=version,
+        policy_status=status,
         live=_live(store, _run_end(info), live_days),
         traffic=traffic,
     )
+
+
+def _policy_status(policy: dict[str, Any] | None) -> str | None:
+    """What became of the published policy, as the nightly's promotion gate decided."""
+    if not policy or policy.get("promoted") is None:
+        return None
+    return "champion" if policy["promoted"] else f"candidate (not promoted: {policy.get('reason', '')})"
+
+
+def _channel_status(registry: str | Path, version: int) -> str | None:
+    """Whether `version` is the registry's champion now (a report made after the run)."""
+    from artifacts.registry import RegistryError, current_pointer
+
+    try:
+        pointer, _ = current_pointer(str(registry), "champion")
+    except (RegistryError, OSError):
+        return None
+    return "champion" if pointer is not None and pointer.version == version else "candidate"
 
 
 def _live(store: Store, until: str | None, days: float) -> dict[str, Any] | None:
@@ -224,6 +257,10 @@ def cost_quality_chart(data: ReportData) -> str:
                          line=False, annotate=True, color="#2563eb"))
     for name, curve in ((holdout.get("curves") or (data.metrics or {}).get("curves") or {})).items():
         series.append(Series(f"{name} curve", curve.get("cost", []), curve.get("quality", []), marker="circle"))
+    knob = [r for r in knob_rows(data.metrics) if r["cost"] is not None and r["pass_rate"] is not None]
+    if knob:
+        series.append(Series("quality knob (targets)", [r["cost"] for r in knob], [r["pass_rate"] for r in knob],
+                             [f"target {r['target']:g}" for r in knob], marker="circle", color="#16a34a"))
     oracle, router = holdout.get("oracle") or {}, holdout.get("router_at_target") or {}
     if oracle.get("cost") is not None:
         series.append(Series("oracle", [oracle["cost"]], [oracle.get("pass_rate")], ["oracle"], line=False,
@@ -275,6 +312,8 @@ def render_html(data: ReportData) -> str:
         cost_quality=cost_quality_chart(data),
         trends=trend_charts(data),
         router_rows=_router_rows(data.metrics),
+        knob_rows=knob_rows(data.metrics),
+        promise_line=promise_line(data.metrics),
         total_cost=sum(r["cost_usd"] or 0 for r in data.candidates),
         total_items=sum(r["items"] for r in data.candidates),
     )
@@ -296,8 +335,34 @@ def _ci(e: dict | None, spec: str = ".3f") -> str:
     return f"{_num(e['value'], spec)} [{_num(e.get('low'), spec)}, {_num(e.get('high'), spec)}]"
 
 
+def knob_rows(metrics: dict | None) -> list[dict[str, Any]]:
+    """What turning the knob gives on the held-out requests, one row per target: the floor it
+    promises (target x the reference model's pass rate there), the pass rate and cost of the
+    policy fitted without those requests, its cost against always calling the best single
+    model, and the verdict: held, below the floor within noise, or refuted (the requests'
+    own upper bound of the margin is below the floor). The figures `routeopt run` prints."""
+    holdout = (metrics or {}).get("holdout") or {}
+    promise = holdout.get("promise") or {}
+    best_cost = (holdout.get("best_single") or {}).get("cost")
+    rows = []
+    for r in promise.get("targets") or []:
+        se = r.get("margin_se")
+        noise = 1.96 * se if _is_num(se) else None
+        if not r.get("certified"):
+            verdict = "not certified"
+        elif r.get("contradicted"):
+            verdict = "refuted"
+        else:
+            verdict = "held" if r.get("held") else "below floor, within noise"
+        cost = r.get("cost")
+        rows.append({**r, "noise": noise, "verdict": verdict,
+                     "cost_ratio": cost / best_cost if _is_num(cost) and _is_num(best_cost) and best_cost else None})
+    return rows
+
+
 def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
-    """Held-out rows: router at target, best and cheapest single models, oracle; with savings."""
+    """Held-out rows: router at target, best and cheapest single models, oracle; with the
+    frontier summaries (optimistic: read off points measured on these same requests)."""
     holdout = (metrics or {}).get("holdout") or {}
     table = holdout.get("table") or {}
     rows = []
@@ -307,6 +372,8 @@ def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
         if not m:
             continue
         name = f"{label} ({m['model']})" if m.get("model") else label
+        if key == "router_at_target":
+            name = f"router @ target {m.get('target'):g}"
         rows.append({"name": name, "pass_rate": m.get("pass_rate"), "cost": m.get("cost"),
                      "summary": table.get("router" if key == "router_at_target" else key, {})})
     for name, summary in table.items():
@@ -342,13 +409,21 @@ _ARTIFACT_COLUMNS = ("candidate", "items", "errors", "excluded", "budget_skipped
                      "latency_p50", "latency_p95", "latency_p99")
 
 
+def _router_markdown(metrics: dict | None) -> list[str]:
+    """The knob's targets on held-out requests, as the dashboard's table has them."""
+    rows = knob_rows(metrics)
+    if not rows:
+        return []
+    n = (metrics or {}).get("holdout", {}).get("n_test_requests", "?")
+    lines = [f"### Router on {n} held-out requests", "", promise_line(metrics) or "", "",
+             "| target | certified | floor | pass rate | USD / request | verdict |", "|---:|---|---:|---:|---:|---|"]
+    lines += [f"| {r['target']:g} | {'yes' if r['certified'] else 'no'} | {_num(r['floor'], '.3f')} | "
+              f"{_num(r['pass_rate'], '.3f')} | {_num(r['cost'], '.3g')} | {r['verdict']} |" for r in rows]
+    return lines
+
+
 def _drift_markdown(drift: DriftReport | None, metrics: dict | None) -> str:
-    lines = []
-    for r in _router_rows(metrics):
-        if not lines:
-            lines += ["### Router on held-out requests", "", "| policy | pass rate | USD / request |",
-                      "|---|---:|---:|"]
-        lines.append(f"| {r['name']} | {_num(r['pass_rate'], '.3f')} | {_num(r['cost'], '.4g')} |")
+    lines = _router_markdown(metrics)
     lines += ["", "### Drift"]
     if drift is None:
         lines.append("not computed")
@@ -360,19 +435,12 @@ def _drift_markdown(drift: DriftReport | None, metrics: dict | None) -> str:
     return "\n".join(lines)
 
 
-def publish_prefect_artifacts(
-    store: Store,
-    run_id: str,
-    *,
-    drift: DriftReport | None = None,
-    metrics: dict | None = None,
-    report_path: str | Path | None = None,
-) -> list[Any]:
-    """Candidates and per-suite tables, router and drift summary (and a link to the HTML
-    report) as Prefect artifacts; called inside the nightly flow they attach to its run."""
+def publish_prefect_artifacts(data: ReportData, report_path: str | Path | None = None) -> list[Any]:
+    """Candidates and per-suite tables, the knob's held-out figures and drift (and a link to
+    the HTML report) as Prefect artifacts; called inside the nightly flow they attach to its run."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-    data = gather(store, run_id, drift=drift, metrics=metrics, trend_runs=1)
+    run_id = data.run["run_id"]
     suite_rows = [dict(r, suite=s) for s, rows in data.suites.items() for r in rows]
     ids = [
         create_table_artifact(
@@ -384,7 +452,7 @@ def publish_prefect_artifacts(
             description=f"Per suite and candidate on run {run_id}.",
         ),
         create_markdown_artifact(
-            markdown=_drift_markdown(drift, metrics), key="routeopt-router-drift",
+            markdown=_drift_markdown(data.drift, data.metrics), key="routeopt-router-drift",
             description=f"Router metrics and drift alerts of run {run_id}.",
         ),
     ]

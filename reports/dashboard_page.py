@@ -49,7 +49,9 @@ svg .series { stroke-width: 2; } svg .mark:hover { opacity: .7; }
   <div class="card"><span class="muted">drift regressions</span>
     <b class="{{ 'sev-regression' if d.drift and d.drift.regressions else '' }}">
       {{ d.drift.regressions|length if d.drift else "-" }}</b></div>
-  <div class="card"><span class="muted">policy version</span><b>{{ d.policy_version or "-" }}</b></div>
+  <div class="card" id="policy-tile"><span class="muted">policy published</span>
+    <b>{{ "v%d" % d.policy_version if d.policy_version else "none" }}</b>
+    {% if d.policy_status %}<span class="muted">{{ d.policy_status }}</span>{% endif %}</div>
 </section>
 
 <h2>Candidates</h2>
@@ -74,12 +76,37 @@ cap, open circuit breaker, refused key, configuration, grader or routeopt faults
 nowhere. Cost, tokens and times (in seconds) are this run's calls: answers replayed from the
 response cache (<em>cached</em>) count in pass rates only.</p>
 
-<h2>Router: cost vs quality</h2>
+<h2>Router: what the quality knob gives</h2>
+{% if knob_rows %}
+{% set H = d.metrics.holdout %}
+<p>On {{ H.n_test_requests }} held-out requests, the policy fitted without them (the one these figures
+describe{% if H.policy %}: {{ H.policy }}{% endif %}), at each quality target. Target x promises a pass rate of
+at least x times the reference model's ({{ H.best_single.model }}, the best single candidate on the training
+requests: {{ H.promise.reference_pass_rate|num(".3f") }} on these), with confidence
+{{ H.promise.confidence|num(".2g") }}, wherever the knob certified x. &plusmn; is 1.96 standard errors of
+the paired margin on these {{ H.promise.n }} requests: a gap smaller than that is noise.
+{% if promise_line %}<b id="promise-line">{{ promise_line }}</b>.{% endif %}</p>
+<div class="scroll"><table class="sortable" id="knob">
+<thead><tr><th>target</th><th>certified</th><th>floor</th><th>pass rate</th><th>margin &plusmn; noise</th>
+<th>USD / request</th><th>cost vs best single</th><th>verdict</th></tr></thead>
+<tbody>
+{% for r in knob_rows %}
+<tr class="{{ 'sev-regression' if r.verdict == 'refuted' else '' }}"><td>{{ r.target|num("g") }}</td>
+<td>{{ "yes" if r.certified else "no" }}</td><td>{{ r.floor|num(".3f") }}</td><td>{{ r.pass_rate|num(".3f") }}</td>
+<td>{{ r.margin|num("+.3f") }} &plusmn; {{ r.noise|num(".3f") }}</td><td>{{ r.cost|num(".3g") }}</td>
+<td>{{ r.cost_ratio|num(".3f") }}</td><td>{{ r.verdict }}</td></tr>
+{% endfor %}
+</tbody></table></div>
+{% endif %}
 <div class="charts">{{ cost_quality|safe }}</div>
 {% if router_rows %}
+<h3>Beside baselines (upper bounds)</h3>
+<p class="muted">Savings and AIQ below are read off the upper hull of points measured on the same held-out
+requests (the baselines' &lambda; is swept on them): what a knob tuned after seeing those requests could
+reach, not what a target delivers. The table above is what a target delivers.</p>
 <table class="sortable" id="router">
-<thead><tr><th>policy</th><th>pass rate</th><th>USD / request</th><th>savings at best quality</th>
-<th>savings at 95%</th><th>AIQ</th></tr></thead>
+<thead><tr><th>policy</th><th>pass rate</th><th>USD / request</th><th>savings at best quality (upper bound)</th>
+<th>savings at 95% (upper bound)</th><th>AIQ (upper bound)</th></tr></thead>
 <tbody>
 {% for r in router_rows %}
 <tr><td>{{ r.name }}</td><td>{{ r.pass_rate|pct }}</td><td>{{ r.cost|num }}</td>

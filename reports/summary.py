@@ -49,6 +49,16 @@ def _fmt(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
+def promise_line(metrics: dict | None) -> str | None:
+    """The promise's tally on the held-out requests (the run summary's and the dashboard's)."""
+    promise = ((metrics or {}).get("holdout") or {}).get("promise") or {}
+    if not promise.get("promised"):
+        return None
+    broken = promise.get("contradicted")
+    return (f"promise held at {promise['held']} of {promise['promised']} certified targets"
+            + ("" if broken is None else f", significantly broken at {broken}"))
+
+
 def router_table(holdout: dict[str, Any]) -> Table:
     """The router at its target beside the best and cheapest single candidates and the oracle."""
     n = holdout.get("n_test_requests")
@@ -63,10 +73,8 @@ def router_table(holdout: dict[str, Any]) -> Table:
         floor = at["target"] * promise["reference_pass_rate"]
         row = next((r for r in promise.get("targets", []) if abs(r["target"] - at["target"]) < 1e-9), {})
         noise = f" (±{1.96 * row['margin_se']:.3f} on {n} requests)" if row.get("margin_se") else ""
-        broken = promise.get("contradicted")
         table.caption = (f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}{noise}; "
-                         f"promise held at {promise['held']} of {promise['promised']} certified targets"
-                         + ("" if broken is None else f", significantly broken at {broken}"))
+                         f"{promise_line({'holdout': holdout})}")
     rows = [("router", holdout.get("router_at_target"))]
     rows += [(k, holdout.get(k)) for k in ("best_single", "cheapest_single", "oracle")]
     for name, m in rows:

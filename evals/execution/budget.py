@@ -57,10 +57,9 @@ def estimate_call_cost(candidate: Candidate, request: Request) -> float:
     GPU-priced: the GPU held by this call alone for the whole timeout, at the configured
     utilisation (a call that runs longer is cut off by the runner).
     """
-    if candidate.gpu_hour_usd is not None:
+    if candidate.gpu_metered:
         return candidate.gpu_hour_usd / 3600.0 * candidate.timeout_s / candidate.utilization
-    price_in = candidate.input_price_per_mtok or 0.0
-    price_out = candidate.output_price_per_mtok or 0.0
+    price_in, price_out = candidate.token_prices()
     tokens_in = prompt_token_upper_bound(request)
     return (tokens_in * price_in + request.settings.max_tokens * price_out) / 1e6
 
@@ -72,7 +71,7 @@ def gpu_provisional_cost(candidate: Candidate, latency_s: float | None) -> float
     a figure. With concurrent calls this overstates the share (they split one GPU), which errs
     on the side of the cap; `Budget.correct` books the difference when the window is costed.
     """
-    if candidate.gpu_hour_usd is None or latency_s is None:
+    if not candidate.gpu_metered or latency_s is None:
         return None
     return candidate.gpu_hour_usd / 3600.0 * latency_s / candidate.utilization
 

@@ -48,25 +48,25 @@ class RetryPolicy:
 
 
 def token_cost(candidate: Candidate, c: Completion) -> float | None:
-    """List-price cost of one call; None for GPU-priced candidates (costed per flush window).
-    Prompt-cache reads and writes are priced as the candidate says (`Candidate.cache_prices`)."""
-    if candidate.gpu_hour_usd is None:
+    """Token-priced cost of one call; None for candidates priced by measured GPU time (costed
+    per flush window). Prompt-cache reads and writes are priced as the candidate says
+    (`Candidate.cache_prices`)."""
+    if not candidate.gpu_metered:
         inp = candidate.input_cost_usd(c.input_tokens or 0, c.cached_input_tokens or 0,
                                        c.cache_write_input_tokens or 0)
-        return inp + (c.output_tokens or 0) * (candidate.output_price_per_mtok or 0.0) / 1e6
+        return inp + (c.output_tokens or 0) * candidate.token_prices()[1] / 1e6
     return None
 
 
 def failed_attempt_cost(candidate: Candidate, request: Request, progress: CallProgress) -> float:
     """What the provider bills for a token-priced call that ended without a usable answer."""
-    if candidate.gpu_hour_usd is not None or not progress.started:
+    if candidate.gpu_metered or not progress.started:
         return 0.0
     inp = progress.input_tokens or estimate_tokens(request.prompt_text)
     out = progress.output_tokens
     if out is None:
         out = math.ceil(progress.output_chars / 4)
-    price_in = candidate.input_price_per_mtok or 0.0
-    price_out = candidate.output_price_per_mtok or 0.0
+    price_in, price_out = candidate.token_prices()
     return (inp * price_in + out * price_out) / 1e6
 
 
@@ -125,7 +125,7 @@ class Caller:
 
     def _result(self, completion: Completion | None, err: ProviderError | None, attempts: int,
                 spent: float) -> CallResult:
-        cost = None if self.candidate.gpu_hour_usd is not None else spent
+        cost = None if self.candidate.gpu_metered else spent
         return CallResult(completion, err, attempts, cost)
 
     def _halt(self, err: ProviderError) -> None:
@@ -195,7 +195,7 @@ class Caller:
         return completion, None, cost
 
     def _failed_cost(self, request: Request, progress: CallProgress, elapsed_s: float) -> float:
-        if self.candidate.gpu_hour_usd is not None:
+        if self.candidate.gpu_metered:
             return self._gpu(elapsed_s)
         return failed_attempt_cost(self.candidate, request, progress)
 

@@ -85,7 +85,7 @@ def apportion_gpu_cost(candidate: Candidate, rows: list[Outcome], window_s: floa
     dearer. Cache hits used no GPU and cost nothing; a window with no served call is not charged
     to any row, but the budget still counts it.
     """
-    if candidate.gpu_hour_usd is None:
+    if not candidate.gpu_metered:
         return 0.0
     dollars = candidate.gpu_hour_usd / 3600.0 * window_s / candidate.utilization
     priced = [r for r in rows if r.error_kind is None and not r.cached]
@@ -442,10 +442,10 @@ def _make_pair(suite: Suite, candidate: Candidate, run_id: str, stats: PairStats
     wait = candidate.circuit_breaker_max_wait_s if max_wait is None else max_wait
     caller = Caller(candidate, provider or make_provider(candidate), limits, budget, retry, wait)
     grading = _GradingCalls(budget, retry, max_wait)
-    # A self-hosted candidate's cost is measured from this run's throughput; a cached answer
-    # has none, so those candidates are always called.
+    # A candidate priced by GPU time has its cost measured from this run's throughput; a cached
+    # answer has none, so those candidates are always called.
     where, max_age_s, scope = cache
-    response_cache, own_cache = _open_cache(where if candidate.gpu_hour_usd is None else None,
+    response_cache, own_cache = _open_cache(where if not candidate.gpu_metered else None,
                                             max_age_s)
     pair = _Pair(suite, candidate, run_id, caller, suite.grader.bind(grading), grading,
                  response_cache, stats, scope)
@@ -461,7 +461,7 @@ async def _run_items(pair: _Pair, todo: list[Item], own: tuple[bool, bool], sink
     prepare = getattr(pair.caller.provider, "prepare", None)
     if prepare is not None:  # optional: SDK import and client set-up, outside call timeouts
         await prepare()
-    meter = shared_gpu_meter(candidate) if candidate.gpu_hour_usd is not None else None
+    meter = shared_gpu_meter(candidate) if candidate.gpu_metered else None
     if meter is not None:
         meter.enter()
     flusher = _Flusher(pair, sink, flush_every, flush_interval_s, meter)

@@ -39,6 +39,8 @@ db_path: data/x.duckdb
          "  - {name: a, provider: local, model: m, gpu_hour_usd: 1}", "used twice"),
         ("candidates:\n  - {name: a, provider: local, model: m, gpu_hour_usd: 1, max_concurrency: 0}",
          "candidates.0.max_concurrency"),
+        ("candidates:\n  - {name: a, provider: local, model: m, input_price_per_mtok: 1, gpu_tokens_per_s: 9}",
+         "give gpu_hour_usd too"),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, body: str, field: str) -> None:

@@ -1,4 +1,4 @@
-"""review_run: drift, alerts, report and Prefect artifacts in one call from the flow."""
+"""review_run (drift, alerts) and report_run (the dashboard and Prefect artifacts), as the flow calls them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from evals.config import AlertSettings, Candidate, Config
 from evals.storage.store import Store
-from flows.review import default_report_path, review_run
+from flows.review import default_report_path, report_run, review_run
 from tests.ops_history import Regression, make_history
 from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 
@@ -29,12 +29,15 @@ def test_review_run_alerts_reports_and_blocks(tmp_path: Path, prefect_harness, r
     @flow
     def nightly_like():
         with Store(db, read_only=True) as store:
-            return review_run(cfg, store, "run-03", policy_candidates=["mid", "small"])
+            review = review_run(cfg, store, "run-03", policy_candidates=["mid", "small"])
+            return review, report_run(cfg, store, "run-03", drift=review.drift,
+                                      policy={"version": 7, "promoted": False, "reason": "drift"})
 
-    review = nightly_like()
+    review, (path, artifacts) = nightly_like()
     assert [(f.candidate, f.metric) for f in review.blocking] == [("mid", "pass_rate")]
     assert review.alerts["webhook"] is True and review.alerts["events"] == len(review.drift.findings) + 1
     assert handler.received[0]["body"]["run_id"] == "run-03"
-    assert review.report_path == default_report_path(cfg, "run-03") == tmp_path / "reports" / "run-03.html"
-    assert "sev-regression" in review.report_path.read_text()
-    assert len(review.artifacts) == 4
+    assert path == default_report_path(cfg, "run-03") == tmp_path / "reports" / "run-03.html"
+    html = path.read_text()
+    assert "sev-regression" in html and "<b>v7</b>" in html and "not promoted: drift" in html
+    assert len(artifacts) == 4

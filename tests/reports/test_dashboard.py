@@ -101,6 +101,25 @@ def test_report_is_self_contained_and_shows_every_section(db: Path, metrics: dic
     assert not list((tmp_path / "r").glob(".*"))  # the temporary file was renamed away
 
 
+def test_the_knob_table_is_what_each_target_gives_and_bounds_are_labelled(db: Path, metrics: dict, tmp_path: Path):
+    """Every row of the knob's table is the held-out promise report's, worded as the run summary
+    words it; frontier figures (read off points on the same requests) are labelled upper bounds."""
+    from reports.summary import promise_line
+
+    with Store(db, read_only=True) as store:
+        html = build_report(store, "run-03", tmp_path / "k.html", metrics=metrics,
+                            policy={"version": 3, "promoted": True}).read_text()
+    knob = html[html.index('id="knob"'):html.index("</table>", html.index('id="knob"'))]
+    rows = re.findall(r"<tr[^>]*><td>([^<]*)</td>\s*<td>(yes|no)</td><td>([^<]*)</td><td>([^<]*)</td>", knob)
+    targets = metrics["holdout"]["promise"]["targets"]
+    assert [(float(t), c == "yes", float(f), float(q)) for t, c, f, q in rows] == [
+        (pytest.approx(r["target"]), r["certified"], pytest.approx(r["floor"], abs=5e-4),
+         pytest.approx(r["pass_rate"], abs=5e-4)) for r in targets]
+    assert promise_line(metrics) in html and "<b>v3</b>" in html and "champion" in html
+    bounds = html[html.index('id="router"'):html.index("</thead>", html.index('id="router"'))]
+    assert bounds.count("(upper bound)") == 3
+
+
 def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
     with Store(db, read_only=True) as store:
         html = render_html(gather(store, "run-00"))
@@ -162,8 +181,8 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
     def publish_them() -> list:
         with Store(db, read_only=True) as store:
             drift = detect_drift(store, "run-03")
-            return publish_prefect_artifacts(store, "run-03", drift=drift, metrics=metrics,
-                                             report_path=tmp_path / "r.html")
+            data = gather(store, "run-03", drift=drift, metrics=metrics, trend_runs=1)
+            return publish_prefect_artifacts(data, report_path=tmp_path / "r.html")
 
     ids = publish_them()
     assert len(ids) == 4
@@ -174,7 +193,8 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
     table = arts["routeopt-candidates"].data
     rows = table if isinstance(table, list) else __import__("json").loads(table)
     assert {r["candidate"] for r in rows} == {"big", "mid", "small"}
-    assert "regression" in arts["routeopt-router-drift"].data and "router @ target" in arts["routeopt-router-drift"].data
+    router = arts["routeopt-router-drift"].data
+    assert "regression" in router and "held-out requests" in router and "| verdict |" in router
     assert arts["routeopt-report"].data.startswith("[HTML report](file://")
 
 

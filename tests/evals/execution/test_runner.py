@@ -281,6 +281,24 @@ async def test_gpu_priced_candidate_shares_the_window(tmp_path, fake_llm, fake_c
     assert all(r.cost_usd > 0 for r in rows) and token_cost(cand, _completion()) is None
 
 
+async def test_a_gpu_priced_at_a_stated_throughput_costs_its_tokens(tmp_path, fake_llm, fake_candidate):
+    """gpu_tokens_per_s: every call costs its tokens at the GPU-hour price over that throughput,
+    whatever the run's own speed: $3.6/h over 1,000 tok/s at 50% utilisation is $2 per Mtok.
+    Prompt tokens read from a prefix cache are not computed again, so they cost nothing."""
+    fake_llm.first_token_delay_s = 0.02
+    suite = load_suite(write_arithmetic_suite(tmp_path, 8))
+    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
+                          gpu_tokens_per_s=1000, utilization=0.5)
+    rows = Rows()
+    await run(suite, cand, rows, flush_every=4)
+    assert not cand.gpu_metered and cand.token_prices() == pytest.approx((2.0, 2.0))
+    assert any(r.cached_input_tokens for r in rows)  # the fake server reports a cached prefix
+    for r in rows:
+        computed = r.input_tokens - (r.cached_input_tokens or 0) + r.output_tokens
+        assert r.cost_usd == pytest.approx(computed * 2.0 / 1e6)
+    assert token_cost(cand, _completion()) == pytest.approx(4e-6)
+
+
 def _completion():
     from evals.providers.base import Completion
 
