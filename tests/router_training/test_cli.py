@@ -45,6 +45,43 @@ def test_import_train_route_end_to_end(tmp_path, monkeypatch):
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
 
 
+def test_train_certifies_toward_a_traffic_sample_or_robustly_and_says_so(tmp_path, monkeypatch):
+    """--traffic (a JSONL of prompts, or decision logs without text) and --robust: the manifest
+    records what the certificate assumes, and `train` prints it."""
+    from artifacts.registry import show
+
+    monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(tmp_path / "keys" / "signing_key.pem"))
+    monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
+    runner = CliRunner()
+    data, db, registry = tmp_path / "outcomes.parquet", tmp_path / "db.duckdb", tmp_path / "registry"
+    frame = demo_frame(n_items=60)
+    frame.to_parquet(data)
+    assert runner.invoke(cli, ["import", "outcomes", str(data), "--db", str(db)]).exit_code == 0
+    hard = frame[frame["prompt"].str.contains("difficulty: [45]")].drop_duplicates("request_id")
+    prompts = tmp_path / "traffic.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "suite": s}) + "\n" for p, s in zip(hard.prompt, hard.suite)))
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(prompts)])
+    assert r.exit_code == 0, r.output
+    assert f"requests like the traffic sample of {len(hard)} requests" in r.output
+    cert = show(str(registry), 1)["metrics"]["knob"]["certificate"]
+    assert cert["mode"] == "traffic" and cert["traffic"]["n_traffic"] == len(hard)
+    assert 0 < cert["traffic"]["effective_sample_size"] < 180 and cert["traffic"]["separability_auc"] > 0.6
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"kind": "decision", "time": "2025-03-01T10:00:00Z", "request_id": f"r{i}",
+                                       "suite": s, "prompt_chars": len(p), "model": "tiny", "propensity": 1.0})
+                           + "\n" for i, (p, s) in enumerate(zip(hard.prompt, hard.suite))))
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(log)])
+    assert r.exit_code == 0, r.output
+    assert "without text (suites and lengths)" in show(str(registry), 2)["metrics"]["knob"]["certificate"]["traffic"]["source"]
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2"])
+    assert r.exit_code == 0, r.output
+    assert "within a factor 2 of the calibration mix" in r.output
+    assert show(str(registry), 3)["metrics"]["knob"]["certificate"]["gamma"] == 2.0
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2",
+                            "--traffic", str(prompts)])
+    assert r.exit_code != 0 and "not both" in r.output
+
+
 def test_route_reports_bad_input_line(tmp_path, trained):
     trained.policy.save(tmp_path / "policy")
     bad = tmp_path / "in.jsonl"
