@@ -72,17 +72,36 @@ def decide_promotion(
     live: Comparison | None = None,
     min_feedback: int = 200,
     require_live: bool = False,
+    live_promise: dict | None = None,
 ) -> PromotionDecision:
     """Compare both policies on the same held-out items and, when there is enough of it, on live
-    traffic (`router_training.live.compare`), and say whether the new one may lead and which evidence decided."""
+    traffic (`router_training.live.compare`), and say whether the new one may lead and which
+    evidence decided. `live_promise` (`router_training.live.live_promise` of the new policy at
+    its target): with at least `min_feedback` requests, a promise the traffic refutes blocks it."""
     held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
                                  blocking=blocking, vacant=vacant)
     if blocking:
         return replace(held_out, decided_by="drift")
+    broken = promise_broken(live_promise, min_feedback)
+    if held_out.promoted and broken:
+        return replace(held_out, promoted=False, reason=broken, decided_by="live traffic",
+                       live={"promise": live_promise})
     if champion_policy is None:
         return held_out
     return with_live_evidence(held_out, live, tolerance=tolerance, min_feedback=min_feedback,
                               require_live=require_live)
+
+
+def promise_broken(promise: dict | None, min_feedback: int) -> str:
+    """Why live traffic refutes a policy's promise at its target ('' when it does not, or when
+    fewer than `min_feedback` requests with feedback say anything)."""
+    if not promise or promise["n"] < min_feedback or not promise["broken"]:
+        return ""
+    m = promise["margin"]
+    return (f"on {promise['n']} live requests its pass rate at target {promise['target']:g} is "
+            f"{promise['pass_rate']['value']:.3f} against a floor of {promise['floor']:.3f} "
+            f"({promise['target']:g} x {promise['reference_model']}): margin {m['value']:+.3f}, "
+            f"95% CI {m['low']:+.3f}..{m['high']:+.3f}, the promise does not hold on this traffic")
 
 
 def live_verdict(live: Comparison, tolerance: float) -> tuple[bool, str]:

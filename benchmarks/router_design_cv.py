@@ -15,6 +15,14 @@ A variant is NAME:key=value,key=value with keys of router_training.train.Design,
 S95 / AIQ (S100 'never' counts as 0 in the mean and is counted apart), checks passed, promise
 held, and top-best: the pass rate at the highest target (what the knob serves where nothing is
 certified) minus the best single's.
+
+With `--shift`, each held-out fold is also shifted the project's own ways
+(`router_training.shifts`: harder by the plain reference's difficulty learned on the other
+folds, another suite mix, longer prompts), and each variant is measured there twice: as trained
+(`default`) and trained again with a certificate toward the shifted fold's prompts (`traffic`,
+as `routeopt train --traffic`). Per shift and variant it prints issue 24's checks (pass rate at
+0.8 / 0.9 / 0.95 >= x * best - 0.015, at 1.0 >= best - 0.01, best single on the shifted fold)
+and the fold means of S95.
 """
 
 from __future__ import annotations
@@ -88,6 +96,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,... (repeatable)")
     ap.add_argument("--one-suite", action="store_true",
                     help="Give every request the same suite label (as one kept-back set has).")
+    ap.add_argument("--shift", action="store_true",
+                    help="Also measure every variant on shifted folds, as trained and certified toward them.")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["base:"])]
     names = [s for s in args.sets.split(",") if s] or sorted(
@@ -103,6 +113,7 @@ def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, d
     if args.one_suite:
         frame = frame.assign(suite="all")
     results: dict[str, list[dict]] = {v[0]: [] for v in variants}
+    shifted: dict[tuple[str, str, str], list[dict]] = {}
     for repeat, f in itertools.product(range(args.repeats), range(args.folds)):
         fold = frame["request_id"].map(folds_of(frame, args.folds, seed=repeat))
         fit_frame, eval_frame = frame[fold != f], frame[fold == f]
@@ -116,11 +127,49 @@ def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, d
             rep = measure(knob_choices(policy, test), test, fit_data, reference, knob=knob_info(policy))
             rep["seconds"] = seconds
             results[vname].append(rep)
+            if args.shift:
+                for key, r in shifted_folds(fit_frame, fit_data, test, reference, policy, design, options):
+                    shifted.setdefault((vname, *key), []).append(r)
     label = " (one suite label)" if args.one_suite else ""
     times = f", {args.repeats} fold assignments" if args.repeats > 1 else ""
     print(f"== {set_name}{label} ({args.folds}-fold CV on the training split{times})")
     print(summarise_variants(results))
+    if shifted:
+        print(summarise_shifts(shifted))
     sys.stdout.flush()
+
+
+def shifted_folds(fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceRouter, policy, design: dict,
+                  options: dict):
+    """((shift, 'default' | 'traffic'), report) on each shift of one held-out fold."""
+    from router_training.certificate import Certificate, TrafficSample
+    from router_training.shift_bench import difficulty, shift_checks
+    from router_training.shifts import SHIFTS, shifted
+
+    hardness = difficulty(reference, test)
+    for name in SHIFTS:
+        s = shifted(name, test, hardness)
+        if s is None:
+            continue
+        sub = test.subset(s.keep)
+        sample = TrafficSample.of_prompts(list(sub.prompts), list(sub.suites), source=f"shift {name}")
+        toward = train_router(fit_frame, design=Design(**design), certificate=Certificate(traffic=sample),
+                              **options).policy
+        for label, pol in (("default", policy), ("traffic", toward)):
+            rep = measure(knob_choices(pol, sub), sub, fit_data, knob=knob_info(pol), best_on="test")
+            rep["checks"] = shift_checks(rep)
+            yield (name, label), rep
+
+
+def summarise_shifts(shifted: dict[tuple[str, str, str], list[dict]]) -> str:
+    """Per (variant, shift, certificate): checks passed over folds and the fold mean of S95."""
+    lines = [f"{'variant':<14}{'shift':<8}{'cert':<9}{'checks':>9}{'S95':>7}{'pass@.95-floor':>16}"]
+    for (vname, shift, label), reps in shifted.items():
+        ok, n = sum(sum(r["checks"].values()) for r in reps), sum(len(r["checks"]) for r in reps)
+        s95 = np.nan_to_num([r["table"]["knob"]["savings_at_95"] for r in reps]).mean()
+        gap = np.mean([t["pass_rate"] - t["floor"] for r in reps for t in r["targets"] if t["target"] == 0.95])
+        lines.append(f"{vname:<14}{shift:<8}{label:<9}{ok:5d}/{n:<3d}{s95:7.3f}{gap:16.4f}")
+    return "\n".join(lines)
 
 
 def summarise_variants(results: dict[str, list[dict]]) -> str:

@@ -6,7 +6,8 @@ outcomes flipped, so the copies are not identical. Run with 2 cores, as CI does:
     OMP_NUM_THREADS=1 taskset -c 0,1 python benchmarks/router_train_speed.py [--rows 120000]
 
 By default it times what `routeopt train` does: hold out 30% and measure on it, then refit on
-every request. `--holdout 0` times a single fit on every request.
+every request. `--holdout 0` times a single fit on every request. `--sets DIR` times it on every
+shared set's training split as `routeopt import outcomes` stores it, one after the other.
 """
 
 from __future__ import annotations
@@ -48,17 +49,28 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=120_000)
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--holdout", type=float, default=0.3, help="Held-out fraction (0: one fit, no report).")
+    ap.add_argument("--sets", type=Path, default=None,
+                    help="Time every sub-folder's train.parquet as it is (the shared sets) instead.")
     args = ap.parse_args()
+    if args.sets is not None:
+        from evals.storage.importer import training_frame_of
+
+        for folder in sorted(d for d in args.sets.iterdir() if (d / "train.parquet").is_file()):
+            timed(training_frame_of(folder / "train.parquet"), args.holdout, folder.name)
+        return
+    timed(synthesize(pd.read_parquet(args.data), args.rows), args.holdout, "synthetic")
+
+
+def timed(frame: pd.DataFrame, holdout: float, name: str) -> None:
     from router_training.train import train_router
 
-    frame = synthesize(pd.read_parquet(args.data), args.rows)
     start, cpu = time.perf_counter(), time.process_time()
-    result = train_router(frame, holdout_fraction=args.holdout)
+    result = train_router(frame, holdout_fraction=holdout)
     took, cpu = time.perf_counter() - start, time.process_time() - cpu
-    print(f"rows={len(frame)} requests={frame['request_id'].nunique()} "
-          f"candidates={frame['model'].nunique()} holdout={args.holdout} refit={result.metrics['refit']} "
+    print(f"{name}: rows={len(frame)} requests={frame['request_id'].nunique()} "
+          f"candidates={frame['model'].nunique()} holdout={holdout} refit={result.metrics['refit']} "
           f"train_router_wall_s={took:.1f} cpu_s={cpu:.1f} "
-          f"knob_points={len(result.policy.knob.points)}")
+          f"knob_points={len(result.policy.knob.points)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -380,6 +380,12 @@ class TrafficSettings(BaseModel):
     data_dir: Path | None = None
     api_prices: dict[str, ApiPrice] = Field(default_factory=dict, description="what each "
                                             "self-hosted candidate's model costs on a provider API")
+    shift_alpha: float = Field(default=0.01, gt=0, lt=1, description="the shift monitor's family-wise "
+                               "level: live requests unlike the certified ones (router_training.monitor)")
+    shift_min_effect: float = Field(default=0.05, ge=0, le=1, description="the least total variation "
+                                    "(binned) of a feature that counts as a shift")
+    shift_min_requests: int = Field(default=200, ge=1, description="logged requests the shift monitor "
+                                    "needs before it tests")
 
 
 class Config(BaseModel):

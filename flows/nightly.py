@@ -404,7 +404,7 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
     from artifacts.registry import move_channel
     from artifacts.signing import load_private_key, trusted_keys
     from evals.storage.traffic import load_traffic
-    from router_training.live import live_comparison
+    from router_training.live import live_comparison, live_promise
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
@@ -416,6 +416,7 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
     since = (datetime.now(timezone.utc) - timedelta(days=cfg.traffic.window_days)).isoformat()
     traffic = load_traffic(shared_store(cfg.db_path), since=since, source=cfg.traffic.feedback_source)
     live = live_comparison(traffic, result.policy, published.version, champion, champion_number)
+    promise = live_promise(traffic, published.version, result.policy) if not traffic.empty else None
     decision = decide_promotion(
         result.policy,
         champion,
@@ -426,6 +427,7 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
         live=live,
         min_feedback=cfg.traffic.min_feedback,
         require_live=cfg.traffic.require_live,
+        live_promise=promise,
     )
     if decision.promoted:
         move_channel(cfg.registry_dir, "champion", published.version, action="promote",
@@ -531,7 +533,8 @@ def nightly(
         policy = None if published is None else {
             "version": published.version, "promoted": promotion is not None and promotion.promoted,
             "reason": promotion.reason if promotion is not None else refused[0].message}
-        report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy)
+        report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy,
+                                    traffic=review.traffic.to_dict() if review.traffic is not None else None)
     return {
         "run_id": run_id,
         "db_path": str(cfg.db_path),
@@ -541,6 +544,7 @@ def nightly(
         "router_metrics": result.metrics if result is not None else None,
         "report_path": str(report_path),
         "drift_blocking": blocking,
+        "traffic_check": review.traffic.to_dict() if review.traffic is not None else None,
         "published": (
             {"version": published.version, "uri": published.uri, "signed": published.signed,
              "key_id": published.key_id,

@@ -1,6 +1,8 @@
-"""Alerts: drift findings go out as Prefect events (automations page or block on them) and, when
-the config names one, as JSON to a webhook (Slack-style `text` line), retried with backoff.
-Delivery never fails a run: an unreachable receiver is logged and reported as not delivered."""
+"""Alerts: drift findings and traffic checks (live requests unlike the certified ones, the promise
+broken on live traffic: `router_training.monitor.TrafficCheck`) go out as Prefect events
+(automations page or block on them) and, when the config names one, as JSON to a webhook
+(Slack-style `text` line), retried with backoff. Delivery never fails a run: an unreachable
+receiver is logged and reported as not delivered."""
 
 from __future__ import annotations
 
@@ -80,10 +82,17 @@ def post_webhook(
     """POST the report as JSON (with a Slack-style `text` line), retrying 5xx, 429 and network
     errors with backoff. Never raises: an unreachable receiver must not fail the nightly run;
     it is logged and reported as False."""
+    body = {"text": summary_line(report), **report.to_dict()}
+    return post_json(body, url, f"the report of run {report.run_id}", timeout_s, attempts, backoff, sleep)
+
+
+def post_json(body: dict, url: str, what: str, timeout_s: float = 10.0, attempts: int = 4,
+              backoff: RetryBackoff | None = None, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """POST `body`, retrying 5xx, 429 and network errors with backoff; False (logged) when it
+    could not be delivered."""
     import httpx
 
     backoff = backoff or RetryBackoff()
-    body = {"text": summary_line(report), **report.to_dict()}
     for attempt in range(1, attempts + 1):
         retry_after = None
         try:
@@ -93,12 +102,12 @@ def post_webhook(
             if resp.status_code < 500 and resp.status_code != 429:
                 break
             retry_after = _retry_after(resp.headers.get("retry-after"))
-            log.warning("drift webhook attempt %d: HTTP %d", attempt, resp.status_code)
+            log.warning("webhook attempt %d: HTTP %d", attempt, resp.status_code)
         except httpx.HTTPError as exc:
-            log.warning("drift webhook attempt %d failed: %s", attempt, type(exc).__name__)
+            log.warning("webhook attempt %d failed: %s", attempt, type(exc).__name__)
         if attempt < attempts:
             sleep(backoff.delay(attempt, retry_after))
-    log.error("drift webhook: could not deliver the report of run %s", report.run_id)
+    log.error("webhook: could not deliver %s", what)
     return False
 
 
@@ -110,4 +119,41 @@ def send_alerts(report: DriftReport, settings: AlertSettings, *, events: bool = 
     url = webhook_url(settings)
     if url and (report.findings or report.compared_pairs):
         sent["webhook"] = post_webhook(report, url, settings.webhook_timeout_s)
+    return sent
+
+
+def emit_traffic_events(check: Any) -> list[Any]:
+    """Prefect events of a traffic check: `routeopt.traffic.shift` naming each feature that moved,
+    `routeopt.traffic.promise-broken` when live traffic refutes the promise, and
+    `routeopt.traffic.checked` with the summary."""
+    from prefect.events import emit_event
+
+    policy = {"prefect.resource.id": f"routeopt.policy.{check.version}", "prefect.resource.role": "policy"}
+    events = []
+    if check.shift is not None:
+        for f in check.shift.moved():
+            events.append(emit_event(
+                event="routeopt.traffic.shift",
+                resource={"prefect.resource.id": f"routeopt.feature.{f.feature}", "routeopt.feature": f.feature},
+                related=[policy], payload=jsonable(asdict(f))))
+    if (check.promise or {}).get("broken"):
+        events.append(emit_event(event="routeopt.traffic.promise-broken",
+                                 resource={"prefect.resource.id": f"routeopt.promise.{check.version}"},
+                                 related=[policy], payload=jsonable(check.promise)))
+    events.append(emit_event(event="routeopt.traffic.checked",
+                             resource={"prefect.resource.id": f"routeopt.traffic-check.{check.version}"},
+                             related=[policy], payload=jsonable(check.to_dict())))
+    return events
+
+
+def send_traffic_alerts(check: Any, settings: AlertSettings, *, events: bool = True) -> dict[str, Any]:
+    """Emit the traffic check's events and, when it alerts, post it to the webhook."""
+    sent = {"events": 0, "webhook": None}
+    if events:
+        sent["events"] = sum(1 for e in emit_traffic_events(check) if e is not None)
+    url = webhook_url(settings)
+    if url and check.alert:
+        body = {"text": f"routeopt: {check.summary_line()}", "kind": "traffic", **jsonable(check.to_dict())}
+        sent["webhook"] = post_json(body, url, f"the traffic check of policy version {check.version}",
+                                    settings.webhook_timeout_s)
     return sent

@@ -89,6 +89,7 @@ class ReportData:
     policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (reports.replay_chart)
+    traffic: dict[str, Any] | None = None  # the champion's traffic check (router_training.monitor)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -158,11 +159,13 @@ def gather(
     policy: dict[str, Any] | None = None,
     trend_runs: int = 14,
     live_days: float = 14.0,
+    traffic: dict | None = None,
 ) -> ReportData:
     """Read everything the report needs. `policy` is what the run published (`version`, and
     `promoted` with its `reason`), as the nightly knows it; without it the policy and its
     metrics are looked up in `registry` (the newest version trained on this run). Live traffic
-    (decision logs with feedback) covers the `live_days` up to the run's end."""
+    (decision logs with feedback) covers the `live_days` up to the run's end; `traffic` is the
+    serving policy's traffic check (shift monitor and live promise), when run."""
     run = store.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if run.empty:
         raise KeyError(f"no run {run_id!r} in {store.path}")
@@ -185,6 +188,7 @@ def gather(
         policy_status=status,
         live=_live(store, _run_end(info), live_days),
         replay=replay_section(store),
+        traffic=traffic,
     )
 
 

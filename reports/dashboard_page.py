@@ -150,6 +150,32 @@ difference {{ L.canary.difference|ci("+.3f") }}.</p>
 <p class="muted">No decision logs in the store: see "Production traffic" in the README.</p>
 {% endif %}
 
+<h2>Live traffic: does it still look like the requests the policy was certified on?</h2>
+{% if d.traffic %}
+{% set T = d.traffic %}
+<p id="traffic-summary" class="{{ 'sev-regression' if T.alert else '' }}">{{ T.summary }}</p>
+{% if T.shift and T.shift.features %}
+<table class="sortable" id="shift">
+<thead><tr><th>feature</th><th>p (Holm-adjusted)</th><th>total variation</th><th>moved</th></tr></thead>
+<tbody>
+{% for f in T.shift.features %}
+<tr><td>{{ f.feature }}</td><td>{{ f.p_adjusted|num(".2g") }}</td><td>{{ f.effect|num(".3f") }}</td>
+<td class="{{ 'sev-regression' if f.moved else '' }}">{{ "yes" if f.moved else "no" }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% if T.shift.suites_moved %}
+<p>Suites whose share moved: {% for m in T.shift.suites_moved %}{{ m.suite }} {{ m.reference|pct }} &rarr; {{ m.live|pct }}{{ "; " if not loop.last }}{% endfor %}</p>
+{% endif %}
+{% endif %}
+<p class="muted">The logged suites, prompt lengths and predicted pass probabilities of the requests
+policy version {{ T.version }} served, against the sketch of the requests it was certified on
+(chi-square tests, Holm-adjusted; a feature moved when p &lt; {{ T.shift.alpha if T.shift else "-" }}
+and its total variation is at least {{ T.shift.min_effect if T.shift else "-" }}). With feedback,
+the promise at its target on live traffic (doubly robust).</p>
+{% else %}
+<p class="muted">No traffic check: no champion policy or no decision logs in the store.</p>
+{% endif %}
+
 <h2>Load replay: latency vs speed</h2>
 {% if d.replay %}
 {% set R = d.replay %}

@@ -225,7 +225,10 @@ class ReferenceRouter:
             return float(self.lambdas_[ok.max()])
         return float(self.lambdas_[np.nanargmax(self.oof_quality_)])
 
+    def predict_proba(self, prompts: list[str], suites: list[str | None]) -> np.ndarray:
+        """Each candidate's predicted pass probability per request (n, K)."""
+        return self._proba(self.models_, self._features(prompts, suites))
+
     def choose(self, prompts: list[str], suites: list[str | None], target: float) -> np.ndarray:
         """The chosen candidate index per request at a quality target."""
-        P = self._proba(self.models_, self._features(prompts, suites))
-        return self._argmax(P, self.lambda_for(target))
+        return self._argmax(self.predict_proba(prompts, suites), self.lambda_for(target))

@@ -72,16 +72,18 @@ def knob_choices(policy: RoutingPolicy, test: RoutingData,
 
 def measure(choices: list[np.ndarray], test: RoutingData, train: RoutingData,
             reference: ReferenceRouter | None = None, targets: tuple[float, ...] = STANDARD_TARGETS,
-            knob: dict | None = None) -> dict:
+            knob: dict | None = None, best_on: str = "train") -> dict:
     """Score the knob's choices at each target (and every baseline) on complete test requests.
 
     The best single candidate is the one with the best pass rate on `train` (what a user picks
-    without test data); its test pass rate is the floor's reference. JSON-ready.
+    without test data), or on the test requests themselves (`best_on="test"`: a shifted test
+    set, where the floor is the best a user could have had on that traffic); its test pass rate
+    is the floor's reference. JSON-ready.
     """
     names = test.candidates
-    rate = np.nanmean(train.align(names).Y, axis=0)
-    best = int(np.nanargmax(np.nan_to_num(rate, nan=-1.0)))
     sq, sc = np.array([outcomes_of(np.full(len(test), j), test) for j in range(len(names))]).T
+    rate = sq if best_on == "test" else np.nanmean(train.align(names).Y, axis=0)
+    best = int(np.nanargmax(np.nan_to_num(rate, nan=-1.0)))
     points = np.array([outcomes_of(c, test) for c in choices])  # (targets, 2): pass, cost
     curves = {"knob": Curve("knob", points[:, 1], points[:, 0])}
     ref_pts = None

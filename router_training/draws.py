@@ -8,9 +8,11 @@ its Gateway on these functions and re-exports them.
 The propensity composes the policy's own randomisation with exploration:
 ``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``. A policy whose
 decision exposes its whole choice distribution (`choice_probabilities`) gets the marginal; one that
-exposes only the chosen model's probability (`probability`) gets the propensity conditional on its
-own per-request draw, which is as exact and as unbiased for off-policy estimates, since that draw
-depends on the request id, not on the outcome. `policy_probability` records the policy's own figure.
+exposes only the chosen model's probability (`propensity`, as `artifacts.runtime.Decision` names it,
+or `probability`) gets the propensity conditional on its own per-request draw, which is as exact
+and as unbiased for off-policy estimates, since that draw is a hash of the request, not of the
+outcome. `policy_probability` records the policy's own figure: below 1 where a knob point mixes
+two rules and the two would choose differently.
 """
 
 from __future__ import annotations
@@ -87,13 +89,25 @@ class Choice(NamedTuple):
     eligible: tuple[str, ...]
 
 
+def own_probability(decision: Any) -> float:
+    """The policy's own probability of its chosen model, under any name a decision gives it
+    (`choice_probabilities`, `probability`, or the runtime's `propensity`); 1 when it says none."""
+    full = getattr(decision, "choice_probabilities", None)
+    if full:
+        return float(full.get(decision.model, 0.0))
+    for name in ("probability", "propensity"):
+        stated = getattr(decision, name, None)
+        if stated is not None:
+            return float(stated)
+    return 1.0
+
+
 def policy_distribution(decision: Any) -> tuple[dict[str, float], float]:
     """(the distribution the propensity composes with, the policy's own P(chosen model))."""
     full = getattr(decision, "choice_probabilities", None)
     if full:
-        return dict(full), float(full.get(decision.model, 0.0))
-    own = getattr(decision, "probability", None)
-    return {decision.model: 1.0}, 1.0 if own is None else float(own)
+        return dict(full), own_probability(decision)
+    return {decision.model: 1.0}, own_probability(decision)
 
 
 def choose(decision: Any, exploration: Exploration | None, u: float, v: float,
@@ -105,11 +119,7 @@ def choose(decision: Any, exploration: Exploration | None, u: float, v: float,
     """
     chosen = decision.model
     full = getattr(decision, "choice_probabilities", None)
-    if full:
-        own = float(full.get(chosen, 0.0))
-    else:
-        stated = getattr(decision, "probability", None)
-        own = 1.0 if stated is None else float(stated)
+    own = own_probability(decision)
     base = own if full else 1.0  # what the propensity composes with (see the module docstring)
     if exploration is None or exploration.rate <= 0:
         return Choice(chosen, base, own, False, ())

@@ -45,6 +45,7 @@ class Terms:
     target_propensity: np.ndarray
     chosen: np.ndarray
     basis: list[str | None]
+    probabilities: list[dict] = field(default_factory=list)  # the target policy's view, per request
 
 
 def _dicts(column: pd.Series) -> list[dict]:
@@ -55,15 +56,21 @@ def _shadows(frame: pd.DataFrame) -> list[dict]:
     return [json.loads(x) if isinstance(x, str) and x else {} for x in frame["shadow_json"]]
 
 
-def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, Any]:
-    """The policy's decisions, made again on the kept text of `rows` (grouped by quality target)."""
+def _targets(frame: pd.DataFrame) -> list[float | None]:
+    """Each record's quality target (None: the policy's own)."""
+    return [None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
+            for q in frame["quality_target"].to_numpy()]
+
+
+def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray,
+               quality_target: float | None = None) -> dict[int, Any]:
+    """The policy's decisions, made again on the kept text of `rows` at `quality_target`, else at
+    each record's own target (grouped by target)."""
     out: dict[int, Any] = {}
-    targets = frame["quality_target"].to_numpy()
+    targets = _targets(frame)
     groups: dict[float | None, list[int]] = {}
     for i in rows:
-        q = targets[i]
-        groups.setdefault(None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q),
-                          []).append(int(i))
+        groups.setdefault(targets[i] if quality_target is None else quality_target, []).append(int(i))
     for q, idx in groups.items():
         texts = [str(frame["text"].iat[i]) for i in idx]
         suites = [s if isinstance(s, str) else None for s in frame["suite"].iloc[idx]]
@@ -73,20 +80,27 @@ def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray) -> dict[int, 
 
 
 def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
-                 needed: np.ndarray | None = None) -> Terms:
+                 needed: np.ndarray | None = None, quality_target: float | None = None) -> Terms:
     """The target policy's choice per request: logged, shadowed, or decided again on kept text
-    (only for the `needed` rows, when given: deciding again is the expensive part)."""
+    (only for the `needed` rows, when given: deciding again is the expensive part).
+
+    With `quality_target`, the policy is scored at that target: a logged or shadowed choice
+    counts only where the record was routed at that very target (a record without one was
+    routed at the policy's own); elsewhere the policy decides again on the kept text."""
     n = len(frame)
     nan = np.full(n, np.nan)
     t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
-              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n)
+              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n, [{} for _ in range(n)])
     served, propensity = frame["model"].tolist(), frame["propensity"].to_numpy(dtype=float)
     versions = pd.to_numeric(frame["policy_version"], errors="coerce").to_numpy()
     shadow_versions = pd.to_numeric(frame["shadow_version"], errors="coerce").to_numpy()
     logged_p, logged_c = _dicts(frame["pass_probabilities_json"]), _dicts(frame["expected_cost_json"])
     shadows = _shadows(frame)
     views: dict[int, tuple[str, dict, dict, str]] = {}
+    same_target = _same_target(frame, quality_target, getattr(policy, "quality_target", None))
     for i in range(n):
+        if not same_target[i]:
+            continue
         if version is not None and versions[i] == version:
             views[i] = (frame["policy_model"].iat[i] or served[i], logged_p[i], logged_c[i], "logged")
         elif version is not None and shadow_versions[i] == version and shadows[i].get("model"):
@@ -97,18 +111,28 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
         texts = frame["text"].to_numpy()
         rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)
                          and (needed is None or needed[i])], dtype=int)
-        for i, d in _from_text(policy, frame, rest).items():
+        for i, d in _from_text(policy, frame, rest, quality_target).items():
             views[i] = (d.model, d.pass_probabilities, d.expected_cost_usd, "text")
     mu = _logging_probability(frame)
     for i, (model, p, c, basis) in views.items():
         a = served[i]
         t.known[i], t.agree[i], t.basis[i], t.chosen[i] = True, model == a, basis, model
+        t.probabilities[i] = p
         t.weight[i] = (1.0 if model == a else 0.0) / propensity[i]
         t.target_propensity[i] = mu(i, model)
         unused = 0.0 if model != a else np.nan  # weight 0: the served model's value does not count
         t.g_pass_target[i], t.g_pass_logged[i] = p.get(model, np.nan), p.get(a, unused)
         t.g_cost_target[i], t.g_cost_logged[i] = c.get(model, np.nan), c.get(a, unused)
     return t
+
+
+def _same_target(frame: pd.DataFrame, quality_target: float | None, own: float | None) -> np.ndarray:
+    """Per record, whether its logged decisions were made at `quality_target` (all of them when
+    no target is asked for); a record without a target was routed at the policy's `own`."""
+    if quality_target is None:
+        return np.ones(len(frame), dtype=bool)
+    routed = [own if q is None else q for q in _targets(frame)]
+    return np.array([q is not None and abs(q - quality_target) < 1e-9 for q in routed], dtype=bool)
 
 
 def _logging_probability(frame: pd.DataFrame) -> Any:
@@ -161,10 +185,12 @@ def _rows(terms: Terms, reward: np.ndarray, g_logged: np.ndarray, g_target: np.n
 
 
 def evaluate(frame: pd.DataFrame, version: int | None, policy: Any = None, *, label: str = "",
-             z: float = ope.Z95) -> PolicyOnTraffic:
-    """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic."""
+             z: float = ope.Z95, quality_target: float | None = None) -> PolicyOnTraffic:
+    """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic
+    (at `quality_target`, else at the targets the requests were routed at)."""
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
-    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost))
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost),
+                     quality_target=quality_target)
     rp = _rows(t, passed, t.g_pass_logged, t.g_pass_target)
     rc = _rows(t, cost, t.g_cost_logged, t.g_cost_target)
     variance = ope.dr_model_variance(t.g_pass_target[rp], t.target_propensity[rp])
@@ -225,6 +251,43 @@ def compare(frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
     return Comparison(new, champion, _paired(new.terms, champion.terms, passed, "pass", z),
                       _paired(new.terms, champion.terms, cost, "cost", z))
+
+
+# -- the promise on live traffic --------------------------------------------------------------
+
+
+def live_promise(frame: pd.DataFrame, version: int | None, policy: Any, *, quality_target: float | None = None,
+                 z: float = ope.Z95) -> dict[str, Any] | None:
+    """The knob's promise on the logged traffic: a doubly robust estimate of the paired margin
+    mean(pass of the policy at its target - x * pass of always calling its reference model), the
+    policy's own pass probabilities as reward model, with its interval. `broken`: the interval's
+    top is below 0 (the traffic is evidence that the promise does not hold there). None without
+    requests with feedback whose choice is known."""
+    x = float(policy.quality_target if quality_target is None else quality_target)
+    passed = frame["passed"].to_numpy(dtype=float)
+    t = policy_terms(frame, version, policy, needed=~np.isnan(passed), quality_target=quality_target)
+    ref, served = policy.reference_model, frame["model"].tolist()
+    propensity = frame["propensity"].to_numpy(dtype=float)
+    mu = _logging_probability(frame)
+    g_ref = np.array([p.get(ref, np.nan) for p in t.probabilities])
+    g_served = np.array([p.get(m, np.nan) for p, m in zip(t.probabilities, served)])
+    w_ref = np.array([float(m == ref) for m in served]) / propensity
+    rows = _rows(t, passed, t.g_pass_logged, t.g_pass_target) & ~np.isnan(g_ref) & ~np.isnan(g_served)
+    if not rows.any():
+        return None
+    own = ope.dr_terms(passed[rows], t.weight[rows], t.g_pass_logged[rows], t.g_pass_target[rows])
+    base = ope.dr_terms(passed[rows], w_ref[rows], g_served[rows], g_ref[rows])
+    mu_ref = np.array([mu(i, ref) for i in np.flatnonzero(rows)])
+    differ = t.chosen[rows] != ref  # where the policy calls the reference the two terms move together
+    variance = differ * (ope.dr_model_variance(t.g_pass_target[rows], t.target_propensity[rows])
+                         + x * x * ope.dr_model_variance(g_ref[rows], mu_ref))
+    margin = ope.paired_difference(own, x * base, z=z, model_variance=variance,
+                                   baseline_diff=t.g_pass_target[rows] - x * g_ref[rows])
+    mine, theirs = ope.mean_estimate(own, z=z, bounds=(0, 1)), ope.mean_estimate(base, z=z, bounds=(0, 1))
+    return {"version": version, "target": x, "reference_model": ref, "n": int(rows.sum()),
+            "pass_rate": mine.to_dict(), "reference_pass_rate": theirs.to_dict(),
+            "floor": x * theirs.value, "margin": margin.to_dict(), "broken": bool(margin.high < 0),
+            "held": bool(margin.value >= 0)}
 
 
 # -- canary -----------------------------------------------------------------------------------

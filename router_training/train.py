@@ -31,8 +31,11 @@ from router_training.embeddings import reuse_embeddings
 from router_training.estimators import (
     LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
+from router_training.certificate import Certificate
+from router_training.certify import Assumption
 from router_training.features import FeatureSpec, n_chars as text_length
 from router_training.knob import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
+from router_training.monitor import reference_sketch
 from router_training.policy import CostModel, LinearScorer, RoutingPolicy, _sigmoid
 from router_training.trees import TreeScorer
 
@@ -64,7 +67,8 @@ class Design:
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
     deploy: str = "average"  # the served model: the mean of the fold models, or "refit" on all rows
-    above_one: str = "split"  # beating the reference: certified on a half the hull was not chosen on, or "full"
+    split: float = 0.5  # every target certified on requests the hull was not chosen on (this share chooses it)
+    above_one: str = "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
 
 
 @dataclass
@@ -170,26 +174,47 @@ def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, e
 
 def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
          estimator: str = "linear", confidence: float = DEFAULT_CONFIDENCE,
-         design: Design = Design()) -> RoutingPolicy:
-    """Fit on all requests; calibrate and build the knob from out-of-fold predictions."""
+         design: Design = Design(), certificate: Certificate = Certificate()) -> RoutingPolicy:
+    """Fit on all requests; calibrate and build the knob from out-of-fold predictions, certified
+    under what `certificate` assumes of the traffic."""
     f = fit_calibrated(data, seed, embeddings, estimator, design)
-    knob = build_knob(f.cal, f.ref, confidence, design.above_one)
     policy = RoutingPolicy(
         candidates=list(data.candidates), spec=f.spec, scorer=f.scorer, platt=f.platt,
-        cost_model=f.cost_model, knob=knob, reference_pass_rate=float(f.rates[f.ref]),
-        reference_model=data.candidates[f.ref], quality_target=quality_target,
+        cost_model=f.cost_model, knob=None, reference_pass_rate=math.nan,  # type: ignore[arg-type]
+        reference_model="", quality_target=quality_target,
     )
-    policy.metrics = {**f.metrics, "knob": knob_summary(policy)}
+    basis = certificate.basis(f, data, policy)
+    ref = basis.reference(f.cal.Y)
+    policy.knob = build_knob(f.cal, ref, confidence, design.above_one, split=design.split,
+                             assumption=basis.assumption, weights=basis.weights, cells=basis.cells)
+    policy.reference_model = data.candidates[ref]
+    policy.reference_pass_rate = float(f.rates[ref]) if basis.weights is None else basis.reference_rate(f.cal.Y, ref)
+    policy.metrics = {**f.metrics, "knob": knob_summary(policy, basis.assumption, design.split),
+                      "shift_reference": shift_reference(policy, f.cal, data)}
     return policy
 
 
-def knob_summary(policy: RoutingPolicy) -> dict:
-    """What the manifest says about the knob: method, confidence and the certified range."""
+def shift_reference(policy: RoutingPolicy, cal: Calibration, data: RoutingData) -> dict:
+    """The shift monitor's sketch of the calibration requests (`router_training.monitor`): their
+    suites, lengths and the models the knob chose for them, out of fold, at each standard target."""
+    names = np.array(policy.candidates, dtype=object)
+    routes = {x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
+              for x in STANDARD_TARGETS}
+    return reference_sketch(data.suites, np.array([len(p) for p in data.prompts]), routes)
+
+
+def knob_summary(policy: RoutingPolicy, assumption: Assumption = Assumption(), split: float = 0.0) -> dict:
+    """What the manifest says about the knob: method, what the certificate assumes of the
+    traffic, confidence and the certified range."""
     knob = policy.knob
+    chosen = (f"the hull chosen on a fixed random {split:.0%} of them and certified on the others"
+              if split > 0 else "the hull chosen on all of them (targets of 1 and more: on a random half, "
+                                "certified on the other half)")
     return {
-        "method": "fixed-sequence Learn-then-Test on cross-fitted calibration data: a point is "
-                  "certified for target x when the one-sided normal lower bound of "
+        "method": "fixed-sequence Learn-then-Test on cross-fitted calibration data, " + chosen +
+                  ": a point is certified for target x when the one-sided normal lower bound of "
                   "mean(y_chosen - x * y_reference) is >= 0",
+        "certificate": assumption.to_dict(),
         "confidence": knob.confidence,
         "certified_up_to": knob.certified_up_to(),
         "reference": {"model": policy.reference_model, "pass_rate": policy.reference_pass_rate},
@@ -212,6 +237,7 @@ def train_router(
     confidence: float = DEFAULT_CONFIDENCE,
     design: Design = Design(),
     refit: bool = True,
+    certificate: Certificate = Certificate(),
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
@@ -221,7 +247,9 @@ def train_router(
     `embeddings=True` adds MiniLM sentence embeddings to the features (the 'embeddings' extra;
     a gateway serving such a policy then needs torch, and each decision costs milliseconds).
     `estimator="lightgbm"` scores with one LightGBM model per candidate instead of the linear
-    model (a gateway serving it then needs lightgbm).
+    model (a gateway serving it then needs lightgbm). `certificate` says what the knob's
+    certificate assumes of the traffic (`router_training.certificate`): like the calibration
+    requests (the default), toward an unlabelled traffic sample, or robust to a stated shift.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
@@ -237,7 +265,7 @@ def train_router(
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
     with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
-        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design)
+        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design, certificate)
         evaluated = fit(train)
         refit = refit and len(test) > 0
         policy = fit(data) if refit else evaluated

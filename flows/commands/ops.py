@@ -61,11 +61,16 @@ def export_parquet_cmd(config_path: Path | None, db_path: Path | None, out_dir: 
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--alert", is_flag=True, help="Also emit the Prefect events and post the webhook.")
 @click.option("--fail-on-regression", is_flag=True, help="Exit with status 3 if anything regressed.")
+@click.option("--fail-on-shift", is_flag=True,
+              help="Exit with status 4 if the champion's logged traffic has shifted away from the requests "
+                   "it was certified on, or its promise is broken on it.")
 def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None, as_json: bool,
-              alert: bool, fail_on_regression: bool) -> None:
-    """Compare a run (default: the latest) with the runs before it and list what drifted."""
+              alert: bool, fail_on_regression: bool, fail_on_shift: bool) -> None:
+    """Compare a run (default: the latest) with the runs before it and list what drifted; check
+    the champion's logged traffic against the requests it was certified on."""
     from evals.storage.drift import detect_drift, summary_line
-    from reports.alerts import send_alerts
+    from flows.review import trusted_public_keys, traffic_review
+    from reports.alerts import send_alerts, send_traffic_alerts
 
     cfg = load_config_or_exit(config_path)
     with _open_store(config_path, db_path) as store:
@@ -74,19 +79,26 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
             report = detect_drift(store, run_id, cfg.alerts)
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from None
+        traffic = traffic_review(cfg, store, trusted_public_keys(cfg))
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps({**report.to_dict(), "traffic": traffic.to_dict() if traffic else None}, indent=2))
     else:
         click.echo(summary_line(report))
         for f in report.findings:
             click.echo(f"  [{f.severity}] {f.message}")
+        click.echo(traffic.summary_line() if traffic is not None else
+                   "traffic: no champion, or no logged decisions in the window")
     if alert:
         from flows import prefect_api
 
         with prefect_api.serving(prefect_api.launch()):  # a server of its own dies with it
             click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
+            if traffic is not None:
+                click.echo(f"traffic alerts: {send_traffic_alerts(traffic, cfg.alerts)}", err=True)
     if fail_on_regression and report.regressions:
         sys.exit(3)
+    if fail_on_shift and traffic is not None and traffic.alert:
+        sys.exit(4)
 
 
 @click.command("report")

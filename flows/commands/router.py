@@ -73,24 +73,36 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
 @click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Ed25519 private key (default: the config's key, created on first use in "
                    ".routeopt/keys/ beside it).")
+@click.option("--traffic", "traffic_path", type=click.Path(path_type=Path, exists=True), default=None,
+              help="Certify the knob for this unlabelled traffic: decision logs (files or folders; "
+                   "text where kept, else suites and prompt lengths) or a "
+                   "JSONL of {\"prompt\", \"suite\"?}.")
+@click.option("--robust", "robust_gamma", type=click.FloatRange(min=1.0), default=None,
+              help="Certify the knob for any traffic whose suite x difficulty mix is within this "
+                   "factor of the eval suites' (e.g. 2); nothing about the traffic need be known.")
 @CONFIG_OPTION
 def train(db_path: Path | None, registry: Path | None, quality_target: float, holdout_fraction: float,
           refit: bool, seed: int, run_ids: tuple[str, ...], embeddings: bool, estimator: str,
-          confidence: float, signing_key: Path | None, config_path: Path | None) -> None:
+          confidence: float, signing_key: Path | None, traffic_path: Path | None,
+          robust_gamma: float | None, config_path: Path | None) -> None:
     """Train a router on every outcome in the store and publish it, signed (the store and the
     registry default to the config's)."""
     from flows.commands.artifacts import _default_registry
+    from router_training.certificate import Certificate
 
     db_path = resolve_db(config_path, db_path)
     registry = Path(registry or _default_registry(config_path))
     key = publishing_key(signing_key, config_path, create_for=registry)
-
+    if traffic_path is not None and robust_gamma is not None:
+        raise click.UsageError("give --traffic or --robust, not both")
     with open_store(db_path, read_only=True, missing="run `routeopt run` or import outcomes first") as store:
         frame = store.training_frame(list(run_ids) or None)
     if frame.empty:
         raise click.ClickException(f"{db_path}: no graded outcomes to train on; run evals or import outcomes first")
+    sample = _traffic(traffic_path) if traffic_path is not None else None
     result = _train(frame, quality_target=quality_target, holdout_fraction=holdout_fraction, seed=seed,
-                    embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit)
+                    embeddings=embeddings, estimator=estimator, confidence=confidence, refit=refit,
+                    certificate=Certificate(traffic=sample, robust=robust_gamma))
     lineage = {"db": str(db_path), "runs": sorted(frame["run_id"].unique().tolist()),
                "rows": len(frame), "seed": seed, "holdout_fraction": holdout_fraction,
                "refit": result.metrics["refit"], "estimator": estimator,
@@ -98,7 +110,8 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
     click.echo(_publish(result.policy, registry, lineage, result.metrics, key))
     knob = result.metrics.get("knob", {})
     click.echo(f"knob: certified up to target {knob.get('certified_up_to', float('nan')):.3f} with "
-               f"confidence {confidence:g} (reference {result.policy.reference_model})")
+               f"confidence {confidence:g} (reference {result.policy.reference_model}), for "
+               f"{knob.get('certificate', {}).get('assumes', 'requests like the calibration requests')}")
     holdout = result.metrics.get("holdout", {})
     held, promise = holdout.get("router_at_target"), holdout.get("promise")
     if held and result.metrics.get("refit"):
@@ -111,6 +124,32 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
         click.echo(f"held-out promise (pass >= target x reference): held at {promise['held']} of "
                    f"{promise['promised']} certified targets on {promise['n']} requests, significantly "
                    f"broken at {promise.get('contradicted', 0)}")
+
+
+def _traffic(path: Path) -> Any:
+    """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts."""
+    from evals.storage.traffic import TrafficImportError, decisions_from_log
+    from router_training.certificate import traffic_sample_of
+
+    try:
+        frame = decisions_from_log(path)
+    except TrafficImportError:
+        frame = None
+    if frame is None or frame.empty:
+        import pandas as pd
+
+        from evals.suite.datasets import jsonl_records
+
+        rows = []
+        for where, rec in jsonl_records(path):
+            if isinstance(rec, str) or not isinstance(rec.get("prompt"), str):
+                raise click.ClickException(f"{where}: --traffic wants decision logs or lines with a string 'prompt'")
+            rows.append({"prompt": rec["prompt"], "suite": rec.get("suite")})
+        frame = pd.DataFrame(rows)
+    try:
+        return traffic_sample_of(frame, source=str(path))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _train(frame: Any, **kwargs: Any) -> Any:
@@ -170,30 +209,49 @@ def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], set
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Add MiniLM sentence embeddings (the 'embeddings' extra).")
 @click.option("--estimator", type=click.Choice(["linear", "lightgbm"]), default="linear", show_default=True)
+@click.option("--shift", "shifts", multiple=True, type=click.Choice(["all", "hard", "suites", "long"]),
+              help="Also measure on the project's own shifted test sets (repeatable; 'all': every one): "
+                   "the default knob, the knob certified toward the shifted prompts (--traffic) and "
+                   "the robust knob (--robust).")
+@click.option("--robust", "robust_gamma", type=click.FloatRange(min=1.0), default=2.0, show_default=True,
+              help="With --shift: the robust knob's gamma.")
 def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None,
                  plot: Path | None, json_path: Path | None, holdout_fraction: float, confidence: float,
-                 seed: int, embeddings: bool, estimator: str) -> None:
+                 seed: int, embeddings: bool, estimator: str, shifts: tuple[str, ...],
+                 robust_gamma: float) -> None:
     """The quality knob on sets it never trained on, beside the reference and the zero router.
 
     Each set goes the user's way: its train file is imported into a fresh store and trained on
     as `routeopt train` does; every test request is routed at the targets 0 ... 1.1 as `routeopt
-    route --quality-target` routes; the choices are scored against the test outcomes.
+    route --quality-target` routes; the choices are scored against the test outcomes. With
+    --shift, the same again on shifted test sets (`router_training.shift_bench`).
     """
     from common.io import jsonable
     from router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
+    from router_training.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
 
-    reports = []
+    options = dict(holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings, estimator=estimator,
+                   confidence=confidence)
+    wanted = SHIFTS if "all" in shifts else tuple(s for s in SHIFTS if s in shifts)
+    reports, shifted = [], []
     for name, train_path, test_path in _bench_sets(train_paths, test_paths, sets):
         frame = _stored_frame(train_path)
-        fit = lambda f: _train(f, holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings,
-                               estimator=estimator, confidence=confidence).policy
+        fit = lambda f: _train(f, **options).policy
         try:
             report = run_set(name, frame, read_frame(test_path), fit)
+            if wanted:
+                certified = lambda f, cert: _train(f, certificate=cert, **options).policy
+                shifted.append(run_shifts(name, frame, read_frame(test_path), certified, wanted, robust_gamma, seed))
         except ValueError as exc:
             raise click.ClickException(f"{test_path}: {exc}") from None
         click.echo(format_set(report) + "\n")
+        if wanted:
+            click.echo(format_shifts(shifted[-1]) + "\n")
         reports.append(report)
     click.echo(format_summary(reports))
+    if shifted:
+        click.echo("\n" + format_shift_summary(shifted))
+        reports = [{**r, "shifts": s} for r, s in zip(reports, shifted)]
     if plot is not None:
         plot_sets(reports, plot)
         click.echo(f"plot: {plot}")
@@ -202,13 +260,17 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
 
 
 def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
-                 default_model: str | None) -> tuple[Any, Any]:
+                 default_model: str | None, channel: str | None = None) -> tuple[Any, Any]:
     """(policy, gateway status). Registries and published versions go through the verifying
-    gateway loader; the policy is None while it serves the default model. A bare folder written by
-    `RoutingPolicy.save` has no signature, so it loads only with --allow-unsigned (status None)."""
+    gateway loader (a registry's `channel`, by default champion, else latest); the policy is None
+    while it serves the default model. A bare folder written by `RoutingPolicy.save` has no
+    signature, so it loads only with --allow-unsigned (status None)."""
     from artifacts.runtime import load
 
-    if (path / "policy.json").is_file() and not (path / "manifest.json").exists():
+    bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
+    if channel is not None and (bare or (path / "manifest.json").exists()):
+        raise click.UsageError(f"--channel {channel}: {path} is one policy, not a registry")
+    if bare:
         if not allow_unsigned:
             raise click.ClickException(f"{path}: a bare policy folder has no manifest or signature; "
                                        f"publish it to a registry, or pass --allow-unsigned")
@@ -216,8 +278,8 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
 
         return RoutingPolicy.load(path), None
     try:
-        router = load(path, keys, allow_unsigned=allow_unsigned, default_model=default_model or "",
-                      state_dir=False)
+        router = load(path, keys, channel=channel, allow_unsigned=allow_unsigned,
+                      default_model=default_model or "", state_dir=False)
     except Exception as exc:  # the loader's errors name the problem; show them as-is
         raise click.ClickException(str(exc)) from None
     status = router.status()
@@ -246,6 +308,9 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
 @click.argument("text", required=False)
 @click.option("--policy", "policy_path", type=click.Path(path_type=Path, exists=True), default=None,
               help="Registry folder or a version folder (default: registry_dir from the config).")
+@click.option("--channel", default=None,
+              help="The registry channel to route with (champion, candidate, latest; default: "
+                   "champion, else latest).")
 @click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help='JSONL of {"id", "prompt", "suite"?}.')
 @click.option("--output", "output_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -261,9 +326,10 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
               help="Route to this model when no valid policy is there (expired, refused), saying why "
                    "on stderr (default: $ROUTEOPT_DEFAULT_MODEL; without it such a policy is an error).")
 @CONFIG_OPTION
-def route(text: str | None, policy_path: Path | None, input_path: Path | None, output_path: Path | None,
-          suite: str | None, quality_target: float | None, public_keys: tuple[Path, ...],
-          allow_unsigned: bool, default_model: str | None, config_path: Path | None) -> None:
+def route(text: str | None, policy_path: Path | None, channel: str | None, input_path: Path | None,
+          output_path: Path | None, suite: str | None, quality_target: float | None,
+          public_keys: tuple[Path, ...], allow_unsigned: bool, default_model: str | None,
+          config_path: Path | None) -> None:
     """Route one TEXT, or every request of --input, with a published policy (verified)."""
     from flows.commands.artifacts import _default_registry
 
@@ -275,7 +341,7 @@ def route(text: str | None, policy_path: Path | None, input_path: Path | None, o
                                    "`routeopt train` first, or give --policy")
     bare = (policy_path / "policy.json").is_file() and not (policy_path / "manifest.json").exists()
     keys = None if bare else verification_keys(public_keys, config_path, allow_unsigned)
-    policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model)
+    policy, status = _load_policy(policy_path, keys, allow_unsigned, default_model, channel)
     if policy is None:
         click.echo(f"warning: routing everything to the default model {status.default_model}: "
                    f"{status.default_reason}", err=True)

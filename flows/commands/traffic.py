@@ -200,19 +200,25 @@ def _num(e: Any) -> str:
 @click.option("--since", default=None, help="Only decisions at or after this ISO date/time.")
 @click.option("--until", default=None, help="Only decisions before this ISO date/time.")
 @click.option("--feedback-source", default=None, help="Use only this feedback source.")
+@click.option("--quality-target", type=float, default=None,
+              help="Score every policy at this quality target (default: the target each request "
+                   "was routed at). Records routed at another target do not count as the policy's "
+                   "choice; it decides again where the text was kept.")
 @PUBLIC_KEY
 @ALLOW_UNSIGNED_LOAD
 @click.option("--json", "as_json", is_flag=True, help="Print the estimates as JSON.")
 def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Path, ...],
                  config_path: Path | None, db_path: Path | None, since: str | None, until: str | None,
-                 feedback_source: str | None, public_keys: tuple[Path, ...], allow_unsigned: bool,
-                 as_json: bool) -> None:
+                 feedback_source: str | None, quality_target: float | None,
+                 public_keys: tuple[Path, ...], allow_unsigned: bool, as_json: bool) -> None:
     """Estimate published policies' pass rate and cost per request on logged traffic.
 
     TARGETS are version numbers or channel names (default: champion and candidate). Inverse
     propensity, self-normalised and doubly robust estimates with 95% intervals and the effective
     sample size; each target is also compared with the first one, paired on the same requests.
     """
+    if quality_target is not None and not (math.isfinite(quality_target) and quality_target >= 0):
+        raise click.BadParameter(f"{quality_target} is not a non-negative number", param_hint="--quality-target")
     from artifacts.runtime import PolicyLoadError
     from evals.storage.traffic import (
         TrafficImportError,
@@ -252,7 +258,9 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     frame = traffic_frame(window(decisions, since, until) if logs else decisions, feedback)
     if frame.empty:
         raise click.ClickException("no logged decisions in the window")
-    results = [evaluate(frame, version, policy, label=label) for label, version, policy in loaded]
+    at = f" @ {quality_target:g}" if quality_target is not None else ""
+    results = [evaluate(frame, version, policy, label=f"{label}{at}", quality_target=quality_target)
+               for label, version, policy in loaded]
     diffs = [(f"{r.label} - {results[0].label}", compare(frame, r, results[0])) for r in results[1:]]
     if as_json:
         click.echo(json.dumps({"policies": [r.to_dict() for r in results],

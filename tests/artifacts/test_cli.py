@@ -101,6 +101,30 @@ def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp
                                             "--channel", "latest", ok=False)
 
 
+def test_route_with_a_channel_routes_with_that_channels_policy(policies, tmp_path: Path) -> None:
+    """`route --channel candidate` routes with the candidate channel's policy, as a gateway
+    loading that channel would; the default stays the champion."""
+    from artifacts.registry import move_channel, publish
+
+    config = _config_with_keys(tmp_path)
+    key = tmp_path / ".routeopt" / "keys" / "signing_key.pem"
+    reg, cfg = str(tmp_path / "registry"), str(config)
+    publish(policies[0], reg, lineage={}, metrics={}, signing_key=key)
+    publish(policies[1], reg, lineage={}, metrics={}, signing_key=key)
+    _run("policies", "promote", "1", "--registry", reg, "--config", cfg)
+    move_channel(reg, "candidate", 2, signing_key=key)
+    prompt = "sort task difficulty 5: gamma delta gamma"
+    by_default = json.loads(_run("route", "--policy", reg, "--config", cfg, prompt))
+    by_candidate = json.loads(_run("route", "--policy", reg, "--config", cfg, "--channel", "candidate", prompt))
+    assert by_default["pass_probabilities"] == pytest.approx(policies[0].decide(prompt).pass_probabilities)
+    assert by_candidate["pass_probabilities"] == pytest.approx(policies[1].decide(prompt).pass_probabilities)
+    assert by_default["pass_probabilities"] != by_candidate["pass_probabilities"]
+    assert "nope" in _run("route", "--policy", reg, "--config", cfg, "--channel", "nope", prompt, ok=False)
+    version = next((tmp_path / "registry" / "versions").iterdir())
+    assert "is one policy, not a registry" in _run("route", "--policy", str(version), "--config", cfg,
+                                                   "--channel", "candidate", prompt, ok=False)
+
+
 def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -> None:
     """No key given, none in the environment, no config (the fixture points ROUTEOPT_CONFIG at
     nothing): loading and moving channels need an explicit --allow-unsigned."""

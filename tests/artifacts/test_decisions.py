@@ -109,6 +109,25 @@ def test_propensity_composes_with_the_policys_own_randomisation() -> None:
     assert (c.propensity, c.policy_probability) == (pytest.approx(0.8 + 0.2 / 3), 0.4)
 
 
+def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp_path) -> None:
+    """The runtime names the policy's own probability `propensity` (a knob point that mixes two
+    rules per request): the record keeps it as `policy_probability`, while the served model's
+    propensity stays conditional on the request's own hash draw (1 without exploration)."""
+    mixed = FakeRouter("mid", extra=None)
+    mixed.route = lambda prompt, suite=None, quality_target=None: Decision(  # type: ignore[method-assign]
+        "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, propensity=0.875)
+    assert policy_distribution(mixed.route("p")) == ({"mid": 1.0}, 0.875)
+    log = DecisionLog(tmp_path, flush_s=0.05)
+    gw = Gateway(mixed, log=log, candidate=mixed, shadow=False)
+    d = gw.route("p", request_id="r1")
+    x = Exploration(rate=0.2, seed=0)
+    explored = Gateway(mixed, log=log, exploration=x).route("p", request_id="r2")
+    log.close()
+    first, second = _records(tmp_path)
+    assert (d.propensity, first["propensity"], first["policy_probability"]) == (1.0, 1.0, 0.875)
+    assert second["policy_probability"] == 0.875 and second["propensity"] == explored.propensity
+
+
 def test_log_records_every_decision_and_keeps_text_only_through_the_hook(tmp_path) -> None:
     hidden = DecisionLog(tmp_path / "a", flush_s=0.05)
     kept = DecisionLog(tmp_path / "b", redact=lambda s: s.replace("secret", "[x]"), flush_s=0.05,

@@ -45,6 +45,43 @@ def test_import_train_route_end_to_end(tmp_path, monkeypatch):
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
 
 
+def test_train_certifies_toward_a_traffic_sample_or_robustly_and_says_so(tmp_path, monkeypatch):
+    """--traffic (a JSONL of prompts, or decision logs without text) and --robust: the manifest
+    records what the certificate assumes, and `train` prints it."""
+    from artifacts.registry import show
+
+    monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(tmp_path / "keys" / "signing_key.pem"))
+    monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
+    runner = CliRunner()
+    data, db, registry = tmp_path / "outcomes.parquet", tmp_path / "db.duckdb", tmp_path / "registry"
+    frame = demo_frame(n_items=60)
+    frame.to_parquet(data)
+    assert runner.invoke(cli, ["import", "outcomes", str(data), "--db", str(db)]).exit_code == 0
+    hard = frame[frame["prompt"].str.contains("difficulty: [45]")].drop_duplicates("request_id")
+    prompts = tmp_path / "traffic.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "suite": s}) + "\n" for p, s in zip(hard.prompt, hard.suite)))
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(prompts)])
+    assert r.exit_code == 0, r.output
+    assert f"requests like the traffic sample of {len(hard)} requests" in r.output
+    cert = show(str(registry), 1)["metrics"]["knob"]["certificate"]
+    assert cert["mode"] == "traffic" and cert["traffic"]["n_traffic"] == len(hard)
+    assert 0 < cert["traffic"]["effective_sample_size"] < 180 and cert["traffic"]["separability_auc"] > 0.6
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"kind": "decision", "time": "2025-03-01T10:00:00Z", "request_id": f"r{i}",
+                                       "suite": s, "prompt_chars": len(p), "model": "tiny", "propensity": 1.0})
+                           + "\n" for i, (p, s) in enumerate(zip(hard.prompt, hard.suite))))
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(log)])
+    assert r.exit_code == 0, r.output
+    assert "without text (suites and lengths)" in show(str(registry), 2)["metrics"]["knob"]["certificate"]["traffic"]["source"]
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2"])
+    assert r.exit_code == 0, r.output
+    assert "within a factor 2 of the calibration mix" in r.output
+    assert show(str(registry), 3)["metrics"]["knob"]["certificate"]["gamma"] == 2.0
+    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2",
+                            "--traffic", str(prompts)])
+    assert r.exit_code != 0 and "not both" in r.output
+
+
 def test_route_reports_bad_input_line(tmp_path, trained):
     trained.policy.save(tmp_path / "policy")
     bad = tmp_path / "in.jsonl"
@@ -103,3 +140,31 @@ def test_bench_router_needs_pairs(tmp_path):
     demo_frame(n_items=10).to_parquet(train)
     r = CliRunner().invoke(cli, ["bench", "router", "--train", str(train)])
     assert r.exit_code != 0 and "one --test per --train" in r.output
+
+
+def test_bench_router_with_shifts_measures_every_certificate_on_every_shift(tmp_path):
+    """`--shift all`: per shift the default knob, the knob certified toward the shifted prompts
+    and the robust one, against the best single on the shifted requests; JSON keeps them."""
+    folder = tmp_path / "sets" / "alpha"
+    folder.mkdir(parents=True)
+    demo_frame(n_items=90, seed=5).to_parquet(folder / "train.parquet")
+    demo_frame(n_items=90, seed=6).to_parquet(folder / "test.parquet")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["bench", "router", "--sets", str(tmp_path / "sets"), "--shift", "all",
+                                 "--robust", "1.5", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "== alpha: shifted test sets" in r.output and "== shifted sets: summary" in r.output
+    shifts = json.loads(out.read_text())[0]["shifts"]
+    assert shifts["robust_gamma"] == 1.5
+    rows = {s["shift"]: s for s in shifts["shifts"]}
+    assert set(rows) == {"none", "hard", "suites", "long"}
+    assert set(rows["none"]["policies"]) == {"default", "robust"}
+    for name in ("hard", "suites", "long"):
+        row = rows[name]
+        assert set(row["policies"]) == {"default", "traffic", "robust"} and 0 < row["n"] < shifts["n_test"]
+        weighted = row["policies"]["traffic"]
+        assert weighted["weights"]["n_traffic"] == row["n"] and weighted["knob"]["reference_model"]
+        best = max(weighted["per_candidate"].values(), key=lambda v: v["pass_rate"])
+        assert weighted["best_single"]["pass_rate"] == best["pass_rate"]  # floors: best on the shifted set
+        assert set(weighted["checks"]) == {"pass@0.8 >= floor - 0.015", "pass@0.9 >= floor - 0.015",
+                                           "pass@0.95 >= floor - 0.015", "pass@1 >= floor - 0.01"}

@@ -121,6 +121,26 @@ def test_an_advantage_only_on_the_requests_the_hull_was_chosen_on_certifies_noth
     assert split.point_for(0.95).cost < 1e-2  # below 1 the hull of all requests still serves
 
 
+def test_with_a_split_every_target_rests_on_requests_the_hull_was_not_chosen_on():
+    """A cheap candidate that keeps the reference's passes on the selection half only: the hull
+    of all requests certifies it for 0.85 (its average over both halves); chosen on one half
+    and tested on the other, no point keeps more than what the other half shows."""
+    n = 4000
+    half = selection_half(n)
+    rng = np.random.default_rng(4)
+    y_ref = (rng.random(n) < 0.8).astype(float)
+    y_alt = np.where(~half & (rng.random(n) < 0.3), 0.0, y_ref)  # loses 30% of passes off the half
+    Y = np.column_stack([y_ref, y_alt])
+    C = np.tile([1e-2, 1e-3], (n, 1))
+    cal = Calibration(np.full((n, 2), 0.5), C.copy(), Y, C)
+    full = build_knob(cal, 0, DEFAULT_CONFIDENCE)
+    split = build_knob(cal, 0, DEFAULT_CONFIDENCE, split=0.5)
+    off_half = y_alt[~half].mean() / y_ref[~half].mean()
+    assert full.point_for(0.8).cost < 5e-3  # the cheap candidate, certified on its luck
+    assert all(p.certified <= off_half + 1e-9 for p in split.points if p.cost < 9e-3)
+    assert split.point_for(0.8).cost > full.point_for(0.8).cost
+
+
 def test_between_the_ends_it_mixes_single_candidates_and_keeps_the_floor(flat):
     """With no signal in the prompt, a target between two candidates is met by mixing them per
     request (a hash picks), at about the cost of that mix and never below the floor."""

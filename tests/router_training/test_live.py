@@ -82,6 +82,33 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
     assert champion.basis == {"logged": 5} and champion.n_unknown == 1
 
 
+def test_at_another_quality_target_a_policy_decides_again_where_it_logged_another_target(tmp_path) -> None:
+    """A record routed at 0.9 says nothing about the policy's choice at 0.5: at 0.5 the policy
+    decides again on the kept text, and a record without text is unknown."""
+    records = [decision("at-0.9-text", "a", 0.95, quality_target=0.9, policy_version=2, text="t1"),
+               decision("at-0.9-opaque", "a", 0.95, quality_target=0.9, policy_version=2),
+               decision("at-0.5", "a", 0.95, quality_target=0.5, policy_version=2)]
+    with Store(tmp_path / "db.duckdb") as store:
+        import_decisions(write_log(tmp_path / "log.jsonl", records), store)
+        fb = tmp_path / "fb.jsonl"
+        fb.write_text("".join(json.dumps({"request_id": r["request_id"], "passed": True}) + "\n" for r in records))
+        import_feedback(fb, store)
+        frame = load_traffic(store)
+
+    class Asked(TextPolicy):
+        def decide_batch(self, prompts, suites=None, quality_target=None):
+            self.targets = getattr(self, "targets", []) + [quality_target] * len(prompts)
+            return super().decide_batch(prompts, suites, quality_target)
+
+    as_logged = evaluate(frame, 2, Asked())
+    assert as_logged.basis == {"logged": 3}
+    policy = Asked()
+    at_half = evaluate(frame, 2, policy, quality_target=0.5)
+    assert at_half.basis == {"text": 1, "logged": 1} and at_half.n_unknown == 1
+    assert policy.seen == ["t1"] and policy.targets == [0.5]
+    assert at_half.terms.chosen.tolist() == ["b", None, "a"]
+
+
 def _est(value: float, half: float, n: int = 500) -> Estimate:
     return Estimate(value, value - half, value + half, half / 1.96, n, float(n))
 
@@ -197,6 +224,12 @@ def test_cli_import_evaluate_and_promote_with_a_shadow_requirement(pair, replaye
     from_log = json.loads(_run("policies", "evaluate", "2", "--registry", str(registry), "--log", str(log),
                                "--db", str(db), "--json", *_trust(registry)))
     assert from_log["policies"][0]["pass_rate"] == candidate["pass_rate"]
+    own = json.loads(_run("policies", "evaluate", "2", "--quality-target", "0.5", "--registry", str(registry),
+                          "--db", str(db), "--json", *_trust(registry)))["policies"][0]
+    assert own["pass_rate"] == candidate["pass_rate"] and own["label"] == "version 2 @ 0.5"
+    other = json.loads(_run("policies", "evaluate", "2", "--quality-target", "0.9", "--registry", str(registry),
+                            "--db", str(db), "--json", *_trust(registry)))["policies"][0]
+    assert other["n_evaluated"] == 0 and other["n_unknown"] == 600  # shadowed at 0.5, and no text
     refused = _run("policies", "promote", "2", "--registry", str(registry), "--require", "shadow",
                    "--db", str(db), "--min-feedback", "100", ok=False)
     assert "not promoted: shadow:" in refused and "not shown to be within 0.01" in refused

@@ -96,7 +96,7 @@ export class Gateway {
     const rec: Record<string, unknown> = {
       v: LOG_FORMAT_VERSION, kind: "decision", time: isoTime(Date.now()), request_id: rid, suite: opts.suite ?? null,
       quality_target: opts.qualityTarget ?? null, ...this.promptFields(prompt), channel, policy_version: d.policyVersion,
-      model, propensity, policy_model: d.model, policy_probability: 1.0, explored,
+      model, propensity, policy_model: d.model, policy_probability: d.propensity, explored,
       pass_probabilities: d.passProbabilities, expected_cost_usd: d.expectedCostUsd,
     };
     if (x) rec.exploration = { rate: x.rate, eligible };
