@@ -114,8 +114,9 @@ class RouteoptProxyHandler(CustomLogger):
             raise _http_error(400, f"routeopt routes chat and text completions, not {call_type}")
         metadata = data.get("metadata")
         metadata = metadata if isinstance(metadata, dict) else data.setdefault("metadata", {})
+        headers = _headers(data)
         try:
-            request = route_request(data, _headers(data), alias=self.alias)
+            request = route_request(data, headers, alias=self.alias)
         except BadRequest as exc:
             raise _http_error(400, str(exc)) from None
         rid = request.request_id or data.get("litellm_call_id")  # the request's own id, else LiteLLM's
@@ -125,7 +126,8 @@ class RouteoptProxyHandler(CustomLogger):
                                    f"instead of {self.alias!r} meanwhile")
         try:
             d = gateway.route(request.prompt, request.suite, request.quality_target,
-                              request_id=None if rid is None else str(rid))
+                              request_id=None if rid is None else str(rid),
+                              traceparent=headers.get("traceparent"))
         except Exception as exc:  # the proxy must answer, and say why, rather than crash
             log.exception("the routeopt policy failed to decide")
             raise _http_error(500, f"the routeopt policy failed to decide: {exc!r}") from None
@@ -136,7 +138,8 @@ class RouteoptProxyHandler(CustomLogger):
         metadata[DECISION_KEY] = {
             "model": d.model, "deployment": chosen, "fallbacks": list(d.fallbacks),
             "policy_version": d.policy_version, "decision_id": d.request_id,
-            "propensity": d.propensity, "default_reason": d.default_reason}
+            "propensity": d.propensity, "default_reason": d.default_reason,
+            "traceparent": d.traceparent}
         return data
 
     def _deployments_for(self, candidates: list[str]) -> tuple[str, list[str]]:

@@ -212,14 +212,15 @@ class DecisionService:
                 return b"".join(chunks)
 
     def _decide(self, request: RouteRequest, traceparent: str | None) -> Decision:
-        """The decision for one parsed request (the place for a per-decision tracing span;
-        `traceparent` is the caller's W3C trace context, echoed back in the answer)."""
+        """The decision for one parsed request. `traceparent`, the caller's W3C trace context,
+        parents the decision's span when tracing is on (`common.tracing`); the answer's header
+        then names that span, else it is the caller's, unchanged."""
         gateway = self.gateway
         if gateway is None:
             raise Refused(503, "not_ready", f"the service cannot route yet: {self.not_ready_reason}")
         try:
             return gateway.route(request.prompt, request.suite, request.quality_target,
-                                 request_id=request.request_id)
+                                 request_id=request.request_id, traceparent=traceparent)
         except Exception as exc:  # a policy that fails on one request must not take the service down
             log.exception("the policy failed to decide")
             raise Refused(500, "policy_error", f"the policy failed to decide: {exc!r}") from None
@@ -240,7 +241,7 @@ class DecisionService:
         accel = request_headers.get(ACCEL_HEADER)
         if accel:
             out.append((b"x-accel-redirect", header_value(accel)))
-        trace = request_headers.get("traceparent")
+        trace = (d.traceparent if d is not None else None) or request_headers.get("traceparent")
         if trace:
             out.append((b"traceparent", header_value(trace)))
         return out

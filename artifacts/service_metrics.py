@@ -12,6 +12,8 @@ import bisect
 import threading
 from typing import Any, Iterable
 
+from common import tracing
+
 # seconds; a decision takes ~0.1 ms, the HTTP round trip a few tenths of a millisecond
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -81,6 +83,11 @@ class Metrics:
                "Policy refresher events: swapped, rejected (a version refused), unreachable, "
                "expired, default.", [(_labels([("kind", k)]), n) for k, n in events])
         self._render_status(family, status, ready)
+        spans = tracing.status()
+        family("routeopt_tracing_spans_total", "counter",
+               "Decision spans by outcome: exported, export_failed (the collector refused them), "
+               "dropped (the queue was full: the collector is down or slow).",
+               [(_labels([("outcome", k)]), getattr(spans, k)) for k in ("exported", "export_failed", "dropped")])
         self._render_histogram(out)
         return "\n".join(out) + "\n"
 

@@ -200,7 +200,7 @@ def shift_reference(policy: RoutingPolicy, cal: Calibration, data: RoutingData) 
     names = np.array(policy.candidates, dtype=object)
     routes = {x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
               for x in STANDARD_TARGETS}
-    return reference_sketch(data.suites, np.array([len(p) for p in data.prompts]), routes)
+    return reference_sketch(data.suites, np.array([text_length(p) for p in data.prompts]), routes)
 
 
 def knob_summary(policy: RoutingPolicy, assumption: Assumption = Assumption(), split: float = 0.0) -> dict:

