@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from evals.providers.base import GenerationSettings, Message, ProviderError, Request
-from evals.selfhost.arrivals import Arrival, Arrivals, synthesize
+from evals.selfhost.arrivals import Arrival, synthesize
 from evals.selfhost.wire import Endpoint
 
 QUANTILES = (50, 95, 99)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from evals.config import Candidate
 from evals.selfhost.arrivals import ReplayInputError, load_arrivals, synthesize
 from evals.selfhost.replay import Slo, make_sender, replay_once, summaries, summarize, sweep
-from tests.fake_llm import FakeLLM, count_tokens
+from tests.fake_llm import FakeLLM
 
 
 def trace(path: Path, rows: list[dict]) -> Path:
