@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 # Prefect reads its settings at import: point it at a throwaway home before anything imports it.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="routeopt-prefect-")
+atexit.register(shutil.rmtree, _PREFECT_HOME, True)  # a test session leaves no home behind
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
