@@ -61,9 +61,17 @@ def format_age(seconds: float) -> str:
 
 
 def cache_key(candidate: Candidate, request: Request) -> str:
-    """The identity of a call: what decides the answer, nothing secret, nothing incidental."""
+    """The identity of a call: whose call it is and what decides the answer, nothing secret,
+    nothing incidental.
+
+    The candidate's name is part of it: two candidates serving the same checkpoint (zoo-l and
+    zoo-l verified with a draft, a model behind two endpoints) give the same greedy answers at
+    another speed and cost, and each row must be its own candidate's measurement, not a copy of
+    the other's taken from the cache as if this run had made it."""
     s = request.settings
     payload = {
+        "candidate": candidate.name,
+        "speculative": None if candidate.speculative is None else candidate.speculative.model_dump(mode="json"),
         "provider": candidate.provider,
         "base_url": candidate.base_url,
         "model": candidate.model,

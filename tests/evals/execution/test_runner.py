@@ -210,6 +210,20 @@ async def test_another_runs_answers_are_replayed_only_when_asked_and_young(tmp_p
     later.close()
 
 
+async def test_two_candidates_of_one_model_each_measure_their_own_answers(tmp_path, fake_llm,
+                                                                           fake_candidate):
+    """The same model under two names (a second endpoint, a speculative twin) is called for each:
+    within a run the cache gives a candidate back only its own answers."""
+    suite = load_suite(write_arithmetic_suite(tmp_path, 6))
+    one = fake_candidate()
+    twin = one.model_copy(update={"name": f"{one.name}-twin"})
+    for cand in (one, twin):
+        stats = await evaluate_pair(suite, cand, "run-t", Rows(), cache=tmp_path / "cache",
+                                    limits=fresh_limits(cand))
+        assert stats.calls == 6 and stats.cached == 0
+    assert len(fake_llm.requests) == 12
+
+
 async def test_a_resumed_run_takes_back_its_own_unflushed_answers(tmp_path, fake_llm, fake_candidate):
     """Answers finished before a kill but never flushed: the resumed run neither waits nor pays
     for them again, records them as its own measurements and books what they cost."""
