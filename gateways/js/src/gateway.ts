@@ -6,13 +6,17 @@
  *
  * Logging never blocks or fails a routing call: a line is built from values already at hand
  * and handed to the sink; a sink that throws is counted, and the decision still returns.
+ *
+ * Tracing (docs/tracing.md): the gateway, not its routers, records the decision's span, with
+ * the served model, the channel and whether it explored; the log line keeps its trace and span ids.
  */
 
 import { blake2b } from "./blake2b.js";
 import { textBytes } from "./bytes.js";
 import { checkExploration, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
 import { hex } from "./verification.js";
-import { Decision, newRequestId, Router, RouterStatus } from "./registry.js";
+import { Decision, newRequestId, RouteOptions, Router, RouterStatus } from "./registry.js";
+import { attributesFor, clock, recordDecision, Traced, TracingOptions, UNTRACED } from "./tracing.js";
 
 export const LOG_FORMAT_VERSION = 1;
 
@@ -23,7 +27,8 @@ export interface LogSink {
   close?(): Promise<void>;
 }
 
-export interface GatewayOptions {
+/** `tracer` and `contextFor` default to the champion router's. */
+export interface GatewayOptions extends TracingOptions {
   exploration?: ExplorationOptions | null;
   candidate?: Router | null;
   canaryShare?: number;
@@ -55,8 +60,12 @@ export class Gateway {
   private errors = 0;
   private lastError: string | null = null;
 
+  private readonly tracing: TracingOptions;
+
   private constructor(readonly champion: Router, private readonly opts: GatewayOptions,
-    private readonly exploreKey: Uint8Array, private readonly canaryKey: Uint8Array) {}
+    private readonly exploreKey: Uint8Array, private readonly canaryKey: Uint8Array) {
+    this.tracing = opts.tracer !== undefined ? opts : champion.tracing;
+  }
 
   static async create(champion: Router, opts: GatewayOptions = {}): Promise<Gateway> {
     const share = opts.canaryShare ?? 0;
@@ -67,38 +76,57 @@ export class Gateway {
     return new Gateway(champion, opts, exploreKey, canaryKey);
   }
 
-  /** Route one request: the canary arm, the policy's decision, exploration, and the log line. */
-  route(prompt: string, opts: { suite?: string | null; requestId?: string; qualityTarget?: number | null } = {}): Decision {
+  /** Route one request: the canary arm, the policy's decision, exploration, the decision's
+   * span (a child of `opts.traceparent`; `decision.traceparent` names it) and the log line. */
+  route(prompt: string, opts: RouteOptions = {}): Decision {
+    const traced = Boolean(this.tracing.tracer || opts.traceparent);
+    const start = traced ? clock() : 0;
     const rid = opts.requestId ?? newRequestId();
     const candidate = this.opts.candidate;
     const canary = Boolean(candidate) && (this.opts.canaryShare ?? 0) > 0
       && unitDraw(this.canaryKey, rid)[0] < (this.opts.canaryShare ?? 0);
     const router = canary ? candidate! : this.champion;
-    const d = router.route(prompt, { suite: opts.suite, qualityTarget: opts.qualityTarget, requestId: rid });
+    const d = router.decide(prompt, { suite: opts.suite, qualityTarget: opts.qualityTarget, requestId: rid });
+    const channel = canary ? "candidate" : "champion";
     try {
       const x = this.opts.exploration && this.opts.exploration.rate > 0 ? this.opts.exploration : null;
       const names = Object.keys(d.passProbabilities);
       const [u, v] = x ? unitDraw(this.exploreKey, rid) : [1, 0];
       const e = explore(d.model, names, d.expectedCostUsd, x, u, v);
       const fallbacks = e.model === d.model ? d.fallbacks : [d.model, ...d.fallbacks.filter((f) => f !== e.model)];
-      const out: Decision = { ...d, model: e.model, fallbacks, propensity: e.propensity, decisionId: rid };
-      if (this.opts.log) this.write(this.record(prompt, opts, rid, canary ? "candidate" : "champion", d, e.model, e.propensity, e.explored, e.eligible, x));
+      const t = traced ? recordDecision(this.tracing, opts.traceparent, start, attributesFor({
+        model: e.model, fallbacks, propensity: e.propensity, policyVersion: d.policyVersion, requestId: rid,
+        defaultReason: d.defaultReason, channel, explored: e.explored, knobTarget: router.knobTarget(d, opts.qualityTarget),
+        suite: opts.suite,
+      }), (err) => this.failed(err)) : UNTRACED;
+      const out: Decision = { ...d, model: e.model, fallbacks, propensity: e.propensity, decisionId: rid,
+        traceparent: t.traceparent, traceId: t.traceId };
+      if (this.opts.log) this.write(this.record(prompt, opts, rid, channel, d, e.model, e.propensity, e.explored, e.eligible, x, t));
       return out;
     } catch (err) {
-      this.errors++;
-      this.lastError = String((err as Error)?.message ?? err);
+      this.failed(err);
       return { ...d, decisionId: rid };
     }
   }
 
+  private failed(err: unknown): void {
+    this.errors++;
+    this.lastError = String((err as Error)?.message ?? err);
+  }
+
   private record(prompt: string, opts: { suite?: string | null; qualityTarget?: number | null }, rid: string, channel: string,
-    d: Decision, model: string, propensity: number, explored: boolean, eligible: string[], x: ExplorationOptions | null): Record<string, unknown> {
+    d: Decision, model: string, propensity: number, explored: boolean, eligible: string[], x: ExplorationOptions | null,
+    t: Traced): Record<string, unknown> {
     const rec: Record<string, unknown> = {
       v: LOG_FORMAT_VERSION, kind: "decision", time: isoTime(Date.now()), request_id: rid, suite: opts.suite ?? null,
       quality_target: opts.qualityTarget ?? null, ...this.promptFields(prompt), channel, policy_version: d.policyVersion,
       model, propensity, policy_model: d.model, policy_probability: d.propensity, explored,
       pass_probabilities: d.passProbabilities, expected_cost_usd: d.expectedCostUsd,
     };
+    if (t.traceId !== null) {  // feedback, decisions and traces join on it
+      rec.trace_id = t.traceId;
+      if (t.spanId !== null) rec.span_id = t.spanId;
+    }
     if (x) rec.exploration = { rate: x.rate, eligible };
     if ((this.opts.canaryShare ?? 0) > 0 && this.opts.candidate) rec.canary_share = this.opts.canaryShare;
     return rec;

@@ -5,12 +5,15 @@
  *     const d = router.route(prompt, { suite: "invoice-total", requestId });
  *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
  *
+ * Tracing: give `tracer` (any @opentelemetry/api Tracer) to Router.open or Gateway.create and
+ * `traceparent` to route(); see tracing.ts.
+ *
  * Modules follow the spec's sections: bytes, features, scorer, calibration, knob, decision,
  * verification, conformance. Node's file log is in "@routeopt/gateway/node".
  */
 
 export { Router, PolicyLoadError, newRequestId } from "./registry.js";
-export type { Decision, RouterOptions, RouterStatus, StateStore } from "./registry.js";
+export type { Decision, RouteOptions, RouterOptions, RouterStatus, StateStore } from "./registry.js";
 export { Gateway, MemoryLog, isoTime } from "./gateway.js";
 export type { GatewayOptions, GatewayStatus, LogSink } from "./gateway.js";
 export type { ExplorationOptions } from "./decision.js";
@@ -20,3 +23,5 @@ export type { ConformanceReport } from "./conformance.js";
 export { VerificationError } from "./verification.js";
 export { FormatError } from "./container.js";
 export { blake2b } from "./blake2b.js";
+export { attributesFor, DECISION_SPAN, formatTraceparent, parentContext, parseTraceparent, recordDecision } from "./tracing.js";
+export type { Attributes, DecisionFacts, Span, SpanContext, SpanOptions, Traced, Tracer, TracingOptions } from "./tracing.js";

@@ -10,6 +10,7 @@
 import { checkVectors, ConformanceReport, summary } from "./conformance.js";
 import { FormatError } from "./container.js";
 import { Policy, readPolicy, VECTORS } from "./policy.js";
+import { attributesFor, clock, recordDecision, TracingOptions, UNTRACED } from "./tracing.js";
 import {
   checkChannel, checkOrder, FailureKind, importPublicKey, Manifest, MANIFEST, parseManifest, parsePointer, Pointer,
   Seen, sha256Hex, SIGNATURE, TrustedKey, VerificationError, verifySignature, canonicalJson, versionDir,
@@ -23,7 +24,7 @@ export interface StateStore {
   set(seen: Seen): void | Promise<void>;
 }
 
-export interface RouterOptions {
+export interface RouterOptions extends TracingOptions {
   /** a registry's base URL (http(s)://host/prefix) or a version's URL (.../versions/000007-<sha12>) */
   url?: string;
   /** a version's files as bytes (manifest.json, manifest.sig and the policy's files), instead of a URL */
@@ -54,6 +55,18 @@ export interface Decision {
   /** the id the decision is logged under (the request id given, else a generated one) */
   decisionId: string;
   defaultReason: string | null;
+  /** the header to send on with the model call: names the decision's span, else the caller's own valid header */
+  traceparent: string | null;
+  /** the trace the decision belongs to (32 hex), also on the decision's log line */
+  traceId: string | null;
+}
+
+export interface RouteOptions {
+  suite?: string | null;
+  requestId?: string;
+  qualityTarget?: number | null;
+  /** the caller's W3C traceparent header: the decision's span becomes its child */
+  traceparent?: string | null;
 }
 
 export interface RouterStatus {
@@ -154,6 +167,8 @@ export class PolicyLoadError extends Error {
   }
 }
 
+const UNTRACED_DECISION = { traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+
 let idCounter = 0;
 let idPrefix = ""; // drawn on first use: a worker may not draw random values at load time
 
@@ -220,22 +235,45 @@ export class Router {
     return this.opts.now ? this.opts.now() : Date.now();
   }
 
-  /** Route one request with the current policy, or the default model while there is none. */
-  route(prompt: string, opts: { suite?: string | null; requestId?: string; qualityTarget?: number | null } = {}): Decision {
+  /** Route one request with the current policy, or the default model while there is none.
+   * With a tracer the decision is a span, a child of `opts.traceparent`, and
+   * `decision.traceparent` names it; without one the caller's valid header comes back. */
+  route(prompt: string, opts: RouteOptions = {}): Decision {
+    if (!this.opts.tracer && !opts.traceparent) return this.decide(prompt, opts);
+    const start = clock();
+    const d = this.decide(prompt, opts);
+    const traced = recordDecision(this.opts, opts.traceparent, start, attributesFor({
+      ...d, requestId: opts.requestId, knobTarget: this.knobTarget(d, opts.qualityTarget), suite: opts.suite,
+    }), (e) => this.emit("tracing", `the decision span was not recorded: ${(e as Error)?.message ?? e}`));
+    return { ...d, traceparent: traced.traceparent, traceId: traced.traceId };
+  }
+
+  /** The decision alone, never traced (a Gateway records the span itself). */
+  decide(prompt: string, opts: RouteOptions = {}): Decision {
     const id = opts.requestId ?? newRequestId();
     const a = this.active;
     const why = this.whyDefault(a);
     if (!a || why) {
       if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
-        policyVersion: 0, decisionId: id, defaultReason: why };
+        policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION };
     }
     const d = a.policy.decide(prompt, opts.suite, opts.qualityTarget);
     const names = a.policy.candidates;
     const p: Record<string, number> = {}, c: Record<string, number> = {};
     names.forEach((m, j) => { p[m] = d.p[j]; c[m] = d.c[j]; });
     return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: d.propensity,
-      policyVersion: a.version, decisionId: id, defaultReason: null };
+      policyVersion: a.version, decisionId: id, defaultReason: null, ...UNTRACED_DECISION };
+  }
+
+  /** The quality target a decision used: the caller's, else the policy's own (none for the default model). */
+  knobTarget(d: Decision, qualityTarget: number | null | undefined): number | null {
+    return qualityTarget ?? (d.defaultReason === null ? this.active?.policy.qualityTarget ?? null : null);
+  }
+
+  /** The tracer decisions are recorded with (a Gateway uses it unless given its own). */
+  get tracing(): TracingOptions {
+    return { tracer: this.opts.tracer ?? null, contextFor: this.opts.contextFor ?? null };
   }
 
   get policy(): Policy | null {
