@@ -184,7 +184,7 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
         reference_model="", quality_target=quality_target,
     )
     basis = certificate.basis(f, data, policy)
-    ref = basis.reference(f.cal.Y)
+    ref = basis.reference(f.cal.Y, confidence)
     policy.knob = build_knob(f.cal, ref, confidence, design.above_one, split=design.split,
                              assumption=basis.assumption, weights=basis.weights, cells=basis.cells)
     policy.reference_model = data.candidates[ref]

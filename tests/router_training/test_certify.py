@@ -96,3 +96,30 @@ def test_the_assumption_says_what_it_assumes():
         Assumption("robust")
     with pytest.raises(ValueError, match="mode"):
         Assumption("hopeful")
+
+
+def test_the_weighted_reference_moves_only_on_evidence():
+    """Weights toward a traffic sample change the reference only when another candidate beats
+    the unweighted best on the weighted requests with the certificate's confidence: a few heavy
+    requests where it happened to pass are not that."""
+    from router_training.certificate import Basis
+
+    rng = np.random.default_rng(0)
+    n = 400
+    Y = np.zeros((n, 2))
+    Y[:320, 0] = 1.0  # candidate 0 passes 0.80
+    Y[48:328, 1] = 1.0  # candidate 1 passes 0.70, and 8 requests candidate 0 fails
+    lucky = np.arange(320, 328)
+    w = np.ones(n)
+    w[lucky] = 8.0  # a handful of heavy requests where candidate 1 passed and 0 failed
+    assert Basis(Assumption()).reference(Y) == 0
+    weighted = Basis(Assumption("traffic"), weights=w)
+    rates = (Y * w[:, None]).sum(0) / w.sum()
+    assert rates[1] > rates[0]  # a plain weighted argmax would switch
+    assert weighted.reference(Y) == 0
+    # a traffic on which candidate 1 really is better everywhere it weighs: the reference moves
+    Y2 = Y.copy()
+    heavy = np.arange(n) < n // 2
+    Y2[heavy, 1], Y2[heavy, 0] = 1.0, (rng.random(heavy.sum()) < 0.5)
+    w2 = np.where(heavy, 10.0, 0.1)
+    assert Basis(Assumption("traffic"), weights=w2).reference(Y2) == 1
