@@ -36,7 +36,8 @@ def logged_requests(policy, data, routed: list[str], idx: np.ndarray):
     from router_training.monitor import Logged
 
     return Logged([data.suites[i] for i in idx], np.array([len(data.prompts[i]) for i in idx]),
-                  [policy.quality_target] * len(idx), [routed[i] for i in idx])
+                  [policy.quality_target] * len(idx), [routed[i] for i in idx],
+                  [str(data.request_ids[i]) for i in idx])  # what the log's prompt_hash tells apart
 
 
 def run_set(name: str, folder: Path, seeds: int, n: int) -> list[dict]:

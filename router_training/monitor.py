@@ -59,9 +59,19 @@ class Logged:
     chars: np.ndarray
     targets: list[float] = field(default_factory=list)
     routed: list[str | None] = field(default_factory=list)
+    keys: list[str | None] | None = None  # each request's prompt hash, where logged
 
     def __len__(self) -> int:
         return len(self.suites)
+
+    def distinct(self) -> int:
+        """How many independent observations of the request distribution the log holds: its
+        distinct prompts where hashes were logged (a prompt sent 100 times is one request
+        text seen 100 times, not 100 draws), else every record."""
+        if self.keys is None:
+            return len(self)
+        known = [k for k in self.keys if k]
+        return len(set(known)) + (len(self.keys) - len(known))
 
 
 def reference_sketch(suites: Sequence[str | None], chars: np.ndarray, routes: dict[float, Sequence[str]]) -> dict:
@@ -222,11 +232,16 @@ def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_eff
         ref = reference.get("routes", {}).get(key)
         if ref is not None and len(models) >= min_group:
             rows.append((f"route@{key}", *_counts(ref, _tally(models)), route_min_effect))
-    p = [chi2_homogeneity(a, b) for _, a, b, _ in rows]
+    # The live histograms keep their shares, but count as many observations as the log has
+    # distinct requests: repeats of one prompt would make a chi-square test see a shift in any
+    # finite set of prompts, however it was drawn.
+    scale = live.distinct() / len(live)
+    p = [chi2_homogeneity(a, b * scale) for _, a, b, _ in rows]
     for (name, a, b, threshold), raw, adj in zip(rows, p, holm(p)):
         tv = total_variation(a, b)
         report.features.append(FeatureShift(name, raw, float(adj), tv, bool(adj < alpha and tv >= threshold)))
-    report.suites_moved = _suite_shares(reference.get("suites", {}), live_suites, alpha)
+    report.suites_moved = _suite_shares(reference.get("suites", {}),
+                                        {k: v * scale for k, v in live_suites.items()}, alpha)
     return report
 
 
@@ -237,8 +252,11 @@ def logged(frame: Any, default_target: float) -> Logged:
                for q in frame["quality_target"].tolist()]
     routed = frame["policy_model"].where(frame["policy_model"].notna(), frame["model"]).tolist()
     chars = frame["prompt_chars"].to_numpy(dtype=np.float64)
+    keys = ([k if isinstance(k, str) and k else None for k in frame["prompt_hash"].tolist()]
+            if "prompt_hash" in frame else None)
     return Logged([s if isinstance(s, str) else None for s in frame["suite"].tolist()],
-                  np.nan_to_num(chars, nan=0.0), targets, [m if isinstance(m, str) else None for m in routed])
+                  np.nan_to_num(chars, nan=0.0), targets, [m if isinstance(m, str) else None for m in routed],
+                  keys)
 
 
 @dataclass

@@ -113,3 +113,26 @@ def test_the_monitor_flags_a_shift_names_what_moved_and_stays_quiet_otherwise():
     few = _logged(30, 9, hard_share=1.0)
     assert "route@0.95" not in {f.feature for f in detect_shift(ref, few).features}  # fewer than 50
     assert not detect_shift(ref, Logged([], np.empty(0))).features
+
+
+def test_repeats_of_a_few_prompts_are_not_a_shift_and_a_real_one_still_is():
+    """A log that sends 250 prompts of the certified distribution 2,000 times (with their
+    hashes) is quiet; without the hashes the repeats look like 2,000 draws and any finite
+    sample of prompts alarms. A real shift in the same repeated form is still flagged."""
+    cal = _logged(3000, 5)
+    ref = reference_sketch(cal.suites, cal.chars, {0.95: cal.routed})
+    rng = np.random.default_rng(0)
+
+    def repeated(pool: Logged, with_keys: bool) -> Logged:
+        idx = rng.integers(0, len(pool), 2000)
+        return Logged([pool.suites[i] for i in idx], pool.chars[idx], [0.95] * 2000,
+                      [pool.routed[i] for i in idx], [f"h{i}" for i in idx] if with_keys else None)
+
+    alarms = {True: 0, False: 0}
+    for s in range(20):
+        pool = _logged(250, 200 + s)
+        for keys in (True, False):
+            alarms[keys] += detect_shift(ref, repeated(pool, keys)).shifted
+    assert alarms[True] <= 1 and alarms[False] >= 5
+    harder = repeated(_logged(250, 300, hard_share=0.9), True)
+    assert harder.distinct() <= 250 and detect_shift(ref, harder).shifted
