@@ -5,8 +5,8 @@ eval suites) unless told otherwise:
 
 * `--traffic LOG_OR_FILE`: unlabelled production requests are known; the calibration requests
   are weighted toward them (`router_training.covariate`), the reference is the best single
-  candidate on that weighted data, and the certificate rests on the weights' effective sample
-  size. Where text was kept, the weights read the policy's text features; a decision log
+  candidate unless another one wins on the weighted data with the certificate's confidence,
+  and the certificate rests on the weights' effective sample size. Where text was kept, the weights read the policy's text features; a decision log
   without text gives suites and lengths only.
 * `--robust GAMMA`: nothing is known; the certificate holds for every traffic whose mix over
   (suite x difficulty band) cells is within a factor GAMMA of the calibration mix.
