@@ -287,7 +287,8 @@ def _stats(pb: PromptBytes, lengths: np.ndarray) -> np.ndarray:
     n = max(len(pb.cut), 1)
     counts = np.bincount(np.take(_CLASS, pb.cut), minlength=32) @ _FLAG_MATRIX  # exact integers
     n_words = len(lengths)
-    logs = ln1p_int(np.array([pb.n_chars, n_words, pb.newlines, pb.questions]))
+    raw = np.array([pb.n_chars, n_words, pb.newlines, pb.questions])
+    logs = np.take(TF_TABLE, raw) if raw.max() < TF_TABLE_SIZE else ln1p_int(raw)  # same bits
     return np.array([
         logs[0], logs[1], logs[2], *(counts / n).tolist(),
         float(int(lengths.sum())) / n_words if n_words else 0.0,
