@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 
 from router_training.features import (
-    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, FeatureSpec, cut, mix,
+    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix,
 )
 from router_training.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum
 
@@ -72,15 +72,6 @@ class BatchFeatures(NamedTuple):
     row_offsets: np.ndarray  # the sparse rows [suite | text | stats] of the n requests, end to end
     ids: np.ndarray
     vals: np.ndarray
-
-
-def _powers(base: np.uint64, n: int) -> np.ndarray:
-    out = np.empty(n, dtype=np.uint64)
-    out[0] = 1
-    with np.errstate(over="ignore"):
-        out[1:] = base
-        np.cumprod(out, out=out)
-    return out
 
 
 def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
