@@ -398,7 +398,8 @@ FEEDBACK_SUMMARY_COLUMNS = ["request_id", "passed", "feedback_cost_usd", "feedba
 
 
 def decisions_from_store(store: Any, since: str | None = None, until: str | None = None) -> pd.DataFrame:
-    """Logged decisions in [since, until) (ISO dates or times), oldest first (none without a store)."""
+    """Logged decisions in [since, until) (ISO dates or times), oldest first, ties by request id
+    (so every read sees one order; none without a store)."""
     if store is None or not store.has_table("decisions"):
         return pd.DataFrame(columns=list(TRAFFIC_COLUMNS))
     where, params = [], []
@@ -409,7 +410,7 @@ def decisions_from_store(store: Any, since: str | None = None, until: str | None
         where.append("time < CAST(? AS TIMESTAMPTZ)")
         params.append(until)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    return store.query(f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM decisions {clause} ORDER BY time", params)
+    return store.query(f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM decisions {clause} ORDER BY time, request_id", params)
 
 
 def decisions_from_log(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:

@@ -88,6 +88,8 @@ def test_at_another_quality_target_a_policy_decides_again_where_it_logged_anothe
     records = [decision("at-0.9-text", "a", 0.95, quality_target=0.9, policy_version=2, text="t1"),
                decision("at-0.9-opaque", "a", 0.95, quality_target=0.9, policy_version=2),
                decision("at-0.5", "a", 0.95, quality_target=0.5, policy_version=2)]
+    for i, r in enumerate(records):
+        r["time"] = f"2025-03-01T10:00:0{i}Z"
     with Store(tmp_path / "db.duckdb") as store:
         import_decisions(write_log(tmp_path / "log.jsonl", records), store)
         fb = tmp_path / "fb.jsonl"
