@@ -414,18 +414,33 @@ class Store:
     def register_suite(
         self, suite: str, version: str, spec: dict, items: Iterable[tuple[str, str, dict]]
     ) -> None:
-        """Record a suite version and its items as (item_id, prompt, fields)."""
-        self._write(
-            "INSERT INTO suites VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [(suite, version, json.dumps(spec, sort_keys=True, default=str), _now())],
-        )
-        self._write(
-            "INSERT INTO items VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [
-                (suite, version, item_id, prompt, json.dumps(f, sort_keys=True, default=str))
-                for item_id, prompt, f in items
-            ],
-        )
+        """Record a suite version and its items as (item_id, prompt, fields), in one transaction.
+
+        The items go in as one Arrow table (one INSERT ... SELECT), as outcomes do: executemany
+        took ~4 ms a row, 5 s for the demo's 1,250 items before its first call."""
+        import pyarrow as pa
+
+        ids, prompts, fields = [], [], []
+        for item_id, prompt, f in items:
+            ids.append(item_id)
+            prompts.append(prompt)
+            fields.append(json.dumps(f, sort_keys=True, default=str))
+        batch = pa.table({"suite": [suite] * len(ids), "version": [version] * len(ids),
+                          "item_id": ids, "prompt": prompts, "fields_json": fields},
+                         schema=pa.schema([(c, pa.string()) for c in
+                                           ("suite", "version", "item_id", "prompt", "fields_json")]))
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._con.execute("INSERT INTO suites VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                  (suite, version, json.dumps(spec, sort_keys=True, default=str), _now()))
+                self._con.register("_item_batch", batch)
+                self._con.execute("INSERT INTO items SELECT * FROM _item_batch ON CONFLICT DO NOTHING")
+                self._con.unregister("_item_batch")
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
 
     def write_outcomes(self, outcomes: Iterable[Outcome]) -> int:
         """Persist outcomes in one transaction; rows already stored are kept, never duplicated.
