@@ -23,6 +23,7 @@ from evals.config import Candidate, Config, load_config
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.execution.cache import format_age, parse_age
 from evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
+from evals.providers.local.provider import keep_loaded
 from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
@@ -492,19 +493,20 @@ def nightly(
     with _run_span(run_id) as trace_parent:
         skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
         chosen = candidates or [c.name for c in cfg.candidates]
-        checked = preflight_stage(cfg, run_id, chosen, probes,
-                                  cfg.preflight.enabled if preflight is None else preflight, skip)
-        skipped = [p.candidate for p in broken(checked)]
-        report = evaluate_all(
-            cfg,
-            run_id,
-            suites=suites,
-            candidates=[c for c in chosen if c not in skipped],
-            progress_key=progress_key,
-            persist_in_tasks=persist_in_tasks,
-            cache_max_age_s=max_age_s,
-            trace_parent=trace_parent,
-        )
+        with keep_loaded():  # a local candidate's model loads once, not once per suite
+            checked = preflight_stage(cfg, run_id, chosen, probes,
+                                      cfg.preflight.enabled if preflight is None else preflight, skip)
+            skipped = [p.candidate for p in broken(checked)]
+            report = evaluate_all(
+                cfg,
+                run_id,
+                suites=suites,
+                candidates=[c for c in chosen if c not in skipped],
+                progress_key=progress_key,
+                persist_in_tasks=persist_in_tasks,
+                cache_max_age_s=max_age_s,
+                trace_parent=trace_parent,
+            )
         for name, err in report.suite_errors.items():
             logger.error("suite %s skipped: %s", name, err)
         for m in report.misconfigured:

@@ -200,6 +200,7 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
     API candidates are probed before the server starts, so a wrong key, model, port or path is
     named in the first seconds; local ones while it starts (they load a model: CPU time that
     overlaps the server's start instead of preceding it)."""
+    from evals.providers.local.provider import keep_loaded
     from evals.storage.store import new_run_id
     from flows import prefect_api
 
@@ -213,35 +214,37 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
     took = time.perf_counter() - started
     shutdown.server = prefect_api.launch()  # starting now, it overlaps the imports below
     started = time.perf_counter()
-    local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip, preflight)
-    took += time.perf_counter() - started
-    order = {c.name: i for i, c in enumerate(chosen)}
-    probes = sorted(remote + local, key=lambda p: order[p.candidate])
-    if probes:
-        answered = sum(p.verdict == "ok" for p in probes)
-        click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
-                   f"{took:.1f}s", err=True)
-    from flows.nightly import nightly
+    with keep_loaded():  # the models the probes load serve the flow's first suites
+        local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip,
+                       preflight)
+        took += time.perf_counter() - started
+        order = {c.name: i for i, c in enumerate(chosen)}
+        probes = sorted(remote + local, key=lambda p: order[p.candidate])
+        if probes:
+            answered = sum(p.verdict == "ok" for p in probes)
+            click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
+                       f"{took:.1f}s", err=True)
+        from flows.nightly import nightly
 
-    if not kw["debug"]:
-        quiet_tracebacks()
-    bars = not kw["no_progress"] and sys.stderr.isatty()
-    with Heartbeat(bars) as beat, _progress(bars, beat.count) as progress_key, \
-            prefect_api.serving(shutdown.server):
-        return nightly(
-            config_path=str(cfg.source_path),
-            run_id=run_id,
-            suites=list(kw["suites"]) or None,
-            candidates=list(kw["candidates"]) or None,
-            db_path=kw["db_path"],
-            train=kw["train"],
-            publish=kw["publish"],
-            cache_max_age=kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None),
-            progress_key=progress_key,
-            preflight=preflight,
-            skip_broken=skip,
-            probes=[p.to_dict() for p in probes] if preflight else None,
-        )
+        if not kw["debug"]:
+            quiet_tracebacks()
+        bars = not kw["no_progress"] and sys.stderr.isatty()
+        with Heartbeat(bars) as beat, _progress(bars, beat.count) as progress_key, \
+                prefect_api.serving(shutdown.server):
+            return nightly(
+                config_path=str(cfg.source_path),
+                run_id=run_id,
+                suites=list(kw["suites"]) or None,
+                candidates=list(kw["candidates"]) or None,
+                db_path=kw["db_path"],
+                train=kw["train"],
+                publish=kw["publish"],
+                cache_max_age=kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None),
+                progress_key=progress_key,
+                preflight=preflight,
+                skip_broken=skip,
+                probes=[p.to_dict() for p in probes] if preflight else None,
+            )
 
 
 def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,

@@ -4,7 +4,9 @@ Requests from any number of concurrent `generate()` calls, from any event loop, 
 thread per model that batches them per decode step (`evals.providers.local.batcher`): a request joins
 the running batch at the next step and leaves it, with its answer, the step it ends. Token counts
 come from the tokenizer, so they are exact; TTFT and inter-token gaps are the engine's step times.
-torch and transformers are imported on first use and the model loads once, on the first request.
+torch and transformers are imported on first use and the model loads once, on the first request;
+within `keep_loaded()` (a run's preflight and evaluation) a candidate's model loads once per process
+and serves each of its suites in turn.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,37 @@ class _Pending:
 
 
 _LOAD_LOCK = threading.Lock()
+# (tokenizer, model, draft) by candidate while `keep_loaded` is open; None when closed
+_kept: dict[str, tuple[Any, Any, Any]] | None = None
+
+
+@contextmanager
+def keep_loaded() -> Iterator[None]:
+    """Keep each candidate's loaded model for later providers of the same candidate in this
+    process until the block ends: the preflight's load serves the first suite, and a suite's the
+    next (a candidate's suites run one after another), instead of one load per suite. Nested
+    blocks share the outermost one; the models are released when it ends."""
+    global _kept
+    with _LOAD_LOCK:
+        outer = _kept is None
+        if outer:
+            _kept = {}
+    try:
+        yield
+    finally:
+        if outer:
+            with _LOAD_LOCK:
+                held, _kept = _kept or {}, None
+            devices = {str(getattr(m, "device", "cpu")) for _, m, _ in held.values()}
+            held.clear()
+            for device in devices:
+                _free_device_memory(device)
+
+
+def _kept_key(candidate: Candidate) -> str:
+    """What a loaded model depends on: the candidate's whole definition (name included, so two
+    candidates never share a model object across engine threads)."""
+    return candidate.model_dump_json()
 
 
 def _resolve_device(requested: str) -> str:
@@ -104,6 +139,10 @@ class LocalProvider:
             if self._device == "cpu":
                 torch.set_num_threads(int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
                                       or min(os.cpu_count() or 1, 4))
+            key = _kept_key(self.candidate) if _kept is not None else None
+            if key is not None and key in _kept:
+                self._tokenizer, self._model, self._draft = _kept[key]
+                return
             tok, model = self._checkpoint(self.candidate.model, self.candidate.variant)
             spec = self.candidate.speculative
             if spec is not None:
@@ -115,6 +154,8 @@ class LocalProvider:
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
             self._tokenizer, self._model = tok, model.eval()
+            if key is not None:
+                _kept[key] = (self._tokenizer, self._model, self._draft)
 
     def _checkpoint(self, ref: str, variant: str, role: str = "") -> tuple[Any, Any]:
         """Tokenizer and model of one checkpoint, in `variant` on the candidate's device."""

@@ -116,3 +116,33 @@ async def test_closed_provider_refuses() -> None:
     await provider.aclose()
     with pytest.raises(ProviderError, match="closed"):
         await provider.generate(_req("reverse: abc="))
+
+
+async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() -> None:
+    """The preflight's provider and each suite's are distinct providers of one candidate: inside
+    `keep_loaded` they share one loaded model (the same object), answer as a fresh load does,
+    and another candidate never gets it; after the block, a provider loads its own again."""
+    from evals.providers.local.provider import keep_loaded
+
+    fresh = create(_candidate("zoo-s"))
+    want = await fresh.generate(_req("reverse: abc="))
+    await fresh.aclose()
+    with keep_loaded():
+        first = create(_candidate("zoo-s"))
+        await first.generate(_req("reverse: abc="))
+        model = first._model
+        await first.aclose()
+        with keep_loaded():  # nested: the outer block keeps it
+            second = create(_candidate("zoo-s"))
+            got = await second.generate(_req("reverse: abc="))
+            assert second._model is model
+            await second.aclose()
+        other = create(_candidate("zoo-s", variant="bf16"))
+        await other.generate(_req("reverse: abc="))
+        assert other._model is not model
+        await other.aclose()
+    assert (got.text, got.output_tokens, got.finish_reason) == (want.text, want.output_tokens, want.finish_reason)
+    after = create(_candidate("zoo-s"))
+    await after.generate(_req("reverse: abc="))
+    assert after._model is not model
+    await after.aclose()
