@@ -18,6 +18,7 @@ flow run" line: imports, config, the server's start), which the variants differ 
 whole process's wall time, which adds the evaluation and training, noisy on a shared machine.
 
     python benchmarks/run_startup.py [--reps 3] [--before cc87f94] [--homes warm,fresh]
+        [--variants before,after,reuse]
 
 The last line holds the medians as key=value.
 """
@@ -123,11 +124,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--before", default=BEFORE, help="git revision of the 'before' code")
     ap.add_argument("--homes", default="warm,fresh", help="warm, fresh or both")
+    ap.add_argument("--variants", default="before,after,reuse", help="which of before, after, reuse")
     args = ap.parse_args()
     homes = args.homes.split(",")
+    variants = args.variants.split(",")
+    unknown = set(variants) - {"before", "after", "reuse"}
+    if unknown:
+        raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from before, after, reuse")
     tmp = Path(tempfile.mkdtemp(prefix="routeopt-startup-"))
-    codes = {"before": export_tree(args.before, tmp / "before"), "after": REPO, "reuse": REPO}
-    server, api_url = start_prefect_server(tmp / "server-home")
+    codes = {v: export_tree(args.before, tmp / "before") if v == "before" else REPO for v in variants}
+    server, api_url = start_prefect_server(tmp / "server-home") if "reuse" in variants else (None, None)
     times: dict[str, list[float]] = {f"{v}_{h}": [] for v in codes for h in homes}
     to_flow: dict[str, list[float]] = {f"{v}_{h}": [] for v in codes for h in homes}
     try:
@@ -146,15 +152,15 @@ def main() -> None:
                     print(f"round {rep + 1}: {key:<13} flow began {began:5.1f} s, "
                           f"ended {wall:6.1f} s", flush=True)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
     medians = {k: statistics.median(v) for k, v in times.items()}
     began = {k: statistics.median(v) for k, v in to_flow.items()}
     for regime in homes:
         for name, m in (("until the flow began", began), ("whole run", medians)):
-            b, a, r = (m[f"{v}_{regime}"] for v in ("before", "after", "reuse"))
-            print(f"{regime} Prefect home, {name}: before {b:.1f} s, after {a:.1f} s "
-                  f"(saves {b - a:.1f} s), reusing a running server {r:.1f} s (saves {b - r:.1f} s)")
+            print(f"{regime} Prefect home, {name}: " + ", ".join(
+                f"{v} {m[f'{v}_{regime}']:.1f} s" for v in variants))
     print(" ".join([f"{k}_began_s={v:.1f}" for k, v in began.items()]
                    + [f"{k}_s={v:.1f}" for k, v in medians.items()]))
 
