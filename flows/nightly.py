@@ -23,7 +23,7 @@ from evals.config import Candidate, Config, load_config
 from evals.execution.budget import Budget, budget_for_run, spent_in_run
 from evals.execution.cache import format_age, parse_age
 from evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
-from evals.providers.local.provider import keep_loaded
+from evals.providers.local.provider import keep_loaded, sharing_cpu
 from evals.execution.runner import PairStats, evaluate_pair
 from evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
 from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
@@ -497,16 +497,18 @@ def nightly(
             checked = preflight_stage(cfg, run_id, chosen, probes,
                                       cfg.preflight.enabled if preflight is None else preflight, skip)
             skipped = [p.candidate for p in broken(checked)]
-            report = evaluate_all(
-                cfg,
-                run_id,
-                suites=suites,
-                candidates=[c for c in chosen if c not in skipped],
-                progress_key=progress_key,
-                persist_in_tasks=persist_in_tasks,
-                cache_max_age_s=max_age_s,
-                trace_parent=trace_parent,
-            )
+            measured = [c for c in chosen if c not in skipped]
+            with sharing_cpu(sum(cfg.candidate(c).provider == "local" for c in measured)):
+                report = evaluate_all(
+                    cfg,
+                    run_id,
+                    suites=suites,
+                    candidates=measured,
+                    progress_key=progress_key,
+                    persist_in_tasks=persist_in_tasks,
+                    cache_max_age_s=max_age_s,
+                    trace_parent=trace_parent,
+                )
         for name, err in report.suite_errors.items():
             logger.error("suite %s skipped: %s", name, err)
         for m in report.misconfigured:

@@ -85,6 +85,31 @@ def keep_loaded() -> Iterator[None]:
                 _free_device_memory(device)
 
 
+_side_by_side = 1  # local engines evaluated at once in this process (see `sharing_cpu`)
+
+
+@contextmanager
+def sharing_cpu(engines: int) -> Iterator[None]:
+    """Within this block `engines` local models run side by side, so each model loaded (or
+    taken from `keep_loaded`) sets torch's CPU threads to its share of the cores instead of
+    each engine's team of threads competing for all of them: on 2 cores the demo's 5 engines
+    spent 16% less CPU with 1 thread each than with 2 (`benchmarks/local_threads.py`).
+    ROUTEOPT_TORCH_THREADS still overrides."""
+    global _side_by_side
+    before, _side_by_side = _side_by_side, max(1, engines)
+    try:
+        yield
+    finally:
+        _side_by_side = before
+
+
+def _cpu_threads() -> int:
+    """torch's intra-op threads: ROUTEOPT_TORCH_THREADS, else this engine's share of the cores
+    (at most 4: a small model gains little from more)."""
+    override = int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
+    return override or max(1, min((os.cpu_count() or 1) // _side_by_side, 4))
+
+
 def _kept_key(candidate: Candidate) -> str:
     """What a loaded model depends on: the candidate's whole definition (name included, so two
     candidates never share a model object across engine threads)."""
@@ -137,8 +162,7 @@ class LocalProvider:
 
             self._device = _resolve_device(self.candidate.device)
             if self._device == "cpu":
-                torch.set_num_threads(int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
-                                      or min(os.cpu_count() or 1, 4))
+                torch.set_num_threads(_cpu_threads())
             key = _kept_key(self.candidate) if _kept is not None else None
             if key is not None and key in _kept:
                 self._tokenizer, self._model, self._draft = _kept[key]

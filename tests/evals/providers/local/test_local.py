@@ -146,3 +146,22 @@ async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() 
     await after.generate(_req("reverse: abc="))
     assert after._model is not model
     await after.aclose()
+
+
+def test_engines_side_by_side_share_the_cores(monkeypatch) -> None:
+    from evals.providers.local import provider as local
+
+    monkeypatch.delenv("ROUTEOPT_TORCH_THREADS", raising=False)
+    monkeypatch.setattr(local.os, "cpu_count", lambda: 2)
+    assert local._cpu_threads() == 2
+    with local.sharing_cpu(5):
+        assert local._cpu_threads() == 1
+        monkeypatch.setattr(local.os, "cpu_count", lambda: 16)
+        assert local._cpu_threads() == 3
+        with local.sharing_cpu(1):
+            assert local._cpu_threads() == 4  # at most 4
+        assert local._cpu_threads() == 3
+        monkeypatch.setenv("ROUTEOPT_TORCH_THREADS", "7")
+        assert local._cpu_threads() == 7
+    monkeypatch.delenv("ROUTEOPT_TORCH_THREADS")
+    assert local._cpu_threads() == 4
