@@ -53,6 +53,12 @@ def close_store(path: Path) -> None:
         store.close()
 
 
+def close_stores() -> None:
+    """Close every shared store (the CLI does before it exits)."""
+    for key in list(_STORES):
+        close_store(Path(key))
+
+
 class RunIncomplete(RuntimeError):
     """Pairs of the run failed (rows could not be written): it is marked 'failed', and resuming
     it with the same run id completes it."""

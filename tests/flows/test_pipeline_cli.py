@@ -51,3 +51,25 @@ def test_unknown_candidate_or_suite_fails_before_prefect(tmp_path: Path):
     assert proc.returncode == 1
     assert "no suite named ['nope']; found ['add', 'reverse', 'sort']" in errors(proc)
     assert "prefect" not in imported
+
+
+def test_before_exit_the_cli_closes_its_stores_and_freezes_the_heap(tmp_path) -> None:
+    """What `main` does last: every shared DuckDB store closed (its rows readable by another
+    connection), then the heap frozen so shutdown's collections skip it."""
+    import gc
+
+    import duckdb
+
+    from flows import cli as cli_module
+    from flows import nightly
+
+    store = nightly.shared_store(tmp_path / "db.duckdb")
+    store.begin_run("run-x")
+    gc.unfreeze()
+    try:
+        cli_module._ready_to_exit()
+        assert not nightly._STORES and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    with duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True) as con:
+        assert con.sql("SELECT run_id FROM runs").fetchall() == [("run-x",)]
