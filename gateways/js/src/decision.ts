@@ -3,7 +3,7 @@
  * 8.1 exploration and canary draws.
  */
 
-import { blake2b } from "./blake2b.js";
+import { Blake2b, unitAt } from "./blake2b.js";
 import { textBytes } from "./bytes.js";
 import { Knob, Point, memberChoice } from "./knob.js";
 
@@ -59,11 +59,11 @@ export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pic
 
 /** Two numbers in [0, 1] from BLAKE2b-128 of the request id keyed with `key`. */
 export function unitDraw(key: Uint8Array, requestId: string): [number, number] {
-  const d = blake2b(textBytes(requestId), 16, key);
-  const word = (i: number) => ((d[i] << 24) | (d[i + 1] << 16) | (d[i + 2] << 8) | d[i + 3]) >>> 0;
-  const unit = (i: number) => (word(i) * 4294967296 + word(i + 4)) / 18446744073709551616;
-  return [unit(0), unit(8)];
+  const h = hasher.start(16, key).update(textBytes(requestId)).finish();
+  return [unitAt(h, 0), unitAt(h, 1)];
 }
+
+const hasher = new Blake2b();
 
 /** SHA-256("routeopt-<label>:<seed>") (WebCrypto), or 32 random bytes without a seed. */
 export async function deriveKey(label: string, seed: number | string | null | undefined): Promise<Uint8Array> {
