@@ -2,12 +2,13 @@
  * Section 4, "Features": byte classes, lower-casing, word hashes, n-gram keys, buckets,
  * tf-idf and the nine statistics, assembled into the sparse feature row.
  *
- * The hot path allocates nothing per request but the row: word hashes, bucket counts and the
- * list of touched buckets live in scratch buffers sized for the largest cut (8192 bytes).
+ * The hot path allocates nothing per request but the row: the prompt's bytes, word hashes,
+ * bucket counts and the list of touched buckets live in scratch buffers sized for the largest
+ * cut (8192 bytes).
  */
 
-import { MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
-import { add64, ln1p, ln1pCount, mul64, mulPAdd, U64 } from "./numbers.js";
+import { ByteScratch, MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
+import { ln1p, ln1pCount, mul64, U64 } from "./numbers.js";
 
 export const N_STATS = 9;
 export const STAT_NAMES = ["log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
@@ -62,7 +63,6 @@ export interface FeatureLayers {
 }
 
 const BYTE_PLACE = [1, 256, 65536, 16777216];
-const other = new Float64Array(2);
 
 /** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
 export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out: U64): void {
@@ -97,8 +97,15 @@ function bucketOf(hi: number, lo: number, mask: number): number {
 
 /** Per-policy scratch space, so a decision allocates only its row. */
 export class Scratch {
+  readonly bytes = new ByteScratch();
   readonly counts: Int32Array;
   readonly touched: Int32Array;
+  /** the radix sort's other buffer, and its digit counts */
+  readonly sorted: Int32Array;
+  readonly digits: Int32Array;
+  /** the bits of a bucket id the radix sort orders by per pass, and its passes */
+  readonly radixBits: number;
+  readonly radixPasses: number;
   readonly lower = new Uint8Array(MAX_BYTES);
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
@@ -109,6 +116,11 @@ export class Scratch {
   constructor(nBuckets: number) {
     this.counts = new Int32Array(nBuckets);
     this.touched = new Int32Array(Math.min(nBuckets, MAX_BYTES * 9));
+    this.sorted = new Int32Array(this.touched.length);
+    const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
+    this.radixPasses = Math.ceil(bits / 8);
+    this.radixBits = Math.ceil(bits / this.radixPasses);
+    this.digits = new Int32Array(1 << this.radixBits);
   }
 }
 
@@ -163,11 +175,12 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
     t = count(s, bucketOf(lo > 0xffffffff ? (wh[w] + 1) >>> 0 : wh[w], lo >>> 0, mask), t);
   }
   if (spec.wordBigrams) {
-    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2
-      mulPAdd(wh[w], wl[w], 0, other);
-      add64(other[0], other[1], wh[w + 1], wl[w + 1], other);
-      add64(other[0], other[1], 0, 2, other);
-      t = count(s, bucketOf(other[0], other[1], mask), t);
+    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2 (P = 2^40 + 435), as in mulPAdd and add64
+      const p = wl[w] * 435; // < 2^41: exact
+      const lo = (p % 4294967296) + wl[w + 1] + 2; // < 2^33 + 2
+      const carry = ((p * 2.3283064365386963e-10) | 0) + Math.floor(lo * 2.3283064365386963e-10);
+      const hi = ((wl[w] << 8) + Math.imul(wh[w], 435) + wh[w + 1] + carry) >>> 0;
+      t = count(s, bucketOf(hi, lo >>> 0, mask), t);
     }
   }
   const low = s.lower;
@@ -182,6 +195,29 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
     }
   }
   return t;
+}
+
+/** The first n touched buckets in ascending order (the row's order, 4.8), as a view of one of
+ * the scratch buffers: an LSD radix sort, radixBits of the id per pass, twice as fast as the
+ * typed array's sort on a prompt's few hundred buckets. */
+function sortTouched(s: Scratch, n: number): Int32Array {
+  let from = s.touched, to = s.sorted;
+  const bits = s.radixBits, mask = (1 << bits) - 1, digits = s.digits;
+  for (let pass = 0, shift = 0; pass < s.radixPasses; pass++, shift += bits) {
+    digits.fill(0);
+    for (let i = 0; i < n; i++) digits[(from[i] >>> shift) & mask]++;
+    for (let d = 0, at = 0; d < digits.length; d++) {
+      const c = digits[d];
+      digits[d] = at;
+      at += c;
+    }
+    for (let i = 0; i < n; i++) {
+      const b = from[i];
+      to[digits[(b >>> shift) & mask]++] = b;
+    }
+    [from, to] = [to, from];
+  }
+  return from.subarray(0, n);
 }
 
 /** 4.7: the nine statistics, standardised when the policy scales them. */
@@ -214,11 +250,11 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
 /** One request through 3.1 to 4.8. With `keep`, the intermediate layers are copied out too. */
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
-  const text = promptBytes(prompt);
+  const text = keep ? promptBytes(prompt) : promptBytes(prompt, s.bytes);
   words(text.cut, s);
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
-  const touched = s.touched.subarray(0, nt).sort();
+  const touched = sortTouched(s, nt);
   const st = stats(spec, text, s, nWords, wordChars);
   const pos = suitePosition(spec, suite);
   const head = pos >= 0 ? 1 : 0;
