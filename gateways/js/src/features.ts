@@ -23,6 +23,12 @@ for (let b = 0x61; b <= 0x7a; b++) CLASS[b] |= ALNUM;
 for (let b = 0x80; b <= 0xff; b++) CLASS[b] |= ALNUM;
 for (const c of "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") CLASS[c.charCodeAt(0)] |= PUNCT;
 for (const c of "{}()[];=<>_") CLASS[c.charCodeAt(0)] |= CODE;
+/** Per byte value, its class counts packed in two words, a count per 16-bit half (digit, upper;
+ * punct, code): a cut has at most 8192 bytes, so the halves never carry into each other. */
+const DIGIT_UPPER = Int32Array.from(CLASS, (c) => (c & DIGIT ? 1 : 0) + (c & UPPER ? 1 << 16 : 0));
+const PUNCT_CODE = Int32Array.from(CLASS, (c) => (c & PUNCT ? 1 : 0) + (c & CODE ? 1 << 16 : 0));
+/** 4.2: ASCII lower-casing. */
+const LOWER = Uint8Array.from(CLASS, (_, b) => (b >= 0x41 && b <= 0x5a ? b + 32 : b));
 
 // 4.5: mix(k) constants as [hi, lo]
 const SALT_HI = 0x53845412, SALT_LO = 0x7b096493;
@@ -76,23 +82,25 @@ export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out:
   out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
 }
 
-/** The high 32 bits of a * b for 32-bit a, b (16-bit pieces keep every sum exact). */
+/** The high 32 bits of a * b for 32-bit a, b (as int32 bits): 16-bit pieces, whose products
+ * are below 2^32, so Math.imul's bits are theirs and every sum stays exact. */
 function mulHi(a: number, b: number): number {
   const a0 = a & 0xffff, a1 = a >>> 16, b0 = b & 0xffff, b1 = b >>> 16;
-  const p01 = a0 * b1, p10 = a1 * b0;
-  const mid = ((a0 * b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
-  return a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16);
+  const p01 = Math.imul(a0, b1), p10 = Math.imul(a1, b0);
+  const mid = (Math.imul(a0, b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
+  return (Math.imul(a1, b1) + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)) | 0;
 }
 
-/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`). */
+/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`, in
+ * int32 arithmetic: halves may come in and go round as signed words). */
 function bucketOf(hi: number, lo: number, mask: number): number {
-  hi = (hi ^ SALT_HI) >>> 0;
-  lo = (lo ^ SALT_LO ^ (hi >>> 1)) >>> 0;
-  let h = (mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO) + Math.imul(lo, MIX1_HI)) >>> 0;
-  let l = (Math.imul(lo, MIX1_LO) ^ (h >>> 1)) >>> 0;
-  h = (mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO) + Math.imul(l, MIX2_HI)) >>> 0;
-  l = Math.imul(l, MIX2_LO) >>> 0;
-  return ((l ^ (h >>> 1)) & mask) >>> 0;
+  hi = hi ^ SALT_HI;
+  lo = lo ^ SALT_LO ^ (hi >>> 1);
+  let h = (((mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO)) | 0) + Math.imul(lo, MIX1_HI)) | 0;
+  let l = Math.imul(lo, MIX1_LO) ^ (h >>> 1);
+  h = (((mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO)) | 0) + Math.imul(l, MIX2_HI)) | 0;
+  l = Math.imul(l, MIX2_LO);
+  return (l ^ (h >>> 1)) & mask;
 }
 
 /** Per-policy scratch space, so a decision allocates only its row. */
@@ -109,7 +117,9 @@ export class Scratch {
   readonly lower = new Uint8Array(MAX_BYTES);
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
-  readonly classes = new Int32Array(32);
+  /** the cut's class counts, packed as DIGIT_UPPER and PUNCT_CODE are */
+  digitUpper = 0;
+  punctCode = 0;
   nWords = 0;
   wordChars = 0;
 
@@ -124,40 +134,45 @@ export class Scratch {
   }
 }
 
-/** 4.1-4.3 in one pass: class counts, lower-casing, and every word hashed into the scratch
- * (s.nWords, s.wordChars). */
-function words(cut: Uint8Array, s: Scratch): void {
-  const low = s.lower, classes = s.classes, wh = s.wordHi, wl = s.wordLo;
-  classes.fill(0);
-  let n = 0, chars = 0, start = -1;
-  for (let i = 0; i <= cut.length; i++) {
+/** 4.1-4.3 in one pass: class counts, every word hashed into the scratch (s.nWords,
+ * s.wordChars), and with `lower` the lower-cased bytes (char n-grams read them). */
+function words(cut: Uint8Array, s: Scratch, lower: boolean): void {
+  const low = s.lower, wh = s.wordHi, wl = s.wordLo, len = cut.length;
+  let n = 0, chars = 0, start = -1, digitUpper = 0, punctCode = 0;
+  for (let i = 0; i <= len; i++) {
     let alnum = false;
-    if (i < cut.length) {
+    if (i < len) {
       const b = cut[i];
-      const c = CLASS[b];
-      classes[c]++;
-      low[i] = b >= 0x41 && b <= 0x5a ? b + 32 : b;
-      alnum = (c & ALNUM) !== 0;
+      digitUpper += DIGIT_UPPER[b];
+      punctCode += PUNCT_CODE[b];
+      if (lower) low[i] = LOWER[b];
+      alnum = (CLASS[b] & ALNUM) !== 0;
     }
     if (alnum) {
       if (start < 0) start = i;
       continue;
     }
     if (start < 0) continue;
-    let hi = 0, lo = 0;
-    for (let j = i - 1; j >= start; j--) { // Horner from the last byte: h = h P + b, P = 2^40 + 435
-      const t = lo * 435 + low[j]; // < 2^41: exact
-      hi = ((lo << 8) + Math.imul(hi, 435) + ((t * 2.3283064365386963e-10) | 0)) >>> 0; // t / 2^32, exact
-      lo = t >>> 0;
+    // Horner from the last byte: h = h P + b, P = 2^40 + 435; the low half as two 16-bit limbs,
+    // so every step is 32-bit integer arithmetic (lo P = lo 435 + lo 2^40, the latter all high half)
+    let hi = 0, l1 = 0, l0 = 0;
+    for (let j = i - 1; j >= start; j--) {
+      const t0 = Math.imul(l0, 435) + LOWER[cut[j]]; // < 2^25
+      const t1 = Math.imul(l1, 435) + (t0 >>> 16); // < 2^25
+      hi = ((((l1 << 24) | (l0 << 8)) + Math.imul(hi, 435)) | 0) + (t1 >>> 16) | 0;
+      l0 = t0 & 0xffff;
+      l1 = t1 & 0xffff;
     }
     wh[n] = hi;
-    wl[n] = lo;
+    wl[n] = (l1 << 16) | l0;
     n++;
     chars += i - start;
     start = -1;
   }
   s.nWords = n;
   s.wordChars = chars;
+  s.digitUpper = digitUpper;
+  s.punctCode = punctCode;
 }
 
 function count(s: Scratch, b: number, nTouched: number): number {
@@ -171,16 +186,16 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
   let t = 0;
   const wh = s.wordHi, wl = s.wordLo;
   for (let w = 0; w < nWords; w++) { // word + 1
-    const lo = wl[w] + 1;
-    t = count(s, bucketOf(lo > 0xffffffff ? (wh[w] + 1) >>> 0 : wh[w], lo >>> 0, mask), t);
+    const lo = (wl[w] + 1) | 0;
+    t = count(s, bucketOf(lo === 0 ? (wh[w] + 1) | 0 : wh[w] | 0, lo, mask), t);
   }
   if (spec.wordBigrams) {
-    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2 (P = 2^40 + 435), as in mulPAdd and add64
-      const p = wl[w] * 435; // < 2^41: exact
-      const lo = (p % 4294967296) + wl[w + 1] + 2; // < 2^33 + 2
-      const carry = ((p * 2.3283064365386963e-10) | 0) + Math.floor(lo * 2.3283064365386963e-10);
-      const hi = ((wl[w] << 8) + Math.imul(wh[w], 435) + wh[w + 1] + carry) >>> 0;
-      t = count(s, bucketOf(hi, lo >>> 0, mask), t);
+    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2 (P = 2^40 + 435), w1's low half in 16-bit limbs
+      const l1 = wl[w] | 0, l2 = wl[w + 1] | 0;
+      const t0 = Math.imul(l1 & 0xffff, 435) + (l2 & 0xffff) + 2; // < 2^26
+      const t1 = Math.imul(l1 >>> 16, 435) + (l2 >>> 16) + (t0 >>> 16); // < 2^26
+      const hi = ((((l1 << 8) + Math.imul(wh[w] | 0, 435)) | 0) + (wh[w + 1] | 0) | 0) + (t1 >>> 16) | 0;
+      t = count(s, bucketOf(hi, (t1 << 16) | (t0 & 0xffff), mask), t);
     }
   }
   const low = s.lower;
@@ -224,14 +239,8 @@ function sortTouched(s: Scratch, n: number): Int32Array {
 function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number): Float64Array {
   const out = new Float64Array(N_STATS);
   const size = Math.max(text.cut.length, 1);
-  let digit = 0, upper = 0, punct = 0, code = 0;
-  for (let c = 0; c < 32; c++) {
-    const k = s.classes[c];
-    if (c & DIGIT) digit += k;
-    if (c & UPPER) upper += k;
-    if (c & PUNCT) punct += k;
-    if (c & CODE) code += k;
-  }
+  const digit = s.digitUpper & 0xffff, upper = s.digitUpper >>> 16;
+  const punct = s.punctCode & 0xffff, code = s.punctCode >>> 16;
   out[0] = ln1p(text.nChars);
   out[1] = ln1p(nWords);
   out[2] = ln1p(text.newlines);
@@ -251,7 +260,7 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
   const text = keep ? promptBytes(prompt) : promptBytes(prompt, s.bytes);
-  words(text.cut, s);
+  words(text.cut, s, spec.charNgrams.length > 0);
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
   const touched = sortTouched(s, nt);
