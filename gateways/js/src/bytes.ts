@@ -66,19 +66,27 @@ function occurrences(text: string, unit: string): number {
   return n;
 }
 
+const PAIR = /[\uD800-\uDBFF][\uDC00-\uDFFF]/g;
+
+/** The code points of `text`'s UTF-8 bytes: one per code unit, but one per surrogate pair
+ * (an unpaired surrogate is U+FFFD, one code point); found without reading the bytes. */
+function codePoints(text: string, utf8Len: number): number {
+  if (utf8Len === text.length) return utf8Len; // ASCII
+  let pairs = 0;
+  PAIR.lastIndex = 0;
+  while (PAIR.exec(text)) pairs++;
+  return text.length - pairs;
+}
+
 /** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers. */
 export function promptBytes(prompt: string, scratch?: ByteScratch): PromptBytes {
   const raw = scratch ? scratch.encode(prompt) : encoder.encode(prompt);
-  let continuation = 0;
-  if (raw.length !== prompt.length) { // not all ASCII
-    for (let i = 0; i < raw.length; i++) if ((raw[i] & 0xc0) === 0x80) continuation++;
-  }
   let cut = raw;
   if (raw.length > MAX_BYTES) {
     cut = scratch ? scratch.cut : new Uint8Array(MAX_BYTES);
     cut.set(raw.subarray(0, HALF), 0);
     cut.set(raw.subarray(raw.length - HALF), HALF);
   }
-  return { raw, utf8Len: raw.length, nChars: raw.length - continuation, newlines: occurrences(prompt, "\n"),
+  return { raw, utf8Len: raw.length, nChars: codePoints(prompt, raw.length), newlines: occurrences(prompt, "\n"),
     questions: occurrences(prompt, "?"), cut };
 }

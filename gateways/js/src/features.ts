@@ -2,9 +2,9 @@
  * Section 4, "Features": byte classes, lower-casing, word hashes, n-gram keys, buckets,
  * tf-idf and the nine statistics, assembled into the sparse feature row.
  *
- * The hot path allocates nothing per request but the row: the prompt's bytes, word hashes,
- * bucket counts and the list of touched buckets live in scratch buffers sized for the largest
- * cut (8192 bytes).
+ * The hot path allocates no arrays per request: the prompt's bytes, word hashes, bucket counts,
+ * the touched buckets and the row live in scratch buffers sized for the largest cut (8192
+ * bytes).
  */
 
 import { ByteScratch, MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
@@ -103,7 +103,7 @@ function bucketOf(hi: number, lo: number, mask: number): number {
   return (l ^ (h >>> 1)) & mask;
 }
 
-/** Per-policy scratch space, so a decision allocates only its row. */
+/** Per-policy scratch space, so a decision allocates nothing but the objects it returns. */
 export class Scratch {
   readonly bytes = new ByteScratch();
   readonly counts: Int32Array;
@@ -114,6 +114,10 @@ export class Scratch {
   /** the bits of a bucket id the radix sort orders by per pass, and its passes */
   readonly radixBits: number;
   readonly radixPasses: number;
+  /** the row (4.8) and the statistics, when a request's layers are not kept */
+  readonly ids: Int32Array;
+  readonly vals: Float64Array;
+  readonly stats = new Float64Array(N_STATS);
   readonly lower = new Uint8Array(MAX_BYTES);
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
@@ -127,6 +131,8 @@ export class Scratch {
     this.counts = new Int32Array(nBuckets);
     this.touched = new Int32Array(Math.min(nBuckets, MAX_BYTES * 9));
     this.sorted = new Int32Array(this.touched.length);
+    this.ids = new Int32Array(1 + this.touched.length + N_STATS);
+    this.vals = new Float64Array(this.ids.length);
     const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
     this.radixPasses = Math.ceil(bits / 8);
     this.radixBits = Math.ceil(bits / this.radixPasses);
@@ -236,8 +242,7 @@ function sortTouched(s: Scratch, n: number): Int32Array {
 }
 
 /** 4.7: the nine statistics, standardised when the policy scales them. */
-function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number): Float64Array {
-  const out = new Float64Array(N_STATS);
+function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number, out: Float64Array): Float64Array {
   const size = Math.max(text.cut.length, 1);
   const digit = s.digitUpper & 0xffff, upper = s.digitUpper >>> 16;
   const punct = s.punctCode & 0xffff, code = s.punctCode >>> 16;
@@ -256,7 +261,9 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
   return out;
 }
 
-/** One request through 3.1 to 4.8. With `keep`, the intermediate layers are copied out too. */
+/** One request through 3.1 to 4.8. With `keep`, every layer is the request's own; without,
+ * the bytes, words, buckets, statistics and row are views of the scratch, good until its next
+ * request. */
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
   const text = keep ? promptBytes(prompt) : promptBytes(prompt, s.bytes);
@@ -264,12 +271,13 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
   const touched = sortTouched(s, nt);
-  const st = stats(spec, text, s, nWords, wordChars);
+  const st = stats(spec, text, s, nWords, wordChars, keep ? new Float64Array(N_STATS) : s.stats);
   const pos = suitePosition(spec, suite);
   const head = pos >= 0 ? 1 : 0;
   const nS = spec.suites.length;
-  const ids = new Int32Array(head + nt + N_STATS);
-  const vals = new Float64Array(head + nt + N_STATS);
+  const size = head + nt + N_STATS;
+  const ids = keep ? new Int32Array(size) : s.ids.subarray(0, size);
+  const vals = keep ? new Float64Array(size) : s.vals.subarray(0, size);
   if (head) {
     ids[0] = pos;
     vals[0] = 1;
