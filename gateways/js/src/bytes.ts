@@ -78,12 +78,14 @@ function codePoints(text: string, utf8Len: number): number {
   return text.length - pairs;
 }
 
-/** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers. */
-export function promptBytes(prompt: string, scratch?: ByteScratch): PromptBytes {
-  const raw = scratch ? scratch.encode(prompt) : encoder.encode(prompt);
+/** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers unless `own`
+ * asks for copies (encodeInto and a copy are still faster than `encode`). */
+export function promptBytes(prompt: string, scratch?: ByteScratch, own = false): PromptBytes {
+  let raw = scratch ? scratch.encode(prompt) : encoder.encode(prompt);
+  if (own && scratch) raw = raw.slice();
   let cut = raw;
   if (raw.length > MAX_BYTES) {
-    cut = scratch ? scratch.cut : new Uint8Array(MAX_BYTES);
+    cut = scratch && !own ? scratch.cut : new Uint8Array(MAX_BYTES);
     cut.set(raw.subarray(0, HALF), 0);
     cut.set(raw.subarray(raw.length - HALF), HALF);
   }

@@ -118,6 +118,8 @@ export class Scratch {
   readonly ids: Int32Array;
   readonly vals: Float64Array;
   readonly stats = new Float64Array(N_STATS);
+  /** the touched buckets' counts, in the row's order */
+  readonly bucketCounts: Int32Array;
   readonly lower = new Uint8Array(MAX_BYTES);
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
@@ -133,6 +135,7 @@ export class Scratch {
     this.sorted = new Int32Array(this.touched.length);
     this.ids = new Int32Array(1 + this.touched.length + N_STATS);
     this.vals = new Float64Array(this.ids.length);
+    this.bucketCounts = new Int32Array(this.touched.length);
     const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
     this.radixPasses = Math.ceil(bits / 8);
     this.radixBits = Math.ceil(bits / this.radixPasses);
@@ -266,7 +269,7 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
  * request. */
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
-  const text = keep ? promptBytes(prompt) : promptBytes(prompt, s.bytes);
+  const text = promptBytes(prompt, s.bytes, keep);
   words(text.cut, s, spec.charNgrams.length > 0);
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
@@ -282,13 +285,13 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
     ids[0] = pos;
     vals[0] = 1;
   }
-  const counts = keep ? new Int32Array(nt) : null;
+  const counts = keep ? new Int32Array(nt) : s.bucketCounts.subarray(0, nt);
   let sq = 0;
   for (let i = 0; i < nt; i++) {
     const b = touched[i];
     const c = s.counts[b];
     s.counts[b] = 0;
-    if (counts) counts[i] = c;
+    counts[i] = c;
     let x = ln1pCount(c);
     if (spec.idf) x = x * spec.idf[b];
     ids[head + i] = nS + b;
@@ -306,8 +309,8 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
     text, suitePos: pos, ids, vals, stats: st, wordChars,
     wordHi: keep ? s.wordHi.slice(0, nWords) : s.wordHi.subarray(0, nWords),
     wordLo: keep ? s.wordLo.slice(0, nWords) : s.wordLo.subarray(0, nWords),
-    buckets: keep ? Int32Array.from(touched) : touched,
-    counts: counts ?? new Int32Array(0),
+    buckets: keep ? touched.slice() : touched,
+    counts,
     textValues: vals.subarray(head, head + nt),
   };
 }
