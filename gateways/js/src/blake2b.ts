@@ -46,7 +46,8 @@ function compress(h: Int32Array, block: Uint8Array, offset: number, t: number, l
   let v8 = h[8], v9 = h[9], v10 = h[10], v11 = h[11], v12 = h[12], v13 = h[13], v14 = h[14], v15 = h[15];
   let v16 = IV[0], v17 = IV[1], v18 = IV[2], v19 = IV[3], v20 = IV[4], v21 = IV[5], v22 = IV[6], v23 = IV[7];
   let v24 = IV[8] ^ (t | 0), v25 = IV[9] ^ ((t / 4294967296) | 0), v26 = IV[10], v27 = IV[11];
-  let v28 = last ? ~IV[12] : IV[12], v29 = last ? ~IV[13] : IV[13], v30 = IV[14], v31 = IV[15];
+  const f = last ? -1 : 0; // the final-block flag inverts word 14 (both of its halves)
+  let v28 = IV[12] ^ f, v29 = IV[13] ^ f, v30 = IV[14], v31 = IV[15];
   let lo = 0, x = 0, y = 0;
   for (let s = 0; s < 192; s += 16) {
     // G(v0, v8, v16, v24) with m[s], m[s + 1]

@@ -66,16 +66,12 @@ function occurrences(text: string, unit: string): number {
   return n;
 }
 
-const PAIR = /[\uD800-\uDBFF][\uDC00-\uDFFF]/g;
-
-/** The code points of `text`'s UTF-8 bytes: one per code unit, but one per surrogate pair
- * (an unpaired surrogate is U+FFFD, one code point); found without reading the bytes. */
-function codePoints(text: string, utf8Len: number): number {
-  if (utf8Len === text.length) return utf8Len; // ASCII
-  let pairs = 0;
-  PAIR.lastIndex = 0;
-  while (PAIR.exec(text)) pairs++;
-  return text.length - pairs;
+/** Code points: bytes not of the form 10xxxxxx (every byte of an ASCII text). */
+function codePoints(raw: Uint8Array, textLength: number): number {
+  if (raw.length === textLength) return textLength;
+  let continuation = 0;
+  for (let i = 0; i < raw.length; i++) if ((raw[i] & 0xc0) === 0x80) continuation++;
+  return raw.length - continuation;
 }
 
 /** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers unless `own`
@@ -89,6 +85,6 @@ export function promptBytes(prompt: string, scratch?: ByteScratch, own = false):
     cut.set(raw.subarray(0, HALF), 0);
     cut.set(raw.subarray(raw.length - HALF), HALF);
   }
-  return { raw, utf8Len: raw.length, nChars: codePoints(prompt, raw.length), newlines: occurrences(prompt, "\n"),
+  return { raw, utf8Len: raw.length, nChars: codePoints(raw, prompt.length), newlines: occurrences(prompt, "\n"),
     questions: occurrences(prompt, "?"), cut };
 }

@@ -45,12 +45,14 @@ export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pic
     score[j] = -(p[j] - lam * c[j]);
     if (j === pick) continue;
     let at = order.length;
+    order.push(j);
     while (at > 0) {
       const o = order[at - 1];
       if (score[o] < score[j] || (score[o] === score[j] && c[o] <= c[j])) break; // o stays first (ties: lower index)
+      order[at] = o;
       at--;
     }
-    order.splice(at, 0, j);
+    order[at] = j;
   }
   return order;
 }
