@@ -4,7 +4,7 @@
  */
 
 import { Blake2b, unitAt } from "./blake2b.js";
-import { textBytes } from "./bytes.js";
+import { ByteScratch, textBytes } from "./bytes.js";
 import { Knob, Point, memberChoice } from "./knob.js";
 
 export interface Choice {
@@ -61,11 +61,12 @@ export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pic
 
 /** Two numbers in [0, 1] from BLAKE2b-128 of the request id keyed with `key`. */
 export function unitDraw(key: Uint8Array, requestId: string): [number, number] {
-  const h = hasher.start(16, key).update(textBytes(requestId)).finish();
+  const h = hasher.start(16, key).update(idBytes.encode(requestId)).finish();
   return [unitAt(h, 0), unitAt(h, 1)];
 }
 
 const hasher = new Blake2b();
+const idBytes = new ByteScratch(256);
 
 /** SHA-256("routeopt-<label>:<seed>") (WebCrypto), or 32 random bytes without a seed. */
 export async function deriveKey(label: string, seed: number | string | null | undefined): Promise<Uint8Array> {

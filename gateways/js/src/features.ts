@@ -8,7 +8,7 @@
  */
 
 import { ByteScratch, MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
-import { ln1p, ln1pCount, mul64, U64 } from "./numbers.js";
+import { ln1p, ln1pCount, U64 } from "./numbers.js";
 
 export const N_STATS = 9;
 export const STAT_NAMES = ["log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
@@ -70,16 +70,15 @@ export interface FeatureLayers {
 
 const BYTE_PLACE = [1, 256, 65536, 16777216];
 
-/** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
+/** out = mix(k) with the given salt (4.5), as [hi, lo]; int32 arithmetic as in bucketOf. */
 export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out: U64): void {
-  hi = (hi ^ saltHi) >>> 0;
-  lo = (lo ^ saltLo) >>> 0;
-  lo = (lo ^ (hi >>> 1)) >>> 0;
-  mul64(hi, lo, MIX1_HI, MIX1_LO, out);
-  hi = out[0];
-  lo = (out[1] ^ (hi >>> 1)) >>> 0;
-  mul64(hi, lo, MIX2_HI, MIX2_LO, out);
-  out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
+  hi = hi ^ saltHi;
+  lo = lo ^ saltLo ^ (hi >>> 1);
+  let h = (((mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO)) | 0) + Math.imul(lo, MIX1_HI)) | 0;
+  const l = Math.imul(lo, MIX1_LO) ^ (h >>> 1);
+  h = (((mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO)) | 0) + Math.imul(l, MIX2_HI)) | 0;
+  out[0] = h >>> 0;
+  out[1] = (Math.imul(l, MIX2_LO) ^ (h >>> 1)) >>> 0;
 }
 
 /** The high 32 bits of a * b for 32-bit a, b (as int32 bits): 16-bit pieces, whose products
