@@ -142,6 +142,7 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
   const fb = mk("decision.fallbacks", new Uint16Array(n * T * (k - 1)));
   const detail: number[][] = [[], [], []];
   const detailOffsets = [0];
+  const points = meta.targets.map((x) => pointFor(policy.knob, x));
   for (let i = 0; i < n; i++) {
     const { text, suite } = inputs[i];
     const s = policy.scoreRequest(text, suite); // the layers are views, read before the next request
@@ -161,8 +162,9 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
     suitePos[i] = L.suitePos; stats.set(L.stats, i * 9);
     logits.set(s.z, i * k); topic[i] = s.topic; P.set(s.p, i * k); C.set(s.c, i * k);
     const u = (unit[i] = mixingDraw(L.text.cut, suite));
+    const draw = () => u;
     for (let t = 0; t < T; t++) {
-      const ch = decidePoint(policy.knob, pointFor(policy.knob, meta.targets[t]), s.p, s.c, () => u);
+      const ch = decidePoint(policy.knob, points[t], s.p, s.c, draw);
       model[i * T + t] = ch.pick; props[i * T + t] = ch.propensity;
       fb.set(ch.fallbacks, (i * T + t) * (k - 1));
     }
@@ -192,9 +194,9 @@ async function gateway(policy: Policy, inputs: VectorInput[], meta: Meta, got: M
     const p = P.subarray(i * k, i * k + k), c = C.subarray(i * k, i * k + k);
     const pick = decidePoint(policy.knob, point, p, c, () => U[i]).pick;
     const cost: Record<string, number> = {};
-    names.forEach((m, j) => (cost[m] = c[j]));
+    for (let j = 0; j < k; j++) cost[names[j]] = c[j];
     const e = explore(names[pick], names, cost, opts, u, v);
-    draws.set([u, v, a], i * 3);
+    draws[i * 3] = u; draws[i * 3 + 1] = v; draws[i * 3 + 2] = a;
     arm[i] = a < meta.gateway.canary.share ? 1 : 0;
     model[i] = names.indexOf(e.model); explored[i] = e.explored ? 1 : 0; eligible[i] = e.eligible.length; prop[i] = e.propensity;
   }
