@@ -3,11 +3,14 @@
  * head/tail cut.
  *
  * `TextEncoder` already does what section 3.1 asks: an unpaired surrogate becomes U+FFFD, a
- * surrogate pair the character it denotes.
+ * surrogate pair the character it denotes. A decision encodes into a reused buffer
+ * (`encodeInto`: no allocation, and an order of magnitude faster than `encode` in Node).
  */
 
 export const MAX_BYTES = 8192;
 const HALF = MAX_BYTES / 2;
+/** Prompts up to this many bytes are encoded into a reused buffer; longer ones get their own. */
+const MAX_REUSED = 1 << 20;
 const encoder = new TextEncoder();
 
 export interface PromptBytes {
@@ -27,21 +30,61 @@ export function textBytes(text: string): Uint8Array<ArrayBuffer> {
   return encoder.encode(text);
 }
 
-export function promptBytes(prompt: string): PromptBytes {
-  const raw = encoder.encode(prompt);
-  let continuation = 0, newlines = 0, questions = 0;
-  const ascii = raw.length === prompt.length;
-  for (let i = 0; i < raw.length; i++) {
-    const b = raw[i];
-    if (b === 0x0a) newlines++;
-    else if (b === 0x3f) questions++;
-    else if (!ascii && (b & 0xc0) === 0x80) continuation++;
+/** Where a decision's prompt bytes go: `raw` and `cut` of its PromptBytes are views of these
+ * buffers, good until the next prompt is encoded into them. */
+export class ByteScratch {
+  private buf: Uint8Array;
+  private cutBuf: Uint8Array | null = null;
+
+  constructor(size = 16384) {
+    this.buf = new Uint8Array(size);
   }
+
+  /** A buffer for the cut of a longer text. */
+  get cut(): Uint8Array {
+    return (this.cutBuf ??= new Uint8Array(MAX_BYTES));
+  }
+
+  /** The UTF-8 bytes of `text`, a view of the buffer (grown when it might not fit). */
+  encode(text: string): Uint8Array {
+    const most = text.length * 3; // UTF-8 bytes per UTF-16 code unit, at most
+    if (most > this.buf.length) {
+      if (most > MAX_REUSED) return encoder.encode(text);
+      let size = this.buf.length;
+      while (size < most) size *= 2;
+      this.buf = new Uint8Array(size);
+    }
+    return this.buf.subarray(0, encoder.encodeInto(text, this.buf).written);
+  }
+}
+
+/** How often the code unit `unit` occurs in `text`; counts of 0x0a and 0x3f in the UTF-8 bytes
+ * are counts in the string, as neither byte occurs inside a multi-byte character. */
+function occurrences(text: string, unit: string): number {
+  let n = 0;
+  for (let i = text.indexOf(unit); i >= 0; i = text.indexOf(unit, i + 1)) n++;
+  return n;
+}
+
+/** Code points: bytes not of the form 10xxxxxx (every byte of an ASCII text). */
+function codePoints(raw: Uint8Array, textLength: number): number {
+  if (raw.length === textLength) return textLength;
+  let continuation = 0;
+  for (let i = 0; i < raw.length; i++) if ((raw[i] & 0xc0) === 0x80) continuation++;
+  return raw.length - continuation;
+}
+
+/** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers unless `own`
+ * asks for copies (encodeInto and a copy are still faster than `encode`). */
+export function promptBytes(prompt: string, scratch?: ByteScratch, own = false): PromptBytes {
+  let raw = scratch ? scratch.encode(prompt) : encoder.encode(prompt);
+  if (own && scratch) raw = raw.slice();
   let cut = raw;
   if (raw.length > MAX_BYTES) {
-    cut = new Uint8Array(MAX_BYTES);
+    cut = scratch && !own ? scratch.cut : new Uint8Array(MAX_BYTES);
     cut.set(raw.subarray(0, HALF), 0);
     cut.set(raw.subarray(raw.length - HALF), HALF);
   }
-  return { raw, utf8Len: raw.length, nChars: raw.length - continuation, newlines, questions, cut };
+  return { raw, utf8Len: raw.length, nChars: codePoints(raw, prompt.length), newlines: occurrences(prompt, "\n"),
+    questions: occurrences(prompt, "?"), cut };
 }

@@ -9,7 +9,6 @@ import { FormatError, readContainer, Tensor, Typed } from "./container.js";
 import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
 import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
-import { add64 } from "./numbers.js";
 import { Policy, VECTORS } from "./policy.js";
 
 export const FORMAT = "routeopt.conformance/1";
@@ -68,6 +67,18 @@ export function decodeWtf8(b: Uint8Array): string {
   return out + String.fromCharCode(...units);
 }
 
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+
+/** decodeWtf8, by the platform's decoder when the bytes are plain UTF-8 (no surrogates): the
+ * same string, faster. */
+function decodeText(b: Uint8Array): string {
+  try {
+    return utf8.decode(b);
+  } catch {
+    return decodeWtf8(b);
+  }
+}
+
 function readInputs(t: Map<string, Tensor>, meta: Meta): VectorInput[] {
   const get = (name: string) => {
     const x = t.get(name);
@@ -81,9 +92,9 @@ function readInputs(t: Map<string, Tensor>, meta: Meta): VectorInput[] {
   for (let i = 0; i < meta.requests; i++) {
     const [at, a, b, rep, c] = spans.subarray(i * 5, i * 5 + 5);
     if (at + a + b + c > text.length || suite[i] < 0 || suite[i] >= meta.suites.length) throw new FormatError(`${VECTORS}: request ${i} points outside the inputs`);
-    const part = (s: number, n: number) => decodeWtf8(text.subarray(s, s + n));
+    const part = (s: number, n: number) => decodeText(text.subarray(s, s + n));
     out.push({ text: part(at, a) + part(at + a, b).repeat(rep) + part(at + a + b, c), suite: meta.suites[suite[i]],
-      requestId: decodeWtf8(rid.subarray(ridOff[i], ridOff[i + 1])) });
+      requestId: decodeText(rid.subarray(ridOff[i], ridOff[i + 1])) });
   }
   return out;
 }
@@ -93,20 +104,24 @@ function digestInto(out: Uint8Array, i: number, data: Uint8Array): void {
 }
 
 const G_HI = 0x9e3779b9, G_LO = 0x7f4a7c15, SALT11_HI = 0xcc623af8, SALT11_LO = 0x783354e7;
-const m = new Float64Array(2), acc = new Float64Array(2), pos = new Float64Array(2), x = new Float64Array(2);
+const m = new Float64Array(2);
 
-/** Section 9's sequence digest of u64 values (hi, lo), as 8 little-endian bytes at out[i*8]. */
+/** Section 9's sequence digest of u64 values (hi, lo), as 8 little-endian bytes at out[i*8]
+ * (64-bit sums in int32 halves: a low half carries when it wraps below an addend). */
 function sequenceDigest(hi: ArrayLike<number>, lo: ArrayLike<number>, out: Uint8Array, i: number): void {
-  acc[0] = acc[1] = pos[0] = pos[1] = 0;
+  let accHi = 0, accLo = 0, posHi = 0, posLo = 0;
   for (let j = 0; j < hi.length; j++) {
-    add64(pos[0], pos[1], G_HI, G_LO, pos);
-    add64(hi[j], lo[j], pos[0], pos[1], x);
-    mix(x[0], x[1], SALT11_HI, SALT11_LO, m);
-    add64(acc[0], acc[1], m[0], m[1], acc);
+    posLo = (posLo + G_LO) | 0;
+    posHi = (posHi + G_HI + ((posLo >>> 0) < G_LO ? 1 : 0)) | 0;
+    const xLo = (lo[j] + posLo) | 0;
+    mix((hi[j] + posHi + ((xLo >>> 0) < (posLo >>> 0) ? 1 : 0)) | 0, xLo, SALT11_HI, SALT11_LO, m);
+    const sum = (accLo + m[1]) | 0;
+    accHi = (accHi + m[0] + ((sum >>> 0) < m[1] ? 1 : 0)) | 0;
+    accLo = sum;
   }
   const dv = new DataView(out.buffer, out.byteOffset + i * 8, 8);
-  dv.setUint32(0, acc[1], true);
-  dv.setUint32(4, acc[0], true);
+  dv.setInt32(0, accLo, true);
+  dv.setInt32(4, accHi, true);
 }
 
 /** Every layer's values for the inputs, as this runtime computes them. */
@@ -127,9 +142,10 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
   const fb = mk("decision.fallbacks", new Uint16Array(n * T * (k - 1)));
   const detail: number[][] = [[], [], []];
   const detailOffsets = [0];
+  const points = meta.targets.map((x) => pointFor(policy.knob, x));
   for (let i = 0; i < n; i++) {
     const { text, suite } = inputs[i];
-    const s = policy.scoreRequest(text, suite, true);
+    const s = policy.scoreRequest(text, suite); // the layers are views, read before the next request
     const L = s.layers;
     utf8[i] = L.text.utf8Len; chars[i] = L.text.nChars; nl[i] = L.text.newlines; qs[i] = L.text.questions;
     digestInto(cutD, i, L.text.cut);
@@ -146,8 +162,9 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
     suitePos[i] = L.suitePos; stats.set(L.stats, i * 9);
     logits.set(s.z, i * k); topic[i] = s.topic; P.set(s.p, i * k); C.set(s.c, i * k);
     const u = (unit[i] = mixingDraw(L.text.cut, suite));
+    const draw = () => u;
     for (let t = 0; t < T; t++) {
-      const ch = decidePoint(policy.knob, pointFor(policy.knob, meta.targets[t]), s.p, s.c, () => u);
+      const ch = decidePoint(policy.knob, points[t], s.p, s.c, draw);
       model[i * T + t] = ch.pick; props[i * T + t] = ch.propensity;
       fb.set(ch.fallbacks, (i * T + t) * (k - 1));
     }
@@ -177,9 +194,9 @@ async function gateway(policy: Policy, inputs: VectorInput[], meta: Meta, got: M
     const p = P.subarray(i * k, i * k + k), c = C.subarray(i * k, i * k + k);
     const pick = decidePoint(policy.knob, point, p, c, () => U[i]).pick;
     const cost: Record<string, number> = {};
-    names.forEach((m, j) => (cost[m] = c[j]));
+    for (let j = 0; j < k; j++) cost[names[j]] = c[j];
     const e = explore(names[pick], names, cost, opts, u, v);
-    draws.set([u, v, a], i * 3);
+    draws[i * 3] = u; draws[i * 3 + 1] = v; draws[i * 3 + 2] = a;
     arm[i] = a < meta.gateway.canary.share ? 1 : 0;
     model[i] = names.indexOf(e.model); explored[i] = e.explored ? 1 : 0; eligible[i] = e.eligible.length; prop[i] = e.propensity;
   }

@@ -2,12 +2,13 @@
  * Section 4, "Features": byte classes, lower-casing, word hashes, n-gram keys, buckets,
  * tf-idf and the nine statistics, assembled into the sparse feature row.
  *
- * The hot path allocates nothing per request but the row: word hashes, bucket counts and the
- * list of touched buckets live in scratch buffers sized for the largest cut (8192 bytes).
+ * The hot path allocates no arrays per request: the prompt's bytes, word hashes, bucket counts,
+ * the touched buckets and the row live in scratch buffers sized for the largest cut (8192
+ * bytes).
  */
 
-import { MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
-import { add64, ln1p, ln1pCount, mul64, mulPAdd, U64 } from "./numbers.js";
+import { ByteScratch, MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
+import { ln1p, ln1pCount, U64 } from "./numbers.js";
 
 export const N_STATS = 9;
 export const STAT_NAMES = ["log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
@@ -22,6 +23,12 @@ for (let b = 0x61; b <= 0x7a; b++) CLASS[b] |= ALNUM;
 for (let b = 0x80; b <= 0xff; b++) CLASS[b] |= ALNUM;
 for (const c of "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") CLASS[c.charCodeAt(0)] |= PUNCT;
 for (const c of "{}()[];=<>_") CLASS[c.charCodeAt(0)] |= CODE;
+/** Per byte value, its class counts packed in two words, a count per 16-bit half (digit, upper;
+ * punct, code): a cut has at most 8192 bytes, so the halves never carry into each other. */
+const DIGIT_UPPER = Int32Array.from(CLASS, (c) => (c & DIGIT ? 1 : 0) + (c & UPPER ? 1 << 16 : 0));
+const PUNCT_CODE = Int32Array.from(CLASS, (c) => (c & PUNCT ? 1 : 0) + (c & CODE ? 1 << 16 : 0));
+/** 4.2: ASCII lower-casing. */
+const LOWER = Uint8Array.from(CLASS, (_, b) => (b >= 0x41 && b <= 0x5a ? b + 32 : b));
 
 // 4.5: mix(k) constants as [hi, lo]
 const SALT_HI = 0x53845412, SALT_LO = 0x7b096493;
@@ -62,90 +69,118 @@ export interface FeatureLayers {
 }
 
 const BYTE_PLACE = [1, 256, 65536, 16777216];
-const other = new Float64Array(2);
 
-/** out = mix(k) with the given salt (4.5); its low 32 bits are out[1]. */
+/** out = mix(k) with the given salt (4.5), as [hi, lo]; int32 arithmetic as in bucketOf. */
 export function mix(hi: number, lo: number, saltHi: number, saltLo: number, out: U64): void {
-  hi = (hi ^ saltHi) >>> 0;
-  lo = (lo ^ saltLo) >>> 0;
-  lo = (lo ^ (hi >>> 1)) >>> 0;
-  mul64(hi, lo, MIX1_HI, MIX1_LO, out);
-  hi = out[0];
-  lo = (out[1] ^ (hi >>> 1)) >>> 0;
-  mul64(hi, lo, MIX2_HI, MIX2_LO, out);
-  out[1] = (out[1] ^ (out[0] >>> 1)) >>> 0;
+  hi = hi ^ saltHi;
+  lo = lo ^ saltLo ^ (hi >>> 1);
+  let h = (((mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO)) | 0) + Math.imul(lo, MIX1_HI)) | 0;
+  const l = Math.imul(lo, MIX1_LO) ^ (h >>> 1);
+  h = (((mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO)) | 0) + Math.imul(l, MIX2_HI)) | 0;
+  out[0] = h >>> 0;
+  out[1] = (Math.imul(l, MIX2_LO) ^ (h >>> 1)) >>> 0;
 }
 
-/** The high 32 bits of a * b for 32-bit a, b (16-bit pieces keep every sum exact). */
+/** The high 32 bits of a * b for 32-bit a, b (as int32 bits): 16-bit pieces, whose products
+ * are below 2^32, so Math.imul's bits are theirs and every sum stays exact. */
 function mulHi(a: number, b: number): number {
   const a0 = a & 0xffff, a1 = a >>> 16, b0 = b & 0xffff, b1 = b >>> 16;
-  const p01 = a0 * b1, p10 = a1 * b0;
-  const mid = ((a0 * b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
-  return a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16);
+  const p01 = Math.imul(a0, b1), p10 = Math.imul(a1, b0);
+  const mid = (Math.imul(a0, b0) >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
+  return (Math.imul(a1, b1) + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)) | 0;
 }
 
-/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`). */
+/** mix(k) & mask: the bucket of a key (4.5), inlined for the hot path (same bits as `mix`, in
+ * int32 arithmetic: halves may come in and go round as signed words). */
 function bucketOf(hi: number, lo: number, mask: number): number {
-  hi = (hi ^ SALT_HI) >>> 0;
-  lo = (lo ^ SALT_LO ^ (hi >>> 1)) >>> 0;
-  let h = (mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO) + Math.imul(lo, MIX1_HI)) >>> 0;
-  let l = (Math.imul(lo, MIX1_LO) ^ (h >>> 1)) >>> 0;
-  h = (mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO) + Math.imul(l, MIX2_HI)) >>> 0;
-  l = Math.imul(l, MIX2_LO) >>> 0;
-  return ((l ^ (h >>> 1)) & mask) >>> 0;
+  hi = hi ^ SALT_HI;
+  lo = lo ^ SALT_LO ^ (hi >>> 1);
+  let h = (((mulHi(lo, MIX1_LO) + Math.imul(hi, MIX1_LO)) | 0) + Math.imul(lo, MIX1_HI)) | 0;
+  let l = Math.imul(lo, MIX1_LO) ^ (h >>> 1);
+  h = (((mulHi(l, MIX2_LO) + Math.imul(h, MIX2_LO)) | 0) + Math.imul(l, MIX2_HI)) | 0;
+  l = Math.imul(l, MIX2_LO);
+  return (l ^ (h >>> 1)) & mask;
 }
 
-/** Per-policy scratch space, so a decision allocates only its row. */
+/** Per-policy scratch space, so a decision allocates nothing but the objects it returns. */
 export class Scratch {
+  readonly bytes = new ByteScratch();
   readonly counts: Int32Array;
   readonly touched: Int32Array;
+  /** the radix sort's other buffer, and its digit counts */
+  readonly sorted: Int32Array;
+  readonly digits: Int32Array;
+  /** the bits of a bucket id the radix sort orders by per pass, and its passes */
+  readonly radixBits: number;
+  readonly radixPasses: number;
+  /** the row (4.8) and the statistics, when a request's layers are not kept */
+  readonly ids: Int32Array;
+  readonly vals: Float64Array;
+  readonly stats = new Float64Array(N_STATS);
+  /** the touched buckets' counts, in the row's order */
+  readonly bucketCounts: Int32Array;
   readonly lower = new Uint8Array(MAX_BYTES);
   readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
   readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
-  readonly classes = new Int32Array(32);
+  /** the cut's class counts, packed as DIGIT_UPPER and PUNCT_CODE are */
+  digitUpper = 0;
+  punctCode = 0;
   nWords = 0;
   wordChars = 0;
 
   constructor(nBuckets: number) {
     this.counts = new Int32Array(nBuckets);
     this.touched = new Int32Array(Math.min(nBuckets, MAX_BYTES * 9));
+    this.sorted = new Int32Array(this.touched.length);
+    this.ids = new Int32Array(1 + this.touched.length + N_STATS);
+    this.vals = new Float64Array(this.ids.length);
+    this.bucketCounts = new Int32Array(this.touched.length);
+    const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
+    this.radixPasses = Math.ceil(bits / 8);
+    this.radixBits = Math.ceil(bits / this.radixPasses);
+    this.digits = new Int32Array(1 << this.radixBits);
   }
 }
 
-/** 4.1-4.3 in one pass: class counts, lower-casing, and every word hashed into the scratch
- * (s.nWords, s.wordChars). */
-function words(cut: Uint8Array, s: Scratch): void {
-  const low = s.lower, classes = s.classes, wh = s.wordHi, wl = s.wordLo;
-  classes.fill(0);
-  let n = 0, chars = 0, start = -1;
-  for (let i = 0; i <= cut.length; i++) {
+/** 4.1-4.3 in one pass: class counts, every word hashed into the scratch (s.nWords,
+ * s.wordChars), and with `lower` the lower-cased bytes (char n-grams read them). */
+function words(cut: Uint8Array, s: Scratch, lower: boolean): void {
+  const low = s.lower, wh = s.wordHi, wl = s.wordLo, len = cut.length;
+  let n = 0, chars = 0, start = -1, digitUpper = 0, punctCode = 0;
+  for (let i = 0; i <= len; i++) {
     let alnum = false;
-    if (i < cut.length) {
+    if (i < len) {
       const b = cut[i];
-      const c = CLASS[b];
-      classes[c]++;
-      low[i] = b >= 0x41 && b <= 0x5a ? b + 32 : b;
-      alnum = (c & ALNUM) !== 0;
+      digitUpper += DIGIT_UPPER[b];
+      punctCode += PUNCT_CODE[b];
+      if (lower) low[i] = LOWER[b];
+      alnum = (CLASS[b] & ALNUM) !== 0;
     }
     if (alnum) {
       if (start < 0) start = i;
       continue;
     }
     if (start < 0) continue;
-    let hi = 0, lo = 0;
-    for (let j = i - 1; j >= start; j--) { // Horner from the last byte: h = h P + b, P = 2^40 + 435
-      const t = lo * 435 + low[j]; // < 2^41: exact
-      hi = ((lo << 8) + Math.imul(hi, 435) + ((t * 2.3283064365386963e-10) | 0)) >>> 0; // t / 2^32, exact
-      lo = t >>> 0;
+    // Horner from the last byte: h = h P + b, P = 2^40 + 435; the low half as two 16-bit limbs,
+    // so every step is 32-bit integer arithmetic (lo P = lo 435 + lo 2^40, the latter all high half)
+    let hi = 0, l1 = 0, l0 = 0;
+    for (let j = i - 1; j >= start; j--) {
+      const t0 = Math.imul(l0, 435) + LOWER[cut[j]]; // < 2^25
+      const t1 = Math.imul(l1, 435) + (t0 >>> 16); // < 2^25
+      hi = ((((l1 << 24) | (l0 << 8)) + Math.imul(hi, 435)) | 0) + (t1 >>> 16) | 0;
+      l0 = t0 & 0xffff;
+      l1 = t1 & 0xffff;
     }
     wh[n] = hi;
-    wl[n] = lo;
+    wl[n] = (l1 << 16) | l0;
     n++;
     chars += i - start;
     start = -1;
   }
   s.nWords = n;
   s.wordChars = chars;
+  s.digitUpper = digitUpper;
+  s.punctCode = punctCode;
 }
 
 function count(s: Scratch, b: number, nTouched: number): number {
@@ -159,15 +194,16 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
   let t = 0;
   const wh = s.wordHi, wl = s.wordLo;
   for (let w = 0; w < nWords; w++) { // word + 1
-    const lo = wl[w] + 1;
-    t = count(s, bucketOf(lo > 0xffffffff ? (wh[w] + 1) >>> 0 : wh[w], lo >>> 0, mask), t);
+    const lo = (wl[w] + 1) | 0;
+    t = count(s, bucketOf(lo === 0 ? (wh[w] + 1) | 0 : wh[w] | 0, lo, mask), t);
   }
   if (spec.wordBigrams) {
-    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2
-      mulPAdd(wh[w], wl[w], 0, other);
-      add64(other[0], other[1], wh[w + 1], wl[w + 1], other);
-      add64(other[0], other[1], 0, 2, other);
-      t = count(s, bucketOf(other[0], other[1], mask), t);
+    for (let w = 0; w + 1 < nWords; w++) { // w1 P + w2 + 2 (P = 2^40 + 435), w1's low half in 16-bit limbs
+      const l1 = wl[w] | 0, l2 = wl[w + 1] | 0;
+      const t0 = Math.imul(l1 & 0xffff, 435) + (l2 & 0xffff) + 2; // < 2^26
+      const t1 = Math.imul(l1 >>> 16, 435) + (l2 >>> 16) + (t0 >>> 16); // < 2^26
+      const hi = ((((l1 << 8) + Math.imul(wh[w] | 0, 435)) | 0) + (wh[w + 1] | 0) | 0) + (t1 >>> 16) | 0;
+      t = count(s, bucketOf(hi, (t1 << 16) | (t0 & 0xffff), mask), t);
     }
   }
   const low = s.lower;
@@ -184,18 +220,34 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
   return t;
 }
 
-/** 4.7: the nine statistics, standardised when the policy scales them. */
-function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number): Float64Array {
-  const out = new Float64Array(N_STATS);
-  const size = Math.max(text.cut.length, 1);
-  let digit = 0, upper = 0, punct = 0, code = 0;
-  for (let c = 0; c < 32; c++) {
-    const k = s.classes[c];
-    if (c & DIGIT) digit += k;
-    if (c & UPPER) upper += k;
-    if (c & PUNCT) punct += k;
-    if (c & CODE) code += k;
+/** The first n touched buckets in ascending order (the row's order, 4.8), as a view of one of
+ * the scratch buffers: an LSD radix sort, radixBits of the id per pass, twice as fast as the
+ * typed array's sort on a prompt's few hundred buckets. */
+function sortTouched(s: Scratch, n: number): Int32Array {
+  let from = s.touched, to = s.sorted;
+  const bits = s.radixBits, mask = (1 << bits) - 1, digits = s.digits;
+  for (let pass = 0, shift = 0; pass < s.radixPasses; pass++, shift += bits) {
+    digits.fill(0);
+    for (let i = 0; i < n; i++) digits[(from[i] >>> shift) & mask]++;
+    for (let d = 0, at = 0; d < digits.length; d++) {
+      const c = digits[d];
+      digits[d] = at;
+      at += c;
+    }
+    for (let i = 0; i < n; i++) {
+      const b = from[i];
+      to[digits[(b >>> shift) & mask]++] = b;
+    }
+    [from, to] = [to, from];
   }
+  return from.subarray(0, n);
+}
+
+/** 4.7: the nine statistics, standardised when the policy scales them. */
+function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number, wordChars: number, out: Float64Array): Float64Array {
+  const size = Math.max(text.cut.length, 1);
+  const digit = s.digitUpper & 0xffff, upper = s.digitUpper >>> 16;
+  const punct = s.punctCode & 0xffff, code = s.punctCode >>> 16;
   out[0] = ln1p(text.nChars);
   out[1] = ln1p(nWords);
   out[2] = ln1p(text.newlines);
@@ -211,31 +263,34 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
   return out;
 }
 
-/** One request through 3.1 to 4.8. With `keep`, the intermediate layers are copied out too. */
+/** One request through 3.1 to 4.8. With `keep`, every layer is the request's own; without,
+ * the bytes, words, buckets, statistics and row are views of the scratch, good until its next
+ * request. */
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
-  const text = promptBytes(prompt);
-  words(text.cut, s);
+  const text = promptBytes(prompt, s.bytes, keep);
+  words(text.cut, s, spec.charNgrams.length > 0);
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
-  const touched = s.touched.subarray(0, nt).sort();
-  const st = stats(spec, text, s, nWords, wordChars);
+  const touched = sortTouched(s, nt);
+  const st = stats(spec, text, s, nWords, wordChars, keep ? new Float64Array(N_STATS) : s.stats);
   const pos = suitePosition(spec, suite);
   const head = pos >= 0 ? 1 : 0;
   const nS = spec.suites.length;
-  const ids = new Int32Array(head + nt + N_STATS);
-  const vals = new Float64Array(head + nt + N_STATS);
+  const size = head + nt + N_STATS;
+  const ids = keep ? new Int32Array(size) : s.ids.subarray(0, size);
+  const vals = keep ? new Float64Array(size) : s.vals.subarray(0, size);
   if (head) {
     ids[0] = pos;
     vals[0] = 1;
   }
-  const counts = keep ? new Int32Array(nt) : null;
+  const counts = keep ? new Int32Array(nt) : s.bucketCounts.subarray(0, nt);
   let sq = 0;
   for (let i = 0; i < nt; i++) {
     const b = touched[i];
     const c = s.counts[b];
     s.counts[b] = 0;
-    if (counts) counts[i] = c;
+    counts[i] = c;
     let x = ln1pCount(c);
     if (spec.idf) x = x * spec.idf[b];
     ids[head + i] = nS + b;
@@ -253,8 +308,8 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
     text, suitePos: pos, ids, vals, stats: st, wordChars,
     wordHi: keep ? s.wordHi.slice(0, nWords) : s.wordHi.subarray(0, nWords),
     wordLo: keep ? s.wordLo.slice(0, nWords) : s.wordLo.subarray(0, nWords),
-    buckets: keep ? Int32Array.from(touched) : touched,
-    counts: counts ?? new Int32Array(0),
+    buckets: keep ? touched.slice() : touched,
+    counts,
     textValues: vals.subarray(head, head + nt),
   };
 }

@@ -3,8 +3,8 @@
  * request's mixing draw.
  */
 
-import { blake2b } from "./blake2b.js";
-import { textBytes } from "./bytes.js";
+import { Blake2b, unitAt } from "./blake2b.js";
+import { ByteScratch } from "./bytes.js";
 import { FormatError } from "./container.js";
 
 export type Rule = "lambda" | "single" | "threshold";
@@ -83,14 +83,12 @@ export function memberChoice(m: Member, p: Float64Array, c: Float64Array): numbe
   return pick;
 }
 
+const hasher = new Blake2b();
+const suiteBytes = new ByteScratch(256);
+const ZERO = new Uint8Array(1);
+
 /** 7: BLAKE2b-64 of the suite's bytes, 0x00 and the prompt's cut bytes, as a number in [0, 1]. */
 export function mixingDraw(cut: Uint8Array, suite: string | null | undefined): number {
-  const s = textBytes(suite || "");
-  const data = new Uint8Array(s.length + 1 + cut.length);
-  data.set(s, 0);
-  data.set(cut, s.length + 1);
-  const d = blake2b(data, 8);
-  const hi = ((d[0] << 24) | (d[1] << 16) | (d[2] << 8) | d[3]) >>> 0;
-  const lo = ((d[4] << 24) | (d[5] << 16) | (d[6] << 8) | d[7]) >>> 0;
-  return (hi * 4294967296 + lo) / 18446744073709551616;
+  hasher.start(8).update(suiteBytes.encode(suite || "")).update(ZERO).update(cut);
+  return unitAt(hasher.finish(), 0);
 }

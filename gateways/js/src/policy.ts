@@ -38,6 +38,9 @@ export interface Scored {
 
 export class Policy {
   private readonly scratch: Scratch;
+  private readonly z: Float64Array;
+  private readonly p: Float64Array;
+  private readonly c: Float64Array;
 
   constructor(
     readonly candidates: string[],
@@ -50,34 +53,49 @@ export class Policy {
     readonly referenceModel: string,
   ) {
     this.scratch = new Scratch(spec.nBuckets);
+    this.z = new Float64Array(candidates.length);
+    this.p = new Float64Array(candidates.length);
+    this.c = new Float64Array(candidates.length);
   }
 
-  /** Features, scores, probabilities and costs of one request (`keep`: copy every layer out). */
+  /** Features, scores, probabilities and costs of one request (`keep`: copy every layer out;
+   * without it the layers are views of the policy's scratch, good until its next request). */
   scoreRequest(prompt: string, suite?: string | null, keep = false): Scored {
+    const k = this.candidates.length;
+    return this.score(prompt, suite, keep, new Float64Array(k), new Float64Array(k), new Float64Array(k));
+  }
+
+  private score(prompt: string, suite: string | null | undefined, keep: boolean, z: Float64Array, p: Float64Array,
+    c: Float64Array): Scored {
     if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${prompt === null ? "null" : typeof prompt}`);
     if (suite !== undefined && suite !== null && typeof suite !== "string") throw new TypeError(`suite must be a string, got ${typeof suite}`);
     const layers = featureLayers(prompt, suite, this.spec, this.scratch, keep);
-    const k = this.candidates.length;
-    const z = new Float64Array(k);
     const topic = this.scorer.score(layers.ids, layers.vals, layers.suitePos, z);
-    const p = new Float64Array(k);
     calibrate(this.platt, z, p);
-    const c = new Float64Array(k);
     costs(this.cost, layers.text.nChars, layers.suitePos, topic, c);
     return { layers, z, topic, p, c };
   }
 
   /** The decision for one request at a quality target (the policy's own by default). */
   decide(prompt: string, suite?: string | null, qualityTarget?: number | null): Decided {
+    const d = this.choose(prompt, suite, qualityTarget);
+    return { ...d, p: d.p.slice(), c: d.c.slice(), promptRaw: d.promptRaw.slice() };
+  }
+
+  /** `decide` without copies: p, c and promptRaw are the policy's scratch, good until its next
+   * request (a Router reads them at once). */
+  choose(prompt: string, suite?: string | null, qualityTarget?: number | null): Decided {
     const target = qualityTarget ?? this.qualityTarget;
     if (typeof target !== "number" || !Number.isFinite(target)) throw new RangeError(`quality target must be a finite number, got ${target}`);
-    const s = this.scoreRequest(prompt, suite);
-    const raw = s.layers.text.raw;
-    const ch = decidePoint(this.knob, pointFor(this.knob, target), s.p, s.c, () => mixingDraw(s.layers.text.cut, suite));
+    const s = this.score(prompt, suite, false, this.z, this.p, this.c);
+    const text = s.layers.text;
+    const ch = decidePoint(this.knob, pointFor(this.knob, target), s.p, s.c, () => mixingDraw(text.cut, suite));
     const names = this.candidates;
+    const fallbacks = new Array<string>(ch.fallbacks.length);
+    for (let i = 0; i < fallbacks.length; i++) fallbacks[i] = names[ch.fallbacks[i]];
     return {
-      model: names[ch.pick], pick: ch.pick, fallbacks: ch.fallbacks.map((j) => names[j]), fallbackIndex: ch.fallbacks,
-      propensity: ch.propensity, p: s.p, c: s.c, promptRaw: raw, nChars: s.layers.text.nChars,
+      model: names[ch.pick], pick: ch.pick, fallbacks, fallbackIndex: ch.fallbacks,
+      propensity: ch.propensity, p: s.p, c: s.c, promptRaw: text.raw, nChars: text.nChars,
     };
   }
 }

@@ -258,12 +258,15 @@ export class Router {
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
         policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION };
     }
-    const d = a.policy.decide(prompt, opts.suite, opts.qualityTarget);
+    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget);
     const names = a.policy.candidates;
     const p: Record<string, number> = {}, c: Record<string, number> = {};
-    names.forEach((m, j) => { p[m] = d.p[j]; c[m] = d.c[j]; });
+    for (let j = 0; j < names.length; j++) {
+      p[names[j]] = d.p[j];
+      c[names[j]] = d.c[j];
+    }
     return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: d.propensity,
-      policyVersion: a.version, decisionId: id, defaultReason: null, ...UNTRACED_DECISION };
+      policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
   }
 
   /** The quality target a decision used: the caller's, else the policy's own (none for the default model). */

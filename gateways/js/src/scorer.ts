@@ -24,6 +24,34 @@ export interface LinearArrays {
   topicDifficulty: Float64Array | null;
 }
 
+/** r[j] = the ordered sum over the row of vals[e] * w[ids[e], j] (5.1), four columns at a
+ * time so their partial sums stay in registers; each column is still summed in row order. */
+function rowSums(w: Float32Array | Float64Array, c: number, ids: Int32Array, vals: Float64Array, r: Float64Array): void {
+  const n = ids.length;
+  if (n === 0) {
+    r.fill(0);
+    return;
+  }
+  const first = ids[0] * c, v0 = vals[0];
+  let j = 0;
+  for (; j + 4 <= c; j += 4) {
+    let s0 = v0 * w[first + j], s1 = v0 * w[first + j + 1], s2 = v0 * w[first + j + 2], s3 = v0 * w[first + j + 3];
+    for (let e = 1; e < n; e++) {
+      const v = vals[e], row = ids[e] * c + j;
+      s0 = s0 + v * w[row];
+      s1 = s1 + v * w[row + 1];
+      s2 = s2 + v * w[row + 2];
+      s3 = s3 + v * w[row + 3];
+    }
+    r[j] = s0; r[j + 1] = s1; r[j + 2] = s2; r[j + 3] = s3;
+  }
+  for (; j < c; j++) {
+    let s = v0 * w[first + j];
+    for (let e = 1; e < n; e++) s = s + vals[e] * w[ids[e] * c + j];
+    r[j] = s;
+  }
+}
+
 export class LinearScorer implements Scorer {
   private readonly c: number;
   private readonly r: Float64Array;
@@ -46,13 +74,7 @@ export class LinearScorer implements Scorer {
 
   score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number {
     const { a, c, k, r } = this;
-    const w = a.weights;
-    for (let e = 0; e < ids.length; e++) {
-      const v = vals[e];
-      const row = ids[e] * c;
-      if (e === 0) for (let j = 0; j < c; j++) r[j] = v * w[row + j];
-      else for (let j = 0; j < c; j++) r[j] = r[j] + v * w[row + j];
-    }
+    rowSums(a.weights, c, ids, vals, r);
     const sp = suitePos >= 0 ? suitePos : this.nSuites;
     let d = r[k] + a.difficultyBias;
     let g = -1;

@@ -1,7 +1,7 @@
 // BLAKE2b against RFC 7693's test vector and answers computed with Python's hashlib.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { blake2b } from "../dist/blake2b.js";
+import { blake2b, Blake2b } from "../dist/blake2b.js";
 
 const hex = (b) => Buffer.from(b).toString("hex");
 const enc = (s) => new TextEncoder().encode(s);
@@ -26,4 +26,20 @@ test("bad lengths are refused", () => {
   assert.throws(() => blake2b(new Uint8Array(1), 0), RangeError);
   assert.throws(() => blake2b(new Uint8Array(1), 65), RangeError);
   assert.throws(() => blake2b(new Uint8Array(1), 8, new Uint8Array(65)), RangeError);
+});
+
+test("hashing in parts gives the one-shot digest, at every block edge", () => {
+  const data = range(251, 2).subarray(0, 400);
+  for (const n of [0, 1, 127, 128, 129, 255, 256, 257, 400]) {
+    for (const key of [undefined, enc("k"), range(64)]) {
+      const whole = hex(blake2b(data.subarray(0, n), 8, key));
+      for (const a of [0, 1, 64, 127, 128, 129, n]) {
+        for (const b of [a, a + 1, a + 128, n]) {
+          if (a > n || b > n || b < a) continue;
+          const h = new Blake2b().start(8, key).update(data.subarray(0, a)).update(data, a, b).update(data.subarray(b, n));
+          assert.equal(hex(h.digest()), whole, `n ${n}, parts at ${a} and ${b}, key ${key?.length ?? 0}`);
+        }
+      }
+    }
+  }
 });

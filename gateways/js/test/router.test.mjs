@@ -46,6 +46,25 @@ test("routes every request exactly as the Python runtime does", { skip: NO_FIXTU
   }
 });
 
+test("a decision's arrays are its own: later decisions, which reuse the policy's scratch, leave them be", { skip: NO_FIXTURES }, async () => {
+  const router = await Router.open({ files: versionFiles("registry"), publicKeys: [publicKey()] });
+  const policy = router.policy;
+  const requests = expected("demo-linear").requests.slice(0, 20);
+  const first = requests.map((w) => policy.decide(w.prompt, w.suite, w.quality_target));
+  const copy = (d) => ({ ...d, p: Array.from(d.p), c: Array.from(d.c), promptRaw: Array.from(d.promptRaw), fallbacks: [...d.fallbacks] });
+  const before = first.map(copy);
+  const scored = policy.scoreRequest(requests[0].prompt, requests[0].suite, true);
+  const kept = { ids: Array.from(scored.layers.ids), vals: Array.from(scored.layers.vals), raw: Array.from(scored.layers.text.raw) };
+  for (const w of requests.slice().reverse()) router.route("something else entirely " + w.prompt, { suite: w.suite });
+  assert.deepEqual(first.map(copy), before);
+  assert.deepEqual({ ids: Array.from(scored.layers.ids), vals: Array.from(scored.layers.vals), raw: Array.from(scored.layers.text.raw) }, kept);
+  for (let i = 0; i < requests.length; i++) {
+    const w = requests[i], d = router.route(w.prompt, { suite: w.suite, qualityTarget: w.quality_target });
+    assert.equal(d.model, first[i].model);
+    assert.deepEqual(Object.values(d.passProbabilities), before[i].p);
+  }
+});
+
 test("hostile prompts route; a non-string prompt is a clear error", { skip: NO_FIXTURES }, async () => {
   const router = await Router.open({ files: versionFiles("registry"), publicKeys: [publicKey()] });
   const names = router.policy.candidates;
