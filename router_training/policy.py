@@ -231,6 +231,16 @@ def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
     return choose(p, c, member.rule, member.param)[:, 0]
 
 
+def member_pick(member: Member, p: np.ndarray, c: np.ndarray) -> int:
+    """`member_choice` for one request's 1-d p and c (the same operations, without a batch axis)."""
+    if member.rule == "single":
+        return int(member.param)
+    if member.rule == "lambda":
+        score = p - member.param * c
+        return int(np.where(score >= score.max(), c, np.inf).argmin())
+    return int(choose(p, c, member.rule, member.param)[0, 0])
+
+
 @dataclass(frozen=True)
 class OperatingPoint:
     """Member `a` with probability `weight`, else member `b`; `certified` is the largest quality
@@ -424,8 +434,19 @@ class RoutingPolicy:
         """One request on the gateway's hot path (same result as decide_batch, fewer steps)."""
         s = self.score_request(prompt, suite)
         point = self.point_for(quality_target)
-        pick, prop = self._select(point, s.p[None], s.c[None], [prompt], [suite])
-        return self._decision(pick[0], prop[0], s.p, s.c, self._fallback_param(point))
+        pick, prop = self._select_one(point, s.p, s.c, prompt, suite)
+        return self._decision(pick, prop, s.p, s.c, self._fallback_param(point))
+
+    def _select_one(self, point: OperatingPoint, p: np.ndarray, c: np.ndarray, prompt: str,
+                    suite: str | None) -> tuple[int, float]:
+        """`_select` for one request, in Python scalars where numpy would handle length-1 arrays."""
+        pick_a = member_pick(self.knob.members[point.a], p, c)
+        if point.weight >= 1.0:
+            return pick_a, 1.0
+        pick_b = member_pick(self.knob.members[point.b], p, c)
+        u = request_unit(prompt, suite) if pick_a != pick_b else 0.0
+        pick = pick_a if u < point.weight else pick_b
+        return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
 
     def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, lam: float) -> Decision:
         """The decision for one request; fallbacks in the order of `p - lam * cost`."""
