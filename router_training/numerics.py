@@ -76,7 +76,7 @@ def sigmoid(t: np.ndarray) -> np.ndarray:
 
 def ordered_sum(v: np.ndarray) -> float:
     """v[0] + v[1] + ... strictly left to right (numpy's own 1-d sum is pairwise); 0.0 if empty."""
-    return float(np.cumsum(v)[-1]) if len(v) else 0.0
+    return float(np.asarray(v).cumsum()[-1]) if len(v) else 0.0
 
 
 def ordered_row_sum(m: np.ndarray) -> np.ndarray:

@@ -87,6 +87,7 @@ class LinearScorer:
                              f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection")
         if self.centroids is not None:
             self._half_norms = 0.5 * ordered_row_sum((self.centroids * self.centroids).T)
+            self._centroids_t = np.ascontiguousarray(self.centroids.T)  # topic()'s rows, in C order
 
     def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
         """Logits of every candidate and the request's topic (-1 without topics).
@@ -110,7 +111,7 @@ class LinearScorer:
         centroid_g . z_unit - |centroid_g|^2 / 2."""
         norm = math.sqrt(ordered_sum(z * z))
         unit = z / norm if norm > 0 else z
-        return int(np.argmax(ordered_row_sum(self.centroids.T * unit[:, None]) - self._half_norms))
+        return int(np.argmax(ordered_row_sum(self._centroids_t * unit[:, None]) - self._half_norms))
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
         return self.score(ids, vals, suite_pos)[0]
@@ -451,7 +452,7 @@ class RoutingPolicy:
     def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, lam: float) -> Decision:
         """The decision for one request; fallbacks in the order of `p - lam * cost`."""
         names = self.candidates
-        order = [j for j in choose(p[None], c[None], "lambda", lam)[0].tolist() if j != pick]
+        order = [j for j in np.lexsort((c, -(p - lam * c))).tolist() if j != pick]  # choose()'s "lambda" order
         return Decision(
             model=names[pick],
             fallbacks=tuple(names[j] for j in order),
