@@ -21,8 +21,9 @@ Standard library only.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping  # typing.Mapping checks isinstance twice as slowly
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 ALIAS = "routeopt"
 SUITE_KEY = "routeopt_suite"

@@ -14,6 +14,7 @@ spec's operation order (router_training.numerics), so other runtimes reproduce t
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, Sequence
@@ -70,6 +71,22 @@ def mix(h: np.ndarray, salt: int = BUCKET_SALT) -> np.ndarray:
         h = h ^ (h >> np.uint64(33))
         h = h * _MIX2
         return h ^ (h >> np.uint64(33))
+
+
+_SHIFT = np.uint64(33)
+_BUCKET_SALT_WORD = np.uint64(BUCKET_SALT * _GOLDEN % 2**64)
+
+
+def _bucket_mix(keys: np.ndarray) -> np.ndarray:
+    """`mix(keys)` for a uint64 array, the steps done in place on one new array (numpy's integer
+    arrays wrap around silently: only scalar arithmetic needs `errstate`)."""
+    h = keys ^ _BUCKET_SALT_WORD
+    h ^= h >> _SHIFT
+    h *= _MIX1
+    h ^= h >> _SHIFT
+    h *= _MIX2
+    h ^= h >> _SHIFT
+    return h
 
 
 _mix = mix
@@ -145,18 +162,23 @@ def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
     return out
 
 
-def _word_hashes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _word_hashes(b: np.ndarray, classes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Hashes sum(byte_j * P**j) mod 2**64 of alphanumeric runs (words) and their lengths, via
-    prefix sums and inverse powers mod 2**64."""
-    padded = np.zeros(len(b) + 2, dtype=np.uint8)
-    padded[1:-1] = np.take(_CLASS, b) & _ALNUM
+    prefix sums and inverse powers mod 2**64. `classes`: `_CLASS` of the bytes, when known (of the
+    bytes before lower-casing too: A-Z and a-z are both alphanumeric)."""
+    n = len(b)
+    padded = np.zeros(n + 2, dtype=np.uint8)
+    np.bitwise_and(_CLASS.take(b) if classes is None else classes, _ALNUM, out=padded[1:-1])
     change = (padded[1:] != padded[:-1]).nonzero()[0]  # alternating word starts and ends
     starts, ends = change[0::2], change[1::2]
     if len(starts) == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
-    with np.errstate(over="ignore"):
-        s = np.concatenate(([np.uint64(0)], np.cumsum(b.astype(np.uint64) * _POW[: len(b)])))
-        h = (np.take(s, ends) - np.take(s, starts)) * np.take(_POW_INV, starts)
+    s = np.zeros(n + 1, dtype=np.uint64)  # prefix sums; integer arrays wrap around silently
+    np.multiply(b, _POW[:n], out=s[1:])
+    np.cumsum(s[1:], out=s[1:])
+    h = s.take(ends)
+    h -= s.take(starts)
+    h *= _POW_INV.take(starts)
     return h, ends - starts
 
 
@@ -210,6 +232,15 @@ class FeatureSpec:
             object.__setattr__(self, "_suite_positions", cached)
         return cached
 
+    @property
+    def stat_columns(self) -> np.ndarray:
+        """The statistics' column ids (after the suites and the buckets)."""
+        cached = self.__dict__.get("_stat_columns")
+        if cached is None:
+            cached = np.arange(len(STAT_NAMES)) + len(self.suites) + self.n_buckets
+            object.__setattr__(self, "_stat_columns", cached)
+        return cached
+
     def suite_position(self, suite: str | None) -> int:
         """The suite's one-hot column, or -1 (no suite, the empty string, or unknown)."""
         return self.suite_positions.get(suite, -1) if suite else -1
@@ -243,24 +274,37 @@ def _floats(v: Sequence[float] | None) -> tuple[float, ...] | None:
     return None if v is None else tuple(float(x) for x in v)
 
 
+_ONE, _TWO = np.uint64(1), np.uint64(2)
+
+
 def ngram_keys(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarray:
     """The 64-bit key of every n-gram: words + 1, bigrams w1 * P + w2 + 2, then char n-grams."""
-    parts = [words + np.uint64(1)]
-    if spec.word_bigrams and len(words) > 1:
-        with np.errstate(over="ignore"):
-            parts.append(words[:-1] * _P + words[1:] + np.uint64(2))
-    parts.extend(_char_hashes(b, spec.char_ngrams))
-    return np.concatenate(parts)
+    chars = _char_hashes(b, spec.char_ngrams)
+    n = len(words)
+    n_bigrams = n - 1 if spec.word_bigrams and n > 1 else 0
+    keys = np.empty(n + n_bigrams + sum(len(c) for c in chars), dtype=np.uint64)
+    np.add(words, _ONE, out=keys[:n])
+    if n_bigrams:  # integer arrays wrap around silently
+        bigrams = keys[n:n + n_bigrams]
+        np.multiply(words[:-1], _P, out=bigrams)
+        bigrams += words[1:]
+        bigrams += _TWO
+    at = n + n_bigrams
+    for c in chars:
+        keys[at:at + len(c)] = c
+        at += len(c)
+    return keys
 
 
 def _bucket_ids(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarray:
-    keys = ngram_keys(b, words, spec)
-    return (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(np.intp)
+    h = _bucket_mix(ngram_keys(b, words, spec))
+    h &= np.uint64(spec.n_buckets - 1)
+    return h.astype(np.intp)
 
 
 def lowered(cut_bytes: np.ndarray) -> np.ndarray:
     """ASCII A-Z to a-z; every other byte (all of UTF-8's multi-byte ones) as it is."""
-    return np.take(_LOWER, cut_bytes)
+    return _LOWER.take(cut_bytes)
 
 
 def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
@@ -270,25 +314,37 @@ def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
 
 
 def bucket_counts(ids: np.ndarray, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct bucket ids in ascending order and how often each occurs."""
-    if len(ids) * 8 < n_buckets:
-        return np.unique(ids, return_counts=True)
+    """Distinct bucket ids in ascending order and how often each occurs (np.unique's answer: a
+    short list is sorted and its runs counted, a long one counted per bucket)."""
+    n = len(ids)
+    if n * 8 < n_buckets:
+        if n == 0:
+            return np.unique(ids, return_counts=True)
+        ids = np.sort(ids)
+        first = np.empty(n + 1, dtype=bool)  # where each run starts, and the end
+        first[0] = first[n] = True
+        np.not_equal(ids[1:], ids[:-1], out=first[1:n])
+        at = first.nonzero()[0]
+        return ids.take(at[:-1]), at[1:] - at[:-1]
     counts = np.bincount(ids, minlength=n_buckets)
     distinct = (counts != 0).nonzero()[0]
-    return distinct, np.take(counts, distinct)
+    return distinct, counts.take(distinct)
 
 
 _FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] for c in range(32)],
                         dtype=np.float64)
 
 
-def _stats(pb: PromptBytes, lengths: np.ndarray) -> np.ndarray:
-    """The nine statistics on their raw scale (class counts over the cut bytes before lower-casing)."""
+def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
+    """The nine statistics on their raw scale (class counts over the cut bytes before lower-casing;
+    `classes`: their `_CLASS`, when known)."""
     n = max(len(pb.cut), 1)
-    counts = np.bincount(np.take(_CLASS, pb.cut), minlength=32) @ _FLAG_MATRIX  # exact integers
+    if classes is None:
+        classes = _CLASS.take(pb.cut)
+    counts = np.bincount(classes, minlength=32) @ _FLAG_MATRIX  # exact integers
     n_words = len(lengths)
-    raw = np.array([pb.n_chars, n_words, pb.newlines, pb.questions])
-    logs = np.take(TF_TABLE, raw) if raw.max() < TF_TABLE_SIZE else ln1p_int(raw)  # same bits
+    raw = [pb.n_chars, n_words, pb.newlines, pb.questions]
+    logs = TF_TABLE.take(raw) if max(raw) < TF_TABLE_SIZE else ln1p_int(np.array(raw))  # same bits
     return np.array([
         logs[0], logs[1], logs[2], *(counts / n).tolist(),
         float(int(lengths.sum())) / n_words if n_words else 0.0,
@@ -308,11 +364,13 @@ def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.nd
     if len(counts) and counts.max() >= TF_TABLE_SIZE:
         x = ln1p_int(counts)
     else:
-        x = np.take(TF_TABLE, counts)
+        x = TF_TABLE.take(counts)
     if spec.idf is not None:
-        x = x * np.take(spec.idf_array, distinct)
-    norm = np.sqrt(ordered_sum(x * x))
-    return x / norm if norm > 0 else x
+        x *= spec.idf_array.take(distinct)
+    norm = math.sqrt(ordered_sum(x * x))  # IEEE sqrt: correctly rounded, as np.sqrt
+    if norm > 0:
+        x /= norm
+    return x
 
 
 class FeatureLayers(NamedTuple):
@@ -333,18 +391,26 @@ class FeatureLayers(NamedTuple):
 def feature_layers(prompt: str, suite: str | None, spec: FeatureSpec) -> FeatureLayers:
     """One request through the spec's steps, keeping every intermediate result."""
     pb = prompt_bytes(prompt)
+    classes = _CLASS.take(pb.cut)
     b = lowered(pb.cut)
-    words, lengths = _word_hashes(b)
+    words, lengths = _word_hashes(b, classes)
     distinct, counts = bucket_counts(_bucket_ids(b, words, spec), spec.n_buckets)
     x = tf_idf(counts, distinct, spec)
-    stats = _stats(pb, lengths)
+    stats = _stats(pb, lengths, classes)
     if spec.stat_mean is not None:
-        stats = (stats - spec.stat_mean_array) / spec.stat_std_array
+        stats -= spec.stat_mean_array
+        stats /= spec.stat_std_array
     n_suites = len(spec.suites)
     pos = spec.suite_position(suite)
-    head = np.array([pos] if pos >= 0 else [], dtype=np.intp)
-    ids = np.concatenate((head, distinct + n_suites, np.arange(len(stats)) + n_suites + spec.n_buckets))
-    vals = np.concatenate((np.ones(len(head)), x, stats))
+    head, n_text = (1 if pos >= 0 else 0), len(distinct)
+    ids = np.empty(head + n_text + len(stats), dtype=np.intp)
+    vals = np.empty(len(ids), dtype=np.float64)
+    if head:
+        ids[0], vals[0] = pos, 1.0
+    np.add(distinct, n_suites, out=ids[head:head + n_text])
+    ids[head + n_text:] = spec.stat_columns
+    vals[head:head + n_text] = x
+    vals[head + n_text:] = stats
     return FeatureLayers(pb, words, lengths, distinct, counts, x, stats, pos, ids, vals)
 
 

@@ -49,28 +49,34 @@ def ln1p_int(n: np.ndarray) -> np.ndarray:
 
 def exp_nonpositive(x: np.ndarray) -> np.ndarray:
     """e**x for x <= 0 by the spec's algorithm: x = k ln 2 + r with |r| <= ln(2)/2, a degree-13
-    Taylor polynomial in r (Horner), scaled by 2**k; 0 below EXP_FLOOR (k >= -1010: no subnormals)."""
+    Taylor polynomial in r (Horner), scaled by 2**k; 0 below EXP_FLOOR (k >= -1010: no subnormals).
+    The Horner steps run in place: the same operations, without an array allocated per step."""
     x = np.asarray(x, dtype=np.float64)
     low = x < EXP_FLOOR
-    x = np.where(low, 0.0, x)
+    any_low = bool(low.any())
+    if any_low:
+        x = np.where(low, 0.0, x)
     k = np.floor(x * INV_LN2 + 0.5)
     r = (x - k * LN2_HI) - k * LN2_LO
     p = np.full_like(r, EXP_COEFS[0])
     for c in EXP_COEFS[1:]:
-        p = p * r + c
-    return np.where(low, 0.0, np.ldexp(p, k.astype(np.int64)))
+        p *= r
+        p += c
+    out = np.ldexp(p, k.astype(np.int64), out=p)
+    return np.where(low, 0.0, out) if any_low else out
 
 
 def sigmoid(t: np.ndarray) -> np.ndarray:
     """1 / (1 + e**-t) for t >= 0 and e**t / (1 + e**t) below, with e from `exp_nonpositive`."""
     t = np.asarray(t, dtype=np.float64)
     e = exp_nonpositive(-np.abs(t))
-    return np.where(t >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    d = 1.0 + e
+    return np.where(t >= 0, 1.0 / d, e / d)
 
 
 def ordered_sum(v: np.ndarray) -> float:
     """v[0] + v[1] + ... strictly left to right (numpy's own 1-d sum is pairwise); 0.0 if empty."""
-    return float(np.cumsum(v)[-1]) if len(v) else 0.0
+    return float(np.asarray(v).cumsum()[-1]) if len(v) else 0.0
 
 
 def ordered_row_sum(m: np.ndarray) -> np.ndarray:

@@ -87,6 +87,7 @@ class LinearScorer:
                              f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection")
         if self.centroids is not None:
             self._half_norms = 0.5 * ordered_row_sum((self.centroids * self.centroids).T)
+            self._centroids_t = np.ascontiguousarray(self.centroids.T)  # topic()'s rows, in C order
 
     def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
         """Logits of every candidate and the request's topic (-1 without topics).
@@ -110,7 +111,7 @@ class LinearScorer:
         centroid_g . z_unit - |centroid_g|^2 / 2."""
         norm = math.sqrt(ordered_sum(z * z))
         unit = z / norm if norm > 0 else z
-        return int(np.argmax(ordered_row_sum(self.centroids.T * unit[:, None]) - self._half_norms))
+        return int(np.argmax(ordered_row_sum(self._centroids_t * unit[:, None]) - self._half_norms))
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
         return self.score(ids, vals, suite_pos)[0]
@@ -229,6 +230,16 @@ def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
         tied = score >= score.max(axis=1, keepdims=True)
         return np.where(tied, c, np.inf).argmin(axis=1)
     return choose(p, c, member.rule, member.param)[:, 0]
+
+
+def member_pick(member: Member, p: np.ndarray, c: np.ndarray) -> int:
+    """`member_choice` for one request's 1-d p and c (the same operations, without a batch axis)."""
+    if member.rule == "single":
+        return int(member.param)
+    if member.rule == "lambda":
+        score = p - member.param * c
+        return int(np.where(score >= score.max(), c, np.inf).argmin())
+    return int(choose(p, c, member.rule, member.param)[0, 0])
 
 
 @dataclass(frozen=True)
@@ -424,13 +435,24 @@ class RoutingPolicy:
         """One request on the gateway's hot path (same result as decide_batch, fewer steps)."""
         s = self.score_request(prompt, suite)
         point = self.point_for(quality_target)
-        pick, prop = self._select(point, s.p[None], s.c[None], [prompt], [suite])
-        return self._decision(pick[0], prop[0], s.p, s.c, self._fallback_param(point))
+        pick, prop = self._select_one(point, s.p, s.c, prompt, suite)
+        return self._decision(pick, prop, s.p, s.c, self._fallback_param(point))
+
+    def _select_one(self, point: OperatingPoint, p: np.ndarray, c: np.ndarray, prompt: str,
+                    suite: str | None) -> tuple[int, float]:
+        """`_select` for one request, in Python scalars where numpy would handle length-1 arrays."""
+        pick_a = member_pick(self.knob.members[point.a], p, c)
+        if point.weight >= 1.0:
+            return pick_a, 1.0
+        pick_b = member_pick(self.knob.members[point.b], p, c)
+        u = request_unit(prompt, suite) if pick_a != pick_b else 0.0
+        pick = pick_a if u < point.weight else pick_b
+        return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
 
     def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, lam: float) -> Decision:
         """The decision for one request; fallbacks in the order of `p - lam * cost`."""
         names = self.candidates
-        order = [j for j in choose(p[None], c[None], "lambda", lam)[0].tolist() if j != pick]
+        order = [j for j in np.lexsort((c, -(p - lam * c))).tolist() if j != pick]  # choose()'s "lambda" order
         return Decision(
             model=names[pick],
             fallbacks=tuple(names[j] for j in order),
