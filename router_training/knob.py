@@ -206,5 +206,7 @@ def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "
     ops = [OperatingPoint(a, b, float(wt), float(cx), float(q), float(c))
            for (a, b, wt), cx, q, c in zip(points, certified, p_quality, p_cost)]
     ref_point = OperatingPoint(0, 0, 1.0, 1.0, ref_quality, ref_cost)
-    top = max(range(len(ops)), key=lambda i: (ops[i].pass_rate, -ops[i].cost)) if ops else None
-    return Knob.from_points(members, ops, ref_point, ops[top] if ops else ref_point, confidence)
+    # past every certified target: what passed most often, the reference included (it can pass
+    # more often than every hull point, whose top is then a cheaper mix)
+    top = max([*ops, ref_point], key=lambda p: (p.pass_rate, -p.cost))
+    return Knob.from_points(members, ops, ref_point, top, confidence)
