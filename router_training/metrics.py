@@ -27,7 +27,9 @@ def frontier(costs: np.ndarray, quality: np.ndarray) -> tuple[np.ndarray, np.nda
         if hull and y <= hull[-1][1]:
             continue  # dominated: no better than something as cheap
         if hull and x - hull[-1][0] <= 1e-12 * abs(x):
-            hull.pop()  # as cheap up to rounding, and better: interpolating between them is 0/0
+            # as cheap up to rounding, and better: it replaces the last point at that point's
+            # (lower) cost, so the hull still starts at the cheapest input (0/0 otherwise)
+            x = hull.pop()[0]
         while len(hull) >= 2:
             (x1, y1), (x2, y2) = hull[-2], hull[-1]
             if (y2 - y1) * (x - x1) <= (y - y1) * (x2 - x1):
@@ -52,6 +54,8 @@ def cost_at_quality(hc: np.ndarray, hq: np.ndarray, quality: float) -> float:
         return math.inf
     if quality <= hq[0]:
         return float(hc[0])
+    if quality >= hq[-1]:  # the dearest point, or within the tolerance above it
+        return float(hc[-1])
     i = min(int(np.searchsorted(hq, quality)), len(hq) - 1)  # hq[i-1] < quality <= hq[i]
     t = min((quality - hq[i - 1]) / (hq[i] - hq[i - 1]), 1.0)  # a fraction: np.interp's slope can overflow
     return float(hc[i - 1] + t * (hc[i] - hc[i - 1]))

@@ -1,7 +1,7 @@
 import math
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from router_training import metrics as M
@@ -10,6 +10,7 @@ points = st.lists(st.tuples(st.floats(0.01, 10), st.floats(0, 1)), min_size=1, m
 
 
 @given(points)
+@example([(0.010000000000000002, 1.0), (0.01, 0.5)])  # the better point, dearer by rounding only
 def test_frontier_is_non_decreasing_and_concave(pts):
     c, q = M.frontier(*np.array(pts).T)
     assert np.all(np.diff(c) > 0) and np.all(np.diff(q) > 0)
