@@ -121,8 +121,10 @@ class Caller:
             if err.kind == "auth":
                 self._halt(err)
             # A failed probe says the endpoint is still down, nothing about this item: it waits
-            # for the next probe without using up its retries (the breaker's wait bounds it).
-            retries += not (admission.probe and err.kind in BREAKER_KINDS)
+            # for the next probe without using up its retries, until the endpoint has been down
+            # for the breaker's wait (an item that kept drawing the probe looped for ever).
+            retries += not (admission.probe and err.kind in BREAKER_KINDS
+                            and self.limits.breaker.down_for() < self.max_wait_s)
             if not err.retryable or retries > self.candidate.max_retries:
                 self._traced_failure(err, None)
                 return self._result(None, err, attempts, spent)

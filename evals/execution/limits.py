@@ -205,6 +205,11 @@ class CircuitBreaker:
         self.state, self.opened_at = "open", now
         return notice
 
+    def down_for(self) -> float:
+        """Seconds since the breaker first opened in this outage (0 while it is closed)."""
+        with self._lock:
+            return 0.0 if self.down_since is None else self.clock() - self.down_since
+
     def release(self, admission: "Admission | None" = None) -> None:
         """A call let through that ended without an answer (cancelled, or never sent): if it
         was the probe, let another call probe."""

@@ -281,3 +281,34 @@ async def test_the_breaker_says_when_it_opens_stays_down_closes_and_gives_up(cap
         "resuming the run calls them again",  # said once, however many calls it refuses
         "http://127.0.0.1:9/v1 (key $K) is still down after 638s (probe: connection: Connection "
         "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s"]
+
+
+async def test_an_item_that_keeps_drawing_the_probe_stops_once_the_wait_is_over():
+    """One item against an endpoint that never answers: it is the only caller, so it draws every
+    probe. Failed probes spend no retries only while the endpoint has been down for less than
+    the breaker's wait; after that the item ends with the error instead of probing for ever (a
+    nightly once hung on it). The clock is the breaker's own, advanced by each attempt."""
+    import asyncio
+
+    from evals.execution.calls import Caller
+    from evals.providers.base import GenerationSettings, Message, ProviderError, Request
+
+    now = [0.0]
+
+    class Down:
+        calls = 0
+
+        async def generate(self, request):
+            Down.calls += 1
+            now[0] += 1.0  # each attempt takes a second of the breaker's clock
+            raise ProviderError("connection", "Connection refused")
+
+    c = Candidate(name="down", provider="openai", model="m", base_url="http://127.0.0.1:9/v1",
+                  max_retries=0, input_price_per_mtok=1.0, output_price_per_mtok=1.0)
+    lim = EndpointLimits(RateLimiter(), CircuitBreaker("http://127.0.0.1:9/v1", 1, 0.0, clock=lambda: now[0]))
+    lim.breaker.record(ProviderError("connection", "Connection refused"))  # down: the item's calls are probes
+    caller = Caller(c, Down(), lim, None, FAST, max_wait_s=5.0)
+    request = Request((Message("user", "2+2="),), GenerationSettings(max_tokens=4))
+    result = await asyncio.wait_for(caller.call(request), 20)  # it looped for ever before
+    assert result.error is not None and result.error.kind == "connection"
+    assert 2 <= Down.calls <= 8  # probes while down < 5 s of its clock, then one that counts
