@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -104,6 +105,7 @@ class DecisionLog:
         self._file_opened = 0.0
         self._files: list[Path] = []
         self._busy = False
+        self._eager = False  # write_through(): wake the writer for every record
         self._wake, self._stopped = threading.Event(), False
         self._thread = threading.Thread(target=self._run, name="routeopt-decision-log", daemon=True)
         self._thread.start()
@@ -116,7 +118,18 @@ class DecisionLog:
                 self._dropped += 1
             return False
         self._queue.append((build, args))
+        if self._eager:
+            self._wake.set()
         return True
+
+    def write_through(self) -> None:
+        """From now on write each record as soon as it is queued, and write what is queued now.
+
+        For a process that is shutting down: a host that ends by re-raising its termination
+        signal (uvicorn does, after its graceful shutdown) dies without running atexit, so
+        whatever waited for the next `flush_s` tick would be lost."""
+        self._eager = True
+        self._wake.set()
 
     def prompt_fields(self, prompt: str) -> dict[str, Any]:
         """The prompt's hash and length, and its redacted text when the operator opted in."""
@@ -233,6 +246,37 @@ class DecisionLog:
             except OSError:
                 pass
             self._file, self._file_path = None, None
+
+
+def write_through_on_signals(current_log: Callable[[], DecisionLog | None],
+                             signals: tuple[int, ...] | None = None) -> bool:
+    """Chain a handler to SIGTERM and SIGINT that makes `current_log()` write through.
+
+    For a log inside a host process whose shutdown it does not control (the LiteLLM proxy).
+    At the signal, what the log holds is written (for up to 2 s), then the host's own handler
+    runs, so its graceful shutdown proceeds, and every record made meanwhile is written at once;
+    where the signal would end the process on the spot (SIG_DFL), it then does. Only the main
+    thread may set signal handlers: elsewhere nothing is installed and False is returned (atexit
+    and the `flush_s` ticks remain).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for sig in signals or (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
+            decision_log = current_log()
+            if decision_log is not None:  # what is queued is on disk before the host goes on
+                decision_log.write_through()
+                decision_log.flush(timeout=2.0)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:  # SIG_DFL (or unknown): the process ends now
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        signal.signal(sig, on_signal)
+    return True
 
 
 # -- the gateway --------------------------------------------------------------------------

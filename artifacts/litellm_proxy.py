@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from artifacts.decisions import Gateway
+from artifacts.decisions import Gateway, write_through_on_signals
 from artifacts.gateway_settings import GatewayLoader, GatewaySettings, SettingsError
 from artifacts.route_request import ALIAS, BadRequest, route_request
 from artifacts.service import header_value
@@ -97,6 +97,9 @@ class RouteoptProxyHandler(CustomLogger):
         env = os.environ if env is None else env
         deployments = parse_deployments(env.get(DEPLOYMENTS_ENV, ""))
         loader = GatewayLoader(GatewaySettings.from_env(env)).start()
+        # The proxy ends by re-raising SIGTERM after its graceful shutdown, so atexit never runs:
+        # from the signal on, the decision log writes each record at once.
+        write_through_on_signals(lambda: loader.gateway.log if loader.gateway is not None else None)
         if loader.gateway is not None:
             s = loader.gateway.status().champion
             log.warning("routeopt routes the %r alias with policy version %d%s", ALIAS, s.version,

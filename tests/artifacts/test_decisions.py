@@ -315,3 +315,100 @@ def test_logging_gateway_imports_only_numpy_cryptography_and_the_standard_librar
     assert result["model"] in policies[0].candidates and 0 < result["propensity"] <= 1
     assert set(result["loaded"]) <= {"numpy", "cryptography", "_cffi_backend", "_openssl",
                                      "artifacts", "router_training", "common"}, result["loaded"]
+
+
+UVICORN_HOST = """
+import sys
+import uvicorn
+from artifacts.decisions import DecisionLog, write_through_on_signals
+
+folder, port, hooked = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+state = {}
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":  # built at start-up, inside uvicorn's signal capture, as the proxy's
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                state["log"] = DecisionLog(folder, flush_s=3600)  # no tick will write anything
+                if hooked:
+                    assert write_through_on_signals(lambda: state["log"])
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await receive()
+    for i in range(3):
+        state["log"].submit(lambda i=i: {"kind": "decision", "request_id": f"r{i}"})
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"logged"})
+
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+"""
+
+
+def _logged(folder: Path) -> list[str]:
+    return [json.loads(line)["request_id"] for f in sorted(folder.glob("*.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_a_host_that_re_raises_sigterm_loses_no_records_with_the_signal_hook(tmp_path, hooked) -> None:
+    """uvicorn ends a graceful SIGTERM shutdown by re-raising the signal, so atexit never runs and
+    a log waiting for its next tick loses what it holds (the control, hooked=False). The LiteLLM
+    proxy is such a host; its callback installs `write_through_on_signals`."""
+    import signal
+    import urllib.request
+
+    from tests.litellm_proxy import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", UVICORN_HOST, str(tmp_path), str(port), str(int(hooked))],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+                    assert resp.read() == b"logged"
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM  # died of the signal: no atexit ran
+    finally:
+        proc.kill()
+    assert _logged(tmp_path) == (["r0", "r1", "r2"] if hooked else [])
+
+
+def test_without_a_host_handler_the_hook_writes_then_the_signal_ends_the_process(tmp_path) -> None:
+    import signal
+
+    script = ("import os, signal, sys\n"
+              "from artifacts.decisions import DecisionLog, write_through_on_signals\n"
+              "log = DecisionLog(sys.argv[1], flush_s=3600)\n"
+              "assert write_through_on_signals(lambda: log)\n"
+              "log.submit(lambda: {'kind': 'decision', 'request_id': 'r0'})\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "print('survived')\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == -signal.SIGTERM and "survived" not in out.stdout, out.stderr
+    assert _logged(tmp_path) == ["r0"]
+
+
+def test_write_through_writes_each_record_without_waiting_for_a_tick(tmp_path) -> None:
+    log = DecisionLog(tmp_path, flush_s=3600)
+    log.submit(lambda: {"kind": "decision", "request_id": "r0"})
+    log.write_through()
+    log.submit(lambda: {"kind": "decision", "request_id": "r1"})
+    deadline = time.monotonic() + 60  # only write-through can write before the hour's tick
+    while _logged(tmp_path) != ["r0", "r1"]:
+        assert time.monotonic() < deadline, _logged(tmp_path)
+        time.sleep(0.01)
+    log.submit(lambda: {"kind": "decision", "request_id": "r2"})
+    while _logged(tmp_path) != ["r0", "r1", "r2"]:
+        assert time.monotonic() < deadline, _logged(tmp_path)
+        time.sleep(0.01)
+    log.close()
