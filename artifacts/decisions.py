@@ -367,8 +367,11 @@ class Gateway:
                     choice.model, fallbacks, choice.propensity, d.policy_version, rid,
                     default_reason=d.default_reason, channel=channel, explored=choice.explored,
                     knob_target=knob, suite=suite))
-            out = replace(d, model=choice.model, fallbacks=fallbacks, propensity=choice.propensity,
-                          request_id=rid, trace_id=trace_id, traceparent=header)
+            # Decision(...) rather than dataclasses.replace: half the cost on every request
+            out = Decision(model=choice.model, fallbacks=fallbacks, pass_probabilities=d.pass_probabilities,
+                           expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
+                           default_reason=d.default_reason, propensity=choice.propensity,
+                           request_id=rid, trace_id=trace_id, traceparent=header)
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
                 self.log.submit(self._record, time.time(), rid, prompt, suite, quality_target,
