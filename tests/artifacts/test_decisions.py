@@ -412,3 +412,18 @@ def test_write_through_writes_each_record_without_waiting_for_a_tick(tmp_path) -
         assert time.monotonic() < deadline, _logged(tmp_path)
         time.sleep(0.01)
     log.close()
+
+
+def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None:
+    """The gateway builds the served Decision field by field (cheaper than dataclasses.replace):
+    a field added to Decision and not carried over would fail here."""
+    import dataclasses
+
+    router = FakeRouter("mid", version=7)
+    served = Gateway(router).route("p", "s", 0.9, request_id="r1")
+    want = dataclasses.replace(router.route("p", "s", 0.9), request_id="r1", propensity=1.0)
+    assert served == want
+    fields = {f.name for f in dataclasses.fields(Decision)}
+    assert fields == {"model", "fallbacks", "pass_probabilities", "expected_cost_usd", "policy_version",
+                      "default_reason", "propensity", "request_id", "trace_id", "traceparent"}, (
+        "Decision has new fields: carry them in Gateway._route")
