@@ -348,8 +348,7 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def _logged(folder: Path) -> list[str]:
-    return [json.loads(line)["request_id"] for f in sorted(folder.glob("*.jsonl"))
-            for line in f.read_text().splitlines()]
+    return [r["request_id"] for r in _records(folder)]
 
 
 @pytest.mark.parametrize("hooked", [True, False])
