@@ -22,6 +22,6 @@ export { checkVectors, summary as conformanceSummary } from "./conformance.js";
 export type { ConformanceReport } from "./conformance.js";
 export { VerificationError } from "./verification.js";
 export { FormatError } from "./container.js";
-export { blake2b } from "./blake2b.js";
+export { blake2b, ENGINE as BLAKE2B_ENGINE } from "./blake2b.js";
 export { attributesFor, DECISION_SPAN, formatTraceparent, parentContext, parseTraceparent, recordDecision } from "./tracing.js";
 export type { Attributes, DecisionFacts, Span, SpanContext, SpanOptions, Traced, Tracer, TracingOptions } from "./tracing.js";
