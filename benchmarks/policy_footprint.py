@@ -5,7 +5,8 @@ The set's policy (RouterBench by default) is published through the CLI (benchmar
 - Size: each file of the version, the policy without its conformance vectors, and what a
   gateway downloads with gzip (level 6, as HTTP servers compress); beside the same policy
   written as format 2 did (JSON arrays: tests/router_training/legacy.py).
-- Cold load + verify + self-check: in a fresh process each round, the time of
+- Cold load + verify + self-check: in a fresh process each round (Python with its bytecode
+  cache, as an installed package runs, and without, as this machine's environment sets it), the time of
   `artifacts.runtime.load(version, public_key=...)` (signature, every hash, parse, the
   conformance vectors, a trial decision) and of `Router.open({files, publicKeys})` in Node; and
   the whole process (interpreter start and imports included). Medians of the rounds.
@@ -19,6 +20,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,11 +55,25 @@ def format_2_sizes(version: Path) -> dict[str, tuple[int, int]]:
         return {p.name: (p.stat().st_size, len(gzip.compress(p.read_bytes(), 6))) for p in sorted(Path(tmp).iterdir())}
 
 
-def python_load(version: Path, key: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", PY_LOAD, str(version), str(key)], env=env, capture_output=True, text=True)
-    total = (time.perf_counter() - start) * 1000
+def python_load(version: Path, key: Path, bytecode: bool) -> dict:
+    """One fresh process. With `bytecode`, the checkout's modules come with their bytecode cache,
+    as an installed package's do; without, from a copy with none, compiled in the process (as
+    every process compiles them here, where the environment sets PYTHONDONTWRITEBYTECODE)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = ROOT
+        if not bytecode:
+            path = Path(tmp)
+            for package in ("artifacts", "common", "router_training"):
+                shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
+        if bytecode:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+        else:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", PY_LOAD, str(version), str(key)], env=env, cwd=path,
+                              capture_output=True, text=True)
+        total = (time.perf_counter() - start) * 1000
     if done.returncode != 0:
         raise SystemExit(done.stderr)
     return {**json.loads(done.stdout), "process_ms": total}
@@ -89,12 +105,15 @@ def main() -> None:
     for name, (raw, gz) in old.items():
         print(f"  {name:<26} {mb(raw):>10}   gzip {mb(gz):>9}")
     print(f"  {'total':<26} {mb(sum(r for r, _ in old.values())):>10}   gzip {mb(sum(g for _, g in old.values())):>9}")
-    py = [python_load(version, key) for _ in range(args.rounds)]
+    python_load(version, key, bytecode=True)  # writes the bytecode cache, as installing does
+    py = [python_load(version, key, bytecode=True) for _ in range(args.rounds)]
+    uncached = [python_load(version, key, bytecode=False) for _ in range(args.rounds)]
     js = [node_load(version, key) for _ in range(args.rounds)]
     med = lambda rows, k: statistics.median(r[k] for r in rows)
     print(f"cold load + verify + self-check, medians of {args.rounds} fresh processes:")
-    print(f"  Python  load() {med(py, 'load_ms'):7.0f} ms   (imports {med(py, 'import_ms'):5.0f} ms, whole process {med(py, 'process_ms'):6.0f} ms)"
-          f"   rounds {[round(r['load_ms']) for r in py]}")
+    for name, rows in (("bytecode cached", py), ("no bytecode cache for the checkout", uncached)):
+        print(f"  Python  load() {med(rows, 'load_ms'):7.0f} ms   (imports {med(rows, 'import_ms'):5.0f} ms, whole process "
+              f"{med(rows, 'process_ms'):6.0f} ms)   rounds {[round(r['load_ms']) for r in rows]}   {name}")
     print(f"  Node    open() {med(js, 'open_ms'):7.0f} ms   (whole process {med(js, 'process_ms'):6.0f} ms)"
           f"   rounds {[round(r['open_ms']) for r in js]}")
     print(load_average())
