@@ -69,9 +69,34 @@ def exp_nonpositive(x: np.ndarray) -> np.ndarray:
 def sigmoid(t: np.ndarray) -> np.ndarray:
     """1 / (1 + e**-t) for t >= 0 and e**t / (1 + e**t) below, with e from `exp_nonpositive`."""
     t = np.asarray(t, dtype=np.float64)
+    if t.ndim == 1 and len(t) <= _SCALAR_MAX:
+        values = t.tolist()
+        if all(map(math.isfinite, values)):
+            return np.array([_sigmoid_one(v) for v in values])
     e = exp_nonpositive(-np.abs(t))
     d = 1.0 + e
     return np.where(t >= 0, 1.0 / d, e / d)
+
+
+_SCALAR_MAX = 64  # one request's candidates: below this, numpy's per-call cost exceeds the work
+
+
+def _sigmoid_one(t: float) -> float:
+    """`sigmoid` of one finite double with Python's floats: the same IEEE operations in the same
+    order as the array code (neither fuses a multiply and an add), so the same bits; a decision's
+    eleven values take a fifth of the time of thirty array operations on them."""
+    x = -abs(t)
+    if x < EXP_FLOOR:
+        e = 0.0
+    else:
+        k = float(math.floor(x * INV_LN2 + 0.5))
+        r = (x - k * LN2_HI) - k * LN2_LO
+        p = EXP_COEFS[0]
+        for c in EXP_COEFS[1:]:
+            p = p * r + c
+        e = math.ldexp(p, int(k))
+    d = 1.0 + e
+    return 1.0 / d if t >= 0 else e / d
 
 
 def ordered_sum(v: np.ndarray) -> float:

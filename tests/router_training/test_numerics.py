@@ -60,3 +60,18 @@ def test_sigmoid_is_symmetric_bounded_and_close_to_the_textbook_formula() -> Non
     ref = np.array([1 / (1 + math.exp(-v)) if v >= 0 else math.exp(v) / (1 + math.exp(v)) for v in t[:-4]])
     assert np.max(np.abs(p[:-4] - ref) / ref) < 1e-15
     assert np.all(np.diff(p[:-4]) >= 0)
+
+
+def test_a_requests_few_values_take_the_scalar_path_and_give_the_arrays_bits() -> None:
+    """sigmoid of one request's candidates (<= 64 values) runs on Python floats; every value,
+    zeros, the floor's edge and non-finite inputs included, has the bits of the array path."""
+    rng = np.random.default_rng(3)
+    edges = [0.0, -0.0, 700.0, -700.0, 699.9999999, -700.0000001, 745.0, -745.0, 5e-324, -5e-324, 1e308, -1e308]
+    values = np.concatenate([rng.standard_normal(40000) * s for s in (0.01, 1.0, 8.0, 300.0)] + [edges])
+    wide = sigmoid(np.tile(values, (2, 1)))[0]  # 2-d: the array path
+    for i in range(0, len(values), 11):
+        got = sigmoid(values[i: i + 11])
+        np.testing.assert_array_equal(got.view(np.uint64), wide[i: i + 11].view(np.uint64))
+    with np.errstate(invalid="ignore"):  # not finite: the array path (numpy warns on NaN's exponent)
+        odd = sigmoid(np.array([np.nan, np.inf, -np.inf, 1.0]))
+    assert np.isnan(odd[0]) and odd[1:].tolist() == [1.0, 0.0, sigmoid(np.array([[1.0]]))[0, 0]]
