@@ -6,7 +6,9 @@
  * the log's prompt hash (8.2) are BLAKE2b.
  *
  * The compression function F has two engines that give the same bytes. Where the platform
- * compiles WebAssembly (Node), F is blake2b.wat: 64-bit words are native there, and it runs at
+ * compiles WebAssembly (Node), F is the module scripts/wasm.mjs writes at build time (its IV and
+ * SIGMA are this file's, in 64-bit words; the unit tests hold the engines to the same bytes):
+ * 64-bit words are native there, and it runs at
  * full speed from its first call, which matters for a policy's self-check (section 9 hashes
  * every conformance request's cut twice before V8 has optimised any JavaScript). Where it does
  * not (Cloudflare's workerd refuses to compile WebAssembly from bytes at run time), F is the
@@ -170,7 +172,7 @@ export const compressJs: Compress = (h, data, at, n, t, last) => {
   }
 };
 
-/** F in WebAssembly (blake2b.wat), or null where the platform will not compile it. */
+/** F in WebAssembly (scripts/wasm.mjs), or null where the platform will not compile it. */
 export const compressWasm: Compress | null = (() => {
   let exports: WebAssembly.Exports;
   try {
