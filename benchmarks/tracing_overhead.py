@@ -6,12 +6,14 @@ spans, so a lost span would show). Off = `common.tracing` disabled, as in a gate
 extra.
 
 Decisions: `Gateway.route` (decision log, 1% exploration, the caller's traceparent) and the bare
-`Router.route`, one thread, each repeat timing `-n` decisions of every setup in turn
-(interleaved, so a noisy neighbour hits them alike); the figures are medians over repeats of
-each setup's p50/p99 and of on minus off. Runner: `evaluate_pair` against the fake server in its
+`Router.route`, one thread. Each round times a block of `-n` decisions with tracing off and one
+with it on, back to back, for each setup, swapping which state goes first every round; the
+figures are medians over rounds of each block's p50/p99 and of on minus off within a round.
+Short blocks, many rounds: these machines drift by tens of percent over seconds, more than the
+effect measured, and only adjacent blocks see the same machine. Runner: `evaluate_pair` against the fake server in its
 own process, off and on alternately, `--runner-repeats` times; the ratio is on/off calls per s.
 
-    python benchmarks/tracing_overhead.py [-n 5000] [--repeats 7] [--calls 2000] [--runner-repeats 3]
+    python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 3]
 
 The last lines are `added_p50_us=N added_p99_us=N` (Gateway.route, wall) and `runner_ratio=R`.
 """
@@ -56,19 +58,22 @@ def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict
                       exploration=Exploration(rate=0.01, seed=0))
     routes = {"router": router.route,
               "gateway": lambda p, s: gateway.route(p, s, traceparent=PARENT)}
-    print(f"{what}: {len(prompts)} prompts, {n} decisions x {repeats} repeats per setup, "
+    print(f"{what}: {len(prompts)} prompts, {repeats} rounds of {n} decisions per setup and state, "
           f"load average {os.getloadavg()[0]:.1f}")
     figures: dict[str, dict[str, list[float]]] = {}
-    for _ in range(repeats):
-        for state in ("off", "on"):
-            tracing_on(sink) if state == "on" else tracing.disable()
-            for name, route in routes.items():
-                wall, cpu = measure(route, prompts, n, warmup=200)
+    for i in range(repeats):
+        for name, route in routes.items():
+            # off and on back to back, their order swapped every round: the machine's own drift
+            # over seconds (larger than the effect here) falls on both states alike
+            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                tracing_on(sink) if state == "on" else tracing.disable()
+                wall, cpu = measure(route, prompts, n, warmup=100)
+                tracing.flush(30)  # its spans are built and sent before the next block is timed
                 row = figures.setdefault(f"{name} {state}", {})
                 for clock, xs in (("wall", wall), ("cpu", cpu)):
                     for q, v in zip((50, 99), np.percentile(xs, [50, 99])):
                         row.setdefault(f"{clock} p{q}", []).append(float(v))
-            tracing.flush(30)
+    tracing.disable()
     gateway.close()
     return figures
 
@@ -109,8 +114,8 @@ def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-n", type=int, default=5000)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("-n", type=int, default=1000, help="decisions per timed block")
+    ap.add_argument("--repeats", type=int, default=31, help="rounds (each: off and on, every setup)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runner-repeats", type=int, default=3)
     args = ap.parse_args()
@@ -120,7 +125,7 @@ def main() -> None:
         time.sleep(0.5)
         received = sink.count()
         s = tracing.status()
-    print(f"medians over {args.repeats} repeats, microseconds")
+    print(f"medians over {args.repeats} rounds, microseconds")
     print(f"{'setup':<14} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}")
     for name, row in figures.items():
         med = {k: float(np.median(v)) for k, v in row.items()}

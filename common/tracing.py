@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import logging
 import os
 import random
@@ -97,10 +98,10 @@ class _Counts:
 class _State:
     def __init__(self, tracer: Any = None, provider: Any = None, counts: _Counts | None = None,
                  exporter: str | None = None, endpoint: str | None = None,
-                 service: str | None = None, reason: str | None = None, ids: Any = None) -> None:
+                 service: str | None = None, reason: str | None = None, processor: Any = None) -> None:
         self.tracer, self.provider, self.counts = tracer, provider, counts or _Counts()
         self.exporter, self.endpoint, self.service, self.reason = exporter, endpoint, service, reason
-        self.ids = ids
+        self.processor = processor  # where finished decision spans go (the provider's only one)
         self.deferred: _Deferred | None = None
         self._parent_based = provider is not None and _is_parent_based(provider.sampler)
 
@@ -201,7 +202,7 @@ def configure(exporter: Any = None, *, batch: bool = True, max_queue_size: int |
     with _LOCK:
         old, _STATE = _STATE, None
     if old is not None and old.provider is not None:
-        old.provider.shutdown()
+        _shutdown(old)
     with _LOCK:
         if exporter is None:
             _STATE = _from_environment()
@@ -231,49 +232,25 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
     if service or not (os.environ.get("OTEL_SERVICE_NAME")
                        or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")):
         attrs["service.name"] = service or "routeopt"
-    ids = _preset_ids()
-    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False,
-                              id_generator=ids)
+    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False)
     counts = _Counts()
     counted = _counting_exporter(exporter, counts)
     queue = max_queue_size or int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
     inner = (BatchSpanProcessor(counted, max_queue_size=queue, max_export_batch_size=min(512, queue))
              if batch else SimpleSpanProcessor(counted))
-    provider.add_span_processor(_gate(inner, counts, queue if batch else None))
+    gate = _gate(inner, counts, queue if batch else None)
+    provider.add_span_processor(gate)
     state = _State(provider.get_tracer("routeopt"), provider, counts, name, endpoint,
-                   provider.resource.attributes.get("service.name"), ids=ids)
+                   provider.resource.attributes.get("service.name"), processor=gate)
     state.deferred = _Deferred(state, queue)
-    atexit.register(_shutdown, state)
+    _exit_hook()
     return state
 
 
-def _preset_ids() -> Any:
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-    class PresetIds(RandomIdGenerator):
-        """Random ids, except the next ones a decision span was already given (per thread)."""
-
-        def __init__(self) -> None:
-            self.local = threading.local()
-
-        def preset(self, trace_id: int, span_id: int) -> None:
-            self.local.trace, self.local.span = trace_id, span_id
-
-        def generate_span_id(self) -> int:
-            span = getattr(self.local, "span", None)
-            if span is None:
-                return super().generate_span_id()
-            self.local.span = None
-            return span
-
-        def generate_trace_id(self) -> int:
-            trace = getattr(self.local, "trace", None)
-            if trace is None:
-                return super().generate_trace_id()
-            self.local.trace = None
-            return trace
-
-    return PresetIds()
+@functools.cache
+def _exit_hook() -> None:
+    """At exit, shut down whatever set-up is current then (registered once, not per set-up)."""
+    atexit.register(lambda: _shutdown(_STATE) if _STATE is not None else None)
 
 
 def _counting_exporter(inner: Any, counts: _Counts) -> Any:
@@ -338,6 +315,7 @@ def _shutdown(state: _State) -> None:
     timeout_s = float(os.environ.get("ROUTEOPT_TRACING_EXIT_TIMEOUT_S", "2"))
     if state.deferred is not None:
         state.deferred.flush(timeout_s / 2)
+        state.deferred.stop()
     done = threading.Thread(target=state.provider.shutdown, name="routeopt-tracing-shutdown", daemon=True)
     done.start()
     done.join(timeout_s)
@@ -474,8 +452,8 @@ def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[
     parent is the caller's `traceparent`, else the caller's current span, else none.
 
     The caller's thread only draws the ids, asks the sampler and queues the span: a writer
-    thread builds it through the SDK (a few microseconds here instead of tens; the decision is
-    on a request's path). A full queue drops the span and counts it.
+    thread builds it (a few microseconds here instead of tens; the decision is on a request's
+    path). A full queue drops the span and counts it.
 
     With tracing off it records nothing and hands back the caller's own valid `traceparent`
     (the application's next span stays a child of the caller's) and its trace id."""
@@ -514,11 +492,12 @@ class _Deferred:
         self.state, self.limit = state, limit
         self.queue: collections.deque = collections.deque()
         self.wake = threading.Event()
-        self.busy = False
-        threading.Thread(target=self._run, name="routeopt-tracing-decisions", daemon=True).start()
+        self.busy = self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="routeopt-tracing-decisions", daemon=True)
+        self.thread.start()
 
     def submit(self, item: tuple) -> None:
-        if len(self.queue) >= self.limit:
+        if self.stopped or len(self.queue) >= self.limit:
             self.state.counts.dropped += 1
             return
         self.queue.append(item)
@@ -526,26 +505,49 @@ class _Deferred:
             self.wake.set()
 
     def _run(self) -> None:
-        while True:
+        while not self.stopped:
             self.wake.wait(0.2)
             self.wake.clear()
             self.drain()
 
-    def drain(self) -> None:
-        from opentelemetry import trace as api
+    def stop(self) -> None:
+        """End the thread once its set-up is replaced or shut down; what is still queued then
+        is dropped and counted (the caller flushed first, within its time)."""
+        self.stopped = True
+        self.wake.set()
+        self.thread.join(1.0)
+        self.state.counts.dropped += len(self.queue)
+        self.queue.clear()
 
+    def drain(self) -> None:
+        """Build the queued spans as finished spans and hand them to the provider's processor.
+
+        The SDK's `start_span` + `end` cost 20 to 50 us a span here (sampling again, the span's
+        lock, processors' start hooks); the caller already sampled and drew the ids, so only the
+        finished span is built, with the provider's resource and attribute limits, as the SDK
+        would: about 8 us. This thread shares the GIL with the decisions."""
+        from opentelemetry import trace as api
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        state, limits, scope = self.state, SpanLimits(), InstrumentationScope("routeopt")
+        resource, server = state.provider.resource, api.SpanKind.SERVER
         self.busy = True
         try:
             while self.queue:
                 parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
-                ctx = None
-                if parent is not None:
-                    ctx = api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
-                        parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))))
-                self.state.ids.preset(trace_id, span_id)
-                span = self.state.tracer.start_span(DECISION_SPAN, context=ctx, kind=api.SpanKind.SERVER,
-                                                    attributes=attrs, start_time=start)
-                span.end(end_time=end)
+                # W3C level 2: a trace id this process drew is random; a caller's says so itself
+                random_bit = 0x02 if parent is None else parent[2] & 0x02
+                context = api.SpanContext(trace_id, span_id, is_remote=False,
+                                          trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit))
+                up = None if parent is None else api.SpanContext(
+                    parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))
+                state.processor.on_end(ReadableSpan(
+                    DECISION_SPAN, context=context, parent=up, resource=resource, kind=server,
+                    attributes=BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
+                                                 max_value_len=limits.max_span_attribute_length),
+                    start_time=start, end_time=end, instrumentation_scope=scope))
         except Exception as exc:  # never let one bad span stop the thread
             self.state.counts.last_error = repr(exc)
         finally:

@@ -130,3 +130,23 @@ def test_without_the_sdk_it_stays_off_and_says_why(tmp_path: Path) -> None:
                               "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, check=True)
     on, reason = json.loads(out.stdout)
     assert on is False and "pip install 'routeopt[tracing]'" in reason
+
+
+def test_a_new_set_up_builds_what_the_old_one_queued_and_ends_its_thread() -> None:
+    """Re-configuring (a benchmark toggling, an application changing exporters) must not lose
+    the decisions queued under the old set-up, nor leave its span-building thread behind."""
+    exporters = [InMemorySpanExporter() for _ in range(5)]  # a shut-down exporter takes no more
+    builders = lambda: [t for t in threading.enumerate() if t.name == "routeopt-tracing-decisions"]  # noqa: E731
+    tracing.disable()
+    before = len(builders())
+    try:
+        for exporter in exporters:
+            tracing.configure(exporter, batch=False)
+            for _ in range(100):  # fewer than the builder's wake-up batch: still queued at the swap
+                tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "m"})
+        tracing.flush(30)
+        assert [len(e.get_finished_spans()) for e in exporters] == [100] * 5
+        assert tracing.status().dropped == 0
+    finally:
+        tracing.disable()
+    assert len(builders()) == before
