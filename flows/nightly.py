@@ -35,20 +35,24 @@ ProgressHook = Callable[[str, str, int, int], None]
 
 _PROGRESS: dict[str, ProgressHook] = {}
 _STORES: dict[str, Store] = {}
+_STORES_LOCK = threading.Lock()
 _RUNNING: dict[str, set[tuple[asyncio.AbstractEventLoop, "asyncio.Task[Any]"]]] = {}
 _RUNNING_LOCK = threading.Lock()  # evaluation threads add and remove, the flow's thread reads
 
 
 def shared_store(path: Path) -> Store:
-    """The one writing connection per DuckDB file in this process (DuckDB allows one writer)."""
+    """The one writing connection per DuckDB file in this process (DuckDB allows one writer);
+    threads asking at once get the same one."""
     key = str(Path(path).resolve())
-    if key not in _STORES:
-        _STORES[key] = Store(key)
-    return _STORES[key]
+    with _STORES_LOCK:
+        if key not in _STORES:
+            _STORES[key] = Store(key)
+        return _STORES[key]
 
 
 def close_store(path: Path) -> None:
-    store = _STORES.pop(str(Path(path).resolve()), None)
+    with _STORES_LOCK:
+        store = _STORES.pop(str(Path(path).resolve()), None)
     if store is not None:
         store.close()
 
@@ -172,6 +176,32 @@ def evaluate_task(
     return stats, kept
 
 
+def begin_evaluation(cfg: Config, run_id: str, suites: list[str] | None, candidates: list[str] | None
+                     ) -> tuple[Store, list[Candidate], list[Suite], dict[str, str]]:
+    """The run's records before its first call: the resume check (ResumeConflict), the run and
+    its candidates, each suite and its items. Idempotent: a resumed run passes here again.
+    Returns (store, candidates, suites loaded, suites that did not load)."""
+    store = shared_store(cfg.db_path)
+    chosen = [cfg.candidate(n) for n in candidates] if candidates is not None else cfg.candidates
+    loaded, errors = load_suites(cfg, suites)
+    store.check_resume(run_id, {c.name: c.measured_dict() for c in chosen},
+                       {s.name: s.version for s in loaded})
+    store.begin_run(
+        run_id,
+        config_fingerprint=cfg.fingerprint(),
+        config=cfg.model_dump(mode="json"),
+        candidates=[c.public_dict() for c in chosen],
+    )
+    for suite in loaded:
+        store.register_suite(
+            suite.name,
+            suite.version,
+            suite.spec.model_dump(mode="json"),
+            ((it.id, suite.prompt_text(it), it.fields) for it in suite.items),
+        )
+    return store, chosen, loaded, errors
+
+
 def evaluate_all(
     cfg: Config,
     run_id: str,
@@ -189,17 +219,7 @@ def evaluate_all(
     The response cache always serves the run's own unflushed answers back; answers of earlier
     runs only with `cache_max_age_s` (development runs, never the nightly's default).
     """
-    store = shared_store(cfg.db_path)
-    chosen = [cfg.candidate(n) for n in candidates] if candidates is not None else cfg.candidates
-    loaded, errors = load_suites(cfg, suites)
-    store.check_resume(run_id, {c.name: c.measured_dict() for c in chosen},
-                       {s.name: s.version for s in loaded})
-    store.begin_run(
-        run_id,
-        config_fingerprint=cfg.fingerprint(),
-        config=cfg.model_dump(mode="json"),
-        candidates=[c.public_dict() for c in chosen],
-    )
+    store, chosen, loaded, errors = begin_evaluation(cfg, run_id, suites, candidates)
     report = EvalReport(run_id, {s.name: s.version for s in loaded}, errors)
     budget = budget_for_run(cfg.budget, spent_in_run(store, run_id))
     shares = (  # tasks in other processes cannot share one Budget: each gets a slice
@@ -212,12 +232,6 @@ def evaluate_all(
     # not a per-suite one); different candidates run side by side.
     last_of: dict[str, Any] = {}
     for suite in loaded:
-        store.register_suite(
-            suite.name,
-            suite.version,
-            suite.spec.model_dump(mode="json"),
-            ((it.id, suite.prompt_text(it), it.fields) for it in suite.items),
-        )
         for cand in chosen:
             done = sorted(store.done_items(run_id, suite.name, cand.name))
             db = str(cfg.db_path) if persist_in_tasks else None

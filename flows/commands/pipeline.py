@@ -230,6 +230,7 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
             quiet_tracebacks()
         bars = not kw["no_progress"] and sys.stderr.isatty()
         with Heartbeat(bars) as beat, _progress(bars, beat.count) as progress_key, \
+                _head_start(cfg, shutdown.server, run_id, kw, probes, progress_key), \
                 prefect_api.serving(shutdown.server):
             return nightly(
                 config_path=str(cfg.source_path),
@@ -245,6 +246,37 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
                 skip_broken=skip,
                 probes=[p.to_dict() for p in probes] if preflight else None,
             )
+
+
+@contextmanager
+def _head_start(cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: list[Any],
+                progress_key: str | None) -> Iterator[None]:
+    """While Prefect's temporary server starts, begin the run's evaluations (`flows.head_start`);
+    they stop once it answers (or the run is interrupted), and the flow does the rest."""
+    from common import tracing
+
+    if server is None or tracing.enabled():
+        yield
+        return
+    from evals.execution.cache import parse_age
+    from flows import prefect_api
+    from flows.head_start import HeadStart
+
+    if kw["db_path"]:
+        cfg = cfg.model_copy(update={"db_path": Path(kw["db_path"]).resolve()})  # as the flow does
+    broken = {p.candidate for p in probes if p.broken}
+    names = list(kw["candidates"]) or [c.name for c in cfg.candidates]
+    max_age = kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None)
+    head = HeadStart(cfg, run_id, suites=list(kw["suites"]) or None,
+                     candidates=[n for n in names if n not in broken], progress_key=progress_key,
+                     cache_max_age_s=parse_age(max_age) if max_age else None).start()
+    try:
+        server.wait_ready(prefect_api.startup_timeout_s())
+    finally:
+        took = head.stop()
+    click.echo(f"routeopt: {head.items} items evaluated in {took:.1f}s while Prefect's server started",
+               err=True)
+    yield
 
 
 def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,
