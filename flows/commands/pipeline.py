@@ -274,8 +274,9 @@ def _head_start(cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: 
         server.wait_ready(prefect_api.startup_timeout_s())
     finally:
         took = head.stop()
-    click.echo(f"routeopt: {head.items} items evaluated in {took:.1f}s while Prefect's server started",
-               err=True)
+    if head.items:
+        click.echo(f"routeopt: {head.items} items evaluated in {took:.1f}s while Prefect's server "
+                   "started", err=True)
     yield
 
 
