@@ -191,7 +191,11 @@ class Router:
         knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
         header, trace_id, _ = tracing.record_decision(
             traceparent, start, tracing.decision_attributes(d, knob_target=knob, suite=suite))
-        return replace(d, trace_id=trace_id, traceparent=header)
+        # Decision(...) rather than dataclasses.replace: a third of tracing's cost here
+        return Decision(model=d.model, fallbacks=d.fallbacks, pass_probabilities=d.pass_probabilities,
+                        expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
+                        default_reason=d.default_reason, propensity=d.propensity,
+                        request_id=d.request_id, trace_id=trace_id, traceparent=header)
 
     def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> Decision:
         active = self._active  # one read: a concurrent swap never mixes two policies

@@ -150,3 +150,47 @@ def test_a_new_set_up_builds_what_the_old_one_queued_and_ends_its_thread() -> No
     finally:
         tracing.disable()
     assert len(builders()) == before
+
+
+def _samplers() -> list:
+    from opentelemetry.sdk.trace import sampling as s
+
+    class Custom(s.Sampler):  # not the SDK's: asked itself
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+                          trace_state=None):
+            return s.SamplingResult(s.Decision.RECORD_AND_SAMPLE if trace_id % 3 else s.Decision.DROP)
+
+        def get_description(self) -> str:
+            return "custom"
+
+    ratio = s.TraceIdRatioBased(0.3)
+    return [s.ALWAYS_ON, s.ALWAYS_OFF, s.DEFAULT_ON, s.DEFAULT_OFF, ratio, s.ParentBased(ratio),
+            s.ParentBasedTraceIdRatio(0.7), Custom(), s.ParentBased(Custom()),
+            s.ParentBased(s.ALWAYS_OFF, remote_parent_sampled=ratio, remote_parent_not_sampled=s.ALWAYS_ON,
+                          local_parent_sampled=s.ALWAYS_OFF, local_parent_not_sampled=ratio)]
+
+
+@pytest.mark.parametrize("sampler", _samplers(), ids=lambda s: s.get_description())
+def test_a_decision_is_sampled_as_the_providers_sampler_decides(sampler) -> None:
+    """The decision path decides the SDK's own samplers without asking them (it is on a
+    request's path); the answer must be theirs, with and without a parent of either kind."""
+    import random
+
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False, sampler=sampler)
+    try:
+        state, rng, mine = tracing._STATE, random.Random(7), []
+        for i in range(4000):
+            trace_id = rng.getrandbits(128) or 1
+            parent = None if i % 5 == 0 else (trace_id, rng.getrandbits(64) or 1, rng.choice((0, 1, 3)),
+                                              bool(rng.getrandbits(1)))
+            ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
+                parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
+            theirs = sampler.should_sample(ctx, trace_id, tracing.DECISION_SPAN, SpanKind.SERVER)
+            mine.append(state.sampled(parent, trace_id))
+            assert mine[-1] == theirs.decision.is_sampled(), (i, parent)
+        assert 0 < sum(mine) < len(mine) or sampler.get_description().startswith(("Always", "ParentBased{root:Always"))
+    finally:
+        tracing.disable()
