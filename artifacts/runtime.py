@@ -31,6 +31,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,6 +92,16 @@ class Decision:
     # back so that the application's own call of the model is a child of the decision's span.
     trace_id: str | None = None
     traceparent: str | None = None
+
+    def traced(self, trace_id: str | None, traceparent: str | None) -> "Decision":
+        """This decision with its trace named: a copy of its fields, without the frozen
+        dataclass's per-field `__init__` (dataclasses.replace costs 5 us, this 0.5; on every
+        traced request)."""
+        copy = object.__new__(type(self))
+        fields = copy.__dict__
+        fields.update(self.__dict__)
+        fields["trace_id"], fields["traceparent"] = trace_id, traceparent
+        return copy
 
 
 @dataclass(frozen=True)
@@ -189,13 +200,10 @@ class Router:
         start = time.time_ns()
         d = self._decide(prompt, suite, quality_target)
         knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
+        # the span's attributes are made by tracing's writer thread, from the immutable decision
         header, trace_id, _ = tracing.record_decision(
-            traceparent, start, tracing.decision_attributes(d, knob_target=knob, suite=suite))
-        # Decision(...) rather than dataclasses.replace: a third of tracing's cost here
-        return Decision(model=d.model, fallbacks=d.fallbacks, pass_probabilities=d.pass_probabilities,
-                        expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
-                        default_reason=d.default_reason, propensity=d.propensity,
-                        request_id=d.request_id, trace_id=trace_id, traceparent=header)
+            traceparent, start, partial(tracing.decision_attributes, d, knob_target=knob, suite=suite))
+        return d.traced(trace_id, header)
 
     def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> Decision:
         active = self._active  # one read: a concurrent swap never mixes two policies

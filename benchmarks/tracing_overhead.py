@@ -11,9 +11,10 @@ with it on, back to back, for each setup, swapping which state goes first every 
 figures are medians over rounds of each block's p50/p99 and of on minus off within a round.
 Short blocks, many rounds: these machines drift by tens of percent over seconds, more than the
 effect measured, and only adjacent blocks see the same machine. Runner: `evaluate_pair` against the fake server in its
-own process, off and on alternately, `--runner-repeats` times; the ratio is on/off calls per s.
+own process, off and on back to back, `--runner-repeats` times, the order swapped every time;
+the ratio is the median over repeats of on/off calls per s.
 
-    python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 3]
+    python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 7]
 
 The last lines are `added_p50_us=N added_p99_us=N` (Gateway.route, wall) and `runner_ratio=R`.
 """
@@ -103,7 +104,7 @@ def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, lis
     rates: dict[str, list[float]] = {"off": [], "on": []}
     with FakeLLMProcess() as server:
         for i in range(repeats):
-            for state in ("off", "on"):
+            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
                 tracing_on(sink) if state == "on" else tracing.disable()
                 rates[state].append(asyncio.run(_runner(suite, server.openai_base_url,
                                                         tmp / f"r{i}-{state}.duckdb")))
@@ -117,7 +118,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=1000, help="decisions per timed block")
     ap.add_argument("--repeats", type=int, default=31, help="rounds (each: off and on, every setup)")
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--runner-repeats", type=int, default=3)
+    ap.add_argument("--runner-repeats", type=int, default=7)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tracing-overhead-") as tmp, OtlpSink() as sink:
         figures = decisions(sink, args.n, args.repeats, Path(tmp))

@@ -470,7 +470,8 @@ def attributes_for(model: str, fallbacks: Any, propensity: float, policy_version
     return attrs
 
 
-def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[str, Any]
+def record_decision(traceparent: str | None, start_ns: int,
+                    attributes: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
                     ) -> tuple[str | None, str | None, str | None]:
     """Record one finished decision as a span; returns (traceparent to send back, trace id,
     span id). The span starts at `start_ns` (time.time_ns() before deciding) and ends now; its
@@ -478,7 +479,8 @@ def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[
 
     The caller's thread only draws the ids, asks the sampler and queues the span: a writer
     thread builds it (a few microseconds here instead of tens; the decision is on a request's
-    path). A full queue drops the span and counts it.
+    path). A full queue drops the span and counts it. `attributes` may be a function that makes
+    them (from immutable values): the writer thread calls it, not the caller's.
 
     With tracing off it records nothing and hands back the caller's own valid `traceparent`
     (the application's next span stays a child of the caller's) and its trace id."""
@@ -495,8 +497,8 @@ def record_decision(traceparent: str | None, start_ns: int, attributes: Mapping[
     sampled = state.sampled(parent, trace_id)
     if sampled:
         state.deferred.submit((parent, trace_id, span_id, start_ns, end_ns, attributes))
-    t, sp = f"{trace_id:032x}", f"{span_id:016x}"
-    return format_traceparent(t, sp, sampled), t, sp
+    header = f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+    return header, header[3:35], header[36:52]
 
 
 def _parent(traceparent: str | None) -> tuple[int, int, int, bool] | None:
@@ -567,6 +569,8 @@ class _Deferred:
         try:
             while self.queue:
                 parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
+                if callable(attrs):
+                    attrs = attrs()
                 # W3C level 2: a trace id this process drew is random; a caller's says so itself
                 random_bit = 0x02 if parent is None else parent[2] & 0x02
                 context = api.SpanContext(trace_id, span_id, is_remote=False,
