@@ -11,13 +11,15 @@ tokens and its output tokens divided by 20, clipped to [2, 16]: the demo models 
 positions and a tokenizer of one token per character, so only the set's prompts of at most 48
 characters are drawn, and their input length is their length in characters.
 
-Each run is one `routeopt bench replay LOG --candidate zoo-s --speed 1,2,5 ...` (as a user types
-it, with its JSON output), with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
+Each run is two `routeopt bench replay` commands as a user types them, with their JSON output:
+`--speed 1,2,5` (the figures per speed), then the sweep (no `--speed`: doubling from
+`--sweep-start` until the SLO breaks, then `--sweep-steps` bisections) for the speed where the SLO
+breaks: the first speed that failed, within (last good, first bad) of a few percent. Both with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
 torch's second intra-op thread waits at every operator's barrier for a core (a 1-minute trial at
 load average 6-14: end-to-end p95 3.7 s with two threads, 0.09 s with one); the summary gives TTFT and end-to-end p95/p99 per speed and run, their
 spread over runs ((max - min) / median), and where the SLO broke.
 
-    python benchmarks/replay_diurnal.py --runs 3 --speeds 1,2,5 --ttft-target-s 1 --latency-target-s 3
+    python benchmarks/replay_diurnal.py --runs 3 --speeds 1,2,5 --ttft-target-s 0.5 --latency-target-s 2
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ttft-target-s", type=float, default=1.0)
     ap.add_argument("--latency-target-s", type=float, default=3.0)
+    ap.add_argument("--sweep-start", type=float, default=8.0)
+    ap.add_argument("--max-speed", type=float, default=1024.0)
+    ap.add_argument("--sweep-steps", type=int, default=4)
     ap.add_argument("--keep", type=Path, default=None, help="Write the log and the JSON results here.")
     a = ap.parse_args()
     folder = a.keep or Path(tempfile.mkdtemp(prefix="replay-diurnal-"))
@@ -99,17 +104,22 @@ def main() -> None:
     n = write_log(log, a.seed, a.candidate, a.minutes, a.mean_rps, a.burst_every_s, a.burst_size, a.dataset)
     print(f"{log}: {n} arrivals over {a.minutes:g} min ({n / a.minutes / 60:.2f}/s mean) from {a.dataset}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    results = []
+    results, sweeps = [], []
     for run in range(a.runs):
-        out = folder / f"run{run}.json"
-        cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
-               "--speed", a.speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
-               str(a.latency_target_s), "--json-out", str(out), "--db", str(folder / "replay.duckdb")]
-        env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}
-        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
-        results.append(json.loads(out.read_text()))
+        for what, speeds, into in ((f"run{run}", ["--speed", a.speeds], results),
+                                   (f"sweep{run}", ["--sweep-start", str(a.sweep_start), "--max-speed",
+                                                    str(a.max_speed), "--sweep-steps", str(a.sweep_steps)],
+                                    sweeps)):
+            out = folder / f"{what}.json"
+            cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
+                   *speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
+                   str(a.latency_target_s), "--json-out", str(out), "--db", str(folder / "replay.duckdb")]
+            env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}
+            subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
+            into.append(json.loads(out.read_text()))
         print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}", flush=True)
     report(results, a)
+    report_sweeps(sweeps)
 
 
 def report(results: list[dict], a: argparse.Namespace) -> None:
@@ -134,6 +144,22 @@ def report(results: list[dict], a: argparse.Namespace) -> None:
     print(f"(ms; SLO: {a.ttft_target_s:g} s TTFT and {a.latency_target_s:g} s end to end for 90% of requests)")
     print(f"SLO first broken at speed, per run: {broke}; highest speed meeting it, per run: "
           f"{[r['highest_speed_meeting_slo'] for r in results]}; load average {os.getloadavg()[0]:.1f}")
+
+
+def report_sweeps(sweeps: list[dict]) -> None:
+    """Where each run's sweep found the SLO breaking: its first failing speed after bisection,
+    and the highest that met it."""
+    def spread(xs: list) -> str:
+        xs = [x for x in xs if x is not None]
+        return f"{(max(xs) - min(xs)) / float(np.median(xs)):.1%}" if len(xs) > 1 else "n/a"
+
+    broke = [min((s["speed"] for s in r["speeds"] if not s["figures"]["*"]["meets_slo"]), default=None)
+             for r in sweeps]
+    best = [r["highest_speed_meeting_slo"] for r in sweeps]
+    tried = [[s["speed"] for s in r["speeds"]] for r in sweeps]
+    print(f"sweep: speeds tried per run {tried}")
+    print(f"sweep: SLO broken at speed, per run: {broke} (spread {spread(broke)}); highest speed meeting it, "
+          f"per run: {best} (spread {spread(best)}); load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
