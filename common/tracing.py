@@ -497,8 +497,8 @@ def record_decision(traceparent: str | None, start_ns: int,
     sampled = state.sampled(parent, trace_id)
     if sampled:
         state.deferred.submit((parent, trace_id, span_id, start_ns, end_ns, attributes))
-    header = f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
-    return header, header[3:35], header[36:52]
+    header = format_traceparent(trace_id, span_id, sampled)
+    return header, header[3:35], header[36:52]  # the ids as the header spells them
 
 
 def _parent(traceparent: str | None) -> tuple[int, int, int, bool] | None:
