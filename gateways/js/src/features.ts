@@ -8,6 +8,7 @@
  */
 
 import { ByteScratch, MAX_BYTES, PromptBytes, promptBytes } from "./bytes.js";
+import { Engine, Kernel } from "./kernel.js";
 import { ln1p, ln1pCount, U64 } from "./numbers.js";
 
 export const N_STATS = 9;
@@ -102,7 +103,23 @@ function bucketOf(hi: number, lo: number, mask: number): number {
   return (l ^ (h >>> 1)) & mask;
 }
 
-/** Per-policy scratch space, so a decision allocates nothing but the objects it returns. */
+/** The most distinct buckets one request can touch: every byte starts at most one key of each
+ * of the nine kinds (words, bigrams, seven char n-gram lengths). */
+const maxTouched = (nBuckets: number) => Math.min(nBuckets, MAX_BYTES * 9);
+
+/** The WebAssembly loops for a policy's features (and its linear scorer's weights), or null
+ * where they are not compiled or `engine` is "javascript". */
+export function featureKernel(spec: FeatureSpec, weights: Float32Array | Float64Array | null, columns: number,
+  engine?: Engine): Kernel | null {
+  const touched = maxTouched(spec.nBuckets);
+  return Kernel.create({
+    nBuckets: spec.nBuckets, maxTouched: touched, maxRow: 1 + touched + N_STATS, maxBytes: MAX_BYTES,
+    charNgrams: spec.charNgrams, wordBigrams: spec.wordBigrams, nSuites: spec.suites.length, idf: spec.idf, weights, columns,
+  }, { cls: CLASS, lower: LOWER, digitUpper: DIGIT_UPPER, punctCode: PUNCT_CODE }, engine);
+}
+
+/** Per-policy scratch space, so a decision allocates nothing but the objects it returns; with a
+ * kernel, the buffers it reads and writes are views of its memory. */
 export class Scratch {
   readonly bytes = new ByteScratch();
   readonly counts: Int32Array;
@@ -119,22 +136,26 @@ export class Scratch {
   readonly stats = new Float64Array(N_STATS);
   /** the touched buckets' counts, in the row's order */
   readonly bucketCounts: Int32Array;
-  readonly lower = new Uint8Array(MAX_BYTES);
-  readonly wordHi = new Uint32Array(MAX_BYTES / 2 + 1);
-  readonly wordLo = new Uint32Array(MAX_BYTES / 2 + 1);
+  readonly lower: Uint8Array;
+  readonly wordHi: Uint32Array;
+  readonly wordLo: Uint32Array;
   /** the cut's class counts, packed as DIGIT_UPPER and PUNCT_CODE are */
   digitUpper = 0;
   punctCode = 0;
   nWords = 0;
   wordChars = 0;
 
-  constructor(nBuckets: number) {
-    this.counts = new Int32Array(nBuckets);
-    this.touched = new Int32Array(Math.min(nBuckets, MAX_BYTES * 9));
-    this.sorted = new Int32Array(this.touched.length);
-    this.ids = new Int32Array(1 + this.touched.length + N_STATS);
-    this.vals = new Float64Array(this.ids.length);
-    this.bucketCounts = new Int32Array(this.touched.length);
+  constructor(nBuckets: number, readonly kernel: Kernel | null = null) {
+    const touched = maxTouched(nBuckets);
+    this.counts = kernel ? kernel.counts : new Int32Array(nBuckets);
+    this.touched = kernel ? kernel.touched : new Int32Array(touched);
+    this.sorted = kernel ? kernel.sorted : new Int32Array(touched);
+    this.ids = kernel ? kernel.ids : new Int32Array(1 + touched + N_STATS);
+    this.vals = kernel ? kernel.vals : new Float64Array(this.ids.length);
+    this.lower = kernel ? kernel.lower : new Uint8Array(MAX_BYTES);
+    this.wordHi = kernel ? kernel.wordHi : new Uint32Array(MAX_BYTES / 2 + 1);
+    this.wordLo = kernel ? kernel.wordLo : new Uint32Array(MAX_BYTES / 2 + 1);
+    this.bucketCounts = kernel ? kernel.bucketCounts : new Int32Array(touched);
     const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
     this.radixPasses = Math.ceil(bits / 8);
     this.radixBits = Math.ceil(bits / this.radixPasses);
@@ -145,6 +166,14 @@ export class Scratch {
 /** 4.1-4.3 in one pass: class counts, every word hashed into the scratch (s.nWords,
  * s.wordChars), and with `lower` the lower-cased bytes (char n-grams read them). */
 function words(cut: Uint8Array, s: Scratch, lower: boolean): void {
+  const k = s.kernel;
+  if (k) {
+    s.nWords = k.words(cut, lower);
+    s.wordChars = k.wordChars;
+    s.digitUpper = k.digitUpper;
+    s.punctCode = k.punctCode;
+    return;
+  }
   const low = s.lower, wh = s.wordHi, wl = s.wordLo, len = cut.length;
   let n = 0, chars = 0, start = -1, digitUpper = 0, punctCode = 0;
   for (let i = 0; i <= len; i++) {
@@ -190,6 +219,7 @@ function count(s: Scratch, b: number, nTouched: number): number {
 
 /** 4.4-4.5: every n-gram key's bucket, counted; returns the number of distinct buckets. */
 function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: number): number {
+  if (s.kernel) return s.kernel.buckets(nWords, cutLength);
   const mask = spec.nBuckets - 1;
   let t = 0;
   const wh = s.wordHi, wl = s.wordLo;
@@ -263,34 +293,20 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
   return out;
 }
 
-/** One request through 3.1 to 4.8. With `keep`, every layer is the request's own; without,
- * the bytes, words, buckets, statistics and row are views of the scratch, good until its next
- * request. */
-export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
-  s: Scratch, keep = false): FeatureLayers {
-  const text = promptBytes(prompt, s.bytes, keep);
-  words(text.cut, s, spec.charNgrams.length > 0);
-  const nWords = s.nWords, wordChars = s.wordChars;
-  const nt = buckets(spec, s, nWords, text.cut.length);
+/** 4.5-4.6: the touched buckets in ascending order (the row's order, 4.8), their counts into
+ * s.bucketCounts (clearing the counters), their ids and L2-normalised tf-idf values into the
+ * row from index `head`. */
+function textRow(spec: FeatureSpec, s: Scratch, nt: number, head: number): Int32Array {
+  if (s.kernel) return s.kernel.row(nt, head);
   const touched = sortTouched(s, nt);
-  const st = stats(spec, text, s, nWords, wordChars, keep ? new Float64Array(N_STATS) : s.stats);
-  const pos = suitePosition(spec, suite);
-  const head = pos >= 0 ? 1 : 0;
+  const { ids, vals, bucketCounts } = s;
   const nS = spec.suites.length;
-  const size = head + nt + N_STATS;
-  const ids = keep ? new Int32Array(size) : s.ids.subarray(0, size);
-  const vals = keep ? new Float64Array(size) : s.vals.subarray(0, size);
-  if (head) {
-    ids[0] = pos;
-    vals[0] = 1;
-  }
-  const counts = keep ? new Int32Array(nt) : s.bucketCounts.subarray(0, nt);
   let sq = 0;
   for (let i = 0; i < nt; i++) {
     const b = touched[i];
     const c = s.counts[b];
     s.counts[b] = 0;
-    counts[i] = c;
+    bucketCounts[i] = c;
     let x = ln1pCount(c);
     if (spec.idf) x = x * spec.idf[b];
     ids[head + i] = nS + b;
@@ -299,17 +315,38 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
   }
   const norm = Math.sqrt(sq);
   if (norm > 0) for (let i = 0; i < nt; i++) vals[head + i] = vals[head + i] / norm;
-  const base = nS + spec.nBuckets;
+  return touched;
+}
+
+/** One request through 3.1 to 4.8. Every layer is a view of the scratch, good until its next
+ * request, unless `keep` asks for copies. */
+export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
+  s: Scratch, keep = false): FeatureLayers {
+  const text = promptBytes(prompt, s.bytes, keep);
+  words(text.cut, s, spec.charNgrams.length > 0);
+  const nWords = s.nWords, wordChars = s.wordChars;
+  const nt = buckets(spec, s, nWords, text.cut.length);
+  const pos = suitePosition(spec, suite);
+  const head = pos >= 0 ? 1 : 0;
+  const touched = textRow(spec, s, nt, head);
+  const st = stats(spec, text, s, nWords, wordChars, s.stats);
+  const size = head + nt + N_STATS;
+  const ids = s.ids.subarray(0, size), vals = s.vals.subarray(0, size);
+  if (head) {
+    ids[0] = pos;
+    vals[0] = 1;
+  }
+  const base = spec.suites.length + spec.nBuckets;
   for (let i = 0; i < N_STATS; i++) {
     ids[head + nt + i] = base + i;
     vals[head + nt + i] = st[i];
   }
+  const own = <T extends Int32Array | Uint32Array | Float64Array>(a: T): T => (keep ? a.slice() as T : a);
+  const row = own(vals);
   return {
-    text, suitePos: pos, ids, vals, stats: st, wordChars,
-    wordHi: keep ? s.wordHi.slice(0, nWords) : s.wordHi.subarray(0, nWords),
-    wordLo: keep ? s.wordLo.slice(0, nWords) : s.wordLo.subarray(0, nWords),
-    buckets: keep ? touched.slice() : touched,
-    counts,
-    textValues: vals.subarray(head, head + nt),
+    text, suitePos: pos, ids: own(ids), vals: row, stats: own(st), wordChars,
+    wordHi: own(s.wordHi.subarray(0, nWords)), wordLo: own(s.wordLo.subarray(0, nWords)),
+    buckets: own(touched), counts: own(s.bucketCounts.subarray(0, nt)),
+    textValues: row.subarray(head, head + nt),
   };
 }

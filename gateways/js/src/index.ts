@@ -23,5 +23,7 @@ export type { ConformanceReport } from "./conformance.js";
 export { VerificationError } from "./verification.js";
 export { FormatError } from "./container.js";
 export { blake2b, ENGINE as BLAKE2B_ENGINE } from "./blake2b.js";
+export { ENGINE as KERNEL_ENGINE } from "./kernel.js";
+export type { Engine } from "./kernel.js";
 export { attributesFor, DECISION_SPAN, formatTraceparent, parentContext, parseTraceparent, recordDecision } from "./tracing.js";
 export type { Attributes, DecisionFacts, Span, SpanContext, SpanOptions, Traced, Tracer, TracingOptions } from "./tracing.js";

@@ -6,7 +6,8 @@
 import { costs, calibrate, CostArrays } from "./calibration.js";
 import { FormatError, need, readContainer, Tensor } from "./container.js";
 import { decidePoint } from "./decision.js";
-import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureLayers } from "./features.js";
+import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureKernel, featureLayers } from "./features.js";
+import type { Engine, Kernel } from "./kernel.js";
 import { Knob, mixingDraw, parseKnob, pointFor } from "./knob.js";
 import { LinearScorer, Scorer, TreeScorer } from "./scorer.js";
 
@@ -51,8 +52,9 @@ export class Policy {
     readonly knob: Knob,
     readonly qualityTarget: number,
     readonly referenceModel: string,
+    kernel: Kernel | null = null,
   ) {
-    this.scratch = new Scratch(spec.nBuckets);
+    this.scratch = new Scratch(spec.nBuckets, kernel);
     this.z = new Float64Array(candidates.length);
     this.p = new Float64Array(candidates.length);
     this.c = new Float64Array(candidates.length);
@@ -140,7 +142,11 @@ function readSpec(head: Json, t: Map<string, Tensor>): FeatureSpec {
   };
 }
 
-function readScorer(head: Json, t: Map<string, Tensor>, k: number, s: number, nFeatures: number): [Scorer, number] {
+/** The scorer, its topics, and the kernel that runs the policy's hot loops (null where
+ * WebAssembly is not compiled or `engine` is "javascript"). */
+function readScorer(head: Json, t: Map<string, Tensor>, spec: FeatureSpec, k: number, nFeatures: number,
+  engine?: Engine): [Scorer, number, Kernel | null] {
+  const s = spec.suites.length;
   const sc = field<Json>(head, "scorer", (v) => typeof v === "object" && v !== null, "an object");
   const where = ARRAYS;
   if (sc["kind"] === "difficulty-linear") {
@@ -149,13 +155,14 @@ function readScorer(head: Json, t: Map<string, Tensor>, k: number, s: number, nF
     const f64 = (name: string, shape: number[]) => need(t, name, ["F64"], shape, where) as Float64Array;
     const weights = need(t, "scorer.weights", ["F32", "F64"], [nFeatures, k + 1 + rank], where) as Float32Array | Float64Array;
     finite(weights, "scorer.weights");
+    const kernel = featureKernel(spec, weights, k + 1 + rank, engine);
     const scorer = new LinearScorer({
       weights, bias: f64("scorer.bias", [k]), slopes: f64("scorer.slopes", [s + 1, k]),
       difficultyBias: field<number>(sc, "difficulty_bias", isNum, "a number"),
       centroids: g ? f64("scorer.centroids", [g, rank]) : null, topicBias: g ? f64("scorer.topic_bias", [g, k]) : null,
       topicSlopes: g ? f64("scorer.topic_slopes", [g, k]) : null, topicDifficulty: g ? f64("scorer.topic_difficulty", [g]) : null,
-    }, k, s, rank, g);
-    return [scorer, g];
+    }, k, s, rank, g, kernel);
+    return [scorer, g, kernel];
   }
   if (sc["kind"] === "trees") {
     if (sc["n_features"] !== nFeatures) throw new FormatError(`policy.json: scorer.n_features ${sc["n_features"]} != ${nFeatures}`);
@@ -169,13 +176,15 @@ function readScorer(head: Json, t: Map<string, Tensor>, k: number, s: number, nF
       leafStart: i32("leaf_start"), treeStart: i32("tree_start"),
       constant: need(t, "scorer.constant", ["F64"], [k], where) as Float64Array,
       hasTrees: need(t, "scorer.has_trees", ["U8"], [k], where) as Uint8Array,
-    }, k, nFeatures), 0];
+    }, k, nFeatures), 0, featureKernel(spec, null, 0, engine)];
   }
   throw new FormatError(`policy.json: unknown scorer kind ${JSON.stringify(sc["kind"])}; this runtime reads "difficulty-linear" and "trees"`);
 }
 
-/** Parse policy.json (bytes) and arrays.safetensors into a Policy; errors name file and field. */
-export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array): Policy {
+/** Parse policy.json (bytes) and arrays.safetensors into a Policy; errors name file and field.
+ * `engine` picks the hot loops' engine (kernel.ts; both give the same bits): WebAssembly where
+ * it compiles, unless told "javascript". */
+export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array, engine?: Engine): Policy {
   let head: Json;
   try {
     head = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(policyJson));
@@ -198,7 +207,7 @@ export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array): Policy {
   const spec = readSpec(head, tensors);
   const k = candidates.length, s = spec.suites.length;
   const nFeatures = s + spec.nBuckets + N_STATS;
-  const [scorer, topics] = readScorer(head, tensors, k, s, nFeatures);
+  const [scorer, topics, kernel] = readScorer(head, tensors, spec, k, nFeatures, engine);
   const costHead = field<Json>(head, "cost", (v) => typeof v === "object" && v !== null, "an object");
   const f64 = (name: string, shape: number[]) => need(tensors, name, ["F64"], shape, ARRAYS) as Float64Array;
   const cost: CostArrays = {
@@ -208,5 +217,5 @@ export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array): Policy {
   const platt = f64("calibration.platt", [2, k]);
   for (const [name, a] of [["calibration.platt", platt], ["cost.coef", cost.coef], ["cost.floor", cost.floor]] as const) finite(a, name);
   return new Policy(candidates, spec, scorer, platt, cost, parseKnob(head["knob"], k),
-    field<number>(head, "quality_target", isNum, "a number"), String(head["reference_model"] ?? ""));
+    field<number>(head, "quality_target", isNum, "a number"), String(head["reference_model"] ?? ""), kernel);
 }

@@ -7,6 +7,7 @@
  */
 
 import { FormatError } from "./container.js";
+import type { Kernel } from "./kernel.js";
 
 export interface Scorer {
   /** Fills z (K logits) and returns the topic (-1 without topics). */
@@ -25,8 +26,9 @@ export interface LinearArrays {
 }
 
 /** r[j] = the ordered sum over the row of vals[e] * w[ids[e], j] (5.1), four columns at a
- * time so their partial sums stay in registers; each column is still summed in row order. */
-function rowSums(w: Float32Array | Float64Array, c: number, ids: Int32Array, vals: Float64Array, r: Float64Array): void {
+ * time so their partial sums stay in registers; each column is still summed in row order.
+ * (Kernel.rowSums is this loop in WebAssembly.) */
+export function rowSums(w: Float32Array | Float64Array, c: number, ids: Int32Array, vals: Float64Array, r: Float64Array): void {
   const n = ids.length;
   if (n === 0) {
     r.fill(0);
@@ -57,10 +59,11 @@ export class LinearScorer implements Scorer {
   private readonly r: Float64Array;
   private readonly halfNorms: Float64Array;
 
+  /** With a kernel (holding a copy of the weights), the row sums run in WebAssembly. */
   constructor(private readonly a: LinearArrays, private readonly k: number, private readonly nSuites: number,
-    private readonly rank: number, private readonly topics: number) {
+    private readonly rank: number, private readonly topics: number, private readonly kernel: Kernel | null = null) {
     this.c = k + 1 + rank;
-    this.r = new Float64Array(this.c);
+    this.r = kernel ? kernel.r : new Float64Array(this.c);
     this.halfNorms = new Float64Array(topics);
     for (let g = 0; g < topics; g++) {
       let s = 0;
@@ -74,7 +77,8 @@ export class LinearScorer implements Scorer {
 
   score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number {
     const { a, c, k, r } = this;
-    rowSums(a.weights, c, ids, vals, r);
+    if (this.kernel) this.kernel.rowSums(ids, vals);
+    else rowSums(a.weights, c, ids, vals, r);
     const sp = suitePos >= 0 ? suitePos : this.nSuites;
     let d = r[k] + a.difficultyBias;
     let g = -1;

@@ -2,26 +2,47 @@
 // differs (here: arrays changed under it) is told the first step that differs.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { checkVectors, conformanceSummary, readPolicy } from "../dist/index.js";
-import { NO_FIXTURES, patchTensor, policyFiles, policyNames } from "./helpers.mjs";
+import { checkVectors, conformanceSummary, KERNEL_ENGINE, readPolicy } from "../dist/index.js";
+import { NO_FIXTURES, patchTensor, policyFiles, policyNames, widenTensor } from "./helpers.mjs";
 
 const names = policyNames();
-const load = (files) => readPolicy(files["policy.json"], files["arrays.safetensors"]);
+const load = (files, engine) => readPolicy(files["policy.json"], files["arrays.safetensors"], engine);
 
 test("fixtures exist", { skip: NO_FIXTURES }, () => assert.ok(names.length >= 2, names.join(",")));
 
-for (const name of names) {
-  test(`${name}: every layer of the conformance vectors agrees, bit for bit`, { skip: NO_FIXTURES }, async () => {
-    const files = policyFiles(name);
-    const report = await checkVectors(load(files), files["conformance.safetensors"]);
-    assert.ok(report.ok, conformanceSummary(report));
-    assert.ok(report.requests >= 2000);
-    assert.equal(report.maxRelativeError, 0);
-    assert.ok(Object.values(report.mismatches).every((v) => v === 0));
-  });
+test("Node compiles the features' and scorer's WebAssembly loops, and policies use them", () => {
+  assert.equal(KERNEL_ENGINE, "webassembly");
+});
+
+// Each engine of the hot loops (kernel.ts) on its own: WebAssembly, Node's default, and
+// JavaScript, what workerd runs
+for (const engine of ["webassembly", "javascript"]) {
+  for (const name of names) {
+    test(`${name}, ${engine} loops: every layer of the conformance vectors agrees, bit for bit`, { skip: NO_FIXTURES }, async () => {
+      const files = policyFiles(name);
+      const report = await checkVectors(load(files, engine), files["conformance.safetensors"]);
+      assert.ok(report.ok, conformanceSummary(report));
+      assert.ok(report.requests >= 2000);
+      assert.equal(report.maxRelativeError, 0);
+      assert.ok(Object.values(report.mismatches).every((v) => v === 0));
+    });
+  }
 }
 
 const first = names.find((n) => n.startsWith("demo-linear"));
+
+test("F64 weights (the published F32 ones, widened) meet the same vectors in both engines", { skip: NO_FIXTURES || !first }, async () => {
+  const files = policyFiles(first);
+  const arrays = widenTensor(files["arrays.safetensors"], "scorer.weights");
+  for (const engine of ["webassembly", "javascript"]) {
+    const report = await checkVectors(load({ ...files, "arrays.safetensors": arrays }, engine), files["conformance.safetensors"]);
+    assert.ok(report.ok, `${engine}: ${conformanceSummary(report)}`);
+  }
+  // and a changed weight in them is caught
+  const changed = patchTensor(arrays, "scorer.weights", (a) => { a[a.length - 7] += 0.5; });
+  const report = await checkVectors(load({ ...files, "arrays.safetensors": changed }), files["conformance.safetensors"]);
+  assert.ok(!report.ok && report.first.startsWith("step scores"), report.first);
+});
 
 test("changed arrays are caught at the step they change", { skip: NO_FIXTURES || !first }, async () => {
   const files = policyFiles(first);
@@ -33,9 +54,11 @@ test("changed arrays are caught at the step they change", { skip: NO_FIXTURES ||
     ["cost.floor", (a) => { for (let i = 0; i < a.length; i++) a[i] = a[i] * 3 + 1; }, "step cost"],
   ];
   for (const [tensor, change, step] of cases) {
-    const policy = load({ ...files, "arrays.safetensors": patchTensor(files["arrays.safetensors"], tensor, change) });
-    const report = await checkVectors(policy, vectors);
-    assert.ok(!report.ok && report.first.startsWith(step), `${tensor}: ${report.first}`);
+    for (const engine of ["webassembly", "javascript"]) {
+      const policy = load({ ...files, "arrays.safetensors": patchTensor(files["arrays.safetensors"], tensor, change) }, engine);
+      const report = await checkVectors(policy, vectors);
+      assert.ok(!report.ok && report.first.startsWith(step), `${tensor}, ${engine}: ${report.first}`);
+    }
   }
 });
 

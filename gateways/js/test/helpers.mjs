@@ -46,3 +46,42 @@ export function patchTensor(bytes, name, fn) {
   out.set(copy, start);
   return out;
 }
+
+/** The container with tensor `name` (F32) stored as F64, the same numbers widened exactly:
+ * tensors are laid out by element size, largest first, so each stays aligned. */
+export function widenTensor(bytes, name) {
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const size = dv.getUint32(0, true);
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + size)));
+  const SIZES = { F64: 8, I64: 8, U64: 8, F32: 4, I32: 4, U32: 4, I16: 2, U16: 2, I8: 1, U8: 1 };
+  const parts = [];
+  for (const [key, t] of Object.entries(header)) {
+    if (key === "__metadata__") continue;
+    let data = bytes.slice(8 + size + t.data_offsets[0], 8 + size + t.data_offsets[1]);
+    let dtype = t.dtype;
+    if (key === name) {
+      if (dtype !== "F32") throw new Error(`${name} is ${dtype}, not F32`);
+      data = new Uint8Array(Float64Array.from(new Float32Array(data.buffer)).buffer);
+      dtype = "F64";
+    }
+    parts.push({ key, dtype, shape: t.shape, data });
+  }
+  parts.sort((a, b) => SIZES[b.dtype] - SIZES[a.dtype]);
+  const out = { __metadata__: header.__metadata__ ?? {} };
+  let at = 0;
+  for (const p of parts) {
+    out[p.key] = { dtype: p.dtype, shape: p.shape, data_offsets: [at, at + p.data.length] };
+    at += p.data.length;
+  }
+  let head = new TextEncoder().encode(JSON.stringify(out));
+  head = Uint8Array.from([...head, ...new Array((8 - (head.length % 8)) % 8).fill(0x20)]);
+  const result = new Uint8Array(8 + head.length + at);
+  new DataView(result.buffer).setUint32(0, head.length, true);
+  result.set(head, 8);
+  let pos = 8 + head.length;
+  for (const p of parts) {
+    result.set(p.data, pos);
+    pos += p.data.length;
+  }
+  return result;
+}

@@ -1,7 +1,7 @@
 // A Cloudflare-style worker (run by workerd through miniflare): no file system, only fetch and
 // WebCrypto. It loads the policy from the registry URL in its environment, verifies and
 // self-checks it, and routes the prompts it is sent.
-import { Router, Gateway, MemoryLog, BLAKE2B_ENGINE } from "../../dist/index.js";
+import { Router, Gateway, MemoryLog, BLAKE2B_ENGINE, KERNEL_ENGINE } from "../../dist/index.js";
 
 let router = null;
 
@@ -20,6 +20,7 @@ export default {
     return Response.json({
       decisions, status: router.status(), loadMs: Date.now() - started,
       environment: { process: typeof process, require: typeof require, fs: typeof globalThis.Deno }, blake2b: BLAKE2B_ENGINE,
+      kernel: KERNEL_ENGINE,
     });
   },
 };

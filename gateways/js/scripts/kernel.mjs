@@ -1,0 +1,272 @@
+// The hot loops of sections 4 and 5 in WebAssembly text, for src/kernel.ts (scripts/wasm.mjs
+// assembles it). Each function is the JavaScript loop of src/features.ts or src/scorer.ts that
+// it replaces, step for step, so the two engines give the same bits:
+//
+//  - `words` and `buckets` (4.1-4.5): 64-bit keys are one i64 each, so the word hash's Horner
+//    step, the bigram key and mix() are a multiply and an add instead of 16-bit limbs;
+//  - `row` (4.5-4.6): the touched buckets sorted, their tf-idf values and the L2 norm (ln1p of
+//    a count from a table JavaScript fills with its own ln1p, or from that function itself);
+//  - `rowsums32`, `rowsums64` (5.1): each column's ordered sum over the row, two columns per
+//    f64x2 lane pair. Every product is an f64 multiply of the value by the weight (an f32 weight
+//    widened exactly), every sum an f64 add in row order, the first term the first product, as in
+//    JavaScript: SIMD changes how many columns one instruction serves, not any column's rounding
+//    (WebAssembly has no fused multiply-add outside relaxed SIMD, which this does not use).
+//
+// The module owns no layout: JavaScript passes every buffer's address. The byte tables live at
+// fixed addresses (TABLES below), written once per instance by src/kernel.ts.
+
+/** Where src/kernel.ts writes the byte tables (4.1, 4.2) and where `words` leaves its counts. */
+export const TABLES = { cls: 0, lower: 256, digitUpper: 512, punctCode: 1536, out: 2560, end: 2576 };
+
+const ALNUM = 16;
+const P = "0x100000001b3"; // 2^40 + 435
+const SALT = "0x538454127b096493", MIX1 = "0xff51afd7ed558ccd", MIX2 = "0xc4ceb9fe1a85ec53";
+
+/** mix(k) & mask (4.5) as an i32 expression over the i64 expression k (clobbers $k). */
+const bucket = (k) => `(local.set $k (i64.xor ${k} (i64.const ${SALT})))
+      (local.set $k (i64.mul (i64.xor (local.get $k) (i64.shr_u (local.get $k) (i64.const 33))) (i64.const ${MIX1})))
+      (local.set $k (i64.mul (i64.xor (local.get $k) (i64.shr_u (local.get $k) (i64.const 33))) (i64.const ${MIX2})))
+      (i32.and (i32.wrap_i64 (i64.xor (local.get $k) (i64.shr_u (local.get $k) (i64.const 33)))) (local.get $mask))`;
+
+/** Count bucket b (an i32 expression) and note it when first touched. */
+const count = (b) => `(local.set $b ${b})
+      (local.set $at (i32.add (local.get $counts) (i32.shl (local.get $b) (i32.const 2))))
+      (local.set $c (i32.load (local.get $at)))
+      (i32.store (local.get $at) (i32.add (local.get $c) (i32.const 1)))
+      (if (i32.eqz (local.get $c)) (then
+        (i32.store (i32.add (local.get $touched) (i32.shl (local.get $t) (i32.const 2))) (local.get $b))
+        (local.set $t (i32.add (local.get $t) (i32.const 1)))))`;
+
+/** 4.1-4.3: class counts, word hashes (high and low halves in two u32 arrays), the lower-cased
+ * bytes when $low is not 0; returns the number of words and leaves the word characters and the
+ * packed class counts at TABLES.out. */
+const words = `(func (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $wh i32) (param $wl i32) (result i32)
+    (local $i i32) (local $b i32) (local $alnum i32) (local $start i32) (local $j i32) (local $n i32)
+    (local $chars i32) (local $du i32) (local $pc i32) (local $h i64)
+    (local.set $start (i32.const -1))
+    (block $done (loop $next
+      (br_if $done (i32.gt_u (local.get $i) (local.get $len)))
+      (local.set $alnum (i32.const 0))
+      (if (i32.lt_u (local.get $i) (local.get $len)) (then
+        (local.set $b (i32.load8_u (i32.add (local.get $cut) (local.get $i))))
+        (local.set $du (i32.add (local.get $du) (i32.load offset=${TABLES.digitUpper} (i32.shl (local.get $b) (i32.const 2)))))
+        (local.set $pc (i32.add (local.get $pc) (i32.load offset=${TABLES.punctCode} (i32.shl (local.get $b) (i32.const 2)))))
+        (if (local.get $low) (then
+          (i32.store8 (i32.add (local.get $low) (local.get $i)) (i32.load8_u offset=${TABLES.lower} (local.get $b)))))
+        (local.set $alnum (i32.and (i32.load8_u offset=${TABLES.cls} (local.get $b)) (i32.const ${ALNUM})))))
+      (block $word
+        (if (local.get $alnum) (then
+          (if (i32.lt_s (local.get $start) (i32.const 0)) (then (local.set $start (local.get $i))))
+          (br $word)))
+        (br_if $word (i32.lt_s (local.get $start) (i32.const 0)))
+        ;; Horner from the last byte: h = h P + lower(b)
+        (local.set $h (i64.const 0))
+        (local.set $j (local.get $i))
+        (block $hashed (loop $byte
+          (br_if $hashed (i32.le_s (local.get $j) (local.get $start)))
+          (local.set $j (i32.sub (local.get $j) (i32.const 1)))
+          (local.set $h (i64.add (i64.mul (local.get $h) (i64.const ${P}))
+            (i64.extend_i32_u (i32.load8_u offset=${TABLES.lower} (i32.load8_u (i32.add (local.get $cut) (local.get $j)))))))
+          (br $byte)))
+        (i32.store (i32.add (local.get $wh) (i32.shl (local.get $n) (i32.const 2))) (i32.wrap_i64 (i64.shr_u (local.get $h) (i64.const 32))))
+        (i32.store (i32.add (local.get $wl) (i32.shl (local.get $n) (i32.const 2))) (i32.wrap_i64 (local.get $h)))
+        (local.set $n (i32.add (local.get $n) (i32.const 1)))
+        (local.set $chars (i32.add (local.get $chars) (i32.sub (local.get $i) (local.get $start))))
+        (local.set $start (i32.const -1)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (i32.store offset=${TABLES.out} (i32.const 0) (local.get $chars))
+    (i32.store offset=${TABLES.out + 4} (i32.const 0) (local.get $du))
+    (i32.store offset=${TABLES.out + 8} (i32.const 0) (local.get $pc))
+    (local.get $n))`;
+
+/** The word key at index $w (hi at $wh, lo at $wl) as an i64 expression. */
+const wordKey = (w) => `(i64.or (i64.shl (i64.extend_i32_u (i32.load (i32.add (local.get $wh) (i32.shl ${w} (i32.const 2))))) (i64.const 32))
+        (i64.extend_i32_u (i32.load (i32.add (local.get $wl) (i32.shl ${w} (i32.const 2))))))`;
+
+/** 4.4-4.5: every key's bucket counted in $counts, first touches listed in $touched; the char
+ * n-gram lengths are $nGrams bytes at $grams. Returns the number of distinct buckets. */
+const buckets = `(func (export "buckets") (param $nWords i32) (param $wh i32) (param $wl i32) (param $bigrams i32)
+    (param $low i32) (param $len i32) (param $grams i32) (param $nGrams i32) (param $mask i32)
+    (param $counts i32) (param $touched i32) (result i32)
+    (local $w i32) (local $k i64) (local $b i32) (local $at i32) (local $c i32) (local $t i32)
+    (local $g i32) (local $n i32) (local $i i32) (local $j i32) (local $key i64)
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $w) (local.get $nWords)))
+      ${count(bucket(`(i64.add ${wordKey("(local.get $w)")} (i64.const 1))`))}
+      (local.set $w (i32.add (local.get $w) (i32.const 1)))
+      (br $next)))
+    (if (local.get $bigrams) (then
+      (local.set $w (i32.const 1))
+      (block $done (loop $next
+        (br_if $done (i32.ge_u (local.get $w) (local.get $nWords)))
+        ${count(bucket(`(i64.add (i64.add (i64.mul ${wordKey("(i32.sub (local.get $w) (i32.const 1))")} (i64.const ${P})) ${wordKey("(local.get $w)")}) (i64.const 2))`))}
+        (local.set $w (i32.add (local.get $w) (i32.const 1)))
+        (br $next)))))
+    (block $gramsDone (loop $gram
+      (br_if $gramsDone (i32.ge_u (local.get $g) (local.get $nGrams)))
+      (local.set $n (i32.load8_u (i32.add (local.get $grams) (local.get $g))))
+      (local.set $i (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.gt_u (i32.add (local.get $i) (local.get $n)) (local.get $len)))
+        ;; the n bytes little-endian in the key's low bytes, n in its top byte's low bits (4.4)
+        (local.set $key (i64.shl (i64.extend_i32_u (local.get $n)) (i64.const 56)))
+        (local.set $j (i32.const 0))
+        (block $read (loop $byte
+          (br_if $read (i32.ge_u (local.get $j) (local.get $n)))
+          (local.set $key (i64.or (local.get $key) (i64.shl
+            (i64.extend_i32_u (i32.load8_u (i32.add (local.get $low) (i32.add (local.get $i) (local.get $j)))))
+            (i64.extend_i32_u (i32.shl (local.get $j) (i32.const 3))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br $byte)))
+        ${count(bucket("(local.get $key)"))}
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+      (local.set $g (i32.add (local.get $g) (i32.const 1)))
+      (br $gram)))
+    (local.get $t))`;
+
+/** 4.5-4.6 after `buckets`: the $nt touched buckets sorted ascending (an LSD radix sort, $bits
+ * of the id per pass, as features.ts sorts), then each one's count read (and its counter
+ * cleared) into $bc, its tf-idf value ln1p(count) (the table at $tf below 4096, the imported
+ * ln1p above) times idf (at $idf, when not 0) into $vals with its id $nS + b into $ids, and the
+ * values divided by their L2 norm. Returns 1 when the sorted ids ended in $sorted, else 0. */
+const row = `(func (export "row") (param $nt i32) (param $counts i32) (param $touched i32) (param $sorted i32)
+    (param $digits i32) (param $bits i32) (param $passes i32) (param $tf i32) (param $idf i32) (param $bc i32)
+    (param $ids i32) (param $vals i32) (param $nS i32) (result i32)
+    (local $from i32) (local $to i32) (local $swap i32) (local $pass i32) (local $shift i32) (local $mask i32)
+    (local $nd i32) (local $i i32) (local $d i32) (local $at i32) (local $c i32) (local $b i32) (local $p i32)
+    (local $x f64) (local $sq f64) (local $norm f64)
+    (local.set $from (local.get $touched))
+    (local.set $to (local.get $sorted))
+    (local.set $nd (i32.shl (i32.const 1) (local.get $bits)))
+    (local.set $mask (i32.sub (local.get $nd) (i32.const 1)))
+    (block $sortedAll (loop $onePass
+      (br_if $sortedAll (i32.ge_u (local.get $pass) (local.get $passes)))
+      (memory.fill (local.get $digits) (i32.const 0) (i32.shl (local.get $nd) (i32.const 2)))
+      (local.set $i (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (local.get $nt)))
+        (local.set $at (i32.add (local.get $digits) (i32.shl (i32.and (i32.shr_u
+          (i32.load (i32.add (local.get $from) (i32.shl (local.get $i) (i32.const 2)))) (local.get $shift)) (local.get $mask)) (i32.const 2))))
+        (i32.store (local.get $at) (i32.add (i32.load (local.get $at)) (i32.const 1)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+      (local.set $d (i32.const 0))
+      (local.set $p (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.ge_u (local.get $d) (local.get $nd)))
+        (local.set $at (i32.add (local.get $digits) (i32.shl (local.get $d) (i32.const 2))))
+        (local.set $c (i32.load (local.get $at)))
+        (i32.store (local.get $at) (local.get $p))
+        (local.set $p (i32.add (local.get $p) (local.get $c)))
+        (local.set $d (i32.add (local.get $d) (i32.const 1)))
+        (br $next)))
+      (local.set $i (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (local.get $nt)))
+        (local.set $b (i32.load (i32.add (local.get $from) (i32.shl (local.get $i) (i32.const 2)))))
+        (local.set $at (i32.add (local.get $digits) (i32.shl (i32.and (i32.shr_u (local.get $b) (local.get $shift)) (local.get $mask)) (i32.const 2))))
+        (local.set $p (i32.load (local.get $at)))
+        (i32.store (i32.add (local.get $to) (i32.shl (local.get $p) (i32.const 2))) (local.get $b))
+        (i32.store (local.get $at) (i32.add (local.get $p) (i32.const 1)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+      (local.set $swap (local.get $from))
+      (local.set $from (local.get $to))
+      (local.set $to (local.get $swap))
+      (local.set $shift (i32.add (local.get $shift) (local.get $bits)))
+      (local.set $pass (i32.add (local.get $pass) (i32.const 1)))
+      (br $onePass)))
+    (local.set $i (i32.const 0))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (local.get $nt)))
+      (local.set $b (i32.load (i32.add (local.get $from) (i32.shl (local.get $i) (i32.const 2)))))
+      (local.set $at (i32.add (local.get $counts) (i32.shl (local.get $b) (i32.const 2))))
+      (local.set $c (i32.load (local.get $at)))
+      (i32.store (local.get $at) (i32.const 0))
+      (i32.store (i32.add (local.get $bc) (i32.shl (local.get $i) (i32.const 2))) (local.get $c))
+      (local.set $x (if (result f64) (i32.lt_u (local.get $c) (i32.const 4096))
+        (then (f64.load (i32.add (local.get $tf) (i32.shl (local.get $c) (i32.const 3)))))
+        (else (call $ln1p (f64.convert_i32_u (local.get $c))))))
+      (if (local.get $idf) (then
+        (local.set $x (f64.mul (local.get $x) (f64.load (i32.add (local.get $idf) (i32.shl (local.get $b) (i32.const 3))))))))
+      (i32.store (i32.add (local.get $ids) (i32.shl (local.get $i) (i32.const 2))) (i32.add (local.get $nS) (local.get $b)))
+      (f64.store (i32.add (local.get $vals) (i32.shl (local.get $i) (i32.const 3))) (local.get $x))
+      (local.set $sq (if (result f64) (i32.eqz (local.get $i))
+        (then (f64.mul (local.get $x) (local.get $x)))
+        (else (f64.add (local.get $sq) (f64.mul (local.get $x) (local.get $x))))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (local.set $norm (f64.sqrt (local.get $sq)))
+    (if (f64.gt (local.get $norm) (f64.const 0)) (then
+      (local.set $i (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (local.get $nt)))
+        (local.set $at (i32.add (local.get $vals) (i32.shl (local.get $i) (i32.const 3))))
+        (f64.store (local.get $at) (f64.div (f64.load (local.get $at)) (local.get $norm)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))))
+    (i32.eq (local.get $from) (local.get $sorted)))`;
+
+/** 5.1's row sums for f32 (bytes 4) or f64 (bytes 8) weights: r[j] for every column j of the
+ * (F, c) weights at $w, over the n entries (ids at $ids, values at $vals), into $r. Columns go
+ * in groups of 16, 8, 4 and 2 (one f64x2 accumulator per pair), then one at a time. */
+function rowsums(name, bytes) {
+  const load2 = (addr, off) => bytes === 4
+    ? `(f64x2.promote_low_f32x4 (v128.load64_zero offset=${off} ${addr}))`
+    : `(v128.load offset=${off} ${addr})`;
+  const rowAt = (e) => `(i32.add (local.get $w) (i32.mul (i32.add (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl ${e} (i32.const 2)))) (local.get $c)) (local.get $j)) (i32.const ${bytes})))`;
+  const value = (e) => `(f64.load (i32.add (local.get $vals) (i32.shl ${e} (i32.const 3))))`;
+  const groups = [16, 8, 4, 2].map((g) => {
+    const acc = Array.from({ length: g / 2 }, (_, i) => i);
+    return `(block $done${g} (loop $next${g}
+      (br_if $done${g} (i32.gt_u (i32.add (local.get $j) (i32.const ${g})) (local.get $c)))
+      (local.set $row ${rowAt("(i32.const 0)")})
+      (local.set $v (f64x2.splat ${value("(i32.const 0)")}))
+      ${acc.map((i) => `(local.set $a${i} (f64x2.mul (local.get $v) ${load2("(local.get $row)", i * 2 * bytes)}))`).join("\n      ")}
+      (local.set $e (i32.const 1))
+      (block $rowDone (loop $entry
+        (br_if $rowDone (i32.ge_u (local.get $e) (local.get $n)))
+        (local.set $row ${rowAt("(local.get $e)")})
+        (local.set $v (f64x2.splat ${value("(local.get $e)")}))
+        ${acc.map((i) => `(local.set $a${i} (f64x2.add (local.get $a${i}) (f64x2.mul (local.get $v) ${load2("(local.get $row)", i * 2 * bytes)})))`).join("\n        ")}
+        (local.set $e (i32.add (local.get $e) (i32.const 1)))
+        (br $entry)))
+      (local.set $out (i32.add (local.get $r) (i32.shl (local.get $j) (i32.const 3))))
+      ${acc.map((i) => `(v128.store offset=${i * 16} (local.get $out) (local.get $a${i}))`).join("\n      ")}
+      (local.set $j (i32.add (local.get $j) (i32.const ${g})))
+      (br $next${g})))`;
+  });
+  const loadOne = (addr) => bytes === 4 ? `(f64.promote_f32 (f32.load ${addr}))` : `(f64.load ${addr})`;
+  const locals = Array.from({ length: 8 }, (_, i) => `(local $a${i} v128)`).join(" ");
+  return `(func (export "${name}") (param $w i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
+    (local $j i32) (local $e i32) (local $row i32) (local $out i32) (local $v v128) (local $s f64) ${locals}
+    (if (i32.eqz (local.get $n)) (then
+      (memory.fill (local.get $r) (i32.const 0) (i32.shl (local.get $c) (i32.const 3)))
+      (return)))
+    ${groups.join("\n    ")}
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $j) (local.get $c)))
+      (local.set $s (f64.mul ${value("(i32.const 0)")} ${loadOne(rowAt("(i32.const 0)"))}))
+      (local.set $e (i32.const 1))
+      (block $rowDone (loop $entry
+        (br_if $rowDone (i32.ge_u (local.get $e) (local.get $n)))
+        (local.set $s (f64.add (local.get $s) (f64.mul ${value("(local.get $e)")} ${loadOne(rowAt("(local.get $e)"))})))
+        (local.set $e (i32.add (local.get $e) (i32.const 1)))
+        (br $entry)))
+      (f64.store (i32.add (local.get $r) (i32.shl (local.get $j) (i32.const 3))) (local.get $s))
+      (local.set $j (i32.add (local.get $j) (i32.const 1)))
+      (br $next)))`
+    + ")";
+}
+
+export const KERNEL_WAT = `(module
+  (import "js" "ln1p" (func $ln1p (param f64) (result f64)))
+  (memory (export "memory") 1)
+  ${words}
+  ${buckets}
+  ${row}
+  ${rowsums("rowsums32", 4)}
+  ${rowsums("rowsums64", 8)})
+`;

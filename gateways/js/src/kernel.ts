@@ -1,0 +1,189 @@
+/**
+ * The hot loops of sections 4 and 5 in WebAssembly: word hashing, bucketing and the linear
+ * scorer's row sums (scripts/kernel.mjs, assembled at build time).
+ *
+ * They are most of a decision's time in JavaScript, where a 64-bit key is two 32-bit halves
+ * and a multiply four 16-bit limbs, and each weight column one scalar multiply-add. WebAssembly
+ * has i64 and f64x2, and runs them at full speed from the first request (a policy's self-check
+ * runs before V8 has optimised any JavaScript). Each function mirrors the JavaScript loop it
+ * replaces step for step, so both engines give the same bits, and the conformance vectors are
+ * run on both (test/conformance.test.mjs). Where the platform will not compile WebAssembly from
+ * bytes (Cloudflare's workerd), `Kernel.create` returns null and the JavaScript loops run.
+ *
+ * One instance per policy: its memory holds the policy's weights and the scratch buffers of
+ * one request, whose typed-array views the feature code fills and reads in place.
+ */
+
+import { KERNEL_WASM } from "./kernel-wasm.js";
+import { ln1p } from "./numbers.js";
+
+/** The byte tables' and the counts' addresses (scripts/kernel.mjs TABLES). */
+const CLS = 0, LOWER = 256, DIGIT_UPPER = 512, PUNCT_CODE = 1536, OUT = 2560, TABLES_END = 4096;
+/** Counts below this take their ln1p from a table (numbers.ts caches the same range). */
+const TF_TABLE = 4096;
+
+export type Engine = "webassembly" | "javascript";
+
+const module: WebAssembly.Module | null = (() => {
+  try {
+    return new WebAssembly.Module(Uint8Array.from(atob(KERNEL_WASM), (c) => c.charCodeAt(0)));
+  } catch {
+    return null;
+  }
+})();
+
+/** The engine a policy's features and scorer use unless told otherwise. */
+export const ENGINE: Engine = module ? "webassembly" : "javascript";
+
+interface Exports {
+  memory: WebAssembly.Memory;
+  words(cut: number, len: number, low: number, wh: number, wl: number): number;
+  buckets(nWords: number, wh: number, wl: number, bigrams: number, low: number, len: number, grams: number,
+    nGrams: number, mask: number, counts: number, touched: number): number;
+  row(nt: number, counts: number, touched: number, sorted: number, digits: number, bits: number, passes: number,
+    tf: number, idf: number, bc: number, ids: number, vals: number, nS: number): number;
+  rowsums32(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
+  rowsums64(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
+}
+
+/** What a Kernel is sized for. */
+export interface KernelLayout {
+  nBuckets: number;
+  /** touched buckets per request at most */
+  maxTouched: number;
+  /** row entries at most */
+  maxRow: number;
+  maxBytes: number;
+  charNgrams: number[];
+  wordBigrams: boolean;
+  nSuites: number;
+  idf: Float64Array | null;
+  /** the linear scorer's (F, C) weights, or null */
+  weights: Float32Array | Float64Array | null;
+  columns: number;
+}
+
+/** Bump allocation in the instance's memory, 16-byte aligned. */
+class Arena {
+  at = TABLES_END;
+  take(bytes: number): number {
+    const p = this.at;
+    this.at += Math.ceil(bytes / 16) * 16;
+    return p;
+  }
+}
+
+export class Kernel {
+  readonly counts: Int32Array;
+  readonly touched: Int32Array;
+  readonly sorted: Int32Array;
+  readonly cut: Uint8Array;
+  readonly lower: Uint8Array;
+  readonly wordHi: Uint32Array;
+  readonly wordLo: Uint32Array;
+  readonly ids: Int32Array;
+  readonly vals: Float64Array;
+  readonly bucketCounts: Int32Array;
+  readonly r: Float64Array;
+  private readonly out: Int32Array;
+  private readonly grams: number;
+  private readonly tf: number;
+  private readonly idf: number;
+  private readonly digits: number;
+  private readonly radixBits: number;
+  private readonly radixPasses: number;
+
+  private constructor(private readonly x: Exports, private readonly layout: KernelLayout, private readonly weights: number,
+    a: Arena, buffer: ArrayBuffer) {
+    const { nBuckets, maxTouched, maxRow, maxBytes, columns } = layout;
+    const i32 = (n: number) => new Int32Array(buffer, a.take(4 * n), n);
+    this.counts = i32(nBuckets);
+    this.touched = i32(maxTouched);
+    this.sorted = i32(maxTouched);
+    this.cut = new Uint8Array(buffer, a.take(maxBytes), maxBytes);
+    this.lower = new Uint8Array(buffer, a.take(maxBytes), maxBytes);
+    this.wordHi = new Uint32Array(buffer, a.take(4 * (maxBytes / 2 + 1)), maxBytes / 2 + 1);
+    this.wordLo = new Uint32Array(buffer, a.take(4 * (maxBytes / 2 + 1)), maxBytes / 2 + 1);
+    this.ids = i32(maxRow);
+    this.vals = new Float64Array(buffer, a.take(8 * maxRow), maxRow);
+    this.bucketCounts = i32(maxTouched);
+    this.r = new Float64Array(buffer, a.take(8 * Math.max(columns, 1)), Math.max(columns, 1));
+    this.grams = a.take(layout.charNgrams.length);
+    new Uint8Array(buffer, this.grams, layout.charNgrams.length).set(layout.charNgrams);
+    this.tf = a.take(8 * TF_TABLE);
+    const tf = new Float64Array(buffer, this.tf, TF_TABLE);
+    for (let c = 0; c < TF_TABLE; c++) tf[c] = ln1p(c);
+    this.idf = layout.idf ? a.take(layout.idf.byteLength) : 0;
+    if (layout.idf) new Float64Array(buffer, this.idf, layout.idf.length).set(layout.idf);
+    const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
+    this.radixPasses = Math.ceil(bits / 8);
+    this.radixBits = Math.ceil(bits / this.radixPasses);
+    this.digits = a.take(4 << this.radixBits);
+    this.out = new Int32Array(buffer, OUT, 3);
+  }
+
+  /** A kernel for one policy, or null where WebAssembly is not compiled (or `engine` says not
+   * to use it). */
+  static create(layout: KernelLayout, tables: { cls: Uint8Array; lower: Uint8Array; digitUpper: Int32Array; punctCode: Int32Array },
+    engine: Engine = ENGINE): Kernel | null {
+    if (engine === "javascript" || !module) return null;
+    const x = new WebAssembly.Instance(module, { js: { ln1p } }).exports as unknown as Exports;
+    const a = new Arena();
+    const w = layout.weights;
+    const weights = w ? a.take(w.byteLength) : 0;
+    const sizes = [4 * layout.nBuckets, 12 * layout.maxTouched, 2 * layout.maxBytes, 8 * (layout.maxBytes / 2 + 1),
+      12 * layout.maxRow, 8 * Math.max(layout.columns, 1), layout.charNgrams.length, 8 * TF_TABLE,
+      8 * (layout.idf ? layout.idf.length : 0), 4 << 8];
+    const end = a.at + sizes.reduce((s, n) => s + Math.ceil(n / 16) * 16, 0);
+    const pages = Math.ceil(end / 65536) - x.memory.buffer.byteLength / 65536;
+    if (pages > 0) x.memory.grow(pages); // before any view: growing detaches the buffer
+    const buffer = x.memory.buffer;
+    new Uint8Array(buffer, CLS, 256).set(tables.cls);
+    new Uint8Array(buffer, LOWER, 256).set(tables.lower);
+    new Int32Array(buffer, DIGIT_UPPER, 256).set(tables.digitUpper);
+    new Int32Array(buffer, PUNCT_CODE, 256).set(tables.punctCode);
+    if (w) new Uint8Array(buffer, weights, w.byteLength).set(new Uint8Array(w.buffer, w.byteOffset, w.byteLength));
+    return new Kernel(x, layout, weights, a, buffer);
+  }
+
+  /** 4.1-4.3 on `cut` (copied in unless it is this kernel's): the number of words; word hashes
+   * in wordHi/wordLo, with `lower` the lower-cased bytes in `lower`. */
+  words(cut: Uint8Array, lower: boolean): number {
+    if (cut.buffer !== this.cut.buffer || cut.byteOffset !== this.cut.byteOffset) this.cut.set(cut);
+    return this.x.words(this.cut.byteOffset, cut.length, lower ? this.lower.byteOffset : 0,
+      this.wordHi.byteOffset, this.wordLo.byteOffset);
+  }
+
+  /** After `words`: the words' characters, and the class counts packed as features.ts packs them. */
+  get wordChars(): number { return this.out[0]; }
+  get digitUpper(): number { return this.out[1]; }
+  get punctCode(): number { return this.out[2]; }
+
+  /** 4.4-4.5 after `words`: the number of distinct buckets, listed in `touched`, counted in `counts`. */
+  buckets(nWords: number, cutLength: number): number {
+    const { layout: l } = this;
+    return this.x.buckets(nWords, this.wordHi.byteOffset, this.wordLo.byteOffset, l.wordBigrams ? 1 : 0,
+      this.lower.byteOffset, cutLength, this.grams, l.charNgrams.length, l.nBuckets - 1,
+      this.counts.byteOffset, this.touched.byteOffset);
+  }
+
+  /** 4.5-4.6 after `buckets`: the nt touched buckets in ascending order (a view of `touched` or
+   * `sorted`), their counts in `bucketCounts` (counters cleared), their ids and tf-idf values in
+   * `ids` and `vals` from index `head`. */
+  row(nt: number, head: number): Int32Array {
+    const inSorted = this.x.row(nt, this.counts.byteOffset, this.touched.byteOffset, this.sorted.byteOffset, this.digits,
+      this.radixBits, this.radixPasses, this.tf, this.idf, this.bucketCounts.byteOffset, this.ids.byteOffset + 4 * head,
+      this.vals.byteOffset + 8 * head, this.layout.nSuites);
+    return (inSorted ? this.sorted : this.touched).subarray(0, nt);
+  }
+
+  /** 5.1's row sums into `r` for a row of n entries (copied in unless they are this kernel's). */
+  rowSums(ids: Int32Array, vals: Float64Array): Float64Array {
+    const n = ids.length;
+    if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids);
+    if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals);
+    const sum = this.layout.weights instanceof Float32Array ? this.x.rowsums32 : this.x.rowsums64;
+    sum(this.weights, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
+    return this.r;
+  }
+}
