@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--sweep-start", type=float, default=8.0)
     ap.add_argument("--max-speed", type=float, default=1024.0)
     ap.add_argument("--sweep-steps", type=int, default=4)
+    ap.add_argument("--sweep-only", action="store_true", help="Skip the runs at --speeds: only the sweeps.")
     ap.add_argument("--keep", type=Path, default=None, help="Write the log and the JSON results here.")
     a = ap.parse_args()
     folder = a.keep or Path(tempfile.mkdtemp(prefix="replay-diurnal-"))
@@ -110,6 +111,8 @@ def main() -> None:
                                    (f"sweep{run}", ["--sweep-start", str(a.sweep_start), "--max-speed",
                                                     str(a.max_speed), "--sweep-steps", str(a.sweep_steps)],
                                     sweeps)):
+            if a.sweep_only and what.startswith("run"):
+                continue
             out = folder / f"{what}.json"
             cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
                    *speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
@@ -118,7 +121,8 @@ def main() -> None:
             subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
             into.append(json.loads(out.read_text()))
         print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}", flush=True)
-    report(results, a)
+    if results:
+        report(results, a)
     report_sweeps(sweeps)
 
 
@@ -158,6 +162,15 @@ def report_sweeps(sweeps: list[dict]) -> None:
     best = [r["highest_speed_meeting_slo"] for r in sweeps]
     tried = [[s["speed"] for s in r["speeds"]] for r in sweeps]
     print(f"sweep: speeds tried per run {tried}")
+    for i, r in enumerate(sweeps):
+        for s in r["speeds"]:
+            f = s["figures"]["*"]
+            late = (f["lateness_s"] or {}).get("p99")
+            rate = f["achieved_rps"] / f["offered_rps"] if f["achieved_rps"] and f["offered_rps"] else float("nan")
+            why = "meets" if f["meets_slo"] else ("generator-limited" if f["generator_limited"] else "SLO broken")
+            print(f"  run {i + 1} speed {s['speed']:>8g}: good {f['good_share'] or 0:.3f}, E2E p95 "
+                  f"{(f['e2e_s'] or {}).get('p95', float('nan')) * 1000:8.1f} ms, lateness p99 "
+                  f"{(late or float('nan')) * 1000:6.1f} ms, achieved/offered {rate:.3f}: {why}")
     print(f"sweep: SLO broken at speed, per run: {broke} (spread {spread(broke)}); highest speed meeting it, "
           f"per run: {best} (spread {spread(best)}); load average {os.getloadavg()[0]:.1f}")
 
