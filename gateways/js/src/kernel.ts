@@ -63,15 +63,42 @@ export interface KernelLayout {
   columns: number;
 }
 
-/** Bump allocation in the instance's memory, 16-byte aligned. */
-class Arena {
-  at = TABLES_END;
-  take(bytes: number): number {
-    const p = this.at;
-    this.at += Math.ceil(bytes / 16) * 16;
+/** Where a kernel's buffers lie in its memory, in one pass (16-byte aligned), so the memory is
+ * grown to `end` once before any view is made: growing detaches the views. */
+function plan(layout: KernelLayout) {
+  let at = TABLES_END;
+  const take = (bytes: number): number => {
+    const p = at;
+    at += Math.ceil(bytes / 16) * 16;
     return p;
-  }
+  };
+  const { nBuckets, maxTouched, maxRow, maxBytes, columns } = layout;
+  const words = maxBytes / 2 + 1;
+  const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
+  const radixPasses = Math.ceil(bits / 8);
+  const radixBits = Math.ceil(bits / radixPasses);
+  const addresses = {
+    weights: layout.weights ? take(layout.weights.byteLength) : 0,
+    counts: take(4 * nBuckets),
+    touched: take(4 * maxTouched),
+    sorted: take(4 * maxTouched),
+    cut: take(maxBytes),
+    lower: take(maxBytes),
+    wordHi: take(4 * words),
+    wordLo: take(4 * words),
+    ids: take(4 * maxRow),
+    vals: take(8 * maxRow),
+    bucketCounts: take(4 * maxTouched),
+    r: take(8 * Math.max(columns, 1)),
+    grams: take(layout.charNgrams.length),
+    tf: take(8 * TF_TABLE),
+    idf: layout.idf ? take(layout.idf.byteLength) : 0,
+    digits: take(4 << radixBits),
+  };
+  return { ...addresses, words, radixBits, radixPasses, end: at };
 }
+
+type Plan = ReturnType<typeof plan>;
 
 export class Kernel {
   readonly counts: Int32Array;
@@ -86,39 +113,21 @@ export class Kernel {
   readonly bucketCounts: Int32Array;
   readonly r: Float64Array;
   private readonly out: Int32Array;
-  private readonly grams: number;
-  private readonly tf: number;
-  private readonly idf: number;
-  private readonly digits: number;
-  private readonly radixBits: number;
-  private readonly radixPasses: number;
 
-  private constructor(private readonly x: Exports, private readonly layout: KernelLayout, private readonly weights: number,
-    a: Arena, buffer: ArrayBuffer) {
+  private constructor(private readonly x: Exports, private readonly layout: KernelLayout, private readonly at: Plan) {
+    const buffer = x.memory.buffer;
     const { nBuckets, maxTouched, maxRow, maxBytes, columns } = layout;
-    const i32 = (n: number) => new Int32Array(buffer, a.take(4 * n), n);
-    this.counts = i32(nBuckets);
-    this.touched = i32(maxTouched);
-    this.sorted = i32(maxTouched);
-    this.cut = new Uint8Array(buffer, a.take(maxBytes), maxBytes);
-    this.lower = new Uint8Array(buffer, a.take(maxBytes), maxBytes);
-    this.wordHi = new Uint32Array(buffer, a.take(4 * (maxBytes / 2 + 1)), maxBytes / 2 + 1);
-    this.wordLo = new Uint32Array(buffer, a.take(4 * (maxBytes / 2 + 1)), maxBytes / 2 + 1);
-    this.ids = i32(maxRow);
-    this.vals = new Float64Array(buffer, a.take(8 * maxRow), maxRow);
-    this.bucketCounts = i32(maxTouched);
-    this.r = new Float64Array(buffer, a.take(8 * Math.max(columns, 1)), Math.max(columns, 1));
-    this.grams = a.take(layout.charNgrams.length);
-    new Uint8Array(buffer, this.grams, layout.charNgrams.length).set(layout.charNgrams);
-    this.tf = a.take(8 * TF_TABLE);
-    const tf = new Float64Array(buffer, this.tf, TF_TABLE);
-    for (let c = 0; c < TF_TABLE; c++) tf[c] = ln1p(c);
-    this.idf = layout.idf ? a.take(layout.idf.byteLength) : 0;
-    if (layout.idf) new Float64Array(buffer, this.idf, layout.idf.length).set(layout.idf);
-    const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
-    this.radixPasses = Math.ceil(bits / 8);
-    this.radixBits = Math.ceil(bits / this.radixPasses);
-    this.digits = a.take(4 << this.radixBits);
+    this.counts = new Int32Array(buffer, at.counts, nBuckets);
+    this.touched = new Int32Array(buffer, at.touched, maxTouched);
+    this.sorted = new Int32Array(buffer, at.sorted, maxTouched);
+    this.cut = new Uint8Array(buffer, at.cut, maxBytes);
+    this.lower = new Uint8Array(buffer, at.lower, maxBytes);
+    this.wordHi = new Uint32Array(buffer, at.wordHi, at.words);
+    this.wordLo = new Uint32Array(buffer, at.wordLo, at.words);
+    this.ids = new Int32Array(buffer, at.ids, maxRow);
+    this.vals = new Float64Array(buffer, at.vals, maxRow);
+    this.bucketCounts = new Int32Array(buffer, at.bucketCounts, maxTouched);
+    this.r = new Float64Array(buffer, at.r, Math.max(columns, 1));
     this.out = new Int32Array(buffer, OUT, 3);
   }
 
@@ -128,22 +137,21 @@ export class Kernel {
     engine: Engine = ENGINE): Kernel | null {
     if (engine === "javascript" || !module) return null;
     const x = new WebAssembly.Instance(module, { js: { ln1p } }).exports as unknown as Exports;
-    const a = new Arena();
-    const w = layout.weights;
-    const weights = w ? a.take(w.byteLength) : 0;
-    const sizes = [4 * layout.nBuckets, 12 * layout.maxTouched, 2 * layout.maxBytes, 8 * (layout.maxBytes / 2 + 1),
-      12 * layout.maxRow, 8 * Math.max(layout.columns, 1), layout.charNgrams.length, 8 * TF_TABLE,
-      8 * (layout.idf ? layout.idf.length : 0), 4 << 8];
-    const end = a.at + sizes.reduce((s, n) => s + Math.ceil(n / 16) * 16, 0);
-    const pages = Math.ceil(end / 65536) - x.memory.buffer.byteLength / 65536;
-    if (pages > 0) x.memory.grow(pages); // before any view: growing detaches the buffer
+    const at = plan(layout);
+    const pages = Math.ceil(at.end / 65536) - x.memory.buffer.byteLength / 65536;
+    if (pages > 0) x.memory.grow(pages);
     const buffer = x.memory.buffer;
     new Uint8Array(buffer, CLS, 256).set(tables.cls);
     new Uint8Array(buffer, LOWER, 256).set(tables.lower);
     new Int32Array(buffer, DIGIT_UPPER, 256).set(tables.digitUpper);
     new Int32Array(buffer, PUNCT_CODE, 256).set(tables.punctCode);
-    if (w) new Uint8Array(buffer, weights, w.byteLength).set(new Uint8Array(w.buffer, w.byteOffset, w.byteLength));
-    return new Kernel(x, layout, weights, a, buffer);
+    const w = layout.weights;
+    if (w) new Uint8Array(buffer, at.weights, w.byteLength).set(new Uint8Array(w.buffer, w.byteOffset, w.byteLength));
+    new Uint8Array(buffer, at.grams, layout.charNgrams.length).set(layout.charNgrams);
+    const tf = new Float64Array(buffer, at.tf, TF_TABLE);
+    for (let c = 0; c < TF_TABLE; c++) tf[c] = ln1p(c);
+    if (layout.idf) new Float64Array(buffer, at.idf, layout.idf.length).set(layout.idf);
+    return new Kernel(x, layout, at);
   }
 
   /** 4.1-4.3 on `cut` (copied in unless it is this kernel's): the number of words; word hashes
@@ -163,7 +171,7 @@ export class Kernel {
   buckets(nWords: number, cutLength: number): number {
     const { layout: l } = this;
     return this.x.buckets(nWords, this.wordHi.byteOffset, this.wordLo.byteOffset, l.wordBigrams ? 1 : 0,
-      this.lower.byteOffset, cutLength, this.grams, l.charNgrams.length, l.nBuckets - 1,
+      this.lower.byteOffset, cutLength, this.at.grams, l.charNgrams.length, l.nBuckets - 1,
       this.counts.byteOffset, this.touched.byteOffset);
   }
 
@@ -171,8 +179,8 @@ export class Kernel {
    * `sorted`), their counts in `bucketCounts` (counters cleared), their ids and tf-idf values in
    * `ids` and `vals` from index `head`. */
   row(nt: number, head: number): Int32Array {
-    const inSorted = this.x.row(nt, this.counts.byteOffset, this.touched.byteOffset, this.sorted.byteOffset, this.digits,
-      this.radixBits, this.radixPasses, this.tf, this.idf, this.bucketCounts.byteOffset, this.ids.byteOffset + 4 * head,
+    const inSorted = this.x.row(nt, this.counts.byteOffset, this.touched.byteOffset, this.sorted.byteOffset, this.at.digits,
+      this.at.radixBits, this.at.radixPasses, this.at.tf, this.at.idf, this.bucketCounts.byteOffset, this.ids.byteOffset + 4 * head,
       this.vals.byteOffset + 8 * head, this.layout.nSuites);
     return (inSorted ? this.sorted : this.touched).subarray(0, nt);
   }
@@ -183,7 +191,7 @@ export class Kernel {
     if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids);
     if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals);
     const sum = this.layout.weights instanceof Float32Array ? this.x.rowsums32 : this.x.rowsums64;
-    sum(this.weights, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
+    sum(this.at.weights, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
     return this.r;
   }
 }
