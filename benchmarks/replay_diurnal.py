@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+MIN_GOOD = 0.9  # `routeopt bench replay --min-good`'s default, which the runs here keep
 SHARED = next((p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if p.is_dir()),
               REPO.parent / "shared")
 
@@ -175,7 +176,9 @@ def report_sweeps(sweeps: list[dict]) -> None:
             f = s["figures"]["*"]
             late = (f["lateness_s"] or {}).get("p99")
             rate = f["achieved_rps"] / f["offered_rps"] if f["achieved_rps"] and f["offered_rps"] else float("nan")
-            why = "meets" if f["meets_slo"] else ("generator-limited" if f["generator_limited"] else "SLO broken")
+            why = "meets" if f["meets_slo"] else ", ".join(
+                w for w, yes in (("SLO broken", (f["good_share"] or 0) < MIN_GOOD),
+                                 ("generator-limited", f["generator_limited"])) if yes)
             print(f"  run {i + 1} speed {s['speed']:>8g}: good {f['good_share'] or 0:.3f}, E2E p95 "
                   f"{(f['e2e_s'] or {}).get('p95', float('nan')) * 1000:8.1f} ms, lateness p99 "
                   f"{(late or float('nan')) * 1000:6.1f} ms, achieved/offered {rate:.3f}: {why}")

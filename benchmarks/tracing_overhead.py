@@ -15,6 +15,11 @@ own process, off and on back to back, `--runner-repeats` times, the order swappe
 the ratio is the median over repeats of on/off calls per s.
 
     python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 7]
+                                          [--exporter otlp|discard]
+
+`--exporter discard` builds every span and drops it at the exporter: the difference from `otlp`
+is what encoding and sending cost the decisions from their own process's other threads. The
+first line also gives what `record_decision` costs the calling thread by itself.
 
 The last lines are `added_p50_us=N added_p99_us=N` (Gateway.route, wall) and `runner_ratio=R`.
 """
@@ -43,10 +48,31 @@ from tests.otlp_sink import OtlpSink  # noqa: E402
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-def tracing_on(sink: OtlpSink) -> None:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+EXPORTER = "otlp"
 
-    tracing.configure(OTLPSpanExporter(endpoint=f"{sink.url}/v1/traces"), max_queue_size=1 << 16)
+
+def tracing_on(sink: OtlpSink) -> None:
+    """`--exporter otlp`: the OTLP/HTTP exporter to the sink; `discard`: finished spans are
+    counted and dropped, so what encoding and sending cost falls out of the figures."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            return SpanExportResult.SUCCESS
+
+    exporter = OTLPSpanExporter(endpoint=f"{sink.url}/v1/traces") if EXPORTER == "otlp" else Discard()
+    tracing.configure(exporter, max_queue_size=1 << 16)
+
+
+def caller_cost(n: int = 20_000) -> float:
+    """What `record_decision` (no parent) costs the calling thread alone: its CPU time per
+    call, in microseconds, tracing on."""
+    attrs = {"routeopt.decision.model": "m", "routeopt.policy.version": 1}
+    start = time.thread_time_ns()
+    for _ in range(n):
+        tracing.record_decision(None, time.time_ns(), attrs)
+    return (time.thread_time_ns() - start) / n / 1000
 
 
 def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
@@ -119,13 +145,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=31, help="rounds (each: off and on, every setup)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runner-repeats", type=int, default=7)
+    ap.add_argument("--exporter", choices=("otlp", "discard"), default="otlp",
+                    help="discard: spans are built and dropped, not encoded or sent")
     args = ap.parse_args()
+    global EXPORTER
+    EXPORTER = args.exporter
     with tempfile.TemporaryDirectory(prefix="tracing-overhead-") as tmp, OtlpSink() as sink:
+        tracing_on(sink)
+        caller_us = caller_cost()
+        tracing.flush(30)
+        tracing.disable()
         figures = decisions(sink, args.n, args.repeats, Path(tmp))
         rates = runner(sink, args.calls, args.runner_repeats, Path(tmp))
         time.sleep(0.5)
         received = sink.count()
         s = tracing.status()
+    print(f"exporter: {args.exporter}; record_decision on the calling thread: {caller_us:.1f} us CPU a call")
     print(f"medians over {args.repeats} rounds, microseconds")
     print(f"{'setup':<14} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}")
     for name, row in figures.items():
