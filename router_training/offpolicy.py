@@ -120,8 +120,11 @@ def snips(rewards: np.ndarray, weights: np.ndarray, *, z: float = Z95,
     n, total = len(r), float(w.sum())
     if n == 0 or total <= 0:
         return Estimate(math.nan, math.nan, math.nan, math.nan, n, effective_sample_size(w))
-    value = float((w * r).sum() / total)
-    d = w * (r - value) / (total / n)
+    # the weights normalised before the products: w r of a subnormal w rounds (5e-324 * 0.75 is
+    # 5e-324), so sum(w r) / sum(w) could leave the rewards' range; a mean of them cannot
+    share = w / total
+    value = float(np.clip((share * r).sum(), r.min(), r.max()))
+    d = n * share * (r - value)
     se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
     return _interval(value, se, n, effective_sample_size(w), z, bounds)
 
