@@ -53,7 +53,7 @@ EXPORTER = "otlp"
 
 def tracing_on(sink: OtlpSink) -> None:
     """`--exporter otlp`: the OTLP/HTTP exporter to the sink; `discard`: finished spans are
-    counted and dropped, so what encoding and sending cost falls out of the figures."""
+    dropped unencoded, so what encoding and sending cost falls out of the figures."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
