@@ -2,8 +2,9 @@
 
 On = every span sampled, the SDK's batch processor, and the OTLP/HTTP exporter sending to a real
 receiver in another process (`tests/otlp_sink.py`, which decodes every request and counts the
-spans, so a lost span would show). Off = `common.tracing` disabled, as in a gateway without the
-extra.
+spans, so a lost span would show), set up the way a gateway is: from the standard variables
+(`OTEL_EXPORTER_OTLP_ENDPOINT`), so decision spans are built and exported by the export process
+(common/tracing_export.py). Off = `common.tracing` disabled, as in a gateway without the extra.
 
 Decisions: `Gateway.route` (decision log, 1% exploration, the caller's traceparent) and the bare
 `Router.route`, one thread. Each round times a block of `-n` decisions with tracing off and one
@@ -15,11 +16,13 @@ own process, off and on back to back, `--runner-repeats` times, the order swappe
 the ratio is the median over repeats of on/off calls per s.
 
     python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 7]
-                                          [--exporter otlp|discard]
+                                          [--export process|thread|discard]
 
-`--exporter discard` builds every span and drops it at the exporter: the difference from `otlp`
-is what encoding and sending cost the decisions from their own process's other threads. The
-first line also gives what `record_decision` costs the calling thread by itself.
+`--export thread` builds, encodes and sends decision spans on a thread of the gateway's own
+process (`ROUTEOPT_TRACING_EXPORT=thread`); `discard` does the same but drops every span at the
+exporter, so the difference from `thread` is what encoding and sending cost the decisions from
+their own process's other threads. The first line also gives what `record_decision` costs the
+calling thread by itself.
 
 The last lines are `added_p50_us=N added_p99_us=N` (Gateway.route, wall) and `runner_ratio=R`.
 """
@@ -48,21 +51,34 @@ from tests.otlp_sink import OtlpSink  # noqa: E402
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-EXPORTER = "otlp"
+EXPORT = "process"
 
 
 def tracing_on(sink: OtlpSink) -> None:
-    """`--exporter otlp`: the OTLP/HTTP exporter to the sink; `discard`: finished spans are
-    dropped unencoded, so what encoding and sending cost falls out of the figures."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    """Tracing on as `--export` says, warmed up: a decision's span has gone the whole way (the
+    export process started and imported its exporter) before any decision is timed."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class Discard(SpanExporter):
         def export(self, spans):  # type: ignore[no-untyped-def]
             return SpanExportResult.SUCCESS
 
-    exporter = OTLPSpanExporter(endpoint=f"{sink.url}/v1/traces") if EXPORTER == "otlp" else Discard()
-    tracing.configure(exporter, max_queue_size=1 << 16)
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_MAX_QUEUE_SIZE": str(1 << 16),
+                       "ROUTEOPT_TRACING_EXPORT": "process" if EXPORT == "process" else "thread"})
+    tracing.configure(Discard(), max_queue_size=1 << 16) if EXPORT == "discard" else tracing.configure()
+    tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "warm-up"})
+    tracing.flush(30)
+
+
+LOST = {"dropped": 0, "export failed": 0}
+
+
+def count_losses() -> None:
+    """Flush, and add up what the set-up about to be replaced dropped or failed to export."""
+    tracing.flush(30)
+    s = tracing.status()
+    LOST["dropped"] += s.dropped
+    LOST["export failed"] += s.export_failed
 
 
 def caller_cost(n: int = 20_000) -> float:
@@ -95,7 +111,7 @@ def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict
             for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
                 tracing_on(sink) if state == "on" else tracing.disable()
                 wall, cpu = measure(route, prompts, n, warmup=100)
-                tracing.flush(30)  # its spans are built and sent before the next block is timed
+                count_losses()  # its spans are built and sent before the next block is timed
                 row = figures.setdefault(f"{name} {state}", {})
                 for clock, xs in (("wall", wall), ("cpu", cpu)):
                     for q, v in zip((50, 99), np.percentile(xs, [50, 99])):
@@ -134,7 +150,7 @@ def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, lis
                 tracing_on(sink) if state == "on" else tracing.disable()
                 rates[state].append(asyncio.run(_runner(suite, server.openai_base_url,
                                                         tmp / f"r{i}-{state}.duckdb")))
-                tracing.flush(30)
+                count_losses()
     tracing.disable()
     return rates
 
@@ -145,11 +161,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=31, help="rounds (each: off and on, every setup)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runner-repeats", type=int, default=7)
-    ap.add_argument("--exporter", choices=("otlp", "discard"), default="otlp",
-                    help="discard: spans are built and dropped, not encoded or sent")
+    ap.add_argument("--export", choices=("process", "thread", "discard"), default="process",
+                    help="where decision spans are built and sent (discard: built on a thread, then dropped)")
     args = ap.parse_args()
-    global EXPORTER
-    EXPORTER = args.exporter
+    global EXPORT
+    EXPORT = args.export
     with tempfile.TemporaryDirectory(prefix="tracing-overhead-") as tmp, OtlpSink() as sink:
         tracing_on(sink)
         caller_us = caller_cost()
@@ -159,8 +175,7 @@ def main() -> None:
         rates = runner(sink, args.calls, args.runner_repeats, Path(tmp))
         time.sleep(0.5)
         received = sink.count()
-        s = tracing.status()
-    print(f"exporter: {args.exporter}; record_decision on the calling thread: {caller_us:.1f} us CPU a call")
+    print(f"export: {args.export}; record_decision on the calling thread: {caller_us:.1f} us CPU a call")
     print(f"medians over {args.repeats} rounds, microseconds")
     print(f"{'setup':<14} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}")
     for name, row in figures.items():
@@ -176,7 +191,7 @@ def main() -> None:
     ratio = float(np.median(np.array(rates["on"]) / np.array(rates["off"])))
     print(f"runner calls/s off {[round(r) for r in rates['off']]}, on {[round(r) for r in rates['on']]}")
     print(f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
-          f"dropped {s.dropped}, export failures {s.export_failed}; load average {os.getloadavg()[0]:.1f}")
+          f"dropped {LOST['dropped']}, export failures {LOST['export failed']}; load average {os.getloadavg()[0]:.1f}")
     print(f"added_p50_us={added('gateway', 'wall p50'):.1f} added_p99_us={added('gateway', 'wall p99'):.1f}")
     print(f"runner_ratio={ratio:.3f}")
 

@@ -195,7 +195,16 @@ def _from_environment() -> _State:
                   "the tracing extra: pip install 'routeopt[tracing]'")
         log.warning(reason)
         return _State(reason=reason)
-    return _build(exporter, name, endpoint, batch=True)
+    return _build(exporter, name, endpoint, batch=True, export_process=_export_in_process())
+
+
+def _export_in_process() -> bool:
+    """`ROUTEOPT_TRACING_EXPORT`: `process` (the default) builds and exports decision spans in
+    a child process, off the gateway's GIL and core; `thread` does it in this process."""
+    mode = os.environ.get("ROUTEOPT_TRACING_EXPORT", "process").strip().lower() or "process"
+    if mode not in ("process", "thread"):
+        log.warning("ROUTEOPT_TRACING_EXPORT=%r is neither 'process' nor 'thread'; using 'process'", mode)
+    return mode != "thread"
 
 
 def _env_exporter() -> tuple[Any, str, str | None]:
@@ -248,7 +257,10 @@ def disable() -> None:
 
 def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
            max_queue_size: int | None = None, sampler: Any = None,
-           service: str | None = None) -> _State:
+           service: str | None = None, export_process: bool = False, decisions: bool = True) -> _State:
+    """A provider exporting through `exporter`; decision spans are built by a thread here, or
+    by the export process (`export_process`, which builds its own exporter from the
+    environment), or not at all (`decisions=False`: the export process itself)."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -267,7 +279,13 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
     provider.add_span_processor(gate)
     state = _State(provider.get_tracer("routeopt"), provider, counts, name, endpoint,
                    provider.resource.attributes.get("service.name"), processor=gate)
-    state.deferred = _Deferred(state, queue)
+    if decisions:
+        remote = None
+        if export_process:
+            from common.tracing_export import ExportProcess
+
+            remote = ExportProcess(state.counts, service=service, queue=queue)
+        state.deferred = _Deferred(state, queue, remote)
     _exit_hook()
     return state
 
@@ -341,6 +359,8 @@ def _shutdown(state: _State) -> None:
     if state.deferred is not None:
         state.deferred.flush(timeout_s / 2)
         state.deferred.stop()
+        if state.deferred.remote is not None:
+            state.deferred.remote.close(timeout_s / 2)
     done = threading.Thread(target=state.provider.shutdown, name="routeopt-tracing-shutdown", daemon=True)
     done.start()
     done.join(timeout_s)
@@ -351,23 +371,30 @@ def flush(timeout_s: float = 30.0) -> bool:
     state = _STATE
     if state is None or state.provider is None:
         return True
-    if state.deferred is not None:
-        state.deferred.flush(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    decisions = state.deferred.flush(timeout_s) if state.deferred is not None else True
     done: list[bool] = []
     worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush())),
                               name="routeopt-tracing-flush", daemon=True)
     worker.start()
-    worker.join(timeout_s)  # a dead or slow collector must not hold the caller longer
-    return bool(done and done[0])
+    worker.join(max(0.0, deadline - time.monotonic()))  # a dead or slow collector must not hold the caller longer
+    return decisions and bool(done and done[0])
 
 
 def status() -> TracingStatus:
     state = _STATE or _State()
-    c = state.counts
-    waiting = len(state.deferred.queue) if state.deferred is not None else 0
+    c, deferred = state.counts, state.deferred
+    ended, exported, failed, dropped = c.ended, c.exported, c.failed, c.dropped
+    queued = max(0, ended - exported - failed) + (len(deferred.queue) if deferred is not None else 0)
+    last_error = c.last_error
+    remote = deferred.remote if deferred is not None else None
+    if remote is not None:  # what the export process did with the spans it was sent
+        r = remote.counts()
+        ended, exported, failed, dropped = ended + r.ended, exported + r.exported, failed + r.failed, dropped + r.dropped
+        queued += r.queued
+        last_error = r.last_error or last_error
     return TracingStatus(state.tracer is not None, state.exporter, state.endpoint, state.service,
-                         c.ended, c.exported, c.failed, c.dropped,
-                         max(0, c.ended - c.exported - c.failed) + waiting, c.last_error, state.reason)
+                         ended, exported, failed, dropped, queued, last_error, state.reason)
 
 
 # -- spans --------------------------------------------------------------------------------------
@@ -518,10 +545,13 @@ def _current_span() -> Any:
 
 
 class _Deferred:
-    """Builds queued decision spans in one daemon thread, with the ids already handed out."""
+    """Takes queued decision spans off the callers' threads, with the ids already handed out:
+    one daemon thread builds them here, or (`remote`) sends them to the export process, which
+    builds, encodes and exports them on another core (common/tracing_export.py)."""
 
-    def __init__(self, state: "_State", limit: int) -> None:
-        self.state, self.limit = state, limit
+    def __init__(self, state: "_State", limit: int, remote: Any = None) -> None:
+        self.state, self.limit, self.remote = state, limit, remote
+        self.batch = max(1, min(256, limit // 2))  # wake the thread before the queue is full
         self.queue: collections.deque = collections.deque()
         self.wake = threading.Event()
         self.busy = self.stopped = False
@@ -533,7 +563,7 @@ class _Deferred:
             self.state.counts.dropped += 1
             return
         self.queue.append(item)
-        if len(self.queue) >= 256:
+        if len(self.queue) >= self.batch:
             self.wake.set()
 
     def _run(self) -> None:
@@ -552,43 +582,71 @@ class _Deferred:
         self.queue.clear()
 
     def drain(self) -> None:
-        """Build the queued spans as finished spans and hand them to the provider's processor.
-
-        The SDK's `start_span` + `end` cost 20 to 50 us a span here (sampling again, the span's
-        lock, processors' start hooks); the caller already sampled and drew the ids, so only the
-        finished span is built, with the provider's resource and attribute limits, as the SDK
-        would: about 8 us. This thread shares the GIL with the decisions."""
-        from opentelemetry import trace as api
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-        state, limits, scope = self.state, SpanLimits(), InstrumentationScope("routeopt")
-        resource, server = state.provider.resource, api.SpanKind.SERVER
         self.busy = True
         try:
-            while self.queue:
-                parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
-                if callable(attrs):
-                    attrs = attrs()
-                # W3C level 2: a trace id this process drew is random; a caller's says so itself
-                random_bit = 0x02 if parent is None else parent[2] & 0x02
-                context = api.SpanContext(trace_id, span_id, is_remote=False,
-                                          trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit))
-                up = None if parent is None else api.SpanContext(
-                    parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))
-                state.processor.on_end(ReadableSpan(
-                    DECISION_SPAN, context=context, parent=up, resource=resource, kind=server,
-                    attributes=BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
-                                                 max_value_len=limits.max_span_attribute_length),
-                    start_time=start, end_time=end, instrumentation_scope=scope))
+            if self.remote is not None:
+                self._send()
+            else:
+                build = SpanBuilder(self.state.provider.resource)
+                while self.queue:
+                    self.state.processor.on_end(build(self.queue.popleft()))
         except Exception as exc:  # never let one bad span stop the thread
             self.state.counts.last_error = repr(exc)
         finally:
             self.busy = False
 
-    def flush(self, timeout_s: float) -> None:
+    def _send(self) -> None:
+        """Hand the export process the queued spans, their attributes made here (a function
+        the caller gave runs in the caller's process)."""
+        while self.queue:
+            batch = []
+            while self.queue and len(batch) < 512:
+                parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
+                batch.append((parent, trace_id, span_id, start, end, attrs() if callable(attrs) else attrs))
+            self.remote.send(batch)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Build or send what is queued; with the export process, until it has exported too.
+        False if that did not finish in time."""
         deadline = time.monotonic() + timeout_s
         while (self.queue or self.busy) and time.monotonic() < deadline:
             self.wake.set()
             time.sleep(0.005)
+        if self.queue or self.busy:
+            return False
+        return self.remote is None or self.remote.flush(max(0.0, deadline - time.monotonic()))
+
+
+class SpanBuilder:
+    """Builds a queued decision as the finished span the SDK would make, with the provider's
+    resource and attribute limits.
+
+    The SDK's `start_span` + `end` cost 20 to 50 us a span here (sampling again, the span's lock,
+    processors' start hooks); the caller already sampled and drew the ids, so only the finished
+    span is built: about 8 us."""
+
+    def __init__(self, resource: Any) -> None:
+        from opentelemetry import trace as api
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.api, self.bounded, self.span = api, BoundedAttributes, ReadableSpan
+        self.limits, self.scope, self.resource = SpanLimits(), InstrumentationScope("routeopt"), resource
+
+    def __call__(self, item: tuple) -> Any:
+        api, limits = self.api, self.limits
+        parent, trace_id, span_id, start, end, attrs = item
+        if callable(attrs):
+            attrs = attrs()
+        # W3C level 2: a trace id this process drew is random; a caller's says so itself
+        random_bit = 0x02 if parent is None else parent[2] & 0x02
+        context = api.SpanContext(trace_id, span_id, is_remote=False,
+                                  trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit))
+        up = None if parent is None else api.SpanContext(
+            parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))
+        return self.span(
+            DECISION_SPAN, context=context, parent=up, resource=self.resource, kind=api.SpanKind.SERVER,
+            attributes=self.bounded(limits.max_span_attributes, attrs, immutable=True,
+                                    max_value_len=limits.max_span_attribute_length),
+            start_time=start, end_time=end, instrumentation_scope=self.scope)
