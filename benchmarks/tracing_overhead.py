@@ -6,16 +6,21 @@ spans, so a lost span would show), set up the way a gateway is: from the standar
 (`OTEL_EXPORTER_OTLP_ENDPOINT`), so decision spans are built and exported by the export process
 (common/tracing_export.py). Off = `common.tracing` disabled, as in a gateway without the extra.
 
+Tracing is set up once; off is `tracing.paused()` (off as if never configured, the set-up kept),
+so adjacent blocks differ only in tracing, with no exporter or process start-up between them.
+Every block ends with a flush, so one block's spans are exported before the next is timed.
+
 Decisions: `Gateway.route` (decision log, 1% exploration, the caller's traceparent) and the bare
 `Router.route`, one thread. Each round times a block of `-n` decisions with tracing off and one
 with it on, back to back, for each setup, swapping which state goes first every round; the
 figures are medians over rounds of each block's p50/p99 and of on minus off within a round.
 Short blocks, many rounds: these machines drift by tens of percent over seconds, more than the
-effect measured, and only adjacent blocks see the same machine. Runner: `evaluate_pair` against the fake server in its
-own process, off and on back to back, `--runner-repeats` times, the order swapped every time;
-the ratio is the median over repeats of on/off calls per s.
+effect measured, and only adjacent blocks see the same machine (blocks of 1,000 decisions with a
+restart between them gave run-to-run spreads of 10 to 20 us). Runner: `evaluate_pair` against
+the fake server in its own process, off and on back to back, `--runner-repeats` times, the order
+swapped every time; the ratio is the median over repeats of on/off calls per s.
 
-    python benchmarks/tracing_overhead.py [-n 1000] [--repeats 31] [--calls 2000] [--runner-repeats 7]
+    python benchmarks/tracing_overhead.py [-n 200] [--repeats 101] [--calls 2000] [--runner-repeats 7]
                                           [--export process|thread|discard]
 
 `--export thread` builds, encodes and sends decision spans on a thread of the gateway's own
@@ -31,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,15 +77,9 @@ def tracing_on(sink: OtlpSink) -> None:
     tracing.flush(30)
 
 
-LOST = {"dropped": 0, "export failed": 0}
-
-
-def count_losses() -> None:
-    """Flush, and add up what the set-up about to be replaced dropped or failed to export."""
-    tracing.flush(30)
-    s = tracing.status()
-    LOST["dropped"] += s.dropped
-    LOST["export failed"] += s.export_failed
+def state(name: str) -> Any:
+    """The block's tracing state: on is the set-up as configured, off is it paused."""
+    return contextlib.nullcontext() if name == "on" else tracing.paused()
 
 
 def caller_cost(n: int = 20_000) -> float:
@@ -91,7 +92,7 @@ def caller_cost(n: int = 20_000) -> float:
     return (time.thread_time_ns() - start) / n / 1000
 
 
-def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
+def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
     from artifacts.decisions import DecisionLog, Exploration, Gateway
     from artifacts.runtime import load
 
@@ -108,15 +109,14 @@ def decisions(sink: OtlpSink, n: int, repeats: int, tmp: Path) -> dict[str, dict
         for name, route in routes.items():
             # off and on back to back, their order swapped every round: the machine's own drift
             # over seconds (larger than the effect here) falls on both states alike
-            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                tracing_on(sink) if state == "on" else tracing.disable()
-                wall, cpu = measure(route, prompts, n, warmup=100)
-                count_losses()  # its spans are built and sent before the next block is timed
-                row = figures.setdefault(f"{name} {state}", {})
+            for on_off in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                with state(on_off):
+                    wall, cpu = measure(route, prompts, n, warmup=50)
+                tracing.flush(30)  # its spans are built and sent before the next block is timed
+                row = figures.setdefault(f"{name} {on_off}", {})
                 for clock, xs in (("wall", wall), ("cpu", cpu)):
                     for q, v in zip((50, 99), np.percentile(xs, [50, 99])):
                         row.setdefault(f"{clock} p{q}", []).append(float(v))
-    tracing.disable()
     gateway.close()
     return figures
 
@@ -138,7 +138,7 @@ async def _runner(suite, base_url: str, db: Path) -> float:
     return len(suite.items) / wall
 
 
-def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
+def runner(calls: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
     from evals.suite.spec import load_suite
     from tests.fake_llm import FakeLLMProcess, write_arithmetic_suite
 
@@ -146,19 +146,18 @@ def runner(sink: OtlpSink, calls: int, repeats: int, tmp: Path) -> dict[str, lis
     rates: dict[str, list[float]] = {"off": [], "on": []}
     with FakeLLMProcess() as server:
         for i in range(repeats):
-            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                tracing_on(sink) if state == "on" else tracing.disable()
-                rates[state].append(asyncio.run(_runner(suite, server.openai_base_url,
-                                                        tmp / f"r{i}-{state}.duckdb")))
-                count_losses()
-    tracing.disable()
+            for on_off in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                with state(on_off):
+                    rates[on_off].append(asyncio.run(_runner(suite, server.openai_base_url,
+                                                             tmp / f"r{i}-{on_off}.duckdb")))
+                tracing.flush(30)
     return rates
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-n", type=int, default=1000, help="decisions per timed block")
-    ap.add_argument("--repeats", type=int, default=31, help="rounds (each: off and on, every setup)")
+    ap.add_argument("-n", type=int, default=200, help="decisions per timed block")
+    ap.add_argument("--repeats", type=int, default=101, help="rounds (each: off and on, every setup)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--runner-repeats", type=int, default=7)
     ap.add_argument("--export", choices=("process", "thread", "discard"), default="process",
@@ -170,9 +169,11 @@ def main() -> None:
         tracing_on(sink)
         caller_us = caller_cost()
         tracing.flush(30)
+        figures = decisions(args.n, args.repeats, Path(tmp))
+        rates = runner(args.calls, args.runner_repeats, Path(tmp))
+        tracing.flush(30)
+        s = tracing.status()  # what the set-up dropped or failed to export over the whole run
         tracing.disable()
-        figures = decisions(sink, args.n, args.repeats, Path(tmp))
-        rates = runner(sink, args.calls, args.runner_repeats, Path(tmp))
         time.sleep(0.5)
         received = sink.count()
     print(f"export: {args.export}; record_decision on the calling thread: {caller_us:.1f} us CPU a call")
@@ -191,7 +192,7 @@ def main() -> None:
     ratio = float(np.median(np.array(rates["on"]) / np.array(rates["off"])))
     print(f"runner calls/s off {[round(r) for r in rates['off']]}, on {[round(r) for r in rates['on']]}")
     print(f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
-          f"dropped {LOST['dropped']}, export failures {LOST['export failed']}; load average {os.getloadavg()[0]:.1f}")
+          f"dropped {s.dropped}, export failures {s.export_failed}; load average {os.getloadavg()[0]:.1f}")
     print(f"added_p50_us={added('gateway', 'wall p50'):.1f} added_p99_us={added('gateway', 'wall p99'):.1f}")
     print(f"runner_ratio={ratio:.3f}")
 

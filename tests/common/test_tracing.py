@@ -194,3 +194,14 @@ def test_a_decision_is_sampled_as_the_providers_sampler_decides(sampler) -> None
         assert 0 < sum(mine) < len(mine) or sampler.get_description().startswith(("Always", "ParentBased{root:Always"))
     finally:
         tracing.disable()
+
+
+def test_paused_is_off_inside_and_the_same_set_up_after(memory) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    before = tracing._STATE
+    with tracing.paused():
+        assert not tracing.enabled()
+        assert tracing.record_decision(parent, time.time_ns(), {"routeopt.decision.model": "m"})[2] is None
+    assert tracing._STATE is before and tracing.enabled()
+    tracing.record_decision(parent, time.time_ns(), {"routeopt.decision.model": "m"})
+    assert tracing.flush(30) and len(memory.get_finished_spans()) == 1
