@@ -200,9 +200,11 @@ class Router:
         start = time.time_ns()
         d = self._decide(prompt, suite, quality_target)
         knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
-        # the span's attributes are made by tracing's writer thread, from the immutable decision
-        header, trace_id, _ = tracing.record_decision(
-            traceparent, start, partial(tracing.decision_attributes, d, knob_target=knob, suite=suite))
+        # the span's attributes are made by tracing's writer thread, from the decision's few
+        # immutable values: the queue holds what the span needs, not the probability dicts
+        header, trace_id, _ = tracing.record_decision(traceparent, start, partial(
+            tracing.attributes_for, d.model, d.fallbacks, d.propensity, d.policy_version, d.request_id,
+            default_reason=d.default_reason, knob_target=knob, suite=suite))
         return d.traced(trace_id, header)
 
     def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> Decision:

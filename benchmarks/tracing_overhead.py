@@ -20,6 +20,11 @@ restart between them gave run-to-run spreads of 10 to 20 us). Runner: `evaluate_
 the fake server in its own process, off and on back to back, `--runner-repeats` times, the order
 swapped every time; the ratio is the median over repeats of on/off calls per s.
 
+Besides each decision's own time (wall, and its thread's CPU), every block gives the process's
+CPU time over the block and its flush, per decision: what tracing costs all the gateway's threads
+(span building and encoding included when they run in-process), which bounds how many decisions a
+process can make per second.
+
     python benchmarks/tracing_overhead.py [-n 200] [--repeats 101] [--calls 2000] [--runner-repeats 7]
                                           [--export process|thread|discard]
 
@@ -111,9 +116,12 @@ def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float
             # over seconds (larger than the effect here) falls on both states alike
             for on_off in (("off", "on") if i % 2 == 0 else ("on", "off")):
                 with state(on_off):
+                    used = time.process_time()
                     wall, cpu = measure(route, prompts, n, warmup=50)
-                tracing.flush(30)  # its spans are built and sent before the next block is timed
+                    tracing.flush(30)  # its spans are built and sent before the next block is timed
+                    used = (time.process_time() - used) / (n + 50) * 1e6
                 row = figures.setdefault(f"{name} {on_off}", {})
+                row.setdefault("process cpu", []).append(used)
                 for clock, xs in (("wall", wall), ("cpu", cpu)):
                     for q, v in zip((50, 99), np.percentile(xs, [50, 99])):
                         row.setdefault(f"{clock} p{q}", []).append(float(v))
@@ -188,7 +196,8 @@ def main() -> None:
 
     for name in ("router", "gateway"):
         print(f"{name}: tracing adds {added(name, 'wall p50'):.1f} us p50, {added(name, 'wall p99'):.1f} us p99 "
-              f"(CPU {added(name, 'cpu p50'):.1f} / {added(name, 'cpu p99'):.1f})")
+              f"(CPU {added(name, 'cpu p50'):.1f} / {added(name, 'cpu p99'):.1f}); "
+              f"the process's CPU a decision, all its threads: {added(name, 'process cpu'):+.1f} us")
     ratio = float(np.median(np.array(rates["on"]) / np.array(rates["off"])))
     print(f"runner calls/s off {[round(r) for r in rates['off']]}, on {[round(r) for r in rates['on']]}")
     print(f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
