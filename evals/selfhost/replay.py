@@ -510,28 +510,36 @@ def summaries(run: ReplayRun, slo: Slo, max_lateness_s: float, window_s: float) 
 
 
 async def sweep(run_at: Callable[[float], Any], speeds: Sequence[float] | None, *, start: float = 1.0,
-                max_speed: float = 64.0, steps: int = 3) -> list[tuple[ReplayRun, dict]]:
+                max_speed: float = 64.0, steps: int = 3, halvings: int = 6) -> list[tuple[ReplayRun, dict]]:
     """Given speeds, each once; else double from `start` until the SLO breaks (or the generator
-    cannot keep up), then bisect `steps` times between the last speed that met it and the first
+    cannot keep up), or, when `start` already breaks it, halve (at most `halvings` times) until a
+    speed meets it; then bisect `steps` times between the last speed that met it and the first
     that did not. `run_at(speed)` replays and returns (run, summaries)."""
     done: list[tuple[ReplayRun, dict]] = []
     if speeds:
         for s in speeds:
             done.append(await run_at(s))
         return done
+
+    async def meets(speed: float) -> bool:
+        done.append(await run_at(speed))
+        return bool(done[-1][1]["*"]["meets_slo"])
+
     good, bad, s = None, None, start
     while s <= max_speed:
-        done.append(await run_at(s))
-        overall = done[-1][1]["*"]
-        if overall["meets_slo"]:
-            good, s = s, s * 2
-            continue
+        if not await meets(s):
+            bad = s
+            break
+        good, s = s, s * 2
+    for _ in range(halvings if good is None and bad is not None else 0):
+        s = round(bad / 2, 6)  # type: ignore[operator]
+        if await meets(s):
+            good = s
+            break
         bad = s
-        break
     for _ in range(steps if good is not None and bad is not None else 0):
         mid = round((good + bad) / 2, 3)  # type: ignore[operator]
-        done.append(await run_at(mid))
-        if done[-1][1]["*"]["meets_slo"]:
+        if await meets(mid):
             good = mid
         else:
             bad = mid

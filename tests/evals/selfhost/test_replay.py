@@ -157,6 +157,21 @@ def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> Non
     assert highest_meeting(results) == 5.0
 
 
+@pytest.mark.parametrize("limit, tried, highest", [
+    (5.0, [16, 8, 4, 6, 5, 5.5], 5.0),  # the start breaks it: halve until one holds, then bisect
+    (0.1, [16, 8, 4, 2, 1, 0.5, 0.25], None),  # nothing holds within the halvings: no speed is claimed
+])
+def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tried: list, highest) -> None:
+    from evals.selfhost.replay import ReplayRun, highest_meeting
+
+    async def run_at(speed: float):
+        return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= limit}}
+
+    results = asyncio.run(sweep(run_at, None, start=16, steps=3))
+    assert [r.speed for r, _ in results] == tried
+    assert highest_meeting(results) == highest
+
+
 def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp_path: Path) -> None:
     from flows.cli import cli
 
