@@ -17,7 +17,8 @@ fastest codec for plain values, and it cannot run code.
   dropped, last_error, flushed)`, after every frame and once more before it exits.
 
 The child ends when its stdin closes (the gateway shut tracing down or exited, however it
-died), after giving its queue `ROUTEOPT_TRACING_EXIT_TIMEOUT_S`. If it dies, the spans it held
+died), after exporting what it holds within `ROUTEOPT_TRACING_EXIT_TIMEOUT_S`; a gateway's exit
+does not wait for it longer than its own exit timeout. If it dies, the spans it held
 are counted as dropped and the next batch starts a new one, at most one start per 10 s; a
 gateway's decisions never wait for any of this.
 """
@@ -166,8 +167,9 @@ class ExportProcess:
             return self.acks.pop(token, False)
 
     def close(self, timeout_s: float) -> None:
-        """Close the child's input (it exports what it holds, within its exit timeout, and
-        ends); kill it if it has not ended in `timeout_s`."""
+        """Close the child's input and wait up to `timeout_s` for it to end. It is never killed:
+        with its input closed it builds and exports what it holds, gives its exporter
+        `ROUTEOPT_TRACING_EXIT_TIMEOUT_S`, and ends by itself, after this process if need be."""
         self.closed = True
         if not self.lock.acquire(timeout=max(0.0, timeout_s)):
             return
@@ -184,8 +186,7 @@ class ExportProcess:
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            return
         with self.changed:
             self.changed.wait_for(lambda: self.proc is not proc, 1.0)
 
