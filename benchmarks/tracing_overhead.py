@@ -4,7 +4,7 @@ On = every span sampled, the SDK's batch processor, and the OTLP/HTTP exporter s
 receiver in another process (`tests/otlp_sink.py`, which decodes every request and counts the
 spans, so a lost span would show), set up the way a gateway is: from the standard variables
 (`OTEL_EXPORTER_OTLP_ENDPOINT`), so decision spans are built and exported by the export process
-(common/tracing_export.py). Off = `common.tracing` disabled, as in a gateway without the extra.
+(common/tracing_export.py). Off = tracing paused: off as in a gateway without the extra.
 
 Tracing is set up once; off is `tracing.paused()` (off as if never configured, the set-up kept),
 so adjacent blocks differ only in tracing, with no exporter or process start-up between them.

@@ -136,10 +136,10 @@ class ExportProcess:
             if proc is None:
                 self.local.dropped += len(batch)
                 return
-            try:
+            try:  # blocks while the child is behind: the tracing queue then fills, and drops
                 proc.stdin.write(_LENGTH.pack(len(payload)) + payload)  # type: ignore[union-attr]
                 proc.stdin.flush()  # type: ignore[union-attr]
-                self.sent += len(batch)  # blocks while the child is behind: the tracing queue then fills and drops
+                self.sent += len(batch)
             except (OSError, ValueError) as exc:  # it died: the reply thread counts what it held
                 self.local.dropped += len(batch)
                 self.local.last_error = f"the tracing export process stopped taking spans ({exc})"
