@@ -106,15 +106,18 @@ class _State:
         self.deferred: _Deferred | None = None
         self._rule = None if provider is None else _sampling_rule(provider.sampler)
 
-    def sampled(self, parent: tuple | None, trace_id: int) -> bool:
-        """The provider's sampling decision for a decision span, taken where the ids are drawn."""
+    def sampled(self, parent: tuple | None, trace_id: int, name: str = DECISION_SPAN, kind: Any = None,
+                attributes: Mapping[str, Any] | None = None) -> bool:
+        """The provider's sampling decision for a span (a decision's by default), taken where
+        the ids are drawn."""
         if self._rule is not None:
             return self._rule(parent, trace_id)
         from opentelemetry.trace import SpanKind, set_span_in_context, NonRecordingSpan, SpanContext, TraceFlags
 
         ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
             parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
-        return self.provider.sampler.should_sample(ctx, trace_id, DECISION_SPAN, SpanKind.SERVER).decision.is_sampled()
+        return self.provider.sampler.should_sample(ctx, trace_id, name, kind or SpanKind.SERVER,
+                                                   attributes).decision.is_sampled()
 
 
 def _sampling_rule(sampler: Any) -> Callable[[tuple | None, int], bool] | None:
@@ -427,14 +430,35 @@ def parent_context(traceparent: str | None) -> Any:
 
 def start_span(name: str, *, traceparent: str | None = None, attributes: Mapping[str, Any] | None = None,
                kind: str = "internal", start_ns: int | None = None) -> Any:
-    """A started span (child of `traceparent`, else of the current span), or None when off."""
-    t = tracer()
-    if t is None:
-        return None
-    from opentelemetry.trace import SpanKind
+    """A started span (child of `traceparent`, else of the current span), or None when off.
 
-    return t.start_span(name, context=parent_context(traceparent), kind=SpanKind[kind.upper()],
-                        attributes=attributes, start_time=start_ns)
+    A sampled span is a `RecordedSpan` (common/tracing_spans.py): it keeps its values and, once
+    ended, is built and exported the way decision spans are, off the caller's thread; one the
+    sampler drops is the SDK's non-recording span, with its ids for the next hop."""
+    state = _STATE
+    if state is None:
+        state = _resolve()
+    if state.tracer is None:
+        return None
+    from opentelemetry import trace as api
+
+    from common.tracing_spans import RecordedSpan
+
+    start = start_ns or time.time_ns()
+    span_kind = api.SpanKind[kind.upper()]
+    parent = _parent(traceparent)
+    trace_id = parent[0] if parent else random.getrandbits(128) or 1
+    span_id = random.getrandbits(64) or 1
+    sampled = state.sampled(parent, trace_id, name, span_kind, attributes)
+    random_bit = 0x02 if parent is None else parent[2] & 0x02
+    context = api.SpanContext(trace_id, span_id, is_remote=False,
+                              trace_flags=api.TraceFlags((api.TraceFlags.SAMPLED if sampled else 0) | random_bit))
+    if not sampled:
+        return api.NonRecordingSpan(context)
+    if state.deferred is None:  # the export process's own set-up, which records no decisions either
+        return state.tracer.start_span(name, context=parent_context(traceparent), kind=span_kind,
+                                       attributes=attributes, start_time=start)
+    return RecordedSpan(state.deferred.submit, name, span_kind.value, context, parent, start, attributes)
 
 
 def ids(span: Any) -> tuple[str, str] | tuple[None, None]:
@@ -601,6 +625,8 @@ class _Deferred:
             if self.remote is not None:
                 self._send()
             else:
+                from common.tracing_spans import SpanBuilder
+
                 build = SpanBuilder(self.state.provider.resource)
                 while self.queue:
                     self.state.processor.on_end(build(self.queue.popleft()))
@@ -615,8 +641,8 @@ class _Deferred:
         while self.queue:
             batch = []
             while self.queue and len(batch) < 512:
-                parent, trace_id, span_id, start, end, attrs = self.queue.popleft()
-                batch.append((parent, trace_id, span_id, start, end, attrs() if callable(attrs) else attrs))
+                item = self.queue.popleft()
+                batch.append(item if not callable(item[5]) else (*item[:5], item[5](), *item[6:]))
             self.remote.send(batch)
 
     def flush(self, timeout_s: float) -> bool:
@@ -629,38 +655,3 @@ class _Deferred:
         if self.queue or self.busy:
             return False
         return self.remote is None or self.remote.flush(max(0.0, deadline - time.monotonic()))
-
-
-class SpanBuilder:
-    """Builds a queued decision as the finished span the SDK would make, with the provider's
-    resource and attribute limits.
-
-    The SDK's `start_span` + `end` cost 20 to 50 us a span here (sampling again, the span's lock,
-    processors' start hooks); the caller already sampled and drew the ids, so only the finished
-    span is built: about 8 us."""
-
-    def __init__(self, resource: Any) -> None:
-        from opentelemetry import trace as api
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-        self.api, self.bounded, self.span = api, BoundedAttributes, ReadableSpan
-        self.limits, self.scope, self.resource = SpanLimits(), InstrumentationScope("routeopt"), resource
-
-    def __call__(self, item: tuple) -> Any:
-        api, limits = self.api, self.limits
-        parent, trace_id, span_id, start, end, attrs = item
-        if callable(attrs):
-            attrs = attrs()
-        # W3C level 2: a trace id this process drew is random; a caller's says so itself
-        random_bit = 0x02 if parent is None else parent[2] & 0x02
-        context = api.SpanContext(trace_id, span_id, is_remote=False,
-                                  trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit))
-        up = None if parent is None else api.SpanContext(
-            parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))
-        return self.span(
-            DECISION_SPAN, context=context, parent=up, resource=self.resource, kind=api.SpanKind.SERVER,
-            attributes=self.bounded(limits.max_span_attributes, attrs, immutable=True,
-                                    max_value_len=limits.max_span_attribute_length),
-            start_time=start, end_time=end, instrumentation_scope=self.scope)

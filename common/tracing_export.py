@@ -25,6 +25,7 @@ gateway's decisions never wait for any of this.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import marshal
@@ -76,15 +77,18 @@ def _frames(stream: BinaryIO) -> Iterator[tuple]:
 
 
 def _plain(value: Any) -> Any:
-    """An attribute value as a plain type marshal takes: numpy scalars become Python ones, and
-    any other object its `str`, as the SDK itself does with a type it does not know."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes, list, tuple)):
+    """An attribute value as a plain type marshal takes: numpy scalars become Python ones,
+    mappings and sequences are taken apart, and any other object becomes its `str`, as the SDK
+    itself does with a type it does not know."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes, list, tuple, dict)):
         value = value.item()
-    for kind in (bool, int, float, str):  # bool before int: it is one
+    for kind in (bool, int, float, str, bytes):  # bool before int: it is one
         if isinstance(value, kind):
             return kind(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
     return None if value is None else str(value)
 
 
@@ -100,8 +104,17 @@ def _clean(attrs: Any) -> dict:
     return {str(k): _plain(v) for k, v in dict(attrs).items()}
 
 
+def _item(item: tuple) -> tuple:
+    """A queued span with every attribute map plain: its own, its events' and its links'."""
+    if len(item) == 6:  # a decision
+        return (*item[:5], _clean(item[5]))
+    parent, trace_id, span_id, start, end, attrs, name, kind, events, status, links = item
+    return (parent, trace_id, span_id, start, end, _clean(attrs), name, kind,
+            [(n, t, _clean(a)) for n, t, a in events], status, [(*link[:5], _clean(link[5])) for link in links])
+
+
 def _encode(batch: list) -> bytes:
-    return marshal.dumps(("spans", [(*item[:5], _clean(item[5])) for item in batch]))
+    return marshal.dumps(("spans", [_item(item) for item in batch]))
 
 
 class ExportProcess:
@@ -265,35 +278,47 @@ def serve(reply_fd: int, config_json: str) -> None:
     """The export process: build and export the spans read from stdin until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the gateway's to handle; it closes our stdin
     from common import tracing
+    from common.tracing_spans import SpanBuilder
 
     config = json.loads(config_json)
     exporter, name, endpoint = tracing._env_exporter()
     state = tracing._build(exporter, name, endpoint, batch=True, max_queue_size=config["queue"],
                            service=config["service"], decisions=False)
-    build, counts, limit = tracing.SpanBuilder(state.provider.resource), state.counts, config["queue"]
-    received = 0
-    with os.fdopen(reply_fd, "wb") as out:
-        def reply(token: int, flushed: bool = False) -> None:
+    build, counts, limit = SpanBuilder(state.provider.resource), state.counts, config["queue"]
+    received, out = 0, os.fdopen(reply_fd, "wb")
+
+    def reply(token: int, flushed: bool = False) -> None:
+        nonlocal out
+        if out is None:
+            return
+        try:
             _write(out, ("counts", token, received, counts.ended, counts.exported, counts.failed,
                          counts.dropped, counts.last_error, flushed))
+        except OSError:  # the gateway is gone: export what is held all the same, and tell no one
+            with contextlib.suppress(OSError):
+                out.close()
+            out = None
 
-        for frame in _frames(sys.stdin.buffer):
-            if frame[0] == "spans":
-                for item in frame[1]:
-                    received += 1
-                    while counts.ended - counts.exported - counts.failed >= limit:
-                        time.sleep(0.002)  # the exporter is behind: stop reading, so the pipe and then the gateway's queue hold the rest
-                    try:
-                        state.processor.on_end(build(item))
-                    except Exception as exc:  # one bad span is dropped, not the process
-                        counts.dropped, counts.last_error = counts.dropped + 1, repr(exc)
-                reply(0)
-            elif frame[0] == "flush":
-                done: list[bool] = []
-                worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),
-                                          daemon=True)
-                worker.start()
-                worker.join(frame[2] / 1000)
-                reply(frame[1], bool(done and done[0]))
-        tracing._shutdown(state)
-        reply(0)
+    for frame in _frames(sys.stdin.buffer):
+        if frame[0] == "spans":
+            for item in frame[1]:
+                received += 1
+                while counts.ended - counts.exported - counts.failed >= limit:
+                    time.sleep(0.002)  # the exporter is behind: stop reading, so the pipe and then the gateway's queue hold the rest
+                try:
+                    state.processor.on_end(build(item))
+                except Exception as exc:  # one bad span is dropped, not the process
+                    counts.dropped, counts.last_error = counts.dropped + 1, repr(exc)
+            reply(0)
+        elif frame[0] == "flush":
+            done: list[bool] = []
+            worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),
+                                      daemon=True)
+            worker.start()
+            worker.join(frame[2] / 1000)
+            reply(frame[1], bool(done and done[0]))
+    tracing._shutdown(state)
+    reply(0)
+    if out is not None:
+        with contextlib.suppress(OSError):
+            out.close()

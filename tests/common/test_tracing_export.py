@@ -212,3 +212,35 @@ def test_a_slow_collector_holds_back_the_export_process_never_the_caller(receive
     assert tracing.flush(60)
     s = tracing.status()
     assert s.ended + s.dropped == 1000 and s.exported == s.ended == len(receiver.spans) and s.queued == 0
+
+
+def test_the_nightlys_spans_reach_the_collector_whole_through_the_export_process(receiver: Receiver) -> None:
+    """A recorded span's name, kind, parent, attributes, events, link and error status survive
+    the pipe and the child's build; numpy values in an event arrive as numbers."""
+    from opentelemetry import trace as api
+
+    tracing.configure()
+    linked = api.SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=api.TraceFlags(1))
+    run = tracing.start_span("routeopt nightly", traceparent=PARENT, attributes={"routeopt.run_id": "r1"})
+    with tracing.use(run):
+        call = tracing.start_span("chat m", kind="client", attributes={"gen_ai.request.model": "m"})
+    call.set_attributes({"gen_ai.usage.input_tokens": np.int64(12), "gen_ai.response.finish_reasons": ["stop"]})
+    call.add_event("gen_ai.first_token", {"gen_ai.response.time_to_first_chunk": np.float64(0.25)})
+    call.add_link(linked, {"routeopt.why": "retry"})
+    tracing.set_error(call, "timeout", "the model did not answer")
+    call.end()
+    run.end()
+    assert tracing.flush(30)
+    assert tracing._STATE.counts.ended == 0  # type: ignore[union-attr]  # built by the child, not here
+    by_name = {s.name: s for s in receiver.spans}
+    got_run, got_call = by_name["routeopt nightly"], by_name["chat m"]
+    assert got_run.parent_span_id.hex() == PARENT[36:52] and got_run.trace_id.hex() == PARENT[3:35]
+    assert got_call.parent_span_id == got_run.span_id and got_call.kind == 3  # SPAN_KIND_CLIENT
+    attrs = {a.key: a.value for a in got_call.attributes}
+    assert attrs["gen_ai.usage.input_tokens"].int_value == 12 and attrs["error.type"].string_value == "timeout"
+    assert [v.string_value for v in attrs["gen_ai.response.finish_reasons"].array_value.values] == ["stop"]
+    (event,) = got_call.events
+    assert event.name == "gen_ai.first_token" and event.attributes[0].value.double_value == 0.25
+    (link,) = got_call.links
+    assert int.from_bytes(link.span_id, "big") == 0xDEF and link.attributes[0].value.string_value == "retry"
+    assert got_call.status.code == 2 and got_call.status.message == "the model did not answer"

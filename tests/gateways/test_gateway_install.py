@@ -60,23 +60,26 @@ def _imports(module: str) -> list[tuple[str, bool]]:
 
 
 def closure() -> tuple[set[str], dict[str, set[bool]]]:
-    """Our modules the entry points reach, and each third-party import with where it happens."""
-    seen: set[str] = set()
+    """Our modules the entry points reach, and each third-party import with whether it runs as
+    soon as a gateway starts: at module level in a module that is itself imported at module
+    level all the way from an entry point (a module only imported inside a function is lazy,
+    and so is everything it imports)."""
+    eager_seen: dict[str, bool] = {}
     third: dict[str, set[bool]] = {}
-    todo = list(ENTRY_POINTS)
+    todo = [(module, True) for module in ENTRY_POINTS]
     while todo:
-        module = todo.pop()
-        if module in seen:
+        module, eager = todo.pop()
+        if module in eager_seen and (eager_seen[module] or not eager):
             continue
-        seen.add(module)
+        eager_seen[module] = eager
         for name, top in _imports(module):
             head = name.split(".")[0]
             if head in OURS:
                 if _file(name).exists() and not name.endswith("__init__"):
-                    todo.append(name)
+                    todo.append((name, eager and top))
             elif head not in sys.stdlib_module_names and head != "__future__":
-                third.setdefault(head, set()).add(top)
-    return seen, third
+                third.setdefault(head, set()).add(eager and top)
+    return set(eager_seen), third
 
 
 def test_the_distribution_lists_exactly_the_modules_the_gateway_imports() -> None:
