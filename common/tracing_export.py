@@ -43,6 +43,7 @@ from typing import Any, BinaryIO, Iterator
 log = logging.getLogger("routeopt.tracing")
 _LENGTH = struct.Struct("<I")
 RESTART_S = 10.0
+NICE = 10  # the export process's niceness, added to the gateway's
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,8 @@ class ExportProcess:
 def serve(reply_fd: int, config_json: str) -> None:
     """The export process: build and export the spans read from stdin until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the gateway's to handle; it closes our stdin
+    with contextlib.suppress(OSError, AttributeError):  # background work: the gateway's processes go first for a core
+        os.nice(NICE)
     from common import tracing
     from common.tracing_spans import SpanBuilder
 
