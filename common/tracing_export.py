@@ -1,4 +1,4 @@
-"""The export process: decision spans built, encoded and exported off the gateway's core.
+"""The export process: spans built, encoded and exported off the gateway's (or the nightly's) core.
 
 A decision span costs about 8 us to build and 10 to 20 us more to encode as OTLP and send. In
 the gateway's own process that work takes the GIL and the caches from the decisions, even on a
@@ -7,6 +7,9 @@ thread of its own: with it there, tracing added 22 to 44 us to the bare router's
 tracing thread only hands batches of finished decisions (ids, times, attributes: about 150 bytes
 each) to a child process over a pipe; the child builds the spans and exports them with the
 exporter the same environment names (`ROUTEOPT_TRACING_EXPORT=thread` keeps it all in-process).
+The nightly's spans (common/tracing_spans.py's `RecordedSpan`) take the same way, with their
+name, kind, events, links and status: the SDK's span cost the runner 345 us of CPU a call span,
+215 of it to encode and send.
 
 Frames on both pipes are a 4-byte little-endian length and a `marshal`led tuple. Both ends are
 this interpreter, one started by the other, and nothing else reads these bytes: marshal is the
