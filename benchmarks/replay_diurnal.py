@@ -160,15 +160,16 @@ def report(results: list[dict], a: argparse.Namespace) -> None:
 
 
 def report_sweeps(sweeps: list[dict]) -> None:
-    """Where each run's sweep found the SLO breaking: its first failing speed after bisection,
-    and the highest that met it."""
+    """Where each run's sweep found the SLO breaking: the lowest speed above the highest that met
+    it at which every probe failed, and that highest."""
     def spread(xs: list) -> str:
         xs = [x for x in xs if x is not None]
         return f"{(max(xs) - min(xs)) / float(np.median(xs)):.1%}" if len(xs) > 1 else "n/a"
 
-    broke = [min((s["speed"] for s in r["speeds"] if not s["figures"]["*"]["meets_slo"]), default=None)
-             for r in sweeps]
     best = [r["highest_speed_meeting_slo"] for r in sweeps]
+    broke = [min((s["speed"] for s in r["speeds"] if not s["figures"]["*"]["meets_slo"]
+                  and (b is None or s["speed"] > b)), default=None)  # as `lowest_breaking`: a retried probe that met is not the break
+             for r, b in zip(sweeps, best)]
     tried = [[s["speed"] for s in r["speeds"]] for r in sweeps]
     print(f"sweep: speeds tried per run {tried}")
     for i, r in enumerate(sweeps):

@@ -48,6 +48,9 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--max-speed", type=float, default=64.0, show_default=True)
 @click.option("--sweep-steps", type=click.IntRange(min=0), default=3, show_default=True,
               help="Bisection steps between the last speed that met the SLO and the first that did not.")
+@click.option("--sweep-retries", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Probes again at a speed that broke the SLO before taking it as broken (a busy machine "
+                   "slows down for seconds at a time).")
 @click.option("--candidate", "only", default=None, help="Send every arrival to this candidate.")
 @click.option("--model", "maps", multiple=True, help="LOGGED=CANDIDATE (repeatable; a trace's "
               "suite-only rows are keyed suite:NAME).")
@@ -69,7 +72,7 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
 def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
-               speeds: str | None, sweep_start: float, max_speed: float, sweep_steps: int,
+               speeds: str | None, sweep_start: float, max_speed: float, sweep_steps: int, sweep_retries: int,
                only: str | None, maps: tuple[str, ...], skip_unknown: bool,
                ttft_target_s: float | None, latency_target_s: float | None, min_good: float,
                max_gap_s: float, duration_s: float | None, output_tokens: int | None,
@@ -95,7 +98,7 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     for note in arrivals.notes:
         click.echo(f"  note: {note}", err=True)
     slo = Slo(ttft_target_s, latency_target_s, min_good)
-    results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps),
+    results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps, sweep_retries),
                               timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path),
                               warmup)
     _finish(results, replay_id, slo, speeds is None, json_out)
@@ -133,7 +136,7 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
         done: list = []
         try:
             done = await sweep(run_at, speeds, start=sweep_opts[0], max_speed=sweep_opts[1],
-                               steps=sweep_opts[2])
+                               steps=sweep_opts[2], retries=sweep_opts[3])
         except asyncio.CancelledError:
             click.echo("interrupted: the speeds measured so far are kept", err=True)
         finally:
@@ -145,7 +148,7 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
 
 
 def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path | None) -> None:
-    from evals.selfhost.replay import highest_meeting
+    from evals.selfhost.replay import highest_meeting, lowest_breaking
 
     best = highest_meeting(results)
     targets = slo.ttft_s is not None or slo.latency_s is not None
@@ -155,9 +158,9 @@ def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path
                    f"{'TTFT ' + format(slo.ttft_s, 'g') + ' s' if slo.ttft_s is not None else ''}"
                    f"{' and ' if slo.ttft_s is not None and slo.latency_s is not None else ''}"
                    f"{'latency ' + format(slo.latency_s, 'g') + ' s' if slo.latency_s is not None else ''})")
-        broke = sorted(run.speed for run, f in results if not f["*"]["meets_slo"])
-        if broke:
-            click.echo(f"the SLO broke at {broke[0]:g}x")
+        broke = lowest_breaking(results)
+        if broke is not None:
+            click.echo(f"the SLO broke at {broke:g}x")
     elif swept:
         click.echo("no --ttft-target-s or --latency-target-s: the sweep stops where the generator "
                    "or the endpoint gave out")

@@ -147,14 +147,14 @@ def test_a_late_generator_is_flagged_not_reported_as_the_servers_latency() -> No
 
 
 def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> None:
-    from evals.selfhost.replay import ReplayRun, highest_meeting
+    from evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
 
     async def run_at(speed: float):
         return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= 5.0}}
 
     results = asyncio.run(sweep(run_at, None, steps=3))
-    assert [r.speed for r, _ in results] == [1, 2, 4, 8, 6, 5, 5.5]
-    assert highest_meeting(results) == 5.0
+    assert [r.speed for r, _ in results] == [1, 2, 4, 8, 8, 6, 6, 5, 5.5, 5.5]  # a failing speed is probed twice
+    assert highest_meeting(results) == 5.0 and lowest_breaking(results) == 5.5
 
 
 @pytest.mark.parametrize("limit, tried, highest", [
@@ -167,9 +167,29 @@ def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tr
     async def run_at(speed: float):
         return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= limit}}
 
-    results = asyncio.run(sweep(run_at, None, start=16, steps=3))
+    results = asyncio.run(sweep(run_at, None, start=16, steps=3, retries=0))
     assert [r.speed for r, _ in results] == tried
     assert highest_meeting(results) == highest
+
+
+@pytest.mark.parametrize("retries, tried, highest, broke", [
+    (1, [8, 16, 16, 32, 32, 24, 28, 30, 31], 31, 32),  # the slow probe at 16 is retried, and met
+    (0, [8, 16, 12, 14, 15, 15.5], 15.5, 16),  # without the retry, one slow probe caps the sweep
+])
+def test_one_slow_probe_does_not_cap_the_sweep(retries: int, tried: list, highest: float, broke: float) -> None:
+    """The server holds 31x; the machine slowed down during the first probe at 16x only."""
+    from evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
+
+    probes: list[float] = []
+
+    async def run_at(speed: float):
+        probes.append(speed)
+        slow = speed == 16 and probes.count(16) == 1
+        return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= 31 and not slow}}
+
+    results = asyncio.run(sweep(run_at, None, start=8, steps=4, retries=retries))
+    assert [r.speed for r, _ in results] == tried
+    assert highest_meeting(results) == highest and lowest_breaking(results) == broke
 
 
 def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp_path: Path) -> None:
