@@ -198,11 +198,34 @@ class _LocalSender:
 
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        self._writer(self.conn)
         self.proc = ctx.Process(target=serve_local, args=(self.candidate, child), daemon=True,
                                 name=f"routeopt-replay-{self.candidate.name}")
         self.proc.start()
         child.close()
         asyncio.get_running_loop().add_reader(self.conn.fileno(), self._answers)
+
+    def _writer(self, conn: Any) -> None:
+        """Requests go to the engine from a thread of their own. A full pipe must never stop the
+        event loop, which reads the engine's answers: with the loop blocked sending while the
+        engine blocked sending answers back, a replay under overload waited forever."""
+        import queue
+        import threading
+
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+        def write() -> None:
+            while True:
+                item = self.outbox.get()
+                try:
+                    conn.send(item)
+                except (OSError, ValueError):  # the engine or the pipe is gone: its waiters fail on the loop
+                    return
+                if item is None:
+                    return
+
+        self.writing = threading.Thread(target=write, name=f"routeopt-replay-{self.candidate.name}-send", daemon=True)
+        self.writing.start()
 
     def _answers(self) -> None:
         try:
@@ -224,7 +247,7 @@ class _LocalSender:
         i = next(self.ids)
         self.waiting[i] = asyncio.get_running_loop().create_future()
         sent = time.perf_counter()
-        self.conn.send((i, text, rec.max_tokens))
+        self.outbox.put((i, text, rec.max_tokens))
         rec.sent_s = sent - t0
         return i
 
@@ -251,10 +274,7 @@ class _LocalSender:
             asyncio.get_running_loop().remove_reader(self.conn.fileno())
         except RuntimeError:  # no loop running any more
             pass
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
+        self.outbox.put(None)  # after every request already handed over
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.terminate()

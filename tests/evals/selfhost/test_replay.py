@@ -286,3 +286,31 @@ def test_the_command_names_bad_input_and_sends_nothing(tmp_path: Path) -> None:
     assert res.exit_code == 1 and f"'gpt-x' (1 arrivals, first at {log}:2)" in " ".join(res.output.split())
     bad = CliRunner().invoke(cli, ["bench", "replay", str(log), "--config", str(cfg), "--speed", "0,2"])
     assert bad.exit_code == 2 and "give positive speeds" in bad.output
+
+
+def test_a_full_pipe_to_the_engine_never_stops_the_loop_that_reads_its_answers() -> None:
+    """The engine reads nothing here, as one busy sending its own answers would: every send must
+    return at once, and the requests reach the engine, in order, once it reads again."""
+    import multiprocessing
+
+    from evals.selfhost.replay import Sent, _LocalSender
+
+    sender = _LocalSender(Candidate(name="zoo-s", provider="local", model="m", gpu_hour_usd=1.0))
+    sender.conn, engine = multiprocessing.Pipe()
+    sender._writer(sender.conn)
+    text = "x" * 65_536  # a few of these fill the pipe
+
+    async def send_all() -> None:
+        for i in range(64):
+            sender.start(Sent(i, "m", "local:zoo-s", 0.0, 5, 5), text, time.perf_counter())
+
+    done = threading.Thread(target=lambda: asyncio.run(send_all()), daemon=True)
+    done.start()
+    done.join(60)
+    assert not done.is_alive(), "a send blocked on the full pipe"
+    got = [engine.recv()[0] for _ in range(64)]
+    assert got == list(range(64))
+    sender.outbox.put(None)
+    assert engine.recv() is None
+    sender.writing.join(10)
+    assert not sender.writing.is_alive()
