@@ -21,14 +21,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 VECTORS = json.loads((REPO / "docs" / "tracing_vectors.json").read_text())
 
 
-@pytest.fixture
-def memory():
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter, batch=False)
-    yield exporter
-    tracing.disable()
-
-
 @pytest.mark.parametrize("case", VECTORS["traceparent"], ids=lambda c: c["name"])
 def test_traceparent_vectors(case: dict) -> None:
     got = tracing.parse_traceparent(case["header"])

@@ -120,14 +120,6 @@ def test_a_recorded_span_is_what_the_sdk_would_have_made(scenario: str, limits: 
         provider.shutdown()
 
 
-@pytest.fixture
-def memory():
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter, batch=False)
-    yield exporter
-    tracing.disable()
-
-
 def test_the_current_recorded_span_parents_an_applications_own_spans(memory: InMemorySpanExporter) -> None:
     """An application's tracer (its own provider) and routeopt's child spans both see it."""
     app_out = InMemorySpanExporter()
