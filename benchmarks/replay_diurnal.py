@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,19 @@ def arrivals(seed: int, minutes: float, mean_rps: float, burst_every_s: float, b
         k = rng.geometric(1 / burst_size)
         bursts.append(start + rng.uniform(0, 0.5, k))
     return np.sort(np.concatenate([base, *bursts]))
+
+
+def machine_ms(reps: int = 7) -> float:
+    """Median milliseconds of a fixed pure-Python loop: how fast this shared machine runs just then,
+    so runs whose breaks differ can be told apart from a machine that ran at another speed."""
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        times.append((time.perf_counter() - start) * 1000)
+    return float(np.median(times))
 
 
 def write_log(path: Path, seed: int, model: str, minutes: float, mean_rps: float, burst_every_s: float,
@@ -114,8 +128,9 @@ def main() -> None:
     n = write_log(log, a.seed, a.candidate, a.minutes, a.mean_rps, a.burst_every_s, a.burst_size, a.dataset)
     print(f"{log}: {n} arrivals over {a.minutes:g} min ({n / a.minutes / 60:.2f}/s mean) from {a.dataset}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    results, sweeps = [], []
+    results, sweeps, speed = [], [], []
     for run in range(a.runs):
+        before = machine_ms()
         for what, speeds, into in ((f"run{run}", ["--speed", a.speeds], results),
                                    (f"sweep{run}", ["--sweep-start", str(a.sweep_start), "--max-speed",
                                                     str(a.max_speed), "--sweep-steps", str(a.sweep_steps)],
@@ -129,10 +144,14 @@ def main() -> None:
             env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}
             subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env=env)
             into.append(json.loads(out.read_text()))
-        print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}", flush=True)
+        speed.append((before, machine_ms()))
+        print(f"run {run + 1}: done, load average {os.getloadavg()[0]:.1f}; a fixed Python loop took "
+              f"{speed[-1][0]:.0f} ms before the run and {speed[-1][1]:.0f} ms after it", flush=True)
     if results:
         report(results, a)
     report_sweeps(sweeps)
+    print(f"machine: a fixed Python loop, ms before / after each run: "
+          f"{[(round(b), round(e)) for b, e in speed]} (a slower machine takes longer)")
 
 
 def report(results: list[dict], a: argparse.Namespace) -> None:
