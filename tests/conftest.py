@@ -62,3 +62,17 @@ def prefect_harness():
 
 # The wire-protocol fake LLM server's fixtures, for every test module.
 from tests.fake_llm import fake_candidate, fake_llm, fake_llm_process  # noqa: E402,F401
+
+
+@pytest.fixture
+def memory():
+    """Tracing on in this process, every span built and kept in memory as it ends."""
+    pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from common import tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(exporter, batch=False)
+    yield exporter
+    tracing.disable()

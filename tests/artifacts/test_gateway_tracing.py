@@ -21,17 +21,6 @@ from tests.artifacts.test_decisions import FakeRouter
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-@pytest.fixture
-def memory():
-    pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter, batch=False)
-    yield exporter
-    tracing.disable()
-
-
 def test_a_gateway_decision_is_one_span_under_the_callers_trace(memory, tmp_path: Path) -> None:
     gw = Gateway(FakeRouter(), log=DecisionLog(tmp_path, redact=verbatim),
                  exploration=Exploration(rate=0.0001, seed=1))

@@ -39,19 +39,7 @@ def config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     return path
 
 
-@pytest.fixture
-def spans_out():
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from common import tracing
-
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter, batch=False)
-    yield exporter
-    tracing.disable()
-
-
-def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harness, spans_out,
+def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harness, memory,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.nightly import close_store, nightly
 
@@ -63,7 +51,7 @@ def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harne
     db = tmp_path / "out" / "routeopt.duckdb"
     close_store(db)
     assert result["suite_errors"] == {}
-    spans = spans_out.get_finished_spans()
+    spans = memory.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
     (run,) = [s for s in spans if s.name == "routeopt nightly"]
     assert run.parent is None and run.attributes["routeopt.run_id"] == "traced-1"
