@@ -276,3 +276,25 @@ async def test_a_prompt_that_cannot_be_rendered_fails_alone(endless: Path) -> No
     assert isinstance(bad, ProviderError) and bad.kind == "client_error"
     assert "template rejects" in str(bad)
     assert good.output_tokens == 3
+
+
+@pytest.mark.parametrize("num_draft", [0, 2])
+def test_a_batch_that_never_empties_keeps_no_autograd_history(endless: Path, num_draft: int) -> None:
+    """Rows rotate through a batch that stays busy; its caches must hold only keys and values.
+    Recorded autograd graphs chained every step to the last and grew by every activation."""
+    tok = transformers.AutoTokenizer.from_pretrained(endless)
+    model = transformers.AutoModelForCausalLM.from_pretrained(endless).eval()
+    batcher = _batcher.Batcher(model, tok, "cpu", 4, draft=model if num_draft else None,
+                               num_draft=num_draft)
+    served = 0
+    for i in range(12):
+        if batcher.free:
+            batcher.admit([_batcher.Row(MIXED[(i + j) % len(MIXED)], 2 + 3 * j, 0.0, None, ())
+                           for j in range(batcher.free)])
+        batcher.step()
+        served += len(batcher.evict(lambda r: False))
+        if not batcher.rows:
+            raise AssertionError("the batch emptied: rows must keep rotating through it")
+    assert served >= 8  # rows left and joined while the batch never emptied
+    held = [t for cache in batcher._caches for layer in cache.layers for t in (layer.keys, layer.values)]
+    assert held and all(t.grad_fn is None and not t.requires_grad for t in held)
