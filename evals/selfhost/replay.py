@@ -23,6 +23,7 @@ found nothing else of that model in flight (the unloaded TTFT); unknown when the
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -317,6 +318,9 @@ def serve_local(candidate: Any, conn: Any) -> None:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
+        await provider.prepare()  # the model loads, then the engine's own heap is frozen as above
+        gc.collect()
+        gc.freeze()
         loop.add_reader(conn.fileno(), incoming)
         await done.wait()
         await provider.aclose()
@@ -393,59 +397,76 @@ async def replay_once(arrivals: Sequence[Arrival], speed: float, senders: dict[s
     down = {m: _Down(down_after) for m in senders}
     in_flight = dict.fromkeys(senders, 0)
     tasks: set[asyncio.Task] = set()
-    t0 = time.perf_counter() + lead_s
+    fresh = _freeze_heap()
+    try:
+        t0 = time.perf_counter() + lead_s
 
-    async def one(r: Sent, text: str, started: Any, attempt: float) -> None:
-        sender = senders[r.model]
-        try:
-            async with asyncio.timeout(timeout_s):
-                await sender.send(r, text, t0, started)
-            r.ok = True
-        except TimeoutError:
-            r.error_kind = "timeout"
-        except ProviderError as exc:
-            r.error_kind = exc.kind
-        except asyncio.CancelledError:
-            r.error_kind = "cancelled"
-        except Exception:  # a malformed answer or a sender bug costs this request only
-            r.error_kind = "bad_response"
-        finally:
-            in_flight[r.model] -= 1
-            r.end_s = time.perf_counter() - t0
-            if r.sent_s is None:  # refused before the request went out: it was attempted then
-                r.sent_s = attempt
-            down[r.model].saw(r, sender.where)
+        async def one(r: Sent, text: str, started: Any, attempt: float) -> None:
+            sender = senders[r.model]
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await sender.send(r, text, t0, started)
+                r.ok = True
+            except TimeoutError:
+                r.error_kind = "timeout"
+            except ProviderError as exc:
+                r.error_kind = exc.kind
+            except asyncio.CancelledError:
+                r.error_kind = "cancelled"
+            except Exception:  # a malformed answer or a sender bug costs this request only
+                r.error_kind = "bad_response"
+            finally:
+                in_flight[r.model] -= 1
+                r.end_s = time.perf_counter() - t0
+                if r.sent_s is None:  # refused before the request went out: it was attempted then
+                    r.sent_s = attempt
+                down[r.model].saw(r, sender.where)
 
-    for r in records:
-        await _until(t0 + r.due_s)
-        if stop is not None and stop.is_set():
-            break
-        if down[r.model].why is not None:
-            r.error_kind = "not_sent"
-            continue
-        text = texts[r.index]
-        attempt = time.perf_counter() - t0
-        r.in_flight = in_flight[r.model]
-        in_flight[r.model] += 1
-        try:
-            started = senders[r.model].start(r, text, t0)  # written now if a connection is idle
-        except OSError:
-            started = None
-        task = asyncio.ensure_future(one(r, text, started, attempt))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    interrupted = stop is not None and stop.is_set()
-    if interrupted:
-        for task in list(tasks):
-            task.cancel()
-    if tasks:
-        await asyncio.gather(*list(tasks), return_exceptions=True)
-    for r in records:
-        if r.sent_s is None and r.error_kind is None:
-            r.error_kind = "not_sent"
-    gone = {m: d.why for m, d in down.items() if d.why}
-    status = "interrupted" if interrupted else "partial" if gone else "complete"
-    return ReplayRun(speed, records, time.perf_counter() - t0, status, gone)  # type: ignore[arg-type]
+        for r in records:
+            await _until(t0 + r.due_s)
+            if stop is not None and stop.is_set():
+                break
+            if down[r.model].why is not None:
+                r.error_kind = "not_sent"
+                continue
+            text = texts[r.index]
+            attempt = time.perf_counter() - t0
+            r.in_flight = in_flight[r.model]
+            in_flight[r.model] += 1
+            try:
+                started = senders[r.model].start(r, text, t0)  # written now if a connection is idle
+            except OSError:
+                started = None
+            task = asyncio.ensure_future(one(r, text, started, attempt))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        interrupted = stop is not None and stop.is_set()
+        if interrupted:
+            for task in list(tasks):
+                task.cancel()
+        if tasks:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+        for r in records:
+            if r.sent_s is None and r.error_kind is None:
+                r.error_kind = "not_sent"
+        gone = {m: d.why for m, d in down.items() if d.why}
+        status = "interrupted" if interrupted else "partial" if gone else "complete"
+        return ReplayRun(speed, records, time.perf_counter() - t0, status, gone)  # type: ignore[arg-type]
+    finally:
+        if fresh:
+            gc.unfreeze()
+
+
+def _freeze_heap() -> bool:
+    """Leave every object made so far (this probe's records and prompts, each earlier probe's
+    results) out of garbage collection while the probe runs; True when nothing was frozen before,
+    so the caller unfreezes. A sweep keeps every probe's records, so a full collection walked more
+    of them at each probe and its pause made the generator late in overloaded probes (send
+    lateness p99 80 to 230 ms): the generator's figure, not the server's."""
+    gc.collect()
+    fresh = gc.get_freeze_count() == 0
+    gc.freeze()
+    return fresh
 
 
 # -- figures -----------------------------------------------------------------------------------
