@@ -318,9 +318,8 @@ def serve_local(candidate: Any, conn: Any) -> None:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
-        await provider.prepare()  # the model loads, then the engine's own heap is frozen as above
-        gc.collect()
-        gc.freeze()
+        await provider.prepare()  # the model loads first, so its objects are frozen with the rest
+        _freeze_heap()  # this process serves until it exits: nothing to thaw
         loop.add_reader(conn.fileno(), incoming)
         await done.wait()
         await provider.aclose()
