@@ -14,7 +14,8 @@ characters are drawn, and their input length is their length in characters.
 Each run is two `routeopt bench replay` commands as a user types them, with their JSON output:
 `--speed 1,2,5` (the figures per speed), then the sweep (no `--speed`: doubling from
 `--sweep-start` until the SLO breaks, then `--sweep-steps` bisections) for the speed where the SLO
-breaks: the first speed that failed, within (last good, first bad) of a few percent. Both with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
+breaks: the lowest speed above the highest that met it whose verdict (the majority of up to three
+probes, `--sweep-probes`) was that it broke it, a few percent above that highest. Both with `ROUTEOPT_TORCH_THREADS=1` unless set: on a busy 2-core machine
 torch's second intra-op thread waits at every operator's barrier for a core (a 1-minute trial at
 load average 6-14: end-to-end p95 3.7 s with two threads, 0.09 s with one); the summary gives TTFT and end-to-end p95/p99 per speed and run, their
 spread over runs ((max - min) / median), and where the SLO broke.
@@ -179,16 +180,14 @@ def report(results: list[dict], a: argparse.Namespace) -> None:
 
 
 def report_sweeps(sweeps: list[dict]) -> None:
-    """Where each run's sweep found the SLO breaking: the lowest speed above the highest that met
-    it at which every probe failed, and that highest."""
+    """Where each run's sweep found the SLO breaking (the command's verdicts: the majority of a
+    speed's probes), and the highest speed meeting it."""
     def spread(xs: list) -> str:
         xs = [x for x in xs if x is not None]
         return f"{(max(xs) - min(xs)) / float(np.median(xs)):.1%}" if len(xs) > 1 else "n/a"
 
     best = [r["highest_speed_meeting_slo"] for r in sweeps]
-    broke = [min((s["speed"] for s in r["speeds"] if not s["figures"]["*"]["meets_slo"]
-                  and (b is None or s["speed"] > b)), default=None)  # as `lowest_breaking`: a retried probe that met is not the break
-             for r, b in zip(sweeps, best)]
+    broke = [r["slo_broken_at_speed"] for r in sweeps]
     tried = [[s["speed"] for s in r["speeds"]] for r in sweeps]
     print(f"sweep: speeds tried per run {tried}")
     for i, r in enumerate(sweeps):
@@ -199,9 +198,10 @@ def report_sweeps(sweeps: list[dict]) -> None:
             why = "meets" if f["meets_slo"] else ", ".join(
                 w for w, yes in (("SLO broken", (f["good_share"] or 0) < MIN_GOOD),
                                  ("generator-limited", f["generator_limited"])) if yes)
-            print(f"  run {i + 1} speed {s['speed']:>8g}: good {f['good_share'] or 0:.3f}, E2E p95 "
-                  f"{(f['e2e_s'] or {}).get('p95', float('nan')) * 1000:8.1f} ms, lateness p99 "
-                  f"{(late or float('nan')) * 1000:6.1f} ms, achieved/offered {rate:.3f}: {why}")
+            print(f"  run {i + 1} speed {s['speed']:>8g} probe {s['probe'] + 1}: good {f['good_share'] or 0:.3f}, "
+                  f"E2E p95 {(f['e2e_s'] or {}).get('p95', float('nan')) * 1000:8.1f} ms, lateness p99 "
+                  f"{(late or float('nan')) * 1000:6.1f} ms, achieved/offered {rate:.3f}, completed "
+                  f"{f['completed_rps']:.0f}/s: {why}")
     print(f"sweep: SLO broken at speed, per run: {broke} (spread {spread(broke)}); highest speed meeting it, "
           f"per run: {best} (spread {spread(best)}); load average {os.getloadavg()[0]:.1f}")
 

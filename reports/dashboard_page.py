@@ -185,7 +185,7 @@ the promise at its target on live traffic (doubly robust).</p>
 <th>TTFT p95</th><th>TTFT p99</th><th>E2E p95</th><th>E2E p99</th><th>send lateness p99</th><th>errors</th><th>meets SLO</th></tr></thead>
 <tbody>
 {% for r in R.rows %}
-<tr><td>{{ r.speed|num(".3g") }}x</td><td>{{ r.status }}{% if r.generator_limited %} (generator fell behind){% endif %}</td>
+<tr><td>{{ r.speed|num(".3g") }}x{% if r.probe %} (probe {{ r.probe + 1 }}){% endif %}</td><td>{{ r.status }}{% if r.generator_limited %} (generator fell behind){% endif %}</td>
 <td>{{ r.offered_rps|num(".3g") }}</td><td>{{ r.achieved_rps|num(".3g") }}</td><td>{{ r.good_share|pct }}</td>
 <td>{{ r.ttft_p95|num(".3f") }}</td><td>{{ r.ttft_p99|num(".3f") }}</td><td>{{ r.e2e_p95|num(".3f") }}</td>
 <td>{{ r.e2e_p99|num(".3f") }}</td><td>{{ r.lateness_p99|num(".4f") }}</td><td>{{ r.errors }}</td>

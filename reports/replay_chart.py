@@ -1,7 +1,8 @@
 """The dashboard's load-replay section: latency against replay speed, from `routeopt bench replay`.
 
 The latest replay in the store is shown: TTFT and end-to-end p95/p99 of all its requests at each
-speed it was replayed at, with the SLO's targets as flat lines. Speeds where the generator fell
+speed it was replayed at (the median over a sweep's probes of that speed; the table lists every
+probe), with the SLO's targets as flat lines. Speeds where the generator fell
 behind are left off the curves (their figures describe the machine that sent, not the server)
 and listed instead, as are speeds where an endpoint stopped answering.
 """
@@ -29,6 +30,7 @@ def replay_section(store: Store) -> dict[str, Any] | None:
 
 def latency_chart(overall: pd.DataFrame) -> str:
     usable = overall[~overall.generator_limited.astype(bool)]
+    usable = usable.groupby("speed", as_index=False)[["ttft_p95", "ttft_p99", "e2e_p95", "e2e_p99"]].median()
     xs = [float(s) for s in usable.speed]
     series = [Series(name, xs, [None if pd.isna(v) else float(v) * 1000 for v in usable[col]],
                      [f"{name} at {x:g}x" for x in xs], dashed=dashed, color=color)

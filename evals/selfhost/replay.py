@@ -551,28 +551,32 @@ def summaries(run: ReplayRun, slo: Slo, max_lateness_s: float, window_s: float) 
 
 async def sweep(run_at: Callable[[float], Any], speeds: Sequence[float] | None, *, start: float = 1.0,
                 max_speed: float = 64.0, steps: int = 3, halvings: int = 6,
-                retries: int = 1) -> list[tuple[ReplayRun, dict]]:
+                probes: int = 3) -> list[tuple[ReplayRun, dict]]:
     """Given speeds, each once; else double from `start` until the SLO breaks (or the generator
     cannot keep up), or, when `start` already breaks it, halve (at most `halvings` times) until a
     speed meets it; then bisect `steps` times between the last speed that met it and the first
     that did not. `run_at(speed)` replays and returns (run, summaries).
 
-    A speed breaks the SLO only when it fails `1 + retries` probes in a row: a shared machine slows
-    down for tens of seconds at a time, which only ever makes a probe fail, and one such probe
-    had capped a sweep at half the speed the same server held before and after it. Every probe is
-    in the result."""
+    Each speed's verdict is the majority of up to `probes` probes (stopping once it is decided):
+    near the break, two probes of one speed on a shared machine can land on either side of it
+    (good 0.78 then 1.000 at one speed), and a single probe, or the best of two, let one such
+    flip move the whole bisection. Every probe is in the result."""
     done: list[tuple[ReplayRun, dict]] = []
     if speeds:
         for s in speeds:
             done.append(await run_at(s))
         return done
+    need = max(1, probes) // 2 + 1
 
     async def meets(speed: float) -> bool:
-        for _ in range(1 + max(0, retries)):
+        yes = no = 0
+        while yes < need and no < need:
             done.append(await run_at(speed))
             if done[-1][1]["*"]["meets_slo"]:
-                return True
-        return False
+                yes += 1
+            else:
+                no += 1
+        return yes >= need
 
     good, bad, s = None, None, start
     while s <= max_speed:
@@ -595,15 +599,22 @@ async def sweep(run_at: Callable[[float], Any], speeds: Sequence[float] | None, 
     return done
 
 
+def verdicts(results: Sequence[tuple[ReplayRun, dict]]) -> dict[float, bool]:
+    """Each speed's verdict: met when more than half of its probes met the SLO (a tie is not)."""
+    votes: dict[float, list[bool]] = {}
+    for run, s in results:
+        votes.setdefault(run.speed, []).append(bool(s["*"]["meets_slo"]))
+    return {speed: 2 * sum(v) > len(v) for speed, v in votes.items()}
+
+
 def highest_meeting(results: Sequence[tuple[ReplayRun, dict]]) -> float | None:
-    """The highest speed whose overall figures met the SLO."""
-    met = [run.speed for run, s in results if s["*"]["meets_slo"]]
+    """The highest speed whose verdict (`verdicts`) is that it met the SLO."""
+    met = [speed for speed, ok in verdicts(results).items() if ok]
     return max(met) if met else None
 
 
 def lowest_breaking(results: Sequence[tuple[ReplayRun, dict]]) -> float | None:
-    """The lowest speed above every speed that met the SLO at which no probe met it (a speed one
-    probe failed and a retry met is not where it broke)."""
+    """The lowest speed above the highest that met the SLO whose verdict is that it broke it."""
     best = highest_meeting(results)
-    broke = [run.speed for run, s in results if not s["*"]["meets_slo"] and (best is None or run.speed > best)]
+    broke = [speed for speed, ok in verdicts(results).items() if not ok and (best is None or speed > best)]
     return min(broke) if broke else None

@@ -48,9 +48,9 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--max-speed", type=float, default=64.0, show_default=True)
 @click.option("--sweep-steps", type=click.IntRange(min=0), default=3, show_default=True,
               help="Bisection steps between the last speed that met the SLO and the first that did not.")
-@click.option("--sweep-retries", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Probes again at a speed that broke the SLO before taking it as broken (a busy machine "
-                   "slows down for seconds at a time).")
+@click.option("--sweep-probes", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Probes per speed at most; the majority decides whether it met the SLO (near the break "
+                   "a busy machine's probes land on either side of it).")
 @click.option("--candidate", "only", default=None, help="Send every arrival to this candidate.")
 @click.option("--model", "maps", multiple=True, help="LOGGED=CANDIDATE (repeatable; a trace's "
               "suite-only rows are keyed suite:NAME).")
@@ -72,7 +72,7 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
 def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
-               speeds: str | None, sweep_start: float, max_speed: float, sweep_steps: int, sweep_retries: int,
+               speeds: str | None, sweep_start: float, max_speed: float, sweep_steps: int, sweep_probes: int,
                only: str | None, maps: tuple[str, ...], skip_unknown: bool,
                ttft_target_s: float | None, latency_target_s: float | None, min_good: float,
                max_gap_s: float, duration_s: float | None, output_tokens: int | None,
@@ -98,7 +98,7 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     for note in arrivals.notes:
         click.echo(f"  note: {note}", err=True)
     slo = Slo(ttft_target_s, latency_target_s, min_good)
-    results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps, sweep_retries),
+    results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps, sweep_probes),
                               timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path),
                               warmup)
     _finish(results, replay_id, slo, speeds is None, json_out)
@@ -120,23 +120,25 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
             loop.add_signal_handler(sig, stop.set)
         senders = {m: make_sender(cfg.candidate(m)) for m in arrivals.models()}
         await warm_up(senders, arrivals.items, warmup)  # a local model loads before the clock starts
+        probes: dict[float, int] = {}
 
         async def run_at(speed: float) -> tuple:
             if stop.is_set():
                 raise asyncio.CancelledError
             run = await replay_once(arrivals.items, speed, senders, timeout_s=timeout_s, stop=stop)
             figures = summaries(run, slo, max_lateness_s, window)
-            click.echo(format_speed(run, figures))
-            if db is not None:  # each speed is kept as soon as it is measured
+            probe = probes[speed] = probes.get(speed, -1) + 1
+            click.echo(format_speed(run, figures, probe))
+            if db is not None:  # each probe is kept as soon as it is measured
                 with open_store(Path(db), read_only=False) as store:
-                    save(store, run_rows(replay_id, run, figures, slo, source, arrivals.notes),
-                         request_frame(replay_id, run))
+                    save(store, run_rows(replay_id, run, figures, slo, source, arrivals.notes, probe),
+                         request_frame(replay_id, run, probe))
             return run, figures
 
         done: list = []
         try:
             done = await sweep(run_at, speeds, start=sweep_opts[0], max_speed=sweep_opts[1],
-                               steps=sweep_opts[2], retries=sweep_opts[3])
+                               steps=sweep_opts[2], probes=sweep_opts[3])
         except asyncio.CancelledError:
             click.echo("interrupted: the speeds measured so far are kept", err=True)
         finally:
@@ -150,7 +152,7 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
 def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path | None) -> None:
     from evals.selfhost.replay import highest_meeting, lowest_breaking
 
-    best = highest_meeting(results)
+    best, broke = highest_meeting(results), lowest_breaking(results)
     targets = slo.ttft_s is not None or slo.latency_s is not None
     if targets:
         verdict = ("no speed met the SLO" if best is None else f"highest speed meeting the SLO: {best:g}x")
@@ -158,7 +160,6 @@ def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path
                    f"{'TTFT ' + format(slo.ttft_s, 'g') + ' s' if slo.ttft_s is not None else ''}"
                    f"{' and ' if slo.ttft_s is not None and slo.latency_s is not None else ''}"
                    f"{'latency ' + format(slo.latency_s, 'g') + ' s' if slo.latency_s is not None else ''})")
-        broke = lowest_breaking(results)
         if broke is not None:
             click.echo(f"the SLO broke at {broke:g}x")
     elif swept:
@@ -166,7 +167,8 @@ def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path
                    "or the endpoint gave out")
     click.echo(f"replay id {replay_id}")
     if json_out is not None:
-        payload = {"replay_id": replay_id, "highest_speed_meeting_slo": best,
-                   "speeds": [{"speed": run.speed, "status": run.status, "down": run.down, "figures": f}
-                              for run, f in results]}
+        payload = {"replay_id": replay_id, "highest_speed_meeting_slo": best, "slo_broken_at_speed": broke,
+                   "speeds": [{"speed": run.speed, "probe": [r.speed for r, _ in results[:i]].count(run.speed),
+                               "status": run.status, "down": run.down, "figures": f}
+                              for i, (run, f) in enumerate(results)]}
         atomic_write(json_out, json.dumps(payload, indent=2, default=str))
