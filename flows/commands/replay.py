@@ -51,6 +51,9 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--sweep-probes", type=click.IntRange(min=1), default=3, show_default=True,
               help="Probes per speed at most; the majority decides whether it met the SLO (near the break "
                    "a busy machine's probes land on either side of it).")
+@click.option("--pin/--no-pin", default=True, show_default=True,
+              help="With local candidates and two CPUs or more: the generator on one CPU, the engines on the "
+                   "others, so neither takes the other's core.")
 @click.option("--candidate", "only", default=None, help="Send every arrival to this candidate.")
 @click.option("--model", "maps", multiple=True, help="LOGGED=CANDIDATE (repeatable; a trace's "
               "suite-only rows are keyed suite:NAME).")
@@ -73,7 +76,7 @@ def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
 def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
                speeds: str | None, sweep_start: float, max_speed: float, sweep_steps: int, sweep_probes: int,
-               only: str | None, maps: tuple[str, ...], skip_unknown: bool,
+               pin: bool, only: str | None, maps: tuple[str, ...], skip_unknown: bool,
                ttft_target_s: float | None, latency_target_s: float | None, min_good: float,
                max_gap_s: float, duration_s: float | None, output_tokens: int | None,
                timeout_s: float, max_lateness_ms: float, warmup: int, json_out: Path | None,
@@ -100,25 +103,30 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     slo = Slo(ttft_target_s, latency_target_s, min_good)
     results, replay_id = _run(cfg, arrivals, slo, speed_list, (sweep_start, max_speed, sweep_steps, sweep_probes),
                               timeout_s, max_lateness_ms / 1000, None if no_store else (db_path or cfg.db_path),
-                              warmup)
+                              warmup, pin)
     _finish(results, replay_id, slo, speeds is None, json_out)
 
 
 def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_opts: tuple,
-         timeout_s: float, max_lateness_s: float, db: Path | None, warmup: int) -> tuple[list, str]:
-    from evals.selfhost.replay import make_sender, replay_once, summaries, sweep, warm_up
+         timeout_s: float, max_lateness_s: float, db: Path | None, warmup: int, pin: bool) -> tuple[list, str]:
+    from evals.selfhost.replay import cpu_split, make_sender, pinned, replay_once, summaries, sweep, warm_up
     from evals.selfhost.replay_store import format_speed, new_replay_id, request_frame, run_rows, save
 
     replay_id = new_replay_id()
     window = min(60.0, max(1.0, arrivals.duration_s / 10))
     source = ", ".join(arrivals.sources)
+    local = [m for m in arrivals.models() if cfg.candidate(m).provider == "local"]
+    split = cpu_split(len(local)) if pin else None
+    if split is not None:
+        click.echo(f"generator on CPU {_cpus(split[0])}, local engines ({', '.join(local)}) on CPU "
+                   f"{_cpus(split[1])} (--no-pin to leave them to the scheduler)", err=True)
 
     async def main() -> list:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        senders = {m: make_sender(cfg.candidate(m)) for m in arrivals.models()}
+        senders = {m: make_sender(cfg.candidate(m), split[1] if split else None) for m in arrivals.models()}
         await warm_up(senders, arrivals.items, warmup)  # a local model loads before the clock starts
         probes: dict[float, int] = {}
 
@@ -146,7 +154,12 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
                 s.close()
         return done
 
-    return asyncio.run(main()), replay_id
+    with pinned(split[0] if split else None):
+        return asyncio.run(main()), replay_id
+
+
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
 
 
 def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path | None) -> None:

@@ -105,9 +105,10 @@ def sharing_cpu(engines: int) -> Iterator[None]:
 
 def _cpu_threads() -> int:
     """torch's intra-op threads: ROUTEOPT_TORCH_THREADS, else this engine's share of the cores
-    (at most 4: a small model gains little from more)."""
+    this process may run on (at most 4: a small model gains little from more)."""
     override = int(os.environ.get("ROUTEOPT_TORCH_THREADS", 0))
-    return override or max(1, min((os.cpu_count() or 1) // _side_by_side, 4))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return override or max(1, min(cores // _side_by_side, 4))
 
 
 def _kept_key(candidate: Candidate) -> str:

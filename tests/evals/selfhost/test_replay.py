@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -322,9 +323,35 @@ def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_ev
     assert sorted(new_rows.probe) == [0, 0, 1, 1] and n_requests == 3 * len(recs)
 
 
+@pytest.mark.parametrize("allowed, engines, split", [
+    ({0, 1}, 1, ({0}, {1})),
+    ({2, 5, 7}, 2, ({2}, {5, 7})),  # the engines share every CPU but the generator's
+    ({3}, 1, None),  # one CPU: nothing to split
+    ({0, 1}, 0, None),  # no local engine: the generator keeps the machine
+])
+def test_the_generator_and_the_local_engines_get_cpus_of_their_own(monkeypatch, allowed, engines, split) -> None:
+    from evals.selfhost import replay
+
+    monkeypatch.setattr(replay.os, "sched_getaffinity", lambda pid: set(allowed))
+    assert replay.cpu_split(engines) == split
+
+
+def test_pinning_holds_within_its_block_and_is_undone_after() -> None:
+    from evals.selfhost.replay import pinned
+
+    before = os.sched_getaffinity(0)
+    one = {min(before)}
+    with pinned(one):
+        assert os.sched_getaffinity(0) == one
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(RuntimeError), pinned(one):
+        raise RuntimeError("a replay that fails")
+    assert os.sched_getaffinity(0) == before
+
+
 def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path, repo_root: Path) -> None:
-    """The demo's zoo-s through the provider's batcher in a process of its own: answers come
-    back with the engine's own TTFT and gaps, on the replay's clock."""
+    """The demo's zoo-s through the provider's batcher in a process of its own, on the CPU it
+    was given: answers come back with the engine's own TTFT and gaps, on the replay's clock."""
     pytest.importorskip("torch")
     from evals.config import load_config
 
@@ -332,18 +359,22 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     rows = [{"timestamp": i * 0.1, "model": "zoo-s", "input_tokens": 6, "output_tokens": 4,
              "text": f"{i} + 1 ="} for i in range(8)]
     arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["zoo-s"])
+    engine_cpus = {max(os.sched_getaffinity(0))}
+    seen: list[set[int]] = []
 
     async def go():
-        sender = make_sender(cand)
+        sender = make_sender(cand, engine_cpus)
         try:
             from evals.selfhost.replay import warm_up
 
             await warm_up({"zoo-s": sender}, arrivals.items, 1)
+            seen.append(os.sched_getaffinity(sender.proc.pid))
             return await replay_once(arrivals.items, 1.0, {"zoo-s": sender}, timeout_s=60)
         finally:
             sender.close()
 
     run = asyncio.run(go())
+    assert seen == [engine_cpus]
     assert run.status == "complete" and all(r.ok for r in run.records), [r.error_kind for r in run.records]
     for r in run.records:
         assert r.sent_s >= r.due_s and r.sent_s < r.first_s <= r.end_s and r.output_tokens <= 4  # may stop early
