@@ -340,10 +340,10 @@ def make_sender(candidate: Any, cpus: set[int] | None = None) -> Any:
 def cpu_split(local_engines: int) -> tuple[set[int], set[int]] | None:
     """(the generator's CPU, the local engines' CPUs) when engines run here and this process may
     use two CPUs or more; else None. Unpinned on 2 cores, the engine process's two threads (its
-    event loop and the batcher) and the generator's moved between the cores, passing the
-    engine's interpreter lock across them: ten 7-second probes at 1,600 requests/s completed
-    1,123 to 1,534 requests/s, against 1,325 to 1,484 with the generator on one core and the
-    engine on the other (`benchmarks/replay_pinning.py`)."""
+    event loop and the batcher) and the generator's move between the cores, passing the
+    engine's interpreter lock across them: at 1,600 requests/s the engine completed a median
+    993 requests/s unpinned and 1,086 pinned, over 10 probes each; both spread by about 20%,
+    which is the machine's (`benchmarks/replay_pinning.py`)."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if local_engines == 0 or len(allowed) < 2:
         return None
