@@ -149,14 +149,22 @@ async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() 
 
 
 def test_engines_side_by_side_share_the_cores(monkeypatch) -> None:
+    """The cores counted are those this process may run on: a pinned engine (`bench replay
+    --pin`) on one of a machine's 16 starts one thread, not four."""
     from evals.providers.local import provider as local
 
+    def cores(n: int) -> None:
+        monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: set(range(n)))
+
     monkeypatch.delenv("ROUTEOPT_TORCH_THREADS", raising=False)
-    monkeypatch.setattr(local.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(local.os, "cpu_count", lambda: 16)
+    cores(1)
+    assert local._cpu_threads() == 1
+    cores(2)
     assert local._cpu_threads() == 2
     with local.sharing_cpu(5):
         assert local._cpu_threads() == 1
-        monkeypatch.setattr(local.os, "cpu_count", lambda: 16)
+        cores(16)
         assert local._cpu_threads() == 3
         with local.sharing_cpu(1):
             assert local._cpu_threads() == 4  # at most 4
