@@ -80,26 +80,31 @@ def machine_ms(reps: int = 7) -> float:
     return float(np.median(times))
 
 
-def write_log(path: Path, seed: int, model: str, minutes: float, mean_rps: float, burst_every_s: float,
-              burst_size: float, dataset: str, max_chars: int = 48) -> int:
+def draw_prompts(dataset: str, n: int, rng: np.random.Generator, max_chars: int = 48) -> list[tuple[str, int]]:
+    """n (prompt, output tokens) drawn from the set's test split: prompts the demo models fit (64
+    positions, one per character), output tokens the recorded ones / 20, clipped to [2, 16]."""
     import pandas as pd
 
     df = pd.read_parquet(SHARED / "data" / dataset / "test.parquet").drop_duplicates("request_id")
-    df = df[df.prompt.str.len() <= max_chars]  # the demo models have 64 positions, one per character
+    df = df[df.prompt.str.len() <= max_chars]
+    rows = df.iloc[rng.integers(0, len(df), n)]
+    return [(r.prompt, int(np.clip(int(r.output_tokens) // 20, 2, 16))) for r in rows.itertuples()]
+
+
+def write_log(path: Path, seed: int, model: str, minutes: float, mean_rps: float, burst_every_s: float,
+              burst_size: float, dataset: str) -> int:
     rng = np.random.default_rng(seed + 1)
     times = arrivals(seed, minutes, mean_rps, burst_every_s, burst_size)
-    rows = df.iloc[rng.integers(0, len(df), len(times))]
     start = 1_767_225_600.0  # 2026-01-01T00:00:00Z
     lines = []
-    for i, (t, r) in enumerate(zip(times, rows.itertuples())):
+    for i, (t, (prompt, out)) in enumerate(zip(times, draw_prompts(dataset, len(times), rng))):
         stamp = np.datetime_as_string(np.datetime64(int((start + t) * 1e6), "us"), unit="us") + "Z"
         rid = f"diurnal-{seed}-{i}"
         lines.append({"v": 1, "kind": "decision", "time": stamp, "request_id": rid, "suite": dataset,
-                      "prompt_chars": len(r.prompt), "text": r.prompt, "channel": "champion",
+                      "prompt_chars": len(prompt), "text": prompt, "channel": "champion",
                       "policy_version": 1, "model": model, "propensity": 1.0})
         lines.append({"v": 1, "kind": "usage", "time": stamp, "request_id": rid, "model": model,
-                      "input_tokens": len(r.prompt),
-                      "output_tokens": int(np.clip(int(r.output_tokens) // 20, 2, 16))})
+                      "input_tokens": len(prompt), "output_tokens": out})
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return len(times)
 

@@ -23,24 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = next((p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if p.is_dir()),
-              REPO.parent / "shared")
+from replay_diurnal import REPO, draw_prompts
 
 
 def write_trace(path: Path, rate: float, seconds: float, dataset: str, seed: int = 0) -> int:
-    import pandas as pd
-
-    df = pd.read_parquet(SHARED / "data" / dataset / "test.parquet").drop_duplicates("request_id")
-    df = df[df.prompt.str.len() <= 48]  # the demo models have 64 positions, one per character
-    rng = np.random.default_rng(seed)
     n = int(rate * seconds)
-    rows = df.iloc[rng.integers(0, len(df), n)]
     with path.open("w") as f:
-        for i, r in enumerate(rows.itertuples()):
-            f.write(json.dumps({"timestamp": i / rate, "model": "zoo-s", "input_tokens": len(r.prompt),
-                                "output_tokens": int(np.clip(int(r.output_tokens) // 20, 2, 16)),
-                                "text": r.prompt}) + "\n")
+        for i, (prompt, out) in enumerate(draw_prompts(dataset, n, np.random.default_rng(seed))):
+            f.write(json.dumps({"timestamp": i / rate, "model": "zoo-s", "input_tokens": len(prompt),
+                                "output_tokens": out, "text": prompt}) + "\n")
     return n
 
 

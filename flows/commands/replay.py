@@ -116,17 +116,17 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
     window = min(60.0, max(1.0, arrivals.duration_s / 10))
     source = ", ".join(arrivals.sources)
     local = [m for m in arrivals.models() if cfg.candidate(m).provider == "local"]
-    split = cpu_split(len(local)) if pin else None
-    if split is not None:
-        click.echo(f"generator on CPU {_cpus(split[0])}, local engines ({', '.join(local)}) on CPU "
-                   f"{_cpus(split[1])} (--no-pin to leave them to the scheduler)", err=True)
+    generator_cpus, engine_cpus = (cpu_split(len(local)) if pin else None) or (None, None)
+    if generator_cpus:
+        click.echo(f"generator on CPU {_cpus(generator_cpus)}, local engines ({', '.join(local)}) on CPU "
+                   f"{_cpus(engine_cpus)} (--no-pin to leave them to the scheduler)", err=True)
 
     async def main() -> list:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        senders = {m: make_sender(cfg.candidate(m), split[1] if split else None) for m in arrivals.models()}
+        senders = {m: make_sender(cfg.candidate(m), engine_cpus) for m in arrivals.models()}
         await warm_up(senders, arrivals.items, warmup)  # a local model loads before the clock starts
         probes: dict[float, int] = {}
 
@@ -154,7 +154,7 @@ def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_op
                 s.close()
         return done
 
-    with pinned(split[0] if split else None):
+    with pinned(generator_cpus):
         return asyncio.run(main()), replay_id
 
 
