@@ -651,3 +651,15 @@ def lowest_breaking(results: Sequence[tuple[ReplayRun, dict]]) -> float | None:
     best = highest_meeting(results)
     broke = [speed for speed, ok in verdicts(results).items() if not ok and (best is None or speed > best)]
     return min(broke) if broke else None
+
+
+def disagreement(results: Sequence[tuple[ReplayRun, dict]]) -> tuple[float, float] | None:
+    """(the lowest speed at which any probe broke the SLO, the highest at which any met it) when
+    the first is not above the second, else None: the speeds where the probes disagree. On a
+    shared machine this band is as wide as the machine's speed moved during the sweep: the error
+    bar of `lowest_breaking`, which a single number hides."""
+    broke = [run.speed for run, s in results if not s["*"]["meets_slo"]]
+    met = [run.speed for run, s in results if s["*"]["meets_slo"]]
+    if not broke or not met or min(broke) > max(met):
+        return None
+    return min(broke), max(met)

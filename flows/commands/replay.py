@@ -163,9 +163,9 @@ def _cpus(cpus: set[int]) -> str:
 
 
 def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path | None) -> None:
-    from evals.selfhost.replay import highest_meeting, lowest_breaking
+    from evals.selfhost.replay import disagreement, highest_meeting, lowest_breaking
 
-    best, broke = highest_meeting(results), lowest_breaking(results)
+    best, broke, band = highest_meeting(results), lowest_breaking(results), disagreement(results)
     targets = slo.ttft_s is not None or slo.latency_s is not None
     if targets:
         verdict = ("no speed met the SLO" if best is None else f"highest speed meeting the SLO: {best:g}x")
@@ -175,12 +175,16 @@ def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path
                    f"{'latency ' + format(slo.latency_s, 'g') + ' s' if slo.latency_s is not None else ''})")
         if broke is not None:
             click.echo(f"the SLO broke at {broke:g}x")
+        if band is not None:
+            click.echo(f"probes from {band[0]:g}x to {band[1]:g}x disagreed (some met the SLO, some broke it): "
+                       "on this machine, at this time, the break is only known to lie in that band")
     elif swept:
         click.echo("no --ttft-target-s or --latency-target-s: the sweep stops where the generator "
                    "or the endpoint gave out")
     click.echo(f"replay id {replay_id}")
     if json_out is not None:
         payload = {"replay_id": replay_id, "highest_speed_meeting_slo": best, "slo_broken_at_speed": broke,
+                   "probes_disagree_between": list(band) if band else None,
                    "speeds": [{"speed": run.speed, "probe": [r.speed for r, _ in results[:i]].count(run.speed),
                                "status": run.status, "down": run.down, "figures": f}
                               for i, (run, f) in enumerate(results)]}

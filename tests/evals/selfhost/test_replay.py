@@ -149,7 +149,7 @@ def test_a_late_generator_is_flagged_not_reported_as_the_servers_latency() -> No
 
 
 def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> None:
-    from evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
+    from evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking
 
     async def run_at(speed: float):
         return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= 5.0}}
@@ -158,6 +158,7 @@ def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> Non
     # two probes that agree decide a speed (the majority of three)
     assert [r.speed for r, _ in results] == [1, 1, 2, 2, 4, 4, 8, 8, 6, 6, 5, 5, 5.5, 5.5]
     assert highest_meeting(results) == 5.0 and lowest_breaking(results) == 5.5
+    assert disagreement(results) is None  # every probe agreed with its speed's verdict
 
 
 @pytest.mark.parametrize("limit, tried, highest", [
@@ -198,7 +199,7 @@ def test_one_slow_probe_does_not_cap_the_sweep(probes: int, tried: list, highest
 
 def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None:
     """A lucky probe does not make a speed: the majority of its probes decides it."""
-    from evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking, verdicts
+    from evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking, verdicts
 
     outcomes = {8: [True, True], 16: [False, True, False], 12: [True, False, True], 14: [False, False]}
     seen: list[float] = []
@@ -211,6 +212,7 @@ def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None
     assert seen == [8, 8, 16, 16, 16, 12, 12, 12, 14, 14]
     assert verdicts(results) == {8: True, 16: False, 12: True, 14: False}
     assert highest_meeting(results) == 12 and lowest_breaking(results) == 14
+    assert disagreement(results) == (12, 16)  # a probe broke it at 12x, and one met it at 16x
     even = [(ReplayRun(4, [], 0.0, "complete"), {"*": {"meets_slo": ok}}) for ok in (True, False)]
     assert verdicts(even) == {4: False}  # a tie is not a pass
 
@@ -226,11 +228,18 @@ def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp
                                                    "input_price_per_mtok": 1, "output_price_per_mtok": 2}],
                                    "db_path": "db.duckdb"}))
         res = CliRunner().invoke(cli, ["bench", "replay", str(trace(tmp_path / "t.jsonl", rows)),
-                                       "--config", str(cfg), "--speed", "1,4", "--ttft-target-s", "0.02"],
+                                       "--config", str(cfg), "--speed", "1,4", "--ttft-target-s", "0.02",
+                                       "--json-out", str(tmp_path / "replay.json")],
                                  catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "speed 1x: complete" in res.output and "speed 4x: complete" in res.output
     assert "no speed met the SLO" in res.output and "the SLO broke at 1x" in res.output  # 30 ms > 20 ms
+    out = json.loads((tmp_path / "replay.json").read_text())
+    verdict = (out["highest_speed_meeting_slo"], out["slo_broken_at_speed"], out["probes_disagree_between"])
+    assert verdict == (None, 1.0, None)  # both speeds broke it: nothing to disagree on
+    probes = [(s["speed"], s["probe"], s["figures"]["*"]["meets_slo"]) for s in out["speeds"]]
+    assert probes == [(1.0, 0, False), (4.0, 0, False)]
+    assert "disagreed" not in res.output
     con = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
     runs = con.execute("SELECT speed, model, arrivals, completed, ttft_p50 FROM replay_runs ORDER BY speed, model").fetchall()
     n = con.execute("SELECT count(*) FROM replay_requests").fetchone()[0]
