@@ -217,6 +217,22 @@ def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None
     assert verdicts(even) == {4: False}  # a tie is not a pass
 
 
+def test_the_command_says_between_which_speeds_its_probes_disagreed(tmp_path: Path, capsys) -> None:
+    from evals.selfhost.replay import ReplayRun
+    from flows.commands.replay import _finish
+
+    probes = [(8, True), (8, True), (16, False), (16, True), (16, False), (12, True), (12, False), (12, True),
+              (14, False), (14, False)]
+    results = [(ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": ok}}) for speed, ok in probes]
+    _finish(results, "replay-x", Slo(ttft_s=1.0), True, tmp_path / "out.json")
+    said = capsys.readouterr().out
+    assert "highest speed meeting the SLO: 12x" in said and "the SLO broke at 14x" in said
+    assert "probes from 12x to 16x disagreed" in said
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["probes_disagree_between"] == [12, 16] and out["slo_broken_at_speed"] == 14
+    assert [s["probe"] for s in out["speeds"]] == [0, 1, 0, 1, 2, 0, 1, 2, 0, 1]
+
+
 def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp_path: Path) -> None:
     from flows.cli import cli
 
