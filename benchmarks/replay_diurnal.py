@@ -213,11 +213,10 @@ def report_sweeps(sweeps: list[dict]) -> None:
     # speed meeting the SLO and the one that broke it
     bands = [r.get("probes_disagree_between") or [r["highest_speed_meeting_slo"], r["slo_broken_at_speed"]]
              for r in sweeps]
-    known = [b for b in bands if None not in b]
-    lo, hi = (max(b[0] for b in known), min(b[1] for b in known)) if known else (None, None)
+    whole = bool(bands) and all(None not in b for b in bands)
+    lo, hi = (max(b[0] for b in bands), min(b[1] for b in bands)) if whole else (1.0, 0.0)
     print(f"sweep: where each run puts the break (its probes disagreed, or between met and broken): {bands}; "
-          + (f"every run's band holds {lo:g}x to {hi:g}x" if known and len(known) == len(bands) and lo <= hi
-             else "no speed lies in every run's band"))
+          + (f"every run's band holds {lo:g}x to {hi:g}x" if lo <= hi else "no speed lies in every run's band"))
 
 
 if __name__ == "__main__":

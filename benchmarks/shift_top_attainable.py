@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from router_training.bench import scoring_data
+from router_data import data_dir
+from router_training.bench import CHECKED, scoring_data
 from router_training.data import routing_data
 from router_training.shifts import shifted
 
-REPO = Path(__file__).resolve().parents[1]
-TOLERANCE = 0.01
+TOLERANCE = CHECKED[1.0]  # the check at target 1.0: best - 0.01
 
 
 def suite_mix_best(train, suites: list) -> tuple[int, np.ndarray]:
@@ -48,7 +48,7 @@ def suite_mix_best(train, suites: list) -> tuple[int, np.ndarray]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=data_dir())
     ap.add_argument("--sets", default="routerbench,alpacaeval,openllm_bbh")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
