@@ -1,9 +1,12 @@
 // The hot loops of sections 4 and 5 in WebAssembly text, for src/kernel.ts (scripts/wasm.mjs
 // assembles it). Each function is the JavaScript loop of src/features.ts or src/scorer.ts that
-// it replaces, step for step, so the two engines give the same bits:
+// it replaces, so the two engines give the same bits:
 //
-//  - `words` and `buckets` (4.1-4.5): 64-bit keys are one i64 each, so the word hash's Horner
-//    step, the bigram key and mix() are a multiply and an add instead of 16-bit limbs;
+//  - `words` (4.1-4.3): the byte classes 16 bytes at a time, then the words as runs of set bits
+//    64 at a time; a word's Horner hash (mod 2^64) is the same as the sum of its bytes times
+//    powers of P, which is what this computes, eight bytes at a time, without a branch per byte;
+//  - `buckets` (4.4-4.5): 64-bit keys are one i64 each, so the bigram key and mix() are a
+//    multiply and an add instead of 16-bit limbs;
 //  - `row` (4.5-4.6): the touched buckets sorted, their tf-idf values and the L2 norm (ln1p of
 //    a count from a table JavaScript fills with its own ln1p, or from that function itself);
 //  - `rowsums32`, `rowsums64` (5.1): each column's ordered sum over the row, two columns per
@@ -12,11 +15,11 @@
 //    JavaScript: SIMD changes how many columns one instruction serves, not any column's rounding
 //    (WebAssembly has no fused multiply-add outside relaxed SIMD, which this does not use).
 //
-// The module owns no layout: JavaScript passes every buffer's address. The byte tables live at
-// fixed addresses (TABLES below), written once per instance by src/kernel.ts.
+// The module owns no layout: JavaScript passes every buffer's address. The byte class tables
+// live at fixed addresses (TABLES below), written once per instance by src/kernel.ts.
 
-/** Where src/kernel.ts writes the byte tables (4.1, 4.2) and where `words` leaves its counts. */
-export const TABLES = { cls: 0, lower: 256, digitUpper: 512, punctCode: 1536, out: 2560, end: 2576 };
+/** Where `words` leaves its counts and src/kernel.ts writes the byte class tables (4.1). */
+export const TABLES = { out: 0, nibbles: 16, end: 112 };
 
 const ALNUM = 16;
 const P = "0x100000001b3"; // 2^40 + 435
@@ -28,53 +31,95 @@ const bucket = (k) => `(local.set $k (i64.xor ${k} (i64.const ${SALT})))
       (local.set $k (i64.mul (i64.xor (local.get $k) (i64.shr_u (local.get $k) (i64.const 33))) (i64.const ${MIX2})))
       (i32.and (i32.wrap_i64 (i64.xor (local.get $k) (i64.shr_u (local.get $k) (i64.const 33)))) (local.get $mask))`;
 
-/** Count bucket b (an i32 expression) and note it when first touched. */
+/** Count bucket b (an i32 expression) and note it when first touched: written at the end of the
+ * list every time and kept only on a first touch, as a branch on it would be mispredicted about
+ * as often as a first touch comes (the list has a slot to spare for the write). */
 const count = (b) => `(local.set $b ${b})
       (local.set $at (i32.add (local.get $counts) (i32.shl (local.get $b) (i32.const 2))))
       (local.set $c (i32.load (local.get $at)))
       (i32.store (local.get $at) (i32.add (local.get $c) (i32.const 1)))
-      (if (i32.eqz (local.get $c)) (then
-        (i32.store (i32.add (local.get $touched) (i32.shl (local.get $t) (i32.const 2))) (local.get $b))
-        (local.set $t (i32.add (local.get $t) (i32.const 1)))))`;
+      (i32.store (i32.add (local.get $touched) (i32.shl (local.get $t) (i32.const 2))) (local.get $b))
+      (local.set $t (i32.add (local.get $t) (i32.eqz (local.get $c))))`;
 
-/** 4.1-4.3: class counts, word hashes (high and low halves in two u32 arrays), the lower-cased
- * bytes when $low is not 0; returns the number of words and leaves the word characters and the
- * packed class counts at TABLES.out. */
-const words = `(func (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $wh i32) (param $wl i32) (result i32)
-    (local $i i32) (local $b i32) (local $alnum i32) (local $start i32) (local $j i32) (local $n i32)
-    (local $chars i32) (local $du i32) (local $pc i32) (local $h i64)
+/** P^j mod 2^64 for j = 0..8: a word's hash is the sum of its bytes times these (4.3's Horner
+ * step, unrolled eight bytes at a time; 2^64 wrap-around either way). */
+const POW = Array.from({ length: 9 }, (_, j) => BigInt.asUintN(64, BigInt(P) ** BigInt(j)));
+const hex = (x) => "0x" + x.toString(16);
+
+/** The hash of eight lowered bytes (the i64 expression x, little-endian, byte j times P^j). */
+const hash8 = (x) => Array.from({ length: 8 }, (_, j) => {
+  const byte = j === 0 ? `(i64.and ${x} (i64.const 255))`
+    : j === 7 ? `(i64.shr_u ${x} (i64.const 56))`
+    : `(i64.and (i64.shr_u ${x} (i64.const ${8 * j})) (i64.const 255))`;
+  return j === 0 ? byte : `(i64.mul ${byte} (i64.const ${hex(POW[j])}))`;
+}).reduce((a, b) => `(i64.add ${a} ${b})`);
+
+/** Lanes of the 16 bytes $v in a class: its nibble table (TABLES.nibbles + 16 * index) at the
+ * low nibble, against the bit of the high nibble (ASCII only; see src/features.ts). */
+const member = (index) => `(i8x16.ne (v128.and (i8x16.swizzle (v128.load offset=${TABLES.nibbles + 16 * index} (i32.const 0)) (local.get $lo))
+        (local.get $hiBit)) (v128.const i64x2 0 0))`;
+const popcount = (lanes) => `(i32.popcnt (i32.and (i8x16.bitmask ${lanes}) (local.get $keep)))`;
+
+/** 4.1-4.3, in two passes. First, 16 bytes at a time: the class counts, the lower-cased bytes
+ * into $low, and one bit per byte (alphanumeric or not) into $bits. Then the words are the runs
+ * of set bits, found 64 bits at a time; each one's hash is the sum of its bytes times powers of
+ * P, eight bytes at a time, which is the Horner step's value (mod 2^64) without its chain of
+ * multiplies or a branch per byte. Returns the number of words; leaves the word characters and
+ * the packed class counts at TABLES.out. */
+const words = `(func (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $bits i32) (param $wh i32) (param $wl i32) (result i32)
+    (local $i i32) (local $v v128) (local $lo v128) (local $hiBit v128) (local $upper v128) (local $keep i32) (local $m i32)
+    (local $du i32) (local $pc i32) (local $chars i32) (local $k i32) (local $c i64) (local $carry i64) (local $ev i64)
+    (local $e i32) (local $start i32) (local $n i32) (local $q i32) (local $r i32) (local $at i32) (local $h i64)
+    (block $classified (loop $block
+      (br_if $classified (i32.ge_u (local.get $i) (local.get $len)))
+      (local.set $v (v128.load (i32.add (local.get $cut) (local.get $i))))
+      (local.set $lo (v128.and (local.get $v) (v128.const i8x16 ${Array(16).fill(15).join(" ")})))
+      (local.set $hiBit (i8x16.swizzle (v128.load offset=${TABLES.nibbles + 80} (i32.const 0)) (i8x16.shr_u (local.get $v) (i32.const 4))))
+      (local.set $keep (select (i32.const 0xffff) (i32.sub (i32.shl (i32.const 1) (i32.sub (local.get $len) (local.get $i))) (i32.const 1))
+        (i32.ge_u (i32.sub (local.get $len) (local.get $i)) (i32.const 16))))
+      (local.set $upper ${member(1)})
+      (local.set $du (i32.add (local.get $du) (i32.add ${popcount(member(0))} (i32.shl ${popcount("(local.get $upper)")} (i32.const 16)))))
+      (local.set $pc (i32.add (local.get $pc) (i32.add ${popcount(member(2))} (i32.shl ${popcount(member(3))} (i32.const 16)))))
+      (local.set $m (i32.and (i8x16.bitmask (v128.or ${member(4)} (i8x16.lt_s (local.get $v) (v128.const i64x2 0 0)))) (local.get $keep)))
+      (local.set $chars (i32.add (local.get $chars) (i32.popcnt (local.get $m))))
+      (i32.store16 (i32.add (local.get $bits) (i32.shr_u (local.get $i) (i32.const 3))) (local.get $m))
+      (v128.store (i32.add (local.get $low) (local.get $i))
+        (i8x16.add (local.get $v) (v128.and (local.get $upper) (v128.const i8x16 ${Array(16).fill(32).join(" ")}))))
+      (local.set $i (i32.add (local.get $i) (i32.const 16)))
+      (br $block)))
+    ;; no set bits past the last block, through the last 64-bit chunk read below
+    (i64.store (i32.add (local.get $bits) (i32.shr_u (local.get $i) (i32.const 3))) (i64.const 0))
     (local.set $start (i32.const -1))
-    (block $done (loop $next
-      (br_if $done (i32.gt_u (local.get $i) (local.get $len)))
-      (local.set $alnum (i32.const 0))
-      (if (i32.lt_u (local.get $i) (local.get $len)) (then
-        (local.set $b (i32.load8_u (i32.add (local.get $cut) (local.get $i))))
-        (local.set $du (i32.add (local.get $du) (i32.load offset=${TABLES.digitUpper} (i32.shl (local.get $b) (i32.const 2)))))
-        (local.set $pc (i32.add (local.get $pc) (i32.load offset=${TABLES.punctCode} (i32.shl (local.get $b) (i32.const 2)))))
-        (if (local.get $low) (then
-          (i32.store8 (i32.add (local.get $low) (local.get $i)) (i32.load8_u offset=${TABLES.lower} (local.get $b)))))
-        (local.set $alnum (i32.and (i32.load8_u offset=${TABLES.cls} (local.get $b)) (i32.const ${ALNUM})))))
-      (block $word
-        (if (local.get $alnum) (then
-          (if (i32.lt_s (local.get $start) (i32.const 0)) (then (local.set $start (local.get $i))))
-          (br $word)))
-        (br_if $word (i32.lt_s (local.get $start) (i32.const 0)))
-        ;; Horner from the last byte: h = h P + lower(b)
-        (local.set $h (i64.const 0))
-        (local.set $j (local.get $i))
-        (block $hashed (loop $byte
-          (br_if $hashed (i32.le_s (local.get $j) (local.get $start)))
-          (local.set $j (i32.sub (local.get $j) (i32.const 1)))
-          (local.set $h (i64.add (i64.mul (local.get $h) (i64.const ${P}))
-            (i64.extend_i32_u (i32.load8_u offset=${TABLES.lower} (i32.load8_u (i32.add (local.get $cut) (local.get $j)))))))
-          (br $byte)))
+    (block $scanned (loop $chunk
+      (br_if $scanned (i32.gt_u (i32.shl (local.get $k) (i32.const 6)) (local.get $len)))
+      (local.set $c (i64.load (i32.add (local.get $bits) (i32.shl (local.get $k) (i32.const 3)))))
+      ;; a bit where a byte's class differs from the one before it: a word starts or ends there
+      (local.set $ev (i64.xor (local.get $c) (i64.or (i64.shl (local.get $c) (i64.const 1)) (local.get $carry))))
+      (local.set $carry (i64.shr_u (local.get $c) (i64.const 63)))
+      (block $events (loop $event
+        (br_if $events (i64.eqz (local.get $ev)))
+        (local.set $e (i32.add (i32.shl (local.get $k) (i32.const 6)) (i32.wrap_i64 (i64.ctz (local.get $ev)))))
+        (local.set $ev (i64.and (local.get $ev) (i64.sub (local.get $ev) (i64.const 1))))
+        (if (i32.lt_s (local.get $start) (i32.const 0)) (then (local.set $start (local.get $e)) (br $event)))
+        ;; the word [start, e): its last 1 to 8 bytes first, then back eight at a time (h P^8 + next)
+        (local.set $q (i32.shr_u (i32.sub (i32.sub (local.get $e) (local.get $start)) (i32.const 1)) (i32.const 3)))
+        (local.set $at (i32.add (i32.add (local.get $low) (local.get $start)) (i32.shl (local.get $q) (i32.const 3))))
+        (local.set $r (i32.sub (i32.add (local.get $low) (local.get $e)) (local.get $at)))
+        (local.set $h ${hash8(`(i64.and (i64.load (local.get $at)) (i64.shr_u (i64.const -1)
+          (i64.extend_i32_u (i32.and (i32.sub (i32.const 64) (i32.shl (local.get $r) (i32.const 3))) (i32.const 63)))))`)})
+        (block $hashed (loop $back
+          (br_if $hashed (i32.eqz (local.get $q)))
+          (local.set $q (i32.sub (local.get $q) (i32.const 1)))
+          (local.set $at (i32.sub (local.get $at) (i32.const 8)))
+          (local.set $h (i64.add (i64.mul (local.get $h) (i64.const ${hex(POW[8])})) ${hash8("(i64.load (local.get $at))")}))
+          (br $back)))
         (i32.store (i32.add (local.get $wh) (i32.shl (local.get $n) (i32.const 2))) (i32.wrap_i64 (i64.shr_u (local.get $h) (i64.const 32))))
         (i32.store (i32.add (local.get $wl) (i32.shl (local.get $n) (i32.const 2))) (i32.wrap_i64 (local.get $h)))
         (local.set $n (i32.add (local.get $n) (i32.const 1)))
-        (local.set $chars (i32.add (local.get $chars) (i32.sub (local.get $i) (local.get $start))))
-        (local.set $start (i32.const -1)))
-      (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $next)))
+        (local.set $start (i32.const -1))
+        (br $event)))
+      (local.set $k (i32.add (local.get $k) (i32.const 1)))
+      (br $chunk)))
     (i32.store offset=${TABLES.out} (i32.const 0) (local.get $chars))
     (i32.store offset=${TABLES.out + 4} (i32.const 0) (local.get $du))
     (i32.store offset=${TABLES.out + 8} (i32.const 0) (local.get $pc))
@@ -216,7 +261,8 @@ function rowsums(name, bytes) {
   const load2 = (addr, off) => bytes === 4
     ? `(f64x2.promote_low_f32x4 (v128.load64_zero offset=${off} ${addr}))`
     : `(v128.load offset=${off} ${addr})`;
-  const rowAt = (e) => `(i32.add (local.get $w) (i32.mul (i32.add (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl ${e} (i32.const 2)))) (local.get $c)) (local.get $j)) (i32.const ${bytes})))`;
+  const rowAt = (e) => `(i32.add (local.get $w) (i32.add (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl ${e} (i32.const 2)))) (local.get $stride))
+    (i32.mul (local.get $j) (i32.const ${bytes}))))`;
   const value = (e) => `(f64.load (i32.add (local.get $vals) (i32.shl ${e} (i32.const 3))))`;
   const groups = [16, 8, 4, 2].map((g) => {
     const acc = Array.from({ length: g / 2 }, (_, i) => i);
@@ -240,7 +286,7 @@ function rowsums(name, bytes) {
   });
   const loadOne = (addr) => bytes === 4 ? `(f64.promote_f32 (f32.load ${addr}))` : `(f64.load ${addr})`;
   const locals = Array.from({ length: 8 }, (_, i) => `(local $a${i} v128)`).join(" ");
-  return `(func (export "${name}") (param $w i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
+  return `(func (export "${name}") (param $w i32) (param $stride i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
     (local $j i32) (local $e i32) (local $row i32) (local $out i32) (local $v v128) (local $s f64) ${locals}
     (if (i32.eqz (local.get $n)) (then
       (memory.fill (local.get $r) (i32.const 0) (i32.shl (local.get $c) (i32.const 3)))

@@ -28,6 +28,19 @@ for (const c of "{}()[];=<>_") CLASS[c.charCodeAt(0)] |= CODE;
  * punct, code): a cut has at most 8192 bytes, so the halves never carry into each other. */
 const DIGIT_UPPER = Int32Array.from(CLASS, (c) => (c & DIGIT ? 1 : 0) + (c & UPPER ? 1 << 16 : 0));
 const PUNCT_CODE = Int32Array.from(CLASS, (c) => (c & PUNCT ? 1 : 0) + (c & CODE ? 1 << 16 : 0));
+/** The classes as the WebAssembly words loop tests 16 bytes at once (kernel.ts): per class
+ * (digit, upper, punct, code, alphanumeric), a table by a byte's low nibble of the high nibbles
+ * it has in the class; then the bit of each high nibble (none from 8 up: a byte of 0x80 or more
+ * is alphanumeric and nothing else, which the loop tests by its sign). */
+export const CLASS_NIBBLES = (() => {
+  const out = new Uint8Array(96);
+  [DIGIT, UPPER, PUNCT, CODE, ALNUM].forEach((c, i) => {
+    for (let b = 0; b < 128; b++) if (CLASS[b] & c) out[16 * i + (b & 15)] |= 1 << (b >> 4);
+  });
+  for (let h = 0; h < 8; h++) out[80 + h] = 1 << h;
+  for (let b = 128; b < 256; b++) if (CLASS[b] !== ALNUM) throw new Error("byte classes: the kernel assumes bytes >= 0x80 are alphanumeric only");
+  return out;
+})();
 /** 4.2: ASCII lower-casing. */
 const LOWER = Uint8Array.from(CLASS, (_, b) => (b >= 0x41 && b <= 0x5a ? b + 32 : b));
 
@@ -115,7 +128,7 @@ export function featureKernel(spec: FeatureSpec, weights: Float32Array | Float64
   return Kernel.create({
     nBuckets: spec.nBuckets, maxTouched: touched, maxRow: 1 + touched + N_STATS, maxBytes: MAX_BYTES,
     charNgrams: spec.charNgrams, wordBigrams: spec.wordBigrams, nSuites: spec.suites.length, idf: spec.idf, weights, columns,
-  }, { cls: CLASS, lower: LOWER, digitUpper: DIGIT_UPPER, punctCode: PUNCT_CODE }, engine);
+  }, CLASS_NIBBLES, engine);
 }
 
 /** Per-policy scratch space, so a decision allocates nothing but the objects it returns; with a
@@ -168,7 +181,7 @@ export class Scratch {
 function words(cut: Uint8Array, s: Scratch, lower: boolean): void {
   const k = s.kernel;
   if (k) {
-    s.nWords = k.words(cut, lower);
+    s.nWords = k.words(cut);
     s.wordChars = k.wordChars;
     s.digitUpper = k.digitUpper;
     s.punctCode = k.punctCode;

@@ -17,8 +17,8 @@
 import { KERNEL_WASM } from "./kernel-wasm.js";
 import { ln1p } from "./numbers.js";
 
-/** The byte tables' and the counts' addresses (scripts/kernel.mjs TABLES). */
-const CLS = 0, LOWER = 256, DIGIT_UPPER = 512, PUNCT_CODE = 1536, OUT = 2560, TABLES_END = 4096;
+/** The counts' and the class tables' addresses (scripts/kernel.mjs TABLES). */
+const OUT = 0, NIBBLES = 16, TABLES_END = 128;
 /** Counts below this take their ln1p from a table (numbers.ts caches the same range). */
 const TF_TABLE = 4096;
 
@@ -37,13 +37,13 @@ export const ENGINE: Engine = module ? "webassembly" : "javascript";
 
 interface Exports {
   memory: WebAssembly.Memory;
-  words(cut: number, len: number, low: number, wh: number, wl: number): number;
+  words(cut: number, len: number, low: number, bits: number, wh: number, wl: number): number;
   buckets(nWords: number, wh: number, wl: number, bigrams: number, low: number, len: number, grams: number,
     nGrams: number, mask: number, counts: number, touched: number): number;
   row(nt: number, counts: number, touched: number, sorted: number, digits: number, bits: number, passes: number,
     tf: number, idf: number, bc: number, ids: number, vals: number, nS: number): number;
-  rowsums32(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
-  rowsums64(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
+  rowsums32(w: number, stride: number, c: number, ids: number, vals: number, n: number, r: number): void;
+  rowsums64(w: number, stride: number, c: number, ids: number, vals: number, n: number, r: number): void;
 }
 
 /** What a Kernel is sized for. */
@@ -74,16 +74,18 @@ function plan(layout: KernelLayout) {
   };
   const { nBuckets, maxTouched, maxRow, maxBytes, columns } = layout;
   const words = maxBytes / 2 + 1;
+  const stride = layout.weights ? columns * layout.weights.BYTES_PER_ELEMENT : 0;
   const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
   const radixPasses = Math.ceil(bits / 8);
   const radixBits = Math.ceil(bits / radixPasses);
   const addresses = {
     weights: layout.weights ? take(layout.weights.byteLength) : 0,
     counts: take(4 * nBuckets),
-    touched: take(4 * maxTouched),
+    touched: take(4 * (maxTouched + 1)), // + 1: buckets writes one past the last touch
     sorted: take(4 * maxTouched),
     cut: take(maxBytes),
     lower: take(maxBytes),
+    bits: take(maxBytes / 8 + 16),
     wordHi: take(4 * words),
     wordLo: take(4 * words),
     ids: take(4 * maxRow),
@@ -95,7 +97,7 @@ function plan(layout: KernelLayout) {
     idf: layout.idf ? take(layout.idf.byteLength) : 0,
     digits: take(4 << radixBits),
   };
-  return { ...addresses, words, radixBits, radixPasses, end: at };
+  return { ...addresses, words, stride, radixBits, radixPasses, end: at };
 }
 
 type Plan = ReturnType<typeof plan>;
@@ -133,18 +135,14 @@ export class Kernel {
 
   /** A kernel for one policy, or null where WebAssembly is not compiled (or `engine` says not
    * to use it). */
-  static create(layout: KernelLayout, tables: { cls: Uint8Array; lower: Uint8Array; digitUpper: Int32Array; punctCode: Int32Array },
-    engine: Engine = ENGINE): Kernel | null {
+  static create(layout: KernelLayout, nibbles: Uint8Array, engine: Engine = ENGINE): Kernel | null {
     if (engine === "javascript" || !module) return null;
     const x = new WebAssembly.Instance(module, { js: { ln1p } }).exports as unknown as Exports;
     const at = plan(layout);
     const pages = Math.ceil(at.end / 65536) - x.memory.buffer.byteLength / 65536;
     if (pages > 0) x.memory.grow(pages);
     const buffer = x.memory.buffer;
-    new Uint8Array(buffer, CLS, 256).set(tables.cls);
-    new Uint8Array(buffer, LOWER, 256).set(tables.lower);
-    new Int32Array(buffer, DIGIT_UPPER, 256).set(tables.digitUpper);
-    new Int32Array(buffer, PUNCT_CODE, 256).set(tables.punctCode);
+    new Uint8Array(buffer, NIBBLES, nibbles.length).set(nibbles);
     const w = layout.weights;
     if (w) new Uint8Array(buffer, at.weights, w.byteLength).set(new Uint8Array(w.buffer, w.byteOffset, w.byteLength));
     new Uint8Array(buffer, at.grams, layout.charNgrams.length).set(layout.charNgrams);
@@ -155,10 +153,10 @@ export class Kernel {
   }
 
   /** 4.1-4.3 on `cut` (copied in unless it is this kernel's): the number of words; word hashes
-   * in wordHi/wordLo, with `lower` the lower-cased bytes in `lower`. */
-  words(cut: Uint8Array, lower: boolean): number {
+   * in wordHi/wordLo, the lower-cased bytes in `lower`. */
+  words(cut: Uint8Array): number {
     if (cut.buffer !== this.cut.buffer || cut.byteOffset !== this.cut.byteOffset) this.cut.set(cut);
-    return this.x.words(this.cut.byteOffset, cut.length, lower ? this.lower.byteOffset : 0,
+    return this.x.words(this.cut.byteOffset, cut.length, this.lower.byteOffset, this.at.bits,
       this.wordHi.byteOffset, this.wordLo.byteOffset);
   }
 
@@ -191,7 +189,7 @@ export class Kernel {
     if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids);
     if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals);
     const sum = this.layout.weights instanceof Float32Array ? this.x.rowsums32 : this.x.rowsums64;
-    sum(this.at.weights, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
+    sum(this.at.weights, this.at.stride, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
     return this.r;
   }
 }

@@ -35,6 +35,16 @@ function spec(r, nBuckets, charNgrams, wordBigrams, withIdf, suites) {
   };
 }
 
+/** Where the WebAssembly words loop changes step: words of 1 to 70 bytes starting at every
+ * offset within its 16-byte blocks, ending on a block's or a 64-bit chunk's last byte or at the
+ * end of the text, and cuts of exactly 8192 bytes that end inside a word. */
+const EDGES = [
+  ...Array.from({ length: 70 * 3 }, (_, i) => " ".repeat(i % 18) + "aB3\u00e9Zz".repeat(12).slice(0, 1 + (i % 70)) + (i % 3 ? "" : "!?")),
+  ...Array.from({ length: 70 }, (_, i) => "x".repeat(i + 1)),
+  ...[15, 16, 17, 63, 64, 65, 127, 128].flatMap((n) => [" ".repeat(n - 3) + "abc", "q".repeat(n) + " " + "w".repeat(n)]),
+  "a ".repeat(4095) + "zz", "b".repeat(8191) + " ", "\u00ff".repeat(4096), "word ".repeat(3000) + "end",
+];
+
 const LAYOUTS = [
   [16384, [], true, true], [1 << 10, [3, 4], true, false], [1 << 12, [1, 2, 5, 7], false, true], [2, [6], true, true],
   [1 << 20, [4], true, true], [1, [], false, false],
@@ -47,7 +57,8 @@ test("features: the engines agree layer by layer on random and hostile prompts",
     const kernel = featureKernel(sp, null, 0);
     assert.ok(kernel, "Node compiles the kernel");
     const [wasm, js] = [new Scratch(nBuckets, kernel), new Scratch(nBuckets)];
-    const texts = ["", " ", "\0\0", "x".repeat(20000), "ab ".repeat(5000), ...Array.from({ length: 150 }, () => prompt(r, Math.floor(r() * 400)))];
+    const texts = ["", " ", "\0\0", "x".repeat(20000), "ab ".repeat(5000), ...Array.from({ length: 150 }, () => prompt(r, Math.floor(r() * 400))),
+      ...EDGES];
     for (const [i, t] of texts.entries()) {
       const suite = ["a", "b", "zzz", null][i % 4];
       // twice through each, kept and not: counters must be left cleared for the next request
