@@ -60,7 +60,8 @@ const member = (index) => `(i8x16.ne (v128.and (i8x16.swizzle (v128.load offset=
         (local.get $hiBit)) (v128.const i64x2 0 0))`;
 const popcount = (lanes) => `(i32.popcnt (i32.and (i8x16.bitmask ${lanes}) (local.get $keep)))`;
 
-/** 4.1-4.3, in two passes. First, 16 bytes at a time: the class counts, the lower-cased bytes
+/** 4.1-4.3, in two passes. First, 16 bytes at a time: the class counts (and the newlines and
+ * question marks, packed as a count per 16-bit half), the lower-cased bytes
  * into $low, and one bit per byte (alphanumeric or not) into $bits. Then the words are the runs
  * of set bits, found 64 bits at a time; each one's hash is the sum of its bytes times powers of
  * P, eight bytes at a time, which is the Horner step's value (mod 2^64) without its chain of
@@ -68,7 +69,7 @@ const popcount = (lanes) => `(i32.popcnt (i32.and (i8x16.bitmask ${lanes}) (loca
  * the packed class counts at TABLES.out. */
 const words = `(func (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $bits i32) (param $wh i32) (param $wl i32) (result i32)
     (local $i i32) (local $v v128) (local $lo v128) (local $hiBit v128) (local $upper v128) (local $keep i32) (local $m i32)
-    (local $du i32) (local $pc i32) (local $chars i32) (local $k i32) (local $c i64) (local $carry i64) (local $ev i64)
+    (local $du i32) (local $pc i32) (local $nq i32) (local $chars i32) (local $k i32) (local $c i64) (local $carry i64) (local $ev i64)
     (local $e i32) (local $start i32) (local $n i32) (local $q i32) (local $r i32) (local $at i32) (local $h i64)
     (block $classified (loop $block
       (br_if $classified (i32.ge_u (local.get $i) (local.get $len)))
@@ -80,6 +81,8 @@ const words = `(func (export "words") (param $cut i32) (param $len i32) (param $
       (local.set $upper ${member(1)})
       (local.set $du (i32.add (local.get $du) (i32.add ${popcount(member(0))} (i32.shl ${popcount("(local.get $upper)")} (i32.const 16)))))
       (local.set $pc (i32.add (local.get $pc) (i32.add ${popcount(member(2))} (i32.shl ${popcount(member(3))} (i32.const 16)))))
+      (local.set $nq (i32.add (local.get $nq) (i32.add ${popcount(`(i8x16.eq (local.get $v) (v128.const i8x16 ${Array(16).fill(10).join(" ")}))`)}
+        (i32.shl ${popcount(`(i8x16.eq (local.get $v) (v128.const i8x16 ${Array(16).fill(63).join(" ")}))`)} (i32.const 16)))))
       (local.set $m (i32.and (i8x16.bitmask (v128.or ${member(4)} (i8x16.lt_s (local.get $v) (v128.const i64x2 0 0)))) (local.get $keep)))
       (local.set $chars (i32.add (local.get $chars) (i32.popcnt (local.get $m))))
       (i32.store16 (i32.add (local.get $bits) (i32.shr_u (local.get $i) (i32.const 3))) (local.get $m))
@@ -123,6 +126,7 @@ const words = `(func (export "words") (param $cut i32) (param $len i32) (param $
     (i32.store offset=${TABLES.out} (i32.const 0) (local.get $chars))
     (i32.store offset=${TABLES.out + 4} (i32.const 0) (local.get $du))
     (i32.store offset=${TABLES.out + 8} (i32.const 0) (local.get $pc))
+    (i32.store offset=${TABLES.out + 12} (i32.const 0) (local.get $nq))
     (local.get $n))`;
 
 /** The word key at index $w (hi at $wh, lo at $wl) as an i64 expression. */

@@ -75,8 +75,10 @@ function codePoints(raw: Uint8Array, textLength: number): number {
 }
 
 /** Section 3 for one prompt; with `scratch`, raw and cut are views of its buffers unless `own`
- * asks for copies (encodeInto and a copy are still faster than `encode`). */
-export function promptBytes(prompt: string, scratch?: ByteScratch, own = false): PromptBytes {
+ * asks for copies (encodeInto and a copy are still faster than `encode`). Without `counted`,
+ * newlines and questions are left at -1 for the caller, where the cut is the whole text and a
+ * pass over its bytes counts them anyway (the WebAssembly words loop does). */
+export function promptBytes(prompt: string, scratch?: ByteScratch, own = false, counted = true): PromptBytes {
   let raw = scratch ? scratch.encode(prompt) : encoder.encode(prompt);
   if (own && scratch) raw = raw.slice();
   let cut = raw;
@@ -85,6 +87,7 @@ export function promptBytes(prompt: string, scratch?: ByteScratch, own = false):
     cut.set(raw.subarray(0, HALF), 0);
     cut.set(raw.subarray(raw.length - HALF), HALF);
   }
-  return { raw, utf8Len: raw.length, nChars: codePoints(raw, prompt.length), newlines: occurrences(prompt, "\n"),
-    questions: occurrences(prompt, "?"), cut };
+  const count = counted || cut !== raw;
+  return { raw, utf8Len: raw.length, nChars: codePoints(raw, prompt.length), newlines: count ? occurrences(prompt, "\n") : -1,
+    questions: count ? occurrences(prompt, "?") : -1, cut };
 }

@@ -335,8 +335,12 @@ function textRow(spec: FeatureSpec, s: Scratch, nt: number, head: number): Int32
  * request, unless `keep` asks for copies. */
 export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
   s: Scratch, keep = false): FeatureLayers {
-  const text = promptBytes(prompt, s.bytes, keep);
+  const text = promptBytes(prompt, s.bytes, keep, !s.kernel);
   words(text.cut, s, spec.charNgrams.length > 0);
+  if (text.newlines < 0) {
+    text.newlines = s.kernel!.newlines;
+    text.questions = s.kernel!.questions;
+  }
   const nWords = s.nWords, wordChars = s.wordChars;
   const nt = buckets(spec, s, nWords, text.cut.length);
   const pos = suitePosition(spec, suite);

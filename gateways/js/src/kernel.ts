@@ -130,7 +130,7 @@ export class Kernel {
     this.vals = new Float64Array(buffer, at.vals, maxRow);
     this.bucketCounts = new Int32Array(buffer, at.bucketCounts, maxTouched);
     this.r = new Float64Array(buffer, at.r, Math.max(columns, 1));
-    this.out = new Int32Array(buffer, OUT, 3);
+    this.out = new Int32Array(buffer, OUT, 4);
   }
 
   /** A kernel for one policy, or null where WebAssembly is not compiled (or `engine` says not
@@ -164,6 +164,9 @@ export class Kernel {
   get wordChars(): number { return this.out[0]; }
   get digitUpper(): number { return this.out[1]; }
   get punctCode(): number { return this.out[2]; }
+  /** After `words`: the cut's newline and question-mark bytes (3.2's counts where it is the whole text). */
+  get newlines(): number { return this.out[3] & 0xffff; }
+  get questions(): number { return this.out[3] >>> 16; }
 
   /** 4.4-4.5 after `words`: the number of distinct buckets, listed in `touched`, counted in `counts`. */
   buckets(nWords: number, cutLength: number): number {

@@ -69,6 +69,7 @@ test("features: the engines agree layer by layer on random and hostile prompts",
           assert.deepEqual(Array.from(a[layer]), Array.from(b[layer]), `${layer}: ${where}`);
         }
         assert.equal(a.wordChars, b.wordChars, where);
+        assert.deepEqual([a.text.newlines, a.text.questions], [b.text.newlines, b.text.questions], `newlines, questions: ${where}`);
       }
     }
     assert.ok(wasm.counts.every((c) => c === 0) && js.counts.every((c) => c === 0), "counters cleared");
