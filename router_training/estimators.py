@@ -125,7 +125,7 @@ class LinearPassEstimator(BaseEstimator):
 
     def __init__(self, C: float | str = "auto", n_suites: int = 0, n_folds: int = 3, seed: int = 0,
                  C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0), n_clusters: int = 0,
-                 cluster_rank: int = 32, n_buckets: int = 2**14, candidate_text: float = 0.0,
+                 cluster_rank: int = 8, n_buckets: int = 2**14, candidate_text: float = 0.0,
                  deploy: str = "refit"):
         self.C = C
         self.n_suites = n_suites

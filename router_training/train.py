@@ -63,6 +63,7 @@ class Design:
     (`benchmarks/router_design_cv.py`); the defaults are the chosen ones."""
 
     topics: int = 4  # k-means topics of the text, each with its own per-candidate prior and slope
+    topic_rank: int = 8  # dimensions of the text projection topics are found in (weight columns a gateway sums)
     candidate_text: float = 1.0  # scale of each candidate's own text weights over its head (0: none)
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
@@ -129,7 +130,7 @@ def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, 
         scorer = TreeScorer.from_models(est.model_strings(), est.n_features_in_)
         return scorer, est.out_of_fold_logits(), est.folds_, np.full(len(Y), -1), {"estimator": "lightgbm"}
     lin = LinearPassEstimator(n_suites=len(spec.suites), seed=seed, n_folds=design.n_folds,
-                              n_clusters=design.topics, n_buckets=spec.n_buckets,
+                              n_clusters=design.topics, cluster_rank=design.topic_rank, n_buckets=spec.n_buckets,
                               candidate_text=design.candidate_text, deploy=design.deploy).fit(X, Y)
     return _scorer(lin), lin.out_of_fold_logits(), lin.folds_, lin.topics(X), {"difficulty_C": lin.C_}
 
