@@ -201,6 +201,12 @@ export const compressWasm: Compress | null = (() => {
 /** Which engine `Blake2b` uses by default. */
 export const ENGINE: "webassembly" | "javascript" = compressWasm ? "webassembly" : "javascript";
 
+/** dst[at...] = src[from..to), by hand: for a part of a block this is faster than a subarray
+ * view and `set`, and allocates nothing. */
+function copyInto(dst: Uint8Array, at: number, src: Uint8Array, from: number, to: number): void {
+  for (let i = from; i < to; i++) dst[at++] = src[i];
+}
+
 /** An incremental BLAKE2b: `start`, `update` any number of times, then `digest`. The parts are
  * hashed in place (only a block that straddles two parts is copied). One instance is reused,
  * so nothing is allocated per hash. */
@@ -235,7 +241,7 @@ export class Blake2b {
     let at = from;
     if (this.filled > 0 && at < to) {
       const take = Math.min(128 - this.filled, to - at);
-      this.block.set(data.subarray(at, at + take), this.filled);
+      copyInto(this.block, this.filled, data, at, at + take);
       this.filled += take;
       at += take;
       if (this.filled === 128 && at < to) {
@@ -251,7 +257,7 @@ export class Blake2b {
       at += 128 * n;
     }
     if (at < to) {
-      this.block.set(data.subarray(at, to), 0);
+      copyInto(this.block, 0, data, at, to);
       this.filled = to - at;
     }
     return this;

@@ -40,12 +40,12 @@ const SCORE = new Float64Array(256);
 export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pick: number): number[] {
   const k = p.length;
   const score = k <= SCORE.length ? SCORE : new Float64Array(k);
-  const order: number[] = [];
+  const order: number[] = new Array(pick >= 0 && pick < k ? k - 1 : k);
+  let filled = 0;
   for (let j = 0; j < k; j++) {
     score[j] = -(p[j] - lam * c[j]);
     if (j === pick) continue;
-    let at = order.length;
-    order.push(j);
+    let at = filled++;
     while (at > 0) {
       const o = order[at - 1];
       if (score[o] < score[j] || (score[o] === score[j] && c[o] <= c[j])) break; // o stays first (ties: lower index)

@@ -157,6 +157,12 @@ export class Scratch {
   punctCode = 0;
   nWords = 0;
   wordChars = 0;
+  /** after fillRow: the distinct buckets, whether they are ordered in `sorted` (else in
+   * `touched`), the suite's column (-1: none) and the row's length */
+  nTouched = 0;
+  inSorted = false;
+  suitePos = -1;
+  rowLength = 0;
 
   constructor(nBuckets: number, readonly kernel: Kernel | null = null) {
     const touched = maxTouched(nBuckets);
@@ -263,10 +269,10 @@ function buckets(spec: FeatureSpec, s: Scratch, nWords: number, cutLength: numbe
   return t;
 }
 
-/** The first n touched buckets in ascending order (the row's order, 4.8), as a view of one of
- * the scratch buffers: an LSD radix sort, radixBits of the id per pass, twice as fast as the
- * typed array's sort on a prompt's few hundred buckets. */
-function sortTouched(s: Scratch, n: number): Int32Array {
+/** The first n touched buckets put in ascending order (the row's order, 4.8) in one of the
+ * scratch buffers; true when that is `sorted`: an LSD radix sort, radixBits of the id per
+ * pass, twice as fast as the typed array's sort on a prompt's few hundred buckets. */
+function sortTouched(s: Scratch, n: number): boolean {
   let from = s.touched, to = s.sorted;
   const bits = s.radixBits, mask = (1 << bits) - 1, digits = s.digits;
   for (let pass = 0, shift = 0; pass < s.radixPasses; pass++, shift += bits) {
@@ -283,7 +289,7 @@ function sortTouched(s: Scratch, n: number): Int32Array {
     }
     [from, to] = [to, from];
   }
-  return from.subarray(0, n);
+  return from === s.sorted;
 }
 
 /** 4.7: the nine statistics, standardised when the policy scales them. */
@@ -308,10 +314,11 @@ function stats(spec: FeatureSpec, text: PromptBytes, s: Scratch, nWords: number,
 
 /** 4.5-4.6: the touched buckets in ascending order (the row's order, 4.8), their counts into
  * s.bucketCounts (clearing the counters), their ids and L2-normalised tf-idf values into the
- * row from index `head`. */
-function textRow(spec: FeatureSpec, s: Scratch, nt: number, head: number): Int32Array {
+ * row from index `head`. Returns true when the ordered buckets are in s.sorted, else s.touched. */
+function textRow(spec: FeatureSpec, s: Scratch, nt: number, head: number): boolean {
   if (s.kernel) return s.kernel.row(nt, head);
-  const touched = sortTouched(s, nt);
+  const inSorted = sortTouched(s, nt);
+  const touched = inSorted ? s.sorted : s.touched;
   const { ids, vals, bucketCounts } = s;
   const nS = spec.suites.length;
   let sq = 0;
@@ -328,27 +335,26 @@ function textRow(spec: FeatureSpec, s: Scratch, nt: number, head: number): Int32
   }
   const norm = Math.sqrt(sq);
   if (norm > 0) for (let i = 0; i < nt; i++) vals[head + i] = vals[head + i] / norm;
-  return touched;
+  return inSorted;
 }
 
-/** One request through 3.1 to 4.8. Every layer is a view of the scratch, good until its next
- * request, unless `keep` asks for copies. */
-export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
-  s: Scratch, keep = false): FeatureLayers {
+/** One request through 3.1 to 4.8 into the scratch, with no view made of it: the row is
+ * s.ids and s.vals up to s.rowLength, the ordered buckets s.sorted or s.touched (s.inSorted)
+ * up to s.nTouched. Returns the prompt's bytes (views of the scratch unless `keep`). */
+export function fillRow(prompt: string, suite: string | null | undefined, spec: FeatureSpec, s: Scratch,
+  keep = false): PromptBytes {
   const text = promptBytes(prompt, s.bytes, keep, !s.kernel);
   words(text.cut, s, spec.charNgrams.length > 0);
   if (text.newlines < 0) {
     text.newlines = s.kernel!.newlines;
     text.questions = s.kernel!.questions;
   }
-  const nWords = s.nWords, wordChars = s.wordChars;
-  const nt = buckets(spec, s, nWords, text.cut.length);
+  const nt = buckets(spec, s, s.nWords, text.cut.length);
   const pos = suitePosition(spec, suite);
   const head = pos >= 0 ? 1 : 0;
-  const touched = textRow(spec, s, nt, head);
-  const st = stats(spec, text, s, nWords, wordChars, s.stats);
-  const size = head + nt + N_STATS;
-  const ids = s.ids.subarray(0, size), vals = s.vals.subarray(0, size);
+  s.inSorted = textRow(spec, s, nt, head);
+  const st = stats(spec, text, s, s.nWords, s.wordChars, s.stats);
+  const { ids, vals } = s;
   if (head) {
     ids[0] = pos;
     vals[0] = 1;
@@ -358,12 +364,25 @@ export function featureLayers(prompt: string, suite: string | null | undefined, 
     ids[head + nt + i] = base + i;
     vals[head + nt + i] = st[i];
   }
+  s.nTouched = nt;
+  s.suitePos = pos;
+  s.rowLength = head + nt + N_STATS;
+  return text;
+}
+
+/** One request through 3.1 to 4.8, every layer as the conformance vectors record it: views of
+ * the scratch, good until its next request, unless `keep` asks for copies. */
+export function featureLayers(prompt: string, suite: string | null | undefined, spec: FeatureSpec,
+  s: Scratch, keep = false): FeatureLayers {
+  const text = fillRow(prompt, suite, spec, s, keep);
+  const { nTouched: nt, nWords, suitePos: pos, rowLength: size } = s;
+  const head = pos >= 0 ? 1 : 0;
   const own = <T extends Int32Array | Uint32Array | Float64Array>(a: T): T => (keep ? a.slice() as T : a);
-  const row = own(vals);
+  const row = own(s.vals.subarray(0, size));
   return {
-    text, suitePos: pos, ids: own(ids), vals: row, stats: own(st), wordChars,
+    text, suitePos: pos, ids: own(s.ids.subarray(0, size)), vals: row, stats: own(s.stats), wordChars: s.wordChars,
     wordHi: own(s.wordHi.subarray(0, nWords)), wordLo: own(s.wordLo.subarray(0, nWords)),
-    buckets: own(touched), counts: own(s.bucketCounts.subarray(0, nt)),
+    buckets: own((s.inSorted ? s.sorted : s.touched).subarray(0, nt)), counts: own(s.bucketCounts.subarray(0, nt)),
     textValues: row.subarray(head, head + nt),
   };
 }

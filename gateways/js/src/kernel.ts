@@ -176,21 +176,20 @@ export class Kernel {
       this.counts.byteOffset, this.touched.byteOffset);
   }
 
-  /** 4.5-4.6 after `buckets`: the nt touched buckets in ascending order (a view of `touched` or
-   * `sorted`), their counts in `bucketCounts` (counters cleared), their ids and tf-idf values in
-   * `ids` and `vals` from index `head`. */
-  row(nt: number, head: number): Int32Array {
-    const inSorted = this.x.row(nt, this.counts.byteOffset, this.touched.byteOffset, this.sorted.byteOffset, this.at.digits,
+  /** 4.5-4.6 after `buckets`: the nt touched buckets put in ascending order (in `sorted` when
+   * this returns true, else in `touched`), their counts in `bucketCounts` (counters cleared),
+   * their ids and tf-idf values in `ids` and `vals` from index `head`. */
+  row(nt: number, head: number): boolean {
+    return this.x.row(nt, this.counts.byteOffset, this.touched.byteOffset, this.sorted.byteOffset, this.at.digits,
       this.at.radixBits, this.at.radixPasses, this.at.tf, this.at.idf, this.bucketCounts.byteOffset, this.ids.byteOffset + 4 * head,
-      this.vals.byteOffset + 8 * head, this.layout.nSuites);
-    return (inSorted ? this.sorted : this.touched).subarray(0, nt);
+      this.vals.byteOffset + 8 * head, this.layout.nSuites) !== 0;
   }
 
-  /** 5.1's row sums into `r` for a row of n entries (copied in unless they are this kernel's). */
-  rowSums(ids: Int32Array, vals: Float64Array): Float64Array {
-    const n = ids.length;
-    if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids);
-    if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals);
+  /** 5.1's row sums into `r` over the first n entries of a row (copied in unless they are this
+   * kernel's). */
+  rowSums(ids: Int32Array, vals: Float64Array, n = ids.length): Float64Array {
+    if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids.subarray(0, n));
+    if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals.subarray(0, n));
     const sum = this.layout.weights instanceof Float32Array ? this.x.rowsums32 : this.x.rowsums64;
     sum(this.at.weights, this.at.stride, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
     return this.r;

@@ -3,10 +3,11 @@
  * one request through sections 3 to 8.
  */
 
+import type { PromptBytes } from "./bytes.js";
 import { costs, calibrate, CostArrays } from "./calibration.js";
 import { FormatError, need, readContainer, Tensor } from "./container.js";
 import { decidePoint } from "./decision.js";
-import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureKernel, featureLayers } from "./features.js";
+import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureKernel, featureLayers, fillRow } from "./features.js";
 import type { Engine, Kernel } from "./kernel.js";
 import { Knob, mixingDraw, parseKnob, pointFor } from "./knob.js";
 import { LinearScorer, Scorer, TreeScorer } from "./scorer.js";
@@ -63,19 +64,21 @@ export class Policy {
   /** Features, scores, probabilities and costs of one request (`keep`: copy every layer out;
    * without it the layers are views of the policy's scratch, good until its next request). */
   scoreRequest(prompt: string, suite?: string | null, keep = false): Scored {
+    checkInput(prompt, suite);
     const k = this.candidates.length;
-    return this.score(prompt, suite, keep, new Float64Array(k), new Float64Array(k), new Float64Array(k));
+    const layers = featureLayers(prompt, suite, this.spec, this.scratch, keep);
+    const z = new Float64Array(k), p = new Float64Array(k), c = new Float64Array(k);
+    const topic = this.scoreRow(layers.text, z, p, c);
+    return { layers, z, topic, p, c };
   }
 
-  private score(prompt: string, suite: string | null | undefined, keep: boolean, z: Float64Array, p: Float64Array,
-    c: Float64Array): Scored {
-    if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${prompt === null ? "null" : typeof prompt}`);
-    if (suite !== undefined && suite !== null && typeof suite !== "string") throw new TypeError(`suite must be a string, got ${typeof suite}`);
-    const layers = featureLayers(prompt, suite, this.spec, this.scratch, keep);
-    const topic = this.scorer.score(layers.ids, layers.vals, layers.suitePos, z);
+  /** Sections 5 and 6 on the row in the scratch: z, p and c filled; returns the topic. */
+  private scoreRow(text: PromptBytes, z: Float64Array, p: Float64Array, c: Float64Array): number {
+    const s = this.scratch;
+    const topic = this.scorer.score(s.ids, s.vals, s.rowLength, s.suitePos, z);
     calibrate(this.platt, z, p);
-    costs(this.cost, layers.text.nChars, layers.suitePos, topic, c);
-    return { layers, z, topic, p, c };
+    costs(this.cost, text.nChars, s.suitePos, topic, c);
+    return topic;
   }
 
   /** The decision for one request at a quality target (the policy's own by default). */
@@ -89,17 +92,23 @@ export class Policy {
   choose(prompt: string, suite?: string | null, qualityTarget?: number | null): Decided {
     const target = qualityTarget ?? this.qualityTarget;
     if (typeof target !== "number" || !Number.isFinite(target)) throw new RangeError(`quality target must be a finite number, got ${target}`);
-    const s = this.score(prompt, suite, false, this.z, this.p, this.c);
-    const text = s.layers.text;
-    const ch = decidePoint(this.knob, pointFor(this.knob, target), s.p, s.c, () => mixingDraw(text.cut, suite));
+    checkInput(prompt, suite);
+    const text = fillRow(prompt, suite, this.spec, this.scratch);
+    this.scoreRow(text, this.z, this.p, this.c);
+    const ch = decidePoint(this.knob, pointFor(this.knob, target), this.p, this.c, () => mixingDraw(text.cut, suite));
     const names = this.candidates;
     const fallbacks = new Array<string>(ch.fallbacks.length);
     for (let i = 0; i < fallbacks.length; i++) fallbacks[i] = names[ch.fallbacks[i]];
     return {
       model: names[ch.pick], pick: ch.pick, fallbacks, fallbackIndex: ch.fallbacks,
-      propensity: ch.propensity, p: s.p, c: s.c, promptRaw: text.raw, nChars: text.nChars,
+      propensity: ch.propensity, p: this.p, c: this.c, promptRaw: text.raw, nChars: text.nChars,
     };
   }
+}
+
+function checkInput(prompt: unknown, suite: unknown): void {
+  if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${prompt === null ? "null" : typeof prompt}`);
+  if (suite !== undefined && suite !== null && typeof suite !== "string") throw new TypeError(`suite must be a string, got ${typeof suite}`);
 }
 
 // -- reading ---------------------------------------------------------------------------------

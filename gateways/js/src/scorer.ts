@@ -10,8 +10,8 @@ import { FormatError } from "./container.js";
 import type { Kernel } from "./kernel.js";
 
 export interface Scorer {
-  /** Fills z (K logits) and returns the topic (-1 without topics). */
-  score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number;
+  /** Fills z (K logits) from the first n entries of a row and returns the topic (-1 without topics). */
+  score(ids: Int32Array, vals: Float64Array, n: number, suitePos: number, z: Float64Array): number;
 }
 
 export interface LinearArrays {
@@ -25,11 +25,11 @@ export interface LinearArrays {
   topicDifficulty: Float64Array | null;
 }
 
-/** r[j] = the ordered sum over the row of vals[e] * w[ids[e], j] (5.1), four columns at a
- * time so their partial sums stay in registers; each column is still summed in row order.
- * (Kernel.rowSums is this loop in WebAssembly.) */
-export function rowSums(w: Float32Array | Float64Array, c: number, ids: Int32Array, vals: Float64Array, r: Float64Array): void {
-  const n = ids.length;
+/** r[j] = the ordered sum over the row's first n entries of vals[e] * w[ids[e], j] (5.1), four
+ * columns at a time so their partial sums stay in registers; each column is still summed in row
+ * order. (Kernel.rowSums is this loop in WebAssembly.) */
+export function rowSums(w: Float32Array | Float64Array, c: number, ids: Int32Array, vals: Float64Array, r: Float64Array,
+  n = ids.length): void {
   if (n === 0) {
     r.fill(0);
     return;
@@ -75,10 +75,10 @@ export class LinearScorer implements Scorer {
     }
   }
 
-  score(ids: Int32Array, vals: Float64Array, suitePos: number, z: Float64Array): number {
+  score(ids: Int32Array, vals: Float64Array, n: number, suitePos: number, z: Float64Array): number {
     const { a, c, k, r } = this;
-    if (this.kernel) this.kernel.rowSums(ids, vals);
-    else rowSums(a.weights, c, ids, vals, r);
+    if (this.kernel) this.kernel.rowSums(ids, vals, n);
+    else rowSums(a.weights, c, ids, vals, r, n);
     const sp = suitePos >= 0 ? suitePos : this.nSuites;
     let d = r[k] + a.difficultyBias;
     let g = -1;
@@ -151,9 +151,9 @@ export class TreeScorer implements Scorer {
     checkForest(f, k, nFeatures);
   }
 
-  score(ids: Int32Array, vals: Float64Array, _suitePos: number, z: Float64Array): number {
+  score(ids: Int32Array, vals: Float64Array, n: number, _suitePos: number, z: Float64Array): number {
     const { f, x } = this;
-    for (let e = 0; e < ids.length; e++) x[ids[e]] = vals[e];
+    for (let e = 0; e < n; e++) x[ids[e]] = vals[e];
     for (let k = 0; k < this.k; k++) {
       if (!f.hasTrees[k]) {
         z[k] = f.constant[k];
@@ -163,7 +163,7 @@ export class TreeScorer implements Scorer {
       for (let t = f.treeStart[k]; t < f.treeStart[k + 1]; t++) raw = raw + this.leaf(t);
       z[k] = raw;
     }
-    for (let e = 0; e < ids.length; e++) x[ids[e]] = 0;
+    for (let e = 0; e < n; e++) x[ids[e]] = 0;
     return -1;
   }
 
