@@ -83,6 +83,8 @@ function plan(layout: KernelLayout) {
     counts: take(4 * nBuckets),
     touched: take(4 * (maxTouched + 1)), // + 1: buckets writes one past the last touch
     sorted: take(4 * maxTouched),
+    // `words` reads the cut and writes `lower` 16 bytes at a time (take rounds up to 16), and
+    // reads a word's last 8 bytes at once, up to 7 past the text (into `bits`; masked off)
     cut: take(maxBytes),
     lower: take(maxBytes),
     bits: take(maxBytes / 8 + 16),
