@@ -35,17 +35,22 @@ def test_per_fold_auc_sees_signal_and_skips_a_candidate_with_one_class():
     assert all(v[0] > 0.75 and np.isnan(v[1]) for v in auc.values())
 
 
-def test_report_on_a_fleet_whose_cheap_candidate_is_as_good_as_the_best(tmp_path):
+def test_report_on_a_fleet_whose_cheap_candidate_is_better_on_half_the_requests(tmp_path):
+    """The hull reaches the reference's pass rate by sending the easy half to the cheap model.
+    The cheap model is a little better there (0.95 against 0.9) and there are 1,200 requests, so
+    that the claim does not hang on one request of noise: with the two equally good on 240
+    requests, whether the hull met the reference's cross-fitted pass rate came down to a request
+    or two (seeds 0 to 3: 2 met it with topics in 32 dimensions, 1 with 8)."""
     rng = np.random.default_rng(2)
     rows = []
-    for i in range(240):
+    for i in range(1200):
         easy = i % 2 == 0
-        for model, price, rate in (("big", 1e-3, 0.9), ("small", 1e-5, 0.9 if easy else 0.3)):
+        for model, price, rate in (("big", 1e-3, 0.9), ("small", 1e-5, 0.95 if easy else 0.3)):
             rows.append({"request_id": f"r{i}", "suite": "s", "prompt": f"{'easy' if easy else 'hard'} item {i}",
                          "model": model, "score": float(rng.random() < rate), "cost_usd": price})
     path = tmp_path / "train.parquet"
     pd.DataFrame(rows).to_parquet(path)
     text = rs.report("toy", path)
-    assert "== toy: 240 training requests, 2 candidates" in text
+    assert "== toy: 1200 training requests, 2 candidates" in text
     hull_cost = float(text.rsplit(" at ", 1)[1].split()[0])
-    assert hull_cost < 0.8  # the easy half goes to the small model at no loss
+    assert hull_cost < 0.6  # the easy half goes to the small model (0.45 to 0.49 over seeds 0 to 7)
