@@ -21,7 +21,6 @@
 /** Where `words` leaves its counts and src/kernel.ts writes the byte class tables (4.1). */
 export const TABLES = { out: 0, nibbles: 16, end: 112 };
 
-const ALNUM = 16;
 const P = "0x100000001b3"; // 2^40 + 435
 const SALT = "0x538454127b096493", MIX1 = "0xff51afd7ed558ccd", MIX2 = "0xc4ceb9fe1a85ec53";
 
