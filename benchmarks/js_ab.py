@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from js_common import JS, ROOT, build_js, load_average, node, published, test_requests
+from js_common import JS, ROOT, build_js, load_average, node, published, requests_file, test_requests
 
 
 def build_at(rev: str, into: Path) -> Path:
@@ -46,8 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             base = build_at(args.base, Path(tmp))
-            path = Path(tmp) / "requests.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+            path = requests_file(requests, Path(tmp))
             out = node("bench/ab.mjs", str(base), str(JS / "dist"), str(args.base_policy or version), str(version),
                        str(path), str(args.rounds), public_key=None if args.base_policy else key)
         finally:

@@ -90,5 +90,12 @@ def test_requests(name: str, targets: tuple[float | None, ...] = (None,)) -> lis
             for r in frame.itertuples() for t in targets]
 
 
+def requests_file(requests: list[dict], folder: Path) -> Path:
+    """The requests as JSON lines in `folder`, as gateways/js/bench/*.mjs read them."""
+    path = folder / "requests.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    return path
+
+
 def load_average() -> str:
     return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())

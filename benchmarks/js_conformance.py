@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from js_common import build_js, load_average, node, published, test_requests
+from js_common import build_js, load_average, node, published, requests_file, test_requests
 
 TARGETS = (None, 0.0, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -43,8 +43,7 @@ def run_set(name: str) -> dict:
     py, py_decisions = python_side(version, key, requests)
     js = json.loads(node("bench/conformance.mjs", str(version)))
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "requests.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+        path = requests_file(requests, Path(tmp))
         js_decisions = [json.loads(line) for line in node("bench/route.mjs", str(version), str(path), public_key=key).splitlines()]
     same = sum(a == b for a, b in zip(py_decisions, js_decisions))
     return {"set": name, "vectors": js["requests"], "js_ok": js["ok"], "js_mismatches": js["mismatches"],

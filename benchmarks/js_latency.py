@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from js_common import build_js, load_average, node, published, test_requests
+from js_common import build_js, load_average, node, published, requests_file, test_requests
 
 
 def python_rounds(version: Path, key: Path, requests: list[dict], rounds: int) -> list[tuple[float, float]]:
@@ -49,8 +49,7 @@ def main() -> None:
     requests = test_requests(args.set)
     print(load_average())
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "requests.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+        path = requests_file(requests, Path(tmp))
         js = [json.loads(line) for line in node("bench/latency.mjs", str(version), str(path), str(args.rounds),
                                                  public_key=key).splitlines()]
     py = python_rounds(version, key, requests, args.rounds)

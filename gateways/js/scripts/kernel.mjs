@@ -264,8 +264,7 @@ function rowsums(name, bytes) {
   const load2 = (addr, off) => bytes === 4
     ? `(f64x2.promote_low_f32x4 (v128.load64_zero offset=${off} ${addr}))`
     : `(v128.load offset=${off} ${addr})`;
-  const rowAt = (e) => `(i32.add (local.get $w) (i32.add (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl ${e} (i32.const 2)))) (local.get $stride))
-    (i32.mul (local.get $j) (i32.const ${bytes}))))`;
+  const rowAt = (e) => `(i32.add (local.get $w) (i32.mul (i32.add (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl ${e} (i32.const 2)))) (local.get $c)) (local.get $j)) (i32.const ${bytes})))`;
   const value = (e) => `(f64.load (i32.add (local.get $vals) (i32.shl ${e} (i32.const 3))))`;
   const groups = [16, 8, 4, 2].map((g) => {
     const acc = Array.from({ length: g / 2 }, (_, i) => i);
@@ -289,7 +288,7 @@ function rowsums(name, bytes) {
   });
   const loadOne = (addr) => bytes === 4 ? `(f64.promote_f32 (f32.load ${addr}))` : `(f64.load ${addr})`;
   const locals = Array.from({ length: 8 }, (_, i) => `(local $a${i} v128)`).join(" ");
-  return `(func (export "${name}") (param $w i32) (param $stride i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
+  return `(func (export "${name}") (param $w i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
     (local $j i32) (local $e i32) (local $row i32) (local $out i32) (local $v v128) (local $s f64) ${locals}
     (if (i32.eqz (local.get $n)) (then
       (memory.fill (local.get $r) (i32.const 0) (i32.shl (local.get $c) (i32.const 3)))

@@ -42,8 +42,8 @@ interface Exports {
     nGrams: number, mask: number, counts: number, touched: number): number;
   row(nt: number, counts: number, touched: number, sorted: number, digits: number, bits: number, passes: number,
     tf: number, idf: number, bc: number, ids: number, vals: number, nS: number): number;
-  rowsums32(w: number, stride: number, c: number, ids: number, vals: number, n: number, r: number): void;
-  rowsums64(w: number, stride: number, c: number, ids: number, vals: number, n: number, r: number): void;
+  rowsums32(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
+  rowsums64(w: number, c: number, ids: number, vals: number, n: number, r: number): void;
 }
 
 /** What a Kernel is sized for. */
@@ -74,7 +74,6 @@ function plan(layout: KernelLayout) {
   };
   const { nBuckets, maxTouched, maxRow, maxBytes, columns } = layout;
   const words = maxBytes / 2 + 1;
-  const stride = layout.weights ? columns * layout.weights.BYTES_PER_ELEMENT : 0;
   const bits = Math.max(1, Math.round(Math.log2(nBuckets)));
   const radixPasses = Math.ceil(bits / 8);
   const radixBits = Math.ceil(bits / radixPasses);
@@ -99,7 +98,7 @@ function plan(layout: KernelLayout) {
     idf: layout.idf ? take(layout.idf.byteLength) : 0,
     digits: take(4 << radixBits),
   };
-  return { ...addresses, words, stride, radixBits, radixPasses, end: at };
+  return { ...addresses, words, radixBits, radixPasses, end: at };
 }
 
 type Plan = ReturnType<typeof plan>;
@@ -193,7 +192,7 @@ export class Kernel {
     if (ids.buffer !== this.ids.buffer || ids.byteOffset !== this.ids.byteOffset) this.ids.set(ids.subarray(0, n));
     if (vals.buffer !== this.vals.buffer || vals.byteOffset !== this.vals.byteOffset) this.vals.set(vals.subarray(0, n));
     const sum = this.layout.weights instanceof Float32Array ? this.x.rowsums32 : this.x.rowsums64;
-    sum(this.at.weights, this.at.stride, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
+    sum(this.at.weights, this.layout.columns, this.ids.byteOffset, this.vals.byteOffset, n, this.r.byteOffset);
     return this.r;
   }
 }
