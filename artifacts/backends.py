@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from artifacts.manifest import ManifestError, check_file_name
-from common.io import atomic_write, make_dirs
+from routeopt.artifacts.manifest import ManifestError, check_file_name
+from routeopt.common.io import atomic_write, make_dirs
 
 MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory
 LISTING_KEY = "_keys.json"  # synthesised by `registry serve`: every key in the registry

@@ -18,7 +18,7 @@ counts it; nothing in logging ever blocks or fails a routing call. Standard libr
 policy's own modules only.
 
 The draws and the propensity (`unit_draw`, `Exploration`, `choose`) are part of the policy
-format, so other runtimes draw the same: they live in `router_training.draws` and are re-exported
+format, so other runtimes draw the same: they live in `routeopt.router_training.draws` and are re-exported
 here. The propensity composes the policy's own randomisation with exploration:
 ``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``.
 """
@@ -39,12 +39,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from artifacts.runtime import Decision, Router, RouterStatus
-from common import tracing
-from router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
+from routeopt.artifacts.runtime import Decision, Router, RouterStatus
+from routeopt.common import tracing
+from routeopt.router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
     Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
 )
-from router_training.features import n_chars, text_bytes
+from routeopt.router_training.features import n_chars, text_bytes
 
 log = logging.getLogger("routeopt.decisions")
 FORMAT_VERSION = 1
@@ -423,11 +423,11 @@ class Gateway:
              log_options: dict[str, Any] | None = None, **load_options: Any) -> "Gateway":
         """Load the champion (and, for shadow or canary, the candidate channel) from a registry.
 
-        `load_options` go to `artifacts.runtime.load` for both channels (`allow_unsigned`,
+        `load_options` go to `routeopt.artifacts.runtime.load` for both channels (`allow_unsigned`,
         `default_model`, `state_dir`). A registry without a loadable candidate still routes:
         shadow and canary stay off, and the reason is logged.
         """
-        from artifacts.runtime import PolicyLoadError, load
+        from routeopt.artifacts.runtime import PolicyLoadError, load
 
         champion = load(source, public_key, refresh_s=refresh_s, on_event=on_event, **load_options)
         candidate = None

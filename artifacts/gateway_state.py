@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from artifacts.verify import Seen, VerificationError
-from common.io import atomic_write
+from routeopt.artifacts.verify import Seen, VerificationError
+from routeopt.common.io import atomic_write
 
 STATE_DIR_ENV = "ROUTEOPT_STATE_DIR"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
-from common.io import jsonable
+from routeopt.common.io import jsonable
 
 FORMAT = "routeopt.policy/1"
 POINTER_FORMAT = "routeopt.channel/1"

@@ -28,14 +28,14 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from artifacts.backends import Backend, NotFound, RegistryError, exists, open_backend
-from artifacts.manifest import (
+from routeopt.artifacts.backends import Backend, NotFound, RegistryError, exists, open_backend
+from routeopt.artifacts.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Pointer, build_manifest, canonical_json, check_channel,
     check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
-from artifacts.signing import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
-from artifacts.verify import VerificationError, read_pointer, verify_version
+from routeopt.artifacts.signing import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
+from routeopt.artifacts.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)
 MAX_STACK, MAX_HISTORY, MAX_ATTEMPTS = 50, 200, 20
@@ -343,7 +343,7 @@ _COST_KEYS = ("cost_usd", "router_cost_usd", "cost", "mean_cost_usd")
 
 def _scopes(metrics: dict) -> list[dict]:
     """Where training reports the router's own figures: top level, `router`, or
-    `holdout.router_at_target` (router_training.train)."""
+    `holdout.router_at_target` (routeopt.router_training.train)."""
     holdout = metrics.get("holdout")
     found = [metrics, metrics.get("router"),
              holdout.get("router_at_target") if isinstance(holdout, dict) else None]

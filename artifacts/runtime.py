@@ -14,7 +14,7 @@ reports why through `status()`, the `on_event` callback and the `routeopt.runtim
 
 Secure by default: signatures are checked with `public_key` (or `$ROUTEOPT_PUBLIC_KEY`); without
 one, loading fails unless `allow_unsigned=True`. The newest channel move accepted is kept in a
-state file (`artifacts.gateway_state`), so a restarted gateway still refuses a replayed pointer.
+state file (`routeopt.artifacts.gateway_state`), so a restarted gateway still refuses a replayed pointer.
 With `default_model` (or `$ROUTEOPT_DEFAULT_MODEL`) a gateway that has no valid policy (none
 published yet, expired, refused, registry unreachable at start) routes every request to that
 model and says why, instead of failing to start.
@@ -35,12 +35,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
-from common import tracing
-from artifacts.gateway_state import SeenFile, default_state_dir
-from artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
-from artifacts.signing import trusted_keys
-from artifacts.verify import (
+from routeopt.artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
+from routeopt.common import tracing
+from routeopt.artifacts.gateway_state import SeenFile, default_state_dir
+from routeopt.artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
+from routeopt.artifacts.signing import trusted_keys
+from routeopt.artifacts.verify import (
     Seen, SignedPointer, VerificationError, VerifiedVersion, check_order, materialize, read_pointer,
     verify_version,
 )
@@ -74,7 +74,7 @@ class Decision:
     """The policy's choice plus which policy version made it (for logs and audits).
 
     `propensity` is the probability with which the model was chosen (the policy's own mixing, and
-    exploration when routed through `artifacts.decisions.Gateway`); `request_id` is the id the
+    exploration when routed through `routeopt.artifacts.decisions.Gateway`); `request_id` is the id the
     Gateway logged it under.
     """
 
@@ -85,10 +85,10 @@ class Decision:
     policy_version: int
     default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
     # the probability that this request gets this model: below 1 at a knob point that mixes two
-    # rules, and (through artifacts.decisions.Gateway) with exploration composed in
+    # rules, and (through routeopt.artifacts.decisions.Gateway) with exploration composed in
     propensity: float = 1.0
     request_id: str | None = None
-    # Tracing (common.tracing): the trace this decision belongs to, and the W3C header to send
+    # Tracing (routeopt.common.tracing): the trace this decision belongs to, and the W3C header to send
     # back so that the application's own call of the model is a child of the decision's span.
     trace_id: str | None = None
     traceparent: str | None = None
@@ -142,7 +142,7 @@ class RouterStatus:
 
 
 def _default_loader(folder: Path) -> Any:
-    from router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy import RoutingPolicy
 
     return RoutingPolicy.load(folder)
 

@@ -6,7 +6,7 @@ works as it is) and copies the answer into the upstream request:
 
 - `POST /v1/route` (and `POST /v1/route/<anything>`, for Envoy's ext_authz `path_prefix`): the
   decision as JSON (`?explain=1` adds every candidate's pass probability and expected cost) and
-  as `x-routeopt-*` response headers; see `artifacts.route_request` for what is read from the
+  as `x-routeopt-*` response headers; see `routeopt.artifacts.route_request` for what is read from the
   body and headers. With `x-routeopt-accel-redirect: @location` the answer
   also carries `X-Accel-Redirect: @location`, which makes nginx replay the original request,
   body included, into that location (nginx's `auth_request` cannot: its subrequests carry no body).
@@ -16,7 +16,7 @@ works as it is) and copies the answer into the upstream request:
 Bad input is a JSON error with a 4xx status, never a guess: a body that is not JSON, not an
 object or too large, messages of the wrong shape, a request without a prompt. While no policy is
 loaded and no default model is set, routing answers 503 and a background thread keeps trying.
-Decisions go through `artifacts.decisions.Gateway`: the same hot swap, exploration, shadow,
+Decisions go through `routeopt.artifacts.decisions.Gateway`: the same hot swap, exploration, shadow,
 canary and JSONL decision logs as an embedded gateway.
 """
 
@@ -29,11 +29,11 @@ import urllib.parse
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
-from artifacts.decisions import Gateway
-from artifacts.gateway_settings import GatewayLoader, GatewaySettings
-from artifacts.route_request import ALIAS, BadRequest, RouteRequest, route_request
-from artifacts.runtime import Decision, PolicyLoadError
-from artifacts.service_metrics import CONTENT_TYPE, Metrics
+from routeopt.artifacts.decisions import Gateway
+from routeopt.artifacts.gateway_settings import GatewayLoader, GatewaySettings
+from routeopt.artifacts.route_request import ALIAS, BadRequest, RouteRequest, route_request
+from routeopt.artifacts.runtime import Decision, PolicyLoadError
+from routeopt.artifacts.service_metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("routeopt.service")
 Send = Callable[[dict], Awaitable[None]]
@@ -213,7 +213,7 @@ class DecisionService:
 
     def _decide(self, request: RouteRequest, traceparent: str | None) -> Decision:
         """The decision for one parsed request. `traceparent`, the caller's W3C trace context,
-        parents the decision's span when tracing is on (`common.tracing`); the answer's header
+        parents the decision's span when tracing is on (`routeopt.common.tracing`); the answer's header
         then names that span, else it is the caller's, unchanged."""
         gateway = self.gateway
         if gateway is None:

@@ -12,7 +12,7 @@ import bisect
 import threading
 from typing import Any, Iterable
 
-from common import tracing
+from routeopt.common import tracing
 
 # seconds; a decision takes ~0.1 ms, the HTTP round trip a few tenths of a millisecond
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)

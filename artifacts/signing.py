@@ -21,7 +21,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from common.io import atomic_write, make_dirs
+from routeopt.common.io import atomic_write, make_dirs
 
 SIGNING_KEY_ENV = "ROUTEOPT_SIGNING_KEY"
 PUBLIC_KEY_ENV = "ROUTEOPT_PUBLIC_KEY"

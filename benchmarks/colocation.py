@@ -21,11 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.config import load_config  # noqa: E402
-from evals.execution import runner  # noqa: E402
-from evals.execution.limits import reset_shared_limits, shared_device_slot  # noqa: E402
-from evals.storage.store import Outcome  # noqa: E402
-from evals.suite.spec import load_suite  # noqa: E402
+from routeopt.evals.config import load_config  # noqa: E402
+from routeopt.evals.execution import runner  # noqa: E402
+from routeopt.evals.execution.limits import reset_shared_limits, shared_device_slot  # noqa: E402
+from routeopt.evals.storage.store import Outcome  # noqa: E402
+from routeopt.evals.suite.spec import load_suite  # noqa: E402
 
 
 async def run_fleet(suite, candidates) -> tuple[float, dict[str, tuple[float, float]]]:
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--suite", default="add")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    cfg = load_config(REPO / "routeopt.yaml")
+    cfg = load_config(REPO / "evals" / "demo" / "routeopt.yaml")
     suite = load_suite(cfg.suites_dir / f"{args.suite}.yaml", config=cfg)
     modes = {"side by side": lambda c: None, "one at a time": shared_device_slot}
     results: dict[str, list] = {m: [] for m in modes}

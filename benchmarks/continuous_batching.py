@@ -38,7 +38,7 @@ ARCH_CPU = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8
 
 def mixed_prompts(path: Path, n: int, seed: int = 0) -> Path:
     """`n` prompts of 16-48 characters, each asking for 8-128 output tokens (log-uniform)."""
-    from evals.selfhost.zoo import CHARS
+    from routeopt.evals.selfhost.zoo import CHARS
 
     rng = random.Random(seed)
     alphabet = CHARS.replace("\n", "")
@@ -51,9 +51,9 @@ def mixed_prompts(path: Path, n: int, seed: int = 0) -> Path:
 
 
 async def bench(ckpt: Path, prompts: Path, levels: list[int], n: int) -> list[dict]:
-    from evals.config import Candidate
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import Targets, bench_serving, load_prompts
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import Targets, bench_serving, load_prompts
 
     cand = Candidate(name="cb-random", provider="local", model=str(ckpt), variant="fp32",
                      device="cpu", gpu_hour_usd=1.0, max_concurrency=max(levels), timeout_s=600)

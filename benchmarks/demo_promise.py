@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 def demo_frame(db: Path, config: Path | None = None, cost: str = "recorded") -> pd.DataFrame:
     """The training frame of the store's latest run, as the nightly reads it (the config's
     fleet); with cost 'tokens', repriced at tokens x GPU-hour price."""
-    from evals.config import load_config
-    from evals.storage.store import Store
+    from routeopt.evals.config import load_config
+    from routeopt.evals.storage.store import Store
 
-    cfg = load_config(config or ROOT / "routeopt.yaml")
+    cfg = load_config(config or ROOT / "evals" / "demo" / "routeopt.yaml")
     names = [c.name for c in cfg.candidates]
     with Store(db, read_only=True) as store:
         run = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
@@ -63,7 +63,7 @@ def _row(seed: int, promise: dict, policy, best_cost: float, target: float) -> d
 
 def seed_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dict]:
     """Per split seed: the held-out promise record of the policy `train_router` describes."""
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     rows = []
     for s in range(seeds):
@@ -75,9 +75,9 @@ def seed_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dic
 
 def published_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dict]:
     """Per seed: the published (refit) policy's promise on an outer 30% it never trained on."""
-    from router_training.data import routing_data
-    from router_training.knob import STANDARD_TARGETS
-    from router_training.train import promise_report, split_requests, train_router
+    from routeopt.router_training.data import routing_data
+    from routeopt.router_training.knob import STANDARD_TARGETS
+    from routeopt.router_training.train import promise_report, split_requests, train_router
 
     data = routing_data(frame)
     rows = []

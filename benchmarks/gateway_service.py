@@ -74,7 +74,7 @@ def load_average() -> str:
 
 def cli(*args: str, cwd: Path = ROOT) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -84,7 +84,7 @@ def routerbench_policy(tmp: Path) -> tuple[Path, Path, list[tuple[str, str | Non
     """Train and publish the RouterBench policy through the CLI; its test prompts to send."""
     import pandas as pd
 
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.signing import generate_keys
 
     data = data_dir() / "routerbench"
     private, public = generate_keys(tmp / "keys")
@@ -97,10 +97,10 @@ def routerbench_policy(tmp: Path) -> tuple[Path, Path, list[tuple[str, str | Non
 
 def demo_policy() -> tuple[Path, Path, list[tuple[str, str | None]]]:
     """The demo fleet's policy and prompts, as `routeopt run` left them in this checkout."""
-    from evals.config import load_config
-    from evals.storage.store import Store
+    from routeopt.evals.config import load_config
+    from routeopt.evals.storage.store import Store
 
-    config = load_config(ROOT / "routeopt.yaml")
+    config = load_config(ROOT / "evals" / "demo" / "routeopt.yaml")
     registry, public = config.registry_dir, config.signing_key_path().with_name("public_key.pem")
     if not (registry / "channels").is_dir() or not config.db_path.exists():
         raise SystemExit("no demo policy: run `routeopt run` in this checkout first")
@@ -230,7 +230,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gateway-service-bench-") as name:
         tmp = Path(name)
         command = ([str(gateway_venv(tmp) / "bin" / "routeopt-gateway"), "serve"] if args.server == "gateway-venv"
-                   else [sys.executable, "-m", "flows.cli", "gateway", "serve"])
+                   else [sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve"])
         for policy in args.policies.split(","):
             work = tmp / policy
             work.mkdir()

@@ -4,7 +4,7 @@ hardware's limit, then push one suite through the whole pipeline on the same dev
 Steps (each timed; every figure goes to `<out>/gpu_check.json` and `<out>/gpu_check.md`):
 1. build a random Llama-style model (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 32000,
    intermediate 5632: 0.85B params; `--tiny`: a toy) + char-level tokenizer; save it - no download;
-2. run the serving benchmark (`evals.selfhost.serving`) through the `local` provider for each variant
+2. run the serving benchmark (`routeopt.evals.selfhost.serving`) through the `local` provider for each variant
    (bf16, fp8 weight-only and fp8-dyn W8A8 by default) at concurrency 1, 16 and 64;
 3. batch-1 decode speed vs the memory-bandwidth limit (bandwidth / weight bytes per token): the
    provider, a bare forward loop, and generate() with a static KV cache (+ torch.compile on GPUs);
@@ -40,7 +40,7 @@ for _path in (REPO, REPO / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from common.io import atomic_write  # noqa: E402  (standard library only)
+from routeopt.common.io import atomic_write  # noqa: E402  (standard library only)
 
 ARCH_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=32000, intermediate_size=5632,
@@ -110,7 +110,7 @@ def build_tokenizer(vocab_size: int, max_len: int) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from evals.selfhost.zoo import CHARS, CHAT_TEMPLATE, SPECIALS
+    from routeopt.evals.selfhost.zoo import CHARS, CHAT_TEMPLATE, SPECIALS
 
     base = list(SPECIALS) + list(CHARS)
     if vocab_size < len(base):
@@ -158,7 +158,7 @@ def build_checkpoint(out: Path, arch: dict, seed: int = 0) -> dict:
 
 def write_prompts(path: Path, n: int, prompt_chars: int, max_tokens: int, seed: int = 0) -> Path:
     """`n` JSONL prompts of `prompt_chars` characters (one token each) asking for max_tokens."""
-    from evals.selfhost.zoo import CHARS
+    from routeopt.evals.selfhost.zoo import CHARS
 
     rng = random.Random(seed)
     alphabet = CHARS.replace("\n", "")
@@ -269,10 +269,10 @@ def decode_vs_bandwidth(report: Any, wbytes: int, bw_tbs: float | None,
 async def bench_variant(ckpt: Path, variant: str, args: argparse.Namespace, prompts: Path,
                         store: Any, bw_tbs: float | None, stop_after: float | None = None) -> dict:
     """Serving benchmark of one variant through the local provider, plus its bandwidth ratio."""
-    from evals.config import Candidate
-    from evals.selfhost.costmodel import ThroughputPoint, cost_table
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import (Targets, bench_serving, load_prompts, markdown_table, report_json,
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.selfhost.costmodel import ThroughputPoint, cost_table
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import (Targets, bench_serving, load_prompts, markdown_table, report_json,
                                save_report)
 
     levels = args.concurrency
@@ -334,7 +334,7 @@ class EngineOccupancy:
 def batch1_kernels(model: Any) -> tuple[str, dict[str, int]]:
     """The activation dtype and how many quantized Linears run each kernel at batch-1 decode:
     asked of the loaded model, so the report states what ran rather than what was meant to."""
-    from evals.providers.local.quantize import kernel_counts
+    from routeopt.evals.providers.local.quantize import kernel_counts
 
     emb = model.get_input_embeddings().weight
     return str(emb.dtype).removeprefix("torch."), kernel_counts(model, 1, emb.dtype, emb.device)
@@ -405,7 +405,7 @@ def _free(device: str) -> None:
 def write_pipeline_config(out: Path, ckpt: Path, args: argparse.Namespace, n_items: int) -> Path:
     """A config + one suite (`gpu-smoke`: zoo-style additions) that runs on the device: the
     random model, and the zoo models where they are in the repo (so grades differ for real)."""
-    from evals.selfhost.zoo import make_example
+    from routeopt.evals.selfhost.zoo import make_example
 
     rng = random.Random(f"gpu-check-{args.seed}")
     rows = []
@@ -426,7 +426,7 @@ def write_pipeline_config(out: Path, ckpt: Path, args: argparse.Namespace, n_ite
     cands = [dict(name=f"{args.name}-bf16", model=str(ckpt), variant="bf16",
                   gpu_hour_usd=args.gpu_hour_usd, **local)]
     for name, price in (("zoo-s", 0.5), ("zoo-l", 2.0)):
-        path = REPO / "models" / "zoo" / name
+        path = REPO / "evals" / "demo" / "zoo" / name
         if (path / "config.json").exists():
             cands.append(dict(name=name, model=str(path), variant="fp32", gpu_hour_usd=price, **local))
     cfg = out / "routeopt-gpu.yaml"
@@ -440,7 +440,7 @@ def run_pipeline(cfg: Path, out: Path, timeout_s: float) -> dict:
     """`routeopt run --config cfg --suite gpu-smoke` in a subprocess; then count its outcomes."""
     env = dict(os.environ, PREFECT_HOME=str(out / "prefect"), PREFECT_LOGGING_LEVEL="WARNING",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(cfg), "--suite", "gpu-smoke",
+    cmd = [sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(cfg), "--suite", "gpu-smoke",
            "--no-progress"]
     t0 = time.perf_counter()
     try:
@@ -579,7 +579,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     gpu_levers.add_arguments(ap)
     args = ap.parse_args(argv)
-    from evals.selfhost.serving import parse_levels
+    from routeopt.evals.selfhost.serving import parse_levels
 
     args.concurrency = parse_levels(args.concurrency or ("1,4" if args.tiny else "1,16,64"))
     args.max_tokens = args.max_tokens or (8 if args.tiny else 128)
@@ -648,7 +648,7 @@ def run_levers(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path, c
     """Prefix caching, then speculative decoding, within the time budget (the pipeline step
     keeps 90 s); a failing step is recorded and the check goes on."""
     import gpu_levers
-    from evals.storage.store import Store
+    from routeopt.evals.storage.store import Store
 
     if args.skip_levers:
         res["skipped"].append("speculative decoding and prefix caching (--skip-levers)")
@@ -676,7 +676,7 @@ def run_levers(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path, c
 def run_variants(args: argparse.Namespace, out: Path, ckpt: Path, prompts: Path,
                  bw: float | None, clock: Clock, res: dict) -> None:
     """Benchmark each variant in turn (a failing variant is recorded, the others still run)."""
-    from evals.storage.store import Store
+    from routeopt.evals.storage.store import Store
 
     estimate = 60.0
     with Store(out / "serving.duckdb") as store:

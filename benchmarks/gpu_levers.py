@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.io import atomic_write
+from routeopt.common.io import atomic_write
 
 ARCH_DRAFT_1B = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
                      num_key_value_heads=4, vocab_size=32000, intermediate_size=2816,
@@ -51,7 +51,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def finish_arguments(args: argparse.Namespace) -> None:
-    from evals.selfhost.serving import parse_levels
+    from routeopt.evals.selfhost.serving import parse_levels
 
     args.spec_concurrency = parse_levels(args.spec_concurrency or ("1,3" if args.tiny else "1,16"))
     args.spec_max_tokens = args.spec_max_tokens or (8 if args.tiny else 64)
@@ -92,7 +92,7 @@ def shared_prefix_prompts(path: Path, n: int, prefix_tokens: int, tail_tokens: i
                           max_tokens: int, seed: int = 0) -> Path:
     """n JSONL prompts: one shared prefix of `prefix_tokens` characters (one token each with the
     check's tokenizer), then a tail of their own."""
-    from evals.selfhost.zoo import CHARS
+    from routeopt.evals.selfhost.zoo import CHARS
 
     rng = random.Random(seed)
     alphabet = CHARS.replace("\n", "")
@@ -104,7 +104,7 @@ def shared_prefix_prompts(path: Path, n: int, prefix_tokens: int, tail_tokens: i
 
 
 def _candidate(args: argparse.Namespace, ckpt: Path, name: str, **extra: Any) -> Any:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
     return Candidate(name=name, provider="local", model=str(ckpt), variant="bf16",
                      device=args.device, gpu_hour_usd=args.gpu_hour_usd,
@@ -114,8 +114,8 @@ def _candidate(args: argparse.Namespace, ckpt: Path, name: str, **extra: Any) ->
 
 async def _serve(cand: Any, requests: list, levels: list[int], n: dict[int, int], store: Any,
                  stop_after: float) -> Any:
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import bench_serving, save_report
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import bench_serving, save_report
 
     provider = LocalProvider(cand, max_batch=max(levels))
     try:
@@ -130,7 +130,7 @@ async def _serve(cand: Any, requests: list, levels: list[int], n: dict[int, int]
 def bench_speculative(ckpt: Path, drafts: dict[str, Path], args: argparse.Namespace,
                       prompts: Path, store: Any, deadline: float) -> dict:
     """The target alone, then with each draft: tokens/s, acceptance, speed-up per level."""
-    from evals.selfhost.serving import load_prompts
+    from routeopt.evals.selfhost.serving import load_prompts
 
     requests = load_prompts(prompts, args.spec_max_tokens)
     levels = args.spec_concurrency
@@ -192,7 +192,7 @@ def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: A
                        deadline: float) -> dict:
     """TTFT and prefilled prompt tokens with the prefix cache off, then on. Every measured
     request has a tail of its own: only the shared prefix can come from the cache."""
-    from evals.selfhost.serving import load_prompts, save_report
+    from routeopt.evals.selfhost.serving import load_prompts, save_report
 
     levels = args.spec_concurrency
     n = {c: 8 if c == 1 else 2 * c for c in levels}
@@ -219,8 +219,8 @@ def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: A
 async def _levels_apart(cand: Any, requests: list, levels: list[int], n: dict[int, int],
                         deadline: float) -> list:
     """One provider; each level served its own slice of the prompts (the first one warms up)."""
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import bench_serving
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import bench_serving
 
     provider = LocalProvider(cand, max_batch=max(levels))
     reports, start = [], 1
@@ -229,7 +229,7 @@ async def _levels_apart(cand: Any, requests: list, levels: list[int], n: dict[in
         for c in levels:
             part = requests[start:start + n[c]]
             start += n[c]
-            reports.append(await bench_serving(cand, part, [c], n[c], provider=provider,
+            routeopt.reports.append(await bench_serving(cand, part, [c], n[c], provider=provider,
                                                warmup=0, stop_after=deadline))
     finally:
         await provider.aclose()

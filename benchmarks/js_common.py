@@ -37,7 +37,7 @@ def code_digest() -> str:
 
 def cli(*args: str, cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -45,7 +45,7 @@ def cli(*args: str, cwd: Path) -> str:
 
 def published(name: str) -> tuple[Path, Path]:
     """(version folder, public key) of the set's policy, trained and published via the CLI."""
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.signing import generate_keys
 
     folder = CACHE / f"{name}-{code_digest()}"
     done = folder / "done.json"

@@ -30,12 +30,12 @@ sys.path.insert(0, str(REPO))
 async def _fleet(share: bool) -> dict[str, float]:
     import torch
 
-    from evals.config import load_config
-    from evals.providers.base import GenerationSettings, Message, Request
-    from evals.providers.local.provider import LocalProvider, sharing_cpu
-    from evals.suite.spec import load_suite
+    from routeopt.evals.config import load_config
+    from routeopt.evals.providers.base import GenerationSettings, Message, Request
+    from routeopt.evals.providers.local.provider import LocalProvider, sharing_cpu
+    from routeopt.evals.suite.spec import load_suite
 
-    cfg = load_config(REPO / "routeopt.yaml")
+    cfg = load_config(REPO / "evals" / "demo" / "routeopt.yaml")
     suites = [load_suite(p) for p in sorted((REPO / "evals" / "suites").glob("*.yaml"))
               if p.stem in ("add", "reverse", "sort")]
     with sharing_cpu(len(cfg.candidates) if share else 1):

@@ -22,11 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.execution.budget import Budget  # noqa: E402
-from evals.storage.drift import detect_drift  # noqa: E402
-from evals.storage.export import export_parquet  # noqa: E402
-from evals.storage.store import Store  # noqa: E402
-from reports.dashboard import build_report  # noqa: E402
+from routeopt.evals.execution.budget import Budget  # noqa: E402
+from routeopt.evals.storage.drift import detect_drift  # noqa: E402
+from routeopt.evals.storage.export import export_parquet  # noqa: E402
+from routeopt.evals.storage.store import Store  # noqa: E402
+from routeopt.reports.dashboard import build_report  # noqa: E402
 from tests.ops_history import Regression, _outcomes, make_history  # noqa: E402
 
 

@@ -27,10 +27,10 @@ from router_data import data_dir  # noqa: E402
 
 
 def decisions(data: Path) -> dict:
-    from evals.storage.importer import training_frame_of
-    from router_training.bench import find_sets, knob_choices, read_frame, scoring_data
-    from router_training.knob import STANDARD_TARGETS
-    from router_training.train import train_router
+    from routeopt.evals.storage.importer import training_frame_of
+    from routeopt.router_training.bench import find_sets, knob_choices, read_frame, scoring_data
+    from routeopt.router_training.knob import STANDARD_TARGETS
+    from routeopt.router_training.train import train_router
 
     out = {}
     for name, train_path, test_path in find_sets(data):

@@ -76,9 +76,9 @@ def checkpoint(folder: Path) -> Path:
 
 async def serve(ckpt: Path, requests: list[Any], level: int, cache: bool) -> dict:
     """All requests at `level` in flight through a fresh provider (an empty prefix cache)."""
-    from evals.config import Candidate
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import run_level
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import run_level
 
     cand = Candidate(name="pc", provider="local", model=str(ckpt), variant="fp32", device="cpu",
                      gpu_hour_usd=1.0, max_concurrency=level, timeout_s=600,
@@ -99,8 +99,8 @@ async def serve(ckpt: Path, requests: list[Any], level: int, cache: bool) -> dic
 
 
 async def answers(ckpt: Path, requests: list[Any], cache: bool) -> list[str]:
-    from evals.config import Candidate
-    from evals.providers.local.provider import LocalProvider
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.providers.local.provider import LocalProvider
 
     cand = Candidate(name="pc", provider="local", model=str(ckpt), variant="fp32", device="cpu",
                      gpu_hour_usd=1.0, max_concurrency=8, prefix_cache=cache)
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
-    from evals.selfhost.serving import load_prompts
+    from routeopt.evals.selfhost.serving import load_prompts
 
     levels = [int(x) for x in args.concurrency.split(",")]
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,

@@ -4,7 +4,7 @@ Issue 26's mistakes, made against a real LiteLLM proxy (`litellm --config` with 
 `mock_response` deployments, from the test helper's virtualenv): the big candidate's key is
 wrong (the proxy answers 400 `No connected db.`), its model name has a typo, its base URL points
 at a dead port or a wrong path, or its `api_key_env` names a variable that is not set. For each,
-`python -m flows.cli run --no-progress` runs --reps times from a fresh folder; the figure is the
+`python -m routeopt.flows.cli run --no-progress` runs --reps times from a fresh folder; the figure is the
 time until the line naming the candidate (with its URL and the proxy's message, or the unset
 variable) appears on stderr, and the time until the process exits (it must exit non-zero).
 
@@ -72,7 +72,7 @@ def one_run(config: Path, proxy: LiteLLMProxy, expect: str) -> tuple[float, floa
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "BENCH_UNSET_KEY")}
     env.update(PYTHONPATH=str(REPO), **{KEY_ENV: proxy.master_key, "BENCH_WRONG_KEY": "sk-not-a-proxy-key"})
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(config), "--no-progress"],
                             cwd=config.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     named, seen = None, []

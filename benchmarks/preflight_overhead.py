@@ -1,6 +1,6 @@
 """What the preflight adds to a healthy run: the demo's `routeopt run`, with and without it.
 
-Each round runs `python -m flows.cli run --no-progress` on the bundled demo fleet (five local
+Each round runs `python -m routeopt.flows.cli run --no-progress` on the bundled demo fleet (five local
 candidates: each loads its checkpoint and generates one token before the first suite) once with
 the preflight and once with `--no-preflight`, in turn, each writing to a fresh folder, with one
 Prefect home per variant that an untimed first run has migrated (cron on a host). Figures per
@@ -44,7 +44,7 @@ def one_run(home: Path, out: Path, flags: list[str]) -> tuple[float, float, floa
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="INFO",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--config", str(demo_config(out)),
+    proc = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(demo_config(out)),
                              "--no-progress", *flags], cwd=out, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     began, probing, tail = None, None, []

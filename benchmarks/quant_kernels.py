@@ -1,6 +1,6 @@
 """Quantized Linear kernels against their dequantizing fallback, per layer shape, rows and dtype.
 
-Each row times one `evals.providers.local.quantize` module's matmul both ways (`_matmul(x, kernel)`, the call
+Each row times one `routeopt.evals.providers.local.quantize` module's matmul both ways (`_matmul(x, kernel)`, the call
 forward makes), interleaved and best of several rounds, so background load hits both alike.
 `INT8PACK_MAX_ROWS` in evals/providers/local/quantize.py comes from the int8 rows of this table on CPU.
 
@@ -24,7 +24,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.providers.local.quantize import Fp8DynLinear, Int8DynLinear, Int8Linear  # noqa: E402
+from routeopt.evals.providers.local.quantize import Fp8DynLinear, Int8DynLinear, Int8Linear  # noqa: E402
 
 FUSED = {Int8Linear: "int8pack", Int8DynLinear: "int_mm", Fp8DynLinear: "scaled_mm"}
 

@@ -144,7 +144,7 @@ def main() -> None:
             if a.sweep_only and what.startswith("run"):
                 continue
             out = folder / f"{what}.json"
-            cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
+            cmd = [sys.executable, "-m", "routeopt.flows.cli", "bench", "replay", str(log), "--candidate", a.candidate,
                    *speeds, "--ttft-target-s", str(a.ttft_target_s), "--latency-target-s",
                    str(a.latency_target_s), "--json-out", str(out), "--db", str(folder / "replay.duckdb")]
             env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}

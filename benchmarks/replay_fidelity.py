@@ -23,9 +23,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.config import Candidate  # noqa: E402
-from evals.selfhost.arrivals import Arrival  # noqa: E402
-from evals.selfhost.replay import Slo, make_sender, replay_once, summarize  # noqa: E402
+from routeopt.evals.config import Candidate  # noqa: E402
+from routeopt.evals.selfhost.arrivals import Arrival  # noqa: E402
+from routeopt.evals.selfhost.replay import Slo, make_sender, replay_once, summarize  # noqa: E402
 from tests.fake_llm import FakeLLMProcess  # noqa: E402
 
 

@@ -52,7 +52,7 @@ def main() -> None:
     for rnd in range(a.rounds):
         for mode in got:
             out = folder / f"{mode[2:]}{rnd}.json"
-            cmd = [sys.executable, "-m", "flows.cli", "bench", "replay", str(trace), "--candidate", "zoo-s",
+            cmd = [sys.executable, "-m", "routeopt.flows.cli", "bench", "replay", str(trace), "--candidate", "zoo-s",
                    "--speed", ",".join(["1"] * a.probes), "--ttft-target-s", "1", mode, "--no-store",
                    "--json-out", str(out)]
             env = {"ROUTEOPT_TORCH_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO)}

@@ -1,4 +1,4 @@
-"""Gateway routing latency: 10,000 single-request decisions through `artifacts.runtime`, one thread.
+"""Gateway routing latency: 10,000 single-request decisions through `routeopt.artifacts.runtime`, one thread.
 
 Each timed call is `Router.route(prompt, suite)`: featurisation, prediction and the policy's
 choice, exactly what a gateway pays per request. The policy is loaded the way a gateway loads it
@@ -28,14 +28,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from artifacts.registry import publish  # noqa: E402
-from artifacts.runtime import load  # noqa: E402
-from artifacts.signing import generate_keys  # noqa: E402
+from routeopt.artifacts.registry import publish  # noqa: E402
+from routeopt.artifacts.runtime import load  # noqa: E402
+from routeopt.artifacts.signing import generate_keys  # noqa: E402
 
 
 def _demo_frame():
-    from evals.config import ConfigError, default_config_path, load_config
-    from evals.storage.store import Store
+    from routeopt.evals.config import ConfigError, default_config_path, load_config
+    from routeopt.evals.storage.store import Store
 
     try:
         db = load_config(default_config_path()).db_path
@@ -84,7 +84,7 @@ def training_frame(data: str = "auto") -> tuple[object, str]:
 
 def build_policy(workdir: Path, data: str) -> tuple[Path, Path, list[tuple[str, str | None]], str]:
     """Train, publish signed into a temporary registry; returns (registry, public key, prompts, what)."""
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     frame, what = training_frame(data)
     result = train_router(frame, quality_target=0.95, seed=0)

@@ -31,12 +31,12 @@ def main() -> None:
     ap.add_argument("--estimator", choices=("linear", "lightgbm"), default="linear",
                     help="Estimator of the policy trained when --policy is not given.")
     args = ap.parse_args()
-    from router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy import RoutingPolicy
 
     if args.policy is not None:
         policy = RoutingPolicy.load(args.policy)
     else:
-        from router_training.train import train_router
+        from routeopt.router_training.train import train_router
 
         policy = train_router(pd.read_parquet(DATA / "train.parquet"), holdout_fraction=0.0,
                               estimator=args.estimator).policy

@@ -9,7 +9,7 @@ measured on the fold at the user targets, beside the reference trained on the sa
     OMP_NUM_THREADS=1 python benchmarks/router_design_cv.py --variant base: \
         --variant topics32:text_rank=32 --variant conf95:confidence=0.95 [--sets routerbench,...]
 
-A variant is NAME:key=value,key=value with keys of router_training.train.Design,
+A variant is NAME:key=value,key=value with keys of routeopt.router_training.train.Design,
 `confidence`, `holdout`, `refit` or `embeddings` (as `routeopt train --holdout-fraction`,
 `--no-refit`, `--embeddings` take them). Prints per set and variant the fold means of S100 /
 S95 / AIQ (S100 'never' counts as 0 in the mean and is counted apart), checks passed, promise
@@ -17,7 +17,7 @@ held, and top-best: the pass rate at the highest target (what the knob serves wh
 certified) minus the best single's.
 
 With `--shift`, each held-out fold is also shifted the project's own ways
-(`router_training.shifts`: harder by the plain reference's difficulty learned on the other
+(`routeopt.router_training.shifts`: harder by the plain reference's difficulty learned on the other
 folds, another suite mix, longer prompts), and each variant is measured there twice: as trained
 (`default`) and trained again with a certificate toward the shifted fold's prompts (`traffic`,
 as `routeopt train --traffic`). Per shift and variant it prints issue 24's checks (pass rate at
@@ -39,14 +39,14 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evals.storage.importer import training_frame_of  # noqa: E402
+from routeopt.evals.storage.importer import training_frame_of  # noqa: E402
 from router_data import data_dir  # noqa: E402
-from router_training.baselines import ReferenceRouter  # noqa: E402
-from router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
-from router_training.data import routing_data  # noqa: E402
-from router_training.embeddings import reuse_embeddings  # noqa: E402
-from router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
-from router_training.train import Design, train_router  # noqa: E402
+from routeopt.router_training.baselines import ReferenceRouter  # noqa: E402
+from routeopt.router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
+from routeopt.router_training.data import routing_data  # noqa: E402
+from routeopt.router_training.embeddings import reuse_embeddings  # noqa: E402
+from routeopt.router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
+from routeopt.router_training.train import Design, train_router  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:
@@ -142,9 +142,9 @@ def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, d
 def shifted_folds(fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceRouter, policy, design: dict,
                   options: dict):
     """((shift, 'default' | 'traffic'), report) on each shift of one held-out fold."""
-    from router_training.certificate import Certificate, TrafficSample
-    from router_training.shift_bench import difficulty, shift_checks
-    from router_training.shifts import SHIFTS, shifted
+    from routeopt.router_training.certificate import Certificate, TrafficSample
+    from routeopt.router_training.shift_bench import difficulty, shift_checks
+    from routeopt.router_training.shifts import SHIFTS, shifted
 
     hardness = difficulty(reference, test)
     for name in SHIFTS:

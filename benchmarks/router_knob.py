@@ -8,7 +8,7 @@ For each sub-folder of --data holding train.parquet and test.parquet (default ..
 
 for every target x, then the chosen models are scored against the test outcomes. Prints per set
 the realised pass rate and cost at each target, S100 / S95 / AIQ of the knob beside the plain
-reference (router_training.baselines.ReferenceRouter), the zero router, the best single
+reference (routeopt.router_training.baselines.ReferenceRouter), the zero router, the best single
 candidate and the oracle, and how often the promise (pass rate >= x * best single) held.
 
     python benchmarks/router_knob.py [--data ../shared/data] [--sets routerbench,alpacaeval]
@@ -32,18 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from router_data import data_dir  # noqa: E402
-from router_training.baselines import ReferenceRouter  # noqa: E402
-from router_training.bench import (  # noqa: E402
+from routeopt.router_training.baselines import ReferenceRouter  # noqa: E402
+from routeopt.router_training.bench import (  # noqa: E402
     find_sets, format_set, format_summary, measure, scoring_data,
 )
-from router_training.data import routing_data  # noqa: E402
-from router_training.knob import STANDARD_TARGETS  # noqa: E402
+from routeopt.router_training.data import routing_data  # noqa: E402
+from routeopt.router_training.knob import STANDARD_TARGETS  # noqa: E402
 
 
 def cli(*args: str) -> str:
     """Run `routeopt ARGS` from this checkout and return its output; fail loudly."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
@@ -52,7 +52,7 @@ def cli(*args: str) -> str:
 
 def keys(tmp: Path) -> tuple[Path, Path]:
     """A signing key pair of this benchmark's own (as a user's `routeopt run` makes one)."""
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.signing import generate_keys
 
     folder = tmp / "keys"
     if not folder.exists():
@@ -72,7 +72,7 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
     first = test_frame.drop_duplicates("request_id")
     requests.write_text("".join(json.dumps({"id": r.request_id, "prompt": r.prompt, "suite": r.suite}) + "\n"
                                 for r in first.itertuples()), encoding="utf-8")
-    from artifacts.runtime import load
+    from routeopt.artifacts.runtime import load
 
     policy = load(registry, public_key=public).policy
     test = scoring_data(test_frame, policy.candidates)
@@ -91,7 +91,7 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
         if (pick < 0).any():
             raise SystemExit(f"{name}: route left {(pick < 0).sum()} test requests without a model")
         choices.append(pick)
-    from evals.storage.store import Store
+    from routeopt.evals.storage.store import Store
 
     with Store(db, read_only=True) as store:  # the reference sees what `routeopt train` saw
         train_data = routing_data(store.training_frame(), candidates=policy.candidates)
@@ -120,10 +120,10 @@ def main() -> None:
             print(f"import + train through the CLI: {report['knob']['import_and_train_seconds']:.1f} s; "
                   + " | ".join(report["knob"]["train_output"][1:]) + "\n")
             sys.stdout.flush()
-            reports.append(report)
+            routeopt.reports.append(report)
     print(format_summary(reports))
     if args.json:
-        from common.io import jsonable
+        from routeopt.common.io import jsonable
 
         args.json.write_text(json.dumps(jsonable(reports), indent=1))
 

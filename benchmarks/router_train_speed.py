@@ -53,7 +53,7 @@ def main() -> None:
                     help="Time every sub-folder's train.parquet as it is (the shared sets) instead.")
     args = ap.parse_args()
     if args.sets is not None:
-        from evals.storage.importer import training_frame_of
+        from routeopt.evals.storage.importer import training_frame_of
 
         for folder in sorted(d for d in args.sets.iterdir() if (d / "train.parquet").is_file()):
             timed(training_frame_of(folder / "train.parquet"), args.holdout, folder.name)
@@ -62,7 +62,7 @@ def main() -> None:
 
 
 def timed(frame: pd.DataFrame, holdout: float, name: str) -> None:
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train_router(frame, holdout_fraction=holdout)

@@ -11,7 +11,7 @@ Variants, run interleaved (--reps rounds, each variant once per round):
 
 Each variant runs with a Prefect home kept across its runs ("warm": cron on one host, its
 database already migrated) and with a new one per run ("fresh": a Kubernetes pod). Each run is
-`python -m flows.cli run --no-progress` on the bundled demo fleet (never replaying cached
+`python -m routeopt.flows.cli run --no-progress` on the bundled demo fleet (never replaying cached
 answers: `--no-cache` for the code before that became the default), writing to a
 temporary folder. Two figures per run: the seconds until the flow began (Prefect's "Beginning
 flow run" line: imports, config, the server's start), which the variants differ in, and the
@@ -55,7 +55,7 @@ def demo_config(out: Path) -> Path:
     """The bundled demo config with absolute paths, its state under `out`."""
     import yaml
 
-    cfg = yaml.safe_load((REPO / "routeopt.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "evals" / "demo" / "routeopt.yaml").read_text())
     for c in cfg["candidates"]:
         c["model"] = str(REPO / c["model"])
     cfg.update(suites_dir=str(REPO / cfg["suites_dir"]), db_path=str(out / "routeopt.duckdb"),
@@ -104,7 +104,7 @@ def one_run(code: Path, home: Path, out: Path, api_url: str | None) -> tuple[flo
         env["PREFECT_API_URL"] = api_url
     start = time.perf_counter()
     fresh = ["--no-cache"] if "--no-cache" in (code / "flows/commands/pipeline.py").read_text() else []
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "run", "--config",
                              str(demo_config(out)), *fresh, "--no-progress"], cwd=code, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     began, tail = None, []

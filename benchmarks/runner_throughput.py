@@ -87,10 +87,10 @@ def request_bodies(suite, model: str) -> list[dict]:
 
 
 async def runner_path(suite, base_url: str, concurrency: int, db: Path, provider: str):
-    from evals.config import Candidate
-    from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
-    from evals.execution.runner import evaluate_pair
-    from evals.storage.store import Store
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+    from routeopt.evals.execution.runner import evaluate_pair
+    from routeopt.evals.storage.store import Store
 
     cand = Candidate(name=f"bench-{provider}", provider=provider, model="bench", base_url=base_url,
                      input_price_per_mtok=1.0, output_price_per_mtok=2.0,
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, FakeLLMProcess() as server:
-        from evals.suite.spec import load_suite
+        from routeopt.evals.suite.spec import load_suite
 
         suite = load_suite(write_arithmetic_suite(Path(tmp), a.calls, name="bench"))
         bodies = request_bodies(suite, "bench")

@@ -26,12 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 SUITES = ("add", "reverse", "sort")
 
 
 def demo_requests(suites: list[str]) -> list[Any]:
-    from evals.suite.spec import load_suite
+    from routeopt.evals.suite.spec import load_suite
 
     out = []
     for name in suites:
@@ -41,7 +41,7 @@ def demo_requests(suites: list[str]) -> list[Any]:
 
 
 def candidates(draft: str, k: int, max_batch: int) -> tuple[Any, Any]:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
     base = dict(provider="local", model=str(ZOO / "zoo-l"), variant="fp32", device="cpu",
                 gpu_hour_usd=2.0, max_concurrency=max_batch, timeout_s=600)
@@ -52,8 +52,8 @@ def candidates(draft: str, k: int, max_batch: int) -> tuple[Any, Any]:
 
 async def one_repeat(pair: tuple[Any, Any], requests: list[Any], levels: list[int]) -> dict:
     """Both candidates at every level, interleaved; {level: {name: LevelResult}}."""
-    from evals.providers.local.provider import LocalProvider
-    from evals.selfhost.serving import bench_serving
+    from routeopt.evals.providers.local.provider import LocalProvider
+    from routeopt.evals.selfhost.serving import bench_serving
 
     providers = [LocalProvider(c, max_batch=max(levels)) for c in pair]
     out: dict[int, dict[str, Any]] = {}
@@ -70,7 +70,7 @@ async def one_repeat(pair: tuple[Any, Any], requests: list[Any], levels: list[in
 
 
 def same_answers(pair: tuple[Any, Any], requests: list[Any]) -> bool:
-    from evals.providers.local.provider import LocalProvider
+    from routeopt.evals.providers.local.provider import LocalProvider
 
     async def answers(cand: Any) -> list[str]:
         provider = LocalProvider(cand)

@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from evals.grading import build_grader
-from evals.grading.sandbox import isolation
-from evals.suite.spec import load_suite
+from routeopt.evals.grading import build_grader
+from routeopt.evals.grading.sandbox import isolation
+from routeopt.evals.suite.spec import load_suite
 
 
 def _suite(folder: Path, n: int) -> Path:

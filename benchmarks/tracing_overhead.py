@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import tracing  # noqa: E402
+from routeopt.common import tracing  # noqa: E402
 from route_latency import build_policy, measure  # noqa: E402
 from tests.otlp_sink import OtlpSink  # noqa: E402
 
@@ -106,10 +106,10 @@ def call_span_cost(n: int = 5_000) -> tuple[float, float]:
     """What one eval call's span costs, as the runner records it (started, the request's,
     call's and grade's attributes, two events, ended) with no call in between: CPU per span on
     the calling thread, and in this process over all its threads once exported, microseconds."""
-    from evals.config import Candidate
-    from evals.execution import spans
-    from evals.providers.base import Completion
-    from evals.storage.store import Outcome
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.execution import spans
+    from routeopt.evals.providers.base import Completion
+    from routeopt.evals.storage.store import Outcome
 
     cand = Candidate(name="bench", provider="openai", model="bench", base_url="http://127.0.0.1:9/v1",
                      input_price_per_mtok=1.0, output_price_per_mtok=2.0)
@@ -132,8 +132,8 @@ def call_span_cost(n: int = 5_000) -> tuple[float, float]:
 
 
 def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
-    from artifacts.decisions import DecisionLog, Exploration, Gateway
-    from artifacts.runtime import load
+    from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway
+    from routeopt.artifacts.runtime import load
 
     registry, public, prompts, what = build_policy(tmp, "auto")
     router = load(registry, public, state_dir=False)
@@ -164,10 +164,10 @@ def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float
 
 
 async def _runner(suite, base_url: str, db: Path) -> float:
-    from evals.config import Candidate
-    from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
-    from evals.execution.runner import evaluate_pair
-    from evals.storage.store import Store
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+    from routeopt.evals.execution.runner import evaluate_pair
+    from routeopt.evals.storage.store import Store
 
     cand = Candidate(name="bench", provider="openai", model="bench", base_url=base_url,
                      input_price_per_mtok=1.0, output_price_per_mtok=2.0, max_concurrency=64, timeout_s=60)
@@ -188,7 +188,7 @@ def _process_cpu_s() -> float:
 def runner(calls: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
     """Calls per second of each block (`off`, `on`), and this process's CPU per call, all its
     threads, the block's flush included (`off cpu`, `on cpu`)."""
-    from evals.suite.spec import load_suite
+    from routeopt.evals.suite.spec import load_suite
     from tests.fake_llm import FakeLLMProcess, write_arithmetic_suite
 
     suite = load_suite(write_arithmetic_suite(tmp / "suite", calls, name="bench"))

@@ -2,9 +2,9 @@
 
 The traffic is a set of requests whose outcome is known for every model (RouterBench's test split
 in ../shared, or a synthetic fleet made here). The champion routes it through
-`artifacts.decisions.Gateway` with exploration; feedback (passed, cost) is drawn from the true
+`routeopt.artifacts.decisions.Gateway` with exploration; feedback (passed, cost) is drawn from the true
 outcome of the model each request was served by and imported with the decision log into a store;
-then `router_training.live` estimates the second policy's pass rate and cost, whose true values come
+then `routeopt.router_training.live` estimates the second policy's pass rate and cost, whose true values come
 straight from the data. Used by `benchmarks/ope_coverage.py` and `tests/flows/test_live_replay.py`.
 
 Three ways of knowing the second policy's choice on the logged requests:
@@ -37,7 +37,7 @@ MODES = ("text", "shadow", "canary")
 
 def fleet_from_frame(frame: Any) -> Any:
     """The requests with the true outcome and cost of every candidate (`RoutingData`)."""
-    from router_training.data import routing_data
+    from routeopt.router_training.data import routing_data
 
     return routing_data(frame).complete()
 
@@ -83,7 +83,7 @@ def load_data(source: str, n_test: int | None = None) -> tuple[Any, Any, str]:
 
 def train_pair(train: Any, seed: int = 0) -> tuple[Any, Any]:
     """The champion (quality target 0.95) and a second policy that trades quality for cost (0.9)."""
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     champion = train_router(train, quality_target=0.95, seed=seed).policy
     return champion, replace(champion, quality_target=0.9)
@@ -91,8 +91,8 @@ def train_pair(train: Any, seed: int = 0) -> tuple[Any, Any]:
 
 def publish_pair(folder: Path, champion: Any, second: Any) -> Path:
     """A registry where the champion is version 1 (`champion`) and the second version 2 (`candidate`)."""
-    from artifacts.registry import move_channel, publish
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.registry import move_channel, publish
+    from routeopt.artifacts.signing import generate_keys
 
     registry = folder / "registry"
     private, _ = generate_keys(registry_keys(registry))
@@ -122,10 +122,10 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
 
     Feedback comes back for a random `feedback_share` of requests (missing at random).
     """
-    from artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
-    from artifacts.runtime import load
-    from evals.storage.store import Store
-    from evals.storage.traffic import import_decisions, import_feedback
+    from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
+    from routeopt.artifacts.runtime import load
+    from routeopt.evals.storage.store import Store
+    from routeopt.evals.storage.traffic import import_decisions, import_feedback
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -160,16 +160,16 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
 
 
 def estimate(store_path: Path, policy: Any, version: int, mode: str) -> Any:
-    """router_training.live's estimate of the policy (version 2) on the replayed traffic."""
+    """routeopt.router_training.live's estimate of the policy (version 2) on the replayed traffic."""
     return estimate_pair(store_path, policy, version, mode)[0]
 
 
 def estimate_pair(store_path: Path, policy: Any, version: int, mode: str) -> tuple[Any, Any, Any]:
     """The policy's estimate, the champion's (version 1, from its own records) and the paired
     difference policy - champion, as the promotion gate computes them."""
-    from evals.storage.store import Store
-    from evals.storage.traffic import load_traffic
-    from router_training.live import compare, evaluate
+    from routeopt.evals.storage.store import Store
+    from routeopt.evals.storage.traffic import load_traffic
+    from routeopt.router_training.live import compare, evaluate
 
     with Store(store_path, read_only=True) as store:
         frame = load_traffic(store)

@@ -13,16 +13,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from evals.config import Candidate
-from evals.providers.local.provider import LocalProvider
-from evals.suite.spec import load_suite
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.local.provider import LocalProvider
+from routeopt.evals.suite.spec import load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 FLEET = [("zoo-s", "fp32"), ("zoo-m", "fp32"), ("zoo-l", "fp32"), ("zoo-l", "int8")]
 
 
 async def run_candidate(name: str, variant: str, suites: list, max_batch: int) -> tuple[dict, float, int]:
-    cand = Candidate(name=f"{name}-{variant}", provider="local", model=str(REPO / "models/zoo" / name),
+    cand = Candidate(name=f"{name}-{variant}", provider="local", model=str(REPO / "evals/demo/zoo" / name),
                      variant=variant, device="cpu", gpu_hour_usd=1.0, max_concurrency=max_batch)
     provider = LocalProvider(cand, max_batch=max_batch)
     await provider.generate(suites[0].request(suites[0].items[0]))  # load outside the timing

@@ -16,7 +16,7 @@ from typing import Any, Literal, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from common.fields import did_you_mean
+from routeopt.common.fields import did_you_mean
 
 ProviderName = Literal["openai", "anthropic", "local"]
 Variant = Literal["api", "fp32", "bf16", "fp16", "fp8", "int8", "fp8-dyn", "int8-dyn"]
@@ -26,7 +26,7 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file, the line and the field."""
 
 
-# --- YAML with line numbers: routeopt.yaml and the suite files (`evals.suite.files`) ---
+# --- YAML with line numbers: routeopt.yaml and the suite files (`routeopt.evals.suite.files`) ---
 
 Loc = tuple[str | int, ...]
 
@@ -266,7 +266,7 @@ class RouterSettings(BaseModel):
 
 
 class PublishSettings(BaseModel):
-    """How the nightly flow publishes and promotes policies (`artifacts.registry`)."""
+    """How the nightly flow publishes and promotes policies (`routeopt.artifacts.registry`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -301,7 +301,7 @@ class ReportSettings(BaseModel):
 
 
 class PreflightSettings(BaseModel):
-    """One tiny request per candidate before the first suite (`evals.execution.preflight`): a
+    """One tiny request per candidate before the first suite (`routeopt.evals.execution.preflight`): a
     wrong key, model name, URL or port is named in seconds, and the run stops before spending
     anything, instead of measuring a broken candidate as a model that fails every item."""
 
@@ -314,7 +314,7 @@ class PreflightSettings(BaseModel):
 
 
 class BudgetSettings(BaseModel):
-    """Spend caps of one run in USD (enforced by `evals.execution.budget.Budget`); None is no cap."""
+    """Spend caps of one run in USD (enforced by `routeopt.evals.execution.budget.Budget`); None is no cap."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -331,7 +331,7 @@ class BudgetSettings(BaseModel):
 
 
 class AlertSettings(BaseModel):
-    """Drift alerts (`evals.storage.drift`, sent by `reports.alerts`): thresholds, and where to
+    """Drift alerts (`routeopt.evals.storage.drift`, sent by `routeopt.reports.alerts`): thresholds, and where to
     send them besides Prefect.
 
     A webhook URL that embeds a token (Slack, Teams) is a secret: name its environment variable
@@ -381,7 +381,7 @@ class TrafficSettings(BaseModel):
     api_prices: dict[str, ApiPrice] = Field(default_factory=dict, description="what each "
                                             "self-hosted candidate's model costs on a provider API")
     shift_alpha: float = Field(default=0.01, gt=0, lt=1, description="the shift monitor's family-wise "
-                               "level: live requests unlike the certified ones (router_training.monitor)")
+                               "level: live requests unlike the certified ones (routeopt.router_training.monitor)")
     shift_min_effect: float = Field(default=0.05, ge=0, le=1, description="the least total variation "
                                     "(binned) of a feature that counts as a shift")
     shift_min_requests: int = Field(default=200, ge=1, description="logged requests the shift monitor "
@@ -407,6 +407,8 @@ class Config(BaseModel):
     alerts: AlertSettings = AlertSettings()
     traffic: TrafficSettings = TrafficSettings()
     source_path: Path | None = Field(default=None, exclude=True)
+    state_base: Path | None = Field(default=None, exclude=True,
+                                    description="the folder relative state paths resolve against")
 
     @field_validator("candidates")
     @classmethod
@@ -463,7 +465,7 @@ class Config(BaseModel):
             return self.publishing.signing_key
         if os.environ.get("ROUTEOPT_SIGNING_KEY"):
             return Path(os.environ["ROUTEOPT_SIGNING_KEY"])
-        base = self.source_path.parent if self.source_path else Path.cwd()
+        base = self.state_base or (self.source_path.parent if self.source_path else Path.cwd())
         return base / ".routeopt" / "keys" / "signing_key.pem"
 
     def candidate(self, name: str) -> Candidate:
@@ -525,17 +527,20 @@ def load_config(path: str | os.PathLike) -> Config:
     except ValidationError as err:
         raise ConfigError(_format_errors(path, err, lines)) from None
     base = path.parent
+    # The demo shipped in the package reads its fleet and suites beside itself but keeps its
+    # state (database, registry, cache, keys) under the current folder, never in site-packages.
+    state = Path.cwd().resolve() if path == DEMO_CONFIG.resolve() else base
     candidates = [_resolve_checkpoints(base, c) for c in cfg.candidates]
     return cfg.model_copy(
         update={
             "candidates": candidates,
             "suites_dir": _resolve(base, cfg.suites_dir),
-            "db_path": _resolve(base, cfg.db_path),
-            "registry_dir": _resolve(base, cfg.registry_dir),
-            "cache_dir": _resolve(base, cfg.cache_dir),
+            "db_path": _resolve(state, cfg.db_path),
+            "registry_dir": _resolve(state, cfg.registry_dir),
+            "cache_dir": _resolve(state, cfg.cache_dir),
             "publishing": cfg.publishing.model_copy(
                 update={
-                    "signing_key": _resolve(base, cfg.publishing.signing_key)
+                    "signing_key": _resolve(state, cfg.publishing.signing_key)
                     if cfg.publishing.signing_key
                     else None
                 }
@@ -545,8 +550,13 @@ def load_config(path: str | os.PathLike) -> Config:
                 (("log_dir", cfg.traffic.log_dir), ("suites_dir", cfg.traffic.suites_dir),
                  ("data_dir", cfg.traffic.data_dir)) if v is not None}),
             "source_path": path,
+            "state_base": state,
         }
     )
+
+
+DEMO_CONFIG = Path(__file__).resolve().parent / "demo" / "routeopt.yaml"
+"""The demo fleet's config, shipped in the package with its suites and model checkpoints."""
 
 
 def default_config_path() -> Path:
@@ -557,4 +567,4 @@ def default_config_path() -> Path:
     local = Path("routeopt.yaml")
     if local.exists():
         return local
-    return Path(__file__).resolve().parent.parent / "routeopt.yaml"
+    return DEMO_CONFIG

@@ -17,24 +17,24 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 # "module:attribute" of each click command or group added to the top-level group.
 COMMANDS: list[str] = [
-    "flows.commands.ops:export_group",
-    "flows.commands.ops:drift_cmd",
-    "flows.commands.ops:report_cmd",
-    "flows.commands.ops:deploy_cmd",
-    "flows.commands.gpu:bench",
-    "flows.commands.gpu:cost",
-    "flows.commands.pipeline:run",
-    "flows.commands.pipeline:eval_cmd",
-    "flows.commands.artifacts:policies",
-    "flows.commands.artifacts:keys",
-    "flows.commands.artifacts:registry_group",
-    "flows.commands.gateway:gateway_group",
-    "flows.commands.suites:suites",
-    "flows.commands.zoo:zoo",
-    "flows.commands.router:import_group",
-    "flows.commands.router:train",
-    "flows.commands.router:bench",
-    "flows.commands.router:route",
+    "routeopt.flows.commands.ops:export_group",
+    "routeopt.flows.commands.ops:drift_cmd",
+    "routeopt.flows.commands.ops:report_cmd",
+    "routeopt.flows.commands.ops:deploy_cmd",
+    "routeopt.flows.commands.gpu:bench",
+    "routeopt.flows.commands.gpu:cost",
+    "routeopt.flows.commands.pipeline:run",
+    "routeopt.flows.commands.pipeline:eval_cmd",
+    "routeopt.flows.commands.artifacts:policies",
+    "routeopt.flows.commands.artifacts:keys",
+    "routeopt.flows.commands.artifacts:registry_group",
+    "routeopt.flows.commands.gateway:gateway_group",
+    "routeopt.flows.commands.suites:suites",
+    "routeopt.flows.commands.zoo:zoo",
+    "routeopt.flows.commands.router:import_group",
+    "routeopt.flows.commands.router:train",
+    "routeopt.flows.commands.router:bench",
+    "routeopt.flows.commands.router:route",
 ]
 
 
@@ -49,7 +49,7 @@ def cli() -> None:
 
 
 # Modules that add subcommands to the groups above (`import`, `policies`, `cost`).
-EXTENSIONS: list[str] = ["flows.commands.traffic", "flows.commands.replay"]
+EXTENSIONS: list[str] = ["routeopt.flows.commands.traffic", "routeopt.flows.commands.replay"]
 
 for _target in COMMANDS:
     _module, _, _attr = _target.partition(":")
@@ -73,7 +73,7 @@ def _ready_to_exit() -> None:
     Prefect's workers flush in atexit handlers, which still run)."""
     import gc
 
-    nightly = sys.modules.get("flows.nightly")  # imported by the commands that keep stores
+    nightly = sys.modules.get("routeopt.flows.nightly")  # imported by the commands that keep stores
     if nightly is not None:
         nightly.close_stores()
     gc.freeze()

@@ -21,11 +21,11 @@ import threading
 import time
 from typing import Any
 
-from evals.config import Config
-from evals.execution.budget import budget_for_run, spent_in_run
-from evals.execution.runner import evaluate_pair
-from evals.providers.local.provider import sharing_cpu
-from flows.nightly import _PROGRESS, _cancellable, begin_evaluation, cancel_evaluations
+from routeopt.evals.config import Config
+from routeopt.evals.execution.budget import budget_for_run, spent_in_run
+from routeopt.evals.execution.runner import evaluate_pair
+from routeopt.evals.providers.local.provider import sharing_cpu
+from routeopt.flows.nightly import _PROGRESS, _cancellable, begin_evaluation, cancel_evaluations
 
 log = logging.getLogger(__name__)
 

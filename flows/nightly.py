@@ -18,17 +18,17 @@ from typing import Any, Callable, Iterator
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from common import tracing
-from evals.config import Candidate, Config, load_config
-from evals.execution.budget import Budget, budget_for_run, spent_in_run
-from evals.execution.cache import format_age, parse_age
-from evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
-from evals.providers.local.provider import keep_loaded, sharing_cpu
-from evals.execution.runner import PairStats, evaluate_pair
-from evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
-from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
-from flows.review import report_run, review_run
-from reports.summary import excluded_line
+from routeopt.common import tracing
+from routeopt.evals.config import Candidate, Config, default_config_path, load_config
+from routeopt.evals.execution.budget import Budget, budget_for_run, spent_in_run
+from routeopt.evals.execution.cache import format_age, parse_age
+from routeopt.evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
+from routeopt.evals.providers.local.provider import keep_loaded, sharing_cpu
+from routeopt.evals.execution.runner import PairStats, evaluate_pair
+from routeopt.evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
+from routeopt.evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
+from routeopt.flows.review import report_run, review_run
+from routeopt.reports.summary import excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -324,7 +324,7 @@ class Refused:
 def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
     """`frame`: the training frame, read by the flow; a task on a worker in another process
     cannot open the DuckDB file the flow process holds."""
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     if frame is None:
         frame = training_frame(cfg, run_id)
@@ -342,9 +342,9 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 def _refusals() -> tuple[type[Exception], ...]:
     """What the registry, the signing key or the champion's verification raise: a person must
     look, and the run reports it in one sentence instead of a traceback."""
-    from artifacts.backends import RegistryError
-    from artifacts.runtime import PolicyLoadError
-    from artifacts.signing import SigningError
+    from routeopt.artifacts.backends import RegistryError
+    from routeopt.artifacts.runtime import PolicyLoadError
+    from routeopt.artifacts.signing import SigningError
 
     return (RegistryError, PolicyLoadError, SigningError, OSError)
 
@@ -362,8 +362,8 @@ def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: lis
 def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
     """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
     The first publish creates the signing key (`Config.signing_key_path`)."""
-    from artifacts.registry import move_channel, publish, registry_signing_key
-    from artifacts.signing import public_key_path
+    from routeopt.artifacts.registry import move_channel, publish, registry_signing_key
+    from routeopt.artifacts.signing import public_key_path
 
     path = cfg.signing_key_path()
     key, created = registry_signing_key(cfg.registry_dir, path)
@@ -386,7 +386,7 @@ def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[st
 def import_traffic(cfg: Config, store: Store) -> dict[str, Any] | None:
     """Bring the gateways' decision logs into the store (idempotent: the whole folder each night).
     A missing folder or a bad log is reported, never fatal: the night's evaluation goes on."""
-    from evals.storage.traffic import TrafficImportError, import_decisions
+    from routeopt.evals.storage.traffic import TrafficImportError, import_decisions
 
     folder = cfg.traffic.log_dir
     if folder is None:
@@ -420,12 +420,12 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
 
 
 def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
-    """Move `champion` to the new version only if the gate passes (`artifacts.promotion`)."""
-    from artifacts.promotion import champion_version, decide_promotion, heldout
-    from artifacts.registry import move_channel
-    from artifacts.signing import load_private_key, trusted_keys
-    from evals.storage.traffic import load_traffic
-    from router_training.live import live_comparison, live_promise
+    """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.promotion`)."""
+    from routeopt.artifacts.promotion import champion_version, decide_promotion, heldout
+    from routeopt.artifacts.registry import move_channel
+    from routeopt.artifacts.signing import load_private_key, trusted_keys
+    from routeopt.evals.storage.traffic import load_traffic
+    from routeopt.router_training.live import live_comparison, live_promise
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
@@ -477,7 +477,7 @@ def _run_span(run_id: str) -> Iterator[str | None]:
 
 @flow(name="routeopt-nightly", log_prints=True)
 def nightly(
-    config_path: str = "routeopt.yaml",
+    config_path: str | None = None,
     run_id: str | None = None,
     suites: list[str] | None = None,
     candidates: list[str] | None = None,
@@ -501,7 +501,7 @@ def nightly(
     report a broken candidate before Prefect's server has started).
     """
     logger = get_run_logger()
-    cfg = load_config(config_path)
+    cfg = load_config(config_path or default_config_path())
     max_age_s = parse_age(cache_max_age) if cache_max_age else None
     if max_age_s is not None:
         logger.warning("response cache: replaying answers of earlier runs up to %s old; their "

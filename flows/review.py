@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from evals.config import Config
-from evals.storage.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift
-from evals.storage.store import Store
-from reports.alerts import send_alerts, send_traffic_alerts
-from reports.dashboard import gather, publish_prefect_artifacts, render_html, write_report
+from routeopt.evals.config import Config
+from routeopt.evals.storage.drift import DriftFinding, DriftReport, blocking_regressions, detect_drift
+from routeopt.evals.storage.store import Store
+from routeopt.reports.alerts import send_alerts, send_traffic_alerts
+from routeopt.reports.dashboard import gather, publish_prefect_artifacts, render_html, write_report
 
 
 @dataclass
@@ -26,19 +26,19 @@ class RunReview:
     drift: DriftReport
     blocking: list[DriftFinding] = field(default_factory=list)
     alerts: dict[str, Any] = field(default_factory=dict)
-    traffic: Any = None  # router_training.monitor.TrafficCheck of the serving champion
+    traffic: Any = None  # routeopt.router_training.monitor.TrafficCheck of the serving champion
     traffic_alerts: dict[str, Any] = field(default_factory=dict)
 
 
 def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until: str | None = None) -> Any:
     """The champion's traffic check on the decisions of the last `traffic.window_days`: the shift
-    monitor (`router_training.monitor`) and, with feedback, its promise on live traffic. None
+    monitor (`routeopt.router_training.monitor`) and, with feedback, its promise on live traffic. None
     without a verified champion or without logged decisions."""
     from datetime import datetime, timedelta, timezone
 
-    from artifacts.promotion import champion_version
-    from evals.storage.traffic import load_traffic
-    from router_training.monitor import check_traffic
+    from routeopt.artifacts.promotion import champion_version
+    from routeopt.evals.storage.traffic import load_traffic
+    from routeopt.router_training.monitor import check_traffic
 
     end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
     frame = load_traffic(store, since=(end - timedelta(days=cfg.traffic.window_days)).isoformat(),
@@ -59,7 +59,7 @@ def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until:
 def trusted_public_keys(cfg: Config) -> Any:
     """The public keys the champion is verified with: the config's (beside its signing key) and
     $ROUTEOPT_PUBLIC_KEY."""
-    from artifacts.signing import public_key_path, trusted_keys
+    from routeopt.artifacts.signing import public_key_path, trusted_keys
 
     keys = [*(trusted_keys(None) or {}).values()]
     beside = public_key_path(cfg.signing_key_path())

@@ -1,7 +1,7 @@
 """Conformance vectors: each step's expected output for ~2,000 requests, shipped in every policy.
 
 Publishing a policy computes, with this (the reference) implementation, every layer of the spec
-for the requests of `router_training.conformance_inputs`: bytes after the cut, word hashes,
+for the requests of `routeopt.router_training.conformance_inputs`: bytes after the cut, word hashes,
 buckets, the feature vector, scores, probabilities, costs, the knob's draw, the decision at
 several targets, and the gateway's exploration and canary draws. A runtime that loads the policy
 recomputes them and refuses the policy unless it agrees: integer layers exactly, floats within
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from router_training.conformance_inputs import VectorInput, from_wtf8, vector_inputs, wtf8
-from router_training.draws import Exploration, derive_key, unit_draw
-from router_training.batch import BatchFeatures, batch_features, batch_predict
-from router_training.features import mix, text_bytes
-from router_training.policy import FORMAT_VERSION, RoutingPolicy, choose as order, member_choice
-from router_training.tensors import ContainerError, dumps, loads
+from routeopt.router_training.conformance_inputs import VectorInput, from_wtf8, vector_inputs, wtf8
+from routeopt.router_training.draws import Exploration, derive_key, unit_draw
+from routeopt.router_training.batch import BatchFeatures, batch_features, batch_predict
+from routeopt.router_training.features import mix, text_bytes
+from routeopt.router_training.policy import FORMAT_VERSION, RoutingPolicy, choose as order, member_choice
+from routeopt.router_training.tensors import ContainerError, dumps, loads
 
 FORMAT = "routeopt.conformance/1"
 TARGETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0, 1.1)
@@ -137,7 +137,7 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
 def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
             targets: tuple[float, ...] = TARGETS, n_detail: int = DETAIL) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
-    at once: router_training.batch, which tests hold to the one-request path's bits)."""
+    at once: routeopt.router_training.batch, which tests hold to the one-request path's bits)."""
     texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
     if policy.spec.embeddings:
         return _text_layers(batch_features(texts, suites, policy.spec), n_detail)
@@ -208,7 +208,7 @@ def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict, config
 
 
 def explore_all(names: list[str], C: np.ndarray, pick: np.ndarray, x: Exploration, u: np.ndarray, v: np.ndarray):
-    """`router_training.draws.choose` for every request at once (served model, explored,
+    """`routeopt.router_training.draws.choose` for every request at once (served model, explored,
     eligible count, propensity); a test holds it to `choose` request by request."""
     n = len(pick)
     rows = np.arange(n)

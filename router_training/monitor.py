@@ -246,7 +246,7 @@ def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_eff
 
 
 def logged(frame: Any, default_target: float) -> Logged:
-    """What the monitor reads of a traffic frame (`evals.storage.traffic`): a record without a
+    """What the monitor reads of a traffic frame (`routeopt.evals.storage.traffic`): a record without a
     quality target was routed at the policy's own (`default_target`)."""
     targets = [default_target if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
                for q in frame["quality_target"].tolist()]
@@ -263,7 +263,7 @@ def logged(frame: Any, default_target: float) -> Logged:
 class TrafficCheck:
     """What the logged traffic says about a published policy: whether its requests still look
     like the certified ones (`shift`) and, with feedback, whether its target's promise holds on
-    them (`promise`, `router_training.live.live_promise`)."""
+    them (`promise`, `routeopt.router_training.live.live_promise`)."""
 
     version: int | None
     target: float
@@ -298,7 +298,7 @@ def check_traffic(frame: Any, policy: Any, version: int | None, *, alpha: float 
     """The shift monitor and the live promise for the policy that served `frame` (a traffic
     frame): the requests it served are compared with its reference sketch (its metrics'
     `shift_reference`); with at least `min_feedback` of them graded, its promise is estimated."""
-    from router_training.live import live_promise
+    from routeopt.router_training.live import live_promise
 
     mine = frame
     if version is not None and "policy_version" in frame:

@@ -3,7 +3,7 @@
 Imports numpy and the standard library only, so a gateway can embed it. A router scores, one
 shared policy decides (RouteLLM's split). The quality knob is a `Knob`: a staircase of operating
 points, each a member rule or a per-request mix of two, with the largest quality target it is
-certified for (`router_training.knob` builds it). A member is a deterministic rule:
+certified for (`routeopt.router_training.knob` builds it). A member is a deterministic rule:
 
 * ``lambda``: maximise ``p - lambda * cost`` per request;
 * ``single``: always the same candidate;
@@ -26,9 +26,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from router_training.features import FeatureSpec, cut, feature_layers, n_chars, request_features, text_bytes
-from router_training.numerics import ordered_row_sum, ordered_sum, sigmoid
-from router_training.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
+from routeopt.router_training.features import FeatureSpec, cut, feature_layers, n_chars, request_features, text_bytes
+from routeopt.router_training.numerics import ordered_row_sum, ordered_sum, sigmoid
+from routeopt.router_training.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -48,7 +48,7 @@ class Decision:
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    """Platt's logistic function as the spec computes it (router_training.numerics.sigmoid)."""
+    """Platt's logistic function as the spec computes it (routeopt.router_training.numerics.sigmoid)."""
     return sigmoid(z)
 
 
@@ -384,7 +384,7 @@ class RoutingPolicy:
             raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
         embeddings = [None] * len(prompts)
         if self.spec.embeddings and len(prompts) > 1:
-            from router_training.embeddings import embed  # optional extra; batched is faster
+            from routeopt.router_training.embeddings import embed  # optional extra; batched is faster
 
             embeddings = list(embed(list(prompts)))
         k = len(self.candidates)
@@ -479,27 +479,27 @@ class RoutingPolicy:
         """Write the policy in format 3 (docs/policy-format.md): policy.json, arrays.safetensors
         and conformance.safetensors, the vectors every runtime checks itself against (no pickle;
         atomically). Returns the file names."""
-        from router_training.policy_files import save_policy
+        from routeopt.router_training.policy_files import save_policy
 
         return save_policy(self, Path(folder))
 
     @classmethod
     def load(cls, folder: Path) -> "RoutingPolicy":
         """Read a policy folder of format 3, 2 or 1 (a format 1 rule and its table load as a knob)."""
-        from router_training.policy_files import load_policy
+        from routeopt.router_training.policy_files import load_policy
 
         return load_policy(Path(folder))
 
     def self_check(self) -> "object":
-        """Run the conformance vectors loaded with the policy (router_training.conformance)."""
-        from router_training.conformance import self_check
+        """Run the conformance vectors loaded with the policy (routeopt.router_training.conformance)."""
+        from routeopt.router_training.conformance import self_check
 
         return self_check(self)
 
     @property
     def format_info(self) -> dict:
         """What the manifest says about the format: version, portability, the vectors' file."""
-        from router_training.policy_files import format_info
+        from routeopt.router_training.policy_files import format_info
 
         return format_info(self)
 

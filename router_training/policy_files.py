@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from common.io import atomic_write
-from router_training.features import EMBEDDING_DIM, MAX_BYTES, STAT_NAMES, FeatureSpec
-from router_training.policy import (
+from routeopt.common.io import atomic_write
+from routeopt.router_training.features import EMBEDDING_DIM, MAX_BYTES, STAT_NAMES, FeatureSpec
+from routeopt.router_training.policy import (
     FORMAT_VERSION, READABLE_VERSIONS, CostModel, Knob, LinearScorer, RoutingPolicy,
 )
-from router_training.tensors import ContainerError, dumps, loads, require
-from router_training.trees import TreeFormatError, TreeScorer
+from routeopt.router_training.tensors import ContainerError, dumps, loads, require
+from routeopt.router_training.trees import TreeFormatError, TreeScorer
 
 ARRAYS_NAME = "arrays.safetensors"
 VECTORS_NAME = "conformance.safetensors"
@@ -98,7 +98,7 @@ def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
 
 def save_policy(policy: RoutingPolicy, folder: Path) -> list[str]:
     """Write format 3, then the conformance vectors of the policy as read back from those files."""
-    from router_training.conformance import build_vectors
+    from routeopt.router_training.conformance import build_vectors
 
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / ARRAYS_NAME, dumps(_arrays(policy), {"format": f"routeopt.arrays/{FORMAT_VERSION}"}))

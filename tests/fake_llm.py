@@ -628,7 +628,7 @@ if pytest is not None:
     @pytest.fixture
     def fake_candidate(fake_llm: FakeLLM) -> Callable[..., Any]:
         """Factory: `fake_candidate("openai"|"anthropic", **fields)` -> a Candidate on `fake_llm`."""
-        from evals.config import Candidate
+        from routeopt.evals.config import Candidate
 
         def make(provider: str = "openai", **overrides: Any) -> Candidate:
             base = fake_llm.openai_base_url if provider == "openai" else fake_llm.anthropic_base_url

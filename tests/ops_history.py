@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evals.storage.store import OUTCOME_COLUMNS, Outcome, Store
+from routeopt.evals.storage.store import OUTCOME_COLUMNS, Outcome, Store
 
 CANDIDATES = {
     "big": dict(provider="openai", model="big", input_price_per_mtok=5.0, output_price_per_mtok=15.0),

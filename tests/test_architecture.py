@@ -18,23 +18,28 @@ import pytest
 
 from tests import REPO
 
-OURS = ("common", "evals", "router_training", "artifacts", "reports", "flows")
-EVALS = ("evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage",
-         "evals.execution", "evals.selfhost")
+P = "routeopt."
+OURS = tuple(P + n for n in ("common", "evals", "router_training", "artifacts", "reports", "flows"))
+FOLDERS = {P + "common": REPO / "routeopt" / "common", P + "reports": REPO / "routeopt" / "reports",
+           P + "evals": REPO / "evals", P + "router_training": REPO / "router_training",
+           P + "artifacts": REPO / "artifacts", P + "flows": REPO / "flows"}
+EVALS = tuple(P + "evals." + n for n in ("config", "providers", "grading", "suite", "storage", "execution",
+                                          "selfhost"))
+E = {n.rsplit(".", 1)[1]: n for n in EVALS}
 ALLOWED: dict[str, set[str]] = {
-    "common": set(),
-    "evals": set(),
-    "evals.config": set(),
-    "evals.providers": {"evals.config"},
-    "evals.grading": {"evals.config", "evals.providers"},
-    "evals.suite": {"evals.config", "evals.providers", "evals.grading"},
-    "evals.storage": {"evals.config", "evals.suite"},
-    "evals.execution": {"evals.config", "evals.providers", "evals.grading", "evals.suite", "evals.storage"},
-    "evals.selfhost": {"evals.config", "evals.providers", "evals.suite", "evals.storage"},
-    "router_training": set(),
-    "artifacts": {"router_training"},
-    "reports": {"evals", *EVALS, "router_training", "artifacts"},
-    "flows": {"evals", *EVALS, "router_training", "artifacts", "reports"},
+    P + "common": set(),
+    P + "evals": set(),
+    E["config"]: set(),
+    E["providers"]: {E["config"]},
+    E["grading"]: {E["config"], E["providers"]},
+    E["suite"]: {E["config"], E["providers"], E["grading"]},
+    E["storage"]: {E["config"], E["suite"]},
+    E["execution"]: {E["config"], E["providers"], E["grading"], E["suite"], E["storage"]},
+    E["selfhost"]: {E["config"], E["providers"], E["suite"], E["storage"]},
+    P + "router_training": set(),
+    P + "artifacts": {P + "router_training"},
+    P + "reports": {P + "evals", *EVALS, P + "router_training", P + "artifacts"},
+    P + "flows": {P + "evals", *EVALS, P + "router_training", P + "artifacts", P + "reports"},
 }
 
 
@@ -58,19 +63,28 @@ def imports(path: Path) -> set[str]:
 
 
 def modules() -> list[Path]:
-    return sorted(p for top in OURS for p in (REPO / top).rglob("*.py")
+    return sorted(p for folder in FOLDERS.values() for p in folder.rglob("*.py")
                   if "suites" not in p.relative_to(REPO).parts)
+
+
+def module_name(path: Path) -> str:
+    """The dotted name a source file installs as."""
+    for package, folder in FOLDERS.items():
+        if path.is_relative_to(folder):
+            parts = path.relative_to(folder).with_suffix("").parts
+            return ".".join((package, *parts)).removesuffix(".__init__")
+    raise ValueError(path)
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(REPO)))
 def test_imports_follow_the_layers(path: Path) -> None:
-    me = unit(".".join(path.relative_to(REPO).with_suffix("").parts))
+    me = unit(module_name(path))
     assert me is not None
-    allowed = ALLOWED[me] | {me} | ({"common"} if me != "common" else set())
-    if me.startswith("evals."):
-        allowed.add("evals")  # the package itself (its docstring), never a sibling via it
+    allowed = ALLOWED[me] | {me} | ({P + "common"} if me != P + "common" else set())
+    if me.startswith(P + "evals."):
+        allowed.add(P + "evals")  # the package itself (its docstring), never a sibling via it
     wrong = sorted(m for m in imports(path) if (u := unit(m)) is not None and u not in allowed
-                   and not (u == "evals" and m != "evals"))
+                   and not (u == P + "evals" and m != P + "evals"))
     assert not wrong, f"{path.relative_to(REPO)} ({me}) imports {wrong}; allowed: {sorted(ALLOWED[me])}"
 
 
@@ -82,10 +96,11 @@ def test_the_gateway_modules_are_leaves_of_router_training() -> None:
     """What a gateway loads (the policy, its format 3 files, its self-check and the draws:
     docs/architecture.md, "The gateway side") imports no other router_training module but each
     other and the optional embeddings, so numpy is all they need."""
-    allowed = {f"router_training.{n}" for n in GATEWAY_MODULES} | {"router_training.embeddings"}
+    rt = P + "router_training"
+    allowed = {f"{rt}.{n}" for n in GATEWAY_MODULES} | {f"{rt}.embeddings"}
     for name in GATEWAY_MODULES:
-        ours = {".".join(m.split(".")[:2]) for m in imports(REPO / "router_training" / f"{name}.py")
-                if unit(m) == "router_training"}
+        ours = {".".join(m.split(".")[:3]) for m in imports(REPO / "router_training" / f"{name}.py")
+                if unit(m) == rt}
         assert ours <= allowed, (name, ours - allowed)
 
 
@@ -104,7 +119,7 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     for path in modules():
         for module in imports(path):
             top = module.split(".")[0]
-            if unit(top) is not None or top in sys.stdlib_module_names or top == "__future__":
+            if top == "routeopt" or top in sys.stdlib_module_names or top == "__future__":
                 continue
             dists = {d.lower().replace("_", "-") for d in providers.get(top, ())}
             if not dists & declared and top.replace("_", "-") not in declared:

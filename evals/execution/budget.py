@@ -2,7 +2,7 @@
 
 The runner reserves a pessimistic estimate of each attempt's cost *before* sending it (retries
 and the judge's calls included) and settles the reservation with what the attempt actually
-cost, failed attempts included (`evals.execution.calls`). A call is refused (its item recorded with
+cost, failed attempts included (`routeopt.evals.execution.calls`). A call is refused (its item recorded with
 error_kind "budget") only when it could exceed a cap even if every call still in flight turned
 out to cost nothing; while in-flight reservations merely crowd the cap, the caller waits for
 them to settle instead of giving up early. One `Budget` is shared by every (suite, candidate)
@@ -18,9 +18,9 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from evals.config import BudgetSettings, Candidate
-from evals.providers.base import Request
-from evals.storage.store import Store
+from routeopt.evals.config import BudgetSettings, Candidate
+from routeopt.evals.providers.base import Request
+from routeopt.evals.storage.store import Store
 
 BUDGET_ERROR_KIND = "budget"
 _WAIT_POLL_S = 0.02

@@ -9,7 +9,7 @@ name: a nightly that replays yesterday cannot see a model get better, worse or s
 - **Development runs that opt in** (`routeopt run --cache` or `--cache-max-age 1d`): answers
   that earlier runs recorded at most `max_age_s` ago are replayed. Such a row has
   `cached=True`: it counts in pass rates (it is graded again) but not in cost, tokens, latency
-  or spend, which belong to the run that made the call (`evals.storage.labels`).
+  or spend, which belong to the run that made the call (`routeopt.evals.storage.labels`).
 
 Keyed by (SHA-256 of provider, base URL, model, variant, messages and generation settings;
 scope). The scope is the run that made the call: its run id, and the flow adds its database,
@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from evals.config import Candidate
-from evals.providers.base import Completion, Request
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.base import Completion, Request
 
 CACHE_FILE = "responses.sqlite"
 KEEP_S = 30 * 86400.0

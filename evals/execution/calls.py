@@ -23,15 +23,15 @@ import random
 import time
 from dataclasses import dataclass
 
-from common import tracing
-from evals.config import Candidate
-from evals.execution import spans
-from evals.execution.budget import (
+from routeopt.common import tracing
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution import spans
+from routeopt.evals.execution.budget import (
     Budget, BudgetExhausted, Reservation, estimate_call_cost, gpu_provisional_cost,
 )
-from evals.execution.limits import BREAKER_KINDS, Admission, EndpointLimits
-from evals.providers.base import CALL_PROGRESS, CallProgress, Completion, Provider, ProviderError, Request
-from evals.providers.sdk import estimate_tokens
+from routeopt.evals.execution.limits import BREAKER_KINDS, Admission, EndpointLimits
+from routeopt.evals.providers.base import CALL_PROGRESS, CallProgress, Completion, Provider, ProviderError, Request
+from routeopt.evals.providers.sdk import estimate_tokens
 
 log = logging.getLogger(__name__)
 # Refused before any generation: the reserved tokens go back to the TPM bucket.

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from evals.config import Candidate
-from evals.providers.base import ProviderError
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.base import ProviderError
 
 # Faults that say the endpoint itself is unwell. Rate limits, client errors and authentication
 # errors are answers from a live endpoint (they reset the count): backoff handles the first,

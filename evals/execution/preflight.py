@@ -29,12 +29,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal
 
-from evals.config import Candidate
-from evals.execution.budget import gpu_provisional_cost
-from evals.execution.calls import failed_attempt_cost, token_cost
-from evals.execution.limits import endpoint_of
-from evals.providers import make_provider
-from evals.providers.base import (
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution.budget import gpu_provisional_cost
+from routeopt.evals.execution.calls import failed_attempt_cost, token_cost
+from routeopt.evals.execution.limits import endpoint_of
+from routeopt.evals.providers import make_provider
+from routeopt.evals.providers.base import (
     CALL_PROGRESS, CallProgress, Completion, GenerationSettings, Message, Provider, ProviderError, Request,
 )
 

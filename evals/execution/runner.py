@@ -1,7 +1,7 @@
 """The eval runner: one suite across one candidate, async, graded, costed and persisted.
 
 Per item: response cache (deterministic settings only) -> the candidate's call path
-(`evals.execution.calls`: a refused key stops the pair, an open breaker makes the queue wait for
+(`routeopt.evals.execution.calls`: a refused key stops the pair, an open breaker makes the queue wait for
 its probe, each attempt reserved under the spend caps, RPM/TPM limiter, timeout, retries) ->
 grading, whose model calls (the judge) take the same path and are recorded on the item's row.
 Every item ends with exactly one outcome: a grade, or an error row that says what happened
@@ -18,7 +18,7 @@ raises `FlushError`.
 
 Self-hosted candidates that share a device are measured one at a time (`DeviceSlot`).
 Timing definitions are vLLM's (TTFT to the first non-empty content chunk, TPOT, inter-chunk
-gaps); see `evals.providers.sdk`.
+gaps); see `routeopt.evals.providers.sdk`.
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from common import tracing
-from evals.config import Candidate
-from evals.execution import spans
-from evals.execution.budget import Budget, gpu_provisional_cost
-from evals.execution.cache import Hit, ResponseCache, cache_key
-from evals.execution.calls import Caller, CallResult, RetryPolicy, token_cost
-from evals.execution.limits import GpuMeter, EndpointLimits, shared_device_slot, shared_gpu_meter, shared_limits
-from evals.grading import Grader
-from evals.providers import make_provider
-from evals.providers.base import Completion, Provider, ProviderError, Request
-from evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome
-from evals.suite.spec import Item, Suite
+from routeopt.common import tracing
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution import spans
+from routeopt.evals.execution.budget import Budget, gpu_provisional_cost
+from routeopt.evals.execution.cache import Hit, ResponseCache, cache_key
+from routeopt.evals.execution.calls import Caller, CallResult, RetryPolicy, token_cost
+from routeopt.evals.execution.limits import GpuMeter, EndpointLimits, shared_device_slot, shared_gpu_meter, shared_limits
+from routeopt.evals.grading import Grader
+from routeopt.evals.providers import make_provider
+from routeopt.evals.providers.base import Completion, Provider, ProviderError, Request
+from routeopt.evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome
+from routeopt.evals.suite.spec import Item, Suite
 
 __all__ = ["FlushError", "PairStats", "RetryPolicy", "apportion_gpu_cost", "evaluate_pair", "token_cost"]
 
@@ -231,7 +231,7 @@ async def _call(pair: _Pair, item: Item, request: Request, span: object = None) 
 
 
 async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
-    """One item, as a `chat {model}` span when tracing is on (`evals.execution.spans`): the
+    """One item, as a `chat {model}` span when tracing is on (`routeopt.evals.execution.spans`): the
     call, its grading and the judge's calls under it; the row keeps the span's ids."""
     if tracing.tracer() is None:
         return await _evaluate(pair, item, None)

@@ -6,7 +6,7 @@ the grade (`routeopt.grade.passed`, `gen_ai.evaluation.score.value`) once gradin
 an event where the answer was complete, so the call's own time stays visible. Attributes come
 from what the outcome row records: tokens, finish reason, TTFT, cost in USD, attempts, prompt
 and response caches. Keys, prompts and answers never become attributes (error messages are
-already redacted by the providers). Only called while tracing is on (`common.tracing`).
+already redacted by the providers). Only called while tracing is on (`routeopt.common.tracing`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from common import tracing
-from evals.config import Candidate
-from evals.providers.base import Completion, Request
+from routeopt.common import tracing
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.base import Completion, Request
 
 _PROVIDER_NAMES = {"openai": "openai", "anthropic": "anthropic", "local": "routeopt.local"}
 

@@ -5,12 +5,12 @@ grader, `custom` graders referenced as "module:function" from YAML, the `code` g
 `sandbox` that runs untrusted programs and the `harness` (program and checker) that runs inside
 it. Importing this package registers every built-in grader; graders of other distributions come
 in through the `routeopt.graders` entry point group.
-May import `evals.providers` (the judge calls a candidate) and `evals.config`; never the suite
+May import `routeopt.evals.providers` (the judge calls a candidate) and `routeopt.evals.config`; never the suite
 format, the runner or the store, which sit above it.
 """
 
-from evals.grading import builtin, code, custom, judge  # noqa: F401  (each registers its graders)
-from evals.grading.base import (
+from routeopt.evals.grading import builtin, code, custom, judge  # noqa: F401  (each registers its graders)
+from routeopt.evals.grading.base import (
     GRADERS,
     Grade,
     Grader,

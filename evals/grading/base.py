@@ -27,8 +27,8 @@ from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 if TYPE_CHECKING:
-    from evals.config import Candidate, Config
-    from evals.providers.base import Completion, Request
+    from routeopt.evals.config import Candidate, Config
+    from routeopt.evals.providers.base import Completion, Request
 
 Loc = tuple[str | int, ...]
 
@@ -183,8 +183,8 @@ def _grader_class(name: str) -> type[Grader] | None:
 
 def pydantic_message(error: Any, model: type[BaseModel] | None = None) -> str:
     """A pydantic error's message without its "Value error, " prefix; for an unknown field of
-    `model`, with the field it was probably meant to be (`common.fields.did_you_mean`)."""
-    from common.fields import did_you_mean
+    `model`, with the field it was probably meant to be (`routeopt.common.fields.did_you_mean`)."""
+    from routeopt.common.fields import did_you_mean
 
     msg = str(error["msg"]).removeprefix("Value error, ")
     if model is not None and error.get("type") == "extra_forbidden":

@@ -1,5 +1,5 @@
 """The built-in graders: exact match, regex, numeric, multiple choice, substrings, JSON, and the
-combinators `all`, `any` and `weighted`. Each registers itself in `evals.grading.base`'s registry.
+combinators `all`, `any` and `weighted`. Each registers itself in `routeopt.evals.grading.base`'s registry.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import Field, PrivateAttr, field_validator
 
-from evals.grading.base import Combinator, Grade, Grader, GraderContext, lookup, register_grader, render
+from routeopt.evals.grading.base import Combinator, Grade, Grader, GraderContext, lookup, register_grader, render
 
 
 Normalization = Literal["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]

@@ -1,6 +1,6 @@
 """The `code` grader: the response's program runs against the item's unit tests in the sandbox
-(`evals.grading.sandbox`); the score is the fraction of tests that pass, as the tests' own
-process saw it (`evals.grading.harness`), never as the program reports it.
+(`routeopt.evals.grading.sandbox`); the score is the fraction of tests that pass, as the tests' own
+process saw it (`routeopt.evals.grading.harness`), never as the program reports it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr
 
-from evals.grading.base import Grade, Grader, GraderContext, register_grader, render
-from evals.grading.sandbox import Verdict, isolation, run_tests
+from routeopt.evals.grading.base import Grade, Grader, GraderContext, register_grader, render
+from routeopt.evals.grading.sandbox import Verdict, isolation, run_tests
 
 
 _CODE_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.S)

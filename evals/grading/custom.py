@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, PrivateAttr
 
-from evals.grading.base import Grade, Grader, GraderContext, register_grader
+from routeopt.evals.grading.base import Grade, Grader, GraderContext, register_grader
 
 
 def _module_name(path: Path) -> str:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from evals.grading.base import Grade, Grader, GraderContext, ModelCall, register_grader, render
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request
+from routeopt.evals.grading.base import Grade, Grader, GraderContext, ModelCall, register_grader, render
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
-    from evals.providers.base import Provider
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.providers.base import Provider
 
 DEFAULT_SYSTEM = (
     "You are a strict, fair grader. Judge only what the rubric asks; do not answer the task."
@@ -96,7 +96,7 @@ class Judge(Grader):
 
     def _provider(self) -> "Provider":
         """One provider per event loop: clients are bound to the loop that made them."""
-        from evals.providers import make_provider
+        from routeopt.evals.providers import make_provider
 
         loop = asyncio.get_running_loop()
         provider = self._providers.get(loop)

@@ -2,7 +2,7 @@
 
 Each item runs as two processes that each get their own bubblewrap sandbox (`bwrap`, Debian's
 `bubblewrap`): the *program* (the model's code, answering calls) and the *checker* (the unit tests,
-calling the program through proxies and comparing its answers itself); `evals.grading.harness`
+calling the program through proxies and comparing its answers itself); `routeopt.evals.grading.harness`
 is the code of both. They share one socket; the checker alone holds the file the verdict is
 written to, and the program's sandbox cannot see the checker's process, files or descriptors.
 

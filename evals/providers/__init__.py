@@ -3,7 +3,7 @@
 Owns the request/response types (`base`), what the SDK-based providers share (`sdk`: streaming,
 timing, token fallback, error mapping with keys redacted), OpenAI-compatible and Anthropic
 providers, and in-process models (`local/`). Vendor SDKs (and torch) are imported inside each
-factory, so `evals` imports without them. May import `evals.config` and nothing else of `evals`.
+factory, so `evals` imports without them. May import `routeopt.evals.config` and nothing else of `evals`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from evals.providers.base import (
+from routeopt.evals.providers.base import (
     Completion,
     GenerationSettings,
     Message,
@@ -21,13 +21,13 @@ from evals.providers.base import (
 )
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
 # provider name -> "module:factory"; each factory takes a Candidate and returns a Provider.
 PROVIDERS: dict[str, str] = {
-    "openai": "evals.providers.openai_provider:create",
-    "anthropic": "evals.providers.anthropic_provider:create",
-    "local": "evals.providers.local.provider:create",
+    "openai": "routeopt.evals.providers.openai_provider:create",
+    "anthropic": "routeopt.evals.providers.anthropic_provider:create",
+    "local": "routeopt.evals.providers.local.provider:create",
 }
 
 

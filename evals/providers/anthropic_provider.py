@@ -1,9 +1,9 @@
 """Anthropic Messages through the official `anthropic` SDK; the system prompt goes in `system=`.
 
 Streams by default (raw events: message_start ... message_stop), measuring TTFT and
-inter-chunk gaps as vLLM's benchmarks define them (see `evals.providers.sdk`). A stream without
+inter-chunk gaps as vLLM's benchmarks define them (see `routeopt.evals.providers.sdk`). A stream without
 `message_stop` or a stop reason is a `truncated_stream` error; one JSON body sent for a stream
-request is a non-streamed answer (`evals.providers.sdk.json_answer`). The SDK's retries are
+request is a non-streamed answer (`routeopt.evals.providers.sdk.json_answer`). The SDK's retries are
 off; the runner retries. This SDK version has no `temperature`/`top_p` arguments, so they are sent in
 `extra_body` (the Messages API accepts both), keeping evals deterministic.
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers.sdk import SdkProvider, StreamTimer, json_answer
-from evals.providers.base import Completion, ProviderError, Request
+from routeopt.evals.providers.sdk import SdkProvider, StreamTimer, json_answer
+from routeopt.evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
 
 class AnthropicProvider(SdkProvider):
@@ -192,5 +192,5 @@ def _mark_shared(request: Request) -> list[dict[str, Any]]:
 
 
 def create(candidate: "Candidate") -> AnthropicProvider:
-    """Registry factory (`evals.providers.PROVIDERS`)."""
+    """Registry factory (`routeopt.evals.providers.PROVIDERS`)."""
     return AnthropicProvider(candidate, stream=candidate.stream)

@@ -2,21 +2,21 @@
 (vLLM, TGI, llama.cpp) works by pointing the candidate's `base_url` at it.
 
 Streams by default, measuring TTFT and inter-chunk gaps the way vLLM's benchmarks do (see
-`evals.providers.sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
+`routeopt.evals.providers.sdk`). The SDK's own retries are off (`max_retries=0`): the runner retries,
 with backoff, limits and a circuit breaker it can account for. A stream that ends without a
 finish reason is a `truncated_stream` error, never an empty answer; one JSON body sent for a
-stream request is a non-streamed answer (`evals.providers.sdk.json_answer`).
+stream request is a non-streamed answer (`routeopt.evals.providers.sdk.json_answer`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from evals.providers.sdk import SdkProvider, StreamTimer, json_answer
-from evals.providers.base import Completion, ProviderError, Request
+from routeopt.evals.providers.sdk import SdkProvider, StreamTimer, json_answer
+from routeopt.evals.providers.base import Completion, ProviderError, Request
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
 
 class OpenAIProvider(SdkProvider):
@@ -125,5 +125,5 @@ def _tokens(usage: Any) -> tuple[int, int, int] | None:
 
 
 def create(candidate: "Candidate") -> OpenAIProvider:
-    """Registry factory (`evals.providers.PROVIDERS`)."""
+    """Registry factory (`routeopt.evals.providers.PROVIDERS`)."""
     return OpenAIProvider(candidate, stream=candidate.stream)

@@ -25,10 +25,10 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from evals.providers.base import CALL_PROGRESS, Completion, ProviderError, Request
+from routeopt.evals.providers.base import CALL_PROGRESS, Completion, ProviderError, Request
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
 # Placeholder key for OpenAI-compatible servers that need none (vLLM, TGI): the SDKs refuse None.
 NO_KEY = "not-needed"

@@ -1,6 +1,6 @@
 """What `routeopt bench replay` replays: logged arrivals, checked, ordered and made sendable.
 
-Two inputs: gateway decision logs (`artifacts.decisions.DecisionLog` JSONL: each decision's time,
+Two inputs: gateway decision logs (`routeopt.artifacts.decisions.DecisionLog` JSONL: each decision's time,
 served model and prompt length; tokens from its usage records; text where the redaction hook
 kept it), or an arrival trace (.jsonl or .csv: `timestamp` as ISO-8601 or seconds, `model` or
 `suite`, `input_tokens`, `output_tokens`, optional `text`).
@@ -12,7 +12,7 @@ cannot be filled (the model's mean of the known counts fills it, marked estimate
 request ids keep their first line, simultaneous arrivals stay simultaneous, and gaps longer
 than `max_gap_s` are shortened to it; each of these is counted in the notes the report prints.
 Where the log kept no text, a prompt of the recorded length is synthesised (about 4 characters
-per token, `evals.providers.sdk.estimate_tokens`'s rule), distinct per arrival so that no
+per token, `routeopt.evals.providers.sdk.estimate_tokens`'s rule), distinct per arrival so that no
 prefix cache flatters the server.
 """
 
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from evals.suite.datasets import DatasetError, file_records
+from routeopt.evals.suite.datasets import DatasetError, file_records
 
 WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
          "which but have an they you were her she there been one all we their has would when if "
@@ -118,7 +118,7 @@ class _Row:
 
 def _decision_rows(path: Path) -> list[_Row]:
     """Decisions of a gateway log with their usage (tokens) joined by request id."""
-    from evals.storage.traffic import TrafficImportError, decision_row, read_usage_line
+    from routeopt.evals.storage.traffic import TrafficImportError, decision_row, read_usage_line
 
     rows: list[_Row] = []
     usage: dict[str, list[int | None]] = {}
@@ -142,7 +142,7 @@ def _decision_rows(path: Path) -> list[_Row]:
 
 
 def _jsonl(path: Path) -> list[tuple[str, dict]]:
-    from evals.suite.datasets import jsonl_records
+    from routeopt.evals.suite.datasets import jsonl_records
 
     out = []
     for where, rec in jsonl_records(path):

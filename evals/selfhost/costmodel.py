@@ -2,7 +2,7 @@
 
 A GPU is paid by the hour whether it is busy or idle, so a self-hosted token costs
 `gpu_hour_usd / (3600 * tokens_per_second * utilisation)`: the throughput comes from the serving
-benchmark (`evals.selfhost.serving`, one point per concurrency level) and the utilisation is the share of
+benchmark (`routeopt.evals.selfhost.serving`, one point per concurrency level) and the utilisation is the share of
 paid hours the GPU spends serving. An API token costs its list price, plus the input tokens that
 come with each output token. Comparing the two per million *output* tokens is fair only when the
 self-hosted throughput was measured on prompts like the traffic's (prefill time is in it), so the
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
-    from evals.storage.store import Store
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.storage.store import Store
 
 SECONDS_PER_DAY = 86_400.0
 DEFAULT_UTILIZATIONS: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
@@ -205,7 +205,7 @@ def stored_usd_per_mtok(store: "Store", candidate: "Candidate") -> float | None:
 
 def load_curve(store: "Store", candidate: str, bench_id: str | None = None) -> list[ThroughputPoint]:
     """The throughput curve of a candidate's latest (or named) serving benchmark in the store."""
-    from evals.selfhost.serving import SERVING_TABLE
+    from routeopt.evals.selfhost.serving import SERVING_TABLE
 
     with store._lock:
         have = store._con.execute(
@@ -343,7 +343,7 @@ def load_caching(store: "Store", run_id: str,
                  candidates: Sequence["Candidate"] = ()) -> list[CachingSavings]:
     """Prompt caching per candidate in one run, priced with `candidates` (default: the specs
     the run recorded). Answers replayed from the response cache made no call: left out."""
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
     with store._lock:
         cols = {r[0] for r in store._con.execute(

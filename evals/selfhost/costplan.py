@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from evals.selfhost.costmodel import (
+from routeopt.evals.selfhost.costmodel import (
     HOURS_PER_MONTH,
     GpuPlan,
     capacity_tok_s,

@@ -1,10 +1,10 @@
 """`routeopt bench replay`: send logged traffic again, open loop, at its recorded pace times a speed.
 
-Each arrival (`evals.selfhost.arrivals`) goes at its offset / speed, whether or not earlier
+Each arrival (`routeopt.evals.selfhost.arrivals`) goes at its offset / speed, whether or not earlier
 requests have answered (open loop: a slow server meets the load it would really meet, as in
 GuideLLM's and vLLM's rate modes, but with the team's own arrivals and lengths). `max_tokens` is
 the recorded output length. OpenAI-compatible and Anthropic candidates are called over HTTP with
-a lean client (`evals.selfhost.wire`), `local` candidates through their serving engine (the
+a lean client (`routeopt.evals.selfhost.wire`), `local` candidates through their serving engine (the
 provider's continuous batcher) in a process of its own. Definitions are the serving benchmark's (vLLM's):
 TTFT to the first content chunk, TPOT, inter-token latency (the gaps), end-to-end latency.
 
@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request
-from evals.selfhost.arrivals import Arrival, synthesize
-from evals.selfhost.wire import Endpoint
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request
+from routeopt.evals.selfhost.arrivals import Arrival, synthesize
+from routeopt.evals.selfhost.wire import Endpoint
 
 QUANTILES = (50, 95, 99)
 DOWN_KINDS = frozenset({"connection", "timeout"})
@@ -289,7 +289,7 @@ def serve_local(candidate: Any, conn: Any, cpus: set[int] | None = None) -> None
     `cpus` when given (before torch loads, so its threads fit them)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    from evals.providers import make_provider
+    from routeopt.evals.providers import make_provider
 
     provider = make_provider(candidate)
 

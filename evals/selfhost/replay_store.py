@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 
-from evals.selfhost.replay import QUANTILES, ReplayRun, Slo
+from routeopt.evals.selfhost.replay import QUANTILES, ReplayRun, Slo
 
 if TYPE_CHECKING:
-    from evals.storage.store import Store
+    from routeopt.evals.storage.store import Store
 
 RUNS_TABLE, REQUESTS_TABLE = "replay_runs", "replay_requests"
 _DIST = ("ttft", "tpot", "itl", "e2e", "queue", "lateness")

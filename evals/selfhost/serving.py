@@ -12,7 +12,7 @@ an in-process `local` checkpoint. A `local` candidate with a draft model (specul
 also reports the draft's acceptance rate (accepted / proposed tokens) and mean accepted length
 (tokens per target pass: 1 + accepted / verification steps, vLLM's "mean acceptance length"),
 and `without_draft` gives the same candidate without it, for the speed-up. Results go to the DuckDB table `serving_runs`, one row per
-(benchmark, candidate, concurrency), which `evals.selfhost.costmodel` turns into $/Mtok.
+(benchmark, candidate, concurrency), which `routeopt.evals.selfhost.costmodel` turns into $/Mtok.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from evals.suite.datasets import jsonl_records
-from evals.providers.base import GenerationSettings, Message, Provider, ProviderError, Request
+from routeopt.evals.suite.datasets import jsonl_records
+from routeopt.evals.providers.base import GenerationSettings, Message, Provider, ProviderError, Request
 
 if TYPE_CHECKING:
-    from evals.config import Candidate
-    from evals.storage.store import Store
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.storage.store import Store
 
 SERVING_TABLE = "serving_runs"
 PERCENTILES: tuple[int, ...] = (50, 90, 99)
@@ -187,7 +187,7 @@ def load_prompts(path: str | Path, max_tokens: int | None = None) -> list[Reques
 
 
 def _suite_prompts(path: Path, max_tokens: int | None) -> list[Request]:
-    from evals.suite.spec import SuiteError, load_suite
+    from routeopt.evals.suite.spec import SuiteError, load_suite
 
     try:
         suite = load_suite(path)
@@ -332,7 +332,7 @@ async def bench_serving(
     """
     own = provider is None
     if provider is None:
-        from evals.providers import make_provider
+        from routeopt.evals.providers import make_provider
 
         provider = make_provider(candidate)
     levels_out: list[LevelResult] = []

@@ -18,7 +18,7 @@ import urllib.parse
 from collections import deque
 from typing import Any, AsyncIterator
 
-from evals.providers.base import ProviderError
+from routeopt.evals.providers.base import ProviderError
 
 
 class _Conn:
@@ -147,7 +147,7 @@ async def _lines(reader: asyncio.StreamReader, headers: dict[str, str]) -> Async
 
 
 def _status(status: int, text: str, headers: dict[str, str]) -> ProviderError:
-    from evals.providers.sdk import retry_after
+    from routeopt.evals.providers.sdk import retry_after
 
     message = f"HTTP {status}: {text}"
     if status == 429:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from common.io import atomic_write
+from routeopt.common.io import atomic_write
 
 if TYPE_CHECKING:
     import torch

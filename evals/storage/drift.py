@@ -5,10 +5,10 @@ same suite version (each item's latest outcome in the last `baseline_runs` runs)
 the candidate's error rate by the exact McNemar test on the discordant items, TTFT and latency
 p95 by their relative change guarded by a one-sided Wilcoxon signed-rank test on the same
 items, mean cost per call by its relative change, and list prices by any change. Pass labels
-follow `evals.storage.labels` (a candidate's error is a failure, errors on our side are left
+follow `routeopt.evals.storage.labels` (a candidate's error is a failure, errors on our side are left
 out); times and costs come from calls answered in each run, never from replayed cache rows.
 p-values are adjusted per metric family with Benjamini-Hochberg, since a fleet x suites grid
-makes dozens of tests a night and some would otherwise fire by chance. `reports.alerts`
+makes dozens of tests a night and some would otherwise fire by chance. `routeopt.reports.alerts`
 sends the findings out.
 """
 
@@ -21,10 +21,10 @@ from typing import Any, Iterable, Literal
 import numpy as np
 import pandas as pd
 
-from common.io import jsonable
-from evals.config import AlertSettings
-from evals.storage.labels import label_frame
-from evals.storage.store import Store
+from routeopt.common.io import jsonable
+from routeopt.evals.config import AlertSettings
+from routeopt.evals.storage.labels import label_frame
+from routeopt.evals.storage.store import Store
 
 Severity = Literal["regression", "improvement", "info"]
 BLOCKING_METRICS = frozenset({"pass_rate", "error_rate", "latency_p95_s", "ttft_p95_s"})

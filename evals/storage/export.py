@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.io import atomic_writer
-from evals.storage.store import Store
+from routeopt.common.io import atomic_writer
+from routeopt.evals.storage.store import Store
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 

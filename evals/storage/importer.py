@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from evals.suite.datasets import jsonl_records
-from evals.storage.store import Outcome, Store
+from routeopt.evals.suite.datasets import jsonl_records
+from routeopt.evals.storage.store import Outcome, Store
 
 REQUIRED = ("request_id", "prompt", "model")
 OPTIONAL_FLOATS = ("cost_usd", "latency_s", "ttft_s")

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from evals.storage.labels import MISCONFIGURED, SAME_ERROR_MIN_ROWS, LabelSql, same_error_sql
+from routeopt.evals.storage.labels import MISCONFIGURED, SAME_ERROR_MIN_ROWS, LabelSql, same_error_sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -204,7 +204,7 @@ class Outcome:
     judge_output_tokens: int | None = None
     # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
     streamed: bool | None = None
-    # The call's span when tracing is on (common.tracing): rows and traces join on these.
+    # The call's span when tracing is on (routeopt.common.tracing): rows and traces join on these.
     trace_id: str | None = None
     span_id: str | None = None
 
@@ -379,7 +379,7 @@ class Store:
             )
 
     def record_preflight(self, run_id: str, probes: Iterable[dict]) -> None:
-        """Keep each candidate's preflight probe (`evals.execution.preflight.Probe` as a dict):
+        """Keep each candidate's preflight probe (`routeopt.evals.execution.preflight.Probe` as a dict):
         its verdict, what the endpoint said and what it cost (counted in the run's spend). A run
         that stopped on its preflight has these rows and no `runs` row."""
         now = _now()
@@ -390,7 +390,7 @@ class Store:
               p.get("input_tokens"), p.get("output_tokens"), p.get("streamed")) for p in probes])
 
     def mark_same_errors(self, run_id: str, min_rows: int = SAME_ERROR_MIN_ROWS) -> list[dict]:
-        """Apply the same-error rule of `evals.storage.labels` to one run: the rows of each
+        """Apply the same-error rule of `routeopt.evals.storage.labels` to one run: the rows of each
         candidate whose every call got the same error become `misconfigured` (the message keeps
         their former kind). Returns one dict per such candidate: candidate, n, error_kind, error."""
         found = self.query(same_error_sql(), [run_id, min_rows]).to_dict("records")
@@ -523,7 +523,7 @@ class Store:
     def training_frame(self, run_ids: Sequence[str] | None = None) -> "Any":
         """Labelled outcomes of these runs (default: every run) joined with their prompts.
 
-        Labels follow `evals.storage.labels`: a candidate's own error is a failure (passed
+        Labels follow `routeopt.evals.storage.labels`: a candidate's own error is a failure (passed
         False, score 0) and errors on our side are left out. A failed call without a recorded
         cost gets the mean cost of the candidate's calls on that suite in that run, so the
         router sees a price for the items a model fails, not only for those it answers.

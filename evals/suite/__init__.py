@@ -2,6 +2,6 @@
 
 Owns line-aware YAML parsing and `include:` resolution (`files`), datasets and their rows
 (`datasets`), and the validated suite with its items, prompts and version hash (`spec`).
-May import `evals.grading` (a suite names its grader), `evals.providers.base` (a suite item
-becomes a `Request`) and `evals.config`; never the runner or the store.
+May import `routeopt.evals.grading` (a suite names its grader), `routeopt.evals.providers.base` (a suite item
+becomes a `Request`) and `routeopt.evals.config`; never the runner or the store.
 """

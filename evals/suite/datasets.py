@@ -17,7 +17,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evals.grading.base import lookup
+from routeopt.evals.grading.base import lookup
 
 Format = Literal["jsonl", "csv", "parquet"]
 _SUFFIX_FORMAT: dict[str, Format] = {

@@ -7,7 +7,7 @@ lm-evaluation-harness task YAMLs inherit the same way as here: a variant is a fe
 include a base and override what differs. Mappings merge key by key; lists and scalars replace; a
 mapping whose `type` differs from the base's replaces it whole (a different grader is not a patch).
 Relative file paths are resolved against the file that wrote them, so a base can live anywhere.
-The line-aware reader (`load_yaml`) is `evals.config`'s, which reads routeopt.yaml the same way.
+The line-aware reader (`load_yaml`) is `routeopt.evals.config`'s, which reads routeopt.yaml the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from evals.config import Loc, YamlError, load_yaml
+from routeopt.evals.config import Loc, YamlError, load_yaml
 
 
 @dataclass(frozen=True)

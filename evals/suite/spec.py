@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from evals.suite.datasets import DatasetError, DatasetSpec, content_digest, load_rows
-from evals.grading import (
+from routeopt.evals.suite.datasets import DatasetError, DatasetSpec, content_digest, load_rows
+from routeopt.evals.grading import (
     Grader, GraderContext, GraderSpecError, build_grader, pydantic_message, render, template_error,
 )
-from evals.providers.base import GenerationSettings, Message, Request
-from evals.suite.files import Problem, Provenance, SuiteError, resolve_includes
+from routeopt.evals.providers.base import GenerationSettings, Message, Request
+from routeopt.evals.suite.files import Problem, Provenance, SuiteError, resolve_includes
 
 if TYPE_CHECKING:
-    from evals.config import Config
+    from routeopt.evals.config import Config
 
 __all__ = [
     "Item", "Problem", "Suite", "SuiteError", "SuiteSpec", "check_suite", "discover_suites",
@@ -158,7 +158,7 @@ class Suite:
     def request(self, item: Item, candidate: Any = None) -> Request:
         """The request for an item, with the candidate's generation overrides if it has any.
 
-        `candidate` is a candidate name or any object with a `.name` (an `evals.config.Candidate`).
+        `candidate` is a candidate name or any object with a `.name` (an `routeopt.evals.config.Candidate`).
         """
         name = getattr(candidate, "name", candidate)
         gen = self.generation_by_candidate.get(name, self.spec.generation) if name else self.spec.generation
@@ -175,7 +175,7 @@ class Suite:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All rows of a JSONL file (kept for callers of v1; suites load through evals.suite.datasets)."""
+    """All rows of a JSONL file (kept for callers of v1; suites load through routeopt.evals.suite.datasets)."""
     rows = load_rows(DatasetSpec(path=Path(path).resolve()), Path("."))
     return [fields for _, fields in rows.items]
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from common.io import atomic_write
+from routeopt.common.io import atomic_write
 
 RUBRIC = """Grade how well the response serves the request below, from 0 (wrong, unhelpful or
 off-topic) to 10 (correct, complete and well suited to the request).
@@ -121,8 +121,8 @@ def suite_yaml(name: str, label: str, data_rel: str, *, judge: str, rubric: str,
 
 async def _answers(candidate: Any, prompts: dict[str, str], max_tokens: int,
                    concurrency: int) -> dict[str, str]:
-    from evals.providers import make_provider
-    from evals.providers.base import GenerationSettings, Message, Request
+    from routeopt.evals.providers import make_provider
+    from routeopt.evals.providers.base import GenerationSettings, Message, Request
 
     provider = make_provider(candidate)
     gate = asyncio.Semaphore(concurrency)
@@ -142,7 +142,7 @@ async def _answers(candidate: Any, prompts: dict[str, str], max_tokens: int,
 def reference_answers(candidate: Any, prompts: dict[str, str], *, max_tokens: int = 512,
                       concurrency: int = 8) -> dict[str, str]:
     """The reference candidate's answer to every prompt (id -> text)."""
-    from evals.providers.base import ProviderError
+    from routeopt.evals.providers.base import ProviderError
 
     try:
         return asyncio.run(_answers(candidate, prompts, max_tokens, concurrency))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from evals.config import ConfigError, default_config_path
+from routeopt.evals.config import ConfigError, default_config_path
 
 CONFIG_OPTION = click.option(
     "--config",
@@ -33,7 +33,7 @@ def console() -> Any:
 
 def load_config_or_exit(config_path: Path | None) -> Any:
     """The config at `config_path` (or the default one); a bad file is a one-line CLI error."""
-    from evals.config import load_config
+    from routeopt.evals.config import load_config
 
     try:
         return load_config(config_path or default_config_path())
@@ -52,7 +52,7 @@ def open_store(path: Path, *, read_only: bool, missing: str = "run `routeopt run
     estimates) open it read-only and never take the writer's lock."""
     import duckdb
 
-    from evals.storage.store import Store
+    from routeopt.evals.storage.store import Store
 
     if read_only and not Path(path).exists():
         raise click.ClickException(f"{path}: no outcome database; {missing}")
@@ -68,7 +68,7 @@ def signing_key_path(config_path: Path | None) -> Path | None:
     """The signing key of the config (`Config.signing_key_path`: its `publishing.signing_key`,
     `$ROUTEOPT_SIGNING_KEY` or `.routeopt/keys/signing_key.pem` beside it). Without a usable
     default config, `$ROUTEOPT_SIGNING_KEY` or None; a broken --config is an error."""
-    from evals.config import load_config
+    from routeopt.evals.config import load_config
 
     if config_path is not None:
         return load_config_or_exit(config_path).signing_key_path()
@@ -84,8 +84,8 @@ def publishing_key(given: Path | None, config_path: Path | None, *, create_for: 
     """The private key a publishing command signs with: --signing-key, else the config's key
     (created on first use for the registry `create_for`, see `registry_signing_key`). None only
     with `allow_unsigned` and no key at all."""
-    from artifacts.registry import RegistryError, registry_signing_key
-    from artifacts.signing import SigningError, load_private_key, public_key_path
+    from routeopt.artifacts.registry import RegistryError, registry_signing_key
+    from routeopt.artifacts.signing import SigningError, load_private_key, public_key_path
 
     path = given or signing_key_path(config_path)
     try:
@@ -113,7 +113,7 @@ def verification_keys(given: tuple[Path, ...], config_path: Path | None,
     """The public keys a command that loads policies trusts: --public-key, else
     `$ROUTEOPT_PUBLIC_KEY` (read by the loader), else the public key beside the config's signing
     key. Without any, only `allow_unsigned` goes on (the loader then checks no signature)."""
-    from artifacts.signing import public_key_path
+    from routeopt.artifacts.signing import public_key_path
 
     if given:
         return list(given)

@@ -1,6 +1,6 @@
 """`routeopt bench serving` and `routeopt cost compare`: self-hosted speed, and what it costs.
 
-`bench` is shared with the router's `bench router`: if `flows.commands.router` defines a `bench`
+`bench` is shared with the router's `bench router`: if `routeopt.flows.commands.router` defines a `bench`
 group, `serving` joins it; otherwise this module owns the group. Either way one object is
 registered, so both commands appear under one `routeopt bench`.
 """
@@ -16,14 +16,14 @@ from typing import Any
 
 import click
 
-from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, DB_OPTION, console, load_config_or_exit, open_store
+from routeopt.common.io import atomic_write
+from routeopt.flows.commands import CONFIG_OPTION, DB_OPTION, console, load_config_or_exit, open_store
 
 
 def _bench_group() -> click.Group:
     """The one `bench` group: the router helper's when its module has it, else a new one."""
-    if importlib.util.find_spec("flows.commands.router") is not None:
-        group = getattr(import_module("flows.commands.router"), "bench", None)
+    if importlib.util.find_spec("routeopt.flows.commands.router") is not None:
+        group = getattr(import_module("routeopt.flows.commands.router"), "bench", None)
         if isinstance(group, click.Group):
             return group
 
@@ -45,10 +45,10 @@ def _floats(text: str | None, option: str) -> list[float]:
 
 
 def _make_provider(candidate: Any, max_batch: int | None) -> Any:
-    from evals.providers import make_provider
+    from routeopt.evals.providers import make_provider
 
     if max_batch and candidate.provider == "local":
-        from evals.providers.local.provider import LocalProvider
+        from routeopt.evals.providers.local.provider import LocalProvider
 
         return LocalProvider(candidate, max_batch=max_batch)
     return make_provider(candidate)
@@ -57,7 +57,7 @@ def _make_provider(candidate: Any, max_batch: int | None) -> Any:
 def _print_levels(report: Any) -> None:
     from rich.table import Table
 
-    from evals.selfhost.serving import TABLE_COLUMNS, table_cells
+    from routeopt.evals.selfhost.serving import TABLE_COLUMNS, table_cells
 
     table = Table(title=f"serving: {report.candidate} ({report.bench_id})")
     for col in TABLE_COLUMNS:
@@ -105,7 +105,7 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     mean accepted length, and is measured again without the draft (stored as `NAME:no-draft`)
     for the speed-up at each concurrency.
     """
-    from evals.selfhost.serving import (
+    from routeopt.evals.selfhost.serving import (
         ServingError,
         Targets,
         bench_serving,
@@ -150,14 +150,14 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
 
 
 def _print_speedups(report: Any, baseline: Any) -> None:
-    from evals.selfhost.serving import speedups
+    from routeopt.evals.selfhost.serving import speedups
 
     parts = ", ".join(f"c={c}: {x:.2f}x" for c, x in speedups(report, baseline).items())
     click.echo(f"speculative decoding, output tok/s with the draft / without: {parts}")
 
 
 def _report_json(report: Any, baseline: Any = None) -> dict:
-    from evals.selfhost.serving import report_json, speedups
+    from routeopt.evals.selfhost.serving import report_json, speedups
 
     out = report_json(report)
     if baseline is not None:
@@ -195,9 +195,9 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
     the daily output-token volume above which self-hosting is cheaper, and what prompt caching
     saved in a run (tokens, and input $ against the same calls without caching)."""
-    from evals.selfhost.costmodel import compare as compare_costs
-    from evals.selfhost.costmodel import load_caching, load_curve
-    from reports.summary import caching_table
+    from routeopt.evals.selfhost.costmodel import compare as compare_costs
+    from routeopt.evals.selfhost.costmodel import load_caching, load_curve
+    from routeopt.reports.summary import caching_table
 
     cfg = load_config_or_exit(config_path)
     path = Path(db_path) if db_path else cfg.db_path
@@ -273,7 +273,7 @@ def _print_selfhosted(console: Any, s: Any) -> None:
 def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
     from rich.table import Table
 
-    from evals.selfhost.costmodel import api_usd_per_mtok
+    from routeopt.evals.selfhost.costmodel import api_usd_per_mtok
 
     t = Table(title="API list prices ($/Mtok)")
     for col in ("candidate", "input", "cache read", "cache write", "output", "output incl. input"):

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db
+from routeopt.flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db
 
 
 def _open_store(config_path: Path | None, given: Path | None) -> Any:
@@ -42,7 +42,7 @@ def export_parquet_cmd(config_path: Path | None, db_path: Path | None, out_dir: 
 
     Re-exporting a run rewrites its files in place, so the command is safe to repeat nightly.
     """
-    from evals.storage.export import export_parquet
+    from routeopt.evals.storage.export import export_parquet
 
     with _open_store(config_path, db_path) as store:
         try:
@@ -68,9 +68,9 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
               alert: bool, fail_on_regression: bool, fail_on_shift: bool) -> None:
     """Compare a run (default: the latest) with the runs before it and list what drifted; check
     the champion's logged traffic against the requests it was certified on."""
-    from evals.storage.drift import detect_drift, summary_line
-    from flows.review import trusted_public_keys, traffic_review
-    from reports.alerts import send_alerts, send_traffic_alerts
+    from routeopt.evals.storage.drift import detect_drift, summary_line
+    from routeopt.flows.review import trusted_public_keys, traffic_review
+    from routeopt.reports.alerts import send_alerts, send_traffic_alerts
 
     cfg = load_config_or_exit(config_path)
     with _open_store(config_path, db_path) as store:
@@ -89,7 +89,7 @@ def drift_cmd(config_path: Path | None, db_path: Path | None, run_id: str | None
         click.echo(traffic.summary_line() if traffic is not None else
                    "traffic: no champion, or no logged decisions in the window")
     if alert:
-        from flows import prefect_api
+        from routeopt.flows import prefect_api
 
         with prefect_api.serving(prefect_api.launch()):  # a server of its own dies with it
             click.echo(f"alerts: {send_alerts(report, cfg.alerts)}", err=True)
@@ -118,8 +118,8 @@ def report_cmd(config_path: Path | None, db_path: Path | None, run_id: str | Non
     router's cost-quality trade-off beside single models (from the published policy trained on
     the run, when there is one); per-suite tables; trends; drift alerts. Opens offline.
     """
-    from evals.storage.drift import detect_drift
-    from reports.dashboard import REPORT_PERMISSIONS, build_report
+    from routeopt.evals.storage.drift import detect_drift
+    from routeopt.reports.dashboard import REPORT_PERMISSIONS, build_report
 
     cfg = load_config_or_exit(config_path) if (db_path is None or config_path is not None) else None
     registry = cfg.registry_dir if cfg is not None else None
@@ -157,7 +157,7 @@ def deploy_cmd(config_path: Path | None, name: str, work_pool: str, pool_type: s
     path, suites and candidates as parameters. Then start a worker on the pool:
     `prefect worker start --pool routeopt`.
     """
-    from flows.deploy import REPO_ROOT, DeploySpec, deploy_nightly
+    from routeopt.flows.deploy import REPO_ROOT, DeploySpec, deploy_nightly
 
     cfg = load_config_or_exit(config_path)  # fail here, not at 2 a.m., if the config is broken
     for cand in candidates:

@@ -13,9 +13,9 @@ from typing import Any, Iterator
 
 import click
 
-from evals.config import ConfigError, default_config_path
-from flows.commands import CONFIG_OPTION, console, load_config_or_exit
-from flows.commands.run_checks import (
+from routeopt.evals.config import ConfigError, default_config_path
+from routeopt.flows.commands import CONFIG_OPTION, console, load_config_or_exit
+from routeopt.flows.commands.run_checks import (
     Heartbeat, quiet_tracebacks, refuse_changed_resume, refuse_unset_keys, report_probes, resume_hint,
     run_id_for, store_of,
 )
@@ -61,7 +61,7 @@ def _common(fn: Any) -> Any:
 
 
 def _check_age(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    from evals.execution.cache import parse_age
+    from routeopt.evals.execution.cache import parse_age
 
     if value is not None:
         try:
@@ -75,7 +75,7 @@ def _check_age(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def _progress(enabled: bool, count: Any) -> Iterator[str | None]:
     """A rich progress bar per (suite x candidate), fed by the flow's tasks in this process;
     `count(suite, candidate, advance, total)` sees every advance (the heartbeat)."""
-    from flows import nightly
+    from routeopt.flows import nightly
 
     key = f"cli-{os.getpid()}"
     if not enabled:
@@ -126,9 +126,9 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     if kw["resume"]:
         refuse_changed_resume(cfg, db, kw["resume"], list(kw["suites"]) or None, chosen)
     shutdown = _Shutdown()
-    from evals.execution.preflight import PreflightFailed
-    from evals.storage.store import ResumeConflict
-    from flows.prefect_api import ServerError
+    from routeopt.evals.execution.preflight import PreflightFailed
+    from routeopt.evals.storage.store import ResumeConflict
+    from routeopt.flows.prefect_api import ServerError
 
     try:
         result = _run_nightly(cfg, shutdown, run=(command, db, run_id, chosen, skip), train=train,
@@ -140,7 +140,7 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     except click.ClickException:
         raise
     except Exception as exc:
-        from flows.nightly import RunIncomplete
+        from routeopt.flows.nightly import RunIncomplete
 
         if kw["debug"] and not isinstance(exc, RunIncomplete):
             raise
@@ -156,9 +156,9 @@ def _summarise(result: dict[str, Any], started: float, hint: str | None) -> None
     """The summary of what ran; then each thing that went wrong, one sentence each, last; exit
     non-zero when anything did (a suite that did not load, a misconfigured, skipped or halted
     candidate, a policy held back or refused)."""
-    from evals.selfhost.costmodel import load_caching
-    from flows.nightly import shared_store
-    from reports.summary import candidate_table, error_rows, print_summary
+    from routeopt.evals.selfhost.costmodel import load_caching
+    from routeopt.flows.nightly import shared_store
+    from routeopt.reports.summary import candidate_table, error_rows, print_summary
 
     out = console()
     store = shared_store(Path(result["db_path"]))
@@ -200,9 +200,9 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
     API candidates are probed before the server starts, so a wrong key, model, port or path is
     named in the first seconds; local ones while it starts (they load a model: CPU time that
     overlaps the server's start instead of preceding it)."""
-    from evals.providers.local.provider import keep_loaded
-    from evals.storage.store import new_run_id
-    from flows import prefect_api
+    from routeopt.evals.providers.local.provider import keep_loaded
+    from routeopt.evals.storage.store import new_run_id
+    from routeopt.flows import prefect_api
 
     command, db, run_id, chosen, skip = run
     run_id = run_id or new_run_id()
@@ -224,7 +224,7 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
             answered = sum(p.verdict == "ok" for p in probes)
             click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
                        f"{took:.1f}s", err=True)
-        from flows.nightly import nightly
+        from routeopt.flows.nightly import nightly
 
         if not kw["debug"]:
             quiet_tracebacks()
@@ -251,16 +251,16 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
 @contextmanager
 def _head_start(cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: list[Any],
                 progress_key: str | None) -> Iterator[None]:
-    """While Prefect's temporary server starts, begin the run's evaluations (`flows.head_start`);
+    """While Prefect's temporary server starts, begin the run's evaluations (`routeopt.flows.head_start`);
     they stop once it answers (or the run is interrupted), and the flow does the rest."""
-    from common import tracing
+    from routeopt.common import tracing
 
     if server is None or tracing.enabled():
         yield
         return
-    from evals.execution.cache import parse_age
-    from flows import prefect_api
-    from flows.head_start import HeadStart
+    from routeopt.evals.execution.cache import parse_age
+    from routeopt.flows import prefect_api
+    from routeopt.flows.head_start import HeadStart
 
     if kw["db_path"]:
         cfg = cfg.model_copy(update={"db_path": Path(kw["db_path"]).resolve()})  # as the flow does
@@ -286,7 +286,7 @@ def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,
     A broken one stops the run here, unless skipped, its probes kept with their cost."""
     if not candidates or not enabled:
         return []
-    from evals.execution.preflight import PreflightFailed, broken, refusal, run_preflight
+    from routeopt.evals.execution.preflight import PreflightFailed, broken, refusal, run_preflight
 
     probes = run_preflight(candidates, cfg.preflight.timeout_s)
     report_probes(probes, skip)
@@ -299,7 +299,7 @@ def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,
 
 def _check_names(cfg: Any, suites: tuple[str, ...], candidates: tuple[str, ...]) -> None:
     """Unknown --suite or --candidate names fail at once, naming what exists."""
-    from evals.suite.spec import SuiteError, discover_suites
+    from routeopt.evals.suite.spec import SuiteError, discover_suites
 
     try:
         discover_suites(cfg.suites_dir, list(suites) or cfg.suites)
@@ -369,7 +369,7 @@ class _Shutdown:
         name = signal.Signals(signum).name
         begun = False
         if self.run is not None and self.run[0].exists():
-            from flows.nightly import shared_store
+            from routeopt.flows.nightly import shared_store
 
             db_path, run_id = self.run
             try:

@@ -1,5 +1,5 @@
 """`routeopt bench replay`: logged traffic sent again, open loop, at 1x, 2x, ... or a sweep for the
-highest speed that still meets the SLO (`evals.selfhost.replay`). Joins the `bench` group."""
+highest speed that still meets the SLO (`routeopt.evals.selfhost.replay`). Joins the `bench` group."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store
-from flows.commands.gpu import bench
+from routeopt.common.io import atomic_write
+from routeopt.flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store
+from routeopt.flows.commands.gpu import bench
 
 
 def _speeds(text: str | None) -> list[float] | None:
@@ -85,8 +85,8 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
     output_tokens, text?) against the configured candidates, open loop, and report per model
     and overall: offered vs achieved rate, TTFT / TPOT / ITL / end-to-end p50, p95, p99,
     goodput, errors by kind, queueing delay and the generator's own lateness."""
-    from evals.selfhost.arrivals import ReplayInputError, load_arrivals
-    from evals.selfhost.replay import Slo
+    from routeopt.evals.selfhost.arrivals import ReplayInputError, load_arrivals
+    from routeopt.evals.selfhost.replay import Slo
 
     speed_list = _speeds(speeds)
     cfg = load_config_or_exit(config_path)
@@ -109,8 +109,8 @@ def replay_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | 
 
 def _run(cfg: Any, arrivals: Any, slo: Any, speeds: list[float] | None, sweep_opts: tuple,
          timeout_s: float, max_lateness_s: float, db: Path | None, warmup: int, pin: bool) -> tuple[list, str]:
-    from evals.selfhost.replay import cpu_split, make_sender, pinned, replay_once, summaries, sweep, warm_up
-    from evals.selfhost.replay_store import format_speed, new_replay_id, request_frame, run_rows, save
+    from routeopt.evals.selfhost.replay import cpu_split, make_sender, pinned, replay_once, summaries, sweep, warm_up
+    from routeopt.evals.selfhost.replay_store import format_speed, new_replay_id, request_frame, run_rows, save
 
     replay_id = new_replay_id()
     window = min(60.0, max(1.0, arrivals.duration_s / 10))
@@ -163,7 +163,7 @@ def _cpus(cpus: set[int]) -> str:
 
 
 def _finish(results: list, replay_id: str, slo: Any, swept: bool, json_out: Path | None) -> None:
-    from evals.selfhost.replay import disagreement, highest_meeting, lowest_breaking
+    from routeopt.evals.selfhost.replay import disagreement, highest_meeting, lowest_breaking
 
     best, broke, band = highest_meeting(results), lowest_breaking(results), disagreement(results)
     targets = slo.ttft_s is not None or slo.latency_s is not None

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import click
 
-from common.io import atomic_write
-from flows.commands import CONFIG_OPTION, open_store, publishing_key, resolve_db, verification_keys
+from routeopt.common.io import atomic_write
+from routeopt.flows.commands import CONFIG_OPTION, open_store, publishing_key, resolve_db, verification_keys
 
 
 @click.group("import")
@@ -32,7 +32,7 @@ def import_group() -> None:
 def import_outcomes_cmd(file: Path, db_path: Path | None, run_id: str | None, suite_default: str,
                         config_path: Path | None) -> None:
     """Import a long-format outcome FILE (.parquet, .csv, .jsonl): request_id, prompt, model, score."""
-    from evals.storage.importer import OutcomeImportError, import_outcomes
+    from routeopt.evals.storage.importer import OutcomeImportError, import_outcomes
 
     db_path = resolve_db(config_path, db_path)
     try:
@@ -46,7 +46,7 @@ def import_outcomes_cmd(file: Path, db_path: Path | None, run_id: str | None, su
 
 
 def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any) -> str:
-    from artifacts.registry import publish
+    from routeopt.artifacts.registry import publish
 
     v = publish(policy, registry, lineage=lineage, metrics=metrics, signing_key=key)
     return f"published version {v.version} (signed, key {v.key_id}) to {v.location}"
@@ -87,8 +87,8 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
           robust_gamma: float | None, config_path: Path | None) -> None:
     """Train a router on every outcome in the store and publish it, signed (the store and the
     registry default to the config's)."""
-    from flows.commands.artifacts import _default_registry
-    from router_training.certificate import Certificate
+    from routeopt.flows.commands.artifacts import _default_registry
+    from routeopt.router_training.certificate import Certificate
 
     db_path = resolve_db(config_path, db_path)
     registry = Path(registry or _default_registry(config_path))
@@ -128,8 +128,8 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
 
 def _traffic(path: Path) -> Any:
     """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts."""
-    from evals.storage.traffic import TrafficImportError, decisions_from_log
-    from router_training.certificate import traffic_sample_of
+    from routeopt.evals.storage.traffic import TrafficImportError, decisions_from_log
+    from routeopt.router_training.certificate import traffic_sample_of
 
     try:
         frame = decisions_from_log(path)
@@ -138,7 +138,7 @@ def _traffic(path: Path) -> Any:
     if frame is None or frame.empty:
         import pandas as pd
 
-        from evals.suite.datasets import jsonl_records
+        from routeopt.evals.suite.datasets import jsonl_records
 
         rows = []
         for where, rec in jsonl_records(path):
@@ -153,7 +153,7 @@ def _traffic(path: Path) -> Any:
 
 
 def _train(frame: Any, **kwargs: Any) -> Any:
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     try:
         return train_router(frame, **kwargs)
@@ -168,7 +168,7 @@ def bench() -> None:
 
 def _stored_frame(path: Path) -> Any:
     """The training frame `routeopt train` reads after `routeopt import outcomes path`."""
-    from evals.storage.importer import OutcomeImportError, training_frame_of
+    from routeopt.evals.storage.importer import OutcomeImportError, training_frame_of
 
     try:
         return training_frame_of(path)
@@ -179,7 +179,7 @@ def _stored_frame(path: Path) -> Any:
 def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None) -> list:
     if len(train_paths) != len(test_paths):
         raise click.UsageError(f"give one --test per --train (got {len(train_paths)} and {len(test_paths)})")
-    from router_training.bench import find_sets
+    from routeopt.router_training.bench import find_sets
 
     pairs = [(p.parent.name or p.stem, p, q) for p, q in zip(train_paths, test_paths)]
     if sets is not None:
@@ -224,11 +224,11 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
     Each set goes the user's way: its train file is imported into a fresh store and trained on
     as `routeopt train` does; every test request is routed at the targets 0 ... 1.1 as `routeopt
     route --quality-target` routes; the choices are scored against the test outcomes. With
-    --shift, the same again on shifted test sets (`router_training.shift_bench`).
+    --shift, the same again on shifted test sets (`routeopt.router_training.shift_bench`).
     """
-    from common.io import jsonable
-    from router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
-    from router_training.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
+    from routeopt.common.io import jsonable
+    from routeopt.router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
+    from routeopt.router_training.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
 
     options = dict(holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings, estimator=estimator,
                    confidence=confidence)
@@ -247,7 +247,7 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
         click.echo(format_set(report) + "\n")
         if wanted:
             click.echo(format_shifts(shifted[-1]) + "\n")
-        reports.append(report)
+        routeopt.reports.append(report)
     click.echo(format_summary(reports))
     if shifted:
         click.echo("\n" + format_shift_summary(shifted))
@@ -265,7 +265,7 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
     gateway loader (a registry's `channel`, by default champion, else latest); the policy is None
     while it serves the default model. A bare folder written by `RoutingPolicy.save` has no
     signature, so it loads only with --allow-unsigned (status None)."""
-    from artifacts.runtime import load
+    from routeopt.artifacts.runtime import load
 
     bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
     if channel is not None and (bare or (path / "manifest.json").exists()):
@@ -274,7 +274,7 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
         if not allow_unsigned:
             raise click.ClickException(f"{path}: a bare policy folder has no manifest or signature; "
                                        f"publish it to a registry, or pass --allow-unsigned")
-        from router_training.policy import RoutingPolicy
+        from routeopt.router_training.policy import RoutingPolicy
 
         return RoutingPolicy.load(path), None
     try:
@@ -287,7 +287,7 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
 
 
 def _requests(path: Path) -> Iterator[tuple[int, dict]]:
-    from evals.suite.datasets import jsonl_records
+    from routeopt.evals.suite.datasets import jsonl_records
 
     for where, rec in jsonl_records(path):
         if isinstance(rec, str):
@@ -331,7 +331,7 @@ def route(text: str | None, policy_path: Path | None, channel: str | None, input
           public_keys: tuple[Path, ...], allow_unsigned: bool, default_model: str | None,
           config_path: Path | None) -> None:
     """Route one TEXT, or every request of --input, with a published policy (verified)."""
-    from flows.commands.artifacts import _default_registry
+    from routeopt.flows.commands.artifacts import _default_registry
 
     if (text is None) == (input_path is None):
         raise click.UsageError("give either TEXT or --input FILE")

@@ -25,7 +25,7 @@ HEARTBEAT_S = float(os.environ.get("ROUTEOPT_HEARTBEAT_S", "60"))  # a silent ru
 
 def refuse_unset_keys(candidates: list[Any], skip_broken: bool) -> None:
     """Each `api_key_env` naming an unset variable, named before anything starts."""
-    from evals.execution.preflight import unset_keys
+    from routeopt.evals.execution.preflight import unset_keys
 
     missing = unset_keys(candidates)
     if not missing:
@@ -64,9 +64,9 @@ def run_id_for(db: Path, run_id: str | None, resume: str | None) -> str | None:
 def store_of(db: Path, *, read_only: bool) -> Iterator[Any]:
     """The store of `db`: this process's writer when an earlier run in it holds one (DuckDB
     lets a process open a file one way only), else a connection of its own, closed after."""
-    from flows.commands import open_store
+    from routeopt.flows.commands import open_store
 
-    nightly = sys.modules.get("flows.nightly")  # imported by a run: never imported here (Prefect)
+    nightly = sys.modules.get("routeopt.flows.nightly")  # imported by a run: never imported here (Prefect)
     held = nightly._STORES.get(str(Path(db).resolve())) if nightly is not None else None
     if held is not None:
         yield held
@@ -89,10 +89,10 @@ def refuse_changed_resume(cfg: Any, db: Path, run_id: str, suites: list[str] | N
                           candidates: list[Any]) -> None:
     """A resume whose candidates or suite versions changed since the run started: print what
     the run did so far, then the one sentence that says what changed."""
-    from evals.storage.store import ResumeConflict
-    from evals.suite.spec import SuiteError, discover_suites, load_suite
-    from flows.commands import console
-    from reports.summary import candidate_table, excluded_line, print_summary
+    from routeopt.evals.storage.store import ResumeConflict
+    from routeopt.evals.suite.spec import SuiteError, discover_suites, load_suite
+    from routeopt.flows.commands import console
+    from routeopt.reports.summary import candidate_table, excluded_line, print_summary
 
     versions = {}
     for path in discover_suites(cfg.suites_dir, suites or cfg.suites):

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from evals.config import Config
-    from evals.suite.spec import Suite
+    from routeopt.evals.config import Config
+    from routeopt.evals.suite.spec import Suite
 
 SCAFFOLD_ROWS = [
     {"id": "1", "question": "What is 2 + 3?", "answer": "5"},
@@ -43,7 +43,7 @@ grader:
 
 def _config(path: str | None) -> "Config | None":
     """The config named, else the default one if it loads; suites that need it say so."""
-    from evals.config import ConfigError, default_config_path, load_config
+    from routeopt.evals.config import ConfigError, default_config_path, load_config
 
     candidate = Path(path) if path else default_config_path()
     if not candidate.exists():
@@ -87,7 +87,7 @@ def suites() -> None:
 @config_option
 def list_cmd(folder: str | None, recursive: bool, config_path: str | None) -> None:
     """Each suite with its items, grader and version (or why it does not load)."""
-    from evals.suite.spec import SuiteError, load_suite
+    from routeopt.evals.suite.spec import SuiteError, load_suite
 
     config = _config(config_path)
     root = _suites_dir(config, folder)
@@ -119,7 +119,7 @@ def validate_cmd(path: str | None, config_path: str | None) -> None:
 
     Prints every problem with its file, line and field, and exits 1 if any is an error.
     """
-    from evals.suite.spec import check_suite
+    from routeopt.evals.suite.spec import check_suite
 
     config = _config(config_path)
     root = Path(path) if path else _suites_dir(config, None)
@@ -151,7 +151,7 @@ def new_cmd(name: str, folder: str | None, data_dir: str | None, config_path: st
     import json
     import re
 
-    from evals.suite.spec import check_suite
+    from routeopt.evals.suite.spec import check_suite
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
         raise click.UsageError(f"suite name {name!r}: use lower-case letters, digits, '_', '.', '-'")
@@ -178,7 +178,7 @@ def new_cmd(name: str, folder: str | None, data_dir: str | None, config_path: st
 
 def _find(name: str, root: Path) -> Path:
     """A suite by file path, file stem or `name:`, searched under the suites folder."""
-    from evals.suite.files import resolve_includes
+    from routeopt.evals.suite.files import resolve_includes
 
     given = Path(name)
     if given.suffix in (".yaml", ".yml") and given.is_file():
@@ -228,7 +228,7 @@ def _show(suite: "Suite", item_id: str | None, candidate: str | None) -> None:
 def show_cmd(name: str, folder: str | None, item_id: str | None, candidate: str | None,
              config_path: str | None) -> None:
     """The resolved suite (after includes) and a rendered example prompt."""
-    from evals.suite.spec import SuiteError, load_suite
+    from routeopt.evals.suite.spec import SuiteError, load_suite
 
     config = _config(config_path)
     path = _find(name, _suites_dir(config, folder))

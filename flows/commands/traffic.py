@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db, verification_keys
-from flows.commands.artifacts import ALLOW_UNSIGNED_LOAD, PUBLIC_KEY, REGISTRY, _default_registry, policies
-from flows.commands.gpu import cost
-from flows.commands.router import import_group
+from routeopt.flows.commands import CONFIG_OPTION, DB_OPTION, load_config_or_exit, open_store, resolve_db, verification_keys
+from routeopt.flows.commands.artifacts import ALLOW_UNSIGNED_LOAD, PUBLIC_KEY, REGISTRY, _default_registry, policies
+from routeopt.flows.commands.gpu import cost
+from routeopt.flows.commands.router import import_group
 
 LOG_ARG = click.argument("log", nargs=-1, type=click.Path(exists=True, path_type=Path))
 
@@ -33,8 +33,8 @@ def _logs(given: tuple[Path, ...], cfg: Any) -> list[Path]:
 def _champion(cfg: Any, registry: Any) -> Any:
     """The verified champion policy of the registry, or None (no registry, no champion, or one
     that cannot be verified: the caller asks for an explicit candidate instead)."""
-    from artifacts.promotion import champion_policy
-    from artifacts.signing import public_key_path
+    from routeopt.artifacts.promotion import champion_policy
+    from routeopt.artifacts.signing import public_key_path
 
     beside = public_key_path(cfg.signing_key_path())  # else $ROUTEOPT_PUBLIC_KEY
     try:
@@ -51,7 +51,7 @@ def _champion(cfg: Any, registry: Any) -> Any:
 def import_decisions_cmd(log: tuple[Path, ...], config_path: Path | None, db_path: Path | None) -> None:
     """Import gateway decision logs (JSONL files or folders; default: traffic.log_dir) into the
     store; safe to repeat."""
-    from evals.storage.traffic import TrafficImportError, import_decisions
+    from routeopt.evals.storage.traffic import TrafficImportError, import_decisions
 
     logs = log or _logs(log, load_config_or_exit(config_path))
     path = resolve_db(config_path, db_path)
@@ -82,7 +82,7 @@ def import_feedback_cmd(file: Path, config_path: Path | None, db_path: Path | No
                         pass_threshold: float, logs: tuple[Path, ...]) -> None:
     """Import production outcomes (request_id plus passed or score; optional source, time,
     cost_usd, input_tokens, output_tokens) from a .jsonl, .csv or .parquet FILE."""
-    from evals.storage.traffic import TrafficImportError, import_decisions, import_feedback
+    from routeopt.evals.storage.traffic import TrafficImportError, import_decisions, import_feedback
 
     path = resolve_db(config_path, db_path)
     try:
@@ -121,8 +121,8 @@ def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, 
                        suites_dir: Path | None, data_dir: Path | None, max_tokens: int) -> None:
     """Turn logged prompts (where the redaction hook kept text) into eval suites for the nightly
     (LOG: decision log files or folders; default: traffic.log_dir)."""
-    from evals.storage.traffic import TrafficImportError, decisions_from_log
-    from evals.suite.traffic_suite import TrafficSuiteError, build_traffic_suites, strongest_candidate
+    from routeopt.evals.storage.traffic import TrafficImportError, decisions_from_log
+    from routeopt.evals.suite.traffic_suite import TrafficSuiteError, build_traffic_suites, strongest_candidate
 
     cfg = load_config_or_exit(config_path)
     log = tuple(_logs(log, cfg))
@@ -147,8 +147,8 @@ def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, 
 
 def _load_target(registry: str, spec: str, public_key: Any, allow_unsigned: bool) -> tuple[str, int, Any]:
     """(label, version, policy) for a version number or a channel name, verified."""
-    from artifacts.registry import version_entry
-    from artifacts.runtime import load
+    from routeopt.artifacts.registry import version_entry
+    from routeopt.artifacts.runtime import load
 
     options = {"allow_unsigned": allow_unsigned, "default_model": "", "state_dir": False}
     if spec.isdigit():
@@ -219,8 +219,8 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     """
     if quality_target is not None and not (math.isfinite(quality_target) and quality_target >= 0):
         raise click.BadParameter(f"{quality_target} is not a non-negative number", param_hint="--quality-target")
-    from artifacts.runtime import PolicyLoadError
-    from evals.storage.traffic import (
+    from routeopt.artifacts.runtime import PolicyLoadError
+    from routeopt.evals.storage.traffic import (
         TrafficImportError,
         decisions_from_log,
         decisions_from_store,
@@ -228,7 +228,7 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
         traffic_frame,
         window,
     )
-    from router_training.live import compare, evaluate
+    from routeopt.router_training.live import compare, evaluate
 
     registry = registry or _default_registry(config_path)
     keys = verification_keys(public_keys, config_path, allow_unsigned)
@@ -289,9 +289,9 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
 def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | None,
              gpus: int | None, since: str | None, min_good: float, capacity: str, as_json: bool) -> None:
     """Monthly cost of the routed traffic on provider APIs vs each open model's share on GPUs."""
-    from evals.selfhost.costmodel import load_curve
-    from evals.selfhost.costplan import cost_plan, format_plan
-    from evals.storage.traffic import (
+    from routeopt.evals.selfhost.costmodel import load_curve
+    from routeopt.evals.selfhost.costplan import cost_plan, format_plan
+    from routeopt.evals.storage.traffic import (
         TrafficImportError,
         decisions_from_log,
         decisions_from_store,
@@ -316,7 +316,7 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
             feedback = feedback_from_store(store)
             curves = {c.name: load_curve(store, c.name) for c in cfg.candidates if c.gpu_hour_usd is not None}
             if capacity == "replay":
-                from evals.selfhost.replay_store import replay_capacity
+                from routeopt.evals.selfhost.replay_store import replay_capacity
 
                 replays = {c.name: got for c in cfg.candidates if c.gpu_hour_usd is not None
                            and (got := replay_capacity(store, c.name)) is not None}
@@ -332,7 +332,7 @@ def plan_cmd(logs: tuple[Path, ...], config_path: Path | None, db_path: Path | N
     if as_json:
         from dataclasses import asdict
 
-        from common.io import jsonable
+        from routeopt.common.io import jsonable
 
         click.echo(json.dumps(jsonable({**asdict(plan), "all_api_usd": plan.all_api_usd,
                                         "mixed_usd": plan.mixed_usd}), indent=2))

@@ -15,7 +15,8 @@ def zoo() -> None:
 
 @zoo.command("build")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("models/zoo"), show_default=True, help="Where checkpoints are written.")
+              default=Path("zoo"), show_default=True,
+              help="Where checkpoints are written (the demo config reads evals/demo/zoo/).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds data and training.")
 @click.option("--threads", type=int, default=1, show_default=True,
               help="torch CPU threads; keep it fixed for bit-identical rebuilds.")
@@ -28,7 +29,7 @@ def zoo() -> None:
 def build(out_dir: Path, seed: int, threads: int, jobs: int, only: tuple[str, ...],
           data_dir: Path | None) -> None:
     """Train zoo-s, zoo-m and zoo-l, save them and print held-out pass rates."""
-    from evals.selfhost.zoo import build_zoo, write_eval_data
+    from routeopt.evals.selfhost.zoo import build_zoo, write_eval_data
 
     if data_dir is not None:
         for task, path in write_eval_data(data_dir, seed).items():
@@ -43,9 +44,12 @@ def build(out_dir: Path, seed: int, threads: int, jobs: int, only: tuple[str, ..
 
 @zoo.command("info")
 @click.option("--dir", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("models/zoo"), show_default=True)
-def info(out_dir: Path) -> None:
+              default=None, help="A zoo folder; by default the demo's, shipped in the package.")
+def info(out_dir: Path | None) -> None:
     """Print what the last build measured (zoo_info.json)."""
+    if out_dir is None:
+        from routeopt.evals.config import DEMO_CONFIG
+        out_dir = DEMO_CONFIG.parent / "zoo"
     path = out_dir / "zoo_info.json"
     if not path.exists():
         raise click.ClickException(f"{path}: not found; run `routeopt zoo build --out {out_dir}`")

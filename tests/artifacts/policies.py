@@ -36,7 +36,7 @@ def synthetic_frame(seed: int, n_items: int = 60):
 def make_policy(seed: int = 0):
     """A RoutingPolicy trained by the real trainer on a small synthetic fleet (once per process:
     callers must not change it)."""
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     return train_router(synthetic_frame(seed), quality_target=0.9, seed=seed).policy
 

@@ -6,8 +6,8 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
-from artifacts.registry import publish
-from artifacts.runtime import load
+from routeopt.artifacts.registry import publish
+from routeopt.artifacts.runtime import load
 
 
 class RacingBackend:

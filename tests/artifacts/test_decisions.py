@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.decisions import (
+from routeopt.artifacts.decisions import (
     DecisionLog, Exploration, Gateway, choose, policy_distribution, unit_draw, verbatim,
 )
-from artifacts.registry import move_channel
-from artifacts.runtime import Decision
+from routeopt.artifacts.registry import move_channel
+from routeopt.artifacts.runtime import Decision
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 
@@ -281,7 +281,7 @@ def test_gateway_open_on_a_registry(policies, publish_to, registry, keypair, tmp
 
 def test_gateway_open_without_a_candidate_channel_routes_without_shadow(policies, tmp_path, caplog,
                                                                         keypair) -> None:
-    from artifacts.registry import publish
+    from routeopt.artifacts.registry import publish
 
     publish(policies[0], tmp_path / "reg", lineage={}, metrics={}, signing_key=keypair[0])
     gw = Gateway.open(tmp_path / "reg", keypair[1], shadow=True, canary_share=0.2)
@@ -295,12 +295,13 @@ def test_gateway_open_without_a_candidate_channel_routes_without_shadow(policies
 GATEWAY_SCRIPT = """
 import json, sys, tempfile
 before = set(sys.modules)
-from artifacts.decisions import Exploration, Gateway, verbatim
+from routeopt.artifacts.decisions import Exploration, Gateway, verbatim
 gw = Gateway.open(sys.argv[1], public_key=sys.argv[2], log_dir=tempfile.mkdtemp(), redact=verbatim,
                   exploration=Exploration(rate=0.5, seed=0), shadow=True)
 decision = gw.route("Reverse the string: abcdef", suite="reverse", request_id="r1")
 gw.close()
-loaded = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
+loaded = sorted({".".join(m.split(".")[:2]) if m.startswith("routeopt.") else m.split(".")[0]
+                 for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
 print(json.dumps({"model": decision.model, "propensity": decision.propensity, "loaded": loaded}))
 """
 
@@ -314,13 +315,13 @@ def test_logging_gateway_imports_only_numpy_cryptography_and_the_standard_librar
     result = json.loads(out.stdout)
     assert result["model"] in policies[0].candidates and 0 < result["propensity"] <= 1
     assert set(result["loaded"]) <= {"numpy", "cryptography", "_cffi_backend", "_openssl",
-                                     "artifacts", "router_training", "common"}, result["loaded"]
+                                     "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}, result["loaded"]
 
 
 UVICORN_HOST = """
 import sys
 import uvicorn
-from artifacts.decisions import DecisionLog, write_through_on_signals
+from routeopt.artifacts.decisions import DecisionLog, write_through_on_signals
 
 folder, port, hooked = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 state = {}
@@ -385,7 +386,7 @@ def test_without_a_host_handler_the_hook_writes_then_the_signal_ends_the_process
     import signal
 
     script = ("import os, signal, sys\n"
-              "from artifacts.decisions import DecisionLog, write_through_on_signals\n"
+              "from routeopt.artifacts.decisions import DecisionLog, write_through_on_signals\n"
               "log = DecisionLog(sys.argv[1], flush_s=3600)\n"
               "assert write_through_on_signals(lambda: log)\n"
               "log.submit(lambda: {'kind': 'decision', 'request_id': 'r0'})\n"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.registry import move_channel, rollback
-from artifacts.runtime import PolicyLoadError, load
+from routeopt.artifacts.registry import move_channel, rollback
+from routeopt.artifacts.runtime import PolicyLoadError, load
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 
 GATEWAY = """
 import json, sys
-from artifacts.runtime import PolicyLoadError, load
+from routeopt.artifacts.runtime import PolicyLoadError, load
 try:
     router = load(sys.argv[1], public_key=sys.argv[2])
 except PolicyLoadError as exc:
@@ -60,7 +60,7 @@ def test_restarted_gateway_refuses_a_replayed_pointer(policies, publish_to, regi
 def test_restarted_gateway_over_registry_serve_refuses_a_replay(policies, publish_to, registry, keypair,
                                                                 tmp_path) -> None:
     old = _two_versions_and_the_old_pointer(policies, publish_to, registry)
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "registry", "serve", "--registry",
+    server = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "registry", "serve", "--registry",
                                str(registry), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().split(" at ")[1].split()[0]  # "serving R at http://h:p/ (...)"
@@ -90,8 +90,8 @@ def test_a_signed_rollback_is_still_accepted_after_a_restart(policies, publish_t
 
 def test_gateways_sharing_a_host_never_lower_the_record(policies, publish_to, registry, keypair,
                                                         tmp_path) -> None:
-    from artifacts.gateway_state import SeenFile
-    from artifacts.verify import Seen
+    from routeopt.artifacts.gateway_state import SeenFile
+    from routeopt.artifacts.verify import Seen
 
     publish_to(policies[0])
     lagging = load(registry, keypair[1], state_dir=tmp_path)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
-from artifacts.runtime import load
-from common import tracing
+from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
+from routeopt.artifacts.runtime import load
+from routeopt.common import tracing
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 from tests.artifacts.test_decisions import FakeRouter
@@ -84,8 +84,8 @@ def test_off_the_header_is_handed_back_and_the_log_still_joins(tmp_path: Path) -
 
 
 def test_the_trace_id_is_imported_with_the_decision(memory, tmp_path: Path) -> None:
-    from evals.storage.store import Store
-    from evals.storage.traffic import import_decisions
+    from routeopt.evals.storage.store import Store
+    from routeopt.evals.storage.traffic import import_decisions
 
     gw = Gateway(FakeRouter(), log=DecisionLog(tmp_path / "log"))
     d = gw.route("hi", request_id="r1", traceparent=PARENT)
@@ -100,12 +100,13 @@ def test_the_trace_id_is_imported_with_the_decision(memory, tmp_path: Path) -> N
 GATEWAY_SCRIPT = """
 import json, sys, tempfile
 before = set(sys.modules)
-from artifacts.decisions import Gateway
+from routeopt.artifacts.decisions import Gateway
 gw = Gateway.open(sys.argv[1], public_key=sys.argv[2], log_dir=tempfile.mkdtemp())
 d = gw.route("Reverse the string: abcdef", suite="reverse", request_id="r1",
              traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 gw.close()
-loaded = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
+loaded = sorted({".".join(m.split(".")[:2]) if m.startswith("routeopt.") else m.split(".")[0]
+                 for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
 print(json.dumps({"traceparent": d.traceparent, "loaded": loaded}))
 """
 
@@ -121,4 +122,4 @@ def test_tracing_off_imports_nothing_on_the_gateways_path(env, policies, publish
     result = json.loads(out.stdout)
     assert result["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert set(result["loaded"]) <= {"numpy", "cryptography", "_cffi_backend", "_openssl",
-                                     "artifacts", "router_training", "common"}, result["loaded"]
+                                     "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}, result["loaded"]

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artifacts.manifest import (
+from routeopt.artifacts.manifest import (
     ManifestError,
     build_manifest,
     canonical_json,
     check_file_name,
     parse_manifest,
 )
-from artifacts.signing import (
+from routeopt.artifacts.signing import (
     Signature,
     SigningError,
     load_private_key,

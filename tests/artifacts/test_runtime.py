@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.registry import move_channel, rollback
-from artifacts.runtime import PolicyLoadError, check, load
+from routeopt.artifacts.registry import move_channel, rollback
+from routeopt.artifacts.runtime import PolicyLoadError, check, load
 from tests.artifacts.policies import PROMPTS
 from tests import REPO
 
@@ -107,13 +107,14 @@ def test_check_reports_signature_state(policies, publish_to, registry, keypair, 
 GATEWAY_SCRIPT = """
 import json, sys
 before = set(sys.modules)
-from artifacts.runtime import load
+from routeopt.artifacts.runtime import load
 router = load(sys.argv[1], public_key=sys.argv[2])  # records the accepted move in the state folder
 decision = router.route("Reverse the string: abcdef", suite="reverse")
 router.refresh()
 waiting = load(sys.argv[1] + "-not-yet", public_key=sys.argv[2], default_model="fallback")
 assert waiting.route("hi").model == "fallback" and waiting.status().serving_default
-loaded = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
+loaded = sorted({".".join(m.split(".")[:2]) if m.startswith("routeopt.") else m.split(".")[0]
+                 for m in set(sys.modules) - before} - set(sys.stdlib_module_names))
 print(json.dumps({"model": decision.model, "version": decision.policy_version, "loaded": loaded}))
 """
 
@@ -129,11 +130,11 @@ def test_gateway_imports_only_numpy_cryptography_and_the_standard_library(
     result = json.loads(out.stdout)
     assert result["model"] in policies[0].candidates and result["version"] == 1
     assert list(Path(os.environ["ROUTEOPT_STATE_DIR"]).glob("*.json"))  # the state file was written
-    forbidden = {"evals", "flows", "prefect", "duckdb", "pandas", "sklearn", "scipy", "torch",
+    forbidden = {"routeopt.evals", "routeopt.flows", "prefect", "duckdb", "pandas", "sklearn", "scipy", "torch",
                  "lightgbm", "pydantic", "yaml", "boto3"}
     assert not forbidden & set(result["loaded"]), result["loaded"]
     allowed = {"numpy", "cryptography", "_cffi_backend", "_openssl",  # cryptography's bindings
-               "artifacts", "router_training", "common"}
+               "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}
     assert set(result["loaded"]) <= allowed, result["loaded"]
 
 

@@ -11,15 +11,15 @@ import threading
 
 import pytest
 
-from artifacts.backends import S3Backend, open_backend
-from artifacts.registry import (
+from routeopt.artifacts.backends import S3Backend, open_backend
+from routeopt.artifacts.registry import (
     current_pointer,
     list_versions,
     move_channel,
     publish,
     rollback,
 )
-from artifacts.runtime import load
+from routeopt.artifacts.runtime import load
 from tests.artifacts.policies import PROMPTS
 
 moto_server = pytest.importorskip("moto.server")

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from artifacts.runtime import load
-from artifacts.server import serve_in_thread
+from routeopt.artifacts.runtime import load
+from routeopt.artifacts.server import serve_in_thread
 
 
 @pytest.fixture()

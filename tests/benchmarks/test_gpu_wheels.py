@@ -40,7 +40,7 @@ def test_left_out_modules_are_not_imported_by_the_cli_or_the_flow() -> None:
     modules = ["apprise", "cyclopts", "dateparser", "docker", "docstring_parser", "jsonpatch",
                "oauthlib", "readchar", "requests_oauthlib", "rich_rst", "semver"]
     assert len(modules) == len(gw.NEVER_IMPORTED) - 1
-    code = ("import sys, flows.cli, flows.nightly; "
+    code = ("import sys, routeopt.flows.cli, routeopt.flows.nightly; "
             f"print(sorted(m for m in {modules!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
@@ -50,5 +50,5 @@ def test_left_out_modules_are_not_imported_by_the_cli_or_the_flow() -> None:
 def test_absent_modules_keep_the_image_and_the_wheels(tmp_path: Path) -> None:
     (tmp_path / "prefect-3.9.1-py3-none-any.whl").write_bytes(b"")
     gone = gw.absent_modules(tmp_path)
-    assert "prefect" not in gone and "torch" not in gone and "evals" not in gone
+    assert "prefect" not in gone and "torch" not in gone and "routeopt" not in gone
     assert "duckdb" in gone  # not in the image, and no wheel for it here

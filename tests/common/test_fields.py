@@ -1,4 +1,4 @@
-"""`common.fields`: the field a misspelt key was meant to be."""
+"""`routeopt.common.fields`: the field a misspelt key was meant to be."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def test_did_you_mean_walks_models_lists_dicts_and_optionals() -> None:
     values and Optional fields; nothing when no field is spelt alike or the place is unknown."""
     from pydantic import BaseModel
 
-    from common.fields import did_you_mean
+    from routeopt.common.fields import did_you_mean
 
     class Inner(BaseModel):
         block_size: int = 1

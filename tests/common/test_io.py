@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.io import atomic_write, atomic_writer, jsonable
+from routeopt.common.io import atomic_write, atomic_writer, jsonable
 
 
 def test_replaces_whole_file_and_leaves_no_temporaries(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""common.tracing: when it turns on, traceparent rules, and that a bad collector costs no call."""
+"""routeopt.common.tracing: when it turns on, traceparent rules, and that a bad collector costs no call."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common import tracing
+from routeopt.common import tracing
 from tests import REPO
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
@@ -42,7 +42,7 @@ def test_the_standard_variables_turn_it_on(env: dict, on: bool) -> None:
 
 
 def test_decision_vectors_give_the_documented_attributes() -> None:
-    from artifacts.runtime import Decision
+    from routeopt.artifacts.runtime import Decision
 
     for case in VECTORS["decision_attributes"]:
         d = Decision(**case["decision"])
@@ -115,7 +115,7 @@ def test_without_the_sdk_it_stays_off_and_says_why(tmp_path: Path) -> None:
     script = (
         "import sys, json\n"
         "sys.modules['opentelemetry.sdk'] = None\n"
-        "from common import tracing\n"
+        "from routeopt.common import tracing\n"
         "print(json.dumps([tracing.enabled(), tracing.status().reason]))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),

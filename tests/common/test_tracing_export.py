@@ -1,4 +1,4 @@
-"""common.tracing_export: decision spans exported by a child process reach a real OTLP/HTTP
+"""routeopt.common.tracing_export: decision spans exported by a child process reach a real OTLP/HTTP
 receiver intact, and the child's death, a refusing collector or the gateway's exit lose no call
 and leave no process behind."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common import tracing, tracing_export
+from routeopt.common import tracing, tracing_export
 from tests import REPO
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
@@ -144,7 +144,7 @@ def test_spans_a_collector_refuses_are_counted_by_the_export_process(receiver: R
 
 def _gateway_script(n: int) -> str:
     return ("import os, sys, time\n"
-            "from common import tracing\n"
+            "from routeopt.common import tracing\n"
             f"for _ in range({n}):\n"
             "    tracing.record_decision(None, time.time_ns(), {'routeopt.decision.model': 'm'})\n"
             "while tracing._STATE.deferred.remote.proc is None: time.sleep(0.01)\n"

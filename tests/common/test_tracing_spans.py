@@ -1,4 +1,4 @@
-"""common.tracing_spans: a span routeopt records itself ends up as the span the SDK would have
+"""routeopt.common.tracing_spans: a span routeopt records itself ends up as the span the SDK would have
 made from the same calls, and behaves as an OpenTelemetry span to whoever holds it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from common import tracing
+from routeopt.common import tracing
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
 from opentelemetry import trace as api  # noqa: E402
@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import Status, StatusCode  # noqa: E402
 
-from common.tracing_spans import RecordedSpan  # noqa: E402
+from routeopt.common.tracing_spans import RecordedSpan  # noqa: E402
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 LINKED = api.SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=api.TraceFlags(1),

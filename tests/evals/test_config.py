@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import ConfigError, load_config
+from routeopt.evals.config import ConfigError, load_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -113,5 +113,5 @@ def test_api_key_never_in_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_bundled_demo_config_is_valid(repo_root: Path) -> None:
-    cfg = load_config(repo_root / "routeopt.yaml")
+    cfg = load_config(repo_root / "evals" / "demo" / "routeopt.yaml")
     assert len(cfg.candidates) >= 4

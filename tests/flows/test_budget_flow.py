@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # needs the session Prefect server
 
 
 def test_a_capped_candidate_stops_before_its_cap(tmp_path: Path, prefect_harness, monkeypatch):
-    from flows.nightly import close_store, nightly
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_BUDGET_KEY", "sk-budget")
     write_arithmetic_suite(tmp_path / "suites", 40, name="arith")

@@ -134,7 +134,7 @@ def start_cli(config: Path, run_id: str, mark: str, env: dict[str, str] | None =
     env.update(PYTHONPATH=str(REPO), LC_STRONG_KEY="sk-lc-strong", LC_WEAK_KEY="sk-lc-weak",
                PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "eval", "--config", str(config),
+        [sys.executable, "-m", "routeopt.flows.cli", "eval", "--config", str(config),
          "--resume" if resume else "--run-id", run_id, "--no-progress"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -197,7 +197,7 @@ def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project, mark
 
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_sigterm_or_ctrl_c_stops_promptly_and_cleanly(project, mark, how):
-    from flows.commands.pipeline import SHUTDOWN_GRACE_S
+    from routeopt.flows.commands.pipeline import SHUTDOWN_GRACE_S
 
     server, config, db = project
     run_id = f"run-{how}"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from evals.storage.store import Outcome, Store
-from flows.cli import cli
+from routeopt.evals.storage.store import Outcome, Store
+from routeopt.flows.cli import cli
 from tests.router_training.conftest import demo_frame
 
 
@@ -79,4 +79,4 @@ def test_a_file_mode_that_is_not_octal_is_named(project: Path) -> None:
     project.write_text(json.dumps({**cfg, "reports": {"permissions": 644}}))
     result = CliRunner().invoke(cli, ["report", "--config", str(project)])
     assert result.exit_code == 1
-    assert "reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'" in result.output
+    assert "routeopt.reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'" in result.output

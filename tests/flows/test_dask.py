@@ -45,7 +45,7 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
     from distributed import Client, LocalCluster, get_task_stream
     from prefect_dask import DaskTaskRunner
 
-    from flows.nightly import close_store, nightly
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_DASK_KEY", "sk-dask-test")
     # no prompt cache: which item writes it (and so pays more) depends on arrival order
@@ -141,8 +141,8 @@ def test_every_grader_type_runs_on_dask_workers(tmp_path: Path, prefect_harness,
     from distributed import Client, LocalCluster
     from prefect_dask import DaskTaskRunner
 
-    from evals.grading.sandbox import isolation
-    from flows.nightly import close_store, nightly
+    from routeopt.evals.grading.sandbox import isolation
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_DASK_KEY", "sk-dask-test")
     with FakeLLM(answer_fn=_answer) as server:

@@ -9,12 +9,12 @@ import duckdb
 import pytest
 import yaml
 
-from evals.config import load_config
+from routeopt.evals.config import load_config
 
 
 @pytest.mark.slow
 def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harness) -> None:
-    from flows.nightly import close_store, nightly
+    from routeopt.flows.nightly import close_store, nightly
 
     suites = tmp_path / "suites"
     suites.mkdir()
@@ -22,9 +22,9 @@ def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harn
         (suites / f"{task}.yaml").write_text(
             f"include: {repo_root / 'evals' / 'suites' / f'{task}.yaml'}\ndataset: {{limit: 60}}\n"
         )
-    demo = yaml.safe_load((repo_root / "routeopt.yaml").read_text())
+    demo = yaml.safe_load((repo_root / "evals" / "demo" / "routeopt.yaml").read_text())
     for cand in demo["candidates"]:
-        cand["model"] = str(repo_root / cand["model"])
+        cand["model"] = str(repo_root / "evals" / "demo" / cand["model"])
     demo.update(suites_dir="suites", db_path="out/db.duckdb", registry_dir="out/registry",
                 cache_dir="out/cache")
     config = tmp_path / "routeopt.yaml"

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.deploy import ENTRYPOINT, REPO_ROOT, DeploySpec, _source
+from routeopt.flows.deploy import ENTRYPOINT, REPO_ROOT, DeploySpec, _source
 
 
 def test_prefect_yaml_deploys_the_nightly_flow_with_the_flow_parameters():
     import inspect
 
-    from flows.nightly import nightly
+    from routeopt.flows.nightly import nightly
 
     doc = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
     (dep,) = doc["deployments"]
@@ -36,7 +36,7 @@ def test_sources(tmp_path: Path):
 def test_deploy_cli_rejects_unknown_candidates_before_contacting_prefect(tmp_path: Path):
     from click.testing import CliRunner
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     cfg = tmp_path / "routeopt.yaml"
     cfg.write_text("candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1, "

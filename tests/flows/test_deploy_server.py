@@ -105,7 +105,7 @@ def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: d
         weak.answer_fn = fails_odd_answers
         config = _config(tmp_path, strong, weak)
         deploy = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "deploy", "--config", str(config), "--pool", "ops-test",
+            [sys.executable, "-m", "routeopt.flows.cli", "deploy", "--config", str(config), "--pool", "ops-test",
              "--name", "it", "--cron", "30 3 * * *"],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
         )

@@ -38,7 +38,7 @@ def _stored(db: Path, run_id: str) -> list[tuple[str, str, str]]:
 
 def _count(db: Path, run_id: str) -> int:
     """Items stored so far, read through the CLI's own writing connection (DuckDB: one per file)."""
-    from flows.nightly import shared_store
+    from routeopt.flows.nightly import shared_store
 
     return sum(len(shared_store(db).done_items(run_id, suite, cand))
                for suite in ("arith", "arith2") for cand in ("strong", "weak"))
@@ -59,9 +59,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_what_began_before_the_flow_is_kept_and_the_flow_does_only_the_rest(project, prefect_harness):
-    from evals.config import load_config
-    from flows.commands.pipeline import _head_start
-    from flows.nightly import close_stores, nightly
+    from routeopt.evals.config import load_config
+    from routeopt.flows.commands.pipeline import _head_start
+    from routeopt.flows.nightly import close_stores, nightly
 
     server, config = project
     cfg = load_config(config)

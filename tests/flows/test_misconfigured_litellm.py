@@ -62,7 +62,7 @@ def _run(config: Path, proxy: LiteLLMProxy, *args: str, **env_vars: str) -> subp
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "ROUTEOPT_SIGNING_KEY", "I26_UNSET_KEY")}
     env.update(PYTHONPATH=str(REPO), PREFECT_LOGGING_LEVEL="WARNING", **{KEY_ENV: proxy.master_key}, **env_vars)
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--no-progress",
+    return subprocess.run([sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(config), "--no-progress",
                            *args], cwd=config.parent, env=env, capture_output=True, text=True, timeout=900)
 
 

@@ -60,8 +60,8 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
     files and manifests, the signing key folder, a Parquet export, the logs, Prefect's logs and
     artifacts, and every record logged at DEBUG. Each search is shown to see its content (it
     finds a known string)."""
-    from evals.storage.export import export_parquet
-    from flows.nightly import close_store, shared_store
+    from routeopt.evals.storage.export import export_parquet
+    from routeopt.flows.nightly import close_store, shared_store
 
     sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
             for r in strong.requests + weak.requests}
@@ -87,8 +87,8 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
 def test_nightly_evaluates_trains_publishes_and_resumes(
     tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from artifacts.runtime import load
-    from flows.nightly import close_store, nightly
+    from routeopt.artifacts.runtime import load
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
     monkeypatch.setenv("WEAK_KEY", SECRETS[1])
@@ -162,7 +162,7 @@ class _TruncatesHardItems(FaultPlan):
 
 
 def _cli(*args: str) -> Result:
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)  # piped: no terminal width
 
@@ -251,8 +251,8 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     """Two deployments over disjoint candidate subsets run on alternate nights. Each trains on
     the latest outcomes of every candidate, so the champion routes over the whole fleet and
     does not flip from one subset to the other every night."""
-    from artifacts.promotion import champion_policy
-    from flows.nightly import close_store, nightly
+    from routeopt.artifacts.promotion import champion_policy
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_SPLIT_KEY", "sk-split-test")
     good, bad = two_servers
@@ -291,9 +291,9 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
     """The store refuses the weak candidate's first batch and its retry (a full disk): the run
     fails naming the pair and is not marked completed, although later writes would go through;
     with the store working, the same run id finishes every item."""
-    from evals.execution.runner import _Flusher
-    from evals.storage.store import Store
-    from flows.nightly import RunIncomplete, close_store, nightly, shared_store
+    from routeopt.evals.execution.runner import _Flusher
+    from routeopt.evals.storage.store import Store
+    from routeopt.flows.nightly import RunIncomplete, close_store, nightly, shared_store
 
     monkeypatch.setenv("STRONG_KEY", "sk-strong")
     monkeypatch.setenv("WEAK_KEY", "sk-weak")
@@ -339,8 +339,8 @@ def test_a_refused_key_stops_the_run_at_its_preflight_or_its_candidate_mid_run(
 ) -> None:
     from click.testing import CliRunner
 
-    from flows.cli import cli
-    from flows.nightly import close_store
+    from routeopt.flows.cli import cli
+    from routeopt.flows.nightly import close_store
 
     strong, weak = two_servers
     monkeypatch.setenv("STRONG_KEY", "sk-strong")
@@ -379,8 +379,8 @@ def test_the_flow_stops_on_a_failed_preflight_and_publishes_only_when_told_to_sk
 ) -> None:
     """A deployment runs the flow without the CLI: the flow probes, and a broken candidate stops
     it before any suite; with skip_broken it runs and publishes without that candidate."""
-    from evals.execution.preflight import PreflightFailed
-    from flows.nightly import close_store, nightly
+    from routeopt.evals.execution.preflight import PreflightFailed
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", "sk-strong")
     monkeypatch.setenv("WEAK_KEY", "sk-weak")

@@ -41,7 +41,7 @@ def config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
 
 def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harness, memory,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.nightly import close_store, nightly
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
     monkeypatch.setenv("WEAK_KEY", SECRETS[1])

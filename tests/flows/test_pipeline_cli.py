@@ -19,7 +19,7 @@ from tests import REPO
 
 def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPROFILEIMPORTTIME": "1"}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line}
@@ -60,8 +60,8 @@ def test_before_exit_the_cli_closes_its_stores_and_freezes_the_heap(tmp_path) ->
 
     import duckdb
 
-    from flows import cli as cli_module
-    from flows import nightly
+    from routeopt.flows import cli as cli_module
+    from routeopt.flows import nightly
 
     store = nightly.shared_store(tmp_path / "db.duckdb")
     store.begin_run("run-x")

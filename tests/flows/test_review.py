@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import AlertSettings, Candidate, Config
-from evals.storage.store import Store
-from flows.review import default_report_path, report_run, review_run
+from routeopt.evals.config import AlertSettings, Candidate, Config
+from routeopt.evals.storage.store import Store
+from routeopt.flows.review import default_report_path, report_run, review_run
 from tests.ops_history import Regression, make_history
 from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import load_config
-from evals.storage.store import Store
-from flows.commands.run_checks import Heartbeat, QuietTracebacks, resume_hint
+from routeopt.evals.config import load_config
+from routeopt.evals.storage.store import Store
+from routeopt.flows.commands.run_checks import Heartbeat, QuietTracebacks, resume_hint
 from tests import REPO
 from tests.fake_llm import FakeLLM, write_arithmetic_suite, write_two_model_config
 from tests.flows.test_pipeline_cli import errors, run_cli
@@ -116,7 +116,7 @@ def test_a_tampered_champion_is_one_sentence_after_the_summary(tmp_path: Path) -
            "PYTHONPATH": str(REPO), "I26_S": "sk-s", "I26_W": "sk-w", "PREFECT_LOGGING_LEVEL": "WARNING"}
     with FakeLLM() as strong, FakeLLM() as weak:
         config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak, key_envs=("I26_S", "I26_W"))
-        run = [sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--no-progress"]
+        run = [sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(config), "--no-progress"]
         first = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
         assert first.returncode == 0, first.stdout + first.stderr
         (champion,) = (tmp_path / "out" / "registry" / "versions").glob("000001-*")

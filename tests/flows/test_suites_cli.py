@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from flows.commands.suites import suites
+from routeopt.flows.commands.suites import suites
 
 CONFIG = """
 candidates:

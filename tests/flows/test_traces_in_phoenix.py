@@ -75,10 +75,10 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
 
     import openai
 
-    from artifacts.decisions import Gateway
-    from common import tracing
-    from evals.storage.store import Store
-    from flows.nightly import close_store, nightly
+    from routeopt.artifacts.decisions import Gateway
+    from routeopt.common import tracing
+    from routeopt.evals.storage.store import Store
+    from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
     monkeypatch.setenv("WEAK_KEY", SECRETS[1])

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from artifacts.decisions import Gateway
-from artifacts.gateway_settings import GatewaySettings
-from artifacts.runtime import load
-from artifacts.service import DecisionService, ServiceOptions
+from routeopt.artifacts.decisions import Gateway
+from routeopt.artifacts.gateway_settings import GatewaySettings
+from routeopt.artifacts.runtime import load
+from routeopt.artifacts.service import DecisionService, ServiceOptions
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 

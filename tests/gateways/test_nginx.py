@@ -20,11 +20,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from artifacts.decisions import Gateway
-from artifacts.registry import move_channel
-from artifacts.route_request import messages_text
-from artifacts.runtime import load
-from artifacts.server import serve_in_thread
+from routeopt.artifacts.decisions import Gateway
+from routeopt.artifacts.registry import move_channel
+from routeopt.artifacts.route_request import messages_text
+from routeopt.artifacts.runtime import load
+from routeopt.artifacts.server import serve_in_thread
 from tests import REPO
 from tests.artifacts.policies import SUITES
 from tests.fake_llm import FakeLLM
@@ -97,7 +97,7 @@ def _wait_http(url: str, proc: subprocess.Popen, what: str, deadline_s: float = 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, policies, keypair):
-    from artifacts.registry import publish
+    from routeopt.artifacts.registry import publish
 
     tmp = tmp_path_factory.mktemp("nginx")
     registry = tmp / "registry"
@@ -110,7 +110,7 @@ def stack(tmp_path_factory, policies, keypair):
     service_port, port, naive_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEOPT_POLICY": reg_url,
            "ROUTEOPT_PUBLIC_KEY": str(keypair[1]), "ROUTEOPT_STATE_DIR": str(tmp / "state")}
-    service = subprocess.Popen([sys.executable, "-m", "flows.cli", "gateway", "serve", "--port", str(service_port)],
+    service = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve", "--port", str(service_port)],
                                env=env, cwd=tmp, stderr=subprocess.PIPE, text=True)
     conf = tmp / "conf"
     shutil.copytree(SHIPPED, conf)  # as a platform team copies the folder

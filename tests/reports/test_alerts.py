@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import AlertSettings
-from evals.storage.drift import detect_drift
-from evals.storage.store import Store
-from reports.alerts import RetryBackoff, emit_drift_events, post_webhook, send_alerts
+from routeopt.evals.config import AlertSettings
+from routeopt.evals.storage.drift import detect_drift
+from routeopt.evals.storage.store import Store
+from routeopt.reports.alerts import RetryBackoff, emit_drift_events, post_webhook, send_alerts
 from tests.ops_history import Regression, make_history
 from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 

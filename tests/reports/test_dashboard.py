@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evals.storage.drift import detect_drift
-from evals.storage.store import Store
-from reports.dashboard import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
+from routeopt.evals.storage.drift import detect_drift
+from routeopt.evals.storage.store import Store
+from routeopt.reports.dashboard import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
 from tests.ops_history import Regression, make_history
 
 
@@ -26,7 +26,7 @@ def db(tmp_path_factory) -> Path:
 def trained(db: Path):
     """A real router: train_router on the last run's outcomes."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     with Store(db, read_only=True) as store:
         frame = store.training_frame(["run-03"])
@@ -58,7 +58,7 @@ def test_candidate_stats_match_a_direct_computation(db: Path):
 def test_errors_and_replayed_answers_count_the_same_way_everywhere(tmp_path: Path):
     """One rule for every statistic: the candidate's errors are failures, errors on our side
     count nowhere, replayed cache rows count in pass rates but not in cost, tokens or time."""
-    from evals.storage.store import Outcome
+    from routeopt.evals.storage.store import Outcome
 
     def row(i: int, **kw) -> Outcome:
         base = dict(passed=True, score=1.0, cost_usd=1.0, latency_s=1.0, ttft_s=0.5,
@@ -104,7 +104,7 @@ def test_report_is_self_contained_and_shows_every_section(db: Path, metrics: dic
 def test_the_knob_table_is_what_each_target_gives_and_bounds_are_labelled(db: Path, metrics: dict, tmp_path: Path):
     """Every row of the knob's table is the held-out promise report's, worded as the run summary
     words it; frontier figures (read off points on the same requests) are labelled upper bounds."""
-    from reports.summary import promise_line
+    from routeopt.reports.summary import promise_line
 
     with Store(db, read_only=True) as store:
         html = build_report(store, "run-03", tmp_path / "k.html", metrics=metrics,
@@ -128,8 +128,8 @@ def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
 
 
 def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: Path):
-    from artifacts.registry import publish
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.signing import generate_keys
 
     key, _ = generate_keys(tmp_path / "keys")
     publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics,
@@ -144,7 +144,7 @@ def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: P
 
 
 def test_run_ids_are_escaped(tmp_path: Path):
-    from evals.storage.store import Outcome
+    from routeopt.evals.storage.store import Outcome
 
     with Store(tmp_path / "db.duckdb") as store:
         store.begin_run("<script>alert(1)</script>")
@@ -161,7 +161,7 @@ def test_unknown_run_is_a_clear_error(db: Path):
 def test_report_cli(db: Path, tmp_path: Path):
     from click.testing import CliRunner
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     out = tmp_path / "report.html"
     res = CliRunner().invoke(cli, ["report", "--db", str(db), "--out", str(out)])
@@ -199,7 +199,7 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
 
 
 def test_charts_log_axis_and_empty_data():
-    from reports.charts import Axis, Series, chart
+    from routeopt.reports.charts import Axis, Series, chart
 
     svg = chart("c", [Series("a", [1e-6, 1e-4, 1e-2], [0.5, 0.7, 0.9], ["x", "y", "z"])],
                 Axis("cost", log=True, fmt=".0e"), Axis("q"), chart_id="t")

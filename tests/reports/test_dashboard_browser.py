@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from evals.storage.drift import detect_drift
-from evals.storage.store import Store
-from reports.dashboard import build_report, candidate_stats
+from routeopt.evals.storage.drift import detect_drift
+from routeopt.evals.storage.store import Store
+from routeopt.reports.dashboard import build_report, candidate_stats
 from tests.ops_history import Regression, make_history
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

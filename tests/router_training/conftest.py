@@ -45,6 +45,6 @@ def demo() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def trained(demo):
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
 
     return train_router(demo, quality_target=0.95, seed=0)

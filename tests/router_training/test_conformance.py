@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_training import features
-from router_training.batch import batch_predict
-from router_training.conformance import check_vectors, read_vectors
-from router_training.conformance_inputs import vector_inputs
-from router_training.policy import CostModel, Knob, Member, RoutingPolicy
+from routeopt.router_training import features
+from routeopt.router_training.batch import batch_predict
+from routeopt.router_training.conformance import check_vectors, read_vectors
+from routeopt.router_training.conformance_inputs import vector_inputs
+from routeopt.router_training.policy import CostModel, Knob, Member, RoutingPolicy
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +120,8 @@ def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
 def test_vectorised_exploration_is_choose_request_by_request(seed, rate, max_usd, ratio, exclude) -> None:
     from types import SimpleNamespace
 
-    from router_training.conformance import explore_all
-    from router_training.draws import Exploration, choose
+    from routeopt.router_training.conformance import explore_all
+    from routeopt.router_training.draws import Exploration, choose
 
     rng = np.random.default_rng(seed)
     names = ["a", "b", "c", "d"]

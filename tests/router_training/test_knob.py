@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_training.bench import scoring_data
-from router_training.data import routing_data
-from router_training.knob import (
+from routeopt.router_training.bench import scoring_data
+from routeopt.router_training.data import routing_data
+from routeopt.router_training.knob import (
     DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices, selection_half,
 )
-from router_training.policy import Knob, OperatingPoint, member_choice
-from router_training.train import Design, train_router
+from routeopt.router_training.policy import Knob, OperatingPoint, member_choice
+from routeopt.router_training.train import Design, train_router
 
 CODE = "def parse the list return python function loop index".split()
 MATH = "integer sum prime equation solve divide number total".split()
@@ -211,7 +211,7 @@ def test_a_promise_the_held_out_requests_refute_is_reported_as_broken():
     below 0.9 x the reference, beyond the noise of that many requests."""
     from dataclasses import replace
 
-    from router_training.train import promise_report
+    from routeopt.router_training.train import promise_report
 
     frame = flat_fleet(1200, 2)
     result = train_router(frame, holdout_fraction=0.3)
@@ -259,7 +259,7 @@ def test_build_knob_on_calibration_data_serves_every_target():
 
 def test_knob_rejects_points_that_do_not_rise():
     members = [("single", 0.0)]
-    from router_training.policy import Member
+    from routeopt.router_training.policy import Member
 
     with pytest.raises(ValueError, match="rising"):
         Knob([Member(*members[0])], [OperatingPoint(0, 0, 1.0, 0.9, 0.5, 1.0),

@@ -13,9 +13,9 @@ import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from router_training.estimators import LightGBMPassEstimator
-from router_training.policy import LinearScorer, RoutingPolicy, TreeScorer
-from router_training.train import train_router
+from routeopt.router_training.estimators import LightGBMPassEstimator
+from routeopt.router_training.policy import LinearScorer, RoutingPolicy, TreeScorer
+from routeopt.router_training.train import train_router
 from tests import REPO
 from tests.router_training.conftest import demo_frame
 
@@ -93,7 +93,7 @@ def test_save_load_round_trip_gives_identical_decisions(lgbm_result, tmp_path: P
 def test_portable_trees_give_lightgbms_own_raw_scores_to_the_bit(lgbm_result) -> None:
     lgb = pytest.importorskip("lightgbm")
     scorer, spec = lgbm_result.policy.scorer, lgbm_result.policy.spec
-    from router_training.estimators import design_matrix
+    from routeopt.router_training.estimators import design_matrix
 
     frame = demo_frame(n_items=40, seed=5).drop_duplicates("request_id")
     X = design_matrix(frame.prompt.tolist(), frame.suite.tolist(), spec).toarray()
@@ -119,9 +119,9 @@ def test_corrupt_model_file_is_a_clear_error(lgbm_result, tmp_path: Path) -> Non
 
 
 def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, tmp_path: Path) -> None:
-    from artifacts.registry import publish
-    from artifacts.runtime import PolicyLoadError, load
-    from artifacts.signing import generate_keys
+    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.runtime import PolicyLoadError, load
+    from routeopt.artifacts.signing import generate_keys
 
     private, public = generate_keys(tmp_path / "keys")
     policy = lgbm_result.policy
@@ -141,7 +141,7 @@ def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, 
 
 
 def test_policy_module_imports_lightgbm_only_when_needed() -> None:
-    code = ("import sys, router_training.policy; "
+    code = ("import sys, routeopt.router_training.policy; "
             "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
@@ -153,7 +153,7 @@ def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> N
     monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
     from click.testing import CliRunner
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     train, test = tmp_path / "train.parquet", tmp_path / "test.parquet"
     demo_frame(n_items=50, seed=1).to_parquet(train)

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from artifacts.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
-from evals.storage.store import Store
-from evals.storage.traffic import import_decisions, import_feedback, load_traffic
-from flows.cli import cli
-from router_training.live import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
-from router_training.offpolicy import Estimate
+from routeopt.artifacts.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
+from routeopt.evals.storage.store import Store
+from routeopt.evals.storage.traffic import import_decisions, import_feedback, load_traffic
+from routeopt.flows.cli import cli
+from routeopt.router_training.live import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
+from routeopt.router_training.offpolicy import Estimate
 from tests.artifacts.policies import make_policy, synthetic_frame
 from tests.benchmarks import load
 from tests.evals.storage.test_traffic import decision, write_log
 
 tr = load("traffic_replay")
-REPO_CONFIG = Path(__file__).resolve().parents[2] / "routeopt.yaml"
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "evals" / "demo" / "routeopt.yaml"
 
 
 def _run(*args: str, ok: bool = True) -> str:
@@ -140,7 +140,7 @@ def test_live_evidence_joins_the_gate(held_ok, dp, dc, promoted, by) -> None:
 
 
 def test_decide_promotion_says_drift_or_no_champion_decided(pair) -> None:
-    from router_training.data import routing_data
+    from routeopt.router_training.data import routing_data
 
     champion, second = pair
     test = routing_data(synthetic_frame(3, 30))
@@ -256,7 +256,7 @@ def test_cli_promote_accepts_a_shadow_that_is_not_worse(pair, tmp_path) -> None:
 def test_the_dashboard_shows_champion_and_candidate_on_live_traffic(replayed, tmp_path) -> None:
     import shutil
 
-    from reports.dashboard import build_report, gather
+    from routeopt.reports.dashboard import build_report, gather
 
     _, stores, _, _ = replayed
     for mode in ("shadow", "canary"):
@@ -277,8 +277,8 @@ def test_the_dashboard_shows_champion_and_candidate_on_live_traffic(replayed, tm
 
 
 def test_the_nightly_imports_the_decision_logs(tmp_path, replayed) -> None:
-    from evals.config import load_config
-    from flows.nightly import import_traffic
+    from routeopt.evals.config import load_config
+    from routeopt.flows.nightly import import_traffic
 
     _, _, _, folder = replayed
     cfg = load_config(REPO_CONFIG).model_copy()

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router_training.policy import Decision, RoutingPolicy, choose
+from routeopt.router_training.policy import Decision, RoutingPolicy, choose
 
 PROMPTS = [f"Task: {s} the input. difficulty: {d}. Input: stone river" for s in ("reverse", "sort", "add")
            for d in range(1, 6)]
@@ -27,7 +27,7 @@ def test_save_load_round_trip_without_pickle(trained, tmp_path):
     """Format 3: policy.json is JSON, the arrays and vectors safetensors containers (raw
     little-endian numbers under a JSON header); the loaded policy decides to the bit as the
     trained one (its weights were float32 from the start)."""
-    from router_training.tensors import loads
+    from routeopt.router_training.tensors import loads
 
     policy = trained.policy
     files = policy.save(tmp_path)
@@ -46,7 +46,7 @@ def test_save_load_round_trip_without_pickle(trained, tmp_path):
 def test_safetensors_files_load_with_the_reference_library(trained, tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     trained.policy.save(tmp_path)
-    from router_training.tensors import loads
+    from routeopt.router_training.tensors import loads
 
     for name in ("arrays.safetensors", "conformance.safetensors"):
         ours, _ = loads((tmp_path / name).read_bytes(), name)
@@ -128,7 +128,7 @@ def _as_format_1(policy, folder, table):
 def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
     """A policy published before the knob (format 1: rule + table of lambda -> expected pass rate)
     loads, and each target picks the cheapest table entry whose pass rate reaches its floor."""
-    from router_training.train import Design, train_router
+    from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
 
     policy = train_router(demo_frame(n_items=40), holdout_fraction=0.0,

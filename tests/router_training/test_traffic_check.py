@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from artifacts.promotion import decide_promotion, promise_broken
-from evals.storage.store import Store
-from evals.storage.traffic import load_traffic
-from router_training.live import live_promise
-from router_training.monitor import check_traffic
-from router_training.policy import Knob
+from routeopt.artifacts.promotion import decide_promotion, promise_broken
+from routeopt.evals.storage.store import Store
+from routeopt.evals.storage.traffic import load_traffic
+from routeopt.router_training.live import live_promise
+from routeopt.router_training.monitor import check_traffic
+from routeopt.router_training.policy import Knob
 from tests.benchmarks import load
 from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 
@@ -84,9 +84,9 @@ def test_the_live_promise_covers_the_truth_and_catches_a_knob_that_lies(replays)
 
 
 def test_a_shift_goes_out_to_the_webhook_and_the_dashboard(replays, receiver, monkeypatch, tmp_path) -> None:  # noqa: F811
-    from evals.config import AlertSettings
-    from reports.alerts import send_traffic_alerts
-    from reports.dashboard import gather, render_html
+    from routeopt.evals.config import AlertSettings
+    from routeopt.reports.alerts import send_traffic_alerts
+    from routeopt.reports.dashboard import gather, render_html
 
     champion, _, _, frames = replays
     url, handler = receiver
@@ -117,7 +117,7 @@ def test_a_traffic_check_goes_out_as_prefect_events(replays, prefect_harness) ->
     from prefect.events.worker import EventsWorker
     from prefect.types._datetime import now
 
-    from reports.alerts import emit_traffic_events
+    from routeopt.reports.alerts import emit_traffic_events
 
     champion, _, _, frames = replays
     check = check_traffic(frames["harder"], champion, 1)

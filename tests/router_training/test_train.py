@@ -4,8 +4,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from router_training.data import routing_data
-from router_training.estimators import (
+from routeopt.router_training.data import routing_data
+from routeopt.router_training.estimators import (
     KNNPassEstimator,
     LinearPassEstimator,
     PerSuitePassEstimator,
@@ -13,7 +13,7 @@ from router_training.estimators import (
     fit_feature_spec,
     fit_platt,
 )
-from router_training.train import train_router
+from routeopt.router_training.train import train_router
 from tests.router_training.conftest import demo_frame
 
 

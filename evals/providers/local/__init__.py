@@ -3,6 +3,6 @@
 Owns the provider and its engine thread (`provider`), continuous batching per decode step
 (`batcher`), sampling and speculative verification (`speculative`), automatic prefix caching
 (`prefix_cache`) and the quantized weight formats a candidate's `variant` selects (`quantize`).
-torch and transformers are imported on first use. May import `evals.providers.base` and
-`evals.config`.
+torch and transformers are imported on first use. May import `routeopt.evals.providers.base` and
+`routeopt.evals.config`.
 """

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from evals.providers.local.prefix_cache import Hit, PrefixCache
-from evals.providers.local.speculative import choose, probabilities, sample, verify
+from routeopt.evals.providers.local.prefix_cache import Hit, PrefixCache
+from routeopt.evals.providers.local.speculative import choose, probabilities, sample, verify
 
 
 @dataclass

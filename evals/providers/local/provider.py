@@ -1,7 +1,7 @@
 """The `local` provider: an in-process Hugging Face causal LM (a zoo model or any checkpoint).
 
 Requests from any number of concurrent `generate()` calls, from any event loop, go to one engine
-thread per model that batches them per decode step (`evals.providers.local.batcher`): a request joins
+thread per model that batches them per decode step (`routeopt.evals.providers.local.batcher`): a request joins
 the running batch at the next step and leaves it, with its answer, the step it ends. Token counts
 come from the tokenizer, so they are exact; TTFT and inter-token gaps are the engine's step times.
 torch and transformers are imported on first use and the model loads once, on the first request;
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evals.config import Candidate
-from evals.providers.base import Completion, ProviderError, Request
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.base import Completion, ProviderError, Request
 
 DEFAULT_MAX_BATCH = 64
 
@@ -188,7 +188,7 @@ class LocalProvider:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from evals.providers.local.quantize import QuantizeError, apply_variant
+        from routeopt.evals.providers.local.quantize import QuantizeError, apply_variant
 
         name = self.candidate.name
         if _looks_like_path(ref) and not Path(ref).expanduser().exists():
@@ -253,8 +253,8 @@ class LocalProvider:
     # ---- the engine thread ----------------------------------------------------------------
     def _serve(self) -> None:
         """Admit waiting requests, run one decode step, hand back the rows that ended; repeat."""
-        from evals.providers.local.batcher import Batcher
-        from evals.providers.local.prefix_cache import PrefixCache
+        from routeopt.evals.providers.local.batcher import Batcher
+        from routeopt.evals.providers.local.prefix_cache import PrefixCache
 
         spec, pc = self.candidate.speculative, self.candidate.prefix_cache
         batcher = Batcher(
@@ -327,7 +327,7 @@ class LocalProvider:
         return taken
 
     def _admit(self, batcher: Any, new: list[_Pending], owners: dict[int, _Pending]) -> None:
-        from evals.providers.local.batcher import Row
+        from routeopt.evals.providers.local.batcher import Row
 
         rows, riding = [], []
         for p in new:
@@ -441,5 +441,5 @@ def _internal(exc: Exception) -> ProviderError:
 
 
 def create(candidate: Candidate) -> LocalProvider:
-    """Provider factory (see evals.providers.PROVIDERS); loads nothing until the first call."""
+    """Provider factory (see routeopt.evals.providers.PROVIDERS); loads nothing until the first call."""
     return LocalProvider(candidate)

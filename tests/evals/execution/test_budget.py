@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evals.config import BudgetSettings, Candidate, ConfigError, load_config
-from evals.execution.budget import (
+from routeopt.evals.config import BudgetSettings, Candidate, ConfigError, load_config
+from routeopt.evals.execution.budget import (
     Budget,
     BudgetExhausted,
     budget_for_run,
@@ -21,8 +21,8 @@ from evals.execution.budget import (
     prompt_token_upper_bound,
     spent_in_run,
 )
-from evals.providers.base import GenerationSettings, Message, Request
-from evals.storage.store import Outcome, Store
+from routeopt.evals.providers.base import GenerationSettings, Message, Request
+from routeopt.evals.storage.store import Outcome, Store
 
 
 def _api(name: str = "api", inp: float = 2.0, out: float = 8.0) -> Candidate:

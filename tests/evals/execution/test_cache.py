@@ -6,8 +6,8 @@ import multiprocessing
 import threading
 from pathlib import Path
 
-from evals.execution.cache import ResponseCache
-from evals.providers.base import Completion
+from routeopt.evals.execution.cache import ResponseCache
+from routeopt.evals.providers.base import Completion
 
 
 def _open_and_put(where: str, key: str) -> None:

@@ -1,4 +1,4 @@
-"""The call path (`evals.execution.calls`) through the runner: an open breaker makes the queue
+"""The call path (`routeopt.evals.execution.calls`) through the runner: an open breaker makes the queue
 wait for its probe, one breaker per endpoint and key, a refused key stops the pair, and every
 attempt (failed ones and retries included) is priced and counted against the spend caps."""
 
@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from evals.config import Candidate
-from evals.execution.budget import Budget
-from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter, reset_shared_limits, shared_limits
-from evals.execution.runner import RetryPolicy, evaluate_pair
-from evals.providers.sdk import estimate_tokens
-from evals.storage.store import Outcome, Store
-from evals.suite.spec import load_suite
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution.budget import Budget
+from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter, reset_shared_limits, shared_limits
+from routeopt.evals.execution.runner import RetryPolicy, evaluate_pair
+from routeopt.evals.providers.sdk import estimate_tokens
+from routeopt.evals.storage.store import Outcome, Store
+from routeopt.evals.suite.spec import load_suite
 from tests.fake_llm import FaultPlan, _prompt_of, count_tokens, write_arithmetic_suite
 
 FAST = RetryPolicy(base_s=0.005, max_s=0.02)
@@ -118,7 +118,7 @@ def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
     assert breakers["a"] is not breakers["b"]  # another key is another account
     assert breakers["a"] is not breakers["v"]  # another endpoint
     assert "api.openai.com" in breakers["a"].endpoint and "$TEAM_A_KEY" in breakers["a"].endpoint
-    from evals.execution import limits as limits_module
+    from routeopt.evals.execution import limits as limits_module
 
     for text in (repr(limits_module._SHARED), repr(breakers)):
         assert "sk-team" not in text and "0123456789" not in text
@@ -127,7 +127,7 @@ def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
 
 async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
         tmp_path, fake_llm, fake_candidate, monkeypatch, caplog):
-    caplog.set_level("WARNING", logger="evals.execution.calls")
+    caplog.set_level("WARNING", logger="routeopt.evals.execution.calls")
     monkeypatch.setenv("FAKE_KEY", "sk-wrong-0123456789")
     fake_llm.expect_api_key = "sk-right-0123456789"
     suite = load_suite(write_arithmetic_suite(tmp_path, 30))
@@ -142,7 +142,7 @@ async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
         assert len(unsent) >= 27 and all("$FAKE_KEY" in r.error and "not sent" in r.error for r in unsent)
         assert lim.breaker.state == "closed" and lim.breaker.times_opened == 0
         assert stats.halted and "resume" in stats.halted and stats.error_kinds == {"auth": 30}
-        said = [r.getMessage() for r in caplog.records if r.name == "evals.execution.calls"]
+        said = [r.getMessage() for r in caplog.records if r.name == "routeopt.evals.execution.calls"]
         assert len(said) == 1 and said[0].startswith("candidate 'fake-openai' stopped calling")  # when it stopped
         assert not any("sk-wrong" in (r.error or "") or "0123456789" in (r.error or "") for r in rows.values())
 
@@ -226,7 +226,7 @@ async def test_a_timeout_mid_stream_costs_the_prompt_and_what_arrived(tmp_path, 
 async def test_only_the_probes_answer_decides_a_half_open_breaker():
     """A call sent before the breaker opened and failing late must not take the probe's place:
     the probe's success closes the breaker."""
-    from evals.providers.base import ProviderError
+    from routeopt.evals.providers.base import ProviderError
 
     now = [0.0]
     breaker = CircuitBreaker("x", failures=1, cooldown_s=1.0, clock=lambda: now[0])
@@ -246,13 +246,13 @@ async def test_the_breaker_says_when_it_opens_stays_down_closes_and_gives_up(cap
     reason: a run waiting on a dead endpoint is never silent."""
     import logging
 
-    from evals.providers.base import ProviderError
+    from routeopt.evals.providers.base import ProviderError
 
     now = [0.0]
     breaker = CircuitBreaker("http://127.0.0.1:9/v1 (key $K)", failures=2, cooldown_s=30.0,
                              clock=lambda: now[0])
     refused = ProviderError("connection", "Connection error. (POST http://127.0.0.1:9/v1/chat/completions)")
-    caplog.set_level(logging.WARNING, logger="evals.execution.limits")
+    caplog.set_level(logging.WARNING, logger="routeopt.evals.execution.limits")
     breaker.record(refused, await breaker.admit(600))
     assert caplog.messages == []  # one failure is not an outage
     breaker.record(refused, await breaker.admit(600))
@@ -290,8 +290,8 @@ async def test_an_item_that_keeps_drawing_the_probe_stops_once_the_wait_is_over(
     nightly once hung on it). The clock is the breaker's own, advanced by each attempt."""
     import asyncio
 
-    from evals.execution.calls import Caller
-    from evals.providers.base import GenerationSettings, Message, ProviderError, Request
+    from routeopt.evals.execution.calls import Caller
+    from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request
 
     now = [0.0]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from evals.config import Candidate
-from evals.execution.preflight import probe, run_preflight, unset_keys, verdict_of
-from evals.providers.base import ProviderError
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution.preflight import probe, run_preflight, unset_keys, verdict_of
+from routeopt.evals.providers.base import ProviderError
 from tests import REPO
 from tests.fake_llm import FakeLLM, FaultPlan, fake_candidate, fake_llm  # noqa: F401
 from tests.litellm_proxy import free_port
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from evals.execution.runner import evaluate_pair
-from evals.selfhost.costmodel import load_caching
-from evals.storage.store import SCHEMA, Store
-from evals.suite.spec import load_suite
+from routeopt.evals.execution.runner import evaluate_pair
+from routeopt.evals.selfhost.costmodel import load_caching
+from routeopt.evals.storage.store import SCHEMA, Store
+from routeopt.evals.suite.spec import load_suite
 from tests.evals.execution.test_runner import FAST, fresh_limits
 from tests.fake_llm import fake_candidate, fake_llm  # noqa: F401
 
@@ -74,7 +74,7 @@ async def test_cache_tokens_are_recorded_and_priced(tmp_path, fake_llm, fake_can
 
 
 def test_configured_cache_prices_win_over_the_defaults():
-    from evals.config import Candidate
+    from routeopt.evals.config import Candidate
 
     base = dict(name="c", provider="anthropic", model="m", input_price_per_mtok=2.0)
     assert Candidate(**base).cache_prices() == pytest.approx((0.2, 2.5))
@@ -97,7 +97,7 @@ def test_an_old_database_gains_the_cache_write_column(tmp_path):
     con.close()
     with Store(db, read_only=True) as ro:  # read-only: nothing migrates, reading still works
         assert load_caching(ro, "r0")[0].cache_write_tokens == 0
-    from evals.storage.store import Outcome
+    from routeopt.evals.storage.store import Outcome
 
     with Store(db) as store:
         store.write_outcomes([Outcome("r1", "s", "v", "i", "c", passed=True, input_tokens=9,
@@ -111,9 +111,9 @@ def test_an_old_database_gains_the_cache_write_column(tmp_path):
 def test_summary_and_cost_compare_show_what_caching_saved(tmp_path, fake_llm):
     import asyncio
 
-    from evals.config import load_config
-    from flows.cli import cli
-    from reports.summary import print_summary
+    from routeopt.evals.config import load_config
+    from routeopt.flows.cli import cli
+    from routeopt.reports.summary import print_summary
 
     suite_path = few_shot_suite(tmp_path / "suites", 5)
     cfg_path = tmp_path / "routeopt.yaml"

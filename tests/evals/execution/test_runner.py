@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import Candidate
-from evals.execution.budget import Budget
-from evals.execution.cache import ResponseCache
-from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
-from evals.execution.runner import RetryPolicy, evaluate_pair, token_cost
-from evals.storage.store import Outcome, Store
-from evals.suite.spec import load_suite
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution.budget import Budget
+from routeopt.evals.execution.cache import ResponseCache
+from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+from routeopt.evals.execution.runner import RetryPolicy, evaluate_pair, token_cost
+from routeopt.evals.storage.store import Outcome, Store
+from routeopt.evals.suite.spec import load_suite
 from tests.fake_llm import FaultPlan, default_answer, fake_candidate, fake_llm, write_arithmetic_suite  # noqa: F401
 from tests.leaks import hits_under
 
@@ -142,7 +142,7 @@ async def test_exhausted_and_non_retryable_errors_are_recorded(tmp_path, fake_ll
 async def test_breaker_half_opens_after_cooldown_and_closes_on_success(tmp_path, fake_llm, fake_candidate):
     now = [0.0]
     breaker = CircuitBreaker("x", failures=2, cooldown_s=10, clock=lambda: now[0])
-    from evals.providers.base import ProviderError
+    from routeopt.evals.providers.base import ProviderError
 
     boom = ProviderError("server_error", "HTTP 500")
     breaker.record(boom)
@@ -248,7 +248,7 @@ async def test_a_resumed_run_takes_back_its_own_unflushed_answers(tmp_path, fake
 
 
 def test_cache_ages_and_their_errors():
-    from evals.execution.cache import format_age, parse_age
+    from routeopt.evals.execution.cache import format_age, parse_age
 
     assert [parse_age(a) for a in ("90s", "30m", "12h", "1d", "1.5d", "2w")] == [
         90, 1800, 43200, 86400, 129600, 1209600]
@@ -314,7 +314,7 @@ async def test_a_gpu_priced_at_a_stated_throughput_costs_its_tokens(tmp_path, fa
 
 
 def _completion():
-    from evals.providers.base import Completion
+    from routeopt.evals.providers.base import Completion
 
     return Completion("x", "stop", 1, 1)
 
@@ -358,7 +358,7 @@ async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm,
 
 
 def test_shared_limits_follow_candidate_fields(fake_candidate):
-    from evals.execution.limits import reset_shared_limits, shared_limits
+    from routeopt.evals.execution.limits import reset_shared_limits, shared_limits
 
     reset_shared_limits()
     cand = fake_candidate(circuit_breaker_failures=3, circuit_breaker_cooldown_s=5,
@@ -425,7 +425,7 @@ class FlakySink(Rows):
 
 async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
         tmp_path, fake_llm, fake_candidate, monkeypatch):
-    from evals.execution.runner import FlushError, _Flusher
+    from routeopt.evals.execution.runner import FlushError, _Flusher
 
     monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.01), raising=False)
     fake_llm.first_token_delay_s = 0.01
@@ -443,7 +443,7 @@ async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
 
 async def test_a_write_that_fails_then_succeeds_loses_nothing(tmp_path, fake_llm, fake_candidate,
                                                               monkeypatch):
-    from evals.execution.runner import _Flusher
+    from routeopt.evals.execution.runner import _Flusher
 
     monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.0), raising=False)
     suite = load_suite(write_arithmetic_suite(tmp_path, 30))
@@ -457,7 +457,7 @@ async def test_co_located_gpu_candidates_are_measured_one_at_a_time(tmp_path, fa
     nightly runs candidates, they take the device in turn, and each pays for its own time."""
     import asyncio
 
-    from evals.execution.limits import reset_shared_limits
+    from routeopt.evals.execution.limits import reset_shared_limits
 
     reset_shared_limits()
     fake_llm.first_token_delay_s = 0.03
@@ -481,7 +481,7 @@ async def test_co_located_gpu_candidates_are_measured_one_at_a_time(tmp_path, fa
 
 
 def test_co_location_is_by_device_or_server():
-    from evals.execution.limits import device_of
+    from routeopt.evals.execution.limits import device_of
 
     def local(device: str, name: str = "l") -> Candidate:
         return Candidate(name=name, provider="local", model="m", device=device, gpu_hour_usd=1.0)
@@ -511,7 +511,7 @@ async def test_gpu_budget_ends_at_what_the_windows_cost(tmp_path, fake_llm, fake
 def _judged_suite(tmp_path: Path, server, n: int, judge_cap: float | None = None):
     import json
 
-    from evals.config import Config
+    from routeopt.evals.config import Config
 
     path = write_arithmetic_suite(tmp_path, n)
     spec = json.loads(path.read_text())
@@ -557,7 +557,7 @@ async def test_judge_calls_are_recorded_and_budgeted_against_the_judge(tmp_path,
 async def test_judge_calls_share_the_judge_breaker_and_retries(tmp_path, fake_llm, monkeypatch):
     """The judge's endpoint fails twice: the runner's retries (not the judge's own) recover, and
     the failures count on the breaker of the judge's endpoint and key."""
-    from evals.execution.limits import reset_shared_limits, shared_limits
+    from routeopt.evals.execution.limits import reset_shared_limits, shared_limits
 
     reset_shared_limits()
     suite, cfg = _judged_suite(tmp_path, fake_llm, 3)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import Candidate
-from evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
-from evals.execution.runner import RetryPolicy, evaluate_pair
-from evals.providers.base import RETRYABLE
-from evals.storage.store import Outcome, Store
-from evals.suite.spec import load_suite
+from routeopt.evals.config import Candidate
+from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter
+from routeopt.evals.execution.runner import RetryPolicy, evaluate_pair
+from routeopt.evals.providers.base import RETRYABLE
+from routeopt.evals.storage.store import Outcome, Store
+from routeopt.evals.suite.spec import load_suite
 from tests import REPO
 from tests.fake_llm import FakeLLM, FaultPlan, default_answer, fake_llm, write_arithmetic_suite  # noqa: F401
 
@@ -97,7 +97,7 @@ async def _run_mix(tmp_path, server: FakeLLM, provider: str, mix: str, *, stream
     server.faults = FaultPlan(MIXES[mix], seed=7, retry_after_s=0.01, slow_first_s=0.2)
     suite = load_suite(write_arithmetic_suite(tmp_path, N))
     cand = candidate(server, provider)
-    from evals.providers import make_provider
+    from routeopt.evals.providers import make_provider
 
     prov = make_provider(cand)
     prov.stream = stream
@@ -200,10 +200,10 @@ def _isnull(v) -> bool:
 
 CHILD = textwrap.dedent("""
     import asyncio, sys
-    from evals.config import Candidate
-    from evals.execution.runner import RetryPolicy, evaluate_pair
-    from evals.storage.store import Store
-    from evals.suite.spec import load_suite
+    from routeopt.evals.config import Candidate
+    from routeopt.evals.execution.runner import RetryPolicy, evaluate_pair
+    from routeopt.evals.storage.store import Store
+    from routeopt.evals.suite.spec import load_suite
 
     suite_path, db, base_url, cache = sys.argv[1:5]
     suite = load_suite(suite_path)

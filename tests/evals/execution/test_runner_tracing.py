@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common import tracing
+from routeopt.common import tracing
 from tests.fake_llm import write_arithmetic_suite
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the tracing extra is not installed")
@@ -17,8 +17,8 @@ pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the tracin
 def test_a_dead_collector_costs_no_item(tmp_path: Path, fake_candidate) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from evals.execution.runner import evaluate_pair
-    from evals.suite.spec import load_suite
+    from routeopt.evals.execution.runner import evaluate_pair
+    from routeopt.evals.suite.spec import load_suite
     from tests.litellm_proxy import free_port
 
     suite = load_suite(write_arithmetic_suite(tmp_path, 40))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from evals.grading import (
+from routeopt.evals.grading import (
     GRADERS,
     Grade,
     Grader,
@@ -19,7 +19,7 @@ from evals.grading import (
     register_grader,
     render,
 )
-from evals.grading.builtin import extract_choice, extract_json
+from routeopt.evals.grading.builtin import extract_choice, extract_json
 
 
 async def grade(spec: dict, response: str, item: dict | None = None) -> Grade:
@@ -204,7 +204,7 @@ def test_json_invalid_schema_is_a_spec_error() -> None:
 def _custom_module(tmp_path: Path) -> Path:
     path = tmp_path / "my_graders.py"
     path.write_text(
-        "from evals.grading import Grade\n"
+        "from routeopt.evals.grading import Grade\n"
         "def length_ok(response, item, limit=5):\n    return len(response) <= limit\n"
         "def half(response, item):\n    return 0.5\n"
         "async def full(response, item):\n    return Grade(1.0, True, 'async ok')\n"
@@ -237,7 +237,7 @@ def test_custom_resolution_errors(tmp_path: Path) -> None:
 
 
 async def test_custom_relative_to_suite_folder(tmp_path: Path) -> None:
-    from evals.grading import GraderContext
+    from routeopt.evals.grading import GraderContext
 
     _custom_module(tmp_path)
     g = build_grader({"type": "custom", "function": "my_graders.py:length_ok"}, GraderContext(base_dir=tmp_path))
@@ -273,7 +273,7 @@ def test_weighted_spec_errors() -> None:
 def test_weighted_score_is_a_convex_combination(scores: list[float], weights: list[float]) -> None:
     import asyncio
 
-    from evals.grading.builtin import Weighted
+    from routeopt.evals.grading.builtin import Weighted
 
     class Fixed(Grader):
         type: str = "fixed"
@@ -309,7 +309,7 @@ def test_numeric_reads_back_any_printed_float(x: float) -> None:
 def test_normalisation_is_idempotent_so_exact_match_is_reflexive(text: str, steps: list) -> None:
     import asyncio
 
-    from evals.grading.builtin import normalize
+    from routeopt.evals.grading.builtin import normalize
 
     once = normalize(text, steps)
     assert normalize(once, steps) == once
@@ -320,11 +320,11 @@ def test_normalisation_is_idempotent_so_exact_match_is_reflexive(text: str, step
 def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp_path, monkeypatch) -> None:
     """A real (tiny) installed distribution declares `routeopt.graders`; a suite that names the
     grader gets it without anyone importing the plugin, and only a Grader subclass is accepted."""
-    from evals.grading.base import GRADERS
+    from routeopt.evals.grading.base import GRADERS
 
     (tmp_path / "shout_plugin.py").write_text(
         "from typing import Literal\n"
-        "from evals.grading import Grade, Grader\n"
+        "from routeopt.evals.grading import Grade, Grader\n"
         "class Shout(Grader):\n"
         "    type: Literal['shout'] = 'shout'\n"
         "    async def grade(self, response, item):\n"
@@ -336,7 +336,7 @@ def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp
     (info / "entry_points.txt").write_text(
         "[routeopt.graders]\nshout = shout_plugin:Shout\nbogus = shout_plugin:not_a_grader\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr("evals.grading.base.GRADERS", dict(GRADERS))  # leave the registry as it was
+    monkeypatch.setattr("routeopt.evals.grading.base.GRADERS", dict(GRADERS))  # leave the registry as it was
     assert "shout" not in GRADERS
     g = build_grader({"type": "shout"})
     assert asyncio.run(g.grade("HEY", {})).passed and not asyncio.run(g.grade("hey", {})).passed
@@ -348,7 +348,7 @@ def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp
 
 def _every_grader(tmp_path: Path, judge_url: str) -> list[tuple[dict, str, dict]]:
     """(spec, response, item) for every grader type, each response passing."""
-    from evals.config import Candidate, Config
+    from routeopt.evals.config import Candidate, Config
 
     f = _custom_module(tmp_path)
     item = {"a": "4", "tests": ["assert add(2, 2) == 4"]}
@@ -380,8 +380,8 @@ async def test_every_grader_pickles_without_runtime_state_and_grades_the_same(tm
     stay behind and are rebuilt there; a custom grader's file need not exist on the worker."""
     import pickle
 
-    from evals.grading import GraderContext
-    from evals.grading.sandbox import isolation
+    from routeopt.evals.grading import GraderContext
+    from routeopt.evals.grading.sandbox import isolation
     from tests.fake_llm import FakeLLM
 
     no_sandbox = isinstance(isolation(False), str)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evals.grading import build_grader, harness
-from evals.grading.sandbox import isolation
+from routeopt.evals.grading import build_grader, harness
+from routeopt.evals.grading.sandbox import isolation
 
 needs_isolation = pytest.mark.skipif(isinstance(isolation(False), str), reason="no sandbox isolation here")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.grading import build_grader, sandbox
-from evals.grading.code import extract_code
-from evals.grading.sandbox import SandboxUnavailable, isolation
+from routeopt.evals.grading import build_grader, sandbox
+from routeopt.evals.grading.code import extract_code
+from routeopt.evals.grading.sandbox import SandboxUnavailable, isolation
 from tests import REPO
 
 needs_isolation = pytest.mark.skipif(
@@ -505,8 +505,8 @@ def no_bwrap(monkeypatch: pytest.MonkeyPatch):
 def test_no_bubblewrap_is_a_clear_error_at_suite_load(tmp_path: Path, no_bwrap: None) -> None:
     from click.testing import CliRunner
 
-    from evals.suite.spec import SuiteError, load_suite
-    from flows.commands.suites import suites
+    from routeopt.evals.suite.spec import SuiteError, load_suite
+    from routeopt.flows.commands.suites import suites
 
     (tmp_path / "d.jsonl").write_text('{"id": "a", "task": "t", "tests": ["assert True"]}\n')
     path = tmp_path / "code-suite.yaml"

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from evals.providers import make_provider
-from evals.providers.anthropic_provider import AnthropicProvider
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request
+from routeopt.evals.providers import make_provider
+from routeopt.evals.providers.anthropic_provider import AnthropicProvider
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request
 from tests.fake_llm import FaultPlan, fake_candidate, fake_llm  # noqa: F401
 
 SYSTEM = "You are terse. Answer with the number only."

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from evals.providers import make_provider
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request
-from evals.providers.openai_provider import OpenAIProvider
+from routeopt.evals.providers import make_provider
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request
+from routeopt.evals.providers.openai_provider import OpenAIProvider
 from tests.fake_llm import FakeLLM, FaultPlan, fake_candidate, fake_llm  # noqa: F401
 
 SYSTEM = "You are terse. Answer with the number only."

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.providers.sdk import estimate_tokens, map_error, redact, retry_after, transport
+from routeopt.evals.providers.sdk import estimate_tokens, map_error, redact, retry_after, transport
 
 
 def test_retry_after_forms():
@@ -99,7 +99,7 @@ def test_a_status_error_says_what_the_server_said_and_where_it_was_sent(body, sa
 
 
 def _json_server_provider(fake_llm, fake_candidate, vendor: str):
-    from evals.providers import make_provider
+    from routeopt.evals.providers import make_provider
 
     fake_llm.stream_as_json = True
     return make_provider(fake_candidate(vendor, stream=True))
@@ -108,7 +108,7 @@ def _json_server_provider(fake_llm, fake_candidate, vendor: str):
 @pytest.mark.parametrize("vendor", ["openai", "anthropic"])
 async def test_one_json_body_for_a_stream_request_is_an_answer_with_unknown_ttft(
         fake_llm, fake_candidate, vendor):
-    from evals.providers.base import GenerationSettings, Message, Request
+    from routeopt.evals.providers.base import GenerationSettings, Message, Request
 
     p = _json_server_provider(fake_llm, fake_candidate, vendor)
     fake_llm.first_token_delay_s = 0.2  # the whole body arrives after it: no first token to time
@@ -132,7 +132,7 @@ async def test_one_json_body_for_a_stream_request_is_an_answer_with_unknown_ttft
 async def test_a_broken_json_body_for_a_stream_request_is_still_an_error(
         fake_llm, fake_candidate, vendor, fault, kind):
     p = _json_server_provider(fake_llm, fake_candidate, vendor)
-    from evals.providers.base import Message, ProviderError, Request
+    from routeopt.evals.providers.base import Message, ProviderError, Request
 
     with pytest.raises(ProviderError) as info:
         await p.generate(Request((Message("user", f"What is 1 + 1? [[fault:{fault}]]"),)))
@@ -142,8 +142,8 @@ async def test_a_broken_json_body_for_a_stream_request_is_still_an_error(
 
 @pytest.mark.parametrize("vendor", ["openai", "anthropic"])
 async def test_a_real_stream_is_timed_and_a_cut_one_still_truncated(fake_llm, fake_candidate, vendor):
-    from evals.providers import make_provider
-    from evals.providers.base import Message, ProviderError, Request
+    from routeopt.evals.providers import make_provider
+    from routeopt.evals.providers.base import Message, ProviderError, Request
 
     p = make_provider(fake_candidate(vendor, stream=True))
     c = await p.generate(Request((Message("user", "What is 2 + 2?"),)))

@@ -8,16 +8,16 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from evals.config import Candidate
-from evals.selfhost import costmodel as cm
-from evals.selfhost.serving import (
+from routeopt.evals.config import Candidate
+from routeopt.evals.selfhost import costmodel as cm
+from routeopt.evals.selfhost.serving import (
     RequestRecord,
     ServingReport,
     Targets,
     save_report,
     summarize,
 )
-from evals.storage.store import Store
+from routeopt.evals.storage.store import Store
 
 
 def gpu(**kw) -> Candidate:

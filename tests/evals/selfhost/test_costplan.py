@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.config import Config
-from evals.selfhost.costmodel import ThroughputPoint, gpu_plan, traffic_break_even
-from evals.selfhost.costplan import cost_plan, format_plan, model_traffic
-from flows.cli import cli
+from routeopt.evals.config import Config
+from routeopt.evals.selfhost.costmodel import ThroughputPoint, gpu_plan, traffic_break_even
+from routeopt.evals.selfhost.costplan import cost_plan, format_plan, model_traffic
+from routeopt.flows.cli import cli
 from tests.evals.storage.test_traffic import decision, write_log
 from tests.fake_llm import FakeLLM
 

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from evals.config import Candidate
-from evals.selfhost.arrivals import ReplayInputError, load_arrivals, synthesize
-from evals.selfhost.replay import Slo, make_sender, replay_once, summaries, summarize, sweep
+from routeopt.evals.config import Candidate
+from routeopt.evals.selfhost.arrivals import ReplayInputError, load_arrivals, synthesize
+from routeopt.evals.selfhost.replay import Slo, make_sender, replay_once, summaries, summarize, sweep
 from tests.fake_llm import FakeLLM
 
 
@@ -102,7 +102,7 @@ def test_bad_input_is_named_by_file_and_line(tmp_path: Path) -> None:
 
 
 def test_a_gateway_decision_log_is_replayed_with_its_usage(tmp_path: Path) -> None:
-    from artifacts.decisions import DecisionLog, Gateway, verbatim
+    from routeopt.artifacts.decisions import DecisionLog, Gateway, verbatim
     from tests.artifacts.test_decisions import FakeRouter
 
     gw = Gateway(FakeRouter("cheap"), log=DecisionLog(tmp_path / "log", redact=verbatim))
@@ -140,7 +140,7 @@ def test_a_server_that_stops_answering_is_named_and_the_measured_part_kept(tmp_p
 
 
 def test_a_late_generator_is_flagged_not_reported_as_the_servers_latency() -> None:
-    from evals.selfhost.replay import Sent
+    from routeopt.evals.selfhost.replay import Sent
 
     recs = [Sent(i, "m", "x", i * 0.01, 5, 5, sent_s=i * 0.01 + 0.05, first_s=i * 0.01 + 0.06,
                  end_s=i * 0.01 + 0.07, ok=True, output_tokens=5) for i in range(100)]
@@ -149,7 +149,7 @@ def test_a_late_generator_is_flagged_not_reported_as_the_servers_latency() -> No
 
 
 def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> None:
-    from evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking
+    from routeopt.evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking
 
     async def run_at(speed: float):
         return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= 5.0}}
@@ -166,7 +166,7 @@ def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> Non
     (0.1, [16, 8, 4, 2, 1, 0.5, 0.25], None),  # nothing holds within the halvings: no speed is claimed
 ])
 def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tried: list, highest) -> None:
-    from evals.selfhost.replay import ReplayRun, highest_meeting
+    from routeopt.evals.selfhost.replay import ReplayRun, highest_meeting
 
     async def run_at(speed: float):
         return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": speed <= limit}}
@@ -183,7 +183,7 @@ def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tr
 ])
 def test_one_slow_probe_does_not_cap_the_sweep(probes: int, tried: list, highest: float, broke: float) -> None:
     """The server holds 31x; the machine slowed down during the first probes at 16x and 31x."""
-    from evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
+    from routeopt.evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
 
     seen: list[float] = []
 
@@ -199,7 +199,7 @@ def test_one_slow_probe_does_not_cap_the_sweep(probes: int, tried: list, highest
 
 def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None:
     """A lucky probe does not make a speed: the majority of its probes decides it."""
-    from evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking, verdicts
+    from routeopt.evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking, verdicts
 
     outcomes = {8: [True, True], 16: [False, True, False], 12: [True, False, True], 14: [False, False]}
     seen: list[float] = []
@@ -218,8 +218,8 @@ def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None
 
 
 def test_the_command_says_between_which_speeds_its_probes_disagreed(tmp_path: Path, capsys) -> None:
-    from evals.selfhost.replay import ReplayRun
-    from flows.commands.replay import _finish
+    from routeopt.evals.selfhost.replay import ReplayRun
+    from routeopt.flows.commands.replay import _finish
 
     probes = [(8, True), (8, True), (16, False), (16, True), (16, False), (12, True), (12, False), (12, True),
               (14, False), (14, False)]
@@ -234,7 +234,7 @@ def test_the_command_says_between_which_speeds_its_probes_disagreed(tmp_path: Pa
 
 
 def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp_path: Path) -> None:
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     rows = [{"timestamp": i * 0.05, "model": "oa", "input_tokens": 8, "output_tokens": 4} for i in range(40)]
     with FakeLLM(first_token_delay_s=0.03) as server:
@@ -266,10 +266,10 @@ def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp
 
 
 def test_stored_speeds_give_the_cost_plan_its_capacity_and_the_dashboard_its_curve(tmp_path: Path) -> None:
-    from evals.selfhost.replay import ReplayRun, Sent, summaries
-    from evals.selfhost.replay_store import load_runs, replay_capacity, request_frame, run_rows, save
-    from evals.storage.store import Store
-    from reports.replay_chart import replay_section
+    from routeopt.evals.selfhost.replay import ReplayRun, Sent, summaries
+    from routeopt.evals.selfhost.replay_store import load_runs, replay_capacity, request_frame, run_rows, save
+    from routeopt.evals.storage.store import Store
+    from routeopt.reports.replay_chart import replay_section
 
     slo = Slo(ttft_s=0.5)
 
@@ -295,9 +295,9 @@ def test_stored_speeds_give_the_cost_plan_its_capacity_and_the_dashboard_its_cur
 
 
 def test_the_cost_plan_takes_capacity_only_from_a_speed_whose_majority_met_the_slo(tmp_path: Path) -> None:
-    from evals.selfhost.replay import ReplayRun, Sent, summaries
-    from evals.selfhost.replay_store import replay_capacity, request_frame, run_rows, save
-    from evals.storage.store import Store
+    from routeopt.evals.selfhost.replay import ReplayRun, Sent, summaries
+    from routeopt.evals.selfhost.replay_store import replay_capacity, request_frame, run_rows, save
+    from routeopt.evals.storage.store import Store
 
     slo = Slo(ttft_s=0.5)
 
@@ -321,9 +321,9 @@ def test_the_cost_plan_takes_capacity_only_from_a_speed_whose_majority_met_the_s
 
 
 def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_every_probe(tmp_path: Path) -> None:
-    from evals.selfhost.replay import ReplayRun, Sent, summaries
-    from evals.selfhost.replay_store import SCHEMA, load_runs, request_frame, run_rows, save
-    from evals.storage.store import Store
+    from routeopt.evals.selfhost.replay import ReplayRun, Sent, summaries
+    from routeopt.evals.selfhost.replay_store import SCHEMA, load_runs, request_frame, run_rows, save
+    from routeopt.evals.storage.store import Store
 
     slo = Slo(ttft_s=0.5)
     recs = [Sent(i, "zoo", "t:1", i * 0.1, 5, 4, sent_s=i * 0.1, first_s=i * 0.1 + 0.2, end_s=i * 0.1 + 0.3,
@@ -355,14 +355,14 @@ def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_ev
     ({0, 1}, 0, None),  # no local engine: the generator keeps the machine
 ])
 def test_the_generator_and_the_local_engines_get_cpus_of_their_own(monkeypatch, allowed, engines, split) -> None:
-    from evals.selfhost import replay
+    from routeopt.evals.selfhost import replay
 
     monkeypatch.setattr(replay.os, "sched_getaffinity", lambda pid: set(allowed))
     assert replay.cpu_split(engines) == split
 
 
 def test_pinning_holds_within_its_block_and_is_undone_after() -> None:
-    from evals.selfhost.replay import pinned
+    from routeopt.evals.selfhost.replay import pinned
 
     before = os.sched_getaffinity(0)
     one = {min(before)}
@@ -378,9 +378,9 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     """The demo's zoo-s through the provider's batcher in a process of its own, on the CPU it
     was given: answers come back with the engine's own TTFT and gaps, on the replay's clock."""
     pytest.importorskip("torch")
-    from evals.config import load_config
+    from routeopt.evals.config import load_config
 
-    cand = load_config(repo_root / "routeopt.yaml").candidate("zoo-s")
+    cand = load_config(repo_root / "evals" / "demo" / "routeopt.yaml").candidate("zoo-s")
     rows = [{"timestamp": i * 0.1, "model": "zoo-s", "input_tokens": 6, "output_tokens": 4,
              "text": f"{i} + 1 ="} for i in range(8)]
     arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["zoo-s"])
@@ -390,7 +390,7 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     async def go():
         sender = make_sender(cand, engine_cpus)
         try:
-            from evals.selfhost.replay import warm_up
+            from routeopt.evals.selfhost.replay import warm_up
 
             await warm_up({"zoo-s": sender}, arrivals.items, 1)
             seen.append(os.sched_getaffinity(sender.proc.pid))
@@ -406,7 +406,7 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
 
 
 def test_the_command_names_bad_input_and_sends_nothing(tmp_path: Path) -> None:
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     cfg = tmp_path / "routeopt.yaml"
     cfg.write_text(json.dumps({"candidates": [{"name": "oa", "provider": "openai", "model": "m",
@@ -425,7 +425,7 @@ def test_a_full_pipe_to_the_engine_never_stops_the_loop_that_reads_its_answers()
     return at once, and the requests reach the engine, in order, once it reads again."""
     import multiprocessing
 
-    from evals.selfhost.replay import Sent, _LocalSender
+    from routeopt.evals.selfhost.replay import Sent, _LocalSender
 
     sender = _LocalSender(Candidate(name="zoo-s", provider="local", model="m", gpu_hour_usd=1.0))
     sender.conn, engine = multiprocessing.Pipe()

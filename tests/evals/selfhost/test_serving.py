@@ -12,9 +12,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from evals.config import Candidate
-from evals.providers.base import Completion, GenerationSettings, Message, Request
-from evals.selfhost.serving import (
+from routeopt.evals.config import Candidate
+from routeopt.evals.providers.base import Completion, GenerationSettings, Message, Request
+from routeopt.evals.selfhost.serving import (
     RequestRecord,
     ServingError,
     Targets,
@@ -27,7 +27,7 @@ from evals.selfhost.serving import (
     save_report,
     summarize,
 )
-from evals.storage.store import Store
+from routeopt.evals.storage.store import Store
 from tests.benchmarks import load
 from tests.fake_llm import FakeLLM
 
@@ -184,7 +184,7 @@ async def test_errors_are_counted_not_fatal():
 
 
 def test_cli_bench_then_cost_compare(tmp_path):
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "a b c d e f", "max_tokens": 32}) + "\n")
@@ -235,13 +235,13 @@ async def test_bench_local_checkpoint(tmp_path):
 
 
 def test_one_bench_group_shared_with_the_router_commands():
-    from flows.cli import cli
-    from flows.commands import gpu
+    from routeopt.flows.cli import cli
+    from routeopt.flows.commands import gpu
 
     assert "serving" in gpu.bench.commands
     assert cli.commands["bench"] is gpu.bench  # whichever module registers it last
-    if importlib.util.find_spec("flows.commands.router") is not None:
-        router = importlib.import_module("flows.commands.router")
+    if importlib.util.find_spec("routeopt.flows.commands.router") is not None:
+        router = importlib.import_module("routeopt.flows.commands.router")
         if hasattr(router, "bench"):
             assert router.bench is gpu.bench
 
@@ -249,7 +249,7 @@ def test_one_bench_group_shared_with_the_router_commands():
 def test_locked_database_is_one_clear_error(tmp_path):
     import subprocess
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     db = tmp_path / "held.duckdb"
     cfg = tmp_path / "cfg.yaml"
@@ -283,9 +283,9 @@ def test_cli_bench_a_draft_with_its_baseline(tmp_path, repo_root):
     pytest.importorskip("transformers")
     import duckdb
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
-    zoo = repo_root / "models" / "zoo"
+    zoo = repo_root / "evals" / "demo" / "zoo"
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
         "candidates:\n"
@@ -293,7 +293,7 @@ def test_cli_bench_a_draft_with_its_baseline(tmp_path, repo_root):
         f"  - {{name: zoo-l-spec, provider: local, model: {zoo / 'zoo-l'}, gpu_hour_usd: 2.0,"
         " device: cpu, speculative: {model: zoo-s, num_speculative_tokens: 3}}\n")
     db = tmp_path / "db.duckdb"
-    from evals.selfhost import serving
+    from routeopt.evals.selfhost import serving
 
     old_schema = serving.SCHEMA.replace(
         "acceptance_rate DOUBLE, mean_accepted_length DOUBLE, draft_model VARCHAR,", "")

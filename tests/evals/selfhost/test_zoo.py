@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evals.selfhost import zoo
+from routeopt.evals.selfhost import zoo
 from tests import REPO
 
 
@@ -72,7 +72,7 @@ def test_committed_eval_data_is_what_the_code_generates(tmp_path: Path) -> None:
 
 
 def test_suites_load_and_render_the_training_format() -> None:
-    from evals.suite.spec import load_suite
+    from routeopt.evals.suite.spec import load_suite
 
     for task in zoo.TASKS:
         suite = load_suite(REPO / "evals" / "suites" / f"{task}.yaml")
@@ -130,28 +130,28 @@ def _hard_rate(info: dict, name: str, hard: tuple[str, ...] = ("5", "6")) -> flo
 
 
 def test_committed_zoo_quality_is_graded() -> None:
-    path = REPO / "models" / "zoo" / "zoo_info.json"
+    path = REPO / "evals" / "demo" / "zoo" / "zoo_info.json"
     if not path.exists():
         pytest.skip("zoo not built")
     info = json.loads(path.read_text())
     assert _hard_rate(info, "zoo-s") < _hard_rate(info, "zoo-m") < _hard_rate(info, "zoo-l")
     easy_s = _hard_rate(info, "zoo-s", ("1", "2"))
     assert easy_s > _hard_rate(info, "zoo-s")
-    size = sum(p.stat().st_size for p in (REPO / "models" / "zoo").rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in (REPO / "evals" / "demo" / "zoo").rglob("*") if p.is_file())
     assert size <= 20 * 2**20
 
 
 def test_cli_info_and_errors(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from flows.commands.zoo import zoo as zoo_group
+    from routeopt.flows.commands.zoo import zoo as zoo_group
 
     runner = CliRunner()
     missing = runner.invoke(zoo_group, ["info", "--dir", str(tmp_path)])
     assert missing.exit_code != 0 and "zoo_info.json: not found" in missing.output
     bad = runner.invoke(zoo_group, ["build", "--out", str(tmp_path), "--only", "zoo-xl"])
     assert bad.exit_code != 0 and "zoo-xl" in bad.output
-    if (REPO / "models" / "zoo" / "zoo_info.json").exists():
-        shown = runner.invoke(zoo_group, ["info", "--dir", str(REPO / "models" / "zoo")])
+    if (REPO / "evals" / "demo" / "zoo" / "zoo_info.json").exists():
+        shown = runner.invoke(zoo_group, ["info", "--dir", str(REPO / "evals" / "demo" / "zoo")])
         assert shown.exit_code == 0
         assert "zoo-l:" in shown.output and "sort     d1=" in shown.output

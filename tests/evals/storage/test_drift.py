@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import AlertSettings
-from evals.storage.drift import bh_adjust, blocking_regressions, detect_drift, mcnemar_p
-from evals.storage.store import Store
+from routeopt.evals.config import AlertSettings
+from routeopt.evals.storage.drift import bh_adjust, blocking_regressions, detect_drift, mcnemar_p
+from routeopt.evals.storage.store import Store
 from tests.ops_history import Regression, make_history
 
 
@@ -95,7 +95,7 @@ def _two_nights(path: Path, before: list[dict], now: list[dict]) -> Store:
     """Two completed runs of one candidate on one suite; each dict holds an item's fields."""
     from datetime import datetime, timedelta, timezone
 
-    from evals.storage.store import Outcome
+    from routeopt.evals.storage.store import Outcome
 
     store = Store(path)
     for k, (run_id, rows) in enumerate((("before", before), ("now", now))):

@@ -8,8 +8,8 @@ import duckdb
 import pyarrow.dataset as ds
 import pytest
 
-from evals.storage.export import export_parquet
-from evals.storage.store import Outcome, Store
+from routeopt.evals.storage.export import export_parquet
+from routeopt.evals.storage.store import Outcome, Store
 from tests.ops_history import make_history
 
 
@@ -77,7 +77,7 @@ def test_unsafe_run_ids_cannot_escape_the_export_folder(tmp_path: Path):
 def test_cli_export_and_drift(db: Path, tmp_path: Path):
     from click.testing import CliRunner
 
-    from flows.cli import cli
+    from routeopt.flows.cli import cli
 
     runner = CliRunner()
     res = runner.invoke(cli, ["export", "parquet", "--db", str(db), "--out", str(tmp_path / "o"), "--run", "run-02"])

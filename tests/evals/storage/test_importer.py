@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from evals.storage.importer import OutcomeImportError, import_outcomes
-from evals.storage.store import Store
+from routeopt.evals.storage.importer import OutcomeImportError, import_outcomes
+from routeopt.evals.storage.store import Store
 
 ROWS = [
     {"request_id": "q1", "suite": "math", "prompt": "2+2?", "model": "small", "score": 1.0, "cost_usd": 0.001},

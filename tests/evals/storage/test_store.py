@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.storage.store import Outcome, Store
+from routeopt.evals.storage.store import Outcome, Store
 
 
 def _outcome(item: str, cand: str = "m", passed: bool = True, run: str = "r1") -> Outcome:
@@ -112,7 +112,7 @@ def test_latest_frame_keeps_one_suite_version(tmp_path: Path) -> None:
 
 
 def test_resuming_refuses_a_changed_candidate_or_suite(store: Store) -> None:
-    from evals.storage.store import ResumeConflict
+    from routeopt.evals.storage.store import ResumeConflict
 
     store.write_outcomes([_outcome("1")])
     same = {"m": {"provider": "openai", "model": "gpt"}}
@@ -129,7 +129,7 @@ def test_resuming_refuses_a_changed_candidate_or_suite(store: Store) -> None:
 def test_a_candidate_the_run_never_measured_may_be_fixed_before_resuming(store: Store) -> None:
     """Every row of 'm' is a placeholder (a wrong URL on every call): the run measured nothing
     of it, so its fixed configuration resumes the run, and the run records the fix."""
-    from evals.storage.store import ResumeConflict
+    from routeopt.evals.storage.store import ResumeConflict
 
     store.write_outcomes([Outcome("r1", "s", "v1", i, "m", error_kind="misconfigured",
                                   error="config: HTTP 404: Not Found") for i in ("1", "2")])
@@ -176,7 +176,7 @@ def test_a_file_from_before_the_streamed_column_gains_it_and_keeps_its_rows(tmp_
 
     import duckdb
 
-    from evals.storage import store as store_module
+    from routeopt.evals.storage import store as store_module
 
     path = tmp_path / "old.duckdb"
     old_schema = store_module.SCHEMA.replace("    streamed BOOLEAN,\n", "").split("-- Files")[0]
@@ -197,7 +197,7 @@ def test_a_file_from_before_the_streamed_column_gains_it_and_keeps_its_rows(tmp_
 def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(tmp_path: Path) -> None:
     """A proxy that answers a wrong key with HTTP 400 on every call looks, row by row, like a
     model that fails every item; taken together the rows say the configuration is wrong."""
-    from evals.storage.labels import label_frame
+    from routeopt.evals.storage.labels import label_frame
 
     bad_key = "HTTP 400: No connected db. [no_db_connection] (POST http://proxy/v1/chat/completions)"
     refused = "Connection error. (POST http://127.0.0.1:9/v1/chat/completions)"

@@ -9,8 +9,8 @@ import duckdb
 import pandas as pd
 import pytest
 
-from evals.storage.store import Store
-from evals.storage.traffic import TrafficImportError, import_decisions, import_feedback
+from routeopt.evals.storage.store import Store
+from routeopt.evals.storage.traffic import TrafficImportError, import_decisions, import_feedback
 
 
 def decision(rid: str, model: str = "a", propensity: float = 0.9, **kw) -> dict:

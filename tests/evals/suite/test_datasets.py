@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from evals.grading.base import lookup
-from evals.suite.datasets import DatasetError, DatasetSpec, HFSource, load_rows
-from evals.suite.spec import check_suite, load_suite
+from routeopt.evals.grading.base import lookup
+from routeopt.evals.suite.datasets import DatasetError, DatasetSpec, HFSource, load_rows
+from routeopt.evals.suite.spec import check_suite, load_suite
 
 ROWS = [{"id": f"r{i}", "q": f"{i} + 1", "a": i + 1, "meta": {"tags": ["t", f"n{i}"]}} for i in range(6)]
 

@@ -16,11 +16,11 @@ from typing import Callable
 import pyarrow.parquet as pq
 import pytest
 
-from evals.config import Candidate, Config
-from evals.execution.runner import evaluate_pair
-from evals.grading.sandbox import isolation
-from evals.storage.store import Outcome
-from evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
+from routeopt.evals.config import Candidate, Config
+from routeopt.evals.execution.runner import evaluate_pair
+from routeopt.evals.grading.sandbox import isolation
+from routeopt.evals.storage.store import Outcome
+from routeopt.evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from tests import REPO
 from tests.fake_llm import FakeLLM
 

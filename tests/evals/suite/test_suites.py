@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.config import Config
-from evals.suite.spec import (
+from routeopt.evals.config import Config
+from routeopt.evals.suite.spec import (
     Problem,
     SuiteError,
     check_suite,

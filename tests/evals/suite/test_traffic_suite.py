@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.config import load_config
-from evals.suite.traffic_suite import allocate
-from flows.cli import cli
+from routeopt.evals.config import load_config
+from routeopt.evals.suite.traffic_suite import allocate
+from routeopt.flows.cli import cli
 from tests.evals.storage.test_traffic import decision, write_log
 from tests.fake_llm import FakeLLM, default_answer
 
@@ -75,8 +75,8 @@ def _run(*args: str, ok: bool = True) -> str:
 
 
 def test_import_traffic_writes_judge_suites_the_runner_evaluates(tmp_path, server) -> None:
-    from evals.execution.runner import evaluate_pair
-    from evals.suite.spec import load_suite
+    from routeopt.evals.execution.runner import evaluate_pair
+    from routeopt.evals.suite.spec import load_suite
 
     cfg_path = _config(tmp_path, server)
     out = _run("import", "traffic", str(_log(tmp_path)), "--sample", "8", "--config", str(cfg_path))

@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from evals.config import Candidate  # noqa: E402
-from evals.providers import make_provider  # noqa: E402
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
-from evals.providers.local.provider import LocalProvider, create  # noqa: E402
+from routeopt.evals.config import Candidate  # noqa: E402
+from routeopt.evals.providers import make_provider  # noqa: E402
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
+from routeopt.evals.providers.local.provider import LocalProvider, create  # noqa: E402
 from tests import REPO  # noqa: E402
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
                                 reason="zoo checkpoints not built")
 
@@ -122,7 +122,7 @@ async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() 
     """The preflight's provider and each suite's are distinct providers of one candidate: inside
     `keep_loaded` they share one loaded model (the same object), answer as a fresh load does,
     and another candidate never gets it; after the block, a provider loads its own again."""
-    from evals.providers.local.provider import keep_loaded
+    from routeopt.evals.providers.local.provider import keep_loaded
 
     fresh = create(_candidate("zoo-s"))
     want = await fresh.generate(_req("reverse: abc="))
@@ -151,7 +151,7 @@ async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() 
 def test_engines_side_by_side_share_the_cores(monkeypatch) -> None:
     """The cores counted are those this process may run on: a pinned engine (`bench replay
     --pin`) on one of a machine's 16 starts one thread, not four."""
-    from evals.providers.local import provider as local
+    from routeopt.evals.providers.local import provider as local
 
     def cores(n: int) -> None:
         monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: set(range(n)))

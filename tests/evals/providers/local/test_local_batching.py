@@ -17,13 +17,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from evals.config import Candidate  # noqa: E402
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
-from evals.providers.local import batcher as _batcher  # noqa: E402
-from evals.providers.local.provider import LocalProvider  # noqa: E402
+from routeopt.evals.config import Candidate  # noqa: E402
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
+from routeopt.evals.providers.local import batcher as _batcher  # noqa: E402
+from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
 from tests import REPO  # noqa: E402
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
                                 reason="zoo checkpoints not built")
 MIXED = ["sort: 4213=", "reverse: abcdefg=", "add: 12+7=", "sort: 987654=", "reverse: xy=",

@@ -10,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from evals.config import Candidate  # noqa: E402
-from evals.providers.base import GenerationSettings, Message, Request  # noqa: E402
-from evals.providers.local.prefix_cache import PrefixCache  # noqa: E402
-from evals.providers.local.provider import LocalProvider  # noqa: E402
-from evals.suite.spec import load_suite  # noqa: E402
+from routeopt.evals.config import Candidate  # noqa: E402
+from routeopt.evals.providers.base import GenerationSettings, Message, Request  # noqa: E402
+from routeopt.evals.providers.local.prefix_cache import PrefixCache  # noqa: E402
+from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
+from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
                                 reason="zoo checkpoints not built")
 

@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from evals.config import Variant  # noqa: E402
-from evals.providers.local.quantize import (  # noqa: E402
+from routeopt.evals.config import Variant  # noqa: E402
+from routeopt.evals.providers.local.quantize import (  # noqa: E402
     INT8PACK_MAX_ROWS,
     VARIANTS,
     Fp8DynLinear,
@@ -159,7 +159,7 @@ def test_config_variants_are_the_quantize_variants() -> None:
 
 
 def test_fp8_dyn_checks_fp8_support(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("evals.providers.local.quantize.fp8_supported", lambda device: (False, "no fp8 here"))
+    monkeypatch.setattr("routeopt.evals.providers.local.quantize.fp8_supported", lambda device: (False, "no fp8 here"))
     with pytest.raises(QuantizeError, match="'fp8-dyn' cannot run on cpu: no fp8 here"):
         apply_variant(_Tiny(), "fp8-dyn")
 

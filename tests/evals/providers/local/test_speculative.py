@@ -18,17 +18,17 @@ transformers = pytest.importorskip("transformers")
 
 from scipy import stats  # noqa: E402
 
-from evals.config import Candidate, ConfigError, load_config  # noqa: E402
-from evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
-from evals.providers.local import batcher as _batcher  # noqa: E402
-from evals.providers.local.batcher import Batcher, Row  # noqa: E402
-from evals.providers.local.provider import LocalProvider  # noqa: E402
-from evals.providers.local.speculative import probabilities, verify  # noqa: E402
-from evals.selfhost import zoo  # noqa: E402
-from evals.suite.spec import load_suite  # noqa: E402
+from routeopt.evals.config import Candidate, ConfigError, load_config  # noqa: E402
+from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
+from routeopt.evals.providers.local import batcher as _batcher  # noqa: E402
+from routeopt.evals.providers.local.batcher import Batcher, Row  # noqa: E402
+from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
+from routeopt.evals.providers.local.speculative import probabilities, verify  # noqa: E402
+from routeopt.evals.selfhost import zoo  # noqa: E402
+from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
 
-ZOO = REPO / "models" / "zoo"
+ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
                                 reason="zoo checkpoints not built")
 

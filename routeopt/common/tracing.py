@@ -301,7 +301,7 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
     if decisions:
         remote = None
         if export_process:
-            from common.tracing_export import ExportProcess
+            from routeopt.common.tracing_export import ExportProcess
 
             remote = ExportProcess(state.counts, service=service, queue=queue)
         state.deferred = _Deferred(state, queue, remote)
@@ -442,7 +442,7 @@ def start_span(name: str, *, traceparent: str | None = None, attributes: Mapping
         return None
     from opentelemetry import trace as api
 
-    from common.tracing_spans import RecordedSpan
+    from routeopt.common.tracing_spans import RecordedSpan
 
     start = start_ns or time.time_ns()
     span_kind = api.SpanKind[kind.upper()]
@@ -625,7 +625,7 @@ class _Deferred:
             if self.remote is not None:
                 self._send()
             else:
-                from common.tracing_spans import SpanBuilder
+                from routeopt.common.tracing_spans import SpanBuilder
 
                 build = SpanBuilder(self.state.provider.resource)
                 while self.queue:

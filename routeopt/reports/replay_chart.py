@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from evals.selfhost.replay_store import load_runs
-from evals.storage.store import Store
-from reports.charts import Axis, Series, chart
+from routeopt.evals.selfhost.replay_store import load_runs
+from routeopt.evals.storage.store import Store
+from routeopt.reports.charts import Axis, Series, chart
 
 
 def replay_section(store: Store) -> dict[str, Any] | None:

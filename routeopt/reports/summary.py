@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evals.storage.labels import LABELS, exclusion_summary, is_excluded
-from evals.storage.store import Store
+from routeopt.evals.storage.labels import LABELS, exclusion_summary, is_excluded
+from routeopt.evals.storage.store import Store
 
 L = LABELS
 CANDIDATE_SQL = f"""
@@ -75,7 +75,7 @@ def errors_table(rows: list[dict[str, Any]]) -> Table | None:
 
 def preflight_lines(probes: list[dict[str, Any]]) -> list[str]:
     """What the probes said: how many answered and what they cost, and each one that did not."""
-    from evals.execution.preflight import Probe
+    from routeopt.evals.execution.preflight import Probe
 
     if not probes:
         return []
@@ -146,7 +146,7 @@ def router_table(holdout: dict[str, Any]) -> Table:
 
 def caching_table(savings: list[Any]) -> Table | None:
     """Cache-read and cache-write input tokens per candidate, and the input $ they saved
-    against the same calls without caching (`evals.selfhost.costmodel.caching_savings`)."""
+    against the same calls without caching (`routeopt.evals.selfhost.costmodel.caching_savings`)."""
     used = [s for s in savings if s.cache_read_tokens or s.cache_write_tokens]
     if not used:
         return None

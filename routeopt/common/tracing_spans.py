@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace.status import Status, StatusCode
 
-from common.tracing import DECISION_SPAN
+from routeopt.common.tracing import DECISION_SPAN
 
 SERVER = api.SpanKind.SERVER.value
 

@@ -229,11 +229,11 @@ class ExportProcess:
     def _start(self) -> subprocess.Popen:
         read, write = os.pipe()
         try:
-            root = str(Path(__file__).resolve().parents[1])
+            root = str(Path(__file__).resolve().parents[2])  # the folder that holds routeopt/
             env = {**os.environ, "ROUTEOPT_TRACING_EXPORT": "thread",
                    "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
             proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from common.tracing_export import serve; "
+                [sys.executable, "-c", "import sys; from routeopt.common.tracing_export import serve; "
                  "serve(int(sys.argv[1]), sys.argv[2])", str(write), self.config],
                 stdin=subprocess.PIPE, pass_fds=(write,), env=env)
         except BaseException:
@@ -283,8 +283,8 @@ def serve(reply_fd: int, config_json: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the gateway's to handle; it closes our stdin
     with contextlib.suppress(OSError, AttributeError):  # background work: the gateway's processes go first for a core
         os.nice(NICE)
-    from common import tracing
-    from common.tracing_spans import SpanBuilder
+    from routeopt.common import tracing
+    from routeopt.common.tracing_spans import SpanBuilder
 
     config = json.loads(config_json)
     exporter, name, endpoint = tracing._env_exporter()

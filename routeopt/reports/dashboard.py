@@ -23,15 +23,15 @@ from typing import Any
 
 import pandas as pd
 
-from common.io import atomic_write
-from evals.storage.drift import DriftReport
-from evals.storage.labels import LABELS, LabelSql
-from evals.storage.store import Store
-from evals.storage.traffic import load_traffic
-from reports.charts import Axis, Series, chart
-from reports.summary import promise_line
-from reports.replay_chart import replay_section
-from router_training.live import live_summary
+from routeopt.common.io import atomic_write
+from routeopt.evals.storage.drift import DriftReport
+from routeopt.evals.storage.labels import LABELS, LabelSql
+from routeopt.evals.storage.store import Store
+from routeopt.evals.storage.traffic import load_traffic
+from routeopt.reports.charts import Axis, Series, chart
+from routeopt.reports.summary import promise_line
+from routeopt.reports.replay_chart import replay_section
+from routeopt.router_training.live import live_summary
 
 L, LO = LABELS, LabelSql("o.")
 LIVE = f"error_kind IS NULL AND {L.live}"  # answers measured in this run: times come from these
@@ -88,13 +88,13 @@ class ReportData:
     policy_version: int | None = None
     policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
-    replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (reports.replay_chart)
-    traffic: dict[str, Any] | None = None  # the champion's traffic check (router_training.monitor)
+    replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (routeopt.reports.replay_chart)
+    traffic: dict[str, Any] | None = None  # the champion's traffic check (routeopt.router_training.monitor)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
 def _with_rates(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Pass rate over labelled rows (`evals.storage.labels`); cost per passing answer and per
+    """Pass rate over labelled rows (`routeopt.evals.storage.labels`); cost per passing answer and per
     item over the answers paid for in this run (replayed cache rows have neither)."""
     frame = frame.copy()
     frame["pass_rate"] = frame.passed / frame.labeled.where(frame.labeled > 0)
@@ -136,7 +136,7 @@ def trend_frame(store: Store, run_id: str, runs: int = 14) -> pd.DataFrame:
 
 def policy_metrics_for_run(registry: str | Path, run_id: str) -> tuple[int, dict] | None:
     """The newest published policy trained on this run, and its metrics, if there is one."""
-    from artifacts.registry import RegistryError, show, version_numbers
+    from routeopt.artifacts.registry import RegistryError, show, version_numbers
 
     try:
         numbers = version_numbers(str(registry))
@@ -201,7 +201,7 @@ def _policy_status(policy: dict[str, Any] | None) -> str | None:
 
 def _channel_status(registry: str | Path, version: int) -> str | None:
     """Whether `version` is the registry's champion now (a report made after the run)."""
-    from artifacts.registry import RegistryError, current_pointer
+    from routeopt.artifacts.registry import RegistryError, current_pointer
 
     try:
         pointer, _ = current_pointer(str(registry), "champion")
@@ -304,7 +304,7 @@ def render_html(data: ReportData) -> str:
     """The whole page as one string."""
     from jinja2 import Environment
 
-    from reports.dashboard_page import PAGE
+    from routeopt.reports.dashboard_page import PAGE
 
     env = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
@@ -397,7 +397,7 @@ def write_report(html: str, out: str | Path, permissions: int = REPORT_PERMISSIO
 def build_report(store: Store, run_id: str, out: str | Path, *,
                  permissions: int = REPORT_PERMISSIONS, **kw: Any) -> Path:
     """Gather, render and write the dashboard of one run (file mode `permissions`, the config's
-    `reports.permissions`); `kw` goes to `gather`."""
+    `routeopt.reports.permissions`); `kw` goes to `gather`."""
     return write_report(render_html(gather(store, run_id, **kw)), out, permissions)
 
 

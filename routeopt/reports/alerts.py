@@ -1,5 +1,5 @@
 """Alerts: drift findings and traffic checks (live requests unlike the certified ones, the promise
-broken on live traffic: `router_training.monitor.TrafficCheck`) go out as Prefect events
+broken on live traffic: `routeopt.router_training.monitor.TrafficCheck`) go out as Prefect events
 (automations page or block on them) and, when the config names one, as JSON to a webhook
 (Slack-style `text` line), retried with backoff. Delivery never fails a run: an unreachable
 receiver is logged and reported as not delivered."""
@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from common.io import jsonable
-from evals.config import AlertSettings
-from evals.storage.drift import DriftReport, summary_line
+from routeopt.common.io import jsonable
+from routeopt.evals.config import AlertSettings
+from routeopt.evals.storage.drift import DriftReport, summary_line
 
 log = logging.getLogger(__name__)
 
