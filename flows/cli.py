@@ -23,6 +23,7 @@ COMMANDS: list[str] = [
     "routeopt.flows.commands.ops:deploy_cmd",
     "routeopt.flows.commands.gpu:bench",
     "routeopt.flows.commands.gpu:cost",
+    "routeopt.flows.commands.init:init",
     "routeopt.flows.commands.pipeline:run",
     "routeopt.flows.commands.pipeline:eval_cmd",
     "routeopt.flows.commands.artifacts:policies",

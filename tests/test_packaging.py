@@ -1,0 +1,135 @@
+"""What a user installs: one import name, the demo inside the wheel, and a starter project.
+
+The wheel test builds the wheel from this checkout, installs it in a clean virtualenv beside
+OpenAI's `evals` and the `common` distribution (two of the generic names routeopt once put into
+site-packages), and runs the demo from an empty folder, as a platform team's image would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from routeopt.evals.config import DEMO_CONFIG, default_config_path, load_config
+from routeopt.evals.suite.spec import load_suite
+from routeopt.flows.cli import cli
+from tests import FOLDERS, REPO
+
+
+def _setuptools() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_package_folder_is_listed_and_mapped() -> None:
+    """The wheel's package list is explicit (the stage folders are mapped under `routeopt.`):
+    a new sub-package left out of it would be missing from every install."""
+    conf = _setuptools()
+    assert {k: REPO / v for k, v in conf["package-dir"].items()} == FOLDERS
+    on_disk = set()
+    for package, folder in FOLDERS.items():
+        for init in folder.rglob("__init__.py"):
+            parts = init.parent.relative_to(folder).parts
+            if package == "routeopt" and parts and f"routeopt.{parts[0]}" in FOLDERS:
+                continue  # a mapped folder of its own
+            on_disk.add(".".join((package, *parts)))
+    assert set(conf["packages"]) == on_disk
+
+
+def test_the_demo_and_its_data_are_package_data() -> None:
+    """Every file the demo reads (config, suites, datasets, checkpoints) lives inside the
+    package and matches a package-data pattern."""
+    patterns = _setuptools()["package-data"]["routeopt.evals"]
+    evals = FOLDERS["routeopt.evals"]
+    for sub in ("demo", "suites", "data"):
+        for path in (evals / sub).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                rel = path.relative_to(evals)
+                assert any(fnmatch(str(rel), p.replace("**/", "")) for p in patterns), \
+                    f"{rel} is not package data"
+    assert DEMO_CONFIG.is_relative_to(evals)
+
+
+def test_the_packaged_demo_keeps_its_state_in_the_current_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROUTEOPT_CONFIG", raising=False)
+    assert default_config_path() == DEMO_CONFIG
+    cfg = load_config(DEMO_CONFIG)
+    assert cfg.db_path == tmp_path.resolve() / ".routeopt" / "routeopt.duckdb"
+    assert cfg.registry_dir.is_relative_to(tmp_path.resolve())
+    assert cfg.signing_key_path().is_relative_to(tmp_path.resolve())
+    assert cfg.suites_dir == (REPO / "evals" / "suites").resolve()
+    assert all(Path(c.model).is_dir() for c in cfg.candidates)  # checkpoints found beside it
+
+
+def test_init_writes_a_project_that_loads_and_refuses_to_overwrite(tmp_path) -> None:
+    runner = CliRunner()
+    done = runner.invoke(cli, ["init", str(tmp_path / "proj")])
+    assert done.exit_code == 0, done.output
+    cfg = load_config(tmp_path / "proj" / "routeopt.yaml")
+    assert [c.name for c in cfg.candidates] == ["zoo-s", "zoo-m", "zoo-l"]
+    assert all((Path(c.model) / "model.safetensors").is_file() for c in cfg.candidates)
+    assert cfg.db_path.is_relative_to(tmp_path / "proj")
+    suite = load_suite(cfg.suites_dir / "sort.yaml", cfg)
+    assert len(suite.items) == 400
+    again = runner.invoke(cli, ["init", str(tmp_path / "proj")])
+    assert again.exit_code != 0 and "already exists" in again.output and "--force" in again.output
+    assert runner.invoke(cli, ["init", str(tmp_path / "proj"), "--force"]).exit_code == 0
+
+
+def _tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
+
+
+@pytest.mark.slow  # builds a wheel and a virtualenv with the pipeline's dependencies (minutes)
+def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tmp_path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+                   check=True, capture_output=True, timeout=600)
+    wheel = next(dist.glob("routeopt-*.whl"))
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"routeopt", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[local]", "evals", "common"],
+                               capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    before = _tree(site / "routeopt")
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    run = subprocess.run([str(venv / "bin" / "routeopt"), "run", "--no-progress"], cwd=empty, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "published policy v1" in run.stdout
+    assert (empty / ".routeopt" / "routeopt.duckdb").is_file()
+    assert list((empty / ".routeopt" / "registry" / "versions").iterdir())
+    assert _tree(site / "routeopt") == before  # nothing written into site-packages
+
+    both = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import json, common, evals, routeopt.evals.config as ours; "
+                           "print(json.dumps([common.__file__, evals.__file__, ours.__file__]))"],
+                          cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    assert both.returncode == 0, both.stderr[-2000:]
+    common_file, evals_file, ours_file = map(Path, json.loads(both.stdout))
+    assert common_file.is_relative_to(site / "common") and evals_file.is_relative_to(site / "evals")
+    assert ours_file.is_relative_to(site / "routeopt")
+
+    starter = subprocess.run([str(venv / "bin" / "routeopt"), "init", "proj"], cwd=empty, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert starter.returncode == 0, starter.stderr
+    checked = subprocess.run([str(venv / "bin" / "routeopt"), "suites", "validate"], cwd=empty / "proj",
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
