@@ -397,7 +397,7 @@ def write_report(html: str, out: str | Path, permissions: int = REPORT_PERMISSIO
 def build_report(store: Store, run_id: str, out: str | Path, *,
                  permissions: int = REPORT_PERMISSIONS, **kw: Any) -> Path:
     """Gather, render and write the dashboard of one run (file mode `permissions`, the config's
-    `routeopt.reports.permissions`); `kw` goes to `gather`."""
+    `reports.permissions`); `kw` goes to `gather`."""
     return write_report(render_html(gather(store, run_id, **kw)), out, permissions)
 
 
