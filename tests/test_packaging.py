@@ -118,6 +118,7 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     assert list((empty / ".routeopt" / "registry" / "versions").iterdir())
     assert _tree(site / "routeopt") == before  # nothing written into site-packages
 
+    env["OPENAI_API_KEY"] = "sk-not-used"  # OpenAI's evals makes an OpenAI client when imported
     both = subprocess.run([str(venv / "bin" / "python"), "-c",
                            "import json, common, evals, routeopt.evals.config as ours; "
                            "print(json.dumps([common.__file__, evals.__file__, ours.__file__]))"],
