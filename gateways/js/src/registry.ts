@@ -38,6 +38,7 @@ export interface RouterOptions extends TracingOptions {
   defaultModel?: string;
   /** poll every refreshS seconds */
   refreshS?: number;
+  /** how long one open, or one refresh, may take in all, every fetch it makes together (default 10000) */
   timeoutMs?: number;
   fetch?: typeof fetch;
   onEvent?: (kind: string, message: string) => void;
@@ -96,10 +97,28 @@ interface Active {
   conformance: string;
 }
 
-/** Reads registry keys: over HTTP(S) with a timeout and a size cap, or from given bytes. */
+/** Reads registry keys: over HTTP(S) with a size cap, or from given bytes. Every fetch of one
+ * open or one refresh shares one deadline (`within`), so a registry that never answers fails
+ * that open after timeoutMs in all, however many keys it took. */
 class Source {
+  private deadline: AbortController | null = null;
+
   constructor(readonly location: string, private readonly files: Record<string, Uint8Array> | null,
-    private readonly fetchFn: typeof fetch, private readonly timeoutMs: number) {}
+    private readonly fetchFn: typeof fetch, readonly timeoutMs: number) {}
+
+  /** Run `fn` with one deadline of timeoutMs for every fetch it makes. */
+  async within<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.files || this.deadline) return fn();
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(), this.timeoutMs);
+    this.deadline = deadline;
+    try {
+      return await fn();
+    } finally {
+      clearTimeout(timer);
+      this.deadline = null;
+    }
+  }
 
   async get(key: string, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
     if (this.files) {
@@ -107,9 +126,10 @@ class Source {
       if (!data) throw new VerificationError(`${this.location}: ${key} is missing`);
       return { data: new Uint8Array(data), etag: "" };
     }
+    if (!this.deadline) return this.within(() => this.get(key, etag));
     for (let attempt = 1; ; attempt++) {
       try {
-        return await this.fetchOnce(key, etag);
+        return await this.fetchOnce(key, this.deadline.signal, etag);
       } catch (e) {
         // a connection dropped mid-answer (a pooled one the server had closed): GET again, twice at most
         if (!(e instanceof VerificationError && e.kind === "unreachable" && /connection|reset|closed|lost/i.test(e.message)) || attempt === 3) throw e;
@@ -117,24 +137,38 @@ class Source {
     }
   }
 
-  private async fetchOnce(key: string, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
+  private async fetchOnce(key: string, signal: AbortSignal, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
     const url = this.location.replace(/\/+$/, "") + "/" + key.split("/").map(encodeURIComponent).join("/");
-    const abort = new AbortController();
-    const timer = setTimeout(() => abort.abort(), this.timeoutMs);
     try {
-      const res = await this.fetchFn(url, { headers: etag ? { "If-None-Match": etag } : {}, signal: abort.signal });
-      if (res.status === 304) return null;
-      if (res.status === 404) throw new VerificationError(`${url}: not found`, "unreachable");
-      if (!res.ok) throw new VerificationError(`${url}: HTTP ${res.status}`, "unreachable");
-      return { data: await readCapped(res, url), etag: res.headers.get("ETag") ?? "" };
+      // raced against the deadline too: a caller's fetch may ignore the signal
+      return await untilAborted(this.fetchAndRead(url, signal, etag), signal);
     } catch (e) {
       if (e instanceof VerificationError) throw e;
-      const why = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : (e as Error).message;
+      const why = signal.aborted ? `no answer within ${this.timeoutMs} ms` : (e as Error).message;
       throw new VerificationError(`${url}: registry unreachable (${why})`, "unreachable");
-    } finally {
-      clearTimeout(timer);
     }
   }
+
+  private async fetchAndRead(url: string, signal: AbortSignal, etag?: string | null): Promise<{ data: Uint8Array<ArrayBuffer>; etag: string } | null> {
+    const res = await this.fetchFn(url, { headers: etag ? { "If-None-Match": etag } : {}, signal });
+    if (res.status === 304) return null;
+    if (res.status === 404) throw new VerificationError(`${url}: not found`, "unreachable");
+    if (!res.ok) throw new VerificationError(`${url}: HTTP ${res.status}`, "unreachable");
+    return { data: await readCapped(res, url), etag: res.headers.get("ETag") ?? "" };
+  }
+}
+
+/** `work`, or a rejection as soon as `signal` aborts, whichever comes first. */
+function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) {
+    work.catch(() => {});
+    return Promise.reject(new Error("aborted"));
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(new Error("aborted"));
+    signal.addEventListener("abort", onAbort, { once: true });
+    work.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+  });
 }
 
 async function readCapped(res: Response, url: string): Promise<Uint8Array<ArrayBuffer>> {
@@ -200,19 +234,23 @@ export class Router {
       throw new PolicyLoadError("no public key to verify policies with: pass publicKeys (PEM), or allowUnsigned: true to accept unsigned policies", "config");
     }
     const fetchFn = opts.fetch ?? globalThis.fetch.bind(globalThis);
-    let source: Source, prefix = "", channel: string | null = null;
+    let source: Source, prefix = "";
     if (opts.files) {
       source = new Source("files", opts.files, fetchFn, 0);
     } else if (opts.url) {
       const m = /^(.*?)\/?(versions\/\d{6,}-[0-9a-f]{12})\/?$/.exec(opts.url);
       source = new Source(m ? m[1] : opts.url, null, fetchFn, opts.timeoutMs ?? 10000);
       prefix = m ? m[2] : "";
-      if (!m) channel = opts.channel ? checkChannel(opts.channel) : await defaultChannel(source);
     } else {
       throw new PolicyLoadError("give url (a registry or version URL) or files (a version's bytes)", "config");
     }
-    const router = new Router(source, prefix, channel, keys, opts);
-    await router.start0();
+    // one deadline for the whole open: finding the channel, the pointer and every file of the version
+    const router = await source.within(async () => {
+      const channel = opts.url && !prefix ? (opts.channel ? checkChannel(opts.channel) : await defaultChannel(source)) : null;
+      const router = new Router(source, prefix, channel, keys, opts);
+      await router.start0();
+      return router;
+    });
     if (opts.refreshS) router.start(opts.refreshS);
     return router;
   }
@@ -413,7 +451,8 @@ export class Router {
     return { policy, conformance: summary(report) };
   }
 
-  /** Poll once; true if a new policy was swapped in. Failures are recorded, never thrown. */
+  /** Poll once, within one timeoutMs for all its fetches; true if a new policy was swapped in.
+   * Failures are recorded, never thrown. */
   refresh(): Promise<boolean> {
     if (!this.busy) this.busy = this.refresh0().finally(() => { this.busy = null; });
     return this.busy;
@@ -422,7 +461,7 @@ export class Router {
   private async refresh0(): Promise<boolean> {
     this.checks++;
     try {
-      const next = await this.poll();
+      const next = await this.source.within(() => this.poll());
       this.failures = 0;
       this.lastError = null;
       if (!next) return false;
