@@ -342,9 +342,9 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 def _refusals() -> tuple[type[Exception], ...]:
     """What the registry, the signing key or the champion's verification raise: a person must
     look, and the run reports it in one sentence instead of a traceback."""
-    from routeopt.artifacts.backends import RegistryError
-    from routeopt.artifacts.runtime import PolicyLoadError
-    from routeopt.artifacts.signing import SigningError
+    from routeopt.artifacts.serving.backends import RegistryError
+    from routeopt.artifacts.serving.loader import PolicyLoadError
+    from routeopt.artifacts.serving.signatures import SigningError
 
     return (RegistryError, PolicyLoadError, SigningError, OSError)
 
@@ -362,8 +362,8 @@ def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: lis
 def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
     """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
     The first publish creates the signing key (`Config.signing_key_path`)."""
-    from routeopt.artifacts.registry import move_channel, publish, registry_signing_key
-    from routeopt.artifacts.signing import public_key_path
+    from routeopt.artifacts.publish.registry import move_channel, publish, registry_signing_key
+    from routeopt.artifacts.serving.signatures import public_key_path
 
     path = cfg.signing_key_path()
     key, created = registry_signing_key(cfg.registry_dir, path)
@@ -420,12 +420,12 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
 
 
 def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
-    """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.promotion`)."""
-    from routeopt.artifacts.promotion import champion_version, decide_promotion, heldout
-    from routeopt.artifacts.registry import move_channel
-    from routeopt.artifacts.signing import load_private_key, trusted_keys
+    """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.publish.promotion`)."""
+    from routeopt.artifacts.publish.promotion import champion_version, decide_promotion, heldout
+    from routeopt.artifacts.publish.registry import move_channel
+    from routeopt.artifacts.serving.signatures import load_private_key, trusted_keys
     from routeopt.evals.storage.traffic import load_traffic
-    from routeopt.router_training.live import live_comparison, live_promise
+    from routeopt.router_training.live.promise import live_comparison, live_promise
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation

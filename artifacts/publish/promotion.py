@@ -3,7 +3,7 @@ same held-out items, it passes as often (within tolerance) and costs no more, an
 routes to has significantly regressed.
 
 Where the gateways' decision logs hold enough requests with feedback, live traffic is a second
-source of evidence (`routeopt.router_training.live`): both policies are scored off-policy on the same logged
+source of evidence (`routeopt.router_training.live.promise`): both policies are scored off-policy on the same logged
 requests, and the new one must not be significantly worse (its pass rate's difference not below
 -tolerance with 95% confidence, its cost not significantly higher). `decided_by` says which
 evidence decided.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
-from routeopt.router_training.data import RoutingData, routing_data
-from routeopt.router_training.policy import RoutingPolicy
+from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.policy.routing import RoutingPolicy
 
 if TYPE_CHECKING:
-    from routeopt.router_training.live import Comparison
+    from routeopt.router_training.live.promise import Comparison
 
 CHAMPION = "champion"
 
@@ -75,8 +75,8 @@ def decide_promotion(
     live_promise: dict | None = None,
 ) -> PromotionDecision:
     """Compare both policies on the same held-out items and, when there is enough of it, on live
-    traffic (`routeopt.router_training.live.compare`), and say whether the new one may lead and which
-    evidence decided. `live_promise` (`routeopt.router_training.live.live_promise` of the new policy at
+    traffic (`routeopt.router_training.live.promise.compare`), and say whether the new one may lead and which
+    evidence decided. `live_promise` (`routeopt.router_training.live.promise.live_promise` of the new policy at
     its target): with at least `min_feedback` requests, a promise the traffic refutes blocks it."""
     held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
                                  blocking=blocking, vacant=vacant)
@@ -185,8 +185,8 @@ def champion_version(registry: Path | str, public_key: Any) -> tuple[RoutingPoli
     verifying gateway, so it is replaceable: comparing with it would only keep gateways on their
     default model. Any other failure (a bad signature, tampered files) raises: that needs a person.
     """
-    from routeopt.artifacts.registry import current_pointer
-    from routeopt.artifacts.runtime import PolicyLoadError, load
+    from routeopt.artifacts.publish.registry import current_pointer
+    from routeopt.artifacts.serving.loader import PolicyLoadError, load
 
     pointer, _ = current_pointer(registry, CHAMPION)
     if pointer is None:
@@ -214,7 +214,7 @@ def rollout_evidence(frame: pd.DataFrame, version: int, champion_version: int | 
     the candidate served are compared with the champion's, arm against arm (the split is a hash
     of the request id, so this is a randomised comparison).
     """
-    from routeopt.router_training.live import canary_arms, compare, evaluate
+    from routeopt.router_training.live.promise import canary_arms, compare, evaluate
 
     if kind not in ("shadow", "canary"):
         raise ValueError(f"kind must be 'shadow' or 'canary', got {kind!r}")
@@ -247,7 +247,7 @@ def rollout_evidence(frame: pd.DataFrame, version: int, champion_version: int | 
 
 def _difference(a: Any, b: Any) -> Any:
     """a - b for two independent estimates (the canary arms' costs)."""
-    from routeopt.router_training.offpolicy import EMPTY, Estimate
+    from routeopt.router_training.live.offpolicy import EMPTY, Estimate
 
     if not a.n or not b.n:
         return EMPTY

@@ -28,14 +28,14 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from routeopt.artifacts.backends import Backend, NotFound, RegistryError, exists, open_backend
-from routeopt.artifacts.manifest import (
+from routeopt.artifacts.serving.backends import Backend, NotFound, RegistryError, exists, open_backend
+from routeopt.artifacts.serving.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Pointer, build_manifest, canonical_json, check_channel,
     check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
-from routeopt.artifacts.signing import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
-from routeopt.artifacts.verify import VerificationError, read_pointer, verify_version
+from routeopt.artifacts.serving.signatures import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
+from routeopt.artifacts.serving.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)
 MAX_STACK, MAX_HISTORY, MAX_ATTEMPTS = 50, 200, 20

@@ -17,7 +17,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from routeopt.artifacts.backends import LISTING_KEY, LocalBackend, NotFound, RegistryError, etag_of
+from routeopt.artifacts.serving.backends import LISTING_KEY, LocalBackend, NotFound, RegistryError, etag_of
 
 log = logging.getLogger("routeopt.registry.server")
 

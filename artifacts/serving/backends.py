@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from routeopt.artifacts.manifest import ManifestError, check_file_name
+from routeopt.artifacts.serving.manifest import ManifestError, check_file_name
 from routeopt.common.io import atomic_write, make_dirs
 
 MAX_OBJECT_BYTES = 256 * 2**20  # no policy file is this big; a hostile server cannot exhaust memory

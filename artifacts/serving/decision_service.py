@@ -6,7 +6,7 @@ works as it is) and copies the answer into the upstream request:
 
 - `POST /v1/route` (and `POST /v1/route/<anything>`, for Envoy's ext_authz `path_prefix`): the
   decision as JSON (`?explain=1` adds every candidate's pass probability and expected cost) and
-  as `x-routeopt-*` response headers; see `routeopt.artifacts.route_request` for what is read from the
+  as `x-routeopt-*` response headers; see `routeopt.artifacts.serving.route_request` for what is read from the
   body and headers. With `x-routeopt-accel-redirect: @location` the answer
   also carries `X-Accel-Redirect: @location`, which makes nginx replay the original request,
   body included, into that location (nginx's `auth_request` cannot: its subrequests carry no body).
@@ -16,7 +16,7 @@ works as it is) and copies the answer into the upstream request:
 Bad input is a JSON error with a 4xx status, never a guess: a body that is not JSON, not an
 object or too large, messages of the wrong shape, a request without a prompt. While no policy is
 loaded and no default model is set, routing answers 503 and a background thread keeps trying.
-Decisions go through `routeopt.artifacts.decisions.Gateway`: the same hot swap, exploration, shadow,
+Decisions go through `routeopt.artifacts.serving.gateway.Gateway`: the same hot swap, exploration, shadow,
 canary and JSONL decision logs as an embedded gateway.
 """
 
@@ -29,11 +29,11 @@ import urllib.parse
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
-from routeopt.artifacts.decisions import Gateway
-from routeopt.artifacts.gateway_settings import GatewayLoader, GatewaySettings
-from routeopt.artifacts.route_request import ALIAS, BadRequest, RouteRequest, route_request
-from routeopt.artifacts.runtime import Decision, PolicyLoadError
-from routeopt.artifacts.service_metrics import CONTENT_TYPE, Metrics
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.settings import GatewayLoader, GatewaySettings
+from routeopt.artifacts.serving.route_request import ALIAS, BadRequest, RouteRequest, route_request
+from routeopt.artifacts.serving.loader import ServedDecision, PolicyLoadError
+from routeopt.artifacts.serving.service_metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("routeopt.service")
 Send = Callable[[dict], Awaitable[None]]
@@ -211,7 +211,7 @@ class DecisionService:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    def _decide(self, request: RouteRequest, traceparent: str | None) -> Decision:
+    def _decide(self, request: RouteRequest, traceparent: str | None) -> ServedDecision:
         """The decision for one parsed request. `traceparent`, the caller's W3C trace context,
         parents the decision's span when tracing is on (`routeopt.common.tracing`); the answer's header
         then names that span, else it is the caller's, unchanged."""
@@ -225,7 +225,7 @@ class DecisionService:
             log.exception("the policy failed to decide")
             raise Refused(500, "policy_error", f"the policy failed to decide: {exc!r}") from None
 
-    def _decision_headers(self, model: str, d: Decision | None,
+    def _decision_headers(self, model: str, d: ServedDecision | None,
                           request_headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
         m = header_value(model)
         out = [(b"x-routeopt-model", m), *((name, m) for name in self._model_headers)]
@@ -281,7 +281,7 @@ def _json_body(body: bytes) -> Any:
         raise BadRequest("the body's JSON nests too deeply") from None
 
 
-def _answer(d: Decision, request: RouteRequest, explain: bool) -> bytes:
+def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
     """The decision as the JSON body of the answer; `explain` adds every candidate's figures."""
     out = {"model": d.model, "fallbacks": list(d.fallbacks), "policy_version": d.policy_version,
            "decision_id": d.request_id, "propensity": d.propensity, "suite": request.suite,

@@ -18,7 +18,7 @@ counts it; nothing in logging ever blocks or fails a routing call. Standard libr
 policy's own modules only.
 
 The draws and the propensity (`unit_draw`, `Exploration`, `choose`) are part of the policy
-format, so other runtimes draw the same: they live in `routeopt.router_training.draws` and are re-exported
+format, so other runtimes draw the same: they live in `routeopt.router_training.policy.draws` and are re-exported
 here. The propensity composes the policy's own randomisation with exploration:
 ``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``.
 """
@@ -39,12 +39,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from routeopt.artifacts.runtime import Decision, Router, RouterStatus
+from routeopt.artifacts.serving.loader import ServedDecision, Router, RouterStatus
 from routeopt.common import tracing
-from routeopt.router_training.draws import (  # noqa: F401  (re-exported: the draws are the format's)
+from routeopt.router_training.policy.draws import (  # noqa: F401  (re-exported: the draws are the format's)
     Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
 )
-from routeopt.router_training.features import n_chars, text_bytes
+from routeopt.router_training.policy.features import n_chars, text_bytes
 
 log = logging.getLogger("routeopt.decisions")
 FORMAT_VERSION = 1
@@ -334,7 +334,7 @@ class Gateway:
         return self.champion.version
 
     def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
-              *, request_id: str | None = None, traceparent: str | None = None) -> Decision:
+              *, request_id: str | None = None, traceparent: str | None = None) -> ServedDecision:
         """Route one request; pass the request id your outcomes will carry (else one is made).
 
         `traceparent`: the caller's W3C header. With tracing on, the decision is a span, a child
@@ -352,7 +352,7 @@ class Gateway:
         return d
 
     def _route(self, prompt: str, suite: str | None, quality_target: float | None, *,
-               rid: str | None, traced: tuple[str | None, int] | None = None) -> Decision:
+               rid: str | None, traced: tuple[str | None, int] | None = None) -> ServedDecision:
         rid = rid if rid is not None else f"{self._id_prefix}{next(self._ids):x}"
         router, channel = self._arm(rid) if self._canary else (self.champion, "champion")
         d = router.route(prompt, suite, quality_target)
@@ -369,8 +369,8 @@ class Gateway:
                     tracing.attributes_for, choice.model, fallbacks, choice.propensity, d.policy_version, rid,
                     default_reason=d.default_reason, channel=channel, explored=choice.explored,
                     knob_target=knob, suite=suite))
-            # Decision(...) rather than dataclasses.replace: half the cost on every request
-            out = Decision(model=choice.model, fallbacks=fallbacks, pass_probabilities=d.pass_probabilities,
+            # ServedDecision(...) rather than dataclasses.replace: half the cost on every request
+            out = ServedDecision(model=choice.model, fallbacks=fallbacks, pass_probabilities=d.pass_probabilities,
                            expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
                            default_reason=d.default_reason, propensity=choice.propensity,
                            request_id=rid, trace_id=trace_id, traceparent=header)
@@ -423,11 +423,11 @@ class Gateway:
              log_options: dict[str, Any] | None = None, **load_options: Any) -> "Gateway":
         """Load the champion (and, for shadow or canary, the candidate channel) from a registry.
 
-        `load_options` go to `routeopt.artifacts.runtime.load` for both channels (`allow_unsigned`,
+        `load_options` go to `routeopt.artifacts.serving.loader.load` for both channels (`allow_unsigned`,
         `default_model`, `state_dir`). A registry without a loadable candidate still routes:
         shadow and canary stay off, and the reason is logged.
         """
-        from routeopt.artifacts.runtime import PolicyLoadError, load
+        from routeopt.artifacts.serving.loader import PolicyLoadError, load
 
         champion = load(source, public_key, refresh_s=refresh_s, on_event=on_event, **load_options)
         candidate = None

@@ -8,12 +8,12 @@ a deployment of that model unchanged. The decision is written into the request's
 While the gateway has no valid policy and serves its default model (`load(..., default_model=)`),
 requests go to that model's deployment and the metadata says why (`default_reason`).
 
-With an `routeopt.artifacts.decisions.Gateway` instead of a bare `Router`, decisions are logged (and may
+With an `routeopt.artifacts.serving.gateway.Gateway` instead of a bare `Router`, decisions are logged (and may
 explore, shadow or canary) under the request id in `metadata["routeopt_request_id"]`, else under
 one the gateway makes; either is in `metadata["routeopt_decision"]["request_id"]`, for the
 callback that reports the outcome.
 
-    strategy = install(litellm_router, routeopt.artifacts.runtime.load(url, public_key=..., refresh_s=30))
+    strategy = install(litellm_router, routeopt.artifacts.serving.loader.load(url, public_key=..., refresh_s=30))
     await litellm_router.acompletion(model="routeopt", messages=[...], metadata={"routeopt_suite": "sql"})
 
 Importing this module sets `LITELLM_LOCAL_MODEL_COST_MAP=True` unless already set, so importing
@@ -29,9 +29,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
 
-from routeopt.artifacts.decisions import Gateway  # noqa: E402
-from routeopt.artifacts.route_request import ALIAS, REQUEST_ID_KEY, SUITE_KEY, TARGET_KEY, messages_text  # noqa: E402
-from routeopt.artifacts.runtime import Router  # noqa: E402
+from routeopt.artifacts.serving.gateway import Gateway  # noqa: E402
+from routeopt.artifacts.serving.route_request import ALIAS, REQUEST_ID_KEY, SUITE_KEY, TARGET_KEY, messages_text  # noqa: E402
+from routeopt.artifacts.serving.loader import Router  # noqa: E402
 
 DECISION_KEY = "routeopt_decision"
 
@@ -42,7 +42,7 @@ class NoDeployment(LookupError):
 
 def prompt_text(messages: list[dict] | None, input: Any = None) -> str:
     """All message text (string or content-part lists), the same text routeopt trained on and
-    every other routeopt gateway routes on (`routeopt.artifacts.route_request.messages_text`)."""
+    every other routeopt gateway routes on (`routeopt.artifacts.serving.route_request.messages_text`)."""
     if messages:
         return messages_text(messages)
     if isinstance(input, str):

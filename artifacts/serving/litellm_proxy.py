@@ -5,8 +5,8 @@ LiteLLM's proxy has no custom routing strategy (LiteLLM issues #6143, #25297), b
 deployment. This callback does that for requests whose `model` is the alias:
 
 1. it reads the prompt, suite and request id as every routeopt gateway does
-   (`routeopt.artifacts.route_request`: `metadata.routeopt_suite`, `x-routeopt-suite`, ...) and asks the
-   policy (`routeopt.artifacts.decisions.Gateway`: verified, hot-swapped, decision logs);
+   (`routeopt.artifacts.serving.route_request`: `metadata.routeopt_suite`, `x-routeopt-suite`, ...) and asks the
+   policy (`routeopt.artifacts.serving.gateway.Gateway`: verified, hot-swapped, decision logs);
 2. it sets `model` to the deployment (`model_name` in `model_list`) of the chosen candidate and
    `fallbacks` to the deployments of the policy's fallbacks, in order, so LiteLLM's own retry
    and fallback machinery serves the policy's second choice when the first fails;
@@ -21,11 +21,11 @@ or `x-request-id`, else LiteLLM's own call id. Requests for any other model pass
 
     # config.yaml
     litellm_settings:
-      callbacks: routeopt.artifacts.litellm_proxy.handler
+      callbacks: routeopt.artifacts.serving.litellm_proxy.handler
     # environment: ROUTEOPT_POLICY=https://policies.internal/ ROUTEOPT_PUBLIC_KEY=/keys/public_key.pem
 
 `handler` is built when LiteLLM first asks for it (loading its config at start-up), from the
-variables of `routeopt.artifacts.gateway_settings`; importing this module does nothing else.
+variables of `routeopt.artifacts.serving.settings`; importing this module does nothing else.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from routeopt.artifacts.decisions import Gateway, write_through_on_signals
-from routeopt.artifacts.gateway_settings import GatewayLoader, GatewaySettings, SettingsError
-from routeopt.artifacts.route_request import ALIAS, BadRequest, route_request
-from routeopt.artifacts.service import header_value
+from routeopt.artifacts.serving.gateway import Gateway, write_through_on_signals
+from routeopt.artifacts.serving.settings import GatewayLoader, GatewaySettings, SettingsError
+from routeopt.artifacts.serving.route_request import ALIAS, BadRequest, route_request
+from routeopt.artifacts.serving.decision_service import header_value
 
 log = logging.getLogger("routeopt.litellm_proxy")
 DEPLOYMENTS_ENV = "ROUTEOPT_DEPLOYMENTS"

@@ -14,7 +14,7 @@ reports why through `status()`, the `on_event` callback and the `routeopt.runtim
 
 Secure by default: signatures are checked with `public_key` (or `$ROUTEOPT_PUBLIC_KEY`); without
 one, loading fails unless `allow_unsigned=True`. The newest channel move accepted is kept in a
-state file (`routeopt.artifacts.gateway_state`), so a restarted gateway still refuses a replayed pointer.
+state file (`routeopt.artifacts.serving.state`), so a restarted gateway still refuses a replayed pointer.
 With `default_model` (or `$ROUTEOPT_DEFAULT_MODEL`) a gateway that has no valid policy (none
 published yet, expired, refused, registry unreachable at start) routes every request to that
 model and says why, instead of failing to start.
@@ -35,12 +35,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from routeopt.artifacts.backends import Backend, LocalBackend, RegistryError, exists, open_backend
+from routeopt.artifacts.serving.backends import Backend, LocalBackend, RegistryError, exists, open_backend
 from routeopt.common import tracing
-from routeopt.artifacts.gateway_state import SeenFile, default_state_dir
-from routeopt.artifacts.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
-from routeopt.artifacts.signing import trusted_keys
-from routeopt.artifacts.verify import (
+from routeopt.artifacts.serving.state import SeenFile, default_state_dir
+from routeopt.artifacts.serving.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
+from routeopt.artifacts.serving.signatures import trusted_keys
+from routeopt.artifacts.serving.verify import (
     Seen, SignedPointer, VerificationError, VerifiedVersion, check_order, materialize, read_pointer,
     verify_version,
 )
@@ -70,11 +70,11 @@ def _kind(exc: Exception) -> str:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ServedDecision:
     """The policy's choice plus which policy version made it (for logs and audits).
 
     `propensity` is the probability with which the model was chosen (the policy's own mixing, and
-    exploration when routed through `routeopt.artifacts.decisions.Gateway`); `request_id` is the id the
+    exploration when routed through `routeopt.artifacts.serving.gateway.Gateway`); `request_id` is the id the
     Gateway logged it under.
     """
 
@@ -85,7 +85,7 @@ class Decision:
     policy_version: int
     default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
     # the probability that this request gets this model: below 1 at a knob point that mixes two
-    # rules, and (through routeopt.artifacts.decisions.Gateway) with exploration composed in
+    # rules, and (through routeopt.artifacts.serving.gateway.Gateway) with exploration composed in
     propensity: float = 1.0
     request_id: str | None = None
     # Tracing (routeopt.common.tracing): the trace this decision belongs to, and the W3C header to send
@@ -142,7 +142,7 @@ class RouterStatus:
 
 
 def _default_loader(folder: Path) -> Any:
-    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy.routing import RoutingPolicy
 
     return RoutingPolicy.load(folder)
 
@@ -192,7 +192,7 @@ class Router:
         self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
 
     def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
-              *, traceparent: str | None = None) -> Decision:
+              *, traceparent: str | None = None) -> ServedDecision:
         """Decide for one request. With tracing on, the decision is a span (a child of the
         caller's `traceparent`, else of its current span), and `decision.traceparent` names it."""
         if traceparent is None and (tracing.tracer() is None or tracing.IN_DECISION.get()):
@@ -207,12 +207,12 @@ class Router:
             default_reason=d.default_reason, knob_target=knob, suite=suite))
         return d.traced(trace_id, header)
 
-    def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> Decision:
+    def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> ServedDecision:
         active = self._active  # one read: a concurrent swap never mixes two policies
         if active is None or (active.stale_at is not None and time.time() >= active.stale_at):
-            return Decision(str(self._default), (), {}, {}, 0, self._why_default(active))
+            return ServedDecision(str(self._default), (), {}, {}, 0, self._why_default(active))
         d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
-        return Decision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
+        return ServedDecision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
                         active.version, propensity=getattr(d, "propensity", 1.0))
 
     @property
@@ -409,7 +409,7 @@ def _self_check(policy: Any, verified: VerifiedVersion) -> str | None:
     """Run the policy's conformance vectors (docs/policy-format.md); refuse it on any mismatch.
     The manifest's format version must also be the one the policy's files say."""
     stated = verified.manifest.policy_format.get("version")
-    actual = getattr(policy, "_format_version", None)
+    actual = getattr(policy, "format_version", None)
     if stated is not None and actual is not None and stated != actual:
         raise VerificationError(f"{verified.location}: manifest.json says policy format {stated}, "
                                 f"policy.json says {actual}")

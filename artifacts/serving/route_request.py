@@ -1,8 +1,8 @@
 """What a gateway routes on: the prompt, suite, request id and quality target of one request.
 
 Every gateway front end reads a request the same way, so the same request gets the same decision
-whether it arrives at the decision service (`routeopt.artifacts.service`), the LiteLLM proxy callback
-(`routeopt.artifacts.litellm_proxy`) or the LiteLLM SDK adapter (`routeopt.artifacts.litellm_adapter`):
+whether it arrives at the decision service (`routeopt.artifacts.serving.decision_service`), the LiteLLM proxy callback
+(`routeopt.artifacts.serving.litellm_proxy`) or the LiteLLM SDK adapter (`routeopt.artifacts.serving.litellm_adapter`):
 
 - the prompt is `prompt` (a string, or a list of strings joined by newlines), or the text of
   OpenAI-style `messages` (string contents and the `text` of content parts, one message per

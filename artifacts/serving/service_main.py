@@ -2,7 +2,7 @@
 
 One parser serves both commands: the gateway-only install has no click, pydantic or config file,
 so the options are plain argparse, and every option has an environment variable (see
-`routeopt.artifacts.gateway_settings`), which is how containers are configured.
+`routeopt.artifacts.serving.settings`), which is how containers are configured.
 
     ROUTEOPT_POLICY=https://policies.internal/ ROUTEOPT_PUBLIC_KEY=/keys/public_key.pem \\
         routeopt-gateway serve --host 0.0.0.0 --port 8700 --model-header x-ai-eg-model
@@ -15,10 +15,10 @@ import logging
 import os
 import sys
 
-from routeopt.artifacts.gateway_settings import GatewaySettings, SettingsError
-from routeopt.artifacts.route_request import ALIAS
-from routeopt.artifacts.runtime import PolicyLoadError
-from routeopt.artifacts.service import DecisionService, ServiceOptions
+from routeopt.artifacts.serving.settings import GatewaySettings, SettingsError
+from routeopt.artifacts.serving.route_request import ALIAS
+from routeopt.artifacts.serving.loader import PolicyLoadError
+from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions
 
 
 def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParser:

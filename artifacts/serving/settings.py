@@ -7,8 +7,8 @@ environment variables, and secrets must come from there anyway):
 | variable | meaning |
 | --- | --- |
 | `ROUTEOPT_POLICY` | registry folder, `http(s)://` URL, `s3://` URL, or one version folder (required) |
-| `ROUTEOPT_PUBLIC_KEY` | trusted public key(s), PEM paths joined by `:` (read by `routeopt.artifacts.runtime`) |
-| `ROUTEOPT_DEFAULT_MODEL` | model served while no valid policy is there (read by `routeopt.artifacts.runtime`) |
+| `ROUTEOPT_PUBLIC_KEY` | trusted public key(s), PEM paths joined by `:` (read by `routeopt.artifacts.serving.loader`) |
+| `ROUTEOPT_DEFAULT_MODEL` | model served while no valid policy is there (read by `routeopt.artifacts.serving.loader`) |
 | `ROUTEOPT_CHANNEL` | registry channel (default: `champion`, else `latest`) |
 | `ROUTEOPT_REFRESH_S` | seconds between registry polls (default 30; 0: never) |
 | `ROUTEOPT_ALLOW_UNSIGNED` | `1` to accept unsigned policies when no public key is given |
@@ -30,9 +30,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from routeopt.artifacts.decisions import Exploration, Gateway
-from routeopt.artifacts.runtime import PolicyLoadError
-from routeopt.artifacts.signing import SigningError
+from routeopt.artifacts.serving.gateway import Exploration, Gateway
+from routeopt.artifacts.serving.loader import PolicyLoadError
+from routeopt.artifacts.serving.signatures import SigningError
 
 log = logging.getLogger("routeopt.gateway")
 
@@ -70,7 +70,7 @@ class GatewaySettings:
     """Which policy a gateway serves and how it logs; `open()` builds the `Gateway`.
 
     `public_keys` empty and `default_model` None defer to `$ROUTEOPT_PUBLIC_KEY` and
-    `$ROUTEOPT_DEFAULT_MODEL`, which `routeopt.artifacts.runtime.load` reads itself.
+    `$ROUTEOPT_DEFAULT_MODEL`, which `routeopt.artifacts.serving.loader.load` reads itself.
     """
 
     source: str
@@ -116,8 +116,8 @@ class GatewaySettings:
     def open(self, on_event: Callable[[str, str], None] | None = None) -> Gateway:
         """Load, verify and (with `refresh_s`) keep refreshing the policy; start the log writer.
 
-        Raises `routeopt.artifacts.runtime.PolicyLoadError` when no policy is valid and no default model
-        is set, and `routeopt.artifacts.signing.SigningError` for an unreadable public key."""
+        Raises `routeopt.artifacts.serving.loader.PolicyLoadError` when no policy is valid and no default model
+        is set, and `routeopt.artifacts.serving.signatures.SigningError` for an unreadable public key."""
         exploration = Exploration(rate=self.exploration_rate) if self.exploration_rate else None
         hash_key = os.environb.get(HASH_KEY_ENV.encode()) or None
         channel = {"channel": self.channel} if self.channel else {}

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from routeopt.artifacts.verify import Seen, VerificationError
+from routeopt.artifacts.serving.verify import Seen, VerificationError
 from routeopt.common.io import atomic_write
 
 STATE_DIR_ENV = "ROUTEOPT_STATE_DIR"

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from routeopt.artifacts.backends import Backend, NotFound, RegistryError
-from routeopt.artifacts.manifest import (
+from routeopt.artifacts.serving.backends import Backend, NotFound, RegistryError
+from routeopt.artifacts.serving.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Manifest, ManifestError, Pointer, canonical_json,
     check_channel, check_file_name, parse_manifest, parse_pointer, sha256_hex,
 )
-from routeopt.artifacts.signing import Signature, SigningError, TrustedKeys, verify
+from routeopt.artifacts.serving.signatures import Signature, SigningError, TrustedKeys, verify
 
 _DIR_NAME = re.compile(r"^(\d{6,})-([0-9a-f]{12})$")
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from routeopt.router_training import metrics as M
-from routeopt.router_training.data import RoutingData
-from routeopt.router_training.estimators import KNNPassEstimator, PerSuitePassEstimator, design_matrix
-from routeopt.router_training.policy import RoutingPolicy, choose
+from routeopt.router_training.evaluation import metrics as M
+from routeopt.router_training.fit.data import RoutingData
+from routeopt.router_training.fit.estimators import KNNPassEstimator, PerSuitePassEstimator, design_matrix
+from routeopt.router_training.policy.routing import RoutingPolicy, choose
 
 
 @dataclass

@@ -11,7 +11,7 @@ Beside it: the plain reference (`baselines.ReferenceRouter`, its own knob), the 
 
 S100 / S95: 1 - cost to reach the best single's test pass rate (95% of it) on the hull of a
 router's realised points, over the best single's cost; AIQ: mean pass rate on that hull over
-the single candidates' cost range (routeopt.router_training.metrics). `zero_router` mixes the singles
+the single candidates' cost range (routeopt.router_training.evaluation.metrics). `zero_router` mixes the singles
 on the test hull (RouterBench's definition, which picks its mixes with the test outcomes);
 `zero_router_train` mixes those on the training split's hull, as a user could.
 """
@@ -25,11 +25,11 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from routeopt.router_training import metrics as M
-from routeopt.router_training.baselines import Curve, ReferenceRouter, outcomes_of, summarise
-from routeopt.router_training.data import RoutingData, routing_data
-from routeopt.router_training.knob import STANDARD_TARGETS
-from routeopt.router_training.policy import RoutingPolicy
+from routeopt.router_training.evaluation import metrics as M
+from routeopt.router_training.evaluation.baselines import Curve, ReferenceRouter, outcomes_of, summarise
+from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS
+from routeopt.router_training.policy.routing import RoutingPolicy
 
 CHECKED = {1.0: 0.01, 0.95: 0.015, 0.9: 0.015, 0.8: 0.015}  # target -> tolerance of issue 17's checks
 
@@ -124,7 +124,7 @@ def measure(choices: list[np.ndarray], test: RoutingData, train: RoutingData,
 def _train_hull(train: RoutingData) -> np.ndarray:
     """The single candidates on the training split's cost-quality hull: the zero router a user
     can actually build (the usual zero router picks its mixes on the test outcomes)."""
-    from routeopt.router_training.knob import hull_vertices
+    from routeopt.router_training.fit.knob_fitting import hull_vertices
 
     q, c = np.nanmean(train.Y, axis=0), np.nanmean(train.C, axis=0)
     ok = np.flatnonzero(np.isfinite(q) & np.isfinite(c))

@@ -7,7 +7,7 @@ Each set's training split trains, as `routeopt train` trains:
   prompts, without their outcomes, are the unlabelled sample (one policy per shift);
 * `robust`: certified for every suite x difficulty mix within a factor gamma (`--robust`).
 
-Each is routed at every target on each shift's test requests (`routeopt.router_training.shifts`) and on
+Each is routed at every target on each shift's test requests (`routeopt.router_training.evaluation.shifts`) and on
 the unshifted test split, and scored with `bench.measure` against the best single candidate on
 those very requests. Issue 24's checks per (shift, policy): pass rate at 0.8 / 0.9 / 0.95 >=
 x * best - 0.015 and at 1.0 >= best - 0.01; its price is S95 beside the default knob's.
@@ -20,12 +20,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from routeopt.router_training.baselines import ReferenceRouter
-from routeopt.router_training.bench import CHECKED, _fmt, _grid, knob_choices, knob_info, measure, scoring_data
-from routeopt.router_training.certificate import Certificate, TrafficSample
-from routeopt.router_training.data import RoutingData, routing_data
-from routeopt.router_training.policy import RoutingPolicy
-from routeopt.router_training.shifts import SHIFTS, shifted
+from routeopt.router_training.evaluation.baselines import ReferenceRouter
+from routeopt.router_training.evaluation.bench import CHECKED, _fmt, _grid, knob_choices, knob_info, measure, scoring_data
+from routeopt.router_training.fit.certificate import Certificate, TrafficSample
+from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.policy.routing import RoutingPolicy
+from routeopt.router_training.evaluation.shifts import SHIFTS, shifted
 
 Fit = Callable[[pd.DataFrame, Certificate], RoutingPolicy]
 SHIFT_TARGETS = (0.8, 0.9, 0.95, 1.0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routeopt.router_training.data import RoutingData
+from routeopt.router_training.fit.data import RoutingData
 
 SHIFTS = ("hard", "suites", "long")
 DESCRIBE = {

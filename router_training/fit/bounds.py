@@ -5,7 +5,7 @@ it serves is >= 0. The certificate is a one-sided lower confidence bound (normal
 of that mean, computed three ways, by what is assumed of the traffic:
 
 * **exchangeable** (the default): traffic is like the calibration requests; the plain mean.
-* **traffic**: unlabelled traffic is known (`routeopt.router_training.covariate`): each calibration
+* **traffic**: unlabelled traffic is known (`routeopt.router_training.fit.covariate`): each calibration
   request is weighted by its density ratio toward it; the weighted mean, with the standard
   error of a weighted mean (it rests on the Kish effective sample size, not on n).
 * **robust**: nothing is known about the traffic; the bound holds for every traffic whose mix

@@ -4,7 +4,7 @@
 eval suites) unless told otherwise:
 
 * `--traffic LOG_OR_FILE`: unlabelled production requests are known; the calibration requests
-  are weighted toward them (`routeopt.router_training.covariate`), the reference is the best single
+  are weighted toward them (`routeopt.router_training.fit.covariate`), the reference is the best single
   candidate unless another one wins on the weighted data with the certificate's confidence,
   and the certificate rests on the weights' effective sample size. Where text was kept, the weights read the policy's text features; a decision log
   without text gives suites and lengths only.
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from routeopt.router_training.certify import Assumption, difficulty_cells
-from routeopt.router_training.covariate import Sketch, Weights, density_ratio, text_features
+from routeopt.router_training.fit.bounds import Assumption, difficulty_cells
+from routeopt.router_training.fit.covariate import Sketch, Weights, density_ratio, text_features
 
 
 @dataclass

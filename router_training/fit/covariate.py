@@ -58,7 +58,7 @@ def text_features(policy: Any, prompts: Sequence[str], suites: Sequence[str | No
     structure statistics and, for a linear scorer with topics, the unit-length text projection
     its topics are read from. The same function of the text for calibration requests and new
     ones (unlike predicted pass probabilities)."""
-    from routeopt.router_training.features import STAT_NAMES, request_features
+    from routeopt.router_training.policy.features import STAT_NAMES, request_features
 
     spec = policy.spec
     start = len(spec.suites) + spec.n_buckets

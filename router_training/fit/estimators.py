@@ -17,10 +17,10 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from routeopt.router_training.features import (
+from routeopt.router_training.policy.features import (
     STAT_NAMES, FeatureSpec, document_frequency, request_features, text_stats,
 )
-from routeopt.router_training.policy import CostModel, assign_clusters
+from routeopt.router_training.policy.routing import CostModel, assign_clusters
 
 _EPS = 1e-6
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
@@ -49,7 +49,7 @@ def design_matrix(
     indptr, indices, data = [0], [], []
     embeddings = [None] * len(prompts)
     if spec.embeddings:
-        from routeopt.router_training.embeddings import embed
+        from routeopt.router_training.policy.embeddings import embed
 
         embeddings = list(embed(prompts))
     for p, s, e in zip(prompts, suites, embeddings):

@@ -12,7 +12,7 @@ probabilities of the training requests, their recorded outcomes and costs):
    walking the hull from the dearest point below the reference (the best single candidate on
    the calibration requests) to the cheapest, point j is certified for target x when the
    one-sided lower confidence bound of the mean paired margin `y_chosen - x * y_reference` is
-   >= 0 (`routeopt.router_training.certify`, under what the certificate assumes of the traffic); the walk
+   >= 0 (`routeopt.router_training.fit.bounds`, under what the certificate assumes of the traffic); the walk
    stops at the first point that fails. The order must be fixed before the test sees its data.
 4. **Selection** (Pareto testing, Laufer-Goldshtein et al. 2023): the hull is the members that
    look best on the requests it is chosen on, so points certified on those same requests are
@@ -35,8 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from routeopt.router_training.certify import Assumption, certified_targets, robust_certified_targets
-from routeopt.router_training.policy import Knob, Member, OperatingPoint, member_choice
+from routeopt.router_training.fit.bounds import Assumption, certified_targets, robust_certified_targets
+from routeopt.router_training.policy.routing import Knob, Member, OperatingPoint, member_choice
 
 DEFAULT_CONFIDENCE = 0.95
 STANDARD_TARGETS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 1.0, 1.05, 1.1)

@@ -4,7 +4,7 @@ The traffic frame (decisions joined with their feedback) comes from `routeopt.ev
 
 A logged request tells what the policy that served it chose, with which probability
 (`propensity`), and, once feedback arrives, whether it passed and what it cost. Any published
-policy can be scored on those requests (`routeopt.router_training.offpolicy`) if its choice for each of
+policy can be scored on those requests (`routeopt.router_training.live.offpolicy`) if its choice for each of
 them is known: from the record itself (it is the policy that served), from the shadow record
 (it was the other channel), or by deciding again on the logged text (only where the operator's
 redaction hook kept text). Requests with none of these are counted and skipped.
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from routeopt.router_training import offpolicy as ope
-from routeopt.router_training.offpolicy import Estimate
+from routeopt.router_training.live import offpolicy as ope
+from routeopt.router_training.live.offpolicy import Estimate
 
 # -- one policy's view of the logged requests -------------------------------------------------
 

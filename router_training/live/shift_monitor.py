@@ -263,7 +263,7 @@ def logged(frame: Any, default_target: float) -> Logged:
 class TrafficCheck:
     """What the logged traffic says about a published policy: whether its requests still look
     like the certified ones (`shift`) and, with feedback, whether its target's promise holds on
-    them (`promise`, `routeopt.router_training.live.live_promise`)."""
+    them (`promise`, `routeopt.router_training.live.promise.live_promise`)."""
 
     version: int | None
     target: float
@@ -298,7 +298,7 @@ def check_traffic(frame: Any, policy: Any, version: int | None, *, alpha: float 
     """The shift monitor and the live promise for the policy that served `frame` (a traffic
     frame): the requests it served are compared with its reference sketch (its metrics'
     `shift_reference`); with at least `min_feedback` of them graded, its promise is estimated."""
-    from routeopt.router_training.live import live_promise
+    from routeopt.router_training.live.promise import live_promise
 
     mine = frame
     if version is not None and "policy_version" in frame:

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
-from routeopt.router_training.features import (
+from routeopt.router_training.policy.features import (
     _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix,
 )
-from routeopt.router_training.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum
+from routeopt.router_training.policy.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum, sigmoid
+from routeopt.router_training.policy.scorer import LinearScorer
 
 if TYPE_CHECKING:
-    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy.routing import RoutingPolicy
 
 _CELLS = 1 << 21  # padded-matrix elements per group: bounds the memory of a batch
 
@@ -245,8 +246,6 @@ def _rows(pos: np.ndarray, text_of: np.ndarray, buckets: np.ndarray, offsets: np
 
 def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndarray, np.ndarray]:
     """Logits (n, K) and topics (n,) of every request, as `Scorer.score` computes them one by one."""
-    from routeopt.router_training.policy import LinearScorer
-
     scorer, n_suites = policy.scorer, len(policy.spec.suites)
     n = len(feats.suite_pos)
     slope_row = np.where(feats.suite_pos >= 0, feats.suite_pos, n_suites)
@@ -271,8 +270,6 @@ def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndar
 
 def batch_predict(policy: "RoutingPolicy", texts: Sequence[str], suites: Sequence[str | None]):
     """(features, logits, topics, probabilities, costs) of many requests: `score_request` at once."""
-    from routeopt.router_training.numerics import sigmoid
-
     feats = batch_features(texts, suites, policy.spec)
     z, topic = batch_scores(policy, feats)
     p = sigmoid(policy.platt[0] * z + policy.platt[1])

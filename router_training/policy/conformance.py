@@ -1,7 +1,7 @@
 """Conformance vectors: each step's expected output for ~2,000 requests, shipped in every policy.
 
 Publishing a policy computes, with this (the reference) implementation, every layer of the spec
-for the requests of `routeopt.router_training.conformance_inputs`: bytes after the cut, word hashes,
+for the requests of `routeopt.router_training.policy.conformance_inputs`: bytes after the cut, word hashes,
 buckets, the feature vector, scores, probabilities, costs, the knob's draw, the decision at
 several targets, and the gateway's exploration and canary draws. A runtime that loads the policy
 recomputes them and refuses the policy unless it agrees: integer layers exactly, floats within
@@ -16,15 +16,20 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from routeopt.router_training.conformance_inputs import VectorInput, from_wtf8, vector_inputs, wtf8
-from routeopt.router_training.draws import Exploration, derive_key, unit_draw
-from routeopt.router_training.batch import BatchFeatures, batch_features, batch_predict
-from routeopt.router_training.features import mix, text_bytes
-from routeopt.router_training.policy import FORMAT_VERSION, RoutingPolicy, choose as order, member_choice
-from routeopt.router_training.tensors import ContainerError, dumps, loads
+from routeopt.router_training.policy.conformance_inputs import VectorInput, from_wtf8, vector_inputs, wtf8
+from routeopt.router_training.policy.draws import Exploration, choose, derive_key, unit_draw
+from routeopt.router_training.policy.batch_features import BatchFeatures, batch_features, batch_predict
+from routeopt.router_training.policy.features import mix
+from routeopt.router_training.policy.files import FORMAT_VERSION
+from routeopt.router_training.policy.knob import cut_unit, fallback_order, point_choice
+from routeopt.router_training.policy.tensors import ContainerError, dumps, loads
+
+if TYPE_CHECKING:
+    from routeopt.router_training.policy.routing import RoutingPolicy
 
 FORMAT = "routeopt.conformance/1"
 TARGETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0, 1.1)
@@ -137,14 +142,14 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
 def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
             targets: tuple[float, ...] = TARGETS, n_detail: int = DETAIL) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
-    at once: routeopt.router_training.batch, which tests hold to the one-request path's bits)."""
+    at once: routeopt.router_training.policy.batch_features, which tests hold to the one-request path's bits)."""
     texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
     if policy.spec.embeddings:
         return _text_layers(batch_features(texts, suites, policy.spec), n_detail)
     feats, z, topic, p, c = batch_predict(policy, texts, suites)
     out = _text_layers(feats, n_detail)
     t = feats.text
-    unit = [_unit(suite, t.cut[t.offsets[j]:t.offsets[j + 1]].tobytes()) for suite, j in zip(suites, feats.text_of)]
+    unit = [cut_unit(suite, t.cut[t.offsets[j]:t.offsets[j + 1]].tobytes()) for suite, j in zip(suites, feats.text_of)]
     out.update({"scores.logits": z, "scores.topic": topic.astype(np.int32), "calibration.p": p, "cost.c": c,
                 "knob.unit": np.array(unit, dtype=np.float64)})
     out.update(_decisions(policy, out, targets))
@@ -152,23 +157,12 @@ def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
     return out
 
 
-def _unit(suite: str | None, cut_bytes: bytes) -> float:
-    """`policy.request_unit`, from the prompt's cut bytes already at hand."""
-    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + cut_bytes, digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64
-
-
 def _pick(policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray, u: np.ndarray):
     """Per request: the chosen candidate, its propensity, and the fallback order (the spec's
-    'Knob' and 'Decision' steps over all requests at once)."""
+    'Knob' and 'Decision' steps over all requests at once, by the policy's own `point_choice`)."""
     point = policy.point_for(target)
-    pick_a = member_choice(policy.knob.members[point.a], P, C)
-    pick, prop = pick_a, np.ones(len(P))
-    if point.weight < 1.0:
-        pick_b = member_choice(policy.knob.members[point.b], P, C)
-        pick = np.where(u < point.weight, pick_a, pick_b)
-        prop = point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
-    ranked = order(P, C, "lambda", policy._fallback_param(point))
+    pick, prop = point_choice(policy.knob, point, P, C, lambda i: u[i])
+    ranked = fallback_order(policy.knob, point, P, C)
     rest = ranked[ranked != pick[:, None]].reshape(len(P), -1)
     return pick, prop, rest
 
@@ -191,40 +185,36 @@ def _decisions(policy: RoutingPolicy, out: dict, targets: tuple[float, ...]) -> 
             "knob.point": np.array([_point_index(policy, t) for t in targets], dtype=np.int32)}
 
 
+class _Chosen(NamedTuple):
+    """What `draws.choose` reads of a decision: the model, and each candidate's p and cost."""
+
+    model: str
+    pass_probabilities: dict[str, float]
+    expected_cost_usd: dict[str, float]
+
+
 def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict, config: dict) -> dict[str, np.ndarray]:
     """Exploration and canary with the config's seeds, at the policy's own target (the canary's
-    candidate is this same policy, so each arm's served decision is known)."""
+    candidate is this same policy, so each arm's served decision is known): each request through
+    the gateway's own `draws.choose`."""
     x = config["exploration"]
     exploration = Exploration(rate=x["rate"], exclude=frozenset(x["exclude"]), max_cost_usd=x["max_cost_usd"],
                               max_cost_ratio=x["max_cost_ratio"], seed=x["seed"])
     explore_key, canary_key = derive_key("explore", x["seed"]), derive_key("canary", config["canary"]["seed"])
     draws = np.array([(*unit_draw(explore_key, i.request_id), unit_draw(canary_key, i.request_id)[0]) for i in inputs])
     draws = draws.reshape(len(inputs), 3)
-    pick = _pick(policy, policy.quality_target, out["calibration.p"], out["cost.c"], out["knob.unit"])[0]
-    model, explored, eligible, prop = explore_all(policy.candidates, out["cost.c"], pick, exploration, draws[:, 0], draws[:, 1])
+    P, C = out["calibration.p"], out["cost.c"]
+    pick = _pick(policy, policy.quality_target, P, C, out["knob.unit"])[0]
+    names, index = policy.candidates, {c: j for j, c in enumerate(policy.candidates)}
+    n = len(inputs)
+    model, explored, eligible, prop = np.zeros(n, np.uint16), np.zeros(n, np.uint8), np.zeros(n, np.uint16), np.zeros(n)
+    for i in range(n):
+        chosen = _Chosen(names[pick[i]], dict(zip(names, P[i].tolist())), dict(zip(names, C[i].tolist())))
+        served = choose(chosen, exploration, float(draws[i, 0]), float(draws[i, 1]))
+        model[i], explored[i], eligible[i], prop[i] = index[served.model], served.explored, len(served.eligible), served.propensity
     return {"gateway.draws": draws, "gateway.arm": (draws[:, 2] < config["canary"]["share"]).astype(np.uint8),
-            "gateway.model": model.astype(np.uint16), "gateway.explored": explored.astype(np.uint8),
-            "gateway.eligible": eligible.astype(np.uint16), "gateway.propensity": prop}
-
-
-def explore_all(names: list[str], C: np.ndarray, pick: np.ndarray, x: Exploration, u: np.ndarray, v: np.ndarray):
-    """`routeopt.router_training.draws.choose` for every request at once (served model, explored,
-    eligible count, propensity); a test holds it to `choose` request by request."""
-    n = len(pick)
-    rows = np.arange(n)
-    cap = np.full(n, np.inf if x.max_cost_usd is None else x.max_cost_usd)
-    if x.max_cost_ratio is not None:
-        cap = np.minimum(cap, x.max_cost_ratio * C[rows, pick])
-    mask = ~np.isin(np.array(names), list(x.exclude))[None, :] & (C <= cap[:, None])
-    count = mask.sum(1)
-    on = (x.rate > 0) & (count > 0)
-    explored = on & (u < x.rate)
-    nth = np.minimum(np.floor(v * np.maximum(count, 1)), np.maximum(count - 1, 0)).astype(np.int64)
-    drawn = np.argmax(np.cumsum(mask, axis=1) == (nth + 1)[:, None], axis=1)
-    served = np.where(explored, drawn, pick)
-    share = np.where(mask[rows, served], x.rate / np.maximum(count, 1), 0.0)
-    prop = np.where(on, (1 - x.rate) * (served == pick) + share, 1.0)
-    return served, explored, np.where(on, count, 0), prop
+            "gateway.model": model, "gateway.explored": explored, "gateway.eligible": eligible,
+            "gateway.propensity": prop}
 
 
 # -- the file ---------------------------------------------------------------------------------
@@ -404,13 +394,16 @@ def check_vectors(policy: RoutingPolicy, blob: bytes, where: str = "conformance.
 
 
 def self_check(policy: RoutingPolicy) -> ConformanceReport:
-    """The check a runtime runs when it loads a policy (the vectors' bytes are then released)."""
-    blob = getattr(policy, "_vectors", None)
-    version = getattr(policy, "_format_version", None)
+    """The check a runtime runs when it loads a policy. The first call runs the vectors loaded
+    with it and keeps the report (the vectors' bytes are then released); later calls return it."""
+    if policy.conformance is not None:
+        return policy.conformance
+    blob, version = policy.vectors, policy.format_version
     if blob is None and version is not None and version < FORMAT_VERSION:
         return ConformanceReport(True, note=f"format {version} policy: no conformance vectors to check "
                                  f"(publish it again to get them)")
     if blob is None:
         return ConformanceReport(version is None, note="no conformance vectors were loaded with this policy")
-    policy._vectors = None  # type: ignore[attr-defined]
-    return check_vectors(policy, blob)
+    policy.conformance = check_vectors(policy, blob)
+    policy.vectors = None
+    return policy.conformance

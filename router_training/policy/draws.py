@@ -2,13 +2,13 @@
 
 They are part of the policy format (docs/policy-format.md, "Decision": exploration and canary)
 because a JavaScript gateway and a Python one must put a request id in the same canary arm and
-explore it the same way, and the conformance vectors check that. `routeopt.artifacts.decisions` builds
+explore it the same way, and the conformance vectors check that. `routeopt.artifacts.serving.gateway` builds
 its Gateway on these functions and re-exports them.
 
 The propensity composes the policy's own randomisation with exploration:
 ``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``. A policy whose
 decision exposes its whole choice distribution (`choice_probabilities`) gets the marginal; one that
-exposes only the chosen model's probability (`propensity`, as `routeopt.artifacts.runtime.Decision` names it,
+exposes only the chosen model's probability (`propensity`, as `routeopt.artifacts.serving.loader.ServedDecision` names it,
 or `probability`) gets the propensity conditional on its own per-request draw, which is as exact
 and as unbiased for off-policy estimates, since that draw is a hash of the request, not of the
 outcome. `policy_probability` records the policy's own figure: below 1 where a knob point mixes
@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
-from routeopt.router_training.features import text_bytes
+from routeopt.router_training.policy.features import text_bytes
 
 
 def unit_draw(key: bytes, request_id: str) -> tuple[float, float]:

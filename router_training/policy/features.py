@@ -9,7 +9,7 @@ UTF-8 bytes with wrap-around uint64 arithmetic, so it is deterministic across pr
 Every step is the one docs/policy-format.md specifies ("Bytes" and "Features"), in its order:
 text -> bytes (lone surrogates become U+FFFD) -> the head/tail cut -> byte classes and
 lower-casing -> word hashes -> n-gram keys -> buckets -> tf-idf -> statistics. Floats follow the
-spec's operation order (routeopt.router_training.numerics), so other runtimes reproduce them exactly.
+spec's operation order (routeopt.router_training.policy.numerics), so other runtimes reproduce them exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from routeopt.router_training.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_sum
+from routeopt.router_training.policy.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_sum
 
 _P = np.uint64(1099511628211)  # FNV prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 2**64))
@@ -426,7 +426,7 @@ def request_features(
     all_ids, all_vals = layers.ids, layers.vals
     if spec.embeddings:
         if embedding is None:
-            from routeopt.router_training.embeddings import embed
+            from routeopt.router_training.policy.embeddings import embed
 
             embedding = embed([prompt])[0]
         start = len(spec.suites) + spec.n_buckets + len(STAT_NAMES)

@@ -14,17 +14,22 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from routeopt.common.io import atomic_write
-from routeopt.router_training.features import EMBEDDING_DIM, MAX_BYTES, STAT_NAMES, FeatureSpec
-from routeopt.router_training.policy import (
-    FORMAT_VERSION, READABLE_VERSIONS, CostModel, Knob, LinearScorer, RoutingPolicy,
-)
-from routeopt.router_training.tensors import ContainerError, dumps, loads, require
-from routeopt.router_training.trees import TreeFormatError, TreeScorer
+from routeopt.router_training.policy.features import EMBEDDING_DIM, MAX_BYTES, STAT_NAMES, FeatureSpec
+from routeopt.router_training.policy.knob import Knob
+from routeopt.router_training.policy.scorer import CostModel, LinearScorer
+from routeopt.router_training.policy.tensors import ContainerError, dumps, loads, require
+from routeopt.router_training.policy.trees import TreeFormatError, TreeScorer
 
+if TYPE_CHECKING:
+    from routeopt.router_training.policy.routing import RoutingPolicy
+
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 ARRAYS_NAME = "arrays.safetensors"
 VECTORS_NAME = "conformance.safetensors"
 LINEAR_KIND = "difficulty-linear"
@@ -96,23 +101,21 @@ def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def save_policy(policy: RoutingPolicy, folder: Path) -> list[str]:
-    """Write format 3, then the conformance vectors of the policy as read back from those files."""
-    from routeopt.router_training.conformance import build_vectors
-
+def write_policy_files(policy: RoutingPolicy, folder: Path) -> list[str]:
+    """Write format 3's arrays and policy.json (`RoutingPolicy.save` adds the conformance
+    vectors of the policy as read back from them)."""
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / ARRAYS_NAME, dumps(_arrays(policy), {"format": f"routeopt.arrays/{FORMAT_VERSION}"}))
     atomic_write(folder / "policy.json", json.dumps(_header(policy), indent=1, sort_keys=True, allow_nan=False))
-    written = load_policy(folder, vectors=False)
-    atomic_write(folder / VECTORS_NAME, build_vectors(written))
-    return ["policy.json", ARRAYS_NAME, VECTORS_NAME]
+    return ["policy.json", ARRAYS_NAME]
 
 
 # -- reading ----------------------------------------------------------------------------------
 
 
-def load_policy(folder: Path, vectors: bool = True) -> RoutingPolicy:
-    """Read any readable format; format 3 keeps its vectors' bytes for `self_check`."""
+def read_policy_files(folder: Path, vectors: bool = True) -> dict[str, Any]:
+    """The fields of the `RoutingPolicy` in a folder of any readable format; format 3 keeps its
+    vectors' bytes for `self_check`."""
     where = folder / "policy.json"
     try:
         head = json.loads(where.read_text(encoding="utf-8"))
@@ -128,19 +131,16 @@ def load_policy(folder: Path, vectors: bool = True) -> RoutingPolicy:
         raise ValueError(str(e)) from None
     except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
         raise ValueError(f"{folder}: not a readable routing policy ({e})") from e
-    policy._check_members()
-    policy._format_version = version  # type: ignore[attr-defined]
-    return policy
+    return {**policy, "format_version": version}
 
 
-def _common(head: dict, knob: Knob, **parts) -> RoutingPolicy:
-    return RoutingPolicy(candidates=[str(c) for c in head["candidates"]], knob=knob,
-                         reference_pass_rate=float(head["reference_pass_rate"]),
-                         reference_model=str(head["reference_model"]),
-                         quality_target=float(head["quality_target"]), metrics=head.get("metrics") or {}, **parts)
+def _common(head: dict, knob: Knob, **parts: Any) -> dict[str, Any]:
+    return dict(candidates=[str(c) for c in head["candidates"]], knob=knob,
+                reference_pass_rate=float(head["reference_pass_rate"]), reference_model=str(head["reference_model"]),
+                quality_target=float(head["quality_target"]), metrics=head.get("metrics") or {}, **parts)
 
 
-def _load_v2(folder: Path, head: dict, version: int) -> RoutingPolicy:
+def _load_v2(folder: Path, head: dict, version: int) -> dict[str, Any]:
     files = head["files"]
     spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
     scorer = _v2_scorer(json.loads((folder / files["scorer"]).read_text()), folder)
@@ -170,7 +170,7 @@ def _v2_scorer(d: dict, folder: Path) -> LinearScorer | TreeScorer:
         raise PolicyFormatError(f"{folder}: a LightGBM model file does not parse ({e})") from None
 
 
-def _load_v3(folder: Path, head: dict, vectors: bool) -> RoutingPolicy:
+def _load_v3(folder: Path, head: dict, vectors: bool) -> dict[str, Any]:
     files = head["files"]
     where = str(folder / files["arrays"])
     if files["arrays"] != ARRAYS_NAME or files["conformance"] != VECTORS_NAME:
@@ -182,7 +182,7 @@ def _load_v3(folder: Path, head: dict, vectors: bool) -> RoutingPolicy:
         raise PolicyFormatError(str(e)) from None
     if vectors:
         try:
-            policy._vectors = (folder / VECTORS_NAME).read_bytes()  # type: ignore[attr-defined]
+            policy["vectors"] = (folder / VECTORS_NAME).read_bytes()
         except FileNotFoundError:
             raise PolicyFormatError(f"{folder}: {VECTORS_NAME} is missing; a format 3 policy ships "
                                     f"its conformance vectors") from None
@@ -208,7 +208,7 @@ def _spec(head: dict, arrays: dict, where: str) -> FeatureSpec:
                        idf=tup(idf), stat_mean=tup(mean), stat_std=tup(std), embeddings=bool(f["embeddings"]))
 
 
-def _from_arrays(head: dict, arrays: dict, where: str) -> RoutingPolicy:
+def _from_arrays(head: dict, arrays: dict, where: str) -> dict[str, Any]:
     spec = _spec(head, arrays, where)
     k, s = len(head["candidates"]), len(spec.suites)
     n_features = s + spec.n_buckets + len(STAT_NAMES) + (EMBEDDING_DIM if spec.embeddings else 0)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from routeopt.router_training.numerics import ordered_row_sum
+from routeopt.router_training.policy.numerics import ordered_row_sum
 
 ZERO_THRESHOLD = float(np.float32(1e-35))  # LightGBM's kZeroThreshold, a float widened to double
 MISSING_NONE, MISSING_ZERO, MISSING_NAN = 0, 1, 2

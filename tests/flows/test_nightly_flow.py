@@ -87,7 +87,7 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
 def test_nightly_evaluates_trains_publishes_and_resumes(
     tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
@@ -251,7 +251,7 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     """Two deployments over disjoint candidate subsets run on alternate nights. Each trains on
     the latest outcomes of every candidate, so the champion routes over the whole fleet and
     does not flip from one subset to the other every night."""
-    from routeopt.artifacts.promotion import champion_policy
+    from routeopt.artifacts.publish.promotion import champion_policy
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_SPLIT_KEY", "sk-split-test")

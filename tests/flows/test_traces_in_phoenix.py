@@ -75,7 +75,7 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
 
     import openai
 
-    from routeopt.artifacts.decisions import Gateway
+    from routeopt.artifacts.serving.gateway import Gateway
     from routeopt.common import tracing
     from routeopt.evals.storage.store import Store
     from routeopt.flows.nightly import close_store, nightly

@@ -1,4 +1,4 @@
-"""The nightly's promotion gate (`routeopt.artifacts.promotion`): real policies scored on recorded outcomes."""
+"""The nightly's promotion gate (`routeopt.artifacts.publish.promotion`): real policies scored on recorded outcomes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from routeopt.artifacts.promotion import decide_promotion, heldout, score_on
-from routeopt.router_training.data import routing_data
+from routeopt.artifacts.publish.promotion import decide_promotion, heldout, score_on
+from routeopt.router_training.fit.data import routing_data
 from tests.artifacts.policies import make_policy, synthetic_frame
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.promotion import champion_policy, decide_promotion
-from routeopt.artifacts.registry import move_channel, publish
-from routeopt.artifacts.runtime import PolicyLoadError, load
+from routeopt.artifacts.publish.promotion import champion_policy, decide_promotion
+from routeopt.artifacts.publish.registry import move_channel, publish
+from routeopt.artifacts.serving.loader import PolicyLoadError, load
 from tests.artifacts.policies import make_policy
 from tests.fake_llm import FakeLLM, fails_odd_answers, write_arithmetic_suite, write_two_model_config
 
@@ -23,7 +23,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    from routeopt.artifacts.signing import generate_keys, load_private_key
+    from routeopt.artifacts.serving.signatures import generate_keys, load_private_key
 
     private, public = generate_keys(tmp_path_factory.mktemp("keys"))
     return load_private_key(private), public
@@ -80,7 +80,7 @@ def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(tmp
 def _no_items():
     import numpy as np
 
-    from routeopt.router_training.data import RoutingData
+    from routeopt.router_training.fit.data import RoutingData
 
     return RoutingData(request_ids=[], prompts=[], suites=[], candidates=[], Y=np.zeros((0, 0)),
                        C=np.zeros((0, 0)))
@@ -89,7 +89,7 @@ def _no_items():
 def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harness, monkeypatch) -> None:
     """After `expires_days` without a promotion the nightly must still move the champion: the
     gate treats the expired one as replaceable and says so, and gateways get a valid policy."""
-    from routeopt.artifacts.signing import generate_keys, load_private_key
+    from routeopt.artifacts.serving.signatures import generate_keys, load_private_key
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.backends import RegistryError
-from routeopt.artifacts.manifest import parse_manifest, sha256_hex
-from routeopt.artifacts.registry import (
+from routeopt.artifacts.serving.backends import RegistryError
+from routeopt.artifacts.serving.manifest import parse_manifest, sha256_hex
+from routeopt.artifacts.publish.registry import (
     current_pointer,
     diff,
     list_versions,
@@ -75,7 +75,7 @@ def test_concurrent_publishers_never_share_a_number(policies, publish_to, regist
 
 def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(
         policies, registry: Path, keypair) -> None:
-    from routeopt.artifacts.backends import LocalBackend
+    from routeopt.artifacts.serving.backends import LocalBackend
     from tests.artifacts.racing import assert_every_version_serves, race_two_publishers
 
     versions = race_two_publishers(LocalBackend(registry), policies[0], keypair[0])
@@ -167,8 +167,8 @@ def test_promote_refuses_a_damaged_or_expired_version(policies, publish_to, regi
 def test_a_lost_signing_key_is_not_silently_replaced(policies, publish_to, registry: Path, tmp_path) -> None:
     """The first publish creates the key; a key created later for a registry another key signed
     (lost, or on storage that does not outlast a run) would sign what no gateway trusts."""
-    from routeopt.artifacts.registry import registry_signing_key
-    from routeopt.artifacts.signing import load_public_key, public_key_path
+    from routeopt.artifacts.publish.registry import registry_signing_key
+    from routeopt.artifacts.serving.signatures import load_public_key, public_key_path
 
     key_path = tmp_path / "keys" / "signing_key.pem"
     (tmp_path / "keys").mkdir()

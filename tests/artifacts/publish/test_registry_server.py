@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.server import serve_in_thread
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
 
 
 @pytest.fixture()

@@ -11,15 +11,15 @@ import threading
 
 import pytest
 
-from routeopt.artifacts.backends import S3Backend, open_backend
-from routeopt.artifacts.registry import (
+from routeopt.artifacts.serving.backends import S3Backend, open_backend
+from routeopt.artifacts.publish.registry import (
     current_pointer,
     list_versions,
     move_channel,
     publish,
     rollback,
 )
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.serving.loader import load
 from tests.artifacts.policies import PROMPTS
 
 moto_server = pytest.importorskip("moto.server")

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from routeopt.artifacts.runtime import PolicyLoadError, load
-from routeopt.router_training.tensors import dumps, loads
+from routeopt.artifacts.serving.loader import PolicyLoadError, load
+from routeopt.router_training.policy.tensors import dumps, loads
 from tests.artifacts.policies import PROMPTS
 
 

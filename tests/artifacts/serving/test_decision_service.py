@@ -13,11 +13,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from routeopt.artifacts.decisions import Gateway
-from routeopt.artifacts.gateway_settings import GatewaySettings
-from routeopt.artifacts.registry import move_channel
-from routeopt.artifacts.runtime import PolicyLoadError, load
-from routeopt.artifacts.service import DecisionService, ServiceOptions
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.settings import GatewaySettings
+from routeopt.artifacts.publish.registry import move_channel
+from routeopt.artifacts.serving.loader import PolicyLoadError, load
+from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions
 from routeopt.common import tracing
 from tests.artifacts.policies import PROMPTS
 
@@ -303,7 +303,7 @@ async def test_a_registry_that_hangs_never_holds_up_a_decision(published, regist
     """The refresher blocks inside a registry that does not answer; requests still get decisions."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from routeopt.artifacts.backends import LocalBackend
+    from routeopt.artifacts.serving.backends import LocalBackend
 
     backend, polled, release = LocalBackend(registry), threading.Event(), threading.Event()
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.decisions import (
+from routeopt.artifacts.serving.gateway import (
     DecisionLog, Exploration, Gateway, choose, policy_distribution, unit_draw, verbatim,
 )
-from routeopt.artifacts.registry import move_channel
-from routeopt.artifacts.runtime import Decision
+from routeopt.artifacts.publish.registry import move_channel
+from routeopt.artifacts.serving.loader import ServedDecision
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 
@@ -34,7 +34,7 @@ class FakeRouter:
     def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None):
         self.calls += 1
         fallbacks = tuple(n for n in NAMES if n != self.pick)
-        d = Decision(self.pick, fallbacks, dict.fromkeys(NAMES, 0.5), dict(COSTS), self.version)
+        d = ServedDecision(self.pick, fallbacks, dict.fromkeys(NAMES, 0.5), dict(COSTS), self.version)
         if self.extra:
             return _Extended(**d.__dict__, **self.extra)
         return d
@@ -47,7 +47,7 @@ class FakeRouter:
 
 
 @dataclass(frozen=True)
-class _Extended(Decision):
+class _Extended(ServedDecision):
     probability: float | None = None
     choice_probabilities: dict | None = None
 
@@ -114,7 +114,7 @@ def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp
     rules per request): the record keeps it as `policy_probability`, while the served model's
     propensity stays conditional on the request's own hash draw (1 without exploration)."""
     mixed = FakeRouter("mid", extra=None)
-    mixed.route = lambda prompt, suite=None, quality_target=None: Decision(  # type: ignore[method-assign]
+    mixed.route = lambda prompt, suite=None, quality_target=None: ServedDecision(  # type: ignore[method-assign]
         "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, propensity=0.875)
     assert policy_distribution(mixed.route("p")) == ({"mid": 1.0}, 0.875)
     log = DecisionLog(tmp_path, flush_s=0.05)
@@ -281,7 +281,7 @@ def test_gateway_open_on_a_registry(policies, publish_to, registry, keypair, tmp
 
 def test_gateway_open_without_a_candidate_channel_routes_without_shadow(policies, tmp_path, caplog,
                                                                         keypair) -> None:
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     publish(policies[0], tmp_path / "reg", lineage={}, metrics={}, signing_key=keypair[0])
     gw = Gateway.open(tmp_path / "reg", keypair[1], shadow=True, canary_share=0.2)
@@ -295,7 +295,7 @@ def test_gateway_open_without_a_candidate_channel_routes_without_shadow(policies
 GATEWAY_SCRIPT = """
 import json, sys, tempfile
 before = set(sys.modules)
-from routeopt.artifacts.decisions import Exploration, Gateway, verbatim
+from routeopt.artifacts.serving.gateway import Exploration, Gateway, verbatim
 gw = Gateway.open(sys.argv[1], public_key=sys.argv[2], log_dir=tempfile.mkdtemp(), redact=verbatim,
                   exploration=Exploration(rate=0.5, seed=0), shadow=True)
 decision = gw.route("Reverse the string: abcdef", suite="reverse", request_id="r1")
@@ -321,7 +321,7 @@ def test_logging_gateway_imports_only_numpy_cryptography_and_the_standard_librar
 UVICORN_HOST = """
 import sys
 import uvicorn
-from routeopt.artifacts.decisions import DecisionLog, write_through_on_signals
+from routeopt.artifacts.serving.gateway import DecisionLog, write_through_on_signals
 
 folder, port, hooked = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 state = {}
@@ -386,7 +386,7 @@ def test_without_a_host_handler_the_hook_writes_then_the_signal_ends_the_process
     import signal
 
     script = ("import os, signal, sys\n"
-              "from routeopt.artifacts.decisions import DecisionLog, write_through_on_signals\n"
+              "from routeopt.artifacts.serving.gateway import DecisionLog, write_through_on_signals\n"
               "log = DecisionLog(sys.argv[1], flush_s=3600)\n"
               "assert write_through_on_signals(lambda: log)\n"
               "log.submit(lambda: {'kind': 'decision', 'request_id': 'r0'})\n"
@@ -415,15 +415,15 @@ def test_write_through_writes_each_record_without_waiting_for_a_tick(tmp_path) -
 
 
 def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None:
-    """The gateway builds the served Decision field by field (cheaper than dataclasses.replace):
-    a field added to Decision and not carried over would fail here."""
+    """The gateway builds the served decision field by field (cheaper than dataclasses.replace):
+    a field added to ServedDecision and not carried over would fail here."""
     import dataclasses
 
     router = FakeRouter("mid", version=7)
     served = Gateway(router).route("p", "s", 0.9, request_id="r1")
     want = dataclasses.replace(router.route("p", "s", 0.9), request_id="r1", propensity=1.0)
     assert served == want
-    fields = {f.name for f in dataclasses.fields(Decision)}
+    fields = {f.name for f in dataclasses.fields(ServedDecision)}
     assert fields == {"model", "fallbacks", "pass_probabilities", "expected_cost_usd", "policy_version",
                       "default_reason", "propensity", "request_id", "trace_id", "traceparent"}, (
         "Decision has new fields: carry them in Gateway._route")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway, verbatim
+from routeopt.artifacts.serving.loader import load
 from routeopt.common import tracing
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
-from tests.artifacts.test_decisions import FakeRouter
+from tests.artifacts.serving.test_gateway import FakeRouter
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -100,7 +100,7 @@ def test_the_trace_id_is_imported_with_the_decision(memory, tmp_path: Path) -> N
 GATEWAY_SCRIPT = """
 import json, sys, tempfile
 before = set(sys.modules)
-from routeopt.artifacts.decisions import Gateway
+from routeopt.artifacts.serving.gateway import Gateway
 gw = Gateway.open(sys.argv[1], public_key=sys.argv[2], log_dir=tempfile.mkdtemp())
 d = gw.route("Reverse the string: abcdef", suite="reverse", request_id="r1",
              traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.serving.loader import load
 from tests.artifacts.policies import PROMPTS
 from tests.fake_llm import FakeLLM
 
 # The adapter sets LITELLM_LOCAL_MODEL_COST_MAP before importing litellm (no price-map download).
-adapter = pytest.importorskip("routeopt.artifacts.litellm_adapter", reason="needs litellm (extra 'gateway')")
+adapter = pytest.importorskip("routeopt.artifacts.serving.litellm_adapter", reason="needs litellm (extra 'gateway')")
 DECISION_KEY, NoDeployment, install = adapter.DECISION_KEY, adapter.NoDeployment, adapter.install
 pytestmark = pytest.mark.slow  # importing litellm alone takes ~15 s on the shared CI cores
 
@@ -105,7 +105,7 @@ async def test_default_model_serves_while_no_policy_is_valid(fake, policies, pub
 async def test_a_gateway_logs_each_request_under_its_request_id(fake, policies, policy_router, tmp_path) -> None:
     import json
 
-    from routeopt.artifacts.decisions import DecisionLog, Gateway
+    from routeopt.artifacts.serving.gateway import DecisionLog, Gateway
 
     log = DecisionLog(tmp_path, flush_s=0.05)
     router = _litellm_router(fake, policies[0].candidates)

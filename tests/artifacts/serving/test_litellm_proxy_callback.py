@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from routeopt.artifacts.decisions import Gateway
-from routeopt.artifacts.route_request import messages_text
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.server import serve_in_thread
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.route_request import messages_text
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests.artifacts.policies import PROMPTS, SUITES
 from tests.fake_llm import FakeLLM, FaultPlan
 from tests.gateway_venv import build_gateway_venv
@@ -44,7 +44,7 @@ def _requests(n: int) -> list[tuple[list[dict], str | None, float | None]]:
 def setup(tmp_path_factory, policies, keypair):
     """A registry with a signed champion over HTTP, one fake server per deployment, and the proxy
     running the callback from a gateway install layered on the proxy's virtualenv."""
-    from routeopt.artifacts.registry import move_channel, publish
+    from routeopt.artifacts.publish.registry import move_channel, publish
 
     tmp = tmp_path_factory.mktemp("litellm-proxy-callback")
     registry = tmp / "registry"
@@ -61,7 +61,7 @@ def setup(tmp_path_factory, policies, keypair):
     model_list.append({"model_name": "other", "litellm_params": {
         "model": "openai/other-model", "api_base": fakes[candidates[0]].openai_base_url, "api_key": "sk-x"}})
     config = {"model_list": model_list,
-              "litellm_settings": {"callbacks": "routeopt.artifacts.litellm_proxy.handler", "num_retries": 0},
+              "litellm_settings": {"callbacks": "routeopt.artifacts.serving.litellm_proxy.handler", "num_retries": 0},
               "router_settings": {"num_retries": 0},
               # streamed calls report tokens only when usage is asked for (the logged usage records)
               "general_settings": {"always_include_stream_usage": True}}
@@ -170,7 +170,7 @@ def test_a_proxy_started_before_any_policy_serves_other_models_and_routes_once_o
     until the policy is published, then they are routed; other models are served throughout."""
     from openai import APIStatusError
 
-    from routeopt.artifacts.registry import move_channel, publish
+    from routeopt.artifacts.publish.registry import move_channel, publish
 
     registry = tmp_path / "registry"
     registry.mkdir()
@@ -182,7 +182,7 @@ def test_a_proxy_started_before_any_policy_serves_other_models_and_routes_once_o
                                                        "api_key": "sk-x"}} for c in candidates]
     env = {"ROUTEOPT_POLICY": url, "ROUTEOPT_PUBLIC_KEY": str(keypair[1]), "ROUTEOPT_REFRESH_S": "0.2",
            "ROUTEOPT_STATE_DIR": str(tmp_path / "state")}
-    config = {"model_list": model_list, "litellm_settings": {"callbacks": "routeopt.artifacts.litellm_proxy.handler"}}
+    config = {"model_list": model_list, "litellm_settings": {"callbacks": "routeopt.artifacts.serving.litellm_proxy.handler"}}
     try:
         with LiteLLMProxy(config, env=env, python=venv / "bin" / "python") as proxy:
             client = OpenAI(base_url=proxy.base_url, api_key=proxy.master_key, max_retries=0)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.registry import move_channel, rollback
-from routeopt.artifacts.runtime import PolicyLoadError, check, load
+from routeopt.artifacts.publish.registry import move_channel, rollback
+from routeopt.artifacts.serving.loader import PolicyLoadError, check, load
 from tests.artifacts.policies import PROMPTS
 from tests import REPO
 
@@ -107,7 +107,7 @@ def test_check_reports_signature_state(policies, publish_to, registry, keypair, 
 GATEWAY_SCRIPT = """
 import json, sys
 before = set(sys.modules)
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.serving.loader import load
 router = load(sys.argv[1], public_key=sys.argv[2])  # records the accepted move in the state folder
 decision = router.route("Reverse the string: abcdef", suite="reverse")
 router.refresh()

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.artifacts.manifest import (
+from routeopt.artifacts.serving.manifest import (
     ManifestError,
     build_manifest,
     canonical_json,
     check_file_name,
     parse_manifest,
 )
-from routeopt.artifacts.signing import (
+from routeopt.artifacts.serving.signatures import (
     Signature,
     SigningError,
     load_private_key,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routeopt.artifacts.route_request import BadRequest, RouteRequest, messages_text, route_request
+from routeopt.artifacts.serving.route_request import BadRequest, RouteRequest, messages_text, route_request
 
 
 def test_prompt_and_messages_give_the_text_routeopt_trains_on() -> None:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.backends import LocalBackend, RegistryError
-from routeopt.artifacts.manifest import canonical_json, pretty_json, sha256_hex
-from routeopt.artifacts.registry import current_pointer, publish
-from routeopt.artifacts.runtime import PolicyLoadError, Router, load
-from routeopt.artifacts.server import serve_in_thread
-from routeopt.artifacts.signing import load_private_key, sign
+from routeopt.artifacts.serving.backends import LocalBackend, RegistryError
+from routeopt.artifacts.serving.manifest import canonical_json, pretty_json, sha256_hex
+from routeopt.artifacts.publish.registry import current_pointer, publish
+from routeopt.artifacts.serving.loader import PolicyLoadError, Router, load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
+from routeopt.artifacts.serving.signatures import load_private_key, sign
 from tests.artifacts.policies import PROMPTS
 
 
@@ -259,8 +259,8 @@ def test_gateway_without_a_key_refuses_to_load_unless_told(policies, publish_to,
 
 GATEWAY_AS_NOBODY = """
 import json, os, sys
-from routeopt.artifacts.runtime import load
-import _strptime, routeopt.router_training.policy  # imported as root: the interpreter lives in root's home
+from routeopt.artifacts.serving.loader import load
+import _strptime, routeopt.router_training.policy.routing  # imported as root: the interpreter lives in root's home
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 router = load(sys.argv[1], public_key=sys.argv[2], state_dir=False)
 print(json.dumps({"uid": os.getuid(), "version": router.route("add 2 and 3").policy_version}))
@@ -278,7 +278,7 @@ def test_a_gateway_running_as_another_user_can_read_what_was_published(policies,
     import sys
     import tempfile
 
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.serving.signatures import generate_keys
     from tests import REPO
 
     shared = Path(tempfile.mkdtemp(prefix="routeopt-shared-"))
@@ -309,7 +309,7 @@ def test_first_runs_at_once_end_with_one_key(tmp_path) -> None:
     other uses it, and neither ever reads half a key."""
     import threading
 
-    from routeopt.artifacts.signing import ensure_signing_key, key_id, load_public_key, public_key_path
+    from routeopt.artifacts.serving.signatures import ensure_signing_key, key_id, load_public_key, public_key_path
 
     path, results, start = tmp_path / "keys" / "signing_key.pem", [], threading.Barrier(8)
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.registry import move_channel, rollback
-from routeopt.artifacts.runtime import PolicyLoadError, load
+from routeopt.artifacts.publish.registry import move_channel, rollback
+from routeopt.artifacts.serving.loader import PolicyLoadError, load
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 
 GATEWAY = """
 import json, sys
-from routeopt.artifacts.runtime import PolicyLoadError, load
+from routeopt.artifacts.serving.loader import PolicyLoadError, load
 try:
     router = load(sys.argv[1], public_key=sys.argv[2])
 except PolicyLoadError as exc:
@@ -90,8 +90,8 @@ def test_a_signed_rollback_is_still_accepted_after_a_restart(policies, publish_t
 
 def test_gateways_sharing_a_host_never_lower_the_record(policies, publish_to, registry, keypair,
                                                         tmp_path) -> None:
-    from routeopt.artifacts.gateway_state import SeenFile
-    from routeopt.artifacts.verify import Seen
+    from routeopt.artifacts.serving.state import SeenFile
+    from routeopt.artifacts.serving.verify import Seen
 
     publish_to(policies[0])
     lagging = load(registry, keypair[1], state_dir=tmp_path)

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training import metrics as M
+from routeopt.router_training.evaluation import metrics as M
 
 points = st.lists(st.tuples(st.floats(0.01, 10), st.floats(0, 1)), min_size=1, max_size=30)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.certify import (
+from routeopt.router_training.fit.bounds import (
     Assumption, certified_targets, difficulty_cells, robust_certified_targets, worst_case_mix,
 )
 
@@ -102,7 +102,7 @@ def test_the_weighted_reference_moves_only_on_evidence():
     """Weights toward a traffic sample change the reference only when another candidate beats
     the unweighted best on the weighted requests with the certificate's confidence: a few heavy
     requests where it happened to pass are not that."""
-    from routeopt.router_training.certificate import Basis
+    from routeopt.router_training.fit.certificate import Basis
 
     rng = np.random.default_rng(0)
     n = 400

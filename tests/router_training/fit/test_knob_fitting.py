@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.bench import scoring_data
-from routeopt.router_training.data import routing_data
-from routeopt.router_training.knob import (
+from routeopt.router_training.evaluation.bench import scoring_data
+from routeopt.router_training.fit.data import routing_data
+from routeopt.router_training.fit.knob_fitting import (
     DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices, selection_half,
 )
-from routeopt.router_training.policy import Knob, OperatingPoint, member_choice
+from routeopt.router_training.policy.routing import Knob, OperatingPoint, member_choice
 from routeopt.router_training.train import Design, train_router
 
 CODE = "def parse the list return python function loop index".split()
@@ -259,7 +259,7 @@ def test_build_knob_on_calibration_data_serves_every_target():
 
 def test_knob_rejects_points_that_do_not_rise():
     members = [("single", 0.0)]
-    from routeopt.router_training.policy import Member
+    from routeopt.router_training.policy.routing import Member
 
     with pytest.raises(ValueError, match="rising"):
         Knob([Member(*members[0])], [OperatingPoint(0, 0, 1.0, 0.9, 0.5, 1.0),

@@ -13,8 +13,8 @@ import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from routeopt.router_training.estimators import LightGBMPassEstimator
-from routeopt.router_training.policy import LinearScorer, RoutingPolicy, TreeScorer
+from routeopt.router_training.fit.estimators import LightGBMPassEstimator
+from routeopt.router_training.policy.routing import LinearScorer, RoutingPolicy, TreeScorer
 from routeopt.router_training.train import train_router
 from tests import REPO
 from tests.router_training.conftest import demo_frame
@@ -93,7 +93,7 @@ def test_save_load_round_trip_gives_identical_decisions(lgbm_result, tmp_path: P
 def test_portable_trees_give_lightgbms_own_raw_scores_to_the_bit(lgbm_result) -> None:
     lgb = pytest.importorskip("lightgbm")
     scorer, spec = lgbm_result.policy.scorer, lgbm_result.policy.spec
-    from routeopt.router_training.estimators import design_matrix
+    from routeopt.router_training.fit.estimators import design_matrix
 
     frame = demo_frame(n_items=40, seed=5).drop_duplicates("request_id")
     X = design_matrix(frame.prompt.tolist(), frame.suite.tolist(), spec).toarray()
@@ -119,9 +119,9 @@ def test_corrupt_model_file_is_a_clear_error(lgbm_result, tmp_path: Path) -> Non
 
 
 def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, tmp_path: Path) -> None:
-    from routeopt.artifacts.registry import publish
-    from routeopt.artifacts.runtime import PolicyLoadError, load
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.registry import publish
+    from routeopt.artifacts.serving.loader import PolicyLoadError, load
+    from routeopt.artifacts.serving.signatures import generate_keys
 
     private, public = generate_keys(tmp_path / "keys")
     policy = lgbm_result.policy
@@ -141,7 +141,7 @@ def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, 
 
 
 def test_policy_module_imports_lightgbm_only_when_needed() -> None:
-    code = ("import sys, routeopt.router_training.policy; "
+    code = ("import sys, routeopt.router_training.policy.routing; "
             "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 

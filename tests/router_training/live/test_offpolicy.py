@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training import offpolicy as ope
+from routeopt.router_training.live import offpolicy as ope
 
 rewards01 = st.lists(st.floats(0, 1), min_size=2, max_size=40)
 

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from routeopt.artifacts.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
+from routeopt.artifacts.publish.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
 from routeopt.evals.storage.store import Store
 from routeopt.evals.storage.traffic import import_decisions, import_feedback, load_traffic
 from routeopt.flows.cli import cli
-from routeopt.router_training.live import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
-from routeopt.router_training.offpolicy import Estimate
+from routeopt.router_training.live.promise import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
+from routeopt.router_training.live.offpolicy import Estimate
 from tests.artifacts.policies import make_policy, synthetic_frame
 from tests.benchmarks import load
 from tests.evals.storage.test_traffic import decision, write_log
 
 tr = load("traffic_replay")
-REPO_CONFIG = Path(__file__).resolve().parents[2] / "evals" / "demo" / "routeopt.yaml"
+REPO_CONFIG = Path(__file__).resolve().parents[3] / "evals" / "demo" / "routeopt.yaml"
 
 
 def _run(*args: str, ok: bool = True) -> str:
@@ -140,7 +140,7 @@ def test_live_evidence_joins_the_gate(held_ok, dp, dc, promoted, by) -> None:
 
 
 def test_decide_promotion_says_drift_or_no_champion_decided(pair) -> None:
-    from routeopt.router_training.data import routing_data
+    from routeopt.router_training.fit.data import routing_data
 
     champion, second = pair
     test = routing_data(synthetic_frame(3, 30))

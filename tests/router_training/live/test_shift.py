@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.covariate import Sketch, density_ratio, effective_sample_size
-from routeopt.router_training.data import RoutingData
-from routeopt.router_training.monitor import Logged, chi2_homogeneity, detect_shift, holm, reference_sketch, total_variation
-from routeopt.router_training.shifts import keep_probability, shifted, suite_order_score
+from routeopt.router_training.fit.covariate import Sketch, density_ratio, effective_sample_size
+from routeopt.router_training.fit.data import RoutingData
+from routeopt.router_training.live.shift_monitor import Logged, chi2_homogeneity, detect_shift, holm, reference_sketch, total_variation
+from routeopt.router_training.evaluation.shifts import keep_probability, shifted, suite_order_score
 
 SUITES = ["a", "b", "c"]
 

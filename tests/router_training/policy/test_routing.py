@@ -5,7 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.policy import Decision, RoutingPolicy, choose
+from routeopt.router_training.policy.routing import PolicyDecision, RoutingPolicy, choose
 
 PROMPTS = [f"Task: {s} the input. difficulty: {d}. Input: stone river" for s in ("reverse", "sort", "add")
            for d in range(1, 6)]
@@ -14,7 +14,7 @@ PROMPTS = [f"Task: {s} the input. difficulty: {d}. Input: stone river" for s in 
 def test_decision_contract(trained):
     policy = trained.policy
     d = policy.decide(PROMPTS[0], suite="reverse")
-    assert isinstance(d, Decision) and d.model in policy.candidates
+    assert isinstance(d, PolicyDecision) and d.model in policy.candidates
     assert sorted((d.model, *d.fallbacks)) == sorted(policy.candidates)
     assert set(d.pass_probabilities) == set(policy.candidates) == set(d.expected_cost_usd)
     assert all(0 <= p <= 1 for p in d.pass_probabilities.values())
@@ -27,7 +27,7 @@ def test_save_load_round_trip_without_pickle(trained, tmp_path):
     """Format 3: policy.json is JSON, the arrays and vectors safetensors containers (raw
     little-endian numbers under a JSON header); the loaded policy decides to the bit as the
     trained one (its weights were float32 from the start)."""
-    from routeopt.router_training.tensors import loads
+    from routeopt.router_training.policy.tensors import loads
 
     policy = trained.policy
     files = policy.save(tmp_path)
@@ -43,10 +43,26 @@ def test_save_load_round_trip_without_pickle(trained, tmp_path):
     json.dumps(again.describe())
 
 
+def test_self_check_twice_on_one_policy_is_ok_both_times(trained, tmp_path):
+    """A loaded policy's state is its declared fields: the self-check keeps its report, so a
+    second call (a status page, a reload) gives the same answer instead of "no vectors"."""
+    trained.policy.save(tmp_path)
+    policy = RoutingPolicy.load(tmp_path)
+    assert policy.format_version == 3 and policy.vectors is not None
+    first = policy.self_check()
+    second = policy.self_check()
+    assert first.ok and second.ok and second == first
+    assert policy.vectors is None  # the bytes are released once checked
+    fresh = RoutingPolicy.load(tmp_path, vectors=False)
+    assert fresh.vectors is None and fresh.self_check().ok is False  # nothing loaded: nothing passes
+    built = trained.policy
+    assert built.format_version is None and built.self_check().ok  # built in memory: nothing to check
+
+
 def test_safetensors_files_load_with_the_reference_library(trained, tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     trained.policy.save(tmp_path)
-    from routeopt.router_training.tensors import loads
+    from routeopt.router_training.policy.tensors import loads
 
     for name in ("arrays.safetensors", "conformance.safetensors"):
         ours, _ = loads((tmp_path / name).read_bytes(), name)

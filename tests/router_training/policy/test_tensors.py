@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from routeopt.router_training.tensors import ContainerError, dumps, loads, require
+from routeopt.router_training.policy.tensors import ContainerError, dumps, loads, require
 
 TENSORS = {"a.f64": np.arange(5, dtype=np.float64), "b.f32": np.ones((2, 3), np.float32),
            "c.u8": np.arange(3, dtype=np.uint8), "d.i32": np.array([-1, 2], np.int32), "e.empty": np.zeros(0)}
