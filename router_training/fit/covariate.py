@@ -27,6 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from routeopt.router_training.fit.estimators import design_matrix
+from routeopt.router_training.policy.features import STAT_NAMES
+
 MAX_WEIGHT = 20.0
 
 
@@ -58,16 +61,16 @@ def text_features(policy: Any, prompts: Sequence[str], suites: Sequence[str | No
     structure statistics and, for a linear scorer with topics, the unit-length text projection
     its topics are read from. The same function of the text for calibration requests and new
     ones (unlike predicted pass probabilities)."""
-    from routeopt.router_training.policy.features import STAT_NAMES, request_features
-
     spec = policy.spec
     start = len(spec.suites) + spec.n_buckets
     weights = getattr(policy.scorer, "weights", None)
     k = len(policy.candidates)
     rank = weights.shape[1] - k - 1 if weights is not None and getattr(policy.scorer, "centroids", None) is not None else 0
     out = np.zeros((len(prompts), len(STAT_NAMES) + rank))
-    for i, (prompt, suite) in enumerate(zip(prompts, suites)):
-        ids, vals = request_features(prompt, suite, spec)
+    rows = design_matrix(prompts, suites, spec)
+    for i in range(len(prompts)):
+        a, b = rows.indptr[i], rows.indptr[i + 1]
+        ids, vals = rows.indices[a:b], rows.data[a:b]
         stat = (ids >= start) & (ids < start + len(STAT_NAMES))
         out[i, ids[stat] - start] = vals[stat]
         if rank:

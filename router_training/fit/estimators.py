@@ -17,10 +17,9 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from routeopt.router_training.policy.features import (
-    STAT_NAMES, FeatureSpec, document_frequency, request_features, text_stats,
-)
-from routeopt.router_training.policy.routing import CostModel, assign_clusters
+from routeopt.router_training.policy.batch_features import batch_features
+from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
+from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
 _EPS = 1e-6
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
@@ -29,14 +28,21 @@ _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is
 def fit_feature_spec(
     prompts: Sequence[str], suites: Sequence[str | None], **spec_kwargs: object
 ) -> FeatureSpec:
-    """Learn the data-dependent parts of the features (suite list, idf, stat scaling)."""
+    """Learn the data-dependent parts of the features (suite list, idf, stat scaling), from the
+    batch feature path a gateway's self-check and `design_matrix` run too."""
     names = tuple(sorted({s for s in suites if s}))
     spec = FeatureSpec(suites=names, **spec_kwargs)  # type: ignore[arg-type]
-    stats = np.array([text_stats(p) for p in prompts]) if prompts else np.zeros((1, len(STAT_NAMES)))
+    if not prompts:
+        stats, df = np.zeros((1, len(STAT_NAMES))), np.zeros(spec.n_buckets)
+    else:
+        f = batch_features(prompts, suites, spec)
+        stats = f.stats[f.text_of]  # raw: the spec has no scaling yet
+        per_text = np.bincount(f.text_of, minlength=len(f.text.raw)).astype(np.float64)  # prompts with each text
+        df = np.bincount(f.buckets, weights=np.repeat(per_text, np.diff(f.bucket_offsets)), minlength=spec.n_buckets)
     std = stats.std(axis=0)
     return dataclasses.replace(
         spec,
-        idf=document_frequency(prompts, spec),
+        idf=tuple(float(v) for v in np.log((1 + len(prompts)) / (1 + df)) + 1.0),
         stat_mean=tuple(float(v) for v in stats.mean(axis=0)),
         stat_std=tuple(float(v) if v > 1e-9 else 1.0 for v in std),
     )
@@ -45,24 +51,31 @@ def fit_feature_spec(
 def design_matrix(
     prompts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec
 ) -> sp.csr_matrix:
-    """The sparse feature rows of many requests, exactly as the gateway computes them."""
-    indptr, indices, data = [0], [], []
-    embeddings = [None] * len(prompts)
+    """The sparse feature rows of many requests, exactly as the gateway computes them (the batch
+    feature path, with the sentence embeddings appended to each row when the spec has them)."""
+    if not len(prompts):
+        return sp.csr_matrix((0, spec.n_features))
+    f = batch_features(prompts, suites, spec)
+    offsets, ids, vals = f.row_offsets, f.ids, f.vals
     if spec.embeddings:
         from routeopt.router_training.policy.embeddings import embed
 
-        embeddings = list(embed(prompts))
-    for p, s, e in zip(prompts, suites, embeddings):
-        ids, vals = request_features(p, s, spec, e)
-        indices.append(ids)
-        data.append(vals)
-        indptr.append(indptr[-1] + len(ids))
-    if not indices:
-        return sp.csr_matrix((0, spec.n_features))
-    return sp.csr_matrix(
-        (np.concatenate(data), np.concatenate(indices), np.array(indptr)),
-        shape=(len(indptr) - 1, spec.n_features),
-    )
+        offsets, ids, vals = _with_embeddings(offsets, ids, vals, np.asarray(embed(list(prompts))), spec)
+    return sp.csr_matrix((vals, ids, offsets), shape=(len(prompts), spec.n_features))
+
+
+def _with_embeddings(offsets: np.ndarray, ids: np.ndarray, vals: np.ndarray, emb: np.ndarray,
+                     spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sparse rows with each request's embedding block after its statistics (`request_features`'s layout)."""
+    n, lens = len(offsets) - 1, np.diff(offsets)
+    new = np.concatenate(([0], np.cumsum(lens + EMBEDDING_DIM)))
+    out_ids, out_vals = np.empty(new[-1], dtype=ids.dtype), np.empty(new[-1])
+    dest = np.repeat(new[:-1], lens) + (np.arange(len(ids)) - np.repeat(offsets[:-1], lens))
+    out_ids[dest], out_vals[dest] = ids, vals
+    block = (new[1:] - EMBEDDING_DIM)[:, None] + np.arange(EMBEDDING_DIM)
+    start = len(spec.suites) + spec.n_buckets + len(STAT_NAMES)
+    out_ids[block], out_vals[block] = start + np.arange(EMBEDDING_DIM), emb.reshape(n, EMBEDDING_DIM)
+    return new, out_ids, out_vals
 
 
 def _logit(p: np.ndarray | float) -> np.ndarray:

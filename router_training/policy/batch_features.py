@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 
 from routeopt.router_training.policy.features import (
-    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix,
+    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix, statistics,
 )
 from routeopt.router_training.policy.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum, sigmoid
 from routeopt.router_training.policy.scorer import LinearScorer
@@ -180,16 +180,14 @@ def segment_dot(vals: np.ndarray, ids: np.ndarray, offsets: np.ndarray, weights:
 
 
 def _stats(bt: BatchText, lengths: np.ndarray, word_offsets: np.ndarray) -> np.ndarray:
+    """`features.statistics` of the batch's texts."""
     n = len(bt.offsets) - 1
     req = np.repeat(np.arange(n), np.diff(bt.offsets))
     counts = np.bincount(req * 32 + np.take(_CLASS, bt.cut), minlength=32 * n).reshape(n, 32) @ _FLAG_MATRIX
     n_words = np.diff(word_offsets)
-    owner = np.repeat(np.arange(n), n_words)
-    word_chars = np.bincount(owner, weights=lengths, minlength=n)  # integer sums: exact in doubles
-    logs = ln1p_int(np.stack((bt.n_chars, n_words, bt.newlines, bt.questions), axis=1))
+    word_chars = np.bincount(np.repeat(np.arange(n), n_words), weights=lengths, minlength=n)
     size = np.maximum(np.diff(bt.offsets), 1).astype(np.float64)
-    mean_len = np.where(n_words > 0, word_chars / np.maximum(n_words, 1), 0.0)
-    return np.column_stack((logs[:, 0], logs[:, 1], logs[:, 2], counts / size[:, None], mean_len, logs[:, 3]))
+    return statistics(counts, size, bt.n_chars, n_words, bt.newlines, bt.questions, word_chars)
 
 
 def _distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:

@@ -307,12 +307,6 @@ def lowered(cut_bytes: np.ndarray) -> np.ndarray:
     return _LOWER.take(cut_bytes)
 
 
-def bucket_ids(prompt: str, spec: FeatureSpec) -> np.ndarray:
-    """Hash bucket of every text n-gram of a prompt (with repeats: counts are term frequencies)."""
-    b = lowered(prompt_bytes(prompt).cut)
-    return _bucket_ids(b, _word_hashes(b)[0], spec)
-
-
 def bucket_counts(ids: np.ndarray, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct bucket ids in ascending order and how often each occurs (np.unique's answer: a
     short list is sorted and its runs counted, a long one counted per bucket)."""
@@ -335,27 +329,26 @@ _FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] 
                         dtype=np.float64)
 
 
+def statistics(class_counts: np.ndarray, size: np.ndarray, n_chars: np.ndarray, n_words: np.ndarray,
+               newlines: np.ndarray, questions: np.ndarray, word_chars: np.ndarray) -> np.ndarray:
+    """The nine statistics of n texts (n, 9) on their raw scale, the one implementation for one
+    request and for many: logs of the counts, the digit/upper/punct/code shares of the cut bytes
+    (`class_counts` (n, 4) over `size`, the cut's length or 1), and the mean word length."""
+    raw = np.stack((n_chars, n_words, newlines, questions), axis=1)
+    logs = TF_TABLE.take(raw) if raw.size and raw.max() < TF_TABLE_SIZE else ln1p_int(raw)  # same bits
+    mean_len = np.where(n_words > 0, word_chars / np.maximum(n_words, 1), 0.0)  # integer sums: exact in doubles
+    return np.column_stack((logs[:, 0], logs[:, 1], logs[:, 2], class_counts / size[:, None], mean_len, logs[:, 3]))
+
+
 def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
-    """The nine statistics on their raw scale (class counts over the cut bytes before lower-casing;
+    """`statistics` of one request (class counts over the cut bytes before lower-casing;
     `classes`: their `_CLASS`, when known)."""
-    n = max(len(pb.cut), 1)
     if classes is None:
         classes = _CLASS.take(pb.cut)
     counts = np.bincount(classes, minlength=32) @ _FLAG_MATRIX  # exact integers
-    n_words = len(lengths)
-    raw = [pb.n_chars, n_words, pb.newlines, pb.questions]
-    logs = TF_TABLE.take(raw) if max(raw) < TF_TABLE_SIZE else ln1p_int(np.array(raw))  # same bits
-    return np.array([
-        logs[0], logs[1], logs[2], *(counts / n).tolist(),
-        float(int(lengths.sum())) / n_words if n_words else 0.0,
-        logs[3],
-    ], dtype=np.float64)
-
-
-def text_stats(prompt: str) -> np.ndarray:
-    """Length and structure statistics on their raw scale."""
-    pb = prompt_bytes(prompt)
-    return _stats(pb, _word_hashes(lowered(pb.cut))[1])
+    one = lambda v: np.array([v])
+    return statistics(counts[None], one(float(max(len(pb.cut), 1))), one(pb.n_chars), one(len(lengths)),
+                      one(pb.newlines), one(pb.questions), one(float(int(lengths.sum()))))[0]
 
 
 def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.ndarray:
@@ -439,13 +432,3 @@ def n_chars(prompt: str) -> int:
     """The prompt's length in code points after the spec's text normalisation (the cost model's
     and the statistics' length): len(prompt) unless it holds surrogates."""
     return _normalised(prompt)[1]
-
-
-def document_frequency(prompts: Sequence[str], spec: FeatureSpec) -> tuple[float, ...]:
-    """Smoothed idf per bucket, learned from training prompts."""
-    df = np.zeros(spec.n_buckets)
-    for p in prompts:
-        df[np.flatnonzero(np.bincount(bucket_ids(p, spec), minlength=spec.n_buckets))] += 1
-    idf = np.log((1 + len(prompts)) / (1 + df)) + 1.0
-    return tuple(float(v) for v in idf)
-

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from routeopt.common.io import atomic_write
+from routeopt.router_training.policy.batch_features import batch_predict
 from routeopt.router_training.policy.conformance import ConformanceReport, build_vectors, self_check
 from routeopt.router_training.policy.features import FeatureSpec, feature_layers, n_chars, request_features
 from routeopt.router_training.policy.files import VECTORS_NAME, format_info, read_policy_files, write_policy_files
@@ -81,16 +82,23 @@ class RoutingPolicy:
     def predict(
         self, prompts: Sequence[str], suites: Sequence[str | None] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated pass probabilities and predicted costs, each (n, K)."""
+        """Calibrated pass probabilities and predicted costs, each (n, K): the batch path of the
+        spec's steps (routeopt.router_training.policy.batch_features), which computes the same
+        bits as `score_request`; with embeddings, request by request."""
         suites = list(suites) if suites is not None else [None] * len(prompts)
         if len(suites) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
+        k = len(self.candidates)
+        if not self.spec.embeddings:
+            if not len(prompts):
+                return np.empty((0, k)), np.empty((0, k))
+            _, _, _, p, c = batch_predict(self, list(prompts), suites)
+            return p, c
         embeddings = [None] * len(prompts)
-        if self.spec.embeddings and len(prompts) > 1:
+        if len(prompts) > 1:
             from routeopt.router_training.policy.embeddings import embed  # optional extra; batched is faster
 
             embeddings = list(embed(list(prompts)))
-        k = len(self.candidates)
         p, c = np.empty((len(prompts), k)), np.empty((len(prompts), k))
         for i, (prompt, suite) in enumerate(zip(prompts, suites)):
             s = self.score_request(prompt, suite, embeddings[i])
