@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from routeopt.artifacts.serving.backends import Backend, NotFound, RegistryError
+from routeopt.artifacts.serving.backends import Backend, NotFound
 from routeopt.artifacts.serving.manifest import (
     MANIFEST_NAME, SIGNATURE_NAME, Manifest, ManifestError, Pointer, canonical_json,
     check_channel, check_file_name, parse_manifest, parse_pointer, sha256_hex,
@@ -220,7 +220,3 @@ def check_order(new: Pointer, seen: Seen | None) -> None:
         raise VerificationError(f"channel {new.channel}: version {new.version} is older than version "
                                 f"{seen.version} already accepted and is not a rollback (downgrade refused)",
                                 "order")
-
-
-def wrap_registry_error(exc: RegistryError) -> VerificationError:
-    return VerificationError(str(exc))

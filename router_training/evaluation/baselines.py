@@ -9,7 +9,7 @@ the pass-probability estimates alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,8 +26,6 @@ class Curve:
     name: str
     costs: np.ndarray
     quality: np.ndarray
-    pair_share: np.ndarray = field(default_factory=lambda: np.empty(0))
-    pair_quality: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def param_grid(rule: str, C: np.ndarray) -> np.ndarray:
@@ -51,20 +49,8 @@ def sweep(name: str, P: np.ndarray, Cp: np.ndarray, data: RoutingData, rule: str
     return Curve(name, c, q)
 
 
-def pair_sweep(curve: Curve, P: np.ndarray, data: RoutingData, strong: int, weak: int) -> None:
-    """Trace a two-candidate router (strong vs weak) by thresholding the pass-probability gap."""
-    gap = P[:, strong] - P[:, weak]
-    shares, quality = [], []
-    for t in np.unique(np.concatenate((gap, [np.inf]))):
-        choice = np.where(gap >= t, strong, weak)
-        shares.append(float(np.mean(choice == strong)))
-        quality.append(outcomes_of(choice, data)[0])
-    curve.pair_share, curve.pair_quality = np.array(shares), np.array(quality)
-
-
-def summarise(curve: Curve, ref_quality: float, ref_cost: float, cost_range: tuple[float, float],
-              pair: tuple[float, float] | None) -> dict:
-    """Savings at the best single's quality and at 95% of it, AIQ, and APGR/CPT for the pair."""
+def summarise(curve: Curve, ref_quality: float, ref_cost: float, cost_range: tuple[float, float]) -> dict:
+    """Savings at the best single's quality and at 95% of it, and AIQ."""
     hc, hq = M.frontier(curve.costs, curve.quality)
     row = {
         "savings_at_best": M.savings(hc, hq, ref_quality, ref_cost),
@@ -72,11 +58,6 @@ def summarise(curve: Curve, ref_quality: float, ref_cost: float, cost_range: tup
         "aiq": M.aiq(hc, hq, *cost_range),
         "max_quality": float(hq.max()) if len(hq) else math.nan,
     }
-    if pair is not None and len(curve.pair_share):
-        q_weak, q_strong = pair
-        row["apgr"] = M.apgr(curve.pair_share, curve.pair_quality, q_weak, q_strong)
-        row["cpt50"] = M.cpt(curve.pair_share, curve.pair_quality, q_weak, q_strong, 0.5)
-        row["cpt80"] = M.cpt(curve.pair_share, curve.pair_quality, q_weak, q_strong, 0.8)
     return row
 
 
@@ -120,7 +101,7 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
         Curve("oracle", np.array([oracle_c]), np.array([oracle_q])),
     ]
     cost_range = (float(sc.min()), float(sc.max()))
-    table = {c.name: summarise(c, sq[best], sc[best], cost_range, None) for c in curves}
+    table = {c.name: summarise(c, sq[best], sc[best], cost_range) for c in curves}
     return {
         "n_test_requests": len(test),
         "best_single": {"model": policy.candidates[best], "pass_rate": sq[best], "cost": sc[best]},
@@ -150,7 +131,7 @@ def realised(choice: np.ndarray, Y: np.ndarray, C: np.ndarray) -> tuple[float, f
 
 
 class ReferenceRouter:
-    """The plain reference of issue 17: suite one-hot + TF-IDF logistic regression per candidate,
+    """The plain reference router the knob is benchmarked against: suite one-hot + TF-IDF logistic regression per candidate,
     `argmax p - lambda * cost` with each candidate's mean training cost, and for each quality
     target the cheapest lambda whose 5-fold out-of-fold pass rate on the training requests
     reaches target x best single's training pass rate (no test data, no confidence margin).

@@ -2,8 +2,7 @@
 
 A router traced over its parameter gives points (cost, quality). Randomly mixing two operating
 points reaches any point on the segment between them, so what a router can achieve is the
-non-decreasing upper convex hull of its points (RouterBench). Savings and AIQ read that hull;
-APGR and CPT (RouteLLM) read a two-candidate curve over the share of calls sent to the strong one.
+non-decreasing upper convex hull of its points (RouterBench). Savings and AIQ read that hull.
 """
 
 from __future__ import annotations
@@ -78,54 +77,6 @@ def aiq(hc: np.ndarray, hq: np.ndarray, cost_min: float, cost_max: float, n: int
     grid = np.linspace(cost_min, cost_max, n)
     values = np.where(grid < hc[0], 0.0, np.interp(grid, hc, hq))
     return float(np.trapezoid(values, grid) / (cost_max - cost_min))
-
-
-def pgr(quality: np.ndarray, q_weak: float, q_strong: float) -> np.ndarray:
-    """Performance gap recovered: 0 at the weak candidate's quality, 1 at the strong one's."""
-    gap = q_strong - q_weak
-    if abs(gap) < 1e-12:
-        return np.zeros_like(np.asarray(quality, dtype=np.float64))
-    return (np.asarray(quality, dtype=np.float64) - q_weak) / gap
-
-
-def _pair_curve(strong_share: np.ndarray, quality: np.ndarray, q_weak: float, q_strong: float):
-    s = np.concatenate(([0.0], np.asarray(strong_share, dtype=np.float64), [1.0]))
-    q = np.concatenate(([q_weak], np.asarray(quality, dtype=np.float64), [q_strong]))
-    order = np.lexsort((q, s))
-    return s[order], pgr(q[order], q_weak, q_strong)
-
-
-def apgr(strong_share: np.ndarray, quality: np.ndarray, q_weak: float, q_strong: float) -> float:
-    """Average PGR over the share of calls to the strong candidate, 0..1 (RouteLLM's APGR)."""
-    s, g = _pair_curve(strong_share, quality, q_weak, q_strong)
-    grid = np.linspace(0.0, 1.0, 1001)
-    return float(np.trapezoid(np.interp(grid, s, g), grid))
-
-
-def cpt(
-    strong_share: np.ndarray, quality: np.ndarray, q_weak: float, q_strong: float, target: float
-) -> float:
-    """Call-performance threshold: least strong-call share whose PGR reaches `target` (e.g. 0.5)."""
-    s, g = _pair_curve(strong_share, quality, q_weak, q_strong)
-    hit = np.flatnonzero(g >= target - 1e-12)
-    if len(hit) == 0:
-        return math.nan
-    i = hit[0]
-    if i == 0:
-        return float(s[0])
-    frac = (target - g[i - 1]) / (g[i] - g[i - 1])
-    return float(s[i - 1] + frac * (s[i] - s[i - 1]))
-
-
-def wilson_lower(successes: float, n: int, z: float = 1.645) -> float:
-    """One-sided lower confidence bound of a pass rate (95% by default)."""
-    if n <= 0:
-        return 0.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = p + z * z / (2 * n)
-    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - margin) / denom)
 
 
 def confidence_at_least(successes: float, n: int, floor: float) -> float:
