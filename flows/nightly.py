@@ -28,7 +28,7 @@ from routeopt.evals.execution.runner import PairStats, evaluate_pair
 from routeopt.evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
 from routeopt.evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from routeopt.flows.review import report_run, review_run
-from routeopt.reports.summary import excluded_line
+from routeopt.reports.summary import RunResult, excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -490,7 +490,7 @@ def nightly(
     preflight: bool | None = None,
     skip_broken: bool | None = None,
     probes: list[dict] | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Preflight -> evaluate -> store -> train -> review -> publish -> promote -> report. The
     same run id resumes.
 
@@ -559,33 +559,33 @@ def nightly(
             "reason": promotion.reason if promotion is not None else refused[0].message}
         report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy,
                                     traffic=review.traffic.to_dict() if review.traffic is not None else None)
-    return {
-        "run_id": run_id,
-        "db_path": str(cfg.db_path),
-        "suites": report.suites,
-        "suite_errors": report.suite_errors,
-        "pairs": [asdict(p) for p in report.pairs],
-        "router_metrics": result.metrics if result is not None else None,
-        "report_path": str(report_path),
-        "drift_blocking": blocking,
-        "traffic_check": review.traffic.to_dict() if review.traffic is not None else None,
-        "published": (
+    return RunResult(
+        run_id=run_id,
+        db_path=str(cfg.db_path),
+        suites=report.suites,
+        suite_errors=report.suite_errors,
+        pairs=[asdict(p) for p in report.pairs],
+        router_metrics=result.metrics if result is not None else None,
+        report_path=str(report_path),
+        drift_blocking=blocking,
+        traffic_check=review.traffic.to_dict() if review.traffic is not None else None,
+        published=(
             {"version": published.version, "uri": published.uri, "signed": published.signed,
              "key_id": published.key_id,
              "public_key": str(cfg.signing_key_path().parent / "public_key.pem")}
             if published
             else None
         ),
-        "promotion": asdict(promotion) if promotion is not None else None,
-        "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
-        "excluded": excluded,
-        "traffic": traffic,
-        "preflight": [p.to_dict() for p in checked],
-        "skipped": skipped,
-        "misconfigured": report.misconfigured,
-        "held": held,
-        "refused": [asdict(r) for r in refused],
-    }
+        promotion=asdict(promotion) if promotion is not None else None,
+        cache_max_age=format_age(max_age_s) if max_age_s is not None else None,
+        excluded=excluded,
+        traffic=traffic,
+        preflight=[p.to_dict() for p in checked],
+        skipped=skipped,
+        misconfigured=report.misconfigured,
+        held=held,
+        refused=[asdict(r) for r in refused],
+    )
 
 
 def _held(report: EvalReport, skip_broken: bool, would_publish: bool) -> str | None:

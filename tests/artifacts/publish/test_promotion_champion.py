@@ -108,13 +108,13 @@ def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harnes
                                                  "ttft_p95_increase_pct": 10_000}}))
         first = nightly(config_path=str(config), run_id="n1")
         close_store(tmp_path / "out" / "routeopt.duckdb")
-        assert first["promotion"]["promoted"]
+        assert first.promotion["promoted"]
         registry = tmp_path / "out" / "registry"
         _expired_champion(registry, make_policy(1), load_private_key(private))  # then nothing for days
         second = nightly(config_path=str(config), run_id="n2")
         close_store(tmp_path / "out" / "routeopt.duckdb")
-    promotion = second["promotion"]
+    promotion = second.promotion
     assert promotion["promoted"], promotion
     assert promotion["reason"].startswith("champion version 2 is replaceable (expired:"), promotion
     gateway = load(registry, public, channel="champion")
-    assert gateway.version == second["published"]["version"] == 3
+    assert gateway.version == second.published["version"] == 3
