@@ -229,7 +229,7 @@ async def _levels_apart(cand: Any, requests: list, levels: list[int], n: dict[in
         for c in levels:
             part = requests[start:start + n[c]]
             start += n[c]
-            routeopt.reports.append(await bench_serving(cand, part, [c], n[c], provider=provider,
+            reports.append(await bench_serving(cand, part, [c], n[c], provider=provider,
                                                warmup=0, stop_after=deadline))
     finally:
         await provider.aclose()

@@ -120,7 +120,7 @@ def main() -> None:
             print(f"import + train through the CLI: {report['knob']['import_and_train_seconds']:.1f} s; "
                   + " | ".join(report["knob"]["train_output"][1:]) + "\n")
             sys.stdout.flush()
-            routeopt.reports.append(report)
+            reports.append(report)
     print(format_summary(reports))
     if args.json:
         from routeopt.common.io import jsonable

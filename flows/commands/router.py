@@ -247,7 +247,7 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
         click.echo(format_set(report) + "\n")
         if wanted:
             click.echo(format_shifts(shifted[-1]) + "\n")
-        routeopt.reports.append(report)
+        reports.append(report)
     click.echo(format_summary(reports))
     if shifted:
         click.echo("\n" + format_shift_summary(shifted))
