@@ -3,7 +3,8 @@
 - `routeopt.artifacts.publish.registry`: `publish(policy, registry, lineage=..., metrics=...)`, channels
   (`move_channel`, `rollback`), `list_versions`, `show`, `diff`.
 - `routeopt.artifacts.serving.loader`: the gateway loader, `load(source, public_key) -> Router` with a refresher.
-- `routeopt.artifacts.serving.manifest` / `routeopt.artifacts.serving.signatures` / `routeopt.artifacts.serving.verify`: the format and its checks.
+- `routeopt.artifacts.serving.manifest` / `routeopt.artifacts.serving.signatures` / `routeopt.artifacts.serving.verify`: the format and its checks;
+  `routeopt.artifacts.publish.manifest_writer` and `routeopt.artifacts.publish.signing_keys` write and sign.
 - `routeopt.artifacts.serving.backends`: local folder, S3-compatible storage, HTTP (`routeopt.artifacts.publish.registry_server`).
 - `routeopt.artifacts.serving.litellm_adapter`: a LiteLLM custom routing strategy (the SDK's `Router`).
 - `routeopt.artifacts.serving.litellm_proxy`: the callback that routes the LiteLLM proxy's `routeopt` alias.

@@ -98,7 +98,7 @@ def policy_for(folder: Path, data: str) -> tuple[Path, Path, list, str]:
     if data != "routerbench":
         return build_policy(folder, data)
     from routeopt.artifacts.publish.registry import publish as publish_
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.router_training.train import train_router
 
     train, fleet, what = traffic_replay.load_data("routerbench")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from routeopt.artifacts.publish.registry import publish  # noqa: E402
 from routeopt.artifacts.serving.loader import load  # noqa: E402
-from routeopt.artifacts.serving.signatures import generate_keys  # noqa: E402
+from routeopt.artifacts.publish.signing_keys import generate_keys  # noqa: E402
 
 
 def _demo_frame():

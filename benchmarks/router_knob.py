@@ -52,7 +52,7 @@ def cli(*args: str) -> str:
 
 def keys(tmp: Path) -> tuple[Path, Path]:
     """A signing key pair of this benchmark's own (as a user's `routeopt run` makes one)."""
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     folder = tmp / "keys"
     if not folder.exists():

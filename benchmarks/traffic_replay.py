@@ -92,7 +92,7 @@ def train_pair(train: Any, seed: int = 0) -> tuple[Any, Any]:
 def publish_pair(folder: Path, champion: Any, second: Any) -> Path:
     """A registry where the champion is version 1 (`champion`) and the second version 2 (`candidate`)."""
     from routeopt.artifacts.publish.registry import move_channel, publish
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     registry = folder / "registry"
     private, _ = generate_keys(registry_keys(registry))

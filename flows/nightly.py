@@ -423,7 +423,8 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
     """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.publish.promotion`)."""
     from routeopt.artifacts.publish.promotion import champion_version, decide_promotion, heldout
     from routeopt.artifacts.publish.registry import move_channel
-    from routeopt.artifacts.serving.signatures import load_private_key, trusted_keys
+    from routeopt.artifacts.serving.signatures import trusted_keys
+    from routeopt.artifacts.publish.signing_keys import load_private_key
     from routeopt.evals.storage.traffic import load_traffic
     from routeopt.router_training.live.promise import live_comparison, live_promise
 

@@ -28,13 +28,15 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from routeopt.artifacts.publish.manifest_writer import build_manifest
+from routeopt.artifacts.publish.signing_keys import ensure_signing_key, resolve_signing_key, sign
 from routeopt.artifacts.serving.backends import Backend, NotFound, RegistryError, exists, open_backend
 from routeopt.artifacts.serving.manifest import (
-    MANIFEST_NAME, SIGNATURE_NAME, Pointer, build_manifest, canonical_json, check_channel,
+    MANIFEST_NAME, SIGNATURE_NAME, Pointer, canonical_json, check_channel,
     check_file_name,
     format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
 )
-from routeopt.artifacts.serving.signatures import ensure_signing_key, key_id, public_key_path, resolve_signing_key, sign
+from routeopt.artifacts.serving.signatures import key_id, public_key_path
 from routeopt.artifacts.serving.verify import VerificationError, read_pointer, verify_version
 
 DEFAULT_TTL = timedelta(days=30)

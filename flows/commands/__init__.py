@@ -85,7 +85,8 @@ def publishing_key(given: Path | None, config_path: Path | None, *, create_for: 
     (created on first use for the registry `create_for`, see `registry_signing_key`). None only
     with `allow_unsigned` and no key at all."""
     from routeopt.artifacts.publish.registry import RegistryError, registry_signing_key
-    from routeopt.artifacts.serving.signatures import SigningError, load_private_key, public_key_path
+    from routeopt.artifacts.serving.signatures import SigningError, public_key_path
+    from routeopt.artifacts.publish.signing_keys import load_private_key
 
     path = given or signing_key_path(config_path)
     try:

@@ -240,7 +240,8 @@ def keys() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 def generate(out_dir: Path) -> None:
     """Write signing_key.pem (keep secret; point ROUTEOPT_SIGNING_KEY at it) and public_key.pem."""
-    from routeopt.artifacts.serving.signatures import SigningError, generate_keys, key_id, load_public_key
+    from routeopt.artifacts.serving.signatures import SigningError, key_id, load_public_key
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     try:
         private, public = generate_keys(out_dir)

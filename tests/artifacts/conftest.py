@@ -21,14 +21,14 @@ def policies() -> list:
 
 @pytest.fixture(scope="session")
 def keypair(tmp_path_factory) -> tuple[Path, Path]:
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     return generate_keys(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="session")
 def other_keypair(tmp_path_factory) -> tuple[Path, Path]:
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     return generate_keys(tmp_path_factory.mktemp("other-keys"))
 

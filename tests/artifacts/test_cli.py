@@ -72,7 +72,7 @@ def test_errors_name_the_problem(registry: Path, policies, publish_to, keypair) 
 
 def _config_with_keys(tmp_path: Path) -> Path:
     """A config whose key pair sits where `routeopt run` creates it: .routeopt/keys/ beside it."""
-    from routeopt.artifacts.serving.signatures import ensure_signing_key
+    from routeopt.artifacts.publish.signing_keys import ensure_signing_key
 
     config = tmp_path / "routeopt.yaml"
     config.write_text("candidates:\n  - {name: small, provider: openai, model: m, "

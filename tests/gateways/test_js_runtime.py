@@ -63,7 +63,7 @@ def build_fixtures(root: Path) -> Path:
     """Policies trained and published by the Python pipeline, and Python's own decisions:
     policies/ (linear with topics, char n-grams without topics, LightGBM trees), registry/
     (versions 1 and 2 on `latest`), keys/, expected/."""
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
 
@@ -130,7 +130,7 @@ def harness(js):
 
 
 def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures, tmp_path, harness) -> None:
-    from routeopt.artifacts.serving.signatures import load_private_key
+    from routeopt.artifacts.publish.signing_keys import load_private_key
     from routeopt.router_training.policy.routing import RoutingPolicy
     from tests.artifacts.serving.test_conformance import Altered, _rewrite_arrays
 

@@ -23,7 +23,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    from routeopt.artifacts.serving.signatures import generate_keys, load_private_key
+    from routeopt.artifacts.publish.signing_keys import generate_keys, load_private_key
 
     private, public = generate_keys(tmp_path_factory.mktemp("keys"))
     return load_private_key(private), public
@@ -89,7 +89,7 @@ def _no_items():
 def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harness, monkeypatch) -> None:
     """After `expires_days` without a promotion the nightly must still move the champion: the
     gate treats the expired one as replaceable and says so, and gateways get a valid policy."""
-    from routeopt.artifacts.serving.signatures import generate_keys, load_private_key
+    from routeopt.artifacts.publish.signing_keys import generate_keys, load_private_key
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)

@@ -13,19 +13,13 @@ from hypothesis import strategies as st
 
 from routeopt.artifacts.serving.manifest import (
     ManifestError,
-    build_manifest,
     canonical_json,
     check_file_name,
     parse_manifest,
 )
-from routeopt.artifacts.serving.signatures import (
-    Signature,
-    SigningError,
-    load_private_key,
-    load_public_key,
-    sign,
-    verify,
-)
+from routeopt.artifacts.serving.signatures import Signature, SigningError, load_public_key, verify
+from routeopt.artifacts.publish.manifest_writer import build_manifest
+from routeopt.artifacts.publish.signing_keys import load_private_key, sign
 
 NOW = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
 

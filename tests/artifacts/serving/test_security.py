@@ -17,7 +17,7 @@ from routeopt.artifacts.serving.manifest import canonical_json, pretty_json, sha
 from routeopt.artifacts.publish.registry import current_pointer, publish
 from routeopt.artifacts.serving.loader import PolicyLoadError, Router, load
 from routeopt.artifacts.publish.registry_server import serve_in_thread
-from routeopt.artifacts.serving.signatures import load_private_key, sign
+from routeopt.artifacts.publish.signing_keys import load_private_key, sign
 from tests.artifacts.policies import PROMPTS
 
 
@@ -278,7 +278,7 @@ def test_a_gateway_running_as_another_user_can_read_what_was_published(policies,
     import sys
     import tempfile
 
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from tests import REPO
 
     shared = Path(tempfile.mkdtemp(prefix="routeopt-shared-"))
@@ -309,7 +309,8 @@ def test_first_runs_at_once_end_with_one_key(tmp_path) -> None:
     other uses it, and neither ever reads half a key."""
     import threading
 
-    from routeopt.artifacts.serving.signatures import ensure_signing_key, key_id, load_public_key, public_key_path
+    from routeopt.artifacts.serving.signatures import key_id, load_public_key, public_key_path
+    from routeopt.artifacts.publish.signing_keys import ensure_signing_key
 
     path, results, start = tmp_path / "keys" / "signing_key.pem", [], threading.Barrier(8)
 

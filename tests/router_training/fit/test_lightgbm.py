@@ -121,7 +121,7 @@ def test_corrupt_model_file_is_a_clear_error(lgbm_result, tmp_path: Path) -> Non
 def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, tmp_path: Path) -> None:
     from routeopt.artifacts.publish.registry import publish
     from routeopt.artifacts.serving.loader import PolicyLoadError, load
-    from routeopt.artifacts.serving.signatures import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     private, public = generate_keys(tmp_path / "keys")
     policy = lgbm_result.policy
