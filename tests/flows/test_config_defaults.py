@@ -79,4 +79,4 @@ def test_a_file_mode_that_is_not_octal_is_named(project: Path) -> None:
     project.write_text(json.dumps({**cfg, "reports": {"permissions": 644}}))
     result = CliRunner().invoke(cli, ["report", "--config", str(project)])
     assert result.exit_code == 1
-    assert "routeopt.reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'" in result.output
+    assert "reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'" in result.output
