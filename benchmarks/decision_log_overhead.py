@@ -37,9 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim  # noqa: E402
-from routeopt.artifacts.registry import move_channel, publish  # noqa: E402
-from routeopt.artifacts.runtime import load  # noqa: E402
+from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway, verbatim  # noqa: E402
+from routeopt.artifacts.publish.registry import move_channel, publish  # noqa: E402
+from routeopt.artifacts.serving.loader import load  # noqa: E402
 from route_latency import build_policy, measure  # noqa: E402
 import traffic_replay  # noqa: E402
 
@@ -97,8 +97,8 @@ def policy_for(folder: Path, data: str) -> tuple[Path, Path, list, str]:
     """route_latency's policy, or one trained on RouterBench's train split wherever ../shared is."""
     if data != "routerbench":
         return build_policy(folder, data)
-    from routeopt.artifacts.registry import publish as publish_
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.registry import publish as publish_
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.router_training.train import train_router
 
     train, fleet, what = traffic_replay.load_data("routerbench")

@@ -75,8 +75,8 @@ def seed_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dic
 
 def published_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dict]:
     """Per seed: the published (refit) policy's promise on an outer 30% it never trained on."""
-    from routeopt.router_training.data import routing_data
-    from routeopt.router_training.knob import STANDARD_TARGETS
+    from routeopt.router_training.fit.data import routing_data
+    from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS
     from routeopt.router_training.train import promise_report, split_requests, train_router
 
     data = routing_data(frame)

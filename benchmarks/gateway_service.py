@@ -84,7 +84,7 @@ def routerbench_policy(tmp: Path) -> tuple[Path, Path, list[tuple[str, str | Non
     """Train and publish the RouterBench policy through the CLI; its test prompts to send."""
     import pandas as pd
 
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     data = data_dir() / "routerbench"
     private, public = generate_keys(tmp / "keys")

@@ -45,7 +45,7 @@ def cli(*args: str, cwd: Path) -> str:
 
 def published(name: str) -> tuple[Path, Path]:
     """(version folder, public key) of the set's policy, trained and published via the CLI."""
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     folder = CACHE / f"{name}-{code_digest()}"
     done = folder / "done.json"

@@ -3,7 +3,7 @@
 For each shared set, its policy is published through the CLI (benchmarks/js_common.py), then:
 
 - the conformance vectors (~2,000 hostile and synthetic requests, 8 quality targets, exploration
-  and canary draws) run in Python (`routeopt.artifacts.runtime` as a gateway loads them) and in Node
+  and canary draws) run in Python (`routeopt.artifacts.serving.loader` as a gateway loads them) and in Node
   (`gateways/js`): mismatches per layer, integer layers included;
 - every test-split prompt of the set is routed by both runtimes at 7 targets: identical
   decisions (model, fallbacks, propensity), counted.
@@ -25,7 +25,7 @@ TARGETS = (None, 0.0, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 def python_side(version: Path, public_key: Path, requests: list[dict]) -> tuple[dict, list[dict]]:
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
 
     start = time.perf_counter()
     router = load(version, public_key=public_key, state_dir=False)

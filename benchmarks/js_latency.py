@@ -23,7 +23,7 @@ from js_common import build_js, load_average, node, published, requests_file, te
 
 
 def python_rounds(version: Path, key: Path, requests: list[dict], rounds: int) -> list[tuple[float, float]]:
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
 
     router = load(version, public_key=key, state_dir=False)
     for r in requests[:500]:

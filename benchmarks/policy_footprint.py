@@ -7,7 +7,7 @@ The set's policy (RouterBench by default) is published through the CLI (benchmar
   written as format 2 did (JSON arrays: tests/router_training/legacy.py).
 - Cold load + verify + self-check: in a fresh process each round (Python with its bytecode
   cache, as an installed package runs, and without, as this machine's environment sets it), the time of
-  `routeopt.artifacts.runtime.load(version, public_key=...)` (signature, every hash, parse, the
+  `routeopt.artifacts.serving.loader.load(version, public_key=...)` (signature, every hash, parse, the
   conformance vectors, a trial decision) and of `Router.open({files, publicKeys})` in Node; and
   the whole process (interpreter start and imports included). Medians of the rounds.
 
@@ -33,7 +33,7 @@ from js_common import ROOT, build_js, load_average, node, published
 PY_LOAD = """
 import json, sys, time
 t0 = time.perf_counter()
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.serving.loader import load
 t1 = time.perf_counter()
 router = load(sys.argv[1], public_key=sys.argv[2], state_dir=False)
 t2 = time.perf_counter()
@@ -47,7 +47,7 @@ def sizes(version: Path) -> dict[str, tuple[int, int]]:
 
 
 def format_2_sizes(version: Path) -> dict[str, tuple[int, int]]:
-    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy.routing import RoutingPolicy
     from tests.router_training.legacy import save_format_2
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,8 +28,8 @@ from router_data import data_dir  # noqa: E402
 
 def decisions(data: Path) -> dict:
     from routeopt.evals.storage.importer import training_frame_of
-    from routeopt.router_training.bench import find_sets, knob_choices, read_frame, scoring_data
-    from routeopt.router_training.knob import STANDARD_TARGETS
+    from routeopt.router_training.evaluation.bench import find_sets, knob_choices, read_frame, scoring_data
+    from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS
     from routeopt.router_training.train import train_router
 
     out = {}

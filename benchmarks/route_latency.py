@@ -1,4 +1,4 @@
-"""Gateway routing latency: 10,000 single-request decisions through `routeopt.artifacts.runtime`, one thread.
+"""Gateway routing latency: 10,000 single-request decisions through `routeopt.artifacts.serving.loader`, one thread.
 
 Each timed call is `Router.route(prompt, suite)`: featurisation, prediction and the policy's
 choice, exactly what a gateway pays per request. The policy is loaded the way a gateway loads it
@@ -28,9 +28,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from routeopt.artifacts.registry import publish  # noqa: E402
-from routeopt.artifacts.runtime import load  # noqa: E402
-from routeopt.artifacts.signing import generate_keys  # noqa: E402
+from routeopt.artifacts.publish.registry import publish  # noqa: E402
+from routeopt.artifacts.serving.loader import load  # noqa: E402
+from routeopt.artifacts.publish.signing_keys import generate_keys  # noqa: E402
 
 
 def _demo_frame():

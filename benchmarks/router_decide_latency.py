@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--estimator", choices=("linear", "lightgbm"), default="linear",
                     help="Estimator of the policy trained when --policy is not given.")
     args = ap.parse_args()
-    from routeopt.router_training.policy import RoutingPolicy
+    from routeopt.router_training.policy.routing import RoutingPolicy
 
     if args.policy is not None:
         policy = RoutingPolicy.load(args.policy)

@@ -17,7 +17,7 @@ held, and top-best: the pass rate at the highest target (what the knob serves wh
 certified) minus the best single's.
 
 With `--shift`, each held-out fold is also shifted the project's own ways
-(`routeopt.router_training.shifts`: harder by the plain reference's difficulty learned on the other
+(`routeopt.router_training.evaluation.shifts`: harder by the plain reference's difficulty learned on the other
 folds, another suite mix, longer prompts), and each variant is measured there twice: as trained
 (`default`) and trained again with a certificate toward the shifted fold's prompts (`traffic`,
 as `routeopt train --traffic`). Per shift and variant it prints issue 24's checks (pass rate at
@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routeopt.evals.storage.importer import training_frame_of  # noqa: E402
 from router_data import data_dir  # noqa: E402
-from routeopt.router_training.baselines import ReferenceRouter  # noqa: E402
-from routeopt.router_training.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
-from routeopt.router_training.data import routing_data  # noqa: E402
-from routeopt.router_training.embeddings import reuse_embeddings  # noqa: E402
-from routeopt.router_training.knob import DEFAULT_CONFIDENCE  # noqa: E402
+from routeopt.router_training.evaluation.baselines import ReferenceRouter  # noqa: E402
+from routeopt.router_training.evaluation.bench import knob_choices, knob_info, measure, scoring_data  # noqa: E402
+from routeopt.router_training.fit.data import routing_data  # noqa: E402
+from routeopt.router_training.policy.embeddings import reuse_embeddings  # noqa: E402
+from routeopt.router_training.fit.knob_fitting import DEFAULT_CONFIDENCE  # noqa: E402
 from routeopt.router_training.train import Design, train_router  # noqa: E402
 
 
@@ -142,9 +142,9 @@ def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, d
 def shifted_folds(fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceRouter, policy, design: dict,
                   options: dict):
     """((shift, 'default' | 'traffic'), report) on each shift of one held-out fold."""
-    from routeopt.router_training.certificate import Certificate, TrafficSample
-    from routeopt.router_training.shift_bench import difficulty, shift_checks
-    from routeopt.router_training.shifts import SHIFTS, shifted
+    from routeopt.router_training.fit.certificate import Certificate, TrafficSample
+    from routeopt.router_training.evaluation.shift_bench import difficulty, shift_checks
+    from routeopt.router_training.evaluation.shifts import SHIFTS, shifted
 
     hardness = difficulty(reference, test)
     for name in SHIFTS:

@@ -8,7 +8,7 @@ For each sub-folder of --data holding train.parquet and test.parquet (default ..
 
 for every target x, then the chosen models are scored against the test outcomes. Prints per set
 the realised pass rate and cost at each target, S100 / S95 / AIQ of the knob beside the plain
-reference (routeopt.router_training.baselines.ReferenceRouter), the zero router, the best single
+reference (routeopt.router_training.evaluation.baselines.ReferenceRouter), the zero router, the best single
 candidate and the oracle, and how often the promise (pass rate >= x * best single) held.
 
     python benchmarks/router_knob.py [--data ../shared/data] [--sets routerbench,alpacaeval]
@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from router_data import data_dir  # noqa: E402
-from routeopt.router_training.baselines import ReferenceRouter  # noqa: E402
-from routeopt.router_training.bench import (  # noqa: E402
+from routeopt.router_training.evaluation.baselines import ReferenceRouter  # noqa: E402
+from routeopt.router_training.evaluation.bench import (  # noqa: E402
     find_sets, format_set, format_summary, measure, scoring_data,
 )
-from routeopt.router_training.data import routing_data  # noqa: E402
-from routeopt.router_training.knob import STANDARD_TARGETS  # noqa: E402
+from routeopt.router_training.fit.data import routing_data  # noqa: E402
+from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS  # noqa: E402
 
 
 def cli(*args: str) -> str:
@@ -52,7 +52,7 @@ def cli(*args: str) -> str:
 
 def keys(tmp: Path) -> tuple[Path, Path]:
     """A signing key pair of this benchmark's own (as a user's `routeopt run` makes one)."""
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     folder = tmp / "keys"
     if not folder.exists():
@@ -72,7 +72,7 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
     first = test_frame.drop_duplicates("request_id")
     requests.write_text("".join(json.dumps({"id": r.request_id, "prompt": r.prompt, "suite": r.suite}) + "\n"
                                 for r in first.itertuples()), encoding="utf-8")
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
 
     policy = load(registry, public_key=public).policy
     test = scoring_data(test_frame, policy.candidates)

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routeopt.evals.storage.importer import training_frame_of  # noqa: E402
 from router_data import data_dir  # noqa: E402
-from routeopt.router_training import metrics as M  # noqa: E402
-from routeopt.router_training.data import routing_data  # noqa: E402
-from routeopt.router_training.knob import _members  # noqa: E402
+from routeopt.router_training.evaluation import metrics as M  # noqa: E402
+from routeopt.router_training.fit.data import routing_data  # noqa: E402
+from routeopt.router_training.fit.knob_fitting import _members  # noqa: E402
 from routeopt.router_training.train import fit_calibrated  # noqa: E402
 
 

@@ -3,9 +3,9 @@
 For each set under --data, the training split trains the policy `routeopt train` publishes (its
 metrics carry the monitor's reference sketch). Then, per seed, --logged requests are drawn with
 replacement from the test split as it is (`none`) and from each shifted test set
-(`routeopt.router_training.shifts`, drawn with that seed), and logged as the gateway logs them: suite,
+(`routeopt.router_training.evaluation.shifts`, drawn with that seed), and logged as the gateway logs them: suite,
 prompt length, and the model the policy chose at its target (`decide_batch`, as the gateway's
-`policy_model`). `routeopt.router_training.monitor.detect_shift` compares them with the sketch.
+`policy_model`). `routeopt.router_training.live.shift_monitor.detect_shift` compares them with the sketch.
 
 Prints per set and shift how many seeds flagged a shift, the median adjusted p-value and the
 features that moved most often. Issue 24: every shift flagged (p < 0.01) with 2,000 logged
@@ -33,7 +33,7 @@ from router_data import data_dir  # noqa: E402
 def logged_requests(policy, data, routed: list[str], idx: np.ndarray):
     """The monitor's view of the requests `idx` routed by `policy` at its own target (`routed`:
     its decision for every request of `data`, made once: a decision is a function of the request)."""
-    from routeopt.router_training.monitor import Logged
+    from routeopt.router_training.live.shift_monitor import Logged
 
     return Logged([data.suites[i] for i in idx], np.array([len(data.prompts[i]) for i in idx]),
                   [policy.quality_target] * len(idx), [routed[i] for i in idx],
@@ -42,12 +42,12 @@ def logged_requests(policy, data, routed: list[str], idx: np.ndarray):
 
 def run_set(name: str, folder: Path, seeds: int, n: int) -> list[dict]:
     from routeopt.evals.storage.importer import training_frame_of
-    from routeopt.router_training.baselines import ReferenceRouter
-    from routeopt.router_training.bench import scoring_data
-    from routeopt.router_training.data import routing_data
-    from routeopt.router_training.monitor import detect_shift
-    from routeopt.router_training.shift_bench import difficulty
-    from routeopt.router_training.shifts import SHIFTS, shifted
+    from routeopt.router_training.evaluation.baselines import ReferenceRouter
+    from routeopt.router_training.evaluation.bench import scoring_data
+    from routeopt.router_training.fit.data import routing_data
+    from routeopt.router_training.live.shift_monitor import detect_shift
+    from routeopt.router_training.evaluation.shift_bench import difficulty
+    from routeopt.router_training.evaluation.shifts import SHIFTS, shifted
     from routeopt.router_training.train import train_router
 
     frame = training_frame_of(folder / "train.parquet")

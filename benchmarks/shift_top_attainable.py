@@ -1,7 +1,7 @@
 """Can a router trained on the training split meet issue 24's check at target 1.0 on the suite shift?
 
 The check asks the pass rate at 1.0 to be at least the best single candidate's on the shifted
-test requests minus 0.01. The `suites` shift (`routeopt.router_training.shifts`, seed 0, as `routeopt
+test requests minus 0.01. The `suites` shift (`routeopt.router_training.evaluation.shifts`, seed 0, as `routeopt
 bench router --shift` makes it) keeps test requests with a probability set by their suite
 alone, so within a suite they are drawn like the rest of the test split. What the training
 split can tell a router about that traffic is then each suite's pass rates weighted by the
@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from router_data import data_dir
-from routeopt.router_training.bench import CHECKED, scoring_data
-from routeopt.router_training.data import routing_data
-from routeopt.router_training.shifts import shifted
+from routeopt.router_training.evaluation.bench import CHECKED, scoring_data
+from routeopt.router_training.fit.data import routing_data
+from routeopt.router_training.evaluation.shifts import shifted
 
 TOLERANCE = CHECKED[1.0]  # the check at target 1.0: best - 0.01
 

@@ -132,8 +132,8 @@ def call_span_cost(n: int = 5_000) -> tuple[float, float]:
 
 
 def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
-    from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
+    from routeopt.artifacts.serving.loader import load
 
     registry, public, prompts, what = build_policy(tmp, "auto")
     router = load(registry, public, state_dir=False)

@@ -2,9 +2,9 @@
 
 The traffic is a set of requests whose outcome is known for every model (RouterBench's test split
 in ../shared, or a synthetic fleet made here). The champion routes it through
-`routeopt.artifacts.decisions.Gateway` with exploration; feedback (passed, cost) is drawn from the true
+`routeopt.artifacts.serving.gateway.Gateway` with exploration; feedback (passed, cost) is drawn from the true
 outcome of the model each request was served by and imported with the decision log into a store;
-then `routeopt.router_training.live` estimates the second policy's pass rate and cost, whose true values come
+then `routeopt.router_training.live.promise` estimates the second policy's pass rate and cost, whose true values come
 straight from the data. Used by `benchmarks/ope_coverage.py` and `tests/flows/test_live_replay.py`.
 
 Three ways of knowing the second policy's choice on the logged requests:
@@ -37,7 +37,7 @@ MODES = ("text", "shadow", "canary")
 
 def fleet_from_frame(frame: Any) -> Any:
     """The requests with the true outcome and cost of every candidate (`RoutingData`)."""
-    from routeopt.router_training.data import routing_data
+    from routeopt.router_training.fit.data import routing_data
 
     return routing_data(frame).complete()
 
@@ -91,8 +91,8 @@ def train_pair(train: Any, seed: int = 0) -> tuple[Any, Any]:
 
 def publish_pair(folder: Path, champion: Any, second: Any) -> Path:
     """A registry where the champion is version 1 (`champion`) and the second version 2 (`candidate`)."""
-    from routeopt.artifacts.registry import move_channel, publish
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.registry import move_channel, publish
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     registry = folder / "registry"
     private, _ = generate_keys(registry_keys(registry))
@@ -122,8 +122,8 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
 
     Feedback comes back for a random `feedback_share` of requests (missing at random).
     """
-    from routeopt.artifacts.decisions import DecisionLog, Exploration, Gateway, verbatim
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway, verbatim
+    from routeopt.artifacts.serving.loader import load
     from routeopt.evals.storage.store import Store
     from routeopt.evals.storage.traffic import import_decisions, import_feedback
 
@@ -160,7 +160,7 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
 
 
 def estimate(store_path: Path, policy: Any, version: int, mode: str) -> Any:
-    """routeopt.router_training.live's estimate of the policy (version 2) on the replayed traffic."""
+    """routeopt.router_training.live.promise's estimate of the policy (version 2) on the replayed traffic."""
     return estimate_pair(store_path, policy, version, mode)[0]
 
 
@@ -169,7 +169,7 @@ def estimate_pair(store_path: Path, policy: Any, version: int, mode: str) -> tup
     difference policy - champion, as the promotion gate computes them."""
     from routeopt.evals.storage.store import Store
     from routeopt.evals.storage.traffic import load_traffic
-    from routeopt.router_training.live import compare, evaluate
+    from routeopt.router_training.live.promise import compare, evaluate
 
     with Store(store_path, read_only=True) as store:
         frame = load_traffic(store)

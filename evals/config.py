@@ -266,7 +266,7 @@ class RouterSettings(BaseModel):
 
 
 class PublishSettings(BaseModel):
-    """How the nightly flow publishes and promotes policies (`routeopt.artifacts.registry`)."""
+    """How the nightly flow publishes and promotes policies (`routeopt.artifacts.publish.registry`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -381,7 +381,7 @@ class TrafficSettings(BaseModel):
     api_prices: dict[str, ApiPrice] = Field(default_factory=dict, description="what each "
                                             "self-hosted candidate's model costs on a provider API")
     shift_alpha: float = Field(default=0.01, gt=0, lt=1, description="the shift monitor's family-wise "
-                               "level: live requests unlike the certified ones (routeopt.router_training.monitor)")
+                               "level: live requests unlike the certified ones (routeopt.router_training.live.shift_monitor)")
     shift_min_effect: float = Field(default=0.05, ge=0, le=1, description="the least total variation "
                                     "(binned) of a feature that counts as a shift")
     shift_min_requests: int = Field(default=200, ge=1, description="logged requests the shift monitor "

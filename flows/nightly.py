@@ -28,7 +28,7 @@ from routeopt.evals.execution.runner import PairStats, evaluate_pair
 from routeopt.evals.storage.store import Outcome, Store, new_run_id  # noqa: F401 - the flow's id, also for the CLI
 from routeopt.evals.suite.spec import Suite, SuiteError, discover_suites, load_suite
 from routeopt.flows.review import report_run, review_run
-from routeopt.reports.summary import excluded_line
+from routeopt.reports.summary import RunResult, excluded_line
 
 ProgressHook = Callable[[str, str, int, int], None]
 """(suite, candidate, advance, total) -> None; the CLI draws a progress bar per pair."""
@@ -342,9 +342,9 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
 def _refusals() -> tuple[type[Exception], ...]:
     """What the registry, the signing key or the champion's verification raise: a person must
     look, and the run reports it in one sentence instead of a traceback."""
-    from routeopt.artifacts.backends import RegistryError
-    from routeopt.artifacts.runtime import PolicyLoadError
-    from routeopt.artifacts.signing import SigningError
+    from routeopt.artifacts.serving.backends import RegistryError
+    from routeopt.artifacts.serving.loader import PolicyLoadError
+    from routeopt.artifacts.serving.signatures import SigningError
 
     return (RegistryError, PolicyLoadError, SigningError, OSError)
 
@@ -362,8 +362,8 @@ def publish_task(cfg: Config, result: Any, report: EvalReport, outcome_runs: lis
 def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[str]) -> Any:
     """Publish the policy, signed, as the next version; it becomes `latest` and `candidate`.
     The first publish creates the signing key (`Config.signing_key_path`)."""
-    from routeopt.artifacts.registry import move_channel, publish, registry_signing_key
-    from routeopt.artifacts.signing import public_key_path
+    from routeopt.artifacts.publish.registry import move_channel, publish, registry_signing_key
+    from routeopt.artifacts.serving.signatures import public_key_path
 
     path = cfg.signing_key_path()
     key, created = registry_signing_key(cfg.registry_dir, path)
@@ -420,12 +420,13 @@ def promote_task(cfg: Config, result: Any, frame: Any, published: Any, blocking:
 
 
 def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: list[str]) -> Any:
-    """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.promotion`)."""
-    from routeopt.artifacts.promotion import champion_version, decide_promotion, heldout
-    from routeopt.artifacts.registry import move_channel
-    from routeopt.artifacts.signing import load_private_key, trusted_keys
+    """Move `champion` to the new version only if the gate passes (`routeopt.artifacts.publish.promotion`)."""
+    from routeopt.artifacts.publish.promotion import champion_version, decide_promotion, heldout
+    from routeopt.artifacts.publish.registry import move_channel
+    from routeopt.artifacts.serving.signatures import trusted_keys
+    from routeopt.artifacts.publish.signing_keys import load_private_key
     from routeopt.evals.storage.traffic import load_traffic
-    from routeopt.router_training.live import live_comparison, live_promise
+    from routeopt.router_training.live.promise import live_comparison, live_promise
 
     key = load_private_key(cfg.signing_key_path())
     trusted = [key.public_key(), *(trusted_keys(None) or {}).values()]  # + $ROUTEOPT_PUBLIC_KEY: rotation
@@ -490,7 +491,7 @@ def nightly(
     preflight: bool | None = None,
     skip_broken: bool | None = None,
     probes: list[dict] | None = None,
-) -> dict[str, Any]:
+) -> RunResult:
     """Preflight -> evaluate -> store -> train -> review -> publish -> promote -> report. The
     same run id resumes.
 
@@ -559,33 +560,33 @@ def nightly(
             "reason": promotion.reason if promotion is not None else refused[0].message}
         report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy,
                                     traffic=review.traffic.to_dict() if review.traffic is not None else None)
-    return {
-        "run_id": run_id,
-        "db_path": str(cfg.db_path),
-        "suites": report.suites,
-        "suite_errors": report.suite_errors,
-        "pairs": [asdict(p) for p in report.pairs],
-        "router_metrics": result.metrics if result is not None else None,
-        "report_path": str(report_path),
-        "drift_blocking": blocking,
-        "traffic_check": review.traffic.to_dict() if review.traffic is not None else None,
-        "published": (
+    return RunResult(
+        run_id=run_id,
+        db_path=str(cfg.db_path),
+        suites=report.suites,
+        suite_errors=report.suite_errors,
+        pairs=[asdict(p) for p in report.pairs],
+        router_metrics=result.metrics if result is not None else None,
+        report_path=str(report_path),
+        drift_blocking=blocking,
+        traffic_check=review.traffic.to_dict() if review.traffic is not None else None,
+        published=(
             {"version": published.version, "uri": published.uri, "signed": published.signed,
              "key_id": published.key_id,
              "public_key": str(cfg.signing_key_path().parent / "public_key.pem")}
             if published
             else None
         ),
-        "promotion": asdict(promotion) if promotion is not None else None,
-        "cache_max_age": format_age(max_age_s) if max_age_s is not None else None,
-        "excluded": excluded,
-        "traffic": traffic,
-        "preflight": [p.to_dict() for p in checked],
-        "skipped": skipped,
-        "misconfigured": report.misconfigured,
-        "held": held,
-        "refused": [asdict(r) for r in refused],
-    }
+        promotion=asdict(promotion) if promotion is not None else None,
+        cache_max_age=format_age(max_age_s) if max_age_s is not None else None,
+        excluded=excluded,
+        traffic=traffic,
+        preflight=[p.to_dict() for p in checked],
+        skipped=skipped,
+        misconfigured=report.misconfigured,
+        held=held,
+        refused=[asdict(r) for r in refused],
+    )
 
 
 def _held(report: EvalReport, skip_broken: bool, would_publish: bool) -> str | None:

@@ -26,19 +26,19 @@ class RunReview:
     drift: DriftReport
     blocking: list[DriftFinding] = field(default_factory=list)
     alerts: dict[str, Any] = field(default_factory=dict)
-    traffic: Any = None  # routeopt.router_training.monitor.TrafficCheck of the serving champion
+    traffic: Any = None  # routeopt.router_training.live.shift_monitor.TrafficCheck of the serving champion
     traffic_alerts: dict[str, Any] = field(default_factory=dict)
 
 
 def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until: str | None = None) -> Any:
     """The champion's traffic check on the decisions of the last `traffic.window_days`: the shift
-    monitor (`routeopt.router_training.monitor`) and, with feedback, its promise on live traffic. None
+    monitor (`routeopt.router_training.live.shift_monitor`) and, with feedback, its promise on live traffic. None
     without a verified champion or without logged decisions."""
     from datetime import datetime, timedelta, timezone
 
-    from routeopt.artifacts.promotion import champion_version
+    from routeopt.artifacts.publish.promotion import champion_version
     from routeopt.evals.storage.traffic import load_traffic
-    from routeopt.router_training.monitor import check_traffic
+    from routeopt.router_training.live.shift_monitor import check_traffic
 
     end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
     frame = load_traffic(store, since=(end - timedelta(days=cfg.traffic.window_days)).isoformat(),
@@ -59,7 +59,7 @@ def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until:
 def trusted_public_keys(cfg: Config) -> Any:
     """The public keys the champion is verified with: the config's (beside its signing key) and
     $ROUTEOPT_PUBLIC_KEY."""
-    from routeopt.artifacts.signing import public_key_path, trusted_keys
+    from routeopt.artifacts.serving.signatures import public_key_path, trusted_keys
 
     keys = [*(trusted_keys(None) or {}).values()]
     beside = public_key_path(cfg.signing_key_path())

@@ -1,7 +1,7 @@
 """Train a routing policy from outcomes: fit, calibrate, build the knob, measure on held-out data.
 
 Requests (not rows) are split, per suite, into train and held-out test. The estimator learns on
-all of train; Platt scaling and the quality knob (routeopt.router_training.knob) are fitted on
+all of train; Platt scaling and the quality knob (routeopt.router_training.fit.knob_fitting) are fitted on
 out-of-fold predictions of train (cross-fitting: no data is spent on a separate calibration
 set); the test requests are touched only to report metrics, among them how often the knob's
 promise held there. Then (`refit`, the default) the same procedure runs again on every request
@@ -25,19 +25,20 @@ import numpy as np
 import pandas as pd
 
 from routeopt.common.io import jsonable
-from routeopt.router_training.baselines import evaluate, outcomes_of
-from routeopt.router_training.data import RoutingData, routing_data
-from routeopt.router_training.embeddings import reuse_embeddings
-from routeopt.router_training.estimators import (
+from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
+from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.policy.embeddings import reuse_embeddings
+from routeopt.router_training.fit.estimators import (
     LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
 )
-from routeopt.router_training.certificate import Certificate
-from routeopt.router_training.certify import Assumption
-from routeopt.router_training.features import FeatureSpec, n_chars as text_length
-from routeopt.router_training.knob import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
-from routeopt.router_training.monitor import reference_sketch
-from routeopt.router_training.policy import CostModel, LinearScorer, RoutingPolicy, _sigmoid
-from routeopt.router_training.trees import TreeScorer
+from routeopt.router_training.fit.certificate import Certificate
+from routeopt.router_training.fit.bounds import Assumption
+from routeopt.router_training.policy.features import FeatureSpec, n_chars as text_length
+from routeopt.router_training.fit.knob_fitting import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
+from routeopt.router_training.live.shift_monitor import reference_sketch
+from routeopt.router_training.policy.numerics import sigmoid
+from routeopt.router_training.policy.routing import CostModel, LinearScorer, RoutingPolicy
+from routeopt.router_training.policy.trees import TreeScorer
 
 
 ESTIMATORS = ("linear", "lightgbm")
@@ -168,7 +169,7 @@ def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, e
     n_topics = len(scorer.centroids) if getattr(scorer, "centroids", None) is not None else 0
     cost_model = fit_cost_model(n_chars, suite_pos, data.C, len(spec.suites), topic_pos=topic, n_topics=n_topics)
     rates = np.nanmean(data.Y, axis=0)
-    P = _sigmoid(platt[0] * z + platt[1])
+    P = sigmoid(platt[0] * z + platt[1])
     cal = Calibration(P, cost_model.predict(n_chars, suite_pos, topic), data.Y, data.C)
     return Calibrated(spec, scorer, platt, cost_model, cal, folds, rates, est_metrics)
 
@@ -196,7 +197,7 @@ def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool =
 
 
 def shift_reference(policy: RoutingPolicy, cal: Calibration, data: RoutingData) -> dict:
-    """The shift monitor's sketch of the calibration requests (`routeopt.router_training.monitor`): their
+    """The shift monitor's sketch of the calibration requests (`routeopt.router_training.live.shift_monitor`): their
     suites, lengths and the models the knob chose for them, out of fold, at each standard target."""
     names = np.array(policy.candidates, dtype=object)
     routes = {x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
@@ -249,7 +250,7 @@ def train_router(
     a gateway serving such a policy then needs torch, and each decision costs milliseconds).
     `estimator="lightgbm"` scores with one LightGBM model per candidate instead of the linear
     model (a gateway serving it then needs lightgbm). `certificate` says what the knob's
-    certificate assumes of the traffic (`routeopt.router_training.certificate`): like the calibration
+    certificate assumes of the traffic (`routeopt.router_training.fit.certificate`): like the calibration
     requests (the default), toward an unlabelled traffic sample, or robust to a stated shift.
     """
     if estimator not in ESTIMATORS:

@@ -40,7 +40,7 @@ def shared_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def _keys_and_gateway_state(tmp_path_factory, monkeypatch):
-    """Gateways remember the newest policy they accepted (routeopt.artifacts.gateway_state): each test
+    """Gateways remember the newest policy they accepted (routeopt.artifacts.serving.state): each test
     gets its own state folder, never the user's ~/.local/state. No test may create the signing
     key of the repository's own config (publishers create it on first use)."""
     monkeypatch.setenv("ROUTEOPT_STATE_DIR", str(tmp_path_factory.mktemp("gateway-state")))

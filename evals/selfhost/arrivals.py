@@ -1,6 +1,6 @@
 """What `routeopt bench replay` replays: logged arrivals, checked, ordered and made sendable.
 
-Two inputs: gateway decision logs (`routeopt.artifacts.decisions.DecisionLog` JSONL: each decision's time,
+Two inputs: gateway decision logs (`routeopt.artifacts.serving.gateway.DecisionLog` JSONL: each decision's time,
 served model and prompt length; tokens from its usage records; text where the redaction hook
 kept it), or an arrival trace (.jsonl or .csv: `timestamp` as ISO-8601 or seconds, `model` or
 `suite`, `input_tokens`, `output_tokens`, optional `text`).

@@ -52,13 +52,6 @@ def is_excluded(error_kind: str | None) -> bool:
     return error_kind in OUR_SIDE
 
 
-def passed_label(error_kind: str | None, passed: bool | None) -> bool | None:
-    """The row's pass label: the grade, False for a candidate's error, None when excluded."""
-    if error_kind is None:
-        return passed
-    return None if is_excluded(error_kind) else False
-
-
 @dataclass(frozen=True)
 class LabelSql:
     """The same definitions as SQL expressions over an outcomes table (optionally aliased)."""

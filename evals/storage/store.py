@@ -400,11 +400,6 @@ class Store:
             [(MISCONFIGURED, run_id, f["candidate"], f["error_kind"], f["error"] or "") for f in found])
         return [{**f, "n": int(f["n"])} for f in found]
 
-    def run_exists(self, run_id: str) -> bool:
-        """Whether this file has begun a run with this id (resumable or finished)."""
-        with self._lock:
-            return self._con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
-
     def finish_run(self, run_id: str, status: str = "completed") -> None:
         self._write(
             "UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?",

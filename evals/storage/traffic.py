@@ -1,6 +1,6 @@
 """Production traffic in the store: the gateways' decision logs and the outcomes fed back for them.
 
-`import_decisions` reads the JSONL files `routeopt.artifacts.decisions.DecisionLog` writes (one object per
+`import_decisions` reads the JSONL files `routeopt.artifacts.serving.gateway.DecisionLog` writes (one object per
 line, `"kind": "decision"` or `"usage"`) into the `decisions` table; `import_feedback` reads
 outcomes (request id plus passed or score, from user ratings, a validator or a judge) into
 `feedback`, keyed by (request id, source). Both are idempotent: a request id is stored once, and
@@ -8,7 +8,7 @@ a feedback row imported again is kept, or updated if its values changed. Bad row
 error naming the file and line, and nothing of that file is written.
 
 `load_traffic` reads them back as one frame, decisions joined with their feedback, which
-`routeopt.router_training.live` scores policies on.
+`routeopt.router_training.live.promise` scores policies on.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-# -- reading the traffic back: what `routeopt.router_training.live` scores policies on -------------------
+# -- reading the traffic back: what `routeopt.router_training.live.promise` scores policies on -------------------
 
 TRAFFIC_COLUMNS = (
     "request_id", "time", "suite", "quality_target", "text", "channel", "policy_version", "model",

@@ -84,8 +84,9 @@ def publishing_key(given: Path | None, config_path: Path | None, *, create_for: 
     """The private key a publishing command signs with: --signing-key, else the config's key
     (created on first use for the registry `create_for`, see `registry_signing_key`). None only
     with `allow_unsigned` and no key at all."""
-    from routeopt.artifacts.registry import RegistryError, registry_signing_key
-    from routeopt.artifacts.signing import SigningError, load_private_key, public_key_path
+    from routeopt.artifacts.publish.registry import RegistryError, registry_signing_key
+    from routeopt.artifacts.serving.signatures import SigningError, public_key_path
+    from routeopt.artifacts.publish.signing_keys import load_private_key
 
     path = given or signing_key_path(config_path)
     try:
@@ -113,7 +114,7 @@ def verification_keys(given: tuple[Path, ...], config_path: Path | None,
     """The public keys a command that loads policies trusts: --public-key, else
     `$ROUTEOPT_PUBLIC_KEY` (read by the loader), else the public key beside the config's signing
     key. Without any, only `allow_unsigned` goes on (the loader then checks no signature)."""
-    from routeopt.artifacts.signing import public_key_path
+    from routeopt.artifacts.serving.signatures import public_key_path
 
     if given:
         return list(given)

@@ -62,7 +62,7 @@ def policies() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(registry: str | None, config_path: Path | None, as_json: bool) -> None:
     """Every version with its channels and headline held-out metrics."""
-    from routeopt.artifacts.registry import list_versions
+    from routeopt.artifacts.publish.registry import list_versions
 
     try:
         rows = list_versions(registry or _default_registry(config_path))
@@ -87,7 +87,7 @@ def list_cmd(registry: str | None, config_path: Path | None, as_json: bool) -> N
 @CONFIG_OPTION
 def show(version: int, registry: str | None, config_path: Path | None) -> None:
     """Print a version's manifest (files, lineage, metrics, policy description)."""
-    from routeopt.artifacts.registry import show as show_version
+    from routeopt.artifacts.publish.registry import show as show_version
 
     try:
         _echo_json(show_version(registry or _default_registry(config_path), version))
@@ -102,7 +102,7 @@ def show(version: int, registry: str | None, config_path: Path | None) -> None:
 @CONFIG_OPTION
 def diff(a: int, b: int, registry: str | None, config_path: Path | None) -> None:
     """What changed from version A to B: candidates, thresholds, metrics, lineage."""
-    from routeopt.artifacts.registry import diff as diff_versions
+    from routeopt.artifacts.publish.registry import diff as diff_versions
 
     try:
         d = diff_versions(registry or _default_registry(config_path), a, b)
@@ -146,7 +146,7 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
             registry: str | None, signing_key: Path | None, allow_unsigned: bool,
             config_path: Path | None) -> None:
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
-    from routeopt.artifacts.registry import move_channel
+    from routeopt.artifacts.publish.registry import move_channel
 
     registry = registry or _default_registry(config_path)
     if require is not None:
@@ -164,8 +164,8 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
 def _require_live(registry: str, version: int, kind: str, db_path: Path | None, since: str | None,
                   min_feedback: int | None, margin: float | None, config_path: Path | None) -> None:
     """Exit with the reason unless VERSION's shadow or canary result allows the promotion."""
-    from routeopt.artifacts.promotion import rollout_evidence
-    from routeopt.artifacts.registry import current_pointer
+    from routeopt.artifacts.publish.promotion import rollout_evidence
+    from routeopt.artifacts.publish.registry import current_pointer
     from routeopt.evals.config import ConfigError, default_config_path, load_config
     from routeopt.evals.storage.store import Store
     from routeopt.evals.storage.traffic import load_traffic
@@ -197,7 +197,7 @@ def _require_live(registry: str, version: int, kind: str, db_path: Path | None, 
 def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, allow_unsigned: bool,
                  config_path: Path | None) -> None:
     """Move CHANNEL back to the version it held before the current one."""
-    from routeopt.artifacts.registry import rollback
+    from routeopt.artifacts.publish.registry import rollback
 
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
@@ -218,7 +218,7 @@ def verify(source: str | None, public_keys: tuple[Path, ...], allow_unsigned: bo
            config_path: Path | None, channel: str | None) -> None:
     """Check SOURCE (version folder, registry folder, s3:// or http(s) URL; default: the
     config's registry) exactly as a gateway does."""
-    from routeopt.artifacts.runtime import PolicyLoadError, check
+    from routeopt.artifacts.serving.loader import PolicyLoadError, check
 
     source = source or _default_registry(config_path)
     keys = verification_keys(public_keys, config_path, allow_unsigned)
@@ -240,7 +240,8 @@ def keys() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 def generate(out_dir: Path) -> None:
     """Write signing_key.pem (keep secret; point ROUTEOPT_SIGNING_KEY at it) and public_key.pem."""
-    from routeopt.artifacts.signing import SigningError, generate_keys, key_id, load_public_key
+    from routeopt.artifacts.serving.signatures import SigningError, key_id, load_public_key
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     try:
         private, public = generate_keys(out_dir)
@@ -262,6 +263,6 @@ def registry_group() -> None:
 @click.option("--port", default=8600, show_default=True, type=int)
 def serve(registry: str | None, config_path: Path | None, host: str, port: int) -> None:
     """Read-only HTTP with ETag / If-None-Match so polling gateways mostly get 304s."""
-    from routeopt.artifacts.server import serve_forever
+    from routeopt.artifacts.publish.registry_server import serve_forever
 
     serve_forever(Path(registry or _default_registry(config_path)), host, port)

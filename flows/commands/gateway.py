@@ -1,6 +1,6 @@
 """`routeopt gateway serve`: the decision service, for gateways that cannot embed Python.
 
-The options live in `routeopt.artifacts.service_main` (argparse), shared with `routeopt-gateway serve` of
+The options live in `routeopt.artifacts.serving.service_main` (argparse), shared with `routeopt-gateway serve` of
 the gateway-only install, so both commands take exactly the same options and variables.
 """
 
@@ -21,6 +21,6 @@ def gateway_group() -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def serve(args: tuple[str, ...]) -> None:
     """POST /v1/route answers the policy's decision; `routeopt gateway serve --help` lists the options."""
-    from routeopt.artifacts.service_main import main
+    from routeopt.artifacts.serving.service_main import main
 
     sys.exit(main(list(args), prog="routeopt gateway serve"))

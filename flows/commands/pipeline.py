@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import click
 
@@ -24,6 +24,9 @@ from routeopt.flows.commands.run_checks import (
 # regardless (Kubernetes sends SIGKILL 30 s after SIGTERM by default).
 SHUTDOWN_GRACE_S = 10.0
 DEFAULT_CACHE_AGE = "1d"  # how old a replayed answer may be with a bare --cache
+
+if TYPE_CHECKING:
+    from routeopt.reports.summary import RunResult
 
 
 def _common(fn: Any) -> Any:
@@ -152,7 +155,7 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     _summarise(result, started, shutdown.hint)
 
 
-def _summarise(result: dict[str, Any], started: float, hint: str | None) -> None:
+def _summarise(result: RunResult, started: float, hint: str | None) -> None:
     """The summary of what ran; then each thing that went wrong, one sentence each, last; exit
     non-zero when anything did (a suite that did not load, a misconfigured, skipped or halted
     candidate, a policy held back or refused)."""
@@ -161,32 +164,32 @@ def _summarise(result: dict[str, Any], started: float, hint: str | None) -> None
     from routeopt.reports.summary import candidate_table, error_rows, print_summary
 
     out = console()
-    store = shared_store(Path(result["db_path"]))
-    rows = candidate_table(store, result["run_id"])
-    print_summary(out, rows, result, load_caching(store, result["run_id"]),
-                  errors=error_rows(store, result["run_id"]))
-    out.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result['db_path']}")
+    store = shared_store(Path(result.db_path))
+    rows = candidate_table(store, result.run_id)
+    print_summary(out, rows, result, load_caching(store, result.run_id),
+                  errors=error_rows(store, result.run_id))
+    out.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result.db_path}")
     problems = _problems(result, hint)
     for sentence in problems:
         click.echo(f"Error: {sentence}", err=True)
-    if problems or result["suite_errors"]:
+    if problems or result.suite_errors:
         sys.exit(1)
 
 
-def _problems(result: dict[str, Any], hint: str | None) -> list[str]:
+def _problems(result: RunResult, hint: str | None) -> list[str]:
     """One sentence per reason this run needs a person (the suites' errors are in the summary)."""
-    out = [r["message"] for r in result.get("refused") or []]
-    if result.get("misconfigured"):
-        names = ", ".join(m["candidate"] for m in result["misconfigured"])
+    out = [r["message"] for r in result.refused or []]
+    if result.misconfigured:
+        names = ", ".join(m["candidate"] for m in result.misconfigured)
         out.append(f"{names} got the same error on every call: a configuration error, left out "
                    f"of pass rates and training; fix it, then resume with: {hint}")
-    if result.get("held"):
-        out.append(result["held"])
-    if result.get("skipped"):
-        skipped = result["skipped"]
+    if result.held:
+        out.append(result.held)
+    if result.skipped:
+        skipped = result.skipped
         out.append(f"{', '.join(skipped)} failed preflight and {'was' if len(skipped) == 1 else 'were'} "
                    "left out of this run and its policy (--skip-broken)")
-    halted = [p["candidate"] for p in result.get("pairs") or [] if p.get("halted")]
+    halted = [p["candidate"] for p in result.pairs or [] if p.get("halted")]
     if halted:
         out.append(f"{', '.join(sorted(set(halted)))} stopped calling when the API key was refused; "
                    f"fix the key, then resume with: {hint}")
@@ -194,7 +197,7 @@ def _problems(result: dict[str, Any], hint: str | None) -> list[str]:
 
 
 def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | None, list[Any], bool],
-                 **kw: Any) -> dict[str, Any]:
+                 **kw: Any) -> RunResult:
     """Preflight, then the flow, reporting to a configured Prefect API or a temporary server.
 
     API candidates are probed before the server starts, so a wrong key, model, port or path is

@@ -46,7 +46,7 @@ def import_outcomes_cmd(file: Path, db_path: Path | None, run_id: str | None, su
 
 
 def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any) -> str:
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     v = publish(policy, registry, lineage=lineage, metrics=metrics, signing_key=key)
     return f"published version {v.version} (signed, key {v.key_id}) to {v.location}"
@@ -88,7 +88,7 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
     """Train a router on every outcome in the store and publish it, signed (the store and the
     registry default to the config's)."""
     from routeopt.flows.commands.artifacts import _default_registry
-    from routeopt.router_training.certificate import Certificate
+    from routeopt.router_training.fit.certificate import Certificate
 
     db_path = resolve_db(config_path, db_path)
     registry = Path(registry or _default_registry(config_path))
@@ -129,7 +129,7 @@ def train(db_path: Path | None, registry: Path | None, quality_target: float, ho
 def _traffic(path: Path) -> Any:
     """The unlabelled traffic sample of --traffic: decision logs, or a JSONL of prompts."""
     from routeopt.evals.storage.traffic import TrafficImportError, decisions_from_log
-    from routeopt.router_training.certificate import traffic_sample_of
+    from routeopt.router_training.fit.certificate import traffic_sample_of
 
     try:
         frame = decisions_from_log(path)
@@ -179,7 +179,7 @@ def _stored_frame(path: Path) -> Any:
 def _bench_sets(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], sets: Path | None) -> list:
     if len(train_paths) != len(test_paths):
         raise click.UsageError(f"give one --test per --train (got {len(train_paths)} and {len(test_paths)})")
-    from routeopt.router_training.bench import find_sets
+    from routeopt.router_training.evaluation.bench import find_sets
 
     pairs = [(p.parent.name or p.stem, p, q) for p, q in zip(train_paths, test_paths)]
     if sets is not None:
@@ -224,11 +224,11 @@ def bench_router(train_paths: tuple[Path, ...], test_paths: tuple[Path, ...], se
     Each set goes the user's way: its train file is imported into a fresh store and trained on
     as `routeopt train` does; every test request is routed at the targets 0 ... 1.1 as `routeopt
     route --quality-target` routes; the choices are scored against the test outcomes. With
-    --shift, the same again on shifted test sets (`routeopt.router_training.shift_bench`).
+    --shift, the same again on shifted test sets (`routeopt.router_training.evaluation.shift_bench`).
     """
     from routeopt.common.io import jsonable
-    from routeopt.router_training.bench import format_set, format_summary, plot_sets, read_frame, run_set
-    from routeopt.router_training.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
+    from routeopt.router_training.evaluation.bench import format_set, format_summary, plot_sets, read_frame, run_set
+    from routeopt.router_training.evaluation.shift_bench import SHIFTS, format_shift_summary, format_shifts, run_shifts
 
     options = dict(holdout_fraction=holdout_fraction, seed=seed, embeddings=embeddings, estimator=estimator,
                    confidence=confidence)
@@ -265,7 +265,7 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
     gateway loader (a registry's `channel`, by default champion, else latest); the policy is None
     while it serves the default model. A bare folder written by `RoutingPolicy.save` has no
     signature, so it loads only with --allow-unsigned (status None)."""
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
 
     bare = (path / "policy.json").is_file() and not (path / "manifest.json").exists()
     if channel is not None and (bare or (path / "manifest.json").exists()):
@@ -274,7 +274,7 @@ def _load_policy(path: Path, keys: list | None, allow_unsigned: bool,
         if not allow_unsigned:
             raise click.ClickException(f"{path}: a bare policy folder has no manifest or signature; "
                                        f"publish it to a registry, or pass --allow-unsigned")
-        from routeopt.router_training.policy import RoutingPolicy
+        from routeopt.router_training.policy.routing import RoutingPolicy
 
         return RoutingPolicy.load(path), None
     try:

@@ -92,7 +92,7 @@ def refuse_changed_resume(cfg: Any, db: Path, run_id: str, suites: list[str] | N
     from routeopt.evals.storage.store import ResumeConflict
     from routeopt.evals.suite.spec import SuiteError, discover_suites, load_suite
     from routeopt.flows.commands import console
-    from routeopt.reports.summary import candidate_table, excluded_line, print_summary
+    from routeopt.reports.summary import RunResult, candidate_table, excluded_line, print_summary
 
     versions = {}
     for path in discover_suites(cfg.suites_dir, suites or cfg.suites):
@@ -107,7 +107,7 @@ def refuse_changed_resume(cfg: Any, db: Path, run_id: str, suites: list[str] | N
             return
         except ResumeConflict as exc:
             print_summary(console(), candidate_table(store, run_id),
-                          {"run_id": run_id, "excluded": excluded_line(store, run_id)})
+                          RunResult(run_id=run_id, excluded=excluded_line(store, run_id)))
             raise click.ClickException(str(exc)) from None
 
 

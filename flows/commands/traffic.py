@@ -33,8 +33,8 @@ def _logs(given: tuple[Path, ...], cfg: Any) -> list[Path]:
 def _champion(cfg: Any, registry: Any) -> Any:
     """The verified champion policy of the registry, or None (no registry, no champion, or one
     that cannot be verified: the caller asks for an explicit candidate instead)."""
-    from routeopt.artifacts.promotion import champion_policy
-    from routeopt.artifacts.signing import public_key_path
+    from routeopt.artifacts.publish.promotion import champion_policy
+    from routeopt.artifacts.serving.signatures import public_key_path
 
     beside = public_key_path(cfg.signing_key_path())  # else $ROUTEOPT_PUBLIC_KEY
     try:
@@ -147,8 +147,8 @@ def import_traffic_cmd(log: tuple[Path, ...], n: int, config_path: Path | None, 
 
 def _load_target(registry: str, spec: str, public_key: Any, allow_unsigned: bool) -> tuple[str, int, Any]:
     """(label, version, policy) for a version number or a channel name, verified."""
-    from routeopt.artifacts.registry import version_entry
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.publish.registry import version_entry
+    from routeopt.artifacts.serving.loader import load
 
     options = {"allow_unsigned": allow_unsigned, "default_model": "", "state_dir": False}
     if spec.isdigit():
@@ -219,7 +219,7 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
     """
     if quality_target is not None and not (math.isfinite(quality_target) and quality_target >= 0):
         raise click.BadParameter(f"{quality_target} is not a non-negative number", param_hint="--quality-target")
-    from routeopt.artifacts.runtime import PolicyLoadError
+    from routeopt.artifacts.serving.loader import PolicyLoadError
     from routeopt.evals.storage.traffic import (
         TrafficImportError,
         decisions_from_log,
@@ -228,7 +228,7 @@ def evaluate_cmd(targets: tuple[str, ...], registry: str | None, logs: tuple[Pat
         traffic_frame,
         window,
     )
-    from routeopt.router_training.live import compare, evaluate
+    from routeopt.router_training.live.promise import compare, evaluate
 
     registry = registry or _default_registry(config_path)
     keys = verification_keys(public_keys, config_path, allow_unsigned)

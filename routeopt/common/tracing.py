@@ -627,7 +627,7 @@ class _Deferred:
             else:
                 from routeopt.common.tracing_spans import SpanBuilder
 
-                build = SpanBuilder(self.state.provider.resource)
+                build = SpanBuilder(self.state.provider.resource, DECISION_SPAN)
                 while self.queue:
                     self.state.processor.on_end(build(self.queue.popleft()))
         except Exception as exc:  # never let one bad span stop the thread

@@ -23,7 +23,6 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace.status import Status, StatusCode
 
-from routeopt.common.tracing import DECISION_SPAN
 
 SERVER = api.SpanKind.SERVER.value
 
@@ -128,8 +127,9 @@ class SpanBuilder:
     processors' start hooks); the caller already sampled and drew the ids, so only the finished
     span is built: about 8 us for a decision."""
 
-    def __init__(self, resource: Any) -> None:
+    def __init__(self, resource: Any, decision_name: str) -> None:
         self.limits, self.scope, self.resource = SpanLimits(), InstrumentationScope("routeopt"), resource
+        self.decision_name = decision_name  # the name of a span recorded without one: a decision's
 
     @staticmethod
     def _bounded(attrs: Any, limit: int, length: int | None) -> BoundedAttributes:
@@ -138,7 +138,7 @@ class SpanBuilder:
     def __call__(self, item: tuple) -> ReadableSpan:
         limits = self.limits
         parent, trace_id, span_id, start, end, attrs, *rest = item
-        name, kind, events, status, links = rest or (DECISION_SPAN, SERVER, (), None, ())
+        name, kind, events, status, links = rest or (self.decision_name, SERVER, (), None, ())
         if callable(attrs):
             attrs = attrs()
         # W3C level 2: a trace id this process drew is random; a caller's says so itself

@@ -1,5 +1,5 @@
 """Alerts: drift findings and traffic checks (live requests unlike the certified ones, the promise
-broken on live traffic: `routeopt.router_training.monitor.TrafficCheck`) go out as Prefect events
+broken on live traffic: `routeopt.router_training.live.shift_monitor.TrafficCheck`) go out as Prefect events
 (automations page or block on them) and, when the config names one, as JSON to a webhook
 (Slack-style `text` line), retried with backoff. Delivery never fails a run: an unreachable
 receiver is logged and reported as not delivered."""

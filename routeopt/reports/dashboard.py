@@ -31,7 +31,7 @@ from routeopt.evals.storage.traffic import load_traffic
 from routeopt.reports.charts import Axis, Series, chart
 from routeopt.reports.summary import promise_line
 from routeopt.reports.replay_chart import replay_section
-from routeopt.router_training.live import live_summary
+from routeopt.router_training.live.promise import live_summary
 
 L, LO = LABELS, LabelSql("o.")
 LIVE = f"error_kind IS NULL AND {L.live}"  # answers measured in this run: times come from these
@@ -89,7 +89,7 @@ class ReportData:
     policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (routeopt.reports.replay_chart)
-    traffic: dict[str, Any] | None = None  # the champion's traffic check (routeopt.router_training.monitor)
+    traffic: dict[str, Any] | None = None  # the champion's traffic check (routeopt.router_training.live.shift_monitor)
     generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -136,7 +136,7 @@ def trend_frame(store: Store, run_id: str, runs: int = 14) -> pd.DataFrame:
 
 def policy_metrics_for_run(registry: str | Path, run_id: str) -> tuple[int, dict] | None:
     """The newest published policy trained on this run, and its metrics, if there is one."""
-    from routeopt.artifacts.registry import RegistryError, show, version_numbers
+    from routeopt.artifacts.publish.registry import RegistryError, show, version_numbers
 
     try:
         numbers = version_numbers(str(registry))
@@ -201,7 +201,7 @@ def _policy_status(policy: dict[str, Any] | None) -> str | None:
 
 def _channel_status(registry: str | Path, version: int) -> str | None:
     """Whether `version` is the registry's champion now (a report made after the run)."""
-    from routeopt.artifacts.registry import RegistryError, current_pointer
+    from routeopt.artifacts.publish.registry import RegistryError, current_pointer
 
     try:
         pointer, _ = current_pointer(str(registry), "champion")

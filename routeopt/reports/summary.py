@@ -3,6 +3,8 @@ router beside them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from typing import Any
 
 from rich.console import Console
@@ -161,16 +163,44 @@ def caching_table(savings: list[Any]) -> Table | None:
     return table
 
 
-def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str, Any],
+@dataclass
+class RunResult:
+    """What one nightly run did (`routeopt.flows.nightly.nightly` returns it): the run, its pairs
+    and suites, the router's metrics, what was published and promoted, and every reason a person
+    is needed. Plain values only, so Prefect can persist it; a summary of a run in progress sets
+    only what it knows."""
+
+    run_id: str
+    db_path: str = ""
+    suites: list[str] = field(default_factory=list)
+    suite_errors: dict[str, str] = field(default_factory=dict)
+    pairs: list[dict[str, Any]] = field(default_factory=list)  # one per (suite, candidate): counts, cost, halted
+    router_metrics: dict[str, Any] | None = None  # the trained policy's metrics (holdout, knob), if one was trained
+    report_path: str | None = None  # the HTML dashboard
+    drift_blocking: list[str] = field(default_factory=list)  # drift findings that block promotion
+    traffic_check: dict[str, Any] | None = None  # the champion's shift monitor on logged traffic
+    published: dict[str, Any] | None = None  # version, uri, signed, key_id, public_key
+    promotion: dict[str, Any] | None = None  # the promotion gate's decision
+    cache_max_age: str | None = None  # answers of earlier runs replayed up to this age
+    excluded: str | None = None  # the line saying how many rows were errors on our side
+    traffic: dict[str, Any] | None = None  # the decision logs imported (or why not)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # candidates left out after a failed preflight
+    misconfigured: list[dict[str, Any]] = field(default_factory=list)  # same error on every call
+    held: str | None = None  # why no policy was published
+    refused: list[dict[str, Any]] = field(default_factory=list)  # steps refused: stage and message
+
+
+def print_summary(console: Console, rows: list[dict[str, Any]], result: RunResult,
                   caching: list[Any] | None = None, errors: list[dict[str, Any]] | None = None) -> None:
     """Print the candidates table, what it leaves out, the errors by candidate and kind, the
     preflight and misconfigured candidates, prompt caching (when any call used a cache) and
     the router's held-out comparison.
 
     Pass rates count the candidate's own errors as failures and leave out errors on our side
-    (`result["excluded"]` says how many); cost and times leave out replayed cache answers.
+    (`result.excluded` says how many); cost and times leave out replayed cache answers.
     """
-    table = Table(title=f"run {result['run_id']}: candidates (all items)")
+    table = Table(title=f"run {result.run_id}: candidates (all items)")
     cols = ("candidate", "items", "errors", "excluded", "pass rate", "cost $", "p50 lat s",
             "p95 lat s", "p50 ttft s")
     replayed = sum(int(r.get("cached") or 0) for r in rows)
@@ -187,18 +217,18 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
             cells.insert(5, str(r["cached"]))
         table.add_row(*cells)
     console.print(table)
-    if result.get("excluded"):
-        console.print(result["excluded"])
+    if result.excluded:
+        console.print(result.excluded)
     errors_tab = errors_table(errors or [])
     if errors_tab is not None:
         console.print(errors_tab)
-    for line in preflight_lines(result.get("preflight") or []) + misconfigured_lines(
-            result.get("misconfigured") or []):
+    for line in preflight_lines(result.preflight or []) + misconfigured_lines(
+            result.misconfigured or []):
         console.print(line)
-    if result.get("cache_max_age") or replayed:
+    if result.cache_max_age or replayed:
         console.print(
             f"response cache: {replayed} answers replayed from earlier runs (at most "
-            f"{result.get('cache_max_age') or '?'} old); they count in pass rates, not in cost "
+            f"{result.cache_max_age or '?'} old); they count in pass rates, not in cost "
             "or latency")
     cache_table = caching_table(caching or [])
     if cache_table is not None:
@@ -206,25 +236,25 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: dict[str
         if any(s.input_usd is None and s.cache_read_tokens for s in caching or []):
             console.print("  local candidates: cache reads are prompt tokens reused from the "
                           "prefix cache; their saving is GPU time, inside the measured throughput")
-    holdout = (result.get("router_metrics") or {}).get("holdout") or {}
+    holdout = (result.router_metrics or {}).get("holdout") or {}
     if holdout:
         console.print(router_table(holdout))
-    for name, err in (result.get("suite_errors") or {}).items():
+    for name, err in (result.suite_errors or {}).items():
         console.print(f"[red]suite {name} was skipped:[/red] {escape(err)}")
-    halted = {p["candidate"]: p["halted"] for p in result.get("pairs") or [] if p.get("halted")}
+    halted = {p["candidate"]: p["halted"] for p in result.pairs or [] if p.get("halted")}
     for name, why in halted.items():
         console.print(f"[red]candidate {name} stopped calling:[/red] {escape(why)}")
-    if result.get("held"):
-        console.print(f"[red]{escape(result['held'])}[/red]")
-    if result.get("published"):
-        pub = result["published"]
+    if result.held:
+        console.print(f"[red]{escape(result.held)}[/red]")
+    if result.published:
+        pub = result.published
         signed = f"signed, key {pub['key_id']}" if pub.get("key_id") else "UNSIGNED"
         console.print(f"published policy v{pub['version']} ({signed}): {pub['uri']}")
         if pub.get("public_key"):
             console.print(f"gateways verify it with the public key {pub['public_key']}")
-    promotion = result.get("promotion")
+    promotion = result.promotion
     if promotion:
         verdict = "promoted to champion" if promotion["promoted"] else "kept as candidate"
         console.print(f"policy {verdict}: {promotion['reason']}")
-    if result.get("report_path"):
-        console.print(f"dashboard: {result['report_path']}")
+    if result.report_path:
+        console.print(f"dashboard: {result.report_path}")

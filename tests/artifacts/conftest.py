@@ -21,14 +21,14 @@ def policies() -> list:
 
 @pytest.fixture(scope="session")
 def keypair(tmp_path_factory) -> tuple[Path, Path]:
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     return generate_keys(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="session")
 def other_keypair(tmp_path_factory) -> tuple[Path, Path]:
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     return generate_keys(tmp_path_factory.mktemp("other-keys"))
 
@@ -41,7 +41,7 @@ def registry(tmp_path: Path) -> Path:
 @pytest.fixture()
 def publish_to(registry: Path, keypair) -> Callable:
     """publish(policy, **kw) into the test registry, signed by default."""
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     def go(policy, **kw):
         kw.setdefault("signing_key", keypair[0])

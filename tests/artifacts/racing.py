@@ -6,8 +6,8 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
-from routeopt.artifacts.registry import publish
-from routeopt.artifacts.runtime import load
+from routeopt.artifacts.publish.registry import publish
+from routeopt.artifacts.serving.loader import load
 
 
 class RacingBackend:

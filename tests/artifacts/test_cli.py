@@ -72,7 +72,7 @@ def test_errors_name_the_problem(registry: Path, policies, publish_to, keypair) 
 
 def _config_with_keys(tmp_path: Path) -> Path:
     """A config whose key pair sits where `routeopt run` creates it: .routeopt/keys/ beside it."""
-    from routeopt.artifacts.signing import ensure_signing_key
+    from routeopt.artifacts.publish.signing_keys import ensure_signing_key
 
     config = tmp_path / "routeopt.yaml"
     config.write_text("candidates:\n  - {name: small, provider: openai, model: m, "
@@ -83,7 +83,7 @@ def _config_with_keys(tmp_path: Path) -> Path:
 
 def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp_path: Path,
                                                                    other_keypair) -> None:
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     config = _config_with_keys(tmp_path)
     key = tmp_path / ".routeopt" / "keys" / "signing_key.pem"
@@ -104,7 +104,7 @@ def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp
 def test_route_with_a_channel_routes_with_that_channels_policy(policies, tmp_path: Path) -> None:
     """`route --channel candidate` routes with the candidate channel's policy, as a gateway
     loading that channel would; the default stays the champion."""
-    from routeopt.artifacts.registry import move_channel, publish
+    from routeopt.artifacts.publish.registry import move_channel, publish
 
     config = _config_with_keys(tmp_path)
     key = tmp_path / ".routeopt" / "keys" / "signing_key.pem"
@@ -128,7 +128,7 @@ def test_route_with_a_channel_routes_with_that_channels_policy(policies, tmp_pat
 def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -> None:
     """No key given, none in the environment, no config (the fixture points ROUTEOPT_CONFIG at
     nothing): loading and moving channels need an explicit --allow-unsigned."""
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     reg = str(tmp_path / "registry")
     publish(policies[0], reg, lineage={}, metrics={}, allow_unsigned=True)
@@ -146,7 +146,7 @@ def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -
 def test_route_with_an_expired_policy_needs_a_default_model(policies, tmp_path: Path) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     config = _config_with_keys(tmp_path)
     reg, cfg = str(tmp_path / "registry"), str(config)

@@ -42,10 +42,10 @@ def test_the_standard_variables_turn_it_on(env: dict, on: bool) -> None:
 
 
 def test_decision_vectors_give_the_documented_attributes() -> None:
-    from routeopt.artifacts.runtime import Decision
+    from routeopt.artifacts.serving.loader import ServedDecision
 
     for case in VECTORS["decision_attributes"]:
-        d = Decision(**case["decision"])
+        d = ServedDecision(**case["decision"])
         assert tracing.decision_attributes(d, **case["context"]) == case["attributes"], case["name"]
 
 

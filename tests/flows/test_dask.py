@@ -68,9 +68,9 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
     assert len(worker_pids) == 2 and __import__("os").getpid() not in worker_pids
     ran_on = {t["worker"] for t in stream.data if "evaluate" in str(t.get("key", ""))}
     assert len(stream.data) >= 4 and ran_on, stream.data[:3]  # the four pairs ran on the workers
-    assert sum(p["total"] for p in result["pairs"]) == 2 * (12 + 10)
+    assert sum(p["total"] for p in result.pairs) == 2 * (12 + 10)
     # training ran on a worker too, from the frame the flow read (workers cannot open the DB)
-    assert result["router_metrics"]["n_requests"] == 22 and result["published"]["version"] == 1
+    assert result.router_metrics["n_requests"] == 22 and result.published["version"] == 1
     assert sent == 2 * 2 * (12 + 10 + 1)  # each run called every item once, after a probe
     plain, dask = _outcomes(tmp_path / "plain.duckdb"), _outcomes(tmp_path / "dask.duckdb")
     assert len(plain) == 44 and plain == dask
@@ -153,7 +153,7 @@ def test_every_grader_type_runs_on_dask_workers(tmp_path: Path, prefect_harness,
             result = on_dask(config_path=str(cfg), run_id="every", candidates=["model"], train=False,
                              publish=False, persist_in_tasks=False)
         close_store(tmp_path / "every.duckdb")
-    assert not result["suite_errors"] and set(result["suites"]) == set(GRADED)
+    assert not result.suite_errors and set(result.suites) == set(GRADED)
     con = duckdb.connect(str(tmp_path / "every.duckdb"), read_only=True)
     try:
         rows = con.execute("SELECT suite, passed, error_kind, error, judge_cost_usd FROM outcomes "

@@ -34,7 +34,7 @@ def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harn
     result = nightly(config_path=str(config), run_id="demo-1")
     close_store(tmp_path / "out" / "db.duckdb")
 
-    assert result["suite_errors"] == {}
+    assert result.suite_errors == {}
     con = duckdb.connect(str(tmp_path / "out" / "db.duckdb"), read_only=True)
     rates = dict(con.execute(
         "SELECT candidate, avg(passed::INT) FROM outcomes WHERE error_kind IS NULL GROUP BY 1"
@@ -45,7 +45,7 @@ def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harn
     assert rates["zoo-s"] < rates["zoo-m"] < rates["zoo-l"]  # quality differs for real
     assert abs(rates["zoo-l-int8"] - rates["zoo-l"]) < 0.05
     assert rates["zoo-l-spec"] == rates["zoo-l"]  # a draft never changes a greedy answer
-    holdout = result["router_metrics"]["holdout"]
+    holdout = result.router_metrics["holdout"]
     assert holdout["oracle"]["pass_rate"] >= holdout["best_single"]["pass_rate"]
-    manifest = json.loads((Path(result["published"]["uri"]) / "manifest.json").read_text())
-    assert manifest["lineage"]["runs"] == ["demo-1"] and result["promotion"]["promoted"]
+    manifest = json.loads((Path(result.published["uri"]) / "manifest.json").read_text())
+    assert manifest["lineage"]["runs"] == ["demo-1"] and result.promotion["promoted"]

@@ -87,7 +87,7 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
 def test_nightly_evaluates_trains_publishes_and_resumes(
     tmp_path: Path, two_servers, prefect_harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from routeopt.artifacts.runtime import load
+    from routeopt.artifacts.serving.loader import load
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
@@ -101,10 +101,10 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     db = tmp_path / "out" / "routeopt.duckdb"
     close_store(db)
 
-    assert result["suite_errors"] == {}
-    assert set(result["suites"]) == {"arith", "arith2"}
+    assert result.suite_errors == {}
+    assert set(result.suites) == {"arith", "arith2"}
     assert len(strong.requests) == 70 + 1 and len(weak.requests) == 70 + 1  # + its preflight probe
-    assert result["preflight"] and {p["verdict"] for p in result["preflight"]} == {"ok"}
+    assert result.preflight and {p["verdict"] for p in result.preflight} == {"ok"}
     con = duckdb.connect(str(db), read_only=True)
     n, distinct, passed_weak = con.execute(
         "SELECT count(*), count(DISTINCT (suite, item_id, candidate)), "
@@ -120,16 +120,16 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     keys = tmp_path / ".routeopt" / "keys"
     assert stat.S_IMODE((keys / "signing_key.pem").stat().st_mode) == 0o600
     assert stat.S_IMODE((keys / "public_key.pem").stat().st_mode) == 0o644
-    assert result["published"]["signed"] and result["published"]["public_key"] == str(keys / "public_key.pem")
-    published = Path(result["published"]["uri"])
+    assert result.published["signed"] and result.published["public_key"] == str(keys / "public_key.pem")
+    published = Path(result.published["uri"])
     assert (published / "manifest.sig").exists()
     gateway = load(tmp_path / "out" / "registry", keys / "public_key.pem")
     assert gateway.status().signed and gateway.status().channel == "champion" and gateway.version == 1
     manifest = json.loads((published / "manifest.json").read_text())
     assert manifest["lineage"]["runs"] == ["night-1"]
     assert set(manifest["lineage"]["suites"]) == {"arith", "arith2"}
-    assert result["promotion"]["promoted"] and result["promotion"]["reason"] == "no champion yet"
-    assert stat.S_IMODE(Path(result["report_path"]).stat().st_mode) == 0o644  # meant to be shared
+    assert result.promotion["promoted"] and result.promotion["reason"] == "no champion yet"
+    assert stat.S_IMODE(Path(result.report_path).stat().st_mode) == 0o644  # meant to be shared
 
     # A second night measures the models again (API aliases change behind the same name, and a
     # replayed answer says nothing about tonight), and the new policy is compared with the
@@ -137,8 +137,8 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     second = nightly(config_path=str(config), run_id="night-2")
     close_store(db)
     assert len(strong.requests) == 142 and len(weak.requests) == 142
-    assert second["published"]["version"] == 2
-    assert second["promotion"]["champion"], second["promotion"]
+    assert second.published["version"] == 2
+    assert second.promotion["champion"], second.promotion
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM outcomes WHERE cached").fetchone()[0] == 0
     con.close()
@@ -251,7 +251,7 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     """Two deployments over disjoint candidate subsets run on alternate nights. Each trains on
     the latest outcomes of every candidate, so the champion routes over the whole fleet and
     does not flip from one subset to the other every night."""
-    from routeopt.artifacts.promotion import champion_policy
+    from routeopt.artifacts.publish.promotion import champion_policy
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("OPS_SPLIT_KEY", "sk-split-test")
@@ -273,14 +273,14 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     for night, pool in enumerate("aba", start=1):
         result = nightly(config_path=str(config), run_id=f"n{night}-{pool}", candidates=pools[pool])
         close_store(tmp_path / "out" / "db.duckdb")
-        decisions.append(result["promotion"])
-        champion, _ = champion_policy(tmp_path / "out" / "registry", Path(result["published"]["public_key"]))
+        decisions.append(result.promotion)
+        champion, _ = champion_policy(tmp_path / "out" / "registry", Path(result.published["public_key"]))
         champions.append(sorted(champion.candidates))
     fleet = sorted(c["name"] for c in candidates)
     assert champions == [pools["a"], fleet, fleet], (champions, decisions)
     for d in decisions[1:]:  # the champion was scored on outcomes of the candidates it picks
         assert d["champion"]["pass_rate"] >= d["new"]["pass_rate"] - 0.05, d
-    manifest = json.loads((Path(result["published"]["uri"]) / "manifest.json").read_text())
+    manifest = json.loads((Path(result.published["uri"]) / "manifest.json").read_text())
     assert manifest["lineage"]["runs"] == ["n3-a"]
     assert manifest["lineage"]["outcome_runs"] == ["n2-b", "n3-a"]
 
@@ -394,8 +394,8 @@ def test_the_flow_stops_on_a_failed_preflight_and_publishes_only_when_told_to_sk
     assert not registry.exists() and len(strong.requests) == 1 and weak.requests == []
     result = nightly(config_path=str(config), run_id="p2", skip_broken=True)
     close_store(db)
-    assert result["skipped"] == ["weak"] and result["published"]["version"] == 1
-    manifest = json.loads((Path(result["published"]["uri"]) / "policy.json").read_text())
+    assert result.skipped == ["weak"] and result.published["version"] == 1
+    manifest = json.loads((Path(result.published["uri"]) / "policy.json").read_text())
     assert manifest["candidates"] == ["strong"]
     assert weak.requests == []  # none of its items were called
     with duckdb.connect(str(db), read_only=True) as con:

@@ -50,7 +50,7 @@ def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harne
         result = nightly(config_path=str(config(tmp_path, strong, weak)), run_id="traced-1", publish=False)
     db = tmp_path / "out" / "routeopt.duckdb"
     close_store(db)
-    assert result["suite_errors"] == {}
+    assert result.suite_errors == {}
     spans = memory.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
     (run,) = [s for s in spans if s.name == "routeopt nightly"]

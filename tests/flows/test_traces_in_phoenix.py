@@ -75,7 +75,7 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
 
     import openai
 
-    from routeopt.artifacts.decisions import Gateway
+    from routeopt.artifacts.serving.gateway import Gateway
     from routeopt.common import tracing
     from routeopt.evals.storage.store import Store
     from routeopt.flows.nightly import close_store, nightly
@@ -107,7 +107,7 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
             app = TracerProvider(resource=Resource.create({"service.name": "the-application"}))
             app.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{phoenix.url}/v1/traces")))
             tracer = app.get_tracer("app")
-            gw = Gateway.open(tmp_path / "out" / "registry", result["published"]["public_key"],
+            gw = Gateway.open(tmp_path / "out" / "registry", result.published["public_key"],
                               log_dir=tmp_path / "decisions")
             with tracer.start_as_current_span("POST /answer") as request_span:
                 incoming = request_span.get_span_context()
@@ -136,7 +136,7 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
         assert llm["parent_id"] == decision["context"]["span_id"]
         a = decision["attributes"]
         assert a["routeopt.decision.id"] == "req-phx" and a["routeopt.decision.model"] == d.model
-        assert a["routeopt.policy.version"] == result["published"]["version"] and "routeopt.knob.target" in a
+        assert a["routeopt.policy.version"] == result.published["version"] and "routeopt.knob.target" in a
         assert list(a["routeopt.decision.fallbacks"]) == list(d.fallbacks)
         logged = [json.loads(x) for f in (tmp_path / "decisions").glob("*.jsonl") for x in f.read_text().splitlines()]
         assert logged[0]["trace_id"] == app_trace == d.trace_id

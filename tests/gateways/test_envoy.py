@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from routeopt.artifacts.decisions import Gateway
-from routeopt.artifacts.gateway_settings import GatewaySettings
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.service import DecisionService, ServiceOptions
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.settings import GatewaySettings
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions
 from tests import REPO
 from tests.artifacts.policies import PROMPTS
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.registry import publish
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.server import serve_in_thread
+from routeopt.artifacts.publish.registry import publish
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests import REPO
 from tests.gateways.node import package, run_node
 
@@ -63,7 +63,7 @@ def build_fixtures(root: Path) -> Path:
     """Policies trained and published by the Python pipeline, and Python's own decisions:
     policies/ (linear with topics, char n-grams without topics, LightGBM trees), registry/
     (versions 1 and 2 on `latest`), keys/, expected/."""
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
 
@@ -130,9 +130,9 @@ def harness(js):
 
 
 def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures, tmp_path, harness) -> None:
-    from routeopt.artifacts.signing import load_private_key
-    from routeopt.router_training.policy import RoutingPolicy
-    from tests.artifacts.test_conformance import Altered, _rewrite_arrays
+    from routeopt.artifacts.publish.signing_keys import load_private_key
+    from routeopt.router_training.policy.routing import RoutingPolicy
+    from tests.artifacts.serving.test_conformance import Altered, _rewrite_arrays
 
     registry, key = tmp_path / "registry", load_private_key(fixtures / "keys" / "signing_key.pem")
     pem = (fixtures / "keys" / "public_key.pem").read_text()

@@ -28,11 +28,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from routeopt.artifacts.decisions import Gateway
-from routeopt.artifacts.registry import move_channel
-from routeopt.artifacts.route_request import messages_text
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.server import serve_in_thread
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.publish.registry import move_channel
+from routeopt.artifacts.serving.route_request import messages_text
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests import REPO
 from tests.artifacts.policies import SUITES
 from tests.fake_llm import FakeLLM
@@ -144,7 +144,7 @@ def _free(ports: dict[str, int]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, policies, keypair):
-    from routeopt.artifacts.registry import publish
+    from routeopt.artifacts.publish.registry import publish
 
     tmp = tmp_path_factory.mktemp("nginx")
     ports = _kit_ports()

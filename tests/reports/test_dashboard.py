@@ -128,8 +128,8 @@ def test_without_metrics_the_chart_shows_candidates_and_says_so(db: Path):
 
 
 def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: Path):
-    from routeopt.artifacts.registry import publish
-    from routeopt.artifacts.signing import generate_keys
+    from routeopt.artifacts.publish.registry import publish
+    from routeopt.artifacts.publish.signing_keys import generate_keys
 
     key, _ = generate_keys(tmp_path / "keys")
     publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics,

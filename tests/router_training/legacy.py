@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from routeopt.router_training.policy import LinearScorer, RoutingPolicy
+from routeopt.router_training.policy.routing import LinearScorer, RoutingPolicy
 
 
 def _scorer_dict(scorer) -> tuple[dict, dict[str, str]]:

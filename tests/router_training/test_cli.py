@@ -48,7 +48,7 @@ def test_import_train_route_end_to_end(tmp_path, monkeypatch):
 def test_train_certifies_toward_a_traffic_sample_or_robustly_and_says_so(tmp_path, monkeypatch):
     """--traffic (a JSONL of prompts, or decision logs without text) and --robust: the manifest
     records what the certificate assumes, and `train` prints it."""
-    from routeopt.artifacts.registry import show
+    from routeopt.artifacts.publish.registry import show
 
     monkeypatch.setenv("ROUTEOPT_SIGNING_KEY", str(tmp_path / "keys" / "signing_key.pem"))
     monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)

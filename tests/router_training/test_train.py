@@ -4,8 +4,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from routeopt.router_training.data import routing_data
-from routeopt.router_training.estimators import (
+from routeopt.router_training.fit.data import routing_data
+from routeopt.router_training.fit.estimators import (
     KNNPassEstimator,
     LinearPassEstimator,
     PerSuitePassEstimator,

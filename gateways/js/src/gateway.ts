@@ -1,7 +1,7 @@
 /**
  * Section 8.1-8.2: a gateway around the champion Router (and, for a canary, the candidate's):
  * exploration with exact propensities, a sticky canary share, and decision-log lines in the
- * JSON Lines format of Python's `routeopt.artifacts.decisions`, so `routeopt import decisions`,
+ * JSON Lines format of Python's `routeopt.artifacts.serving.gateway`, so `routeopt import decisions`,
  * `routeopt import feedback --log` and `routeopt policies evaluate` read them unchanged.
  *
  * Logging never blocks or fails a routing call: a line is built from values already at hand

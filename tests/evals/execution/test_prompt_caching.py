@@ -113,7 +113,7 @@ def test_summary_and_cost_compare_show_what_caching_saved(tmp_path, fake_llm):
 
     from routeopt.evals.config import load_config
     from routeopt.flows.cli import cli
-    from routeopt.reports.summary import print_summary
+    from routeopt.reports.summary import RunResult, print_summary
 
     suite_path = few_shot_suite(tmp_path / "suites", 5)
     cfg_path = tmp_path / "routeopt.yaml"
@@ -129,7 +129,7 @@ def test_summary_and_cost_compare_show_what_caching_saved(tmp_path, fake_llm):
                                   limits=fresh_limits(cand), retry=FAST))
         savings = load_caching(store, "r1")
     console = Console(record=True, width=200)
-    print_summary(console, [], {"run_id": "r1"}, savings)
+    print_summary(console, [], RunResult(run_id="r1"), savings)
     text = console.export_text()
     saved = f"{savings[0].saved_usd:.6f}"
     assert "prompt caching" in text and saved in text and float(saved) > 0

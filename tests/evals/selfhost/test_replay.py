@@ -102,8 +102,8 @@ def test_bad_input_is_named_by_file_and_line(tmp_path: Path) -> None:
 
 
 def test_a_gateway_decision_log_is_replayed_with_its_usage(tmp_path: Path) -> None:
-    from routeopt.artifacts.decisions import DecisionLog, Gateway, verbatim
-    from tests.artifacts.test_decisions import FakeRouter
+    from routeopt.artifacts.serving.gateway import DecisionLog, Gateway, verbatim
+    from tests.artifacts.serving.test_gateway import FakeRouter
 
     gw = Gateway(FakeRouter("cheap"), log=DecisionLog(tmp_path / "log", redact=verbatim))
     for i in range(5):

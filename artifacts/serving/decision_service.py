@@ -1,0 +1,316 @@
+"""The decision service: routeopt's decision over HTTP, for gateways that cannot embed Python.
+
+`routeopt gateway serve` (or `routeopt-gateway serve` from the gateway-only install) runs this
+ASGI app under uvicorn. A gateway sends it the request it is about to forward (an OpenAI chat body
+works as it is) and copies the answer into the upstream request:
+
+- `POST /v1/route` (and `POST /v1/route/<anything>`, for Envoy's ext_authz `path_prefix`): the
+  decision as JSON (`?explain=1` adds every candidate's pass probability and expected cost) and
+  as `x-routeopt-*` response headers; see `routeopt.artifacts.serving.route_request` for what is read from the
+  body and headers. With `x-routeopt-accel-redirect: @location` the answer
+  also carries `X-Accel-Redirect: @location`, which makes nginx replay the original request,
+  body included, into that location (nginx's `auth_request` cannot: its subrequests carry no body).
+- `GET /healthz`: the process answers. `GET /readyz`: 200 only while a verified policy or the
+  default model serves. `GET /metrics`: Prometheus text. `GET /v1/status`: the gateway's status.
+
+Bad input is a JSON error with a 4xx status, never a guess: a body that is not JSON, not an
+object or too large, messages of the wrong shape, a request without a prompt. While no policy is
+loaded and no default model is set, routing answers 503 and a background thread keeps trying.
+Decisions go through `routeopt.artifacts.serving.gateway.Gateway`: the same hot swap, exploration, shadow,
+canary and JSONL decision logs as an embedded gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.parse
+from dataclasses import asdict, dataclass
+from typing import Any, Awaitable, Callable
+
+from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.settings import GatewayLoader, GatewaySettings
+from routeopt.artifacts.serving.route_request import ALIAS, BadRequest, RouteRequest, route_request
+from routeopt.artifacts.serving.loader import ServedDecision, PolicyLoadError
+from routeopt.artifacts.serving.service_metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger("routeopt.service")
+Send = Callable[[dict], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict]]
+JSON = b"application/json"
+ACCEL_HEADER = "x-routeopt-accel-redirect"
+PARTIAL_BODY_HEADER = "x-envoy-auth-partial-body"  # Envoy's ext_authz: "true" when it cut the body
+
+
+class Refused(Exception):
+    """A routing request answered with an error status; `reason` labels the metric."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How requests are read and answered (the policy itself is in `GatewaySettings`).
+
+    `model_headers` repeat the chosen model under more header names (Envoy AI Gateway routes on
+    `x-ai-eg-model`); `require_suite` refuses requests that name no suite.
+    """
+
+    alias: str = ALIAS
+    require_suite: bool = False
+    max_body_bytes: int = 16 << 20
+    model_headers: tuple[str, ...] = ()
+
+
+def header_value(text: str) -> bytes:
+    """A header-safe form of `text`: printable ASCII as is, anything else percent-encoded."""
+    if text.isascii() and text.isprintable():
+        return text.encode("ascii")
+    return urllib.parse.quote(text, safe="").encode("ascii")
+
+
+class DecisionService:
+    """The ASGI app. Give it settings (it opens the gateway on start-up) or an open `gateway`."""
+
+    def __init__(self, settings: GatewaySettings | None = None, *, gateway: Gateway | None = None,
+                 options: ServiceOptions | None = None) -> None:
+        if (settings is None) == (gateway is None):
+            raise ValueError("give settings or an open gateway, not both")
+        self.options = options or ServiceOptions()
+        self.metrics = Metrics()
+        self._gateway = gateway
+        self._loader = GatewayLoader(settings, on_event=self.metrics.event) if settings is not None else None
+        self._model_headers = tuple(h.lower().encode("ascii") for h in self.options.model_headers)
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the gateway. A policy that cannot load yet leaves the service unready and a thread
+        retrying every `refresh_s`; a configuration error (an unreadable key) raises."""
+        if self._loader is not None:
+            self._loader.start()
+
+    @property
+    def gateway(self) -> Gateway | None:
+        return self._gateway if self._loader is None else self._loader.gateway
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        return None if self._loader is None else self._loader.reason
+
+    def close(self) -> None:
+        """Stop retrying and refreshing, and write what the decision log still holds."""
+        if self._loader is not None:
+            self._loader.close()
+        elif self._gateway is not None:
+            self._gateway.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.gateway is not None
+
+    # -- ASGI -------------------------------------------------------------------------------
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.start()
+                except PolicyLoadError as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/v1/route" or path.startswith("/v1/route/"):
+            if method != "POST":
+                self.metrics.refuse("method")
+                return await _json(send, 405, {"error": "POST the request to route as the body "
+                                               "(an nginx auth_request subrequest carries no body: "
+                                               "use X-Accel-Redirect, see gateways/nginx)"},
+                                   [(b"allow", b"POST")])
+            return await self._route(scope, receive, send)
+        pages = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics_page,
+                 "/v1/status": self._status}
+        page = pages.get(path)
+        if page is None:
+            return await _json(send, 404, {"error": f"no such path {path!r}; POST /v1/route"})
+        if method not in ("GET", "HEAD"):
+            return await _json(send, 405, {"error": f"{path} answers GET"}, [(b"allow", b"GET, HEAD")])
+        status, body, content_type = page()
+        await _send(send, status, body if method == "GET" else b"", content_type,
+                    [(b"content-length", str(len(body)).encode())] if method == "HEAD" else [])
+
+    def _healthz(self) -> tuple[int, bytes, bytes]:
+        return 200, b'{"status":"ok"}', JSON
+
+    def _readyz(self) -> tuple[int, bytes, bytes]:
+        if self.gateway is None:
+            return 503, _dumps({"ready": False, "reason": self.not_ready_reason}), JSON
+        s = self.gateway.status().champion
+        return 200, _dumps({"ready": True, "version": s.version, "serving_default": s.serving_default,
+                            "default_reason": s.default_reason, "expired": s.expired}), JSON
+
+    def _metrics_page(self) -> tuple[int, bytes, bytes]:
+        status = self.gateway.status() if self.gateway is not None else None
+        return 200, self.metrics.render(status, self.ready).encode(), CONTENT_TYPE.encode()
+
+    def _status(self) -> tuple[int, bytes, bytes]:
+        if self.gateway is None:
+            return 503, _dumps({"ready": False, "reason": self.not_ready_reason}), JSON
+        return 200, _dumps(asdict(self.gateway.status())), JSON
+
+    # -- routing ----------------------------------------------------------------------------
+    async def _route(self, scope: dict, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        headers = _headers(scope)
+        try:
+            request = _parse(await self._body(headers, receive), headers, self.options)
+            if request.passthrough is not None:
+                self.metrics.passthrough += 1
+                return await _send(send, 200, _dumps({"model": request.passthrough, "routed": False}),
+                                   JSON, self._decision_headers(request.passthrough, None, headers))
+            decision = self._decide(request, headers.get("traceparent"))
+            body = _answer(decision, request, b"explain=1" in scope.get("query_string", b""))
+        except Refused as exc:
+            self.metrics.refuse(exc.reason)
+            return await _json(send, exc.status, {"error": str(exc)})
+        self.metrics.decided(decision.model, decision.default_reason is not None, time.perf_counter() - start)
+        await _send(send, 200, body, JSON, self._decision_headers(decision.model, decision, headers))
+
+    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        limit = self.options.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Refused(413, "too_large", f"the body has {declared} bytes; the limit is {limit} "
+                                            f"(--max-body-bytes)")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Refused(400, "disconnect", "the client went away before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise Refused(413, "too_large", f"the body is over the {limit}-byte limit (--max-body-bytes)")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    def _decide(self, request: RouteRequest, traceparent: str | None) -> ServedDecision:
+        """The decision for one parsed request. `traceparent`, the caller's W3C trace context,
+        parents the decision's span when tracing is on (`routeopt.common.tracing`); the answer's header
+        then names that span, else it is the caller's, unchanged."""
+        gateway = self.gateway
+        if gateway is None:
+            raise Refused(503, "not_ready", f"the service cannot route yet: {self.not_ready_reason}")
+        try:
+            return gateway.route(request.prompt, request.suite, request.quality_target,
+                                 request_id=request.request_id, traceparent=traceparent)
+        except Exception as exc:  # a policy that fails on one request must not take the service down
+            log.exception("the policy failed to decide")
+            raise Refused(500, "policy_error", f"the policy failed to decide: {exc!r}") from None
+
+    def _decision_headers(self, model: str, d: ServedDecision | None,
+                          request_headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+        m = header_value(model)
+        out = [(b"x-routeopt-model", m), *((name, m) for name in self._model_headers)]
+        if d is not None:
+            out += [(b"x-routeopt-fallbacks", header_value(",".join(d.fallbacks))),
+                    (b"x-routeopt-policy-version", str(d.policy_version).encode()),
+                    (b"x-routeopt-decision-id", header_value(d.request_id or "")),
+                    (b"x-routeopt-propensity", repr(float(d.propensity)).encode())]
+            if d.default_reason is not None:
+                out.append((b"x-routeopt-default-reason", header_value(d.default_reason)))
+        else:
+            out.append((b"x-routeopt-routed", b"false"))
+        accel = request_headers.get(ACCEL_HEADER)
+        if accel:
+            out.append((b"x-accel-redirect", header_value(accel)))
+        trace = (d.traceparent if d is not None else None) or request_headers.get("traceparent")
+        if trace:
+            out.append((b"traceparent", header_value(trace)))
+        return out
+
+
+def _parse(body: bytes, headers: dict[str, str], options: ServiceOptions) -> RouteRequest:
+    """The routing request in a body (JSON, or the prompt itself as text/plain bytes)."""
+    if headers.get(PARTIAL_BODY_HEADER, "").lower() == "true":
+        raise Refused(413, "partial_body", "the proxy cut the body before sending it "
+                                           "(Envoy ext_authz with_request_body.max_request_bytes): "
+                                           "raise that limit, a cut prompt would route wrongly")
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        if kind in ("text/plain", "application/octet-stream"):
+            request = route_request({"prompt": body.decode("utf-8", "replace")}, headers,
+                                    alias=options.alias)
+        else:
+            request = route_request(_json_body(body), headers, alias=options.alias)
+    except BadRequest as exc:
+        raise Refused(400, "bad_request", str(exc)) from None
+    if options.require_suite and request.suite is None and request.passthrough is None:
+        raise Refused(400, "no_suite", "no suite: give suite (or metadata.routeopt_suite, or the "
+                                       "x-routeopt-suite header); this service requires one")
+    return request
+
+
+def _json_body(body: bytes) -> Any:
+    if not body.strip():
+        raise BadRequest("the body is empty: POST the request to route (JSON with prompt or messages)")
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise BadRequest("the body's JSON nests too deeply") from None
+
+
+def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
+    """The decision as the JSON body of the answer; `explain` adds every candidate's figures."""
+    out = {"model": d.model, "fallbacks": list(d.fallbacks), "policy_version": d.policy_version,
+           "decision_id": d.request_id, "propensity": d.propensity, "suite": request.suite,
+           "default_reason": d.default_reason}
+    if explain:
+        out.update(pass_probabilities=d.pass_probabilities, expected_cost_usd=d.expected_cost_usd)
+    try:
+        return _dumps(out)
+    except ValueError as exc:  # a NaN from the policy: say so rather than send invalid JSON
+        raise Refused(500, "policy_error", f"the policy's decision is not valid JSON: {exc}") from None
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                      default=str).encode("utf-8")
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: bytes,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", content_type), *(extra or [])]
+    if not any(k == b"content-length" for k, _ in headers):
+        headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send: Send, status: int, obj: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await _send(send, status, _dumps(obj), JSON, extra)

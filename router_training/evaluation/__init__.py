@@ -1,0 +1,2 @@
+"""Measuring routers on outcomes they were not trained on: metrics, baselines, the bench, shifted
+test sets."""

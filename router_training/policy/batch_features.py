@@ -1,0 +1,275 @@
+"""The spec's steps for many requests at once, to the same bits as the one-request path.
+
+A gateway decides one request at a time (`RoutingPolicy.decide`); checking ~2,000 conformance
+vectors that way costs ~100 numpy calls per request, far more than the 300 ms a cold load may
+take. This module computes the same layers for a whole batch in a few dozen array operations:
+the requests' cut bytes are laid end to end with a separator, word hashes use global positions
+(a word's hash is the same at any offset), n-grams that would cross a request are dropped, and
+every sum the spec orders is taken over a padded matrix whose padding is -0.0 (the one value
+whose addition changes nothing), so each request's sum is still left to right. Tests check it
+against the one-request path on every conformance input; the runtime's self-check also runs a
+sample of the vectors through the one-request path itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import numpy as np
+
+from routeopt.router_training.policy.features import (
+    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix, statistics,
+)
+from routeopt.router_training.policy.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum, sigmoid
+from routeopt.router_training.policy.scorer import LinearScorer
+
+if TYPE_CHECKING:
+    from routeopt.router_training.policy.routing import RoutingPolicy
+
+_CELLS = 1 << 21  # padded-matrix elements per group: bounds the memory of a batch
+
+
+class BatchText(NamedTuple):
+    """The "Bytes" step of n requests; `cut` is their cut bytes end to end."""
+
+    raw: list[bytes]
+    utf8_len: np.ndarray
+    n_chars: np.ndarray
+    newlines: np.ndarray
+    questions: np.ndarray
+    cut: np.ndarray
+    offsets: np.ndarray  # (n + 1,) into cut
+
+
+def batch_text(texts: Sequence[str]) -> BatchText:
+    raw, chars, parts = [], [], []
+    for t in texts:
+        b, c = _normalised(t)
+        raw.append(b)
+        chars.append(c)
+        parts.append(cut(b))
+    lens = np.array([len(p) for p in parts], dtype=np.int64)
+    return BatchText(raw, np.array([len(b) for b in raw], dtype=np.int64), np.array(chars, dtype=np.int64),
+                     np.array([b.count(b"\n") for b in raw], dtype=np.int64),
+                     np.array([b.count(b"?") for b in raw], dtype=np.int64),
+                     np.frombuffer(b"".join(parts), dtype=np.uint8), np.concatenate(([0], np.cumsum(lens))))
+
+
+class BatchFeatures(NamedTuple):
+    """Every feature layer of n requests. Text layers are computed once per distinct text
+    (`text_of[i]` is request i's), each variable-length part with offsets; rows are per request."""
+
+    text: BatchText
+    word_offsets: np.ndarray
+    words: np.ndarray  # uint64
+    lengths: np.ndarray
+    bucket_offsets: np.ndarray
+    buckets: np.ndarray
+    counts: np.ndarray
+    text_values: np.ndarray
+    stats: np.ndarray  # (distinct texts, 9)
+    text_of: np.ndarray  # (n,)
+    suite_pos: np.ndarray  # (n,)
+    row_offsets: np.ndarray  # the sparse rows [suite | text | stats] of the n requests, end to end
+    ids: np.ndarray
+    vals: np.ndarray
+
+
+def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Word hashes (text order), lengths, owning request and (n + 1) offsets.
+
+    Each request's bytes are followed by one separator (never alphanumeric), so a word never
+    spans two requests; sum(byte_i P**i) over global positions, times P**-start, is the word's
+    hash wherever it sits."""
+    n, b = len(bt.offsets) - 1, np.take(_LOWER, bt.cut)
+    sep = bt.offsets[1:] + np.arange(n)  # where each request's separator goes in the laid-out buffer
+    buf = np.zeros(len(b) + n, dtype=np.uint8)
+    alnum = np.zeros(len(buf) + 2, dtype=np.uint8)
+    keep = np.ones(len(buf), dtype=bool)
+    keep[sep] = False
+    buf[keep] = b
+    alnum[1:-1] = np.where(keep, np.take(_CLASS, buf) & _ALNUM, 0)
+    change = (alnum[1:] != alnum[:-1]).nonzero()[0]
+    starts, ends = change[0::2], change[1::2]
+    with np.errstate(over="ignore"):
+        s = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * _powers(_P, len(buf)))))
+        h = (np.take(s, ends) - np.take(s, starts)) * np.take(_powers(_P_INV, len(buf)), starts)
+    owner = np.searchsorted(sep, starts)
+    return h, ends - starts, owner, np.searchsorted(owner, np.arange(n + 1))
+
+
+def _keys(bt: BatchText, words: np.ndarray, owner: np.ndarray, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Every n-gram key and its request: words + 1, bigrams within a request, char n-grams
+    whose bytes all belong to one request."""
+    keys, reqs = [words + np.uint64(1)], [owner]
+    if spec.word_bigrams and len(words) > 1:
+        same = owner[:-1] == owner[1:]
+        with np.errstate(over="ignore"):
+            keys.append((words[:-1] * _P + words[1:] + np.uint64(2))[same])
+        reqs.append(owner[:-1][same])
+    if spec.char_ngrams and len(bt.cut):
+        b = np.take(_LOWER, bt.cut)
+        buf = np.concatenate((b, np.zeros(8, dtype=np.uint8)))
+        as_words = np.ndarray(shape=(len(b),), dtype="<u8", buffer=buf, strides=(1,))
+        req = np.repeat(np.arange(len(bt.offsets) - 1), np.diff(bt.offsets))
+        for n in spec.char_ngrams:
+            ok = np.arange(len(b)) + n <= bt.offsets[1:][req]
+            keys.append(((as_words & np.uint64((1 << (8 * n)) - 1)) | np.uint64(n << 56))[ok])
+            reqs.append(req[ok])
+    return np.concatenate(keys), np.concatenate(reqs)
+
+
+def _groups(lens: np.ndarray, width: int):
+    """Requests in groups of similar length, each small enough to pad: (group, longest, row,
+    col, source position) with row/col the padded cell of each element."""
+    order = np.argsort(lens, kind="stable")
+    start, n = 0, len(lens)
+    while start < n:
+        rest = np.maximum(lens[order[start:]], 1)  # ascending, so the cells needed rise with the count
+        take = max(1, int(np.count_nonzero(rest * np.arange(1, len(rest) + 1) * width <= _CELLS)))
+        group = order[start: start + take]
+        longest = max(int(lens[group].max()), 1)
+        counts = lens[group]
+        col = np.repeat(np.arange(len(group)), counts)
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        row = np.arange(len(col)) - np.repeat(first, counts)
+        yield group, longest, row, col
+        start += take
+
+
+def _sources(offsets: np.ndarray, group: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
+    return offsets[group][col] + row
+
+
+def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per segment (and per trailing column), its values added left to right: padding is -0.0,
+    the one number whose addition changes no sum."""
+    values = np.asarray(values, dtype=np.float64)
+    n, lens, tail = len(offsets) - 1, np.diff(offsets), values.shape[1:]
+    out = np.zeros((n, *tail))
+    for group, longest, row, col in _groups(lens, int(np.prod(tail)) if tail else 1):
+        pad = np.full((longest, len(group), *tail), -0.0)
+        pad[row, col] = values[_sources(offsets, group, row, col)]
+        out[group] = ordered_row_sum(pad.reshape(longest, -1)).reshape(len(group), *tail)
+    return out
+
+
+def segment_dot(vals: np.ndarray, ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per sparse row, sum over its entries in order of value x weights[id] (the scorer's r).
+
+    Step j adds every row's j-th term at once: with the rows longest first, the rows that still
+    have a j-th term are a prefix, the first step assigns (the first term taken as is) and each
+    later one adds, so every row is summed strictly left to right, with no padding and, per step,
+    arrays of at most rows x width (a quarter faster than padded groups on the self-check)."""
+    n, lens, width = len(offsets) - 1, np.diff(offsets), weights.shape[1]
+    order = np.argsort(-lens, kind="stable")
+    starts, by_length = offsets[:-1][order], lens[order]
+    longest = int(by_length[0]) if n else 0
+    alive = np.searchsorted(-by_length, -np.arange(longest), side="left")  # rows longer than j
+    acc = np.zeros((n, width))
+    for j in range(longest):
+        src = starts[: alive[j]] + j
+        term = vals[src][:, None] * np.take(weights, ids[src], axis=0)
+        if j == 0:
+            acc[: alive[j]] = term
+        else:
+            acc[: alive[j]] += term
+    out = np.empty_like(acc)
+    out[order] = acc
+    return out
+
+
+def _stats(bt: BatchText, lengths: np.ndarray, word_offsets: np.ndarray) -> np.ndarray:
+    """`features.statistics` of the batch's texts."""
+    n = len(bt.offsets) - 1
+    req = np.repeat(np.arange(n), np.diff(bt.offsets))
+    counts = np.bincount(req * 32 + np.take(_CLASS, bt.cut), minlength=32 * n).reshape(n, 32) @ _FLAG_MATRIX
+    n_words = np.diff(word_offsets)
+    word_chars = np.bincount(np.repeat(np.arange(n), n_words), weights=lengths, minlength=n)
+    size = np.maximum(np.diff(bt.offsets), 1).astype(np.float64)
+    return statistics(counts, size, bt.n_chars, n_words, bt.newlines, bt.questions, word_chars)
+
+
+def _distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    first: dict[str, int] = {}
+    text_of = np.array([first.setdefault(t, len(first)) for t in texts], dtype=np.int64)
+    return list(first), text_of
+
+
+def batch_features(texts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> BatchFeatures:
+    """`features.feature_layers` of every request, computed together."""
+    unique, text_of = _distinct(texts)
+    bt = batch_text(unique)
+    n = len(unique)
+    words, lengths, owner, word_offsets = _words(bt)
+    keys, reqs = _keys(bt, words, owner, spec)
+    comb = reqs.astype(np.int64) * spec.n_buckets + (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(np.int64)
+    uniq, counts = np.unique(comb, return_counts=True)
+    bucket_offsets = np.searchsorted(uniq // spec.n_buckets, np.arange(n + 1))
+    buckets = uniq % spec.n_buckets
+    x = ln1p_int(counts) if len(counts) and counts.max() >= TF_TABLE_SIZE else np.take(TF_TABLE, counts)
+    if spec.idf is not None:
+        x = x * np.take(spec.idf_array, buckets)
+    norm = np.sqrt(segment_sums(x * x, bucket_offsets))
+    per = np.repeat(norm, np.diff(bucket_offsets))
+    x = np.where(per > 0, x / np.where(per > 0, per, 1.0), x)
+    stats = _stats(bt, lengths, word_offsets)
+    if spec.stat_mean is not None:
+        stats = (stats - spec.stat_mean_array) / spec.stat_std_array
+    pos = np.array([spec.suite_position(s) for s in suites], dtype=np.int64)
+    rows = _rows(pos, text_of, buckets, bucket_offsets, x, stats, spec)
+    return BatchFeatures(bt, word_offsets, words, lengths, bucket_offsets, buckets, counts, x, stats, text_of,
+                         pos, *rows)
+
+
+def _rows(pos: np.ndarray, text_of: np.ndarray, buckets: np.ndarray, offsets: np.ndarray, x: np.ndarray,
+          stats: np.ndarray, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sparse rows end to end: [suite] + text + 9 statistics per request, in column order."""
+    s, n_stats = len(spec.suites), stats.shape[1]
+    has = (pos >= 0).astype(np.int64)
+    n_text = np.diff(offsets)[text_of]
+    lens = has + n_text + n_stats
+    row_offsets = np.concatenate(([0], np.cumsum(lens)))
+    ids, vals = np.empty(row_offsets[-1], dtype=np.int64), np.empty(row_offsets[-1])
+    head = row_offsets[:-1][has == 1]
+    ids[head], vals[head] = pos[has == 1], 1.0
+    within = np.arange(int(n_text.sum())) - np.repeat(np.cumsum(n_text) - n_text, n_text)
+    src = np.repeat(offsets[:-1][text_of], n_text) + within
+    text_at = np.repeat(row_offsets[:-1] + has, n_text) + within
+    ids[text_at], vals[text_at] = buckets[src] + s, x[src]
+    stat_at = (row_offsets[1:] - n_stats)[:, None] + np.arange(n_stats)
+    ids[stat_at], vals[stat_at] = s + spec.n_buckets + np.arange(n_stats), stats[text_of]
+    return row_offsets, ids, vals
+
+
+def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndarray, np.ndarray]:
+    """Logits (n, K) and topics (n,) of every request, as `Scorer.score` computes them one by one."""
+    scorer, n_suites = policy.scorer, len(policy.spec.suites)
+    n = len(feats.suite_pos)
+    slope_row = np.where(feats.suite_pos >= 0, feats.suite_pos, n_suites)
+    if not isinstance(scorer, LinearScorer):
+        rows = [scorer.score(feats.ids[a:b], feats.vals[a:b], int(slope_row[i]))
+                for i, (a, b) in enumerate(zip(feats.row_offsets[:-1], feats.row_offsets[1:]))]
+        return np.array([r[0] for r in rows]).reshape(n, -1), np.array([r[1] for r in rows], dtype=np.int64)
+    r = segment_dot(feats.vals, feats.ids, feats.row_offsets, scorer.weights)
+    k = len(scorer.bias)
+    out, slope, d = r[:, :k] + scorer.bias, scorer.slopes[slope_row], r[:, k] + scorer.difficulty_bias
+    topic = np.full(n, -1, dtype=np.int64)
+    if scorer.centroids is not None:
+        z = r[:, k + 1:]
+        norm = np.sqrt(ordered_row_sum((z * z).T)) if n else np.zeros(0)
+        unit = np.where(norm[:, None] > 0, z / np.where(norm > 0, norm, 1.0)[:, None], z)
+        g = scorer.centroids.shape[0]
+        sims = ordered_row_sum((unit.T[:, :, None] * scorer.centroids.T[:, None, :]).reshape(unit.shape[1], -1))
+        topic = np.argmax(sims.reshape(n, g) - scorer._half_norms, axis=1)
+        out, slope, d = out + scorer.topic_bias[topic], slope + scorer.topic_slopes[topic], d + scorer.topic_difficulty[topic]
+    return out + d[:, None] * slope, topic
+
+
+def batch_predict(policy: "RoutingPolicy", texts: Sequence[str], suites: Sequence[str | None]):
+    """(features, logits, topics, probabilities, costs) of many requests: `score_request` at once."""
+    feats = batch_features(texts, suites, policy.spec)
+    z, topic = batch_scores(policy, feats)
+    p = sigmoid(policy.platt[0] * z + policy.platt[1])
+    c = policy.cost_model.predict(feats.text.n_chars[feats.text_of], feats.suite_pos, topic)
+    return feats, z, topic, p, c

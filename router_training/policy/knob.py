@@ -1,0 +1,201 @@
+"""The quality knob: members, operating points, and the one implementation of the knob's choice.
+
+A member is a deterministic rule:
+
+* ``lambda``: maximise ``p - lambda * cost`` per request;
+* ``single``: always the same candidate;
+* ``threshold`` (read from format 1 policies): the cheapest candidate whose ``p >= tau``.
+
+A target x (a fraction of the best single candidate's pass rate) is served by the cheapest point
+certified for x, and a target above every certified one by the point with the best calibration
+pass rate. A point that mixes two members picks one with a hash of the request (`request_unit`),
+so a decision is deterministic and its propensity is known. `point_choice` is that step for any
+number of requests: the gateway's decision, batch routing and the conformance vectors all run it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from routeopt.router_training.policy.features import cut, text_bytes
+
+RULES = ("lambda", "threshold")
+MEMBER_RULES = ("lambda", "threshold", "single")
+
+
+def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
+    """Per-request preference order over candidates (n, K); column 0 is the choice.
+
+    Ties go to the cheaper candidate, so the rule is deterministic.
+    """
+    p = np.atleast_2d(p)
+    c = np.atleast_2d(c)
+    if rule == "lambda":
+        return np.lexsort((c, -(p - param * c)), axis=-1)
+    if rule == "threshold":
+        ok = p >= param
+        key = np.where(ok, c, np.inf)
+        second = np.where(ok, 0.0, -p)
+        return np.lexsort((c, second, key), axis=-1)
+    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A deterministic rule: `lambda` (param = lambda), `threshold` (tau) or `single` (index)."""
+
+    rule: str
+    param: float
+
+    def to_list(self) -> list:
+        return [self.rule, float(self.param)]
+
+
+def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The candidate each request gets under one member (n,); ties go to the cheaper one."""
+    p = np.atleast_2d(p)
+    c = np.atleast_2d(c)
+    if member.rule == "single":
+        return np.full(p.shape[0], int(member.param), dtype=np.intp)
+    if member.rule == "lambda":
+        score = p - member.param * c
+        tied = score >= score.max(axis=1, keepdims=True)
+        return np.where(tied, c, np.inf).argmin(axis=1)
+    return choose(p, c, member.rule, member.param)[:, 0]
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Member `a` with probability `weight`, else member `b`; `certified` is the largest quality
+    target it keeps with the knob's confidence (-inf: none); pass rate and cost on calibration."""
+
+    a: int
+    b: int
+    weight: float
+    certified: float
+    pass_rate: float
+    cost: float
+
+    def to_list(self) -> list:
+        return [self.a, self.b, round(self.weight, 9), _finite_or_none(self.certified),
+                _finite_or_none(self.pass_rate), _finite_or_none(self.cost)]
+
+    @classmethod
+    def from_list(cls, v: Sequence) -> "OperatingPoint":
+        a, b, w, cert, q, c = v
+        return cls(int(a), int(b), float(w), -math.inf if cert is None else float(cert),
+                   math.nan if q is None else float(q), math.nan if c is None else float(c))
+
+
+def _finite_or_none(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+@dataclass
+class Knob:
+    """The quality knob: members, and a staircase of points (cost and certified target rise
+    together) plus the best-effort `top` for targets nothing certifies."""
+
+    members: list[Member]
+    points: list[OperatingPoint]
+    top: OperatingPoint
+    confidence: float
+
+    def __post_init__(self) -> None:
+        self._certified = [p.certified for p in self.points]
+        for p in (*self.points, self.top):
+            if not (0 <= p.a < len(self.members) and 0 <= p.b < len(self.members)):
+                raise ValueError(f"an operating point names member {max(p.a, p.b)}; there are {len(self.members)}")
+        if any(b <= a for a, b in zip(self._certified, self._certified[1:])):
+            raise ValueError("knob points must have strictly rising certified targets")
+
+    @classmethod
+    def from_points(cls, members: list[Member], points: list[OperatingPoint], reference: OperatingPoint,
+                    top: OperatingPoint, confidence: float) -> "Knob":
+        """Keep the points some target would choose: each certifies more than every cheaper one."""
+        stair: list[OperatingPoint] = []
+        for p in sorted([*points, reference], key=lambda p: (p.cost, -p.certified)):
+            if math.isfinite(p.certified) and (not stair or p.certified > stair[-1].certified + 1e-12):
+                stair.append(p)
+        return cls(members, stair, top, confidence)
+
+    def point_for(self, target: float) -> OperatingPoint:
+        """The cheapest point certified for the target, else the best-effort top."""
+        i = bisect.bisect_left(self._certified, target - 1e-12)
+        return self.points[i] if i < len(self.points) else self.top
+
+    def certified_up_to(self) -> float:
+        return self._certified[-1] if self._certified else -math.inf
+
+    def to_dict(self) -> dict:
+        return {"confidence": _finite_or_none(self.confidence), "members": [m.to_list() for m in self.members],
+                "points": [p.to_list() for p in self.points], "top": self.top.to_list()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Knob":
+        members = [Member(str(r), float(v)) for r, v in d["members"]]
+        bad = [m.rule for m in members if m.rule not in MEMBER_RULES]
+        if bad:
+            raise ValueError(f"unknown knob member rule {bad[0]!r}; this build reads {MEMBER_RULES}")
+        return cls(members, [OperatingPoint.from_list(p) for p in d["points"]],
+                   OperatingPoint.from_list(d["top"]),
+                   math.nan if d.get("confidence") is None else float(d["confidence"]))
+
+    @classmethod
+    def from_table(cls, rule: str, table: list[tuple[float, float]], reference_rate: float) -> "Knob":
+        """A format 1 table (param, expected pass rate), cheapest first, served as it was."""
+        members = [Member(rule, float(param)) for param, _ in table]
+        scale = reference_rate if reference_rate > 0 else 1.0
+        points = [OperatingPoint(i, i, 1.0, float(q) / scale, float(q), math.nan)
+                  for i, (_, q) in enumerate(table)]
+        stair = [p for i, p in enumerate(points) if i == 0 or p.certified > points[i - 1].certified]
+        return cls(members, stair, points[-1], math.nan)
+
+
+def point_choice(knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray,
+                 unit: Callable[[int], float]) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate each request (rows of p and c) gets at `point`, and the probability it had.
+
+    A mixed point takes member a where the request's unit is below the point's weight, else
+    member b; `unit(i)` is request i's `request_unit`, asked for only where the two differ."""
+    pick_a = member_choice(knob.members[point.a], p, c)
+    if point.weight >= 1.0:
+        return pick_a, np.ones(len(pick_a))
+    pick_b = member_choice(knob.members[point.b], p, c)
+    u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
+    for i in np.flatnonzero(pick_a != pick_b):
+        u[i] = unit(int(i))
+    pick = np.where(u < point.weight, pick_a, pick_b)
+    return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
+
+
+def fallback_order(knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Per request, every candidate in the order of `p - lambda * cost` (the point's first lambda
+    member's; 0 without one), ties to the cheaper: what a decision falls back along."""
+    return choose(p, c, "lambda", fallback_lambda(knob, point))
+
+
+def fallback_lambda(knob: Knob, point: OperatingPoint) -> float:
+    for m in (knob.members[point.a], knob.members[point.b]):
+        if m.rule == "lambda":
+            return m.param
+    return 0.0
+
+
+def request_unit(prompt: str, suite: str | None) -> float:
+    """A uniform number in [0, 1] fixed by the request: mixes pick their member with it."""
+    return cut_unit(suite, cut(text_bytes(prompt)))
+
+
+def cut_unit(suite: str | None, cut_bytes: bytes) -> float:
+    """`request_unit` from the prompt's cut bytes: BLAKE2b-64 of the suite's bytes, a NUL and the
+    cut bytes (the spec's section 7: the cut bounds the work a huge prompt costs), read
+    big-endian and divided by 2**64 (which may round up to 1.0)."""
+    digest = hashlib.blake2b(text_bytes(suite or "") + b"\x00" + cut_bytes, digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64

@@ -1,0 +1,224 @@
+"""The routing policy a gateway loads: features -> calibrated pass probabilities -> a choice.
+
+Imports numpy and the standard library only, so a gateway can embed it. A router scores, one
+shared policy decides (RouteLLM's split): the scorer and cost model
+(routeopt.router_training.policy.scorer) give each candidate a pass probability and a cost, and
+the quality knob (routeopt.router_training.policy.knob) turns them into a choice. Its files are
+read and written by routeopt.router_training.policy.files, its conformance vectors by
+routeopt.router_training.policy.conformance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from routeopt.common.io import atomic_write
+from routeopt.router_training.policy.batch_features import batch_predict
+from routeopt.router_training.policy.conformance import ConformanceReport, build_vectors, self_check
+from routeopt.router_training.policy.features import FeatureSpec, feature_layers, n_chars, request_features
+from routeopt.router_training.policy.files import VECTORS_NAME, format_info, read_policy_files, write_policy_files
+from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its parts: the policy's vocabulary)
+    Knob, Member, OperatingPoint, _finite_or_none, choose, fallback_order, member_choice, point_choice, request_unit,
+)
+from routeopt.router_training.policy.numerics import sigmoid
+from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assign_clusters  # noqa: F401
+from routeopt.router_training.policy.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """The policy's routing decision for one request: the model to call, what to try next, and why."""
+
+    model: str
+    fallbacks: tuple[str, ...]
+    pass_probabilities: dict[str, float]
+    expected_cost_usd: dict[str, float]
+    propensity: float = 1.0  # probability that this request gets this model (mixed points < 1)
+
+
+@dataclass
+class RoutingPolicy:
+    """Candidates, their scorer, Platt calibration, cost model and the quality knob."""
+
+    candidates: list[str]
+    spec: FeatureSpec
+    scorer: "LinearScorer | TreeScorer"
+    platt: np.ndarray  # (2, K): p = sigmoid(a * logit + b)
+    cost_model: CostModel
+    knob: Knob
+    reference_pass_rate: float  # best single candidate's pass rate on calibration data
+    reference_model: str
+    quality_target: float = 0.95
+    metrics: dict = field(default_factory=dict)
+    format_version: int | None = None  # the format its files were read from; None when built in memory
+    vectors: bytes | None = field(default=None, repr=False)  # conformance vectors read with it, not yet checked
+    conformance: ConformanceReport | None = field(default=None, repr=False)  # what self_check found
+
+    # -- scoring -------------------------------------------------------------------------
+    def score_request(self, prompt: str, suite: str | None,
+                      embedding: np.ndarray | None = None) -> "Scored":
+        """One request through features, scorer, calibration and cost (the spec's steps)."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if suite is not None and not isinstance(suite, str):
+            raise TypeError(f"suite must be a string or None, got {type(suite).__name__}")
+        if self.spec.embeddings:
+            ids, vals = request_features(prompt, suite, self.spec, embedding)
+            layers, chars = None, n_chars(prompt)
+            pos = self.spec.suite_position(suite)
+        else:
+            layers = feature_layers(prompt, suite, self.spec)
+            ids, vals, pos, chars = layers.ids, layers.vals, layers.suite_pos, layers.text.n_chars
+        z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else len(self.spec.suites))
+        p = sigmoid(self.platt[0] * z + self.platt[1])
+        c = self.cost_model.predict_one(chars, pos, topic)
+        return Scored(layers, z, topic, p, c)
+
+    def predict(
+        self, prompts: Sequence[str], suites: Sequence[str | None] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated pass probabilities and predicted costs, each (n, K): the batch path of the
+        spec's steps (routeopt.router_training.policy.batch_features), which computes the same
+        bits as `score_request`; with embeddings, request by request."""
+        suites = list(suites) if suites is not None else [None] * len(prompts)
+        if len(suites) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(suites)} suites")
+        k = len(self.candidates)
+        if not self.spec.embeddings:
+            if not len(prompts):
+                return np.empty((0, k)), np.empty((0, k))
+            _, _, _, p, c = batch_predict(self, list(prompts), suites)
+            return p, c
+        embeddings = [None] * len(prompts)
+        if len(prompts) > 1:
+            from routeopt.router_training.policy.embeddings import embed  # optional extra; batched is faster
+
+            embeddings = list(embed(list(prompts)))
+        p, c = np.empty((len(prompts), k)), np.empty((len(prompts), k))
+        for i, (prompt, suite) in enumerate(zip(prompts, suites)):
+            s = self.score_request(prompt, suite, embeddings[i])
+            p[i], c[i] = s.p, s.c
+        return p, c
+
+    def point_for(self, quality_target: float | None = None) -> OperatingPoint:
+        """The operating point that serves a target (the policy's own target by default)."""
+        target = self.quality_target if quality_target is None else float(quality_target)
+        if not math.isfinite(target):
+            raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
+        return self.knob.point_for(target)
+
+    def select(
+        self, p: np.ndarray, c: np.ndarray, prompts: Sequence[str], suites: Sequence[str | None],
+        quality_target: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Chosen candidate per request and the probability it had of being chosen."""
+        return point_choice(self.knob, self.point_for(quality_target), p, c,
+                            lambda i: request_unit(prompts[i], suites[i]))
+
+    # -- deciding ------------------------------------------------------------------------
+    def decide(
+        self, prompt: str, suite: str | None = None, quality_target: float | None = None
+    ) -> PolicyDecision:
+        """One request on the gateway's hot path (the same steps as decide_batch, for one row)."""
+        s = self.score_request(prompt, suite)
+        point = self.point_for(quality_target)
+        pick, prop = point_choice(self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite))
+        return self._decision(int(pick[0]), prop[0], s.p, s.c, fallback_order(self.knob, point, s.p, s.c)[0])
+
+    def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, order: np.ndarray) -> PolicyDecision:
+        """The decision for one request; fallbacks in `order` without the chosen candidate."""
+        names = self.candidates
+        return PolicyDecision(
+            model=names[pick],
+            fallbacks=tuple(names[j] for j in order.tolist() if j != pick),
+            pass_probabilities=dict(zip(names, p.tolist())),
+            expected_cost_usd=dict(zip(names, c.tolist())),
+            propensity=float(prop),
+        )
+
+    def decide_batch(
+        self,
+        prompts: Sequence[str],
+        suites: Sequence[str | None] | None = None,
+        quality_target: float | None = None,
+    ) -> list[PolicyDecision]:
+        suites = list(suites) if suites is not None else [None] * len(prompts)
+        p, c = self.predict(prompts, suites)
+        point = self.point_for(quality_target)
+        pick, prop = point_choice(self.knob, point, p, c, lambda i: request_unit(prompts[i], suites[i]))
+        order = fallback_order(self.knob, point, p, c)
+        return [self._decision(int(pick[i]), prop[i], p[i], c[i], order[i]) for i in range(len(prompts))]
+
+    # -- persistence ---------------------------------------------------------------------
+    def save(self, folder: Path) -> list[str]:
+        """Write the policy in format 3 (docs/policy-format.md): policy.json, arrays.safetensors
+        and conformance.safetensors, the vectors every runtime checks itself against, computed
+        from the policy as read back from the first two (no pickle; atomically). Returns the
+        file names."""
+        folder = Path(folder)
+        names = write_policy_files(self, folder)
+        written = type(self).load(folder, vectors=False)
+        atomic_write(folder / VECTORS_NAME, build_vectors(written))
+        return [*names, VECTORS_NAME]
+
+    @classmethod
+    def load(cls, folder: Path, vectors: bool = True) -> "RoutingPolicy":
+        """Read a policy folder of format 3, 2 or 1 (a format 1 rule and its table load as a knob);
+        format 3 keeps its vectors' bytes for `self_check`."""
+        policy = cls(**read_policy_files(Path(folder), vectors))
+        policy._check_members()
+        return policy
+
+    def self_check(self) -> ConformanceReport:
+        """Run the conformance vectors loaded with the policy (routeopt.router_training.policy.conformance)."""
+        return self_check(self)
+
+    @property
+    def format_info(self) -> dict:
+        """What the manifest says about the format: version, portability, the vectors' file."""
+        return format_info(self)
+
+    def _check_members(self) -> None:
+        k = len(self.candidates)
+        for m in self.knob.members:
+            if m.rule == "single" and not 0 <= int(m.param) < k:
+                raise ValueError(f"knob member names candidate {int(m.param)}; the policy has {k}")
+
+    def describe(self) -> dict:
+        """A compact summary for manifests and diffs (no weights)."""
+        spec = self.spec.to_dict()
+        spec.pop("idf", None)
+        point = self.point_for()
+        return {
+            "candidates": list(self.candidates),
+            "quality_target": self.quality_target,
+            "point_at_default_target": point.to_list(),
+            "reference": {"model": self.reference_model, "pass_rate": self.reference_pass_rate},
+            "knob": {"confidence": _finite_or_none(self.knob.confidence), "certified_up_to": _finite_or_none(self.knob.certified_up_to()),
+                     "points": [p.to_list() for p in self.knob.points], "top": self.knob.top.to_list(),
+                     "members": [m.to_list() for m in self.knob.members]},
+            "cost_model": self.cost_model.to_dict(),
+            "feature_spec": spec,
+            "scorer": self._scorer_summary(),
+            "metrics": self.metrics,
+        }
+
+    def _scorer_summary(self) -> dict:
+        if isinstance(self.scorer, LinearScorer):
+            return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}
+        return self.scorer.summary()
+
+
+class Scored(NamedTuple):
+    """One request's feature layers (None with embeddings), logits, topic, probabilities, costs."""
+
+    layers: Any
+    z: np.ndarray
+    topic: int
+    p: np.ndarray
+    c: np.ndarray

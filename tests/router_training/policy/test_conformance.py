@@ -1,0 +1,116 @@
+"""Conformance vectors: what they hold, that the batch path is the one-request path, and that a
+runtime which differs at any step is refused with that step named."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routeopt.router_training.policy import features
+from routeopt.router_training.policy.batch_features import batch_predict
+from routeopt.router_training.policy.conformance import check_vectors, read_vectors
+from routeopt.router_training.policy.conformance_inputs import vector_inputs
+from routeopt.router_training.policy.routing import CostModel, Knob, Member, RoutingPolicy
+
+
+@pytest.fixture(scope="module")
+def saved(trained, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("policy")
+    trained.policy.save(folder)
+    return folder, (folder / "conformance.safetensors").read_bytes()
+
+
+def test_vectors_cover_hostile_text_the_cut_and_every_suite_kind(saved) -> None:
+    folder, blob = saved
+    inputs, meta, want = read_vectors(blob)
+    texts = [i.text for i in inputs]
+    assert len(inputs) >= 2000 and meta["layers"][0] == "bytes" and meta["layers"][-1] == "gateway"
+    lengths = set(want["bytes.utf8_len"].tolist())
+    assert {0, 8191, 8192, 8193} <= lengths and max(lengths) >= 1 << 20
+    assert {"", "\x00", "\ud800", "İstanbul ıi İI", "😀"} <= set(texts)
+    assert any("\u0301" in t for t in texts) and any("\u202e" in t for t in texts)
+    suites = {i.suite for i in inputs}
+    assert {None, "", "no-such-suite"} <= suites and set(RoutingPolicy.load(folder).spec.suites) <= suites
+    chosen = np.unique(want["decision.model"])
+    assert len(chosen) >= 2  # the decisions are not all the same candidate
+    assert want["gateway.explored"].any() and want["gateway.arm"].any() and not want["gateway.arm"].all()
+    assert len(blob) < 1_500_000
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+
+
+def _same_as_one_by_one(policy: RoutingPolicy, texts: list[str], suites: list) -> None:
+    feats, z, topic, p, c = batch_predict(policy, texts, suites)
+    for i, (text, suite) in enumerate(zip(texts, suites)):
+        s = policy.score_request(text, suite)
+        a, b = feats.row_offsets[i], feats.row_offsets[i + 1]
+        assert np.array_equal(s.layers.ids, feats.ids[a:b]), (i, text[:40])
+        assert np.array_equal(_bits(s.layers.vals), _bits(feats.vals[a:b])), (i, text[:40])
+        assert np.array_equal(_bits(s.z), _bits(z[i])) and s.topic == topic[i]
+        assert np.array_equal(_bits(s.p), _bits(p[i])) and np.array_equal(_bits(s.c), _bits(c[i]))
+
+
+def test_the_batch_path_is_the_one_request_path_to_the_bit(trained) -> None:
+    inputs = vector_inputs(tuple(trained.policy.spec.suites))[::3]
+    _same_as_one_by_one(trained.policy, [i.text for i in inputs], [i.suite for i in inputs])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=300),
+                          st.sampled_from([None, "", "add", "sort", "nope"])), min_size=1, max_size=12))
+def test_any_text_gives_the_same_bits_both_ways(trained, batch) -> None:
+    _same_as_one_by_one(trained.policy, [t for t, _ in batch], [s for _, s in batch])
+
+
+def _changed(policy: RoutingPolicy, **kw) -> RoutingPolicy:
+    out = dataclasses.replace(policy, **kw)
+    return out
+
+
+def test_a_runtime_that_differs_is_told_the_first_step_that_differs(saved, monkeypatch) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    assert check_vectors(policy, blob).ok
+    spec = policy.spec
+    idf = tuple(v * (1.01 if i % 2 else 1.0) for i, v in enumerate(spec.idf))
+    cases = {
+        "buckets": _changed(policy, spec=dataclasses.replace(spec, n_buckets=spec.n_buckets // 2,
+                                                             idf=spec.idf[: spec.n_buckets // 2])),
+        "features": _changed(policy, spec=dataclasses.replace(spec, idf=idf)),
+        "calibration": _changed(policy, platt=policy.platt * np.array([[1.0], [1.0 + 1e-6]]) + np.array([[0], [1e-6]])),
+        "cost": _changed(policy, cost_model=CostModel(policy.cost_model.coef, policy.cost_model.floor * 2 + 1e-9,
+                                                      policy.cost_model.topic_coef)),
+        "decision": _changed(policy, knob=Knob([Member("single", 0.0)] * len(policy.knob.members),
+                                               policy.knob.points, policy.knob.top, policy.knob.confidence)),
+    }
+    for step, changed in cases.items():
+        report = check_vectors(changed, blob)
+        assert not report.ok and report.first.startswith(f"step {step}"), (step, report.first)
+        assert step in report.summary()
+    monkeypatch.setattr(features, "_MAX_BYTES", 4096)
+    report = check_vectors(policy, blob)
+    assert not report.ok and report.first.startswith("step bytes"), report.first
+
+
+def test_vectors_of_other_candidates_are_refused(saved) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    policy = dataclasses.replace(policy, candidates=list(reversed(policy.candidates)))
+    report = check_vectors(policy, blob)
+    assert not report.ok and "swapped" in report.first
+
+
+def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
+    folder, blob = saved
+    policy = RoutingPolicy.load(folder)
+    for bad in (b"", blob[:1000], blob[:-7], b"\x00" * 64):
+        report = check_vectors(policy, bad)
+        assert not report.ok and "conformance.safetensors" in report.first
+
+
