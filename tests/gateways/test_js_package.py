@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from routeopt.artifacts.runtime import load
-from routeopt.artifacts.server import serve_in_thread
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests.gateways.node import PACKAGE, node, package, run_node
 from tests.gateways.test_js_runtime import _python_decisions, _requests, _same, build_fixtures
 
