@@ -154,7 +154,7 @@ class Service:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise SystemExit(f"the service exited with {self.proc.returncode}")
+                    raise SystemExit(f"the service exited with {self.proc.returncode}") from None
                 time.sleep(0.2)
         raise SystemExit("the service did not become ready")
 

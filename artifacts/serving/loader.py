@@ -93,7 +93,7 @@ class ServedDecision:
     trace_id: str | None = None
     traceparent: str | None = None
 
-    def traced(self, trace_id: str | None, traceparent: str | None) -> "Decision":
+    def traced(self, trace_id: str | None, traceparent: str | None) -> "ServedDecision":
         """This decision with its trace named: a copy of its fields, without the frozen
         dataclass's per-field `__init__` (dataclasses.replace costs 5 us, this 0.5; on every
         traced request)."""

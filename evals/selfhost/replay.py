@@ -517,7 +517,7 @@ def _busiest(records: Sequence[Sent], window_s: float) -> float:
     if not ends:
         return 0.0
     best, lo, total = 0, 0, 0
-    for hi, (t, n) in enumerate(ends):
+    for t, n in ends:
         total += n
         while ends[lo][0] < t - window_s:
             total -= ends[lo][1]

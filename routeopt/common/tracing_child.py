@@ -56,7 +56,7 @@ def serve(reply_fd: int, config_json: str) -> None:
             reply(0)
         elif frame[0] == "flush":
             done: list[bool] = []
-            worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),
+            worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),  # noqa: B023 (joined below)
                                       daemon=True)
             worker.start()
             worker.join(frame[2] / 1000)
