@@ -19,8 +19,8 @@ from typing import IO, Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb",
-                  permissions: int | None = None) -> Iterator[IO]:
+def atomic_writer(path: str | os.PathLike[str], mode: str = "wb",
+                  permissions: int | None = None) -> Iterator[IO[Any]]:
     """Open a temporary file for writing; on success it replaces `path`, on error it vanishes.
 
     The file is private to its owner (0600) unless `permissions` says otherwise (0o644 for files
@@ -29,7 +29,7 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb",
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
             yield fh
             fh.flush()
             if permissions is not None:
@@ -47,7 +47,7 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb",
         os.close(dir_fd)
 
 
-def make_dirs(folder: str | os.PathLike, mode: int = 0o755) -> Path:
+def make_dirs(folder: str | os.PathLike[str], mode: int = 0o755) -> Path:
     """Create `folder` and its missing parents with exactly `mode`, whatever the umask (a umask of
     077 would otherwise hide published files from readers running as other users)."""
     folder = Path(folder)
@@ -63,7 +63,7 @@ def make_dirs(folder: str | os.PathLike, mode: int = 0o755) -> Path:
     return folder
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, permissions: int | None = None) -> Path:
+def atomic_write(path: str | os.PathLike[str], data: bytes | str, permissions: int | None = None) -> Path:
     """Write bytes or text to `path` atomically (mode 0600 unless `permissions`); returns the path."""
     with atomic_writer(path, "wb" if isinstance(data, bytes) else "w", permissions) as fh:
         fh.write(data)

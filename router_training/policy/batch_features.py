@@ -13,7 +13,7 @@ sample of the vectors through the one-request path itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -119,9 +119,9 @@ def _keys(bt: BatchText, words: np.ndarray, owner: np.ndarray, spec: FeatureSpec
     return np.concatenate(keys), np.concatenate(reqs)
 
 
-def _groups(lens: np.ndarray, width: int):
+def _groups(lens: np.ndarray, width: int) -> Iterator[tuple[np.ndarray, int, np.ndarray, np.ndarray]]:
     """Requests in groups of similar length, each small enough to pad: (group, longest, row,
-    col, source position) with row/col the padded cell of each element."""
+    col) with row/col the padded cell of each element."""
     order = np.argsort(lens, kind="stable")
     start, n = 0, len(lens)
     while start < n:
@@ -138,7 +138,7 @@ def _groups(lens: np.ndarray, width: int):
 
 
 def _sources(offsets: np.ndarray, group: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
-    return offsets[group][col] + row
+    return cast(np.ndarray, offsets[group][col] + row)
 
 
 def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -262,11 +262,14 @@ def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndar
         g = scorer.centroids.shape[0]
         sims = ordered_row_sum((unit.T[:, :, None] * scorer.centroids.T[:, None, :]).reshape(unit.shape[1], -1))
         topic = np.argmax(sims.reshape(n, g) - scorer._half_norms, axis=1)
-        out, slope, d = out + scorer.topic_bias[topic], slope + scorer.topic_slopes[topic], d + scorer.topic_difficulty[topic]
+        topic_bias, topic_slopes, topic_difficulty = scorer.topic_arrays()
+        out, slope, d = out + topic_bias[topic], slope + topic_slopes[topic], d + topic_difficulty[topic]
     return out + d[:, None] * slope, topic
 
 
-def batch_predict(policy: "RoutingPolicy", texts: Sequence[str], suites: Sequence[str | None]):
+def batch_predict(
+    policy: "RoutingPolicy", texts: Sequence[str], suites: Sequence[str | None],
+) -> tuple[BatchFeatures, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(features, logits, topics, probabilities, costs) of many requests: `score_request` at once."""
     feats = batch_features(texts, suites, policy.spec)
     z, topic = batch_scores(policy, feats)

@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -101,7 +101,7 @@ def sequence_digests(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return sums.view(np.uint8).reshape(len(counts), 8)
 
 
-def _gateway_config(policy: RoutingPolicy) -> dict:
+def _gateway_config(policy: RoutingPolicy) -> dict[str, Any]:
     exclude = [policy.candidates[-1]] if len(policy.candidates) > 2 else []
     return {"exploration": {"rate": 0.2, "exclude": exclude, "max_cost_usd": None, "max_cost_ratio": 4.0,
                             "seed": GATEWAY_SEED},
@@ -124,7 +124,9 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
     n_words, n_buckets = np.diff(f.word_offsets), np.diff(f.bucket_offsets)
     word_chars = np.bincount(np.repeat(np.arange(len(t.raw)), n_words), weights=f.lengths, minlength=len(t.raw))
     total = np.bincount(np.repeat(np.arange(len(t.raw)), n_buckets), weights=f.counts, minlength=len(t.raw))
-    u32 = lambda a: np.asarray(a)[of].astype(np.uint32)
+    def u32(a: np.ndarray) -> np.ndarray:
+        return cast(np.ndarray, np.asarray(a)[of].astype(np.uint32))
+
     out = {"bytes.utf8_len": u32(t.utf8_len), "bytes.n_chars": u32(t.n_chars), "bytes.newlines": u32(t.newlines),
            "bytes.questions": u32(t.questions), "bytes.cut_digest": cut_d[of],
            "words.count": u32(n_words), "words.chars": u32(word_chars), "words.digest": word_d[of],
@@ -139,7 +141,7 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
     return out
 
 
-def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
+def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict[str, Any],
             targets: tuple[float, ...] = TARGETS, n_detail: int = DETAIL) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
     at once: routeopt.router_training.policy.batch_features, which tests hold to the one-request path's bits)."""
@@ -157,7 +159,8 @@ def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict,
     return out
 
 
-def _pick(policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray, u: np.ndarray):
+def _pick(policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray,
+          u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request: the chosen candidate, its propensity, and the fallback order (the spec's
     'Knob' and 'Decision' steps over all requests at once, by the policy's own `point_choice`)."""
     point = policy.point_for(target)
@@ -173,7 +176,8 @@ def _point_index(policy: RoutingPolicy, target: float) -> int:
     return next((j for j, p in enumerate(policy.knob.points) if p.certified >= target - 1e-12), -1)
 
 
-def _decisions(policy: RoutingPolicy, out: dict, targets: tuple[float, ...]) -> dict[str, np.ndarray]:
+def _decisions(policy: RoutingPolicy, out: dict[str, np.ndarray],
+               targets: tuple[float, ...]) -> dict[str, np.ndarray]:
     P, C, u = out["calibration.p"], out["cost.c"], out["knob.unit"]
     n, k = P.shape
     models, props = np.zeros((n, len(targets)), np.uint16), np.zeros((n, len(targets)))
@@ -193,7 +197,8 @@ class _Chosen(NamedTuple):
     expected_cost_usd: dict[str, float]
 
 
-def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict, config: dict) -> dict[str, np.ndarray]:
+def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray],
+             config: dict[str, Any]) -> dict[str, np.ndarray]:
     """Exploration and canary with the config's seeds, at the policy's own target (the canary's
     candidate is this same policy, so each arm's served decision is known): each request through
     the gateway's own `draws.choose`."""
@@ -255,7 +260,8 @@ def build_vectors(policy: RoutingPolicy) -> bytes:
     return dumps(tensors, {"routeopt": json.dumps(meta, ensure_ascii=True)})
 
 
-def read_vectors(blob: bytes, where: str = "conformance.safetensors") -> tuple[list[VectorInput], dict, dict]:
+def read_vectors(blob: bytes, where: str = "conformance.safetensors",
+                 ) -> tuple[list[VectorInput], dict[str, Any], dict[str, np.ndarray]]:
     """(inputs, metadata, expected tensors) of a conformance file."""
     tensors, raw_meta = loads(blob, where)
     try:
@@ -294,7 +300,8 @@ def _differs(want: np.ndarray, got: np.ndarray, how: str, tol: float) -> tuple[n
     return bad.reshape(len(want), -1).any(1) if want.ndim else bad.reshape(1), worst
 
 
-def _detail_differs(want: dict, got: dict, tol: float) -> tuple[np.ndarray, np.ndarray, float]:
+def _detail_differs(want: dict[str, np.ndarray], got: dict[str, np.ndarray],
+                    tol: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Per detailed request: do its buckets or counts differ, do its feature values differ."""
     off_w, off_g = want["detail.offsets"], got["detail.offsets"]
     n = len(off_w) - 1
@@ -321,7 +328,8 @@ def _show(a: np.ndarray, i: int) -> str:
     return np.array2string(np.asarray(v), precision=17, threshold=12) if np.ndim(v) else repr(v.item())
 
 
-def _compare(meta: dict, want: dict, got: dict, inputs: list[VectorInput]) -> tuple[dict, str | None, float]:
+def _compare(meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, np.ndarray],
+             inputs: list[VectorInput]) -> tuple[dict[str, int], str | None, float]:
     tol, n = float(meta["tolerance"]), len(inputs)
     ids_bad, vals_bad, worst = _detail_differs(want, got, tol)
     counts, first = {}, None
@@ -353,7 +361,7 @@ def _compare(meta: dict, want: dict, got: dict, inputs: list[VectorInput]) -> tu
     return counts, first, worst
 
 
-def _serving_path(policy: RoutingPolicy, inputs: list[VectorInput], want: dict,
+def _serving_path(policy: RoutingPolicy, inputs: list[VectorInput], want: dict[str, np.ndarray],
                   targets: tuple[float, ...]) -> str | None:
     """The first requests again through `RoutingPolicy.decide`, the path that serves gateways
     (the batch above computes the same bits; this checks that it still does)."""

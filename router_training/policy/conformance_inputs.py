@@ -143,7 +143,7 @@ def synthetic(n: int = N_SYNTHETIC, seed: int = 2301) -> list[VectorInput]:
     return out
 
 
-_HOSTILE_SUITES = (None, "", "no-such-suite", "naïve suite ✓", "\ud800")
+_HOSTILE_SUITES: tuple[str | None, ...] = (None, "", "no-such-suite", "naïve suite ✓", "\ud800")
 _HOSTILE_IDS = ("", " ", "ünïcödé-id", "\ud800", "id\x00nul", "x" * 300, "😀")
 
 
@@ -152,10 +152,10 @@ def vector_inputs(suites: tuple[str, ...], n_synthetic: int = N_SYNTHETIC) -> li
     policy's suites, and under another (known, missing, empty, unknown, a case variant), each
     time with its own request id for the exploration and canary draws."""
     texts = hostile() + synthetic(n_synthetic)
-    others: list[str | None] = list(suites) + list(_HOSTILE_SUITES)
+    others: list[str | None] = [*suites, *_HOSTILE_SUITES]
     if suites:
         others.append(suites[0].upper() if suites[0].upper() != suites[0] else suites[0] + "X")
-    out = []
+    out: list[VectorInput] = []
     for i, t in enumerate(texts):
         first = suites[i % len(suites)] if suites else None
         huge = len(t.prefix) + len(t.pattern) * t.repeat + len(t.suffix) > 1 << 16

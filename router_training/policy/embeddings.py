@@ -12,7 +12,7 @@ import os
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ class EmbeddingsUnavailable(RuntimeError):
 
 
 @lru_cache(maxsize=1)
-def _model():
+def _model() -> tuple[Any, Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -70,7 +70,7 @@ def mix(h: np.ndarray, salt: int = BUCKET_SALT) -> np.ndarray:
         h = h * _MIX1
         h = h ^ (h >> np.uint64(33))
         h = h * _MIX2
-        return h ^ (h >> np.uint64(33))
+        return cast(np.ndarray, h ^ (h >> np.uint64(33)))
 
 
 _SHIFT = np.uint64(33)
@@ -108,7 +108,7 @@ _PAIR = re.compile(rb"\xed[\xa0-\xaf][\x80-\xbf]\xed[\xb0-\xbf][\x80-\xbf]")
 _SURROGATE = re.compile(_PAIR.pattern + rb"|\xed[\xa0-\xbf][\x80-\xbf]")
 
 
-def _fix_surrogate(m: re.Match) -> bytes:
+def _fix_surrogate(m: re.Match[bytes]) -> bytes:
     """A high+low pair's two 3-byte forms -> the character's 4 bytes; a lone one -> U+FFFD."""
     b = m.group()
     if len(b) == 3:
@@ -245,7 +245,7 @@ class FeatureSpec:
         """The suite's one-hot column, or -1 (no suite, the empty string, or unknown)."""
         return self.suite_positions.get(suite, -1) if suite else -1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Format 2's features.json (idf rounded to 5 decimals, as that format stored it)."""
         d = asdict(self)
         d["suites"] = list(self.suites)
@@ -256,7 +256,7 @@ class FeatureSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FeatureSpec":
+    def from_dict(cls, d: dict[str, Any]) -> "FeatureSpec":
         idf = d.get("idf")
         return cls(
             suites=tuple(d["suites"]),
@@ -346,9 +346,12 @@ def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = No
     if classes is None:
         classes = _CLASS.take(pb.cut)
     counts = np.bincount(classes, minlength=32) @ _FLAG_MATRIX  # exact integers
-    one = lambda v: np.array([v])
-    return statistics(counts[None], one(float(max(len(pb.cut), 1))), one(pb.n_chars), one(len(lengths)),
-                      one(pb.newlines), one(pb.questions), one(float(int(lengths.sum()))))[0]
+    def one(v: float) -> np.ndarray:
+        return np.array([v])
+
+    return cast(np.ndarray, statistics(counts[None], one(float(max(len(pb.cut), 1))), one(pb.n_chars),
+                                       one(len(lengths)), one(pb.newlines), one(pb.questions),
+                                       one(float(int(lengths.sum()))))[0])
 
 
 def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.ndarray:

@@ -47,7 +47,7 @@ def not_portable_reason(policy: RoutingPolicy) -> str | None:
     return EMBEDDINGS_NOT_PORTABLE if policy.spec.embeddings else None
 
 
-def format_info(policy: RoutingPolicy) -> dict:
+def format_info(policy: RoutingPolicy) -> dict[str, Any]:
     """What the manifest records about the policy's format."""
     reason = not_portable_reason(policy)
     return {"version": FORMAT_VERSION, "portable": reason is None, "not_portable": reason,
@@ -57,16 +57,17 @@ def format_info(policy: RoutingPolicy) -> dict:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def _header(policy: RoutingPolicy) -> dict:
+def _header(policy: RoutingPolicy) -> dict[str, Any]:
     spec, scorer = policy.spec, policy.scorer
-    features = {"suites": list(spec.suites), "n_buckets": spec.n_buckets, "char_ngrams": list(spec.char_ngrams),
-                "word_bigrams": spec.word_bigrams, "max_bytes": MAX_BYTES, "stats": list(STAT_NAMES),
-                "embeddings": spec.embeddings, "idf": spec.idf is not None, "stat_scaling": spec.stat_mean is not None}
+    features: dict[str, Any] = {
+        "suites": list(spec.suites), "n_buckets": spec.n_buckets, "char_ngrams": list(spec.char_ngrams),
+        "word_bigrams": spec.word_bigrams, "max_bytes": MAX_BYTES, "stats": list(STAT_NAMES),
+        "embeddings": spec.embeddings, "idf": spec.idf is not None, "stat_scaling": spec.stat_mean is not None}
     if isinstance(scorer, LinearScorer):
         topics = 0 if scorer.centroids is None else int(scorer.centroids.shape[0])
         rank = 0 if scorer.centroids is None else int(scorer.centroids.shape[1])
-        scorer_head = {"kind": LINEAR_KIND, "difficulty_bias": float(scorer.difficulty_bias),
-                       "topics": topics, "rank": rank}
+        scorer_head: dict[str, Any] = {"kind": LINEAR_KIND, "difficulty_bias": float(scorer.difficulty_bias),
+                                       "topics": topics, "rank": rank}
     else:
         scorer_head = {"kind": TreeScorer.kind, "n_features": scorer.n_features}
     reason = not_portable_reason(policy)
@@ -94,8 +95,9 @@ def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
         out["scorer.weights"] = scorer.weights.astype(np.float32)
         out["scorer.bias"], out["scorer.slopes"] = scorer.bias, scorer.slopes
         if scorer.centroids is not None:
-            out.update({"scorer.centroids": scorer.centroids, "scorer.topic_bias": scorer.topic_bias,
-                        "scorer.topic_slopes": scorer.topic_slopes, "scorer.topic_difficulty": scorer.topic_difficulty})
+            topic_bias, topic_slopes, topic_difficulty = scorer.topic_arrays()
+            out.update({"scorer.centroids": scorer.centroids, "scorer.topic_bias": topic_bias,
+                        "scorer.topic_slopes": topic_slopes, "scorer.topic_difficulty": topic_difficulty})
     else:
         out.update(scorer.arrays())
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -134,13 +136,13 @@ def read_policy_files(folder: Path, vectors: bool = True) -> dict[str, Any]:
     return {**policy, "format_version": version}
 
 
-def _common(head: dict, knob: Knob, **parts: Any) -> dict[str, Any]:
+def _common(head: dict[str, Any], knob: Knob, **parts: Any) -> dict[str, Any]:
     return dict(candidates=[str(c) for c in head["candidates"]], knob=knob,
                 reference_pass_rate=float(head["reference_pass_rate"]), reference_model=str(head["reference_model"]),
                 quality_target=float(head["quality_target"]), metrics=head.get("metrics") or {}, **parts)
 
 
-def _load_v2(folder: Path, head: dict, version: int) -> dict[str, Any]:
+def _load_v2(folder: Path, head: dict[str, Any], version: int) -> dict[str, Any]:
     files = head["files"]
     spec = FeatureSpec.from_dict(json.loads((folder / files["features"]).read_text()))
     scorer = _v2_scorer(json.loads((folder / files["scorer"]).read_text()), folder)
@@ -153,7 +155,7 @@ def _load_v2(folder: Path, head: dict, version: int) -> dict[str, Any]:
                    cost_model=CostModel.from_dict(head["cost_model"]))
 
 
-def _v2_scorer(d: dict, folder: Path) -> LinearScorer | TreeScorer:
+def _v2_scorer(d: dict[str, Any], folder: Path) -> LinearScorer | TreeScorer:
     if d.get("kind") != "lightgbm":
         return LinearScorer.from_dict(d)
     models: list[str | float] = []
@@ -170,7 +172,7 @@ def _v2_scorer(d: dict, folder: Path) -> LinearScorer | TreeScorer:
         raise PolicyFormatError(f"{folder}: a LightGBM model file does not parse ({e})") from None
 
 
-def _load_v3(folder: Path, head: dict, vectors: bool) -> dict[str, Any]:
+def _load_v3(folder: Path, head: dict[str, Any], vectors: bool) -> dict[str, Any]:
     files = head["files"]
     where = str(folder / files["arrays"])
     if files["arrays"] != ARRAYS_NAME or files["conformance"] != VECTORS_NAME:
@@ -189,7 +191,7 @@ def _load_v3(folder: Path, head: dict, vectors: bool) -> dict[str, Any]:
     return policy
 
 
-def _spec(head: dict, arrays: dict, where: str) -> FeatureSpec:
+def _spec(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str) -> FeatureSpec:
     f = head["features"]
     if int(f["max_bytes"]) != MAX_BYTES or list(f["stats"]) != list(STAT_NAMES):
         raise PolicyFormatError(f"{where}: features.max_bytes / stats differ from this build's "
@@ -202,17 +204,20 @@ def _spec(head: dict, arrays: dict, where: str) -> FeatureSpec:
     std = require(arrays, "features.stat_std", "F64", (n_stats,), where) if f["stat_scaling"] else None
     if std is not None and not (np.isfinite(std).all() and (std != 0).all()):
         raise PolicyFormatError(f"{where}: features.stat_std must be finite and non-zero")
-    tup = lambda a: None if a is None else tuple(float(v) for v in a)
+    def tup(a: np.ndarray | None) -> tuple[float, ...] | None:
+        return None if a is None else tuple(float(v) for v in a)
+
     return FeatureSpec(suites=tuple(str(s) for s in f["suites"]), n_buckets=b,
                        char_ngrams=tuple(int(n) for n in f["char_ngrams"]), word_bigrams=bool(f["word_bigrams"]),
                        idf=tup(idf), stat_mean=tup(mean), stat_std=tup(std), embeddings=bool(f["embeddings"]))
 
 
-def _from_arrays(head: dict, arrays: dict, where: str) -> dict[str, Any]:
+def _from_arrays(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str) -> dict[str, Any]:
     spec = _spec(head, arrays, where)
     k, s = len(head["candidates"]), len(spec.suites)
     n_features = s + spec.n_buckets + len(STAT_NAMES) + (EMBEDDING_DIM if spec.embeddings else 0)
     sc = head["scorer"]
+    scorer: LinearScorer | TreeScorer
     if sc.get("kind") == LINEAR_KIND:
         scorer, topics = _linear(sc, arrays, where, k, s, n_features), int(sc["topics"])
     elif sc.get("kind") == TreeScorer.kind:
@@ -234,10 +239,13 @@ def _from_arrays(head: dict, arrays: dict, where: str) -> dict[str, Any]:
     return _common(head, Knob.from_dict(head["knob"]), spec=spec, scorer=scorer, platt=platt, cost_model=cost)
 
 
-def _linear(sc: dict, arrays: dict, where: str, k: int, s: int, n_features: int) -> LinearScorer:
+def _linear(sc: dict[str, Any], arrays: dict[str, np.ndarray], where: str, k: int, s: int,
+            n_features: int) -> LinearScorer:
     g, rank = int(sc["topics"]), int(sc["rank"])
     w = require(arrays, "scorer.weights", "F64|F32", (n_features, k + 1 + rank), where)
-    get = lambda name, shape: np.array(require(arrays, name, "F64", shape, where))
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return np.array(require(arrays, name, "F64", shape, where))
+
     topic = g > 0
     bias = float(sc["difficulty_bias"])
     if not math.isfinite(bias) or not np.isfinite(w).all():
@@ -250,9 +258,9 @@ def _linear(sc: dict, arrays: dict, where: str, k: int, s: int, n_features: int)
         topic_difficulty=get("scorer.topic_difficulty", (g,)) if topic else None)
 
 
-def _trees(arrays: dict, where: str, k: int, n_features: int) -> TreeScorer:
+def _trees(arrays: dict[str, np.ndarray], where: str, k: int, n_features: int) -> TreeScorer:
     types = {"threshold": "F64", "leaf_value": "F64", "default_left": "U8", "missing": "U8"}
-    got = {}
+    got: dict[str, np.ndarray] = {}
     for name in ("feature", "threshold", "default_left", "missing", "left", "right", "leaf_value",
                  "node_start", "leaf_start", "tree_start"):
         got[f"scorer.trees.{name}"] = np.array(require(arrays, f"scorer.trees.{name}", types.get(name, "I32"), (None,), where))

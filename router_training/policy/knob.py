@@ -19,7 +19,7 @@ import bisect
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class Member:
     rule: str
     param: float
 
-    def to_list(self) -> list:
+    def to_list(self) -> list[str | float]:
         return [self.rule, float(self.param)]
 
 
@@ -66,7 +66,7 @@ def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
     if member.rule == "lambda":
         score = p - member.param * c
         tied = score >= score.max(axis=1, keepdims=True)
-        return np.where(tied, c, np.inf).argmin(axis=1)
+        return cast(np.ndarray, np.where(tied, c, np.inf).argmin(axis=1))
     return choose(p, c, member.rule, member.param)[:, 0]
 
 
@@ -82,12 +82,12 @@ class OperatingPoint:
     pass_rate: float
     cost: float
 
-    def to_list(self) -> list:
+    def to_list(self) -> list[float | None]:
         return [self.a, self.b, round(self.weight, 9), _finite_or_none(self.certified),
                 _finite_or_none(self.pass_rate), _finite_or_none(self.cost)]
 
     @classmethod
-    def from_list(cls, v: Sequence) -> "OperatingPoint":
+    def from_list(cls, v: Sequence[Any]) -> "OperatingPoint":
         a, b, w, cert, q, c = v
         return cls(int(a), int(b), float(w), -math.inf if cert is None else float(cert),
                    math.nan if q is None else float(q), math.nan if c is None else float(c))
@@ -133,12 +133,12 @@ class Knob:
     def certified_up_to(self) -> float:
         return self._certified[-1] if self._certified else -math.inf
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"confidence": _finite_or_none(self.confidence), "members": [m.to_list() for m in self.members],
                 "points": [p.to_list() for p in self.points], "top": self.top.to_list()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Knob":
+    def from_dict(cls, d: dict[str, Any]) -> "Knob":
         members = [Member(str(r), float(v)) for r, v in d["members"]]
         bad = [m.rule for m in members if m.rule not in MEMBER_RULES]
         if bad:

@@ -11,6 +11,7 @@ with the same constants; the conformance vectors check them.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -114,8 +115,8 @@ def ordered_row_sum(m: np.ndarray) -> np.ndarray:
     if m.shape[0] == 0:
         return np.zeros(m.shape[1:])
     if m.ndim == 2 and m.shape[1] >= 2:
-        return np.add.reduce(m, axis=0)
-    return np.cumsum(m, axis=0)[-1]
+        return cast(np.ndarray, np.add.reduce(m, axis=0))
+    return cast(np.ndarray, np.cumsum(m, axis=0)[-1])
 
 
 TF_TABLE = ln1p_int(np.arange(TF_TABLE_SIZE))

@@ -54,7 +54,7 @@ class RoutingPolicy:
     reference_pass_rate: float  # best single candidate's pass rate on calibration data
     reference_model: str
     quality_target: float = 0.95
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
     format_version: int | None = None  # the format its files were read from; None when built in memory
     vectors: bytes | None = field(default=None, repr=False)  # conformance vectors read with it, not yet checked
     conformance: ConformanceReport | None = field(default=None, repr=False)  # what self_check found
@@ -179,7 +179,7 @@ class RoutingPolicy:
         return self_check(self)
 
     @property
-    def format_info(self) -> dict:
+    def format_info(self) -> dict[str, Any]:
         """What the manifest says about the format: version, portability, the vectors' file."""
         return format_info(self)
 
@@ -189,7 +189,7 @@ class RoutingPolicy:
             if m.rule == "single" and not 0 <= int(m.param) < k:
                 raise ValueError(f"knob member names candidate {int(m.param)}; the policy has {k}")
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """A compact summary for manifests and diffs (no weights)."""
         spec = self.spec.to_dict()
         spec.pop("idf", None)
@@ -208,7 +208,7 @@ class RoutingPolicy:
             "metrics": self.metrics,
         }
 
-    def _scorer_summary(self) -> dict:
+    def _scorer_summary(self) -> dict[str, Any]:
         if isinstance(self.scorer, LinearScorer):
             return {"kind": "difficulty-linear", "shape": list(self.scorer.weights.shape)}
         return self.scorer.summary()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -20,7 +21,8 @@ def assign_clusters(Z: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     Z = np.atleast_2d(Z)
     norm = np.sqrt(np.einsum("ij,ij->i", Z, Z))[:, None]
     unit = Z / np.where(norm > 0, norm, 1.0)
-    return np.argmax(unit @ centroids.T - 0.5 * np.einsum("ij,ij->i", centroids, centroids), axis=1)
+    nearest = np.argmax(unit @ centroids.T - 0.5 * np.einsum("ij,ij->i", centroids, centroids), axis=1)
+    return cast(np.ndarray, nearest)
 
 
 @dataclass
@@ -64,10 +66,18 @@ class LinearScorer:
         g, d = -1, r[k] + self.difficulty_bias
         if self.centroids is not None:
             g = self.topic(r[k + 1:])
-            out = out + self.topic_bias[g]
-            slope = slope + self.topic_slopes[g]
-            d = d + self.topic_difficulty[g]
+            topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
+            out = out + topic_bias[g]
+            slope = slope + topic_slopes[g]
+            d = d + topic_difficulty[g]
         return out + d * slope, g
+
+    def topic_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(topic_bias, topic_slopes, topic_difficulty) of a scorer with topics: all three come
+        with the centroids."""
+        bias, slopes, difficulty = self.topic_bias, self.topic_slopes, self.topic_difficulty
+        assert bias is not None and slopes is not None and difficulty is not None
+        return bias, slopes, difficulty
 
     def topic(self, z: np.ndarray) -> int:
         """The nearest centroid to z scaled to unit length: the first g maximising
@@ -79,8 +89,8 @@ class LinearScorer:
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
         return self.score(ids, vals, suite_pos)[0]
 
-    def to_dict(self) -> dict:
-        d = {
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
             "kind": "difficulty-linear",
             "shape": list(self.weights.shape),
             "bias": self.bias.tolist(),
@@ -89,16 +99,20 @@ class LinearScorer:
             "weights": np.round(self.weights.ravel(), 7).tolist(),
         }
         if self.centroids is not None:
-            d["topics"] = {"centroids": self.centroids.tolist(), "bias": self.topic_bias.tolist(),
-                           "slopes": self.topic_slopes.tolist(), "difficulty": self.topic_difficulty.tolist()}
+            topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
+            d["topics"] = {"centroids": self.centroids.tolist(), "bias": topic_bias.tolist(),
+                           "slopes": topic_slopes.tolist(), "difficulty": topic_difficulty.tolist()}
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LinearScorer":
+    def from_dict(cls, d: dict[str, Any]) -> "LinearScorer":
         if d.get("kind") != "difficulty-linear":
             raise ValueError(f"unknown scorer kind {d.get('kind')!r}; this build reads 'difficulty-linear'")
         topics = d.get("topics")
-        arr = lambda v: np.asarray(v, dtype=np.float64)
+
+        def arr(v: Any) -> np.ndarray:
+            return np.asarray(v, dtype=np.float64)
+
         return cls(
             weights=arr(d["weights"]).reshape(d["shape"]),
             bias=arr(d["bias"]),
@@ -141,14 +155,14 @@ class CostModel:
             out = out + self.topic_coef[topic_pos]
         return np.where(out < self.floor, self.floor, out)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {"coef": self.coef.tolist(), "floor": self.floor.tolist()}
         if self.topic_coef is not None:
             d["topic_coef"] = self.topic_coef.tolist()
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostModel":
+    def from_dict(cls, d: dict[str, Any]) -> "CostModel":
         topic = d.get("topic_coef")
         return cls(coef=np.asarray(d["coef"], dtype=np.float64), floor=np.asarray(d["floor"], dtype=np.float64),
                    topic_coef=None if topic is None else np.asarray(topic, dtype=np.float64))

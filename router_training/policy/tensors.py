@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def dumps(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
     """The container's bytes: widest element types first, so every tensor is aligned."""
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     order = sorted(arrays, key=lambda k: (-arrays[k].dtype.itemsize, k))
-    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     chunks, offset = [], 0
     for name in order:
         a = arrays[name]

@@ -12,7 +12,7 @@ bit for bit against lightgbm.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -47,14 +47,14 @@ class Forest:
               "node_start", "leaf_start", "tree_start")
 
 
-def _values(block: dict[str, str], key: str, kind: type, n: int) -> list:
+def _values(block: dict[str, str], key: str, kind: type[int] | type[float], n: int) -> list[Any]:
     raw = block.get(key, "").split()
     if len(raw) != n:
         raise TreeFormatError(f"tree field {key}: {len(raw)} values, expected {n}")
     return [kind(v) for v in raw]
 
 
-def parse_lightgbm(text: str) -> list[dict]:
+def parse_lightgbm(text: str) -> list[dict[str, Any]]:
     """The trees of one LightGBM text model: dicts of nodes and leaves, in order."""
     head, _, body = text.partition("\nTree=")
     if not text.startswith("tree\n") or not body or "end of trees" not in body:
@@ -72,7 +72,7 @@ def parse_lightgbm(text: str) -> list[dict]:
     return trees
 
 
-def _tree(block: dict[str, str]) -> dict:
+def _tree(block: dict[str, str]) -> dict[str, Any]:
     leaves = int(block["num_leaves"])
     if int(block.get("num_cat", "0")) or block.get("is_linear", "0") != "0":
         raise TreeFormatError("categorical or linear LightGBM trees are not portable")
@@ -89,9 +89,10 @@ def _tree(block: dict[str, str]) -> dict:
     return {"nodes": nodes, "leaves": values}
 
 
-def build_forest(per_candidate: Sequence[list[dict]]) -> Forest:
+def build_forest(per_candidate: Sequence[list[dict[str, Any]]]) -> Forest:
     """Flatten each candidate's parsed trees into one Forest."""
-    cols: dict[str, list] = {k: [] for k in ("feature", "threshold", "default_left", "missing", "left", "right")}
+    cols: dict[str, list[Any]] = {k: [] for k in ("feature", "threshold", "default_left", "missing", "left",
+                                                  "right")}
     leaf_value: list[float] = []
     node_start, leaf_start, tree_start = [0], [0], [0]
     for trees in per_candidate:
@@ -103,7 +104,9 @@ def build_forest(per_candidate: Sequence[list[dict]]) -> Forest:
             node_start.append(node_start[-1] + len(t["nodes"]))
             leaf_start.append(leaf_start[-1] + len(t["leaves"]))
         tree_start.append(tree_start[-1] + len(trees))
-    i32 = lambda v: np.asarray(v, dtype=np.int32)
+    def i32(v: list[int]) -> np.ndarray:
+        return np.asarray(v, dtype=np.int32)
+
     return Forest(i32(cols["feature"]), np.asarray(cols["threshold"], dtype=np.float64),
                   np.asarray(cols["default_left"], dtype=np.uint8), np.asarray(cols["missing"], dtype=np.uint8),
                   i32(cols["left"]), i32(cols["right"]), np.asarray(leaf_value, dtype=np.float64),
@@ -221,6 +224,6 @@ class TreeScorer:
         forest = Forest(*(np.asarray(arrays[f"scorer.trees.{k}"]) for k in Forest.ARRAYS))
         return cls(forest, arrays["scorer.constant"], arrays["scorer.has_trees"], n_features)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "n_features": self.n_features,
                 "trees": int(len(self.forest.node_start) - 1), "nodes": int(len(self.forest.feature))}
