@@ -155,7 +155,7 @@ class FakeBatchLLM(FakeLLM):
                          "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None}, None
         b = self.batches.get(rest[0])
-        if b is None or ("gone" in b.faults and b.polls >= 1):
+        if b is None or "gone" in b.faults:
             return 404, _err(f"no batch {rest[0]}", kind), None
         if m == "GET" and len(rest) == 1:
             b.polls += 1

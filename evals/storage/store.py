@@ -374,8 +374,12 @@ class Store:
             now = candidates.get(name)
             before = json.loads(spec_json or "{}")
             for field in sorted(set(now or {}) & set(before)):
-                if now[field] != before[field]:
-                    changes.append(f"candidate {name!r}: {field} {before[field]!r} -> {now[field]!r}")
+                a, b = before[field], now[field]
+                if isinstance(a, dict) and isinstance(b, dict):  # a section: the keys both have
+                    changes += [f"candidate {name!r}: {field}.{k} {a[k]!r} -> {b[k]!r}"
+                                for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+                elif a != b:
+                    changes.append(f"candidate {name!r}: {field} {a!r} -> {b!r}")
         for suite, version in versions:
             if suite in suite_versions and suite_versions[suite] != version:
                 changes.append(f"suite {suite!r}: version {version} -> {suite_versions[suite]}")

@@ -137,3 +137,160 @@ def test_log_is_quiet_on_the_happy_path(tmp_path, server, suite, caplog):
     with caplog.at_level(logging.WARNING), Store(tmp_path / "o.duckdb") as store:
         run_batches(store, suite, candidate(server))
     assert not [r for r in caplog.records if r.name.startswith("routeopt")]
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+def faulty(tmp_path, suite, server, faults: set[str], provider: str = "openai", **batch: Any):
+    server.all_faults = faults
+    cand = candidate(server, provider, **batch)
+    store = Store(tmp_path / "o.duckdb")
+    stage = run_batches(store, suite, cand)
+    got = rows(store)
+    assert len(got) == N and got.passed.all(), got[["item_id", "error_kind", "error"]]
+    assert len(set(got.item_id)) == N
+    return store, stage, got
+
+
+def problems(stage: BatchStage) -> str:
+    return "\n".join(p for r in stage.reports.values() for p in r.problems)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_expired_batch_keeps_its_finished_lines_and_resends_the_rest(tmp_path, server, suite, provider):
+    store, stage, got = faulty(tmp_path, suite, server, {"expire"}, provider)
+    half = (N - 2) // 2
+    assert Counter(got.call_mode) == {"batch": half, "sync": N - half}
+    assert stage.reports[f"b-{provider}"].resent_sync == N - 2 - half
+    assert not billed_twice(server)
+    lines = store.query("SELECT state, count(*) n FROM batch_lines GROUP BY 1").set_index("state").n
+    assert lines["answered"] == half and lines["expired"] == N - 2 - half
+
+
+def test_resend_in_a_new_batch(tmp_path, server, suite):
+    server.batch_faults = {1: {"expire"}}
+    store, stage, got = faulty(tmp_path, suite, server, set(), resend="batch")
+    jobs = BatchRecords(store).jobs("run-b")
+    assert [j.round for j in jobs] == [1, 2] and len(server.batches) == 2
+    assert Counter(got.call_mode) == {"batch": N - 2, "sync": 2}
+    second = got[got.batch_id == jobs[1].batch_id]
+    assert (second.attempts == 2).all() and len(second) == (N - 2) - (N - 2) // 2
+    assert not billed_twice(server)
+
+
+@pytest.mark.parametrize("fault,provider", [("stuck_validating", "openai"),
+                                            ("stuck_processing", "openai"),
+                                            ("stuck_finalizing", "openai"),
+                                            ("stuck_processing", "anthropic")])
+def test_stuck_batch_is_cancelled_past_its_deadline(tmp_path, server, suite, fault, provider):
+    store, stage, got = faulty(tmp_path, suite, server, {fault}, provider, deadline_s=0.3)
+    assert "deadline_s" in problems(stage) and "cancelled" in problems(stage)
+    kept = {"stuck_validating": 0, "stuck_processing": (N - 2) // 2, "stuck_finalizing": N - 2}[fault]
+    assert (got.call_mode == "batch").sum() == kept
+    assert not billed_twice(server)
+
+
+def test_failed_validation_names_the_line(tmp_path, server, suite, caplog):
+    with caplog.at_level(logging.ERROR):
+        store, stage, got = faulty(tmp_path, suite, server, {"fail_validation"})
+    assert "line 2: invalid_request: missing required parameter 'messages'" in problems(stage)
+    assert "line 2" in caplog.text and (got.call_mode == "sync").all()
+    assert not billed_twice(server)
+
+
+def test_enqueued_token_limit_exceeded_at_the_provider(tmp_path, server, suite):
+    server.enqueued_token_limit = 10
+    server.batch_faults = {}
+    cand = candidate(server, max_requests=11)
+    with Store(tmp_path / "o.duckdb") as store:
+        stage = run_batches(store, suite, cand)
+        assert "token_limit_exceeded" in problems(stage)
+        assert len(rows(store)) == N and rows(store).passed.all()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_duplicated_unknown_and_broken_lines_are_named(tmp_path, server, suite, provider):
+    store, stage, got = faulty(tmp_path, suite, server, {"duplicate", "bad_json", "unknown_id"},
+                               provider)
+    text = problems(stage)
+    assert "appears twice; the first kept" in text
+    assert "not JSON" in text and "line " in text
+    assert "was never sent in this batch" in text
+    assert (got.call_mode == "batch").sum() == N - 2 and not billed_twice(server)
+
+
+def test_missing_line_is_resent(tmp_path, server, suite):
+    store, stage, got = faulty(tmp_path, suite, server, {"missing"})
+    assert Counter(got.call_mode) == {"batch": N - 3, "sync": 3}
+    assert store.query("SELECT count(*) n FROM batch_lines WHERE state = 'missing'").n[0] == 1
+
+
+def test_5xx_on_poll_is_retried(tmp_path, server, suite, caplog):
+    with caplog.at_level(logging.WARNING):
+        store, stage, got = faulty(tmp_path, suite, server, {"poll_5xx"})
+    assert (got.call_mode == "batch").sum() == N - 2
+    assert "polling batch" in caplog.text and "trying again" in caplog.text
+
+
+def test_batch_that_no_longer_exists(tmp_path, server, suite):
+    store, stage, got = faulty(tmp_path, suite, server, {"gone"})
+    assert "no longer exists at the provider" in problems(stage)
+    assert (got.call_mode == "sync").all() and [j.state for j in BatchRecords(store).jobs("run-b")] == ["lost"]
+
+
+# --- resume ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_resume_polls_the_same_batch(tmp_path, server, suite, provider):
+    cand = candidate(server, provider)
+    with Store(tmp_path / "o.duckdb") as store:
+        BatchStage(store, "run-b", [suite], [cand]).submit()  # the run dies after submitting
+        assert len(server.batches) == 1
+        run_batches(store, suite, cand)  # resumed
+        assert len(server.batches) == 1 and len(rows(store)) == N
+        assert not billed_twice(server)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_resume_finds_a_batch_created_but_not_recorded(tmp_path, server, suite, provider):
+    """Killed between the provider creating the batch and the store recording its id."""
+    import asyncio
+
+    cand = candidate(server, provider)
+    with Store(tmp_path / "o.duckdb") as store:
+        stage = BatchStage(store, "run-b", [suite], [cand])
+        records = BatchRecords(store)
+        from routeopt.evals.execution.batch import _CandidateBatches
+
+        async def create_unrecorded() -> None:
+            cb = _CandidateBatches(stage, cand)
+            cb.plan()
+            job = records.jobs("run-b")[0]
+            _, body = cb._lines_of(job)
+            file_id = await cb.api.upload(job.submission_id, body)
+            records.update(job.submission_id, file_id=file_id, state="creating")
+            await cb.api.create(job.submission_id, file_id, body)  # ... and the run dies here
+            await cb.api.aclose()
+
+        asyncio.run(create_unrecorded())
+        assert records.jobs("run-b")[0].batch_id is None and len(server.batches) == 1
+        run_batches(store, suite, cand)
+        assert len(server.batches) == 1, "the batch was created twice"
+        assert records.jobs("run-b")[0].batch_id in server.batches
+        assert len(rows(store)) == N and not billed_twice(server)
+
+
+def test_resume_refuses_a_changed_batch_candidate(tmp_path, server, suite):
+    cand = candidate(server)
+    with Store(tmp_path / "o.duckdb") as store:
+        store.begin_run("run-b", candidates=[cand.public_dict()])
+        run_batches(store, suite, cand)
+        changed = cand.model_copy(update={"batch": cand.batch.model_copy(update={"discount": 0.4})})
+        from routeopt.evals.storage.store import ResumeConflict
+
+        with pytest.raises(ResumeConflict, match=r"candidate 'b-openai': batch.discount 0.5 -> 0.4 since"):
+            store.check_resume("run-b", {cand.name: changed.measured_dict()}, {})
+        slower = cand.model_copy(update={"batch": cand.batch.model_copy(update={"poll_interval_s": 9})})
+        store.check_resume("run-b", {cand.name: slower.measured_dict()}, {})  # pacing may change
