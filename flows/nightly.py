@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from routeopt.common import tracing
 from routeopt.evals.config import Candidate, Config, default_config_path, load_config
+from routeopt.evals.execution.batch import BatchStage
 from routeopt.evals.execution.budget import Budget, budget_for_run, spent_in_run
 from routeopt.evals.execution.cache import format_age, parse_age
 from routeopt.evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
@@ -227,13 +228,19 @@ def evaluate_all(
         if budget is not None and not persist_in_tasks
         else {}
     )
+    # Batched candidates' submissions go first (the provider works while the pairs run); the
+    # pairs then call only what batch mode does not answer (the latency sample).
+    batches = BatchStage(store, run_id, loaded, chosen, budget=budget,
+                         sync_options={"cache": str(cfg.cache_dir),
+                                       "cache_scope": f"{cfg.db_path}#{run_id}"})
+    batches.submit()
     futures = []
     # A candidate's pairs run one after another (its max_concurrency is the endpoint's capacity,
     # not a per-suite one); different candidates run side by side.
     last_of: dict[str, Any] = {}
     for suite in loaded:
         for cand in chosen:
-            done = sorted(store.done_items(run_id, suite.name, cand.name))
+            done = sorted(store.done_items(run_id, suite.name, cand.name) | batches.owned(suite, cand))
             db = str(cfg.db_path) if persist_in_tasks else None
             task_budget = budget if persist_in_tasks else shares.get((suite.name, cand.name))
             futures.append(
@@ -255,6 +262,7 @@ def evaluate_all(
             last_of[cand.name] = futures[-1]
     try:
         failed = _collect(futures, store, report)
+        failed += batches.finish()  # polls to the end; what no batch answered is called now
     except BaseException:  # SIGTERM, Ctrl-C (_collect keeps going past a failed pair)
         cancel_evaluations(run_id)  # the pairs in flight stop too
         raise
