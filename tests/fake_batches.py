@@ -12,7 +12,7 @@ Faults, per batch by creation order (`faults={1: {"expire"}}`) or for every batc
 (`all_faults`): stuck_validating / stuck_processing (until cancelled; finished lines kept),
 stuck_finalizing, expire (half the lines answered, the rest expired), fail_validation (a failed
 batch naming line 2), duplicate, missing (one line never reported), bad_json (a line that is not
-JSON), unknown_id (a result for a custom_id never sent), poll_5xx (every other poll answers 500),
+JSON), unknown_id (a result for a custom_id never sent), poll_5xx (every other poll answers 500, the first included),
 gone (the batch id is unknown after creation). `enqueued_token_limit` fails a batch (code
 token_limit_exceeded) whose prompt tokens would exceed it with the model's batches in flight.
 
@@ -159,7 +159,7 @@ class FakeBatchLLM(FakeLLM):
             return 404, _err(f"no batch {rest[0]}", kind), None
         if m == "GET" and len(rest) == 1:
             b.polls += 1
-            if "poll_5xx" in b.faults and b.polls % 2 == 0:
+            if "poll_5xx" in b.faults and b.polls % 2 == 1:
                 return 500, _err("injected fault: poll_5xx", kind), None
             return 200, self._view(b), None
         if m == "POST" and rest[1:] == ["cancel"]:
