@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from routeopt.evals.config import Candidate, ReuseSettings
 from routeopt.evals.storage.store import OUTCOME_COLUMNS, Outcome, Store
-from routeopt.evals.suite.spec import Suite
+from routeopt.evals.suite.spec import Item, Suite
 
 SAMPLES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS reuse_samples (
@@ -50,8 +50,8 @@ def model_identity(candidate: Candidate) -> dict:
     return {k: v for k, v in candidate.measured_dict().items() if k not in _PRICE_FIELDS}
 
 
-def measure_key(suite: Suite, item_id: str, candidate: Candidate, identity: str | None = None) -> str:
-    item = next(it for it in suite.items if it.id == item_id)
+def measure_key(suite: Suite, item: Item, candidate: Candidate, identity: str | None = None) -> str:
+    """The hash of what decides an item's outcome on a candidate."""
     request = suite.request(item, candidate)
     payload = json.dumps([suite.name, [(m.role, m.content) for m in request.messages],
                           repr(request.settings), item.fields, suite.grader.fingerprint(),
@@ -60,9 +60,19 @@ def measure_key(suite: Suite, item_id: str, candidate: Candidate, identity: str 
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+_KEYS: dict[tuple[str, str, str], dict[str, str]] = {}
+
+
 def pair_keys(suite: Suite, candidate: Candidate) -> dict[str, str]:
+    """Item -> `measure_key` of a (suite, candidate); kept for the night (rendering every
+    prompt again for each step cost seconds per thousand items)."""
     identity = json.dumps(model_identity(candidate), sort_keys=True)
-    return {it.id: measure_key(suite, it.id, candidate, identity) for it in suite.items}
+    memo = (suite.name, suite.version, identity)
+    if memo not in _KEYS:
+        if len(_KEYS) > 256:
+            _KEYS.clear()
+        _KEYS[memo] = {it.id: measure_key(suite, it, candidate, identity) for it in suite.items}
+    return _KEYS[memo]
 
 
 def _z(p: float) -> float:
@@ -169,8 +179,12 @@ def plan_night(store: Store, run_id: str, suites: Sequence[Suite], candidates: S
 
 
 def _record(store: Store, run_id: str, suite: Suite, cand: Candidate, sample: list, carry: list) -> None:
-    store.write("INSERT INTO reuse_samples VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [(run_id, suite.name, cand.name, r.item_id, bool(r.passed), r.run_id) for r in sample])
+    import pandas as pd
+
+    picked = pd.DataFrame([(run_id, suite.name, cand.name, r.item_id, bool(r.passed), r.run_id)
+                           for r in sample], columns=["run_id", "suite", "candidate", "item_id",
+                                                      "prev_passed", "prev_run"])
+    store.write_frame(picked, "INSERT INTO reuse_samples SELECT * FROM _frame ON CONFLICT DO NOTHING")
     rows = []
     for r in carry:
         values = {c: getattr(r, c) for c in OUTCOME_COLUMNS if hasattr(r, c)}
