@@ -141,6 +141,49 @@ class PrefixCacheSpec(BaseModel):
         return {"enabled": value} if isinstance(value, bool) else value
 
 
+class BatchSpec(BaseModel):
+    """Answer this candidate's items through its provider's Batch API (OpenAI `/v1/batches`,
+    Anthropic Message Batches): half price, hours of queue time (`routeopt.evals.execution.batch`).
+
+    Costs are the batch prices: `input_price_per_mtok`/`output_price_per_mtok` when given, else
+    the list prices times `discount`; prompt-cache reads and writes are priced from the batch
+    input price as the provider bills them. Rows answered in a batch have no latency (NULL):
+    `latency_sample` items per suite are sent synchronously to measure it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    discount: float = Field(default=0.5, gt=0, le=1)
+    input_price_per_mtok: float | None = Field(default=None, ge=0)
+    output_price_per_mtok: float | None = Field(default=None, ge=0)
+    # the provider's limits per batch; None: OpenAI 50,000 requests / 200 MB, Anthropic
+    # 100,000 requests / 256 MB
+    max_requests: int | None = Field(default=None, ge=1)
+    max_bytes: int | None = Field(default=None, ge=1024)
+    # the model's enqueued-token limit (OpenAI's per-model batch queue limit): submissions wait
+    # while batches in flight hold this many prompt tokens
+    enqueued_token_limit: int | None = Field(default=None, ge=1)
+    poll_interval_s: float = Field(default=30.0, gt=0)
+    deadline_s: float = Field(default=86400.0, gt=0)  # then cancelled; finished lines kept
+    # what happens to lines a batch did not answer (expired, cancelled, errored)
+    resend: Literal["sync", "batch"] = "sync"
+    max_rounds: int = Field(default=3, ge=1, le=20)  # batches per line with resend: batch
+    latency_sample: int = Field(default=5, ge=0)  # items per suite sent synchronously
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: object) -> object:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+BATCH_LIMITS: dict[str, tuple[int, int]] = {
+    "openai": (50_000, 200 * 1024 * 1024),
+    "anthropic": (100_000, 256 * 1024 * 1024),
+}
+"""Provider -> (requests, bytes) per batch, as the providers document them."""
+
+
 class Candidate(BaseModel):
     """One model the pipeline may route to: an API model or a self-hosted checkpoint+variant."""
 
@@ -175,6 +218,39 @@ class Candidate(BaseModel):
     circuit_breaker_max_wait_s: float = Field(default=600.0, ge=0)
     speculative: SpeculativeSpec | None = None
     prefix_cache: PrefixCacheSpec = PrefixCacheSpec()
+    batch: BatchSpec | None = None
+
+    @model_validator(mode="after")
+    def _batchable(self) -> "Candidate":
+        if self.batch is not None and self.batch.enabled and self.provider == "local":
+            raise ValueError("batch: a `local` candidate runs in this process and has no batch "
+                             "API; remove `batch` (only openai and anthropic candidates batch)")
+        if self.batch is not None and self.batch.enabled and self.gpu_hour_usd is not None:
+            raise ValueError("batch: a candidate priced by GPU time has no batch price; give "
+                             "token prices or remove `batch`")
+        return self
+
+    @property
+    def batched(self) -> bool:
+        """Whether this candidate's items go through its provider's Batch API."""
+        return self.batch is not None and self.batch.enabled
+
+    def batch_pricing(self) -> "Candidate":
+        """This candidate at its batch prices (cache reads and writes follow the batch input
+        price, as Anthropic and OpenAI bill them in batches): `token_cost` of it is a batched
+        call's cost."""
+        spec = self.batch or BatchSpec()
+        price_in, price_out = self.token_prices()
+        read, write = self.cache_prices()
+        scale = (spec.input_price_per_mtok / price_in if spec.input_price_per_mtok is not None
+                 and price_in else spec.discount)
+        return self.model_copy(update={
+            "input_price_per_mtok": price_in * scale if spec.input_price_per_mtok is None
+            else spec.input_price_per_mtok,
+            "output_price_per_mtok": price_out * spec.discount if spec.output_price_per_mtok is None
+            else spec.output_price_per_mtok,
+            "cached_input_price_per_mtok": read * scale,
+            "cache_write_input_price_per_mtok": write * scale})
 
     @model_validator(mode="after")
     def _priced(self) -> "Candidate":
@@ -238,18 +314,49 @@ class Candidate(BaseModel):
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
     def public_dict(self) -> dict:
-        """What may be recorded in the database and artifacts: everything but secrets."""
-        return self.model_dump(mode="json")
+        """What may be recorded in the database and artifacts: everything but secrets (a
+        candidate without `batch` records none, as before it existed)."""
+        out = self.model_dump(mode="json")
+        if out.get("batch") is None:
+            out.pop("batch", None)
+        return out
 
     def measured_dict(self) -> dict:
         """The fields that decide what the candidate answers, how it is timed and what it
         costs: a resumed run refuses to change them (the others only pace the calls)."""
-        return {k: v for k, v in self.public_dict().items() if k not in _PACING_FIELDS}
+        out = {k: v for k, v in self.public_dict().items() if k not in _PACING_FIELDS}
+        if out.get("batch"):  # how batches are paced and polled may change on a resume
+            out["batch"] = {k: out["batch"][k] for k in _BATCH_MEASURED}
+        return out
 
 
 _PACING_FIELDS = frozenset({"api_key_env", "max_concurrency", "requests_per_minute",
                             "tokens_per_minute", "circuit_breaker_failures",
                             "circuit_breaker_cooldown_s"})
+
+
+_BATCH_MEASURED = ("enabled", "discount", "input_price_per_mtok", "output_price_per_mtok",
+                   "latency_sample")
+
+
+class ReuseSettings(BaseModel):
+    """The incremental night (`routeopt.evals.execution.reuse`): outcomes of unchanged (item,
+    candidate) pairs measured within `max_age_days` are carried forward; each night measures new
+    items, new or changed candidates, the pairs about to age out, and a drift sample per
+    candidate sized so that a drop of `detectable_drop` in pass rate is found with `power`
+    (one-sided exact McNemar test at `alpha`, Bonferroni over the candidates)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_age_days: float = Field(default=14.0, gt=0)
+    drift_sample: int | None = Field(default=None, ge=1,
+                                     description="items per candidate; None: sized from the "
+                                     "detectable drop, power and flip rate")
+    detectable_drop: float = Field(default=0.05, gt=0, lt=1)
+    power: float = Field(default=0.8, gt=0, lt=1)
+    alpha: float = Field(default=0.01, gt=0, lt=0.5)
+    # how often a stable model's outcome on an item differs from its last one (sampling noise)
+    flip_rate: float = Field(default=0.02, ge=0, lt=0.5)
 
 
 class RouterSettings(BaseModel):
@@ -406,6 +513,7 @@ class Config(BaseModel):
     reports: ReportSettings = ReportSettings()
     alerts: AlertSettings = AlertSettings()
     traffic: TrafficSettings = TrafficSettings()
+    reuse: ReuseSettings | None = None
     source_path: Path | None = Field(default=None, exclude=True)
     state_base: Path | None = Field(default=None, exclude=True,
                                     description="the folder relative state paths resolve against")

@@ -20,8 +20,10 @@ from prefect.cache_policies import NO_CACHE
 
 from routeopt.common import tracing
 from routeopt.evals.config import Candidate, Config, default_config_path, load_config
+from routeopt.evals.execution.batch import BatchStage
 from routeopt.evals.execution.budget import Budget, budget_for_run, spent_in_run
 from routeopt.evals.execution.cache import format_age, parse_age
+from routeopt.evals.execution.reuse import NightPlan, check_drift, plan_night, remeasure, stamp_keys
 from routeopt.evals.execution.preflight import Probe, PreflightFailed, broken, refusal, run_preflight
 from routeopt.evals.providers.local.provider import keep_loaded, sharing_cpu
 from routeopt.evals.execution.runner import PairStats, evaluate_pair
@@ -227,13 +229,42 @@ def evaluate_all(
         if budget is not None and not persist_in_tasks
         else {}
     )
+    if cfg.reuse is not None:  # the incremental night: carry forward what has not changed
+        _log_night(plan_night(store, run_id, loaded, chosen, cfg.reuse))
+    group = chosen
+    failed: list[str] = []
+    while group:
+        failed += _measure(cfg, store, run_id, loaded, group, report, budget, shares,
+                           persist_in_tasks=persist_in_tasks, progress_key=progress_key,
+                           cache_max_age_s=cache_max_age_s, trace_parent=trace_parent)
+        group = _drifted(cfg, store, run_id, loaded, chosen) if cfg.reuse is not None else []
+    report.misconfigured = store.mark_same_errors(run_id)
+    if failed:  # rows are missing: never mark such a run completed
+        store.finish_run(run_id, "failed")
+        raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
+                            + f". Resume it with --run-id {run_id}")
+    store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
+    return report
+
+
+def _measure(cfg: Config, store: Store, run_id: str, loaded: list[Suite], chosen: list[Candidate],
+             report: EvalReport, budget: Budget | None, shares: dict, *, persist_in_tasks: bool,
+             progress_key: str | None, cache_max_age_s: float | None,
+             trace_parent: str | None) -> list[str]:
+    """Every (suite x candidate) item without an outcome: batched candidates' submissions first
+    (the provider works while the pairs run), then the pairs, which call only what batch mode
+    does not answer (the latency sample), then the batches' end. Returns the failures."""
+    batches = BatchStage(store, run_id, loaded, chosen, budget=budget,
+                         sync_options={"cache": str(cfg.cache_dir),
+                                       "cache_scope": f"{cfg.db_path}#{run_id}"})
+    batches.submit()
     futures = []
     # A candidate's pairs run one after another (its max_concurrency is the endpoint's capacity,
     # not a per-suite one); different candidates run side by side.
     last_of: dict[str, Any] = {}
     for suite in loaded:
         for cand in chosen:
-            done = sorted(store.done_items(run_id, suite.name, cand.name))
+            done = sorted(store.done_items(run_id, suite.name, cand.name) | batches.owned(suite, cand))
             db = str(cfg.db_path) if persist_in_tasks else None
             task_budget = budget if persist_in_tasks else shares.get((suite.name, cand.name))
             futures.append(
@@ -255,16 +286,41 @@ def evaluate_all(
             last_of[cand.name] = futures[-1]
     try:
         failed = _collect(futures, store, report)
+        failed += batches.finish()  # polls to the end; what no batch answered is called now
     except BaseException:  # SIGTERM, Ctrl-C (_collect keeps going past a failed pair)
         cancel_evaluations(run_id)  # the pairs in flight stop too
         raise
-    report.misconfigured = store.mark_same_errors(run_id)
-    if failed:  # rows are missing: never mark such a run completed
-        store.finish_run(run_id, "failed")
-        raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
-                            + f". Resume it with --run-id {run_id}")
-    store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
-    return report
+    return failed
+
+
+def _logger() -> Any:
+    try:
+        return get_run_logger()
+    except Exception:  # outside a flow run (a plain call of evaluate_all)
+        import logging
+
+        return logging.getLogger(__name__)
+
+
+def _log_night(plan: NightPlan) -> None:
+    logger = _logger()
+    for name in sorted(plan.carried):
+        logger.info("reuse: %s: %d outcomes carried forward, %d re-measured as the drift sample, "
+                    "%d new", name, plan.carried[name], plan.sampled.get(name, 0), plan.new.get(name, 0))
+
+
+def _drifted(cfg: Config, store: Store, run_id: str, loaded: list[Suite],
+             chosen: list[Candidate]) -> list[Candidate]:
+    """Stamp tonight's rows for later nights, test the drift samples, and return the candidates
+    that drifted, their carried rows removed so that they are measured in full."""
+    assert cfg.reuse is not None
+    stamp_keys(store, run_id, loaded, chosen)
+    logger, again = _logger(), []
+    for d in check_drift(store, run_id, cfg.reuse, [c.name for c in chosen]):
+        (logger.warning if d.flagged else logger.info)("reuse: %s", d.line())
+        if d.flagged and remeasure(store, run_id, d.candidate):
+            again.append(cfg.candidate(d.candidate))
+    return again
 
 
 def _collect(futures: list[Any], store: Store, report: EvalReport) -> list[str]:

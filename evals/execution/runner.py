@@ -45,7 +45,8 @@ from routeopt.evals.providers.base import Completion, Provider, ProviderError, R
 from routeopt.evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome
 from routeopt.evals.suite.spec import Item, Suite
 
-__all__ = ["FlushError", "PairStats", "RetryPolicy", "apportion_gpu_cost", "evaluate_pair", "token_cost"]
+__all__ = ["FlushError", "PairStats", "RetryPolicy", "apportion_gpu_cost", "evaluate_pair",
+           "grade_answer", "grading_pair", "token_cost"]
 
 Sink = Callable[[list[Outcome]], object]
 log = logging.getLogger(__name__)
@@ -296,6 +297,19 @@ async def _grade(pair: _Pair, item: Item, row: Outcome) -> None:
         _GRADING_USAGE.reset(token)
         usage.record(row)
     row.passed, row.score, row.reason = grade.passed, grade.score, grade.reason
+
+
+def grading_pair(suite: Suite, candidate: Candidate, run_id: str, budget: Budget | None) -> _Pair:
+    """A pair whose answers come from elsewhere (a provider's batch): it only grades, with the
+    judge's calls on the same call path as a synchronous pair's."""
+    grading = _GradingCalls(budget, RetryPolicy(), None)
+    return _Pair(suite, candidate, run_id, None, suite.grader.bind(grading), grading,  # type: ignore[arg-type]
+                 None, PairStats(suite.name, candidate.name), run_id)
+
+
+async def grade_answer(pair: _Pair, item: Item, row: Outcome) -> None:
+    """Grade a row that holds an answer; a grader's failure is recorded on the row."""
+    await _grade(pair, item, row)
 
 
 class _Flusher:

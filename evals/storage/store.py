@@ -90,6 +90,12 @@ CREATE TABLE IF NOT EXISTS outcomes (
     streamed BOOLEAN,
     trace_id VARCHAR,
     span_id VARCHAR,
+    call_mode VARCHAR,
+    batch_id VARCHAR,
+    sync_cost_usd DOUBLE,
+    measure_key VARCHAR,
+    measured_at TIMESTAMPTZ,
+    carried_from VARCHAR,
     PRIMARY KEY (run_id, suite, item_id, candidate)
 );
 CREATE TABLE IF NOT EXISTS preflight (
@@ -164,6 +170,12 @@ _ADDED_COLUMNS = (
     ("outcomes", "streamed", "BOOLEAN"),
     ("outcomes", "trace_id", "VARCHAR"),
     ("outcomes", "span_id", "VARCHAR"),
+    ("outcomes", "call_mode", "VARCHAR"),
+    ("outcomes", "batch_id", "VARCHAR"),
+    ("outcomes", "sync_cost_usd", "DOUBLE"),
+    ("outcomes", "measure_key", "VARCHAR"),
+    ("outcomes", "measured_at", "TIMESTAMPTZ"),
+    ("outcomes", "carried_from", "VARCHAR"),
     ("decisions", "trace_id", "VARCHAR"),
     ("decisions", "span_id", "VARCHAR"),
 )
@@ -207,6 +219,16 @@ class Outcome:
     # The call's span when tracing is on (routeopt.common.tracing): rows and traces join on these.
     trace_id: str | None = None
     span_id: str | None = None
+    # How the answer was obtained: 'sync' (a timed call), 'batch' (a provider Batch API: no
+    # TTFT or latency, NULL), 'carried' (an earlier run's outcome carried forward, `cached`).
+    call_mode: str = "sync"
+    batch_id: str | None = None  # the provider's batch that answered it
+    sync_cost_usd: float | None = None  # a batched answer's cost at synchronous prices
+    # what decides the outcome (item, prompt, grader, model, settings): the incremental night
+    # carries a row forward while this is unchanged (`routeopt.evals.execution.reuse`)
+    measure_key: str | None = None
+    measured_at: datetime | None = None  # when the answer was measured (carried rows: then)
+    carried_from: str | None = None  # the run that measured a carried row
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -279,6 +301,10 @@ class Store:
                 self._con.execute("ROLLBACK")
                 raise
 
+    def write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement per row in one transaction (the batch and reuse records)."""
+        self._write(sql, rows)
+
     def begin_run(
         self,
         run_id: str,
@@ -348,8 +374,12 @@ class Store:
             now = candidates.get(name)
             before = json.loads(spec_json or "{}")
             for field in sorted(set(now or {}) & set(before)):
-                if now[field] != before[field]:
-                    changes.append(f"candidate {name!r}: {field} {before[field]!r} -> {now[field]!r}")
+                a, b = before[field], now[field]
+                if isinstance(a, dict) and isinstance(b, dict):  # a section: the keys both have
+                    changes += [f"candidate {name!r}: {field}.{k} {a[k]!r} -> {b[k]!r}"
+                                for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+                elif a != b:
+                    changes.append(f"candidate {name!r}: {field} {a!r} -> {b!r}")
         for suite, version in versions:
             if suite in suite_versions and suite_versions[suite] != version:
                 changes.append(f"suite {suite!r}: version {version} -> {suite_versions[suite]}")
@@ -449,6 +479,7 @@ class Store:
         for o in outcomes:
             d = asdict(o)
             d["created_at"] = d["created_at"] or _now()
+            d["measured_at"] = d["measured_at"] or d["created_at"]
             for c in OUTCOME_COLUMNS:
                 cols[c].append(d[c])
         n = len(cols["run_id"])

@@ -161,13 +161,17 @@ def _summarise(result: RunResult, started: float, hint: str | None) -> None:
     candidate, a policy held back or refused)."""
     from routeopt.evals.selfhost.costmodel import load_caching
     from routeopt.flows.nightly import shared_store
-    from routeopt.reports.summary import candidate_table, error_rows, print_summary
+    from routeopt.evals.execution.batch import batch_summary
+    from routeopt.reports.summary import candidate_table, error_rows, modes_table, print_summary
 
     out = console()
     store = shared_store(Path(result.db_path))
     rows = candidate_table(store, result.run_id)
     print_summary(out, rows, result, load_caching(store, result.run_id),
                   errors=error_rows(store, result.run_id))
+    modes = modes_table(batch_summary(store, result.run_id))
+    if modes is not None:
+        out.print(modes)
     out.print(f"wall time: {time.perf_counter() - started:.1f}s  db: {result.db_path}")
     problems = _problems(result, hint)
     for sentence in problems:

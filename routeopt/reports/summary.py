@@ -258,3 +258,21 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: RunResul
         console.print(f"policy {verdict}: {promotion['reason']}")
     if result.report_path:
         console.print(f"dashboard: {result.report_path}")
+
+
+def modes_table(rows: list[dict[str, Any]]) -> Table | None:
+    """Per candidate: items answered by a batch, by a synchronous call and carried forward from
+    an earlier night, the batches' states, and the night's cost against a full synchronous
+    night (`routeopt.evals.execution.batch.batch_summary`); None when every row was a call."""
+    if not any(r["batch"] or r["carried"] for r in rows):
+        return None
+    table = Table(title="how items were answered (latency figures come from the sync rows)")
+    for col in ("candidate", "batch", "sync", "carried", "latency rows", "batches", "cost $",
+                "full sync night $"):
+        table.add_column(col, justify="left" if col in ("candidate", "batches") else "right")
+    for r in rows:
+        states = ", ".join(f"{s} {n}" for s, n in sorted(r["batches"].items())) or "-"
+        table.add_row(r["candidate"], str(r["batch"]), str(r["sync"]), str(r["carried"]),
+                      str(r["latency_rows"]), states, _fmt(r["cost_usd"], ".6f"),
+                      _fmt(r["full_sync_usd"], ".6f"))
+    return table
