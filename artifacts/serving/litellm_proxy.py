@@ -141,7 +141,8 @@ class RouteoptProxyHandler(CustomLogger):
         metadata[DECISION_KEY] = {
             "model": d.model, "deployment": chosen, "fallbacks": list(d.fallbacks),
             "policy_version": d.policy_version, "decision_id": d.request_id,
-            "propensity": d.propensity, "default_reason": d.default_reason,
+            "propensity": d.propensity, "policy_probability": d.policy_probability,
+            "default_reason": d.default_reason,
             "traceparent": d.traceparent}
         return data
 

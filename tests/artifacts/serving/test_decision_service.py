@@ -399,3 +399,29 @@ async def test_a_policy_that_fails_verification_leaves_the_service_unready_not_d
     assert health.status_code == 200 and ready.status_code == 503
     assert re.search(r"signed by key \w+, but the trusted key is", ready.json()["reason"])
     assert routed.status_code == 503 and "x-routeopt-model" not in routed.headers
+
+
+MIXED = ("sort task difficulty 0: ", "sort", 0.7)  # a knob point that mixes two rules: 0.625
+
+
+async def test_propensity_and_policy_probability_are_the_same_numbers_everywhere(
+        policies, publish_to, registry, keypair, tmp_path) -> None:
+    """`propensity` (this request's probability of being served the model: 1 without exploration)
+    and `policy_probability` (the knob point's mixing share) are one number each, from the
+    in-process runtime, the service's JSON and headers, and the decision log."""
+    publish_to(policies[0])
+    prompt, suite, target = MIXED
+    bare = load(registry, keypair[1], state_dir=False).route(prompt, suite, target)
+    assert bare.policy_probability == 0.625, "the test needs a request at a mixed knob point"
+    service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
+    async with client(service) as c:
+        r = await c.post("/v1/route", json={"prompt": prompt, "suite": suite, "quality_target": target,
+                                            "request_id": "mixed"})
+    service.close()
+    (record,) = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    got = r.json()
+    assert got["model"] == bare.model == record["model"]
+    assert bare.propensity == got["propensity"] == float(r.headers["x-routeopt-propensity"]) \
+        == record["propensity"] == 1.0
+    assert bare.policy_probability == got["policy_probability"] == record["policy_probability"] \
+        == float(r.headers["x-routeopt-policy-probability"]) == 0.625
