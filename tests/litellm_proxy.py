@@ -69,18 +69,23 @@ class LiteLLMProxy:
 
     `config` is the proxy's YAML as a dict (model_list, litellm_settings, general_settings...).
     The proxy refuses to start without a master key, so one is set unless the config has one:
-    clients authenticate with `master_key`. `env` adds to the proxy's environment (API keys the
+    clients authenticate with `master_key`. `config` may instead be a file, started as it is
+    (its master key then comes from `env`'s LITELLM_MASTER_KEY). `env` adds to the proxy's environment (API keys the
     config reads with `os.environ/NAME`). `python` runs the proxy with another interpreter: one
     of a virtualenv layered on `proxy_venv()` with more packages installed
     (`tests.gateway_venv.build_gateway_venv(..., base=proxy_venv())`).
     """
 
-    def __init__(self, config: dict[str, Any], *, env: dict[str, str] | None = None,
+    def __init__(self, config: dict[str, Any] | Path, *, env: dict[str, str] | None = None,
                  cwd: Path | None = None, python: Path | None = None) -> None:
-        general = dict(config.get("general_settings") or {})
-        general.setdefault("master_key", "sk-routeopt-test-master")
-        self.config = {**config, "general_settings": general}
-        self.master_key: str = general["master_key"]
+        self.config_file = config if isinstance(config, Path) else None  # started as it is
+        if self.config_file is not None:
+            self.config, self.master_key = {}, (env or {}).get("LITELLM_MASTER_KEY", "")
+        else:
+            general = dict(config.get("general_settings") or {})
+            general.setdefault("master_key", "sk-routeopt-test-master")
+            self.config = {**config, "general_settings": general}
+            self.master_key = general["master_key"]
         self.extra_env, self.cwd, self.python = env or {}, cwd, python
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -101,8 +106,9 @@ class LiteLLMProxy:
 
     def __enter__(self) -> "LiteLLMProxy":
         venv = proxy_venv()
-        cfg = Path(self._dir.name) / "config.yaml"
-        cfg.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        cfg = self.config_file or Path(self._dir.name) / "config.yaml"
+        if self.config_file is None:
+            cfg.write_text(yaml.safe_dump(self.config, sort_keys=False))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no price-map fetch: offline, and ~7 s
                     "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True", "LITELLM_TELEMETRY": "False",

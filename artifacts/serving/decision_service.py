@@ -233,7 +233,8 @@ class DecisionService:
             out += [(b"x-routeopt-fallbacks", header_value(",".join(d.fallbacks))),
                     (b"x-routeopt-policy-version", str(d.policy_version).encode()),
                     (b"x-routeopt-decision-id", header_value(d.request_id or "")),
-                    (b"x-routeopt-propensity", repr(float(d.propensity)).encode())]
+                    (b"x-routeopt-propensity", repr(float(d.propensity)).encode()),
+                    (b"x-routeopt-policy-probability", repr(float(d.policy_probability)).encode())]
             if d.default_reason is not None:
                 out.append((b"x-routeopt-default-reason", header_value(d.default_reason)))
         else:
@@ -284,8 +285,11 @@ def _json_body(body: bytes) -> Any:
 def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
     """The decision as the JSON body of the answer; `explain` adds every candidate's figures."""
     out = {"model": d.model, "fallbacks": list(d.fallbacks), "policy_version": d.policy_version,
-           "decision_id": d.request_id, "propensity": d.propensity, "suite": request.suite,
+           "decision_id": d.request_id, "propensity": d.propensity,
+           "policy_probability": d.policy_probability, "suite": request.suite,
            "default_reason": d.default_reason}
+    if d.unknown_suite:
+        out["unknown_suite"] = True
     if explain:
         out.update(pass_probabilities=d.pass_probabilities, expected_cost_usd=d.expected_cost_usd)
     try:

@@ -8,8 +8,9 @@ per request:
 2. takes that policy's decision and explores: with probability `Exploration.rate` the request goes
    to a candidate drawn uniformly from the eligible ones (never an excluded one, never one above
    the cost cap), so any other policy can later be evaluated on the logs without bias;
-3. returns the decision with `propensity`, the exact probability that the chosen model was chosen,
-   and hands the rest to the `DecisionLog`.
+3. returns the decision with `propensity`, the exact probability that this request was served the
+   chosen model, and `policy_probability`, the policy's own probability for its choice (below 1
+   at a knob point that mixes two rules), and hands the rest to the `DecisionLog`.
 
 The routing thread pays for two keyed hashes and a deque append. The log's writer thread does the
 rest: it hashes the prompt, runs the redaction hook (text is logged only through it), computes the
@@ -373,7 +374,8 @@ class Gateway:
             out = ServedDecision(model=choice.model, fallbacks=fallbacks, pass_probabilities=d.pass_probabilities,
                            expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
                            default_reason=d.default_reason, propensity=choice.propensity,
-                           request_id=rid, trace_id=trace_id, traceparent=header)
+                           request_id=rid, trace_id=trace_id, traceparent=header,
+                           policy_probability=choice.policy_probability, unknown_suite=d.unknown_suite)
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
                 self.log.submit(self._record, time.time(), rid, prompt, suite, quality_target,
@@ -484,6 +486,8 @@ class Gateway:
             "policy_probability": choice.policy_probability, "explored": choice.explored,
             "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd,
         }
+        if d.unknown_suite:
+            rec["unknown_suite"] = True
         if trace_id is not None:  # feedback, decisions and traces join on it
             rec["trace_id"] = trace_id
             if span_id is not None:

@@ -90,7 +90,8 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
             request_kwargs["metadata"][DECISION_KEY] = {
                 "model": decision.model, "fallbacks": list(decision.fallbacks),
                 "policy_version": decision.policy_version, "default_reason": decision.default_reason,
-                "propensity": decision.propensity, "request_id": decision.request_id}
+                "propensity": decision.propensity,
+                "policy_probability": decision.policy_probability, "request_id": decision.request_id}
         return self._first([decision.model, *decision.fallbacks], decision.default_reason)
 
     async def async_get_available_deployment(self, model: str, messages: list[dict] | None = None,

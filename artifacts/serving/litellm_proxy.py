@@ -10,18 +10,27 @@ deployment. This callback does that for requests whose `model` is the alias:
 2. it sets `model` to the deployment (`model_name` in `model_list`) of the chosen candidate and
    `fallbacks` to the deployments of the policy's fallbacks, in order, so LiteLLM's own retry
    and fallback machinery serves the policy's second choice when the first fails;
-3. it answers with `x-routeopt-model`, `x-routeopt-deployment`, `x-routeopt-policy-version`,
-   `x-routeopt-decision-id` and `x-routeopt-fallbacks` response headers (plain and streamed),
-   keeps the decision in the request's `metadata.routeopt_decision`, and logs token usage of the
-   call under the decision id when the call succeeds.
+3. it answers with `x-routeopt-model` (the policy's choice), `x-routeopt-served-model` (the
+   candidate whose deployment answered), `x-routeopt-deployment`, `x-routeopt-policy-version`,
+   `x-routeopt-decision-id`, `x-routeopt-fallbacks`, `x-routeopt-propensity` and
+   `x-routeopt-policy-probability` response headers (plain and streamed), and
+   `x-routeopt-fallback` with the reason when a fallback served instead of the policy's choice
+   (the choice has no deployment, or its call failed); it keeps the decision in the request's
+   `metadata.routeopt_decision`, and logs token usage of the call under the decision id.
+
+At start-up (once the proxy's router has its deployments) and on every policy swap, the callback
+warns, naming them, about policy candidates that have no deployment: their requests are served by
+the first fallback that has one.
 
 Candidates map to deployments one to one by name unless `$ROUTEOPT_DEPLOYMENTS` says otherwise
 (`candidate=deployment,...`). The decision id is the request's `metadata.routeopt_request_id`
 or `x-request-id`, else LiteLLM's own call id. Requests for any other model pass untouched.
 
-    # config.yaml
+    # config.yaml (gateways/litellm/config.yaml is a complete one)
     litellm_settings:
       callbacks: routeopt.artifacts.serving.litellm_proxy.handler
+    general_settings:
+      master_key: os.environ/LITELLM_MASTER_KEY
     # environment: ROUTEOPT_POLICY=https://policies.internal/ ROUTEOPT_PUBLIC_KEY=/keys/public_key.pem
 
 `handler` is built when LiteLLM first asks for it (loading its config at start-up), from the
@@ -32,6 +41,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -75,6 +86,14 @@ def _deployment_names() -> set[str] | None:
     return set(llm_router.get_model_names()) if llm_router is not None else None
 
 
+def _served_group(response: Any) -> str | None:
+    """The model group (deployment name) whose call answered, as LiteLLM's router records it."""
+    hidden = getattr(response, "_hidden_params", None)
+    extra = hidden.get("additional_headers") if isinstance(hidden, Mapping) else None
+    group = extra.get("x-litellm-model-group") if isinstance(extra, Mapping) else None
+    return group if isinstance(group, str) and group else None
+
+
 class RouteoptProxyHandler(CustomLogger):
     """The callback: routes alias requests with `gateway` onto the proxy's deployments."""
 
@@ -84,6 +103,7 @@ class RouteoptProxyHandler(CustomLogger):
         self._source, self.alias = gateway, alias
         self.deployments = dict(deployments or {})
         self._candidates = {d: c for c, d in self.deployments.items()}
+        self._checked_version: int | None = None
 
     @property
     def gateway(self) -> Gateway | None:
@@ -96,7 +116,13 @@ class RouteoptProxyHandler(CustomLogger):
         proxy still starts: alias requests get 503 until one loads, other models are untouched."""
         env = os.environ if env is None else env
         deployments = parse_deployments(env.get(DEPLOYMENTS_ENV, ""))
-        loader = GatewayLoader(GatewaySettings.from_env(env)).start()
+        checks: list[RouteoptProxyHandler] = []
+
+        def on_event(kind: str, _message: str) -> None:
+            if kind == "swapped" and checks:
+                checks[0].check_deployments()
+
+        loader = GatewayLoader(GatewaySettings.from_env(env), on_event=on_event).start()
         # The proxy ends by re-raising SIGTERM after its graceful shutdown, so atexit never runs:
         # from the signal on, the decision log writes each record at once.
         write_through_on_signals(lambda: loader.gateway.log if loader.gateway is not None else None)
@@ -104,7 +130,47 @@ class RouteoptProxyHandler(CustomLogger):
             s = loader.gateway.status().champion
             log.warning("routeopt routes the %r alias with policy version %d%s", ALIAS, s.version,
                         f" (default model: {s.default_reason})" if s.serving_default else "")
-        return cls(loader, deployments=deployments)
+        handler = cls(loader, deployments=deployments)
+        checks.append(handler)
+        handler.check_deployments_when_ready()
+        return handler
+
+    def missing_deployments(self, names: set[str] | None = None) -> list[str] | None:
+        """The serving policy's candidates that have no deployment in the proxy (None: no policy
+        yet, or no proxy router to ask)."""
+        names = _deployment_names() if names is None else names
+        gateway = self.gateway
+        policy = gateway.policy if gateway is not None else None
+        if names is None or policy is None:
+            return None
+        return [c for c in policy.candidates if self.deployment(c) not in names]
+
+    def check_deployments(self) -> list[str] | None:
+        """Warn, naming them, about the serving policy's candidates that have no deployment."""
+        missing = self.missing_deployments()
+        gateway = self.gateway
+        if missing is None or gateway is None:
+            return missing
+        self._checked_version = gateway.version
+        if missing:
+            log.warning("routeopt policy version %d: candidates %s have no deployment in this proxy "
+                        "(no model_list entry named %s); their requests are served by the first "
+                        "fallback that has one. Add the deployments or map them with $%s.",
+                        gateway.version, missing, [self.deployment(c) for c in missing], DEPLOYMENTS_ENV)
+        return missing
+
+    def check_deployments_when_ready(self, timeout_s: float = 600.0) -> None:
+        """Check once the proxy has built its router (it does so after loading its callbacks)."""
+        def wait() -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if self.gateway is not None and _deployment_names() is not None:
+                    if self._checked_version is None:
+                        self.check_deployments()
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=wait, name="routeopt-deployment-check", daemon=True).start()
 
     def deployment(self, candidate: str) -> str:
         return self.deployments.get(candidate, candidate)
@@ -135,14 +201,18 @@ class RouteoptProxyHandler(CustomLogger):
             log.exception("the routeopt policy failed to decide")
             raise _http_error(500, f"the routeopt policy failed to decide: {exc!r}") from None
         chosen, fallbacks = self._deployments_for([d.model, *d.fallbacks])
+        if d.policy_version and d.policy_version != self._checked_version:
+            self.check_deployments()  # a policy not checked yet (the loader's first, a missed swap)
         data["model"] = chosen
         if fallbacks and not data.get("fallbacks"):
             data["fallbacks"] = fallbacks
         metadata[DECISION_KEY] = {
             "model": d.model, "deployment": chosen, "fallbacks": list(d.fallbacks),
             "policy_version": d.policy_version, "decision_id": d.request_id,
-            "propensity": d.propensity, "default_reason": d.default_reason,
-            "traceparent": d.traceparent}
+            "propensity": d.propensity, "policy_probability": d.policy_probability,
+            "default_reason": d.default_reason, "traceparent": d.traceparent,
+            "fallback": None if chosen == self.deployment(d.model) else
+            f"no deployment for {d.model!r} (model_name {self.deployment(d.model)!r})"}
         return data
 
     def _deployments_for(self, candidates: list[str]) -> tuple[str, list[str]]:
@@ -162,10 +232,17 @@ class RouteoptProxyHandler(CustomLogger):
         d = _decision(data)
         if d is None:
             return None
-        headers = {"x-routeopt-model": d["model"], "x-routeopt-deployment": d["deployment"],
+        deployment = _served_group(response) or d["deployment"]
+        served = self._candidates.get(deployment, deployment)
+        headers = {"x-routeopt-model": d["model"], "x-routeopt-served-model": served,
+                   "x-routeopt-deployment": deployment,
                    "x-routeopt-policy-version": str(d["policy_version"]),
                    "x-routeopt-decision-id": str(d["decision_id"]),
-                   "x-routeopt-fallbacks": ",".join(d["fallbacks"])}
+                   "x-routeopt-fallbacks": ",".join(d["fallbacks"]),
+                   "x-routeopt-propensity": repr(float(d["propensity"])),
+                   "x-routeopt-policy-probability": repr(float(d["policy_probability"]))}
+        if served != d["model"]:
+            headers["x-routeopt-fallback"] = d.get("fallback") or f"the call of {d['model']!r} failed"
         if d["default_reason"]:
             headers["x-routeopt-default-reason"] = d["default_reason"]
         return {k: header_value(v).decode("ascii") for k, v in headers.items()}

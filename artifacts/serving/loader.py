@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -73,9 +73,13 @@ def _kind(exc: Exception) -> str:
 class ServedDecision:
     """The policy's choice plus which policy version made it (for logs and audits).
 
-    `propensity` is the probability with which the model was chosen (the policy's own mixing, and
-    exploration when routed through `routeopt.artifacts.serving.gateway.Gateway`); `request_id` is the id the
-    Gateway logged it under.
+    Two probabilities, two names (docs/policy-format.md, section 8.2): `propensity` is the
+    probability that this request, given its id and contents, is served `model`: 1.0 unless
+    exploration (`routeopt.artifacts.serving.gateway.Gateway`) could have sent it elsewhere, since the
+    policy's own mixing draw is a hash of the request. `policy_probability` is the policy's own
+    probability for the model it chose: below 1 at a knob point that mixes two rules (the share
+    of such requests its hash sends that way). `request_id` is the id the Gateway logged it under.
+    `unknown_suite` is True when the request named a suite the policy was not trained on.
     """
 
     model: str
@@ -84,14 +88,14 @@ class ServedDecision:
     expected_cost_usd: dict[str, float]
     policy_version: int
     default_reason: str | None = None  # set when no valid policy chose: the default model did (version 0)
-    # the probability that this request gets this model: below 1 at a knob point that mixes two
-    # rules, and (through routeopt.artifacts.serving.gateway.Gateway) with exploration composed in
     propensity: float = 1.0
     request_id: str | None = None
     # Tracing (routeopt.common.tracing): the trace this decision belongs to, and the W3C header to send
     # back so that the application's own call of the model is a child of the decision's span.
     trace_id: str | None = None
     traceparent: str | None = None
+    policy_probability: float = 1.0
+    unknown_suite: bool = False
 
     def traced(self, trace_id: str | None, traceparent: str | None) -> "ServedDecision":
         """This decision with its trace named: a copy of its fields, without the frozen
@@ -116,6 +120,13 @@ class _Active:
     loaded_at: datetime
     stale_at: float | None  # time.time() from which the default model serves instead (expiry)
     conformance: str | None = None  # what the policy's self-check against its vectors found
+    suites: frozenset[str] | None = None  # the suites it was trained on (None: it does not say)
+
+
+def known_suites(policy: Any) -> frozenset[str] | None:
+    """The suite vocabulary a policy carries (`features.suites` in policy.json), if it has one."""
+    suites = getattr(getattr(policy, "spec", None), "suites", None)
+    return frozenset(suites) if suites is not None else None
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,13 @@ class RouterStatus:
     state_file: str | None = None
     state_error: str | None = None
     conformance: str | None = None  # the served policy's self-check against its conformance vectors
+    # requests that named a suite the serving policy was not trained on: by name (the first
+    # MAX_UNKNOWN_SUITE_NAMES names), and in all
+    unknown_suites: dict[str, int] = field(default_factory=dict)
+    unknown_suite_requests: int = 0
+
+
+MAX_UNKNOWN_SUITE_NAMES = 100  # names counted one by one; a client sending random names costs no more
 
 
 def _default_loader(folder: Path) -> Any:
@@ -175,6 +193,9 @@ class Router:
         self._seen: Seen | None = None
         self._active: _Active | None = None
         self._default_reason: str | None = None
+        self._unknown_suites: dict[str, int] = {}
+        self._unknown_total = 0
+        self._unknown_lock = threading.Lock()
         try:
             self._active = self._initial()
         except (VerificationError, RegistryError, OSError) as exc:
@@ -212,8 +233,33 @@ class Router:
         if active is None or (active.stale_at is not None and time.time() >= active.stale_at):
             return ServedDecision(str(self._default), (), {}, {}, 0, self._why_default(active))
         d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
+        unknown = bool(suite) and active.suites is not None and suite not in active.suites
+        if unknown:
+            self._unknown_suite(suite)  # type: ignore[arg-type]
         return ServedDecision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
-                        active.version, propensity=getattr(d, "propensity", 1.0))
+                              active.version, policy_probability=getattr(d, "propensity", 1.0),
+                              unknown_suite=unknown)
+
+    def _unknown_suite(self, suite: str) -> None:
+        """Count a request naming a suite the policy does not know, and warn once per name: such
+        a request routes on its prompt alone (the suite's one-hot column is empty)."""
+        with self._unknown_lock:
+            self._unknown_total += 1
+            count = self._unknown_suites.get(suite)
+            if count is not None:
+                self._unknown_suites[suite] = count + 1
+                return
+            if len(self._unknown_suites) >= MAX_UNKNOWN_SUITE_NAMES:
+                return
+            self._unknown_suites[suite] = 1
+            full = len(self._unknown_suites) == MAX_UNKNOWN_SUITE_NAMES
+        known = sorted(self._active.suites or ()) if self._active is not None else []
+        message = (f"suite {suite!r} is not one the policy was trained on (it knows {known}); such "
+                   f"requests route on the prompt alone")
+        if full:
+            message += f"; {MAX_UNKNOWN_SUITE_NAMES} unknown suite names seen, later ones are counted, not named"
+        log.warning(message)
+        self._emit("unknown_suite", message)
 
     @property
     def policy(self) -> Any:
@@ -251,7 +297,8 @@ class Router:
         expires = verified.manifest.expires_at
         stale_at = expires.timestamp() if expires is not None and self._default else None
         return _Active(policy, verified.version, verified.digest, verified.signed, verified.key_id,
-                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at, conformance)
+                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at, conformance,
+                       known_suites(policy))
 
     def _check_order(self, pointer: Pointer) -> None:
         """Refuse a pointer older than the newest move accepted, by this process or (through the
@@ -402,7 +449,8 @@ class Router:
             checks=self._checks, swaps=self._swaps, serving_default=why is not None,
             default_model=self._default, default_reason=why,
             state_file=str(self._state.path) if self._state else None, state_error=self._state_error,
-            conformance=a.conformance if a else None)
+            conformance=a.conformance if a else None, unknown_suites=dict(self._unknown_suites),
+            unknown_suite_requests=self._unknown_total)
 
 
 def _self_check(policy: Any, verified: VerifiedVersion) -> str | None:

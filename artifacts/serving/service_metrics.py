@@ -103,6 +103,18 @@ class Metrics:
                [("", champion.swaps if champion else 0)])
         family("routeopt_policy_checks_total", "counter", "Registry polls.",
                [("", champion.checks if champion else 0)])
+        unknown: dict[str, int] = {}
+        for router in (champion, status.candidate if status is not None else None):
+            for name, n in (router.unknown_suites if router is not None else {}).items():
+                unknown[name] = unknown.get(name, 0) + n
+        family("routeopt_unknown_suite_requests_total", "counter",
+               "Requests naming a suite the serving policy was not trained on, by suite (the first "
+               "100 names; routeopt_unknown_suite_requests_all_total counts every one).",
+               [(_labels([("suite", name)]), n) for name, n in sorted(unknown.items())])
+        family("routeopt_unknown_suite_requests_all_total", "counter",
+               "Requests naming a suite the serving policy was not trained on.",
+               [("", sum(r.unknown_suite_requests for r in (champion, status.candidate if status else None)
+                         if r is not None))])
         log = status.log if status is not None else None
         family("routeopt_decision_log_written_total", "counter", "Decision log records written.",
                [("", log.written if log else 0)])

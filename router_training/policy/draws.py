@@ -8,8 +8,9 @@ its Gateway on these functions and re-exports them.
 The propensity composes the policy's own randomisation with exploration:
 ``P(model) = (1 - rate) * P_policy(model) + rate * [model eligible] / n_eligible``. A policy whose
 decision exposes its whole choice distribution (`choice_probabilities`) gets the marginal; one that
-exposes only the chosen model's probability (`propensity`, as `routeopt.artifacts.serving.loader.ServedDecision` names it,
-or `probability`) gets the propensity conditional on its own per-request draw, which is as exact
+exposes only the chosen model's probability (`policy_probability`, as
+`routeopt.artifacts.serving.loader.ServedDecision` names it, `probability`, or `propensity`, as the
+policy's own decision names it) gets the propensity conditional on its own per-request draw, which is as exact
 and as unbiased for off-policy estimates, since that draw is a hash of the request, not of the
 outcome. `policy_probability` records the policy's own figure: below 1 where a knob point mixes
 two rules and the two would choose differently.
@@ -91,11 +92,12 @@ class Choice(NamedTuple):
 
 def own_probability(decision: Any) -> float:
     """The policy's own probability of its chosen model, under any name a decision gives it
-    (`choice_probabilities`, `probability`, or the runtime's `propensity`); 1 when it says none."""
+    (`choice_probabilities`, `probability`, the runtime's `policy_probability`, or the policy's
+    own `propensity`); 1 when it says none."""
     full = getattr(decision, "choice_probabilities", None)
     if full:
         return float(full.get(decision.model, 0.0))
-    for name in ("probability", "propensity"):
+    for name in ("probability", "policy_probability", "propensity"):
         stated = getattr(decision, name, None)
         if stated is not None:
             return float(stated)

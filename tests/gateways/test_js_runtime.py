@@ -45,12 +45,14 @@ def _python_decisions(router, requests: list[dict]) -> list[dict]:
     for r in requests:
         d = router.route(r["prompt"], suite=r["suite"], quality_target=r["quality_target"])
         rows.append({**r, "model": d.model, "fallbacks": list(d.fallbacks), "propensity": d.propensity,
+                     "policy_probability": d.policy_probability, "unknown_suite": d.unknown_suite,
                      "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd})
     return rows
 
 
 def _same(js: dict, py: dict) -> None:
-    assert (js["model"], js["fallbacks"], js["propensity"]) == (py["model"], py["fallbacks"], py["propensity"]), py["id"]
+    assert (js["model"], js["fallbacks"], js["propensity"], js["policyProbability"], js["unknownSuite"]) == \
+        (py["model"], py["fallbacks"], py["propensity"], py["policy_probability"], py["unknown_suite"]), py["id"]
     assert js["passProbabilities"] == py["pass_probabilities"] and js["expectedCostUsd"] == py["expected_cost_usd"]
 
 

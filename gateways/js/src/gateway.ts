@@ -120,9 +120,10 @@ export class Gateway {
     const rec: Record<string, unknown> = {
       v: LOG_FORMAT_VERSION, kind: "decision", time: isoTime(Date.now()), request_id: rid, suite: opts.suite ?? null,
       quality_target: opts.qualityTarget ?? null, ...this.promptFields(prompt), channel, policy_version: d.policyVersion,
-      model, propensity, policy_model: d.model, policy_probability: d.propensity, explored,
+      model, propensity, policy_model: d.model, policy_probability: d.policyProbability, explored,
       pass_probabilities: d.passProbabilities, expected_cost_usd: d.expectedCostUsd,
     };
+    if (d.unknownSuite) rec.unknown_suite = true;
     if (t.traceId !== null) {  // feedback, decisions and traces join on it
       rec.trace_id = t.traceId;
       if (t.spanId !== null) rec.span_id = t.spanId;

@@ -51,7 +51,13 @@ export interface Decision {
   fallbacks: string[];
   passProbabilities: Record<string, number>;
   expectedCostUsd: Record<string, number>;
+  /** the probability that this request, given its id and contents, is served `model`: 1 unless a
+   * Gateway's exploration could have sent it elsewhere (the policy's mixing draw is a hash of the request) */
   propensity: number;
+  /** the policy's own probability for the model it chose: below 1 at a knob point mixing two rules */
+  policyProbability: number;
+  /** the request named a suite the policy was not trained on (it routed on the prompt alone) */
+  unknownSuite: boolean;
   policyVersion: number;
   /** the id the decision is logged under (the request id given, else a generated one) */
   decisionId: string;
@@ -86,7 +92,14 @@ export interface RouterStatus {
   defaultModel: string | null;
   defaultReason: string | null;
   conformance: string | null;
+  /** requests naming a suite the serving policy was not trained on, by name (the first 100 names) */
+  unknownSuites: Record<string, number>;
+  /** every such request */
+  unknownSuiteRequests: number;
 }
+
+/** Unknown suite names counted one by one; a client sending random names costs no more. */
+export const MAX_UNKNOWN_SUITE_NAMES = 100;
 
 interface Active {
   policy: Policy;
@@ -221,6 +234,8 @@ export class Router {
   private checks = 0;
   private swaps = 0;
   private defaultReason: string | null = null;
+  private readonly unknownSuites = new Map<string, number>();
+  private unknownTotal = 0;
   private timer: ReturnType<typeof setInterval> | null = null;
   private busy: Promise<boolean> | null = null;
 
@@ -294,7 +309,7 @@ export class Router {
     if (!a || why) {
       if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
-        policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION };
+        policyProbability: 1, unknownSuite: false, policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION };
     }
     const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget);
     const names = a.policy.candidates;
@@ -303,8 +318,28 @@ export class Router {
       p[names[j]] = d.p[j];
       c[names[j]] = d.c[j];
     }
-    return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: d.propensity,
-      policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+    const unknownSuite = Boolean(opts.suite) && !a.policy.spec.suiteIndex.has(opts.suite!);
+    if (unknownSuite) this.unknownSuite(opts.suite!, a.policy.spec.suites);
+    return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: 1,
+      policyProbability: d.propensity, unknownSuite, policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+  }
+
+  /** Count a request naming a suite the policy does not know, and warn (onEvent) once per name. */
+  private unknownSuite(suite: string, known: string[]): void {
+    this.unknownTotal++;
+    const n = this.unknownSuites.get(suite);
+    if (n !== undefined) {
+      this.unknownSuites.set(suite, n + 1);
+      return;
+    }
+    if (this.unknownSuites.size >= MAX_UNKNOWN_SUITE_NAMES) return;
+    this.unknownSuites.set(suite, 1);
+    let message = `suite ${JSON.stringify(suite)} is not one the policy was trained on (it knows ${JSON.stringify([...known].sort())}); `
+      + "such requests route on the prompt alone";
+    if (this.unknownSuites.size === MAX_UNKNOWN_SUITE_NAMES) {
+      message += `; ${MAX_UNKNOWN_SUITE_NAMES} unknown suite names seen, later ones are counted, not named`;
+    }
+    this.emit("unknown_suite", message);
   }
 
   /** The quality target a decision used: the caller's, else the policy's own (none for the default model). */
@@ -519,7 +554,8 @@ export class Router {
       expired: Boolean(a && a.manifest.expiresAt !== null && this.now() >= a.manifest.expiresAt),
       lastError: this.lastError, consecutiveFailures: this.failures, checks: this.checks, swaps: this.swaps,
       servingDefault: why !== null, defaultModel: this.opts.defaultModel ?? null, defaultReason: why,
-      conformance: a?.conformance ?? null,
+      conformance: a?.conformance ?? null, unknownSuites: Object.fromEntries(this.unknownSuites),
+      unknownSuiteRequests: this.unknownTotal,
     };
   }
 

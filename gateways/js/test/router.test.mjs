@@ -40,6 +40,8 @@ test("routes every request exactly as the Python runtime does", { skip: NO_FIXTU
     assert.equal(d.model, w.model, w.prompt.slice(0, 30));
     assert.deepEqual(d.fallbacks, w.fallbacks);
     assert.equal(d.propensity, w.propensity);
+    assert.equal(d.policyProbability, w.policy_probability);
+    assert.equal(d.unknownSuite, w.unknown_suite);
     assert.deepEqual(d.passProbabilities, w.pass_probabilities);
     assert.deepEqual(d.expectedCostUsd, w.expected_cost_usd);
     assert.equal(d.decisionId, "r");
@@ -157,4 +159,24 @@ test("the gateway explores with exact propensities and logs Python's fields", { 
   for (const r of recs.slice(0, n)) {
     if (r.explored) assert.ok(!r.exploration.eligible.includes(names[0]) && r.exploration.eligible.includes(r.model));
   }
+});
+
+test("a suite the policy was not trained on is counted, warned once per name and logged", { skip: NO_FIXTURES }, async () => {
+  const events = [];
+  const router = await Router.open({ files: versionFiles("registry"), publicKeys: [publicKey()],
+    onEvent: (kind, message) => events.push([kind, message]) });
+  const log = new MemoryLog();
+  const gw = await Gateway.create(router, { log });
+  const known = router.route("Task: add 2 and 3", { suite: "add" });
+  assert.equal(known.unknownSuite, false);
+  for (let i = 0; i < 3; i++) assert.equal(gw.route("Task: add 2 and 3", { suite: "invoice-total" }).unknownSuite, true);
+  assert.equal(gw.route("Task: add 2 and 3", { suite: "no-such" }).unknownSuite, true);
+  assert.equal(gw.route("Task: add 2 and 3").unknownSuite, false);
+  assert.deepEqual(router.status().unknownSuites, { "invoice-total": 3, "no-such": 1 });
+  assert.equal(router.status().unknownSuiteRequests, 4);
+  const warned = events.filter(([k]) => k === "unknown_suite").map(([, m]) => m);
+  assert.equal(warned.length, 2);
+  assert.match(warned[0], /suite "invoice-total" is not one the policy was trained on \(it knows \[.*"add".*\]\)/);
+  const recs = log.lines.map((l) => JSON.parse(l));
+  assert.deepEqual(recs.map((r) => r.unknown_suite ?? false), [true, true, true, true, false]);
 });

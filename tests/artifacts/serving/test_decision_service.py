@@ -399,3 +399,62 @@ async def test_a_policy_that_fails_verification_leaves_the_service_unready_not_d
     assert health.status_code == 200 and ready.status_code == 503
     assert re.search(r"signed by key \w+, but the trusted key is", ready.json()["reason"])
     assert routed.status_code == 503 and "x-routeopt-model" not in routed.headers
+
+
+def mixed_request(router) -> tuple[str, str, float]:
+    """A request served at a knob point that mixes two rules (its policy_probability below 1)."""
+    for target in (0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, None):
+        for i in range(40):
+            prompt = f"sort task difficulty {i % 6}: " + "alpha beta " * (i % 7)
+            if router.route(prompt, "sort", target).policy_probability < 1:
+                return prompt, "sort", target
+    raise AssertionError("no request of the test policy lands on a mixed knob point")
+
+
+async def test_propensity_and_policy_probability_are_the_same_numbers_everywhere(
+        policies, publish_to, registry, keypair, tmp_path) -> None:
+    """`propensity` (this request's probability of being served the model: 1 without exploration)
+    and `policy_probability` (the knob point's mixing share) are one number each, from the
+    in-process runtime, the service's JSON and headers, and the decision log."""
+    publish_to(policies[0])
+    router = load(registry, keypair[1], state_dir=False)
+    prompt, suite, target = mixed_request(router)
+    bare = router.route(prompt, suite, target)
+    service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
+    async with client(service) as c:
+        r = await c.post("/v1/route", json={"prompt": prompt, "suite": suite, "quality_target": target,
+                                            "request_id": "mixed"})
+    service.close()
+    (record,) = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    got = r.json()
+    assert got["model"] == bare.model == record["model"]
+    assert bare.propensity == got["propensity"] == float(r.headers["x-routeopt-propensity"]) \
+        == record["propensity"] == 1.0
+    assert bare.policy_probability == got["policy_probability"] == record["policy_probability"] \
+        == float(r.headers["x-routeopt-policy-probability"]) < 1
+
+
+async def test_a_suite_the_policy_does_not_know_is_counted_warned_once_and_logged(
+        policies, publish_to, registry, keypair, tmp_path, caplog) -> None:
+    """The policy knows the suites it was trained on (`features.suites`); a request naming
+    another routes on its prompt alone, and says so: in /metrics, the status, the decision log
+    and one warning per name."""
+    publish_to(policies[0])
+    service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
+    caplog.set_level("WARNING", logger="routeopt.runtime")
+    async with client(service) as c:
+        for suite in ("invoice-total", "invoice-total", "sort", None, "no-such", "invoice-total"):
+            r = await c.post("/v1/route", json={"prompt": "sort task difficulty 2: alpha", "suite": suite})
+            assert r.status_code == 200
+            assert r.json().get("unknown_suite", False) == (suite in ("invoice-total", "no-such"))
+        metrics = (await c.get("/metrics")).text
+    status = service.gateway.status().champion
+    service.close()
+    assert status.unknown_suites == {"invoice-total": 3, "no-such": 1} and status.unknown_suite_requests == 4
+    assert 'routeopt_unknown_suite_requests_total{suite="invoice-total"} 3' in metrics
+    assert 'routeopt_unknown_suite_requests_total{suite="no-such"} 1' in metrics
+    assert "routeopt_unknown_suite_requests_all_total 4" in metrics
+    warned = [r.getMessage() for r in caplog.records if "not one the policy was trained on" in r.getMessage()]
+    assert len(warned) == 2 and "'invoice-total'" in warned[0] and "'sort'" in warned[0]
+    records = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [r.get("unknown_suite", False) for r in records] == [True, True, False, False, True, True]

@@ -110,12 +110,12 @@ def test_propensity_composes_with_the_policys_own_randomisation() -> None:
 
 
 def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp_path) -> None:
-    """The runtime names the policy's own probability `propensity` (a knob point that mixes two
-    rules per request): the record keeps it as `policy_probability`, while the served model's
-    propensity stays conditional on the request's own hash draw (1 without exploration)."""
+    """The runtime names the policy's own probability `policy_probability` (a knob point that mixes
+    two rules per request), as the record does, while the served model's propensity stays
+    conditional on the request's own hash draw (1 without exploration)."""
     mixed = FakeRouter("mid", extra=None)
     mixed.route = lambda prompt, suite=None, quality_target=None: ServedDecision(  # type: ignore[method-assign]
-        "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, propensity=0.875)
+        "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, policy_probability=0.875)
     assert policy_distribution(mixed.route("p")) == ({"mid": 1.0}, 0.875)
     log = DecisionLog(tmp_path, flush_s=0.05)
     gw = Gateway(mixed, log=log, candidate=mixed, shadow=False)
@@ -125,6 +125,7 @@ def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp
     log.close()
     first, second = _records(tmp_path)
     assert (d.propensity, first["propensity"], first["policy_probability"]) == (1.0, 1.0, 0.875)
+    assert d.policy_probability == explored.policy_probability == 0.875
     assert second["policy_probability"] == 0.875 and second["propensity"] == explored.propensity
 
 
@@ -425,5 +426,6 @@ def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None
     assert served == want
     fields = {f.name for f in dataclasses.fields(ServedDecision)}
     assert fields == {"model", "fallbacks", "pass_probabilities", "expected_cost_usd", "policy_version",
-                      "default_reason", "propensity", "request_id", "trace_id", "traceparent"}, (
+                      "default_reason", "propensity", "request_id", "trace_id", "traceparent",
+                      "policy_probability", "unknown_suite"}, (
         "Decision has new fields: carry them in Gateway._route")

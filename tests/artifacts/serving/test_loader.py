@@ -21,7 +21,8 @@ from tests import REPO
 def _same_decisions(router, policy) -> None:
     for prompt, suite in PROMPTS:
         got, want = router.route(prompt, suite=suite), policy.decide(prompt, suite=suite)
-        assert (got.model, got.fallbacks, got.propensity) == (want.model, want.fallbacks, want.propensity)
+        assert (got.model, got.fallbacks, got.policy_probability) == (want.model, want.fallbacks, want.propensity)
+        assert got.propensity == 1.0  # no exploration: the request's own hash decides
         assert got.pass_probabilities == pytest.approx(want.pass_probabilities)
         assert got.expected_cost_usd == pytest.approx(want.expected_cost_usd)
 
