@@ -1,4 +1,5 @@
-"""Shared test setup: an isolated Prefect home, and the repo's paths."""
+"""Shared test setup: an isolated Prefect home (one per pytest-xdist worker), the repo's paths,
+and the tier markers every test gets from what it uses (tests/tiers.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import hypothesis
 import pytest
 
+from tests import tiers
+
 # Prefect reads its settings at import: point it at a throwaway home before anything imports it.
-_PREFECT_HOME = tempfile.mkdtemp(prefix="routeopt-prefect-")
-atexit.register(shutil.rmtree, _PREFECT_HOME, True)  # a test session leaves no home behind
-os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+# Each pytest-xdist worker gets a folder of its own under it: `routeopt run` serialises server
+# starts per home, and each worker's session starts its own test server.
+if "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="routeopt-prefect-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)  # a session leaves no home behind
+if _WORKER := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["PREFECT_HOME"] = os.path.join(os.environ["PREFECT_HOME"], _WORKER)
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -24,6 +33,43 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+WORKERS_PER_CORE = 2
+
+# No test may depend on how fast the machine is: CI cores are shared, and several workers share them.
+hypothesis.settings.register_profile("routeopt", deadline=None)
+hypothesis.settings.load_profile("routeopt")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with the tiers it uses (and `slow` with any), group the tests of a file that
+    shares a module-scoped fixture onto one xdist worker, and, when distributing, hand out the
+    longest kinds first (virtualenv builds, then other slow tests) so that none starts last."""
+    rank = {}
+    for item in items:
+        found = tiers.tiers(item)
+        for name in sorted(found):
+            item.add_marker(name)
+        if found:
+            item.add_marker("slow")
+        rank[item.nodeid] = 0 if "venv" in found else 1 if item.get_closest_marker("slow") else 2
+        if (scope := tiers.shared_scope(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(scope))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: rank[item.nodeid])  # stable: files stay in order
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` (the default addopts): WORKERS_PER_CORE workers per core, since many tests wait
+    on servers and subprocesses; none (run in this process) when the command names only files
+    or single tests, where starting and collecting in each worker costs more than it saves.
+    PYTEST_XDIST_AUTO_NUM_WORKERS overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    named = [str(arg).split("::")[0] for arg in config.args]
+    if named and all(name.endswith(".py") for name in named):
+        return 0
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
 @pytest.fixture(scope="session")

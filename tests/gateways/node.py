@@ -3,7 +3,10 @@
 `npm ci` installs exactly what package-lock.json pins (TypeScript, miniflare with workerd's
 binary) into gateways/js/node_modules, once per lock file (a stamp records which), under a file
 lock so concurrent test sessions wait for one install; `npm run build` compiles src/ to dist/
-once per session. Tests that need node skip with the reason where node or npm is missing.
+once per content of its inputs (a stamp in dist/ records which), under the same lock: the build
+empties dist/ first, so a second build while another pytest-xdist worker or test session runs
+node on dist/ would pull the files from under it. Tests that need node skip with the reason
+where node or npm is missing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import pytest
 from tests import REPO
 
 PACKAGE = REPO / "gateways" / "js"
-_built: list[bool] = []
 
 
 def node() -> str:
@@ -53,10 +55,24 @@ def package() -> Path:
         if not stamp.exists() or stamp.read_text() != lock:
             _npm("ci")
             stamp.write_text(lock)
-        if not _built:
+        built = PACKAGE / "dist" / ".routeopt-build"
+        inputs = _build_inputs(lock)
+        if not built.exists() or built.read_text() != inputs:
             _npm("run", "build", timeout=600)
-            _built.append(True)
+            built.write_text(inputs)
     return PACKAGE
+
+
+def _build_inputs(lock: str) -> str:
+    """A digest of what `npm run build` reads: the sources (less the WebAssembly modules it
+    writes into src/), its scripts, the TypeScript configs and the installed dependencies."""
+    digest = hashlib.sha256(lock.encode())
+    files = [*sorted(PACKAGE.glob("src/**/*.ts")), *sorted(PACKAGE.glob("scripts/*.mjs")),
+             *sorted(PACKAGE.glob("tsconfig*.json")), PACKAGE / "package.json"]
+    for path in files:
+        if not path.name.endswith("-wasm.ts"):
+            digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def run_node(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
