@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -50,3 +51,21 @@ def publish_to(registry: Path, keypair) -> Callable:
         return publish(policy, registry, **kw)
 
     return go
+
+
+@pytest.fixture()
+def loader_later(monkeypatch) -> Callable[[timedelta], None]:
+    """later(delta): the gateway loader's clocks (time.time and datetime.now) run `delta` ahead
+    from now on, so a test sees a policy expire without waiting for it, however busy the machine."""
+    import time
+
+    from routeopt.artifacts.serving import loader
+
+    def later(delta: timedelta) -> None:
+        ahead = delta.total_seconds()
+        monkeypatch.setattr(loader, "time", type("Later", (), {
+            "time": staticmethod(lambda: time.time() + ahead), "time_ns": staticmethod(time.time_ns)}))
+        monkeypatch.setattr(loader, "datetime", type("Later", (datetime,), {
+            "now": classmethod(lambda cls, tz=None: datetime.now(tz) + delta)}))
+
+    return later
