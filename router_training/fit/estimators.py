@@ -372,12 +372,18 @@ def _suite_of(X: sp.csr_matrix, n_suites: int) -> np.ndarray:
 
 
 class KNNPassEstimator(BaseEstimator):
-    """Baseline: the candidates' mean outcome over the k most similar training requests (cosine)."""
+    """Baseline: the candidates' mean outcome over the k most similar training requests (cosine).
 
-    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14):
+    Similarities are computed a block of requests at a time, so memory stays at about
+    `block_cells` floats however many requests there are (the time is still requests x
+    training requests: callers that need it bounded search a sample of the training requests).
+    """
+
+    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14, block_cells: int = 2**23):
         self.k = k
         self.n_suites = n_suites
         self.n_buckets = n_buckets
+        self.block_cells = block_cells
 
     def _text(self, X: sp.spmatrix) -> sp.csr_matrix:
         X = sp.csr_matrix(X)
@@ -391,12 +397,16 @@ class KNNPassEstimator(BaseEstimator):
 
     def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "Y_")
-        sims = np.asarray((self._text(X) @ self.text_.T).todense())
-        k = min(self.k, self.Y_.shape[0])
-        out = np.empty((sims.shape[0], self.Y_.shape[1]))
-        for i, row in enumerate(sims):
-            nearest = np.argpartition(-row, k - 1)[:k]
-            out[i] = _column_means(self.Y_[nearest], self.prior_, 1.0)
+        text, n_train = self._text(X), self.Y_.shape[0]
+        k = min(self.k, n_train)
+        out = np.empty((text.shape[0], self.Y_.shape[1]))
+        train_t = self.text_.T.tocsr()
+        step = max(1, self.block_cells // max(n_train, 1))
+        for lo in range(0, text.shape[0], step):
+            sims = (text[lo: lo + step] @ train_t).toarray()
+            nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+            for i, rows in enumerate(nearest):
+                out[lo + i] = _column_means(self.Y_[rows], self.prior_, 1.0)
         return out
 
 
