@@ -90,7 +90,7 @@ def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
 
 def _fit_logistic(
     X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None,
-    offset: np.ndarray | None = None,
+    offset: np.ndarray | None = None, XT: sp.csr_matrix | None = None,
 ) -> tuple[np.ndarray, float]:
     """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C),
     on top of a fixed per-row `offset` logit when given.
@@ -100,7 +100,8 @@ def _fit_logistic(
     rate = (y.sum() + 0.5) / (len(y) + 1.0)
     if len(y) < 4 or np.ptp(y) < 1e-12:
         return np.zeros(X.shape[1]), float(_logit(rate)) if offset is None else 0.0
-    XT = X.T.tocsr() if sp.issparse(X) else X.T
+    if XT is None:
+        XT = X.T.tocsr() if sp.issparse(X) else X.T
     base = 0.0 if offset is None else offset
 
     def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -225,12 +226,18 @@ class LinearPassEstimator(BaseEstimator):
         weights, bias = np.zeros((H.shape[1], k)), np.zeros(k)
         tw = np.zeros((0 if T is None else T.shape[1], k))
         tb = np.zeros(k)
+        full_T = None  # T and its transpose, shared by the candidates observed on every row
         for j in range(k):
             rows = ~np.isnan(Y[:, j])
             weights[:, j], bias[j] = _fit_logistic(H[rows], Y[rows, j], 1.0)
             if T is not None:
                 offset = H[rows] @ weights[:, j] + bias[j]
-                tw[:, j], tb[j] = _fit_logistic(T[rows], Y[rows, j], 1.0, offset=offset)
+                if rows.all():
+                    full_T = full_T or (T, T.T.tocsr())
+                    Tj, TjT = full_T
+                else:
+                    Tj, TjT = T[rows], None
+                tw[:, j], tb[j] = _fit_logistic(Tj, Y[rows, j], 1.0, offset=offset, XT=TjT)
         return weights, bias, tw, tb
 
     @staticmethod
