@@ -262,11 +262,14 @@ class LinearPassEstimator(BaseEstimator):
         Xd = self._with_topics(X)  # a topic's mean difficulty is barely shrunk, as a suite's
         w_d, b_d, self.C_ = np.zeros(Xd.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
         if has.sum() >= 4:
-            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xd[has], ybar[has], self.folds_[has])
+            Xh = Xd if has.all() else Xd[has]  # no copy of the design when every request has an outcome
+            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xh, ybar[has], self.folds_[has])
         self.topic_difficulty_ = w_d[X.shape[1]:]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        T = X[:, s: s + self.n_buckets] * self.candidate_text if self.candidate_text else None
+        T = X[:, s: s + self.n_buckets] if self.candidate_text else None
+        if T is not None and self.candidate_text != 1.0:
+            T = T * self.candidate_text
         self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
         g = len(self.centroids_)
         coef = np.zeros((X.shape[1], Y.shape[1]))
