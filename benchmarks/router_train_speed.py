@@ -8,11 +8,14 @@ outcomes flipped, so the copies are not identical. Run with 2 cores, as CI does:
 By default it times what `routeopt train` does: hold out 30% and measure on it, then refit on
 every request. `--holdout 0` times a single fit on every request. `--sets DIR` times it on every
 shared set's training split as `routeopt import outcomes` stores it, one after the other.
+The synthetic frame's prompt column is categorical, as the store returns it (each distinct
+prompt once); peak RSS is the whole process's, frame included.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -27,21 +30,26 @@ DATA = data_dir() / "routerbench" / "train.parquet"
 
 
 def synthesize(frame: pd.DataFrame, rows: int, seed: int = 0) -> pd.DataFrame:
-    """Replicate requests until the frame has at least `rows` rows."""
+    """Replicate requests until the frame has at least `rows` rows (prompts categorical, as the
+    store returns them, so the copies' prompts are held once each)."""
     rng = np.random.default_rng(seed)
     copies = int(np.ceil(rows / len(frame)))
-    parts = []
+    texts: dict[str, int] = {}
+    parts, codes = [], []
     for k in range(copies):
-        part = frame.copy()
+        part = frame.drop(columns=["prompt"]).copy()
         part["request_id"] = part["request_id"] + f"#{k}"
-        prompts = {p: " ".join(w for w in p.split(" ") if rng.random() > 0.03)
-                   for p in part["prompt"].unique()} if k else {}
+        prompts = {p: " ".join(w for w in p.split(" ") if rng.random() > 0.03) if k else p
+                   for p in frame["prompt"].unique()}
+        codes.append(np.array([texts.setdefault(p, len(texts)) for p in frame["prompt"].map(prompts)]))
         if k:
-            part["prompt"] = part["prompt"].map(prompts)
             flip = rng.random(len(part)) < 0.05
             part.loc[flip, "score"] = 1.0 - part.loc[flip, "score"]
         parts.append(part)
-    return pd.concat(parts, ignore_index=True).iloc[:rows]
+    out = pd.concat(parts, ignore_index=True)
+    out.insert(list(frame.columns).index("prompt"), "prompt",
+               pd.Categorical.from_codes(np.concatenate(codes), categories=list(texts)))
+    return out.iloc[:rows]
 
 
 def main() -> None:
@@ -70,6 +78,7 @@ def timed(frame: pd.DataFrame, holdout: float, name: str) -> None:
     print(f"{name}: rows={len(frame)} requests={frame['request_id'].nunique()} "
           f"candidates={frame['model'].nunique()} holdout={holdout} refit={result.metrics['refit']} "
           f"train_router_wall_s={took:.1f} cpu_s={cpu:.1f} "
+          f"peak_rss_gb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} "
           f"knob_points={len(result.policy.knob.points)}", flush=True)
 
 

@@ -124,10 +124,11 @@ def _scorer(est: LinearPassEstimator) -> LinearScorer:
     )
 
 
-def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, design: Design):
+def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, design: Design,
+                client: Any = None):
     """The fitted scorer, out-of-fold logits, folds and topics of the training requests, and metrics."""
     if estimator == "lightgbm":
-        est = LightGBMPassEstimator(seed=seed).fit(X, Y)
+        est = LightGBMPassEstimator(seed=seed, client=client).fit(X, Y)
         scorer = TreeScorer.from_models(est.model_strings(), est.n_features_in_)
         return scorer, est.out_of_fold_logits(), est.folds_, np.full(len(Y), -1), {"estimator": "lightgbm"}
     lin = LinearPassEstimator(n_suites=len(spec.suites), seed=seed, n_folds=design.n_folds,
@@ -157,12 +158,12 @@ class Calibrated:
 
 @single_threaded
 def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, estimator: str = "linear",
-                   design: Design = Design()) -> Calibrated:
+                   design: Design = Design(), client: Any = None) -> Calibrated:
     """Fit on all requests; out-of-fold predictions, Platt-scaled, are the calibration data."""
     spec = fit_feature_spec(data.prompts, data.suites, embeddings=embeddings,
                             char_ngrams=(design.char_ngrams,) if design.char_ngrams else ())
     X = design_matrix(data.prompts, data.suites, spec)
-    scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design)
+    scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design, client)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     suite_pos = _suite_pos(data.suites, spec.suites)
     n_chars = np.array([text_length(p) for p in data.prompts])
@@ -176,10 +177,10 @@ def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, e
 
 def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
          estimator: str = "linear", confidence: float = DEFAULT_CONFIDENCE,
-         design: Design = Design(), certificate: Certificate = Certificate()) -> RoutingPolicy:
+         design: Design = Design(), certificate: Certificate = Certificate(), client: Any = None) -> RoutingPolicy:
     """Fit on all requests; calibrate and build the knob from out-of-fold predictions, certified
     under what `certificate` assumes of the traffic."""
-    f = fit_calibrated(data, seed, embeddings, estimator, design)
+    f = fit_calibrated(data, seed, embeddings, estimator, design, client)
     policy = RoutingPolicy(
         candidates=list(data.candidates), spec=f.spec, scorer=f.scorer, platt=f.platt,
         cost_model=f.cost_model, knob=None, reference_pass_rate=math.nan,  # type: ignore[arg-type]
@@ -240,6 +241,7 @@ def train_router(
     design: Design = Design(),
     refit: bool = True,
     certificate: Certificate = Certificate(),
+    client: Any = None,
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
@@ -252,9 +254,13 @@ def train_router(
     model (a gateway serving it then needs lightgbm). `certificate` says what the knob's
     certificate assumes of the traffic (`routeopt.router_training.fit.certificate`): like the calibration
     requests (the default), toward an unlabelled traffic sample, or robust to a stated shift.
+    `client` (a `dask.distributed.Client`, with `estimator="lightgbm"`) trains the boosters on
+    that cluster's workers through LightGBM's Dask interface.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if client is not None and estimator != "lightgbm":
+        raise ValueError("a Dask client trains the lightgbm estimator only; pass estimator='lightgbm'")
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
     if not math.isfinite(quality_target) or quality_target < 0:
@@ -267,7 +273,7 @@ def train_router(
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
     with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
-        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design, certificate)
+        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design, certificate, client)
         evaluated = fit(train)
         refit = refit and len(test) > 0
         policy = fit(data) if refit else evaluated

@@ -593,14 +593,21 @@ class Store:
         return self._labelled(sql, [run_id, run_id, float(max_age_days), *candidates])
 
     def _labelled(self, rows_sql: str, params: list[Any]) -> "Any":
-        """The training columns of the outcome rows `rows_sql` selects (labelled rows only)."""
+        """The training columns of the outcome rows `rows_sql` selects (labelled rows only).
+
+        Each item's prompt is read once and its rows (one per candidate and run) hold a code
+        into the distinct prompts (a categorical column): a million rows of 1,500-character
+        prompts would otherwise hold 1.5 GB of copies."""
+        import numpy as np
+        import pandas as pd
+
         lab = LabelSql("o.")
-        return self.query(
+        frame = self.query(
             f"""
             WITH o AS ({rows_sql})
             SELECT o.run_id, o.suite, o.suite_version, o.item_id,
                    o.suite || '/' || o.item_id AS request_id,
-                   i.prompt, o.candidate AS model, {lab.score} AS score, {lab.passed} AS passed,
+                   i.rowid AS prompt, o.candidate AS model, {lab.score} AS score, {lab.passed} AS passed,
                    coalesce(o.cost_usd, avg(o.cost_usd) OVER (
                        PARTITION BY o.run_id, o.suite, o.candidate)) AS cost_usd,
                    o.input_tokens, o.output_tokens, o.latency_s, o.ttft_s, o.error_kind
@@ -612,3 +619,9 @@ class Store:
             """,
             params,
         )
+        rows, codes = np.unique(frame["prompt"].to_numpy(dtype=np.int64), return_inverse=True)
+        prompts = self.query("SELECT prompt FROM items, (SELECT unnest(?::BIGINT[]) AS r) u "
+                             "WHERE items.rowid = u.r ORDER BY u.r", [rows.tolist()])["prompt"]
+        same, texts = pd.factorize(prompts)
+        frame["prompt"] = pd.Categorical.from_codes(same[codes] if len(rows) else codes, categories=texts)
+        return frame

@@ -18,6 +18,10 @@ from routeopt.router_training.fit.data import RoutingData
 from routeopt.router_training.fit.estimators import KNNPassEstimator, PerSuitePassEstimator, design_matrix
 from routeopt.router_training.policy.routing import RoutingPolicy, choose
 
+# similarities the held-out kNN baseline may compute (test x training requests, ~10 s on one
+# core); past it the baseline searches a fixed random sample of the training requests
+KNN_PAIRS = 40_000_000
+
 
 @dataclass
 class Curve:
@@ -82,9 +86,11 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     X_te = design_matrix(test.prompts, test.suites, spec)
     P, Cp = policy.predict(test.prompts, test.suites)
     n_suites = len(spec.suites)
+    pool = knn_pool(len(train), len(test), knn_k)
+    knn = KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets)
     scored = {
         "per_suite": PerSuitePassEstimator(n_suites=n_suites).fit(X_tr, train.Y).predict_proba(X_te),
-        "knn": KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets).fit(X_tr, train.Y).predict_proba(X_te),
+        "knn": knn.fit(X_tr[pool], train.Y[pool]).predict_proba(X_te),
     }
     rate, mean_cost = _train_rates(train)
     best, cheapest = int(np.nanargmax(rate)), int(np.nanargmin(mean_cost))
@@ -102,8 +108,10 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     ]
     cost_range = (float(sc.min()), float(sc.max()))
     table = {c.name: summarise(c, sq[best], sc[best], cost_range) for c in curves}
+    sampled = {"knn_pool": {"searched": len(pool), "of": len(train)}} if len(pool) < len(train) else {}
     return {
         "n_test_requests": len(test),
+        **sampled,
         "best_single": {"model": policy.candidates[best], "pass_rate": sq[best], "cost": sc[best]},
         "cheapest_single": {"model": policy.candidates[cheapest], "pass_rate": sq[cheapest],
                             "cost": sc[cheapest]},
@@ -113,6 +121,15 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
         "table": table,
         "curves": {c.name: {"cost": c.costs.tolist(), "quality": c.quality.tolist()} for c in curves},
     }
+
+
+def knn_pool(n_train: int, n_test: int, k: int, max_pairs: int = KNN_PAIRS) -> np.ndarray:
+    """The training requests the kNN baseline searches: all of them while test x train stays
+    under `max_pairs`, else a fixed random sample (at least 20 k), so its time grows linearly."""
+    size = max(max_pairs // max(n_test, 1), 20 * k)
+    if n_train <= size:
+        return np.arange(n_train)
+    return np.sort(np.random.default_rng(0).choice(n_train, size, replace=False))
 
 
 def knob_lambda_grid(costs: np.ndarray) -> np.ndarray:

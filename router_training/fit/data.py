@@ -77,7 +77,7 @@ def _priced_cost(frame: pd.DataFrame, prices: dict[str, dict]) -> pd.Series:
     cost = _column(frame, "cost_usd")
     if not prices:
         return cost
-    inp = _column(frame, "input_tokens").fillna(frame["prompt"].astype(str).str.len() / 4.0)
+    inp = _column(frame, "input_tokens").fillna(_prompt_chars(frame["prompt"]) / 4.0)
     out = _column(frame, "output_tokens")
     out = out.fillna(out.groupby(frame["model"]).transform("mean")).fillna(0.0)
     for model, price in prices.items():
@@ -86,6 +86,15 @@ def _priced_cost(frame: pd.DataFrame, prices: dict[str, dict]) -> pd.Series:
         p_out = float(price.get("output_price_per_mtok") or 0.0)
         cost[rows] = (inp[rows] * p_in + out[rows] * p_out) / 1e6
     return cost
+
+
+def _prompt_chars(prompt: pd.Series) -> pd.Series:
+    """Each row's prompt length, from each distinct prompt once when the column is categorical."""
+    if isinstance(prompt.dtype, pd.CategoricalDtype):
+        lengths = prompt.cat.categories.astype(str).str.len().to_numpy(dtype=np.float64)
+        codes = prompt.cat.codes.to_numpy()
+        return pd.Series(np.where(codes >= 0, lengths[codes], np.nan), index=prompt.index)
+    return prompt.astype(str).str.len()
 
 
 def routing_data(
@@ -99,7 +108,7 @@ def routing_data(
         raise ValueError("outcome frame is empty: nothing to train on")
     df = pd.DataFrame({
         "request_id": frame["request_id"].astype(str),
-        "prompt": frame["prompt"].astype(str),
+        "row": np.arange(len(frame)),
         "suite": frame["suite"].astype("object") if "suite" in frame else None,
         "model": frame["model"].astype(str),
         "y": _pass_target(frame).astype("float64"),
@@ -107,7 +116,9 @@ def routing_data(
     })
     df = df.dropna(subset=["y"])
     agg = df.groupby(["request_id", "model"], sort=True).agg(y=("y", "mean"), cost=("cost", "mean"))
-    first = df.groupby("request_id", sort=True).agg(prompt=("prompt", "first"), suite=("suite", "first"))
+    first = df.groupby("request_id", sort=True).agg(row=("row", "first"), suite=("suite", "first"))
+    # a request's prompt is that of its first row: only those rows' prompts are read as text
+    first["prompt"] = frame["prompt"].iloc[first["row"].to_numpy()].astype(str).to_numpy()
     names = candidates or sorted(df["model"].unique().tolist())
     Y = agg["y"].unstack("model").reindex(index=first.index, columns=names)
     C = agg["cost"].unstack("model").reindex(index=first.index, columns=names)

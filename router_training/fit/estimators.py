@@ -90,7 +90,7 @@ def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
 
 def _fit_logistic(
     X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None,
-    offset: np.ndarray | None = None,
+    offset: np.ndarray | None = None, XT: sp.csr_matrix | None = None,
 ) -> tuple[np.ndarray, float]:
     """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C),
     on top of a fixed per-row `offset` logit when given.
@@ -100,7 +100,8 @@ def _fit_logistic(
     rate = (y.sum() + 0.5) / (len(y) + 1.0)
     if len(y) < 4 or np.ptp(y) < 1e-12:
         return np.zeros(X.shape[1]), float(_logit(rate)) if offset is None else 0.0
-    XT = X.T.tocsr() if sp.issparse(X) else X.T
+    if XT is None:
+        XT = X.T.tocsr() if sp.issparse(X) else X.T
     base = 0.0 if offset is None else offset
 
     def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -225,12 +226,18 @@ class LinearPassEstimator(BaseEstimator):
         weights, bias = np.zeros((H.shape[1], k)), np.zeros(k)
         tw = np.zeros((0 if T is None else T.shape[1], k))
         tb = np.zeros(k)
+        full_T = None  # T and its transpose, shared by the candidates observed on every row
         for j in range(k):
             rows = ~np.isnan(Y[:, j])
             weights[:, j], bias[j] = _fit_logistic(H[rows], Y[rows, j], 1.0)
             if T is not None:
                 offset = H[rows] @ weights[:, j] + bias[j]
-                tw[:, j], tb[j] = _fit_logistic(T[rows], Y[rows, j], 1.0, offset=offset)
+                if rows.all():
+                    full_T = full_T or (T, T.T.tocsr())
+                    Tj, TjT = full_T
+                else:
+                    Tj, TjT = T[rows], None
+                tw[:, j], tb[j] = _fit_logistic(Tj, Y[rows, j], 1.0, offset=offset, XT=TjT)
         return weights, bias, tw, tb
 
     @staticmethod
@@ -255,11 +262,14 @@ class LinearPassEstimator(BaseEstimator):
         Xd = self._with_topics(X)  # a topic's mean difficulty is barely shrunk, as a suite's
         w_d, b_d, self.C_ = np.zeros(Xd.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
         if has.sum() >= 4:
-            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xd[has], ybar[has], self.folds_[has])
+            Xh = Xd if has.all() else Xd[has]  # no copy of the design when every request has an outcome
+            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xh, ybar[has], self.folds_[has])
         self.topic_difficulty_ = w_d[X.shape[1]:]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        T = X[:, s: s + self.n_buckets] * self.candidate_text if self.candidate_text else None
+        T = X[:, s: s + self.n_buckets] if self.candidate_text else None
+        if T is not None and self.candidate_text != 1.0:
+            T = T * self.candidate_text
         self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
         g = len(self.centroids_)
         coef = np.zeros((X.shape[1], Y.shape[1]))
@@ -372,12 +382,18 @@ def _suite_of(X: sp.csr_matrix, n_suites: int) -> np.ndarray:
 
 
 class KNNPassEstimator(BaseEstimator):
-    """Baseline: the candidates' mean outcome over the k most similar training requests (cosine)."""
+    """Baseline: the candidates' mean outcome over the k most similar training requests (cosine).
 
-    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14):
+    Similarities are computed a block of requests at a time, so memory stays at about
+    `block_cells` floats however many requests there are (the time is still requests x
+    training requests: callers that need it bounded search a sample of the training requests).
+    """
+
+    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14, block_cells: int = 2**23):
         self.k = k
         self.n_suites = n_suites
         self.n_buckets = n_buckets
+        self.block_cells = block_cells
 
     def _text(self, X: sp.spmatrix) -> sp.csr_matrix:
         X = sp.csr_matrix(X)
@@ -391,12 +407,16 @@ class KNNPassEstimator(BaseEstimator):
 
     def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "Y_")
-        sims = np.asarray((self._text(X) @ self.text_.T).todense())
-        k = min(self.k, self.Y_.shape[0])
-        out = np.empty((sims.shape[0], self.Y_.shape[1]))
-        for i, row in enumerate(sims):
-            nearest = np.argpartition(-row, k - 1)[:k]
-            out[i] = _column_means(self.Y_[nearest], self.prior_, 1.0)
+        text, n_train = self._text(X), self.Y_.shape[0]
+        k = min(self.k, n_train)
+        out = np.empty((text.shape[0], self.Y_.shape[1]))
+        train_t = self.text_.T.tocsr()
+        step = max(1, self.block_cells // max(n_train, 1))
+        for lo in range(0, text.shape[0], step):
+            sims = (text[lo: lo + step] @ train_t).toarray()
+            nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+            for i, rows in enumerate(nearest):
+                out[lo + i] = _column_means(self.Y_[rows], self.prior_, 1.0)
         return out
 
 
@@ -463,10 +483,14 @@ class LightGBMPassEstimator(BaseEstimator):
     labels of LightGBM's cross-entropy objective (binary labels are a special case). A candidate
     whose labels are constant (or too few) gets a constant logit instead of a booster. Fitting also
     computes out-of-fold logits (boosters fitted without each fold) for honest Platt calibration.
+    With a `dask.distributed` `client`, each booster is trained across the cluster's workers by
+    LightGBM's Dask interface, the rows split evenly among them (`_fit_dask`).
     """
 
     def __init__(self, n_estimators: int = 150, num_leaves: int = 15, min_child_samples: int = 10,
-                 learning_rate: float = 0.05, n_folds: int = 3, num_threads: int = 1, seed: int = 0):
+                 learning_rate: float = 0.05, n_folds: int = 3, num_threads: int = 1, seed: int = 0,
+                 client: object = None):
+        self.client = client
         self.n_estimators = n_estimators
         self.num_leaves = num_leaves
         self.min_child_samples = min_child_samples
@@ -490,8 +514,25 @@ class LightGBMPassEstimator(BaseEstimator):
 
         if len(y) < 2 * self.min_child_samples or np.ptp(y) < 1e-12:
             return float(_logit((y.sum() + 0.5) / (len(y) + 1.0)))
+        if self.client is not None:
+            return self._fit_dask(X, y)
         data = lgb.Dataset(X, label=y, params={"verbose": -1}, free_raw_data=True)
         return lgb.train(self._params(), data, num_boost_round=self.n_estimators)
+
+    def _fit_dask(self, X: sp.csr_matrix, y: np.ndarray):
+        """A booster trained on the client's workers (pass fractions are labels of the
+        cross-entropy objective, so it is LightGBM's Dask regressor, not its classifier)."""
+        import dask.array as da
+        import lightgbm as lgb
+
+        workers = max(len(self.client.scheduler_info().get("workers", {})), 1)  # type: ignore[attr-defined]
+        step = -(-X.shape[0] // workers)
+        parts = [X[lo: lo + step] for lo in range(0, X.shape[0], step)]
+        dX = da.concatenate([da.from_array(p, chunks=p.shape, asarray=False) for p in parts])
+        dy = da.from_array(y, chunks=tuple(p.shape[0] for p in parts))
+        params = {k: v for k, v in self._params().items() if k not in ("num_threads", "deterministic")}
+        model = lgb.DaskLGBMRegressor(client=self.client, n_estimators=self.n_estimators, **params)
+        return model.fit(dX, dy).booster_
 
     @staticmethod
     def _raw(model, X: sp.csr_matrix) -> np.ndarray:

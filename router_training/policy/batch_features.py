@@ -182,12 +182,26 @@ def segment_dot(vals: np.ndarray, ids: np.ndarray, offsets: np.ndarray, weights:
 def _stats(bt: BatchText, lengths: np.ndarray, word_offsets: np.ndarray) -> np.ndarray:
     """`features.statistics` of the batch's texts."""
     n = len(bt.offsets) - 1
-    req = np.repeat(np.arange(n), np.diff(bt.offsets))
-    counts = np.bincount(req * 32 + np.take(_CLASS, bt.cut), minlength=32 * n).reshape(n, 32) @ _FLAG_MATRIX
+    counts = _class_counts(bt) @ _FLAG_MATRIX
     n_words = np.diff(word_offsets)
     word_chars = np.bincount(np.repeat(np.arange(n), n_words), weights=lengths, minlength=n)
     size = np.maximum(np.diff(bt.offsets), 1).astype(np.float64)
     return statistics(counts, size, bt.n_chars, n_words, bt.newlines, bt.questions, word_chars)
+
+
+def _class_counts(bt: BatchText, block: int = 1 << 24) -> np.ndarray:
+    """Per text, how many of its cut bytes fall in each of the 32 classes, counted `block` bytes
+    of texts at a time (a per-byte index of a whole large batch would take 8 bytes per byte)."""
+    n = len(bt.offsets) - 1
+    counts = np.zeros((n, 32), dtype=np.int64)
+    lo = 0
+    while lo < n:
+        hi = min(max(int(np.searchsorted(bt.offsets, bt.offsets[lo] + block, side="right")) - 1, lo + 1), n)
+        req = np.repeat(np.arange(hi - lo), np.diff(bt.offsets[lo: hi + 1]))
+        cls = np.take(_CLASS, bt.cut[bt.offsets[lo]: bt.offsets[hi]])
+        counts[lo:hi] = np.bincount(req * 32 + cls, minlength=32 * (hi - lo)).reshape(hi - lo, 32)
+        lo = hi
+    return counts
 
 
 def _distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:

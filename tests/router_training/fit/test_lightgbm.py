@@ -174,3 +174,24 @@ def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> N
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
     (folder,) = registry.glob("versions/*")
     assert json.loads((folder / "policy.json").read_text())["scorer"]["kind"] == "trees"
+
+
+def test_boosters_train_on_a_dask_cluster_through_lightgbms_dask_interface() -> None:
+    """With a Dask client each booster is trained across the workers (rows split between them)
+    and is an ordinary booster afterwards: the same raw scores from its text form, out-of-fold
+    logits for calibration, and a policy train_router publishes."""
+    pytest.importorskip("dask.array")
+    distributed = pytest.importorskip("distributed")
+    X, Y = _toy(400)
+    with distributed.LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        est = LightGBMPassEstimator(n_estimators=30, seed=0, client=client).fit(X, Y)
+        result = train_router(demo_frame(n_items=40), seed=0, estimator="lightgbm", client=client)
+    P = est.predict_proba(X)
+    assert not isinstance(est.models_[0], float) and isinstance(est.models_[1], float)
+    y0 = Y[:, 0] == 1
+    assert P[y0, 0].mean() > P[~y0, 0].mean() + 0.3  # the deciding column is learned across workers
+    assert est.out_of_fold_logits().shape == (400, 3)
+    assert isinstance(result.policy.scorer, TreeScorer) and result.policy.knob.points
+    with pytest.raises(ValueError, match="lightgbm estimator only"):
+        train_router(demo_frame(n_items=30), client=object())
