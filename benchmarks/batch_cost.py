@@ -38,39 +38,61 @@ def costs(items: int, work: Path) -> dict:
         write_arithmetic_suite(folder / "suites", items, name="arith")
         write_arithmetic_suite(folder / "suites", items // 2, name="arith2", system=None)
         with FakeBatchLLM(phase_s=0.05) as server:
-            cfg = fleet(folder, {"openai": server.openai_base_url,
-                                 "anthropic": server.anthropic_base_url},
-                        batch=mode == "batch", latency_sample=0)
+            cfg = fleet(
+                folder,
+                {"openai": server.openai_base_url, "anthropic": server.anthropic_base_url},
+                batch=mode == "batch",
+                latency_sample=0,
+            )
             started = time.perf_counter()
             store = run(str(cfg), str(folder / "out.duckdb"), "run-1")
             wall = time.perf_counter() - started
-        frame = store.query(f"SELECT {COLS}, cached_input_tokens, cost_usd, call_mode FROM outcomes "
-                            "ORDER BY suite, item_id, candidate")
+        frame = store.query(
+            f"SELECT {COLS}, cached_input_tokens, cost_usd, call_mode FROM outcomes "
+            "ORDER BY suite, item_id, candidate"
+        )
         store.close()
         # which item's call first fills a prompt cache depends on arrival order: compared in total
-        out[mode] = {"cost_usd": float(frame.cost_usd.sum()), "rows": len(frame), "wall_s": wall,
-                     "cached_input_tokens": int(frame.cached_input_tokens.sum()),
-                     "modes": frame.call_mode.value_counts().to_dict(),
-                     "_rows": frame[COLS.split(", ")].to_dict("records")}
+        out[mode] = {
+            "cost_usd": float(frame.cost_usd.sum()),
+            "rows": len(frame),
+            "wall_s": wall,
+            "cached_input_tokens": int(frame.cached_input_tokens.sum()),
+            "modes": frame.call_mode.value_counts().to_dict(),
+            "_rows": frame[COLS.split(", ")].to_dict("records"),
+        }
     same = out["sync"].pop("_rows") == out["batch"].pop("_rows")
     ratio = out["batch"]["cost_usd"] / out["sync"]["cost_usd"]
-    return {**out, "ratio": ratio, "same_rows": same,
-            "cents_off": round(abs(out["batch"]["cost_usd"] - 0.5 * out["sync"]["cost_usd"]) * 100, 6)}
+    return {
+        **out,
+        "ratio": ratio,
+        "same_rows": same,
+        "cents_off": round(abs(out["batch"]["cost_usd"] - 0.5 * out["sync"]["cost_usd"]) * 100, 6),
+    }
 
 
 def kills(items: int, n: int, seed: int, work: Path) -> dict:
     server = Server("--phase-s", "0.5", "--seed", str(seed))
     try:
         write_arithmetic_suite(work / "suites", items)
-        cfg = fleet(work, {"openai": server.url + "/v1", "anthropic": server.url}, batch=True,
-                    extra={"max_requests": max(1, items // 6)})
+        cfg = fleet(
+            work,
+            {"openai": server.url + "/v1", "anthropic": server.url},
+            batch=True,
+            extra={"max_requests": max(1, items // 6)},
+        )
         db = work / "out" / "routeopt.duckdb"
         starts = kill_and_resume(cfg, db, kills=n, seed=seed, window_s=3.0)
         got = check(server, db)
     finally:
         server.stop()
-    return {"starts": starts, "expected_rows": 2 * items, "lost": 2 * items - got["rows"],
-            "billed_twice": len(got["twice"]), **{k: v for k, v in got.items() if k != "twice"}}
+    return {
+        "starts": starts,
+        "expected_rows": 2 * items,
+        "lost": 2 * items - got["rows"],
+        "billed_twice": len(got["twice"]),
+        **{k: v for k, v in got.items() if k != "twice"},
+    }
 
 
 def main() -> None:
@@ -81,18 +103,23 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"cost": costs(a.items, Path(tmp) / "cost"),
-                  "kill": kills(a.items // 2, a.kills, a.seed, Path(tmp) / "kill")}
+        result = {
+            "cost": costs(a.items, Path(tmp) / "cost"),
+            "kill": kills(a.items // 2, a.kills, a.seed, Path(tmp) / "kill"),
+        }
     c, k = result["cost"], result["kill"]
     print(f"sync run:  ${c['sync']['cost_usd']:.6f} for {c['sync']['rows']} rows")
-    print(f"batch run: ${c['batch']['cost_usd']:.6f} for {c['batch']['rows']} rows "
-          f"({c['batch']['modes']})")
-    print(f"batch / sync = {c['ratio']:.6f}; |batch - 0.5 x sync| = {c['cents_off']} cents; "
-          f"same outcome rows: {c['same_rows']}; cached input tokens "
-          f"{c['sync']['cached_input_tokens']} vs {c['batch']['cached_input_tokens']}")
-    print(f"kill -9 x {a.kills}: {k['starts']} starts, {k['lost']} lines lost, "
-          f"{k['billed_twice']} billed twice, batches at the provider {k['batches_server']} = "
-          f"recorded {k['batches_recorded']} = planned {k['batches_planned']}; {k['modes']}")
+    print(f"batch run: ${c['batch']['cost_usd']:.6f} for {c['batch']['rows']} rows ({c['batch']['modes']})")
+    print(
+        f"batch / sync = {c['ratio']:.6f}; |batch - 0.5 x sync| = {c['cents_off']} cents; "
+        f"same outcome rows: {c['same_rows']}; cached input tokens "
+        f"{c['sync']['cached_input_tokens']} vs {c['batch']['cached_input_tokens']}"
+    )
+    print(
+        f"kill -9 x {a.kills}: {k['starts']} starts, {k['lost']} lines lost, "
+        f"{k['billed_twice']} billed twice, batches at the provider {k['batches_server']} = "
+        f"recorded {k['batches_recorded']} = planned {k['batches_planned']}; {k['modes']}"
+    )
     if a.json:
         a.json.write_text(json.dumps(result, indent=1, default=str))
 

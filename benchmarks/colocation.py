@@ -32,8 +32,12 @@ async def run_fleet(suite, candidates) -> tuple[float, dict[str, tuple[float, fl
     """(total wall, {candidate: (p50 latency s, cost $)}) of one run of every candidate."""
     rows: list[Outcome] = []
     t0 = time.perf_counter()
-    await asyncio.gather(*(asyncio.to_thread(asyncio.run, runner.evaluate_pair(
-        suite, c, "bench", rows.extend)) for c in candidates))
+    await asyncio.gather(
+        *(
+            asyncio.to_thread(asyncio.run, runner.evaluate_pair(suite, c, "bench", rows.extend))
+            for c in candidates
+        )
+    )
     wall = time.perf_counter() - t0
     out = {}
     for c in candidates:
@@ -57,8 +61,10 @@ def main() -> None:
             reset_shared_limits()
             runner.shared_device_slot = slot
             results[mode].append(asyncio.run(run_fleet(suite, cfg.candidates)))
-    print(f"{len(cfg.candidates)} candidates x {len(suite.items)} items of {args.suite}, "
-          f"medians of {args.repeats} runs")
+    print(
+        f"{len(cfg.candidates)} candidates x {len(suite.items)} items of {args.suite}, "
+        f"medians of {args.repeats} runs"
+    )
     for mode, runs in results.items():
         wall = statistics.median(w for w, _ in runs)
         print(f"{mode}: wall {wall:.1f}s")

@@ -31,9 +31,15 @@ if str(REPO) not in sys.path:
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_check import build_checkpoint
 
-ARCH_CPU = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
-            "num_key_value_heads": 4, "vocab_size": 512, "intermediate_size": 688,
-            "max_position_embeddings": 512}
+ARCH_CPU = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
+    "intermediate_size": 688,
+    "max_position_embeddings": 512,
+}
 
 
 def mixed_prompts(path: Path, n: int, seed: int = 0) -> Path:
@@ -45,8 +51,7 @@ def mixed_prompts(path: Path, n: int, seed: int = 0) -> Path:
     with path.open("w") as fh:
         for _ in range(n):
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(16, 48)))
-            fh.write(json.dumps({"prompt": text, "max_tokens": round(2 ** rng.uniform(3, 7))})
-                     + "\n")
+            fh.write(json.dumps({"prompt": text, "max_tokens": round(2 ** rng.uniform(3, 7))}) + "\n")
     return path
 
 
@@ -55,22 +60,43 @@ async def bench(ckpt: Path, prompts: Path, levels: list[int], n: int) -> list[di
     from routeopt.evals.providers.local.provider import LocalProvider
     from routeopt.evals.selfhost.serving import Targets, bench_serving, load_prompts
 
-    cand = Candidate(name="cb-random", provider="local", model=str(ckpt), variant="fp32",
-                     device="cpu", gpu_hour_usd=1.0, max_concurrency=max(levels), timeout_s=600)
+    cand = Candidate(
+        name="cb-random",
+        provider="local",
+        model=str(ckpt),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=max(levels),
+        timeout_s=600,
+    )
     provider = LocalProvider(cand, max_batch=max(levels))
     try:
-        report = await bench_serving(cand, load_prompts(prompts), levels, n, Targets(),
-                                     provider=provider, prompts_label=str(prompts), warmup=2)
+        report = await bench_serving(
+            cand,
+            load_prompts(prompts),
+            levels,
+            n,
+            Targets(),
+            provider=provider,
+            prompts_label=str(prompts),
+            warmup=2,
+        )
     finally:
         await provider.aclose()
     rows = []
     for lv in report.levels:
-        rows.append({"concurrency": lv.concurrency, "output_tok_s": round(lv.output_tok_s, 1),
-                     "requests_per_s": round(lv.request_rps, 2),
-                     "ttft_p50_ms": round(lv.ttft_s["p50"] * 1e3, 1),
-                     "ttft_p99_ms": round(lv.ttft_s["p99"] * 1e3, 1),
-                     "latency_p50_ms": round(lv.latency_s["p50"] * 1e3, 1),
-                     "latency_p99_ms": round(lv.latency_s["p99"] * 1e3, 1)})
+        rows.append(
+            {
+                "concurrency": lv.concurrency,
+                "output_tok_s": round(lv.output_tok_s, 1),
+                "requests_per_s": round(lv.request_rps, 2),
+                "ttft_p50_ms": round(lv.ttft_s["p50"] * 1e3, 1),
+                "ttft_p99_ms": round(lv.ttft_s["p99"] * 1e3, 1),
+                "latency_p50_ms": round(lv.latency_s["p50"] * 1e3, 1),
+                "latency_p99_ms": round(lv.latency_s["p99"] * 1e3, 1),
+            }
+        )
     return rows
 
 
@@ -84,8 +110,9 @@ def main() -> None:
 
     torch.set_num_threads(2)
     levels = [int(x) for x in args.concurrency.split(",")]
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                         text=True, check=False).stdout.strip()
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         build_checkpoint(ckpt, ARCH_CPU)

@@ -81,8 +81,11 @@ class _Instant:
 
 def isolated(router: object, prompts: list, folder: Path, n: int, repeats: int) -> dict[str, list[float]]:
     """The gateway's own per-call cost: p50/p99 of Gateway.route around an instant router."""
-    gw = Gateway(_Instant(router, prompts), log=DecisionLog(folder, max_queue=100_000),
-                 exploration=Exploration(rate=0.01, seed=0))
+    gw = Gateway(
+        _Instant(router, prompts),
+        log=DecisionLog(folder, max_queue=100_000),
+        exploration=Exploration(rate=0.01, seed=0),
+    )
     row: dict[str, list[float]] = {}
     for _ in range(repeats):
         wall, cpu = measure(gw.route, prompts, n, warmup=200)
@@ -103,8 +106,13 @@ def policy_for(folder: Path, data: str) -> tuple[Path, Path, list, str]:
 
     train, fleet, what = traffic_replay.load_data("routerbench")
     private, public = generate_keys(folder / "keys")
-    publish_(train_router(train, quality_target=0.95, seed=0).policy, folder / "registry",
-             lineage={"benchmark": what}, metrics={}, signing_key=private)
+    publish_(
+        train_router(train, quality_target=0.95, seed=0).policy,
+        folder / "registry",
+        lineage={"benchmark": what},
+        metrics={},
+        signing_key=private,
+    )
     return folder / "registry", public, list(zip(fleet.prompts, fleet.suites)), what
 
 
@@ -119,8 +127,10 @@ def run(n: int, repeats: int, data: str) -> dict[str, dict[str, list[float]]]:
         publish(shifted, registry, lineage={"benchmark": "shadow"}, metrics={}, signing_key=key)
         move_channel(registry, "candidate", 2, signing_key=key)
         routes = setups(registry, public, Path(tmp) / "logs")
-        print(f"{what}: {len(prompts)} prompts, {len(policy.candidates)} candidates, "
-              f"{n} decisions x {repeats} repeats per setup, load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"{what}: {len(prompts)} prompts, {len(policy.candidates)} candidates, "
+            f"{n} decisions x {repeats} repeats per setup, load average {os.getloadavg()[0]:.1f}"
+        )
         for _ in range(repeats):
             for name, target in routes.items():
                 wall, cpu = measure(target.route, prompts, n, warmup=200)
@@ -151,24 +161,32 @@ def main() -> None:
         return float(np.median(np.array(row[key]) - np.array(bare[key])))
 
     print(f"medians over {args.repeats} repeats, microseconds")
-    print(f"{'setup':<18} {'wall p50':>9} {'wall p99':>9} {'p99.9':>8} {'cpu p50':>8} {'cpu p99':>8}"
-          f" {'added wall p50/p99':>19} {'added cpu p50/p99':>18}")
+    print(
+        f"{'setup':<18} {'wall p50':>9} {'wall p99':>9} {'p99.9':>8} {'cpu p50':>8} {'cpu p99':>8}"
+        f" {'added wall p50/p99':>19} {'added cpu p50/p99':>18}"
+    )
     for name, row in figures.items():
         if name == "isolated":
             continue
         med = {k: float(np.median(v)) for k, v in row.items()}
-        print(f"{name:<18} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['wall p99.9']:>8.1f} "
-              f"{med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f} "
-              f"{added(row, 'wall p50'):>9.1f}/{added(row, 'wall p99'):<9.1f} "
-              f"{added(row, 'cpu p50'):>8.1f}/{added(row, 'cpu p99'):<9.1f}")
+        print(
+            f"{name:<18} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['wall p99.9']:>8.1f} "
+            f"{med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f} "
+            f"{added(row, 'wall p50'):>9.1f}/{added(row, 'wall p99'):<9.1f} "
+            f"{added(row, 'cpu p50'):>8.1f}/{added(row, 'cpu p99'):<9.1f}"
+        )
     iso = {k: float(np.median(v)) for k, v in figures["isolated"].items()}
-    print(f"isolated (the gateway's own work per call, 1% exploration, logging): wall p50 "
-          f"{iso['wall p50']:.1f}, p99 {iso['wall p99']:.1f}, p99.9 {iso['wall p99.9']:.1f}; "
-          f"CPU p50 {iso['cpu p50']:.1f}, p99 {iso['cpu p99']:.1f}")
+    print(
+        f"isolated (the gateway's own work per call, 1% exploration, logging): wall p50 "
+        f"{iso['wall p50']:.1f}, p99 {iso['wall p99']:.1f}, p99.9 {iso['wall p99.9']:.1f}; "
+        f"CPU p50 {iso['cpu p50']:.1f}, p99 {iso['cpu p99']:.1f}"
+    )
     print(f"isolated_p50_us={iso['wall p50']:.1f} isolated_p99_us={iso['wall p99']:.1f}")
     row = figures["log+explore"]
-    print(f"added_p50_us={added(row, 'wall p50'):.1f} added_p99_us={added(row, 'wall p99'):.1f} "
-          f"added_cpu_p50_us={added(row, 'cpu p50'):.1f} added_cpu_p99_us={added(row, 'cpu p99'):.1f}")
+    print(
+        f"added_p50_us={added(row, 'wall p50'):.1f} added_p99_us={added(row, 'wall p99'):.1f} "
+        f"added_cpu_p50_us={added(row, 'cpu p50'):.1f} added_cpu_p99_us={added(row, 'cpu p99'):.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ def demo_frame(db: Path, config: Path | None = None, cost: str = "recorded") -> 
         run = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
         if run.empty:
             raise SystemExit(f"{db}: no runs; run `routeopt run` first")
-        frame = store.latest_frame(str(run.run_id.iloc[0]), candidates=names,
-                                   max_age_days=cfg.router.max_outcome_age_days)
+        frame = store.latest_frame(
+            str(run.run_id.iloc[0]), candidates=names, max_age_days=cfg.router.max_outcome_age_days
+        )
     if cost == "tokens":
         price = {c.name: float(c.gpu_hour_usd or 0.0) for c in cfg.candidates}
         tokens = frame["input_tokens"].fillna(0) + frame["output_tokens"].fillna(0)
@@ -55,10 +56,17 @@ def demo_frame(db: Path, config: Path | None = None, cost: str = "recorded") -> 
 
 def _row(seed: int, promise: dict, policy, best_cost: float, target: float) -> dict:
     at = next(r for r in promise["targets"] if abs(r["target"] - target) < 1e-9)
-    return {"seed": seed, "n": promise["n"], "held": promise["held"], "promised": promise["promised"],
-            "refuted": [r["target"] for r in promise["targets"] if r["contradicted"]],
-            "pass": at["pass_rate"], "floor": at["floor"], "cost_vs_best": at["cost"] / best_cost,
-            "certified_up_to": policy.knob.certified_up_to()}
+    return {
+        "seed": seed,
+        "n": promise["n"],
+        "held": promise["held"],
+        "promised": promise["promised"],
+        "refuted": [r["target"] for r in promise["targets"] if r["contradicted"]],
+        "pass": at["pass_rate"],
+        "floor": at["floor"],
+        "cost_vs_best": at["cost"] / best_cost,
+        "certified_up_to": policy.knob.certified_up_to(),
+    }
 
 
 def seed_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dict]:
@@ -68,8 +76,15 @@ def seed_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> list[dic
     rows = []
     for s in range(seeds):
         result = train_router(frame, seed=s, quality_target=target)
-        rows.append(_row(s, result.metrics["holdout"]["promise"], result.evaluated,
-                         result.metrics["holdout"]["best_single"]["cost"], target))
+        rows.append(
+            _row(
+                s,
+                result.metrics["holdout"]["promise"],
+                result.evaluated,
+                result.metrics["holdout"]["best_single"]["cost"],
+                target,
+            )
+        )
     return rows
 
 
@@ -94,17 +109,24 @@ def published_rows(frame: pd.DataFrame, seeds: int, target: float = 0.95) -> lis
 
 
 def format_rows(rows: list[dict], target: float = 0.95) -> str:
-    lines = [f"{'seed':>4} {'held-out':>8} {'held':>7} {'refuted at':<22} {'pass@' + format(target, 'g'):>9} "
-             f"{'floor':>7} {'cost/best':>9} {'certified up to':>15}"]
+    lines = [
+        f"{'seed':>4} {'held-out':>8} {'held':>7} {'refuted at':<22} {'pass@' + format(target, 'g'):>9} "
+        f"{'floor':>7} {'cost/best':>9} {'certified up to':>15}"
+    ]
     for r in rows:
         refuted = ", ".join(f"{x:g}" for x in r["refuted"]) or "-"
-        lines.append(f"{r['seed']:>4} {r['n']:>8} {r['held']:>3}/{r['promised']:<3} {refuted:<22} {r['pass']:>9.3f} "
-                     f"{r['floor']:>7.3f} {r['cost_vs_best']:>9.3f} {r['certified_up_to']:>15.3f}")
+        lines.append(
+            f"{r['seed']:>4} {r['n']:>8} {r['held']:>3}/{r['promised']:<3} {refuted:<22} {r['pass']:>9.3f} "
+            f"{r['floor']:>7.3f} {r['cost_vs_best']:>9.3f} {r['certified_up_to']:>15.3f}"
+        )
     runs = sum(bool(r["refuted"]) for r in rows)
     held, promised = sum(r["held"] for r in rows), sum(r["promised"] for r in rows)
     below = sum(r["pass"] < r["floor"] - 1e-12 for r in rows)
-    lines += ["", f"runs with any significant refutation: {runs} of {len(rows)}; promise held at {held} of "
-                  f"{promised} certified (seed, target) pairs; below the floor at {target:g} in {below} of {len(rows)}"]
+    lines += [
+        "",
+        f"runs with any significant refutation: {runs} of {len(rows)}; promise held at {held} of "
+        f"{promised} certified (seed, target) pairs; below the floor at {target:g} in {below} of {len(rows)}",
+    ]
     return "\n".join(lines)
 
 
@@ -114,16 +136,24 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=None, help="The config of that run (default: the repo's).")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--cost", choices=("recorded", "tokens"), default="recorded")
-    ap.add_argument("--published", action="store_true",
-                    help="Also score the published (refit) policy on an outer 30%% it never saw.")
+    ap.add_argument(
+        "--published",
+        action="store_true",
+        help="Also score the published (refit) policy on an outer 30%% it never saw.",
+    )
     args = ap.parse_args()
     frame = demo_frame(args.db, args.config, args.cost)
-    print(f"{args.db}: {frame['request_id'].nunique()} requests x {frame['model'].nunique()} candidates, "
-          f"cost {args.cost}", flush=True)
+    print(
+        f"{args.db}: {frame['request_id'].nunique()} requests x {frame['model'].nunique()} candidates, "
+        f"cost {args.cost}",
+        flush=True,
+    )
     print("the policy the held-out figures describe (fitted without its 30% held-out requests):")
     print(format_rows(seed_rows(frame, args.seeds)), flush=True)
     if args.published:
-        print("\nthe published policy (refit on all its training requests), on an outer 30% kept out of training:")
+        print(
+            "\nthe published policy (refit on all its training requests), on an outer 30% kept out of training:"
+        )
         print(format_rows(published_rows(frame, args.seeds)))
 
 

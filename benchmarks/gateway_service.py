@@ -74,7 +74,9 @@ def load_average() -> str:
 
 def cli(*args: str, cwd: Path = ROOT) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -112,8 +114,13 @@ def lua_bodies(prompts: list[tuple[str, str | None]], path: Path) -> None:
     """A Lua file returning the request bodies, each in a long bracket no prompt can close."""
     parts = []
     for prompt, suite in prompts:
-        body = json.dumps({"model": "routeopt", "messages": [{"role": "user", "content": prompt}],
-                           "metadata": {"routeopt_suite": suite}})
+        body = json.dumps(
+            {
+                "model": "routeopt",
+                "messages": [{"role": "user", "content": prompt}],
+                "metadata": {"routeopt_suite": suite},
+            }
+        )
         level = 0
         while f"]{'=' * level}]" in body:
             level += 1
@@ -124,7 +131,9 @@ def lua_bodies(prompts: list[tuple[str, str | None]], path: Path) -> None:
 def gateway_venv(tmp: Path) -> Path:
     venv = tmp / "gateway-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(ROOT / "gateways" / "python")], check=True, cwd=ROOT)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(ROOT / "gateways" / "python")], check=True, cwd=ROOT
+    )
     return venv
 
 
@@ -142,8 +151,13 @@ class Service:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         if command[0] == sys.executable:
             env["PYTHONPATH"] = str(ROOT)
-        env.update(ROUTEOPT_POLICY=str(registry), ROUTEOPT_PUBLIC_KEY=str(public), ROUTEOPT_STATE_DIR=str(tmp / "state"),
-                   OMP_NUM_THREADS="1", ROUTEOPT_REFRESH_S="30")
+        env.update(
+            ROUTEOPT_POLICY=str(registry),
+            ROUTEOPT_PUBLIC_KEY=str(public),
+            ROUTEOPT_STATE_DIR=str(tmp / "state"),
+            OMP_NUM_THREADS="1",
+            ROUTEOPT_REFRESH_S="30",
+        )
         if log:
             env["ROUTEOPT_DECISION_LOG_DIR"] = str(tmp / "decisions")
         self.proc = subprocess.Popen([*command, "--port", str(self.port)], env=env, cwd=tmp)
@@ -168,15 +182,30 @@ class Service:
 
 
 def wrk(port: int, script: Path, connections: int, duration: float, path: str = "") -> dict:
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(script),
-                          f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration:g}s",
+            "--timeout",
+            "5s",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     return result
 
 
-def measure(service: Service, script: Path, levels: list[int], duration: float, runs: int,
-            floor: Path) -> dict[int | str, list[dict]]:
+def measure(
+    service: Service, script: Path, levels: list[int], duration: float, runs: int, floor: Path
+) -> dict[int | str, list[dict]]:
     """Per concurrency, one result per run; under "floor", GET /healthz at 2 clients: what the
     HTTP server alone costs (uvicorn, the parser, the socket), measured in the same rounds."""
     wrk(service.port, script, 4, 2.0)  # warm-up: connections, caches, the first decisions
@@ -184,8 +213,11 @@ def measure(service: Service, script: Path, levels: list[int], duration: float, 
     for _ in range(runs):
         for c in (*levels, "floor"):  # interleaved, so a burst of load elsewhere hits every level alike
             before = service.cpu_s()
-            r = wrk(service.port, floor, 2, duration, "/healthz") if c == "floor" else \
-                wrk(service.port, script, c, duration)
+            r = (
+                wrk(service.port, floor, 2, duration, "/healthz")
+                if c == "floor"
+                else wrk(service.port, script, c, duration)
+            )
             r["cpu_us"] = (service.cpu_s() - before) / max(r["requests"], 1) * 1e6
             r["load"] = load_average()
             results[c].append(r)
@@ -195,22 +227,30 @@ def measure(service: Service, script: Path, levels: list[int], duration: float, 
 def report(name: str, results: dict[int, list[dict]]) -> None:
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\n{name}: medians of {len(next(iter(results.values())))} runs (load average at each run's end)")
-    print(f"{'clients':>7} {'decisions/s':>11} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} "
-          f"{'CPU us/req':>10} {'errors':>6}  load")
+    print(
+        f"{'clients':>7} {'decisions/s':>11} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} "
+        f"{'CPU us/req':>10} {'errors':>6}  load"
+    )
     met = []
     for c, rs in results.items():
         rps, p99 = med(rs, "rps"), med(rs, "p99") / 1000
         errors = sum(r["errors"] + r["non2xx"] for r in rs)
         if c == "floor":
-            print(f"HTTP floor, GET /healthz at 2 clients (answers/s, not decisions): {rps:,.0f}/s, p99 {p99:.2f} ms, "
-                  f"CPU {med(rs, 'cpu_us'):.0f} us/req")
+            print(
+                f"HTTP floor, GET /healthz at 2 clients (answers/s, not decisions): {rps:,.0f}/s, p99 {p99:.2f} ms, "
+                f"CPU {med(rs, 'cpu_us'):.0f} us/req"
+            )
             continue
-        print(f"{c:>7} {rps:>11,.0f} {med(rs, 'p50') / 1000:>7.2f} {med(rs, 'p90') / 1000:>7.2f} {p99:>7.2f} "
-              f"{med(rs, 'p999') / 1000:>8.2f} {med(rs, 'cpu_us'):>10.0f} {errors:>6}  {' | '.join(r['load'] for r in rs)}")
+        print(
+            f"{c:>7} {rps:>11,.0f} {med(rs, 'p50') / 1000:>7.2f} {med(rs, 'p90') / 1000:>7.2f} {p99:>7.2f} "
+            f"{med(rs, 'p999') / 1000:>8.2f} {med(rs, 'cpu_us'):>10.0f} {errors:>6}  {' | '.join(r['load'] for r in rs)}"
+        )
         if rps >= 2000 and p99 <= 2.0:
             met.append(c)
-    print(f"2,000/s with p99 <= 2 ms: {'met at ' + ', '.join(map(str, met)) + ' clients' if met else 'not met'} "
-          f"(Little's law: at 64 clients, p99 <= 2 ms would need ~32,000/s)")
+    print(
+        f"2,000/s with p99 <= 2 ms: {'met at ' + ', '.join(map(str, met)) + ' clients' if met else 'not met'} "
+        f"(Little's law: at 64 clients, p99 <= 2 ms would need ~32,000/s)"
+    )
 
 
 def main() -> None:
@@ -225,12 +265,17 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install wrk")
     levels = [int(c) for c in args.concurrency.split(",")]
-    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs; server: {args.server}; "
-          f"decision logs: {'on' if args.log else 'off'}")
+    print(
+        f"load average at start: {load_average()} on {os.cpu_count()} CPUs; server: {args.server}; "
+        f"decision logs: {'on' if args.log else 'off'}"
+    )
     with tempfile.TemporaryDirectory(prefix="gateway-service-bench-") as name:
         tmp = Path(name)
-        command = ([str(gateway_venv(tmp) / "bin" / "routeopt-gateway"), "serve"] if args.server == "gateway-venv"
-                   else [sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve"])
+        command = (
+            [str(gateway_venv(tmp) / "bin" / "routeopt-gateway"), "serve"]
+            if args.server == "gateway-venv"
+            else [sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve"]
+        )
         for policy in args.policies.split(","):
             work = tmp / policy
             work.mkdir()
@@ -245,7 +290,9 @@ def main() -> None:
             finally:
                 service.stop()
             mean_chars = statistics.mean(len(p) for p, _ in prompts)
-            report(f"{policy} policy ({len(prompts)} prompts, {mean_chars:,.0f} characters on average)", results)
+            report(
+                f"{policy} policy ({len(prompts)} prompts, {mean_chars:,.0f} characters on average)", results
+            )
     print(f"\nload average at end: {load_average()}")
 
 

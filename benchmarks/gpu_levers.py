@@ -30,24 +30,39 @@ from typing import Any
 
 from routeopt.common.io import atomic_write
 
-ARCH_DRAFT_1B = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
-                     num_key_value_heads=4, vocab_size=32000, intermediate_size=2816,
-                     max_position_embeddings=4096)
-ARCH_DRAFT_TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                       num_key_value_heads=1, vocab_size=512, intermediate_size=64,
-                       max_position_embeddings=512)
+ARCH_DRAFT_1B = dict(
+    hidden_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    intermediate_size=2816,
+    max_position_embeddings=4096,
+)
+ARCH_DRAFT_TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=512,
+    intermediate_size=64,
+    max_position_embeddings=512,
+)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--skip-levers", action="store_true",
-                    help="skip the speculative-decoding and prefix-cache steps")
+    ap.add_argument(
+        "--skip-levers", action="store_true", help="skip the speculative-decoding and prefix-cache steps"
+    )
     ap.add_argument("--spec-k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--spec-concurrency", default=None, help="levels (default 1,16; tiny 1,3)")
     ap.add_argument("--spec-max-tokens", type=int, default=None, help="output tokens (64; tiny 8)")
-    ap.add_argument("--draft-layers", type=int, default=None,
-                    help="layers of the truncated draft (default 2; tiny 1)")
-    ap.add_argument("--prefix-chars", type=int, default=None,
-                    help="shared prompt prefix in tokens (1024; tiny 48)")
+    ap.add_argument(
+        "--draft-layers", type=int, default=None, help="layers of the truncated draft (default 2; tiny 1)"
+    )
+    ap.add_argument(
+        "--prefix-chars", type=int, default=None, help="shared prompt prefix in tokens (1024; tiny 48)"
+    )
 
 
 def finish_arguments(args: argparse.Namespace) -> None:
@@ -78,8 +93,7 @@ def truncated_draft(target: Path, out: Path, layers: int) -> None:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "some weights were not used": the layers left out
     try:
-        model = AutoModelForCausalLM.from_pretrained(target, num_hidden_layers=layers,
-                                                     dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(target, num_hidden_layers=layers, dtype=torch.bfloat16)
     finally:
         hf_logging.set_verbosity(verbosity)
     model.save_pretrained(out, safe_serialization=True)
@@ -88,8 +102,9 @@ def truncated_draft(target: Path, out: Path, layers: int) -> None:
             shutil.copy(f, out / f.name)
 
 
-def shared_prefix_prompts(path: Path, n: int, prefix_tokens: int, tail_tokens: int,
-                          max_tokens: int, seed: int = 0) -> Path:
+def shared_prefix_prompts(
+    path: Path, n: int, prefix_tokens: int, tail_tokens: int, max_tokens: int, seed: int = 0
+) -> Path:
     """n JSONL prompts: one shared prefix of `prefix_tokens` characters (one token each with the
     check's tokenizer), then a tail of their own."""
     from routeopt.evals.selfhost.zoo import CHARS
@@ -97,8 +112,15 @@ def shared_prefix_prompts(path: Path, n: int, prefix_tokens: int, tail_tokens: i
     rng = random.Random(seed)
     alphabet = CHARS.replace("\n", "")
     head = "".join(rng.choice(alphabet) for _ in range(prefix_tokens))
-    rows = [json.dumps({"prompt": head + "".join(rng.choice(alphabet) for _ in range(tail_tokens)),
-                        "max_tokens": max_tokens}) for _ in range(n)]
+    rows = [
+        json.dumps(
+            {
+                "prompt": head + "".join(rng.choice(alphabet) for _ in range(tail_tokens)),
+                "max_tokens": max_tokens,
+            }
+        )
+        for _ in range(n)
+    ]
     atomic_write(path, "\n".join(rows) + "\n")
     return path
 
@@ -106,29 +128,39 @@ def shared_prefix_prompts(path: Path, n: int, prefix_tokens: int, tail_tokens: i
 def _candidate(args: argparse.Namespace, ckpt: Path, name: str, **extra: Any) -> Any:
     from routeopt.evals.config import Candidate
 
-    return Candidate(name=name, provider="local", model=str(ckpt), variant="bf16",
-                     device=args.device, gpu_hour_usd=args.gpu_hour_usd,
-                     max_concurrency=max(args.spec_concurrency), timeout_s=args.request_timeout_s,
-                     **extra)
+    return Candidate(
+        name=name,
+        provider="local",
+        model=str(ckpt),
+        variant="bf16",
+        device=args.device,
+        gpu_hour_usd=args.gpu_hour_usd,
+        max_concurrency=max(args.spec_concurrency),
+        timeout_s=args.request_timeout_s,
+        **extra,
+    )
 
 
-async def _serve(cand: Any, requests: list, levels: list[int], n: dict[int, int], store: Any,
-                 stop_after: float) -> Any:
+async def _serve(
+    cand: Any, requests: list, levels: list[int], n: dict[int, int], store: Any, stop_after: float
+) -> Any:
     from routeopt.evals.providers.local.provider import LocalProvider
     from routeopt.evals.selfhost.serving import bench_serving, save_report
 
     provider = LocalProvider(cand, max_batch=max(levels))
     try:
-        report = await bench_serving(cand, requests, levels, n, provider=provider, warmup=1,
-                                     stop_after=stop_after)
+        report = await bench_serving(
+            cand, requests, levels, n, provider=provider, warmup=1, stop_after=stop_after
+        )
     finally:
         await provider.aclose()
     save_report(store, report)
     return report
 
 
-def bench_speculative(ckpt: Path, drafts: dict[str, Path], args: argparse.Namespace,
-                      prompts: Path, store: Any, deadline: float) -> dict:
+def bench_speculative(
+    ckpt: Path, drafts: dict[str, Path], args: argparse.Namespace, prompts: Path, store: Any, deadline: float
+) -> dict:
     """The target alone, then with each draft: tokens/s, acceptance, speed-up per level."""
     from routeopt.evals.selfhost.serving import load_prompts
 
@@ -148,16 +180,29 @@ def bench_speculative(ckpt: Path, drafts: dict[str, Path], args: argparse.Namesp
             spec["speculative"] = {"model": str(draft), "num_speculative_tokens": args.spec_k}
         t0 = time.perf_counter()
         try:
-            report = asyncio.run(_serve(_candidate(args, ckpt, f"{args.name}-spec-{_slug(label)}",
-                                                   **spec), requests, levels, n, store, deadline))
+            report = asyncio.run(
+                _serve(
+                    _candidate(args, ckpt, f"{args.name}-spec-{_slug(label)}", **spec),
+                    requests,
+                    levels,
+                    n,
+                    store,
+                    deadline,
+                )
+            )
         except Exception as exc:  # a draft that fails is recorded; the others still run
             runs.append({"draft": label, "error": f"{type(exc).__name__}: {exc}"[:500]})
             continue
         estimate = max(estimate, 1.3 * (time.perf_counter() - t0))
         runs.append({"draft": label, "levels": [_spec_level(lv) for lv in report.levels]})
     _speedups(runs)
-    return {"k": args.spec_k, "max_tokens": args.spec_max_tokens, "runs": runs,
-            "skipped": skipped, "weight_bytes": weights}
+    return {
+        "k": args.spec_k,
+        "max_tokens": args.spec_max_tokens,
+        "runs": runs,
+        "skipped": skipped,
+        "weight_bytes": weights,
+    }
 
 
 def _weight_bytes(checkpoint: Path) -> int:
@@ -171,10 +216,15 @@ def _slug(label: str) -> str:
 
 
 def _spec_level(lv: Any) -> dict:
-    return {"concurrency": lv.concurrency, "output_tok_s": lv.output_tok_s,
-            "acceptance_rate": lv.acceptance_rate, "mean_accepted_length": lv.mean_accepted_length,
-            "ttft_p50_s": lv.ttft_s["p50"] if lv.ttft_s else None,
-            "tpot_p50_s": lv.tpot_s["p50"] if lv.tpot_s else None, "errors": lv.errors}
+    return {
+        "concurrency": lv.concurrency,
+        "output_tok_s": lv.output_tok_s,
+        "acceptance_rate": lv.acceptance_rate,
+        "mean_accepted_length": lv.mean_accepted_length,
+        "ttft_p50_s": lv.ttft_s["p50"] if lv.ttft_s else None,
+        "tpot_p50_s": lv.tpot_s["p50"] if lv.tpot_s else None,
+        "errors": lv.errors,
+    }
 
 
 def _speedups(runs: list[dict]) -> None:
@@ -188,8 +238,7 @@ def _speedups(runs: list[dict]) -> None:
             lv["speedup"] = lv["output_tok_s"] / ref if ref else None
 
 
-def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: Any,
-                       deadline: float) -> dict:
+def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: Any, deadline: float) -> dict:
     """TTFT and prefilled prompt tokens with the prefix cache off, then on. Every measured
     request has a tail of its own: only the shared prefix can come from the cache."""
     from routeopt.evals.selfhost.serving import load_prompts, save_report
@@ -197,8 +246,14 @@ def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: A
     levels = args.spec_concurrency
     n = {c: 8 if c == 1 else 2 * c for c in levels}
     tail = 8 if args.tiny else 32
-    path = shared_prefix_prompts(out / "prefix_prompts.jsonl", 1 + sum(n.values()),
-                                 args.prefix_chars, tail, 2 if args.tiny else 4, args.seed)
+    path = shared_prefix_prompts(
+        out / "prefix_prompts.jsonl",
+        1 + sum(n.values()),
+        args.prefix_chars,
+        tail,
+        2 if args.tiny else 4,
+        args.seed,
+    )
     requests = load_prompts(path)
     runs = []
     for on in (False, True):
@@ -206,18 +261,19 @@ def bench_prefix_cache(ckpt: Path, args: argparse.Namespace, out: Path, store: A
             runs.append({"prefix_cache": on, "skipped": "time budget"})
             continue
         cache = {"enabled": on, "block_size": 16, "capacity_tokens": 4 * args.prefix_chars + 4096}
-        cand = _candidate(args, ckpt, f"{args.name}-prefix-{'on' if on else 'off'}",
-                          prefix_cache=cache)
+        cand = _candidate(args, ckpt, f"{args.name}-prefix-{'on' if on else 'off'}", prefix_cache=cache)
         levels_out = asyncio.run(_levels_apart(cand, requests, levels, n, deadline))
         for lv in levels_out:
             save_report(store, lv)
-        runs.append({"prefix_cache": on,
-                     "levels": [_prefix_level(r.levels[0]) for r in levels_out if r.levels]})
+        runs.append(
+            {"prefix_cache": on, "levels": [_prefix_level(r.levels[0]) for r in levels_out if r.levels]}
+        )
     return {"shared_prefix_tokens": args.prefix_chars + 1, "tail_tokens": tail, "runs": runs}
 
 
-async def _levels_apart(cand: Any, requests: list, levels: list[int], n: dict[int, int],
-                        deadline: float) -> list:
+async def _levels_apart(
+    cand: Any, requests: list, levels: list[int], n: dict[int, int], deadline: float
+) -> list:
     """One provider; each level served its own slice of the prompts (the first one warms up)."""
     from routeopt.evals.providers.local.provider import LocalProvider
     from routeopt.evals.selfhost.serving import bench_serving
@@ -227,10 +283,11 @@ async def _levels_apart(cand: Any, requests: list, levels: list[int], n: dict[in
     try:
         await provider.generate(requests[0])
         for c in levels:
-            part = requests[start:start + n[c]]
+            part = requests[start : start + n[c]]
             start += n[c]
-            reports.append(await bench_serving(cand, part, [c], n[c], provider=provider,
-                                               warmup=0, stop_after=deadline))
+            reports.append(
+                await bench_serving(cand, part, [c], n[c], provider=provider, warmup=0, stop_after=deadline)
+            )
     finally:
         await provider.aclose()
     return reports
@@ -240,10 +297,15 @@ def _prefix_level(lv: Any) -> dict:
     ok = [r for r in lv.records if r.ok]
     prompt = sum(r.input_tokens or 0 for r in ok)
     reused = sum(r.cached_input_tokens or 0 for r in ok)
-    return {"concurrency": lv.concurrency, "requests": lv.requests, "errors": lv.errors,
-            "ttft_p50_s": statistics.median(r.ttft_s for r in ok if r.ttft_s is not None)
-            if ok else None, "prompt_tokens": prompt, "prefilled": prompt - reused,
-            "reused": reused}
+    return {
+        "concurrency": lv.concurrency,
+        "requests": lv.requests,
+        "errors": lv.errors,
+        "ttft_p50_s": statistics.median(r.ttft_s for r in ok if r.ttft_s is not None) if ok else None,
+        "prompt_tokens": prompt,
+        "prefilled": prompt - reused,
+        "reused": reused,
+    }
 
 
 def render(res: dict) -> list[str]:
@@ -251,42 +313,57 @@ def render(res: dict) -> list[str]:
     lines: list[str] = []
     spec = res.get("speculative")
     if spec:
-        lines += ["## Speculative decoding (bf16 target)", "",
-                  f"k = {spec['k']} proposals per step, {spec['max_tokens']} output tokens per "
-                  "request, greedy. `self`: the target drafts for itself (acceptance 1 by "
-                  "construction: the mechanism's overhead); `first-N-layers`: the target's "
-                  "first layers and output head; `small-random`: an independent random model "
-                  "(random weights: near-zero acceptance).", "",
-                  "| draft | conc | out tok/s | speed-up | accept rate | accepted len | "
-                  "TTFT p50 ms | TPOT p50 ms |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Speculative decoding (bf16 target)",
+            "",
+            f"k = {spec['k']} proposals per step, {spec['max_tokens']} output tokens per "
+            "request, greedy. `self`: the target drafts for itself (acceptance 1 by "
+            "construction: the mechanism's overhead); `first-N-layers`: the target's "
+            "first layers and output head; `small-random`: an independent random model "
+            "(random weights: near-zero acceptance).",
+            "",
+            "| draft | conc | out tok/s | speed-up | accept rate | accepted len | "
+            "TTFT p50 ms | TPOT p50 ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in spec["runs"]:
             if "error" in r:
                 lines.append(f"| {r['draft']} | failed: `{r['error']}` | | | | | | |")
                 continue
             for lv in r["levels"]:
-                lines.append(f"| {r['draft']} | {lv['concurrency']} | {_n(lv['output_tok_s'])} | "
-                             f"{_n(lv.get('speedup'), 2)}x | {_n(lv['acceptance_rate'], 2)} | "
-                             f"{_n(lv['mean_accepted_length'], 2)} | {_ms(lv['ttft_p50_s'])} | "
-                             f"{_ms(lv['tpot_p50_s'])} |")
+                lines.append(
+                    f"| {r['draft']} | {lv['concurrency']} | {_n(lv['output_tok_s'])} | "
+                    f"{_n(lv.get('speedup'), 2)}x | {_n(lv['acceptance_rate'], 2)} | "
+                    f"{_n(lv['mean_accepted_length'], 2)} | {_ms(lv['ttft_p50_s'])} | "
+                    f"{_ms(lv['tpot_p50_s'])} |"
+                )
         sizes = spec.get("weight_bytes") or {}
         if sizes:
-            lines.append("\n- weights on the device (the draft's are added to the target's): "
-                         + ", ".join(f"{k}: {v / 1e6:,.1f} MB" for k, v in sizes.items()))
+            lines.append(
+                "\n- weights on the device (the draft's are added to the target's): "
+                + ", ".join(f"{k}: {v / 1e6:,.1f} MB" for k, v in sizes.items())
+            )
         if spec["skipped"]:
             lines.append(f"- skipped (time budget): {', '.join(spec['skipped'])}")
         lines.append("")
     pc = res.get("prefix_cache")
     if pc:
-        lines += ["## Prefix caching (bf16)", "",
-                  f"{pc['shared_prefix_tokens']} shared prompt tokens, then {pc['tail_tokens']} "
-                  "of each request's own; block 16.", "",
-                  "| prefix cache | conc | TTFT p50 ms | prompt tokens | prefilled | reused |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## Prefix caching (bf16)",
+            "",
+            f"{pc['shared_prefix_tokens']} shared prompt tokens, then {pc['tail_tokens']} "
+            "of each request's own; block 16.",
+            "",
+            "| prefix cache | conc | TTFT p50 ms | prompt tokens | prefilled | reused |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in pc["runs"]:
             state = "on" if r["prefix_cache"] else "off"
             for lv in r.get("levels", []):
-                lines.append(f"| {state} | {lv['concurrency']} | {_ms(lv['ttft_p50_s'])} | "
-                             f"{lv['prompt_tokens']} | {lv['prefilled']} | {lv['reused']} |")
+                lines.append(
+                    f"| {state} | {lv['concurrency']} | {_ms(lv['ttft_p50_s'])} | "
+                    f"{lv['prompt_tokens']} | {lv['prefilled']} | {lv['reused']} |"
+                )
             if "skipped" in r:
                 lines.append(f"| {state} | skipped: {r['skipped']} | | | | |")
         lines.append("")

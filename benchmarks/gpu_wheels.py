@@ -34,7 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # The device image's packages, as /work/.library/device/KINDS.md listed them on 2026-11-17.
-IMAGE = set("""
+IMAGE = set(
+    """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
 cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn
@@ -55,19 +56,41 @@ tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile 
 tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm
 transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
 wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split())
+""".split()
+)
 NEEDED = ("prefect", "duckdb", "pydantic", "cryptography")  # what gpu_check's path imports
 # prefect requires these; gpu_check and `routeopt run` run without them (`--check` says so)
-NEVER_IMPORTED = {"amplitude-analytics", "apprise", "cyclopts", "dateparser", "docker",
-                  "docstring-parser", "jsonpatch", "oauthlib", "readchar", "requests-oauthlib",
-                  "rich-rst", "semver"}
-PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64",
-             "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+NEVER_IMPORTED = {
+    "amplitude-analytics",
+    "apprise",
+    "cyclopts",
+    "dateparser",
+    "docker",
+    "docstring-parser",
+    "jsonpatch",
+    "oauthlib",
+    "readchar",
+    "requests-oauthlib",
+    "rich-rst",
+    "semver",
+}
+PLATFORMS = (
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 BUDGET_BYTES = 64 * 2**20
-DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
-                  "--upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD "
-                  "&& bash benchmarks/gpu_check.sh --out $OUT/gc")
+DEVICE_COMMAND = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+    "--upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD "
+    "&& bash benchmarks/gpu_check.sh --out $OUT/gc"
+)
 
 
 def project(wheel: str) -> str:
@@ -77,16 +100,32 @@ def project(wheel: str) -> str:
 
 def tree_bytes() -> int:
     """Bytes of the files a device call carries besides the wheels: tracked + untracked ones."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=REPO, capture_output=True, check=True).stdout
-    return sum((REPO / p).stat().st_size for p in out.decode().split("\0")
-               if p and (REPO / p).is_file())
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return sum((REPO / p).stat().st_size for p in out.decode().split("\0") if p and (REPO / p).is_file())
 
 
 def download(dest: Path) -> None:
     pins = [f"{name}=={metadata.version(name)}" for name in NEEDED]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "-d", str(dest), *pins]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+        *pins,
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     subprocess.run(cmd, check=True)
@@ -109,8 +148,7 @@ def absent_modules(wheels: Path) -> set[str]:
     """Top-level modules installed here that the device would not have: their distribution is
     neither in the image nor among the wheels, nor a dependency (as installed here) of one that
     is, since the image's own versions bring their own dependencies."""
-    dists = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d
-             for d in metadata.distributions()}
+    dists = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d for d in metadata.distributions()}
     present = {n for n in dists if n in IMAGE} | {project(w.name) for w in wheels.glob("*.whl")}
     todo = [n for n in present if n in IMAGE]
     while todo:  # the image's packages, as installed here, and what they pull in
@@ -149,15 +187,27 @@ def check(wheels: Path) -> int:
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name.split('.')[0] in GONE:\n"
             "            raise ModuleNotFoundError(f'not on the device: {name}', name=name)\n\n"
-            "sys.meta_path.insert(0, _NotOnTheDevice())\n")
+            "sys.meta_path.insert(0, _NotOnTheDevice())\n"
+        )
         env = {**os.environ, "PYTHONPATH": f"{tmp}:{REPO}"}
         out = Path(tmp) / "gc"
         print(f"gpu_check --device cpu --tiny with {len(gone)} modules unimportable", flush=True)
-        rc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"),
-                             "--device", "cpu", "--tiny", "--out", str(out)], env=env).returncode
+        rc = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "gpu_check.py"),
+                "--device",
+                "cpu",
+                "--tiny",
+                "--out",
+                str(out),
+            ],
+            env=env,
+        ).returncode
         report = out / "gpu_check.md"
-        missing = sorted(set(re.findall(r"not on the device: ([\w.]+)",
-                                        report.read_text() if report.exists() else "")))
+        missing = sorted(
+            set(re.findall(r"not on the device: ([\w.]+)", report.read_text() if report.exists() else ""))
+        )
     print(f"gpu_check exit {rc}" + (f"; missing on the device: {missing}" if missing else ""))
     return rc
 
@@ -165,8 +215,11 @@ def check(wheels: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / ".whl")
-    ap.add_argument("--check", action="store_true",
-                    help="do not download: run gpu_check's CPU path as the device would import")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="do not download: run gpu_check's CPU path as the device would import",
+    )
     args = ap.parse_args()
     if args.check:
         sys.exit(check(args.out))
@@ -185,8 +238,10 @@ def main() -> None:
     shutil.rmtree(staging)
     kept = sum(w.stat().st_size for w in args.out.glob("*.whl"))
     total = kept + tree_bytes()
-    print(f"{len(list(args.out.glob('*.whl')))} wheels, {kept / 2**20:.1f} MiB; with the working "
-          f"tree {total / 2**20:.1f} MiB of {BUDGET_BYTES / 2**20:.0f} MiB")
+    print(
+        f"{len(list(args.out.glob('*.whl')))} wheels, {kept / 2**20:.1f} MiB; with the working "
+        f"tree {total / 2**20:.1f} MiB of {BUDGET_BYTES / 2**20:.0f} MiB"
+    )
     if total > BUDGET_BYTES:
         sys.exit("too large to carry: leave out more (see NEVER_IMPORTED) or shrink the tree")
     print(f"device command (carry ['.whl']):\n  {DEVICE_COMMAND}")

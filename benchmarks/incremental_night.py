@@ -39,12 +39,22 @@ SUITES = ("s1", "s2", "s3")
 
 
 def _candidates() -> list[Candidate]:
-    return [Candidate(name=n, provider="openai", model=f"m-{n}", base_url="http://127.0.0.1:9/v1",
-                      input_price_per_mtok=1.0, output_price_per_mtok=2.0) for n in NAMES]
+    return [
+        Candidate(
+            name=n,
+            provider="openai",
+            model=f"m-{n}",
+            base_url="http://127.0.0.1:9/v1",
+            input_price_per_mtok=1.0,
+            output_price_per_mtok=2.0,
+        )
+        for n in NAMES
+    ]
 
 
-def one_seed(seed: int, items: int, new: int, nights: int, drop_night: int, settings: ReuseSettings,
-             work: Path) -> dict:
+def one_seed(
+    seed: int, items: int, new: int, nights: int, drop_night: int, settings: ReuseSettings, work: Path
+) -> dict:
     rng = random.Random(seed)
     cands = _candidates()
     rate = {c.name: rng.uniform(0.5, 0.8) for c in cands}
@@ -60,8 +70,9 @@ def one_seed(seed: int, items: int, new: int, nights: int, drop_night: int, sett
     out = {"share": [], "caught": None, "false_flags": 0, "flags": []}
     for night in range(nights + 1):
         n = items + night * new
-        suites = [load_suite(write_arithmetic_suite(work / f"seed{seed}" / f"n{night}", n, name=s))
-                  for s in SUITES]
+        suites = [
+            load_suite(write_arithmetic_suite(work / f"seed{seed}" / f"n{night}", n, name=s)) for s in SUITES
+        ]
         if night == drop_night:  # 5 points of the drifter's pass rate: passed items now fail
             keys = [k for k, v in q.items() if k[0] == "drifter" and v > 0.5]
             total = sum(1 for k in q if k[0] == "drifter")
@@ -100,9 +111,19 @@ def _measure(store: Store, run_id: str, suites: list, cands: list[Candidate], pr
             done = store.done_items(run_id, s.name, c.name)
             for it in s.items:
                 if it.id not in done:
-                    rows.append(Outcome(run_id, s.name, s.version, it.id, c.name,
-                                        passed=random.random() < prob(c.name, s.name, it.id),
-                                        cost_usd=1e-4, created_at=now, measured_at=now))
+                    rows.append(
+                        Outcome(
+                            run_id,
+                            s.name,
+                            s.version,
+                            it.id,
+                            c.name,
+                            passed=random.random() < prob(c.name, s.name, it.id),
+                            cost_usd=1e-4,
+                            created_at=now,
+                            measured_at=now,
+                        )
+                    )
     store.write_outcomes(rows)
     return len(rows)
 
@@ -129,16 +150,27 @@ def main() -> None:
     quiet = [s for r in results for s, f in zip(r["share"], r["flags"]) if not f]
     caught = sum(bool(r["caught"]) for r in results)
     clean = sum(r["false_flags"] == 0 for r in results)
-    summary = {"seeds": a.seeds, "items_per_pair": a.items, "sample_per_candidate": n,
-               "settings": settings.model_dump(), "mean_share": sum(shares) / len(shares),
-               "max_share": max(shares),
-               "quiet_mean_share": sum(quiet) / len(quiet), "caught": caught, "clean": clean,
-               "wall_s": time.perf_counter() - started}
-    print(f"drift sample: {n} items per candidate (drop {settings.detectable_drop}, power "
-          f"{settings.power}, alpha {settings.alpha} over {len(NAMES)} candidates)")
-    print(f"measured per night vs a full night: mean {summary['mean_share']:.3f}, max "
-          f"{summary['max_share']:.3f} (nights 1..{a.nights}, {a.seeds} seeds); nights without "
-          f"drift {summary['quiet_mean_share']:.3f}")
+    summary = {
+        "seeds": a.seeds,
+        "items_per_pair": a.items,
+        "sample_per_candidate": n,
+        "settings": settings.model_dump(),
+        "mean_share": sum(shares) / len(shares),
+        "max_share": max(shares),
+        "quiet_mean_share": sum(quiet) / len(quiet),
+        "caught": caught,
+        "clean": clean,
+        "wall_s": time.perf_counter() - started,
+    }
+    print(
+        f"drift sample: {n} items per candidate (drop {settings.detectable_drop}, power "
+        f"{settings.power}, alpha {settings.alpha} over {len(NAMES)} candidates)"
+    )
+    print(
+        f"measured per night vs a full night: mean {summary['mean_share']:.3f}, max "
+        f"{summary['max_share']:.3f} (nights 1..{a.nights}, {a.seeds} seeds); nights without "
+        f"drift {summary['quiet_mean_share']:.3f}"
+    )
     print(f"5-point drop caught the night it happened: {caught} of {a.seeds} seeds")
     print(f"no stable candidate flagged all week: {clean} of {a.seeds} seeds")
     if a.json:

@@ -24,8 +24,11 @@ from js_common import JS, ROOT, build_js, load_average, node, published, request
 def build_at(rev: str, into: Path) -> Path:
     """gateways/js of `rev`, built in a worktree under `into` with this checkout's node_modules."""
     tree = into / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev],
+        check=True,
+        capture_output=True,
+    )
     js = tree / "gateways" / "js"
     (js / "node_modules").symlink_to(JS / "node_modules")
     subprocess.run(["npm", "run", "build"], cwd=js, check=True, capture_output=True)
@@ -47,17 +50,33 @@ def main() -> None:
         try:
             base = build_at(args.base, Path(tmp))
             path = requests_file(requests, Path(tmp))
-            out = node("bench/ab.mjs", str(base), str(JS / "dist"), str(args.base_policy or version), str(version),
-                       str(path), str(args.rounds), public_key=None if args.base_policy else key)
+            out = node(
+                "bench/ab.mjs",
+                str(base),
+                str(JS / "dist"),
+                str(args.base_policy or version),
+                str(version),
+                str(path),
+                str(args.rounds),
+                public_key=None if args.base_policy else key,
+            )
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(tmp) / "tree")],
-                           capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(tmp) / "tree")],
+                capture_output=True,
+            )
     a, b = (json.loads(line) for line in out.splitlines())
-    print(f"{args.set}: {len(requests)} requests per round, {args.rounds} rounds, alternating (medians of rounds)")
+    print(
+        f"{args.set}: {len(requests)} requests per round, {args.rounds} rounds, alternating (medians of rounds)"
+    )
     for name, r in ((f"base ({args.base})", a), ("this checkout", b)):
-        print(f"  {name:24s} p50 {r['p50_us']:6.1f} us   p99 {r['p99_us']:6.1f} us   longest 10 {r['longest10_us']:6.1f} us")
-    print(f"  ratio (this / base)      p50 {b['p50_us'] / a['p50_us']:6.3f}      p99 {b['p99_us'] / a['p99_us']:6.3f}      "
-          f"longest 10 {b['longest10_us'] / a['longest10_us']:6.3f}")
+        print(
+            f"  {name:24s} p50 {r['p50_us']:6.1f} us   p99 {r['p99_us']:6.1f} us   longest 10 {r['longest10_us']:6.1f} us"
+        )
+    print(
+        f"  ratio (this / base)      p50 {b['p50_us'] / a['p50_us']:6.3f}      p99 {b['p99_us'] / a['p99_us']:6.3f}      "
+        f"longest 10 {b['longest10_us'] / a['longest10_us']:6.3f}"
+    )
     print(load_average())
 
 

@@ -37,7 +37,9 @@ def code_digest() -> str:
 
 def cli(*args: str, cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "routeopt.flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -59,8 +61,16 @@ def published(name: str) -> tuple[Path, Path]:
         if not train.is_file():
             raise SystemExit(f"{train}: no such shared set")
         cli("import", "outcomes", str(train), "--db", str(folder / "outcomes.duckdb"), cwd=folder)
-        cli("train", "--db", str(folder / "outcomes.duckdb"), "--registry", str(folder / "registry"),
-            "--signing-key", str(keys / "signing_key.pem"), cwd=folder)
+        cli(
+            "train",
+            "--db",
+            str(folder / "outcomes.duckdb"),
+            "--registry",
+            str(folder / "registry"),
+            "--signing-key",
+            str(keys / "signing_key.pem"),
+            cwd=folder,
+        )
         (version,) = (folder / "registry" / "versions").iterdir()
         done.write_text(json.dumps({"version": str(version)}))
     return Path(json.loads(done.read_text())["version"]), folder / "keys" / "public_key.pem"
@@ -86,8 +96,11 @@ def test_requests(name: str, targets: tuple[float | None, ...] = (None,)) -> lis
     import pandas as pd
 
     frame = pd.read_parquet(data_dir() / name / "test.parquet").drop_duplicates("request_id")
-    return [{"id": f"{r.request_id}@{t}", "prompt": r.prompt, "suite": r.suite, "quality_target": t}
-            for r in frame.itertuples() for t in targets]
+    return [
+        {"id": f"{r.request_id}@{t}", "prompt": r.prompt, "suite": r.suite, "quality_target": t}
+        for r in frame.itertuples()
+        for t in targets
+    ]
 
 
 def requests_file(requests: list[dict], folder: Path) -> Path:

@@ -33,7 +33,9 @@ def python_side(version: Path, public_key: Path, requests: list[dict]) -> tuple[
     decisions = []
     for r in requests:
         d = router.route(r["prompt"], r["suite"], r["quality_target"])
-        decisions.append({"id": r["id"], "model": d.model, "fallbacks": list(d.fallbacks), "propensity": d.propensity})
+        decisions.append(
+            {"id": r["id"], "model": d.model, "fallbacks": list(d.fallbacks), "propensity": d.propensity}
+        )
     return {"conformance": router.status().conformance, "load_s": load_s}, decisions
 
 
@@ -44,11 +46,22 @@ def run_set(name: str) -> dict:
     js = json.loads(node("bench/conformance.mjs", str(version)))
     with tempfile.TemporaryDirectory() as tmp:
         path = requests_file(requests, Path(tmp))
-        js_decisions = [json.loads(line) for line in node("bench/route.mjs", str(version), str(path), public_key=key).splitlines()]
+        js_decisions = [
+            json.loads(line)
+            for line in node("bench/route.mjs", str(version), str(path), public_key=key).splitlines()
+        ]
     same = sum(a == b for a, b in zip(py_decisions, js_decisions))
-    return {"set": name, "vectors": js["requests"], "js_ok": js["ok"], "js_mismatches": js["mismatches"],
-            "js_max_rel": js["maxRelativeError"], "python": py["conformance"], "prompts": len(requests),
-            "identical": same, "first_difference": next((b for a, b in zip(py_decisions, js_decisions) if a != b), None)}
+    return {
+        "set": name,
+        "vectors": js["requests"],
+        "js_ok": js["ok"],
+        "js_mismatches": js["mismatches"],
+        "js_max_rel": js["maxRelativeError"],
+        "python": py["conformance"],
+        "prompts": len(requests),
+        "identical": same,
+        "first_difference": next((b for a, b in zip(py_decisions, js_decisions) if a != b), None),
+    }
 
 
 def main() -> None:
@@ -61,8 +74,10 @@ def main() -> None:
     print(f"{'set':<12} {'vectors':>7} {'JS layers':<40} {'max rel':>8} {'test decisions identical':>26}")
     for r in rows:
         layers = "all agree" if r["js_ok"] else json.dumps({k: v for k, v in r["js_mismatches"].items() if v})
-        print(f"{r['set']:<12} {r['vectors']:>7} {layers:<40} {r['js_max_rel']:>8.1e} "
-              f"{r['identical']:>12} of {r['prompts']:<10}")
+        print(
+            f"{r['set']:<12} {r['vectors']:>7} {layers:<40} {r['js_max_rel']:>8.1e} "
+            f"{r['identical']:>12} of {r['prompts']:<10}"
+        )
         if r["first_difference"]:
             print(f"  first difference: {r['first_difference']}")
         print(f"  Python self-check: {r['python']}")

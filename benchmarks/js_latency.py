@@ -50,15 +50,23 @@ def main() -> None:
     print(load_average())
     with tempfile.TemporaryDirectory() as tmp:
         path = requests_file(requests, Path(tmp))
-        js = [json.loads(line) for line in node("bench/latency.mjs", str(version), str(path), str(args.rounds),
-                                                 public_key=key).splitlines()]
+        js = [
+            json.loads(line)
+            for line in node(
+                "bench/latency.mjs", str(version), str(path), str(args.rounds), public_key=key
+            ).splitlines()
+        ]
     py = python_rounds(version, key, requests, args.rounds)
     med = lambda xs: statistics.median(xs)
     print(f"{args.set}: {len(requests)} requests per round, {args.rounds} rounds (medians of rounds)")
-    print(f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "
-          f"rounds {[(round(r['p50_us'], 1), round(r['p99_us'], 1)) for r in js]}")
-    print(f"  Python:             p50 {med([p for p, _ in py]):7.1f} us   p99 {med([q for _, q in py]):7.1f} us   "
-          f"rounds {[(round(p, 1), round(q, 1)) for p, q in py]}")
+    print(
+        f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "
+        f"rounds {[(round(r['p50_us'], 1), round(r['p99_us'], 1)) for r in js]}"
+    )
+    print(
+        f"  Python:             p50 {med([p for p, _ in py]):7.1f} us   p99 {med([q for _, q in py]):7.1f} us   "
+        f"rounds {[(round(p, 1), round(q, 1)) for p, q in py]}"
+    )
     print(load_average())
 
 

@@ -36,8 +36,11 @@ async def _fleet(share: bool) -> dict[str, float]:
     from routeopt.evals.suite.spec import load_suite
 
     cfg = load_config(REPO / "evals" / "demo" / "routeopt.yaml")
-    suites = [load_suite(p) for p in sorted((REPO / "evals" / "suites").glob("*.yaml"))
-              if p.stem in ("add", "reverse", "sort")]
+    suites = [
+        load_suite(p)
+        for p in sorted((REPO / "evals" / "suites").glob("*.yaml"))
+        if p.stem in ("add", "reverse", "sort")
+    ]
     with sharing_cpu(len(cfg.candidates) if share else 1):
         providers = [LocalProvider(c) for c in cfg.candidates]
         for p in providers:
@@ -61,8 +64,11 @@ async def _fleet(share: bool) -> dict[str, float]:
         after = resource.getrusage(resource.RUSAGE_SELF)
         for p in providers:
             await p.aclose()
-    return {"wall_s": wall, "threads": torch.get_num_threads(),
-            "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
+    return {
+        "wall_s": wall,
+        "threads": torch.get_num_threads(),
+        "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+    }
 
 
 def main() -> None:
@@ -77,16 +83,29 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"each": [], "share": []}
     for r in range(args.rounds):
         for mode in runs:
-            out = subprocess.run([sys.executable, __file__, "--child", mode], env=env, check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", mode],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             runs[mode].append(json.loads(out.strip().splitlines()[-1]))
             m = runs[mode][-1]
-            print(f"round {r + 1}: {mode:<5} {m['threads']} threads: wall {m['wall_s']:.1f} s, "
-                  f"CPU {m['cpu_s']:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
-    med = {mode: {k: statistics.median(x[k] for x in xs) for k in ("wall_s", "cpu_s")} for mode, xs in runs.items()}
-    print(f"medians: min(cores, 4) threads each: wall {med['each']['wall_s']:.1f} s, CPU {med['each']['cpu_s']:.1f} s; "
-          f"shared (cores / engines): wall {med['share']['wall_s']:.1f} s, CPU {med['share']['cpu_s']:.1f} s; "
-          f"ratio shared/each wall {med['share']['wall_s'] / med['each']['wall_s']:.2f}")
+            print(
+                f"round {r + 1}: {mode:<5} {m['threads']} threads: wall {m['wall_s']:.1f} s, "
+                f"CPU {m['cpu_s']:.1f} s (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+    med = {
+        mode: {k: statistics.median(x[k] for x in xs) for k in ("wall_s", "cpu_s")}
+        for mode, xs in runs.items()
+    }
+    print(
+        f"medians: min(cores, 4) threads each: wall {med['each']['wall_s']:.1f} s, CPU {med['each']['cpu_s']:.1f} s; "
+        f"shared (cores / engines): wall {med['share']['wall_s']:.1f} s, CPU {med['share']['cpu_s']:.1f} s; "
+        f"ratio shared/each wall {med['share']['wall_s'] / med['each']['wall_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,11 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ops-bench-") as tmp:
         db = Path(tmp) / "db.duckdb"
-        t_hist, _ = _timed(lambda: make_history(db, runs=args.runs, items=args.items,
-                                                regressions=[Regression("mid", "arith", pass_rate=0.5)]))
+        t_hist, _ = _timed(
+            lambda: make_history(
+                db, runs=args.runs, items=args.items, regressions=[Regression("mid", "arith", pass_rate=0.5)]
+            )
+        )
         last = f"run-{args.runs - 1:02d}"
         with Store(db, read_only=True) as store:
             rows = int(store.query("SELECT count(*) AS n FROM outcomes").n.iloc[0])
@@ -79,11 +82,17 @@ def main() -> None:
     print(f"history: {args.runs} runs, {rows} outcomes (written in {t_hist:.1f}s)")
     print(f"drift on the last run: {t_drift:.2f}s, {len(drift.regressions)} regressions")
     print(f"HTML report: {t_report:.2f}s, {size_kb:.0f} KiB")
-    print(f"Parquet export of all runs: {t_export:.2f}s, {res.rows / t_export:,.0f} rows/s, {len(res.files)} files")
-    print(f"Store.write_outcomes: {len(one_run)} rows in {t_write:.2f}s = {len(one_run) / t_write:,.0f} rows/s")
+    print(
+        f"Parquet export of all runs: {t_export:.2f}s, {res.rows / t_export:,.0f} rows/s, {len(res.files)} files"
+    )
+    print(
+        f"Store.write_outcomes: {len(one_run)} rows in {t_write:.2f}s = {len(one_run) / t_write:,.0f} rows/s"
+    )
     print(f"Budget reserve+settle, 8 threads: {ops:,.0f} pairs/s")
-    print(f"drift_s={t_drift:.3f} report_s={t_report:.3f} export_rows_per_s={res.rows / t_export:.0f} "
-          f"store_write_rows_per_s={len(one_run) / t_write:.0f} budget_pairs_per_s={ops:.0f}")
+    print(
+        f"drift_s={t_drift:.3f} report_s={t_report:.3f} export_rows_per_s={res.rows / t_export:.0f} "
+        f"store_write_rows_per_s={len(one_run) / t_write:.0f} budget_pairs_per_s={ops:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ print(json.dumps({"import_ms": (t1 - t0) * 1000, "load_ms": (t2 - t1) * 1000}))
 
 
 def sizes(version: Path) -> dict[str, tuple[int, int]]:
-    return {p.name: (p.stat().st_size, len(gzip.compress(p.read_bytes(), 6))) for p in sorted(version.iterdir())}
+    return {
+        p.name: (p.stat().st_size, len(gzip.compress(p.read_bytes(), 6))) for p in sorted(version.iterdir())
+    }
 
 
 def format_2_sizes(version: Path) -> dict[str, tuple[int, int]]:
@@ -52,7 +54,10 @@ def format_2_sizes(version: Path) -> dict[str, tuple[int, int]]:
 
     with tempfile.TemporaryDirectory() as tmp:
         save_format_2(RoutingPolicy.load(version), Path(tmp))
-        return {p.name: (p.stat().st_size, len(gzip.compress(p.read_bytes(), 6))) for p in sorted(Path(tmp).iterdir())}
+        return {
+            p.name: (p.stat().st_size, len(gzip.compress(p.read_bytes(), 6)))
+            for p in sorted(Path(tmp).iterdir())
+        }
 
 
 def python_load(version: Path, key: Path, bytecode: bool) -> dict:
@@ -71,8 +76,13 @@ def python_load(version: Path, key: Path, bytecode: bool) -> dict:
         else:
             env["PYTHONDONTWRITEBYTECODE"] = "1"
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", PY_LOAD, str(version), str(key)], env=env, cwd=path,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", PY_LOAD, str(version), str(key)],
+            env=env,
+            cwd=path,
+            capture_output=True,
+            text=True,
+        )
         total = (time.perf_counter() - start) * 1000
     if done.returncode != 0:
         raise SystemExit(done.stderr)
@@ -99,12 +109,18 @@ def main() -> None:
     for name, (raw, gz) in now.items():
         print(f"  {name:<26} {mb(raw):>10}   gzip {mb(gz):>9}")
     without = sum(r for n, (r, _) in now.items() if n != "conformance.safetensors")
-    print(f"  {'without the vectors':<26} {mb(without):>10}   gzip {mb(sum(g for n, (_, g) in now.items() if n != 'conformance.safetensors')):>9}")
-    print(f"  {'a gateway downloads':<26} {mb(sum(r for r, _ in now.values())):>10}   gzip {mb(sum(g for _, g in now.values())):>9}")
+    print(
+        f"  {'without the vectors':<26} {mb(without):>10}   gzip {mb(sum(g for n, (_, g) in now.items() if n != 'conformance.safetensors')):>9}"
+    )
+    print(
+        f"  {'a gateway downloads':<26} {mb(sum(r for r, _ in now.values())):>10}   gzip {mb(sum(g for _, g in now.values())):>9}"
+    )
     print("the same policy as format 2 wrote it (JSON arrays):")
     for name, (raw, gz) in old.items():
         print(f"  {name:<26} {mb(raw):>10}   gzip {mb(gz):>9}")
-    print(f"  {'total':<26} {mb(sum(r for r, _ in old.values())):>10}   gzip {mb(sum(g for _, g in old.values())):>9}")
+    print(
+        f"  {'total':<26} {mb(sum(r for r, _ in old.values())):>10}   gzip {mb(sum(g for _, g in old.values())):>9}"
+    )
     python_load(version, key, bytecode=True)  # writes the bytecode cache, as installing does
     py = [python_load(version, key, bytecode=True) for _ in range(args.rounds)]
     uncached = [python_load(version, key, bytecode=False) for _ in range(args.rounds)]
@@ -112,10 +128,14 @@ def main() -> None:
     med = lambda rows, k: statistics.median(r[k] for r in rows)
     print(f"cold load + verify + self-check, medians of {args.rounds} fresh processes:")
     for name, rows in (("bytecode cached", py), ("no bytecode cache for the checkout", uncached)):
-        print(f"  Python  load() {med(rows, 'load_ms'):7.0f} ms   (imports {med(rows, 'import_ms'):5.0f} ms, whole process "
-              f"{med(rows, 'process_ms'):6.0f} ms)   rounds {[round(r['load_ms']) for r in rows]}   {name}")
-    print(f"  Node    open() {med(js, 'open_ms'):7.0f} ms   (whole process {med(js, 'process_ms'):6.0f} ms)"
-          f"   rounds {[round(r['open_ms']) for r in js]}")
+        print(
+            f"  Python  load() {med(rows, 'load_ms'):7.0f} ms   (imports {med(rows, 'import_ms'):5.0f} ms, whole process "
+            f"{med(rows, 'process_ms'):6.0f} ms)   rounds {[round(r['load_ms']) for r in rows]}   {name}"
+        )
+    print(
+        f"  Node    open() {med(js, 'open_ms'):7.0f} ms   (whole process {med(js, 'process_ms'):6.0f} ms)"
+        f"   rounds {[round(r['open_ms']) for r in js]}"
+    )
     print(load_average())
 
 

@@ -38,11 +38,17 @@ def decisions(data: Path) -> dict:
         policy = train_router(training_frame_of(train_path)).policy
         test = scoring_data(read_frame(test_path), policy.candidates)
         choices = knob_choices(policy, test, STANDARD_TARGETS)
-        out[name] = {"candidates": policy.candidates, "requests": list(test.request_ids),
-                     "targets": list(STANDARD_TARGETS),
-                     "choices": [[policy.candidates[j] for j in c.tolist()] for c in choices]}
-        print(f"{name}: {len(test)} requests x {len(STANDARD_TARGETS)} targets "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        out[name] = {
+            "candidates": policy.candidates,
+            "requests": list(test.request_ids),
+            "targets": list(STANDARD_TARGETS),
+            "choices": [[policy.candidates[j] for j in c.tolist()] for c in choices],
+        }
+        print(
+            f"{name}: {len(test)} requests x {len(STANDARD_TARGETS)} targets "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
     return out
 
 
@@ -56,8 +62,10 @@ def compare(before: dict, after: dict) -> None:
             moved = sum(p != q for p, q in zip(ca, cb))
             per_target.append(f"{x:g}:{moved}")
             total, changed = total + len(ca), changed + moved
-        print(f"{name}: {changed} of {total} decisions changed ({changed / total:.2%}); per target "
-              + " ".join(per_target))
+        print(
+            f"{name}: {changed} of {total} decisions changed ({changed / total:.2%}); per target "
+            + " ".join(per_target)
+        )
 
 
 def main() -> None:

@@ -25,10 +25,17 @@ POLICY_FILES = ("policy.json", "arrays.safetensors", "conformance.safetensors")
 
 
 def _routeopt(args: list[str], cwd: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "routeopt", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "ROUTEOPT_SIGNING_KEY": ""})
+    done = subprocess.run(
+        [sys.executable, "-m", "routeopt", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ROUTEOPT_SIGNING_KEY": ""},
+    )
     if done.returncode:
-        raise SystemExit(f"routeopt {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise SystemExit(
+            f"routeopt {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
 
 
 def policy_hashes(registry: Path) -> dict[str, str]:
@@ -45,8 +52,20 @@ def policy_hashes(registry: Path) -> dict[str, str]:
 def train_set(folder: Path, work: Path, seed: int) -> dict[str, str]:
     db, registry = work / "outcomes.duckdb", work / "registry"
     _routeopt(["import", "outcomes", str(folder / "train.parquet"), "--db", str(db)], work)
-    _routeopt(["train", "--db", str(db), "--registry", str(registry), "--seed", str(seed),
-               "--signing-key", str(work / "key.pem")], work)
+    _routeopt(
+        [
+            "train",
+            "--db",
+            str(db),
+            "--registry",
+            str(registry),
+            "--seed",
+            str(seed),
+            "--signing-key",
+            str(work / "key.pem"),
+        ],
+        work,
+    )
     return policy_hashes(registry)
 
 
@@ -58,7 +77,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     results: dict[str, dict[str, str]] = {}
-    for folder in sorted(p for p in (args.sets.iterdir() if args.sets else []) if (p / "train.parquet").exists()):
+    for folder in sorted(
+        p for p in (args.sets.iterdir() if args.sets else []) if (p / "train.parquet").exists()
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
             _make_key(Path(tmp) / "key.pem")
@@ -78,8 +99,9 @@ def _make_key(path: Path) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption())
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     path.write_bytes(pem)
 
 

@@ -41,12 +41,31 @@ def one_run(home: Path, out: Path, flags: list[str]) -> tuple[float, float, floa
     """(seconds until the flow began, until the process ended, that the CLI spent probing)."""
     out.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="INFO",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env.update(
+        PYTHONPATH=str(REPO),
+        PREFECT_HOME=str(home),
+        PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",
+    )
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(demo_config(out)),
-                             "--no-progress", *flags], cwd=out, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "routeopt.flows.cli",
+            "run",
+            "--config",
+            str(demo_config(out)),
+            "--no-progress",
+            *flags,
+        ],
+        cwd=out,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     began, probing, tail = None, None, []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -94,21 +113,32 @@ def main() -> None:
                 probing_s.append(probing or 0.0)
                 probe_usd.append(usd)
                 extra = f", CLI probing {probing:.1f} s (slowest probe call {s:.2f} s), probes ${usd:.3g}"
-            print(f"round {rep + 1}: preflight {variant:<3} flow began {b:5.1f} s, ended {w:6.1f} s{extra}",
-                  flush=True)
+            print(
+                f"round {rep + 1}: preflight {variant:<3} flow began {b:5.1f} s, ended {w:6.1f} s{extra}",
+                flush=True,
+            )
     load_after = os.getloadavg()
     med = {k: statistics.median(v) for k, v in wall.items()}
     med_began = {k: statistics.median(v) for k, v in began.items()}
-    print(f"whole run: {med['on']:.1f} s with the preflight, {med['off']:.1f} s without "
-          f"(+{med['on'] - med['off']:.1f} s); until the flow began: {med_began['on']:.1f} s vs "
-          f"{med_began['off']:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-          f"({os.cpu_count()} cores)")
-    print(" ".join([f"wall_{k}_s={v:.1f}" for k, v in med.items()]
-                   + [f"began_{k}_s={v:.1f}" for k, v in med_began.items()]
-                   + [f"added_s={med['on'] - med['off']:.1f}",
-                      f"cli_probing_s={statistics.median(probing_s):.1f}",
-                      f"probes_usd={statistics.median(probe_usd):.3g}",
-                      f"load_before={load_before[0]:.1f}", f"load_after={load_after[0]:.1f}"]))
+    print(
+        f"whole run: {med['on']:.1f} s with the preflight, {med['off']:.1f} s without "
+        f"(+{med['on'] - med['off']:.1f} s); until the flow began: {med_began['on']:.1f} s vs "
+        f"{med_began['off']:.1f} s; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+        f"({os.cpu_count()} cores)"
+    )
+    print(
+        " ".join(
+            [f"wall_{k}_s={v:.1f}" for k, v in med.items()]
+            + [f"began_{k}_s={v:.1f}" for k, v in med_began.items()]
+            + [
+                f"added_s={med['on'] - med['off']:.1f}",
+                f"cli_probing_s={statistics.median(probing_s):.1f}",
+                f"probes_usd={statistics.median(probe_usd):.3g}",
+                f"load_before={load_before[0]:.1f}",
+                f"load_after={load_after[0]:.1f}",
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

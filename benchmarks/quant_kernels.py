@@ -76,14 +76,22 @@ def main(argv: list[str] | None = None) -> None:
                 for rows in (int(r) for r in args.rows.split(",")):
                     x = torch.randn(rows, size, dtype=dtype, device=dev)
                     try:
-                        slow, fast = best_us([partial(mod._matmul, x, "dequant"),
-                                              partial(mod._matmul, x, fused)], args.rounds, sync)
+                        slow, fast = best_us(
+                            [partial(mod._matmul, x, "dequant"), partial(mod._matmul, x, fused)],
+                            args.rounds,
+                            sync,
+                        )
                     except RuntimeError as exc:
-                        print(f"| {cls.__name__} | {size}x{size} | {dtype} | {rows} | - | - | "
-                              f"{fused}: {str(exc).splitlines()[0][:60]} | - |")
+                        print(
+                            f"| {cls.__name__} | {size}x{size} | {dtype} | {rows} | - | - | "
+                            f"{fused}: {str(exc).splitlines()[0][:60]} | - |"
+                        )
                         continue
-                    print(f"| {cls.__name__} | {size}x{size} | {str(dtype)[6:]} | {rows} | "
-                          f"{slow:,.1f} | {fast:,.1f} | {fused} | x{slow / fast:.2f} |", flush=True)
+                    print(
+                        f"| {cls.__name__} | {size}x{size} | {str(dtype)[6:]} | {rows} | "
+                        f"{slow:,.1f} | {fast:,.1f} | {fused} | x{slow / fast:.2f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

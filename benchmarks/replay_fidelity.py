@@ -30,12 +30,20 @@ from tests.fake_llm import FakeLLMProcess  # noqa: E402
 
 
 def constant(rate: float, duration_s: float) -> list[Arrival]:
-    return [Arrival(i / rate, "fake", 16, 8, None, f"constant:{i + 1}") for i in range(int(rate * duration_s) + 1)]
+    return [
+        Arrival(i / rate, "fake", 16, 8, None, f"constant:{i + 1}") for i in range(int(rate * duration_s) + 1)
+    ]
 
 
 async def once(base_url: str, rate: float, duration_s: float) -> dict:
-    cand = Candidate(name="fake", provider="openai", model="fake", base_url=base_url,
-                     input_price_per_mtok=1.0, output_price_per_mtok=1.0)
+    cand = Candidate(
+        name="fake",
+        provider="openai",
+        model="fake",
+        base_url=base_url,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=1.0,
+    )
     sender = make_sender(cand)
     try:
         run = await replay_once(constant(rate, duration_s), 1.0, {"fake": sender}, timeout_s=30)
@@ -52,8 +60,10 @@ def main() -> None:
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     held = []
-    print(f"{'rate':>6} {'late p50 ms':>11} {'late p99 ms':>11} {'late max ms':>11} {'achieved/offered':>16} "
-          f"{'done':>6} {'errors':>6}  load average")
+    print(
+        f"{'rate':>6} {'late p50 ms':>11} {'late p99 ms':>11} {'late max ms':>11} {'achieved/offered':>16} "
+        f"{'done':>6} {'errors':>6}  load average"
+    )
     with FakeLLMProcess() as server:
         for rate in rates:
             runs = [asyncio.run(once(server.openai_base_url, rate, a.duration)) for _ in range(a.repeats)]
@@ -65,9 +75,11 @@ def main() -> None:
             errors = sum(r["errors"] for r in runs)
             ok = p99 <= 2.0 and ratio >= 0.98
             held += [rate] if ok else []
-            print(f"{rate:>6g} {p50:>11.2f} {p99:>11.2f} {mx:>11.1f} {ratio:>16.3f} {done:>6.1%} {errors:>6}  "
-                  f"{os.getloadavg()[0]:.1f}  {'held' if ok else 'NOT held'} "
-                  f"(p99 per repeat: {', '.join(format(r['lateness_s']['p99'] * 1000, '.2f') for r in runs)})")
+            print(
+                f"{rate:>6g} {p50:>11.2f} {p99:>11.2f} {mx:>11.1f} {ratio:>16.3f} {done:>6.1%} {errors:>6}  "
+                f"{os.getloadavg()[0]:.1f}  {'held' if ok else 'NOT held'} "
+                f"(p99 per repeat: {', '.join(format(r['lateness_s']['p99'] * 1000, '.2f') for r in runs)})"
+            )
     print(f"highest_rate_held={max(held) if held else 0:g}")
 
 

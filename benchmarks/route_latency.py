@@ -59,11 +59,24 @@ def _synthetic_frame(n: int = 600, seed: int = 0):
         prompt = f"difficulty: {difficulty}\n{suite} " + " ".join(rng.choice(words, 4 * difficulty))
         for k, model in enumerate(("zoo-s", "zoo-m", "zoo-l", "zoo-l-int8")):
             passed = rng.random() < min(1.0, 0.3 + 0.2 * k - 0.05 * difficulty + 0.3)
-            rows.append({"run_id": "synthetic", "suite": suite, "suite_version": "v1",
-                         "item_id": str(i), "request_id": f"{suite}-{i}", "prompt": prompt,
-                         "model": model, "score": float(passed), "passed": bool(passed),
-                         "cost_usd": 1e-5 * (1 + k) * len(prompt), "input_tokens": None,
-                         "output_tokens": None, "latency_s": None, "ttft_s": None})
+            rows.append(
+                {
+                    "run_id": "synthetic",
+                    "suite": suite,
+                    "suite_version": "v1",
+                    "item_id": str(i),
+                    "request_id": f"{suite}-{i}",
+                    "prompt": prompt,
+                    "model": model,
+                    "score": float(passed),
+                    "passed": bool(passed),
+                    "cost_usd": 1e-5 * (1 + k) * len(prompt),
+                    "input_tokens": None,
+                    "output_tokens": None,
+                    "latency_s": None,
+                    "ttft_s": None,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -90,15 +103,15 @@ def build_policy(workdir: Path, data: str) -> tuple[Path, Path, list[tuple[str, 
     result = train_router(frame, quality_target=0.95, seed=0)
     private, public = generate_keys(workdir / "keys")
     registry = workdir / "registry"
-    publish(result.policy, registry, lineage={"benchmark": what}, metrics=result.metrics,
-            signing_key=private)
+    publish(result.policy, registry, lineage={"benchmark": what}, metrics=result.metrics, signing_key=private)
     firsts = frame.drop_duplicates("request_id")
     prompts = list(zip(firsts["prompt"].astype(str), firsts["suite"].astype(str)))
     return registry, public, prompts, what
 
 
-def measure(route, prompts: list[tuple[str, str | None]], n: int,
-            warmup: int) -> tuple[np.ndarray, np.ndarray]:
+def measure(
+    route, prompts: list[tuple[str, str | None]], n: int, warmup: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-call wall time and this thread's CPU time, in microseconds.
 
     CPU time excludes the time the OS ran other processes, so on a shared, busy machine it shows
@@ -127,8 +140,12 @@ def main() -> None:
     ap.add_argument("--public-key", help="trusted public key for --policy (default: $ROUTEOPT_PUBLIC_KEY)")
     ap.add_argument("--allow-unsigned", action="store_true", help="load --policy without a public key")
     ap.add_argument("--prompts", help="JSONL with {prompt, suite?} to route (default: training prompts)")
-    ap.add_argument("--data", choices=("auto", "demo", "routerbench", "synthetic"), default="auto",
-                    help="what to train on without --policy (auto: demo, else RouterBench, else synthetic)")
+    ap.add_argument(
+        "--data",
+        choices=("auto", "demo", "routerbench", "synthetic"),
+        default="auto",
+        help="what to train on without --policy (auto: demo, else RouterBench, else synthetic)",
+    )
     ap.add_argument("-n", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
     args = ap.parse_args()
@@ -142,15 +159,21 @@ def main() -> None:
             router = load(registry, public, state_dir=False)
         us, cpu_us = measure(router.route, prompts, args.n, args.warmup)
         bare_us, _ = measure(router.policy.decide, prompts, args.n, args.warmup)
-    print(f"policy version {router.version} ({what}), {len(router.policy.candidates)} candidates, "
-          f"mean prompt {np.mean([len(p) for p, _ in prompts]):.0f} chars, load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"policy version {router.version} ({what}), {len(router.policy.candidates)} candidates, "
+        f"mean prompt {np.mean([len(p) for p, _ in prompts]):.0f} chars, load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     for name, xs in (("thread CPU time", cpu_us), ("wall time", us)):
         p50, p90, p99 = np.percentile(xs, [50, 90, 99])
-        print(f"{args.n} decisions, one thread, {name}: mean {xs.mean():.1f} us, p50 {p50:.1f}, "
-              f"p90 {p90:.1f}, p99 {p99:.1f}, max {xs.max():.1f}")
-    print(f"for comparison, RoutingPolicy.decide alone (no loader), wall time: p50 "
-          f"{np.percentile(bare_us, 50):.1f}, p99 {np.percentile(bare_us, 99):.1f} us")
+        print(
+            f"{args.n} decisions, one thread, {name}: mean {xs.mean():.1f} us, p50 {p50:.1f}, "
+            f"p90 {p90:.1f}, p99 {p99:.1f}, max {xs.max():.1f}"
+        )
+    print(
+        f"for comparison, RoutingPolicy.decide alone (no loader), wall time: p50 "
+        f"{np.percentile(bare_us, 50):.1f}, p99 {np.percentile(bare_us, 99):.1f} us"
+    )
     p50, p99 = np.percentile(us, [50, 99])
     print(f"p50_us={p50:.0f} p99_us={p99:.0f}")
 

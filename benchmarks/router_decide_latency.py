@@ -28,8 +28,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--estimator", choices=("linear", "lightgbm"), default="linear",
-                    help="Estimator of the policy trained when --policy is not given.")
+    ap.add_argument(
+        "--estimator",
+        choices=("linear", "lightgbm"),
+        default="linear",
+        help="Estimator of the policy trained when --policy is not given.",
+    )
     args = ap.parse_args()
     from routeopt.router_training.policy.routing import RoutingPolicy
 
@@ -38,8 +42,9 @@ def main() -> None:
     else:
         from routeopt.router_training.train import train_router
 
-        policy = train_router(pd.read_parquet(DATA / "train.parquet"), holdout_fraction=0.0,
-                              estimator=args.estimator).policy
+        policy = train_router(
+            pd.read_parquet(DATA / "train.parquet"), holdout_fraction=0.0, estimator=args.estimator
+        ).policy
     test = pd.read_parquet(DATA / "test.parquet").drop_duplicates("request_id")
     prompts, suites = test["prompt"].tolist(), test["suite"].tolist()
     for p, s in zip(prompts[:200], suites[:200]):  # warm-up
@@ -52,11 +57,13 @@ def main() -> None:
         cpu.append(time.thread_time() - c)
         times.append(time.perf_counter() - t)
     us, cpu_us = np.array(times) * 1e6, np.array(cpu) * 1e6
-    print(f"decide(): scorer={type(policy.scorer).__name__} n={len(us)} candidates={len(policy.candidates)} "
-          f"mean_prompt_chars={np.mean([len(p) for p in prompts]):.0f} "
-          f"p50_us={np.percentile(us, 50):.0f} p90_us={np.percentile(us, 90):.0f} "
-          f"p99_us={np.percentile(us, 99):.0f} | thread-CPU p50_us={np.percentile(cpu_us, 50):.0f} "
-          f"p99_us={np.percentile(cpu_us, 99):.0f} (CPU time excludes waiting for a busy core)")
+    print(
+        f"decide(): scorer={type(policy.scorer).__name__} n={len(us)} candidates={len(policy.candidates)} "
+        f"mean_prompt_chars={np.mean([len(p) for p in prompts]):.0f} "
+        f"p50_us={np.percentile(us, 50):.0f} p90_us={np.percentile(us, 90):.0f} "
+        f"p99_us={np.percentile(us, 99):.0f} | thread-CPU p50_us={np.percentile(cpu_us, 50):.0f} "
+        f"p99_us={np.percentile(cpu_us, 99):.0f} (CPU time excludes waiting for a busy core)"
+    )
 
 
 if __name__ == "__main__":

@@ -66,11 +66,16 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
         elif key == "embeddings":
             options["embeddings"] = value.lower() in ("1", "true", "yes")
         elif key in fields:
-            design[key] = type(getattr(Design(), key))(value) if not isinstance(getattr(Design(), key), bool) \
+            design[key] = (
+                type(getattr(Design(), key))(value)
+                if not isinstance(getattr(Design(), key), bool)
                 else value.lower() in ("1", "true", "yes")
+            )
         else:
-            raise SystemExit(f"unknown design key {key!r}; use confidence, holdout, refit, embeddings or one of "
-                             f"{sorted(fields)}")
+            raise SystemExit(
+                f"unknown design key {key!r}; use confidence, holdout, refit, embeddings or one of "
+                f"{sorted(fields)}"
+            )
     return name or "base", design, options
 
 
@@ -90,18 +95,29 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=data_dir())
     ap.add_argument("--sets", default="", help="Comma-separated set names (default: all).")
     ap.add_argument("--folds", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="Repeat the CV with this many fold assignments (seeds 0, 1, ...): fold means "
-                         "of a few thousand requests move by a few points between assignments.")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Repeat the CV with this many fold assignments (seeds 0, 1, ...): fold means "
+        "of a few thousand requests move by a few points between assignments.",
+    )
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,... (repeatable)")
-    ap.add_argument("--one-suite", action="store_true",
-                    help="Give every request the same suite label (as one kept-back set has).")
-    ap.add_argument("--shift", action="store_true",
-                    help="Also measure every variant on shifted folds, as trained and certified toward them.")
+    ap.add_argument(
+        "--one-suite",
+        action="store_true",
+        help="Give every request the same suite label (as one kept-back set has).",
+    )
+    ap.add_argument(
+        "--shift",
+        action="store_true",
+        help="Also measure every variant on shifted folds, as trained and certified toward them.",
+    )
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["base:"])]
     names = [s for s in args.sets.split(",") if s] or sorted(
-        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
+        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file()
+    )
     with reuse_embeddings():  # a prompt is embedded once for all folds and variants
         for set_name in names:
             run_set(args, set_name, variants)
@@ -139,8 +155,9 @@ def run_set(args: argparse.Namespace, set_name: str, variants: list[tuple[str, d
     sys.stdout.flush()
 
 
-def shifted_folds(fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceRouter, policy, design: dict,
-                  options: dict):
+def shifted_folds(
+    fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceRouter, policy, design: dict, options: dict
+):
     """((shift, 'default' | 'traffic'), report) on each shift of one held-out fold."""
     from routeopt.router_training.fit.certificate import Certificate, TrafficSample
     from routeopt.router_training.evaluation.shift_bench import difficulty, shift_checks
@@ -153,8 +170,9 @@ def shifted_folds(fit_frame: pd.DataFrame, fit_data, test, reference: ReferenceR
             continue
         sub = test.subset(s.keep)
         sample = TrafficSample.of_prompts(list(sub.prompts), list(sub.suites), source=f"shift {name}")
-        toward = train_router(fit_frame, design=Design(**design), certificate=Certificate(traffic=sample),
-                              **options).policy
+        toward = train_router(
+            fit_frame, design=Design(**design), certificate=Certificate(traffic=sample), **options
+        ).policy
         for label, pol in (("default", policy), ("traffic", toward)):
             rep = measure(knob_choices(pol, sub), sub, fit_data, knob=knob_info(pol), best_on="test")
             rep["checks"] = shift_checks(rep)
@@ -167,14 +185,18 @@ def summarise_shifts(shifted: dict[tuple[str, str, str], list[dict]]) -> str:
     for (vname, shift, label), reps in shifted.items():
         ok, n = sum(sum(r["checks"].values()) for r in reps), sum(len(r["checks"]) for r in reps)
         s95 = np.nan_to_num([r["table"]["knob"]["savings_at_95"] for r in reps]).mean()
-        gap = np.mean([t["pass_rate"] - t["floor"] for r in reps for t in r["targets"] if t["target"] == 0.95])
+        gap = np.mean(
+            [t["pass_rate"] - t["floor"] for r in reps for t in r["targets"] if t["target"] == 0.95]
+        )
         lines.append(f"{vname:<14}{shift:<8}{label:<9}{ok:5d}/{n:<3d}{s95:7.3f}{gap:16.4f}")
     return "\n".join(lines)
 
 
 def summarise_variants(results: dict[str, list[dict]]) -> str:
-    head = f"{'variant':<14}{'S100':>7}{'never':>6}{'S95':>7}{'AIQ':>7}{'refS100':>8}{'refS95':>7}" \
-           f"{'refAIQ':>7}{'zeroAIQ':>8}{'checks':>8}{'held':>7}{'top-best':>9}{'train s':>8}"
+    head = (
+        f"{'variant':<14}{'S100':>7}{'never':>6}{'S95':>7}{'AIQ':>7}{'refS100':>8}{'refS95':>7}"
+        f"{'refAIQ':>7}{'zeroAIQ':>8}{'checks':>8}{'held':>7}{'top-best':>9}{'train s':>8}"
+    )
     lines = [head]
     for name, reps in results.items():
         col = lambda row, key: np.array([r["table"][row][key] for r in reps], dtype=float)
@@ -190,7 +212,8 @@ def summarise_variants(results: dict[str, list[dict]]) -> str:
             f"{np.nan_to_num(r100).mean():8.3f}{np.nan_to_num(col('reference', 'savings_at_95')).mean():7.3f}"
             f"{col('reference', 'aiq').mean():7.3f}{col('zero_router', 'aiq').mean():8.3f}"
             f"{checks[0]:4d}/{checks[1]:<3d}{held:3d}/{promised:<3d}{np.mean(top_gap):9.4f}"
-            f"{np.mean([r['seconds'] for r in reps]):8.1f}")
+            f"{np.mean([r['seconds'] for r in reps]):8.1f}"
+        )
         failed: dict[str, int] = {}
         for r in reps:
             for key, ok in r["checks"].items():

@@ -34,7 +34,11 @@ sys.path.insert(0, str(ROOT))
 from router_data import data_dir  # noqa: E402
 from routeopt.router_training.evaluation.baselines import ReferenceRouter  # noqa: E402
 from routeopt.router_training.evaluation.bench import (  # noqa: E402
-    find_sets, format_set, format_summary, measure, scoring_data,
+    find_sets,
+    format_set,
+    format_summary,
+    measure,
+    scoring_data,
 )
 from routeopt.router_training.fit.data import routing_data  # noqa: E402
 from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS  # noqa: E402
@@ -43,8 +47,9 @@ from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS  # noqa: 
 def cli(*args: str) -> str:
     """Run `routeopt ARGS` from this checkout and return its output; fail loudly."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "routeopt.flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"routeopt {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -70,8 +75,13 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
     train_s = time.perf_counter() - start
     test_frame = pd.read_parquet(test_path)
     first = test_frame.drop_duplicates("request_id")
-    requests.write_text("".join(json.dumps({"id": r.request_id, "prompt": r.prompt, "suite": r.suite}) + "\n"
-                                for r in first.itertuples()), encoding="utf-8")
+    requests.write_text(
+        "".join(
+            json.dumps({"id": r.request_id, "prompt": r.prompt, "suite": r.suite}) + "\n"
+            for r in first.itertuples()
+        ),
+        encoding="utf-8",
+    )
     from routeopt.artifacts.serving.loader import load
 
     policy = load(registry, public_key=public).policy
@@ -81,8 +91,19 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
     choices = []
     for x in STANDARD_TARGETS:
         out = tmp / f"{name}-{x:g}.jsonl"
-        cli("route", "--policy", str(registry), "--input", str(requests), "--output", str(out),
-            "--quality-target", str(x), "--public-key", str(public))
+        cli(
+            "route",
+            "--policy",
+            str(registry),
+            "--input",
+            str(requests),
+            "--output",
+            str(out),
+            "--quality-target",
+            str(x),
+            "--public-key",
+            str(public),
+        )
         pick = np.full(len(test), -1)
         for line in out.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
@@ -95,9 +116,13 @@ def run_set(name: str, train_path: Path, test_path: Path, tmp: Path) -> dict:
 
     with Store(db, read_only=True) as store:  # the reference sees what `routeopt train` saw
         train_data = routing_data(store.training_frame(), candidates=policy.candidates)
-    knob = {"confidence": policy.knob.confidence, "certified_up_to": policy.knob.certified_up_to(),
-            "reference_model": policy.reference_model, "train_output": trained.strip().splitlines(),
-            "import_and_train_seconds": train_s}
+    knob = {
+        "confidence": policy.knob.confidence,
+        "certified_up_to": policy.knob.certified_up_to(),
+        "reference_model": policy.reference_model,
+        "train_output": trained.strip().splitlines(),
+        "import_and_train_seconds": train_s,
+    }
     report = measure(choices, test, train_data, ReferenceRouter().fit(train_data), knob=knob)
     report["name"] = name
     return report
@@ -117,8 +142,11 @@ def main() -> None:
                 continue
             report = run_set(name, train_path, test_path, Path(tmp))
             print(format_set(report))
-            print(f"import + train through the CLI: {report['knob']['import_and_train_seconds']:.1f} s; "
-                  + " | ".join(report["knob"]["train_output"][1:]) + "\n")
+            print(
+                f"import + train through the CLI: {report['knob']['import_and_train_seconds']:.1f} s; "
+                + " | ".join(report["knob"]["train_output"][1:])
+                + "\n"
+            )
             sys.stdout.flush()
             reports.append(report)
     print(format_summary(reports))

@@ -45,13 +45,18 @@ def _auc(y: np.ndarray, p: np.ndarray) -> float:
     return float(roc_auc_score(label, p[ok])) if 0 < label.sum() < len(label) else np.nan
 
 
-def within_suite_auc(P: np.ndarray, Y: np.ndarray, suites: np.ndarray, folds: np.ndarray) -> dict[str, np.ndarray]:
+def within_suite_auc(
+    P: np.ndarray, Y: np.ndarray, suites: np.ndarray, folds: np.ndarray
+) -> dict[str, np.ndarray]:
     """Suite -> per-candidate AUC of P against Y > 0.5, the mean over folds of the AUC on that
     suite's requests in the fold (NaN where no fold has both classes)."""
     out = {}
     for s in np.unique(suites):
-        per_fold = [[_auc(Y[rows, j], P[rows, j]) for j in range(Y.shape[1])]
-                    for f in np.unique(folds) if (rows := (suites == s) & (folds == f)).any()]
+        per_fold = [
+            [_auc(Y[rows, j], P[rows, j]) for j in range(Y.shape[1])]
+            for f in np.unique(folds)
+            if (rows := (suites == s) & (folds == f)).any()
+        ]
         with warnings.catch_warnings():  # a candidate with one class in every fold: NaN, said once
             warnings.simplefilter("ignore", RuntimeWarning)
             out[str(s)] = np.nanmean(np.array(per_fold), axis=0) if per_fold else np.full(Y.shape[1], np.nan)
@@ -63,9 +68,11 @@ def report(name: str, data_path: Path, embeddings: bool = False) -> str:
     fitted = fit_calibrated(data, embeddings=embeddings)
     cal, ref = fitted.cal, fitted.ref
     suites = np.array([s or "" for s in data.suites])
-    lines = [f"== {name}: {len(data)} training requests, {len(data.candidates)} candidates; "
-             f"reference {data.candidates[ref]}",
-             f"{'suite':<28}{'n':>6}{'ref AUC':>9}{'median AUC':>12}{'max AUC':>9}"]
+    lines = [
+        f"== {name}: {len(data)} training requests, {len(data.candidates)} candidates; "
+        f"reference {data.candidates[ref]}",
+        f"{'suite':<28}{'n':>6}{'ref AUC':>9}{'median AUC':>12}{'max AUC':>9}",
+    ]
     for s, aucs in within_suite_auc(cal.P, cal.Y, suites, fitted.folds).items():
         n = int((suites == s).sum())
         lines.append(f"{s[:27]:<28}{n:6d}{aucs[ref]:9.3f}{np.nanmedian(aucs):12.3f}{np.nanmax(aucs):9.3f}")
@@ -77,8 +84,10 @@ def report(name: str, data_path: Path, embeddings: bool = False) -> str:
     ref_q, ref_c = q[0], c[0]  # member 0 always calls the reference
     best_other = np.delete(q, 0).max() if len(q) > 1 else np.nan
     at_ref = M.cost_at_quality(hc, hq, ref_q) / ref_c
-    lines.append(f"cross-fitted pass rate: reference {ref_q:.4f}, best other member {best_other:.4f}; "
-                 f"the members' hull reaches the reference's at {at_ref:.3f} of its cost")
+    lines.append(
+        f"cross-fitted pass rate: reference {ref_q:.4f}, best other member {best_other:.4f}; "
+        f"the members' hull reaches the reference's at {at_ref:.3f} of its cost"
+    )
     return "\n".join(lines)
 
 
@@ -86,12 +95,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=data_dir())
     ap.add_argument("--sets", default="", help="Comma-separated set names (default: all).")
-    ap.add_argument("--embeddings", action="store_true",
-                    help="Add MiniLM sentence embeddings to the features (the 'embeddings' extra), "
-                         "as `routeopt train --embeddings` does.")
+    ap.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="Add MiniLM sentence embeddings to the features (the 'embeddings' extra), "
+        "as `routeopt train --embeddings` does.",
+    )
     args = ap.parse_args()
     names = [s for s in args.sets.split(",") if s] or sorted(
-        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
+        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file()
+    )
     for name in names:
         print(report(name, args.data / name / "train.parquet", args.embeddings), flush=True)
 

@@ -39,16 +39,21 @@ def synthesize(frame: pd.DataFrame, rows: int, seed: int = 0) -> pd.DataFrame:
     for k in range(copies):
         part = frame.drop(columns=["prompt"]).copy()
         part["request_id"] = part["request_id"] + f"#{k}"
-        prompts = {p: " ".join(w for w in p.split(" ") if rng.random() > 0.03) if k else p
-                   for p in frame["prompt"].unique()}
+        prompts = {
+            p: " ".join(w for w in p.split(" ") if rng.random() > 0.03) if k else p
+            for p in frame["prompt"].unique()
+        }
         codes.append(np.array([texts.setdefault(p, len(texts)) for p in frame["prompt"].map(prompts)]))
         if k:
             flip = rng.random(len(part)) < 0.05
             part.loc[flip, "score"] = 1.0 - part.loc[flip, "score"]
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)
-    out.insert(list(frame.columns).index("prompt"), "prompt",
-               pd.Categorical.from_codes(np.concatenate(codes), categories=list(texts)))
+    out.insert(
+        list(frame.columns).index("prompt"),
+        "prompt",
+        pd.Categorical.from_codes(np.concatenate(codes), categories=list(texts)),
+    )
     return out.iloc[:rows]
 
 
@@ -57,8 +62,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=120_000)
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--holdout", type=float, default=0.3, help="Held-out fraction (0: one fit, no report).")
-    ap.add_argument("--sets", type=Path, default=None,
-                    help="Time every sub-folder's train.parquet as it is (the shared sets) instead.")
+    ap.add_argument(
+        "--sets",
+        type=Path,
+        default=None,
+        help="Time every sub-folder's train.parquet as it is (the shared sets) instead.",
+    )
     args = ap.parse_args()
     if args.sets is not None:
         from routeopt.evals.storage.importer import training_frame_of
@@ -75,11 +84,14 @@ def timed(frame: pd.DataFrame, holdout: float, name: str) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     result = train_router(frame, holdout_fraction=holdout)
     took, cpu = time.perf_counter() - start, time.process_time() - cpu
-    print(f"{name}: rows={len(frame)} requests={frame['request_id'].nunique()} "
-          f"candidates={frame['model'].nunique()} holdout={holdout} refit={result.metrics['refit']} "
-          f"train_router_wall_s={took:.1f} cpu_s={cpu:.1f} "
-          f"peak_rss_gb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} "
-          f"knob_points={len(result.policy.knob.points)}", flush=True)
+    print(
+        f"{name}: rows={len(frame)} requests={frame['request_id'].nunique()} "
+        f"candidates={frame['model'].nunique()} holdout={holdout} refit={result.metrics['refit']} "
+        f"train_router_wall_s={took:.1f} cpu_s={cpu:.1f} "
+        f"peak_rss_gb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} "
+        f"knob_points={len(result.policy.knob.points)}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,7 @@ BEFORE = "cc87f94"  # the last commit where Prefect started (and orphaned) its o
 def export_tree(rev: str, dest: Path) -> Path:
     """The files of `rev` in `dest` (git archive: no worktree, nothing changed in the repo)."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
@@ -58,8 +57,12 @@ def demo_config(out: Path) -> Path:
     cfg = yaml.safe_load((REPO / "evals" / "demo" / "routeopt.yaml").read_text())
     for c in cfg["candidates"]:
         c["model"] = str(REPO / c["model"])
-    cfg.update(suites_dir=str(REPO / cfg["suites_dir"]), db_path=str(out / "routeopt.duckdb"),
-               registry_dir=str(out / "registry"), cache_dir=str(out / "cache"))
+    cfg.update(
+        suites_dir=str(REPO / cfg["suites_dir"]),
+        db_path=str(out / "routeopt.duckdb"),
+        registry_dir=str(out / "registry"),
+        cache_dir=str(out / "cache"),
+    )
     path = out / "routeopt.yaml"
     path.write_text(json.dumps(cfg))
     return path
@@ -73,12 +76,20 @@ def free_port() -> int:
 
 def start_prefect_server(home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+    }
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -97,16 +108,34 @@ def one_run(code: Path, home: Path, out: Path, api_url: str | None) -> tuple[flo
     out.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     # A busy machine outlasts Prefect's default 20 s start-up timeout: give every variant 180 s.
-    env.update(PYTHONPATH=str(code), PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="INFO",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env.update(
+        PYTHONPATH=str(code),
+        PREFECT_HOME=str(home),
+        PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",
+    )
     if api_url:
         env["PREFECT_API_URL"] = api_url
     start = time.perf_counter()
     fresh = ["--no-cache"] if "--no-cache" in (code / "flows/commands/pipeline.py").read_text() else []
-    proc = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "run", "--config",
-                             str(demo_config(out)), *fresh, "--no-progress"], cwd=code, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "routeopt.flows.cli",
+            "run",
+            "--config",
+            str(demo_config(out)),
+            *fresh,
+            "--no-progress",
+        ],
+        cwd=code,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     began, tail = None, []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -145,12 +174,15 @@ def main() -> None:
                     home.mkdir(exist_ok=True)
                     if regime == "warm" and rep == 0:  # migrate its database first, untimed
                         one_run(code, home, tmp / f"warmup-{key}", api_url if variant == "reuse" else None)
-                    began, wall = one_run(code, home, tmp / f"out-{key}-{rep}",
-                                          api_url if variant == "reuse" else None)
+                    began, wall = one_run(
+                        code, home, tmp / f"out-{key}-{rep}", api_url if variant == "reuse" else None
+                    )
                     times[key].append(wall)
                     to_flow[key].append(began)
-                    print(f"round {rep + 1}: {key:<13} flow began {began:5.1f} s, "
-                          f"ended {wall:6.1f} s", flush=True)
+                    print(
+                        f"round {rep + 1}: {key:<13} flow began {began:5.1f} s, ended {wall:6.1f} s",
+                        flush=True,
+                    )
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -159,10 +191,16 @@ def main() -> None:
     began = {k: statistics.median(v) for k, v in to_flow.items()}
     for regime in homes:
         for name, m in (("until the flow began", began), ("whole run", medians)):
-            print(f"{regime} Prefect home, {name}: " + ", ".join(
-                f"{v} {m[f'{v}_{regime}']:.1f} s" for v in variants))
-    print(" ".join([f"{k}_began_s={v:.1f}" for k, v in began.items()]
-                   + [f"{k}_s={v:.1f}" for k, v in medians.items()]))
+            print(
+                f"{regime} Prefect home, {name}: "
+                + ", ".join(f"{v} {m[f'{v}_{regime}']:.1f} s" for v in variants)
+            )
+    print(
+        " ".join(
+            [f"{k}_began_s={v:.1f}" for k, v in began.items()]
+            + [f"{k}_s={v:.1f}" for k, v in medians.items()]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ async def bare_loop(base_url: str, bodies: list[dict], concurrency: int) -> int:
             nonlocal total
             while not queue.empty():
                 body = queue.get_nowait()
-                async with client.stream("POST", "/chat/completions", json=body,
-                                         headers={"Authorization": "Bearer x"}) as resp:
+                async with client.stream(
+                    "POST", "/chat/completions", json=body, headers={"Authorization": "Bearer x"}
+                ) as resp:
                     resp.raise_for_status()
                     total += len(await resp.aread())
 
@@ -79,10 +80,16 @@ def request_bodies(suite, model: str) -> list[dict]:
     bodies = []
     for item in suite.items:
         req = suite.request(item)
-        bodies.append({
-            "model": model, "messages": [{"role": m.role, "content": m.content} for m in req.messages],
-            "max_tokens": req.settings.max_tokens, "temperature": req.settings.temperature,
-            "stream": True, "stream_options": {"include_usage": True}})
+        bodies.append(
+            {
+                "model": model,
+                "messages": [{"role": m.role, "content": m.content} for m in req.messages],
+                "max_tokens": req.settings.max_tokens,
+                "temperature": req.settings.temperature,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
     return bodies
 
 
@@ -92,9 +99,16 @@ async def runner_path(suite, base_url: str, concurrency: int, db: Path, provider
     from routeopt.evals.execution.runner import evaluate_pair
     from routeopt.evals.storage.store import Store
 
-    cand = Candidate(name=f"bench-{provider}", provider=provider, model="bench", base_url=base_url,
-                     input_price_per_mtok=1.0, output_price_per_mtok=2.0,
-                     max_concurrency=concurrency, timeout_s=60)
+    cand = Candidate(
+        name=f"bench-{provider}",
+        provider=provider,
+        model="bench",
+        base_url=base_url,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+        max_concurrency=concurrency,
+        timeout_s=60,
+    )
     limits = EndpointLimits(RateLimiter(), CircuitBreaker(base_url))
     with Store(db) as store:
         stats = await evaluate_pair(suite, cand, "bench", store.write_outcomes, limits=limits)
@@ -122,32 +136,53 @@ def main() -> None:
         bodies = request_bodies(suite, "bench")
         asyncio.run(bare_loop(server.openai_base_url, bodies[:200], a.concurrency))  # warm-up
         nbytes, bare_wall, bare_cpu = timed(
-            lambda: asyncio.run(bare_loop(server.openai_base_url, bodies, a.concurrency)))
+            lambda: asyncio.run(bare_loop(server.openai_base_url, bodies, a.concurrency))
+        )
         _, sdk_wall, sdk_cpu = timed(
-            lambda: asyncio.run(sdk_loop(server.openai_base_url, bodies, a.concurrency)))
+            lambda: asyncio.run(sdk_loop(server.openai_base_url, bodies, a.concurrency))
+        )
         base = server.openai_base_url if a.provider == "openai" else server.anthropic_base_url
-        (stats, n, ok), run_wall, run_cpu = timed(lambda: asyncio.run(
-            runner_path(suite, base, a.concurrency, Path(tmp) / "bench.duckdb", a.provider)))
+        (stats, n, ok), run_wall, run_cpu = timed(
+            lambda: asyncio.run(
+                runner_path(suite, base, a.concurrency, Path(tmp) / "bench.duckdb", a.provider)
+            )
+        )
     assert n == a.calls and stats.errors == 0, (n, stats)
     result = {
-        "calls": a.calls, "concurrency": a.concurrency, "provider": a.provider,
-        "bare_calls_per_s": a.calls / bare_wall, "runner_calls_per_s": a.calls / run_wall,
-        "ratio": bare_wall / run_wall, "sdk_calls_per_s": a.calls / sdk_wall,
-        "ratio_vs_sdk": sdk_wall / run_wall, "sdk_cpu_ms_per_call": 1000 * sdk_cpu / a.calls, "bare_cpu_ms_per_call": 1000 * bare_cpu / a.calls,
-        "runner_cpu_ms_per_call": 1000 * run_cpu / a.calls, "passed": ok, "rows": n,
+        "calls": a.calls,
+        "concurrency": a.concurrency,
+        "provider": a.provider,
+        "bare_calls_per_s": a.calls / bare_wall,
+        "runner_calls_per_s": a.calls / run_wall,
+        "ratio": bare_wall / run_wall,
+        "sdk_calls_per_s": a.calls / sdk_wall,
+        "ratio_vs_sdk": sdk_wall / run_wall,
+        "sdk_cpu_ms_per_call": 1000 * sdk_cpu / a.calls,
+        "bare_cpu_ms_per_call": 1000 * bare_cpu / a.calls,
+        "runner_cpu_ms_per_call": 1000 * run_cpu / a.calls,
+        "passed": ok,
+        "rows": n,
     }
     if a.json:
         print(json.dumps(result))
         return
-    print(f"bare httpx loop : {result['bare_calls_per_s']:8.0f} calls/s  "
-          f"({result['bare_cpu_ms_per_call']:.2f} ms client CPU/call)")
-    print(f"bare openai SDK : {result['sdk_calls_per_s']:8.0f} calls/s  "
-          f"({result['sdk_cpu_ms_per_call']:.2f} ms client CPU/call)")
-    print(f"full runner     : {result['runner_calls_per_s']:8.0f} calls/s  "
-          f"({result['runner_cpu_ms_per_call']:.2f} ms client CPU/call; {ok}/{n} graded pass, "
-          f"rows in DuckDB)")
-    print(f"ratio runner/bare httpx: {result['ratio']:.2f}  (target >= 0.7); "
-          f"runner/bare SDK: {result['ratio_vs_sdk']:.2f}")
+    print(
+        f"bare httpx loop : {result['bare_calls_per_s']:8.0f} calls/s  "
+        f"({result['bare_cpu_ms_per_call']:.2f} ms client CPU/call)"
+    )
+    print(
+        f"bare openai SDK : {result['sdk_calls_per_s']:8.0f} calls/s  "
+        f"({result['sdk_cpu_ms_per_call']:.2f} ms client CPU/call)"
+    )
+    print(
+        f"full runner     : {result['runner_calls_per_s']:8.0f} calls/s  "
+        f"({result['runner_cpu_ms_per_call']:.2f} ms client CPU/call; {ok}/{n} graded pass, "
+        f"rows in DuckDB)"
+    )
+    print(
+        f"ratio runner/bare httpx: {result['ratio']:.2f}  (target >= 0.7); "
+        f"runner/bare SDK: {result['ratio_vs_sdk']:.2f}"
+    )
 
 
 if __name__ == "__main__":

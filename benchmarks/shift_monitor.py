@@ -35,9 +35,13 @@ def logged_requests(policy, data, routed: list[str], idx: np.ndarray):
     its decision for every request of `data`, made once: a decision is a function of the request)."""
     from routeopt.router_training.live.shift_monitor import Logged
 
-    return Logged([data.suites[i] for i in idx], np.array([len(data.prompts[i]) for i in idx]),
-                  [policy.quality_target] * len(idx), [routed[i] for i in idx],
-                  [str(data.request_ids[i]) for i in idx])  # what the log's prompt_hash tells apart
+    return Logged(
+        [data.suites[i] for i in idx],
+        np.array([len(data.prompts[i]) for i in idx]),
+        [policy.quality_target] * len(idx),
+        [routed[i] for i in idx],
+        [str(data.request_ids[i]) for i in idx],
+    )  # what the log's prompt_hash tells apart
 
 
 def run_set(name: str, folder: Path, seeds: int, n: int) -> list[dict]:
@@ -67,14 +71,24 @@ def run_set(name: str, folder: Path, seeds: int, n: int) -> list[dict]:
                     break
                 pool = s.keep
             idx = np.random.default_rng(seed).choice(pool, size=n, replace=True)
-            report = detect_shift(policy.metrics["shift_reference"], logged_requests(policy, test, routed, idx))
+            report = detect_shift(
+                policy.metrics["shift_reference"], logged_requests(policy, test, routed, idx)
+            )
             flagged += report.shifted
             p.append(report.p_value)
             moved.update(f.feature for f in report.moved())
         if p:
-            rows.append({"set": name, "shift": shift, "seeds": len(p), "flagged": flagged,
-                         "median_p": float(np.median(p)), "max_p": float(np.max(p)),
-                         "moved": ", ".join(f"{k} x{v}" for k, v in moved.most_common(3))})
+            rows.append(
+                {
+                    "set": name,
+                    "shift": shift,
+                    "seeds": len(p),
+                    "flagged": flagged,
+                    "median_p": float(np.median(p)),
+                    "max_p": float(np.max(p)),
+                    "moved": ", ".join(f"{k} x{v}" for k, v in moved.most_common(3)),
+                }
+            )
     return rows
 
 
@@ -86,12 +100,16 @@ def main() -> None:
     ap.add_argument("--logged", type=int, default=2000, help="Logged requests per replay.")
     args = ap.parse_args()
     names = [s for s in args.sets.split(",") if s] or sorted(
-        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file())
+        d.name for d in args.data.iterdir() if (d / "train.parquet").is_file()
+    )
     print(f"{'set':<13}{'shift':<8}{'flagged':>10}{'median p':>11}{'max p':>10}  features that moved (seeds)")
     for name in names:
         for r in run_set(name, args.data / name, args.seeds, args.logged):
-            print(f"{r['set']:<13}{r['shift']:<8}{r['flagged']:>5}/{r['seeds']:<4}{r['median_p']:>11.2g}"
-                  f"{r['max_p']:>10.2g}  {r['moved']}", flush=True)
+            print(
+                f"{r['set']:<13}{r['shift']:<8}{r['flagged']:>5}/{r['seeds']:<4}{r['median_p']:>11.2g}"
+                f"{r['max_p']:>10.2g}  {r['moved']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -53,13 +53,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"{'set':<12} {'shift':<7} {'n':>5}  {'best on these test requests':<34} {'best by training, suite mix':<34} "
-          f"{'its test pass':>13}  check  share")
+    print(
+        f"{'set':<12} {'shift':<7} {'n':>5}  {'best on these test requests':<34} {'best by training, suite mix':<34} "
+        f"{'its test pass':>13}  check  share"
+    )
     for name in a.sets.split(","):
         train = routing_data(pd.read_parquet(a.data / name / "train.parquet"))
         test = scoring_data(pd.read_parquet(a.data / name / "test.parquet"), train.candidates)
         for shift in ("none", "suites"):
-            keep = np.arange(len(test)) if shift == "none" else getattr(shifted(shift, test, seed=a.seed), "keep", None)
+            keep = (
+                np.arange(len(test))
+                if shift == "none"
+                else getattr(shifted(shift, test, seed=a.seed), "keep", None)
+            )
             if keep is None:
                 continue
             sub = test.subset(keep)
@@ -70,9 +76,11 @@ def main() -> None:
             draws = rng.integers(0, len(sub), size=(2000, len(sub)))
             boot = sub.Y[draws].mean(axis=1)  # (2000, K)
             share = float(np.mean(boot[:, pick] >= boot.max(axis=1) - TOLERANCE))
-            print(f"{name:<12} {shift:<7} {len(sub):>5}  {train.candidates[best][:26]:<26} {rates[best]:.3f}   "
-                  f"{train.candidates[pick][:26]:<26} {train_rate[pick]:.3f}   {rates[pick]:>13.3f}  "
-                  f"{'holds' if ok else 'MISS ':<5}  {share:.2f}")
+            print(
+                f"{name:<12} {shift:<7} {len(sub):>5}  {train.candidates[best][:26]:<26} {rates[best]:.3f}   "
+                f"{train.candidates[pick][:26]:<26} {train_rate[pick]:.3f}   {rates[pick]:>13.3f}  "
+                f"{'holds' if ok else 'MISS ':<5}  {share:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -43,11 +43,17 @@ def demo_requests(suites: list[str]) -> list[Any]:
 def candidates(draft: str, k: int, max_batch: int) -> tuple[Any, Any]:
     from routeopt.evals.config import Candidate
 
-    base = dict(provider="local", model=str(ZOO / "zoo-l"), variant="fp32", device="cpu",
-                gpu_hour_usd=2.0, max_concurrency=max_batch, timeout_s=600)
+    base = dict(
+        provider="local",
+        model=str(ZOO / "zoo-l"),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=2.0,
+        max_concurrency=max_batch,
+        timeout_s=600,
+    )
     spec = {"model": str(ZOO / draft), "num_speculative_tokens": k}
-    return (Candidate(name="zoo-l", **base),
-            Candidate(name=f"zoo-l.draft-{draft}", speculative=spec, **base))
+    return (Candidate(name="zoo-l", **base), Candidate(name=f"zoo-l.draft-{draft}", speculative=spec, **base))
 
 
 async def one_repeat(pair: tuple[Any, Any], requests: list[Any], levels: list[int]) -> dict:
@@ -60,8 +66,7 @@ async def one_repeat(pair: tuple[Any, Any], requests: list[Any], levels: list[in
     try:
         for c in levels:
             for cand, provider in zip(pair, providers):
-                report = await bench_serving(cand, requests, [c], len(requests),
-                                             provider=provider, warmup=2)
+                report = await bench_serving(cand, requests, [c], len(requests), provider=provider, warmup=2)
                 out.setdefault(c, {})[cand.name] = report.levels[0]
     finally:
         for p in providers:
@@ -86,22 +91,26 @@ def summarize(runs: list[dict], pair: tuple[Any, Any]) -> list[dict]:
     base, spec = (c.name for c in pair)
     rows = []
     for c in runs[0]:
+
         def med(name: str, f: Any, c: int = c) -> float:
             return statistics.median(f(r[c][name]) for r in runs)
 
-        rows.append({
-            "concurrency": c,
-            "acceptance_rate": round(med(spec, lambda lv: lv.acceptance_rate), 3),
-            "mean_accepted_length": round(med(spec, lambda lv: lv.mean_accepted_length), 2),
-            "tok_s_without": round(med(base, lambda lv: lv.output_tok_s), 1),
-            "tok_s_with": round(med(spec, lambda lv: lv.output_tok_s), 1),
-            "speedup": round(statistics.median(r[c][spec].output_tok_s / r[c][base].output_tok_s
-                                               for r in runs), 2),
-            "ttft_p50_ms_without": round(med(base, lambda lv: lv.ttft_s["p50"]) * 1e3, 2),
-            "ttft_p50_ms_with": round(med(spec, lambda lv: lv.ttft_s["p50"]) * 1e3, 2),
-            "tpot_p50_ms_without": round(med(base, lambda lv: lv.tpot_s["p50"]) * 1e3, 2),
-            "tpot_p50_ms_with": round(med(spec, lambda lv: lv.tpot_s["p50"]) * 1e3, 2),
-        })
+        rows.append(
+            {
+                "concurrency": c,
+                "acceptance_rate": round(med(spec, lambda lv: lv.acceptance_rate), 3),
+                "mean_accepted_length": round(med(spec, lambda lv: lv.mean_accepted_length), 2),
+                "tok_s_without": round(med(base, lambda lv: lv.output_tok_s), 1),
+                "tok_s_with": round(med(spec, lambda lv: lv.output_tok_s), 1),
+                "speedup": round(
+                    statistics.median(r[c][spec].output_tok_s / r[c][base].output_tok_s for r in runs), 2
+                ),
+                "ttft_p50_ms_without": round(med(base, lambda lv: lv.ttft_s["p50"]) * 1e3, 2),
+                "ttft_p50_ms_with": round(med(spec, lambda lv: lv.ttft_s["p50"]) * 1e3, 2),
+                "tpot_p50_ms_without": round(med(base, lambda lv: lv.tpot_s["p50"]) * 1e3, 2),
+                "tpot_p50_ms_with": round(med(spec, lambda lv: lv.tpot_s["p50"]) * 1e3, 2),
+            }
+        )
     return rows
 
 
@@ -120,16 +129,28 @@ def main() -> None:
     identical = same_answers(pair, requests)
     runs = [asyncio.run(one_repeat(pair, requests, levels)) for _ in range(args.repeats)]
     rows = summarize(runs, pair)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                         text=True, check=False).stdout.strip()
-    print(f"commit={rev} suites={args.suites} draft={args.draft} k={args.k} requests={len(requests)} "
-          f"repeats={args.repeats} identical_answers={identical}")
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(
+        f"commit={rev} suites={args.suites} draft={args.draft} k={args.k} requests={len(requests)} "
+        f"repeats={args.repeats} identical_answers={identical}"
+    )
     for r in rows:
         print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
     if args.json_out:
-        args.json_out.write_text(json.dumps({"commit": rev, "draft": args.draft, "k": args.k,
-                                             "identical_answers": identical, "levels": rows},
-                                            indent=2))
+        args.json_out.write_text(
+            json.dumps(
+                {
+                    "commit": rev,
+                    "draft": args.draft,
+                    "k": args.k,
+                    "identical_answers": identical,
+                    "levels": rows,
+                },
+                indent=2,
+            )
+        )
     if not identical:
         sys.exit("answers differ with and without the draft")
 

@@ -27,7 +27,9 @@ from routeopt.evals.suite.spec import load_suite
 def _suite(folder: Path, n: int) -> Path:
     rng = random.Random(0)
     rows = [{"id": f"q{i}", "a": rng.randint(0, 999), "b": rng.randint(0, 999)} for i in range(n)]
-    (folder / "d.jsonl").write_text("".join(json.dumps({**r, "answer": r["a"] + r["b"]}) + "\n" for r in rows))
+    (folder / "d.jsonl").write_text(
+        "".join(json.dumps({**r, "answer": r["a"] + r["b"]}) + "\n" for r in rows)
+    )
     (folder / "s.yaml").write_text(
         "name: bench\ndataset: {path: d.jsonl, id_field: id}\n"
         "prompt: {system: 'Answer with a number.', template: 'What is {{ a }} + {{ b }}?'}\n"
@@ -61,8 +63,14 @@ async def main(items: int, code_items: int, repeats: int) -> None:
         suite = load_suite(path)
         print(f"suite load ({items} items, all templates checked): {time.perf_counter() - started:.2f} s")
     pairs = [(f"The answer is {i.fields['answer']}", i.fields) for i in suite.items]
-    print(f"numeric grader: {await _rate({'type': 'numeric', 'target': '{{ answer }}'}, pairs):,.0f} grades/s")
-    js = {"type": "json", "schema": {"type": "object", "required": ["sum"]}, "fields": {"sum": "{{ answer }}"}}
+    print(
+        f"numeric grader: {await _rate({'type': 'numeric', 'target': '{{ answer }}'}, pairs):,.0f} grades/s"
+    )
+    js = {
+        "type": "json",
+        "schema": {"type": "object", "required": ["sum"]},
+        "fields": {"sum": "{{ answer }}"},
+    }
     jpairs = [(f'```json\n{{"sum": {i.fields["answer"]}}}\n```', i.fields) for i in suite.items]
     print(f"json grader (schema + field): {await _rate(js, jpairs):,.0f} grades/s")
     iso = isolation(False)
@@ -73,8 +81,10 @@ async def main(items: int, code_items: int, repeats: int) -> None:
     for parallel in (1, 2):
         runs = sorted([await _code_rate(code_items, parallel) for _ in range(repeats)])
         rate, per_item = runs[len(runs) // 2]
-        print(f"code grader (max_parallel={parallel}, median of {repeats}): {rate:.1f} items/s, "
-              f"{per_item * 1000:.0f} ms per item")
+        print(
+            f"code grader (max_parallel={parallel}, median of {repeats}): {rate:.1f} items/s, "
+            f"{per_item * 1000:.0f} ms per item"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,11 @@ TIERS = {"fast": ["-m", "not slow"], "full": []}
 
 
 def run_once(tier: str, workers: int, timeout_s: float) -> dict:
-    env = {**os.environ, "PREFECT_HOME": tempfile.mkdtemp(prefix="test-times-"),
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": tempfile.mkdtemp(prefix="test-times-"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[tier], "-n", str(workers)]
     load_before, cpu_before = os.getloadavg()[0], _children_cpu()
     start = time.perf_counter()
@@ -39,9 +42,16 @@ def run_once(tier: str, workers: int, timeout_s: float) -> dict:
     wall = time.perf_counter() - start
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", tail)}
-    return {"tier": tier, "workers": workers, "wall_s": round(wall, 1),
-            "cpu_s": round(_children_cpu() - cpu_before, 1), "rc": done.returncode, **counts,
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+    return {
+        "tier": tier,
+        "workers": workers,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(_children_cpu() - cpu_before, 1),
+        "rc": done.returncode,
+        **counts,
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
 
 
 def _children_cpu() -> float:
@@ -69,11 +79,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             walls = [r["wall_s"] for r in runs if r["tier"] == tier and r["workers"] == workers]
             print(f"{tier:>4} -n {workers}: median {statistics.median(walls):.0f} s over {len(walls)} run(s)")
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-        args.json.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                         "commit": commit, "machine": platform.processor() or platform.machine(),
-                                         "cpus": len(os.sched_getaffinity(0)), "runs": runs}, indent=1))
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "commit": commit,
+                    "machine": platform.processor() or platform.machine(),
+                    "cpus": len(os.sched_getaffinity(0)),
+                    "runs": runs,
+                },
+                indent=1,
+            )
+        )
     return runs
 
 

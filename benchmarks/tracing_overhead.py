@@ -80,8 +80,13 @@ def tracing_on(sink: OtlpSink) -> None:
         def export(self, spans):  # type: ignore[no-untyped-def]
             return SpanExportResult.SUCCESS
 
-    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_MAX_QUEUE_SIZE": str(1 << 16),
-                       "ROUTEOPT_TRACING_EXPORT": "process" if EXPORT == "process" else "thread"})
+    os.environ.update(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
+            "OTEL_BSP_MAX_QUEUE_SIZE": str(1 << 16),
+            "ROUTEOPT_TRACING_EXPORT": "process" if EXPORT == "process" else "thread",
+        }
+    )
     tracing.configure(Discard(), max_queue_size=1 << 16) if EXPORT == "discard" else tracing.configure()
     tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "warm-up"})
     tracing.flush(30)
@@ -111,11 +116,26 @@ def call_span_cost(n: int = 5_000) -> tuple[float, float]:
     from routeopt.evals.providers.base import Completion
     from routeopt.evals.storage.store import Outcome
 
-    cand = Candidate(name="bench", provider="openai", model="bench", base_url="http://127.0.0.1:9/v1",
-                     input_price_per_mtok=1.0, output_price_per_mtok=2.0)
-    answer = Completion(text="42", input_tokens=30, output_tokens=5, latency_s=0.01, ttft_s=0.004,
-                        finish_reason="stop", streamed=True)
-    row = Outcome(run_id="r", suite="s", suite_version="1", item_id="i1", candidate="bench", passed=True, score=1.0)
+    cand = Candidate(
+        name="bench",
+        provider="openai",
+        model="bench",
+        base_url="http://127.0.0.1:9/v1",
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+    )
+    answer = Completion(
+        text="42",
+        input_tokens=30,
+        output_tokens=5,
+        latency_s=0.01,
+        ttft_s=0.004,
+        finish_reason="stop",
+        streamed=True,
+    )
+    row = Outcome(
+        run_id="r", suite="s", suite_version="1", item_id="i1", candidate="bench", passed=True, score=1.0
+    )
     tracing.flush(30)
     thread, process = time.thread_time(), _process_cpu_s()
     for _ in range(n):
@@ -137,18 +157,20 @@ def decisions(n: int, repeats: int, tmp: Path) -> dict[str, dict[str, list[float
 
     registry, public, prompts, what = build_policy(tmp, "auto")
     router = load(registry, public, state_dir=False)
-    gateway = Gateway(router, log=DecisionLog(tmp / "logs", max_queue=1 << 20),
-                      exploration=Exploration(rate=0.01, seed=0))
-    routes = {"router": router.route,
-              "gateway": lambda p, s: gateway.route(p, s, traceparent=PARENT)}
-    print(f"{what}: {len(prompts)} prompts, {repeats} rounds of {n} decisions per setup and state, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    gateway = Gateway(
+        router, log=DecisionLog(tmp / "logs", max_queue=1 << 20), exploration=Exploration(rate=0.01, seed=0)
+    )
+    routes = {"router": router.route, "gateway": lambda p, s: gateway.route(p, s, traceparent=PARENT)}
+    print(
+        f"{what}: {len(prompts)} prompts, {repeats} rounds of {n} decisions per setup and state, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     figures: dict[str, dict[str, list[float]]] = {}
     for i in range(repeats):
         for name, route in routes.items():
             # off and on back to back, their order swapped every round: the machine's own drift
             # over seconds (larger than the effect here) falls on both states alike
-            for on_off in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            for on_off in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 with state(on_off):
                     used = time.process_time()
                     wall, cpu = measure(route, prompts, n, warmup=50)
@@ -169,12 +191,25 @@ async def _runner(suite, base_url: str, db: Path) -> float:
     from routeopt.evals.execution.runner import evaluate_pair
     from routeopt.evals.storage.store import Store
 
-    cand = Candidate(name="bench", provider="openai", model="bench", base_url=base_url,
-                     input_price_per_mtok=1.0, output_price_per_mtok=2.0, max_concurrency=64, timeout_s=60)
+    cand = Candidate(
+        name="bench",
+        provider="openai",
+        model="bench",
+        base_url=base_url,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+        max_concurrency=64,
+        timeout_s=60,
+    )
     with Store(db) as store:
         started = time.perf_counter()
-        stats = await evaluate_pair(suite, cand, db.stem, store.write_outcomes,
-                                    limits=EndpointLimits(RateLimiter(), CircuitBreaker(base_url)))
+        stats = await evaluate_pair(
+            suite,
+            cand,
+            db.stem,
+            store.write_outcomes,
+            limits=EndpointLimits(RateLimiter(), CircuitBreaker(base_url)),
+        )
         wall = time.perf_counter() - started
     assert stats.completed == len(suite.items) and stats.errors == 0, stats
     return len(suite.items) / wall
@@ -198,11 +233,12 @@ def runner(calls: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
             asyncio.run(_runner(suite, server.openai_base_url, tmp / "warm-up.duckdb"))
         tracing.flush(30)
         for i in range(repeats):
-            for on_off in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            for on_off in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 cpu = _process_cpu_s()
                 with state(on_off):
-                    rates[on_off].append(asyncio.run(_runner(suite, server.openai_base_url,
-                                                             tmp / f"r{i}-{on_off}.duckdb")))
+                    rates[on_off].append(
+                        asyncio.run(_runner(suite, server.openai_base_url, tmp / f"r{i}-{on_off}.duckdb"))
+                    )
                 tracing.flush(30)
                 rates[f"{on_off} cpu"].append((_process_cpu_s() - cpu) / calls * 1e6)
     return rates
@@ -215,8 +251,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=250, help="eval calls per runner block")
     ap.add_argument("--runner-repeats", type=int, default=41, help="runner rounds (each: off and on)")
     ap.add_argument("--only", choices=("decisions", "runner"), help="measure one of the two only")
-    ap.add_argument("--export", choices=("process", "thread", "discard"), default="process",
-                    help="where decision spans are built and sent (discard: built on a thread, then dropped)")
+    ap.add_argument(
+        "--export",
+        choices=("process", "thread", "discard"),
+        default="process",
+        help="where decision spans are built and sent (discard: built on a thread, then dropped)",
+    )
     args = ap.parse_args()
     global EXPORT
     EXPORT = args.export
@@ -231,19 +271,25 @@ def main() -> None:
         tracing.disable()
         time.sleep(0.5)
         received = sink.count()
-    print(f"export: {args.export}; record_decision on the calling thread: {caller_us:.1f} us CPU a call; "
-          f"an eval call's span: {span_us[0]:.1f} us CPU on the calling thread, {span_us[1]:.1f} us in the process")
+    print(
+        f"export: {args.export}; record_decision on the calling thread: {caller_us:.1f} us CPU a call; "
+        f"an eval call's span: {span_us[0]:.1f} us CPU on the calling thread, {span_us[1]:.1f} us in the process"
+    )
     if figures:
         report_decisions(figures, args.repeats)
-    print(f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
-          f"dropped {s.dropped}, export failures {s.export_failed}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"spans received by the collector: {received['spans']} in {received['requests']} requests; "
+        f"dropped {s.dropped}, export failures {s.export_failed}; load average {os.getloadavg()[0]:.1f}"
+    )
     if rates:
         ratios = np.array(rates["on"]) / np.array(rates["off"])
         cpu = float(np.median(np.array(rates["on cpu"]) - np.array(rates["off cpu"])))
         print(f"runner calls/s off {[round(r) for r in rates['off']]}, on {[round(r) for r in rates['on']]}")
-        print(f"runner on/off by round: quartiles {np.percentile(ratios, 25):.3f} / {np.median(ratios):.3f} / "
-              f"{np.percentile(ratios, 75):.3f}; the process's CPU a call: off {np.median(rates['off cpu']):.0f} us, "
-              f"tracing adds {cpu:+.0f} us")
+        print(
+            f"runner on/off by round: quartiles {np.percentile(ratios, 25):.3f} / {np.median(ratios):.3f} / "
+            f"{np.percentile(ratios, 75):.3f}; the process's CPU a call: off {np.median(rates['off cpu']):.0f} us, "
+            f"tracing adds {cpu:+.0f} us"
+        )
     if figures:
         g = _added(figures, "gateway", "wall p50"), _added(figures, "gateway", "wall p99")
         print(f"added_p50_us={g[0]:.1f} added_p99_us={g[1]:.1f}")
@@ -260,12 +306,16 @@ def report_decisions(figures: dict, repeats: int) -> None:
     print(f"{'setup':<14} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}")
     for name, row in figures.items():
         med = {k: float(np.median(v)) for k, v in row.items()}
-        print(f"{name:<14} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f}")
+        print(
+            f"{name:<14} {med['wall p50']:>9.1f} {med['wall p99']:>9.1f} {med['cpu p50']:>8.1f} {med['cpu p99']:>8.1f}"
+        )
     for name in ("router", "gateway"):
-        print(f"{name}: tracing adds {_added(figures, name, 'wall p50'):.1f} us p50, "
-              f"{_added(figures, name, 'wall p99'):.1f} us p99 (CPU {_added(figures, name, 'cpu p50'):.1f} / "
-              f"{_added(figures, name, 'cpu p99'):.1f}); the process's CPU a decision, all its threads: "
-              f"{_added(figures, name, 'process cpu'):+.1f} us")
+        print(
+            f"{name}: tracing adds {_added(figures, name, 'wall p50'):.1f} us p50, "
+            f"{_added(figures, name, 'wall p99'):.1f} us p99 (CPU {_added(figures, name, 'cpu p50'):.1f} / "
+            f"{_added(figures, name, 'cpu p99'):.1f}); the process's CPU a decision, all its threads: "
+            f"{_added(figures, name, 'process cpu'):+.1f} us"
+        )
 
 
 if __name__ == "__main__":

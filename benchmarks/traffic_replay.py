@@ -28,10 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 # ../shared beside the checkout (or beside the folder of worktrees), or $ROUTEOPT_SHARED_DIR
-_SHARED = [Path(p) for p in (os.environ.get("ROUTEOPT_SHARED_DIR"),) if p] + \
-    [REPO.parent / "shared", REPO.parent.parent / "shared"]
-ROUTERBENCH = next((s / "data" / "routerbench" for s in _SHARED if (s / "data" / "routerbench").is_dir()),
-                   _SHARED[-1] / "data" / "routerbench")
+_SHARED = [Path(p) for p in (os.environ.get("ROUTEOPT_SHARED_DIR"),) if p] + [
+    REPO.parent / "shared",
+    REPO.parent.parent / "shared",
+]
+ROUTERBENCH = next(
+    (s / "data" / "routerbench" for s in _SHARED if (s / "data" / "routerbench").is_dir()),
+    _SHARED[-1] / "data" / "routerbench",
+)
 MODES = ("text", "shadow", "canary")
 
 
@@ -57,9 +61,16 @@ def synthetic_frame(seed: int, n: int) -> Any:
         prompt = f"{suite} level {difficulty}: " + " ".join(rng.choice(words, 2 + 3 * difficulty))
         for name, (drop, price) in models.items():
             p = float(np.clip(0.98 - drop * difficulty, 0.02, 0.98))
-            rows.append({"request_id": f"{suite}-{seed}-{i}", "suite": suite, "prompt": prompt,
-                         "model": name, "score": float(rng.random() < p),
-                         "cost_usd": 1e-5 * price * (1 + len(prompt) / 200)})
+            rows.append(
+                {
+                    "request_id": f"{suite}-{seed}-{i}",
+                    "suite": suite,
+                    "prompt": prompt,
+                    "model": name,
+                    "score": float(rng.random() < p),
+                    "cost_usd": 1e-5 * price * (1 + len(prompt) / 200),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -97,8 +108,9 @@ def publish_pair(folder: Path, champion: Any, second: Any) -> Path:
     registry = folder / "registry"
     private, _ = generate_keys(registry_keys(registry))
     for policy, channel in ((champion, "champion"), (second, "candidate")):
-        v = publish(policy, registry, lineage={"benchmark": "traffic replay"}, metrics={},
-                    signing_key=private)
+        v = publish(
+            policy, registry, lineage={"benchmark": "traffic replay"}, metrics={}, signing_key=private
+        )
         move_channel(registry, channel, v.version, signing_key=private)
     return registry
 
@@ -116,8 +128,18 @@ def truth(policy: Any, fleet: Any, reps: int = 1) -> tuple[float, float]:
     return float(fleet.Y[rows, picks].mean()), float(fleet.C[rows, picks].mean())
 
 
-def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, rate: float,
-           canary_share: float = 0.2, reps: int = 1, feedback_share: float = 1.0) -> Path:
+def replay(
+    registry: Path,
+    fleet: Any,
+    folder: Path,
+    *,
+    mode: str,
+    seed: int,
+    rate: float,
+    canary_share: float = 0.2,
+    reps: int = 1,
+    feedback_share: float = 1.0,
+) -> Path:
     """Route the traffic `reps` times through a gateway, feed back true outcomes; returns a store.
 
     Feedback comes back for a random `feedback_share` of requests (missing at random).
@@ -133,11 +155,15 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
     public = registry_keys(registry) / "public_key.pem"
     champion = load(registry, public, channel="champion", state_dir=False)
     candidate = load(registry, public, channel="candidate", state_dir=False) if mode != "text" else None
-    gateway = Gateway(champion, log=DecisionLog(logs, redact=verbatim if mode == "text" else None,
-                                                max_queue=1 << 20),
-                      exploration=Exploration(rate=rate, seed=seed), candidate=candidate,
-                      shadow=mode != "text", canary_share=canary_share if mode == "canary" else 0.0,
-                      canary_seed=seed)
+    gateway = Gateway(
+        champion,
+        log=DecisionLog(logs, redact=verbatim if mode == "text" else None, max_queue=1 << 20),
+        exploration=Exploration(rate=rate, seed=seed),
+        candidate=candidate,
+        shadow=mode != "text",
+        canary_share=canary_share if mode == "canary" else 0.0,
+        canary_seed=seed,
+    )
     pos = {c: j for j, c in enumerate(fleet.candidates)}
     rng = np.random.default_rng(seed + 10_000)
     feedback = []
@@ -146,8 +172,13 @@ def replay(registry: Path, fleet: Any, folder: Path, *, mode: str, seed: int, ra
             d = gateway.route(prompt, suite, request_id=f"{rid}#{rep}")
             if rng.random() < feedback_share:
                 j = pos[d.model]
-                feedback.append({"request_id": d.request_id, "passed": bool(fleet.Y[i, j] >= 0.5),
-                                 "cost_usd": float(fleet.C[i, j])})
+                feedback.append(
+                    {
+                        "request_id": d.request_id,
+                        "passed": bool(fleet.Y[i, j] >= 0.5),
+                        "cost_usd": float(fleet.C[i, j]),
+                    }
+                )
     gateway.log.flush()
     gateway.log.close()
     path = folder / f"traffic-{mode}-{seed}.duckdb"

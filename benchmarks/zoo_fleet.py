@@ -22,8 +22,15 @@ FLEET = [("zoo-s", "fp32"), ("zoo-m", "fp32"), ("zoo-l", "fp32"), ("zoo-l", "int
 
 
 async def run_candidate(name: str, variant: str, suites: list, max_batch: int) -> tuple[dict, float, int]:
-    cand = Candidate(name=f"{name}-{variant}", provider="local", model=str(REPO / "evals/demo/zoo" / name),
-                     variant=variant, device="cpu", gpu_hour_usd=1.0, max_concurrency=max_batch)
+    cand = Candidate(
+        name=f"{name}-{variant}",
+        provider="local",
+        model=str(REPO / "evals/demo/zoo" / name),
+        variant=variant,
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=max_batch,
+    )
     provider = LocalProvider(cand, max_batch=max_batch)
     await provider.generate(suites[0].request(suites[0].items[0]))  # load outside the timing
     passed: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -51,8 +58,10 @@ async def main() -> None:
         rates, wall, toks = await run_candidate(name, variant, suites, args.max_batch)
         total += wall
         overall = sum(rates.values()) / len(rates)
-        print(f"{name} {variant}: {n_items} items in {wall:.1f}s ({toks / wall:.0f} output tok/s), "
-              f"mean pass rate {overall:.2f}")
+        print(
+            f"{name} {variant}: {n_items} items in {wall:.1f}s ({toks / wall:.0f} output tok/s), "
+            f"mean pass rate {overall:.2f}"
+        )
         for suite in suites:
             cells = " ".join(f"d{d}={rates[(suite.name, d)]:.2f}" for d in range(1, 7))
             print(f"    {suite.name:8s} {cells}")

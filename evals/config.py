@@ -87,8 +87,12 @@ def load_yaml(path: Path) -> tuple[Any, LineMap]:
         _walk(node, (), lines, dupes)
     if dupes:
         loc, line, first = dupes[0]
-        raise YamlError(path, line, f"duplicate key {'.'.join(map(str, loc))!r} (first at line {first}); "
-                        "YAML keeps only the last, so merge them")
+        raise YamlError(
+            path,
+            line,
+            f"duplicate key {'.'.join(map(str, loc))!r} (first at line {first}); "
+            "YAML keeps only the last, so merge them",
+        )
     return data, lines
 
 
@@ -223,11 +227,15 @@ class Candidate(BaseModel):
     @model_validator(mode="after")
     def _batchable(self) -> "Candidate":
         if self.batch is not None and self.batch.enabled and self.provider == "local":
-            raise ValueError("batch: a `local` candidate runs in this process and has no batch "
-                             "API; remove `batch` (only openai and anthropic candidates batch)")
+            raise ValueError(
+                "batch: a `local` candidate runs in this process and has no batch "
+                "API; remove `batch` (only openai and anthropic candidates batch)"
+            )
         if self.batch is not None and self.batch.enabled and self.gpu_hour_usd is not None:
-            raise ValueError("batch: a candidate priced by GPU time has no batch price; give "
-                             "token prices or remove `batch`")
+            raise ValueError(
+                "batch: a candidate priced by GPU time has no batch price; give "
+                "token prices or remove `batch`"
+            )
         return self
 
     @property
@@ -242,15 +250,23 @@ class Candidate(BaseModel):
         spec = self.batch or BatchSpec()
         price_in, price_out = self.token_prices()
         read, write = self.cache_prices()
-        scale = (spec.input_price_per_mtok / price_in if spec.input_price_per_mtok is not None
-                 and price_in else spec.discount)
-        return self.model_copy(update={
-            "input_price_per_mtok": price_in * scale if spec.input_price_per_mtok is None
-            else spec.input_price_per_mtok,
-            "output_price_per_mtok": price_out * spec.discount if spec.output_price_per_mtok is None
-            else spec.output_price_per_mtok,
-            "cached_input_price_per_mtok": read * scale,
-            "cache_write_input_price_per_mtok": write * scale})
+        scale = (
+            spec.input_price_per_mtok / price_in
+            if spec.input_price_per_mtok is not None and price_in
+            else spec.discount
+        )
+        return self.model_copy(
+            update={
+                "input_price_per_mtok": price_in * scale
+                if spec.input_price_per_mtok is None
+                else spec.input_price_per_mtok,
+                "output_price_per_mtok": price_out * spec.discount
+                if spec.output_price_per_mtok is None
+                else spec.output_price_per_mtok,
+                "cached_input_price_per_mtok": read * scale,
+                "cache_write_input_price_per_mtok": write * scale,
+            }
+        )
 
     @model_validator(mode="after")
     def _priced(self) -> "Candidate":
@@ -258,17 +274,17 @@ class Candidate(BaseModel):
         if token_priced and self.gpu_hour_usd is not None:
             raise ValueError("give either token prices or gpu_hour_usd, not both")
         if not token_priced and self.gpu_hour_usd is None:
-            raise ValueError(
-                "needs a price: input_price_per_mtok/output_price_per_mtok, or gpu_hour_usd"
-            )
+            raise ValueError("needs a price: input_price_per_mtok/output_price_per_mtok, or gpu_hour_usd")
         if self.gpu_tokens_per_s is not None and self.gpu_hour_usd is None:
             raise ValueError("gpu_tokens_per_s prices a GPU: give gpu_hour_usd too")
         if self.provider == "local" and self.variant == "api":
             self.variant = "fp32"
         if self.speculative is not None and self.provider != "local":
-            raise ValueError("speculative: only `local` candidates run a draft model; for an "
-                             "OpenAI-compatible server configure it on the server (vLLM: "
-                             "--speculative-config)")
+            raise ValueError(
+                "speculative: only `local` candidates run a draft model; for an "
+                "OpenAI-compatible server configure it on the server (vLLM: "
+                "--speculative-config)"
+            )
         return self
 
     @property
@@ -330,13 +346,19 @@ class Candidate(BaseModel):
         return out
 
 
-_PACING_FIELDS = frozenset({"api_key_env", "max_concurrency", "requests_per_minute",
-                            "tokens_per_minute", "circuit_breaker_failures",
-                            "circuit_breaker_cooldown_s"})
+_PACING_FIELDS = frozenset(
+    {
+        "api_key_env",
+        "max_concurrency",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "circuit_breaker_failures",
+        "circuit_breaker_cooldown_s",
+    }
+)
 
 
-_BATCH_MEASURED = ("enabled", "discount", "input_price_per_mtok", "output_price_per_mtok",
-                   "latency_sample")
+_BATCH_MEASURED = ("enabled", "discount", "input_price_per_mtok", "output_price_per_mtok", "latency_sample")
 
 
 class ReuseSettings(BaseModel):
@@ -349,9 +371,11 @@ class ReuseSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_age_days: float = Field(default=14.0, gt=0)
-    drift_sample: int | None = Field(default=None, ge=1,
-                                     description="items per candidate; None: sized from the "
-                                     "detectable drop, power and flip rate")
+    drift_sample: int | None = Field(
+        default=None,
+        ge=1,
+        description="items per candidate; None: sized from the detectable drop, power and flip rate",
+    )
     detectable_drop: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.8, gt=0, lt=1)
     alpha: float = Field(default=0.01, gt=0, lt=0.5)
@@ -474,25 +498,39 @@ class TrafficSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    log_dir: Path | None = Field(default=None, description="where gateways write decision logs; "
-                                 "the nightly imports them")
-    window_days: float = Field(default=14.0, gt=0, description="the gate scores policies on "
-                               "decisions this recent")
-    min_feedback: int = Field(default=200, ge=1, description="requests with feedback before live "
-                              "traffic joins the promotion gate")
+    log_dir: Path | None = Field(
+        default=None, description="where gateways write decision logs; the nightly imports them"
+    )
+    window_days: float = Field(
+        default=14.0, gt=0, description="the gate scores policies on decisions this recent"
+    )
+    min_feedback: int = Field(
+        default=200, ge=1, description="requests with feedback before live traffic joins the promotion gate"
+    )
     require_live: bool = Field(default=False, description="never promote without enough live evidence")
     feedback_source: str | None = None
     judge: str | None = Field(default=None, description="candidate that grades traffic suites")
     suites_dir: Path | None = None
     data_dir: Path | None = None
-    api_prices: dict[str, ApiPrice] = Field(default_factory=dict, description="what each "
-                                            "self-hosted candidate's model costs on a provider API")
-    shift_alpha: float = Field(default=0.01, gt=0, lt=1, description="the shift monitor's family-wise "
-                               "level: live requests unlike the certified ones (routeopt.router_training.live.shift_monitor)")
-    shift_min_effect: float = Field(default=0.05, ge=0, le=1, description="the least total variation "
-                                    "(binned) of a feature that counts as a shift")
-    shift_min_requests: int = Field(default=200, ge=1, description="logged requests the shift monitor "
-                                    "needs before it tests")
+    api_prices: dict[str, ApiPrice] = Field(
+        default_factory=dict, description="what each self-hosted candidate's model costs on a provider API"
+    )
+    shift_alpha: float = Field(
+        default=0.01,
+        gt=0,
+        lt=1,
+        description="the shift monitor's family-wise "
+        "level: live requests unlike the certified ones (routeopt.router_training.live.shift_monitor)",
+    )
+    shift_min_effect: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="the least total variation (binned) of a feature that counts as a shift",
+    )
+    shift_min_requests: int = Field(
+        default=200, ge=1, description="logged requests the shift monitor needs before it tests"
+    )
 
 
 class Config(BaseModel):
@@ -515,8 +553,9 @@ class Config(BaseModel):
     traffic: TrafficSettings = TrafficSettings()
     reuse: ReuseSettings | None = None
     source_path: Path | None = Field(default=None, exclude=True)
-    state_base: Path | None = Field(default=None, exclude=True,
-                                    description="the folder relative state paths resolve against")
+    state_base: Path | None = Field(
+        default=None, exclude=True, description="the folder relative state paths resolve against"
+    )
 
     @field_validator("candidates")
     @classmethod
@@ -539,13 +578,17 @@ class Config(BaseModel):
             draft = by_name[spec.model]
             where = f"candidates.{i}.speculative.model"
             if draft.name == c.name:
-                raise ValueError(f"{where}: candidate {c.name!r} names itself as its draft; name "
-                                 "a smaller model")
+                raise ValueError(
+                    f"{where}: candidate {c.name!r} names itself as its draft; name a smaller model"
+                )
             if draft.provider != "local":
-                raise ValueError(f"{where}: draft candidate {draft.name!r} is a "
-                                 f"{draft.provider!r} candidate; a draft must be `local`")
-            c.speculative = spec.model_copy(update={
-                "model": draft.model, "variant": spec.variant or draft.variant})
+                raise ValueError(
+                    f"{where}: draft candidate {draft.name!r} is a "
+                    f"{draft.provider!r} candidate; a draft must be `local`"
+                )
+            c.speculative = spec.model_copy(
+                update={"model": draft.model, "variant": spec.variant or draft.variant}
+            )
         return self
 
     @model_validator(mode="after")
@@ -554,16 +597,17 @@ class Config(BaseModel):
         unknown = sorted(set(self.budget.per_candidate_usd) - names)
         if unknown:
             raise ValueError(
-                f"budget.per_candidate_usd names unknown candidates {unknown}; "
-                f"the config has {sorted(names)}"
+                f"budget.per_candidate_usd names unknown candidates {unknown}; the config has {sorted(names)}"
             )
         unknown = sorted(set(self.traffic.api_prices) - names)
         if unknown:
-            raise ValueError(f"traffic.api_prices names unknown candidates {unknown}; "
-                             f"the config has {sorted(names)}")
+            raise ValueError(
+                f"traffic.api_prices names unknown candidates {unknown}; the config has {sorted(names)}"
+            )
         if self.traffic.judge is not None and self.traffic.judge not in names:
-            raise ValueError(f"traffic.judge {self.traffic.judge!r} is not a candidate; "
-                             f"the config has {sorted(names)}")
+            raise ValueError(
+                f"traffic.judge {self.traffic.judge!r} is not a candidate; the config has {sorted(names)}"
+            )
         return self
 
     def signing_key_path(self) -> Path:
@@ -604,7 +648,8 @@ def _resolve_checkpoints(base: Path, c: Candidate) -> Candidate:
     update: dict = {"model": _local_path(base, c.model)}
     if c.speculative is not None:
         update["speculative"] = c.speculative.model_copy(
-            update={"model": _local_path(base, c.speculative.model)})
+            update={"model": _local_path(base, c.speculative.model)}
+        )
     return c.model_copy(update=update)
 
 
@@ -653,10 +698,17 @@ def load_config(path: str | os.PathLike) -> Config:
                     else None
                 }
             ),
-            "traffic": cfg.traffic.model_copy(update={
-                k: _resolve(base, v) for k, v in
-                (("log_dir", cfg.traffic.log_dir), ("suites_dir", cfg.traffic.suites_dir),
-                 ("data_dir", cfg.traffic.data_dir)) if v is not None}),
+            "traffic": cfg.traffic.model_copy(
+                update={
+                    k: _resolve(base, v)
+                    for k, v in (
+                        ("log_dir", cfg.traffic.log_dir),
+                        ("suites_dir", cfg.traffic.suites_dir),
+                        ("data_dir", cfg.traffic.data_dir),
+                    )
+                    if v is not None
+                }
+            ),
             "source_path": path,
             "state_base": state,
         }

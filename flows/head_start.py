@@ -34,8 +34,16 @@ class HeadStart:
     """Evaluate the run's pairs in a thread of its own until `stop()`; a candidate's pairs one
     after another and the candidates side by side, as the flow orders them."""
 
-    def __init__(self, cfg: Config, run_id: str, *, suites: list[str] | None, candidates: list[str],
-                 progress_key: str | None = None, cache_max_age_s: float | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        run_id: str,
+        *,
+        suites: list[str] | None,
+        candidates: list[str],
+        progress_key: str | None = None,
+        cache_max_age_s: float | None = None,
+    ) -> None:
         self.cfg, self.run_id, self.suites, self.candidates = cfg, run_id, suites, candidates
         self.progress_key, self.cache_max_age_s = progress_key, cache_max_age_s
         self.items = 0  # stored by the pairs begun here
@@ -56,8 +64,11 @@ class HeadStart:
             cancel_evaluations(self.run_id)
             self._thread.join(0.05)
         if self.error is not None:
-            log.warning("the evaluations begun before the flow stopped early (the flow does "
-                        "their items): %s: %s", type(self.error).__name__, self.error)
+            log.warning(
+                "the evaluations begun before the flow stopped early (the flow does their items): %s: %s",
+                type(self.error).__name__,
+                self.error,
+            )
         return time.perf_counter() - self._started
 
     def _run(self) -> None:
@@ -72,8 +83,10 @@ class HeadStart:
             self.error = exc
 
     async def _all(self, store: Any, chosen: list[Any], loaded: list[Any], budget: Any) -> None:
-        await asyncio.gather(*(_cancellable(self.run_id, self._candidate(store, cand, loaded, budget))
-                               for cand in chosen), return_exceptions=True)
+        await asyncio.gather(
+            *(_cancellable(self.run_id, self._candidate(store, cand, loaded, budget)) for cand in chosen),
+            return_exceptions=True,
+        )
 
     async def _candidate(self, store: Any, cand: Any, loaded: list[Any], budget: Any) -> None:
         hook = _PROGRESS.get(self.progress_key or "")
@@ -81,13 +94,20 @@ class HeadStart:
             if self._stopping.is_set():
                 return
             done = store.done_items(self.run_id, suite.name, cand.name)
-            on_progress = ((lambda n, s=suite: hook(s.name, cand.name, n, len(s.items)))
-                           if hook else None)
+            on_progress = (lambda n, s=suite: hook(s.name, cand.name, n, len(s.items))) if hook else None
             try:
                 stats = await evaluate_pair(
-                    suite, cand, self.run_id, store.write_outcomes, done=done, on_progress=on_progress,
-                    budget=budget, cache=str(self.cfg.cache_dir), cache_max_age_s=self.cache_max_age_s,
-                    cache_scope=f"{self.cfg.db_path}#{self.run_id}")
+                    suite,
+                    cand,
+                    self.run_id,
+                    store.write_outcomes,
+                    done=done,
+                    on_progress=on_progress,
+                    budget=budget,
+                    cache=str(self.cfg.cache_dir),
+                    cache_max_age_s=self.cache_max_age_s,
+                    cache_scope=f"{self.cfg.db_path}#{self.run_id}",
+                )
             finally:
                 self.items += len(store.done_items(self.run_id, suite.name, cand.name)) - len(done)
             if stats.halted:

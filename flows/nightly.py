@@ -142,32 +142,47 @@ def evaluate_task(
     kept: list[Outcome] = []
     sink = shared_store(Path(db_path)).write_outcomes if db_path else kept.extend
     on_progress = (lambda n: hook(suite.name, candidate.name, n, len(suite.items))) if hook else None
-    span = tracing.start_span(f"evaluate {suite.name} x {candidate.name}", traceparent=trace_parent,
-                              attributes={"openinference.span.kind": "CHAIN",
-                                          "routeopt.run_id": run_id, "routeopt.suite": suite.name,
-                                          "routeopt.suite_version": suite.version,
-                                          "routeopt.candidate": candidate.name,
-                                          "gen_ai.request.model": candidate.model})
+    span = tracing.start_span(
+        f"evaluate {suite.name} x {candidate.name}",
+        traceparent=trace_parent,
+        attributes={
+            "openinference.span.kind": "CHAIN",
+            "routeopt.run_id": run_id,
+            "routeopt.suite": suite.name,
+            "routeopt.suite_version": suite.version,
+            "routeopt.candidate": candidate.name,
+            "gen_ai.request.model": candidate.model,
+        },
+    )
     try:
         with tracing.use(span):
             stats = asyncio.run(
-                _cancellable(run_id, evaluate_pair(
-                    suite,
-                    candidate,
+                _cancellable(
                     run_id,
-                    sink,
-                    done=done,
-                    on_progress=on_progress,
-                    budget=budget,
-                    cache=cache_dir,
-                    cache_max_age_s=cache_max_age_s,
-                    cache_scope=cache_scope,
-                ))
+                    evaluate_pair(
+                        suite,
+                        candidate,
+                        run_id,
+                        sink,
+                        done=done,
+                        on_progress=on_progress,
+                        budget=budget,
+                        cache=cache_dir,
+                        cache_max_age_s=cache_max_age_s,
+                        cache_scope=cache_scope,
+                    ),
+                )
             )
         if span is not None:
-            span.set_attributes({"routeopt.items": stats.total, "routeopt.completed": stats.completed,
-                                 "routeopt.errors": stats.errors, "routeopt.calls": stats.calls,
-                                 "routeopt.judge_calls": stats.judge_calls})
+            span.set_attributes(
+                {
+                    "routeopt.items": stats.total,
+                    "routeopt.completed": stats.completed,
+                    "routeopt.errors": stats.errors,
+                    "routeopt.calls": stats.calls,
+                    "routeopt.judge_calls": stats.judge_calls,
+                }
+            )
     except BaseException as exc:
         if span is not None:
             tracing.set_error(span, type(exc).__name__, str(exc))
@@ -178,16 +193,18 @@ def evaluate_task(
     return stats, kept
 
 
-def begin_evaluation(cfg: Config, run_id: str, suites: list[str] | None, candidates: list[str] | None
-                     ) -> tuple[Store, list[Candidate], list[Suite], dict[str, str]]:
+def begin_evaluation(
+    cfg: Config, run_id: str, suites: list[str] | None, candidates: list[str] | None
+) -> tuple[Store, list[Candidate], list[Suite], dict[str, str]]:
     """The run's records before its first call: the resume check (ResumeConflict), the run and
     its candidates, each suite and its items. Idempotent: a resumed run passes here again.
     Returns (store, candidates, suites loaded, suites that did not load)."""
     store = shared_store(cfg.db_path)
     chosen = [cfg.candidate(n) for n in candidates] if candidates is not None else cfg.candidates
     loaded, errors = load_suites(cfg, suites)
-    store.check_resume(run_id, {c.name: c.measured_dict() for c in chosen},
-                       {s.name: s.version for s in loaded})
+    store.check_resume(
+        run_id, {c.name: c.measured_dict() for c in chosen}, {s.name: s.version for s in loaded}
+    )
     store.begin_run(
         run_id,
         config_fingerprint=cfg.fingerprint(),
@@ -234,29 +251,57 @@ def evaluate_all(
     group = chosen
     failed: list[str] = []
     while group:
-        failed += _measure(cfg, store, run_id, loaded, group, report, budget, shares,
-                           persist_in_tasks=persist_in_tasks, progress_key=progress_key,
-                           cache_max_age_s=cache_max_age_s, trace_parent=trace_parent)
+        failed += _measure(
+            cfg,
+            store,
+            run_id,
+            loaded,
+            group,
+            report,
+            budget,
+            shares,
+            persist_in_tasks=persist_in_tasks,
+            progress_key=progress_key,
+            cache_max_age_s=cache_max_age_s,
+            trace_parent=trace_parent,
+        )
         group = _drifted(cfg, store, run_id, loaded, chosen) if cfg.reuse is not None else []
     report.misconfigured = store.mark_same_errors(run_id)
     if failed:  # rows are missing: never mark such a run completed
         store.finish_run(run_id, "failed")
-        raise RunIncomplete(f"run {run_id} is not complete: " + "; ".join(failed)
-                            + f". Resume it with --run-id {run_id}")
+        raise RunIncomplete(
+            f"run {run_id} is not complete: " + "; ".join(failed) + f". Resume it with --run-id {run_id}"
+        )
     store.finish_run(run_id, "completed" if not errors else "completed_with_errors")
     return report
 
 
-def _measure(cfg: Config, store: Store, run_id: str, loaded: list[Suite], chosen: list[Candidate],
-             report: EvalReport, budget: Budget | None, shares: dict, *, persist_in_tasks: bool,
-             progress_key: str | None, cache_max_age_s: float | None,
-             trace_parent: str | None) -> list[str]:
+def _measure(
+    cfg: Config,
+    store: Store,
+    run_id: str,
+    loaded: list[Suite],
+    chosen: list[Candidate],
+    report: EvalReport,
+    budget: Budget | None,
+    shares: dict,
+    *,
+    persist_in_tasks: bool,
+    progress_key: str | None,
+    cache_max_age_s: float | None,
+    trace_parent: str | None,
+) -> list[str]:
     """Every (suite x candidate) item without an outcome: batched candidates' submissions first
     (the provider works while the pairs run), then the pairs, which call only what batch mode
     does not answer (the latency sample), then the batches' end. Returns the failures."""
-    batches = BatchStage(store, run_id, loaded, chosen, budget=budget,
-                         sync_options={"cache": str(cfg.cache_dir),
-                                       "cache_scope": f"{cfg.db_path}#{run_id}"})
+    batches = BatchStage(
+        store,
+        run_id,
+        loaded,
+        chosen,
+        budget=budget,
+        sync_options={"cache": str(cfg.cache_dir), "cache_scope": f"{cfg.db_path}#{run_id}"},
+    )
     batches.submit()
     futures = []
     # A candidate's pairs run one after another (its max_concurrency is the endpoint's capacity,
@@ -305,12 +350,18 @@ def _logger() -> Any:
 def _log_night(plan: NightPlan) -> None:
     logger = _logger()
     for name in sorted(plan.carried):
-        logger.info("reuse: %s: %d outcomes carried forward, %d re-measured as the drift sample, "
-                    "%d new", name, plan.carried[name], plan.sampled.get(name, 0), plan.new.get(name, 0))
+        logger.info(
+            "reuse: %s: %d outcomes carried forward, %d re-measured as the drift sample, %d new",
+            name,
+            plan.carried[name],
+            plan.sampled.get(name, 0),
+            plan.new.get(name, 0),
+        )
 
 
-def _drifted(cfg: Config, store: Store, run_id: str, loaded: list[Suite],
-             chosen: list[Candidate]) -> list[Candidate]:
+def _drifted(
+    cfg: Config, store: Store, run_id: str, loaded: list[Suite], chosen: list[Candidate]
+) -> list[Candidate]:
     """Stamp tonight's rows for later nights, test the drift samples, and return the candidates
     that drifted, their carried rows removed so that they are measured in full."""
     assert cfg.reuse is not None
@@ -343,12 +394,15 @@ def training_frame(cfg: Config, run_id: str, leave_out: list[str] | tuple[str, .
     `leave_out`: candidates found misconfigured in this run, whose older outcomes must not put
     them in a policy that gateways would route to."""
     return shared_store(cfg.db_path).latest_frame(
-        run_id, candidates=[c.name for c in cfg.candidates if c.name not in leave_out],
-        max_age_days=cfg.router.max_outcome_age_days)
+        run_id,
+        candidates=[c.name for c in cfg.candidates if c.name not in leave_out],
+        max_age_days=cfg.router.max_outcome_age_days,
+    )
 
 
-def preflight_stage(cfg: Config, run_id: str, chosen: list[str], given: list[dict] | None,
-                    enabled: bool, skip_broken: bool) -> list[Probe]:
+def preflight_stage(
+    cfg: Config, run_id: str, chosen: list[str], given: list[dict] | None, enabled: bool, skip_broken: bool
+) -> list[Probe]:
     """Probe the chosen candidates (or take the probes the CLI already sent: `given`), keep
     them with the run, and stop (`PreflightFailed`) on a broken one unless told to skip it."""
     if given is not None:
@@ -424,8 +478,11 @@ def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[st
     path = cfg.signing_key_path()
     key, created = registry_signing_key(cfg.registry_dir, path)
     if created:
-        get_run_logger().warning("created the policy signing key %s (keep it secret); gateways "
-                                 "verify with %s", path, public_key_path(path))
+        get_run_logger().warning(
+            "created the policy signing key %s (keep it secret); gateways verify with %s",
+            path,
+            public_key_path(path),
+        )
     published = publish(
         result.policy,
         cfg.registry_dir,
@@ -434,8 +491,9 @@ def _publish(cfg: Config, result: Any, report: EvalReport, outcome_runs: list[st
         signing_key=key,
         expires_in=timedelta(days=cfg.publishing.expires_days),
     )
-    move_channel(cfg.registry_dir, "candidate", published.version, action="publish",
-                 signing_key=key, only_forward=True)
+    move_channel(
+        cfg.registry_dir, "candidate", published.version, action="publish", signing_key=key, only_forward=True
+    )
     return published
 
 
@@ -462,7 +520,9 @@ def import_traffic_task(cfg: Config) -> dict[str, Any] | None:
     if summary and "error" in summary:
         get_run_logger().error(summary["error"])
     elif summary:
-        get_run_logger().info("decision logs: %d new decisions from %d files", summary["new"], summary["files"])
+        get_run_logger().info(
+            "decision logs: %d new decisions from %d files", summary["new"], summary["files"]
+        )
     return summary
 
 
@@ -508,8 +568,14 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
         live_promise=promise,
     )
     if decision.promoted:
-        move_channel(cfg.registry_dir, "champion", published.version, action="promote",
-                     signing_key=key, only_forward=True)
+        move_channel(
+            cfg.registry_dir,
+            "champion",
+            published.version,
+            action="promote",
+            signing_key=key,
+            only_forward=True,
+        )
     return decision
 
 
@@ -517,8 +583,9 @@ def _promote(cfg: Config, result: Any, frame: Any, published: Any, blocking: lis
 def _run_span(run_id: str) -> Iterator[str | None]:
     """The run's span (tracing on), current for the flow body; yields its `traceparent`,
     which each (suite, candidate) task is handed as its parent."""
-    span = tracing.start_span("routeopt nightly", attributes={"routeopt.run_id": run_id,
-                                                              "openinference.span.kind": "CHAIN"})
+    span = tracing.start_span(
+        "routeopt nightly", attributes={"routeopt.run_id": run_id, "openinference.span.kind": "CHAIN"}
+    )
     try:
         with tracing.use(span):
             yield tracing.traceparent_of(span)
@@ -561,9 +628,11 @@ def nightly(
     cfg = load_config(config_path or default_config_path())
     max_age_s = parse_age(cache_max_age) if cache_max_age else None
     if max_age_s is not None:
-        logger.warning("response cache: replaying answers of earlier runs up to %s old; their "
-                       "rows are marked cached and left out of cost and latency figures",
-                       format_age(max_age_s))
+        logger.warning(
+            "response cache: replaying answers of earlier runs up to %s old; their "
+            "rows are marked cached and left out of cost and latency figures",
+            format_age(max_age_s),
+        )
     if db_path:
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
@@ -571,8 +640,9 @@ def nightly(
         skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
         chosen = candidates or [c.name for c in cfg.candidates]
         with keep_loaded():  # a local candidate's model loads once, not once per suite
-            checked = preflight_stage(cfg, run_id, chosen, probes,
-                                      cfg.preflight.enabled if preflight is None else preflight, skip)
+            checked = preflight_stage(
+                cfg, run_id, chosen, probes, cfg.preflight.enabled if preflight is None else preflight, skip
+            )
             skipped = [p.candidate for p in broken(checked)]
             measured = [c for c in chosen if c not in skipped]
             with sharing_cpu(sum(cfg.candidate(c).provider == "local" for c in measured)):
@@ -589,9 +659,14 @@ def nightly(
         for name, err in report.suite_errors.items():
             logger.error("suite %s skipped: %s", name, err)
         for m in report.misconfigured:
-            logger.error("candidate %s: all %d calls got the same error, so its configuration is wrong "
-                         "(left out of pass rates and training): %s: %s", m["candidate"], m["n"],
-                         m["error_kind"], m["error"])
+            logger.error(
+                "candidate %s: all %d calls got the same error, so its configuration is wrong "
+                "(left out of pass rates and training): %s: %s",
+                m["candidate"],
+                m["n"],
+                m["error_kind"],
+                m["error"],
+            )
         traffic = import_traffic_task(cfg) if cfg.traffic.log_dir is not None else None
         store = shared_store(cfg.db_path)
         excluded = excluded_line(store, run_id)
@@ -603,19 +678,34 @@ def nightly(
         if train and result is None:
             logger.error("no graded outcomes to train on: no policy from run %s", run_id)
         metrics = result.metrics if result is not None else None
-        review = review_run(cfg, store, run_id,
-                            policy_candidates=result.policy.candidates if result is not None else ())
+        review = review_run(
+            cfg, store, run_id, policy_candidates=result.policy.candidates if result is not None else ()
+        )
         blocking = [f.message or f"{f.candidate}/{f.suite}: {f.metric} regressed" for f in review.blocking]
         held = _held(report, skip, publish and result is not None)
         if held:
             logger.error(held)
         published, promotion, refused = _publish_and_promote(
-            cfg, result, frame, report, blocking, publish and result is not None and not held)
-        policy = None if published is None else {
-            "version": published.version, "promoted": promotion is not None and promotion.promoted,
-            "reason": promotion.reason if promotion is not None else refused[0].message}
-        report_path, _ = report_run(cfg, store, run_id, drift=review.drift, metrics=metrics, policy=policy,
-                                    traffic=review.traffic.to_dict() if review.traffic is not None else None)
+            cfg, result, frame, report, blocking, publish and result is not None and not held
+        )
+        policy = (
+            None
+            if published is None
+            else {
+                "version": published.version,
+                "promoted": promotion is not None and promotion.promoted,
+                "reason": promotion.reason if promotion is not None else refused[0].message,
+            }
+        )
+        report_path, _ = report_run(
+            cfg,
+            store,
+            run_id,
+            drift=review.drift,
+            metrics=metrics,
+            policy=policy,
+            traffic=review.traffic.to_dict() if review.traffic is not None else None,
+        )
     return RunResult(
         run_id=run_id,
         db_path=str(cfg.db_path),
@@ -627,9 +717,13 @@ def nightly(
         drift_blocking=blocking,
         traffic_check=review.traffic.to_dict() if review.traffic is not None else None,
         published=(
-            {"version": published.version, "uri": published.uri, "signed": published.signed,
-             "key_id": published.key_id,
-             "public_key": str(cfg.signing_key_path().parent / "public_key.pem")}
+            {
+                "version": published.version,
+                "uri": published.uri,
+                "signed": published.signed,
+                "key_id": published.key_id,
+                "public_key": str(cfg.signing_key_path().parent / "public_key.pem"),
+            }
             if published
             else None
         ),
@@ -651,13 +745,16 @@ def _held(report: EvalReport, skip_broken: bool, would_publish: bool) -> str | N
     names = [m["candidate"] for m in report.misconfigured]
     if not names or skip_broken or not would_publish:
         return None
-    return (f"no policy published: {', '.join(names)} got the same error on every call (see "
-            "above); fix the configuration and resume the run, or publish without "
-            f"{'it' if len(names) == 1 else 'them'} with --skip-broken (preflight.skip_broken)")
+    return (
+        f"no policy published: {', '.join(names)} got the same error on every call (see "
+        "above); fix the configuration and resume the run, or publish without "
+        f"{'it' if len(names) == 1 else 'them'} with --skip-broken (preflight.skip_broken)"
+    )
 
 
-def _publish_and_promote(cfg: Config, result: Any, frame: Any, report: EvalReport,
-                         blocking: list[str], go: bool) -> tuple[Any, Any, list[Refused]]:
+def _publish_and_promote(
+    cfg: Config, result: Any, frame: Any, report: EvalReport, blocking: list[str], go: bool
+) -> tuple[Any, Any, list[Refused]]:
     """Publish and pass the gate; a refusal (tampered champion, registry error) is logged in
     one sentence and returned, never raised: the run's results stand."""
     if not go:
@@ -671,6 +768,10 @@ def _publish_and_promote(cfg: Config, result: Any, frame: Any, report: EvalRepor
     if isinstance(promotion, Refused):
         logger.error(promotion.message)
         return published, None, [promotion]
-    logger.info("champion %s (decided by %s): %s", "moved" if promotion.promoted else "kept",
-                promotion.decided_by, promotion.reason)
+    logger.info(
+        "champion %s (decided by %s): %s",
+        "moved" if promotion.promoted else "kept",
+        promotion.decided_by,
+        promotion.reason,
+    )
     return published, promotion, []

@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Iterator
 
 # What Prefect's own temporary server sets: no UI, the services of an ephemeral server only.
-_SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1"}
+_SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 _PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 5.0
 MIN_STARTUP_TIMEOUT_S = 90.0
@@ -80,7 +79,8 @@ class LocalServer:
                 raise ServerError(
                     f"the temporary Prefect server exited with status {self.proc.returncode} "
                     "before answering (its errors are printed above); set PREFECT_API_URL to "
-                    "use a running server instead")
+                    "use a running server instead"
+                )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
                     if resp.status == 200:
@@ -92,7 +92,8 @@ class LocalServer:
                 raise ServerError(
                     f"the temporary Prefect server did not answer within {timeout_s:.0f} s; raise "
                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL to "
-                    "a running server")
+                    "a running server"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -145,8 +146,7 @@ def launch() -> LocalServer | None:
         return None
     from prefect.settings import get_current_settings
 
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-           **_SERVER_ENV}
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True), **_SERVER_ENV}
     # The kernel's parent-death signal follows the thread that started the child: ask for it
     # only from the main thread, which lives as long as the process.
     kernel = threading.current_thread() is threading.main_thread()
@@ -159,7 +159,10 @@ def launch() -> LocalServer | None:
         # uvicorn and prefect.
         proc = subprocess.Popen(
             [sys.executable, "-P", __file__, str(os.getpid()), str(sock.fileno()), str(int(kernel))],
-            env=env, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
+            env=env,
+            pass_fds=(sock.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         server = LocalServer(proc, sock.getsockname()[1], start_lock)
     # Registered before Prefect's log and event workers register their drains, so (atexit runs
@@ -208,8 +211,9 @@ def _serve(parent: int, fd: int, kernel: bool) -> None:
     import uvicorn
 
     sock = socket.socket(fileno=fd)
-    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True,
-                            log_level="error", lifespan="on")
+    config = uvicorn.Config(
+        "prefect.server.api.server:create_app", factory=True, log_level="error", lifespan="on"
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -41,8 +41,12 @@ def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until:
     from routeopt.router_training.live.shift_monitor import check_traffic
 
     end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
-    frame = load_traffic(store, since=(end - timedelta(days=cfg.traffic.window_days)).isoformat(),
-                         until=end.isoformat(), source=cfg.traffic.feedback_source)
+    frame = load_traffic(
+        store,
+        since=(end - timedelta(days=cfg.traffic.window_days)).isoformat(),
+        until=end.isoformat(),
+        source=cfg.traffic.feedback_source,
+    )
     if frame.empty:
         return None
     try:
@@ -52,8 +56,15 @@ def traffic_review(cfg: Config, store: Store, public_keys: Any = None, *, until:
     if champion is None:
         return None
     t = cfg.traffic
-    return check_traffic(frame, champion, version, alpha=t.shift_alpha, min_effect=t.shift_min_effect,
-                         min_requests=t.shift_min_requests, min_feedback=t.min_feedback)
+    return check_traffic(
+        frame,
+        champion,
+        version,
+        alpha=t.shift_alpha,
+        min_effect=t.shift_min_effect,
+        min_requests=t.shift_min_requests,
+        min_feedback=t.min_feedback,
+    )
 
 
 def trusted_public_keys(cfg: Config) -> Any:
@@ -71,8 +82,9 @@ def default_report_path(cfg: Config, run_id: str) -> Path:
     return cfg.db_path.parent / "reports" / f"{run_id}.html"
 
 
-def review_run(cfg: Config, store: Store, run_id: str, *, policy_candidates: Iterable[str] = (),
-               send: bool = True) -> RunReview:
+def review_run(
+    cfg: Config, store: Store, run_id: str, *, policy_candidates: Iterable[str] = (), send: bool = True
+) -> RunReview:
     """Detect drift, check the champion's logged traffic, and alert (events + webhook).
     `policy_candidates`: the candidates the new policy routes to; regressions among them land
     in `blocking`."""
@@ -86,17 +98,33 @@ def review_run(cfg: Config, store: Store, run_id: str, *, policy_candidates: Ite
     return review
 
 
-def report_run(cfg: Config, store: Store, run_id: str, *, drift: DriftReport | None,
-               metrics: dict | None = None, policy: dict[str, Any] | None = None,
-               report_path: str | Path | None = None, artifacts: bool = True,
-               traffic: dict | None = None) -> tuple[Path, list[Any]]:
+def report_run(
+    cfg: Config,
+    store: Store,
+    run_id: str,
+    *,
+    drift: DriftReport | None,
+    metrics: dict | None = None,
+    policy: dict[str, Any] | None = None,
+    report_path: str | Path | None = None,
+    artifacts: bool = True,
+    traffic: dict | None = None,
+) -> tuple[Path, list[Any]]:
     """Write the dashboard and publish the Prefect artifacts; returns (path, artifact ids).
 
     `metrics`: the router's training metrics (the knob's held-out figures); `policy`: what the
     run published (`version`, `promoted`, `reason`); `traffic`: the champion's traffic check.
     Without metrics the registry is searched for a policy trained on this run."""
-    data = gather(store, run_id, drift=drift, metrics=metrics, policy=policy,
-                  registry=None if metrics else cfg.registry_dir, traffic=traffic)
-    path = write_report(render_html(data), report_path or default_report_path(cfg, run_id),
-                        cfg.reports.permissions)
+    data = gather(
+        store,
+        run_id,
+        drift=drift,
+        metrics=metrics,
+        policy=policy,
+        registry=None if metrics else cfg.registry_dir,
+        traffic=traffic,
+    )
+    path = write_report(
+        render_html(data), report_path or default_report_path(cfg, run_id), cfg.reports.permissions
+    )
     return path, publish_prefect_artifacts(data, path) if artifacts else []

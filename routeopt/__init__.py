@@ -16,5 +16,6 @@ __version__ = "0.1.0"
 # found on the package's path there; an installed wheel holds them inside and needs nothing.
 _checkout = Path(__file__).resolve().parent.parent
 if (_checkout / "router_training" / "__init__.py").is_file() and not (
-        Path(__file__).resolve().parent / "router_training").exists():
+    Path(__file__).resolve().parent / "router_training"
+).exists():
     __path__.append(str(_checkout))  # noqa: F821  (a package's __path__)

@@ -29,12 +29,22 @@ from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
 from routeopt.router_training.fit.data import RoutingData, routing_data
 from routeopt.router_training.policy.embeddings import reuse_embeddings
 from routeopt.router_training.fit.estimators import (
-    LightGBMPassEstimator, LinearPassEstimator, design_matrix, fit_cost_model, fit_feature_spec, fit_platt,
+    LightGBMPassEstimator,
+    LinearPassEstimator,
+    design_matrix,
+    fit_cost_model,
+    fit_feature_spec,
+    fit_platt,
 )
 from routeopt.router_training.fit.certificate import Certificate
 from routeopt.router_training.fit.bounds import Assumption
 from routeopt.router_training.policy.features import FeatureSpec, n_chars as text_length
-from routeopt.router_training.fit.knob_fitting import DEFAULT_CONFIDENCE, STANDARD_TARGETS, Calibration, build_knob
+from routeopt.router_training.fit.knob_fitting import (
+    DEFAULT_CONFIDENCE,
+    STANDARD_TARGETS,
+    Calibration,
+    build_knob,
+)
 from routeopt.router_training.live.shift_monitor import reference_sketch
 from routeopt.router_training.policy.numerics import sigmoid
 from routeopt.router_training.policy.routing import CostModel, LinearScorer, RoutingPolicy
@@ -49,12 +59,14 @@ def single_threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
     solves (L-BFGS over a few thousand rows); on a machine that is busy with anything else,
     BLAS threads spin against each other: a nightly's training on 1,350 demo requests took
     324 s instead of 13 s on 2 shared cores. One thread loses nothing on an idle machine."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -64,13 +76,19 @@ class Design:
     (`benchmarks/router_design_cv.py`); the defaults are the chosen ones."""
 
     topics: int = 4  # k-means topics of the text, each with its own per-candidate prior and slope
-    topic_rank: int = 8  # dimensions of the text projection topics are found in (weight columns a gateway sums)
+    topic_rank: int = (
+        8  # dimensions of the text projection topics are found in (weight columns a gateway sums)
+    )
     candidate_text: float = 1.0  # scale of each candidate's own text weights over its head (0: none)
     char_ngrams: int = 0  # hashed character n-grams of this length besides words and bigrams (0: none)
     n_folds: int = 3  # cross-fitting folds for calibration
     deploy: str = "average"  # the served model: the mean of the fold models, or "refit" on all rows
-    split: float = 0.5  # every target certified on requests the hull was not chosen on (this share chooses it)
-    above_one: str = "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
+    split: float = (
+        0.5  # every target certified on requests the hull was not chosen on (this share chooses it)
+    )
+    above_one: str = (
+        "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
+    )
 
 
 @dataclass
@@ -114,26 +132,37 @@ def _scorer(est: LinearPassEstimator) -> LinearScorer:
     it (half the bytes of float64), so the policy measured in-process is the one gateways run."""
     topics = len(est.centroids_) > 0
     text = np.zeros((est.coef_.shape[0], est.cluster_basis_.shape[1]))
-    text[est.n_suites: est.n_suites + est.n_buckets] = est.cluster_basis_
+    text[est.n_suites : est.n_suites + est.n_buckets] = est.cluster_basis_
     return LinearScorer(
-        weights=np.hstack([est.coef_, est.difficulty_coef_[:, None], text]).astype(np.float32), bias=est.intercept_,
-        difficulty_bias=est.difficulty_intercept_, slopes=est.slopes_,
-        centroids=est.centroids_ if topics else None, topic_bias=est.cluster_bias_ if topics else None,
+        weights=np.hstack([est.coef_, est.difficulty_coef_[:, None], text]).astype(np.float32),
+        bias=est.intercept_,
+        difficulty_bias=est.difficulty_intercept_,
+        slopes=est.slopes_,
+        centroids=est.centroids_ if topics else None,
+        topic_bias=est.cluster_bias_ if topics else None,
         topic_slopes=est.cluster_slopes_ if topics else None,
         topic_difficulty=est.topic_difficulty_ if topics else None,
     )
 
 
-def _fit_scorer(X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, design: Design,
-                client: Any = None):
+def _fit_scorer(
+    X, Y: np.ndarray, spec: FeatureSpec, seed: int, estimator: str, design: Design, client: Any = None
+):
     """The fitted scorer, out-of-fold logits, folds and topics of the training requests, and metrics."""
     if estimator == "lightgbm":
         est = LightGBMPassEstimator(seed=seed, client=client).fit(X, Y)
         scorer = TreeScorer.from_models(est.model_strings(), est.n_features_in_)
         return scorer, est.out_of_fold_logits(), est.folds_, np.full(len(Y), -1), {"estimator": "lightgbm"}
-    lin = LinearPassEstimator(n_suites=len(spec.suites), seed=seed, n_folds=design.n_folds,
-                              n_clusters=design.topics, cluster_rank=design.topic_rank, n_buckets=spec.n_buckets,
-                              candidate_text=design.candidate_text, deploy=design.deploy).fit(X, Y)
+    lin = LinearPassEstimator(
+        n_suites=len(spec.suites),
+        seed=seed,
+        n_folds=design.n_folds,
+        n_clusters=design.topics,
+        cluster_rank=design.topic_rank,
+        n_buckets=spec.n_buckets,
+        candidate_text=design.candidate_text,
+        deploy=design.deploy,
+    ).fit(X, Y)
     return _scorer(lin), lin.out_of_fold_logits(), lin.folds_, lin.topics(X), {"difficulty_C": lin.C_}
 
 
@@ -157,43 +186,82 @@ class Calibrated:
 
 
 @single_threaded
-def fit_calibrated(data: RoutingData, seed: int = 0, embeddings: bool = False, estimator: str = "linear",
-                   design: Design = Design(), client: Any = None) -> Calibrated:
+def fit_calibrated(
+    data: RoutingData,
+    seed: int = 0,
+    embeddings: bool = False,
+    estimator: str = "linear",
+    design: Design = Design(),
+    client: Any = None,
+) -> Calibrated:
     """Fit on all requests; out-of-fold predictions, Platt-scaled, are the calibration data."""
-    spec = fit_feature_spec(data.prompts, data.suites, embeddings=embeddings,
-                            char_ngrams=(design.char_ngrams,) if design.char_ngrams else ())
+    spec = fit_feature_spec(
+        data.prompts,
+        data.suites,
+        embeddings=embeddings,
+        char_ngrams=(design.char_ngrams,) if design.char_ngrams else (),
+    )
     X = design_matrix(data.prompts, data.suites, spec)
     scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design, client)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     suite_pos = _suite_pos(data.suites, spec.suites)
     n_chars = np.array([text_length(p) for p in data.prompts])
     n_topics = len(scorer.centroids) if getattr(scorer, "centroids", None) is not None else 0
-    cost_model = fit_cost_model(n_chars, suite_pos, data.C, len(spec.suites), topic_pos=topic, n_topics=n_topics)
+    cost_model = fit_cost_model(
+        n_chars, suite_pos, data.C, len(spec.suites), topic_pos=topic, n_topics=n_topics
+    )
     rates = np.nanmean(data.Y, axis=0)
     P = sigmoid(platt[0] * z + platt[1])
     cal = Calibration(P, cost_model.predict(n_chars, suite_pos, topic), data.Y, data.C)
     return Calibrated(spec, scorer, platt, cost_model, cal, folds, rates, est_metrics)
 
 
-def _fit(data: RoutingData, seed: int, quality_target: float, embeddings: bool = False,
-         estimator: str = "linear", confidence: float = DEFAULT_CONFIDENCE,
-         design: Design = Design(), certificate: Certificate = Certificate(), client: Any = None) -> RoutingPolicy:
+def _fit(
+    data: RoutingData,
+    seed: int,
+    quality_target: float,
+    embeddings: bool = False,
+    estimator: str = "linear",
+    confidence: float = DEFAULT_CONFIDENCE,
+    design: Design = Design(),
+    certificate: Certificate = Certificate(),
+    client: Any = None,
+) -> RoutingPolicy:
     """Fit on all requests; calibrate and build the knob from out-of-fold predictions, certified
     under what `certificate` assumes of the traffic."""
     f = fit_calibrated(data, seed, embeddings, estimator, design, client)
     policy = RoutingPolicy(
-        candidates=list(data.candidates), spec=f.spec, scorer=f.scorer, platt=f.platt,
-        cost_model=f.cost_model, knob=None, reference_pass_rate=math.nan,  # type: ignore[arg-type]
-        reference_model="", quality_target=quality_target,
+        candidates=list(data.candidates),
+        spec=f.spec,
+        scorer=f.scorer,
+        platt=f.platt,
+        cost_model=f.cost_model,
+        knob=None,
+        reference_pass_rate=math.nan,  # type: ignore[arg-type]
+        reference_model="",
+        quality_target=quality_target,
     )
     basis = certificate.basis(f, data, policy)
     ref = basis.reference(f.cal.Y, confidence)
-    policy.knob = build_knob(f.cal, ref, confidence, design.above_one, split=design.split,
-                             assumption=basis.assumption, weights=basis.weights, cells=basis.cells)
+    policy.knob = build_knob(
+        f.cal,
+        ref,
+        confidence,
+        design.above_one,
+        split=design.split,
+        assumption=basis.assumption,
+        weights=basis.weights,
+        cells=basis.cells,
+    )
     policy.reference_model = data.candidates[ref]
-    policy.reference_pass_rate = float(f.rates[ref]) if basis.weights is None else basis.reference_rate(f.cal.Y, ref)
-    policy.metrics = {**f.metrics, "knob": knob_summary(policy, basis.assumption, design.split),
-                      "shift_reference": shift_reference(policy, f.cal, data)}
+    policy.reference_pass_rate = (
+        float(f.rates[ref]) if basis.weights is None else basis.reference_rate(f.cal.Y, ref)
+    )
+    policy.metrics = {
+        **f.metrics,
+        "knob": knob_summary(policy, basis.assumption, design.split),
+        "shift_reference": shift_reference(policy, f.cal, data),
+    }
     return policy
 
 
@@ -201,8 +269,10 @@ def shift_reference(policy: RoutingPolicy, cal: Calibration, data: RoutingData) 
     """The shift monitor's sketch of the calibration requests (`routeopt.router_training.live.shift_monitor`): their
     suites, lengths and the models the knob chose for them, out of fold, at each standard target."""
     names = np.array(policy.candidates, dtype=object)
-    routes = {x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
-              for x in STANDARD_TARGETS}
+    routes = {
+        x: names[policy.select(cal.P, cal.Cp, data.prompts, data.suites, x)[0]].tolist()
+        for x in STANDARD_TARGETS
+    }
     return reference_sketch(data.suites, np.array([text_length(p) for p in data.prompts]), routes)
 
 
@@ -210,19 +280,25 @@ def knob_summary(policy: RoutingPolicy, assumption: Assumption = Assumption(), s
     """What the manifest says about the knob: method, what the certificate assumes of the
     traffic, confidence and the certified range."""
     knob = policy.knob
-    chosen = (f"the hull chosen on a fixed random {split:.0%} of them and certified on the others"
-              if split > 0 else "the hull chosen on all of them (targets of 1 and more: on a random half, "
-                                "certified on the other half)")
+    chosen = (
+        f"the hull chosen on a fixed random {split:.0%} of them and certified on the others"
+        if split > 0
+        else "the hull chosen on all of them (targets of 1 and more: on a random half, "
+        "certified on the other half)"
+    )
     return {
-        "method": "fixed-sequence Learn-then-Test on cross-fitted calibration data, " + chosen +
-                  ": a point is certified for target x when the one-sided normal lower bound of "
-                  "mean(y_chosen - x * y_reference) is >= 0",
+        "method": "fixed-sequence Learn-then-Test on cross-fitted calibration data, "
+        + chosen
+        + ": a point is certified for target x when the one-sided normal lower bound of "
+        "mean(y_chosen - x * y_reference) is >= 0",
         "certificate": assumption.to_dict(),
         "confidence": knob.confidence,
         "certified_up_to": knob.certified_up_to(),
         "reference": {"model": policy.reference_model, "pass_rate": policy.reference_pass_rate},
-        "points": [{"certified": p.certified, "pass_rate": p.pass_rate, "cost": p.cost,
-                    "mix": p.weight < 1} for p in knob.points],
+        "points": [
+            {"certified": p.certified, "pass_rate": p.pass_rate, "cost": p.cost, "mix": p.weight < 1}
+            for p in knob.points
+        ],
         "top": {"pass_rate": knob.top.pass_rate, "cost": knob.top.cost},
     }
 
@@ -273,24 +349,34 @@ def train_router(
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
     with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
-        fit = lambda d: _fit(d, seed, quality_target, embeddings, estimator, confidence, design, certificate, client)
+        fit = lambda d: _fit(
+            d, seed, quality_target, embeddings, estimator, confidence, design, certificate, client
+        )
         evaluated = fit(train)
         refit = refit and len(test) > 0
         policy = fit(data) if refit else evaluated
         holdout = None
         if len(test) and len(test.complete()):
             holdout = _holdout_summary(evaluated, train, test, quality_target)
-    metrics: dict = {"n_requests": len(data), "n_train": len(train), "n_test": len(test),
-                     "refit": refit, "n_fit": len(data) if refit else len(train),
-                     "candidates": list(data.candidates), **policy.metrics}
+    metrics: dict = {
+        "n_requests": len(data),
+        "n_train": len(train),
+        "n_test": len(test),
+        "refit": refit,
+        "n_fit": len(data) if refit else len(train),
+        "candidates": list(data.candidates),
+        **policy.metrics,
+    }
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
     if no_cost:
         metrics["candidates_without_cost"] = no_cost
     if holdout is not None:
         metrics["holdout"] = holdout
         if refit:
-            metrics["holdout"]["policy"] = (f"fitted on the {len(train)} training requests only; the "
-                                            f"published policy is the same procedure refit on all {len(data)}")
+            metrics["holdout"]["policy"] = (
+                f"fitted on the {len(train)} training requests only; the "
+                f"published policy is the same procedure refit on all {len(data)}"
+            )
     policy.metrics = jsonable(metrics)
     split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
     # the published policy is calibrated on out-of-fold predictions of every request it learned from
@@ -322,14 +408,29 @@ def promise_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[floa
         margin = full.Y[np.arange(len(full)), pick] - x * y_ref
         se = float(margin.std(ddof=1) / math.sqrt(len(full))) if len(full) > 1 else math.inf
         certified = bool(x <= policy.knob.certified_up_to() + 1e-12)
-        rows.append({"target": x, "floor": x * ref_rate, "pass_rate": q, "cost": c,
-                     "certified": certified, "held": bool(q >= x * ref_rate - 1e-12),
-                     "margin": float(margin.mean()), "margin_se": se,
-                     "contradicted": bool(certified and margin.mean() + z * se < 0)})
+        rows.append(
+            {
+                "target": x,
+                "floor": x * ref_rate,
+                "pass_rate": q,
+                "cost": c,
+                "certified": certified,
+                "held": bool(q >= x * ref_rate - 1e-12),
+                "margin": float(margin.mean()),
+                "margin_se": se,
+                "contradicted": bool(certified and margin.mean() + z * se < 0),
+            }
+        )
     promised = [r for r in rows if r["certified"]]
-    return {"n": len(full), "reference_pass_rate": ref_rate, "confidence": confidence, "targets": rows,
-            "held": sum(r["held"] for r in promised), "promised": len(promised),
-            "contradicted": sum(r["contradicted"] for r in promised)}
+    return {
+        "n": len(full),
+        "reference_pass_rate": ref_rate,
+        "confidence": confidence,
+        "targets": rows,
+        "held": sum(r["held"] for r in promised),
+        "promised": len(promised),
+        "contradicted": sum(r["contradicted"] for r in promised),
+    }
 
 
 def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingData, target: float) -> dict:

@@ -26,13 +26,19 @@ def run(config: str, db: str, run_id: str) -> Store:
     cfg = load_config(config)
     store = Store(db)
     suites = [load_suite(p, config=cfg) for p in discover_suites(cfg.suites_dir, cfg.suites)]
-    store.check_resume(run_id, {c.name: c.measured_dict() for c in cfg.candidates},
-                       {s.name: s.version for s in suites})
-    store.begin_run(run_id, config=cfg.model_dump(mode="json"),
-                    candidates=[c.public_dict() for c in cfg.candidates])
+    store.check_resume(
+        run_id, {c.name: c.measured_dict() for c in cfg.candidates}, {s.name: s.version for s in suites}
+    )
+    store.begin_run(
+        run_id, config=cfg.model_dump(mode="json"), candidates=[c.public_dict() for c in cfg.candidates]
+    )
     for s in suites:
-        store.register_suite(s.name, s.version, s.spec.model_dump(mode="json"),
-                             ((it.id, s.prompt_text(it), it.fields) for it in s.items))
+        store.register_suite(
+            s.name,
+            s.version,
+            s.spec.model_dump(mode="json"),
+            ((it.id, s.prompt_text(it), it.fields) for it in s.items),
+        )
     options = {"retry": FAST, "cache": str(cfg.cache_dir)}
     stage = BatchStage(store, run_id, suites, cfg.candidates, sync_options=options)
     stage.submit()
@@ -47,23 +53,53 @@ def run(config: str, db: str, run_id: str) -> Store:
     return store
 
 
-def fleet(folder: Path, urls: dict[str, str], *, batch: bool, poll_s: float = 0.05,
-          latency_sample: int = 2, extra: dict | None = None) -> Path:
+def fleet(
+    folder: Path,
+    urls: dict[str, str],
+    *,
+    batch: bool,
+    poll_s: float = 0.05,
+    latency_sample: int = 2,
+    extra: dict | None = None,
+) -> Path:
     """A config of one OpenAI and one Anthropic candidate on the fake servers at `urls`
     (provider -> base URL), batched or not; suites in `folder/suites`."""
     spec = {"poll_interval_s": poll_s, "latency_sample": latency_sample, **(extra or {})}
     cands = [
-        {"name": "gpt", "provider": "openai", "model": "gpt-fake", "base_url": urls["openai"],
-         "input_price_per_mtok": 2.5, "output_price_per_mtok": 10.0, "max_retries": 2,
-         **({"batch": spec} if batch else {})},
-        {"name": "claude", "provider": "anthropic", "model": "claude-fake",
-         "base_url": urls["anthropic"], "input_price_per_mtok": 3.0, "output_price_per_mtok": 15.0,
-         "max_retries": 2, **({"batch": spec} if batch else {})},
+        {
+            "name": "gpt",
+            "provider": "openai",
+            "model": "gpt-fake",
+            "base_url": urls["openai"],
+            "input_price_per_mtok": 2.5,
+            "output_price_per_mtok": 10.0,
+            "max_retries": 2,
+            **({"batch": spec} if batch else {}),
+        },
+        {
+            "name": "claude",
+            "provider": "anthropic",
+            "model": "claude-fake",
+            "base_url": urls["anthropic"],
+            "input_price_per_mtok": 3.0,
+            "output_price_per_mtok": 15.0,
+            "max_retries": 2,
+            **({"batch": spec} if batch else {}),
+        },
     ]
     path = folder / "routeopt.yaml"
-    path.write_text(json.dumps({"candidates": cands, "suites_dir": "suites",
-                                "db_path": "out/routeopt.duckdb", "cache_dir": "out/cache",
-                                "registry_dir": "out/registry", "preflight": {"enabled": False}}))
+    path.write_text(
+        json.dumps(
+            {
+                "candidates": cands,
+                "suites_dir": "suites",
+                "db_path": "out/routeopt.duckdb",
+                "cache_dir": "out/cache",
+                "registry_dir": "out/registry",
+                "preflight": {"enabled": False},
+            }
+        )
+    )
     return path
 
 

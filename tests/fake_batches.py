@@ -44,9 +44,19 @@ from tests.fake_llm_wire import (
     _send_raw,
 )
 
-BATCH_FAULTS = ("stuck_validating", "stuck_processing", "stuck_finalizing", "expire",
-                "fail_validation", "duplicate", "missing", "bad_json", "unknown_id", "poll_5xx",
-                "gone")
+BATCH_FAULTS = (
+    "stuck_validating",
+    "stuck_processing",
+    "stuck_finalizing",
+    "expire",
+    "fail_validation",
+    "duplicate",
+    "missing",
+    "bad_json",
+    "unknown_id",
+    "poll_5xx",
+    "gone",
+)
 
 
 @dataclass
@@ -74,9 +84,16 @@ class _Batch:
 class FakeBatchLLM(FakeLLM):
     """FakeLLM plus the two Batch APIs."""
 
-    def __init__(self, *, phase_s: float = 0.05, faults: dict[int, set[str]] | None = None,
-                 all_faults: set[str] | None = None, enqueued_token_limit: int | None = None,
-                 seed: int = 0, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        phase_s: float = 0.05,
+        faults: dict[int, set[str]] | None = None,
+        all_faults: set[str] | None = None,
+        enqueued_token_limit: int | None = None,
+        seed: int = 0,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.phase_s = phase_s
         self.batch_faults = {int(k): set(v) for k, v in (faults or {}).items()}
@@ -97,13 +114,24 @@ class FakeBatchLLM(FakeLLM):
             return
         if m == "GET" and path == "/_fake/batches":
             with self._batch_lock:
-                views = [{"id": b.id, "kind": b.kind, "n": len(b.lines),
-                                                "state": b.state, "faults": sorted(b.faults)}
-                                               for b in self.batches.values()]
+                views = [
+                    {
+                        "id": b.id,
+                        "kind": b.kind,
+                        "n": len(b.lines),
+                        "state": b.state,
+                        "faults": sorted(b.faults),
+                    }
+                    for b in self.batches.values()
+                ]
             await _send_json(writer, 200, views)
             return
         parts = path.strip("/").split("/")
-        if parts[:2] == ["v1", "files"] or parts[:2] == ["v1", "batches"] or parts[:3] == ["v1", "messages", "batches"]:
+        if (
+            parts[:2] == ["v1", "files"]
+            or parts[:2] == ["v1", "batches"]
+            or parts[:3] == ["v1", "messages", "batches"]
+        ):
             self._record(req)
             with self._batch_lock:
                 status, payload, raw = self._route(m, parts, req)
@@ -123,8 +151,9 @@ class FakeBatchLLM(FakeLLM):
         if req.body and req.headers.get("content-type", "").startswith("application/json"):
             body = json.loads(req.body)
         with self._lock:
-            self._records.append(RecordedRequest(req.method, req.path, dict(req.headers), body,
-                                                 None, 1, time.time()))
+            self._records.append(
+                RecordedRequest(req.method, req.path, dict(req.headers), body, None, 1, time.time())
+            )
 
     def _bill_sync(self, req: _Http) -> None:
         try:
@@ -149,11 +178,22 @@ class FakeBatchLLM(FakeLLM):
         if m == "POST" and not rest:
             return self._create(kind, json.loads(req.body or b"{}"))
         if m == "GET" and not rest:
-            data = [self._view(b) for b in sorted(self.batches.values(), key=lambda b: -b.created)
-                    if b.kind == kind]
-            return 200, {"object": "list", "data": data, "has_more": False,
-                         "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None}, None
+            data = [
+                self._view(b)
+                for b in sorted(self.batches.values(), key=lambda b: -b.created)
+                if b.kind == kind
+            ]
+            return (
+                200,
+                {
+                    "object": "list",
+                    "data": data,
+                    "has_more": False,
+                    "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None,
+                },
+                None,
+            )
         b = self.batches.get(rest[0])
         if b is None or "gone" in b.faults:
             return 404, _err(f"no batch {rest[0]}", kind), None
@@ -184,8 +224,15 @@ class FakeBatchLLM(FakeLLM):
                 data = content[:-2] if content.endswith(b"\r\n") else content
         fid = f"file-{uuid.uuid4().hex[:12]}"
         self.files[fid] = data
-        return {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-                "filename": "batch.jsonl", "purpose": "batch", "status": "processed"}
+        return {
+            "id": fid,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": "batch.jsonl",
+            "purpose": "batch",
+            "status": "processed",
+        }
 
     def _create(self, kind: str, body: dict) -> tuple[int, Any, None]:
         if kind == "openai":
@@ -199,9 +246,16 @@ class FakeBatchLLM(FakeLLM):
             model = (lines[0]["params"] if lines else {}).get("model", "")
         n = len(self.batches) + 1
         prefix = "batch" if kind == "openai" else "msgbatch"
-        b = _Batch(f"{prefix}_{uuid.uuid4().hex[:16]}", kind, lines, time.time(),
-                   self.batch_faults.get(n, set()) | self.all_faults, model,
-                   body.get("input_file_id"), body.get("metadata") or {})
+        b = _Batch(
+            f"{prefix}_{uuid.uuid4().hex[:16]}",
+            kind,
+            lines,
+            time.time(),
+            self.batch_faults.get(n, set()) | self.all_faults,
+            model,
+            body.get("input_file_id"),
+            body.get("metadata") or {},
+        )
         if kind == "anthropic":
             b.state = "in_progress"
         self.batches[b.id] = b
@@ -223,12 +277,30 @@ class FakeBatchLLM(FakeLLM):
         if b.kind == "openai":
             if b.state == "validating":
                 if "fail_validation" in f:
-                    return self._fail(b, [{"code": "invalid_request", "line": 2, "param": "body",
-                                           "message": "missing required parameter 'messages'"}])
+                    return self._fail(
+                        b,
+                        [
+                            {
+                                "code": "invalid_request",
+                                "line": 2,
+                                "param": "body",
+                                "message": "missing required parameter 'messages'",
+                            }
+                        ],
+                    )
                 limit = self.enqueued_token_limit
                 if limit is not None and self._queued(b) + self._tokens(b) > limit:
-                    return self._fail(b, [{"code": "token_limit_exceeded", "line": None, "param": None,
-                                           "message": f"Enqueued token limit reached for {b.model}"}])
+                    return self._fail(
+                        b,
+                        [
+                            {
+                                "code": "token_limit_exceeded",
+                                "line": None,
+                                "param": None,
+                                "message": f"Enqueued token limit reached for {b.model}",
+                            }
+                        ],
+                    )
                 if b.cancel_at is not None:
                     return self._end(b, "cancelled")
                 if phase >= 1 and "stuck_validating" not in f:
@@ -256,9 +328,16 @@ class FakeBatchLLM(FakeLLM):
                 self._end(b, "ended")
 
     def _queued(self, b: _Batch) -> int:
-        return sum(self._tokens(o) for o in self.batches.values()
-                   if o is not b and o.kind == b.kind and o.model == b.model and not o.done
-                   and o.created < b.created and o.state != "validating")
+        return sum(
+            self._tokens(o)
+            for o in self.batches.values()
+            if o is not b
+            and o.kind == b.kind
+            and o.model == b.model
+            and not o.done
+            and o.created < b.created
+            and o.state != "validating"
+        )
 
     def _fail(self, b: _Batch, errors: list[dict]) -> None:
         b.errors = errors
@@ -283,18 +362,37 @@ class FakeBatchLLM(FakeLLM):
             status, etype = _STATUS_FAULTS[fault]
             b.counts["failed"] += 1
             if b.kind == "openai":
-                return {"id": f"req_{cid}", "custom_id": cid, "response": {
-                    "status_code": status, "request_id": "r", "body": {"error": {
-                        "message": f"injected fault: {fault}", "type": etype}}}, "error": None}
-            return {"custom_id": cid, "result": {"type": "errored", "error": {
-                "type": "error", "error": {"type": etype, "message": f"injected fault: {fault}"}}}}
+                return {
+                    "id": f"req_{cid}",
+                    "custom_id": cid,
+                    "response": {
+                        "status_code": status,
+                        "request_id": "r",
+                        "body": {"error": {"message": f"injected fault: {fault}", "type": etype}},
+                    },
+                    "error": None,
+                }
+            return {
+                "custom_id": cid,
+                "result": {
+                    "type": "errored",
+                    "error": {
+                        "type": "error",
+                        "error": {"type": etype, "message": f"injected fault: {fault}"},
+                    },
+                },
+            }
         pieces, finish, usage = self._complete(body, b.kind, None)
         self.billed[(body.get("model"), prompt)] += 1
         b.counts["completed"] += 1
         if b.kind == "openai":
             payload = _openai_plain(body, "".join(pieces), finish, usage, self.usage)
-            return {"id": f"req_{cid}", "custom_id": cid, "response": {
-                "status_code": 200, "request_id": "r", "body": payload}, "error": None}
+            return {
+                "id": f"req_{cid}",
+                "custom_id": cid,
+                "response": {"status_code": 200, "request_id": "r", "body": payload},
+                "error": None,
+            }
         payload = _anthropic_plain(body, "".join(pieces), finish, usage, self.usage)
         return {"custom_id": cid, "result": {"type": "succeeded", "message": payload}}
 
@@ -309,10 +407,19 @@ class FakeBatchLLM(FakeLLM):
         if state != "failed":
             for cid in rest:
                 if b.kind == "openai":
-                    b.failed_lines.append(json.dumps({"id": f"req_{cid}", "custom_id": cid,
-                                                      "response": None, "error": {
-                                                          "code": f"batch_{word}",
-                                                          "message": f"This line was not run: batch {word}"}}))
+                    b.failed_lines.append(
+                        json.dumps(
+                            {
+                                "id": f"req_{cid}",
+                                "custom_id": cid,
+                                "response": None,
+                                "error": {
+                                    "code": f"batch_{word}",
+                                    "message": f"This line was not run: batch {word}",
+                                },
+                            }
+                        )
+                    )
                 else:
                     lines.append(json.dumps({"custom_id": cid, "result": {"type": word}}))
         if "duplicate" in b.faults and lines:
@@ -344,27 +451,51 @@ class FakeBatchLLM(FakeLLM):
             state = "cancelling" if b.kind == "openai" else "canceling"
         if b.kind == "openai":
             total = len(b.lines)
-            return {"id": b.id, "object": "batch", "endpoint": "/v1/chat/completions",
-                    "errors": {"object": "list", "data": b.errors} if b.errors else None,
-                    "input_file_id": b.input_file_id or "", "completion_window": "24h",
-                    "status": state, "output_file_id": b.output_file_id,
-                    "error_file_id": b.error_file_id, "created_at": int(b.created),
-                    "request_counts": {"total": total, "completed": b.counts["completed"],
-                                       "failed": b.counts["failed"]},
-                    "metadata": b.metadata, "model": b.model}
-        results = [json.loads(x) for x in b.answered if x.startswith("{") and x.endswith("}")] \
-            if b.done else []
+            return {
+                "id": b.id,
+                "object": "batch",
+                "endpoint": "/v1/chat/completions",
+                "errors": {"object": "list", "data": b.errors} if b.errors else None,
+                "input_file_id": b.input_file_id or "",
+                "completion_window": "24h",
+                "status": state,
+                "output_file_id": b.output_file_id,
+                "error_file_id": b.error_file_id,
+                "created_at": int(b.created),
+                "request_counts": {
+                    "total": total,
+                    "completed": b.counts["completed"],
+                    "failed": b.counts["failed"],
+                },
+                "metadata": b.metadata,
+                "model": b.model,
+            }
+        results = (
+            [json.loads(x) for x in b.answered if x.startswith("{") and x.endswith("}")] if b.done else []
+        )
         kinds = Counter((r.get("result") or {}).get("type") for r in results)
         processing = 0 if b.done else len(b.lines)
-        created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(b.created)) + \
-            f".{int(b.created % 1 * 1e6):06d}Z"
-        return {"id": b.id, "type": "message_batch", "processing_status": state,
-                "request_counts": {"processing": processing, "succeeded": kinds["succeeded"],
-                                   "errored": kinds["errored"], "canceled": kinds["canceled"],
-                                   "expired": kinds["expired"]},
-                "created_at": created, "expires_at": created, "ended_at": created if b.done else None,
-                "cancel_initiated_at": None, "archived_at": None,
-                "results_url": f"{self.url}/v1/messages/batches/{b.id}/results" if b.done else None}
+        created = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(b.created)) + f".{int(b.created % 1 * 1e6):06d}Z"
+        )
+        return {
+            "id": b.id,
+            "type": "message_batch",
+            "processing_status": state,
+            "request_counts": {
+                "processing": processing,
+                "succeeded": kinds["succeeded"],
+                "errored": kinds["errored"],
+                "canceled": kinds["canceled"],
+                "expired": kinds["expired"],
+            },
+            "created_at": created,
+            "expires_at": created,
+            "ended_at": created if b.done else None,
+            "cancel_initiated_at": None,
+            "archived_at": None,
+            "results_url": f"{self.url}/v1/messages/batches/{b.id}/results" if b.done else None,
+        }
 
 
 def _err(message: str, kind: str = "openai") -> dict:

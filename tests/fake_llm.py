@@ -174,8 +174,9 @@ def _parts(body: dict) -> list[tuple[str, bool]]:
         content = msg.get("content")
         if isinstance(content, list):
             blocks = [b for b in content if isinstance(b, dict)]
-            out.append(("".join(b.get("text", "") for b in blocks),
-                        any("cache_control" in b for b in blocks)))
+            out.append(
+                ("".join(b.get("text", "") for b in blocks), any("cache_control" in b for b in blocks))
+            )
         else:
             out.append((str(content or ""), False))
     return out
@@ -184,7 +185,7 @@ def _parts(body: dict) -> list[tuple[str, bool]]:
 def _marked_prefixes(body: dict) -> list[list[tuple[str, bool]]]:
     """The request's prefixes that end at a `cache_control` mark, shortest first."""
     parts = _parts(body)
-    return [parts[:i + 1] for i, (_, marked) in enumerate(parts) if marked]
+    return [parts[: i + 1] for i, (_, marked) in enumerate(parts) if marked]
 
 
 def _last_user(body: dict) -> str:
@@ -356,8 +357,9 @@ class FakeLLM:
             )
         if self.expect_api_key is not None and self._key(req) != self.expect_api_key:
             # Echo the key back, worse than real APIs do, so tests can check redaction.
-            await _send_error(writer, kind, 401, "authentication_error",
-                              f"Incorrect API key provided: {self._key(req)}")
+            await _send_error(
+                writer, kind, 401, "authentication_error", f"Incorrect API key provided: {self._key(req)}"
+            )
             return
         await self._respond(writer, kind, body, fault)
 
@@ -392,10 +394,8 @@ class FakeLLM:
         else:
             finish = "max_tokens" if length else "stop_sequence" if stopped else "end_turn"
         prompt = _prompt_of("", body)
-        read, written = (self._anthropic_cache(body) if kind == "anthropic"
-                         else (self._openai_cache(body), 0))
-        usage = {"input": count_tokens(prompt), "cached": read, "written": written,
-                 "output": len(pieces)}
+        read, written = self._anthropic_cache(body) if kind == "anthropic" else (self._openai_cache(body), 0)
+        usage = {"input": count_tokens(prompt), "cached": read, "written": written, "output": len(pieces)}
         return pieces, finish, usage
 
     def _openai_cache(self, body: dict) -> int:
@@ -448,9 +448,13 @@ class FakeLLM:
             await self._respond_plain(writer, kind, body, fault, pieces, finish, usage)
             return
         events = (_openai_events if kind == "openai" else _anthropic_events)(
-            body, pieces, finish, usage, self.usage)
-        bad = (b'data: {"choices": [{"delta": {"content": "x"\n\n' if kind == "openai"
-               else b'event: content_block_delta\ndata: {"type": "content_block_delta", "ind\n\n')
+            body, pieces, finish, usage, self.usage
+        )
+        bad = (
+            b'data: {"choices": [{"delta": {"content": "x"\n\n'
+            if kind == "openai"
+            else b'event: content_block_delta\ndata: {"type": "content_block_delta", "ind\n\n'
+        )
         await _send_sse(writer, events, fault, delay, self.token_delay_s, bad)
 
     async def _respond_plain(self, writer, kind, body, fault, pieces, finish, usage) -> None:
@@ -458,7 +462,8 @@ class FakeLLM:
             await _send_raw(writer, 200, b'{"id": "x", "choices": [{"index": 0, "mess', "application/json")
             return
         payload = (_openai_plain if kind == "openai" else _anthropic_plain)(
-            body, "".join(pieces), finish, usage, self.usage)
+            body, "".join(pieces), finish, usage, self.usage
+        )
         if fault == "no_choices":
             payload.pop("choices" if kind == "openai" else "content", None)
             if kind == "openai":
@@ -492,10 +497,17 @@ class FakeLLMProcess:
 
     def start(self) -> "FakeLLMProcess":
         repo = Path(__file__).resolve().parents[1]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fake_llm", *self.args],
-                                     stdout=subprocess.PIPE, text=True, cwd=repo, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fake_llm", *self.args],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=repo,
+            env=env,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -537,12 +549,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-usage", action="store_true")
     ap.add_argument("--first-token-delay", type=float, default=0.0)
     ap.add_argument("--token-delay", type=float, default=0.0)
-    ap.add_argument("--stream-as-json", action="store_true",
-                    help="answer stream requests with one JSON body (as LiteLLM's proxy does)")
+    ap.add_argument(
+        "--stream-as-json",
+        action="store_true",
+        help="answer stream requests with one JSON body (as LiteLLM's proxy does)",
+    )
     a = ap.parse_args(argv)
-    server = FakeLLM(faults=FaultPlan(_parse_mix(a.mix), a.seed), usage=not a.no_usage,
-                     first_token_delay_s=a.first_token_delay, token_delay_s=a.token_delay,
-                     stream_as_json=a.stream_as_json)
+    server = FakeLLM(
+        faults=FaultPlan(_parse_mix(a.mix), a.seed),
+        usage=not a.no_usage,
+        first_token_delay_s=a.first_token_delay,
+        token_delay_s=a.token_delay,
+        stream_as_json=a.stream_as_json,
+    )
 
     async def run() -> None:
         await server.serve(a.port)
@@ -555,22 +574,32 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-def write_arithmetic_suite(folder: Path, n: int, *, name: str = "arith",
-                           tags: Callable[[int], str] | None = None, temperature: float = 0.0,
-                           system: str | None = "Answer with the number only.") -> Path:
+def write_arithmetic_suite(
+    folder: Path,
+    n: int,
+    *,
+    name: str = "arith",
+    tags: Callable[[int], str] | None = None,
+    temperature: float = 0.0,
+    system: str | None = "Answer with the number only.",
+) -> Path:
     """Write an n-item suite (jsonl + yaml) the fake model answers correctly; returns the yaml.
 
     `tags(i)` adds text to item i's prompt, e.g. a fault marker `[[fault:drop*1]]`.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"id": f"q{i:05d}", "a": i, "b": 2 * i + 1, "answer": 3 * i + 1,
-             "tag": tags(i) if tags else ""} for i in range(n)]
+    rows = [
+        {"id": f"q{i:05d}", "a": i, "b": 2 * i + 1, "answer": 3 * i + 1, "tag": tags(i) if tags else ""}
+        for i in range(n)
+    ]
     (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec = {
         "name": name,
         "dataset": {"path": f"{name}.jsonl", "id_field": "id"},
-        "prompt": {"template": "What is {{ a }} + {{ b }}? {{ tag }}",
-                   **({"system": system} if system else {})},
+        "prompt": {
+            "template": "What is {{ a }} + {{ b }}? {{ tag }}",
+            **({"system": system} if system else {}),
+        },
         "generation": {"max_tokens": 16, "temperature": temperature},
         "grader": {"type": "numeric", "target": "{{ answer }}"},
     }
@@ -579,20 +608,41 @@ def write_arithmetic_suite(folder: Path, n: int, *, name: str = "arith",
     return path
 
 
-def write_two_model_config(path: Path, strong: "FakeLLM", weak: "FakeLLM", *,
-                           key_envs: tuple[str, str],
-                           weak_protocol: str = "anthropic", db: str = "out/routeopt.duckdb",
-                           out: str = "out", router: dict | None = None) -> Path:
+def write_two_model_config(
+    path: Path,
+    strong: "FakeLLM",
+    weak: "FakeLLM",
+    *,
+    key_envs: tuple[str, str],
+    weak_protocol: str = "anthropic",
+    db: str = "out/routeopt.duckdb",
+    out: str = "out",
+    router: dict | None = None,
+) -> Path:
     """A routeopt config (JSON is YAML) with a dear `strong` OpenAI candidate and a cheap `weak`
     one speaking `weak_protocol` (their keys' variables: `key_envs`), suites in `suites/` beside
     it; returns `path`."""
     weak_url = weak.anthropic_base_url if weak_protocol == "anthropic" else weak.openai_base_url
     cfg = {
         "candidates": [
-            {"name": "strong", "provider": "openai", "model": "big", "base_url": strong.openai_base_url,
-             "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": key_envs[0]},
-            {"name": "weak", "provider": weak_protocol, "model": "small", "base_url": weak_url,
-             "input_price_per_mtok": 0.5, "output_price_per_mtok": 1.5, "api_key_env": key_envs[1]},
+            {
+                "name": "strong",
+                "provider": "openai",
+                "model": "big",
+                "base_url": strong.openai_base_url,
+                "input_price_per_mtok": 10.0,
+                "output_price_per_mtok": 30.0,
+                "api_key_env": key_envs[0],
+            },
+            {
+                "name": "weak",
+                "provider": weak_protocol,
+                "model": "small",
+                "base_url": weak_url,
+                "input_price_per_mtok": 0.5,
+                "output_price_per_mtok": 1.5,
+                "api_key_env": key_envs[1],
+            },
         ],
         "suites_dir": "suites",
         "db_path": db,
@@ -632,9 +682,16 @@ if pytest is not None:
 
         def make(provider: str = "openai", **overrides: Any) -> Candidate:
             base = fake_llm.openai_base_url if provider == "openai" else fake_llm.anthropic_base_url
-            spec = dict(name=f"fake-{provider}", provider=provider, model=f"fake-{provider}-model",
-                        base_url=base, input_price_per_mtok=1.0, output_price_per_mtok=2.0,
-                        timeout_s=10.0, max_retries=3)
+            spec = dict(
+                name=f"fake-{provider}",
+                provider=provider,
+                model=f"fake-{provider}-model",
+                base_url=base,
+                input_price_per_mtok=1.0,
+                output_price_per_mtok=2.0,
+                timeout_s=10.0,
+                max_retries=3,
+            )
             spec.update(overrides)
             return Candidate(**spec)
 

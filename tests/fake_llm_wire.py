@@ -32,42 +32,80 @@ _STATUS_FAULTS: dict[str, tuple[int, str]] = {
     "auth": (401, "authentication_error"),
     "bad_request": (400, "invalid_request_error"),
 }
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-            500: "Internal Server Error", 503: "Service Unavailable", 529: "Overloaded"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    529: "Overloaded",
+}
 
 
 def _openai_usage(u: dict) -> dict:
-    return {"prompt_tokens": u["input"], "completion_tokens": u["output"],
-            "total_tokens": u["input"] + u["output"],
-            "prompt_tokens_details": {"cached_tokens": u["cached"]}}
+    return {
+        "prompt_tokens": u["input"],
+        "completion_tokens": u["output"],
+        "total_tokens": u["input"] + u["output"],
+        "prompt_tokens_details": {"cached_tokens": u["cached"]},
+    }
 
 
 def _anthropic_usage(u: dict) -> dict:
-    return {"input_tokens": u["input"] - u["cached"] - u["written"], "output_tokens": u["output"],
-            "cache_read_input_tokens": u["cached"], "cache_creation_input_tokens": u["written"]}
+    return {
+        "input_tokens": u["input"] - u["cached"] - u["written"],
+        "output_tokens": u["output"],
+        "cache_read_input_tokens": u["cached"],
+        "cache_creation_input_tokens": u["written"],
+    }
 
 
 def _openai_plain(body: dict, text: str, finish: str, u: dict, usage: bool) -> dict:
-    out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-           "model": body.get("model", "fake"),
-           "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish, "logprobs": None}]}
+    out = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "fake"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        ],
+    }
     if usage:
         out["usage"] = _openai_usage(u)
     return out
 
 
 def _anthropic_plain(body: dict, text: str, finish: str, u: dict, usage: bool) -> dict:
-    out = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model", "fake"),
-           "content": [{"type": "text", "text": text}], "stop_reason": finish, "stop_sequence": None}
+    out = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "fake"),
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": finish,
+        "stop_sequence": None,
+    }
     out["usage"] = _anthropic_usage(u) if usage else {"input_tokens": 0, "output_tokens": 0}
     return out
 
 
-def _openai_events(body: dict, pieces: list[str], finish: str, u: dict, usage: bool) -> Iterator[tuple[str, bytes]]:
+def _openai_events(
+    body: dict, pieces: list[str], finish: str, u: dict, usage: bool
+) -> Iterator[tuple[str, bytes]]:
     """(tag, SSE bytes); tags: 'first' (first content), 'content', 'final', 'tail'."""
-    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": body.get("model", "fake")}
+    base = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": body.get("model", "fake"),
+    }
 
     def chunk(delta: dict, fin: str | None = None, **extra: Any) -> bytes:
         d = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": fin}], **extra}
@@ -83,31 +121,67 @@ def _openai_events(body: dict, pieces: list[str], finish: str, u: dict, usage: b
     yield "tail", b"data: [DONE]\n\n"
 
 
-def _anthropic_events(body: dict, pieces: list[str], finish: str, u: dict, usage: bool) -> Iterator[tuple[str, bytes]]:
+def _anthropic_events(
+    body: dict, pieces: list[str], finish: str, u: dict, usage: bool
+) -> Iterator[tuple[str, bytes]]:
     def ev(name: str, d: dict) -> bytes:
         return f"event: {name}\ndata: {json.dumps(d)}\n\n".encode()
 
     au = _anthropic_usage(u) if usage else {"input_tokens": 0, "output_tokens": 0}
-    msg = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model", "fake"),
-           "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**au, "output_tokens": 1}}
+    msg = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "fake"),
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**au, "output_tokens": 1},
+    }
     yield "head", ev("message_start", {"type": "message_start", "message": msg})
-    yield "head", ev("content_block_start", {"type": "content_block_start", "index": 0,
-                                             "content_block": {"type": "text", "text": ""}})
+    yield (
+        "head",
+        ev(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+    )
     yield "head", ev("ping", {"type": "ping"})
     for n, piece in enumerate(pieces):
-        yield ("first" if n == 0 else "content"), ev("content_block_delta", {
-            "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})
+        yield (
+            ("first" if n == 0 else "content"),
+            ev(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
+            ),
+        )
     yield "final", ev("content_block_stop", {"type": "content_block_stop", "index": 0})
-    yield "final", ev("message_delta", {"type": "message_delta",
-                                        "delta": {"stop_reason": finish, "stop_sequence": None},
-                                        "usage": {"output_tokens": au["output_tokens"]}})
+    yield (
+        "final",
+        ev(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": finish, "stop_sequence": None},
+                "usage": {"output_tokens": au["output_tokens"]},
+            },
+        ),
+    )
     yield "tail", ev("message_stop", {"type": "message_stop"})
 
 
-async def _send_sse(writer: asyncio.StreamWriter, events: Iterator[tuple[str, bytes]], fault: str | None,
-                    delay: float, token_delay: float, bad: bytes) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n")
+async def _send_sse(
+    writer: asyncio.StreamWriter,
+    events: Iterator[tuple[str, bytes]],
+    fault: str | None,
+    delay: float,
+    token_delay: float,
+    bad: bytes,
+) -> None:
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     sent_content = False
     for tag, data in events:
         if tag in ("first", "content", "final") and not sent_content and delay:
@@ -146,22 +220,33 @@ async def _read_request(reader: asyncio.StreamReader) -> _Http | None:
     return _Http(method, path.split("?", 1)[0], headers, body)
 
 
-async def _send_raw(writer: asyncio.StreamWriter, status: int, data: bytes, ctype: str,
-                    extra: dict[str, str] | None = None) -> None:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {ctype}",
-             f"Content-Length: {len(data)}"]
+async def _send_raw(
+    writer: asyncio.StreamWriter, status: int, data: bytes, ctype: str, extra: dict[str, str] | None = None
+) -> None:
+    lines = [
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}",
+        f"Content-Type: {ctype}",
+        f"Content-Length: {len(data)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
     await writer.drain()
 
 
-async def _send_json(writer: asyncio.StreamWriter, status: int, payload: Any,
-                     extra: dict[str, str] | None = None) -> None:
+async def _send_json(
+    writer: asyncio.StreamWriter, status: int, payload: Any, extra: dict[str, str] | None = None
+) -> None:
     await _send_raw(writer, status, json.dumps(payload).encode(), "application/json", extra)
 
 
-async def _send_error(writer: asyncio.StreamWriter, kind: str, status: int, etype: str, message: str,
-                      extra: dict[str, str] | None = None) -> None:
+async def _send_error(
+    writer: asyncio.StreamWriter,
+    kind: str,
+    status: int,
+    etype: str,
+    message: str,
+    extra: dict[str, str] | None = None,
+) -> None:
     if kind == "anthropic":
         payload: dict = {"type": "error", "error": {"type": etype, "message": message}}
     else:

@@ -27,11 +27,16 @@ def duckdb_hits(path: Path, needle: str) -> list[str]:
     hits = []
     con = duckdb.connect(str(path), read_only=True)
     try:
-        columns = con.execute("SELECT table_schema, table_name, column_name FROM information_schema.columns "
-                              "WHERE table_catalog = current_database()").fetchall()
+        columns = con.execute(
+            "SELECT table_schema, table_name, column_name FROM information_schema.columns "
+            "WHERE table_catalog = current_database()"
+        ).fetchall()
         for schema, table, column in columns:
-            found = con.execute(f"SELECT count(*) FROM {_quote(schema)}.{_quote(table)} "
-                                f"WHERE contains(CAST({_quote(column)} AS VARCHAR), ?)", [needle]).fetchone()[0]
+            found = con.execute(
+                f"SELECT count(*) FROM {_quote(schema)}.{_quote(table)} "
+                f"WHERE contains(CAST({_quote(column)} AS VARCHAR), ?)",
+                [needle],
+            ).fetchone()[0]
             if found:
                 hits.append(f"{path}:{table}.{column}")
     finally:
@@ -43,9 +48,14 @@ def parquet_hits(path: Path, needle: str) -> list[str]:
     con = duckdb.connect()
     try:
         names = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
-        return [f"{path}:{n}" for n in names if con.execute(
-            f"SELECT count(*) FROM read_parquet(?) WHERE contains(CAST({_quote(n)} AS VARCHAR), ?)",
-            [str(path), needle]).fetchone()[0]]
+        return [
+            f"{path}:{n}"
+            for n in names
+            if con.execute(
+                f"SELECT count(*) FROM read_parquet(?) WHERE contains(CAST({_quote(n)} AS VARCHAR), ?)",
+                [str(path), needle],
+            ).fetchone()[0]
+        ]
     finally:
         con.close()
 
@@ -56,8 +66,11 @@ def sqlite_hits(path: Path, needle: str) -> list[str]:
     try:
         for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
             for column in [r[1] for r in con.execute(f"PRAGMA table_info({_quote(table)})")]:
-                n = con.execute(f"SELECT count(*) FROM {_quote(table)} WHERE "
-                                f"instr(CAST({_quote(column)} AS TEXT), ?) > 0", (needle,)).fetchone()[0]
+                n = con.execute(
+                    f"SELECT count(*) FROM {_quote(table)} WHERE "
+                    f"instr(CAST({_quote(column)} AS TEXT), ?) > 0",
+                    (needle,),
+                ).fetchone()[0]
                 if n:
                     hits.append(f"{path}:{table}.{column}")
     finally:

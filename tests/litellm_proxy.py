@@ -47,13 +47,17 @@ def proxy_venv() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if ready.exists():
             return venv
-        steps = ([sys.executable, "-m", "venv", "--clear", str(venv)],
-                 [str(venv / "bin" / "pip"), "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"])
+        steps = (
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+        )
         for cmd in steps:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
-                pytest.skip(f"cannot build the LiteLLM proxy's virtualenv ({' '.join(cmd[:3])}...): "
-                            f"{(done.stderr or done.stdout).strip()[-400:]}")
+                pytest.skip(
+                    f"cannot build the LiteLLM proxy's virtualenv ({' '.join(cmd[:3])}...): "
+                    f"{(done.stderr or done.stdout).strip()[-400:]}"
+                )
         ready.write_text(LITELLM_VERSION)
     return venv
 
@@ -76,8 +80,14 @@ class LiteLLMProxy:
     (`tests.gateway_venv.build_gateway_venv(..., base=proxy_venv())`).
     """
 
-    def __init__(self, config: dict[str, Any] | Path, *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, python: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any] | Path,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        python: Path | None = None,
+    ) -> None:
         self.config_file = config if isinstance(config, Path) else None  # started as it is
         if self.config_file is not None:
             self.config, self.master_key = {}, (env or {}).get("LITELLM_MASTER_KEY", "")
@@ -110,15 +120,36 @@ class LiteLLMProxy:
         if self.config_file is None:
             cfg.write_text(yaml.safe_dump(self.config, sort_keys=False))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no price-map fetch: offline, and ~7 s
-                    "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True", "LITELLM_TELEMETRY": "False",
-                    "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}", **self.extra_env})
+        env.update(
+            {
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no price-map fetch: offline, and ~7 s
+                "LITELLM_LOG": "ERROR",
+                "DISABLE_ADMIN_UI": "True",
+                "LITELLM_TELEMETRY": "False",
+                "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}",
+                **self.extra_env,
+            }
+        )
         log = self.log_path.open("wb")
         launcher = [str(self.python)] if self.python else []  # e.g. a virtualenv layered on venv
         self.proc = subprocess.Popen(
-            [*launcher, str(venv / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1",
-             "--port", str(self.port), "--num_workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd or self._dir.name)
+            [
+                *launcher,
+                str(venv / "bin" / "litellm"),
+                "--config",
+                str(cfg),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--num_workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.cwd or self._dir.name,
+        )
         self._wait_ready()
         return self
 
@@ -127,7 +158,9 @@ class LiteLLMProxy:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the LiteLLM proxy exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+                raise RuntimeError(
+                    f"the LiteLLM proxy exited with {self.proc.returncode}:\n{self.log()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health/liveliness", timeout=2) as resp:
                     if resp.status == 200:
@@ -136,7 +169,9 @@ class LiteLLMProxy:
                 pass
             time.sleep(0.25)
         self.__exit__(None, None, None)
-        raise RuntimeError(f"the LiteLLM proxy did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{self.log()[-3000:]}")
+        raise RuntimeError(
+            f"the LiteLLM proxy did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{self.log()[-3000:]}"
+        )
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -40,7 +40,9 @@ class History:
     run_ids: list[str] = field(default_factory=list)
 
 
-def _outcomes(run_id: str, rng: np.random.Generator, n: int, when: datetime, reg: list[Regression]) -> list[Outcome]:
+def _outcomes(
+    run_id: str, rng: np.random.Generator, n: int, when: datetime, reg: list[Regression]
+) -> list[Outcome]:
     rows = []
     for suite in SUITES:
         for cand in CANDIDATES:
@@ -55,24 +57,36 @@ def _outcomes(run_id: str, rng: np.random.Generator, n: int, when: datetime, reg
                 price_f = float(np.prod([r.price_factor for r in reg if r.candidate == cand]))
                 price_out = CANDIDATES[cand].get("output_price_per_mtok", 0.0) * price_f
                 cost = (tin * price_in + tout * price_out) / 1e6 if price_in else 0.5 / 3600 * lat / 8
-                rows.append(Outcome(
-                    run_id=run_id, suite=suite, suite_version="v1", item_id=f"{i:03d}", candidate=cand,
-                    passed=None if err else bool(rng.random() < p),
-                    score=None if err else 1.0,
-                    input_tokens=None if err else tin, output_tokens=None if err else tout,
-                    cost_usd=None if err else cost,
-                    ttft_s=None if err else lat * 0.3, latency_s=None if err else lat,
-                    error_kind=err, error="429" if err else None, response="ok",
-                    created_at=when,
-                ))
+                rows.append(
+                    Outcome(
+                        run_id=run_id,
+                        suite=suite,
+                        suite_version="v1",
+                        item_id=f"{i:03d}",
+                        candidate=cand,
+                        passed=None if err else bool(rng.random() < p),
+                        score=None if err else 1.0,
+                        input_tokens=None if err else tin,
+                        output_tokens=None if err else tout,
+                        cost_usd=None if err else cost,
+                        ttft_s=None if err else lat * 0.3,
+                        latency_s=None if err else lat,
+                        error_kind=err,
+                        error="429" if err else None,
+                        response="ok",
+                        created_at=when,
+                    )
+                )
     return rows
 
 
 def _items(suite: str, n: int) -> list[tuple[str, str, dict]]:
     """Prompts whose length varies with the item, so a router has a feature to look at."""
     words = "alpha beta gamma delta epsilon zeta eta theta".split()
-    return [(f"{i:03d}", f"[{suite}] question {i}: " + " ".join(words[: 1 + i % 8]) * (1 + i % 3), {})
-            for i in range(n)]
+    return [
+        (f"{i:03d}", f"[{suite}] question {i}: " + " ".join(words[: 1 + i % 8]) * (1 + i % 3), {})
+        for i in range(n)
+    ]
 
 
 def _bulk_insert(store: Store, rows: list[Outcome]) -> None:

@@ -16,7 +16,9 @@ class _Receiver(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append({"path": self.path, "ctype": self.headers["Content-Type"], "body": json.loads(body)})
+        type(self).received.append(
+            {"path": self.path, "ctype": self.headers["Content-Type"], "body": json.loads(body)}
+        )
         status = type(self).statuses.pop(0) if type(self).statuses else 200
         self.send_response(status)
         self.send_header("Content-Length", "0")

@@ -52,8 +52,9 @@ class OtlpSink:
     def __enter__(self) -> "OtlpSink":
         repo = Path(__file__).resolve().parents[1]
         env = {**os.environ, "PYTHONPATH": str(repo)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.otlp_sink"], stdout=subprocess.PIPE,
-                                     text=True, cwd=repo, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.otlp_sink"], stdout=subprocess.PIPE, text=True, cwd=repo, env=env
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line.startswith("PORT "):
             raise RuntimeError(f"the OTLP sink did not start: {line!r}")

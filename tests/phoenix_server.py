@@ -48,13 +48,17 @@ def phoenix_venv() -> Path:
         if ready.exists():
             return venv
         if not (venv / "bin" / "phoenix").exists():
-            steps = ([sys.executable, "-m", "venv", "--clear", str(venv)],
-                     [str(venv / "bin" / "pip"), "install", "-q", f"arize-phoenix=={PHOENIX_VERSION}"])
+            steps = (
+                [sys.executable, "-m", "venv", "--clear", str(venv)],
+                [str(venv / "bin" / "pip"), "install", "-q", f"arize-phoenix=={PHOENIX_VERSION}"],
+            )
             for cmd in steps:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
                 if done.returncode != 0:
-                    pytest.skip(f"cannot build Phoenix's virtualenv ({' '.join(cmd[:3])}...): "
-                                f"{(done.stderr or done.stdout).strip()[-400:]}")
+                    pytest.skip(
+                        f"cannot build Phoenix's virtualenv ({' '.join(cmd[:3])}...): "
+                        f"{(done.stderr or done.stdout).strip()[-400:]}"
+                    )
         ready.write_text(PHOENIX_VERSION)
     return venv
 
@@ -82,12 +86,24 @@ class Phoenix:
     def __enter__(self) -> "Phoenix":
         venv = phoenix_venv()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "OTEL_"))}
-        env.update({"PHOENIX_PORT": str(self.port), "PHOENIX_GRPC_PORT": str(self.grpc_port),
-                    "PHOENIX_HOST": "127.0.0.1", "PHOENIX_WORKING_DIR": self._dir.name,
-                    "PHOENIX_TELEMETRY_ENABLED": "false", "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}"})
+        env.update(
+            {
+                "PHOENIX_PORT": str(self.port),
+                "PHOENIX_GRPC_PORT": str(self.grpc_port),
+                "PHOENIX_HOST": "127.0.0.1",
+                "PHOENIX_WORKING_DIR": self._dir.name,
+                "PHOENIX_TELEMETRY_ENABLED": "false",
+                "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}",
+            }
+        )
         log = self.log_path.open("wb")
-        self.proc = subprocess.Popen([str(venv / "bin" / "phoenix"), "serve"], stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=self._dir.name)
+        self.proc = subprocess.Popen(
+            [str(venv / "bin" / "phoenix"), "serve"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self._dir.name,
+        )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

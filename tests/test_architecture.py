@@ -23,11 +23,17 @@ from tests import REPO
 
 P = "routeopt."
 OURS = tuple(P + n for n in ("common", "evals", "router_training", "artifacts", "reports", "flows"))
-FOLDERS = {P + "common": REPO / "routeopt" / "common", P + "reports": REPO / "routeopt" / "reports",
-           P + "evals": REPO / "evals", P + "router_training": REPO / "router_training",
-           P + "artifacts": REPO / "artifacts", P + "flows": REPO / "flows"}
-EVALS = tuple(P + "evals." + n for n in ("config", "providers", "grading", "suite", "storage", "execution",
-                                          "selfhost"))
+FOLDERS = {
+    P + "common": REPO / "routeopt" / "common",
+    P + "reports": REPO / "routeopt" / "reports",
+    P + "evals": REPO / "evals",
+    P + "router_training": REPO / "router_training",
+    P + "artifacts": REPO / "artifacts",
+    P + "flows": REPO / "flows",
+}
+EVALS = tuple(
+    P + "evals." + n for n in ("config", "providers", "grading", "suite", "storage", "execution", "selfhost")
+)
 E = {n.rsplit(".", 1)[1]: n for n in EVALS}
 RT = {n: P + "router_training." + n for n in ("policy", "fit", "evaluation", "live")}
 AR = {n: P + "artifacts." + n for n in ("serving", "publish")}
@@ -53,8 +59,15 @@ ALLOWED: dict[str, set[str]] = {
     AR["publish"]: {AR["serving"], P + "router_training", *RT.values()},
     P + "artifacts": set(),
     P + "reports": {P + "evals", *EVALS, P + "router_training", *RT.values(), P + "artifacts", *AR.values()},
-    P + "flows": {P + "evals", *EVALS, P + "router_training", *RT.values(), P + "artifacts", *AR.values(),
-                  P + "reports"},
+    P + "flows": {
+        P + "evals",
+        *EVALS,
+        P + "router_training",
+        *RT.values(),
+        P + "artifacts",
+        *AR.values(),
+        P + "reports",
+    },
 }
 
 
@@ -91,8 +104,12 @@ def imports(path: Path, function_level: bool = True) -> set[str]:
 
 
 def modules() -> list[Path]:
-    return sorted(p for folder in FOLDERS.values() for p in folder.rglob("*.py")
-                  if "suites" not in p.relative_to(REPO).parts)
+    return sorted(
+        p
+        for folder in FOLDERS.values()
+        for p in folder.rglob("*.py")
+        if "suites" not in p.relative_to(REPO).parts
+    )
 
 
 def module_name(path: Path) -> str:
@@ -111,8 +128,11 @@ def test_imports_follow_the_layers(path: Path) -> None:
     allowed = ALLOWED[me] | {me} | ({P + "common"} if me != P + "common" else set())
     if me.startswith(P + "evals."):
         allowed.add(P + "evals")  # the package itself (its docstring), never a sibling via it
-    wrong = sorted(m for m in imports(path) if (u := unit(m)) is not None and u not in allowed
-                   and not (u == P + "evals" and m != P + "evals"))
+    wrong = sorted(
+        m
+        for m in imports(path)
+        if (u := unit(m)) is not None and u not in allowed and not (u == P + "evals" and m != P + "evals")
+    )
     assert not wrong, f"{path.relative_to(REPO)} ({me}) imports {wrong}; allowed: {sorted(ALLOWED[me])}"
 
 

@@ -79,9 +79,11 @@ def test_readme_links_resolve() -> None:
 def test_link_check_finds_what_is_broken(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text("# A page\n\n## Real section\n", encoding="utf-8")
-    text = ("[ok](docs/page.md#real-section) [gone](docs/nothing.md) "
-            "[anchor](docs/page.md#no-such-section) [here](#top)\n\n## Top\n\n"
-            "```\n[in code](docs/nothing.md)\n```\n[web](https://example.com/x)\n")
+    text = (
+        "[ok](docs/page.md#real-section) [gone](docs/nothing.md) "
+        "[anchor](docs/page.md#no-such-section) [here](#top)\n\n## Top\n\n"
+        "```\n[in code](docs/nothing.md)\n```\n[web](https://example.com/x)\n"
+    )
     assert broken_links(text, tmp_path) == [
         f"docs/nothing.md: no file {tmp_path / 'docs' / 'nothing.md'}",
         "docs/page.md#no-such-section: no heading with anchor #no-such-section",
@@ -92,5 +94,9 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     """`mkdocs build --strict` fails on a broken link or anchor, or a page left out of the nav."""
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

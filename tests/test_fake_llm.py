@@ -37,8 +37,11 @@ def test_default_model():
 
 def test_records_what_arrived_credentials_included_and_404(fake_llm):
     body = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
-    r = httpx.post(fake_llm.openai_base_url + "/chat/completions", json=body,
-                   headers={"Authorization": "Bearer sk-secret-1"})
+    r = httpx.post(
+        fake_llm.openai_base_url + "/chat/completions",
+        json=body,
+        headers={"Authorization": "Bearer sk-secret-1"},
+    )
     assert r.json()["choices"][0]["message"]["content"] == "4"
     assert httpx.get(fake_llm.url + "/v1/nothing").status_code == 404
     (rec,) = fake_llm.requests
@@ -47,8 +50,11 @@ def test_records_what_arrived_credentials_included_and_404(fake_llm):
 
 def test_process_mode_serves_and_reports(fake_llm_process):
     body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "What is 1 + 2?"}]}
-    r = httpx.post(fake_llm_process.anthropic_base_url + "/v1/messages", json=body,
-                   headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
+    r = httpx.post(
+        fake_llm_process.anthropic_base_url + "/v1/messages",
+        json=body,
+        headers={"x-api-key": "k", "anthropic-version": "2023-06-01"},
+    )
     assert r.json()["content"][0]["text"] == "3" and r.json()["stop_reason"] == "end_turn"
     (rec,) = fake_llm_process.requests()
     assert rec["body"] == body and rec["headers"]["x-api-key"] == "k"

@@ -17,8 +17,11 @@ def test_a_key_in_a_compressed_duckdb_column_is_found_where_a_byte_grep_misses_i
     db = tmp_path / "store.duckdb"
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE outcomes (id INT, error VARCHAR, meta JSON)")
-    con.execute("INSERT INTO outcomes SELECT i, 'Incorrect API key provided: ' || ? || ' request ' || i, "
-                "NULL FROM range(20000) t(i)", [SECRET])
+    con.execute(
+        "INSERT INTO outcomes SELECT i, 'Incorrect API key provided: ' || ? || ' request ' || i, "
+        "NULL FROM range(20000) t(i)",
+        [SECRET],
+    )
     con.execute("CHECKPOINT")
     con.close()
     assert SECRET.encode() not in db.read_bytes()  # what the old test grepped: compressed away
@@ -27,7 +30,8 @@ def test_a_key_in_a_compressed_duckdb_column_is_found_where_a_byte_grep_misses_i
 
 def test_parquet_sqlite_and_plain_files(tmp_path: Path) -> None:
     pd.DataFrame({"response": [f"answer {i} {SECRET}" for i in range(5000)]}).to_parquet(
-        tmp_path / "export.parquet", compression="zstd")
+        tmp_path / "export.parquet", compression="zstd"
+    )
     con = sqlite3.connect(tmp_path / "cache.sqlite")
     con.execute("CREATE TABLE responses (key TEXT, completion TEXT)")
     con.execute("INSERT INTO responses VALUES ('k', ?)", (f'{{"text": "{SECRET}"}}',))

@@ -1,4 +1,4 @@
-"""The static checks CI runs: ruff's lint over the checkout, and mypy in strict mode over the
+"""The static checks CI runs: ruff's lint and format over the checkout, and mypy in strict mode over the
 gateway's reference implementation (routeopt.router_training.policy and routeopt.common.io).
 
 mypy cannot follow setuptools' package-dir mapping (the editable install finds the stage folders
@@ -44,9 +44,21 @@ def _link_tree(root: Path) -> dict[Path, Path]:
 
 def test_ruff_check_passes() -> None:
     _tool("ruff")
-    run = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True
+    )
     assert run.returncode == 0, f"ruff check . found problems:\n{run.stdout}{run.stderr}"
+
+
+def test_ruff_format_leaves_every_file_as_it_is() -> None:
+    _tool("ruff")
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, f"run `ruff format .`; these files differ:\n{run.stdout}{run.stderr}"
 
 
 def test_the_gateway_reference_implementation_is_strictly_typed(tmp_path: Path) -> None:
@@ -54,8 +66,17 @@ def test_the_gateway_reference_implementation_is_strictly_typed(tmp_path: Path) 
     _tool("mypy")
     links = _link_tree(tmp_path / "tree")
     env = {**os.environ, "MYPYPATH": str(tmp_path / "tree")}
-    command = [sys.executable, "-m", "mypy", "--strict", "--config-file", str(REPO / "pyproject.toml"),
-               "--cache-dir", str(tmp_path / "cache"), *STRICT]
+    command = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--strict",
+        "--config-file",
+        str(REPO / "pyproject.toml"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        *STRICT,
+    ]
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     prefixes = {str(link.relative_to(tmp_path)): str(source) for link, source in links.items()}
     report = "".join(_in_checkout(line, prefixes) for line in (run.stdout + run.stderr).splitlines(True))
@@ -66,5 +87,5 @@ def _in_checkout(line: str, prefixes: dict[str, str]) -> str:
     """mypy's line with the path of the file in the checkout instead of the link's."""
     for link, source in prefixes.items():
         if line.startswith(link + os.sep):
-            return source + line[len(link):]
+            return source + line[len(link) :]
     return line

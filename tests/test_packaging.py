@@ -53,8 +53,9 @@ def test_the_demo_and_its_data_are_package_data() -> None:
         for path in (evals / sub).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts:
                 rel = path.relative_to(evals)
-                assert any(fnmatch(str(rel), p.replace("**/", "")) for p in patterns), \
+                assert any(fnmatch(str(rel), p.replace("**/", "")) for p in patterns), (
                     f"{rel} is not package data"
+                )
     assert DEMO_CONFIG.is_relative_to(evals)
 
 
@@ -92,8 +93,12 @@ def _tree(folder: Path) -> set[str]:
 @pytest.mark.slow  # builds a wheel and a virtualenv with the pipeline's dependencies (minutes)
 def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tmp_path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     wheel = next(dist.glob("routeopt-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"routeopt", wheel.name.split("-py3")[0] + ".dist-info"}, tops
@@ -101,8 +106,14 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[local]", "evals", "common"],
-                               capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[local]", "evals", "common"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+        cwd=tmp_path,
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
     site = next((venv / "lib").glob("python3*/site-packages"))
     before = _tree(site / "routeopt")
@@ -110,8 +121,14 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     empty = tmp_path / "empty"
     empty.mkdir()
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
-    run = subprocess.run([str(venv / "bin" / "routeopt"), "run", "--no-progress"], cwd=empty, env=env,
-                         capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(
+        [str(venv / "bin" / "routeopt"), "run", "--no-progress"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "published policy v1" in run.stdout
     assert (empty / ".routeopt" / "routeopt.duckdb").is_file()
@@ -119,18 +136,39 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     assert _tree(site / "routeopt") == before  # nothing written into site-packages
 
     env["OPENAI_API_KEY"] = "sk-not-used"  # OpenAI's evals makes an OpenAI client when imported
-    both = subprocess.run([str(venv / "bin" / "python"), "-c",
-                           "import json, common, evals, routeopt.evals.config as ours; "
-                           "print(json.dumps([common.__file__, evals.__file__, ours.__file__]))"],
-                          cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    both = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import json, common, evals, routeopt.evals.config as ours; "
+            "print(json.dumps([common.__file__, evals.__file__, ours.__file__]))",
+        ],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert both.returncode == 0, both.stderr[-2000:]
     common_file, evals_file, ours_file = map(Path, json.loads(both.stdout))
     assert common_file.is_relative_to(site / "common") and evals_file.is_relative_to(site / "evals")
     assert ours_file.is_relative_to(site / "routeopt")
 
-    starter = subprocess.run([str(venv / "bin" / "routeopt"), "init", "proj"], cwd=empty, env=env,
-                             capture_output=True, text=True, timeout=300)
+    starter = subprocess.run(
+        [str(venv / "bin" / "routeopt"), "init", "proj"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert starter.returncode == 0, starter.stderr
-    checked = subprocess.run([str(venv / "bin" / "routeopt"), "suites", "validate"], cwd=empty / "proj",
-                             env=env, capture_output=True, text=True, timeout=300)
+    checked = subprocess.run(
+        [str(venv / "bin" / "routeopt"), "suites", "validate"],
+        cwd=empty / "proj",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -15,8 +15,8 @@ README = REPO / "README.md"
 
 _LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \| ")  # Prefect's log lines, times and run names
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_TIMED_COLUMN = re.compile(r"\blat\b|\bttft\b")     # measured times: they differ from run to run
-_VOLATILE = [                                        # what differs between runs, figures aside
+_TIMED_COLUMN = re.compile(r"\blat\b|\bttft\b")  # measured times: they differ from run to run
+_VOLATILE = [  # what differs between runs, figures aside
     (re.compile(r"run-\d{8}-\d{6}-[0-9a-f]+"), "RUN-ID"),
     (re.compile(r"wall time: \S+"), "wall time: TIME"),
     (re.compile(r"\b[0-9a-f]{16}\b"), "KEY-ID"),
@@ -73,6 +73,7 @@ def figures(text: str) -> tuple[list[list[tuple[str, ...]]], str]:
 
 def _window(output: str, sample: str) -> str:
     """The part of a run's output that the sample shows: from its first line to its last."""
+
     def key(line: str) -> str:
         return " ".join(_mask(_ANSI.sub("", line)).split())
 
@@ -83,7 +84,7 @@ def _window(output: str, sample: str) -> str:
     assert shown[-1] in keys, f"the run printed no line like the sample's last: {shown[-1]!r}"
     start = keys.index(shown[0])
     end = len(keys) - 1 - keys[::-1].index(shown[-1])
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 def test_figures_see_a_changed_number() -> None:
@@ -99,18 +100,30 @@ def test_figures_see_a_changed_number() -> None:
 
 @pytest.mark.slow
 def test_readme_sample_matches_a_run(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "ROUTEOPT_")) and k not in ("FORCE_COLOR", "COLUMNS")}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "COLUMNS": "80",
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "ROUTEOPT_")) and k not in ("FORCE_COLOR", "COLUMNS")
+    }
+    env |= {
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "COLUMNS": "80",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
     project = tmp_path / "empty"
     project.mkdir()
-    done = subprocess.run([sys.executable, "-m", "routeopt", "run", "--no-progress"], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "routeopt", "run", "--no-progress"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     sample = readme_sample(README.read_text(encoding="utf-8"))
     ran = _window(done.stdout + "\n" + done.stderr, sample)
     assert figures(sample) == figures(ran), (
-        "README.md's sample output differs from a run of the demo; paste this run's output:\n"
-        + ran)
+        "README.md's sample output differs from a run of the demo; paste this run's output:\n" + ran
+    )

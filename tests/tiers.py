@@ -47,12 +47,16 @@ CONSTANTS: dict[re.Pattern[str], tuple[str, ...]] = {
 # Tests whose reason is in a command line another program runs: node id -> markers.
 FACTS: dict[str, tuple[str, ...]] = {
     # `routeopt run` in a subprocess starts its own Prefect server, twice
-    "tests/flows/test_run_checks.py::test_a_tampered_champion_is_one_sentence_after_the_summary": ("prefect",),
+    "tests/flows/test_run_checks.py::test_a_tampered_champion_is_one_sentence_after_the_summary": (
+        "prefect",
+    ),
     # benchmarks/gpu_check.sh builds tiny random checkpoints, serves them, then runs `routeopt run`
     "tests/benchmarks/test_gpu_check.py::test_shell_script_runs_the_pipeline_on_cpu": ("model", "prefect"),
     "tests/benchmarks/test_gpu_check.py::test_cpu_tiny_end_to_end": ("model",),
     # the sets are found beside the checkout, or beside a worktree's parent
-    "tests/gateways/test_js_runtime.py::test_policies_trained_on_every_shared_set_pass_in_javascript": ("shared_data",),
+    "tests/gateways/test_js_runtime.py::test_policies_trained_on_every_shared_set_pass_in_javascript": (
+        "shared_data",
+    ),
 }
 
 
@@ -69,8 +73,12 @@ def tiers(item: pytest.Item) -> set[str]:
         if name.startswith("'"):
             found.update(m for pattern, marks in CONSTANTS.items() if pattern.search(name[1:]) for m in marks)
         else:
-            found.update(m for trigger, marks in USES.items()
-                         if name == trigger or name.startswith(trigger + ".") for m in marks)
+            found.update(
+                m
+                for trigger, marks in USES.items()
+                if name == trigger or name.startswith(trigger + ".")
+                for m in marks
+            )
     return found
 
 
@@ -78,7 +86,7 @@ def shared_scope(item: pytest.Item) -> str | None:
     """The test file when `item` uses a module- or class-scoped fixture written under tests/:
     pytest-xdist then runs that file's tests on one worker, which sets the fixture up once."""
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         if any(d.scope in ("module", "class") and _ours(_unwrapped(d.func)) for d in defs):
             return item.nodeid.split("::")[0]
     return None
@@ -86,7 +94,7 @@ def shared_scope(item: pytest.Item) -> str | None:
 
 def _fixture_functions(item: pytest.Item) -> Iterator[object]:
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         for fixturedef in defs:
             func = _unwrapped(fixturedef.func)
             if _ours(func):

@@ -7,14 +7,27 @@ from datetime import datetime, timedelta
 from typing import Mapping
 
 from routeopt.artifacts.serving.manifest import (
-    FORMAT, RESERVED_NAMES, ManifestError, check_file_name, format_time, pretty_json, sha256_hex,
+    FORMAT,
+    RESERVED_NAMES,
+    ManifestError,
+    check_file_name,
+    format_time,
+    pretty_json,
+    sha256_hex,
 )
 from routeopt.common.io import jsonable
 
 
 def build_manifest(
-    *, version: int, files: Mapping[str, bytes], lineage: dict, metrics: dict, policy: dict,
-    created_at: datetime, expires_in: timedelta | None, publish_id: str | None = None,
+    *,
+    version: int,
+    files: Mapping[str, bytes],
+    lineage: dict,
+    metrics: dict,
+    policy: dict,
+    created_at: datetime,
+    expires_in: timedelta | None,
+    publish_id: str | None = None,
     policy_format: dict | None = None,
 ) -> bytes:
     """The manifest bytes for a new version; file names are checked before anything is written.

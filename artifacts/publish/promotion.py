@@ -78,18 +78,21 @@ def decide_promotion(
     traffic (`routeopt.router_training.live.promise.compare`), and say whether the new one may lead and which
     evidence decided. `live_promise` (`routeopt.router_training.live.promise.live_promise` of the new policy at
     its target): with at least `min_feedback` requests, a promise the traffic refutes blocks it."""
-    held_out = held_out_decision(new_policy, champion_policy, test, tolerance=tolerance,
-                                 blocking=blocking, vacant=vacant)
+    held_out = held_out_decision(
+        new_policy, champion_policy, test, tolerance=tolerance, blocking=blocking, vacant=vacant
+    )
     if blocking:
         return replace(held_out, decided_by="drift")
     broken = promise_broken(live_promise, min_feedback)
     if held_out.promoted and broken:
-        return replace(held_out, promoted=False, reason=broken, decided_by="live traffic",
-                       live={"promise": live_promise})
+        return replace(
+            held_out, promoted=False, reason=broken, decided_by="live traffic", live={"promise": live_promise}
+        )
     if champion_policy is None:
         return held_out
-    return with_live_evidence(held_out, live, tolerance=tolerance, min_feedback=min_feedback,
-                              require_live=require_live)
+    return with_live_evidence(
+        held_out, live, tolerance=tolerance, min_feedback=min_feedback, require_live=require_live
+    )
 
 
 def promise_broken(promise: dict | None, min_feedback: int) -> str:
@@ -98,10 +101,12 @@ def promise_broken(promise: dict | None, min_feedback: int) -> str:
     if not promise or promise["n"] < min_feedback or not promise["broken"]:
         return ""
     m = promise["margin"]
-    return (f"on {promise['n']} live requests its pass rate at target {promise['target']:g} is "
-            f"{promise['pass_rate']['value']:.3f} against a floor of {promise['floor']:.3f} "
-            f"({promise['target']:g} x {promise['reference_model']}): margin {m['value']:+.3f}, "
-            f"95% CI {m['low']:+.3f}..{m['high']:+.3f}, the promise does not hold on this traffic")
+    return (
+        f"on {promise['n']} live requests its pass rate at target {promise['target']:g} is "
+        f"{promise['pass_rate']['value']:.3f} against a floor of {promise['floor']:.3f} "
+        f"({promise['target']:g} x {promise['reference_model']}): margin {m['value']:+.3f}, "
+        f"95% CI {m['low']:+.3f}..{m['high']:+.3f}, the promise does not hold on this traffic"
+    )
 
 
 def live_verdict(live: Comparison, tolerance: float) -> tuple[bool, str]:
@@ -109,38 +114,58 @@ def live_verdict(live: Comparison, tolerance: float) -> tuple[bool, str]:
     the tolerance, nor significantly dearer."""
     dp, dc, n = live.pass_rate_diff, live.cost_diff, live.pass_rate_diff.n
     if dp.high < -tolerance:
-        return False, (f"on {n} live requests the pass rate is {-dp.value:.3f} lower than the "
-                       f"champion's (95% CI {dp.low:+.3f}..{dp.high:+.3f}), beyond the tolerance {tolerance:g}")
+        return False, (
+            f"on {n} live requests the pass rate is {-dp.value:.3f} lower than the "
+            f"champion's (95% CI {dp.low:+.3f}..{dp.high:+.3f}), beyond the tolerance {tolerance:g}"
+        )
     if dc.n and dc.low > 0:
-        return False, (f"on {dc.n} live requests it costs {dc.value:+.3g} USD per request more than "
-                       f"the champion (95% CI {dc.low:+.3g}..{dc.high:+.3g})")
-    return True, (f"not worse on {n} live requests (pass rate {dp.value:+.3f}, 95% CI "
-                  f"{dp.low:+.3f}..{dp.high:+.3f}; cost {dc.value:+.3g} USD per request)")
+        return False, (
+            f"on {dc.n} live requests it costs {dc.value:+.3g} USD per request more than "
+            f"the champion (95% CI {dc.low:+.3g}..{dc.high:+.3g})"
+        )
+    return True, (
+        f"not worse on {n} live requests (pass rate {dp.value:+.3f}, 95% CI "
+        f"{dp.low:+.3f}..{dp.high:+.3f}; cost {dc.value:+.3g} USD per request)"
+    )
 
 
-def with_live_evidence(held_out: PromotionDecision, live: Comparison | None, *, tolerance: float,
-                       min_feedback: int, require_live: bool = False) -> PromotionDecision:
+def with_live_evidence(
+    held_out: PromotionDecision,
+    live: Comparison | None,
+    *,
+    tolerance: float,
+    min_feedback: int,
+    require_live: bool = False,
+) -> PromotionDecision:
     """Combine the held-out verdict with live traffic's, when live traffic has enough feedback."""
     n = live.pass_rate_diff.n if live is not None else 0
     summary = live.to_dict() if live is not None else {}
     if n < min_feedback:
         note = f"live traffic: {n} requests with feedback, {min_feedback} needed"
         if require_live and held_out.promoted:
-            return replace(held_out, promoted=False, reason=f"{note} (traffic.require_live)",
-                           decided_by="live traffic", live=summary)
+            return replace(
+                held_out,
+                promoted=False,
+                reason=f"{note} (traffic.require_live)",
+                decided_by="live traffic",
+                live=summary,
+            )
         if live is None:  # no decision logs at all: the held-out verdict stands as it is
             return held_out
         return replace(held_out, reason=f"{held_out.reason} ({note})", live=summary)
     assert live is not None
     ok, why = live_verdict(live, tolerance)
     if held_out.promoted and ok:
-        return replace(held_out, reason=f"{held_out.reason}; {why}",
-                       decided_by="held-out items and live traffic", live=summary)
+        return replace(
+            held_out,
+            reason=f"{held_out.reason}; {why}",
+            decided_by="held-out items and live traffic",
+            live=summary,
+        )
     if held_out.promoted:
         return replace(held_out, promoted=False, reason=why, decided_by="live traffic", live=summary)
     by = "held-out items" if ok else "held-out items and live traffic"
-    return replace(held_out, reason=f"{held_out.reason}; live traffic: {why}", decided_by=by,
-                   live=summary)
+    return replace(held_out, reason=f"{held_out.reason}; live traffic: {why}", decided_by=by, live=summary)
 
 
 def held_out_decision(
@@ -195,15 +220,26 @@ def champion_version(registry: Path | str, public_key: Any) -> tuple[RoutingPoli
         router = load(registry, public_key, channel=CHAMPION, state_dir=False, default_model="")
     except PolicyLoadError as exc:
         if exc.kind not in ("expired", "unsigned"):
-            raise PolicyLoadError(f"{registry}: the champion cannot be verified, so the gate cannot "
-                                  f"judge ({exc}); check it with `routeopt policies verify` and "
-                                  f"promote a good version by hand", exc.kind) from None
+            raise PolicyLoadError(
+                f"{registry}: the champion cannot be verified, so the gate cannot "
+                f"judge ({exc}); check it with `routeopt policies verify` and "
+                f"promote a good version by hand",
+                exc.kind,
+            ) from None
         return None, None, f"champion version {pointer.version} is replaceable ({exc.kind}: {exc})"
     return router.policy, router.version, ""
 
 
-def rollout_evidence(frame: pd.DataFrame, version: int, champion_version: int | None, kind: str, *,
-                     margin: float, min_feedback: int, since: str | None = None) -> tuple[bool, str, dict[str, Any]]:
+def rollout_evidence(
+    frame: pd.DataFrame,
+    version: int,
+    champion_version: int | None,
+    kind: str,
+    *,
+    margin: float,
+    min_feedback: int,
+    since: str | None = None,
+) -> tuple[bool, str, dict[str, Any]]:
     """Whether a shadow or canary of `version` on live traffic (a traffic frame of
     `routeopt.evals.storage.traffic`, logged since `since`) shows it is no worse than the champion: its
     pass rate's difference is above -margin with 95% confidence (non-inferiority; too little
@@ -225,21 +261,36 @@ def rollout_evidence(frame: pd.DataFrame, version: int, champion_version: int | 
     if kind == "canary":
         arms = canary_arms(frame, version)
         n, d, dc = arms.candidate.n, arms.difference, _difference(arms.candidate_cost, arms.champion_cost)
-        what = (f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm {arms.champion.value:.3f} "
-                f"on {n} + {arms.champion.n} requests")
+        what = (
+            f"canary arm pass rate {arms.candidate.value:.3f} vs champion arm {arms.champion.value:.3f} "
+            f"on {n} + {arms.champion.n} requests"
+        )
         detail = arms.to_dict()
     else:
-        live = compare(frame, evaluate(frame, version, label=f"version {version}"),
-                       evaluate(frame, champion_version, label="champion"))
+        live = compare(
+            frame,
+            evaluate(frame, version, label=f"version {version}"),
+            evaluate(frame, champion_version, label="champion"),
+        )
         n, d, dc = live.pass_rate_diff.n, live.pass_rate_diff, live.cost_diff
         what = f"shadowed beside the champion on {n} requests"
         detail = live.to_dict()
     if n < min_feedback:
-        return False, f"version {version} {what.split(' on ')[0]}: {n} requests with feedback, {min_feedback} needed", detail
+        return (
+            False,
+            f"version {version} {what.split(' on ')[0]}: {n} requests with feedback, {min_feedback} needed",
+            detail,
+        )
     interval = f"pass rate difference {d.value:+.3f}, 95% CI {d.low:+.3f}..{d.high:+.3f}"
     if not d.low >= -margin:
-        return False, (f"{what}: {interval}; not shown to be within {margin:g} of the champion "
-                       "(more traffic, or a wider --margin)"), detail
+        return (
+            False,
+            (
+                f"{what}: {interval}; not shown to be within {margin:g} of the champion "
+                "(more traffic, or a wider --margin)"
+            ),
+            detail,
+        )
     if dc.n and dc.low > 0:
         return False, f"{what}: {interval}; but dearer by {dc.value:+.3g} USD per request", detail
     return True, f"{what}: {interval}, within {margin:g} of the champion", detail
@@ -251,6 +302,6 @@ def _difference(a: Any, b: Any) -> Any:
 
     if not a.n or not b.n:
         return EMPTY
-    se = (a.se ** 2 + b.se ** 2) ** 0.5
+    se = (a.se**2 + b.se**2) ** 0.5
     value = a.value - b.value
     return Estimate(value, value - 1.96 * se, value + 1.96 * se, se, a.n + b.n, float(a.n + b.n))

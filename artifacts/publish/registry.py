@@ -32,9 +32,17 @@ from routeopt.artifacts.publish.manifest_writer import build_manifest
 from routeopt.artifacts.publish.signing_keys import ensure_signing_key, resolve_signing_key, sign
 from routeopt.artifacts.serving.backends import Backend, NotFound, RegistryError, exists, open_backend
 from routeopt.artifacts.serving.manifest import (
-    MANIFEST_NAME, SIGNATURE_NAME, Pointer, canonical_json, check_channel,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    Pointer,
+    canonical_json,
+    check_channel,
     check_file_name,
-    format_time, parse_manifest, pretty_json, sha256_hex, version_dir,
+    format_time,
+    parse_manifest,
+    pretty_json,
+    sha256_hex,
+    version_dir,
 )
 from routeopt.artifacts.serving.signatures import key_id, public_key_path
 from routeopt.artifacts.serving.verify import VerificationError, read_pointer, verify_version
@@ -70,13 +78,16 @@ def _backend(registry: Backend | str | os.PathLike) -> Backend:
     return registry if hasattr(registry, "put_if_match") else open_backend(registry)  # type: ignore[return-value]
 
 
-def _signing_key(key: Ed25519PrivateKey | str | os.PathLike | None,
-                 allow_unsigned: bool) -> Ed25519PrivateKey | None:
+def _signing_key(
+    key: Ed25519PrivateKey | str | os.PathLike | None, allow_unsigned: bool
+) -> Ed25519PrivateKey | None:
     found = key if isinstance(key, Ed25519PrivateKey) else resolve_signing_key(key)
     if found is None and not allow_unsigned:
-        raise RegistryError("no signing key: give one (--signing-key, publishing.signing_key or "
-                            "$ROUTEOPT_SIGNING_KEY), or allow unsigned policies explicitly; "
-                            "gateways refuse unsigned policies unless told to accept them")
+        raise RegistryError(
+            "no signing key: give one (--signing-key, publishing.signing_key or "
+            "$ROUTEOPT_SIGNING_KEY), or allow unsigned policies explicitly; "
+            "gateways refuse unsigned policies unless told to accept them"
+        )
     return found
 
 
@@ -96,9 +107,16 @@ def version_numbers(registry: Backend | str | os.PathLike) -> list[int]:
 
 
 def publish(
-    policy: SavablePolicy, registry: Backend | str | os.PathLike, *, lineage: dict, metrics: dict,
-    channel: str | None = "latest", signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
-    allow_unsigned: bool = False, expires_in: timedelta | None = DEFAULT_TTL, now: datetime | None = None,
+    policy: SavablePolicy,
+    registry: Backend | str | os.PathLike,
+    *,
+    lineage: dict,
+    metrics: dict,
+    channel: str | None = "latest",
+    signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+    allow_unsigned: bool = False,
+    expires_in: timedelta | None = DEFAULT_TTL,
+    now: datetime | None = None,
 ) -> PublishedVersion:
     """Write `policy` as the next version, signed with `signing_key` (else `$ROUTEOPT_SIGNING_KEY`;
     with neither, only `allow_unsigned=True` publishes, unsigned)."""
@@ -107,9 +125,17 @@ def publish(
     created, publish_id = now or datetime.now(timezone.utc), secrets.token_hex(16)
     for _ in range(MAX_ATTEMPTS):
         number = (version_numbers(backend) or [0])[-1] + 1
-        manifest = build_manifest(version=number, files=files, lineage=lineage, metrics=metrics,
-                                  policy=policy.describe(), created_at=created, expires_in=expires_in,
-                                  publish_id=publish_id, policy_format=getattr(policy, "format_info", None))
+        manifest = build_manifest(
+            version=number,
+            files=files,
+            lineage=lineage,
+            metrics=metrics,
+            policy=policy.describe(),
+            created_at=created,
+            expires_in=expires_in,
+            publish_id=publish_id,
+            policy_format=getattr(policy, "format_info", None),
+        )
         digest = sha256_hex(manifest)
         folder = version_dir(number, digest)
         written = [f"{folder}/{name}" for name in files] + [f"{folder}/{MANIFEST_NAME}"]
@@ -126,10 +152,24 @@ def publish(
     else:
         raise RegistryError(f"{backend.location}: could not take a version number after {MAX_ATTEMPTS} tries")
     if channel is not None:
-        move_channel(backend, channel, number, action="publish", signing_key=key, only_forward=True,
-                     allow_unsigned=allow_unsigned)
-    return PublishedVersion(number, folder, f"{backend.location.rstrip('/')}/{folder}", digest,
-                            key is not None, channel, key_id(key.public_key()) if key else None)
+        move_channel(
+            backend,
+            channel,
+            number,
+            action="publish",
+            signing_key=key,
+            only_forward=True,
+            allow_unsigned=allow_unsigned,
+        )
+    return PublishedVersion(
+        number,
+        folder,
+        f"{backend.location.rstrip('/')}/{folder}",
+        digest,
+        key is not None,
+        channel,
+        key_id(key.public_key()) if key else None,
+    )
 
 
 def newest_signer(registry: Backend | str | os.PathLike) -> str | None:
@@ -144,12 +184,14 @@ def newest_signer(registry: Backend | str | os.PathLike) -> str | None:
     except NotFound:
         return None
     except (ValueError, KeyError, TypeError):
-        raise RegistryError(f"{backend.location}: version {numbers[-1]}: {SIGNATURE_NAME} is not "
-                            f"a signature") from None
+        raise RegistryError(
+            f"{backend.location}: version {numbers[-1]}: {SIGNATURE_NAME} is not a signature"
+        ) from None
 
 
-def registry_signing_key(registry: Backend | str | os.PathLike,
-                         path: str | os.PathLike) -> tuple[Ed25519PrivateKey, bool]:
+def registry_signing_key(
+    registry: Backend | str | os.PathLike, path: str | os.PathLike
+) -> tuple[Ed25519PrivateKey, bool]:
     """The key at `path` for publishing to `registry`, created on first use (True when created).
 
     A key created now for a registry whose newest version another key signed would sign what no
@@ -165,7 +207,8 @@ def registry_signing_key(registry: Backend | str | os.PathLike,
             f"{path}: no signing key was there, but version {version_numbers(registry)[-1]} in "
             f"{_backend(registry).location} is signed by key {previous}; gateways would refuse "
             f"policies signed by a new key. Restore that key at {path} or point "
-            f"publishing.signing_key at it (a key must outlast each run: on Kubernetes, mount it).")
+            f"publishing.signing_key at it (a key must outlast each run: on Kubernetes, mount it)."
+        )
     return key, created
 
 
@@ -178,8 +221,7 @@ def version_entry(registry: Backend | str | os.PathLike, version: int) -> dict:
         raise RegistryError(f"{backend.location}: no version {version}; versions are {have}") from None
 
 
-def current_pointer(registry: Backend | str | os.PathLike,
-                    channel: str) -> tuple[Pointer | None, str | None]:
+def current_pointer(registry: Backend | str | os.PathLike, channel: str) -> tuple[Pointer | None, str | None]:
     """The channel's pointer (unchecked signature: the writer side) and its ETag, or (None, None)."""
     backend = _backend(registry)
     try:
@@ -192,8 +234,9 @@ def current_pointer(registry: Backend | str | os.PathLike,
     return got.pointer, got.etag
 
 
-def _next_pointer(current: Pointer | None, channel: str, entry: dict, action: str,
-                  pop: bool = False) -> Pointer:
+def _next_pointer(
+    current: Pointer | None, channel: str, entry: dict, action: str, pop: bool = False
+) -> Pointer:
     ref = {"version": entry["version"], "path": entry["path"], "digest": entry["digest"]}
     stack = list(current.stack) if current else []
     if pop:
@@ -203,14 +246,24 @@ def _next_pointer(current: Pointer | None, channel: str, entry: dict, action: st
     now = format_time(datetime.now(timezone.utc))
     seq = (current.seq if current else 0) + 1
     history = (list(current.history) if current else []) + [
-        {"seq": seq, "version": entry["version"], "action": action, "at": now}]
-    return Pointer(channel=channel, seq=seq, version=entry["version"], path=entry["path"],
-                   digest=entry["digest"], action=action, updated_at=now, stack=tuple(stack),
-                   history=tuple(history[-MAX_HISTORY:]))
+        {"seq": seq, "version": entry["version"], "action": action, "at": now}
+    ]
+    return Pointer(
+        channel=channel,
+        seq=seq,
+        version=entry["version"],
+        path=entry["path"],
+        digest=entry["digest"],
+        action=action,
+        updated_at=now,
+        stack=tuple(stack),
+        history=tuple(history[-MAX_HISTORY:]),
+    )
 
 
-def _write_pointer(backend: Backend, pointer: Pointer, etag: str | None,
-                   key: Ed25519PrivateKey | None) -> bool:
+def _write_pointer(
+    backend: Backend, pointer: Pointer, etag: str | None, key: Ed25519PrivateKey | None
+) -> bool:
     payload = pointer.payload()
     signature = sign(canonical_json(payload), key).to_dict() if key is not None else None
     doc = pretty_json({"payload": payload, "signature": signature})
@@ -218,9 +271,15 @@ def _write_pointer(backend: Backend, pointer: Pointer, etag: str | None,
 
 
 def move_channel(
-    backend: Backend | str | os.PathLike, channel: str, version: int, *, action: str = "promote",
-    signing_key: Ed25519PrivateKey | str | os.PathLike | None = None, only_forward: bool = False,
-    allow_downgrade: bool = False, allow_unsigned: bool = False,
+    backend: Backend | str | os.PathLike,
+    channel: str,
+    version: int,
+    *,
+    action: str = "promote",
+    signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+    only_forward: bool = False,
+    allow_downgrade: bool = False,
+    allow_unsigned: bool = False,
 ) -> Pointer | None:
     """Point `channel` at `version` with a compare-and-swap; refuse going backwards unless allowed.
 
@@ -239,8 +298,10 @@ def move_channel(
             if only_forward or version == current.version:
                 return current
             if not allow_downgrade:
-                raise RegistryError(f"channel {channel} is at version {current.version}; moving it back "
-                                    f"to {version} needs --allow-downgrade (or use rollback)")
+                raise RegistryError(
+                    f"channel {channel} is at version {current.version}; moving it back "
+                    f"to {version} needs --allow-downgrade (or use rollback)"
+                )
             this_action = "rollback"
         pointer = _next_pointer(current, channel, entry, this_action)
         if _write_pointer(backend, pointer, etag, key):
@@ -256,9 +317,13 @@ def _check_intact(backend: Backend, entry: dict) -> None:
         raise RegistryError(f"version {entry['version']} cannot be served: {exc}") from None
 
 
-def rollback(backend: Backend | str | os.PathLike, channel: str, *,
-             signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
-             allow_unsigned: bool = False) -> Pointer:
+def rollback(
+    backend: Backend | str | os.PathLike,
+    channel: str,
+    *,
+    signing_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+    allow_unsigned: bool = False,
+) -> Pointer:
     """Move `channel` back to the version it held before the current one (signed 'rollback')."""
     backend, key = _backend(backend), _signing_key(signing_key, allow_unsigned)
     current, etag = current_pointer(backend, channel)
@@ -291,13 +356,15 @@ def list_versions(registry: Backend | str | os.PathLike) -> list[dict]:
     for number in version_numbers(backend):
         entry = version_entry(backend, number)
         manifest = parse_manifest(backend.get(f"{entry['path']}/{MANIFEST_NAME}")[0])
-        rows.append({
-            **entry,
-            "expires_at": manifest.raw.get("expires_at"),
-            "signed": exists(backend, f"{entry['path']}/{SIGNATURE_NAME}"),
-            "channels": sorted(c for c, p in channels.items() if p.version == number),
-            "metrics": headline(manifest.metrics),
-        })
+        rows.append(
+            {
+                **entry,
+                "expires_at": manifest.raw.get("expires_at"),
+                "signed": exists(backend, f"{entry['path']}/{SIGNATURE_NAME}"),
+                "channels": sorted(c for c, p in channels.items() if p.version == number),
+                "metrics": headline(manifest.metrics),
+            }
+        )
     return rows
 
 
@@ -327,15 +394,18 @@ def diff(registry: Backend | str | os.PathLike, a: int, b: int) -> dict[str, dic
     ha, hb = headline(ma.get("metrics", {})), headline(mb.get("metrics", {}))
     out["headline"] = {k: [ha[k], hb[k]] for k in ha if ha[k] != hb[k]}
     sections = {
-        "policy": ({k: v for k, v in pa.items() if k != "metrics"},
-                   {k: v for k, v in pb.items() if k != "metrics"}),
+        "policy": (
+            {k: v for k, v in pa.items() if k != "metrics"},
+            {k: v for k, v in pb.items() if k != "metrics"},
+        ),
         "metrics": (ma.get("metrics", {}), mb.get("metrics", {})),
         "lineage": (ma.get("lineage", {}), mb.get("lineage", {})),
     }
     for section, (old, new) in sections.items():
         fa, fb = _flatten(old), _flatten(new)
-        out[section] = {k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb))
-                        if fa.get(k) != fb.get(k)}
+        out[section] = {
+            k: [fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
+        }
     return out
 
 
@@ -347,8 +417,11 @@ def _scopes(metrics: dict) -> list[dict]:
     """Where training reports the router's own figures: top level, `router`, or
     `holdout.router_at_target` (routeopt.router_training.train)."""
     holdout = metrics.get("holdout")
-    found = [metrics, metrics.get("router"),
-             holdout.get("router_at_target") if isinstance(holdout, dict) else None]
+    found = [
+        metrics,
+        metrics.get("router"),
+        holdout.get("router_at_target") if isinstance(holdout, dict) else None,
+    ]
     return [s for s in found if isinstance(s, dict)]
 
 

@@ -52,10 +52,12 @@ def _handler(backend: LocalBackend) -> type[BaseHTTPRequestHandler]:
             self.send_response(HTTPStatus.OK)
             self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(data)))
-            self.send_header("Content-Type", "application/json" if key.endswith(".json")
-                             else "application/octet-stream")
-            self.send_header("Cache-Control", "public, max-age=31536000, immutable" if immutable
-                             else "no-cache")
+            self.send_header(
+                "Content-Type", "application/json" if key.endswith(".json") else "application/octet-stream"
+            )
+            self.send_header(
+                "Cache-Control", "public, max-age=31536000, immutable" if immutable else "no-cache"
+            )
             self.end_headers()
             if send_body:
                 self.wfile.write(data)
@@ -89,7 +91,9 @@ def make_server(registry: Path, host: str = "127.0.0.1", port: int = 0) -> Threa
     return server
 
 
-def serve_in_thread(registry: Path, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+def serve_in_thread(
+    registry: Path, host: str = "127.0.0.1", port: int = 0
+) -> tuple[ThreadingHTTPServer, str]:
     """Start serving in a daemon thread; returns the server (call `.shutdown()`) and its base URL."""
     server = make_server(registry, host, port)
     threading.Thread(target=server.serve_forever, name="routeopt-registry", daemon=True).start()

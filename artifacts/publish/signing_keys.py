@@ -15,7 +15,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from routeopt.artifacts.serving.signatures import (
-    PUBLIC_KEY_NAME, Signature, SigningError, key_id, load_public_key, public_key_path,
+    PUBLIC_KEY_NAME,
+    Signature,
+    SigningError,
+    key_id,
+    load_public_key,
+    public_key_path,
 )
 from routeopt.common.io import atomic_write, make_dirs
 
@@ -23,8 +28,9 @@ SIGNING_KEY_ENV = "ROUTEOPT_SIGNING_KEY"
 
 
 def _write_public(key: Ed25519PrivateKey, path: Path) -> None:
-    pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     atomic_write(path, pem, permissions=0o644)  # gateways running as other users read it
 
 
@@ -34,7 +40,8 @@ def _create_private(path: Path) -> bool:
     place, so no reader ever sees half a key and two creators never overwrite each other."""
     make_dirs(path.parent)  # 0755: the public key beside it is for others to read
     pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
     try:
         with os.fdopen(fd, "wb") as f:

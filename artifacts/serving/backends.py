@@ -115,8 +115,11 @@ class LocalBackend:
         base = self.root / prefix if prefix else self.root
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
-                      if p.is_file() and not p.name.startswith("."))
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
 
     def delete(self, keys: list[str]) -> None:
         """Remove keys and the version folders they leave empty (a publisher's abandoned
@@ -206,7 +209,8 @@ class S3Backend:
         keys: list[str] = []
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=full):
+                Bucket=self.bucket, Prefix=full
+            ):
                 keys.extend(o["Key"][cut:] for o in page.get("Contents", []))
         except Exception as exc:
             raise self._error(exc, prefix) from None

@@ -75,8 +75,13 @@ def header_value(text: str) -> bytes:
 class DecisionService:
     """The ASGI app. Give it settings (it opens the gateway on start-up) or an open `gateway`."""
 
-    def __init__(self, settings: GatewaySettings | None = None, *, gateway: Gateway | None = None,
-                 options: ServiceOptions | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings | None = None,
+        *,
+        gateway: Gateway | None = None,
+        options: ServiceOptions | None = None,
+    ) -> None:
         if (settings is None) == (gateway is None):
             raise ValueError("give settings or an open gateway, not both")
         self.options = options or ServiceOptions()
@@ -139,21 +144,36 @@ class DecisionService:
         if path == "/v1/route" or path.startswith("/v1/route/"):
             if method != "POST":
                 self.metrics.refuse("method")
-                return await _json(send, 405, {"error": "POST the request to route as the body "
-                                               "(an nginx auth_request subrequest carries no body: "
-                                               "use X-Accel-Redirect, see gateways/nginx)"},
-                                   [(b"allow", b"POST")])
+                return await _json(
+                    send,
+                    405,
+                    {
+                        "error": "POST the request to route as the body "
+                        "(an nginx auth_request subrequest carries no body: "
+                        "use X-Accel-Redirect, see gateways/nginx)"
+                    },
+                    [(b"allow", b"POST")],
+                )
             return await self._route(scope, receive, send)
-        pages = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics_page,
-                 "/v1/status": self._status}
+        pages = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/metrics": self._metrics_page,
+            "/v1/status": self._status,
+        }
         page = pages.get(path)
         if page is None:
             return await _json(send, 404, {"error": f"no such path {path!r}; POST /v1/route"})
         if method not in ("GET", "HEAD"):
             return await _json(send, 405, {"error": f"{path} answers GET"}, [(b"allow", b"GET, HEAD")])
         status, body, content_type = page()
-        await _send(send, status, body if method == "GET" else b"", content_type,
-                    [(b"content-length", str(len(body)).encode())] if method == "HEAD" else [])
+        await _send(
+            send,
+            status,
+            body if method == "GET" else b"",
+            content_type,
+            [(b"content-length", str(len(body)).encode())] if method == "HEAD" else [],
+        )
 
     def _healthz(self) -> tuple[int, bytes, bytes]:
         return 200, b'{"status":"ok"}', JSON
@@ -162,8 +182,19 @@ class DecisionService:
         if self.gateway is None:
             return 503, _dumps({"ready": False, "reason": self.not_ready_reason}), JSON
         s = self.gateway.status().champion
-        return 200, _dumps({"ready": True, "version": s.version, "serving_default": s.serving_default,
-                            "default_reason": s.default_reason, "expired": s.expired}), JSON
+        return (
+            200,
+            _dumps(
+                {
+                    "ready": True,
+                    "version": s.version,
+                    "serving_default": s.serving_default,
+                    "default_reason": s.default_reason,
+                    "expired": s.expired,
+                }
+            ),
+            JSON,
+        )
 
     def _metrics_page(self) -> tuple[int, bytes, bytes]:
         status = self.gateway.status() if self.gateway is not None else None
@@ -182,8 +213,13 @@ class DecisionService:
             request = _parse(await self._body(headers, receive), headers, self.options)
             if request.passthrough is not None:
                 self.metrics.passthrough += 1
-                return await _send(send, 200, _dumps({"model": request.passthrough, "routed": False}),
-                                   JSON, self._decision_headers(request.passthrough, None, headers))
+                return await _send(
+                    send,
+                    200,
+                    _dumps({"model": request.passthrough, "routed": False}),
+                    JSON,
+                    self._decision_headers(request.passthrough, None, headers),
+                )
             decision = self._decide(request, headers.get("traceparent"))
             body = _answer(decision, request, b"explain=1" in scope.get("query_string", b""))
         except Refused as exc:
@@ -196,8 +232,9 @@ class DecisionService:
         limit = self.options.max_body_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            raise Refused(413, "too_large", f"the body has {declared} bytes; the limit is {limit} "
-                                            f"(--max-body-bytes)")
+            raise Refused(
+                413, "too_large", f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)"
+            )
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -219,22 +256,30 @@ class DecisionService:
         if gateway is None:
             raise Refused(503, "not_ready", f"the service cannot route yet: {self.not_ready_reason}")
         try:
-            return gateway.route(request.prompt, request.suite, request.quality_target,
-                                 request_id=request.request_id, traceparent=traceparent)
+            return gateway.route(
+                request.prompt,
+                request.suite,
+                request.quality_target,
+                request_id=request.request_id,
+                traceparent=traceparent,
+            )
         except Exception as exc:  # a policy that fails on one request must not take the service down
             log.exception("the policy failed to decide")
             raise Refused(500, "policy_error", f"the policy failed to decide: {exc!r}") from None
 
-    def _decision_headers(self, model: str, d: ServedDecision | None,
-                          request_headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    def _decision_headers(
+        self, model: str, d: ServedDecision | None, request_headers: dict[str, str]
+    ) -> list[tuple[bytes, bytes]]:
         m = header_value(model)
         out = [(b"x-routeopt-model", m), *((name, m) for name in self._model_headers)]
         if d is not None:
-            out += [(b"x-routeopt-fallbacks", header_value(",".join(d.fallbacks))),
-                    (b"x-routeopt-policy-version", str(d.policy_version).encode()),
-                    (b"x-routeopt-decision-id", header_value(d.request_id or "")),
-                    (b"x-routeopt-propensity", repr(float(d.propensity)).encode()),
-                    (b"x-routeopt-policy-probability", repr(float(d.policy_probability)).encode())]
+            out += [
+                (b"x-routeopt-fallbacks", header_value(",".join(d.fallbacks))),
+                (b"x-routeopt-policy-version", str(d.policy_version).encode()),
+                (b"x-routeopt-decision-id", header_value(d.request_id or "")),
+                (b"x-routeopt-propensity", repr(float(d.propensity)).encode()),
+                (b"x-routeopt-policy-probability", repr(float(d.policy_probability)).encode()),
+            ]
             if d.default_reason is not None:
                 out.append((b"x-routeopt-default-reason", header_value(d.default_reason)))
         else:
@@ -251,21 +296,28 @@ class DecisionService:
 def _parse(body: bytes, headers: dict[str, str], options: ServiceOptions) -> RouteRequest:
     """The routing request in a body (JSON, or the prompt itself as text/plain bytes)."""
     if headers.get(PARTIAL_BODY_HEADER, "").lower() == "true":
-        raise Refused(413, "partial_body", "the proxy cut the body before sending it "
-                                           "(Envoy ext_authz with_request_body.max_request_bytes): "
-                                           "raise that limit, a cut prompt would route wrongly")
+        raise Refused(
+            413,
+            "partial_body",
+            "the proxy cut the body before sending it "
+            "(Envoy ext_authz with_request_body.max_request_bytes): "
+            "raise that limit, a cut prompt would route wrongly",
+        )
     kind = headers.get("content-type", "").split(";")[0].strip().lower()
     try:
         if kind in ("text/plain", "application/octet-stream"):
-            request = route_request({"prompt": body.decode("utf-8", "replace")}, headers,
-                                    alias=options.alias)
+            request = route_request({"prompt": body.decode("utf-8", "replace")}, headers, alias=options.alias)
         else:
             request = route_request(_json_body(body), headers, alias=options.alias)
     except BadRequest as exc:
         raise Refused(400, "bad_request", str(exc)) from None
     if options.require_suite and request.suite is None and request.passthrough is None:
-        raise Refused(400, "no_suite", "no suite: give suite (or metadata.routeopt_suite, or the "
-                                       "x-routeopt-suite header); this service requires one")
+        raise Refused(
+            400,
+            "no_suite",
+            "no suite: give suite (or metadata.routeopt_suite, or the "
+            "x-routeopt-suite header); this service requires one",
+        )
     return request
 
 
@@ -284,10 +336,16 @@ def _json_body(body: bytes) -> Any:
 
 def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
     """The decision as the JSON body of the answer; `explain` adds every candidate's figures."""
-    out = {"model": d.model, "fallbacks": list(d.fallbacks), "policy_version": d.policy_version,
-           "decision_id": d.request_id, "propensity": d.propensity,
-           "policy_probability": d.policy_probability, "suite": request.suite,
-           "default_reason": d.default_reason}
+    out = {
+        "model": d.model,
+        "fallbacks": list(d.fallbacks),
+        "policy_version": d.policy_version,
+        "decision_id": d.request_id,
+        "propensity": d.propensity,
+        "policy_probability": d.policy_probability,
+        "suite": request.suite,
+        "default_reason": d.default_reason,
+    }
     if d.unknown_suite:
         out["unknown_suite"] = True
     if explain:
@@ -303,12 +361,14 @@ def _headers(scope: dict) -> dict[str, str]:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                      default=str).encode("utf-8")
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str).encode(
+        "utf-8"
+    )
 
 
-async def _send(send: Send, status: int, body: bytes, content_type: bytes,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send(
+    send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     headers = [(b"content-type", content_type), *(extra or [])]
     if not any(k == b"content-length" for k, _ in headers):
         headers.append((b"content-length", str(len(body)).encode()))

@@ -43,7 +43,12 @@ from typing import Any, Callable
 from routeopt.artifacts.serving.loader import ServedDecision, Router, RouterStatus
 from routeopt.common import tracing
 from routeopt.router_training.policy.draws import (  # noqa: F401  (re-exported: the draws are the format's)
-    Choice, Exploration, choose, derive_key, policy_distribution, unit_draw,
+    Choice,
+    Exploration,
+    choose,
+    derive_key,
+    policy_distribution,
+    unit_draw,
 )
 from routeopt.router_training.policy.features import n_chars, text_bytes
 
@@ -86,10 +91,19 @@ class DecisionLog:
     Files rotate at `max_file_bytes` or `rotate_s`; `keep_files` deletes this writer's oldest.
     """
 
-    def __init__(self, folder: str | os.PathLike, *, redact: Redactor | None = None,
-                 hash_key: bytes | None = None, max_queue: int = 10_000,
-                 max_file_bytes: int = 64 << 20, rotate_s: float = 3600.0, flush_s: float = 0.5,
-                 keep_files: int | None = None, name: str = "decisions") -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        *,
+        redact: Redactor | None = None,
+        hash_key: bytes | None = None,
+        max_queue: int = 10_000,
+        max_file_bytes: int = 64 << 20,
+        rotate_s: float = 3600.0,
+        flush_s: float = 0.5,
+        keep_files: int | None = None,
+        name: str = "decisions",
+    ) -> None:
         if max_queue < 1 or max_file_bytes < 1 or rotate_s <= 0 or flush_s <= 0:
             raise ValueError("max_queue, max_file_bytes, rotate_s and flush_s must be positive")
         self.folder = Path(folder)
@@ -138,7 +152,8 @@ class DecisionLog:
         data = text_bytes(prompt)  # the spec's bytes: a JavaScript gateway hashes the same
         out: dict[str, Any] = {
             "prompt_hash": hashlib.blake2b(data, digest_size=16, key=self._hash_key).hexdigest(),
-            "prompt_chars": n_chars(prompt)}
+            "prompt_chars": n_chars(prompt),
+        }
         if self._redact is not None:
             try:
                 text = self._redact(prompt)
@@ -168,10 +183,18 @@ class DecisionLog:
         atexit.unregister(self.close)
 
     def status(self) -> LogStatus:
-        return LogStatus(str(self.folder), self._written, self._dropped, len(self._queue),
-                         self._write_errors, self._record_errors, self._redaction_errors,
-                         len(self._files), str(self._file_path) if self._file_path else None,
-                         self._last_error)
+        return LogStatus(
+            str(self.folder),
+            self._written,
+            self._dropped,
+            len(self._queue),
+            self._write_errors,
+            self._record_errors,
+            self._redaction_errors,
+            len(self._files),
+            str(self._file_path) if self._file_path else None,
+            self._last_error,
+        )
 
     # -- writer thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -193,8 +216,9 @@ class DecisionLog:
                 try:
                     record = build(*args)
                     if record is not None:
-                        lines.append(json.dumps(record, separators=(",", ":"), ensure_ascii=False,
-                                                default=str))
+                        lines.append(
+                            json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
+                        )
                 except Exception as exc:  # one bad record must not stop the others
                     self._record_errors += 1
                     self._last_error = f"record: {exc!r}"
@@ -223,8 +247,11 @@ class DecisionLog:
 
     def _rotate_if_due(self) -> None:
         f = self._file
-        if f is not None and f.tell() < self._max_bytes and \
-                time.monotonic() - self._file_opened < self._rotate_s:
+        if (
+            f is not None
+            and f.tell() < self._max_bytes
+            and time.monotonic() - self._file_opened < self._rotate_s
+        ):
             return
         self._close_file()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -250,8 +277,9 @@ class DecisionLog:
             self._file, self._file_path = None, None
 
 
-def write_through_on_signals(current_log: Callable[[], DecisionLog | None],
-                             signals: tuple[int, ...] | None = None) -> bool:
+def write_through_on_signals(
+    current_log: Callable[[], DecisionLog | None], signals: tuple[int, ...] | None = None
+) -> bool:
     """Chain a handler to SIGTERM and SIGINT that makes `current_log()` write through.
 
     For a log inside a host process whose shutdown it does not control (the LiteLLM proxy).
@@ -308,10 +336,17 @@ class Gateway:
     same in every gateway process).
     """
 
-    def __init__(self, champion: Router, *, log: DecisionLog | None = None,
-                 exploration: Exploration | None = None, candidate: Router | None = None,
-                 shadow: bool = False, canary_share: float = 0.0,
-                 canary_seed: int | str = "routeopt") -> None:
+    def __init__(
+        self,
+        champion: Router,
+        *,
+        log: DecisionLog | None = None,
+        exploration: Exploration | None = None,
+        candidate: Router | None = None,
+        shadow: bool = False,
+        canary_share: float = 0.0,
+        canary_seed: int | str = "routeopt",
+    ) -> None:
         if not 0 <= canary_share <= 1:
             raise ValueError(f"canary_share must be in [0, 1], got {canary_share!r}")
         self.champion, self.candidate, self.log = champion, candidate, log
@@ -334,8 +369,15 @@ class Gateway:
     def version(self) -> int:
         return self.champion.version
 
-    def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
-              *, request_id: str | None = None, traceparent: str | None = None) -> ServedDecision:
+    def route(
+        self,
+        prompt: str,
+        suite: str | None = None,
+        quality_target: float | None = None,
+        *,
+        request_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> ServedDecision:
         """Route one request; pass the request id your outcomes will carry (else one is made).
 
         `traceparent`: the caller's W3C header. With tracing on, the decision is a span, a child
@@ -352,55 +394,116 @@ class Gateway:
             tracing.IN_DECISION.reset(token)
         return d
 
-    def _route(self, prompt: str, suite: str | None, quality_target: float | None, *,
-               rid: str | None, traced: tuple[str | None, int] | None = None) -> ServedDecision:
+    def _route(
+        self,
+        prompt: str,
+        suite: str | None,
+        quality_target: float | None,
+        *,
+        rid: str | None,
+        traced: tuple[str | None, int] | None = None,
+    ) -> ServedDecision:
         rid = rid if rid is not None else f"{self._id_prefix}{next(self._ids):x}"
         router, channel = self._arm(rid) if self._canary else (self.champion, "champion")
         d = router.route(prompt, suite, quality_target)
         try:
             choice = self._choose(d, rid)
-            fallbacks = d.fallbacks if choice.model == d.model else \
-                (d.model, *(f for f in d.fallbacks if f != choice.model))
+            fallbacks = (
+                d.fallbacks
+                if choice.model == d.model
+                else (d.model, *(f for f in d.fallbacks if f != choice.model))
+            )
             header = trace_id = span_id = None
             if traced is not None:
-                knob = quality_target if quality_target is not None else getattr(
-                    getattr(router, "policy", None), "quality_target", None)
+                knob = (
+                    quality_target
+                    if quality_target is not None
+                    else getattr(getattr(router, "policy", None), "quality_target", None)
+                )
                 # the attributes are made by tracing's writer thread, from these immutable values
-                header, trace_id, span_id = tracing.record_decision(traced[0], traced[1], partial(
-                    tracing.attributes_for, choice.model, fallbacks, choice.propensity, d.policy_version, rid,
-                    default_reason=d.default_reason, channel=channel, explored=choice.explored,
-                    knob_target=knob, suite=suite))
+                header, trace_id, span_id = tracing.record_decision(
+                    traced[0],
+                    traced[1],
+                    partial(
+                        tracing.attributes_for,
+                        choice.model,
+                        fallbacks,
+                        choice.propensity,
+                        d.policy_version,
+                        rid,
+                        default_reason=d.default_reason,
+                        channel=channel,
+                        explored=choice.explored,
+                        knob_target=knob,
+                        suite=suite,
+                    ),
+                )
             # ServedDecision(...) rather than dataclasses.replace: half the cost on every request
-            out = ServedDecision(model=choice.model, fallbacks=fallbacks, pass_probabilities=d.pass_probabilities,
-                           expected_cost_usd=d.expected_cost_usd, policy_version=d.policy_version,
-                           default_reason=d.default_reason, propensity=choice.propensity,
-                           request_id=rid, trace_id=trace_id, traceparent=header,
-                           policy_probability=choice.policy_probability, unknown_suite=d.unknown_suite)
+            out = ServedDecision(
+                model=choice.model,
+                fallbacks=fallbacks,
+                pass_probabilities=d.pass_probabilities,
+                expected_cost_usd=d.expected_cost_usd,
+                policy_version=d.policy_version,
+                default_reason=d.default_reason,
+                propensity=choice.propensity,
+                request_id=rid,
+                trace_id=trace_id,
+                traceparent=header,
+                policy_probability=choice.policy_probability,
+                unknown_suite=d.unknown_suite,
+            )
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
-                self.log.submit(self._record, time.time(), rid, prompt, suite, quality_target,
-                                channel, d, choice, other, trace_id, span_id)
+                self.log.submit(
+                    self._record,
+                    time.time(),
+                    rid,
+                    prompt,
+                    suite,
+                    quality_target,
+                    channel,
+                    d,
+                    choice,
+                    other,
+                    trace_id,
+                    span_id,
+                )
             return out
         except Exception as exc:  # exploration or logging broke: serve the policy's own choice
             self._failed(exc)
             return replace(d, request_id=rid)
 
-    def record_usage(self, request_id: str, model: str, *, input_tokens: int | None = None,
-                     output_tokens: int | None = None, cost_usd: float | None = None) -> bool:
+    def record_usage(
+        self,
+        request_id: str,
+        model: str,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cost_usd: float | None = None,
+    ) -> bool:
         """Log what the call cost once it is done (tokens from the API's usage fields)."""
         if self.log is None:
             return False
-        return self.log.submit(_usage_record, time.time(), request_id, model, input_tokens,
-                               output_tokens, cost_usd)
+        return self.log.submit(
+            _usage_record, time.time(), request_id, model, input_tokens, output_tokens, cost_usd
+        )
 
     def status(self) -> GatewayStatus:
-        mode = {"exploration_rate": self.exploration.rate if self.exploration else 0.0,
-                "shadow": self.shadow and self.candidate is not None,
-                "canary_share": self.canary_share if self.candidate is not None else 0.0}
-        return GatewayStatus(self.champion.status(),
-                             self.candidate.status() if self.candidate is not None else None,
-                             self.log.status() if self.log is not None else None, mode,
-                             self._errors, self._last_error)
+        mode = {
+            "exploration_rate": self.exploration.rate if self.exploration else 0.0,
+            "shadow": self.shadow and self.candidate is not None,
+            "canary_share": self.canary_share if self.candidate is not None else 0.0,
+        }
+        return GatewayStatus(
+            self.champion.status(),
+            self.candidate.status() if self.candidate is not None else None,
+            self.log.status() if self.log is not None else None,
+            mode,
+            self._errors,
+            self._last_error,
+        )
 
     def close(self) -> None:
         """Stop the refreshers and write what the log still holds."""
@@ -417,12 +520,23 @@ class Gateway:
         self.close()
 
     @classmethod
-    def open(cls, source: str | os.PathLike, public_key: Any = None, *,
-             log_dir: str | os.PathLike | None = None, redact: Redactor | None = None,
-             hash_key: bytes | None = None, exploration: Exploration | None = None,
-             shadow: bool = False, canary_share: float = 0.0, canary_seed: int | str = "routeopt",
-             refresh_s: float | None = None, on_event: Any = None,
-             log_options: dict[str, Any] | None = None, **load_options: Any) -> "Gateway":
+    def open(
+        cls,
+        source: str | os.PathLike,
+        public_key: Any = None,
+        *,
+        log_dir: str | os.PathLike | None = None,
+        redact: Redactor | None = None,
+        hash_key: bytes | None = None,
+        exploration: Exploration | None = None,
+        shadow: bool = False,
+        canary_share: float = 0.0,
+        canary_seed: int | str = "routeopt",
+        refresh_s: float | None = None,
+        on_event: Any = None,
+        log_options: dict[str, Any] | None = None,
+        **load_options: Any,
+    ) -> "Gateway":
         """Load the champion (and, for shadow or canary, the candidate channel) from a registry.
 
         `load_options` go to `routeopt.artifacts.serving.loader.load` for both channels (`allow_unsigned`,
@@ -435,14 +549,30 @@ class Gateway:
         candidate = None
         if shadow or canary_share > 0:
             try:
-                candidate = load(source, public_key, channel="candidate", refresh_s=refresh_s,
-                                 on_event=on_event, **{**load_options, "default_model": ""})
+                candidate = load(
+                    source,
+                    public_key,
+                    channel="candidate",
+                    refresh_s=refresh_s,
+                    on_event=on_event,
+                    **{**load_options, "default_model": ""},
+                )
             except PolicyLoadError as exc:
                 log.warning("no candidate policy, shadow and canary are off: %s", exc)
-        decision_log = DecisionLog(log_dir, redact=redact, hash_key=hash_key,
-                                   **(log_options or {})) if log_dir is not None else None
-        return cls(champion, log=decision_log, exploration=exploration, candidate=candidate,
-                   shadow=shadow, canary_share=canary_share, canary_seed=canary_seed)
+        decision_log = (
+            DecisionLog(log_dir, redact=redact, hash_key=hash_key, **(log_options or {}))
+            if log_dir is not None
+            else None
+        )
+        return cls(
+            champion,
+            log=decision_log,
+            exploration=exploration,
+            candidate=candidate,
+            shadow=shadow,
+            canary_share=canary_share,
+            canary_seed=canary_seed,
+        )
 
     # -- internals ------------------------------------------------------------------------
     def _choose(self, d: Any, rid: str) -> Choice:
@@ -473,18 +603,39 @@ class Gateway:
         if self._errors == 1 or self._errors % 1000 == 0:
             log.warning("decision logging failed (%d so far), routing unaffected: %r", self._errors, exc)
 
-    def _record(self, t: float, rid: str, prompt: str, suite: str | None, quality_target: float | None,
-                channel: str, d: Any, choice: Choice, shadow: Router | None,
-                trace_id: str | None = None, span_id: str | None = None) -> dict[str, Any]:
+    def _record(
+        self,
+        t: float,
+        rid: str,
+        prompt: str,
+        suite: str | None,
+        quality_target: float | None,
+        channel: str,
+        d: Any,
+        choice: Choice,
+        shadow: Router | None,
+        trace_id: str | None = None,
+        span_id: str | None = None,
+    ) -> dict[str, Any]:
         """The log line of one decision (runs in the writer thread)."""
         assert self.log is not None
         rec: dict[str, Any] = {
-            "v": FORMAT_VERSION, "kind": "decision", "time": iso_time(t), "request_id": rid,
-            "suite": suite, "quality_target": quality_target, **self.log.prompt_fields(prompt),
-            "channel": channel, "policy_version": d.policy_version, "model": choice.model,
-            "propensity": choice.propensity, "policy_model": d.model,
-            "policy_probability": choice.policy_probability, "explored": choice.explored,
-            "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd,
+            "v": FORMAT_VERSION,
+            "kind": "decision",
+            "time": iso_time(t),
+            "request_id": rid,
+            "suite": suite,
+            "quality_target": quality_target,
+            **self.log.prompt_fields(prompt),
+            "channel": channel,
+            "policy_version": d.policy_version,
+            "model": choice.model,
+            "propensity": choice.propensity,
+            "policy_model": d.model,
+            "policy_probability": choice.policy_probability,
+            "explored": choice.explored,
+            "pass_probabilities": d.pass_probabilities,
+            "expected_cost_usd": d.expected_cost_usd,
         }
         if d.unknown_suite:
             rec["unknown_suite"] = True
@@ -503,8 +654,14 @@ class Gateway:
         return rec
 
 
-def _shadow(router: Router, prompt: str, suite: str | None, quality_target: float | None,
-            served_channel: str, served_version: int) -> dict[str, Any] | None:
+def _shadow(
+    router: Router,
+    prompt: str,
+    suite: str | None,
+    quality_target: float | None,
+    served_channel: str,
+    served_version: int,
+) -> dict[str, Any] | None:
     """The other channel's decision on the same request, or why there is none."""
     channel = "candidate" if served_channel == "champion" else "champion"
     try:
@@ -513,13 +670,31 @@ def _shadow(router: Router, prompt: str, suite: str | None, quality_target: floa
         return {"channel": channel, "error": repr(exc)}
     if d.policy_version == served_version:
         return None  # the same policy: nothing to compare
-    return {"channel": channel, "policy_version": d.policy_version, "model": d.model,
-            "policy_probability": policy_distribution(d)[1],
-            "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd}
+    return {
+        "channel": channel,
+        "policy_version": d.policy_version,
+        "model": d.model,
+        "policy_probability": policy_distribution(d)[1],
+        "pass_probabilities": d.pass_probabilities,
+        "expected_cost_usd": d.expected_cost_usd,
+    }
 
 
-def _usage_record(t: float, rid: str, model: str, input_tokens: int | None,
-                  output_tokens: int | None, cost_usd: float | None) -> dict[str, Any]:
-    return {"v": FORMAT_VERSION, "kind": "usage", "time": iso_time(t), "request_id": rid,
-            "model": model, "input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cost_usd": cost_usd}
+def _usage_record(
+    t: float,
+    rid: str,
+    model: str,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    cost_usd: float | None,
+) -> dict[str, Any]:
+    return {
+        "v": FORMAT_VERSION,
+        "kind": "usage",
+        "time": iso_time(t),
+        "request_id": rid,
+        "model": model,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cost_usd": cost_usd,
+    }

@@ -30,7 +30,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
 
 from routeopt.artifacts.serving.gateway import Gateway  # noqa: E402
-from routeopt.artifacts.serving.route_request import ALIAS, REQUEST_ID_KEY, SUITE_KEY, TARGET_KEY, messages_text  # noqa: E402
+from routeopt.artifacts.serving.route_request import (
+    ALIAS,
+    REQUEST_ID_KEY,
+    SUITE_KEY,
+    TARGET_KEY,
+    messages_text,
+)  # noqa: E402
 from routeopt.artifacts.serving.loader import Router  # noqa: E402
 
 DECISION_KEY = "routeopt_decision"
@@ -68,13 +74,22 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
             if name in by_name:
                 return by_name[name]
         if default_reason is not None:
-            raise NoDeployment(f"routeopt serves its default model {names[0]!r} ({default_reason}), "
-                               f"but no LiteLLM deployment is named {names[0]!r}; add one")
-        raise NoDeployment(f"no LiteLLM deployment named any of {names}; add a model_list entry "
-                           f"whose model_name is the candidate name")
+            raise NoDeployment(
+                f"routeopt serves its default model {names[0]!r} ({default_reason}), "
+                f"but no LiteLLM deployment is named {names[0]!r}; add one"
+            )
+        raise NoDeployment(
+            f"no LiteLLM deployment named any of {names}; add a model_list entry "
+            f"whose model_name is the candidate name"
+        )
 
-    def pick(self, model: str, messages: list[dict] | None = None, input: Any = None,
-             request_kwargs: dict | None = None) -> Any:
+    def pick(
+        self,
+        model: str,
+        messages: list[dict] | None = None,
+        input: Any = None,
+        request_kwargs: dict | None = None,
+    ) -> Any:
         """The deployment for one request (shared by the sync and async hooks)."""
         if model != self.alias:
             return self._first([model])
@@ -84,24 +99,42 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
         if isinstance(self.policy, Gateway):
             rid = metadata.get(REQUEST_ID_KEY)
             extra["request_id"] = None if rid is None else str(rid)
-        decision = self.policy.route(prompt_text(messages, input), suite=metadata.get(SUITE_KEY),
-                                     quality_target=None if target is None else float(target), **extra)
+        decision = self.policy.route(
+            prompt_text(messages, input),
+            suite=metadata.get(SUITE_KEY),
+            quality_target=None if target is None else float(target),
+            **extra,
+        )
         if request_kwargs is not None and isinstance(request_kwargs.get("metadata"), dict):
             request_kwargs["metadata"][DECISION_KEY] = {
-                "model": decision.model, "fallbacks": list(decision.fallbacks),
-                "policy_version": decision.policy_version, "default_reason": decision.default_reason,
+                "model": decision.model,
+                "fallbacks": list(decision.fallbacks),
+                "policy_version": decision.policy_version,
+                "default_reason": decision.default_reason,
                 "propensity": decision.propensity,
-                "policy_probability": decision.policy_probability, "request_id": decision.request_id}
+                "policy_probability": decision.policy_probability,
+                "request_id": decision.request_id,
+            }
         return self._first([decision.model, *decision.fallbacks], decision.default_reason)
 
-    async def async_get_available_deployment(self, model: str, messages: list[dict] | None = None,
-                                             input: Any = None, specific_deployment: bool | None = False,
-                                             request_kwargs: dict | None = None) -> Any:
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict | None = None,
+    ) -> Any:
         return self.pick(model, messages, input, request_kwargs)
 
-    def get_available_deployment(self, model: str, messages: list[dict] | None = None,
-                                 input: Any = None, specific_deployment: bool | None = False,
-                                 request_kwargs: dict | None = None) -> Any:
+    def get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict | None = None,
+    ) -> Any:
         return self.pick(model, messages, input, request_kwargs)
 
 

@@ -97,8 +97,13 @@ def _served_group(response: Any) -> str | None:
 class RouteoptProxyHandler(CustomLogger):
     """The callback: routes alias requests with `gateway` onto the proxy's deployments."""
 
-    def __init__(self, gateway: Gateway | GatewayLoader, *, deployments: Mapping[str, str] | None = None,
-                 alias: str = ALIAS) -> None:
+    def __init__(
+        self,
+        gateway: Gateway | GatewayLoader,
+        *,
+        deployments: Mapping[str, str] | None = None,
+        alias: str = ALIAS,
+    ) -> None:
         super().__init__()
         self._source, self.alias = gateway, alias
         self.deployments = dict(deployments or {})
@@ -128,8 +133,12 @@ class RouteoptProxyHandler(CustomLogger):
         write_through_on_signals(lambda: loader.gateway.log if loader.gateway is not None else None)
         if loader.gateway is not None:
             s = loader.gateway.status().champion
-            log.warning("routeopt routes the %r alias with policy version %d%s", ALIAS, s.version,
-                        f" (default model: {s.default_reason})" if s.serving_default else "")
+            log.warning(
+                "routeopt routes the %r alias with policy version %d%s",
+                ALIAS,
+                s.version,
+                f" (default model: {s.default_reason})" if s.serving_default else "",
+            )
         handler = cls(loader, deployments=deployments)
         checks.append(handler)
         handler.check_deployments_when_ready()
@@ -153,14 +162,20 @@ class RouteoptProxyHandler(CustomLogger):
             return missing
         self._checked_version = gateway.version
         if missing:
-            log.warning("routeopt policy version %d: candidates %s have no deployment in this proxy "
-                        "(no model_list entry named %s); their requests are served by the first "
-                        "fallback that has one. Add the deployments or map them with $%s.",
-                        gateway.version, missing, [self.deployment(c) for c in missing], DEPLOYMENTS_ENV)
+            log.warning(
+                "routeopt policy version %d: candidates %s have no deployment in this proxy "
+                "(no model_list entry named %s); their requests are served by the first "
+                "fallback that has one. Add the deployments or map them with $%s.",
+                gateway.version,
+                missing,
+                [self.deployment(c) for c in missing],
+                DEPLOYMENTS_ENV,
+            )
         return missing
 
     def check_deployments_when_ready(self, timeout_s: float = 600.0) -> None:
         """Check once the proxy has built its router (it does so after loading its callbacks)."""
+
         def wait() -> None:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -175,8 +190,9 @@ class RouteoptProxyHandler(CustomLogger):
     def deployment(self, candidate: str) -> str:
         return self.deployments.get(candidate, candidate)
 
-    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict,
-                                  call_type: Any) -> dict:
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any
+    ) -> dict:
         if data.get("model") != self.alias:
             return data
         if call_type not in ROUTED_CALLS:
@@ -191,12 +207,19 @@ class RouteoptProxyHandler(CustomLogger):
         rid = request.request_id or data.get("litellm_call_id")  # the request's own id, else LiteLLM's
         gateway = self.gateway
         if gateway is None:
-            raise _http_error(503, f"routeopt cannot route yet ({self._source.reason}); name a model "
-                                   f"instead of {self.alias!r} meanwhile")
+            raise _http_error(
+                503,
+                f"routeopt cannot route yet ({self._source.reason}); name a model "
+                f"instead of {self.alias!r} meanwhile",
+            )
         try:
-            d = gateway.route(request.prompt, request.suite, request.quality_target,
-                              request_id=None if rid is None else str(rid),
-                              traceparent=headers.get("traceparent"))
+            d = gateway.route(
+                request.prompt,
+                request.suite,
+                request.quality_target,
+                request_id=None if rid is None else str(rid),
+                traceparent=headers.get("traceparent"),
+            )
         except Exception as exc:  # the proxy must answer, and say why, rather than crash
             log.exception("the routeopt policy failed to decide")
             raise _http_error(500, f"the routeopt policy failed to decide: {exc!r}") from None
@@ -207,12 +230,19 @@ class RouteoptProxyHandler(CustomLogger):
         if fallbacks and not data.get("fallbacks"):
             data["fallbacks"] = fallbacks
         metadata[DECISION_KEY] = {
-            "model": d.model, "deployment": chosen, "fallbacks": list(d.fallbacks),
-            "policy_version": d.policy_version, "decision_id": d.request_id,
-            "propensity": d.propensity, "policy_probability": d.policy_probability,
-            "default_reason": d.default_reason, "traceparent": d.traceparent,
-            "fallback": None if chosen == self.deployment(d.model) else
-            f"no deployment for {d.model!r} (model_name {self.deployment(d.model)!r})"}
+            "model": d.model,
+            "deployment": chosen,
+            "fallbacks": list(d.fallbacks),
+            "policy_version": d.policy_version,
+            "decision_id": d.request_id,
+            "propensity": d.propensity,
+            "policy_probability": d.policy_probability,
+            "default_reason": d.default_reason,
+            "traceparent": d.traceparent,
+            "fallback": None
+            if chosen == self.deployment(d.model)
+            else f"no deployment for {d.model!r} (model_name {self.deployment(d.model)!r})",
+        }
         return data
 
     def _deployments_for(self, candidates: list[str]) -> tuple[str, list[str]]:
@@ -221,34 +251,45 @@ class RouteoptProxyHandler(CustomLogger):
         mapped = [self.deployment(c) for c in candidates]
         present = [m for m in dict.fromkeys(mapped) if names is None or m in names]
         if not present:
-            raise _http_error(500, f"no LiteLLM deployment is named any of {mapped}; add model_list "
-                                   f"entries with these model_name values or set ${DEPLOYMENTS_ENV}")
+            raise _http_error(
+                500,
+                f"no LiteLLM deployment is named any of {mapped}; add model_list "
+                f"entries with these model_name values or set ${DEPLOYMENTS_ENV}",
+            )
         return present[0], present[1:]
 
     async def async_post_call_response_headers_hook(
-            self, data: dict, user_api_key_dict: Any, response: Any,
-            request_headers: dict[str, str] | None = None,
-            litellm_call_info: dict[str, object] | None = None) -> dict[str, str] | None:
+        self,
+        data: dict,
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+        litellm_call_info: dict[str, object] | None = None,
+    ) -> dict[str, str] | None:
         d = _decision(data)
         if d is None:
             return None
         deployment = _served_group(response) or d["deployment"]
         served = self._candidates.get(deployment, deployment)
-        headers = {"x-routeopt-model": d["model"], "x-routeopt-served-model": served,
-                   "x-routeopt-deployment": deployment,
-                   "x-routeopt-policy-version": str(d["policy_version"]),
-                   "x-routeopt-decision-id": str(d["decision_id"]),
-                   "x-routeopt-fallbacks": ",".join(d["fallbacks"]),
-                   "x-routeopt-propensity": repr(float(d["propensity"])),
-                   "x-routeopt-policy-probability": repr(float(d["policy_probability"]))}
+        headers = {
+            "x-routeopt-model": d["model"],
+            "x-routeopt-served-model": served,
+            "x-routeopt-deployment": deployment,
+            "x-routeopt-policy-version": str(d["policy_version"]),
+            "x-routeopt-decision-id": str(d["decision_id"]),
+            "x-routeopt-fallbacks": ",".join(d["fallbacks"]),
+            "x-routeopt-propensity": repr(float(d["propensity"])),
+            "x-routeopt-policy-probability": repr(float(d["policy_probability"])),
+        }
         if served != d["model"]:
             headers["x-routeopt-fallback"] = d.get("fallback") or f"the call of {d['model']!r} failed"
         if d["default_reason"]:
             headers["x-routeopt-default-reason"] = d["default_reason"]
         return {k: header_value(v).decode("ascii") for k, v in headers.items()}
 
-    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any,
-                                      end_time: Any) -> None:
+    async def async_log_success_event(
+        self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
         """Log the served call's tokens and cost under the decision id (a `usage` record)."""
         d = _decision(kwargs.get("litellm_params") or {}) or _decision(kwargs)
         if d is None:
@@ -260,10 +301,13 @@ class RouteoptProxyHandler(CustomLogger):
             gateway = self.gateway
             if gateway is None:
                 return
-            gateway.record_usage(str(d["decision_id"]), served,
-                                      input_tokens=getattr(usage, "prompt_tokens", None),
-                                      output_tokens=getattr(usage, "completion_tokens", None),
-                                      cost_usd=kwargs.get("response_cost"))
+            gateway.record_usage(
+                str(d["decision_id"]),
+                served,
+                input_tokens=getattr(usage, "prompt_tokens", None),
+                output_tokens=getattr(usage, "completion_tokens", None),
+                cost_usd=kwargs.get("response_cost"),
+            )
         except Exception:  # logging usage must never fail a served call
             log.exception("could not log the call's usage")
 

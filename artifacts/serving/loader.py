@@ -41,7 +41,13 @@ from routeopt.artifacts.serving.state import SeenFile, default_state_dir
 from routeopt.artifacts.serving.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from routeopt.artifacts.serving.signatures import trusted_keys
 from routeopt.artifacts.serving.verify import (
-    Seen, SignedPointer, VerificationError, VerifiedVersion, check_order, materialize, read_pointer,
+    Seen,
+    SignedPointer,
+    VerificationError,
+    VerifiedVersion,
+    check_order,
+    materialize,
+    read_pointer,
     verify_version,
 )
 
@@ -50,8 +56,10 @@ _VERSION_IN_URL = re.compile(r"^(.*?)/?(versions/\d{6,}-[0-9a-f]{12})/?$")
 EventCallback = Callable[[str, str], None]
 PolicyLoader = Callable[[Path], Any]
 DEFAULT_MODEL_ENV = "ROUTEOPT_DEFAULT_MODEL"
-NO_KEY = ("no public key to verify policies with: pass public_key= (a PEM file), set "
-          "$ROUTEOPT_PUBLIC_KEY, or pass allow_unsigned=True to accept unsigned policies")
+NO_KEY = (
+    "no public key to verify policies with: pass public_key= (a PEM file), set "
+    "$ROUTEOPT_PUBLIC_KEY, or pass allow_unsigned=True to accept unsigned policies"
+)
 
 
 class PolicyLoadError(RuntimeError):
@@ -169,11 +177,19 @@ class Router:
     """Routes requests with the current verified policy (or the default model while there is
     none); `refresh()` polls once, `start()` keeps polling. Build it with `load()`."""
 
-    def __init__(self, backend: Backend, *, prefix: str = "", channel: str | None = None,
-                 public_key: Any = None, allow_unsigned: bool = False,
-                 default_model: str | None = None, state_dir: str | os.PathLike | bool = True,
-                 on_event: EventCallback | None = None,
-                 policy_loader: PolicyLoader | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        prefix: str = "",
+        channel: str | None = None,
+        public_key: Any = None,
+        allow_unsigned: bool = False,
+        default_model: str | None = None,
+        state_dir: str | os.PathLike | bool = True,
+        on_event: EventCallback | None = None,
+        policy_loader: PolicyLoader | None = None,
+    ) -> None:
         self._backend, self._prefix, self._channel = backend, prefix, channel
         self._key = trusted_keys(public_key)
         if self._key is None and not allow_unsigned:
@@ -187,8 +203,11 @@ class Router:
         self._last_check: datetime | None = None
         self._last_error: str | None = None
         self._failures = self._checks = self._swaps = 0
-        self._state = None if channel is None or state_dir is False else SeenFile(
-            default_state_dir() if state_dir is True else state_dir, backend.location, channel)
+        self._state = (
+            None
+            if channel is None or state_dir is False
+            else SeenFile(default_state_dir() if state_dir is True else state_dir, backend.location, channel)
+        )
         self._state_error: str | None = None
         self._seen: Seen | None = None
         self._active: _Active | None = None
@@ -204,16 +223,25 @@ class Router:
     def _start_on_default(self, exc: Exception) -> None:
         """Nothing valid at start: serve the default model and say why, or fail without one."""
         if self._default is None:
-            hint = (" (give default_model= or $ROUTEOPT_DEFAULT_MODEL to serve a default model "
-                    "until then)") if _kind(exc) == "expired" else ""
+            hint = (
+                (" (give default_model= or $ROUTEOPT_DEFAULT_MODEL to serve a default model until then)")
+                if _kind(exc) == "expired"
+                else ""
+            )
             raise PolicyLoadError(f"cannot load a policy: {exc}{hint}", _kind(exc)) from None
         self._failures, self._last_error = 1, str(exc)
         self._default_reason = f"no valid policy: {exc}"
         log.warning("serving the default model %s: %s", self._default, self._default_reason)
         self._emit("default", f"serving the default model {self._default}: {self._default_reason}")
 
-    def route(self, prompt: str, suite: str | None = None, quality_target: float | None = None,
-              *, traceparent: str | None = None) -> ServedDecision:
+    def route(
+        self,
+        prompt: str,
+        suite: str | None = None,
+        quality_target: float | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> ServedDecision:
         """Decide for one request. With tracing on, the decision is a span (a child of the
         caller's `traceparent`, else of its current span), and `decision.traceparent` names it."""
         if traceparent is None and (tracing.tracer() is None or tracing.IN_DECISION.get()):
@@ -223,9 +251,21 @@ class Router:
         knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
         # the span's attributes are made by tracing's writer thread, from the decision's few
         # immutable values: the queue holds what the span needs, not the probability dicts
-        header, trace_id, _ = tracing.record_decision(traceparent, start, partial(
-            tracing.attributes_for, d.model, d.fallbacks, d.propensity, d.policy_version, d.request_id,
-            default_reason=d.default_reason, knob_target=knob, suite=suite))
+        header, trace_id, _ = tracing.record_decision(
+            traceparent,
+            start,
+            partial(
+                tracing.attributes_for,
+                d.model,
+                d.fallbacks,
+                d.propensity,
+                d.policy_version,
+                d.request_id,
+                default_reason=d.default_reason,
+                knob_target=knob,
+                suite=suite,
+            ),
+        )
         return d.traced(trace_id, header)
 
     def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> ServedDecision:
@@ -236,9 +276,15 @@ class Router:
         unknown = bool(suite) and active.suites is not None and suite not in active.suites
         if unknown:
             self._unknown_suite(suite)  # type: ignore[arg-type]
-        return ServedDecision(d.model, tuple(d.fallbacks), d.pass_probabilities, d.expected_cost_usd,
-                              active.version, policy_probability=getattr(d, "propensity", 1.0),
-                              unknown_suite=unknown)
+        return ServedDecision(
+            d.model,
+            tuple(d.fallbacks),
+            d.pass_probabilities,
+            d.expected_cost_usd,
+            active.version,
+            policy_probability=getattr(d, "propensity", 1.0),
+            unknown_suite=unknown,
+        )
 
     def _unknown_suite(self, suite: str) -> None:
         """Count a request naming a suite the policy does not know, and warn once per name: such
@@ -254,10 +300,14 @@ class Router:
             self._unknown_suites[suite] = 1
             full = len(self._unknown_suites) == MAX_UNKNOWN_SUITE_NAMES
         known = sorted(self._active.suites or ()) if self._active is not None else []
-        message = (f"suite {suite!r} is not one the policy was trained on (it knows {known}); such "
-                   f"requests route on the prompt alone")
+        message = (
+            f"suite {suite!r} is not one the policy was trained on (it knows {known}); such "
+            f"requests route on the prompt alone"
+        )
         if full:
-            message += f"; {MAX_UNKNOWN_SUITE_NAMES} unknown suite names seen, later ones are counted, not named"
+            message += (
+                f"; {MAX_UNKNOWN_SUITE_NAMES} unknown suite names seen, later ones are counted, not named"
+            )
         log.warning(message)
         self._emit("unknown_suite", message)
 
@@ -293,12 +343,24 @@ class Router:
             except VerificationError:
                 raise
             except Exception as exc:  # a verified but unusable policy must not crash the gateway
-                raise VerificationError(f"{verified.location}: policy does not load or decide: {exc}") from None
+                raise VerificationError(
+                    f"{verified.location}: policy does not load or decide: {exc}"
+                ) from None
         expires = verified.manifest.expires_at
         stale_at = expires.timestamp() if expires is not None and self._default else None
-        return _Active(policy, verified.version, verified.digest, verified.signed, verified.key_id,
-                       verified.manifest, pointer, datetime.now(timezone.utc), stale_at, conformance,
-                       known_suites(policy))
+        return _Active(
+            policy,
+            verified.version,
+            verified.digest,
+            verified.signed,
+            verified.key_id,
+            verified.manifest,
+            pointer,
+            datetime.now(timezone.utc),
+            stale_at,
+            conformance,
+            known_suites(policy),
+        )
 
     def _check_order(self, pointer: Pointer) -> None:
         """Refuse a pointer older than the newest move accepted, by this process or (through the
@@ -313,9 +375,12 @@ class Router:
         except VerificationError as exc:
             if self._state is None:
                 raise
-            raise VerificationError(f"{exc}; the newest move this host accepted is recorded in "
-                                    f"{self._state.path} (delete it only if the registry was "
-                                    f"deliberately recreated)", exc.kind) from None
+            raise VerificationError(
+                f"{exc}; the newest move this host accepted is recorded in "
+                f"{self._state.path} (delete it only if the registry was "
+                f"deliberately recreated)",
+                exc.kind,
+            ) from None
 
     def _accept(self, got: SignedPointer) -> None:
         """Remember an accepted pointer: its ETag for cheap polls, and its move for order checks."""
@@ -335,8 +400,9 @@ class Router:
         got = read_pointer(self._backend, self._channel, self._key)
         assert got is not None
         self._check_order(got.pointer)
-        verified = verify_version(self._backend, got.pointer.path, self._key,
-                                  expected_digest=got.pointer.digest)
+        verified = verify_version(
+            self._backend, got.pointer.path, self._key, expected_digest=got.pointer.digest
+        )
         active = self._build(verified, got.pointer)
         self._accept(got)
         return active
@@ -352,8 +418,10 @@ class Router:
         self._check_order(pointer)
         if current is not None and pointer.version == current.version:
             if pointer.digest != current.digest:
-                raise VerificationError(f"channel {self._channel}: version {pointer.version} now has "
-                                        f"digest {pointer.digest[:12]}, served {current.digest[:12]} (rewritten)")
+                raise VerificationError(
+                    f"channel {self._channel}: version {pointer.version} now has "
+                    f"digest {pointer.digest[:12]}, served {current.digest[:12]} (rewritten)"
+                )
             self._active = replace(current, pointer=pointer)
             self._accept(got)
             return None
@@ -397,8 +465,10 @@ class Router:
             return
         expired_at = a.manifest.raw.get("expires_at")
         if self._default is not None:
-            message = (f"version {a.version} expired at {expired_at}; serving the default model "
-                       f"{self._default} until a newer valid policy is published")
+            message = (
+                f"version {a.version} expired at {expired_at}; serving the default model "
+                f"{self._default} until a newer valid policy is published"
+            )
         else:
             message = f"serving version {a.version}, which expired at {expired_at}; no newer valid policy"
         log.warning(message)
@@ -414,6 +484,7 @@ class Router:
     def start(self, interval_s: float) -> "Router":
         """Poll every `interval_s` seconds in a daemon thread until `close()`."""
         if self._thread is None:
+
             def loop() -> None:
                 while not self._stop.wait(interval_s):
                     self.refresh()
@@ -439,18 +510,28 @@ class Router:
         why = self._why_default(a)
         held = a is not None and not why
         return RouterStatus(
-            source=self._backend.location, channel=self._channel,
-            version=a.version if held else 0, digest=a.digest if held else "",
-            signed=held and a.signed, expires_at=a.manifest.raw.get("expires_at") if a else None,
+            source=self._backend.location,
+            channel=self._channel,
+            version=a.version if held else 0,
+            digest=a.digest if held else "",
+            signed=held and a.signed,
+            expires_at=a.manifest.raw.get("expires_at") if a else None,
             expired=a is not None and a.manifest.expired(datetime.now(timezone.utc)),
             loaded_at=format_time(a.loaded_at) if a else "",
             last_check_at=format_time(self._last_check) if self._last_check else None,
-            last_error=self._last_error, consecutive_failures=self._failures,
-            checks=self._checks, swaps=self._swaps, serving_default=why is not None,
-            default_model=self._default, default_reason=why,
-            state_file=str(self._state.path) if self._state else None, state_error=self._state_error,
-            conformance=a.conformance if a else None, unknown_suites=dict(self._unknown_suites),
-            unknown_suite_requests=self._unknown_total)
+            last_error=self._last_error,
+            consecutive_failures=self._failures,
+            checks=self._checks,
+            swaps=self._swaps,
+            serving_default=why is not None,
+            default_model=self._default,
+            default_reason=why,
+            state_file=str(self._state.path) if self._state else None,
+            state_error=self._state_error,
+            conformance=a.conformance if a else None,
+            unknown_suites=dict(self._unknown_suites),
+            unknown_suite_requests=self._unknown_total,
+        )
 
 
 def _self_check(policy: Any, verified: VerifiedVersion) -> str | None:
@@ -459,15 +540,17 @@ def _self_check(policy: Any, verified: VerifiedVersion) -> str | None:
     stated = verified.manifest.policy_format.get("version")
     actual = getattr(policy, "format_version", None)
     if stated is not None and actual is not None and stated != actual:
-        raise VerificationError(f"{verified.location}: manifest.json says policy format {stated}, "
-                                f"policy.json says {actual}")
+        raise VerificationError(
+            f"{verified.location}: manifest.json says policy format {stated}, policy.json says {actual}"
+        )
     check = getattr(policy, "self_check", None)
     if check is None:
         return None
     report = check()
     if not report.ok:
-        raise VerificationError(f"{verified.location}: this runtime refuses the policy: {report.summary()}",
-                                "conformance")
+        raise VerificationError(
+            f"{verified.location}: this runtime refuses the policy: {report.summary()}", "conformance"
+        )
     return report.summary()
 
 
@@ -500,10 +583,18 @@ def resolve(source: str | Path) -> tuple[Backend, str, bool]:
     return LocalBackend(path), "", False
 
 
-def load(source: str | Path, public_key: Any = None, *, channel: str | None = None,
-         refresh_s: float | None = None, on_event: EventCallback | None = None,
-         policy_loader: PolicyLoader | None = None, allow_unsigned: bool = False,
-         default_model: str | None = None, state_dir: str | os.PathLike | bool = True) -> Router:
+def load(
+    source: str | Path,
+    public_key: Any = None,
+    *,
+    channel: str | None = None,
+    refresh_s: float | None = None,
+    on_event: EventCallback | None = None,
+    policy_loader: PolicyLoader | None = None,
+    allow_unsigned: bool = False,
+    default_model: str | None = None,
+    state_dir: str | os.PathLike | bool = True,
+) -> Router:
     """Load a policy from a version folder, a registry folder/bucket/URL (+ channel), verified.
 
     `public_key`: a PEM path, bytes or key, or a list of them while rotating keys; default
@@ -530,19 +621,40 @@ def load(source: str | Path, public_key: Any = None, *, channel: str | None = No
             if fallback is None:
                 raise PolicyLoadError(f"cannot load a policy: {exc}", "unreachable") from None
             channel = "champion"
-    router = Router(backend, prefix=prefix, channel=None if is_version else channel,
-                    public_key=public_key, allow_unsigned=allow_unsigned, default_model=fallback,
-                    state_dir=state_dir, on_event=on_event, policy_loader=policy_loader)
+    router = Router(
+        backend,
+        prefix=prefix,
+        channel=None if is_version else channel,
+        public_key=public_key,
+        allow_unsigned=allow_unsigned,
+        default_model=fallback,
+        state_dir=state_dir,
+        on_event=on_event,
+        policy_loader=policy_loader,
+    )
     if refresh_s:
         router.start(refresh_s)
     return router
 
 
-def check(source: str | Path, public_key: Any = None, *, channel: str | None = None,
-          allow_unsigned: bool = False, policy_loader: PolicyLoader | None = None) -> dict:
+def check(
+    source: str | Path,
+    public_key: Any = None,
+    *,
+    channel: str | None = None,
+    allow_unsigned: bool = False,
+    policy_loader: PolicyLoader | None = None,
+) -> dict:
     """What `routeopt policies verify` prints: load exactly as a gateway would, then describe it."""
-    router = load(source, public_key, channel=channel, allow_unsigned=allow_unsigned,
-                  policy_loader=policy_loader, state_dir=False, default_model="")
+    router = load(
+        source,
+        public_key,
+        channel=channel,
+        allow_unsigned=allow_unsigned,
+        policy_loader=policy_loader,
+        state_dir=False,
+        default_model="",
+    )
     active = router._active
     assert active is not None
     if active.signed:
@@ -552,7 +664,14 @@ def check(source: str | Path, public_key: Any = None, *, channel: str | None = N
     else:
         signature = "unsigned"
     s = router.status()
-    return {"source": s.source, "channel": s.channel, "version": s.version, "digest": s.digest,
-            "signature": signature, "expires_at": s.expires_at,
-            "files": [f.path for f in active.manifest.files],
-            "policy_format": active.manifest.policy_format, "conformance": s.conformance}
+    return {
+        "source": s.source,
+        "channel": s.channel,
+        "version": s.version,
+        "digest": s.digest,
+        "signature": signature,
+        "expires_at": s.expires_at,
+        "files": [f.path for f in active.manifest.files],
+        "policy_format": active.manifest.policy_format,
+        "conformance": s.conformance,
+    }

@@ -34,14 +34,16 @@ class ManifestError(ValueError):
 
 def canonical_json(obj: Any) -> bytes:
     """The one byte form that is signed: sorted keys, no spaces, ASCII, no NaN."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode(
+        "ascii"
+    )
 
 
 def pretty_json(obj: Any) -> bytes:
     """Readable, deterministic JSON for files people open (manifest.json is signed as stored)."""
-    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False)
-            + "\n").encode("ascii")
+    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n").encode(
+        "ascii"
+    )
 
 
 def sha256_hex(data: bytes) -> str:
@@ -186,10 +188,16 @@ class Pointer:
 
     def payload(self) -> dict:
         return {
-            "format": POINTER_FORMAT, "channel": self.channel, "seq": self.seq,
-            "version": self.version, "path": self.path, "digest": self.digest,
-            "action": self.action, "updated_at": self.updated_at,
-            "stack": list(self.stack), "history": list(self.history),
+            "format": POINTER_FORMAT,
+            "channel": self.channel,
+            "seq": self.seq,
+            "version": self.version,
+            "path": self.path,
+            "digest": self.digest,
+            "action": self.action,
+            "updated_at": self.updated_at,
+            "stack": list(self.stack),
+            "history": list(self.history),
         }
 
 
@@ -209,8 +217,13 @@ def parse_pointer(payload: object, where: str) -> Pointer:
         raise ManifestError(f"{where}: action {action!r} is not publish, promote or rollback")
     path = check_version_dir(payload.get("path"), ints["version"], digest, f"{where}: path")
     return Pointer(
-        channel=check_channel(str(payload.get("channel"))), seq=ints["seq"],
-        version=ints["version"], path=path, digest=digest, action=action,
-        updated_at=str(payload.get("updated_at")), stack=tuple(payload.get("stack") or ()),
+        channel=check_channel(str(payload.get("channel"))),
+        seq=ints["seq"],
+        version=ints["version"],
+        path=path,
+        digest=digest,
+        action=action,
+        updated_at=str(payload.get("updated_at")),
+        stack=tuple(payload.get("stack") or ()),
         history=tuple(payload.get("history") or ()),
     )

@@ -75,8 +75,9 @@ def messages_text(messages: Any) -> str:
         if isinstance(content, list):
             content = "".join(_part_text(p, f"messages[{i}].content[{j}]") for j, p in enumerate(content))
         elif content is not None and not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content is a {type(content).__name__}, "
-                             f"not a string, a list of parts or null")
+            raise BadRequest(
+                f"messages[{i}].content is a {type(content).__name__}, not a string, a list of parts or null"
+            )
         if content:
             lines.append(content)
     return "\n".join(lines)
@@ -99,8 +100,9 @@ def prompt_of(body: Mapping[str, Any]) -> str:
     return prompt
 
 
-def _pick(body: Mapping[str, Any], field: str, key: str, headers: Mapping[str, str],
-          header: str) -> tuple[Any, str]:
+def _pick(
+    body: Mapping[str, Any], field: str, key: str, headers: Mapping[str, str], header: str
+) -> tuple[Any, str]:
     """The first of body[field], body.metadata[key], headers[header], with where it came from."""
     if body.get(field) is not None:
         return body[field], field
@@ -137,8 +139,7 @@ def quality_target_of(value: Any, where: str = "quality_target") -> float | None
     return target
 
 
-def route_request(body: Any, headers: Mapping[str, str] | None = None, *,
-                  alias: str = ALIAS) -> RouteRequest:
+def route_request(body: Any, headers: Mapping[str, str] | None = None, *, alias: str = ALIAS) -> RouteRequest:
     """Read one request (a parsed JSON body and lower-case headers) or raise BadRequest."""
     if not isinstance(body, Mapping):
         raise BadRequest(f"the body is a JSON {type(body).__name__}, not an object")
@@ -155,4 +156,5 @@ def route_request(body: Any, headers: Mapping[str, str] | None = None, *,
         suite=_text_field(suite, where, MAX_ID_CHARS) or None,
         request_id=_text_field(rid, rid_where, MAX_ID_CHARS) or None,
         quality_target=quality_target_of(target, target_where),
-        passthrough=passthrough)
+        passthrough=passthrough,
+    )

@@ -22,32 +22,72 @@ from routeopt.artifacts.serving.decision_service import DecisionService, Service
 
 
 def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Serve routeopt decisions over HTTP "
-                                "(POST /v1/route, /healthz, /readyz, /metrics).")
-    p.add_argument("--policy", help="Registry folder or URL, or one version folder "
-                   "(default: $ROUTEOPT_POLICY).")
-    p.add_argument("--public-key", action="append", default=[], metavar="PEM",
-                   help="Trusted public key; repeat while rotating keys (default: $ROUTEOPT_PUBLIC_KEY).")
-    p.add_argument("--channel", help="Registry channel (default: $ROUTEOPT_CHANNEL, else champion, else latest).")
-    p.add_argument("--default-model", help="Model to serve while no valid policy is there "
-                   "(default: $ROUTEOPT_DEFAULT_MODEL; without one the service waits unready).")
-    p.add_argument("--refresh-s", type=float, help="Seconds between registry polls (default: "
-                   "$ROUTEOPT_REFRESH_S, else 30; 0 never polls).")
-    p.add_argument("--allow-unsigned", action="store_true", default=None,
-                   help="Accept unsigned policies when no public key is given.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve routeopt decisions over HTTP (POST /v1/route, /healthz, /readyz, /metrics).",
+    )
+    p.add_argument(
+        "--policy", help="Registry folder or URL, or one version folder (default: $ROUTEOPT_POLICY)."
+    )
+    p.add_argument(
+        "--public-key",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="Trusted public key; repeat while rotating keys (default: $ROUTEOPT_PUBLIC_KEY).",
+    )
+    p.add_argument(
+        "--channel", help="Registry channel (default: $ROUTEOPT_CHANNEL, else champion, else latest)."
+    )
+    p.add_argument(
+        "--default-model",
+        help="Model to serve while no valid policy is there "
+        "(default: $ROUTEOPT_DEFAULT_MODEL; without one the service waits unready).",
+    )
+    p.add_argument(
+        "--refresh-s",
+        type=float,
+        help="Seconds between registry polls (default: $ROUTEOPT_REFRESH_S, else 30; 0 never polls).",
+    )
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        default=None,
+        help="Accept unsigned policies when no public key is given.",
+    )
     p.add_argument("--log-dir", help="Folder for JSONL decision logs (default: $ROUTEOPT_DECISION_LOG_DIR).")
-    p.add_argument("--alias", default=ALIAS, help="The model name that asks for routing (default: %(default)s); "
-                   "a request naming another model passes through unrouted.")
-    p.add_argument("--model-header", action="append", default=[], metavar="NAME",
-                   help="Also answer the chosen model under this header (e.g. x-ai-eg-model); repeatable.")
-    p.add_argument("--require-suite", action="store_true",
-                   help="Refuse (400) requests that name no suite instead of routing them without one.")
-    p.add_argument("--max-body-bytes", type=int, default=16 << 20,
-                   help="Largest request body read (default: %(default)s); larger ones get 413.")
+    p.add_argument(
+        "--alias",
+        default=ALIAS,
+        help="The model name that asks for routing (default: %(default)s); "
+        "a request naming another model passes through unrouted.",
+    )
+    p.add_argument(
+        "--model-header",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Also answer the chosen model under this header (e.g. x-ai-eg-model); repeatable.",
+    )
+    p.add_argument(
+        "--require-suite",
+        action="store_true",
+        help="Refuse (400) requests that name no suite instead of routing them without one.",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 << 20,
+        help="Largest request body read (default: %(default)s); larger ones get 413.",
+    )
     p.add_argument("--host", default=os.environ.get("ROUTEOPT_SERVICE_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("ROUTEOPT_SERVICE_PORT", "8700")))
-    p.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto",
-                   help="uvicorn's HTTP parser (auto: httptools when installed).")
+    p.add_argument(
+        "--http",
+        choices=("auto", "h11", "httptools"),
+        default="auto",
+        help="uvicorn's HTTP parser (auto: httptools when installed).",
+    )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -57,17 +97,28 @@ def make_service(args: argparse.Namespace) -> DecisionService:
     if args.max_body_bytes < 1:
         raise SettingsError("--max-body-bytes must be at least 1")
     settings = GatewaySettings.from_env(
-        source=args.policy, public_keys=tuple(args.public_key) or None, channel=args.channel,
-        default_model=args.default_model, refresh_s=args.refresh_s, allow_unsigned=args.allow_unsigned,
-        log_dir=args.log_dir)
-    options = ServiceOptions(alias=args.alias, require_suite=args.require_suite,
-                             max_body_bytes=args.max_body_bytes, model_headers=tuple(args.model_header))
+        source=args.policy,
+        public_keys=tuple(args.public_key) or None,
+        channel=args.channel,
+        default_model=args.default_model,
+        refresh_s=args.refresh_s,
+        allow_unsigned=args.allow_unsigned,
+        log_dir=args.log_dir,
+    )
+    options = ServiceOptions(
+        alias=args.alias,
+        require_suite=args.require_suite,
+        max_body_bytes=args.max_body_bytes,
+        model_headers=tuple(args.model_header),
+    )
     return DecisionService(settings, options=options)
 
 
 def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") -> int:
     args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         service = make_service(args)
         service.start()  # before binding the port: a configuration error stops here, clearly
@@ -76,11 +127,21 @@ def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") ->
         return 2
     import uvicorn
 
-    config = uvicorn.Config(service, host=args.host, port=args.port, http=args.http, lifespan="on",
-                            access_log=False, log_level=args.log_level, timeout_keep_alive=30)
+    config = uvicorn.Config(
+        service,
+        host=args.host,
+        port=args.port,
+        http=args.http,
+        lifespan="on",
+        access_log=False,
+        log_level=args.log_level,
+        timeout_keep_alive=30,
+    )
     server = uvicorn.Server(config)
     state = "ready" if service.ready else f"not ready ({service.not_ready_reason})"
-    print(f"routeopt decision service on http://{args.host}:{args.port} ({state})", file=sys.stderr, flush=True)
+    print(
+        f"routeopt decision service on http://{args.host}:{args.port} ({state})", file=sys.stderr, flush=True
+    )
     try:
         server.run()
     finally:

@@ -69,57 +69,121 @@ class Metrics:
             out.append(f"# TYPE {name} {kind}")
             out.extend(f"{name}{labels} {value:.17g}" for labels, value in samples)
 
-        family("routeopt_decisions_total", "counter", "Requests routed, by the model chosen.",
-               [(_labels([("model", m), ("default_model", d)]), n)
-                for (m, d), n in sorted(self.decisions.items())])
-        family("routeopt_passthrough_total", "counter",
-               "Requests that named a model other than the alias (not routed).", [("", self.passthrough)])
-        family("routeopt_refused_requests_total", "counter",
-               "Routing requests answered with an error, by reason.",
-               [(_labels([("reason", r)]), n) for r, n in sorted(self.refused.items())])
+        family(
+            "routeopt_decisions_total",
+            "counter",
+            "Requests routed, by the model chosen.",
+            [
+                (_labels([("model", m), ("default_model", d)]), n)
+                for (m, d), n in sorted(self.decisions.items())
+            ],
+        )
+        family(
+            "routeopt_passthrough_total",
+            "counter",
+            "Requests that named a model other than the alias (not routed).",
+            [("", self.passthrough)],
+        )
+        family(
+            "routeopt_refused_requests_total",
+            "counter",
+            "Routing requests answered with an error, by reason.",
+            [(_labels([("reason", r)]), n) for r, n in sorted(self.refused.items())],
+        )
         with self._lock:
             events = sorted(self.events.items())
-        family("routeopt_policy_events_total", "counter",
-               "Policy refresher events: swapped, rejected (a version refused), unreachable, "
-               "expired, default.", [(_labels([("kind", k)]), n) for k, n in events])
+        family(
+            "routeopt_policy_events_total",
+            "counter",
+            "Policy refresher events: swapped, rejected (a version refused), unreachable, expired, default.",
+            [(_labels([("kind", k)]), n) for k, n in events],
+        )
         self._render_status(family, status, ready)
         spans = tracing.status()
-        family("routeopt_tracing_spans_total", "counter",
-               "Decision spans by outcome: exported, export_failed (the collector refused them), "
-               "dropped (the queue was full: the collector is down or slow).",
-               [(_labels([("outcome", k)]), getattr(spans, k)) for k in ("exported", "export_failed", "dropped")])
+        family(
+            "routeopt_tracing_spans_total",
+            "counter",
+            "Decision spans by outcome: exported, export_failed (the collector refused them), "
+            "dropped (the queue was full: the collector is down or slow).",
+            [
+                (_labels([("outcome", k)]), getattr(spans, k))
+                for k in ("exported", "export_failed", "dropped")
+            ],
+        )
         self._render_histogram(out)
         return "\n".join(out) + "\n"
 
     def _render_status(self, family: Any, status: Any, ready: bool) -> None:
         champion = status.champion if status is not None else None
-        family("routeopt_ready", "gauge", "1 when a verified policy or the default model serves.",
-               [("", 1 if ready else 0)])
-        family("routeopt_policy_version", "gauge", "The champion version serving (0: none or the default model).",
-               [("", champion.version if champion else 0)])
-        family("routeopt_serving_default_model", "gauge", "1 while the default model serves every request.",
-               [("", 1 if champion is not None and champion.serving_default else 0)])
-        family("routeopt_policy_swaps_total", "counter", "New policy versions swapped in.",
-               [("", champion.swaps if champion else 0)])
-        family("routeopt_policy_checks_total", "counter", "Registry polls.",
-               [("", champion.checks if champion else 0)])
+        family(
+            "routeopt_ready",
+            "gauge",
+            "1 when a verified policy or the default model serves.",
+            [("", 1 if ready else 0)],
+        )
+        family(
+            "routeopt_policy_version",
+            "gauge",
+            "The champion version serving (0: none or the default model).",
+            [("", champion.version if champion else 0)],
+        )
+        family(
+            "routeopt_serving_default_model",
+            "gauge",
+            "1 while the default model serves every request.",
+            [("", 1 if champion is not None and champion.serving_default else 0)],
+        )
+        family(
+            "routeopt_policy_swaps_total",
+            "counter",
+            "New policy versions swapped in.",
+            [("", champion.swaps if champion else 0)],
+        )
+        family(
+            "routeopt_policy_checks_total",
+            "counter",
+            "Registry polls.",
+            [("", champion.checks if champion else 0)],
+        )
         unknown: dict[str, int] = {}
         for router in (champion, status.candidate if status is not None else None):
             for name, n in (router.unknown_suites if router is not None else {}).items():
                 unknown[name] = unknown.get(name, 0) + n
-        family("routeopt_unknown_suite_requests_total", "counter",
-               "Requests naming a suite the serving policy was not trained on, by suite (the first "
-               "100 names; routeopt_unknown_suite_requests_all_total counts every one).",
-               [(_labels([("suite", name)]), n) for name, n in sorted(unknown.items())])
-        family("routeopt_unknown_suite_requests_all_total", "counter",
-               "Requests naming a suite the serving policy was not trained on.",
-               [("", sum(r.unknown_suite_requests for r in (champion, status.candidate if status else None)
-                         if r is not None))])
+        family(
+            "routeopt_unknown_suite_requests_total",
+            "counter",
+            "Requests naming a suite the serving policy was not trained on, by suite (the first "
+            "100 names; routeopt_unknown_suite_requests_all_total counts every one).",
+            [(_labels([("suite", name)]), n) for name, n in sorted(unknown.items())],
+        )
+        family(
+            "routeopt_unknown_suite_requests_all_total",
+            "counter",
+            "Requests naming a suite the serving policy was not trained on.",
+            [
+                (
+                    "",
+                    sum(
+                        r.unknown_suite_requests
+                        for r in (champion, status.candidate if status else None)
+                        if r is not None
+                    ),
+                )
+            ],
+        )
         log = status.log if status is not None else None
-        family("routeopt_decision_log_written_total", "counter", "Decision log records written.",
-               [("", log.written if log else 0)])
-        family("routeopt_decision_log_dropped_total", "counter",
-               "Decision log records dropped (queue full or write failed).", [("", log.dropped if log else 0)])
+        family(
+            "routeopt_decision_log_written_total",
+            "counter",
+            "Decision log records written.",
+            [("", log.written if log else 0)],
+        )
+        family(
+            "routeopt_decision_log_dropped_total",
+            "counter",
+            "Decision log records dropped (queue full or write failed).",
+            [("", log.dropped if log else 0)],
+        )
 
     def _render_histogram(self, out: list[str]) -> None:
         name = "routeopt_route_seconds"

@@ -94,8 +94,9 @@ class GatewaySettings:
             if not (math.isfinite(value) and 0 <= value <= 1):
                 raise SettingsError(f"{name} must lie in [0, 1], got {value!r}")
         if self.channel and (self.shadow or self.canary_share):
-            raise SettingsError("shadow and canary compare the champion and candidate channels; "
-                                "unset the channel to use them")
+            raise SettingsError(
+                "shadow and canary compare the champion and candidate channels; unset the channel to use them"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "GatewaySettings":
@@ -109,7 +110,8 @@ class GatewaySettings:
             log_dir=env.get("ROUTEOPT_DECISION_LOG_DIR", "").strip() or None,
             exploration_rate=_number(env, "ROUTEOPT_EXPLORATION_RATE", 0.0, 0.0, 1.0),
             shadow=_flag(env, "ROUTEOPT_SHADOW"),
-            canary_share=_number(env, "ROUTEOPT_CANARY_SHARE", 0.0, 0.0, 1.0))
+            canary_share=_number(env, "ROUTEOPT_CANARY_SHARE", 0.0, 0.0, 1.0),
+        )
         read.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**read)
 
@@ -122,11 +124,19 @@ class GatewaySettings:
         hash_key = os.environb.get(HASH_KEY_ENV.encode()) or None
         channel = {"channel": self.channel} if self.channel else {}
         return Gateway.open(
-            self.source, list(self.public_keys) or None, **channel,
-            refresh_s=self.refresh_s or None, on_event=on_event,
-            allow_unsigned=self.allow_unsigned, default_model=self.default_model,
-            log_dir=self.log_dir, hash_key=hash_key, exploration=exploration,
-            shadow=self.shadow, canary_share=self.canary_share)
+            self.source,
+            list(self.public_keys) or None,
+            **channel,
+            refresh_s=self.refresh_s or None,
+            on_event=on_event,
+            allow_unsigned=self.allow_unsigned,
+            default_model=self.default_model,
+            log_dir=self.log_dir,
+            hash_key=hash_key,
+            exploration=exploration,
+            shadow=self.shadow,
+            canary_share=self.canary_share,
+        )
 
 
 class GatewayLoader:
@@ -161,7 +171,9 @@ class GatewayLoader:
                 raise
             self.reason = f"no policy loaded yet: {exc}"
             log.warning("%s; retrying every %g s", self.reason, self._every())
-            self._thread = threading.Thread(target=self._keep_trying, name="routeopt-gateway-load", daemon=True)
+            self._thread = threading.Thread(
+                target=self._keep_trying, name="routeopt-gateway-load", daemon=True
+            )
             self._thread.start()
         return self
 

@@ -36,8 +36,11 @@ class Signature:
     value: bytes
 
     def to_dict(self) -> dict:
-        return {"alg": ALGORITHM, "key_id": self.key_id,
-                "signature": base64.b64encode(self.value).decode("ascii")}
+        return {
+            "alg": ALGORITHM,
+            "key_id": self.key_id,
+            "signature": base64.b64encode(self.value).decode("ascii"),
+        }
 
     @classmethod
     def from_dict(cls, raw: object, where: str) -> "Signature":
@@ -110,16 +113,17 @@ def trusted_keys(given: Any) -> dict[str, Ed25519PublicKey] | None:
     return {key_id(k): k for k in keys}
 
 
-def verify(data: bytes, signature: Signature, public_key: Ed25519PublicKey | TrustedKeys,
-           what: str) -> None:
+def verify(data: bytes, signature: Signature, public_key: Ed25519PublicKey | TrustedKeys, what: str) -> None:
     """Raise SigningError naming `what` unless `signature` is a valid signature of `data` by a
     trusted key."""
     keys = public_key if isinstance(public_key, Mapping) else {key_id(public_key): public_key}
     key = keys.get(signature.key_id)
     if key is None:
         trusted = ", ".join(sorted(keys))
-        raise SigningError(f"{what}: signed by key {signature.key_id}, but the trusted "
-                           f"key{' is' if len(keys) == 1 else 's are'} {trusted}")
+        raise SigningError(
+            f"{what}: signed by key {signature.key_id}, but the trusted "
+            f"key{' is' if len(keys) == 1 else 's are'} {trusted}"
+        )
     try:
         key.verify(signature.value, data)
     except InvalidSignature:

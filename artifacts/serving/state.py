@@ -52,7 +52,8 @@ class SeenFile:
         return VerificationError(
             f"{self.path}: gateway state {why}; it records the newest policy this host accepted from "
             f"{self.registry} (channel {self.channel}). Delete it to trust the registry's current "
-            f"pointer again.")
+            f"pointer again."
+        )
 
     def read(self) -> Seen | None:
         try:
@@ -61,7 +62,10 @@ class SeenFile:
             return None
         except (OSError, ValueError) as exc:
             raise self._unreadable(f"cannot be read ({exc})") from None
-        if not isinstance(doc, dict) or (doc.get("registry"), doc.get("channel")) != (self.registry, self.channel):
+        if not isinstance(doc, dict) or (doc.get("registry"), doc.get("channel")) != (
+            self.registry,
+            self.channel,
+        ):
             raise self._unreadable("belongs to another registry or channel")
         seq, version, digest = doc.get("seq"), doc.get("version"), doc.get("digest")
         if not (isinstance(seq, int) and isinstance(version, int) and isinstance(digest, str)):
@@ -85,7 +89,12 @@ class SeenFile:
             current = self.read()
             if current is not None and current.seq >= seen.seq:
                 return current
-            doc = {"registry": self.registry, "channel": self.channel, "seq": seen.seq,
-                   "version": seen.version, "digest": seen.digest}
+            doc = {
+                "registry": self.registry,
+                "channel": self.channel,
+                "seq": seen.seq,
+                "version": seen.version,
+                "digest": seen.digest,
+            }
             atomic_write(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
             return seen

@@ -20,8 +20,17 @@ from pathlib import Path
 
 from routeopt.artifacts.serving.backends import Backend, NotFound
 from routeopt.artifacts.serving.manifest import (
-    MANIFEST_NAME, SIGNATURE_NAME, Manifest, ManifestError, Pointer, canonical_json,
-    check_channel, check_file_name, parse_manifest, parse_pointer, sha256_hex,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    Manifest,
+    ManifestError,
+    Pointer,
+    canonical_json,
+    check_channel,
+    check_file_name,
+    parse_manifest,
+    parse_pointer,
+    sha256_hex,
 )
 from routeopt.artifacts.serving.signatures import Signature, SigningError, TrustedKeys, verify
 
@@ -79,15 +88,17 @@ def _read(backend: Backend, key: str) -> bytes:
         raise VerificationError(f"{backend.location}: {key} is missing") from None
 
 
-def _check_signature(backend: Backend, prefix: str, data: bytes,
-                     public_key: TrustedKeys | None) -> tuple[bool, str | None]:
+def _check_signature(
+    backend: Backend, prefix: str, data: bytes, public_key: TrustedKeys | None
+) -> tuple[bool, str | None]:
     where = f"{backend.location}: {_key(prefix, SIGNATURE_NAME)}"
     try:
         raw_sig = backend.get(_key(prefix, SIGNATURE_NAME))[0]
     except NotFound:
         if public_key is not None:
-            raise VerificationError(f"{where}: missing, and a public key was given (unsigned policy)",
-                                    "unsigned") from None
+            raise VerificationError(
+                f"{where}: missing, and a public key was given (unsigned policy)", "unsigned"
+            ) from None
         return False, None
     try:
         sig = Signature.from_dict(json.loads(raw_sig.decode("utf-8")), where)
@@ -112,20 +123,27 @@ def _check_name(prefix: str, digest: str, manifest: Manifest, where: str) -> Non
     if int(match.group(1)) != manifest.version or match.group(2) != digest[:12]:
         raise VerificationError(
             f"{where}: folder name says version {int(match.group(1))} / {match.group(2)} but the "
-            f"manifest is version {manifest.version} / {digest[:12]} (moved or tampered)")
+            f"manifest is version {manifest.version} / {digest[:12]} (moved or tampered)"
+        )
 
 
 def verify_version(
-    backend: Backend, prefix: str, public_key: TrustedKeys | None, *,
-    expected_digest: str | None = None, now: datetime | None = None,
+    backend: Backend,
+    prefix: str,
+    public_key: TrustedKeys | None,
+    *,
+    expected_digest: str | None = None,
+    now: datetime | None = None,
 ) -> VerifiedVersion:
     """Read and check one version (signature, digest, folder name, expiry, every file's hash)."""
     where = f"{backend.location}: {_key(prefix, MANIFEST_NAME)}"
     data = _read(backend, _key(prefix, MANIFEST_NAME))
     digest = sha256_hex(data)
     if expected_digest is not None and digest != expected_digest:
-        raise VerificationError(f"{where}: sha256 {digest[:12]} does not match the channel's "
-                                f"{expected_digest[:12]} (tampered or replaced)")
+        raise VerificationError(
+            f"{where}: sha256 {digest[:12]} does not match the channel's "
+            f"{expected_digest[:12]} (tampered or replaced)"
+        )
     signed, key_id = _check_signature(backend, prefix, data, public_key)
     try:
         manifest = parse_manifest(data, where)
@@ -134,17 +152,23 @@ def verify_version(
     _check_name(prefix, digest, manifest, where)
     now = now or datetime.now(timezone.utc)
     if manifest.expired(now):
-        raise VerificationError(f"{where}: version {manifest.version} expired at "
-                                f"{manifest.raw.get('expires_at')}; publish a fresh policy", "expired")
+        raise VerificationError(
+            f"{where}: version {manifest.version} expired at "
+            f"{manifest.raw.get('expires_at')}; publish a fresh policy",
+            "expired",
+        )
     files = {}
     for entry in manifest.files:
         blob = _read(backend, _key(prefix, entry.path))
         if len(blob) != entry.size or sha256_hex(blob) != entry.sha256:
-            raise VerificationError(f"{backend.location}: {_key(prefix, entry.path)}: size or sha256 "
-                                    f"does not match manifest.json (tampered or truncated)")
+            raise VerificationError(
+                f"{backend.location}: {_key(prefix, entry.path)}: size or sha256 "
+                f"does not match manifest.json (tampered or truncated)"
+            )
         files[entry.path] = blob
-    return VerifiedVersion(manifest, digest, f"{backend.location}/{prefix}".rstrip("/"),
-                           files, signed, key_id)
+    return VerifiedVersion(
+        manifest, digest, f"{backend.location}/{prefix}".rstrip("/"), files, signed, key_id
+    )
 
 
 def materialize(verified: VerifiedVersion, dest: Path) -> Path:
@@ -167,8 +191,9 @@ class SignedPointer:
     etag: str
 
 
-def read_pointer(backend: Backend, channel: str, public_key: TrustedKeys | None,
-                 etag: str | None = None) -> SignedPointer | None:
+def read_pointer(
+    backend: Backend, channel: str, public_key: TrustedKeys | None, etag: str | None = None
+) -> SignedPointer | None:
     """The channel's pointer, checked; None when unchanged since `etag` (cheap polling)."""
     key = f"channels/{check_channel(channel)}.json"
     where = f"{backend.location}: {key}"
@@ -208,15 +233,23 @@ def check_order(new: Pointer, seen: Seen | None) -> None:
     if seen is None:
         return
     if new.seq < seen.seq:
-        raise VerificationError(f"channel {new.channel}: pointer move #{new.seq} is older than "
-                                f"#{seen.seq} already seen (replayed)", "order")
+        raise VerificationError(
+            f"channel {new.channel}: pointer move #{new.seq} is older than "
+            f"#{seen.seq} already seen (replayed)",
+            "order",
+        )
     if new.seq == seen.seq:
         if (new.version, new.digest) != (seen.version, seen.digest):
-            raise VerificationError(f"channel {new.channel}: pointer move #{new.seq} now names version "
-                                    f"{new.version}/{new.digest[:12]}, but #{seen.seq} was version "
-                                    f"{seen.version}/{seen.digest[:12]} (rewritten)", "order")
+            raise VerificationError(
+                f"channel {new.channel}: pointer move #{new.seq} now names version "
+                f"{new.version}/{new.digest[:12]}, but #{seen.seq} was version "
+                f"{seen.version}/{seen.digest[:12]} (rewritten)",
+                "order",
+            )
         return
     if new.version < seen.version and new.action != "rollback":
-        raise VerificationError(f"channel {new.channel}: version {new.version} is older than version "
-                                f"{seen.version} already accepted and is not a rollback (downgrade refused)",
-                                "order")
+        raise VerificationError(
+            f"channel {new.channel}: version {new.version} is older than version "
+            f"{seen.version} already accepted and is not a rollback (downgrade refused)",
+            "order",
+        )

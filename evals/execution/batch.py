@@ -36,7 +36,14 @@ from routeopt.evals.execution.budget import Budget, Reservation
 from routeopt.evals.execution.calls import token_cost
 from routeopt.evals.execution.runner import evaluate_pair, grade_answer, grading_pair
 from routeopt.evals.providers.base import ProviderError, Request
-from routeopt.evals.providers.batch import BadLine, BatchApi, BatchGone, BatchStatus, LineResult, make_batch_api
+from routeopt.evals.providers.batch import (
+    BadLine,
+    BatchApi,
+    BatchGone,
+    BatchStatus,
+    LineResult,
+    make_batch_api,
+)
 from routeopt.evals.providers.sdk import estimate_tokens
 from routeopt.evals.storage.batches import BatchRecords, Job, Line
 from routeopt.evals.storage.store import Outcome, Store
@@ -55,8 +62,7 @@ def custom_id(run_id: str, suite: str, item_id: str, candidate: str, attempt: in
 
 def latency_sample(suite: Suite, n: int) -> set[str]:
     """The items of a suite sent synchronously to measure latency: the same ones on a resume."""
-    ranked = sorted(suite.items, key=lambda it: hashlib.sha256(
-        f"{suite.name}\0{it.id}".encode()).hexdigest())
+    ranked = sorted(suite.items, key=lambda it: hashlib.sha256(f"{suite.name}\0{it.id}".encode()).hexdigest())
     return {it.id for it in ranked[:n]}
 
 
@@ -74,9 +80,17 @@ class BatchReport:
 class BatchStage:
     """Batch mode for the batched candidates of one run; `submit` then `finish`, both resumable."""
 
-    def __init__(self, store: Store, run_id: str, suites: list[Suite], candidates: list[Candidate],
-                 *, budget: Budget | None = None, sync_options: dict[str, Any] | None = None,
-                 api_factory: Any = make_batch_api):
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        suites: list[Suite],
+        candidates: list[Candidate],
+        *,
+        budget: Budget | None = None,
+        sync_options: dict[str, Any] | None = None,
+        api_factory: Any = make_batch_api,
+    ):
         self.store, self.run_id, self.suites = store, run_id, suites
         self.batched = [c for c in candidates if c.batched]
         self.budget, self.sync_options, self.api_factory = budget, sync_options or {}, api_factory
@@ -163,20 +177,41 @@ class _CandidateBatches:
             try:
                 request = suite.request(item, self.cand)
             except Exception as exc:  # a template that does not fit this item: as the runner does
-                self.store.write_outcomes([Outcome(
-                    self.run_id, suite.name, suite.version, item.id, self.cand.name,
-                    error_kind="internal", error=f"prompt: {type(exc).__name__}: {exc}"[:2000],
-                    attempts=0)])
+                self.store.write_outcomes(
+                    [
+                        Outcome(
+                            self.run_id,
+                            suite.name,
+                            suite.version,
+                            item.id,
+                            self.cand.name,
+                            error_kind="internal",
+                            error=f"prompt: {type(exc).__name__}: {exc}"[:2000],
+                            attempts=0,
+                        )
+                    ]
+                )
                 continue
             size = len(json.dumps(self.api.encode(cid, request), separators=(",", ":"))) + 1
             tokens = estimate_tokens(request.prompt_text) + request.settings.max_tokens
             rows.append((Line(cid, suite.name, item.id, attempt, tokens), size, None))
         n = 0
         for chunk in self._split(rows):
-            job = Job(f"sub-{uuid.uuid4().hex[:16]}", self.run_id, self.cand.name,
-                      self.cand.provider, max(ln.attempt for ln, _, _ in chunk), "planned", None,
-                      None, None, len(chunk), sum(ln.est_tokens for ln, _, _ in chunk),
-                      datetime.now(timezone.utc), None)
+            job = Job(
+                f"sub-{uuid.uuid4().hex[:16]}",
+                self.run_id,
+                self.cand.name,
+                self.cand.provider,
+                max(ln.attempt for ln, _, _ in chunk),
+                "planned",
+                None,
+                None,
+                None,
+                len(chunk),
+                sum(ln.est_tokens for ln, _, _ in chunk),
+                datetime.now(timezone.utc),
+                None,
+            )
             self.records.plan(job, [ln for ln, _, _ in chunk], sum(s for _, s, _ in chunk))
             n += 1
         if n:
@@ -191,8 +226,11 @@ class _CandidateBatches:
         size = tokens = 0
         for row in rows:
             line, nbytes, _ = row
-            if cur and (len(cur) >= self.max_requests or size + nbytes > self.max_bytes
-                        or (limit is not None and tokens + line.est_tokens > limit)):
+            if cur and (
+                len(cur) >= self.max_requests
+                or size + nbytes > self.max_bytes
+                or (limit is not None and tokens + line.est_tokens > limit)
+            ):
                 chunks.append(cur)
                 cur, size, tokens = [], 0, 0
             cur.append(row)
@@ -203,8 +241,9 @@ class _CandidateBatches:
 
     def _lines_of(self, job: Job) -> tuple[dict[str, Line], list[dict]]:
         lines = self.records.lines(job.submission_id)
-        body = [self.api.encode(cid, self._request(ln.suite, ln.item_id))
-                for cid, ln in sorted(lines.items())]
+        body = [
+            self.api.encode(cid, self._request(ln.suite, ln.item_id)) for cid, ln in sorted(lines.items())
+        ]
         return lines, body
 
     def _in_flight_tokens(self, jobs: list[Job]) -> int:
@@ -220,8 +259,11 @@ class _CandidateBatches:
                 continue
             if job.state == "creating" and await self._adopt(job):
                 continue
-            if limit is not None and self._in_flight_tokens(jobs) + job.est_tokens > limit \
-                    and self._in_flight_tokens(jobs) > 0:
+            if (
+                limit is not None
+                and self._in_flight_tokens(jobs) + job.est_tokens > limit
+                and self._in_flight_tokens(jobs) > 0
+            ):
                 return  # waits for a batch in flight to end
             if not self._reserve(job):
                 return
@@ -232,18 +274,30 @@ class _CandidateBatches:
     async def _adopt(self, job: Job) -> bool:
         """A submission killed while its batch was being created: find that batch."""
         try:
-            found = await self.api.find(job.submission_id, job.file_id, job.created_at.timestamp(),
-                                        job.n_requests, self.records.known_batch_ids())
+            found = await self.api.find(
+                job.submission_id,
+                job.file_id,
+                job.created_at.timestamp(),
+                job.n_requests,
+                self.records.known_batch_ids(),
+            )
         except ProviderError as err:
-            log.warning("%s: looking up submission %s failed (%s); trying again", self.cand.name,
-                        job.submission_id, err)
+            log.warning(
+                "%s: looking up submission %s failed (%s); trying again",
+                self.cand.name,
+                job.submission_id,
+                err,
+            )
             raise
         if found is None:
             return False
-        self.records.update(job.submission_id, batch_id=found, state="submitted",
-                            submitted_at=job.created_at)
-        log.info("%s: submission %s was created before the run stopped: batch %s, polled now",
-                 self.cand.name, job.submission_id, found)
+        self.records.update(job.submission_id, batch_id=found, state="submitted", submitted_at=job.created_at)
+        log.info(
+            "%s: submission %s was created before the run stopped: batch %s, polled now",
+            self.cand.name,
+            job.submission_id,
+            found,
+        )
         job.state, job.batch_id = "submitted", found
         return True
 
@@ -256,9 +310,11 @@ class _CandidateBatches:
         estimate = job.est_tokens * max(price_in, price_out) / 1e6
         reservation = budget.try_reserve(self.cand.name, estimate)
         if reservation is None:
-            why = (f"{self.cand.name}: submission {job.submission_id} ({job.n_requests} lines, up "
-                   f"to ${estimate:.4f}) does not fit the spend caps; its items are left for a "
-                   "synchronous call under the caps")
+            why = (
+                f"{self.cand.name}: submission {job.submission_id} ({job.n_requests} lines, up "
+                f"to ${estimate:.4f}) does not fit the spend caps; its items are left for a "
+                "synchronous call under the caps"
+            )
             self._refuse(job, "budget", why)
             return False
         self.stage._reserved[job.submission_id] = reservation
@@ -285,19 +341,37 @@ class _CandidateBatches:
             status = await self.api.create(job.submission_id, job.file_id, body)
         except ProviderError as err:
             if err.retryable:
-                log.warning("%s: sending submission %s failed (%s); trying again", self.cand.name,
-                            job.submission_id, err)
+                log.warning(
+                    "%s: sending submission %s failed (%s); trying again",
+                    self.cand.name,
+                    job.submission_id,
+                    err,
+                )
                 return False
-            self._refuse(job, err.kind, f"{self.cand.name}: the provider refused submission "
-                         f"{job.submission_id} ({job.n_requests} lines): {err.message}; its "
-                         "items are re-sent synchronously")
+            self._refuse(
+                job,
+                err.kind,
+                f"{self.cand.name}: the provider refused submission "
+                f"{job.submission_id} ({job.n_requests} lines): {err.message}; its "
+                "items are re-sent synchronously",
+            )
             return False
-        self.records.update(job.submission_id, batch_id=status.batch_id, state="submitted",
-                            provider_state=status.state, submitted_at=datetime.now(timezone.utc))
+        self.records.update(
+            job.submission_id,
+            batch_id=status.batch_id,
+            state="submitted",
+            provider_state=status.state,
+            submitted_at=datetime.now(timezone.utc),
+        )
         job.batch_id = status.batch_id
         self.report.submissions += 1
-        log.info("%s: batch %s holds %d lines (submission %s)", self.cand.name, status.batch_id,
-                 len(lines), job.submission_id)
+        log.info(
+            "%s: batch %s holds %d lines (submission %s)",
+            self.cand.name,
+            status.batch_id,
+            len(lines),
+            job.submission_id,
+        )
         return True
 
     # --- poll and harvest ------------------------------------------------------------------
@@ -319,23 +393,28 @@ class _CandidateBatches:
                 open_jobs -= 1
                 continue
             except ProviderError as err:
-                log.warning("%s: polling batch %s failed (%s); trying again", self.cand.name,
-                            job.batch_id, err)
+                log.warning(
+                    "%s: polling batch %s failed (%s); trying again", self.cand.name, job.batch_id, err
+                )
                 continue
             if status.state != job.provider_state:
-                self.records.update(job.submission_id, provider_state=status.state,
-                                    counts=status.counts)
+                self.records.update(job.submission_id, provider_state=status.state, counts=status.counts)
             if status.ended:
                 await self.harvest(job, status)
                 open_jobs -= 1
-            elif job.submitted_at is not None and job.batch_id not in self.cancel_sent and \
-                    (now - job.submitted_at).total_seconds() > self.spec.deadline_s:
+            elif (
+                job.submitted_at is not None
+                and job.batch_id not in self.cancel_sent
+                and (now - job.submitted_at).total_seconds() > self.spec.deadline_s
+            ):
                 await self._cancel(job, status)
         return open_jobs
 
     async def _cancel(self, job: Job, status: BatchStatus) -> None:
-        why = (f"{self.cand.name}: batch {job.batch_id} still {status.state} after "
-               f"{self.spec.deadline_s:g}s (deadline_s): cancelled; its finished lines are kept")
+        why = (
+            f"{self.cand.name}: batch {job.batch_id} still {status.state} after "
+            f"{self.spec.deadline_s:g}s (deadline_s): cancelled; its finished lines are kept"
+        )
         try:
             await self.api.cancel(job.batch_id)
         except (ProviderError, BatchGone) as err:
@@ -347,26 +426,33 @@ class _CandidateBatches:
         self.records.update(job.submission_id, error=why)
 
     def _lost(self, job: Job) -> None:
-        why = (f"{self.cand.name}: batch {job.batch_id} (submission {job.submission_id}) no "
-               "longer exists at the provider; its unanswered lines are re-sent")
+        why = (
+            f"{self.cand.name}: batch {job.batch_id} (submission {job.submission_id}) no "
+            "longer exists at the provider; its unanswered lines are re-sent"
+        )
         log.error(why)
         self.report.problems.append(why)
         self._close(job, {}, "lost", why)
 
-    def _close(self, job: Job, states: dict[str, tuple[str, str | None]], state: str,
-               error: str | None) -> None:
+    def _close(
+        self, job: Job, states: dict[str, tuple[str, str | None]], state: str, error: str | None
+    ) -> None:
         """Mark every line (missing when no result said otherwise), then the job."""
         lines = self.records.lines(job.submission_id)
         marks = [(cid, *states.get(cid, ("missing", "no result line"))) for cid in lines]
         self.records.mark_lines(marks)
-        self.records.update(job.submission_id, state=state, error=error,
-                            ended_at=datetime.now(timezone.utc))
+        self.records.update(job.submission_id, state=state, error=error, ended_at=datetime.now(timezone.utc))
 
     async def harvest(self, job: Job, status: BatchStatus) -> None:
         """Store every answer of an ended batch, then mark its lines and the job."""
-        self.records.update(job.submission_id, state="ended", provider_state=status.state,
-                            output_file_id=status.output_file_id,
-                            error_file_id=status.error_file_id, counts=status.counts)
+        self.records.update(
+            job.submission_id,
+            state="ended",
+            provider_state=status.state,
+            output_file_id=status.output_file_id,
+            error_file_id=status.error_file_id,
+            counts=status.counts,
+        )
         error = None
         if status.failed:
             error = f"batch {job.batch_id} failed: " + "; ".join(status.errors or ["no reason given"])
@@ -393,17 +479,24 @@ class _CandidateBatches:
             self.stage.budget.correct(self.cand.name, spent)
         self._close(job, states, "harvested", error)
         self.report.answered += len(rows)
-        log.info("%s: batch %s %s: %d answered, %d not", self.cand.name, job.batch_id,
-                 status.state, len(rows), len(lines) - len(rows))
+        log.info(
+            "%s: batch %s %s: %d answered, %d not",
+            self.cand.name,
+            job.batch_id,
+            status.state,
+            len(rows),
+            len(lines) - len(rows),
+        )
 
     async def _read(self, job: Job, status: BatchStatus, lines: dict[str, Line]) -> dict[str, LineResult]:
         """The batch's result lines by custom_id; bad, unknown and duplicated lines are named."""
         try:
-            raw = await self.api.results(status) if not status.failed or status.output_file_id \
-                else []
+            raw = await self.api.results(status) if not status.failed or status.output_file_id else []
         except ProviderError as err:
-            raise RuntimeError(f"{self.cand.name}: results of batch {job.batch_id} could not be "
-                               f"read ({err}); resume the run to read them again") from None
+            raise RuntimeError(
+                f"{self.cand.name}: results of batch {job.batch_id} could not be "
+                f"read ({err}); resume the run to read them again"
+            ) from None
         out: dict[str, LineResult] = {}
         for source, n, text in raw:
             where = f"batch {job.batch_id} ({source}) line {n}"
@@ -433,15 +526,26 @@ class _CandidateBatches:
     async def _row(self, job: Job, ln: Line, res: LineResult) -> Outcome:
         suite, c = self.suites[ln.suite], res.completion
         assert c is not None
-        row = Outcome(self.run_id, suite.name, suite.version, ln.item_id, self.cand.name,
-                      input_tokens=c.input_tokens, output_tokens=c.output_tokens,
-                      cached_input_tokens=c.cached_input_tokens,
-                      cache_write_input_tokens=c.cache_write_input_tokens,
-                      tokens_estimated=c.tokens_estimated,
-                      cost_usd=token_cost(self.cand.batch_pricing(), c),
-                      sync_cost_usd=token_cost(self.cand, c), finish_reason=c.finish_reason,
-                      response=c.text, attempts=ln.attempt, streamed=None, call_mode="batch",
-                      batch_id=job.batch_id)
+        row = Outcome(
+            self.run_id,
+            suite.name,
+            suite.version,
+            ln.item_id,
+            self.cand.name,
+            input_tokens=c.input_tokens,
+            output_tokens=c.output_tokens,
+            cached_input_tokens=c.cached_input_tokens,
+            cache_write_input_tokens=c.cache_write_input_tokens,
+            tokens_estimated=c.tokens_estimated,
+            cost_usd=token_cost(self.cand.batch_pricing(), c),
+            sync_cost_usd=token_cost(self.cand, c),
+            finish_reason=c.finish_reason,
+            response=c.text,
+            attempts=ln.attempt,
+            streamed=None,
+            call_mode="batch",
+            batch_id=job.batch_id,
+        )
         if suite.name not in self._graders:
             self._graders[suite.name] = grading_pair(suite, self.cand, self.run_id, self.stage.budget)
         await grade_answer(self._graders[suite.name], self.items[suite.name][ln.item_id], row)
@@ -481,12 +585,22 @@ class _CandidateBatches:
             left = owned - self.store.done_items(self.run_id, suite.name, self.cand.name)
             if not left:
                 continue
-            log.info("%s x %s: %d items not answered by a batch are sent synchronously",
-                     suite.name, self.cand.name, len(left))
+            log.info(
+                "%s x %s: %d items not answered by a batch are sent synchronously",
+                suite.name,
+                self.cand.name,
+                len(left),
+            )
             done = [it.id for it in suite.items if it.id not in left]
-            stats = await evaluate_pair(suite, self.cand, self.run_id, self.store.write_outcomes,
-                                        done=done, budget=self.stage.budget,
-                                        **self.stage.sync_options)
+            stats = await evaluate_pair(
+                suite,
+                self.cand,
+                self.run_id,
+                self.store.write_outcomes,
+                done=done,
+                budget=self.stage.budget,
+                **self.stage.sync_options,
+            )
             self.report.resent_sync += stats.completed
 
 
@@ -506,11 +620,16 @@ def batch_summary(store: Store, run_id: str) -> list[dict[str, Any]]:
                count(latency_s) FILTER (WHERE coalesce(call_mode, 'sync') = 'sync'
                                         AND NOT cached) AS latency_rows
         FROM outcomes WHERE run_id = ? GROUP BY candidate ORDER BY candidate
-        """, [run_id]).to_dict("records")
+        """,
+        [run_id],
+    ).to_dict("records")
     states: dict[str, dict[str, int]] = {}
     if store.has_table("batch_jobs"):
-        for r in store.query("SELECT candidate, coalesce(provider_state, state) AS s, count(*) AS n "
-                             "FROM batch_jobs WHERE run_id = ? GROUP BY ALL", [run_id]).itertuples():
+        for r in store.query(
+            "SELECT candidate, coalesce(provider_state, state) AS s, count(*) AS n "
+            "FROM batch_jobs WHERE run_id = ? GROUP BY ALL",
+            [run_id],
+        ).itertuples():
             states.setdefault(r.candidate, {})[r.s] = int(r.n)
     for r in rows:
         r["batches"] = states.get(r["candidate"], {})

@@ -43,12 +43,14 @@ def parse_age(text: str) -> float:
     """'90s', '30m', '12h', '1d' or '2w' -> seconds; a clear error for anything else."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text))
     if m is None:
-        raise ValueError(f"cache max age {text!r}: give a number and a unit (s, m, h, d or w), "
-                         "e.g. 12h or 1d")
+        raise ValueError(
+            f"cache max age {text!r}: give a number and a unit (s, m, h, d or w), e.g. 12h or 1d"
+        )
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
     if seconds > KEEP_S:
-        raise ValueError(f"cache max age {text!r} is longer than the cache keeps answers "
-                         f"({format_age(KEEP_S)})")
+        raise ValueError(
+            f"cache max age {text!r} is longer than the cache keeps answers ({format_age(KEEP_S)})"
+        )
     return seconds
 
 
@@ -71,7 +73,9 @@ def cache_key(candidate: Candidate, request: Request) -> str:
     s = request.settings
     payload = {
         "candidate": candidate.name,
-        "speculative": None if candidate.speculative is None else candidate.speculative.model_dump(mode="json"),
+        "speculative": None
+        if candidate.speculative is None
+        else candidate.speculative.model_dump(mode="json"),
         "provider": candidate.provider,
         "base_url": candidate.base_url,
         "model": candidate.model,
@@ -138,16 +142,16 @@ class ResponseCache:
     replays none, and only the same run's answers are found.
     """
 
-    def __init__(self, path: str | Path, *, max_age_s: float | None = None,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, path: str | Path, *, max_age_s: float | None = None, clock: Callable[[], float] = time.time
+    ):
         path = Path(path)
         if path.suffix != ".sqlite":
             path = path / CACHE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.max_age_s, self._clock = path, max_age_s, clock
         self._lock = threading.Lock()
-        self._con = sqlite3.connect(str(path), timeout=_BUSY_S, check_same_thread=False,
-                                    isolation_level=None)
+        self._con = sqlite3.connect(str(path), timeout=_BUSY_S, check_same_thread=False, isolation_level=None)
         _set_up(self._con, clock() - KEEP_S)
         self.hits = 0
         self.misses = 0

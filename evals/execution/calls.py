@@ -27,10 +27,21 @@ from routeopt.common import tracing
 from routeopt.evals.config import Candidate
 from routeopt.evals.execution import spans
 from routeopt.evals.execution.budget import (
-    Budget, BudgetExhausted, Reservation, estimate_call_cost, gpu_provisional_cost,
+    Budget,
+    BudgetExhausted,
+    Reservation,
+    estimate_call_cost,
+    gpu_provisional_cost,
 )
 from routeopt.evals.execution.limits import BREAKER_KINDS, Admission, EndpointLimits
-from routeopt.evals.providers.base import CALL_PROGRESS, CallProgress, Completion, Provider, ProviderError, Request
+from routeopt.evals.providers.base import (
+    CALL_PROGRESS,
+    CallProgress,
+    Completion,
+    Provider,
+    ProviderError,
+    Request,
+)
 from routeopt.evals.providers.sdk import estimate_tokens
 
 log = logging.getLogger(__name__)
@@ -56,8 +67,9 @@ def token_cost(candidate: Candidate, c: Completion) -> float | None:
     per flush window). Prompt-cache reads and writes are priced as the candidate says
     (`Candidate.cache_prices`)."""
     if not candidate.gpu_metered:
-        inp = candidate.input_cost_usd(c.input_tokens or 0, c.cached_input_tokens or 0,
-                                       c.cache_write_input_tokens or 0)
+        inp = candidate.input_cost_usd(
+            c.input_tokens or 0, c.cached_input_tokens or 0, c.cache_write_input_tokens or 0
+        )
         return inp + (c.output_tokens or 0) * candidate.token_prices()[1] / 1e6
     return None
 
@@ -91,8 +103,15 @@ class CallResult:
 class Caller:
     """One candidate's call path within one pair: provider, limits, breaker, budget, retries."""
 
-    def __init__(self, candidate: Candidate, provider: Provider, limits: EndpointLimits,
-                 budget: Budget | None, retry: RetryPolicy, max_wait_s: float):
+    def __init__(
+        self,
+        candidate: Candidate,
+        provider: Provider,
+        limits: EndpointLimits,
+        budget: Budget | None,
+        retry: RetryPolicy,
+        max_wait_s: float,
+    ):
         self.candidate = candidate
         self.provider = provider
         self.limits = limits
@@ -123,8 +142,11 @@ class Caller:
             # A failed probe says the endpoint is still down, nothing about this item: it waits
             # for the next probe without using up its retries, until the endpoint has been down
             # for the breaker's wait (an item that kept drawing the probe looped for ever).
-            retries += not (admission.probe and err.kind in BREAKER_KINDS
-                            and self.limits.breaker.down_for() < self.max_wait_s)
+            retries += not (
+                admission.probe
+                and err.kind in BREAKER_KINDS
+                and self.limits.breaker.down_for() < self.max_wait_s
+            )
             if not err.retryable or retries > self.candidate.max_retries:
                 self._traced_failure(err, None)
                 return self._result(None, err, attempts, spent)
@@ -138,8 +160,9 @@ class Caller:
         if tracing.tracer() is not None:
             spans.record_attempt_failed(tracing.current_span(), err.kind, err.message, delay_s)
 
-    def _result(self, completion: Completion | None, err: ProviderError | None, attempts: int,
-                spent: float) -> CallResult:
+    def _result(
+        self, completion: Completion | None, err: ProviderError | None, attempts: int, spent: float
+    ) -> CallResult:
         cost = None if self.candidate.gpu_metered else spent
         return CallResult(completion, err, attempts, cost)
 
@@ -149,18 +172,21 @@ class Caller:
             self.halted = (
                 f"not sent: candidate {self.candidate.name!r} stopped calling after its API key was "
                 f"refused ({err.message[:300]}); fix {'$' + env if env else 'its credentials'} and "
-                "resume the run, which retries these items")
+                "resume the run, which retries these items"
+            )
             log.warning(self.halted.removeprefix("not sent: "))  # on screen now, not at the end
 
     def _halted_error(self, last: ProviderError | None) -> ProviderError:
         assert self.halted is not None
         if last is None or last.kind == "auth":
             return ProviderError("auth", self.halted)
-        return ProviderError("auth", f"{self.halted}; this item's last error: {last.kind}: "
-                                     f"{last.message[:200]}")
+        return ProviderError(
+            "auth", f"{self.halted}; this item's last error: {last.kind}: {last.message[:200]}"
+        )
 
-    async def _admit(self, request: Request, last: ProviderError | None
-                     ) -> tuple[Admission, Reservation | None, ProviderError | None]:
+    async def _admit(
+        self, request: Request, last: ProviderError | None
+    ) -> tuple[Admission, Reservation | None, ProviderError | None]:
         """Wait for the breaker, then reserve this attempt's cost; or the error that refuses it."""
         if self.halted is not None:
             return Admission(), None, self._halted_error(last)
@@ -177,7 +203,8 @@ class Caller:
             return admission, None, None
         try:
             reservation = await self.budget.areserve(
-                self.candidate.name, estimate_call_cost(self.candidate, request))
+                self.candidate.name, estimate_call_cost(self.candidate, request)
+            )
         except BudgetExhausted as exc:
             self.limits.breaker.release(admission)
             return admission, None, ProviderError("budget", str(exc))
@@ -186,8 +213,9 @@ class Caller:
             raise
         return admission, reservation, None
 
-    async def _attempt(self, request: Request, reserve_tokens: int, admission: Admission,
-                       reservation: Reservation | None) -> tuple[Completion | None, ProviderError | None, float]:
+    async def _attempt(
+        self, request: Request, reserve_tokens: int, admission: Admission, reservation: Reservation | None
+    ) -> tuple[Completion | None, ProviderError | None, float]:
         """One provider call under the limiter and the timeout; its cost is settled here."""
         progress = CallProgress()
         started = time.perf_counter()

@@ -65,8 +65,9 @@ class _Bucket:
 class RateLimiter:
     """RPM and TPM limits of one candidate; `None` limits cost nothing."""
 
-    def __init__(self, rpm: float | None = None, tpm: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, rpm: float | None = None, tpm: float | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         self._rpm = _Bucket(rpm, clock) if rpm else None
         self._tpm = _Bucket(tpm, clock) if tpm else None
         self._lock = threading.Lock()
@@ -151,17 +152,23 @@ class CircuitBreaker:
                 down_for = now - (self.down_since if self.down_since is not None else now)
                 if down_for >= max_wait_s:
                     first, self._gave_up = not self._gave_up, True
-                    refused = Admission(f"{admission.refused}; gave up after waiting {down_for:.0f}s "
-                                        "(circuit_breaker_max_wait_s)")
+                    refused = Admission(
+                        f"{admission.refused}; gave up after waiting {down_for:.0f}s "
+                        "(circuit_breaker_max_wait_s)"
+                    )
                     break
                 until_probe = self.cooldown_s - (now - self.opened_at)
                 pause = until_probe if self.state == "open" and until_probe > 0 else _PROBE_POLL_S
                 pause = min(pause, max_wait_s - down_for)
             await asyncio.sleep(max(pause, 0.001))
         if first:
-            log.warning("gave up waiting for %s after %.0fs down (circuit_breaker_max_wait_s); "
-                        "its remaining items are recorded as circuit_open, and resuming the run "
-                        "calls them again", self.endpoint, down_for)
+            log.warning(
+                "gave up waiting for %s after %.0fs down (circuit_breaker_max_wait_s); "
+                "its remaining items are recorded as circuit_open, and resuming the run "
+                "calls them again",
+                self.endpoint,
+                down_for,
+            )
         return refused
 
     def record(self, error: ProviderError | None, admission: "Admission | None" = None) -> None:
@@ -195,13 +202,17 @@ class CircuitBreaker:
         if self.state == "closed":
             self.times_opened += 1
             self.down_since = now
-            notice = (f"circuit breaker open for {self.endpoint} after {self.consecutive} "
-                      f"consecutive failures (last: {self.last_error}); its calls wait for a "
-                      f"probe every {self.cooldown_s:g}s")
+            notice = (
+                f"circuit breaker open for {self.endpoint} after {self.consecutive} "
+                f"consecutive failures (last: {self.last_error}); its calls wait for a "
+                f"probe every {self.cooldown_s:g}s"
+            )
         elif was_probe:
             down = now - (self.down_since if self.down_since is not None else now)
-            notice = (f"{self.endpoint} is still down after {down:.0f}s (probe: {self.last_error}); "
-                      f"next probe in {self.cooldown_s:g}s")
+            notice = (
+                f"{self.endpoint} is still down after {down:.0f}s (probe: {self.last_error}); "
+                f"next probe in {self.cooldown_s:g}s"
+            )
         self.state, self.opened_at = "open", now
         return notice
 
@@ -339,8 +350,10 @@ class EndpointLimits:
 _SHARED: dict[tuple, object] = {}
 _SHARED_LOCK = threading.Lock()
 _KEY_SALT = os.urandom(16)  # key identities are salted hashes, meaningless outside this process
-_DEFAULT_URLS = {"openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1"),
-                 "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com")}
+_DEFAULT_URLS = {
+    "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1"),
+    "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+}
 
 
 def endpoint_of(candidate: Candidate) -> str:
@@ -362,21 +375,27 @@ def key_identity(candidate: Candidate) -> str:
     return hashlib.blake2b(key.encode(), key=_KEY_SALT, digest_size=8).hexdigest()
 
 
-def shared_limits(candidate: Candidate, *, breaker_failures: int = 10,
-                  breaker_cooldown_s: float = 30.0) -> EndpointLimits:
+def shared_limits(
+    candidate: Candidate, *, breaker_failures: int = 10, breaker_cooldown_s: float = 30.0
+) -> EndpointLimits:
     """Process-wide limits: one limiter per candidate, one breaker per endpoint and API key, so
     pairs running in parallel threads respect the same RPM/TPM and see the same endpoint health,
     while one account's outage (or rate limit) does not stop candidates on another."""
     endpoint = endpoint_of(candidate)
-    lim_key = ("limiter", candidate.name, endpoint, candidate.requests_per_minute,
-               candidate.tokens_per_minute)
+    lim_key = (
+        "limiter",
+        candidate.name,
+        endpoint,
+        candidate.requests_per_minute,
+        candidate.tokens_per_minute,
+    )
     brk_key = ("breaker", endpoint, key_identity(candidate), breaker_failures, breaker_cooldown_s)
     label = endpoint + (f" (key ${candidate.api_key_env})" if candidate.api_key_env else "")
     with _SHARED_LOCK:
         limiter = _SHARED.setdefault(
-            lim_key, RateLimiter(candidate.requests_per_minute, candidate.tokens_per_minute))
-        breaker = _SHARED.setdefault(
-            brk_key, CircuitBreaker(label, breaker_failures, breaker_cooldown_s))
+            lim_key, RateLimiter(candidate.requests_per_minute, candidate.tokens_per_minute)
+        )
+        breaker = _SHARED.setdefault(brk_key, CircuitBreaker(label, breaker_failures, breaker_cooldown_s))
     assert isinstance(limiter, RateLimiter) and isinstance(breaker, CircuitBreaker)
     return EndpointLimits(limiter, breaker)
 

@@ -35,13 +35,21 @@ from routeopt.evals.execution.calls import failed_attempt_cost, token_cost
 from routeopt.evals.execution.limits import endpoint_of
 from routeopt.evals.providers import make_provider
 from routeopt.evals.providers.base import (
-    CALL_PROGRESS, CallProgress, Completion, GenerationSettings, Message, Provider, ProviderError, Request,
+    CALL_PROGRESS,
+    CallProgress,
+    Completion,
+    GenerationSettings,
+    Message,
+    Provider,
+    ProviderError,
+    Request,
 )
 
 Verdict = Literal["ok", "broken", "unsure"]
 
-PROBE_REQUEST = Request((Message("user", "Reply with the word OK."),),
-                        GenerationSettings(max_tokens=1, temperature=0.0))
+PROBE_REQUEST = Request(
+    (Message("user", "Reply with the word OK."),), GenerationSettings(max_tokens=1, temperature=0.0)
+)
 CONNECTION_RETRY_S = 0.5  # a refused connection is tried once more, in case the server restarted
 
 # Error kinds that say the candidate's configuration is wrong, whatever the body says.
@@ -55,7 +63,9 @@ _NOT_CONNECTED = re.compile(r"\bConnect(?:Error|Timeout)\b")
 _CONFIG_BODY = re.compile(
     r"model|api.?key|\bkey\b|auth|credential|permission|forbidden|unauthori[sz]ed|not found|"
     r"no such|does not exist|unknown|route|\bpath\b|endpoint|deployment|no_db_connection|"
-    r"no connected db", re.IGNORECASE)
+    r"no connected db",
+    re.IGNORECASE,
+)
 _SENT_TO = re.compile(r" \((?:GET|POST|PUT|PATCH|DELETE) \S+\)$")  # `sdk._sent_to`'s suffix
 
 
@@ -101,8 +111,11 @@ class Probe:
 def unset_keys(candidates: Iterable[Candidate]) -> dict[str, str]:
     """Candidate name -> 'candidate X: $VAR is not set', for each `api_key_env` naming an unset
     (or empty) variable: known before anything starts, and never worth a call."""
-    return {c.name: f"candidate {c.name}: ${c.api_key_env} is not set"
-            for c in candidates if c.api_key_env and not os.environ.get(c.api_key_env)}
+    return {
+        c.name: f"candidate {c.name}: ${c.api_key_env} is not set"
+        for c in candidates
+        if c.api_key_env and not os.environ.get(c.api_key_env)
+    }
 
 
 def verdict_of(err: ProviderError) -> Verdict:
@@ -116,8 +129,9 @@ def verdict_of(err: ProviderError) -> Verdict:
     return "unsure"
 
 
-def _cost(candidate: Candidate, completion: Completion | None, progress: CallProgress,
-          elapsed_s: float) -> float:
+def _cost(
+    candidate: Candidate, completion: Completion | None, progress: CallProgress, elapsed_s: float
+) -> float:
     if candidate.gpu_metered:  # priced by GPU time: the probe held the GPU this long
         return gpu_provisional_cost(candidate, elapsed_s) or 0.0
     if completion is not None:
@@ -125,8 +139,9 @@ def _cost(candidate: Candidate, completion: Completion | None, progress: CallPro
     return failed_attempt_cost(candidate, PROBE_REQUEST, progress)
 
 
-async def _attempt(candidate: Candidate, provider: Provider, timeout_s: float
-                   ) -> tuple[Completion | None, ProviderError | None, float, float]:
+async def _attempt(
+    candidate: Candidate, provider: Provider, timeout_s: float
+) -> tuple[Completion | None, ProviderError | None, float, float]:
     """(completion, error, seconds, cost) of one probe call under the timeout."""
     progress = CallProgress()
     token = CALL_PROGRESS.set(progress)
@@ -147,8 +162,7 @@ async def _attempt(candidate: Candidate, provider: Provider, timeout_s: float
     return completion, error, elapsed, _cost(candidate, completion, progress, elapsed)
 
 
-async def probe(candidate: Candidate, timeout_s: float = 20.0,
-                provider: Provider | None = None) -> Probe:
+async def probe(candidate: Candidate, timeout_s: float = 20.0, provider: Provider | None = None) -> Probe:
     """Send the probe request to one candidate and judge the answer."""
     endpoint = endpoint_of(candidate)
     missing = unset_keys([candidate])
@@ -170,12 +184,27 @@ async def probe(candidate: Candidate, timeout_s: float = 20.0,
         if own:
             await provider.aclose()
     if err is not None:
-        return Probe(candidate.name, endpoint, verdict_of(err), err.kind, err.message[:2000],
-                     err.status, elapsed, spent)
+        return Probe(
+            candidate.name,
+            endpoint,
+            verdict_of(err),
+            err.kind,
+            err.message[:2000],
+            err.status,
+            elapsed,
+            spent,
+        )
     assert completion is not None
-    return Probe(candidate.name, endpoint, "ok", latency_s=elapsed, cost_usd=spent,
-                 input_tokens=completion.input_tokens, output_tokens=completion.output_tokens,
-                 streamed=completion.streamed)
+    return Probe(
+        candidate.name,
+        endpoint,
+        "ok",
+        latency_s=elapsed,
+        cost_usd=spent,
+        input_tokens=completion.input_tokens,
+        output_tokens=completion.output_tokens,
+        streamed=completion.streamed,
+    )
 
 
 async def probe_all(candidates: Iterable[Candidate], timeout_s: float = 20.0) -> list[Probe]:
@@ -201,6 +230,8 @@ def broken(probes: Iterable[Probe]) -> list[Probe]:
 def refusal(probes: Iterable[Probe]) -> str:
     """The sentence a run that stops on a failed preflight ends with."""
     names = [p.candidate for p in broken(probes)]
-    return (f"preflight failed for {', '.join(names)}: nothing was evaluated. Fix the configuration "
-            f"named above, or go on without {'it' if len(names) == 1 else 'them'} with --skip-broken "
-            "(preflight.skip_broken in the config)")
+    return (
+        f"preflight failed for {', '.join(names)}: nothing was evaluated. Fix the configuration "
+        f"named above, or go on without {'it' if len(names) == 1 else 'them'} with --skip-broken "
+        "(preflight.skip_broken in the config)"
+    )

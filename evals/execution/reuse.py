@@ -39,10 +39,20 @@ CREATE TABLE IF NOT EXISTS reuse_samples (
     PRIMARY KEY (run_id, suite, candidate, item_id)
 );
 """
-_PRICE_FIELDS = ("input_price_per_mtok", "cached_input_price_per_mtok", "output_price_per_mtok",
-                 "cache_write_input_price_per_mtok", "gpu_hour_usd", "gpu_tokens_per_s",
-                 "utilization", "batch", "timeout_s", "max_retries", "stream",
-                 "circuit_breaker_max_wait_s")
+_PRICE_FIELDS = (
+    "input_price_per_mtok",
+    "cached_input_price_per_mtok",
+    "output_price_per_mtok",
+    "cache_write_input_price_per_mtok",
+    "gpu_hour_usd",
+    "gpu_tokens_per_s",
+    "utilization",
+    "batch",
+    "timeout_s",
+    "max_retries",
+    "stream",
+    "circuit_breaker_max_wait_s",
+)
 
 
 def model_identity(candidate: Candidate) -> dict:
@@ -53,10 +63,18 @@ def model_identity(candidate: Candidate) -> dict:
 def measure_key(suite: Suite, item: Item, candidate: Candidate, identity: str | None = None) -> str:
     """The hash of what decides an item's outcome on a candidate."""
     request = suite.request(item, candidate)
-    payload = json.dumps([suite.name, [(m.role, m.content) for m in request.messages],
-                          repr(request.settings), item.fields, suite.grader.fingerprint(),
-                          identity or json.dumps(model_identity(candidate), sort_keys=True)],
-                         sort_keys=True, default=str)
+    payload = json.dumps(
+        [
+            suite.name,
+            [(m.role, m.content) for m in request.messages],
+            repr(request.settings),
+            item.fields,
+            suite.grader.fingerprint(),
+            identity or json.dumps(model_identity(candidate), sort_keys=True),
+        ],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
@@ -91,7 +109,7 @@ def sample_size(settings: ReuseSettings, tests: int) -> int:
     d, f = settings.detectable_drop, settings.flip_rate
     psi = d + 2 * f
     za, zb = _z(1 - settings.alpha / max(tests, 1)), _z(settings.power)
-    return math.ceil((za * math.sqrt(psi) + zb * math.sqrt(max(psi - d * d, 1e-12))) ** 2 / d ** 2)
+    return math.ceil((za * math.sqrt(psi) + zb * math.sqrt(max(psi - d * d, 1e-12))) ** 2 / d**2)
 
 
 def mcnemar_p(worse: int, better: int) -> float:
@@ -99,7 +117,7 @@ def mcnemar_p(worse: int, better: int) -> float:
     n = worse + better
     if n == 0:
         return 1.0
-    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2 ** n
+    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n
 
 
 @dataclass
@@ -123,12 +141,15 @@ class Drift:
 
     def line(self) -> str:
         verdict = "drift: re-measured in full" if self.flagged else "no drift"
-        return (f"{self.candidate}: {self.sampled} items re-measured, {self.worse} now fail that "
-                f"passed, {self.better} now pass that failed (p = {self.p_value:.2g}): {verdict}")
+        return (
+            f"{self.candidate}: {self.sampled} items re-measured, {self.worse} now fail that "
+            f"passed, {self.better} now pass that failed (p = {self.p_value:.2g}): {verdict}"
+        )
 
 
-def _previous(store: Store, run_id: str, suite: Suite, cand: Candidate, keys: dict[str, str],
-              since: datetime) -> Any:
+def _previous(
+    store: Store, run_id: str, suite: Suite, cand: Candidate, keys: dict[str, str], since: datetime
+) -> Any:
     """The newest graded outcome per item with the same key, measured since `since`."""
     import pandas as pd
 
@@ -141,19 +162,29 @@ def _previous(store: Store, run_id: str, suite: Suite, cand: Candidate, keys: di
                     WHERE o.suite = ? AND o.candidate = ? AND o.run_id <> ?
                       AND o.error_kind IS NULL AND o.passed IS NOT NULL AND o.measured_at >= ?
                     QUALIFY row_number() OVER (PARTITION BY o.item_id ORDER BY o.measured_at DESC) = 1""",
-                [suite.name, cand.name, run_id, since]).df()
+                [suite.name, cand.name, run_id, since],
+            ).df()
         finally:
             store._con.unregister("_keys")
 
 
-def plan_night(store: Store, run_id: str, suites: Sequence[Suite], candidates: Sequence[Candidate],
-               settings: ReuseSettings, now: datetime | None = None) -> NightPlan:
+def plan_night(
+    store: Store,
+    run_id: str,
+    suites: Sequence[Suite],
+    candidates: Sequence[Candidate],
+    settings: ReuseSettings,
+    now: datetime | None = None,
+) -> NightPlan:
     """Carry forward unchanged pairs into `run_id` and record the drift sample (idempotent:
     a resumed run finds its carried rows and sample already written)."""
     with store._lock:
         store._con.execute(SAMPLES_SCHEMA)
-    done = store.query("SELECT candidate, count(*) FILTER (WHERE call_mode = 'carried') AS c "
-                       "FROM outcomes WHERE run_id = ? GROUP BY 1", [run_id])
+    done = store.query(
+        "SELECT candidate, count(*) FILTER (WHERE call_mode = 'carried') AS c "
+        "FROM outcomes WHERE run_id = ? GROUP BY 1",
+        [run_id],
+    )
     planned = store.query("SELECT count(*) AS n FROM reuse_samples WHERE run_id = ?", [run_id]).n[0]
     if planned or done.c.sum():  # a resumed night: planned (and perhaps found drift) already
         return NightPlan(carried={r.candidate: int(r.c) for r in done.itertuples()})
@@ -168,8 +199,10 @@ def plan_night(store: Store, run_id: str, suites: Sequence[Suite], candidates: S
         for suite in suites:
             p = prev[suite.name]
             share = math.ceil(want * len(p) / total) if total else 0
-            order = sorted(p.itertuples(index=False), key=lambda r: (
-                r.measured_at, hashlib.sha256(f"{run_id}\0{r.item_id}".encode()).hexdigest()))
+            order = sorted(
+                p.itertuples(index=False),
+                key=lambda r: (r.measured_at, hashlib.sha256(f"{run_id}\0{r.item_id}".encode()).hexdigest()),
+            )
             sample, carry = order[:share], order[share:]
             _record(store, run_id, suite, cand, sample, carry)
             plan.sampled[cand.name] += len(sample)
@@ -181,25 +214,40 @@ def plan_night(store: Store, run_id: str, suites: Sequence[Suite], candidates: S
 def _record(store: Store, run_id: str, suite: Suite, cand: Candidate, sample: list, carry: list) -> None:
     import pandas as pd
 
-    picked = pd.DataFrame([(run_id, suite.name, cand.name, r.item_id, bool(r.passed), r.run_id)
-                           for r in sample], columns=["run_id", "suite", "candidate", "item_id",
-                                                      "prev_passed", "prev_run"])
+    picked = pd.DataFrame(
+        [(run_id, suite.name, cand.name, r.item_id, bool(r.passed), r.run_id) for r in sample],
+        columns=["run_id", "suite", "candidate", "item_id", "prev_passed", "prev_run"],
+    )
     store.write_frame(picked, "INSERT INTO reuse_samples SELECT * FROM _frame ON CONFLICT DO NOTHING")
     rows = []
     for r in carry:
         values = {c: getattr(r, c) for c in OUTCOME_COLUMNS if hasattr(r, c)}
-        values = {k: (None if _isna(v) else int(v) if k in _INT_COLUMNS else v)
-                  for k, v in values.items()}
-        values.update(run_id=run_id, suite_version=suite.version, call_mode="carried",
-                      cached=True, carried_from=values["carried_from"] or r.run_id, created_at=None,
-                      trace_id=None, span_id=None)
+        values = {k: (None if _isna(v) else int(v) if k in _INT_COLUMNS else v) for k, v in values.items()}
+        values.update(
+            run_id=run_id,
+            suite_version=suite.version,
+            call_mode="carried",
+            cached=True,
+            carried_from=values["carried_from"] or r.run_id,
+            created_at=None,
+            trace_id=None,
+            span_id=None,
+        )
         rows.append(Outcome(**values))
     store.write_outcomes(rows)
 
 
-_INT_COLUMNS = frozenset({"input_tokens", "output_tokens", "cached_input_tokens",
-                          "cache_write_input_tokens", "attempts", "judge_input_tokens",
-                          "judge_output_tokens"})
+_INT_COLUMNS = frozenset(
+    {
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "cache_write_input_tokens",
+        "attempts",
+        "judge_input_tokens",
+        "judge_output_tokens",
+    }
+)
 
 
 def _isna(v: Any) -> bool:
@@ -215,13 +263,20 @@ def stamp_keys(store: Store, run_id: str, suites: Sequence[Suite], candidates: S
     """Write each measured row's `measure_key`, so later nights can carry it forward."""
     import pandas as pd
 
-    rows = [(s.name, item_id, c.name, key) for s in suites for c in candidates
-            for item_id, key in pair_keys(s, c).items()]
+    rows = [
+        (s.name, item_id, c.name, key)
+        for s in suites
+        for c in candidates
+        for item_id, key in pair_keys(s, c).items()
+    ]
     frame = pd.DataFrame(rows, columns=["suite", "item_id", "candidate", "measure_key"])
-    store.write_frame(frame, f"""UPDATE outcomes SET measure_key = f.measure_key FROM _frame f
+    store.write_frame(
+        frame,
+        f"""UPDATE outcomes SET measure_key = f.measure_key FROM _frame f
         WHERE outcomes.run_id = '{run_id.replace("'", "''")}' AND outcomes.suite = f.suite
           AND outcomes.item_id = f.item_id AND outcomes.candidate = f.candidate
-          AND outcomes.measure_key IS NULL""")
+          AND outcomes.measure_key IS NULL""",
+    )
 
 
 def check_drift(store: Store, run_id: str, settings: ReuseSettings, candidates: Sequence[str]) -> list[Drift]:
@@ -233,20 +288,29 @@ def check_drift(store: Store, run_id: str, settings: ReuseSettings, candidates: 
            FROM reuse_samples s JOIN outcomes o ON o.run_id = s.run_id AND o.suite = s.suite
                 AND o.candidate = s.candidate AND o.item_id = s.item_id
            WHERE s.run_id = ? AND o.error_kind IS NULL AND o.passed IS NOT NULL
-           GROUP BY s.candidate""", [run_id])
+           GROUP BY s.candidate""",
+        [run_id],
+    )
     level = settings.alpha / max(len(candidates), 1)
     out = []
     for r in frame.itertuples():
         p = mcnemar_p(int(r.worse), int(r.better))
-        out.append(Drift(r.candidate, int(r.n), int(r.worse), int(r.better), p,
-                         p < level and r.worse > r.better))
+        out.append(
+            Drift(r.candidate, int(r.n), int(r.worse), int(r.better), p, p < level and r.worse > r.better)
+        )
     return out
 
 
 def remeasure(store: Store, run_id: str, candidate: str) -> int:
     """Remove a drifted candidate's carried rows from the run: the flow measures them again."""
-    n = int(store.query("SELECT count(*) AS n FROM outcomes WHERE run_id = ? AND candidate = ? "
-                        "AND call_mode = 'carried'", [run_id, candidate]).n[0])
-    store.write("DELETE FROM outcomes WHERE run_id = ? AND candidate = ? AND call_mode = 'carried'",
-                [(run_id, candidate)])
+    n = int(
+        store.query(
+            "SELECT count(*) AS n FROM outcomes WHERE run_id = ? AND candidate = ? AND call_mode = 'carried'",
+            [run_id, candidate],
+        ).n[0]
+    )
+    store.write(
+        "DELETE FROM outcomes WHERE run_id = ? AND candidate = ? AND call_mode = 'carried'",
+        [(run_id, candidate)],
+    )
     return n

@@ -38,15 +38,29 @@ from routeopt.evals.execution import spans
 from routeopt.evals.execution.budget import Budget, gpu_provisional_cost
 from routeopt.evals.execution.cache import Hit, ResponseCache, cache_key
 from routeopt.evals.execution.calls import Caller, CallResult, RetryPolicy, token_cost
-from routeopt.evals.execution.limits import GpuMeter, EndpointLimits, shared_device_slot, shared_gpu_meter, shared_limits
+from routeopt.evals.execution.limits import (
+    GpuMeter,
+    EndpointLimits,
+    shared_device_slot,
+    shared_gpu_meter,
+    shared_limits,
+)
 from routeopt.evals.grading import Grader
 from routeopt.evals.providers import make_provider
 from routeopt.evals.providers.base import Completion, Provider, ProviderError, Request
 from routeopt.evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome
 from routeopt.evals.suite.spec import Item, Suite
 
-__all__ = ["FlushError", "PairStats", "RetryPolicy", "apportion_gpu_cost", "evaluate_pair",
-           "grade_answer", "grading_pair", "token_cost"]
+__all__ = [
+    "FlushError",
+    "PairStats",
+    "RetryPolicy",
+    "apportion_gpu_cost",
+    "evaluate_pair",
+    "grade_answer",
+    "grading_pair",
+    "token_cost",
+]
 
 Sink = Callable[[list[Outcome]], object]
 log = logging.getLogger(__name__)
@@ -141,16 +155,23 @@ class _GradingCalls:
     def _caller(self, candidate: Candidate) -> Caller:
         caller = self.callers.get(candidate.name)
         if caller is None:  # no await since the lookup: one caller per candidate and loop
-            limits = shared_limits(candidate, breaker_failures=candidate.circuit_breaker_failures,
-                                   breaker_cooldown_s=candidate.circuit_breaker_cooldown_s)
+            limits = shared_limits(
+                candidate,
+                breaker_failures=candidate.circuit_breaker_failures,
+                breaker_cooldown_s=candidate.circuit_breaker_cooldown_s,
+            )
             wait = candidate.circuit_breaker_max_wait_s if self.max_wait_s is None else self.max_wait_s
             caller = self.callers[candidate.name] = Caller(
-                candidate, make_provider(candidate), limits, self.budget, self.retry, wait)
+                candidate, make_provider(candidate), limits, self.budget, self.retry, wait
+            )
         return caller
 
     async def __call__(self, candidate: Candidate, request: Request) -> Completion:
-        span = spans.start_call(candidate, "judge", spans.request_attributes(request)) \
-            if tracing.tracer() is not None else None
+        span = (
+            spans.start_call(candidate, "judge", spans.request_attributes(request))
+            if tracing.tracer() is not None
+            else None
+        )
         try:
             with tracing.use(span):  # a child of the graded item's span
                 result = await self._caller(candidate).call(request)
@@ -190,12 +211,19 @@ class _Pair:
     cache_scope: str  # the run whose own answers the cache gives back
 
     def row(self, item: Item, **values: object) -> Outcome:
-        return Outcome(run_id=self.run_id, suite=self.suite.name, suite_version=self.suite.version,
-                       item_id=item.id, candidate=self.candidate.name, **values)  # type: ignore[arg-type]
+        return Outcome(
+            run_id=self.run_id,
+            suite=self.suite.name,
+            suite_version=self.suite.version,
+            item_id=item.id,
+            candidate=self.candidate.name,
+            **values,
+        )  # type: ignore[arg-type]
 
 
-def _graded_fields(pair: _Pair, completion: Completion, attempts: int, cached: bool,
-                   cost_usd: float | None) -> dict:
+def _graded_fields(
+    pair: _Pair, completion: Completion, attempts: int, cached: bool, cost_usd: float | None
+) -> dict:
     return dict(
         input_tokens=completion.input_tokens,
         output_tokens=completion.output_tokens,
@@ -222,13 +250,18 @@ async def _call(pair: _Pair, item: Item, request: Request, span: object = None) 
     spans.record_call(span, result.completion, result.error, result.attempts, result.cost_usd)
     if result.completion is None:
         assert result.error is not None
-        return pair.row(item, error_kind=result.error.kind, error=result.error.message[:2000],
-                        attempts=result.attempts, cost_usd=result.cost_usd)
+        return pair.row(
+            item,
+            error_kind=result.error.kind,
+            error=result.error.message[:2000],
+            attempts=result.attempts,
+            cost_usd=result.cost_usd,
+        )
     if pair.cache is not None and request.settings.deterministic:
-        pair.cache.put(cache_key(pair.candidate, request), pair.cache_scope, result.completion,
-                       result.attempts)
-    return pair.row(item, **_graded_fields(pair, result.completion, result.attempts, False,
-                                           result.cost_usd))
+        pair.cache.put(
+            cache_key(pair.candidate, request), pair.cache_scope, result.completion, result.attempts
+        )
+    return pair.row(item, **_graded_fields(pair, result.completion, result.attempts, False, result.cost_usd))
 
 
 async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
@@ -236,8 +269,9 @@ async def _evaluate_item(pair: _Pair, item: Item) -> Outcome:
     call, its grading and the judge's calls under it; the row keeps the span's ids."""
     if tracing.tracer() is None:
         return await _evaluate(pair, item, None)
-    span = spans.start_call(pair.candidate, "answer",
-                            {"routeopt.suite": pair.suite.name, "routeopt.item_id": item.id})
+    span = spans.start_call(
+        pair.candidate, "answer", {"routeopt.suite": pair.suite.name, "routeopt.item_id": item.id}
+    )
     try:
         with tracing.use(span):
             row = await _evaluate(pair, item, span)
@@ -252,8 +286,9 @@ async def _evaluate(pair: _Pair, item: Item, span: object) -> Outcome:
     try:
         request = pair.suite.request(item, pair.candidate)
     except Exception as exc:  # a template that does not fit this item's fields
-        return pair.row(item, error_kind="internal", error=f"prompt: {type(exc).__name__}: {exc}"[:2000],
-                        attempts=0)
+        return pair.row(
+            item, error_kind="internal", error=f"prompt: {type(exc).__name__}: {exc}"[:2000], attempts=0
+        )
     if span is not None:
         span.set_attributes(spans.request_attributes(request))  # type: ignore[attr-defined]
     hit = None
@@ -303,8 +338,17 @@ def grading_pair(suite: Suite, candidate: Candidate, run_id: str, budget: Budget
     """A pair whose answers come from elsewhere (a provider's batch): it only grades, with the
     judge's calls on the same call path as a synchronous pair's."""
     grading = _GradingCalls(budget, RetryPolicy(), None)
-    return _Pair(suite, candidate, run_id, None, suite.grader.bind(grading), grading,  # type: ignore[arg-type]
-                 None, PairStats(suite.name, candidate.name), run_id)
+    return _Pair(
+        suite,
+        candidate,
+        run_id,
+        None,
+        suite.grader.bind(grading),
+        grading,  # type: ignore[arg-type]
+        None,
+        PairStats(suite.name, candidate.name),
+        run_id,
+    )
 
 
 async def grade_answer(pair: _Pair, item: Item, row: Outcome) -> None:
@@ -325,8 +369,7 @@ class _Flusher:
 
     RETRY_DELAYS_S: tuple[float, ...] = (0.2, 1.0, 5.0)
 
-    def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float,
-                 meter: GpuMeter | None):
+    def __init__(self, pair: _Pair, sink: Sink, max_rows: int, max_age_s: float, meter: GpuMeter | None):
         self.pair, self.sink, self.max_rows, self.max_age_s = pair, sink, max_rows, max_age_s
         self.meter = meter
         self.buffer: list[Outcome] = []
@@ -375,12 +418,23 @@ class _Flusher:
                 except Exception as exc:
                     if delay is None:
                         self.unwritten, self.error = rows, exc
-                        log.error("%s x %s: writing %d outcome rows failed after %d retries: %s: %s",
-                                  self.pair.suite.name, self.pair.candidate.name, len(rows),
-                                  len(self.RETRY_DELAYS_S), type(exc).__name__, exc)
+                        log.error(
+                            "%s x %s: writing %d outcome rows failed after %d retries: %s: %s",
+                            self.pair.suite.name,
+                            self.pair.candidate.name,
+                            len(rows),
+                            len(self.RETRY_DELAYS_S),
+                            type(exc).__name__,
+                            exc,
+                        )
                         return
-                    log.warning("writing %d outcome rows failed (%s: %s); retrying in %gs",
-                                len(rows), type(exc).__name__, exc, delay)
+                    log.warning(
+                        "writing %d outcome rows failed (%s: %s); retrying in %gs",
+                        len(rows),
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                    )
                     time.sleep(delay)
             self._count(rows)
 
@@ -407,11 +461,14 @@ class _Flusher:
                 f"{p.suite.name} x {p.candidate.name}: writing outcome rows failed "
                 f"({type(self.error).__name__}: {self.error}); {len(self.unwritten)} rows are "
                 f"still unwritten and the pair stopped early: run {p.run_id} is not complete, "
-                "resume it with the same run id", self.unwritten) from self.error
+                "resume it with the same run id",
+                self.unwritten,
+            ) from self.error
 
 
-def _open_cache(cache: ResponseCache | str | Path | None,
-                max_age_s: float | None) -> tuple[ResponseCache | None, bool]:
+def _open_cache(
+    cache: ResponseCache | str | Path | None, max_age_s: float | None
+) -> tuple[ResponseCache | None, bool]:
     if cache is None or isinstance(cache, ResponseCache):
         return cache, False
     return ResponseCache(cache, max_age_s=max_age_s), True
@@ -462,44 +519,78 @@ async def evaluate_pair(
     if slot is not None:
         await slot.take(f"{candidate.name}|{candidate.model}|{candidate.variant}")
     try:
-        pair, own = _make_pair(suite, candidate, run_id, stats, provider=provider,
-                               cache=(cache, cache_max_age_s, cache_scope or run_id), budget=budget, limits=limits, retry=retry,
-                               breaker=(breaker_failures, breaker_cooldown_s, breaker_max_wait_s))
+        pair, own = _make_pair(
+            suite,
+            candidate,
+            run_id,
+            stats,
+            provider=provider,
+            cache=(cache, cache_max_age_s, cache_scope or run_id),
+            budget=budget,
+            limits=limits,
+            retry=retry,
+            breaker=(breaker_failures, breaker_cooldown_s, breaker_max_wait_s),
+        )
         await _run_items(pair, todo, own, sink, on_progress, flush_every, flush_interval_s)
     finally:
         if slot is not None:
             slot.give()
-    log.info("%s x %s: %d done, %d errors %s, %d cached, %d calls (+%d grading) in %.1fs",
-             suite.name, candidate.name, stats.completed, stats.errors, stats.error_kinds,
-             stats.cached, stats.calls, stats.judge_calls, stats.wall_s)
+    log.info(
+        "%s x %s: %d done, %d errors %s, %d cached, %d calls (+%d grading) in %.1fs",
+        suite.name,
+        candidate.name,
+        stats.completed,
+        stats.errors,
+        stats.error_kinds,
+        stats.cached,
+        stats.calls,
+        stats.judge_calls,
+        stats.wall_s,
+    )
     return stats
 
 
-def _make_pair(suite: Suite, candidate: Candidate, run_id: str, stats: PairStats, *,
-               provider: Provider | None,
-               cache: tuple[ResponseCache | str | Path | None, float | None, str],
-               budget: Budget | None, limits: EndpointLimits | None, retry: RetryPolicy,
-               breaker: tuple[int | None, float | None, float | None]) -> tuple[_Pair, tuple[bool, bool]]:
+def _make_pair(
+    suite: Suite,
+    candidate: Candidate,
+    run_id: str,
+    stats: PairStats,
+    *,
+    provider: Provider | None,
+    cache: tuple[ResponseCache | str | Path | None, float | None, str],
+    budget: Budget | None,
+    limits: EndpointLimits | None,
+    retry: RetryPolicy,
+    breaker: tuple[int | None, float | None, float | None],
+) -> tuple[_Pair, tuple[bool, bool]]:
     failures, cooldown, max_wait = breaker
     limits = limits or shared_limits(
-        candidate, breaker_failures=failures or candidate.circuit_breaker_failures,
-        breaker_cooldown_s=cooldown or candidate.circuit_breaker_cooldown_s)
+        candidate,
+        breaker_failures=failures or candidate.circuit_breaker_failures,
+        breaker_cooldown_s=cooldown or candidate.circuit_breaker_cooldown_s,
+    )
     wait = candidate.circuit_breaker_max_wait_s if max_wait is None else max_wait
     caller = Caller(candidate, provider or make_provider(candidate), limits, budget, retry, wait)
     grading = _GradingCalls(budget, retry, max_wait)
     # A candidate priced by GPU time has its cost measured from this run's throughput; a cached
     # answer has none, so those candidates are always called.
     where, max_age_s, scope = cache
-    response_cache, own_cache = _open_cache(where if not candidate.gpu_metered else None,
-                                            max_age_s)
-    pair = _Pair(suite, candidate, run_id, caller, suite.grader.bind(grading), grading,
-                 response_cache, stats, scope)
+    response_cache, own_cache = _open_cache(where if not candidate.gpu_metered else None, max_age_s)
+    pair = _Pair(
+        suite, candidate, run_id, caller, suite.grader.bind(grading), grading, response_cache, stats, scope
+    )
     return pair, (provider is None, own_cache)
 
 
-async def _run_items(pair: _Pair, todo: list[Item], own: tuple[bool, bool], sink: Sink,
-                     on_progress: Callable[[int], None] | None, flush_every: int,
-                     flush_interval_s: float) -> None:
+async def _run_items(
+    pair: _Pair,
+    todo: list[Item],
+    own: tuple[bool, bool],
+    sink: Sink,
+    on_progress: Callable[[int], None] | None,
+    flush_every: int,
+    flush_interval_s: float,
+) -> None:
     """A fixed pool of max_concurrency workers pulling items (no task per pending item)."""
     candidate, stats = pair.candidate, pair.stats
     own_provider, own_cache = own

@@ -42,14 +42,19 @@ def call_attributes(candidate: Candidate, role: str) -> dict[str, Any]:
 
 def start_call(candidate: Candidate, role: str, extra: dict[str, Any] | None = None) -> Any:
     """A `chat {model}` client span, a child of the current span (None with tracing off)."""
-    return tracing.start_span(f"chat {candidate.model}", kind="client",
-                              attributes={**call_attributes(candidate, role), **(extra or {})})
+    return tracing.start_span(
+        f"chat {candidate.model}",
+        kind="client",
+        attributes={**call_attributes(candidate, role), **(extra or {})},
+    )
 
 
 def request_attributes(request: Request) -> dict[str, Any]:
     s = request.settings
-    attrs: dict[str, Any] = {"gen_ai.request.max_tokens": s.max_tokens,
-                             "gen_ai.request.temperature": s.temperature}
+    attrs: dict[str, Any] = {
+        "gen_ai.request.max_tokens": s.max_tokens,
+        "gen_ai.request.temperature": s.temperature,
+    }
     if s.top_p is not None:
         attrs["gen_ai.request.top_p"] = s.top_p
     if s.stop:
@@ -59,14 +64,19 @@ def request_attributes(request: Request) -> dict[str, Any]:
 
 def completion_attributes(c: Completion) -> dict[str, Any]:
     """Usage, finish reason and timing of an answer."""
-    attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": [c.finish_reason],
-                             "routeopt.latency_s": c.latency_s}
-    for key, value in (("gen_ai.usage.input_tokens", c.input_tokens),
-                       ("gen_ai.usage.output_tokens", c.output_tokens),
-                       ("gen_ai.usage.cache_read.input_tokens", c.cached_input_tokens),
-                       ("gen_ai.usage.cache_creation.input_tokens", c.cache_write_input_tokens),
-                       ("gen_ai.response.time_to_first_chunk", c.ttft_s),
-                       ("routeopt.tpot_s", c.tpot_s), ("routeopt.streamed", c.streamed)):
+    attrs: dict[str, Any] = {
+        "gen_ai.response.finish_reasons": [c.finish_reason],
+        "routeopt.latency_s": c.latency_s,
+    }
+    for key, value in (
+        ("gen_ai.usage.input_tokens", c.input_tokens),
+        ("gen_ai.usage.output_tokens", c.output_tokens),
+        ("gen_ai.usage.cache_read.input_tokens", c.cached_input_tokens),
+        ("gen_ai.usage.cache_creation.input_tokens", c.cache_write_input_tokens),
+        ("gen_ai.response.time_to_first_chunk", c.ttft_s),
+        ("routeopt.tpot_s", c.tpot_s),
+        ("routeopt.streamed", c.streamed),
+    ):
         if value is not None:
             attrs[key] = value
     if c.tokens_estimated:
@@ -74,13 +84,23 @@ def completion_attributes(c: Completion) -> dict[str, Any]:
     return attrs
 
 
-def record_call(span: Any, completion: Completion | None, error: Any, attempts: int,
-                cost_usd: float | None, *, response_cache: bool = False) -> None:
+def record_call(
+    span: Any,
+    completion: Completion | None,
+    error: Any,
+    attempts: int,
+    cost_usd: float | None,
+    *,
+    response_cache: bool = False,
+) -> None:
     """What one call (all its attempts) came to; an error sets the span's status."""
     if span is None:
         return
-    attrs: dict[str, Any] = {"routeopt.attempts": attempts, "routeopt.retries": max(0, attempts - 1),
-                             "routeopt.response_cache.hit": response_cache}
+    attrs: dict[str, Any] = {
+        "routeopt.attempts": attempts,
+        "routeopt.retries": max(0, attempts - 1),
+        "routeopt.response_cache.hit": response_cache,
+    }
     if cost_usd is not None:
         attrs["routeopt.cost_usd"] = cost_usd
     if completion is not None:

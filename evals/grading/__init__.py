@@ -26,7 +26,16 @@ from routeopt.evals.grading.base import (
 )
 
 __all__ = [
-    "GRADERS", "Grade", "Grader", "GraderContext", "GraderSpecError", "ModelCall", "build_grader",
+    "GRADERS",
+    "Grade",
+    "Grader",
+    "GraderContext",
+    "GraderSpecError",
+    "ModelCall",
+    "build_grader",
     "lookup",
-    "pydantic_message", "register_grader", "render", "template_error",
+    "pydantic_message",
+    "register_grader",
+    "render",
+    "template_error",
 ]

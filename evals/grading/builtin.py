@@ -13,7 +13,15 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import Field, PrivateAttr, field_validator
 
-from routeopt.evals.grading.base import Combinator, Grade, Grader, GraderContext, lookup, register_grader, render
+from routeopt.evals.grading.base import (
+    Combinator,
+    Grade,
+    Grader,
+    GraderContext,
+    lookup,
+    register_grader,
+    render,
+)
 
 
 Normalization = Literal["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]
@@ -162,7 +170,8 @@ class MultipleChoice(Grader):
     letters: str = Field(default="ABCD", pattern=r"^[A-Z]{2,26}$")
     target_is_index: bool = False
     choices: list[str] | None = Field(
-        default=None, description="templates of the option texts, in letter order: a reply that "
+        default=None,
+        description="templates of the option texts, in letter order: a reply that "
         "is exactly one option's text (not its letter) counts as that letter",
     )
 

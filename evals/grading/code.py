@@ -72,8 +72,12 @@ class CodeGrader(Grader):
     def _run_blocking(self, code: str, tests: list[str]) -> Verdict:
         with self._slots:
             return run_tests(
-                code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
-                network=self.network == "allow", sandbox=self.sandbox == "bubblewrap",
+                code,
+                tests,
+                timeout_s=self.timeout_s,
+                memory_mb=self.memory_mb,
+                network=self.network == "allow",
+                sandbox=self.sandbox == "bubblewrap",
             )
 
     async def grade(self, response: str, item: dict[str, Any]) -> Grade:

@@ -41,8 +41,9 @@ def _file_module(path: Path, source: str | None) -> ModuleType:
     return module
 
 
-def _load_function(ref: str, base_dir: Path | None, source: str | None = None
-                   ) -> tuple[Callable[..., Any], str, str | None]:
+def _load_function(
+    ref: str, base_dir: Path | None, source: str | None = None
+) -> tuple[Callable[..., Any], str, str | None]:
     """Resolve "module:function" or "path/to/file.py:function" (relative to the suite folder).
 
     Returns the function, a hash of its module's source, and a file module's source text (what
@@ -104,7 +105,8 @@ class Custom(Grader):
             if digest != self._source_hash and self._source is None:
                 raise RuntimeError(
                     f"custom grader {self.function!r}: this process imports a different version "
-                    "of its module than the one the suite was loaded with; install the same code")
+                    "of its module than the one the suite was loaded with; install the same code"
+                )
             self._fn = fn
         return self._fn
 

@@ -31,22 +31,34 @@ import sys
 
 MAX_MESSAGE = 8 * 1024 * 1024
 MAX_DEPTH = 64
-_COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
-            "gt": operator.gt, "ge": operator.ge}
+_COMPARE = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
 
 
 def set_limits(memory_mb: int, cpu_s: int, max_procs: int, fsize: int) -> None:
     """Limits set by this trusted prologue inside the sandbox (so RLIMIT_NPROC counts the sandbox's
     own user namespace, not every process of the runner's user)."""
-    for which, value in ((resource.RLIMIT_AS, memory_mb * 1024 * 1024), (resource.RLIMIT_CPU, cpu_s),
-                         (resource.RLIMIT_NPROC, max_procs), (resource.RLIMIT_FSIZE, fsize),
-                         (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)):
+    for which, value in (
+        (resource.RLIMIT_AS, memory_mb * 1024 * 1024),
+        (resource.RLIMIT_CPU, cpu_s),
+        (resource.RLIMIT_NPROC, max_procs),
+        (resource.RLIMIT_FSIZE, fsize),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, 256),
+    ):
         resource.setrlimit(which, (value, value))
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(100_000)
 
 
 # -- the wire format: JSON values, with tagged objects for what JSON lacks ---------------------
+
 
 def encode(value, ref, depth: int = 0):
     """Plain data as JSON; anything else through `ref` (a proxy id, or a TypeError)."""
@@ -100,7 +112,7 @@ def decode(obj, ref, depth: int = 0):
         return ref(obj)
     if type(obj) is not dict or len(obj) != 1:
         raise ValueError("malformed value")
-    (tag, body), = obj.items()
+    ((tag, body),) = obj.items()
     if tag in _TAGS:
         return _TAGS[tag](decode(v, ref, down) for v in body)
     if tag == "$dict":
@@ -128,7 +140,7 @@ class Channel:
     def send(self, message: dict) -> None:
         data = memoryview(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         while data:
-            data = data[self.wfile.write(data):]
+            data = data[self.wfile.write(data) :]
 
     def recv(self) -> dict:
         line = self.rfile.readline(MAX_MESSAGE + 1)
@@ -151,6 +163,7 @@ def _text(exc: BaseException) -> str:
 
 
 # -- the program's side -------------------------------------------------------------------------
+
 
 class _Objects:
     """The program's objects the checker holds proxies to, by id."""
@@ -206,8 +219,12 @@ def _act(message: dict, objects: _Objects):
         "getitem": lambda: target[arg("key")],
         "setitem": lambda: target.__setitem__(arg("key"), arg("value")),
         "delitem": lambda: target.__delitem__(arg("key")),
-        "len": lambda: len(target), "bool": lambda: bool(target), "str": lambda: str(target),
-        "repr": lambda: repr(target), "iter": lambda: iter(target), "next": lambda: next(target),
+        "len": lambda: len(target),
+        "bool": lambda: bool(target),
+        "str": lambda: str(target),
+        "repr": lambda: repr(target),
+        "iter": lambda: iter(target),
+        "next": lambda: next(target),
         "compare": lambda: _COMPARE[message["how"]](target, objects.get(message["other"])),
         "isinstance": lambda: isinstance(arg("value"), target),
         "issubclass": lambda: issubclass(arg("value"), target),
@@ -222,8 +239,11 @@ def program_main(fd: int, memory_mb: int, cpu_s: int, max_procs: int, fsize: int
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
         exec(compile(code, "solution.py", "exec"), namespace)
-        names = {k: _export(v, objects) for k, v in list(namespace.items())
-                 if not (k.startswith("__") and k.endswith("__"))}
+        names = {
+            k: _export(v, objects)
+            for k, v in list(namespace.items())
+            if not (k.startswith("__") and k.endswith("__"))
+        }
     except BaseException as exc:
         channel.send({"raise": _describe(exc)})
         return
@@ -243,8 +263,16 @@ def program_main(fd: int, memory_mb: int, cpu_s: int, max_procs: int, fsize: int
 
 # -- the checker's side -------------------------------------------------------------------------
 
-_PROTOCOL_ERRORS = (OSError, ValueError, TypeError, LookupError, AttributeError, ArithmeticError,
-                    RecursionError, MemoryError)
+_PROTOCOL_ERRORS = (
+    OSError,
+    ValueError,
+    TypeError,
+    LookupError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    MemoryError,
+)
 
 
 class ProgramGone(BaseException):
@@ -317,8 +345,11 @@ class Client:
         def ref(obj):
             if isinstance(obj, Remote) and obj._Remote__client is self:
                 return {"$ref": obj._Remote__id}
-            raise TypeError(f"a test can pass the program only plain data or the program's own objects, "
-                            f"not a {type(obj).__name__}")
+            raise TypeError(
+                f"a test can pass the program only plain data or the program's own objects, "
+                f"not a {type(obj).__name__}"
+            )
+
         return encode(value, ref)
 
 
@@ -346,8 +377,12 @@ class Remote:
 
     def __call__(self, *args, **kwargs):
         c = self.__client
-        value, after = c.request("call", self, args=[c.encode_arg(a) for a in args],
-                                 kwargs=[[k, c.encode_arg(v)] for k, v in kwargs.items()])
+        value, after = c.request(
+            "call",
+            self,
+            args=[c.encode_arg(a) for a in args],
+            kwargs=[[k, c.encode_arg(v)] for k, v in kwargs.items()],
+        )
         for key, new in after:
             original = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key)
             _copy_back(original, decode(new, c.remote))

@@ -27,9 +27,7 @@ if TYPE_CHECKING:
     from routeopt.evals.config import Candidate
     from routeopt.evals.providers.base import Provider
 
-DEFAULT_SYSTEM = (
-    "You are a strict, fair grader. Judge only what the rubric asks; do not answer the task."
-)
+DEFAULT_SYSTEM = "You are a strict, fair grader. Judge only what the rubric asks; do not answer the task."
 FORMAT = "\n\nEnd your reply with one line of the form `SCORE: <number from {lo:g} to {hi:g}>`."
 
 
@@ -47,8 +45,12 @@ class Judge(Grader):
     score_pattern: str = r"(?i)score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
     append_format: bool = True
     max_tokens: int = Field(default=256, ge=1)
-    retries: int = Field(default=2, ge=0, le=10, description="unbound only; the runner retries "
-                         "with the judge candidate's max_retries")
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="unbound only; the runner retries with the judge candidate's max_retries",
+    )
     _candidate: "Candidate | None" = PrivateAttr(default=None)
     _providers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Provider]" = PrivateAttr(
         default_factory=weakref.WeakKeyDictionary

@@ -40,8 +40,7 @@ SCRATCH_LIMIT = 64 * 1024 * 1024  # the size of the sandbox's /tmp
 _TAIL = 64 * 1024
 _CHECKER_PROCS = 16
 HARNESS = Path(__file__).with_name("harness.py")
-OPT_OUT = ("or set `sandbox: none` on the code grader to run programs unisolated (only programs "
-           "you trust)")
+OPT_OUT = "or set `sandbox: none` on the code grader to run programs unisolated (only programs you trust)"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -69,11 +68,28 @@ def _interpreters() -> list[tuple[str, str | None]]:
 
 
 def _profile(prefix: str | None, network: bool, nested_userns: bool) -> list[str]:
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", *([] if network else ["--unshare-net"]),
-            *([] if nested_userns else ["--disable-userns"]), "--die-with-parent", "--new-session",
-            "--clearenv", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr"]
+    args = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        *([] if network else ["--unshare-net"]),
+        *([] if nested_userns else ["--disable-userns"]),
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--uid",
+        str(NOBODY),
+        "--gid",
+        str(NOBODY),
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for top in ("bin", "lib", "lib32", "lib64", "sbin"):
         host = f"/{top}"
         if os.path.islink(host):
@@ -84,23 +100,42 @@ def _profile(prefix: str | None, network: bool, nested_userns: bool) -> list[str
         args += ["--ro-bind", prefix, prefix]
     for etc in ("/etc/ld.so.cache", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(SCRATCH_LIMIT), "--tmpfs", "/tmp",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(SCRATCH_LIMIT),
+        "--tmpfs",
+        "/tmp",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+    ]
     for key, value in _env("/tmp").items():
         args += ["--setenv", key, value]
     return args + ["--"]
 
 
 def _env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "HOME": home, "TMPDIR": home}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "HOME": home,
+        "TMPDIR": home,
+    }
 
 
 def _try(cmd: list[str], run_as: int | None) -> str | None:
     """None when `cmd` runs, else the last line it printed (why it did not)."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=30, text=True, cwd="/",
-                              **_drop(run_as))
+        proc = subprocess.run(cmd, capture_output=True, timeout=30, text=True, cwd="/", **_drop(run_as))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if proc.returncode == 0:
@@ -117,8 +152,10 @@ def isolation(network: bool = False) -> Isolation | str:
     """The bubblewrap sandbox this machine allows, or one sentence saying why there is none and
     what to do (probed once per process, by starting it)."""
     if shutil.which("bwrap") is None:
-        return ("bubblewrap (`bwrap`) is not installed: install it (`apt-get install bubblewrap` on "
-                f"Debian/Ubuntu, `dnf install bubblewrap` on Fedora), {OPT_OUT}")
+        return (
+            "bubblewrap (`bwrap`) is not installed: install it (`apt-get install bubblewrap` on "
+            f"Debian/Ubuntu, `dnf install bubblewrap` on Fedora), {OPT_OUT}"
+        )
     run_as = NOBODY if os.geteuid() == 0 else None
     who = f"uid {run_as} (dropped from root)" if run_as is not None else f"uid {os.geteuid()}"
     reasons: list[str] = []
@@ -130,9 +167,11 @@ def isolation(network: bool = False) -> Isolation | str:
                 net = "host network" if network else "no network"
                 return Isolation(python, tuple(profile), run_as, f"bubblewrap as {who}, {python}, {net}")
             reasons.append(why)
-    return (f"bubblewrap cannot start a sandbox as {who} ({reasons[0]}); if user namespaces are "
-            "disabled for this user, enable them (sysctls kernel.unprivileged_userns_clone, "
-            f"user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns), {OPT_OUT}")
+    return (
+        f"bubblewrap cannot start a sandbox as {who} ({reasons[0]}); if user namespaces are "
+        "disabled for this user, enable them (sysctls kernel.unprivileged_userns_clone, "
+        f"user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns), {OPT_OUT}"
+    )
 
 
 def unisolated() -> Isolation:
@@ -175,19 +214,24 @@ class Verdict:
         ended = f"; the program {self.program_ended}" if self.program_ended else ""
         if self.timed_out:
             done = sum(ok for ok, _ in self.results.values())
-            return (f"timed out after {self.timeout_s:g}s; the process group was killed"
-                    + (f" ({done}/{len(self.tests)} tests had passed)" if done else ""))
+            return f"timed out after {self.timeout_s:g}s; the process group was killed" + (
+                f" ({done}/{len(self.tests)} tests had passed)" if done else ""
+            )
         if self.load_error and self.program_ended and self.load_error.startswith("the program exited"):
             said = self.program_output.strip().splitlines()[-1:]
             return f"the program {self.program_ended} before it finished loading" + "".join(
-                f": {line[:200]}" for line in said)
+                f": {line[:200]}" for line in said
+            )
         if self.load_error:
             return self.load_error + ended
         if not self.done and not self.results:
             tail = self.checker_output.strip().splitlines()[-1:] or ["no output"]
             return f"no test report: {tail[0][:300]}{ended}"
-        failed = [f"test {i} `{_short(t)}`: {self.results.get(i, (False, 'no result'))[1]}"
-                  for i, t in enumerate(self.tests) if not self.results.get(i, (False,))[0]]
+        failed = [
+            f"test {i} `{_short(t)}`: {self.results.get(i, (False, 'no result'))[1]}"
+            for i, t in enumerate(self.tests)
+            if not self.results.get(i, (False,))[0]
+        ]
         return (f"{len(failed)}/{len(self.tests)} tests failed: " + "; ".join(failed))[:500] + ended
 
 
@@ -214,14 +258,20 @@ def run_tests(
     run = Verdict(list(tests), timeout_s=timeout_s)
     with ExitStack() as stack:
         spec, report, checker_out, program_out = (
-            stack.enter_context(tempfile.TemporaryFile()) for _ in range(4))
-        checker_limits = {"memory_mb": max(memory_mb, 512), "cpu_s": cpu_s,
-                          "max_procs": _CHECKER_PROCS, "fsize": OUTPUT_LIMIT}
+            stack.enter_context(tempfile.TemporaryFile()) for _ in range(4)
+        )
+        checker_limits = {
+            "memory_mb": max(memory_mb, 512),
+            "cpu_s": cpu_s,
+            "max_procs": _CHECKER_PROCS,
+            "fsize": OUTPUT_LIMIT,
+        }
         spec.write(json.dumps({"code": code, "tests": tests, "limits": checker_limits}).encode())
         spec.seek(0)
         scratch = None if iso.bwrap else stack.enter_context(tempfile.TemporaryDirectory(prefix="routeopt-"))
-        procs = _start(iso, scratch, spec, report, checker_out, program_out,
-                       [memory_mb, cpu_s, max_procs, OUTPUT_LIMIT])
+        procs = _start(
+            iso, scratch, spec, report, checker_out, program_out, [memory_mb, cpu_s, max_procs, OUTPUT_LIMIT]
+        )
         try:
             run.timed_out = not _wait(procs[0], timeout_s)
         finally:
@@ -236,18 +286,35 @@ def run_tests(
 
 
 def _start(
-    iso: Isolation, scratch: str | None, spec: IO[bytes], report: IO[bytes], checker_out: IO[bytes],
-    program_out: IO[bytes], limits: list[int],
+    iso: Isolation,
+    scratch: str | None,
+    spec: IO[bytes],
+    report: IO[bytes],
+    checker_out: IO[bytes],
+    program_out: IO[bytes],
+    limits: list[int],
 ) -> list[subprocess.Popen]:
     """Start the checker and the program, joined by a socket pair only they hold."""
     ours, theirs = socket.socketpair()
     source = _harness_source()
     try:
-        checker = _spawn(iso, scratch, [source, "checker", str(ours.fileno()), str(report.fileno())],
-                         spec, checker_out, (ours.fileno(), report.fileno()))
+        checker = _spawn(
+            iso,
+            scratch,
+            [source, "checker", str(ours.fileno()), str(report.fileno())],
+            spec,
+            checker_out,
+            (ours.fileno(), report.fileno()),
+        )
         try:
-            program = _spawn(iso, scratch, [source, "program", str(theirs.fileno()), *map(str, limits)],
-                             subprocess.DEVNULL, program_out, (theirs.fileno(),))
+            program = _spawn(
+                iso,
+                scratch,
+                [source, "program", str(theirs.fileno()), *map(str, limits)],
+                subprocess.DEVNULL,
+                program_out,
+                (theirs.fileno(),),
+            )
         except BaseException:
             _kill_group(checker)
             checker.wait()
@@ -263,15 +330,37 @@ def _harness_source() -> str:
     return HARNESS.read_text()
 
 
-def _spawn(iso: Isolation, scratch: str | None, harness_args: list[str], stdin: IO[bytes] | int,
-           out: IO[bytes], fds: tuple[int, ...]) -> subprocess.Popen:
+def _spawn(
+    iso: Isolation,
+    scratch: str | None,
+    harness_args: list[str],
+    stdin: IO[bytes] | int,
+    out: IO[bytes],
+    fds: tuple[int, ...],
+) -> subprocess.Popen:
     python = [iso.python, "-I", "-c", *harness_args]
     if iso.bwrap:
-        return subprocess.Popen([*iso.bwrap, *python], stdin=stdin, stdout=out,
-                                stderr=subprocess.STDOUT, pass_fds=fds, start_new_session=True, cwd="/",
-                                env={}, **_drop(iso.run_as))
-    return subprocess.Popen(python, stdin=stdin, stdout=out, stderr=subprocess.STDOUT, pass_fds=fds,
-                            start_new_session=True, cwd=scratch, env=_env(scratch or "/tmp"))
+        return subprocess.Popen(
+            [*iso.bwrap, *python],
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+            start_new_session=True,
+            cwd="/",
+            env={},
+            **_drop(iso.run_as),
+        )
+    return subprocess.Popen(
+        python,
+        stdin=stdin,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        pass_fds=fds,
+        start_new_session=True,
+        cwd=scratch,
+        env=_env(scratch or "/tmp"),
+    )
 
 
 _SIGNALS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: f"output or file over {OUTPUT_LIMIT >> 20} MiB"}

@@ -42,7 +42,8 @@ class AnthropicProvider(SdkProvider):
             if self.candidate.base_url:
                 kwargs["base_url"] = self.candidate.base_url
             self._client = anthropic.AsyncAnthropic(
-                api_key=self._key(), max_retries=0, timeout=self.candidate.timeout_s, **kwargs)
+                api_key=self._key(), max_retries=0, timeout=self.candidate.timeout_s, **kwargs
+            )
         return self._client
 
     def _params(self, request: Request) -> dict[str, Any]:
@@ -55,9 +56,9 @@ class AnthropicProvider(SdkProvider):
         }
         if request.system:
             shared_system = request.shared_messages is None or any(
-                m.role == "system" for m in request.messages[:request.shared_messages])
-            params["system"] = ([_cached_text(request.system)] if cache and shared_system
-                                else request.system)
+                m.role == "system" for m in request.messages[: request.shared_messages]
+            )
+            params["system"] = [_cached_text(request.system)] if cache and shared_system else request.system
         if s.stop:
             params["stop_sequences"] = list(s.stop)
         extra: dict[str, Any] = {"temperature": s.temperature}
@@ -84,7 +85,8 @@ class AnthropicProvider(SdkProvider):
         usage.start(getattr(msg, "usage", None))
         timer.reported(usage.input, usage.output)
         return usage.with_writes(
-            timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False))
+            timer.completion(request, text, msg.stop_reason, usage.tokens(), streamed=False)
+        )
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
@@ -120,10 +122,11 @@ class AnthropicProvider(SdkProvider):
             await stream.close()
         if not stopped or stop_reason is None:
             raise ProviderError(
-                "truncated_stream",
-                f"stream ended after {events} events without message_stop/stop_reason")
-        return usage.with_writes(timer.completion(request, "".join(parts), stop_reason,
-                                                  usage.tokens(), streamed=True))
+                "truncated_stream", f"stream ended after {events} events without message_stop/stop_reason"
+            )
+        return usage.with_writes(
+            timer.completion(request, "".join(parts), stop_reason, usage.tokens(), streamed=True)
+        )
 
     async def prepare(self) -> None:
         """Import the SDK and build the client before the first timed call (imports are slow)."""
@@ -134,7 +137,6 @@ class AnthropicProvider(SdkProvider):
         from anthropic.types import Message, RawMessageStreamEvent  # noqa: F401
 
         client.messages  # noqa: B018 - resources load lazily on first access
-
 
 
 class _Usage:
@@ -165,7 +167,6 @@ class _Usage:
             return self.input, self.output, self.cached
         return None
 
-
     def with_writes(self, c: Completion) -> Completion:
         """The completion with its cache-write tokens (unknown when usage was estimated)."""
         c.cache_write_input_tokens = None if c.tokens_estimated else self.written
@@ -187,8 +188,7 @@ def _mark_shared(request: Request) -> list[dict[str, Any]]:
     if not n or n > len(chat):
         return chat
     end = chat[n - 1]
-    return [*chat[:n - 1], {"role": end["role"], "content": [_cached_text(end["content"])]},
-            *chat[n:]]
+    return [*chat[: n - 1], {"role": end["role"], "content": [_cached_text(end["content"])]}, *chat[n:]]
 
 
 def create(candidate: "Candidate") -> AnthropicProvider:

@@ -46,7 +46,7 @@ class Request:
         """How many leading non-system messages are shared (None: unknown)."""
         if self.shared_messages is None:
             return None
-        return sum(1 for m in self.messages[:self.shared_messages] if m.role != "system")
+        return sum(1 for m in self.messages[: self.shared_messages] if m.role != "system")
 
     @property
     def system(self) -> str | None:
@@ -131,8 +131,9 @@ RETRYABLE: frozenset[str] = frozenset(
 class ProviderError(Exception):
     """A call that produced no usable completion; `kind` says which fault it was."""
 
-    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None,
-                 status: int | None = None):
+    def __init__(
+        self, kind: ErrorKind, message: str, retry_after_s: float | None = None, status: int | None = None
+    ):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message

@@ -65,13 +65,15 @@ class OpenAIProvider(SdkProvider):
         choice = resp.choices[0]
         if choice.finish_reason is None or choice.message is None:
             raise ProviderError("bad_response", "choice without message or finish_reason")
-        return timer.completion(request, choice.message.content or "", choice.finish_reason,
-                                usage, streamed=False)
+        return timer.completion(
+            request, choice.message.content or "", choice.finish_reason, usage, streamed=False
+        )
 
     async def _streamed(self, client: Any, request: Request) -> Completion:
         timer = StreamTimer()
         stream = await client.chat.completions.create(
-            **self._params(request), stream=True, stream_options={"include_usage": True})
+            **self._params(request), stream=True, stream_options={"include_usage": True}
+        )
         body = await json_answer(stream)
         if body is not None:
             from openai.types.chat import ChatCompletion
@@ -101,7 +103,8 @@ class OpenAIProvider(SdkProvider):
             await stream.close()
         if finish is None:
             raise ProviderError(
-                "truncated_stream", f"stream ended after {chunks} chunks without a finish_reason")
+                "truncated_stream", f"stream ended after {chunks} chunks without a finish_reason"
+            )
         return timer.completion(request, "".join(parts), finish, _tokens(usage), streamed=True)
 
     async def prepare(self) -> None:
@@ -113,7 +116,6 @@ class OpenAIProvider(SdkProvider):
         from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: F401
 
         client.chat.completions  # noqa: B018 - resources load lazily on first access
-
 
 
 def _tokens(usage: Any) -> tuple[int, int, int] | None:

@@ -48,8 +48,10 @@ class SdkProvider:
         key = self.candidate.api_key()
         if self.candidate.api_key_env and not key:
             raise ProviderError(
-                "auth", f"environment variable {self.candidate.api_key_env} is not set "
-                f"(api_key_env of candidate {self.candidate.name!r})")
+                "auth",
+                f"environment variable {self.candidate.api_key_env} is not set "
+                f"(api_key_env of candidate {self.candidate.name!r})",
+            )
         return key or NO_KEY
 
     VENDOR: str  # the SDK's module name, for mapping its exceptions
@@ -134,8 +136,9 @@ async def json_answer(stream: Any) -> dict[str, Any] | None:
     finally:
         await stream.close()
     if not isinstance(body, dict):
-        raise ProviderError("bad_response", f"JSON answer to a stream request is a "
-                            f"{type(body).__name__}, not an object")
+        raise ProviderError(
+            "bad_response", f"JSON answer to a stream request is a {type(body).__name__}, not an object"
+        )
     return body
 
 
@@ -179,13 +182,19 @@ class StreamTimer:
     def latency(self) -> float:
         return time.perf_counter() - self.sent
 
-    def completion(self, request: Request, text: str, finish: str,
-                   tokens: tuple[int, int, int] | None, *, streamed: bool) -> Completion:
+    def completion(
+        self, request: Request, text: str, finish: str, tokens: tuple[int, int, int] | None, *, streamed: bool
+    ) -> Completion:
         """The call's Completion: `tokens` = (input, output, cached input) as the server
         reported them, or None when it reported none, and then estimated (and marked so)."""
-        c = Completion(text=text, finish_reason=finish, latency_s=self.latency(),
-                       ttft_s=self.ttft_s if streamed else None, chunk_gaps_s=self.gaps,
-                       streamed=streamed)
+        c = Completion(
+            text=text,
+            finish_reason=finish,
+            latency_s=self.latency(),
+            ttft_s=self.ttft_s if streamed else None,
+            chunk_gaps_s=self.gaps,
+            streamed=streamed,
+        )
         if tokens is not None:
             c.input_tokens, c.output_tokens, c.cached_input_tokens = tokens
         else:
@@ -215,8 +224,7 @@ def transport(sdk: ModuleType) -> ModuleType:
     """The HTTP library an SDK is built on (httpx, or httpx2 in later openai and anthropic
     releases): the package of its default client's base class. Its errors can surface raw from
     a stream, and routeopt depends on it only through the SDK, so it is never named here."""
-    base = next(c for c in sdk.DefaultAsyncHttpxClient.__mro__
-                if c.__module__.split(".")[0] != sdk.__name__)
+    base = next(c for c in sdk.DefaultAsyncHttpxClient.__mro__ if c.__module__.split(".")[0] != sdk.__name__)
     return sys.modules[base.__module__.split(".")[0]]
 
 
@@ -259,8 +267,14 @@ def _body_message(exc: Any) -> str:
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            tag = next((str(inner[k]) for k in ("type", "code") if inner.get(k)
-                        and str(inner[k]) not in str(inner["message"])), "")
+            tag = next(
+                (
+                    str(inner[k])
+                    for k in ("type", "code")
+                    if inner.get(k) and str(inner[k]) not in str(inner["message"])
+                ),
+                "",
+            )
             return str(inner["message"]) + (f" [{tag}]" if tag else "")
         if isinstance(inner, str) and inner:
             return inner

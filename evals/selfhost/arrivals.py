@@ -26,10 +26,12 @@ from typing import Any, Mapping, Sequence
 
 from routeopt.evals.suite.datasets import DatasetError, file_records
 
-WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
-         "which but have an they you were her she there been one all we their has would when if "
-         "so no what up out said about into than them can only other time new some could these "
-         "two may first then do any like my now over such our man me even most made after also").split()
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no what up out said about into than them can only other time new some could these "
+    "two may first then do any like my now over such our man me even most made after also"
+).split()
 
 
 class ReplayInputError(ValueError):
@@ -133,8 +135,18 @@ def _decision_rows(path: Path) -> list[_Row]:
             d = decision_row(where, rec, str(path))
         except TrafficImportError as exc:
             raise ReplayInputError(str(exc)) from None
-        rows.append(_Row(d["time"].timestamp(), d["model"], None, None, d["text"], where,
-                         d["request_id"], d["prompt_chars"]))
+        rows.append(
+            _Row(
+                d["time"].timestamp(),
+                d["model"],
+                None,
+                None,
+                d["text"],
+                where,
+                d["request_id"],
+                d["prompt_chars"],
+            )
+        )
     for r in rows:
         if r.request_id in usage:
             r.input_tokens, r.output_tokens = usage[r.request_id]
@@ -168,11 +180,17 @@ def _trace_rows(path: Path) -> list[_Row]:
         if not key:
             raise ReplayInputError(f"{where}: needs a 'model' (or a 'suite') to send the request to")
         text = rec.get("text")
-        rows.append(_Row(_when(rec.get("timestamp", rec.get("time")), where), str(key),
-                         _count(rec.get("input_tokens"), where, "input_tokens"),
-                         _count(rec.get("output_tokens"), where, "output_tokens"),
-                         text if isinstance(text, str) and text else None, where,
-                         rec.get("request_id")))
+        rows.append(
+            _Row(
+                _when(rec.get("timestamp", rec.get("time")), where),
+                str(key),
+                _count(rec.get("input_tokens"), where, "input_tokens"),
+                _count(rec.get("output_tokens"), where, "output_tokens"),
+                text if isinstance(text, str) and text else None,
+                where,
+                rec.get("request_id"),
+            )
+        )
     return rows
 
 
@@ -205,8 +223,14 @@ def read_rows(sources: Sequence[str | Path]) -> tuple[list[_Row], list[str]]:
     return rows, [str(f) for f in files]
 
 
-def _resolve_models(rows: list[_Row], candidates: Sequence[str], mapping: Mapping[str, str],
-                    only: str | None, skip_unknown: bool, notes: list[str]) -> list[tuple[_Row, str]]:
+def _resolve_models(
+    rows: list[_Row],
+    candidates: Sequence[str],
+    mapping: Mapping[str, str],
+    only: str | None,
+    skip_unknown: bool,
+    notes: list[str],
+) -> list[tuple[_Row, str]]:
     known = set(candidates)
     out, unknown = [], {}
     for r in rows:
@@ -220,7 +244,8 @@ def _resolve_models(rows: list[_Row], candidates: Sequence[str], mapping: Mappin
         raise ReplayInputError(
             f"not candidates of the config: {listed}. Map them with --model LOGGED=CANDIDATE, send "
             f"everything to one with --candidate, or leave them out with --skip-unknown; "
-            f"candidates: {', '.join(sorted(known))}")
+            f"candidates: {', '.join(sorted(known))}"
+        )
     for k, w in sorted(unknown.items()):
         notes.append(f"{len(w)} arrivals for {k!r}, not a candidate, were left out (first at {w[0]})")
     return out
@@ -239,7 +264,10 @@ def _fill_tokens(pairs: list[tuple[_Row, str]], default_output: int | None) -> l
             if v is not None:
                 means.setdefault(f"{m}#{i}", []).append(v)
     out = []
-    for r, m, in pairs:
+    for (
+        r,
+        m,
+    ) in pairs:
         estimated = r.input_tokens is None or r.output_tokens is None
         for i, name in enumerate(("input_tokens", "output_tokens")):
             if getattr(r, name) is not None:
@@ -251,23 +279,33 @@ def _fill_tokens(pairs: list[tuple[_Row, str]], default_output: int | None) -> l
                 r.output_tokens = default_output
             else:
                 hint = " or give --output-tokens" if name == "output_tokens" else ""
-                raise ReplayInputError(f"{r.where}: no {name} for {m!r}, and no other arrival of it "
-                                       f"has one to estimate from; add the counts{hint}")
+                raise ReplayInputError(
+                    f"{r.where}: no {name} for {m!r}, and no other arrival of it "
+                    f"has one to estimate from; add the counts{hint}"
+                )
         out.append((r, m, estimated))
     return out
 
 
-def load_arrivals(sources: Sequence[str | Path], candidates: Sequence[str], *,
-                  mapping: Mapping[str, str] | None = None, only: str | None = None,
-                  skip_unknown: bool = False, max_gap_s: float | None = 60.0,
-                  default_output_tokens: int | None = None, limit_s: float | None = None) -> Arrivals:
+def load_arrivals(
+    sources: Sequence[str | Path],
+    candidates: Sequence[str],
+    *,
+    mapping: Mapping[str, str] | None = None,
+    only: str | None = None,
+    skip_unknown: bool = False,
+    max_gap_s: float | None = 60.0,
+    default_output_tokens: int | None = None,
+    limit_s: float | None = None,
+) -> Arrivals:
     """The arrivals to replay, in time order, with what was done to the input in `notes`."""
     rows, files = read_rows(sources)
     notes: list[str] = []
     _order(rows, notes)
     rows = _dedupe(rows, notes)
-    pairs = _fill_tokens(_resolve_models(rows, candidates, mapping or {}, only, skip_unknown, notes),
-                         default_output_tokens)
+    pairs = _fill_tokens(
+        _resolve_models(rows, candidates, mapping or {}, only, skip_unknown, notes), default_output_tokens
+    )
     if not pairs:
         raise ReplayInputError(f"{', '.join(files)}: nothing to replay")
     items = _offsets(pairs, max_gap_s, notes)
@@ -285,8 +323,10 @@ def load_arrivals(sources: Sequence[str | Path], candidates: Sequence[str], *,
 def _order(rows: list[_Row], notes: list[str]) -> None:
     late = [r for prev, r in zip(rows, rows[1:]) if r.t < prev.t]
     if late:
-        notes.append(f"{len(late)} arrivals were out of time order (first at {late[0].where}); "
-                     "they are replayed in time order")
+        notes.append(
+            f"{len(late)} arrivals were out of time order (first at {late[0].where}); "
+            "they are replayed in time order"
+        )
     rows.sort(key=lambda r: r.t)
     same = sum(1 for a, b in zip(rows, rows[1:]) if a.t == b.t)
     if same:
@@ -304,13 +344,14 @@ def _dedupe(rows: list[_Row], notes: list[str]) -> list[_Row]:
             seen[r.request_id] = r.where
         out.append(r)
     if dup:
-        notes.append(f"{len(dup)} lines repeat a request id already seen (first at {dup[0]}): "
-                     "the first line of each request is replayed")
+        notes.append(
+            f"{len(dup)} lines repeat a request id already seen (first at {dup[0]}): "
+            "the first line of each request is replayed"
+        )
     return out
 
 
-def _offsets(pairs: list[tuple[_Row, str, bool]], max_gap_s: float | None,
-             notes: list[str]) -> list[Arrival]:
+def _offsets(pairs: list[tuple[_Row, str, bool]], max_gap_s: float | None, notes: list[str]) -> list[Arrival]:
     items, cut, shortened = [], 0.0, []
     t0 = prev = pairs[0][0].t
     for r, model, estimated in pairs:
@@ -319,10 +360,21 @@ def _offsets(pairs: list[tuple[_Row, str, bool]], max_gap_s: float | None,
             cut += gap - max_gap_s
             shortened.append(f"{gap:,.0f} s before {r.where}")
         prev = r.t
-        items.append(Arrival(r.t - t0 - cut, model, int(r.input_tokens or 1), int(r.output_tokens or 1),
-                             r.text, r.where, estimated))
+        items.append(
+            Arrival(
+                r.t - t0 - cut,
+                model,
+                int(r.input_tokens or 1),
+                int(r.output_tokens or 1),
+                r.text,
+                r.where,
+                estimated,
+            )
+        )
     if shortened:
-        notes.append(f"{len(shortened)} gaps longer than {max_gap_s:g} s were shortened to it "
-                     f"({cut:,.0f} s of idle time cut; {'; '.join(shortened[:3])}"
-                     f"{'; ...' if len(shortened) > 3 else ''})")
+        notes.append(
+            f"{len(shortened)} gaps longer than {max_gap_s:g} s were shortened to it "
+            f"({cut:,.0f} s of idle time cut; {'; '.join(shortened[:3])}"
+            f"{'; ...' if len(shortened) > 3 else ''})"
+        )
     return items

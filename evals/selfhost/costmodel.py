@@ -129,8 +129,9 @@ def throughput_at(points: Sequence[ThroughputPoint], concurrency: int) -> float:
     return pts[-1].output_tok_s
 
 
-def api_usd_per_mtok(candidate: "Candidate", input_per_output: float = 0.0,
-                     cached_fraction: float = 0.0) -> float:
+def api_usd_per_mtok(
+    candidate: "Candidate", input_per_output: float = 0.0, cached_fraction: float = 0.0
+) -> float:
     """An API candidate's list price per million output tokens, with the input that comes along.
 
     `input_per_output` input tokens accompany each output token; `cached_fraction` of them are
@@ -187,8 +188,9 @@ def configured_usd_per_mtok(candidate: "Candidate", points: Sequence[ThroughputP
     return usd_per_mtok(candidate.gpu_hour_usd, tok_s, candidate.utilization)
 
 
-def request_cost_usd(candidate: "Candidate", output_tokens: int,
-                     points: Sequence[ThroughputPoint]) -> float | None:
+def request_cost_usd(
+    candidate: "Candidate", output_tokens: int, points: Sequence[ThroughputPoint]
+) -> float | None:
     """One request's self-hosted cost at the configured utilisation (None for API candidates)."""
     rate = configured_usd_per_mtok(candidate, points)
     return None if rate is None else rate * output_tokens / 1e6
@@ -215,18 +217,22 @@ def load_curve(store: "Store", candidate: str, bench_id: str | None = None) -> l
         return []
     if bench_id is None:
         latest = store.query(
-            f"SELECT bench_id FROM {SERVING_TABLE} WHERE candidate = ? "
-            "ORDER BY created_at DESC LIMIT 1", [candidate])
+            f"SELECT bench_id FROM {SERVING_TABLE} WHERE candidate = ? ORDER BY created_at DESC LIMIT 1",
+            [candidate],
+        )
         if latest.empty:
             return []
         bench_id = str(latest.iloc[0]["bench_id"])
     df = store.query(
         f"SELECT concurrency, output_tok_s, goodput_rps, request_rps, mean_input_tokens, "
         f"mean_output_tokens FROM {SERVING_TABLE} WHERE candidate = ? AND bench_id = ? "
-        "ORDER BY concurrency", [candidate, bench_id])
+        "ORDER BY concurrency",
+        [candidate, bench_id],
+    )
     return [
         ThroughputPoint(
-            int(r.concurrency), float(r.output_tok_s),
+            int(r.concurrency),
+            float(r.output_tok_s),
             None if _nan(r.goodput_rps) else float(r.goodput_rps),
             None if _nan(r.request_rps) else float(r.request_rps),
             None if _nan(r.mean_input_tokens) else float(r.mean_input_tokens),
@@ -285,14 +291,29 @@ def compare(
             continue
         ratio = input_per_output if input_per_output is not None else measured_ratio(points)
         cap = capacity_tok_s(points, min_good)
-        summaries.append(SelfHostedSummary(
-            c.name, c.gpu_hour_usd, c.utilization, cap, ratio,
-            configured_usd_per_mtok(c, points), cost_table(points, c.gpu_hour_usd, utilizations),
-            {p.concurrency: p.good_fraction for p in points}))
+        summaries.append(
+            SelfHostedSummary(
+                c.name,
+                c.gpu_hour_usd,
+                c.utilization,
+                cap,
+                ratio,
+                configured_usd_per_mtok(c, points),
+                cost_table(points, c.gpu_hour_usd, utilizations),
+                {p.concurrency: p.good_fraction for p in points},
+            )
+        )
         for a in apis:
             price = api_usd_per_mtok(a, ratio or 0.0)
-            verdicts.append(PairVerdict(c.name, a.name, price, usd_per_mtok(c.gpu_hour_usd, cap),
-                                        break_even(c.gpu_hour_usd, cap, price)))
+            verdicts.append(
+                PairVerdict(
+                    c.name,
+                    a.name,
+                    price,
+                    usd_per_mtok(c.gpu_hour_usd, cap),
+                    break_even(c.gpu_hour_usd, cap, price),
+                )
+            )
     return summaries, verdicts
 
 
@@ -329,32 +350,43 @@ class CachingSavings:
         return self.uncached_input_usd - self.input_usd
 
 
-def caching_savings(candidate: "Candidate", calls: int, input_tokens: int, cache_read: int,
-                    cache_write: int) -> CachingSavings:
+def caching_savings(
+    candidate: "Candidate", calls: int, input_tokens: int, cache_read: int, cache_write: int
+) -> CachingSavings:
     """Input $ with the recorded cache reads and writes against the same input uncached."""
     if candidate.gpu_hour_usd is not None:
         return CachingSavings(candidate.name, calls, input_tokens, cache_read, cache_write)
-    return CachingSavings(candidate.name, calls, input_tokens, cache_read, cache_write,
-                          candidate.input_cost_usd(input_tokens, cache_read, cache_write),
-                          candidate.input_cost_usd(input_tokens))
+    return CachingSavings(
+        candidate.name,
+        calls,
+        input_tokens,
+        cache_read,
+        cache_write,
+        candidate.input_cost_usd(input_tokens, cache_read, cache_write),
+        candidate.input_cost_usd(input_tokens),
+    )
 
 
-def load_caching(store: "Store", run_id: str,
-                 candidates: Sequence["Candidate"] = ()) -> list[CachingSavings]:
+def load_caching(store: "Store", run_id: str, candidates: Sequence["Candidate"] = ()) -> list[CachingSavings]:
     """Prompt caching per candidate in one run, priced with `candidates` (default: the specs
     the run recorded). Answers replayed from the response cache made no call: left out."""
     from routeopt.evals.config import Candidate
 
     with store._lock:
-        cols = {r[0] for r in store._con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'outcomes'"
-        ).fetchall()}
+        cols = {
+            r[0]
+            for r in store._con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'outcomes'"
+            ).fetchall()
+        }
     writes = "sum(cache_write_input_tokens)" if "cache_write_input_tokens" in cols else "0"
     df = store.query(
         f"SELECT candidate, count(*) AS calls, coalesce(sum(input_tokens), 0) AS inp, "
         f"coalesce(sum(cached_input_tokens), 0) AS rd, coalesce({writes}, 0) AS wr "
         "FROM outcomes WHERE run_id = ? AND error_kind IS NULL AND NOT cached "
-        "GROUP BY candidate ORDER BY candidate", [run_id])
+        "GROUP BY candidate ORDER BY candidate",
+        [run_id],
+    )
     known = {c.name: c for c in candidates}
     if not known:
         specs = store.query("SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id])
@@ -367,8 +399,7 @@ def load_caching(store: "Store", run_id: str,
     for r in df.itertuples():
         args = (int(r.calls), int(r.inp), int(r.rd), int(r.wr))
         c = known.get(r.candidate)
-        out.append(caching_savings(c, *args) if c is not None
-                   else CachingSavings(r.candidate, *args))
+        out.append(caching_savings(c, *args) if c is not None else CachingSavings(r.candidate, *args))
     return out
 
 
@@ -395,8 +426,13 @@ class GpuPlan:
         return math.inf if tokens <= 0 else self.monthly_usd / tokens * 1e6
 
 
-def gpu_plan(hourly_output_tokens: Sequence[float], capacity_tok_s: float, gpu_hour_usd: float,
-             gpus: int | None = None, hours_per_month: float = HOURS_PER_MONTH) -> GpuPlan:
+def gpu_plan(
+    hourly_output_tokens: Sequence[float],
+    capacity_tok_s: float,
+    gpu_hour_usd: float,
+    gpus: int | None = None,
+    hours_per_month: float = HOURS_PER_MONTH,
+) -> GpuPlan:
     """GPUs for a traffic given per hour (`gpus`, or enough for its busiest hour, at least one).
 
     Utilisation is the traffic's mean load over what the GPUs could serve: a GPU sized for the
@@ -411,12 +447,24 @@ def gpu_plan(hourly_output_tokens: Sequence[float], capacity_tok_s: float, gpu_h
     n = gpus if gpus is not None else max(1, math.ceil(peak / capacity_tok_s - 1e-12))
     if n < 1:
         raise ValueError(f"gpus must be >= 1, got {n}")
-    return GpuPlan(n, n * gpu_hour_usd * hours_per_month, mean / (n * capacity_tok_s), peak, mean,
-                   capacity_tok_s, peak <= n * capacity_tok_s * (1 + 1e-9))
+    return GpuPlan(
+        n,
+        n * gpu_hour_usd * hours_per_month,
+        mean / (n * capacity_tok_s),
+        peak,
+        mean,
+        capacity_tok_s,
+        peak <= n * capacity_tok_s * (1 + 1e-9),
+    )
 
 
-def traffic_break_even(api_monthly_usd: float, gpu_monthly_usd: float, peak_tok_s: float,
-                       capacity_tok_s: float, max_gpus: int = 1_000_000) -> float | None:
+def traffic_break_even(
+    api_monthly_usd: float,
+    gpu_monthly_usd: float,
+    peak_tok_s: float,
+    capacity_tok_s: float,
+    max_gpus: int = 1_000_000,
+) -> float | None:
     """The smallest multiple s of a traffic at which enough GPUs for its peak cost no more than
     the API would; None if the API stays cheaper at any volume.
 

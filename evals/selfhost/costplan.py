@@ -108,19 +108,29 @@ def model_traffic(frame: pd.DataFrame) -> tuple[list[ModelTraffic], int, pd.Time
     rows = []
     for model, idx in frame.groupby("model").indices.items():
         hourly = np.bincount(slot[idx], weights=out.to_numpy()[idx], minlength=n_hours)
-        rows.append(ModelTraffic(str(model), len(idx), float(inp.iloc[idx].sum()),
-                                 float(out.iloc[idx].sum()), int(estimated.iloc[idx].sum()),
-                                 hourly.tolist()))
+        rows.append(
+            ModelTraffic(
+                str(model),
+                len(idx),
+                float(inp.iloc[idx].sum()),
+                float(out.iloc[idx].sum()),
+                int(estimated.iloc[idx].sum()),
+                hourly.tolist(),
+            )
+        )
     return sorted(rows, key=lambda r: -r.requests), n_hours, start, end
 
 
 def _api_cost(price: Any, input_tokens: float, output_tokens: float) -> float:
-    return (input_tokens * (price.input_price_per_mtok or 0.0)
-            + output_tokens * (price.output_price_per_mtok or 0.0)) / 1e6
+    return (
+        input_tokens * (price.input_price_per_mtok or 0.0)
+        + output_tokens * (price.output_price_per_mtok or 0.0)
+    ) / 1e6
 
 
-def _capacity(model: str, curves: dict[str, list], replays: dict[str, tuple] | None,
-              min_good: float) -> tuple[float, str, str | None]:
+def _capacity(
+    model: str, curves: dict[str, list], replays: dict[str, tuple] | None, min_good: float
+) -> tuple[float, str, str | None]:
     """(output tok/s one GPU holds, where that figure comes from, what to run when there is none).
 
     With `replays`, a replay's measured capacity: the busiest minute's output tokens/s at the
@@ -130,8 +140,14 @@ def _capacity(model: str, curves: dict[str, list], replays: dict[str, tuple] | N
     if replays is not None:
         got = replays.get(model)
         if got is None:
-            return 0.0, "replay", (f"no replay of it met its SLO: run `routeopt bench replay LOG "
-                                   f"--candidate {model} --ttft-target-s ...`, or plan with --capacity bench")
+            return (
+                0.0,
+                "replay",
+                (
+                    f"no replay of it met its SLO: run `routeopt bench replay LOG "
+                    f"--candidate {model} --ttft-target-s ...`, or plan with --capacity bench"
+                ),
+            )
         tok_s, replay_id, speed = got
         return tok_s, f"measured: replay {replay_id} held {speed:g}x the logged traffic", None
     cap = capacity_tok_s(curves.get(model) or [], min_good)
@@ -139,44 +155,91 @@ def _capacity(model: str, curves: dict[str, list], replays: dict[str, tuple] | N
     return cap, "modelled: bench serving at fixed concurrency", hint
 
 
-def plan_row(t: ModelTraffic, cfg: Any, curves: dict[str, list], scale: float, total: int,
-             gpus: int | None, min_good: float, replays: dict[str, tuple] | None = None) -> PlanRow:
+def plan_row(
+    t: ModelTraffic,
+    cfg: Any,
+    curves: dict[str, list],
+    scale: float,
+    total: int,
+    gpus: int | None,
+    min_good: float,
+    replays: dict[str, tuple] | None = None,
+) -> PlanRow:
     """One model's monthly figures: its API bill, or GPUs for it beside its API price."""
-    base = dict(model=t.model, share=t.requests / total, monthly_requests=t.requests * scale,
-                monthly_input_tokens=t.input_tokens * scale, monthly_output_tokens=t.output_tokens * scale)
+    base = dict(
+        model=t.model,
+        share=t.requests / total,
+        monthly_requests=t.requests * scale,
+        monthly_input_tokens=t.input_tokens * scale,
+        monthly_output_tokens=t.output_tokens * scale,
+    )
     try:
         cand = cfg.candidate(t.model)
     except KeyError:
         return PlanRow(kind="unknown", api_monthly_usd=None, note="not a candidate of the config", **base)
     if cand.gpu_hour_usd is None:
-        return PlanRow(kind="api", api_monthly_usd=_api_cost(cand, base["monthly_input_tokens"],
-                                                             base["monthly_output_tokens"]), **base)
+        return PlanRow(
+            kind="api",
+            api_monthly_usd=_api_cost(cand, base["monthly_input_tokens"], base["monthly_output_tokens"]),
+            **base,
+        )
     price = cfg.traffic.api_prices.get(t.model)
-    api = None if price is None else _api_cost(price, base["monthly_input_tokens"], base["monthly_output_tokens"])
+    api = (
+        None
+        if price is None
+        else _api_cost(price, base["monthly_input_tokens"], base["monthly_output_tokens"])
+    )
     cap, source, missing = _capacity(t.model, curves, replays, min_good)
     if cap <= 0:
-        return PlanRow(kind="self-hosted", api_monthly_usd=api, note=missing or "", capacity_source=source,
-                       **base)
+        return PlanRow(
+            kind="self-hosted", api_monthly_usd=api, note=missing or "", capacity_source=source, **base
+        )
     plan = gpu_plan(t.hourly_output_tokens, cap, cand.gpu_hour_usd, gpus)
-    plan = GpuPlan(plan.gpus, plan.gpus * cand.gpu_hour_usd * HOURS_PER_MONTH, plan.utilization,
-                   plan.peak_tok_s, plan.mean_tok_s, cap, plan.serves_peak)
-    be = None if api is None else traffic_break_even(api, cand.gpu_hour_usd * HOURS_PER_MONTH,
-                                                     plan.peak_tok_s, cap)
+    plan = GpuPlan(
+        plan.gpus,
+        plan.gpus * cand.gpu_hour_usd * HOURS_PER_MONTH,
+        plan.utilization,
+        plan.peak_tok_s,
+        plan.mean_tok_s,
+        cap,
+        plan.serves_peak,
+    )
+    be = (
+        None
+        if api is None
+        else traffic_break_even(api, cand.gpu_hour_usd * HOURS_PER_MONTH, plan.peak_tok_s, cap)
+    )
     notes = [] if price is not None else ["no API price in traffic.api_prices"]
     if not plan.serves_peak:
         notes.append(f"{plan.gpus} GPU(s) cannot serve the busiest hour ({plan.peak_tok_s:.1f} tok/s)")
     bench_ratio = measured_ratio(curves[t.model]) if replays is None else None
     ratio = t.input_tokens / t.output_tokens if t.output_tokens else math.inf
     if bench_ratio and not 0.5 <= ratio / bench_ratio <= 2:
-        notes.append(f"benchmarked at {bench_ratio:.1f} input tokens per output token, the traffic has "
-                     f"{ratio:.1f}: measure with prompts like the traffic's")
+        notes.append(
+            f"benchmarked at {bench_ratio:.1f} input tokens per output token, the traffic has "
+            f"{ratio:.1f}: measure with prompts like the traffic's"
+        )
     note = "; ".join(notes)
-    return PlanRow(kind="self-hosted", api_monthly_usd=api, gpu=plan, break_even_scale=be,
-                   note=note, capacity_source=source, **base)
+    return PlanRow(
+        kind="self-hosted",
+        api_monthly_usd=api,
+        gpu=plan,
+        break_even_scale=be,
+        note=note,
+        capacity_source=source,
+        **base,
+    )
 
 
-def cost_plan(frame: pd.DataFrame, cfg: Any, curves: dict[str, list], *, gpus: int | None = None,
-              min_good: float = 0.9, replays: dict[str, tuple] | None = None) -> CostPlan:
+def cost_plan(
+    frame: pd.DataFrame,
+    cfg: Any,
+    curves: dict[str, list],
+    *,
+    gpus: int | None = None,
+    min_good: float = 0.9,
+    replays: dict[str, tuple] | None = None,
+) -> CostPlan:
     """Everything `routeopt cost plan` prints, as data. `replays` (model -> (tok/s, replay id,
     speed), from `replay_store.replay_capacity`): size GPUs at the capacity replays measured
     instead of the serving benchmark's model."""
@@ -184,8 +247,14 @@ def cost_plan(frame: pd.DataFrame, cfg: Any, curves: dict[str, list], *, gpus: i
     scale = HOURS_PER_MONTH / hours
     total = len(frame)
     rows = [plan_row(t, cfg, curves, scale, total, gpus, min_good, replays) for t in traffic]
-    return CostPlan(hours, start.isoformat(), (end + pd.Timedelta(hours=1)).isoformat(), total,
-                    sum(t.estimated for t in traffic), rows)
+    return CostPlan(
+        hours,
+        start.isoformat(),
+        (end + pd.Timedelta(hours=1)).isoformat(),
+        total,
+        sum(t.estimated for t in traffic),
+        rows,
+    )
 
 
 def _usd(x: float | None) -> str:
@@ -199,12 +268,15 @@ def _pct(u: float) -> str:
 def format_plan(plan: CostPlan) -> str:
     """The plan as plain text (tables that survive a pipe)."""
     w = max([5] + [len(r.model) for r in plan.rows])
-    out = [f"logged traffic: {plan.requests:,} requests over {plan.hours} h ({plan.start} .. {plan.end}), "
-           f"scaled to a month of {HOURS_PER_MONTH:g} h",
-           f"tokens estimated for {plan.tokens_estimated:,} requests without usage records", "",
-           f"{'model':<{w}} {'kind':<11} {'share':>6} {'req/month':>11} {'in Mtok/mo':>10} "
-           f"{'out Mtok/mo':>11} {'API $/month':>12} {'GPUs':>4} {'util':>6} {'GPU $/month':>12} "
-           f"{'self $/Mtok':>11} {'break-even':>10}"]
+    out = [
+        f"logged traffic: {plan.requests:,} requests over {plan.hours} h ({plan.start} .. {plan.end}), "
+        f"scaled to a month of {HOURS_PER_MONTH:g} h",
+        f"tokens estimated for {plan.tokens_estimated:,} requests without usage records",
+        "",
+        f"{'model':<{w}} {'kind':<11} {'share':>6} {'req/month':>11} {'in Mtok/mo':>10} "
+        f"{'out Mtok/mo':>11} {'API $/month':>12} {'GPUs':>4} {'util':>6} {'GPU $/month':>12} "
+        f"{'self $/Mtok':>11} {'break-even':>10}",
+    ]
     for r in plan.rows:
         g = r.gpu
         be = "-" if r.break_even_scale is None else f"{r.break_even_scale:,.1f}x"
@@ -215,14 +287,20 @@ def format_plan(plan: CostPlan) -> str:
             f"{r.monthly_input_tokens / 1e6:>10.3f} {r.monthly_output_tokens / 1e6:>11.3f} "
             f"{_usd(r.api_monthly_usd):>12} {g.gpus if g else '-':>4} "
             f"{(_pct(g.utilization) if g else '-'):>6} {_usd(g.monthly_usd if g else None):>12} "
-            f"{_usd(g.usd_per_mtok if g else None):>11} {be:>10}")
+            f"{_usd(g.usd_per_mtok if g else None):>11} {be:>10}"
+        )
         if r.capacity_source and r.gpu is not None:
-            out.append(f"{'':<{w}}   (GPU capacity {r.gpu.capacity_tok_s:,.1f} out tok/s, {r.capacity_source})")
+            out.append(
+                f"{'':<{w}}   (GPU capacity {r.gpu.capacity_tok_s:,.1f} out tok/s, {r.capacity_source})"
+            )
         if r.note:
             out.append(f"{'':<{w}}   ({r.note})")
-    out += ["", f"monthly, everything on provider APIs: {_usd(plan.all_api_usd)} USD",
-            f"monthly, benchmarked open models on their GPUs, the rest on APIs: {_usd(plan.mixed_usd)} USD",
-            "util: the traffic's mean output tokens/s over what the GPUs serve; they are sized for the "
-            "busiest hour and paid every hour",
-            "break-even: the multiple of this traffic at which those GPUs cost no more than the API"]
+    out += [
+        "",
+        f"monthly, everything on provider APIs: {_usd(plan.all_api_usd)} USD",
+        f"monthly, benchmarked open models on their GPUs, the rest on APIs: {_usd(plan.mixed_usd)} USD",
+        "util: the traffic's mean output tokens/s over what the GPUs serve; they are sized for the "
+        "busiest hour and paid every hour",
+        "break-even: the multiple of this traffic at which those GPUs cost no more than the API",
+    ]
     return "\n".join(out)

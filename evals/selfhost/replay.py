@@ -87,8 +87,11 @@ class Slo:
     min_good: float = 0.9  # share of requests that must meet the targets
 
     def good(self, r: Sent) -> bool:
-        return r.ok and (self.ttft_s is None or (r.ttft_s is not None and r.ttft_s <= self.ttft_s)) \
+        return (
+            r.ok
+            and (self.ttft_s is None or (r.ttft_s is not None and r.ttft_s <= self.ttft_s))
             and (self.latency_s is None or (r.e2e_s is not None and r.e2e_s <= self.latency_s))
+        )
 
 
 # -- senders -----------------------------------------------------------------------------------
@@ -112,8 +115,13 @@ class _HttpSender:
         self.where = base
 
     def payload(self, text: str, max_tokens: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.candidate.model, "max_tokens": max_tokens, "stream": True,
-                                "messages": [{"role": "user", "content": text}], "temperature": 0}
+        body: dict[str, Any] = {
+            "model": self.candidate.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "messages": [{"role": "user", "content": text}],
+            "temperature": 0,
+        }
         if not self.anthropic:
             body["stream_options"] = {"include_usage": True}
         return body
@@ -202,8 +210,12 @@ class _LocalSender:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self._writer(self.conn)
-        self.proc = ctx.Process(target=serve_local, args=(self.candidate, child, self.cpus), daemon=True,
-                                name=f"routeopt-replay-{self.candidate.name}")
+        self.proc = ctx.Process(
+            target=serve_local,
+            args=(self.candidate, child, self.cpus),
+            daemon=True,
+            name=f"routeopt-replay-{self.candidate.name}",
+        )
         self.proc.start()
         child.close()
         asyncio.get_running_loop().add_reader(self.conn.fileno(), self._answers)
@@ -227,7 +239,9 @@ class _LocalSender:
                 if item is None:
                     return
 
-        self.writing = threading.Thread(target=write, name=f"routeopt-replay-{self.candidate.name}-send", daemon=True)
+        self.writing = threading.Thread(
+            target=write, name=f"routeopt-replay-{self.candidate.name}-send", daemon=True
+        )
         self.writing.start()
 
     def _answers(self) -> None:
@@ -297,8 +311,14 @@ def serve_local(candidate: Any, conn: Any, cpus: set[int] | None = None) -> None
         request = Request((Message("user", text),), GenerationSettings(max_tokens=max_tokens))
         try:
             c = await provider.generate(request)
-            reply = {"ok": True, "received": received, "ttft": c.ttft_s, "gaps": list(c.chunk_gaps_s),
-                     "output_tokens": c.output_tokens, "input_tokens": c.input_tokens}
+            reply = {
+                "ok": True,
+                "received": received,
+                "ttft": c.ttft_s,
+                "gaps": list(c.chunk_gaps_s),
+                "output_tokens": c.output_tokens,
+                "input_tokens": c.input_tokens,
+            }
         except ProviderError as exc:
             reply = {"ok": False, "kind": exc.kind, "message": exc.message[:300]}
         except Exception as exc:  # an engine bug costs this request only
@@ -368,7 +388,7 @@ async def warm_up(senders: dict[str, Any], arrivals: Sequence[Arrival], n: int) 
     """`n` unmeasured requests per candidate, one after another, shaped like its first arrivals
     (the local provider loads its model then; HTTP connections open)."""
     for model, sender in senders.items():
-        mine = [a for a in arrivals if a.model == model][:max(n, 0)]
+        mine = [a for a in arrivals if a.model == model][: max(n, 0)]
         for i, a in enumerate(mine):
             rec = Sent(-1 - i, model, "warm-up", 0.0, a.input_tokens, a.output_tokens)
             try:
@@ -401,9 +421,11 @@ class _Down:
         elif r.error_kind in DOWN_KINDS:
             self.streak += 1
             if self.streak >= self.after and self.why is None:
-                self.why = (f"{where} stopped answering at {r.sent_s or 0:.1f} s into the replay: "
-                            f"{self.streak} {r.error_kind} errors in a row; its remaining arrivals "
-                            "were not sent")
+                self.why = (
+                    f"{where} stopped answering at {r.sent_s or 0:.1f} s into the replay: "
+                    f"{self.streak} {r.error_kind} errors in a row; its remaining arrivals "
+                    "were not sent"
+                )
 
 
 SPIN_S = 0.001  # the selector's timeout has millisecond steps (rounded up): the last one is
@@ -419,12 +441,21 @@ async def _until(due: float) -> None:
         await asyncio.sleep(0)
 
 
-async def replay_once(arrivals: Sequence[Arrival], speed: float, senders: dict[str, Any], *,
-                      timeout_s: float = 60.0, down_after: int = 20,
-                      stop: asyncio.Event | None = None, lead_s: float = 0.05) -> ReplayRun:
+async def replay_once(
+    arrivals: Sequence[Arrival],
+    speed: float,
+    senders: dict[str, Any],
+    *,
+    timeout_s: float = 60.0,
+    down_after: int = 20,
+    stop: asyncio.Event | None = None,
+    lead_s: float = 0.05,
+) -> ReplayRun:
     """Send every arrival at offset / speed (never before), wait for the answers, return them."""
-    records = [Sent(i, a.model, a.where, a.offset_s / speed, a.input_tokens, a.output_tokens)
-               for i, a in enumerate(arrivals)]
+    records = [
+        Sent(i, a.model, a.where, a.offset_s / speed, a.input_tokens, a.output_tokens)
+        for i, a in enumerate(arrivals)
+    ]
     texts = [a.text or synthesize(a.input_tokens, i) for i, a in enumerate(arrivals)]  # before the clock
     down = {m: _Down(down_after) for m in senders}
     in_flight = dict.fromkeys(senders, 0)
@@ -527,8 +558,9 @@ def _busiest(records: Sequence[Sent], window_s: float) -> float:
     return best / span
 
 
-def summarize(records: Sequence[Sent], speed: float, slo: Slo, *, max_lateness_s: float = 0.010,
-              window_s: float = 60.0) -> dict[str, Any]:
+def summarize(
+    records: Sequence[Sent], speed: float, slo: Slo, *, max_lateness_s: float = 0.010, window_s: float = 60.0
+) -> dict[str, Any]:
     """The figures of one model's (or every model's) requests at one speed (pure)."""
     sent = [r for r in records if r.sent_s is not None]
     ok = [r for r in sent if r.ok]
@@ -544,21 +576,30 @@ def summarize(records: Sequence[Sent], speed: float, slo: Slo, *, max_lateness_s
     wall = max((r.end_s or 0.0 for r in records), default=0.0) or 1e-9
     unloaded = [r.ttft_s for r in ok if r.in_flight == 0 and r.ttft_s is not None]
     base = float(np.median(unloaded)) if unloaded else None
-    limited = bool(lateness and lateness["p99"] > max_lateness_s) or \
-        bool(offered and achieved is not None and achieved < 0.98 * offered)
+    limited = bool(lateness and lateness["p99"] > max_lateness_s) or bool(
+        offered and achieved is not None and achieved < 0.98 * offered
+    )
     good = sum(slo.good(r) for r in records)
     targets = slo.ttft_s is not None or slo.latency_s is not None
     return {
-        "speed": speed, "arrivals": len(records), "sent": len(sent), "completed": len(ok),
-        "errors": sum(errors.values()), "error_kinds": errors,
-        "offered_rps": offered, "achieved_rps": achieved, "completed_rps": len(ok) / wall,
+        "speed": speed,
+        "arrivals": len(records),
+        "sent": len(sent),
+        "completed": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "offered_rps": offered,
+        "achieved_rps": achieved,
+        "completed_rps": len(ok) / wall,
         "goodput_rps": good / wall if targets else None,
         "good_share": good / len(records) if targets and records else None,
         "ttft_s": _q([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_s": _q([r.tpot_s for r in ok if r.tpot_s is not None]),
         "itl_s": _q([g for r in ok for g in r.gaps]),
         "e2e_s": _q([r.e2e_s for r in ok]),
-        "queue_s": _q([max(0.0, r.ttft_s - base) for r in ok if r.ttft_s is not None]) if base is not None else None,
+        "queue_s": _q([max(0.0, r.ttft_s - base) for r in ok if r.ttft_s is not None])
+        if base is not None
+        else None,
         "lateness_s": lateness,
         "in_flight_max": max((r.in_flight for r in sent), default=0) + (1 if sent else 0),
         "peak_output_tok_s": _busiest(records, window_s),
@@ -566,8 +607,11 @@ def summarize(records: Sequence[Sent], speed: float, slo: Slo, *, max_lateness_s
         "mean_input_tokens": float(np.mean([r.input_tokens for r in records])) if records else None,
         "mean_output_tokens": float(np.mean([r.output_tokens or 0 for r in ok])) if ok else None,
         "generator_limited": limited,
-        "meets_slo": (not limited and not errors.get("not_sent") and
-                      (good / len(records) >= slo.min_good if records else False)),
+        "meets_slo": (
+            not limited
+            and not errors.get("not_sent")
+            and (good / len(records) >= slo.min_good if records else False)
+        ),
     }
 
 
@@ -575,16 +619,28 @@ def summaries(run: ReplayRun, slo: Slo, max_lateness_s: float, window_s: float) 
     """Per model and overall (`*`)."""
     out = {"*": summarize(run.records, run.speed, slo, max_lateness_s=max_lateness_s, window_s=window_s)}
     for model in sorted({r.model for r in run.records}):
-        out[model] = summarize([r for r in run.records if r.model == model], run.speed, slo,
-                               max_lateness_s=max_lateness_s, window_s=window_s)
+        out[model] = summarize(
+            [r for r in run.records if r.model == model],
+            run.speed,
+            slo,
+            max_lateness_s=max_lateness_s,
+            window_s=window_s,
+        )
     if run.status != "complete":  # partial: the overall verdict cannot be a pass
         out["*"]["meets_slo"] = False
     return out
 
 
-async def sweep(run_at: Callable[[float], Any], speeds: Sequence[float] | None, *, start: float = 1.0,
-                max_speed: float = 64.0, steps: int = 3, halvings: int = 6,
-                probes: int = 3) -> list[tuple[ReplayRun, dict]]:
+async def sweep(
+    run_at: Callable[[float], Any],
+    speeds: Sequence[float] | None,
+    *,
+    start: float = 1.0,
+    max_speed: float = 64.0,
+    steps: int = 3,
+    halvings: int = 6,
+    probes: int = 3,
+) -> list[tuple[ReplayRun, dict]]:
     """Given speeds, each once; else double from `start` until the SLO breaks (or the generator
     cannot keep up), or, when `start` already breaks it, halve (at most `halvings` times) until a
     speed meets it; then bisect `steps` times between the last speed that met it and the first

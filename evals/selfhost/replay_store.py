@@ -51,21 +51,53 @@ def new_replay_id() -> str:
     return f"replay-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
-def run_rows(replay_id: str, run: ReplayRun, figures: dict[str, dict], slo: Slo, source: str,
-             notes: Sequence[str], probe: int = 0) -> list[dict[str, Any]]:
+def run_rows(
+    replay_id: str,
+    run: ReplayRun,
+    figures: dict[str, dict],
+    slo: Slo,
+    source: str,
+    notes: Sequence[str],
+    probe: int = 0,
+) -> list[dict[str, Any]]:
     now = datetime.now(timezone.utc)
     rows = []
     for model, f in figures.items():
         row: dict[str, Any] = {
-            "replay_id": replay_id, "speed": run.speed, "probe": probe, "model": model, "source": source,
-            "status": run.status, "generator_limited": f["generator_limited"], "meets_slo": f["meets_slo"],
-            **{k: f[k] for k in ("arrivals", "sent", "completed", "errors", "offered_rps", "achieved_rps",
-                                 "completed_rps", "goodput_rps", "good_share", "in_flight_max",
-                                 "peak_output_tok_s", "output_tok_s", "mean_input_tokens",
-                                 "mean_output_tokens")},
+            "replay_id": replay_id,
+            "speed": run.speed,
+            "probe": probe,
+            "model": model,
+            "source": source,
+            "status": run.status,
+            "generator_limited": f["generator_limited"],
+            "meets_slo": f["meets_slo"],
+            **{
+                k: f[k]
+                for k in (
+                    "arrivals",
+                    "sent",
+                    "completed",
+                    "errors",
+                    "offered_rps",
+                    "achieved_rps",
+                    "completed_rps",
+                    "goodput_rps",
+                    "good_share",
+                    "in_flight_max",
+                    "peak_output_tok_s",
+                    "output_tok_s",
+                    "mean_input_tokens",
+                    "mean_output_tokens",
+                )
+            },
             "error_kinds_json": json.dumps(f["error_kinds"], sort_keys=True),
-            "ttft_target_s": slo.ttft_s, "latency_target_s": slo.latency_s, "min_good": slo.min_good,
-            "notes_json": json.dumps({"notes": list(notes), "down": run.down}), "created_at": now}
+            "ttft_target_s": slo.ttft_s,
+            "latency_target_s": slo.latency_s,
+            "min_good": slo.min_good,
+            "notes_json": json.dumps({"notes": list(notes), "down": run.down}),
+            "created_at": now,
+        }
         for d in _DIST:
             stats = f[f"{d}_s"]
             for q in QUANTILES:
@@ -76,11 +108,30 @@ def run_rows(replay_id: str, run: ReplayRun, figures: dict[str, dict], slo: Slo,
 
 
 def request_frame(replay_id: str, run: ReplayRun, probe: int = 0) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "replay_id": replay_id, "speed": run.speed, "probe": probe, "idx": r.index, "model": r.model, "where": r.where,
-        "due_s": r.due_s, "sent_s": r.sent_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "tpot_s": r.tpot_s,
-        "input_tokens": r.input_tokens, "max_tokens": r.max_tokens, "output_tokens": r.output_tokens,
-        "in_flight": r.in_flight, "ok": r.ok, "error_kind": r.error_kind} for r in run.records])
+    return pd.DataFrame(
+        [
+            {
+                "replay_id": replay_id,
+                "speed": run.speed,
+                "probe": probe,
+                "idx": r.index,
+                "model": r.model,
+                "where": r.where,
+                "due_s": r.due_s,
+                "sent_s": r.sent_s,
+                "ttft_s": r.ttft_s,
+                "e2e_s": r.e2e_s,
+                "tpot_s": r.tpot_s,
+                "input_tokens": r.input_tokens,
+                "max_tokens": r.max_tokens,
+                "output_tokens": r.output_tokens,
+                "in_flight": r.in_flight,
+                "ok": r.ok,
+                "error_kind": r.error_kind,
+            }
+            for r in run.records
+        ]
+    )
 
 
 def save(store: "Store", rows: list[dict[str, Any]], requests: pd.DataFrame) -> None:
@@ -96,7 +147,9 @@ def save(store: "Store", rows: list[dict[str, Any]], requests: pd.DataFrame) -> 
                 if len(data):
                     con.register("_replay", data)
                     cols = ", ".join(f'"{c}"' for c in data.columns)
-                    con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _replay ON CONFLICT DO NOTHING")
+                    con.execute(
+                        f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _replay ON CONFLICT DO NOTHING"
+                    )
                     con.unregister("_replay")
             con.execute("COMMIT")
         except BaseException:
@@ -108,14 +161,20 @@ def _schema(con: Any) -> None:
     """Create the tables; rebuild any without `probe`, whose key could hold one probe per speed
     (a sweep's second probe of a speed was dropped on conflict), keeping every row."""
     for table in (RUNS_TABLE, REQUESTS_TABLE):
-        cols = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
-                                          "WHERE table_name = ?", [table]).fetchall()}
+        cols = {
+            r[0]
+            for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
+            ).fetchall()
+        }
         if cols and "probe" not in cols:
             con.execute(f"ALTER TABLE {table} RENAME TO {table}_unnumbered")
     con.execute(SCHEMA)
     for table in (RUNS_TABLE, REQUESTS_TABLE):
         old = f"{table}_unnumbered"
-        if con.execute("SELECT table_name FROM information_schema.tables WHERE table_name = ?", [old]).fetchall():
+        if con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_name = ?", [old]
+        ).fetchall():
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {old}")
             con.execute(f"DROP TABLE {old}")
 
@@ -129,7 +188,9 @@ def load_runs(store: "Store", replay_id: str | None = None) -> pd.DataFrame:
         if latest.empty:
             return latest
         replay_id = str(latest.replay_id.iloc[0])
-    return store.query(f"SELECT * FROM {RUNS_TABLE} WHERE replay_id = ? ORDER BY speed, probe, model", [replay_id])
+    return store.query(
+        f"SELECT * FROM {RUNS_TABLE} WHERE replay_id = ? ORDER BY speed, probe, model", [replay_id]
+    )
 
 
 def replay_capacity(store: "Store", model: str) -> tuple[float, str, float] | None:
@@ -149,7 +210,9 @@ def replay_capacity(store: "Store", model: str) -> tuple[float, str, float] | No
             SELECT replay_id, speed, median(peak_output_tok_s) FILTER (WHERE held) AS peak_output_tok_s
             FROM probes GROUP BY replay_id, speed
             HAVING 2 * count(*) FILTER (WHERE held) > count(*)
-            ORDER BY speed DESC LIMIT 1""", [model, model])
+            ORDER BY speed DESC LIMIT 1""",
+        [model, model],
+    )
     if rows.empty or not rows.peak_output_tok_s.iloc[0]:
         return None
     r = rows.iloc[0]
@@ -162,9 +225,11 @@ def _ms(stats: dict | None) -> str:
 
 def format_speed(run: ReplayRun, figures: dict[str, dict], probe: int = 0) -> str:
     """The printed table for one probe of one speed: per model and overall."""
-    head = (f"{'model':<16} {'sent/arr':>10} {'offered':>8} {'achieved':>8} {'done/s':>7} {'good/s':>7} "
-            f"{'TTFT ms p50/95/99':>18} {'TPOT ms':>12} {'ITL ms':>12} {'E2E ms p50/95/99':>18} "
-            f"{'queue ms':>12} {'late ms p50/99':>14}  errors")
+    head = (
+        f"{'model':<16} {'sent/arr':>10} {'offered':>8} {'achieved':>8} {'done/s':>7} {'good/s':>7} "
+        f"{'TTFT ms p50/95/99':>18} {'TPOT ms':>12} {'ITL ms':>12} {'E2E ms p50/95/99':>18} "
+        f"{'queue ms':>12} {'late ms p50/99':>14}  errors"
+    )
     again = f" (probe {probe + 1})" if probe else ""
     lines = [f"speed {run.speed:g}x{again}: {run.status}, {run.wall_s:.1f} s", head]
     for model, f in figures.items():
@@ -174,16 +239,26 @@ def format_speed(run: ReplayRun, figures: dict[str, dict], probe: int = 0) -> st
         if f["generator_limited"]:
             latencies = ["(generator fell behind: not the server's)", "", "", "", ""]
         else:
-            latencies = [_ms(f["ttft_s"]), _ms(f["tpot_s"]), _ms(f["itl_s"]), _ms(f["e2e_s"]), _ms(f["queue_s"])]
+            latencies = [
+                _ms(f["ttft_s"]),
+                _ms(f["tpot_s"]),
+                _ms(f["itl_s"]),
+                _ms(f["e2e_s"]),
+                _ms(f["queue_s"]),
+            ]
         errs = ", ".join(f"{k} {v}" for k, v in sorted(f["error_kinds"].items())) or "-"
-        lines.append(f"{model[:16]:<16} {f['sent']:>4}/{f['arrivals']:<5} {rate(f['offered_rps']):>8} "
-                     f"{rate(f['achieved_rps']):>8} {f['completed_rps']:>7.1f} {rate(f['goodput_rps']):>7} "
-                     f"{latencies[0]:>18} {latencies[1]:>12} {latencies[2]:>12} {latencies[3]:>18} "
-                     f"{latencies[4]:>12} {late_txt:>14}  {errs}")
+        lines.append(
+            f"{model[:16]:<16} {f['sent']:>4}/{f['arrivals']:<5} {rate(f['offered_rps']):>8} "
+            f"{rate(f['achieved_rps']):>8} {f['completed_rps']:>7.1f} {rate(f['goodput_rps']):>7} "
+            f"{latencies[0]:>18} {latencies[1]:>12} {latencies[2]:>12} {latencies[3]:>18} "
+            f"{latencies[4]:>12} {late_txt:>14}  {errs}"
+        )
     for model, why in run.down.items():
         lines.append(f"  {model}: {why}")
     overall = figures["*"]
     if overall["generator_limited"]:
-        lines.append("  the generator could not keep up (send lateness or rate): these figures measure "
-                     "this machine, not the server; replay at a lower speed or on more cores")
+        lines.append(
+            "  the generator could not keep up (send lateness or rate): these figures measure "
+            "this machine, not the server; replay at a lower speed or on more cores"
+        )
     return "\n".join(lines)

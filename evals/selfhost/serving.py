@@ -150,8 +150,11 @@ def _request_from_row(row: Any, where: str, max_tokens: int | None) -> Request:
         messages.append(Message("user", row["prompt"]))
     elif isinstance(row.get("messages"), list):
         for m in row["messages"]:
-            if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                    and isinstance(m.get("content"), str)):
+            if not (
+                isinstance(m, dict)
+                and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str)
+            ):
                 raise ServingError(f"{where}: messages need role (system/user/assistant) and content")
             messages.append(Message(m["role"], m["content"]))
     else:
@@ -179,8 +182,7 @@ def load_prompts(path: str | Path, max_tokens: int | None = None) -> list[Reques
     else:
         for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
             if line.strip():
-                requests.append(_request_from_row({"prompt": line}, f"{path}:{lineno}",
-                                                  max_tokens))
+                requests.append(_request_from_row({"prompt": line}, f"{path}:{lineno}", max_tokens))
     if not requests:
         raise ServingError(f"{path}: no prompts in the file")
     return requests
@@ -214,15 +216,28 @@ async def _timed_call(provider: Provider, request: Request, t0: float, timeout_s
         return RequestRecord(start, time.perf_counter() - t0, False, error_kind="internal")
     end = time.perf_counter() - t0
     return RequestRecord(
-        start, end, True, ttft_s=c.ttft_s, latency_s=c.latency_s or (end - start),
-        tpot_s=c.tpot_s, input_tokens=c.input_tokens, output_tokens=c.output_tokens,
-        chunk_gaps_s=list(c.chunk_gaps_s), draft_tokens=c.draft_tokens,
-        accepted_draft_tokens=c.accepted_draft_tokens, cached_input_tokens=c.cached_input_tokens,
+        start,
+        end,
+        True,
+        ttft_s=c.ttft_s,
+        latency_s=c.latency_s or (end - start),
+        tpot_s=c.tpot_s,
+        input_tokens=c.input_tokens,
+        output_tokens=c.output_tokens,
+        chunk_gaps_s=list(c.chunk_gaps_s),
+        draft_tokens=c.draft_tokens,
+        accepted_draft_tokens=c.accepted_draft_tokens,
+        cached_input_tokens=c.cached_input_tokens,
     )
 
 
-async def run_level(provider: Provider, requests: Sequence[Request], concurrency: int,
-                    n_requests: int, timeout_s: float = 600.0) -> tuple[list[RequestRecord], float, int]:
+async def run_level(
+    provider: Provider,
+    requests: Sequence[Request],
+    concurrency: int,
+    n_requests: int,
+    timeout_s: float = 600.0,
+) -> tuple[list[RequestRecord], float, int]:
     """Send `n_requests` (cycling through `requests`) with exactly `concurrency` in flight.
 
     Returns the records, the wall time from the first send to the last answer, and the most
@@ -256,8 +271,14 @@ def _meets(r: RequestRecord, targets: Targets) -> bool:
     return r.ok and all(t is None or (v is not None and v <= t) for t, v in checks)
 
 
-def summarize(concurrency: int, records: list[RequestRecord], wall_s: float, peak: int,
-              targets: Targets = Targets(), num_draft: int | None = None) -> LevelResult:
+def summarize(
+    concurrency: int,
+    records: list[RequestRecord],
+    wall_s: float,
+    peak: int,
+    targets: Targets = Targets(),
+    num_draft: int | None = None,
+) -> LevelResult:
     """Turn one level's request records into its figures (pure; tested directly).
     `num_draft`: the draft tokens proposed per verification step, when speculating."""
     ok = [r for r in records if r.ok]
@@ -293,21 +314,25 @@ def _acceptance(ok: list[RequestRecord], num_draft: int | None) -> dict[str, flo
     if not num_draft or not drafted:
         return {}
     accepted = sum(r.accepted_draft_tokens or 0 for r in ok)
-    return {"acceptance_rate": accepted / drafted,
-            "mean_accepted_length": 1 + accepted / (drafted / num_draft)}
+    return {
+        "acceptance_rate": accepted / drafted,
+        "mean_accepted_length": 1 + accepted / (drafted / num_draft),
+    }
 
 
 def without_draft(candidate: "Candidate") -> "Candidate":
     """The same candidate served without its draft model: the speed-up's baseline."""
-    return candidate.model_copy(update={"name": f"{candidate.name}:no-draft",
-                                        "speculative": None})
+    return candidate.model_copy(update={"name": f"{candidate.name}:no-draft", "speculative": None})
 
 
 def speedups(report: "ServingReport", baseline: "ServingReport") -> dict[int, float]:
     """Output tokens/s with the draft over without it, per concurrency both measured."""
     base = {lv.concurrency: lv.output_tok_s for lv in baseline.levels}
-    return {lv.concurrency: lv.output_tok_s / base[lv.concurrency]
-            for lv in report.levels if base.get(lv.concurrency)}
+    return {
+        lv.concurrency: lv.output_tok_s / base[lv.concurrency]
+        for lv in report.levels
+        if base.get(lv.concurrency)
+    }
 
 
 async def bench_serving(
@@ -340,8 +365,9 @@ async def bench_serving(
     k = candidate.speculative.num_speculative_tokens if candidate.speculative else None
     try:
         for i in range(warmup):
-            await _timed_call(provider, requests[i % len(requests)], time.perf_counter(),
-                              candidate.timeout_s * 10)
+            await _timed_call(
+                provider, requests[i % len(requests)], time.perf_counter(), candidate.timeout_s * 10
+            )
         for c in levels:
             if stop_after is not None and time.perf_counter() > stop_after:
                 skipped.append(c)
@@ -356,8 +382,12 @@ async def bench_serving(
             await provider.aclose()
     return ServingReport(
         bench_id=f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
-        candidate=candidate.name, spec=candidate.public_dict(), prompts=prompts_label,
-        targets=targets, levels=levels_out, skipped_levels=skipped,
+        candidate=candidate.name,
+        spec=candidate.public_dict(),
+        prompts=prompts_label,
+        targets=targets,
+        levels=levels_out,
+        skipped_levels=skipped,
     )
 
 
@@ -399,32 +429,55 @@ def level_row(report: ServingReport, lv: LevelResult) -> dict[str, Any]:
     """One `serving_runs` row (also what the CLI prints and gpu_check writes)."""
     s, t = report.spec, report.targets
     row: dict[str, Any] = {
-        "bench_id": report.bench_id, "candidate": report.candidate, "concurrency": lv.concurrency,
-        "provider": s.get("provider"), "model": s.get("model"), "variant": s.get("variant"),
-        "device": s.get("device"), "base_url": s.get("base_url"),
-        "gpu_hour_usd": s.get("gpu_hour_usd"), "prompts": report.prompts,
-        "requests": lv.requests, "errors": lv.errors, "wall_s": lv.wall_s,
-        "max_in_flight": lv.max_in_flight, "mean_in_flight": lv.mean_in_flight,
+        "bench_id": report.bench_id,
+        "candidate": report.candidate,
+        "concurrency": lv.concurrency,
+        "provider": s.get("provider"),
+        "model": s.get("model"),
+        "variant": s.get("variant"),
+        "device": s.get("device"),
+        "base_url": s.get("base_url"),
+        "gpu_hour_usd": s.get("gpu_hour_usd"),
+        "prompts": report.prompts,
+        "requests": lv.requests,
+        "errors": lv.errors,
+        "wall_s": lv.wall_s,
+        "max_in_flight": lv.max_in_flight,
+        "mean_in_flight": lv.mean_in_flight,
     }
     for name in ("ttft", "tpot", "itl", "latency"):
         for q in PERCENTILES:
             row[f"{name}_p{q}"] = _p(getattr(lv, f"{name}_s"), f"p{q}")
     row.update(
-        request_tok_s_p50=_p(lv.request_tok_s, "p50"), output_tok_s=lv.output_tok_s,
-        input_tok_s=lv.input_tok_s, request_rps=lv.request_rps, goodput_rps=lv.goodput_rps,
-        mean_input_tokens=lv.mean_input_tokens, mean_output_tokens=lv.mean_output_tokens,
-        acceptance_rate=lv.acceptance_rate, mean_accepted_length=lv.mean_accepted_length,
+        request_tok_s_p50=_p(lv.request_tok_s, "p50"),
+        output_tok_s=lv.output_tok_s,
+        input_tok_s=lv.input_tok_s,
+        request_rps=lv.request_rps,
+        goodput_rps=lv.goodput_rps,
+        mean_input_tokens=lv.mean_input_tokens,
+        mean_output_tokens=lv.mean_output_tokens,
+        acceptance_rate=lv.acceptance_rate,
+        mean_accepted_length=lv.mean_accepted_length,
         draft_model=(s.get("speculative") or {}).get("model"),
-        latency_target_s=t.latency_s, ttft_target_s=t.ttft_s, tpot_target_s=t.tpot_s,
+        latency_target_s=t.latency_s,
+        ttft_target_s=t.ttft_s,
+        tpot_target_s=t.tpot_s,
     )
     errors: dict[str, int] = {}
     for r in lv.records:
         if r.error_kind:
             errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
-    row["detail_json"] = json.dumps({
-        "error_kinds": errors, "ttft_s": lv.ttft_s, "tpot_s": lv.tpot_s, "itl_s": lv.itl_s,
-        "latency_s": lv.latency_s, "request_tok_s": lv.request_tok_s,
-    }, sort_keys=True)
+    row["detail_json"] = json.dumps(
+        {
+            "error_kinds": errors,
+            "ttft_s": lv.ttft_s,
+            "tpot_s": lv.tpot_s,
+            "itl_s": lv.itl_s,
+            "latency_s": lv.latency_s,
+            "request_tok_s": lv.request_tok_s,
+        },
+        sort_keys=True,
+    )
     row["created_at"] = report.created_at
     return row
 
@@ -438,8 +491,10 @@ def save_report(store: "Store", report: ServingReport) -> int:
     if not rows:
         return 0
     cols = list(rows[0])
-    sql = (f"INSERT INTO {SERVING_TABLE} ({', '.join(cols)}) VALUES "
-           f"({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING")
+    sql = (
+        f"INSERT INTO {SERVING_TABLE} ({', '.join(cols)}) VALUES "
+        f"({', '.join('?' for _ in cols)}) ON CONFLICT DO NOTHING"
+    )
     with store._lock:
         con = store._con
         con.execute(SCHEMA)
@@ -460,20 +515,37 @@ def _ms(x: float | None) -> str:
 
 
 TABLE_COLUMNS: tuple[str, ...] = (
-    "conc", "reqs", "err", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms",
-    "tok/s/req p50", "out tok/s", "req/s", "goodput req/s", "draft accept", "accepted len",
+    "conc",
+    "reqs",
+    "err",
+    "TTFT p50/p90/p99 ms",
+    "TPOT p50/p90/p99 ms",
+    "ITL p50/p90/p99 ms",
+    "tok/s/req p50",
+    "out tok/s",
+    "req/s",
+    "goodput req/s",
+    "draft accept",
+    "accepted len",
 )
 
 
 def table_cells(lv: LevelResult) -> list[str]:
     """One printed row of the results table (shared by the CLI and gpu_check's markdown)."""
+
     def trio(stats: dict[str, float] | None) -> str:
         return "-" if stats is None else "/".join(_ms(stats[f"p{q}"]) for q in PERCENTILES)
 
     return [
-        str(lv.concurrency), str(lv.requests), str(lv.errors), trio(lv.ttft_s), trio(lv.tpot_s),
-        trio(lv.itl_s), "-" if lv.request_tok_s is None else f"{lv.request_tok_s['p50']:.1f}",
-        f"{lv.output_tok_s:.1f}", f"{lv.request_rps:.2f}",
+        str(lv.concurrency),
+        str(lv.requests),
+        str(lv.errors),
+        trio(lv.ttft_s),
+        trio(lv.tpot_s),
+        trio(lv.itl_s),
+        "-" if lv.request_tok_s is None else f"{lv.request_tok_s['p50']:.1f}",
+        f"{lv.output_tok_s:.1f}",
+        f"{lv.request_rps:.2f}",
         "-" if lv.goodput_rps is None else f"{lv.goodput_rps:.2f}",
         "-" if lv.acceptance_rate is None else f"{lv.acceptance_rate:.2f}",
         "-" if lv.mean_accepted_length is None else f"{lv.mean_accepted_length:.2f}",
@@ -490,8 +562,11 @@ def markdown_table(report: ServingReport) -> str:
 def report_json(report: ServingReport) -> dict[str, Any]:
     """The report as plain JSON (no per-request records)."""
     return {
-        "bench_id": report.bench_id, "candidate": report.candidate, "prompts": report.prompts,
-        "targets": asdict(report.targets), "created_at": report.created_at.isoformat(),
+        "bench_id": report.bench_id,
+        "candidate": report.candidate,
+        "prompts": report.prompts,
+        "targets": asdict(report.targets),
+        "created_at": report.created_at.isoformat(),
         "levels": [{k: v for k, v in asdict(lv).items() if k != "records"} for lv in report.levels],
         "skipped_levels": report.skipped_levels,
     }

@@ -50,16 +50,17 @@ class Endpoint:
                 return conn
             conn.writer.close()
         try:
-            reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
-                                                           limit=1 << 20)
+            reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self._ssl, limit=1 << 20)
         except OSError as exc:
             raise ProviderError("connection", f"{self.base_url}: {exc}") from None
         return _Conn(reader, writer)
 
     def _request(self, path: str, payload: dict[str, Any]) -> bytes:
         body = json.dumps(payload, separators=(",", ":")).encode()
-        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        return (
+            f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
 
     def send_now(self, path: str, payload: dict[str, Any], marks: dict[str, float]) -> _Conn | None:
         """Write the request at once on an idle keep-alive connection (no trip through the event
@@ -75,8 +76,9 @@ class Endpoint:
             return conn
         return None
 
-    async def stream(self, path: str, payload: dict[str, Any], marks: dict[str, float],
-                     written: _Conn | None = None) -> AsyncIterator[bytes]:
+    async def stream(
+        self, path: str, payload: dict[str, Any], marks: dict[str, float], written: _Conn | None = None
+    ) -> AsyncIterator[bytes]:
         """POST `payload` (already written on `written`, by `send_now`) and yield the body's
         lines; `marks['sent']` is set when it goes out. A non-200 status raises ProviderError
         of the kind the runner would record."""

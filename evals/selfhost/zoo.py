@@ -46,8 +46,7 @@ class Example:
     answer: str
 
 
-ADD_DIGITS: dict[int, tuple[int, int]] = {1: (1, 1), 2: (2, 1), 3: (2, 2), 4: (3, 2), 5: (3, 3),
-                                          6: (4, 4)}
+ADD_DIGITS: dict[int, tuple[int, int]] = {1: (1, 1), 2: (2, 1), 3: (2, 2), 4: (3, 2), 5: (3, 3), 6: (4, 4)}
 
 
 def _number(rng: random.Random, digits: int) -> int:
@@ -90,8 +89,7 @@ def eval_count(task: str, difficulty: int, per_difficulty: int = EVAL_PER_DIFFIC
     return min(per_difficulty, prompt_space(task, difficulty) // EVAL_SHARE_OF_SPACE)
 
 
-def eval_examples(task: str, seed: int = 0,
-                  per_difficulty: int = EVAL_PER_DIFFICULTY) -> list[Example]:
+def eval_examples(task: str, seed: int = 0, per_difficulty: int = EVAL_PER_DIFFICULTY) -> list[Example]:
     """The held-out eval items of one task: distinct prompts from a seed training never uses."""
     rng = random.Random(f"zoo-eval-{task}-{seed + EVAL_SEED_OFFSET}")
     out: list[Example] = []
@@ -115,9 +113,14 @@ def write_eval_data(data_dir: Path, seed: int = 0) -> dict[str, Path]:
     for task in TASKS:
         lines = []
         for n, ex in enumerate(eval_examples(task, seed)):
-            row = {"id": f"{task}-{ex.difficulty}-{n:03d}", "task": task,
-                   "difficulty": ex.difficulty, "input": ex.prompt.split(": ", 1)[1][:-1],
-                   "prompt": ex.prompt, "answer": ex.answer}
+            row = {
+                "id": f"{task}-{ex.difficulty}-{n:03d}",
+                "task": task,
+                "difficulty": ex.difficulty,
+                "input": ex.prompt.split(": ", 1)[1][:-1],
+                "prompt": ex.prompt,
+                "answer": ex.answer,
+            }
             lines.append(json.dumps(row, sort_keys=True))
         paths[task] = atomic_write(data_dir / f"{task}.jsonl", "\n".join(lines) + "\n")
     return paths
@@ -134,8 +137,13 @@ def build_tokenizer() -> "PreTrainedTokenizerFast":
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        unk_token="<unk>", padding_side="left", chat_template=CHAT_TEMPLATE,
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
         model_max_length=64,
     )
     return tok
@@ -166,11 +174,18 @@ def _model_config(spec: ModelSpec, tok: "PreTrainedTokenizerFast") -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=len(tok), hidden_size=spec.hidden, intermediate_size=spec.hidden * 4,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-        num_key_value_heads=spec.heads, max_position_embeddings=64, rope_theta=10000.0,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, tie_word_embeddings=True,
+        vocab_size=len(tok),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.hidden * 4,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
     )
 
 
@@ -181,8 +196,7 @@ def _curriculum(progress: float, max_difficulty: int = 6) -> list[float]:
     return [1.0 + 0.5 * (d - 1) if d <= unlocked else 0.0 for d in DIFFICULTIES]
 
 
-def sample_training_example(rng: random.Random, task: str, weights: list[float],
-                            banned: set[str]) -> Example:
+def sample_training_example(rng: random.Random, task: str, weights: list[float], banned: set[str]) -> Example:
     """A training example of `task` at a curriculum-weighted difficulty, never a held-out prompt."""
     while True:
         ex = make_example(task, rng.choices(DIFFICULTIES, weights)[0], rng)
@@ -190,8 +204,14 @@ def sample_training_example(rng: random.Random, task: str, weights: list[float],
             return ex
 
 
-def _batch(rng: random.Random, tok_ids: dict[str, int], n: int, progress: float,
-           banned: set[str], max_difficulty: int = 6) -> tuple["torch.Tensor", "torch.Tensor"]:
+def _batch(
+    rng: random.Random,
+    tok_ids: dict[str, int],
+    n: int,
+    progress: float,
+    banned: set[str],
+    max_difficulty: int = 6,
+) -> tuple["torch.Tensor", "torch.Tensor"]:
     """A right-padded batch of `<bos>prompt answer<eos>`; loss only on the answer and eos."""
     import torch
 
@@ -212,8 +232,13 @@ def _batch(rng: random.Random, tok_ids: dict[str, int], n: int, progress: float,
     return ids, labels
 
 
-def train_model(spec: ModelSpec, tok: "PreTrainedTokenizerFast", seed: int, banned: set[str],
-                log: Callable[[str], None] = lambda _: None) -> Any:
+def train_model(
+    spec: ModelSpec,
+    tok: "PreTrainedTokenizerFast",
+    seed: int,
+    banned: set[str],
+    log: Callable[[str], None] = lambda _: None,
+) -> Any:
     """Train one zoo model from scratch with AdamW, warmup + cosine decay, a task curriculum."""
     import torch
     from transformers import LlamaForCausalLM
@@ -226,11 +251,14 @@ def train_model(spec: ModelSpec, tok: "PreTrainedTokenizerFast", seed: int, bann
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, spec.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup)
-        * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps)))))
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup)
+            * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps))))
+        ),
+    )
     for step in range(spec.steps):
-        ids, labels = _batch(rng, tok_ids, spec.batch, step / spec.steps, banned,
-                             spec.max_difficulty)
+        ids, labels = _batch(rng, tok_ids, spec.batch, step / spec.steps, banned, spec.max_difficulty)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -243,8 +271,9 @@ def train_model(spec: ModelSpec, tok: "PreTrainedTokenizerFast", seed: int, bann
     return model
 
 
-def greedy_answers(model: Any, tok: "PreTrainedTokenizerFast", prompts: list[str],
-                   max_new_tokens: int = 10, batch: int = 256) -> list[str]:
+def greedy_answers(
+    model: Any, tok: "PreTrainedTokenizerFast", prompts: list[str], max_new_tokens: int = 10, batch: int = 256
+) -> list[str]:
     """Greedy answers for raw prompts, batched with left padding (what the local provider does)."""
     import torch
 
@@ -253,15 +282,21 @@ def greedy_answers(model: Any, tok: "PreTrainedTokenizerFast", prompts: list[str
         for i in range(0, len(prompts), batch):
             texts = [tok.bos_token + p for p in prompts[i : i + batch]]
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            new = gen[:, enc["input_ids"].shape[1]:]
+            gen = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+            new = gen[:, enc["input_ids"].shape[1] :]
             out.extend(tok.batch_decode(new, skip_special_tokens=True))
     return out
 
 
-def pass_rates(model: Any, tok: "PreTrainedTokenizerFast",
-               examples: Iterable[Example]) -> dict[str, dict[int, float]]:
+def pass_rates(
+    model: Any, tok: "PreTrainedTokenizerFast", examples: Iterable[Example]
+) -> dict[str, dict[int, float]]:
     """Exact-match pass rate per task and difficulty."""
     examples = list(examples)
     answers = greedy_answers(model, tok, [e.prompt for e in examples])
@@ -281,8 +316,12 @@ def _save(model: Any, tok: "PreTrainedTokenizerFast", spec: ModelSpec, out: Path
     hf_logging.disable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, do_sample=False, max_new_tokens=16)
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        do_sample=False,
+        max_new_tokens=16,
+    )
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     atomic_write(out / "zoo_spec.json", json.dumps(asdict(spec), indent=2) + "\n")
@@ -297,8 +336,14 @@ def _load_info(path: Path, seed: int) -> dict[str, Any]:
     return {"seed": seed, "models": {}}
 
 
-def _build_one(spec: ModelSpec, out_dir: Path, seed: int, threads: int | None,
-               measure_per_difficulty: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _build_one(
+    spec: ModelSpec,
+    out_dir: Path,
+    seed: int,
+    threads: int | None,
+    measure_per_difficulty: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Train, measure and save one model. Depends only on (spec, seed): safe in any process."""
     import torch
 
@@ -320,15 +365,26 @@ def _build_one(spec: ModelSpec, out_dir: Path, seed: int, threads: int | None,
     _save(model, tok, spec, out_dir / spec.name)
     params = sum(p.numel() for p in model.parameters())
     log(f"{spec.name}: {params} params, trained in {train_s:.0f}s, pass rates {rates}")
-    return {"params": params, "train_s": round(train_s, 1), "spec": asdict(spec),
-            "build_s": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
-            "pass_rates": {t: {str(d): r for d, r in row.items()} for t, row in rates.items()}}
+    return {
+        "params": params,
+        "train_s": round(train_s, 1),
+        "spec": asdict(spec),
+        "build_s": round(time.perf_counter() - t0, 1),
+        "threads": torch.get_num_threads(),
+        "pass_rates": {t: {str(d): r for d, r in row.items()} for t, row in rates.items()},
+    }
 
 
-def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPECS,
-              threads: int | None = 1, log: Callable[[str], None] = print,
-              measure_per_difficulty: int = EVAL_PER_DIFFICULTY,
-              only: Iterable[str] | None = None, jobs: int = 1) -> dict:
+def build_zoo(
+    out_dir: Path,
+    seed: int = 0,
+    specs: Iterable[ModelSpec] = ZOO_SPECS,
+    threads: int | None = 1,
+    log: Callable[[str], None] = print,
+    measure_per_difficulty: int = EVAL_PER_DIFFICULTY,
+    only: Iterable[str] | None = None,
+    jobs: int = 1,
+) -> dict:
     """Train, evaluate and save zoo models under `out_dir/<name>/`; return what was measured
     (seconds and pass rate per task x difficulty on held-out items, per model).
 
@@ -340,8 +396,7 @@ def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPE
     wanted = set(only) if only else {sp.name for sp in specs}
     unknown = wanted - {sp.name for sp in specs}
     if unknown:
-        raise ValueError(f"unknown zoo model(s) {sorted(unknown)}; "
-                         f"known: {[sp.name for sp in specs]}")
+        raise ValueError(f"unknown zoo model(s) {sorted(unknown)}; known: {[sp.name for sp in specs]}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = [sp for sp in specs if sp.name in wanted]
@@ -353,15 +408,16 @@ def build_zoo(out_dir: Path, seed: int = 0, specs: Iterable[ModelSpec] = ZOO_SPE
 
         largest_first = sorted(todo, key=lambda sp: -sp.hidden * sp.layers * sp.steps)
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_build_one, sp, out_dir, seed, threads,
-                                   measure_per_difficulty): sp.name for sp in largest_first}
+            futures = {
+                pool.submit(_build_one, sp, out_dir, seed, threads, measure_per_difficulty): sp.name
+                for sp in largest_first
+            }
             for fut in as_completed(futures):
                 info["models"][futures[fut]] = fut.result()
                 log(f"{futures[fut]}: done")
     else:
         for sp in todo:
-            info["models"][sp.name] = _build_one(sp, out_dir, seed, threads,
-                                                 measure_per_difficulty, log)
+            info["models"][sp.name] = _build_one(sp, out_dir, seed, threads, measure_per_difficulty, log)
     info["models"] = {sp.name: info["models"][sp.name] for sp in specs if sp.name in info["models"]}
     info["wall_s"] = round(time.perf_counter() - t0, 1)
     info["jobs"] = jobs

@@ -118,12 +118,34 @@ class BatchRecords:
                     "INSERT INTO batch_jobs (submission_id, run_id, candidate, provider, round, "
                     "state, n_requests, n_bytes, est_tokens, created_at) "
                     "VALUES (?, ?, ?, ?, ?, 'planned', ?, ?, ?, ?)",
-                    [job.submission_id, job.run_id, job.candidate, job.provider, job.round,
-                     len(rows), n_bytes, job.est_tokens, job.created_at])
+                    [
+                        job.submission_id,
+                        job.run_id,
+                        job.candidate,
+                        job.provider,
+                        job.round,
+                        len(rows),
+                        n_bytes,
+                        job.est_tokens,
+                        job.created_at,
+                    ],
+                )
                 con.executemany(
                     "INSERT INTO batch_lines VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned', NULL)",
-                    [(ln.custom_id, job.submission_id, job.run_id, ln.suite, ln.item_id,
-                      job.candidate, ln.attempt, ln.est_tokens) for ln in rows])
+                    [
+                        (
+                            ln.custom_id,
+                            job.submission_id,
+                            job.run_id,
+                            ln.suite,
+                            ln.item_id,
+                            job.candidate,
+                            ln.attempt,
+                            ln.est_tokens,
+                        )
+                        for ln in rows
+                    ],
+                )
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -135,13 +157,16 @@ class BatchRecords:
             values["counts_json"] = json.dumps(values.pop("counts"), sort_keys=True)
         values["updated_at"] = _now()
         cols = ", ".join(f"{k} = ?" for k in values)
-        self.store.write(f"UPDATE batch_jobs SET {cols} WHERE submission_id = ?",
-                         [(*values.values(), submission_id)])
+        self.store.write(
+            f"UPDATE batch_jobs SET {cols} WHERE submission_id = ?", [(*values.values(), submission_id)]
+        )
 
     def mark_lines(self, states: Iterable[tuple[str, str, str | None]]) -> None:
         """(custom_id, state, error) for lines whose result is known."""
-        self.store.write("UPDATE batch_lines SET state = ?, error = ? WHERE custom_id = ?",
-                         [(state, error, cid) for cid, state, error in states])
+        self.store.write(
+            "UPDATE batch_lines SET state = ?, error = ? WHERE custom_id = ?",
+            [(state, error, cid) for cid, state, error in states],
+        )
 
     def jobs(self, run_id: str, candidate: str | None = None) -> list[Job]:
         where, params = "run_id = ?", [run_id]
@@ -151,14 +176,17 @@ class BatchRecords:
         frame = self.store.query(
             "SELECT submission_id, run_id, candidate, provider, round, state, provider_state, "
             "file_id, batch_id, n_requests, est_tokens, created_at, submitted_at, error "
-            f"FROM batch_jobs WHERE {where} ORDER BY created_at, submission_id", params)
-        return [Job(**{k: (None if _isna(v) else v) for k, v in r.items()})
-                for r in frame.to_dict("records")]
+            f"FROM batch_jobs WHERE {where} ORDER BY created_at, submission_id",
+            params,
+        )
+        return [Job(**{k: (None if _isna(v) else v) for k, v in r.items()}) for r in frame.to_dict("records")]
 
     def lines(self, submission_id: str) -> dict[str, Line]:
         frame = self.store.query(
             "SELECT custom_id, suite, item_id, attempt, est_tokens, state FROM batch_lines "
-            "WHERE submission_id = ?", [submission_id])
+            "WHERE submission_id = ?",
+            [submission_id],
+        )
         return {r["custom_id"]: Line(**r) for r in frame.to_dict("records")}
 
     def line_history(self, run_id: str, candidate: str) -> dict[tuple[str, str], tuple[int, str]]:
@@ -166,9 +194,10 @@ class BatchRecords:
         frame = self.store.query(
             "SELECT suite, item_id, arg_max(attempt, attempt) AS attempt, "
             "arg_max(state, attempt) AS state FROM batch_lines WHERE run_id = ? AND candidate = ? "
-            "GROUP BY suite, item_id", [run_id, candidate])
-        return {(r["suite"], r["item_id"]): (int(r["attempt"]), r["state"])
-                for r in frame.to_dict("records")}
+            "GROUP BY suite, item_id",
+            [run_id, candidate],
+        )
+        return {(r["suite"], r["item_id"]): (int(r["attempt"]), r["state"]) for r in frame.to_dict("records")}
 
     def known_batch_ids(self) -> set[str]:
         frame = self.store.query("SELECT batch_id FROM batch_jobs WHERE batch_id IS NOT NULL")
@@ -182,7 +211,8 @@ class BatchRecords:
             "count(*) FILTER (WHERE l.state NOT IN ('answered', 'planned')) AS unanswered, j.error "
             "FROM batch_jobs j LEFT JOIN batch_lines l USING (submission_id) "
             "WHERE j.run_id = ? GROUP BY ALL ORDER BY j.candidate, j.submission_id",
-            [run_id]).to_dict("records")
+            [run_id],
+        ).to_dict("records")
 
 
 def _isna(v: Any) -> bool:

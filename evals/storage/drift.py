@@ -28,7 +28,12 @@ from routeopt.evals.storage.store import Store
 
 Severity = Literal["regression", "improvement", "info"]
 BLOCKING_METRICS = frozenset({"pass_rate", "error_rate", "latency_p95_s", "ttft_p95_s"})
-PRICE_FIELDS = ("input_price_per_mtok", "cached_input_price_per_mtok", "output_price_per_mtok", "gpu_hour_usd")
+PRICE_FIELDS = (
+    "input_price_per_mtok",
+    "cached_input_price_per_mtok",
+    "output_price_per_mtok",
+    "gpu_hour_usd",
+)
 
 OUTCOMES_SQL = """
 SELECT o.run_id, r.started_at, o.candidate, o.suite, o.suite_version, o.item_id, o.passed,
@@ -71,12 +76,14 @@ class DriftReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (inf and NaN become None)."""
-        return jsonable({
-            "run_id": self.run_id,
-            "baseline_runs": self.baseline_runs,
-            "compared_pairs": self.compared_pairs,
-            "findings": [asdict(f) for f in self.findings],
-        })
+        return jsonable(
+            {
+                "run_id": self.run_id,
+                "baseline_runs": self.baseline_runs,
+                "compared_pairs": self.compared_pairs,
+                "findings": [asdict(f) for f in self.findings],
+            }
+        )
 
 
 # -- tests and statistics --------------------------------------------------------------------
@@ -142,8 +149,9 @@ PAIR = ["candidate", "suite"]
 TIMED = (("latency_p95_s", "latency_s"), ("ttft_p95_s", "ttft_s"), ("cost_per_call_usd", "cost_usd"))
 
 
-def _pairs(cur: pd.DataFrame, base: pd.DataFrame, usable: pd.Series, base_usable: pd.Series,
-           cols: list[str]) -> pd.DataFrame:
+def _pairs(
+    cur: pd.DataFrame, base: pd.DataFrame, usable: pd.Series, base_usable: pd.Series, cols: list[str]
+) -> pd.DataFrame:
     """Per (candidate, suite), the items usable now and before, each with its latest usable
     baseline row: `cols` with suffixes _c and _b.
 
@@ -160,15 +168,27 @@ def _proportion_rows(cand: str, suite: str, pairs: pd.DataFrame) -> list[dict]:
     rows = []
     for metric, now, before, worse_up in (
         ("pass_rate", pairs.label_c, pairs.label_b, False),
-        ("error_rate", pairs.error_kind_c.notna().astype(float),
-         pairs.error_kind_b.notna().astype(float), True),
+        (
+            "error_rate",
+            pairs.error_kind_c.notna().astype(float),
+            pairs.error_kind_b.notna().astype(float),
+            True,
+        ),
     ):
         up, down = int(((now == 1) & (before == 0)).sum()), int(((now == 0) & (before == 1)).sum())
-        rows.append(dict(
-            candidate=cand, suite=suite, metric=metric, current=float(now.mean()),
-            baseline=float(before.mean()), n_current=len(pairs), n_baseline=len(pairs),
-            p=mcnemar_p(up if worse_up else down, down if worse_up else up), worse_up=worse_up,
-        ))
+        rows.append(
+            dict(
+                candidate=cand,
+                suite=suite,
+                metric=metric,
+                current=float(now.mean()),
+                baseline=float(before.mean()),
+                n_current=len(pairs),
+                n_baseline=len(pairs),
+                p=mcnemar_p(up if worse_up else down, down if worse_up else up),
+                worse_up=worse_up,
+            )
+        )
     return rows
 
 
@@ -177,11 +197,15 @@ def _timing_row(cand: str, suite: str, metric: str, col: str, pairs: pd.DataFram
     c, b = pairs[f"{col}_c"].to_numpy(float), pairs[f"{col}_b"].to_numpy(float)
     p95 = metric != "cost_per_call_usd"
     return dict(
-        candidate=cand, suite=suite, metric=metric,
+        candidate=cand,
+        suite=suite,
+        metric=metric,
         current=float(np.quantile(c, 0.95) if p95 else c.mean()),
         baseline=float(np.quantile(b, 0.95) if p95 else b.mean()),
-        n_current=len(pairs), n_baseline=len(pairs),
-        p=greater_p(c, b) if p95 else None, worse_up=True,
+        n_current=len(pairs),
+        n_baseline=len(pairs),
+        p=greater_p(c, b) if p95 else None,
+        worse_up=True,
     )
 
 
@@ -191,17 +215,23 @@ def _comparisons(cur: pd.DataFrame, base: pd.DataFrame) -> tuple[int, list[dict]
     Times and costs come from calls answered in each run (never replayed cache rows).
     """
     labelled = _pairs(cur, base, cur.labeled, base.labeled, ["label", "error_kind"])
-    timed = {col: _pairs(cur, base, cur.timed & cur[col].notna(), base.timed & base[col].notna(),
-                         [col]) for _, col in TIMED}
-    groups = {name: dict(list(frame.groupby(PAIR))) for name, frame in
-              (("labelled", labelled), *timed.items())}
+    timed = {
+        col: _pairs(cur, base, cur.timed & cur[col].notna(), base.timed & base[col].notna(), [col])
+        for _, col in TIMED
+    }
+    groups = {
+        name: dict(list(frame.groupby(PAIR))) for name, frame in (("labelled", labelled), *timed.items())
+    }
     compared = base[PAIR].drop_duplicates().merge(cur[PAIR].drop_duplicates())
     rows: list[dict] = []
     for cand, suite in compared.itertuples(index=False):
         if (cand, suite) in groups["labelled"]:
             rows += _proportion_rows(cand, suite, groups["labelled"][(cand, suite)])
-        rows += [_timing_row(cand, suite, metric, col, groups[col][(cand, suite)])
-                 for metric, col in TIMED if (cand, suite) in groups[col]]
+        rows += [
+            _timing_row(cand, suite, metric, col, groups[col][(cand, suite)])
+            for metric, col in TIMED
+            if (cand, suite) in groups[col]
+        ]
     return len(compared), rows
 
 
@@ -235,8 +265,18 @@ def _judge(row: dict, q: float | None, s: AlertSettings) -> DriftFinding | None:
         f"({shown:+.1f} {unit}{stat}; n={row['n_current']} vs {row['n_baseline']})"
     )
     return DriftFinding(
-        row["candidate"], row["suite"], metric, severity, base, cur, change,
-        row["p"], q, row["n_current"], row["n_baseline"], msg,
+        row["candidate"],
+        row["suite"],
+        metric,
+        severity,
+        base,
+        cur,
+        change,
+        row["p"],
+        q,
+        row["n_current"],
+        row["n_baseline"],
+        msg,
     )
 
 
@@ -258,12 +298,18 @@ def price_changes(store: Store, run_id: str) -> list[DriftFinding]:
             if (pd.isna(a) and pd.isna(b)) or (not pd.isna(a) and not pd.isna(b) and math.isclose(a, b)):
                 continue
             up = not pd.isna(a) and not pd.isna(b) and b > a
-            out.append(DriftFinding(
-                str(name), "*", f"price:{col}", "regression" if up else "info",
-                None if pd.isna(a) else float(a), None if pd.isna(b) else float(b),
-                None if pd.isna(a) or pd.isna(b) else _rel(float(b), float(a)),
-                message=f"{name}: {col} changed {a} -> {b} since run {before.run_id}",
-            ))
+            out.append(
+                DriftFinding(
+                    str(name),
+                    "*",
+                    f"price:{col}",
+                    "regression" if up else "info",
+                    None if pd.isna(a) else float(a),
+                    None if pd.isna(b) else float(b),
+                    None if pd.isna(a) or pd.isna(b) else _rel(float(b), float(a)),
+                    message=f"{name}: {col} changed {a} -> {b} since run {before.run_id}",
+                )
+            )
     return out
 
 

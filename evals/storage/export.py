@@ -122,7 +122,9 @@ def export_parquet(
         )
         body = table.filter(mask).select(body_cols)
         path = (
-            out / f"run_date={key['run_date'].isoformat()}" / f"suite={_safe(key['suite'])}"
+            out
+            / f"run_date={key['run_date'].isoformat()}"
+            / f"suite={_safe(key['suite'])}"
             / f"{_safe(key['run_id'])}.parquet"
         )
         write_parquet_atomic(body, path)

@@ -58,8 +58,9 @@ def read_outcome_file(path: Path) -> pd.DataFrame:
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(path)
         if suffix == ".csv":
-            return pd.read_csv(path, dtype={"request_id": str, "model": str, "suite": str},
-                               keep_default_na=True)
+            return pd.read_csv(
+                path, dtype={"request_id": str, "model": str, "suite": str}, keep_default_na=True
+            )
     except (OSError, ValueError) as e:
         raise OutcomeImportError(f"{path}: cannot read ({e})") from None
     if suffix in (".jsonl", ".json", ".ndjson"):
@@ -145,20 +146,25 @@ def validate(frame: pd.DataFrame, path: Path, suite_default: str) -> list[dict]:
     if frame.empty:
         raise OutcomeImportError(f"{path}: no rows to import")
     has_score = "score" in frame.columns
-    rows = [_row(path, i, rec, suite_default, has_score)
-            for i, rec in enumerate(frame.to_dict(orient="records"))]
+    rows = [
+        _row(path, i, rec, suite_default, has_score) for i, rec in enumerate(frame.to_dict(orient="records"))
+    ]
     seen: dict[tuple[str, str, str], int] = {}
     prompts: dict[tuple[str, str], tuple[str, int]] = {}
     for i, r in enumerate(rows):
         key = (r["suite"], r["request_id"], r["model"])
         if key in seen:
-            raise OutcomeImportError(f"{_where(path, i)}: duplicate of {_where(path, seen[key])} "
-                               f"(same suite, request_id and model)")
+            raise OutcomeImportError(
+                f"{_where(path, i)}: duplicate of {_where(path, seen[key])} "
+                f"(same suite, request_id and model)"
+            )
         seen[key] = i
         first = prompts.setdefault((r["suite"], r["request_id"]), (r["prompt"], i))
         if first[0] != r["prompt"]:
-            raise OutcomeImportError(f"{_where(path, i)}, column 'prompt': differs from the prompt of the "
-                               f"same request_id at {_where(path, first[1])}")
+            raise OutcomeImportError(
+                f"{_where(path, i)}, column 'prompt': differs from the prompt of the "
+                f"same request_id at {_where(path, first[1])}"
+            )
     return rows
 
 
@@ -191,7 +197,9 @@ def import_outcomes(
     versions = {s: _suite_version(list(its.items())) for s, its in items.items()}
     candidates = sorted({r["model"] for r in rows})
     new = store.begin_run(
-        run_id, source="import", config_fingerprint=digest,
+        run_id,
+        source="import",
+        config_fingerprint=digest,
         config={"file": str(path), "sha256": digest, "rows": len(rows)},
         candidates=[{"name": c, "provider": "import", "model": c} for c in candidates],
     )
@@ -200,18 +208,30 @@ def import_outcomes(
         store.register_suite(suite, versions[suite], spec, [(k, p, {}) for k, p in its.items()])
     store.write_outcomes(
         Outcome(
-            run_id=run_id, suite=r["suite"], suite_version=versions[r["suite"]],
-            item_id=r["request_id"], candidate=r["model"], passed=r["passed"], score=r["score"],
-            input_tokens=r["input_tokens"], output_tokens=r["output_tokens"],
-            cost_usd=r["cost_usd"], latency_s=r["latency_s"], ttft_s=r["ttft_s"],
+            run_id=run_id,
+            suite=r["suite"],
+            suite_version=versions[r["suite"]],
+            item_id=r["request_id"],
+            candidate=r["model"],
+            passed=r["passed"],
+            score=r["score"],
+            input_tokens=r["input_tokens"],
+            output_tokens=r["output_tokens"],
+            cost_usd=r["cost_usd"],
+            latency_s=r["latency_s"],
+            ttft_s=r["ttft_s"],
             response=r["response"],
         )
         for r in rows
     )
     store.finish_run(run_id)
     return ImportSummary(
-        run_id=run_id, rows=len(rows), requests=sum(len(v) for v in items.values()),
-        candidates=candidates, suites=versions, new_run=new,
+        run_id=run_id,
+        rows=len(rows),
+        requests=sum(len(v) for v in items.values()),
+        candidates=candidates,
+        suites=versions,
+        new_run=new,
     )
 
 

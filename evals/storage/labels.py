@@ -75,18 +75,21 @@ class LabelSql:
     @property
     def labeled(self) -> str:
         """A row that counts in pass rates: graded, or a failure of the candidate."""
-        return f"(({self.prefix}error_kind IS NULL AND {self.prefix}passed IS NOT NULL) OR {self.failed_call})"
+        return (
+            f"(({self.prefix}error_kind IS NULL AND {self.prefix}passed IS NOT NULL) OR {self.failed_call})"
+        )
 
     @property
     def passed(self) -> str:
         p = self.prefix
-        return f"(CASE WHEN {p}error_kind IS NULL THEN {p}passed WHEN {self.excluded} THEN NULL ELSE FALSE END)"
+        return (
+            f"(CASE WHEN {p}error_kind IS NULL THEN {p}passed WHEN {self.excluded} THEN NULL ELSE FALSE END)"
+        )
 
     @property
     def score(self) -> str:
         p = self.prefix
-        return (f"(CASE WHEN {p}error_kind IS NULL THEN {p}score WHEN {self.excluded} THEN NULL "
-                "ELSE 0.0 END)")
+        return f"(CASE WHEN {p}error_kind IS NULL THEN {p}score WHEN {self.excluded} THEN NULL ELSE 0.0 END)"
 
     @property
     def live(self) -> str:

@@ -254,8 +254,9 @@ def new_run_id() -> str:
 RESUMABLE_ERROR_KINDS: tuple[str, ...] = ("budget", "circuit_open", "auth", MISCONFIGURED)
 _RESUMABLE_SQL = ", ".join(f"'{k}'" for k in RESUMABLE_ERROR_KINDS)
 _REPLACE_PLACEHOLDERS = (
-    ", ".join(f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in
-              ("run_id", "suite", "item_id", "candidate"))
+    ", ".join(
+        f"{c} = EXCLUDED.{c}" for c in OUTCOME_COLUMNS if c not in ("run_id", "suite", "item_id", "candidate")
+    )
     + f" WHERE outcomes.error_kind IN ({_RESUMABLE_SQL})"
 )
 
@@ -316,9 +317,7 @@ class Store:
     ) -> bool:
         """Record a run (a no-op when it exists: resuming). Returns True if the run is new."""
         with self._lock:
-            existing = self._con.execute(
-                "SELECT 1 FROM runs WHERE run_id = ?", [run_id]
-            ).fetchone()
+            existing = self._con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
         if existing is None:
             self._write(
                 "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -327,8 +326,10 @@ class Store:
         else:
             self._write("UPDATE runs SET status = 'running' WHERE run_id = ?", [(run_id,)])
             # a candidate the run never measured is recorded as it is now (a fixed URL or key)
-            self._write("DELETE FROM candidates WHERE run_id = ? AND name = ?",
-                        [(run_id, name) for name in self._unmeasured(run_id)])
+            self._write(
+                "DELETE FROM candidates WHERE run_id = ? AND name = ?",
+                [(run_id, name) for name in self._unmeasured(run_id)],
+            )
         self._write(
             "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             [
@@ -363,10 +364,13 @@ class Store:
         unmeasured = self._unmeasured(run_id)
         with self._lock:
             stored = self._con.execute(
-                "SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id]).fetchall()
+                "SELECT name, spec_json FROM candidates WHERE run_id = ?", [run_id]
+            ).fetchall()
             versions = self._con.execute(
                 "SELECT DISTINCT suite, suite_version FROM outcomes WHERE run_id = ? "
-                "ORDER BY suite, suite_version", [run_id]).fetchall()
+                "ORDER BY suite, suite_version",
+                [run_id],
+            ).fetchall()
         changes = []
         for name, spec_json in stored:
             if name in unmeasured:
@@ -376,8 +380,11 @@ class Store:
             for field in sorted(set(now or {}) & set(before)):
                 a, b = before[field], now[field]
                 if isinstance(a, dict) and isinstance(b, dict):  # a section: the keys both have
-                    changes += [f"candidate {name!r}: {field}.{k} {a[k]!r} -> {b[k]!r}"
-                                for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+                    changes += [
+                        f"candidate {name!r}: {field}.{k} {a[k]!r} -> {b[k]!r}"
+                        for k in sorted(set(a) & set(b))
+                        if a[k] != b[k]
+                    ]
                 elif a != b:
                     changes.append(f"candidate {name!r}: {field} {a!r} -> {b!r}")
         for suite, version in versions:
@@ -392,12 +399,12 @@ class Store:
             rows = self._con.execute(
                 "SELECT name FROM candidates c WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM "
                 "outcomes o WHERE o.run_id = c.run_id AND o.candidate = c.name AND "
-                f"coalesce(o.error_kind, '') NOT IN ({_RESUMABLE_SQL}))", [run_id]).fetchall()
+                f"coalesce(o.error_kind, '') NOT IN ({_RESUMABLE_SQL}))",
+                [run_id],
+            ).fetchall()
         return {r[0] for r in rows}
 
-    def check_resume(
-        self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]
-    ) -> None:
+    def check_resume(self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]) -> None:
         """Refuse to resume a run whose candidates or suites changed since it started: its
         outcomes would silently mix two configurations (see `changes_since`)."""
         changes = self.changes_since(run_id, candidates, suite_versions)
@@ -415,9 +422,25 @@ class Store:
         now = _now()
         self._write(
             "INSERT INTO preflight VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(run_id, p["candidate"], now, p.get("endpoint"), p["verdict"], p.get("error_kind"),
-              p.get("error"), p.get("status"), p.get("latency_s"), p.get("cost_usd"),
-              p.get("input_tokens"), p.get("output_tokens"), p.get("streamed")) for p in probes])
+            [
+                (
+                    run_id,
+                    p["candidate"],
+                    now,
+                    p.get("endpoint"),
+                    p["verdict"],
+                    p.get("error_kind"),
+                    p.get("error"),
+                    p.get("status"),
+                    p.get("latency_s"),
+                    p.get("cost_usd"),
+                    p.get("input_tokens"),
+                    p.get("output_tokens"),
+                    p.get("streamed"),
+                )
+                for p in probes
+            ],
+        )
 
     def mark_same_errors(self, run_id: str, min_rows: int = SAME_ERROR_MIN_ROWS) -> list[dict]:
         """Apply the same-error rule of `routeopt.evals.storage.labels` to one run: the rows of each
@@ -427,7 +450,8 @@ class Store:
         self._write(
             "UPDATE outcomes SET error = error_kind || ': ' || coalesce(error, ''), error_kind = ? "
             "WHERE run_id = ? AND candidate = ? AND error_kind = ? AND coalesce(error, '') = ?",
-            [(MISCONFIGURED, run_id, f["candidate"], f["error_kind"], f["error"] or "") for f in found])
+            [(MISCONFIGURED, run_id, f["candidate"], f["error_kind"], f["error"] or "") for f in found],
+        )
         return [{**f, "n": int(f["n"])} for f in found]
 
     def finish_run(self, run_id: str, status: str = "completed") -> None:
@@ -450,15 +474,25 @@ class Store:
             ids.append(item_id)
             prompts.append(prompt)
             fields.append(json.dumps(f, sort_keys=True, default=str))
-        batch = pa.table({"suite": [suite] * len(ids), "version": [version] * len(ids),
-                          "item_id": ids, "prompt": prompts, "fields_json": fields},
-                         schema=pa.schema([(c, pa.string()) for c in
-                                           ("suite", "version", "item_id", "prompt", "fields_json")]))
+        batch = pa.table(
+            {
+                "suite": [suite] * len(ids),
+                "version": [version] * len(ids),
+                "item_id": ids,
+                "prompt": prompts,
+                "fields_json": fields,
+            },
+            schema=pa.schema(
+                [(c, pa.string()) for c in ("suite", "version", "item_id", "prompt", "fields_json")]
+            ),
+        )
         with self._lock:
             self._con.execute("BEGIN TRANSACTION")
             try:
-                self._con.execute("INSERT INTO suites VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                                  (suite, version, json.dumps(spec, sort_keys=True, default=str), _now()))
+                self._con.execute(
+                    "INSERT INTO suites VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (suite, version, json.dumps(spec, sort_keys=True, default=str), _now()),
+                )
                 self._con.register("_item_batch", batch)
                 self._con.execute("INSERT INTO items SELECT * FROM _item_batch ON CONFLICT DO NOTHING")
                 self._con.unregister("_item_batch")
@@ -487,17 +521,18 @@ class Store:
             return 0
         with self._lock:
             if self._outcome_schema is None:
-                self._outcome_schema = self._con.sql(
-                    f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM outcomes LIMIT 0"
-                ).to_arrow_table().schema
+                self._outcome_schema = (
+                    self._con.sql(f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM outcomes LIMIT 0")
+                    .to_arrow_table()
+                    .schema
+                )
             batch = pa.table(cols, schema=self._outcome_schema)
             self._con.execute("BEGIN TRANSACTION")
             try:
                 self._con.register("_outcome_batch", batch)
                 self._con.execute(
                     f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) "
-                    "SELECT * FROM _outcome_batch ON CONFLICT DO UPDATE SET "
-                    + _REPLACE_PLACEHOLDERS
+                    "SELECT * FROM _outcome_batch ON CONFLICT DO UPDATE SET " + _REPLACE_PLACEHOLDERS
                 )
                 self._con.execute("COMMIT")
             except BaseException:
@@ -521,9 +556,11 @@ class Store:
     def has_table(self, name: str) -> bool:
         """Whether the file has a table (a read-only store opened on an older file may not)."""
         with self._lock:
-            return bool(self._con.execute(
-                "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-            ).fetchone()[0])
+            return bool(
+                self._con.execute(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+                ).fetchone()[0]
+            )
 
     def write_frame(self, frame: "Any", sql: str) -> None:
         """Run one writing statement that reads a pandas/Arrow frame as `_frame`, atomically."""
@@ -560,9 +597,7 @@ class Store:
             params.extend(run_ids)
         return self._labelled(f"SELECT * FROM outcomes o WHERE {where}", params)
 
-    def latest_frame(
-        self, run_id: str, *, candidates: Sequence[str], max_age_days: float
-    ) -> "Any":
+    def latest_frame(self, run_id: str, *, candidates: Sequence[str], max_age_days: float) -> "Any":
         """What a nightly run trains on: per (suite, candidate), the labelled outcomes of the
         latest run that measured it, so deployments over different candidate subsets train on
         the whole fleet.
@@ -580,7 +615,7 @@ class Store:
                 WHERE (r.status LIKE 'completed%' OR o.run_id = ?) AND {lab.labeled}
                   AND r.started_at <= me.started_at
                   AND r.started_at >= me.started_at - to_microseconds(CAST(? * 86400e6 AS BIGINT))
-                  AND o.candidate IN ({', '.join('?' for _ in candidates) or 'NULL'})
+                  AND o.candidate IN ({", ".join("?" for _ in candidates) or "NULL"})
                 GROUP BY ALL
             ),
             versions AS (SELECT suite, arg_max(suite_version, started_at) AS suite_version
@@ -620,8 +655,11 @@ class Store:
             params,
         )
         rows, codes = np.unique(frame["prompt"].to_numpy(dtype=np.int64), return_inverse=True)
-        prompts = self.query("SELECT prompt FROM items, (SELECT unnest(?::BIGINT[]) AS r) u "
-                             "WHERE items.rowid = u.r ORDER BY u.r", [rows.tolist()])["prompt"]
+        prompts = self.query(
+            "SELECT prompt FROM items, (SELECT unnest(?::BIGINT[]) AS r) u "
+            "WHERE items.rowid = u.r ORDER BY u.r",
+            [rows.tolist()],
+        )["prompt"]
         same, texts = pd.factorize(prompts)
         frame["prompt"] = pd.Categorical.from_codes(same[codes] if len(rows) else codes, categories=texts)
         return frame

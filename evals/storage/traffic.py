@@ -27,14 +27,47 @@ from routeopt.evals.storage.store import Store
 from routeopt.evals.suite.datasets import DatasetError, file_records
 
 DECISION_COLUMNS = (
-    "request_id", "time", "suite", "quality_target", "prompt_hash", "prompt_chars", "text",
-    "channel", "policy_version", "model", "propensity", "policy_model", "policy_probability",
-    "explored", "exploration_rate", "eligible_json", "canary_share", "pass_probabilities_json",
-    "expected_cost_json", "shadow_channel", "shadow_version", "shadow_model", "shadow_json",
-    "source_file", "imported_at", "trace_id", "span_id",
+    "request_id",
+    "time",
+    "suite",
+    "quality_target",
+    "prompt_hash",
+    "prompt_chars",
+    "text",
+    "channel",
+    "policy_version",
+    "model",
+    "propensity",
+    "policy_model",
+    "policy_probability",
+    "explored",
+    "exploration_rate",
+    "eligible_json",
+    "canary_share",
+    "pass_probabilities_json",
+    "expected_cost_json",
+    "shadow_channel",
+    "shadow_version",
+    "shadow_model",
+    "shadow_json",
+    "source_file",
+    "imported_at",
+    "trace_id",
+    "span_id",
 )
-FEEDBACK_COLUMNS = ("request_id", "source", "passed", "score", "cost_usd", "input_tokens",
-                    "output_tokens", "recorded_at", "file", "line", "imported_at")
+FEEDBACK_COLUMNS = (
+    "request_id",
+    "source",
+    "passed",
+    "score",
+    "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "recorded_at",
+    "file",
+    "line",
+    "imported_at",
+)
 _TRUE = ("true", "1", "yes", "pass", "passed", "y", "t")
 _FALSE = ("false", "0", "no", "fail", "failed", "n", "f")
 
@@ -84,8 +117,10 @@ def log_files(sources: str | Path | Sequence[str | Path]) -> list[Path]:
 
 
 def _bad(where: str, field: str, value: Any, want: str) -> TrafficImportError:
-    return TrafficImportError(f"{where}: field '{field}': {value!r} {want}; this line was not "
-                              "written by a routeopt gateway, or was edited (nothing was imported)")
+    return TrafficImportError(
+        f"{where}: field '{field}': {value!r} {want}; this line was not "
+        "written by a routeopt gateway, or was edited (nothing was imported)"
+    )
 
 
 def _time(where: str, rec: dict, field: str = "time") -> datetime:
@@ -106,13 +141,25 @@ def _str(where: str, rec: dict, field: str, required: bool = True) -> str | None
     return value
 
 
-def _num(where: str, rec: dict, field: str, lo: float = 0.0, hi: float = math.inf,
-         required: bool = False, integer: bool = False) -> Any:
+def _num(
+    where: str,
+    rec: dict,
+    field: str,
+    lo: float = 0.0,
+    hi: float = math.inf,
+    required: bool = False,
+    integer: bool = False,
+) -> Any:
     value = rec.get(field)
     if value is None and not required:
         return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and lo <= value <= hi and (not integer or float(value).is_integer())
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and lo <= value <= hi
+        and (not integer or float(value).is_integer())
+    )
     if not ok:
         kind = "a whole number" if integer else "a number"
         raise _bad(where, field, value, f"must be {kind} in [{lo:g}, {hi:g}]")
@@ -128,7 +175,8 @@ def decision_row(where: str, rec: dict, source_file: str) -> dict[str, Any]:
     exploration = rec.get("exploration") if isinstance(rec.get("exploration"), dict) else {}
     text = rec.get("text")
     return {
-        "request_id": _str(where, rec, "request_id"), "time": _time(where, rec),
+        "request_id": _str(where, rec, "request_id"),
+        "time": _time(where, rec),
         "suite": _str(where, rec, "suite", required=False),
         "quality_target": _num(where, rec, "quality_target"),
         "prompt_hash": _str(where, rec, "prompt_hash", required=False),
@@ -136,20 +184,29 @@ def decision_row(where: str, rec: dict, source_file: str) -> dict[str, Any]:
         "text": text if isinstance(text, str) else None,
         "channel": rec.get("channel") or "champion",
         "policy_version": _num(where, rec, "policy_version", integer=True),
-        "model": _str(where, rec, "model"), "propensity": propensity,
+        "model": _str(where, rec, "model"),
+        "propensity": propensity,
         "policy_model": _str(where, rec, "policy_model", required=False),
         "policy_probability": _num(where, rec, "policy_probability", hi=1.0),
         "explored": bool(rec.get("explored", False)),
-        "exploration_rate": _num(where, {"exploration.rate": exploration.get("rate")},
-                                 "exploration.rate", hi=1.0),
-        "eligible_json": json.dumps(exploration["eligible"]) if isinstance(exploration.get("eligible"), list)
+        "exploration_rate": _num(
+            where, {"exploration.rate": exploration.get("rate")}, "exploration.rate", hi=1.0
+        ),
+        "eligible_json": json.dumps(exploration["eligible"])
+        if isinstance(exploration.get("eligible"), list)
         else None,
         "canary_share": _num(where, rec, "canary_share", hi=1.0),
         "pass_probabilities_json": json.dumps(rec.get("pass_probabilities") or {}),
         "expected_cost_json": json.dumps(rec.get("expected_cost_usd") or {}),
         "shadow_channel": shadow.get("channel") if shadow else None,
-        "shadow_version": _num(where, {"shadow.policy_version": shadow.get("policy_version")},
-                               "shadow.policy_version", integer=True) if shadow else None,
+        "shadow_version": _num(
+            where,
+            {"shadow.policy_version": shadow.get("policy_version")},
+            "shadow.policy_version",
+            integer=True,
+        )
+        if shadow
+        else None,
         "shadow_model": shadow.get("model") if shadow else None,
         "shadow_json": json.dumps(shadow) if shadow else None,
         "source_file": source_file,
@@ -165,10 +222,12 @@ def read_usage_line(where: str, rec: dict) -> tuple[str, int | None, int | None]
 
 
 def _usage(where: str, rec: dict) -> dict[str, Any]:
-    return {"request_id": _str(where, rec, "request_id"),
-            "input_tokens": _num(where, rec, "input_tokens", integer=True),
-            "output_tokens": _num(where, rec, "output_tokens", integer=True),
-            "cost_usd": _num(where, rec, "cost_usd")}
+    return {
+        "request_id": _str(where, rec, "request_id"),
+        "input_tokens": _num(where, rec, "input_tokens", integer=True),
+        "output_tokens": _num(where, rec, "output_tokens", integer=True),
+        "cost_usd": _num(where, rec, "cost_usd"),
+    }
 
 
 def _lines(path: Path) -> Iterable[tuple[str, str, bool]]:
@@ -221,14 +280,15 @@ def import_decisions(sources: str | Path | Sequence[str | Path], store: Store) -
         first.setdefault(row["request_id"], row)
     before = _count(store, "decisions")
     now = datetime.now(timezone.utc)
-    frame = pd.DataFrame([{**r, "imported_at": now} for r in first.values()],
-                         columns=list(DECISION_COLUMNS))
-    store.write_frame(frame, f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) "
-                             f"SELECT {', '.join(DECISION_COLUMNS)} FROM _frame ON CONFLICT DO NOTHING")
+    frame = pd.DataFrame([{**r, "imported_at": now} for r in first.values()], columns=list(DECISION_COLUMNS))
+    store.write_frame(
+        frame,
+        f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) "
+        f"SELECT {', '.join(DECISION_COLUMNS)} FROM _frame ON CONFLICT DO NOTHING",
+    )
     new = _count(store, "decisions") - before
     matched = _apply_usage(store, usage)
-    return DecisionImport(len(paths), len(first), new, len(rows) - len(first), len(usage),
-                          matched, truncated)
+    return DecisionImport(len(paths), len(first), new, len(rows) - len(first), len(usage), matched, truncated)
 
 
 def _count(store: Store, table: str) -> int:
@@ -240,17 +300,26 @@ def _apply_usage(store: Store, usage: list[dict]) -> int:
 
     if not usage:
         return 0
-    frame = pd.DataFrame(usage).groupby("request_id", as_index=False).agg(
-        input_tokens=("input_tokens", lambda s: s.sum(min_count=1)),
-        output_tokens=("output_tokens", lambda s: s.sum(min_count=1)),
-        cost_usd=("cost_usd", lambda s: s.sum(min_count=1)))
+    frame = (
+        pd.DataFrame(usage)
+        .groupby("request_id", as_index=False)
+        .agg(
+            input_tokens=("input_tokens", lambda s: s.sum(min_count=1)),
+            output_tokens=("output_tokens", lambda s: s.sum(min_count=1)),
+            cost_usd=("cost_usd", lambda s: s.sum(min_count=1)),
+        )
+    )
     ids = frame.request_id.tolist()
-    matched = int(store.query("SELECT count(*) AS n FROM decisions WHERE list_contains(?, request_id)",
-                              [ids]).n.iloc[0])
-    store.write_frame(frame, "UPDATE decisions SET input_tokens = CAST(_frame.input_tokens AS BIGINT), "
-                             "output_tokens = CAST(_frame.output_tokens AS BIGINT), "
-                             "cost_usd = _frame.cost_usd FROM _frame "
-                             "WHERE decisions.request_id = _frame.request_id")
+    matched = int(
+        store.query("SELECT count(*) AS n FROM decisions WHERE list_contains(?, request_id)", [ids]).n.iloc[0]
+    )
+    store.write_frame(
+        frame,
+        "UPDATE decisions SET input_tokens = CAST(_frame.input_tokens AS BIGINT), "
+        "output_tokens = CAST(_frame.output_tokens AS BIGINT), "
+        "cost_usd = _frame.cost_usd FROM _frame "
+        "WHERE decisions.request_id = _frame.request_id",
+    )
     return matched
 
 
@@ -258,8 +327,10 @@ def _apply_usage(store: Store, usage: list[dict]) -> int:
 
 
 def _fb_error(where: str, column: str, value: Any, want: str) -> TrafficImportError:
-    return TrafficImportError(f"{where}: column '{column}': {value!r} {want}; fix the row and "
-                              "import again (nothing of this file was imported)")
+    return TrafficImportError(
+        f"{where}: column '{column}': {value!r} {want}; fix the row and "
+        "import again (nothing of this file was imported)"
+    )
 
 
 def _missing(v: Any) -> bool:
@@ -298,8 +369,10 @@ def feedback_row(where: str, rec: dict, source: str, pass_threshold: float) -> d
     passed = _fb_passed(where, rec.get("passed"))
     score = _fb_number(where, "score", rec.get("score"), hi=1.0)
     if passed is None and score is None:
-        raise TrafficImportError(f"{where}: needs a 'passed' or a 'score' value; fix the row and "
-                                 "import again (nothing of this file was imported)")
+        raise TrafficImportError(
+            f"{where}: needs a 'passed' or a 'score' value; fix the row and "
+            "import again (nothing of this file was imported)"
+        )
     recorded = rec.get("time", rec.get("recorded_at"))
     if not _missing(recorded):
         try:
@@ -334,8 +407,10 @@ def read_feedback(path: Path, source: str = "feedback", pass_threshold: float = 
         row = feedback_row(where, rec, source, pass_threshold)
         key = (row["request_id"], row["source"])
         if key in seen:
-            raise TrafficImportError(f"{where}: request_id {key[0]!r} from source {key[1]!r} "
-                                     f"repeats {seen[key]}; keep one row per request and source")
+            raise TrafficImportError(
+                f"{where}: request_id {key[0]!r} from source {key[1]!r} "
+                f"repeats {seen[key]}; keep one row per request and source"
+            )
         seen[key] = where
         rows.append(row)
     if not rows:
@@ -343,35 +418,53 @@ def read_feedback(path: Path, source: str = "feedback", pass_threshold: float = 
     return rows
 
 
-def import_feedback(path: str | Path, store: Store, *, source: str = "feedback",
-                    pass_threshold: float = 0.5) -> FeedbackImport:
+def import_feedback(
+    path: str | Path, store: Store, *, source: str = "feedback", pass_threshold: float = 0.5
+) -> FeedbackImport:
     """Validate a feedback file and upsert it; says how many rows meet a logged decision."""
     import pandas as pd
 
     path = Path(path)
     rows = read_feedback(path, source, pass_threshold)
     now = datetime.now(timezone.utc)
-    frame = pd.DataFrame([{**r, "file": str(path), "imported_at": now} for r in rows],
-                         columns=list(FEEDBACK_COLUMNS))
+    frame = pd.DataFrame(
+        [{**r, "file": str(path), "imported_at": now} for r in rows], columns=list(FEEDBACK_COLUMNS)
+    )
     ids = sorted({r["request_id"] for r in rows})
-    old = store.query("SELECT request_id, source, passed, score, cost_usd, input_tokens, output_tokens "
-                      "FROM feedback WHERE list_contains(?, request_id)", [ids])
+    old = store.query(
+        "SELECT request_id, source, passed, score, cost_usd, input_tokens, output_tokens "
+        "FROM feedback WHERE list_contains(?, request_id)",
+        [ids],
+    )
     before = {(r.request_id, r.source): r for r in old.itertuples()}
     new = updated = 0
     for r in rows:
         prior = before.get((r["request_id"], r["source"]))
         if prior is None:
             new += 1
-        elif any(not _same(getattr(prior, c), r[c]) for c in
-                 ("passed", "score", "cost_usd", "input_tokens", "output_tokens")):
+        elif any(
+            not _same(getattr(prior, c), r[c])
+            for c in ("passed", "score", "cost_usd", "input_tokens", "output_tokens")
+        ):
             updated += 1
     sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in FEEDBACK_COLUMNS if c not in ("request_id", "source"))
-    store.write_frame(frame, f"INSERT INTO feedback ({', '.join(FEEDBACK_COLUMNS)}) SELECT "
-                             f"{', '.join(FEEDBACK_COLUMNS)} FROM _frame ON CONFLICT DO UPDATE SET {sets}")
-    matched = int(store.query("SELECT count(*) AS n FROM decisions WHERE list_contains(?, request_id)",
-                              [ids]).n.iloc[0])
-    return FeedbackImport(str(path), len(rows), new, updated, len(rows) - new - updated, matched,
-                          sorted({r["source"] for r in rows}))
+    store.write_frame(
+        frame,
+        f"INSERT INTO feedback ({', '.join(FEEDBACK_COLUMNS)}) SELECT "
+        f"{', '.join(FEEDBACK_COLUMNS)} FROM _frame ON CONFLICT DO UPDATE SET {sets}",
+    )
+    matched = int(
+        store.query("SELECT count(*) AS n FROM decisions WHERE list_contains(?, request_id)", [ids]).n.iloc[0]
+    )
+    return FeedbackImport(
+        str(path),
+        len(rows),
+        new,
+        updated,
+        len(rows) - new - updated,
+        matched,
+        sorted({r["source"] for r in rows}),
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -388,13 +481,38 @@ def _same(a: Any, b: Any) -> bool:
 # -- reading the traffic back: what `routeopt.router_training.live.promise` scores policies on -------------------
 
 TRAFFIC_COLUMNS = (
-    "request_id", "time", "suite", "quality_target", "text", "channel", "policy_version", "model",
-    "propensity", "policy_model", "explored", "exploration_rate", "eligible_json",
-    "pass_probabilities_json", "expected_cost_json", "shadow_version", "shadow_model", "shadow_json",
-    "input_tokens", "output_tokens", "cost_usd", "prompt_chars", "prompt_hash",
+    "request_id",
+    "time",
+    "suite",
+    "quality_target",
+    "text",
+    "channel",
+    "policy_version",
+    "model",
+    "propensity",
+    "policy_model",
+    "explored",
+    "exploration_rate",
+    "eligible_json",
+    "pass_probabilities_json",
+    "expected_cost_json",
+    "shadow_version",
+    "shadow_model",
+    "shadow_json",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "prompt_chars",
+    "prompt_hash",
 )
-FEEDBACK_SUMMARY_COLUMNS = ["request_id", "passed", "feedback_cost_usd", "feedback_input_tokens",
-                            "feedback_output_tokens", "sources"]
+FEEDBACK_SUMMARY_COLUMNS = [
+    "request_id",
+    "passed",
+    "feedback_cost_usd",
+    "feedback_input_tokens",
+    "feedback_output_tokens",
+    "sources",
+]
 
 
 def decisions_from_store(store: Any, since: str | None = None, until: str | None = None) -> pd.DataFrame:
@@ -410,18 +528,24 @@ def decisions_from_store(store: Any, since: str | None = None, until: str | None
         where.append("time < CAST(? AS TIMESTAMPTZ)")
         params.append(until)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    return store.query(f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM decisions {clause} ORDER BY time, request_id", params)
+    return store.query(
+        f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM decisions {clause} ORDER BY time, request_id", params
+    )
 
 
 def decisions_from_log(paths: str | Path | Sequence[str | Path]) -> pd.DataFrame:
     """The same frame read straight from decision log files (first record per request id)."""
     rows, usage, _ = read_log(log_files(paths))
-    frame = pd.DataFrame(rows, columns=[c for c in TRAFFIC_COLUMNS if c not in
-                                        ("input_tokens", "output_tokens", "cost_usd")])
+    frame = pd.DataFrame(
+        rows, columns=[c for c in TRAFFIC_COLUMNS if c not in ("input_tokens", "output_tokens", "cost_usd")]
+    )
     frame = frame.drop_duplicates("request_id", keep="first")
     if usage:
-        sums = pd.DataFrame(usage).groupby("request_id")[["input_tokens", "output_tokens", "cost_usd"]] \
+        sums = (
+            pd.DataFrame(usage)
+            .groupby("request_id")[["input_tokens", "output_tokens", "cost_usd"]]
             .sum(min_count=1)
+        )
         frame = frame.merge(sums, how="left", left_on="request_id", right_index=True)
     for c in ("input_tokens", "output_tokens", "cost_usd"):
         if c not in frame:
@@ -438,7 +562,9 @@ def feedback_from_store(store: Any, source: str | None = None) -> pd.DataFrame:
     return store.query(
         "SELECT request_id, avg(CAST(passed AS DOUBLE)) AS passed, avg(cost_usd) AS feedback_cost_usd, "
         "avg(input_tokens) AS feedback_input_tokens, avg(output_tokens) AS feedback_output_tokens, "
-        f"count(*) AS sources FROM feedback {clause} GROUP BY request_id", params)
+        f"count(*) AS sources FROM feedback {clause} GROUP BY request_id",
+        params,
+    )
 
 
 def window(decisions: pd.DataFrame, since: str | None, until: str | None) -> pd.DataFrame:
@@ -448,11 +574,17 @@ def window(decisions: pd.DataFrame, since: str | None, until: str | None) -> pd.
     t = pd.to_datetime(decisions["time"], utc=True)
     keep = np.ones(len(decisions), dtype=bool)
     if since:
-        keep &= (t >= pd.Timestamp(since, tz="UTC") if pd.Timestamp(since).tzinfo is None
-                 else t >= pd.Timestamp(since)).to_numpy()
+        keep &= (
+            t >= pd.Timestamp(since, tz="UTC")
+            if pd.Timestamp(since).tzinfo is None
+            else t >= pd.Timestamp(since)
+        ).to_numpy()
     if until:
-        keep &= (t < pd.Timestamp(until, tz="UTC") if pd.Timestamp(until).tzinfo is None
-                 else t < pd.Timestamp(until)).to_numpy()
+        keep &= (
+            t < pd.Timestamp(until, tz="UTC")
+            if pd.Timestamp(until).tzinfo is None
+            else t < pd.Timestamp(until)
+        ).to_numpy()
     return decisions[keep].reset_index(drop=True)
 
 
@@ -465,7 +597,8 @@ def traffic_frame(decisions: pd.DataFrame, feedback: pd.DataFrame) -> pd.DataFra
     return frame
 
 
-def load_traffic(store: Any, *, since: str | None = None, until: str | None = None,
-                 source: str | None = None) -> pd.DataFrame:
+def load_traffic(
+    store: Any, *, since: str | None = None, until: str | None = None, source: str | None = None
+) -> pd.DataFrame:
     """The stored decisions in [since, until) with their feedback (of one `source`, or all)."""
     return traffic_frame(decisions_from_store(store, since, until), feedback_from_store(store, source))

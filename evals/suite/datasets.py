@@ -21,7 +21,11 @@ from routeopt.evals.grading.base import lookup
 
 Format = Literal["jsonl", "csv", "parquet"]
 _SUFFIX_FORMAT: dict[str, Format] = {
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
 }
 
 
@@ -125,8 +129,14 @@ def file_records(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
     """Rows of a .jsonl/.ndjson, .csv or .parquet file as (where, row) or (where, problem), the
     way suites read them (CSV values stay text); an unknown extension raises DatasetError."""
     suffix = path.suffix.lower()
-    readers = {".jsonl": jsonl_records, ".ndjson": jsonl_records, ".json": jsonl_records,
-               ".csv": _csv, ".parquet": _parquet, ".pq": _parquet}
+    readers = {
+        ".jsonl": jsonl_records,
+        ".ndjson": jsonl_records,
+        ".json": jsonl_records,
+        ".csv": _csv,
+        ".parquet": _parquet,
+        ".pq": _parquet,
+    }
     if suffix not in readers:
         raise DatasetError(f"{path}: unknown format {suffix!r}; use .jsonl, .csv or .parquet")
     if not path.is_file():

@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from routeopt.evals.suite.datasets import DatasetError, DatasetSpec, content_digest, load_rows
 from routeopt.evals.grading import (
-    Grader, GraderContext, GraderSpecError, build_grader, pydantic_message, render, template_error,
+    Grader,
+    GraderContext,
+    GraderSpecError,
+    build_grader,
+    pydantic_message,
+    render,
+    template_error,
 )
 from routeopt.evals.providers.base import GenerationSettings, Message, Request
 from routeopt.evals.suite.files import Problem, Provenance, SuiteError, resolve_includes
@@ -29,8 +35,15 @@ if TYPE_CHECKING:
     from routeopt.evals.config import Config
 
 __all__ = [
-    "Item", "Problem", "Suite", "SuiteError", "SuiteSpec", "check_suite", "discover_suites",
-    "load_suite", "read_jsonl",
+    "Item",
+    "Problem",
+    "Suite",
+    "SuiteError",
+    "SuiteSpec",
+    "check_suite",
+    "discover_suites",
+    "load_suite",
+    "read_jsonl",
 ]
 METADATA = ("description", "owner", "tags")
 
@@ -88,7 +101,9 @@ class GenerationSpec(BaseModel):
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(
-            max_tokens=self.max_tokens, temperature=self.temperature, stop=tuple(self.stop),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            stop=tuple(self.stop),
             top_p=self.top_p,
         )
 
@@ -223,8 +238,11 @@ def _generations(spec: SuiteSpec, config: "Config | None", chk: _Checker) -> dic
     known = [c.name for c in config.candidates] if config is not None else None
     for name, override in spec.overrides.items():
         if known is not None and name not in known:
-            chk.add(("overrides", name), f"no candidate {name!r} in the config (it has {known}); "
-                    "the override is unused", "warning")
+            chk.add(
+                ("overrides", name),
+                f"no candidate {name!r} in the config (it has {known}); the override is unused",
+                "warning",
+            )
         merged = {**spec.generation.model_dump(), **override.generation}
         try:
             out[name] = GenerationSpec.model_validate(merged)
@@ -360,9 +378,14 @@ def _hashable(spec: SuiteSpec) -> dict[str, Any]:
 
 def suite_version(spec: SuiteSpec, items: list[Item], shots: list[Item], grader: Grader) -> str:
     payload = json.dumps(
-        [_hashable(spec), content_digest([(i.id, i.fields) for i in items]),
-         content_digest([(s.id, s.fields) for s in shots]), grader.fingerprint()],
-        sort_keys=True, default=str,
+        [
+            _hashable(spec),
+            content_digest([(i.id, i.fields) for i in items]),
+            content_digest([(s.id, s.fields) for s in shots]),
+            grader.fingerprint(),
+        ],
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

@@ -97,30 +97,49 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-.") or "unlabelled"
 
 
-def suite_yaml(name: str, label: str, data_rel: str, *, judge: str, rubric: str, n: int,
-               strata: dict[str, int], max_tokens: int) -> str:
+def suite_yaml(
+    name: str,
+    label: str,
+    data_rel: str,
+    *,
+    judge: str,
+    rubric: str,
+    n: int,
+    strata: dict[str, int],
+    max_tokens: int,
+) -> str:
     """A suite file: the logged prompt as the whole prompt, graded by the judge candidate."""
     import yaml
 
     spec = {
         "name": name,
         "description": f"Production prompts of suite '{label or '(none)'}' sampled from the decision "
-                       f"logs by day ({n} items); written by `routeopt import traffic`.",
+        f"logs by day ({n} items); written by `routeopt import traffic`.",
         "owner": "routeopt-traffic",
         "tags": ["traffic", "production"],
         "dataset": {"path": data_rel, "id_field": "id"},
         "prompt": {"template": "{{ prompt }}"},
         "generation": {"max_tokens": max_tokens, "temperature": 0.0},
-        "grader": {"type": "judge", "candidate": judge, "rubric": rubric, "min_score": 0,
-                   "max_score": 10, "threshold": 0.7},
+        "grader": {
+            "type": "judge",
+            "candidate": judge,
+            "rubric": rubric,
+            "min_score": 0,
+            "max_score": 10,
+            "threshold": 0.7,
+        },
     }
-    head = "# Written by `routeopt import traffic`; strata (suite day: items): " + \
-        ", ".join(f"{k}: {v}" for k, v in sorted(strata.items())) + "\n"
+    head = (
+        "# Written by `routeopt import traffic`; strata (suite day: items): "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(strata.items()))
+        + "\n"
+    )
     return head + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, width=100)
 
 
-async def _answers(candidate: Any, prompts: dict[str, str], max_tokens: int,
-                   concurrency: int) -> dict[str, str]:
+async def _answers(
+    candidate: Any, prompts: dict[str, str], max_tokens: int, concurrency: int
+) -> dict[str, str]:
     from routeopt.evals.providers import make_provider
     from routeopt.evals.providers.base import GenerationSettings, Message, Request
 
@@ -129,8 +148,9 @@ async def _answers(candidate: Any, prompts: dict[str, str], max_tokens: int,
 
     async def one(key: str, text: str) -> tuple[str, str]:
         async with gate:
-            done = await provider.generate(Request((Message("user", text),),
-                                                   GenerationSettings(max_tokens=max_tokens)))
+            done = await provider.generate(
+                Request((Message("user", text),), GenerationSettings(max_tokens=max_tokens))
+            )
             return key, done.text
 
     try:
@@ -139,21 +159,31 @@ async def _answers(candidate: Any, prompts: dict[str, str], max_tokens: int,
         await provider.aclose()
 
 
-def reference_answers(candidate: Any, prompts: dict[str, str], *, max_tokens: int = 512,
-                      concurrency: int = 8) -> dict[str, str]:
+def reference_answers(
+    candidate: Any, prompts: dict[str, str], *, max_tokens: int = 512, concurrency: int = 8
+) -> dict[str, str]:
     """The reference candidate's answer to every prompt (id -> text)."""
     from routeopt.evals.providers.base import ProviderError
 
     try:
         return asyncio.run(_answers(candidate, prompts, max_tokens, concurrency))
     except ProviderError as exc:
-        raise TrafficSuiteError(f"reference candidate {candidate.name!r} failed: {exc}; no suite "
-                                "was written") from None
+        raise TrafficSuiteError(
+            f"reference candidate {candidate.name!r} failed: {exc}; no suite was written"
+        ) from None
 
 
-def write_suites(sample: pd.DataFrame, *, name: str, suites_dir: Path, data_dir: Path, judge: str,
-                 references: dict[str, str] | None, strata: dict[str, int],
-                 max_tokens: int = 512) -> list[TrafficSuite]:
+def write_suites(
+    sample: pd.DataFrame,
+    *,
+    name: str,
+    suites_dir: Path,
+    data_dir: Path,
+    judge: str,
+    references: dict[str, str] | None,
+    strata: dict[str, int],
+    max_tokens: int = 512,
+) -> list[TrafficSuite]:
     """One suite (YAML + JSONL, written atomically) per suite label of the sample."""
     out = []
     rubric = REFERENCE_RUBRIC if references is not None else RUBRIC
@@ -170,16 +200,36 @@ def write_suites(sample: pd.DataFrame, *, name: str, suites_dir: Path, data_dir:
         rel = os.path.relpath(data_path, suites_dir)
         mine = {k: v for k, v in strata.items() if k.rsplit(" ", 1)[0] == (label or "(no suite)")}
         suite_path = suites_dir / f"{suite_name}.yaml"
-        atomic_write(suite_path, suite_yaml(suite_name, label, rel, judge=judge, rubric=rubric,
-                                            n=len(part), strata=mine, max_tokens=max_tokens))
+        atomic_write(
+            suite_path,
+            suite_yaml(
+                suite_name,
+                label,
+                rel,
+                judge=judge,
+                rubric=rubric,
+                n=len(part),
+                strata=mine,
+                max_tokens=max_tokens,
+            ),
+        )
         out.append(TrafficSuite(suite_name, suite_path, data_path, len(part), mine))
     return out
 
 
-def build_traffic_suites(decisions: pd.DataFrame, n: int, *, cfg: Any, name: str = "traffic",
-                         judge: str | None = None, reference: str | None = None, seed: int = 0,
-                         suites_dir: Path | None = None, data_dir: Path | None = None,
-                         max_tokens: int = 512) -> list[TrafficSuite]:
+def build_traffic_suites(
+    decisions: pd.DataFrame,
+    n: int,
+    *,
+    cfg: Any,
+    name: str = "traffic",
+    judge: str | None = None,
+    reference: str | None = None,
+    seed: int = 0,
+    suites_dir: Path | None = None,
+    data_dir: Path | None = None,
+    max_tokens: int = 512,
+) -> list[TrafficSuite]:
     """Sample the logged prompts with text and write their suites (see the module docstring)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise TrafficSuiteError(f"--name {name!r}: use letters, digits, '.', '_' or '-'")
@@ -187,7 +237,8 @@ def build_traffic_suites(decisions: pd.DataFrame, n: int, *, cfg: Any, name: str
     if rows.empty:
         raise TrafficSuiteError(
             f"none of the {len(decisions)} logged decisions kept its text; a gateway logs text only "
-            "through a redaction hook (DecisionLog(redact=...)), see docs/operations.md")
+            "through a redaction hook (DecisionLog(redact=...)), see docs/operations.md"
+        )
     judge = judge or cfg.traffic.judge
     if judge is None:
         raise TrafficSuiteError("name the judge candidate: --judge NAME or traffic.judge in the config")
@@ -198,12 +249,21 @@ def build_traffic_suites(decisions: pd.DataFrame, n: int, *, cfg: Any, name: str
     sample, strata = stratified_sample(rows, n, seed)
     refs = None
     if reference is not None:
-        refs = reference_answers(cfg.candidate(reference), dict(zip(sample.request_id, sample.text)),
-                                 max_tokens=max_tokens)
+        refs = reference_answers(
+            cfg.candidate(reference), dict(zip(sample.request_id, sample.text)), max_tokens=max_tokens
+        )
     suites_dir = Path(suites_dir or cfg.traffic.suites_dir or cfg.suites_dir)
     data_dir = Path(data_dir or cfg.traffic.data_dir or suites_dir.parent / "data")
-    return write_suites(sample, name=name, suites_dir=suites_dir, data_dir=data_dir, judge=judge,
-                        references=refs, strata=strata, max_tokens=max_tokens)
+    return write_suites(
+        sample,
+        name=name,
+        suites_dir=suites_dir,
+        data_dir=data_dir,
+        judge=judge,
+        references=refs,
+        strata=strata,
+        max_tokens=max_tokens,
+    )
 
 
 def strongest_candidate(cfg: Any, champion: Any) -> str | None:

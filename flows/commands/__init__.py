@@ -19,7 +19,10 @@ CONFIG_OPTION = click.option(
     help="Config file (default: $ROUTEOPT_CONFIG, ./routeopt.yaml, else the bundled demo fleet).",
 )
 DB_OPTION = click.option(
-    "--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
     help="DuckDB file (default: db_path from the config).",
 )
 
@@ -61,7 +64,8 @@ def open_store(path: Path, *, read_only: bool, missing: str = "run `routeopt run
     except duckdb.Error as exc:
         raise click.ClickException(
             f"{path}: cannot open the database ({exc}); another routeopt process may hold it - "
-            "wait for it, or pass --db with another file") from None
+            "wait for it, or pass --db with another file"
+        ) from None
 
 
 def signing_key_path(config_path: Path | None) -> Path | None:
@@ -79,8 +83,9 @@ def signing_key_path(config_path: Path | None) -> Path | None:
         return Path(env) if env else None
 
 
-def publishing_key(given: Path | None, config_path: Path | None, *, create_for: Any = None,
-                   allow_unsigned: bool = False) -> Any:
+def publishing_key(
+    given: Path | None, config_path: Path | None, *, create_for: Any = None, allow_unsigned: bool = False
+) -> Any:
     """The private key a publishing command signs with: --signing-key, else the config's key
     (created on first use for the registry `create_for`, see `registry_signing_key`). None only
     with `allow_unsigned` and no key at all."""
@@ -93,8 +98,11 @@ def publishing_key(given: Path | None, config_path: Path | None, *, create_for: 
         if path is not None and create_for is not None and given is None:
             key, created = registry_signing_key(create_for, path)
             if created:
-                click.echo(f"created the signing key {path} (keep it secret); gateways verify with "
-                           f"{public_key_path(path)}", err=True)
+                click.echo(
+                    f"created the signing key {path} (keep it secret); gateways verify with "
+                    f"{public_key_path(path)}",
+                    err=True,
+                )
             return key
         if given is not None or (path is not None and path.exists()):
             return load_private_key(path)  # type: ignore[arg-type]
@@ -103,14 +111,17 @@ def publishing_key(given: Path | None, config_path: Path | None, *, create_for: 
     if allow_unsigned:
         return None
     where = f" at {path}" if path is not None else ""
-    unsigned = "" if create_for is not None else (
-        " (--allow-unsigned writes an unsigned pointer, which gateways refuse)")
-    raise click.ClickException(f"no signing key{where}: give --signing-key or set "
-                               f"ROUTEOPT_SIGNING_KEY{unsigned}")
+    unsigned = (
+        ""
+        if create_for is not None
+        else (" (--allow-unsigned writes an unsigned pointer, which gateways refuse)")
+    )
+    raise click.ClickException(
+        f"no signing key{where}: give --signing-key or set ROUTEOPT_SIGNING_KEY{unsigned}"
+    )
 
 
-def verification_keys(given: tuple[Path, ...], config_path: Path | None,
-                      allow_unsigned: bool) -> list | None:
+def verification_keys(given: tuple[Path, ...], config_path: Path | None, allow_unsigned: bool) -> list | None:
     """The public keys a command that loads policies trusts: --public-key, else
     `$ROUTEOPT_PUBLIC_KEY` (read by the loader), else the public key beside the config's signing
     key. Without any, only `allow_unsigned` goes on (the loader then checks no signature)."""
@@ -126,5 +137,7 @@ def verification_keys(given: tuple[Path, ...], config_path: Path | None,
     if allow_unsigned:
         return None
     where = f" (`routeopt run` creates it at {public_key_path(private)})" if private else ""
-    raise click.ClickException(f"no public key to verify the policy with{where}: give --public-key "
-                               f"or set ROUTEOPT_PUBLIC_KEY; --allow-unsigned loads it unverified")
+    raise click.ClickException(
+        f"no public key to verify the policy with{where}: give --public-key "
+        f"or set ROUTEOPT_PUBLIC_KEY; --allow-unsigned loads it unverified"
+    )

@@ -23,23 +23,42 @@ def _default_registry(config_path: Path | None = None) -> str:
         raise click.UsageError(f"give --registry (no usable config: {exc})") from None
 
 
-REGISTRY = click.option("--registry", "registry", default=None, envvar="ROUTEOPT_REGISTRY",
-                        help="Registry folder or s3://bucket/prefix (default: $ROUTEOPT_REGISTRY, "
-                             "else registry_dir from the config).")
-SIGNING_KEY = click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path),
-                           default=None, help="Ed25519 private key (default: the config's "
-                           "publishing.signing_key, $ROUTEOPT_SIGNING_KEY, or .routeopt/keys/signing_key.pem "
-                           "beside the config).")
-ALLOW_UNSIGNED_MOVE = click.option("--allow-unsigned", is_flag=True,
-                                   help="Without any signing key, write an unsigned pointer (gateways "
-                                        "refuse it unless they also allow unsigned policies).")
-PUBLIC_KEY = click.option("--public-key", "public_keys", multiple=True,
-                          type=click.Path(dir_okay=False, path_type=Path),
-                          help="Trusted Ed25519 public key, repeatable while rotating keys (default: "
-                               "$ROUTEOPT_PUBLIC_KEY, else public_key.pem beside the config's signing key).")
-ALLOW_UNSIGNED_LOAD = click.option("--allow-unsigned", is_flag=True,
-                                   help="Load without checking signatures when no public key is found "
-                                        "(hashes, expiry and order are still checked).")
+REGISTRY = click.option(
+    "--registry",
+    "registry",
+    default=None,
+    envvar="ROUTEOPT_REGISTRY",
+    help="Registry folder or s3://bucket/prefix (default: $ROUTEOPT_REGISTRY, "
+    "else registry_dir from the config).",
+)
+SIGNING_KEY = click.option(
+    "--signing-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Ed25519 private key (default: the config's "
+    "publishing.signing_key, $ROUTEOPT_SIGNING_KEY, or .routeopt/keys/signing_key.pem "
+    "beside the config).",
+)
+ALLOW_UNSIGNED_MOVE = click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="Without any signing key, write an unsigned pointer (gateways "
+    "refuse it unless they also allow unsigned policies).",
+)
+PUBLIC_KEY = click.option(
+    "--public-key",
+    "public_keys",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Trusted Ed25519 public key, repeatable while rotating keys (default: "
+    "$ROUTEOPT_PUBLIC_KEY, else public_key.pem beside the config's signing key).",
+)
+ALLOW_UNSIGNED_LOAD = click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="Load without checking signatures when no public key is found "
+    "(hashes, expiry and order are still checked).",
+)
 
 
 def _fail(exc: Exception) -> None:
@@ -71,14 +90,18 @@ def list_cmd(registry: str | None, config_path: Path | None, as_json: bool) -> N
     if as_json:
         _echo_json(rows)
         return
-    click.echo(f"{'version':>7}  {'created_at':<20}  {'digest':<12}  {'signed':<6}  "
-               f"{'pass_rate':>9}  {'cost_usd':>10}  channels")
+    click.echo(
+        f"{'version':>7}  {'created_at':<20}  {'digest':<12}  {'signed':<6}  "
+        f"{'pass_rate':>9}  {'cost_usd':>10}  channels"
+    )
     for r in rows:
         m = r["metrics"]
         pr = "-" if m["pass_rate"] is None else f"{m['pass_rate']:.4f}"
         cost = "-" if m["cost_usd"] is None else f"{m['cost_usd']:.4g}"
-        click.echo(f"{r['version']:>7}  {r['created_at']:<20}  {r['digest'][:12]:<12}  "
-                   f"{'yes' if r['signed'] else 'no':<6}  {pr:>9}  {cost:>10}  {','.join(r['channels'])}")
+        click.echo(
+            f"{r['version']:>7}  {r['created_at']:<20}  {r['digest'][:12]:<12}  "
+            f"{'yes' if r['signed'] else 'no':<6}  {pr:>9}  {cost:>10}  {','.join(r['channels'])}"
+        )
 
 
 @policies.command()
@@ -124,27 +147,57 @@ def _short(value: Any, width: int = 70) -> str:
 @policies.command()
 @click.argument("version", type=int)
 @click.option("--channel", default="champion", show_default=True)
-@click.option("--allow-downgrade", is_flag=True, help="Move the channel to an older version "
-              "(recorded as a signed rollback).")
-@click.option("--require", type=click.Choice(["shadow", "canary"]), default=None,
-              help="Move only if VERSION's shadow or canary on live traffic (decisions and feedback "
-                   "in the store) is not worse than the champion's.")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="DuckDB store with decisions and feedback (default: from the config).")
+@click.option(
+    "--allow-downgrade",
+    is_flag=True,
+    help="Move the channel to an older version (recorded as a signed rollback).",
+)
+@click.option(
+    "--require",
+    type=click.Choice(["shadow", "canary"]),
+    default=None,
+    help="Move only if VERSION's shadow or canary on live traffic (decisions and feedback "
+    "in the store) is not worse than the champion's.",
+)
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="DuckDB store with decisions and feedback (default: from the config).",
+)
 @click.option("--since", default=None, help="With --require: only decisions since this ISO date/time.")
-@click.option("--min-feedback", type=click.IntRange(min=1), default=None,
-              help="With --require: requests with feedback needed (default: traffic.min_feedback).")
-@click.option("--margin", type=click.FloatRange(0, 1), default=None,
-              help="With --require: how much lower a pass rate may be, shown with 95% confidence "
-                   "(default: publishing.promote_tolerance).")
+@click.option(
+    "--min-feedback",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --require: requests with feedback needed (default: traffic.min_feedback).",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="With --require: how much lower a pass rate may be, shown with 95% confidence "
+    "(default: publishing.promote_tolerance).",
+)
 @REGISTRY
 @SIGNING_KEY
 @ALLOW_UNSIGNED_MOVE
 @CONFIG_OPTION
-def promote(version: int, channel: str, allow_downgrade: bool, require: str | None,
-            db_path: Path | None, since: str | None, min_feedback: int | None, margin: float | None,
-            registry: str | None, signing_key: Path | None, allow_unsigned: bool,
-            config_path: Path | None) -> None:
+def promote(
+    version: int,
+    channel: str,
+    allow_downgrade: bool,
+    require: str | None,
+    db_path: Path | None,
+    since: str | None,
+    min_feedback: int | None,
+    margin: float | None,
+    registry: str | None,
+    signing_key: Path | None,
+    allow_unsigned: bool,
+    config_path: Path | None,
+) -> None:
     """Point CHANNEL at VERSION (atomically; gateways polling the channel pick it up)."""
     from routeopt.artifacts.publish.registry import move_channel
 
@@ -153,16 +206,31 @@ def promote(version: int, channel: str, allow_downgrade: bool, require: str | No
         _require_live(registry, version, require, db_path, since, min_feedback, margin, config_path)
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
-        p = move_channel(registry, channel, version, action="promote", signing_key=key,
-                         allow_downgrade=allow_downgrade, allow_unsigned=allow_unsigned)
+        p = move_channel(
+            registry,
+            channel,
+            version,
+            action="promote",
+            signing_key=key,
+            allow_downgrade=allow_downgrade,
+            allow_unsigned=allow_unsigned,
+        )
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     assert p is not None
     click.echo(f"{channel} -> version {p.version} ({p.action}, move #{p.seq})")
 
 
-def _require_live(registry: str, version: int, kind: str, db_path: Path | None, since: str | None,
-                  min_feedback: int | None, margin: float | None, config_path: Path | None) -> None:
+def _require_live(
+    registry: str,
+    version: int,
+    kind: str,
+    db_path: Path | None,
+    since: str | None,
+    min_feedback: int | None,
+    margin: float | None,
+    config_path: Path | None,
+) -> None:
     """Exit with the reason unless VERSION's shadow or canary result allows the promotion."""
     from routeopt.artifacts.publish.promotion import rollout_evidence
     from routeopt.artifacts.publish.registry import current_pointer
@@ -180,9 +248,15 @@ def _require_live(registry: str, version: int, kind: str, db_path: Path | None, 
     pointer, _ = current_pointer(registry, "champion")
     with Store(path, read_only=True) as store:
         frame = load_traffic(store, since=since)
-    ok, why, _ = rollout_evidence(frame, version, pointer.version if pointer else None, kind,
-                                  margin=cfg.publishing.promote_tolerance if margin is None else margin,
-                                  min_feedback=min_feedback or cfg.traffic.min_feedback, since=since)
+    ok, why, _ = rollout_evidence(
+        frame,
+        version,
+        pointer.version if pointer else None,
+        kind,
+        margin=cfg.publishing.promote_tolerance if margin is None else margin,
+        min_feedback=min_feedback or cfg.traffic.min_feedback,
+        since=since,
+    )
     if not ok:
         _fail(RuntimeError(f"not promoted: {kind}: {why}"))
     click.echo(f"{kind}: {why}")
@@ -194,15 +268,24 @@ def _require_live(registry: str, version: int, kind: str, db_path: Path | None, 
 @SIGNING_KEY
 @ALLOW_UNSIGNED_MOVE
 @CONFIG_OPTION
-def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, allow_unsigned: bool,
-                 config_path: Path | None) -> None:
+def rollback_cmd(
+    channel: str,
+    registry: str | None,
+    signing_key: Path | None,
+    allow_unsigned: bool,
+    config_path: Path | None,
+) -> None:
     """Move CHANNEL back to the version it held before the current one."""
     from routeopt.artifacts.publish.registry import rollback
 
     key = publishing_key(signing_key, config_path, allow_unsigned=allow_unsigned)
     try:
-        p = rollback(registry or _default_registry(config_path), channel, signing_key=key,
-                     allow_unsigned=allow_unsigned)
+        p = rollback(
+            registry or _default_registry(config_path),
+            channel,
+            signing_key=key,
+            allow_unsigned=allow_unsigned,
+        )
     except (ValueError, RuntimeError) as exc:
         _fail(exc)
     click.echo(f"{channel} -> version {p.version} (rollback, move #{p.seq})")
@@ -214,8 +297,13 @@ def rollback_cmd(channel: str, registry: str | None, signing_key: Path | None, a
 @ALLOW_UNSIGNED_LOAD
 @CONFIG_OPTION
 @click.option("--channel", default=None, help="Channel of a registry (default: champion, else latest).")
-def verify(source: str | None, public_keys: tuple[Path, ...], allow_unsigned: bool,
-           config_path: Path | None, channel: str | None) -> None:
+def verify(
+    source: str | None,
+    public_keys: tuple[Path, ...],
+    allow_unsigned: bool,
+    config_path: Path | None,
+    channel: str | None,
+) -> None:
     """Check SOURCE (version folder, registry folder, s3:// or http(s) URL; default: the
     config's registry) exactly as a gateway does."""
     from routeopt.artifacts.serving.loader import PolicyLoadError, check

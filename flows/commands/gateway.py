@@ -16,8 +16,11 @@ def gateway_group() -> None:
     """Serve routing decisions to gateways (nginx, Envoy, Kong...) over HTTP."""
 
 
-@gateway_group.command("serve", add_help_option=False,
-                       context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@gateway_group.command(
+    "serve",
+    add_help_option=False,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def serve(args: tuple[str, ...]) -> None:
     """POST /v1/route answers the policy's decision; `routeopt gateway serve --help` lists the options."""

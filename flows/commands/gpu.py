@@ -40,8 +40,9 @@ def _floats(text: str | None, option: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers",
-                                 param_hint=option) from None
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of numbers", param_hint=option
+        ) from None
 
 
 def _make_provider(candidate: Any, max_batch: int | None) -> Any:
@@ -69,34 +70,78 @@ def _print_levels(report: Any) -> None:
 
 @click.command("serving")
 @click.option("--candidate", "candidate_name", required=True, help="Candidate name in the config.")
-@click.option("--concurrency", "levels", default="1,8,32,128", show_default=True,
-              help="Comma-separated numbers of requests kept in flight.")
-@click.option("--prompts", "prompts_path", required=True,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="Suite YAML, JSONL ({prompt|messages, max_tokens?}) or one prompt per line.")
+@click.option(
+    "--concurrency",
+    "levels",
+    default="1,8,32,128",
+    show_default=True,
+    help="Comma-separated numbers of requests kept in flight.",
+)
+@click.option(
+    "--prompts",
+    "prompts_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Suite YAML, JSONL ({prompt|messages, max_tokens?}) or one prompt per line.",
+)
 @CONFIG_OPTION
 @DB_OPTION
-@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=None,
-              help="Requests per level (default max(2c, 16); never fewer than c).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Override every prompt's max_tokens.")
+@click.option(
+    "--requests",
+    "n_requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests per level (default max(2c, 16); never fewer than c).",
+)
+@click.option(
+    "--max-tokens", type=click.IntRange(min=1), default=None, help="Override every prompt's max_tokens."
+)
 @click.option("--latency-target-s", type=float, default=None, help="Goodput SLO on latency.")
 @click.option("--ttft-target-s", type=float, default=None, help="Goodput SLO on TTFT.")
 @click.option("--tpot-target-s", type=float, default=None, help="Goodput SLO on TPOT.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=None,
-              help="Local candidates: largest batch the in-process batcher forms.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Unmeasured requests first (the local provider loads its model then).")
-@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the figures to this JSON file.")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Local candidates: largest batch the in-process batcher forms.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Unmeasured requests first (the local provider loads its model then).",
+)
+@click.option(
+    "--json-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the figures to this JSON file.",
+)
 @click.option("--no-store", is_flag=True, help="Print only; write nothing to DuckDB.")
-@click.option("--draft-baseline/--no-draft-baseline", default=True, show_default=True,
-              help="For a candidate with a draft model: also measure it without the draft.")
-def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_path: Path | None,
-                db_path: Path | None, n_requests: int | None, max_tokens: int | None,
-                latency_target_s: float | None, ttft_target_s: float | None,
-                tpot_target_s: float | None, max_batch: int | None, warmup: int,
-                json_out: Path | None, no_store: bool, draft_baseline: bool) -> None:
+@click.option(
+    "--draft-baseline/--no-draft-baseline",
+    default=True,
+    show_default=True,
+    help="For a candidate with a draft model: also measure it without the draft.",
+)
+def serving_cmd(
+    candidate_name: str,
+    levels: str,
+    prompts_path: Path,
+    config_path: Path | None,
+    db_path: Path | None,
+    n_requests: int | None,
+    max_tokens: int | None,
+    latency_target_s: float | None,
+    ttft_target_s: float | None,
+    tpot_target_s: float | None,
+    max_batch: int | None,
+    warmup: int,
+    json_out: Path | None,
+    no_store: bool,
+    draft_baseline: bool,
+) -> None:
     """Measure TTFT, TPOT, inter-token latency, tokens/s and goodput at fixed concurrencies.
 
     Works for a `local` candidate (in-process checkpoint) and any OpenAI-compatible server (an
@@ -126,13 +171,25 @@ def serving_cmd(candidate_name: str, levels: str, prompts_path: Path, config_pat
     runs = [candidate]
     if candidate.speculative is not None and draft_baseline:
         runs.append(without_draft(candidate))
-    reports = [asyncio.run(bench_serving(
-        c, requests, level_list, n_requests, targets,
-        provider=_make_provider(c, max_batch), prompts_label=str(prompts_path), warmup=warmup,
-        on_level=lambda lv, c=c: click.echo(f"  {c.name} c={lv.concurrency}: "
-                                            f"{lv.output_tok_s:.1f} out tok/s, "
-                                            f"{lv.errors} errors", err=True)))
-        for c in runs]
+    reports = [
+        asyncio.run(
+            bench_serving(
+                c,
+                requests,
+                level_list,
+                n_requests,
+                targets,
+                provider=_make_provider(c, max_batch),
+                prompts_label=str(prompts_path),
+                warmup=warmup,
+                on_level=lambda lv, c=c: click.echo(
+                    f"  {c.name} c={lv.concurrency}: {lv.output_tok_s:.1f} out tok/s, {lv.errors} errors",
+                    err=True,
+                ),
+            )
+        )
+        for c in runs
+    ]
     for report in reports:
         _print_levels(report)
     if len(reports) == 2:
@@ -182,16 +239,39 @@ def cost() -> None:
 @cost.command("compare")
 @CONFIG_OPTION
 @DB_OPTION
-@click.option("--utilization", "utils", default="0.1,0.25,0.5,1", show_default=True,
-              help="Utilisations to price at (share of paid GPU hours spent serving).")
-@click.option("--input-per-output", type=float, default=None,
-              help="Input tokens per output token for API prices (default: the benchmark's).")
-@click.option("--min-good", type=float, default=0.9, show_default=True,
-              help="A level counts as capacity only if this share of requests met the targets.")
-@click.option("--run-id", default=None,
-              help="Run whose prompt caching to show (default: the latest run in the database).")
-def compare(config_path: Path | None, db_path: Path | None, utils: str,
-            input_per_output: float | None, min_good: float, run_id: str | None) -> None:
+@click.option(
+    "--utilization",
+    "utils",
+    default="0.1,0.25,0.5,1",
+    show_default=True,
+    help="Utilisations to price at (share of paid GPU hours spent serving).",
+)
+@click.option(
+    "--input-per-output",
+    type=float,
+    default=None,
+    help="Input tokens per output token for API prices (default: the benchmark's).",
+)
+@click.option(
+    "--min-good",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="A level counts as capacity only if this share of requests met the targets.",
+)
+@click.option(
+    "--run-id",
+    default=None,
+    help="Run whose prompt caching to show (default: the latest run in the database).",
+)
+def compare(
+    config_path: Path | None,
+    db_path: Path | None,
+    utils: str,
+    input_per_output: float | None,
+    min_good: float,
+    run_id: str | None,
+) -> None:
     """$/Mtok of each self-hosted candidate per concurrency and utilisation, API list prices,
     the daily output-token volume above which self-hosting is cheaper, and what prompt caching
     saved in a run (tokens, and input $ against the same calls without caching)."""
@@ -219,9 +299,9 @@ def compare(config_path: Path | None, db_path: Path | None, utils: str,
             return
         raise click.ClickException(
             f"{path}: no serving benchmark for any GPU-priced candidate "
-            f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first")
-    summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output,
-                                        min_good)
+            f"({', '.join(curves) or 'none in the config'}); run `routeopt bench serving` first"
+        )
+    summaries, verdicts = compare_costs(cfg.candidates, curves, utilizations, input_per_output, min_good)
     _print_comparison(out, summaries, verdicts, [c for c in cfg.candidates if c.gpu_hour_usd is None])
 
 
@@ -229,7 +309,8 @@ def _latest_run(store: Any) -> str | None:
     """The most recently started run in the store, if it has any."""
     with store._lock:
         has_runs = store._con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'"
+        ).fetchone()[0]
     if not has_runs:
         return None
     latest = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
@@ -245,8 +326,9 @@ def _print_comparison(console: Any, summaries: list, verdicts: list, apis: list)
         _print_selfhosted(console, s)
     if apis:
         first = next((s for s in summaries if s.input_per_output), None)
-        _print_api(console, apis, first.input_per_output if first else 0.0,
-                   first.candidate if first else "none")
+        _print_api(
+            console, apis, first.input_per_output if first else 0.0, first.candidate if first else "none"
+        )
     if verdicts:
         _print_verdicts(console, verdicts)
 
@@ -261,13 +343,18 @@ def _print_selfhosted(console: Any, s: Any) -> None:
     for conc in sorted({r.concurrency for r in s.table}):
         rows = {r.utilization: r for r in s.table if r.concurrency == conc}
         good = s.good_fraction.get(conc)
-        t.add_row(str(conc), f"{rows[utils[0]].output_tok_s:.1f}",
-                  "-" if good is None else f"{good:.0%}",
-                  *(_usd(rows[u].usd_per_mtok) for u in utils))
+        t.add_row(
+            str(conc),
+            f"{rows[utils[0]].output_tok_s:.1f}",
+            "-" if good is None else f"{good:.0%}",
+            *(_usd(rows[u].usd_per_mtok) for u in utils),
+        )
     console.print(t)
     conf = "-" if s.configured_usd_per_mtok is None else _usd(s.configured_usd_per_mtok)
-    console.print(f"  capacity {s.capacity_tok_s:.1f} out tok/s (levels meeting the targets); at "
-                  f"the configured utilisation {s.utilization:g} and concurrency: ${conf}/Mtok")
+    console.print(
+        f"  capacity {s.capacity_tok_s:.1f} out tok/s (levels meeting the targets); at "
+        f"the configured utilisation {s.utilization:g} and concurrency: ${conf}/Mtok"
+    )
 
 
 def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
@@ -280,12 +367,20 @@ def _print_api(console: Any, apis: list, ratio: float, source: str) -> None:
         t.add_column(col, justify="right")
     for a in apis:
         read, write = a.cache_prices()
-        t.add_row(a.name, _usd(a.input_price_per_mtok or 0.0), _usd(read), _usd(write),
-                  _usd(a.output_price_per_mtok or 0.0), _usd(api_usd_per_mtok(a, ratio)))
+        t.add_row(
+            a.name,
+            _usd(a.input_price_per_mtok or 0.0),
+            _usd(read),
+            _usd(write),
+            _usd(a.output_price_per_mtok or 0.0),
+            _usd(api_usd_per_mtok(a, ratio)),
+        )
     console.print(t)
-    console.print(f"  'output incl. input' adds {ratio:.2f} input tokens per output token (from "
-                  f"{source}'s benchmark, or --input-per-output); the break-even table uses each "
-                  "self-hosted candidate's own ratio")
+    console.print(
+        f"  'output incl. input' adds {ratio:.2f} input tokens per output token (from "
+        f"{source}'s benchmark, or --input-per-output); the break-even table uses each "
+        "self-hosted candidate's own ratio"
+    )
 
 
 def _print_verdicts(console: Any, verdicts: list) -> None:
@@ -296,10 +391,16 @@ def _print_verdicts(console: Any, verdicts: list) -> None:
         t.add_column(col, justify="right")
     for v in verdicts:
         be = v.break_even
-        t.add_row(v.self_hosted, v.api, _usd(v.api_usd_per_mtok),
-                  _usd(v.self_usd_per_mtok_full_load),
-                  "never" if be is None else f"{be.first_tok_per_day:,.0f}",
-                  "never" if be is None else f"{be.always_tok_per_day:,.0f}")
+        t.add_row(
+            v.self_hosted,
+            v.api,
+            _usd(v.api_usd_per_mtok),
+            _usd(v.self_usd_per_mtok_full_load),
+            "never" if be is None else f"{be.first_tok_per_day:,.0f}",
+            "never" if be is None else f"{be.always_tok_per_day:,.0f}",
+        )
     console.print(t)
-    console.print("  first: one GPU 24/7 becomes cheaper; always: cheaper at every larger volume "
-                  "(each added GPU is a step of fixed cost)")
+    console.print(
+        "  first: one GPU 24/7 becomes cheaper; always: cheaper at every larger volume "
+        "(each added GPU is a step of fixed cost)"
+    )

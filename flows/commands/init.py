@@ -74,8 +74,9 @@ def write_starter(folder: Path, force: bool = False) -> list[Path]:
     zoo = folder / "models" / "zoo"
     existing = [p for p in (*files, data, zoo) if p.exists()]
     if existing and not force:
-        raise click.ClickException(f"{existing[0]} already exists; pass --force to overwrite "
-                                   "the starter files")
+        raise click.ClickException(
+            f"{existing[0]} already exists; pass --force to overwrite the starter files"
+        )
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -16,8 +16,14 @@ import click
 from routeopt.evals.config import ConfigError, default_config_path
 from routeopt.flows.commands import CONFIG_OPTION, console, load_config_or_exit
 from routeopt.flows.commands.run_checks import (
-    Heartbeat, quiet_tracebacks, refuse_changed_resume, refuse_unset_keys, report_probes, resume_hint,
-    run_id_for, store_of,
+    Heartbeat,
+    quiet_tracebacks,
+    refuse_changed_resume,
+    refuse_unset_keys,
+    report_probes,
+    resume_hint,
+    run_id_for,
+    store_of,
 )
 
 # After SIGINT/SIGTERM, how long the in-flight calls get to wind down before the process exits
@@ -31,34 +37,50 @@ if TYPE_CHECKING:
 
 def _common(fn: Any) -> Any:
     fn = CONFIG_OPTION(fn)
-    fn = click.option("--run-id", default=None,
-                      help="Name a new run (default: a new id); an id the database has is refused.")(fn)
-    fn = click.option("--resume", default=None, metavar="ID",
-                      help="Resume the interrupted run ID of this database: only its missing items "
-                           "are called. An id the database does not have is refused.")(fn)
+    fn = click.option(
+        "--run-id",
+        default=None,
+        help="Name a new run (default: a new id); an id the database has is refused.",
+    )(fn)
+    fn = click.option(
+        "--resume",
+        default=None,
+        metavar="ID",
+        help="Resume the interrupted run ID of this database: only its missing items "
+        "are called. An id the database does not have is refused.",
+    )(fn)
     fn = click.option("--db", "db_path", default=None, help="DuckDB file (default: from config).")(fn)
     fn = click.option("--suite", "suites", multiple=True, help="Only these suites (repeatable).")(fn)
-    fn = click.option(
-        "--candidate", "candidates", multiple=True, help="Only these candidates (repeatable)."
-    )(fn)
+    fn = click.option("--candidate", "candidates", multiple=True, help="Only these candidates (repeatable).")(
+        fn
+    )
     fn = click.option("--no-progress", is_flag=True, help="Do not draw progress bars.")(fn)
     fn = click.option(
-        "--cache", "cache", is_flag=True,
+        "--cache",
+        "cache",
+        is_flag=True,
         help=f"Development runs: replay answers that earlier runs recorded up to "
-             f"{DEFAULT_CACHE_AGE} ago instead of calling the models (they count in pass rates, "
-             "not in cost or latency). Off by default: every model is called again.",
+        f"{DEFAULT_CACHE_AGE} ago instead of calling the models (they count in pass rates, "
+        "not in cost or latency). Off by default: every model is called again.",
     )(fn)
     fn = click.option(
-        "--cache-max-age", "cache_max_age", default=None, callback=_check_age, metavar="AGE",
+        "--cache-max-age",
+        "cache_max_age",
+        default=None,
+        callback=_check_age,
+        metavar="AGE",
         help="Like --cache, with this age limit (e.g. 30m, 12h, 1d).",
     )(fn)
     fn = click.option(
-        "--skip-broken", is_flag=True,
+        "--skip-broken",
+        is_flag=True,
         help="Go on without the candidates that fail their preflight (or whose every call gets "
-             "the same error): they are left out of training and the policy, and the run still "
-             "exits non-zero (default: preflight.skip_broken from the config).")(fn)
-    fn = click.option("--no-preflight", is_flag=True,
-                      help="Do not probe each candidate before the first suite.")(fn)
+        "the same error): they are left out of training and the policy, and the run still "
+        "exits non-zero (default: preflight.skip_broken from the config).",
+    )(fn)
+    fn = click.option(
+        "--no-preflight", is_flag=True, help="Do not probe each candidate before the first suite."
+    )(fn)
     fn = click.option("--debug", is_flag=True, help="Show tracebacks (default: one sentence per error).")(fn)
     return fn
 
@@ -134,8 +156,9 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     from routeopt.flows.prefect_api import ServerError
 
     try:
-        result = _run_nightly(cfg, shutdown, run=(command, db, run_id, chosen, skip), train=train,
-                              publish=publish, **kw)
+        result = _run_nightly(
+            cfg, shutdown, run=(command, db, run_id, chosen, skip), train=train, publish=publish, **kw
+        )
     except (ConfigError, ServerError, ResumeConflict, PreflightFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except Interrupted as stop:
@@ -147,7 +170,9 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
 
         if kw["debug"] and not isinstance(exc, RunIncomplete):
             raise
-        tail = "" if isinstance(exc, RunIncomplete) else f" ({type(exc).__name__}; --debug shows the traceback)"
+        tail = (
+            "" if isinstance(exc, RunIncomplete) else f" ({type(exc).__name__}; --debug shows the traceback)"
+        )
         raise click.ClickException(f"{exc}{tail}") from None
     finally:
         if shutdown.signum is None:
@@ -167,8 +192,9 @@ def _summarise(result: RunResult, started: float, hint: str | None) -> None:
     out = console()
     store = shared_store(Path(result.db_path))
     rows = candidate_table(store, result.run_id)
-    print_summary(out, rows, result, load_caching(store, result.run_id),
-                  errors=error_rows(store, result.run_id))
+    print_summary(
+        out, rows, result, load_caching(store, result.run_id), errors=error_rows(store, result.run_id)
+    )
     modes = modes_table(batch_summary(store, result.run_id))
     if modes is not None:
         out.print(modes)
@@ -185,23 +211,30 @@ def _problems(result: RunResult, hint: str | None) -> list[str]:
     out = [r["message"] for r in result.refused or []]
     if result.misconfigured:
         names = ", ".join(m["candidate"] for m in result.misconfigured)
-        out.append(f"{names} got the same error on every call: a configuration error, left out "
-                   f"of pass rates and training; fix it, then resume with: {hint}")
+        out.append(
+            f"{names} got the same error on every call: a configuration error, left out "
+            f"of pass rates and training; fix it, then resume with: {hint}"
+        )
     if result.held:
         out.append(result.held)
     if result.skipped:
         skipped = result.skipped
-        out.append(f"{', '.join(skipped)} failed preflight and {'was' if len(skipped) == 1 else 'were'} "
-                   "left out of this run and its policy (--skip-broken)")
+        out.append(
+            f"{', '.join(skipped)} failed preflight and {'was' if len(skipped) == 1 else 'were'} "
+            "left out of this run and its policy (--skip-broken)"
+        )
     halted = [p["candidate"] for p in result.pairs or [] if p.get("halted")]
     if halted:
-        out.append(f"{', '.join(sorted(set(halted)))} stopped calling when the API key was refused; "
-                   f"fix the key, then resume with: {hint}")
+        out.append(
+            f"{', '.join(sorted(set(halted)))} stopped calling when the API key was refused; "
+            f"fix the key, then resume with: {hint}"
+        )
     return out
 
 
-def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | None, list[Any], bool],
-                 **kw: Any) -> RunResult:
+def _run_nightly(
+    cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | None, list[Any], bool], **kw: Any
+) -> RunResult:
     """Preflight, then the flow, reporting to a configured Prefect API or a temporary server.
 
     API candidates are probed before the server starts, so a wrong key, model, port or path is
@@ -222,23 +255,27 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
     shutdown.server = prefect_api.launch()  # starting now, it overlaps the imports below
     started = time.perf_counter()
     with keep_loaded():  # the models the probes load serve the flow's first suites
-        local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip,
-                       preflight)
+        local = _probe(cfg, db, run_id, [c for c in chosen if c.provider == "local"], skip, preflight)
         took += time.perf_counter() - started
         order = {c.name: i for i, c in enumerate(chosen)}
         probes = sorted(remote + local, key=lambda p: order[p.candidate])
         if probes:
             answered = sum(p.verdict == "ok" for p in probes)
-            click.echo(f"routeopt: preflight: {answered} of {len(probes)} candidates answered in "
-                       f"{took:.1f}s", err=True)
+            click.echo(
+                f"routeopt: preflight: {answered} of {len(probes)} candidates answered in {took:.1f}s",
+                err=True,
+            )
         from routeopt.flows.nightly import nightly
 
         if not kw["debug"]:
             quiet_tracebacks()
         bars = not kw["no_progress"] and sys.stderr.isatty()
-        with Heartbeat(bars) as beat, _progress(bars, beat.count) as progress_key, \
-                _head_start(cfg, shutdown.server, run_id, kw, probes, progress_key), \
-                prefect_api.serving(shutdown.server):
+        with (
+            Heartbeat(bars) as beat,
+            _progress(bars, beat.count) as progress_key,
+            _head_start(cfg, shutdown.server, run_id, kw, probes, progress_key),
+            prefect_api.serving(shutdown.server),
+        ):
             return nightly(
                 config_path=str(cfg.source_path),
                 run_id=run_id,
@@ -256,8 +293,9 @@ def _run_nightly(cfg: Any, shutdown: "_Shutdown", run: tuple[str, Path, str | No
 
 
 @contextmanager
-def _head_start(cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: list[Any],
-                progress_key: str | None) -> Iterator[None]:
+def _head_start(
+    cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: list[Any], progress_key: str | None
+) -> Iterator[None]:
     """While Prefect's temporary server starts, begin the run's evaluations (`routeopt.flows.head_start`);
     they stop once it answers (or the run is interrupted), and the flow does the rest."""
     from routeopt.common import tracing
@@ -274,21 +312,26 @@ def _head_start(cfg: Any, server: Any, run_id: str, kw: dict[str, Any], probes: 
     broken = {p.candidate for p in probes if p.broken}
     names = list(kw["candidates"]) or [c.name for c in cfg.candidates]
     max_age = kw["cache_max_age"] or (DEFAULT_CACHE_AGE if kw["cache"] else None)
-    head = HeadStart(cfg, run_id, suites=list(kw["suites"]) or None,
-                     candidates=[n for n in names if n not in broken], progress_key=progress_key,
-                     cache_max_age_s=parse_age(max_age) if max_age else None).start()
+    head = HeadStart(
+        cfg,
+        run_id,
+        suites=list(kw["suites"]) or None,
+        candidates=[n for n in names if n not in broken],
+        progress_key=progress_key,
+        cache_max_age_s=parse_age(max_age) if max_age else None,
+    ).start()
     try:
         server.wait_ready(prefect_api.startup_timeout_s())
     finally:
         took = head.stop()
     if head.items:
-        click.echo(f"routeopt: {head.items} items evaluated in {took:.1f}s while Prefect's server "
-                   "started", err=True)
+        click.echo(
+            f"routeopt: {head.items} items evaluated in {took:.1f}s while Prefect's server started", err=True
+        )
     yield
 
 
-def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool,
-           enabled: bool) -> list[Any]:
+def _probe(cfg: Any, db: Path, run_id: str, candidates: list[Any], skip: bool, enabled: bool) -> list[Any]:
     """Preflight of these candidates, each failure said at once (`run_checks.report_probes`).
     A broken one stops the run here, unless skipped, its probes kept with their cost."""
     if not candidates or not enabled:
@@ -356,8 +399,9 @@ class _Shutdown:
         if self.signum is not None:
             self._exit_now(signum)
         self.signum = signum
-        click.echo(f"routeopt: {signal.Signals(signum).name}: stopping "
-                   "(send it again to stop at once)", err=True)
+        click.echo(
+            f"routeopt: {signal.Signals(signum).name}: stopping (send it again to stop at once)", err=True
+        )
         threading.Thread(target=self._deadline, daemon=True, name="routeopt-shutdown").start()
         raise Interrupted(signum)
 
@@ -388,8 +432,11 @@ class _Shutdown:
                 click.echo(f"routeopt: could not mark run {run_id} interrupted: {exc}", err=True)
                 begun = True
         if begun:
-            click.echo(f"routeopt: run {run_id} interrupted by {name}; finished items are "
-                       f"stored. Resume with: {self.hint}", err=True)
+            click.echo(
+                f"routeopt: run {run_id} interrupted by {name}; finished items are "
+                f"stored. Resume with: {self.hint}",
+                err=True,
+            )
         else:
             click.echo(f"routeopt: {name} before the run began; nothing was recorded", err=True)
         sys.exit(128 + signum)

@@ -35,8 +35,10 @@ def refuse_unset_keys(candidates: list[Any], skip_broken: bool) -> None:
             click.echo(f"routeopt: {line}; skipped (--skip-broken)", err=True)
         return
     one = len(missing) == 1
-    raise click.ClickException("\n".join(missing.values()) + f"\nSet {'it' if one else 'them'}, or go "
-                               f"on without {'this candidate' if one else 'these candidates'} with --skip-broken")
+    raise click.ClickException(
+        "\n".join(missing.values()) + f"\nSet {'it' if one else 'them'}, or go "
+        f"on without {'this candidate' if one else 'these candidates'} with --skip-broken"
+    )
 
 
 def run_id_for(db: Path, run_id: str | None, resume: str | None) -> str | None:
@@ -52,11 +54,13 @@ def run_id_for(db: Path, run_id: str | None, resume: str | None) -> str | None:
     if resume and status is None:
         raise click.ClickException(
             f"no run {resume!r} in {db}: nothing to resume. Resume in the database the run "
-            "used (its resume hint gives --config and --db), or start a new run without --resume")
+            "used (its resume hint gives --config and --db), or start a new run without --resume"
+        )
     if run_id and status is not None:
         raise click.ClickException(
             f"run {run_id!r} already exists in {db} ({status}): resume it with --resume "
-            f"{run_id}, or give a new --run-id")
+            f"{run_id}, or give a new --run-id"
+        )
     return wanted
 
 
@@ -85,8 +89,9 @@ def _status_in(db: Path, run_id: str) -> str | None:
     return None if rows.empty else str(rows.status.iloc[0])
 
 
-def refuse_changed_resume(cfg: Any, db: Path, run_id: str, suites: list[str] | None,
-                          candidates: list[Any]) -> None:
+def refuse_changed_resume(
+    cfg: Any, db: Path, run_id: str, suites: list[str] | None, candidates: list[Any]
+) -> None:
     """A resume whose candidates or suite versions changed since the run started: print what
     the run did so far, then the one sentence that says what changed."""
     from routeopt.evals.storage.store import ResumeConflict
@@ -106,8 +111,11 @@ def refuse_changed_resume(cfg: Any, db: Path, run_id: str, suites: list[str] | N
             store.check_resume(run_id, {c.name: c.measured_dict() for c in candidates}, versions)
             return
         except ResumeConflict as exc:
-            print_summary(console(), candidate_table(store, run_id),
-                          RunResult(run_id=run_id, excluded=excluded_line(store, run_id)))
+            print_summary(
+                console(),
+                candidate_table(store, run_id),
+                RunResult(run_id=run_id, excluded=excluded_line(store, run_id)),
+            )
             raise click.ClickException(str(exc)) from None
 
 
@@ -125,8 +133,15 @@ def resume_hint(command: str, cfg: Any, run_id: str, kw: dict[str, Any]) -> str:
         parts += ["--cache-max-age", kw["cache_max_age"]]
     elif kw.get("cache"):
         parts.append("--cache")
-    parts += [flag for flag, key in (("--no-publish", "no_publish"), ("--skip-broken", "skip_broken"),
-                                     ("--no-preflight", "no_preflight")) if kw.get(key)]
+    parts += [
+        flag
+        for flag, key in (
+            ("--no-publish", "no_publish"),
+            ("--skip-broken", "skip_broken"),
+            ("--no-preflight", "no_preflight"),
+        )
+        if kw.get(key)
+    ]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -135,8 +150,11 @@ def report_probes(probes: list[Any], skip_broken: bool) -> None:
     for p in probes:
         if p.verdict == "ok":
             continue
-        tail = (" - skipped (--skip-broken)" if skip_broken else "") if p.broken else \
-            " - not a configuration error; the run goes on"
+        tail = (
+            (" - skipped (--skip-broken)" if skip_broken else "")
+            if p.broken
+            else " - not a configuration error; the run goes on"
+        )
         click.echo(f"routeopt: preflight: {p.line()}{tail}", err=True)
 
 

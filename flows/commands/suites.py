@@ -72,8 +72,13 @@ def _suite_files(root: Path, recursive: bool) -> list[Path]:
     return sorted(p for p in root.glob(pattern) if not p.name.startswith("_"))
 
 
-config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                             help="routeopt.yaml (judge graders and overrides need its candidates)")
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="routeopt.yaml (judge graders and overrides need its candidates)",
+)
 
 
 @click.group("suites")
@@ -143,8 +148,12 @@ def validate_cmd(path: str | None, config_path: str | None) -> None:
 @suites.command("new")
 @click.argument("name")
 @click.option("--dir", "folder", type=click.Path(file_okay=False), default=None, help="suites folder")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="where the example dataset goes (default: <suites folder>/../data)")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where the example dataset goes (default: <suites folder>/../data)",
+)
 @config_option
 def new_cmd(name: str, folder: str | None, data_dir: str | None, config_path: str | None) -> None:
     """Write a working suite scaffold NAME.yaml and a small example dataset, then validate it."""
@@ -199,8 +208,10 @@ def _find(name: str, root: Path) -> Path:
 def _show(suite: "Suite", item_id: str | None, candidate: str | None) -> None:
     import yaml
 
-    click.echo(f"# {suite.source}\n# version {suite.version}, {len(suite.items)} items"
-               + (f", {len(suite.skipped)} rows skipped:" if suite.skipped else ""))
+    click.echo(
+        f"# {suite.source}\n# version {suite.version}, {len(suite.items)} items"
+        + (f", {len(suite.skipped)} rows skipped:" if suite.skipped else "")
+    )
     for why in suite.skipped[:20]:
         click.echo(f"#   skipped {why}")
     resolved: dict[str, Any] = suite.resolved()
@@ -225,8 +236,9 @@ def _show(suite: "Suite", item_id: str | None, candidate: str | None) -> None:
 @click.option("--item", "item_id", default=None, help="render this item's prompt (default: the first)")
 @click.option("--candidate", default=None, help="apply this candidate's generation overrides")
 @config_option
-def show_cmd(name: str, folder: str | None, item_id: str | None, candidate: str | None,
-             config_path: str | None) -> None:
+def show_cmd(
+    name: str, folder: str | None, item_id: str | None, candidate: str | None, config_path: str | None
+) -> None:
     """The resolved suite (after includes) and a rendered example prompt."""
     from routeopt.evals.suite.spec import SuiteError, load_suite
 

@@ -19,8 +19,9 @@ from typing import IO, Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: str = "wb",
-                  permissions: int | None = None) -> Iterator[IO[Any]]:
+def atomic_writer(
+    path: str | os.PathLike[str], mode: str = "wb", permissions: int | None = None
+) -> Iterator[IO[Any]]:
     """Open a temporary file for writing; on success it replaces `path`, on error it vanishes.
 
     The file is private to its owner (0600) unless `permissions` says otherwise (0o644 for files

@@ -97,27 +97,55 @@ class _Counts:
 
 
 class _State:
-    def __init__(self, tracer: Any = None, provider: Any = None, counts: _Counts | None = None,
-                 exporter: str | None = None, endpoint: str | None = None,
-                 service: str | None = None, reason: str | None = None, processor: Any = None) -> None:
+    def __init__(
+        self,
+        tracer: Any = None,
+        provider: Any = None,
+        counts: _Counts | None = None,
+        exporter: str | None = None,
+        endpoint: str | None = None,
+        service: str | None = None,
+        reason: str | None = None,
+        processor: Any = None,
+    ) -> None:
         self.tracer, self.provider, self.counts = tracer, provider, counts or _Counts()
         self.exporter, self.endpoint, self.service, self.reason = exporter, endpoint, service, reason
         self.processor = processor  # where finished decision spans go (the provider's only one)
         self.deferred: _Deferred | None = None
         self._rule = None if provider is None else _sampling_rule(provider.sampler)
 
-    def sampled(self, parent: tuple | None, trace_id: int, name: str = DECISION_SPAN, kind: Any = None,
-                attributes: Mapping[str, Any] | None = None) -> bool:
+    def sampled(
+        self,
+        parent: tuple | None,
+        trace_id: int,
+        name: str = DECISION_SPAN,
+        kind: Any = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> bool:
         """The provider's sampling decision for a span (a decision's by default), taken where
         the ids are drawn."""
         if self._rule is not None:
             return self._rule(parent, trace_id)
-        from opentelemetry.trace import SpanKind, set_span_in_context, NonRecordingSpan, SpanContext, TraceFlags
+        from opentelemetry.trace import (
+            SpanKind,
+            set_span_in_context,
+            NonRecordingSpan,
+            SpanContext,
+            TraceFlags,
+        )
 
-        ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
-            parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
-        return self.provider.sampler.should_sample(ctx, trace_id, name, kind or SpanKind.SERVER,
-                                                   attributes).decision.is_sampled()
+        ctx = (
+            None
+            if parent is None
+            else set_span_in_context(
+                NonRecordingSpan(
+                    SpanContext(parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))
+                )
+            )
+        )
+        return self.provider.sampler.should_sample(
+            ctx, trace_id, name, kind or SpanKind.SERVER, attributes
+        ).decision.is_sampled()
 
 
 def _sampling_rule(sampler: Any) -> Callable[[tuple | None, int], bool] | None:
@@ -136,9 +164,16 @@ def _sampling_rule(sampler: Any) -> Callable[[tuple | None, int], bool] | None:
         return lambda parent, trace_id: trace_id & limit < bound
     if kind is not ParentBased.should_sample:
         return None
-    rules = [_sampling_rule(s) for s in (sampler._root, sampler._local_parent_not_sampled,
-                                         sampler._local_parent_sampled, sampler._remote_parent_not_sampled,
-                                         sampler._remote_parent_sampled)]
+    rules = [
+        _sampling_rule(s)
+        for s in (
+            sampler._root,
+            sampler._local_parent_not_sampled,
+            sampler._local_parent_sampled,
+            sampler._remote_parent_not_sampled,
+            sampler._remote_parent_sampled,
+        )
+    ]
     if any(r is None for r in rules):
         return None
     root, by_parent = rules[0], rules[1:]  # indexed by 2 * remote + sampled flag
@@ -179,8 +214,11 @@ def wanted(env: Mapping[str, str] = os.environ) -> bool:
         return False
     if override in ON_VALUES:
         return True
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or exporters in ("otlp", "console"))
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or exporters in ("otlp", "console")
+    )
 
 
 def _resolve() -> _State:
@@ -195,8 +233,10 @@ def _from_environment() -> _State:
     try:
         exporter, name, endpoint = _env_exporter()
     except ImportError as exc:
-        reason = (f"tracing was asked for but the OpenTelemetry SDK is missing ({exc}); install "
-                  "the tracing extra: pip install 'routeopt[tracing]'")
+        reason = (
+            f"tracing was asked for but the OpenTelemetry SDK is missing ({exc}); install "
+            "the tracing extra: pip install 'routeopt[tracing]'"
+        )
         log.warning(reason)
         return _State(reason=reason)
     return _build(exporter, name, endpoint, batch=True, export_process=_export_in_process())
@@ -218,8 +258,15 @@ def _env_exporter() -> tuple[Any, str, str | None]:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter(), "console", None
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "http/protobuf").strip().lower()
+    protocol = (
+        (
+            env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        .strip()
+        .lower()
+    )
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -232,8 +279,14 @@ def _env_exporter() -> tuple[Any, str, str | None]:
     return HttpExporter(), "otlp/http", endpoint or "http://localhost:4318"
 
 
-def configure(exporter: Any = None, *, batch: bool = True, max_queue_size: int | None = None,
-              sampler: Any = None, service_name: str | None = None) -> TracingStatus:
+def configure(
+    exporter: Any = None,
+    *,
+    batch: bool = True,
+    max_queue_size: int | None = None,
+    sampler: Any = None,
+    service_name: str | None = None,
+) -> TracingStatus:
     """Turn tracing on in code, with a given span exporter (tests, benchmarks, an application
     that exports its own way); without one, as the environment says. Replaces any earlier set-up."""
     global _STATE
@@ -245,8 +298,15 @@ def configure(exporter: Any = None, *, batch: bool = True, max_queue_size: int |
         if exporter is None:
             _STATE = _from_environment()
         else:
-            _STATE = _build(exporter, type(exporter).__name__, None, batch=batch,
-                            max_queue_size=max_queue_size, sampler=sampler, service=service_name)
+            _STATE = _build(
+                exporter,
+                type(exporter).__name__,
+                None,
+                batch=batch,
+                max_queue_size=max_queue_size,
+                sampler=sampler,
+                service=service_name,
+            )
     return status()
 
 
@@ -274,9 +334,18 @@ def paused() -> Iterator[None]:
             _STATE = kept
 
 
-def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
-           max_queue_size: int | None = None, sampler: Any = None,
-           service: str | None = None, export_process: bool = False, decisions: bool = True) -> _State:
+def _build(
+    exporter: Any,
+    name: str,
+    endpoint: str | None,
+    *,
+    batch: bool,
+    max_queue_size: int | None = None,
+    sampler: Any = None,
+    service: str | None = None,
+    export_process: bool = False,
+    decisions: bool = True,
+) -> _State:
     """A provider exporting through `exporter`; decision spans are built by a thread here, or
     by the export process (`export_process`, which builds its own exporter from the
     environment), or not at all (`decisions=False`: the export process itself)."""
@@ -285,19 +354,31 @@ def _build(exporter: Any, name: str, endpoint: str | None, *, batch: bool,
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     attrs = {}
-    if service or not (os.environ.get("OTEL_SERVICE_NAME")
-                       or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")):
+    if service or not (
+        os.environ.get("OTEL_SERVICE_NAME")
+        or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    ):
         attrs["service.name"] = service or "routeopt"
     provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False)
     counts = _Counts()
     counted = _counting_exporter(exporter, counts)
     queue = max_queue_size or int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
-    inner = (BatchSpanProcessor(counted, max_queue_size=queue, max_export_batch_size=min(512, queue))
-             if batch else SimpleSpanProcessor(counted))
+    inner = (
+        BatchSpanProcessor(counted, max_queue_size=queue, max_export_batch_size=min(512, queue))
+        if batch
+        else SimpleSpanProcessor(counted)
+    )
     gate = _gate(inner, counts, queue if batch else None)
     provider.add_span_processor(gate)
-    state = _State(provider.get_tracer("routeopt"), provider, counts, name, endpoint,
-                   provider.resource.attributes.get("service.name"), processor=gate)
+    state = _State(
+        provider.get_tracer("routeopt"),
+        provider,
+        counts,
+        name,
+        endpoint,
+        provider.resource.attributes.get("service.name"),
+        processor=gate,
+    )
     if decisions:
         remote = None
         if export_process:
@@ -330,7 +411,11 @@ def _counting_exporter(inner: Any, counts: _Counts) -> Any:
                 counts.exported += len(spans)
             else:
                 counts.failed += len(spans)
-                if counts.last_error is None or counts.failed == len(spans) or counts.failed % 1000 < len(spans):
+                if (
+                    counts.last_error is None
+                    or counts.failed == len(spans)
+                    or counts.failed % 1000 < len(spans)
+                ):
                     log.warning("trace export failed: %d spans not exported so far", counts.failed)
                 counts.last_error = counts.last_error or "the collector did not take a batch"
             return result
@@ -393,10 +478,15 @@ def flush(timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     decisions = state.deferred.flush(timeout_s) if state.deferred is not None else True
     done: list[bool] = []
-    worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush())),
-                              name="routeopt-tracing-flush", daemon=True)
+    worker = threading.Thread(
+        target=lambda: done.append(bool(state.provider.force_flush())),
+        name="routeopt-tracing-flush",
+        daemon=True,
+    )
     worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))  # a dead or slow collector must not hold the caller longer
+    worker.join(
+        max(0.0, deadline - time.monotonic())
+    )  # a dead or slow collector must not hold the caller longer
     return decisions and bool(done and done[0])
 
 
@@ -409,11 +499,27 @@ def status() -> TracingStatus:
     remote = deferred.remote if deferred is not None else None
     if remote is not None:  # what the export process did with the spans it was sent
         r = remote.counts()
-        ended, exported, failed, dropped = ended + r.ended, exported + r.exported, failed + r.failed, dropped + r.dropped
+        ended, exported, failed, dropped = (
+            ended + r.ended,
+            exported + r.exported,
+            failed + r.failed,
+            dropped + r.dropped,
+        )
         queued += r.queued
         last_error = r.last_error or last_error
-    return TracingStatus(state.tracer is not None, state.exporter, state.endpoint, state.service,
-                         ended, exported, failed, dropped, queued, last_error, state.reason)
+    return TracingStatus(
+        state.tracer is not None,
+        state.exporter,
+        state.endpoint,
+        state.service,
+        ended,
+        exported,
+        failed,
+        dropped,
+        queued,
+        last_error,
+        state.reason,
+    )
 
 
 # -- spans --------------------------------------------------------------------------------------
@@ -428,8 +534,14 @@ def parent_context(traceparent: str | None) -> Any:
     return TraceContextTextMapPropagator().extract({"traceparent": traceparent.strip()})  # type: ignore[union-attr]
 
 
-def start_span(name: str, *, traceparent: str | None = None, attributes: Mapping[str, Any] | None = None,
-               kind: str = "internal", start_ns: int | None = None) -> Any:
+def start_span(
+    name: str,
+    *,
+    traceparent: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    kind: str = "internal",
+    start_ns: int | None = None,
+) -> Any:
     """A started span (child of `traceparent`, else of the current span), or None when off.
 
     A sampled span is a `RecordedSpan` (common/tracing_spans.py): it keeps its values and, once
@@ -451,13 +563,18 @@ def start_span(name: str, *, traceparent: str | None = None, attributes: Mapping
     span_id = random.getrandbits(64) or 1
     sampled = state.sampled(parent, trace_id, name, span_kind, attributes)
     random_bit = 0x02 if parent is None else parent[2] & 0x02
-    context = api.SpanContext(trace_id, span_id, is_remote=False,
-                              trace_flags=api.TraceFlags((api.TraceFlags.SAMPLED if sampled else 0) | random_bit))
+    context = api.SpanContext(
+        trace_id,
+        span_id,
+        is_remote=False,
+        trace_flags=api.TraceFlags((api.TraceFlags.SAMPLED if sampled else 0) | random_bit),
+    )
     if not sampled:
         return api.NonRecordingSpan(context)
     if state.deferred is None:  # the export process's own set-up, which records no decisions either
-        return state.tracer.start_span(name, context=parent_context(traceparent), kind=span_kind,
-                                       attributes=attributes, start_time=start)
+        return state.tracer.start_span(
+            name, context=parent_context(traceparent), kind=span_kind, attributes=attributes, start_time=start
+        )
     return RecordedSpan(state.deferred.submit, name, span_kind.value, context, parent, start, attributes)
 
 
@@ -504,21 +621,44 @@ def set_error(span: Any, kind: str, message: str | None = None) -> None:
 # -- decisions ----------------------------------------------------------------------------------
 
 
-def decision_attributes(decision: Any, *, request_id: str | None = None, channel: str | None = None,
-                        explored: bool | None = None, knob_target: float | None = None,
-                        suite: str | None = None) -> dict[str, Any]:
+def decision_attributes(
+    decision: Any,
+    *,
+    request_id: str | None = None,
+    channel: str | None = None,
+    explored: bool | None = None,
+    knob_target: float | None = None,
+    suite: str | None = None,
+) -> dict[str, Any]:
     """The decision span's attributes: the contract every runtime follows (docs/tracing.md).
     Never the prompt or its text."""
-    return attributes_for(decision.model, decision.fallbacks, decision.propensity, decision.policy_version,
-                          request_id if request_id is not None else getattr(decision, "request_id", None),
-                          default_reason=getattr(decision, "default_reason", None), channel=channel,
-                          explored=explored, knob_target=knob_target, suite=suite)
+    return attributes_for(
+        decision.model,
+        decision.fallbacks,
+        decision.propensity,
+        decision.policy_version,
+        request_id if request_id is not None else getattr(decision, "request_id", None),
+        default_reason=getattr(decision, "default_reason", None),
+        channel=channel,
+        explored=explored,
+        knob_target=knob_target,
+        suite=suite,
+    )
 
 
-def attributes_for(model: str, fallbacks: Any, propensity: float, policy_version: int,
-                   request_id: str | None, *, default_reason: str | None = None,
-                   channel: str | None = None, explored: bool | None = None,
-                   knob_target: float | None = None, suite: str | None = None) -> dict[str, Any]:
+def attributes_for(
+    model: str,
+    fallbacks: Any,
+    propensity: float,
+    policy_version: int,
+    request_id: str | None,
+    *,
+    default_reason: str | None = None,
+    channel: str | None = None,
+    explored: bool | None = None,
+    knob_target: float | None = None,
+    suite: str | None = None,
+) -> dict[str, Any]:
     """`decision_attributes` from the values themselves (the gateway has them before its
     Decision exists)."""
     attrs: dict[str, Any] = {
@@ -527,17 +667,22 @@ def attributes_for(model: str, fallbacks: Any, propensity: float, policy_version
         "routeopt.decision.propensity": float(propensity),
         "routeopt.policy.version": int(policy_version),
     }
-    for key, value in (("routeopt.decision.id", request_id), ("routeopt.policy.channel", channel),
-                       ("routeopt.decision.explored", explored), ("routeopt.knob.target", knob_target),
-                       ("routeopt.suite", suite), ("routeopt.decision.default_reason", default_reason)):
+    for key, value in (
+        ("routeopt.decision.id", request_id),
+        ("routeopt.policy.channel", channel),
+        ("routeopt.decision.explored", explored),
+        ("routeopt.knob.target", knob_target),
+        ("routeopt.suite", suite),
+        ("routeopt.decision.default_reason", default_reason),
+    ):
         if value is not None:
             attrs[key] = value
     return attrs
 
 
-def record_decision(traceparent: str | None, start_ns: int,
-                    attributes: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
-                    ) -> tuple[str | None, str | None, str | None]:
+def record_decision(
+    traceparent: str | None, start_ns: int, attributes: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+) -> tuple[str | None, str | None, str | None]:
     """Record one finished decision as a span; returns (traceparent to send back, trace id,
     span id). The span starts at `start_ns` (time.time_ns() before deciding) and ends now; its
     parent is the caller's `traceparent`, else the caller's current span, else none.

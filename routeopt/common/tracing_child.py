@@ -22,13 +22,26 @@ from routeopt.common.tracing_spans import SpanBuilder
 def serve(reply_fd: int, config_json: str) -> None:
     """The export process: build and export the spans read from stdin until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the gateway's to handle; it closes our stdin
-    with contextlib.suppress(OSError, AttributeError):  # background work: the gateway's processes go first for a core
+    with contextlib.suppress(
+        OSError, AttributeError
+    ):  # background work: the gateway's processes go first for a core
         os.nice(NICE)
     config = json.loads(config_json)
     exporter, name, endpoint = tracing._env_exporter()
-    state = tracing._build(exporter, name, endpoint, batch=True, max_queue_size=config["queue"],
-                           service=config["service"], decisions=False)
-    build, counts, limit = SpanBuilder(state.provider.resource, tracing.DECISION_SPAN), state.counts, config["queue"]
+    state = tracing._build(
+        exporter,
+        name,
+        endpoint,
+        batch=True,
+        max_queue_size=config["queue"],
+        service=config["service"],
+        decisions=False,
+    )
+    build, counts, limit = (
+        SpanBuilder(state.provider.resource, tracing.DECISION_SPAN),
+        state.counts,
+        config["queue"],
+    )
     received, out = 0, os.fdopen(reply_fd, "wb")
 
     def reply(token: int, flushed: bool = False) -> None:
@@ -36,8 +49,20 @@ def serve(reply_fd: int, config_json: str) -> None:
         if out is None:
             return
         try:
-            _write(out, ("counts", token, received, counts.ended, counts.exported, counts.failed,
-                         counts.dropped, counts.last_error, flushed))
+            _write(
+                out,
+                (
+                    "counts",
+                    token,
+                    received,
+                    counts.ended,
+                    counts.exported,
+                    counts.failed,
+                    counts.dropped,
+                    counts.last_error,
+                    flushed,
+                ),
+            )
         except OSError:  # the gateway is gone: export what is held all the same, and tell no one
             with contextlib.suppress(OSError):
                 out.close()
@@ -48,7 +73,9 @@ def serve(reply_fd: int, config_json: str) -> None:
             for item in frame[1]:
                 received += 1
                 while counts.ended - counts.exported - counts.failed >= limit:
-                    time.sleep(0.002)  # the exporter is behind: stop reading, so the pipe and then the gateway's queue hold the rest
+                    time.sleep(
+                        0.002
+                    )  # the exporter is behind: stop reading, so the pipe and then the gateway's queue hold the rest
                 try:
                     state.processor.on_end(build(item))
                 except Exception as exc:  # one bad span is dropped, not the process
@@ -56,8 +83,10 @@ def serve(reply_fd: int, config_json: str) -> None:
             reply(0)
         elif frame[0] == "flush":
             done: list[bool] = []
-            worker = threading.Thread(target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),  # noqa: B023 (joined below)
-                                      daemon=True)
+            worker = threading.Thread(
+                target=lambda: done.append(bool(state.provider.force_flush(frame[2]))),  # noqa: B023 (joined below)
+                daemon=True,
+            )
             worker.start()
             worker.join(frame[2] / 1000)
             reply(frame[1], bool(done and done[0]))

@@ -100,8 +100,9 @@ _PLAIN = frozenset((str, int, float, bool, type(None)))
 def _clean(attrs: Any) -> dict:
     """The attributes as a dict of plain values. Checked every time: marshal writes any object
     with a buffer (a numpy scalar) as bytes without complaint."""
-    if type(attrs) is dict and all(type(v) in _PLAIN or (type(v) is list and all(type(x) in _PLAIN for x in v))
-                                   for v in attrs.values()):
+    if type(attrs) is dict and all(
+        type(v) in _PLAIN or (type(v) is list and all(type(x) in _PLAIN for x in v)) for v in attrs.values()
+    ):
         return attrs
     return {str(k): _plain(v) for k, v in dict(attrs).items()}
 
@@ -111,8 +112,19 @@ def _item(item: tuple) -> tuple:
     if len(item) == 6:  # a decision
         return (*item[:5], _clean(item[5]))
     parent, trace_id, span_id, start, end, attrs, name, kind, events, status, links = item
-    return (parent, trace_id, span_id, start, end, _clean(attrs), name, kind,
-            [(n, t, _clean(a)) for n, t, a in events], status, [(*link[:5], _clean(link[5])) for link in links])
+    return (
+        parent,
+        trace_id,
+        span_id,
+        start,
+        end,
+        _clean(attrs),
+        name,
+        kind,
+        [(n, t, _clean(a)) for n, t, a in events],
+        status,
+        [(*link[:5], _clean(link[5])) for link in links],
+    )
 
 
 def _encode(batch: list) -> bytes:
@@ -177,8 +189,9 @@ class ExportProcess:
         finally:
             self.lock.release()
         with self.changed:
-            self.changed.wait_for(lambda: token in self.acks or self.proc is not proc,
-                                  max(0.0, deadline - time.monotonic()))
+            self.changed.wait_for(
+                lambda: token in self.acks or self.proc is not proc, max(0.0, deadline - time.monotonic())
+            )
             return self.acks.pop(token, False)
 
     def close(self, timeout_s: float) -> None:
@@ -210,8 +223,14 @@ class ExportProcess:
             received, ended, exported, failed, dropped, error = self.reply
             b = self.before
             queued = (self.sent - received) + max(0, ended - exported - failed) if self.proc else 0
-            return RemoteCounts(b.ended + ended, b.exported + exported, b.failed + failed,
-                                b.dropped + dropped, queued, error or b.last_error)
+            return RemoteCounts(
+                b.ended + ended,
+                b.exported + exported,
+                b.failed + failed,
+                b.dropped + dropped,
+                queued,
+                error or b.last_error,
+            )
 
     def _running(self) -> subprocess.Popen | None:
         if self.proc is not None or self.closed or time.monotonic() - self.started < RESTART_S:
@@ -228,12 +247,24 @@ class ExportProcess:
         read, write = os.pipe()
         try:
             root = str(Path(__file__).resolve().parents[2])  # the folder that holds routeopt/
-            env = {**os.environ, "ROUTEOPT_TRACING_EXPORT": "thread",
-                   "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+            env = {
+                **os.environ,
+                "ROUTEOPT_TRACING_EXPORT": "thread",
+                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+            }
             proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from routeopt.common.tracing_child import serve; "
-                 "serve(int(sys.argv[1]), sys.argv[2])", str(write), self.config],
-                stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from routeopt.common.tracing_child import serve; "
+                    "serve(int(sys.argv[1]), sys.argv[2])",
+                    str(write),
+                    self.config,
+                ],
+                stdin=subprocess.PIPE,
+                pass_fds=(write,),
+                env=env,
+            )
         except BaseException:
             os.close(read)
             raise
@@ -246,8 +277,12 @@ class ExportProcess:
         except (ImportError, AttributeError, OSError):
             pass
         self.sent, self.reply = 0, (0, 0, 0, 0, 0, None)
-        threading.Thread(target=self._replies, args=(proc, os.fdopen(read, "rb")),
-                         name="routeopt-tracing-replies", daemon=True).start()
+        threading.Thread(
+            target=self._replies,
+            args=(proc, os.fdopen(read, "rb")),
+            name="routeopt-tracing-replies",
+            daemon=True,
+        ).start()
         return proc
 
     def _replies(self, proc: subprocess.Popen, stream: BinaryIO) -> None:
@@ -267,7 +302,13 @@ class ExportProcess:
                 error = f"the tracing export process exited with code {code}; {lost} spans lost"
                 log.warning(error)
             b = self.before
-            self.before = RemoteCounts(b.ended + exported + failed, b.exported + exported, b.failed + failed,
-                                       b.dropped + dropped + lost, 0, error or b.last_error)
+            self.before = RemoteCounts(
+                b.ended + exported + failed,
+                b.exported + exported,
+                b.failed + failed,
+                b.dropped + dropped + lost,
+                0,
+                error or b.last_error,
+            )
             self.proc, self.sent, self.reply = None, 0, (0, 0, 0, 0, 0, None)
             self.changed.notify_all()

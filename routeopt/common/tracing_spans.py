@@ -41,8 +41,16 @@ class RecordedSpan(api.Span):
     cut to the length limit) when the span is built, so a list changed after it was set is
     exported as changed."""
 
-    def __init__(self, submit: Callable[[tuple], None], name: str, kind: int, context: api.SpanContext,
-                 parent: tuple | None, start_ns: int, attributes: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self,
+        submit: Callable[[tuple], None],
+        name: str,
+        kind: int,
+        context: api.SpanContext,
+        parent: tuple | None,
+        start_ns: int,
+        attributes: Mapping[str, Any] | None,
+    ) -> None:
         self._submit, self._name, self._kind, self._context = submit, name, kind, context
         self._parent, self._start = parent, start_ns
         self._attributes: dict[str, Any] = dict(attributes) if attributes else {}
@@ -70,15 +78,24 @@ class RecordedSpan(api.Span):
                 attrs.pop(key, None)
                 attrs[key] = value
 
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
-                  timestamp: int | None = None) -> None:
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
         if not self._ended:
             self._events.append((name, timestamp or time.time_ns(), dict(attributes) if attributes else {}))
 
     def add_link(self, context: api.SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
         if not self._ended and (context.is_valid or attributes or context.trace_state):
-            self._links.append((context.trace_id, context.span_id, int(context.trace_flags), context.is_remote,
-                                context.trace_state.to_header(), dict(attributes) if attributes else {}))
+            self._links.append(
+                (
+                    context.trace_id,
+                    context.span_id,
+                    int(context.trace_flags),
+                    context.is_remote,
+                    context.trace_state.to_header(),
+                    dict(attributes) if attributes else {},
+                )
+            )
 
     def update_name(self, name: str) -> None:
         if not self._ended:
@@ -97,8 +114,13 @@ class RecordedSpan(api.Span):
             return
         self._status = (code.value, description if code is StatusCode.ERROR else None)
 
-    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
         """The SDK's `exception` event: type, message, stack trace, escaped."""
         kind, module = type(exception).__qualname__, type(exception).__module__
         attrs: dict[str, Any] = {
@@ -114,9 +136,21 @@ class RecordedSpan(api.Span):
         if self._ended:
             return
         self._ended = True
-        self._submit((self._parent, self._context.trace_id, self._context.span_id, self._start,
-                      end_time or time.time_ns(), self._attributes, self._name, self._kind,
-                      self._events, self._status, self._links))
+        self._submit(
+            (
+                self._parent,
+                self._context.trace_id,
+                self._context.span_id,
+                self._start,
+                end_time or time.time_ns(),
+                self._attributes,
+                self._name,
+                self._kind,
+                self._events,
+                self._status,
+                self._links,
+            )
+        )
 
 
 class SpanBuilder:
@@ -143,23 +177,50 @@ class SpanBuilder:
             attrs = attrs()
         # W3C level 2: a trace id this process drew is random; a caller's says so itself
         random_bit = 0x02 if parent is None else parent[2] & 0x02
-        context = api.SpanContext(trace_id, span_id, is_remote=False,
-                                  trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit))
-        up = None if parent is None else api.SpanContext(
-            parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2]))
+        context = api.SpanContext(
+            trace_id,
+            span_id,
+            is_remote=False,
+            trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED | random_bit),
+        )
+        up = (
+            None
+            if parent is None
+            else api.SpanContext(
+                parent[0], parent[1], is_remote=parent[3], trace_flags=api.TraceFlags(parent[2])
+            )
+        )
         return ReadableSpan(
-            name, context=context, parent=up, resource=self.resource, kind=api.SpanKind(kind),
+            name,
+            context=context,
+            parent=up,
+            resource=self.resource,
+            kind=api.SpanKind(kind),
             attributes=self._bounded(attrs, limits.max_span_attributes, limits.max_span_attribute_length),
-            events=[Event(n, self._bounded(a, limits.max_event_attributes, limits.max_attribute_length), t)
-                    for n, t, a in _last(events, limits.max_events)],
-            links=[api.Link(api.SpanContext(t, s, is_remote=r, trace_flags=api.TraceFlags(f),
-                                            trace_state=api.TraceState.from_header([h]) if h else None),
-                            self._bounded(a, limits.max_link_attributes, limits.max_attribute_length))
-                   for t, s, f, r, h, a in _last(links, limits.max_links)],
+            events=[
+                Event(n, self._bounded(a, limits.max_event_attributes, limits.max_attribute_length), t)
+                for n, t, a in _last(events, limits.max_events)
+            ],
+            links=[
+                api.Link(
+                    api.SpanContext(
+                        t,
+                        s,
+                        is_remote=r,
+                        trace_flags=api.TraceFlags(f),
+                        trace_state=api.TraceState.from_header([h]) if h else None,
+                    ),
+                    self._bounded(a, limits.max_link_attributes, limits.max_attribute_length),
+                )
+                for t, s, f, r, h, a in _last(links, limits.max_links)
+            ],
             status=Status(StatusCode(status[0]), status[1]) if status else Status(StatusCode.UNSET),
-            start_time=start, end_time=end, instrumentation_scope=self.scope)
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=self.scope,
+        )
 
 
 def _last(items: Any, n: int | None) -> Any:
     """The last `n` (all with no limit): the SDK's bounded lists keep the newest."""
-    return items if n is None else items[max(0, len(items) - n):]
+    return items if n is None else items[max(0, len(items) - n) :]

@@ -39,13 +39,19 @@ def emit_drift_events(report: DriftReport) -> list[Any]:
             payload=jsonable(asdict(f)),
         )
         events.append(ev)
-    events.append(emit_event(
-        event="routeopt.drift.checked",
-        resource={"prefect.resource.id": f"routeopt.drift-check.{report.run_id}"},
-        related=[run],
-        payload={"regressions": len(report.regressions), "findings": len(report.findings),
-                 "baseline_runs": report.baseline_runs, "compared_pairs": report.compared_pairs},
-    ))
+    events.append(
+        emit_event(
+            event="routeopt.drift.checked",
+            resource={"prefect.resource.id": f"routeopt.drift-check.{report.run_id}"},
+            related=[run],
+            payload={
+                "regressions": len(report.regressions),
+                "findings": len(report.findings),
+                "baseline_runs": report.baseline_runs,
+                "compared_pairs": report.compared_pairs,
+            },
+        )
+    )
     return events
 
 
@@ -76,8 +82,12 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def post_webhook(
-    report: DriftReport, url: str, timeout_s: float = 10.0, attempts: int = 4,
-    backoff: RetryBackoff | None = None, sleep: Callable[[float], None] = time.sleep,
+    report: DriftReport,
+    url: str,
+    timeout_s: float = 10.0,
+    attempts: int = 4,
+    backoff: RetryBackoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
     """POST the report as JSON (with a Slack-style `text` line), retrying 5xx, 429 and network
     errors with backoff. Never raises: an unreachable receiver must not fail the nightly run;
@@ -86,8 +96,15 @@ def post_webhook(
     return post_json(body, url, f"the report of run {report.run_id}", timeout_s, attempts, backoff, sleep)
 
 
-def post_json(body: dict, url: str, what: str, timeout_s: float = 10.0, attempts: int = 4,
-              backoff: RetryBackoff | None = None, sleep: Callable[[float], None] = time.sleep) -> bool:
+def post_json(
+    body: dict,
+    url: str,
+    what: str,
+    timeout_s: float = 10.0,
+    attempts: int = 4,
+    backoff: RetryBackoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
     """POST `body`, retrying 5xx, 429 and network errors with backoff; False (logged) when it
     could not be delivered."""
     import httpx
@@ -132,17 +149,34 @@ def emit_traffic_events(check: Any) -> list[Any]:
     events = []
     if check.shift is not None:
         for f in check.shift.moved():
-            events.append(emit_event(
-                event="routeopt.traffic.shift",
-                resource={"prefect.resource.id": f"routeopt.feature.{f.feature}", "routeopt.feature": f.feature},
-                related=[policy], payload=jsonable(asdict(f))))
+            events.append(
+                emit_event(
+                    event="routeopt.traffic.shift",
+                    resource={
+                        "prefect.resource.id": f"routeopt.feature.{f.feature}",
+                        "routeopt.feature": f.feature,
+                    },
+                    related=[policy],
+                    payload=jsonable(asdict(f)),
+                )
+            )
     if (check.promise or {}).get("broken"):
-        events.append(emit_event(event="routeopt.traffic.promise-broken",
-                                 resource={"prefect.resource.id": f"routeopt.promise.{check.version}"},
-                                 related=[policy], payload=jsonable(check.promise)))
-    events.append(emit_event(event="routeopt.traffic.checked",
-                             resource={"prefect.resource.id": f"routeopt.traffic-check.{check.version}"},
-                             related=[policy], payload=jsonable(check.to_dict())))
+        events.append(
+            emit_event(
+                event="routeopt.traffic.promise-broken",
+                resource={"prefect.resource.id": f"routeopt.promise.{check.version}"},
+                related=[policy],
+                payload=jsonable(check.promise),
+            )
+        )
+    events.append(
+        emit_event(
+            event="routeopt.traffic.checked",
+            resource={"prefect.resource.id": f"routeopt.traffic-check.{check.version}"},
+            related=[policy],
+            payload=jsonable(check.to_dict()),
+        )
+    )
     return events
 
 
@@ -154,6 +188,7 @@ def send_traffic_alerts(check: Any, settings: AlertSettings, *, events: bool = T
     url = webhook_url(settings)
     if url and check.alert:
         body = {"text": f"routeopt: {check.summary_line()}", "kind": "traffic", **jsonable(check.to_dict())}
-        sent["webhook"] = post_json(body, url, f"the traffic check of policy version {check.version}",
-                                    settings.webhook_timeout_s)
+        sent["webhook"] = post_json(
+            body, url, f"the traffic check of policy version {check.version}", settings.webhook_timeout_s
+        )
     return sent

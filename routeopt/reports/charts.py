@@ -61,8 +61,9 @@ def _bounds(values: list[float], axis: Axis) -> tuple[float, float]:
 
 def _ticks(lo: float, hi: float, axis: Axis) -> list[tuple[float, str]]:
     if axis.log:
-        return [(float(e), f"{10.0 ** e:{axis.fmt}}") for e in range(math.ceil(lo), math.floor(hi) + 1)] or [
-            (lo, f"{10 ** lo:{axis.fmt}}"), (hi, f"{10 ** hi:{axis.fmt}}")
+        return [(float(e), f"{10.0**e:{axis.fmt}}") for e in range(math.ceil(lo), math.floor(hi) + 1)] or [
+            (lo, f"{10**lo:{axis.fmt}}"),
+            (hi, f"{10**hi:{axis.fmt}}"),
         ]
     step = 10 ** math.floor(math.log10((hi - lo) / 4))
     for mult in (1, 2, 5, 10):
@@ -86,11 +87,15 @@ def _marker(kind: str, x: float, y: float, color: str, tip: str) -> str:
         )
         return f'<polygon class="mark" points="{pts}" fill="{color}">{title}</polygon>'
     if kind == "square":
-        return f'<rect class="mark" x="{x - 5}" y="{y - 5}" width="10" height="10" fill="{color}">{title}</rect>'
+        return (
+            f'<rect class="mark" x="{x - 5}" y="{y - 5}" width="10" height="10" fill="{color}">{title}</rect>'
+        )
     return f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="{color}">{title}</circle>'
 
 
-def _frame(title: str, chart_id: str, xs: tuple[float, float, Axis], ys: tuple[float, float, Axis]) -> list[str]:
+def _frame(
+    title: str, chart_id: str, xs: tuple[float, float, Axis], ys: tuple[float, float, Axis]
+) -> list[str]:
     """The SVG element, plot area, grid, ticks and axis labels."""
     (x0, x1, x), (y0, y1, y) = xs, ys
     cat = bool(x.categories)
@@ -103,19 +108,27 @@ def _frame(title: str, chart_id: str, xs: tuple[float, float, Axis], ys: tuple[f
     for v, label in _ticks(y0, y1, y):
         yy = H - M_B - (v - y0) / (y1 - y0) * (H - M_T - M_B)
         out.append(f'<line class="grid" x1="{M_L}" x2="{W - M_R}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
-        out.append(f'<text class="tick" x="{M_L - 6}" y="{yy + 4:.1f}" text-anchor="end">{escape(label)}</text>')
+        out.append(
+            f'<text class="tick" x="{M_L - 6}" y="{yy + 4:.1f}" text-anchor="end">{escape(label)}</text>'
+        )
     xticks = list(enumerate(x.categories)) if cat else _ticks(x0, x1, x)
     step = max(1, len(xticks) // 8)
     for i, (v, label) in enumerate(xticks):
         if i % step:
             continue
         xx = M_L + (v - x0) / (x1 - x0) * (W - M_L - M_R)
-        out.append(f'<text class="tick" x="{xx:.1f}" y="{H - M_B + 16}" text-anchor="middle">'
-                   f"{escape(str(label)[-12:])}</text>")
-    out.append(f'<text class="axis" x="{(M_L + W - M_R) / 2}" y="{H - 6}" text-anchor="middle">'
-               f"{escape(x.label)}</text>")
-    out.append(f'<text class="axis" transform="translate(14,{(M_T + H - M_B) / 2}) rotate(-90)" '
-               f'text-anchor="middle">{escape(y.label)}</text>')
+        out.append(
+            f'<text class="tick" x="{xx:.1f}" y="{H - M_B + 16}" text-anchor="middle">'
+            f"{escape(str(label)[-12:])}</text>"
+        )
+    out.append(
+        f'<text class="axis" x="{(M_L + W - M_R) / 2}" y="{H - 6}" text-anchor="middle">'
+        f"{escape(x.label)}</text>"
+    )
+    out.append(
+        f'<text class="axis" transform="translate(14,{(M_T + H - M_B) / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(y.label)}</text>'
+    )
     return out
 
 
@@ -153,8 +166,17 @@ def chart(title: str, series: Sequence[Series], x: Axis, y: Axis, *, chart_id: s
             anchor = f'x="{cx - 7:.1f}" text-anchor="end"' if right else f'x="{cx + 7:.1f}"'
             out.append(f'<text class="label" {anchor} y="{cy - 6:.1f}">{escape(tip[:24])}</text>')
         for (cx, cy), (xv, yv), tip in zip(coords, ps, tips):
-            out.append(_marker(s.marker, cx, cy, color, f"{tip}: {x.label} {xv:{x.fmt}}, {y.label} {yv:{y.fmt}}"
-                               if not cat else f"{tip}: {yv:{y.fmt}}"))
+            out.append(
+                _marker(
+                    s.marker,
+                    cx,
+                    cy,
+                    color,
+                    f"{tip}: {x.label} {xv:{x.fmt}}, {y.label} {yv:{y.fmt}}"
+                    if not cat
+                    else f"{tip}: {yv:{y.fmt}}",
+                )
+            )
         ly = M_T + 14 + 18 * k
         out.append(_marker(s.marker, W - M_R + 14, ly - 4, color, s.name))
         out.append(f'<text class="legend" x="{W - M_R + 26}" y="{ly}">{escape(s.name[:24])}</text>')

@@ -89,8 +89,12 @@ class ReportData:
     policy_status: str | None = None  # "champion", "candidate (kept: why)", ...
     live: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None  # the latest `routeopt bench replay` (routeopt.reports.replay_chart)
-    traffic: dict[str, Any] | None = None  # the champion's traffic check (routeopt.router_training.live.shift_monitor)
-    generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    traffic: dict[str, Any] | None = (
+        None  # the champion's traffic check (routeopt.router_training.live.shift_monitor)
+    )
+    generated_at: str = field(
+        default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
 
 
 def _with_rates(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -244,39 +248,99 @@ def cost_quality_chart(data: ReportData) -> str:
     per_cand = holdout.get("per_candidate") or {}
     series: list[Series] = []
     if per_cand:
-        pts = [(v["cost"], v["pass_rate"], m) for m, v in per_cand.items()
-               if v.get("cost") is not None and v.get("pass_rate") is not None]
+        pts = [
+            (v["cost"], v["pass_rate"], m)
+            for m, v in per_cand.items()
+            if v.get("cost") is not None and v.get("pass_rate") is not None
+        ]
         title = f"Cost vs quality on {holdout.get('n_test_requests', '?')} held-out requests"
         x_label = "mean cost per request (USD)"
     else:
-        pts = [(r["cost_per_item"], r["pass_rate"], r["candidate"]) for r in data.candidates
-               if r["cost_per_item"] is not None and r["pass_rate"] is not None]
+        pts = [
+            (r["cost_per_item"], r["pass_rate"], r["candidate"])
+            for r in data.candidates
+            if r["cost_per_item"] is not None and r["pass_rate"] is not None
+        ]
         title = "Cost vs quality of each candidate on this run"
         x_label = "mean cost per item (USD)"
     front = _frontier(pts)
-    series.append(Series("single-model frontier", [p[0] for p in front], [p[1] for p in front],
-                         [p[2] for p in front], dashed=True, marker="square", color="#9ca3af"))
-    series.append(Series("candidates", [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
-                         line=False, annotate=True, color="#2563eb"))
-    for name, curve in ((holdout.get("curves") or (data.metrics or {}).get("curves") or {})).items():
-        series.append(Series(f"{name} curve", curve.get("cost", []), curve.get("quality", []), marker="circle"))
+    series.append(
+        Series(
+            "single-model frontier",
+            [p[0] for p in front],
+            [p[1] for p in front],
+            [p[2] for p in front],
+            dashed=True,
+            marker="square",
+            color="#9ca3af",
+        )
+    )
+    series.append(
+        Series(
+            "candidates",
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            [p[2] for p in pts],
+            line=False,
+            annotate=True,
+            color="#2563eb",
+        )
+    )
+    for name, curve in (holdout.get("curves") or (data.metrics or {}).get("curves") or {}).items():
+        series.append(
+            Series(f"{name} curve", curve.get("cost", []), curve.get("quality", []), marker="circle")
+        )
     knob = [r for r in knob_rows(data.metrics) if r["cost"] is not None and r["pass_rate"] is not None]
     if knob:
-        series.append(Series("quality knob (targets)", [r["cost"] for r in knob], [r["pass_rate"] for r in knob],
-                             [f"target {r['target']:g}" for r in knob], marker="circle", color="#16a34a"))
+        series.append(
+            Series(
+                "quality knob (targets)",
+                [r["cost"] for r in knob],
+                [r["pass_rate"] for r in knob],
+                [f"target {r['target']:g}" for r in knob],
+                marker="circle",
+                color="#16a34a",
+            )
+        )
     oracle, router = holdout.get("oracle") or {}, holdout.get("router_at_target") or {}
     if oracle.get("cost") is not None:
-        series.append(Series("oracle", [oracle["cost"]], [oracle.get("pass_rate")], ["oracle"], line=False,
-                             marker="star", color="#ca8a04"))
+        series.append(
+            Series(
+                "oracle",
+                [oracle["cost"]],
+                [oracle.get("pass_rate")],
+                ["oracle"],
+                line=False,
+                marker="star",
+                color="#ca8a04",
+            )
+        )
     if router.get("cost") is not None:
         label = f"router @ target {router.get('target')}"
-        series.append(Series(label, [router["cost"]], [router.get("pass_rate")], [label], line=False,
-                             marker="diamond", color="#dc2626"))
+        series.append(
+            Series(
+                label,
+                [router["cost"]],
+                [router.get("pass_rate")],
+                [label],
+                line=False,
+                marker="diamond",
+                color="#dc2626",
+            )
+        )
     costs = [c for s in series for c in s.xs if c is not None and c > 0]
-    log = bool(costs) and len(costs) == sum(1 for s in series for c in s.xs if c is not None) and \
-        max(costs) / min(costs) > 20
-    return chart(title, series, Axis(x_label, log=log, fmt=".2g"), Axis("pass rate", fmt=".2f"),
-                 chart_id="cost-quality")
+    log = (
+        bool(costs)
+        and len(costs) == sum(1 for s in series for c in s.xs if c is not None)
+        and max(costs) / min(costs) > 20
+    )
+    return chart(
+        title,
+        series,
+        Axis(x_label, log=log, fmt=".2g"),
+        Axis("pass rate", fmt=".2f"),
+        chart_id="cost-quality",
+    )
 
 
 def trend_charts(data: ReportData) -> list[str]:
@@ -285,15 +349,25 @@ def trend_charts(data: ReportData) -> list[str]:
         return []
     runs = list(dict.fromkeys(frame.run_id))
     out = []
-    for metric, label, fmt in (("pass_rate", "pass rate", ".2f"), ("cost_per_pass", "USD per passing answer", ".2g"),
-                               ("latency_p95", "latency p95 (s)", ".3g")):
+    for metric, label, fmt in (
+        ("pass_rate", "pass rate", ".2f"),
+        ("cost_per_pass", "USD per passing answer", ".2g"),
+        ("latency_p95", "latency p95 (s)", ".3g"),
+    ):
         series = []
         for cand, grp in frame.groupby("candidate", sort=True):
             by_run = dict(zip(grp.run_id, grp[metric]))
             ys = [_clean(by_run.get(r)) for r in runs]
             series.append(Series(str(cand), list(range(len(runs))), ys, [f"{cand} {r}" for r in runs]))
-        out.append(chart(f"Trend: {label}", series, Axis("run", categories=runs), Axis(label, fmt=fmt),
-                         chart_id=f"trend-{metric}"))
+        out.append(
+            chart(
+                f"Trend: {label}",
+                series,
+                Axis("run", categories=runs),
+                Axis(label, fmt=fmt),
+                chart_id=f"trend-{metric}",
+            )
+        )
     return out
 
 
@@ -358,8 +432,16 @@ def knob_rows(metrics: dict | None) -> list[dict[str, Any]]:
         else:
             verdict = "held" if r.get("held") else "below floor, within noise"
         cost = r.get("cost")
-        rows.append({**r, "noise": noise, "verdict": verdict,
-                     "cost_ratio": cost / best_cost if _is_num(cost) and _is_num(best_cost) and best_cost else None})
+        rows.append(
+            {
+                **r,
+                "noise": noise,
+                "verdict": verdict,
+                "cost_ratio": cost / best_cost
+                if _is_num(cost) and _is_num(best_cost) and best_cost
+                else None,
+            }
+        )
     return rows
 
 
@@ -369,20 +451,31 @@ def _router_rows(metrics: dict | None) -> list[dict[str, Any]]:
     holdout = (metrics or {}).get("holdout") or {}
     table = holdout.get("table") or {}
     rows = []
-    for key, label in (("router_at_target", "router @ target"), ("best_single", "best single"),
-                       ("cheapest_single", "cheapest single"), ("oracle", "oracle")):
+    for key, label in (
+        ("router_at_target", "router @ target"),
+        ("best_single", "best single"),
+        ("cheapest_single", "cheapest single"),
+        ("oracle", "oracle"),
+    ):
         m = holdout.get(key)
         if not m:
             continue
         name = f"{label} ({m['model']})" if m.get("model") else label
         if key == "router_at_target":
             name = f"router @ target {m.get('target'):g}"
-        rows.append({"name": name, "pass_rate": m.get("pass_rate"), "cost": m.get("cost"),
-                     "summary": table.get("router" if key == "router_at_target" else key, {})})
+        rows.append(
+            {
+                "name": name,
+                "pass_rate": m.get("pass_rate"),
+                "cost": m.get("cost"),
+                "summary": table.get("router" if key == "router_at_target" else key, {}),
+            }
+        )
     for name, summary in table.items():
         if name not in ("router", "best_single", "cheapest_single", "oracle"):
-            rows.append({"name": f"baseline router: {name}", "pass_rate": None,
-                         "cost": None, "summary": summary})
+            rows.append(
+                {"name": f"baseline router: {name}", "pass_rate": None, "cost": None, "summary": summary}
+            )
     return rows
 
 
@@ -394,8 +487,9 @@ def write_report(html: str, out: str | Path, permissions: int = REPORT_PERMISSIO
     return atomic_write(out, html, permissions)
 
 
-def build_report(store: Store, run_id: str, out: str | Path, *,
-                 permissions: int = REPORT_PERMISSIONS, **kw: Any) -> Path:
+def build_report(
+    store: Store, run_id: str, out: str | Path, *, permissions: int = REPORT_PERMISSIONS, **kw: Any
+) -> Path:
     """Gather, render and write the dashboard of one run (file mode `permissions`, the config's
     `reports.permissions`); `kw` goes to `gather`."""
     return write_report(render_html(gather(store, run_id, **kw)), out, permissions)
@@ -411,10 +505,24 @@ def _table_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[
     return [{k: fmt(r.get(k)) for k in keys} for r in rows]
 
 
-_ARTIFACT_COLUMNS = ("candidate", "items", "errors", "excluded", "budget_skipped", "cached",
-                     "pass_rate", "cost_usd",
-                     "cost_per_pass", "input_tokens", "output_tokens", "ttft_p50", "ttft_p95",
-                     "latency_p50", "latency_p95", "latency_p99")
+_ARTIFACT_COLUMNS = (
+    "candidate",
+    "items",
+    "errors",
+    "excluded",
+    "budget_skipped",
+    "cached",
+    "pass_rate",
+    "cost_usd",
+    "cost_per_pass",
+    "input_tokens",
+    "output_tokens",
+    "ttft_p50",
+    "ttft_p95",
+    "latency_p50",
+    "latency_p95",
+    "latency_p99",
+)
 
 
 def _router_markdown(metrics: dict | None) -> list[str]:
@@ -423,10 +531,19 @@ def _router_markdown(metrics: dict | None) -> list[str]:
     if not rows:
         return []
     n = (metrics or {}).get("holdout", {}).get("n_test_requests", "?")
-    lines = [f"### Router on {n} held-out requests", "", promise_line(metrics) or "", "",
-             "| target | certified | floor | pass rate | USD / request | verdict |", "|---:|---|---:|---:|---:|---|"]
-    lines += [f"| {r['target']:g} | {'yes' if r['certified'] else 'no'} | {_num(r['floor'], '.3f')} | "
-              f"{_num(r['pass_rate'], '.3f')} | {_num(r['cost'], '.3g')} | {r['verdict']} |" for r in rows]
+    lines = [
+        f"### Router on {n} held-out requests",
+        "",
+        promise_line(metrics) or "",
+        "",
+        "| target | certified | floor | pass rate | USD / request | verdict |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {r['target']:g} | {'yes' if r['certified'] else 'no'} | {_num(r['floor'], '.3f')} | "
+        f"{_num(r['pass_rate'], '.3f')} | {_num(r['cost'], '.3g')} | {r['verdict']} |"
+        for r in rows
+    ]
     return lines
 
 
@@ -452,21 +569,28 @@ def publish_prefect_artifacts(data: ReportData, report_path: str | Path | None =
     suite_rows = [dict(r, suite=s) for s, rows in data.suites.items() for r in rows]
     ids = [
         create_table_artifact(
-            table=_table_rows(data.candidates, _ARTIFACT_COLUMNS), key="routeopt-candidates",
+            table=_table_rows(data.candidates, _ARTIFACT_COLUMNS),
+            key="routeopt-candidates",
             description=f"Candidates on run {run_id}: pass rate, cost, tokens, TTFT and latency (s).",
         ),
         create_table_artifact(
-            table=_table_rows(suite_rows, ("suite",) + _ARTIFACT_COLUMNS), key="routeopt-suites",
+            table=_table_rows(suite_rows, ("suite",) + _ARTIFACT_COLUMNS),
+            key="routeopt-suites",
             description=f"Per suite and candidate on run {run_id}.",
         ),
         create_markdown_artifact(
-            markdown=_drift_markdown(data.drift, data.metrics), key="routeopt-router-drift",
+            markdown=_drift_markdown(data.drift, data.metrics),
+            key="routeopt-router-drift",
             description=f"Router metrics and drift alerts of run {run_id}.",
         ),
     ]
     if report_path is not None:
-        ids.append(create_link_artifact(
-            link=Path(report_path).resolve().as_uri(), link_text="HTML report", key="routeopt-report",
-            description=f"Self-contained dashboard of run {run_id}.",
-        ))
+        ids.append(
+            create_link_artifact(
+                link=Path(report_path).resolve().as_uri(),
+                link_text="HTML report",
+                key="routeopt-report",
+                description=f"Self-contained dashboard of run {run_id}.",
+            )
+        )
     return ids

@@ -62,16 +62,20 @@ def errors_table(rows: list[dict[str, Any]]) -> Table | None:
     they count as the model's failures or are left out as ours."""
     if not rows:
         return None
-    table = Table(title="errors by candidate and kind (failure: the model's, in pass rates; "
-                        "excluded: ours)")
+    table = Table(title="errors by candidate and kind (failure: the model's, in pass rates; excluded: ours)")
     for col in ("candidate", "kind", "rows", "counts as", "first message"):
         table.add_column(col, justify="right" if col == "rows" else "left")
     for r in rows:
         first = str(r["first"] or "")
         if len(first) > MESSAGE_CHARS:
-            first = first[:MESSAGE_CHARS - 1] + "…"
-        table.add_row(r["candidate"], r["error_kind"], str(r["n"]),
-                      "excluded" if is_excluded(r["error_kind"]) else "failure", escape(first))
+            first = first[: MESSAGE_CHARS - 1] + "…"
+        table.add_row(
+            r["candidate"],
+            r["error_kind"],
+            str(r["n"]),
+            "excluded" if is_excluded(r["error_kind"]) else "failure",
+            escape(first),
+        )
     return table
 
 
@@ -83,12 +87,15 @@ def preflight_lines(probes: list[dict[str, Any]]) -> list[str]:
         return []
     answered = sum(p["verdict"] == "ok" for p in probes)
     cost = sum(p.get("cost_usd") or 0.0 for p in probes)
-    lines = [f"preflight: {answered} of {len(probes)} candidates answered a 1-token request "
-             f"(cost ${cost:.3g})"]
+    lines = [
+        f"preflight: {answered} of {len(probes)} candidates answered a 1-token request (cost ${cost:.3g})"
+    ]
     for p in probes:
         if p["verdict"] == "broken":
-            lines.append(f"[red]skipped, left out of this run and its policy:[/red] "
-                         f"{escape(Probe.from_dict(p).line())}")
+            lines.append(
+                f"[red]skipped, left out of this run and its policy:[/red] "
+                f"{escape(Probe.from_dict(p).line())}"
+            )
         elif p["verdict"] != "ok":
             lines.append(f"did not answer (not a configuration error): {escape(Probe.from_dict(p).line())}")
     return lines
@@ -96,9 +103,11 @@ def preflight_lines(probes: list[dict[str, Any]]) -> list[str]:
 
 def misconfigured_lines(found: list[dict[str, Any]]) -> list[str]:
     """One line per candidate whose every call got the same error (`Store.mark_same_errors`)."""
-    return [f"[red]candidate {m['candidate']} is misconfigured:[/red] all {m['n']} of its calls got "
-            f"the same error, left out of pass rates and training: {escape(m['error_kind'] + ': ' + str(m['error']))}"
-            for m in found]
+    return [
+        f"[red]candidate {m['candidate']} is misconfigured:[/red] all {m['n']} of its calls got "
+        f"the same error, left out of pass rates and training: {escape(m['error_kind'] + ': ' + str(m['error']))}"
+        for m in found
+    ]
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -113,8 +122,9 @@ def promise_line(metrics: dict | None) -> str | None:
     if not promise.get("promised"):
         return None
     broken = promise.get("contradicted")
-    return (f"promise held at {promise['held']} of {promise['promised']} certified targets"
-            + ("" if broken is None else f", significantly broken at {broken}"))
+    return f"promise held at {promise['held']} of {promise['promised']} certified targets" + (
+        "" if broken is None else f", significantly broken at {broken}"
+    )
 
 
 def router_table(holdout: dict[str, Any]) -> Table:
@@ -131,8 +141,10 @@ def router_table(holdout: dict[str, Any]) -> Table:
         floor = at["target"] * promise["reference_pass_rate"]
         row = next((r for r in promise.get("targets", []) if abs(r["target"] - at["target"]) < 1e-9), {})
         noise = f" (±{1.96 * row['margin_se']:.3f} on {n} requests)" if row.get("margin_se") else ""
-        table.caption = (f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}{noise}; "
-                         f"{promise_line({'holdout': holdout})}")
+        table.caption = (
+            f"floor {at['target']:g} x {promise['reference_pass_rate']:.3f} = {floor:.3f}{noise}; "
+            f"{promise_line({'holdout': holdout})}"
+        )
     rows = [("router", holdout.get("router_at_target"))]
     rows += [(k, holdout.get(k)) for k in ("best_single", "cheapest_single", "oracle")]
     for name, m in rows:
@@ -153,13 +165,26 @@ def caching_table(savings: list[Any]) -> Table | None:
     if not used:
         return None
     table = Table(title="prompt caching (input tokens; $ vs the same calls without caching)")
-    for col in ("candidate", "input tokens", "cache reads", "cache writes", "input $",
-                "input $ uncached", "saved $"):
+    for col in (
+        "candidate",
+        "input tokens",
+        "cache reads",
+        "cache writes",
+        "input $",
+        "input $ uncached",
+        "saved $",
+    ):
         table.add_column(col, justify="left" if col == "candidate" else "right")
     for s in used:
-        table.add_row(s.candidate, f"{s.input_tokens:,}", f"{s.cache_read_tokens:,}",
-                      f"{s.cache_write_tokens:,}", _fmt(s.input_usd, ".6f"),
-                      _fmt(s.uncached_input_usd, ".6f"), _fmt(s.saved_usd, ".6f"))
+        table.add_row(
+            s.candidate,
+            f"{s.input_tokens:,}",
+            f"{s.cache_read_tokens:,}",
+            f"{s.cache_write_tokens:,}",
+            _fmt(s.input_usd, ".6f"),
+            _fmt(s.uncached_input_usd, ".6f"),
+            _fmt(s.saved_usd, ".6f"),
+        )
     return table
 
 
@@ -174,8 +199,12 @@ class RunResult:
     db_path: str = ""
     suites: list[str] = field(default_factory=list)
     suite_errors: dict[str, str] = field(default_factory=dict)
-    pairs: list[dict[str, Any]] = field(default_factory=list)  # one per (suite, candidate): counts, cost, halted
-    router_metrics: dict[str, Any] | None = None  # the trained policy's metrics (holdout, knob), if one was trained
+    pairs: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # one per (suite, candidate): counts, cost, halted
+    router_metrics: dict[str, Any] | None = (
+        None  # the trained policy's metrics (holdout, knob), if one was trained
+    )
     report_path: str | None = None  # the HTML dashboard
     drift_blocking: list[str] = field(default_factory=list)  # drift findings that block promotion
     traffic_check: dict[str, Any] | None = None  # the champion's shift monitor on logged traffic
@@ -191,8 +220,13 @@ class RunResult:
     refused: list[dict[str, Any]] = field(default_factory=list)  # steps refused: stage and message
 
 
-def print_summary(console: Console, rows: list[dict[str, Any]], result: RunResult,
-                  caching: list[Any] | None = None, errors: list[dict[str, Any]] | None = None) -> None:
+def print_summary(
+    console: Console,
+    rows: list[dict[str, Any]],
+    result: RunResult,
+    caching: list[Any] | None = None,
+    errors: list[dict[str, Any]] | None = None,
+) -> None:
     """Print the candidates table, what it leaves out, the errors by candidate and kind, the
     preflight and misconfigured candidates, prompt caching (when any call used a cache) and
     the router's held-out comparison.
@@ -201,18 +235,34 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: RunResul
     (`result.excluded` says how many); cost and times leave out replayed cache answers.
     """
     table = Table(title=f"run {result.run_id}: candidates (all items)")
-    cols = ("candidate", "items", "errors", "excluded", "pass rate", "cost $", "p50 lat s",
-            "p95 lat s", "p50 ttft s")
+    cols = (
+        "candidate",
+        "items",
+        "errors",
+        "excluded",
+        "pass rate",
+        "cost $",
+        "p50 lat s",
+        "p95 lat s",
+        "p50 ttft s",
+    )
     replayed = sum(int(r.get("cached") or 0) for r in rows)
     if replayed:
         cols = cols[:5] + ("cached",) + cols[5:]
     for col in cols:
         table.add_column(col, justify="left" if col == "candidate" else "right")
     for r in rows:
-        cells = [r["candidate"], str(r["items"]), str(r["errors"]), str(r["excluded"]),
-                 _fmt(r["pass_rate"], ".3f"), _fmt(r["cost_usd"], ".6f"),
-                 _fmt(r["p50_latency_s"], ".3f"), _fmt(r["p95_latency_s"], ".3f"),
-                 _fmt(r["p50_ttft_s"], ".3f")]
+        cells = [
+            r["candidate"],
+            str(r["items"]),
+            str(r["errors"]),
+            str(r["excluded"]),
+            _fmt(r["pass_rate"], ".3f"),
+            _fmt(r["cost_usd"], ".6f"),
+            _fmt(r["p50_latency_s"], ".3f"),
+            _fmt(r["p95_latency_s"], ".3f"),
+            _fmt(r["p50_ttft_s"], ".3f"),
+        ]
         if replayed:
             cells.insert(5, str(r["cached"]))
         table.add_row(*cells)
@@ -222,20 +272,22 @@ def print_summary(console: Console, rows: list[dict[str, Any]], result: RunResul
     errors_tab = errors_table(errors or [])
     if errors_tab is not None:
         console.print(errors_tab)
-    for line in preflight_lines(result.preflight or []) + misconfigured_lines(
-            result.misconfigured or []):
+    for line in preflight_lines(result.preflight or []) + misconfigured_lines(result.misconfigured or []):
         console.print(line)
     if result.cache_max_age or replayed:
         console.print(
             f"response cache: {replayed} answers replayed from earlier runs (at most "
             f"{result.cache_max_age or '?'} old); they count in pass rates, not in cost "
-            "or latency")
+            "or latency"
+        )
     cache_table = caching_table(caching or [])
     if cache_table is not None:
         console.print(cache_table)
         if any(s.input_usd is None and s.cache_read_tokens for s in caching or []):
-            console.print("  local candidates: cache reads are prompt tokens reused from the "
-                          "prefix cache; their saving is GPU time, inside the measured throughput")
+            console.print(
+                "  local candidates: cache reads are prompt tokens reused from the "
+                "prefix cache; their saving is GPU time, inside the measured throughput"
+            )
     holdout = (result.router_metrics or {}).get("holdout") or {}
     if holdout:
         console.print(router_table(holdout))
@@ -267,12 +319,27 @@ def modes_table(rows: list[dict[str, Any]]) -> Table | None:
     if not any(r["batch"] or r["carried"] for r in rows):
         return None
     table = Table(title="how items were answered (latency figures come from the sync rows)")
-    for col in ("candidate", "batch", "sync", "carried", "latency rows", "batches", "cost $",
-                "full sync night $"):
+    for col in (
+        "candidate",
+        "batch",
+        "sync",
+        "carried",
+        "latency rows",
+        "batches",
+        "cost $",
+        "full sync night $",
+    ):
         table.add_column(col, justify="left" if col in ("candidate", "batches") else "right")
     for r in rows:
         states = ", ".join(f"{s} {n}" for s, n in sorted(r["batches"].items())) or "-"
-        table.add_row(r["candidate"], str(r["batch"]), str(r["sync"]), str(r["carried"]),
-                      str(r["latency_rows"]), states, _fmt(r["cost_usd"], ".6f"),
-                      _fmt(r["full_sync_usd"], ".6f"))
+        table.add_row(
+            r["candidate"],
+            str(r["batch"]),
+            str(r["sync"]),
+            str(r["carried"]),
+            str(r["latency_rows"]),
+            states,
+            _fmt(r["cost_usd"], ".6f"),
+            _fmt(r["full_sync_usd"], ".6f"),
+        )
     return table

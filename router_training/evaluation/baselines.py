@@ -69,9 +69,13 @@ def _train_rates(train: RoutingData) -> tuple[np.ndarray, np.ndarray]:
     return np.nanmean(train.Y, axis=0), np.nanmean(train.C, axis=0)
 
 
-def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k: int = 25,
-             targets: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99,
-                                           1.0, 1.05, 1.1)) -> dict:
+def evaluate(
+    policy: RoutingPolicy,
+    train: RoutingData,
+    test: RoutingData,
+    knn_k: int = 25,
+    targets: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 1.0, 1.05, 1.1),
+) -> dict:
     """Every router's curve and summary on complete test requests; JSON-serialisable.
 
     The router's curve is what its knob realises at `targets`; the per-suite and kNN baselines
@@ -103,7 +107,7 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
     curves += [sweep(name, p, Cp, test, "lambda") for name, p in scored.items()]
     curves += [
         Curve("zero_router", sc, sq),
-        Curve("best_single", sc[best: best + 1], sq[best: best + 1]),
+        Curve("best_single", sc[best : best + 1], sq[best : best + 1]),
         Curve("oracle", np.array([oracle_c]), np.array([oracle_q])),
     ]
     cost_range = (float(sc.min()), float(sc.max()))
@@ -113,11 +117,15 @@ def evaluate(policy: RoutingPolicy, train: RoutingData, test: RoutingData, knn_k
         "n_test_requests": len(test),
         **sampled,
         "best_single": {"model": policy.candidates[best], "pass_rate": sq[best], "cost": sc[best]},
-        "cheapest_single": {"model": policy.candidates[cheapest], "pass_rate": sq[cheapest],
-                            "cost": sc[cheapest]},
+        "cheapest_single": {
+            "model": policy.candidates[cheapest],
+            "pass_rate": sq[cheapest],
+            "cost": sc[cheapest],
+        },
         "oracle": {"pass_rate": oracle_q, "cost": oracle_c},
-        "per_candidate": {m: {"pass_rate": float(q), "cost": float(c)}
-                          for m, q, c in zip(policy.candidates, sq, sc)},
+        "per_candidate": {
+            m: {"pass_rate": float(q), "cost": float(c)} for m, q, c in zip(policy.candidates, sq, sc)
+        },
         "table": table,
         "curves": {c.name: {"cost": c.costs.tolist(), "quality": c.quality.tolist()} for c in curves},
     }
@@ -143,8 +151,10 @@ def realised(choice: np.ndarray, Y: np.ndarray, C: np.ndarray) -> tuple[float, f
     rows = np.arange(len(choice))
     y, c = Y[rows, choice], C[rows, choice]
     ok = ~np.isnan(y)
-    return (float(np.mean(y[ok])) if ok.any() else math.nan,
-            float(np.nanmean(c)) if (~np.isnan(c)).any() else math.nan)
+    return (
+        float(np.mean(y[ok])) if ok.any() else math.nan,
+        float(np.nanmean(c)) if (~np.isnan(c)).any() else math.nan,
+    )
 
 
 class ReferenceRouter:
@@ -165,8 +175,9 @@ class ReferenceRouter:
         pos = {s: i for i, s in enumerate(self.suites_)}
         cols = [pos.get(s, -1) for s in suites]
         rows = [i for i, c in enumerate(cols) if c >= 0]
-        onehot = sp.csr_matrix((np.ones(len(rows)), (rows, [cols[i] for i in rows])),
-                               shape=(len(prompts), len(self.suites_)))
+        onehot = sp.csr_matrix(
+            (np.ones(len(rows)), (rows, [cols[i] for i in rows])), shape=(len(prompts), len(self.suites_))
+        )
         return sp.hstack([onehot, self.vectorizer_.transform(prompts)]).tocsr()
 
     def _fit_models(self, X, Y: np.ndarray) -> list:
@@ -183,15 +194,17 @@ class ReferenceRouter:
                 continue
             Xj = X[ok]
             lr = LogisticRegression(C=self.C, max_iter=1000)
-            lr.fit(sp.vstack([Xj, Xj]), np.r_[np.ones(len(y)), np.zeros(len(y))],
-                   sample_weight=np.r_[y, 1.0 - y])
+            lr.fit(
+                sp.vstack([Xj, Xj]), np.r_[np.ones(len(y)), np.zeros(len(y))], sample_weight=np.r_[y, 1.0 - y]
+            )
             models.append(lr)
         return models
 
     @staticmethod
     def _proba(models: list, X) -> np.ndarray:
-        return np.column_stack([np.full(X.shape[0], m) if isinstance(m, float)
-                                else m.predict_proba(X)[:, 1] for m in models])
+        return np.column_stack(
+            [np.full(X.shape[0], m) if isinstance(m, float) else m.predict_proba(X)[:, 1] for m in models]
+        )
 
     def fit(self, train: RoutingData) -> "ReferenceRouter":
         from sklearn.feature_extraction.text import TfidfVectorizer

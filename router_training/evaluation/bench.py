@@ -49,8 +49,11 @@ def read_frame(path: Path) -> pd.DataFrame:
 
 def find_sets(folder: Path) -> list[tuple[str, Path, Path]]:
     """(name, train, test) for every sub-folder holding train.parquet and test.parquet."""
-    found = sorted((d.name, d / "train.parquet", d / "test.parquet") for d in Path(folder).iterdir()
-                   if (d / "train.parquet").is_file() and (d / "test.parquet").is_file())
+    found = sorted(
+        (d.name, d / "train.parquet", d / "test.parquet")
+        for d in Path(folder).iterdir()
+        if (d / "train.parquet").is_file() and (d / "test.parquet").is_file()
+    )
     if not found:
         raise ValueError(f"{folder}: no sub-folder holds both train.parquet and test.parquet")
     return found
@@ -63,17 +66,24 @@ def scoring_data(frame: pd.DataFrame, candidates: list[str]) -> RoutingData:
     return routing_data(frame, candidates=candidates).complete()
 
 
-def knob_choices(policy: RoutingPolicy, test: RoutingData,
-                 targets: tuple[float, ...] = STANDARD_TARGETS) -> list[np.ndarray]:
+def knob_choices(
+    policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...] = STANDARD_TARGETS
+) -> list[np.ndarray]:
     """The candidate index the policy chooses for every test request at every target, exactly
     as `routeopt route --quality-target x` chooses it (features computed once)."""
     P, Cp = policy.predict(test.prompts, test.suites)
     return [policy.select(P, Cp, test.prompts, test.suites, x)[0] for x in targets]
 
 
-def measure(choices: list[np.ndarray], test: RoutingData, train: RoutingData,
-            reference: ReferenceRouter | None = None, targets: tuple[float, ...] = STANDARD_TARGETS,
-            knob: dict | None = None, best_on: str = "train") -> dict:
+def measure(
+    choices: list[np.ndarray],
+    test: RoutingData,
+    train: RoutingData,
+    reference: ReferenceRouter | None = None,
+    targets: tuple[float, ...] = STANDARD_TARGETS,
+    knob: dict | None = None,
+    best_on: str = "train",
+) -> dict:
     """Score the knob's choices at each target (and every baseline) on complete test requests.
 
     The best single candidate is the one with the best pass rate on `train` (what a user picks
@@ -89,13 +99,15 @@ def measure(choices: list[np.ndarray], test: RoutingData, train: RoutingData,
     curves = {"knob": Curve("knob", points[:, 1], points[:, 0])}
     ref_pts = None
     if reference is not None:
-        ref_pts = np.array([outcomes_of(reference.choose(test.prompts, test.suites, x), test) for x in targets])
+        ref_pts = np.array(
+            [outcomes_of(reference.choose(test.prompts, test.suites, x), test) for x in targets]
+        )
         curves["reference"] = Curve("reference", ref_pts[:, 1], ref_pts[:, 0])
     oracle = outcomes_of(M.oracle_choice(test.Y, test.C), test)
     curves["zero_router"] = Curve("zero_router", sc, sq)
     chosen = _train_hull(train.align(names))
     curves["zero_router_train"] = Curve("zero_router_train", sc[chosen], sq[chosen])
-    curves["best_single"] = Curve("best_single", sc[best: best + 1], sq[best: best + 1])
+    curves["best_single"] = Curve("best_single", sc[best : best + 1], sq[best : best + 1])
     curves["oracle"] = Curve("oracle", np.array([oracle[1]]), np.array([oracle[0]]))
     cost_range = (float(sc.min()), float(sc.max()))
     rows = {k: summarise(c, sq[best], sc[best], cost_range) for k, c in curves.items()}
@@ -104,8 +116,15 @@ def measure(choices: list[np.ndarray], test: RoutingData, train: RoutingData,
     table = []
     for i, x in enumerate(targets):
         q, c = points[i]
-        row = {"target": x, "floor": x * sq[best], "pass_rate": q, "cost": c, "cost_vs_best": c / sc[best],
-               "certified": bool(x <= certified_up_to + 1e-12), "held": bool(q >= x * sq[best] - 1e-12)}
+        row = {
+            "target": x,
+            "floor": x * sq[best],
+            "pass_rate": q,
+            "cost": c,
+            "cost_vs_best": c / sc[best],
+            "certified": bool(x <= certified_up_to + 1e-12),
+            "held": bool(q >= x * sq[best] - 1e-12),
+        }
         if ref_pts is not None:
             row.update(reference_pass_rate=ref_pts[i, 0], reference_cost_vs_best=ref_pts[i, 1] / sc[best])
         table.append(row)
@@ -133,8 +152,11 @@ def _train_hull(train: RoutingData) -> np.ndarray:
 
 
 def knob_info(policy: RoutingPolicy) -> dict:
-    return {"confidence": policy.knob.confidence, "certified_up_to": policy.knob.certified_up_to(),
-            "reference_model": policy.reference_model}
+    return {
+        "confidence": policy.knob.confidence,
+        "certified_up_to": policy.knob.certified_up_to(),
+        "reference_model": policy.reference_model,
+    }
 
 
 def checks(table: list[dict], rows: dict) -> dict[str, bool]:
@@ -160,8 +182,13 @@ def _savings(v: float) -> float:
     return -math.inf if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
-def run_set(name: str, train_frame: pd.DataFrame, test_frame: pd.DataFrame,
-            train: Callable[[pd.DataFrame], RoutingPolicy], with_reference: bool = True) -> dict:
+def run_set(
+    name: str,
+    train_frame: pd.DataFrame,
+    test_frame: pd.DataFrame,
+    train: Callable[[pd.DataFrame], RoutingPolicy],
+    with_reference: bool = True,
+) -> dict:
     """Train with the caller's `routeopt train` equivalent, route every test request at every
     user target and measure it, beside the reference trained on the same frame."""
     policy = train(train_frame)
@@ -183,7 +210,9 @@ def _fmt(v: object, spec: str = ".3f") -> str:
 
 def _grid(head: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    line = lambda r: "  ".join(
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+    )
     return [line(head), line(["-" * w for w in widths]), *map(line, rows)]
 
 
@@ -196,13 +225,21 @@ def format_set(report: dict) -> str:
         head += ["ref pass", "ref cost/best"]
     rows = []
     for r in report["targets"]:
-        row = [f"{r['target']:g}", _fmt(r["floor"]), _fmt(r["pass_rate"]), _fmt(r["cost_vs_best"]),
-               _fmt(r["certified"]), _fmt(r["held"]) if r["certified"] else "-"]
+        row = [
+            f"{r['target']:g}",
+            _fmt(r["floor"]),
+            _fmt(r["pass_rate"]),
+            _fmt(r["cost_vs_best"]),
+            _fmt(r["certified"]),
+            _fmt(r["held"]) if r["certified"] else "-",
+        ]
         if has_ref:
             row += [_fmt(r["reference_pass_rate"]), _fmt(r["reference_cost_vs_best"])]
         rows.append(row)
-    frontier = [[name, _fmt(v["savings_at_best"]), _fmt(v["savings_at_95"]), _fmt(v["aiq"]), _fmt(v["max_quality"])]
-                for name, v in report["table"].items()]
+    frontier = [
+        [name, _fmt(v["savings_at_best"]), _fmt(v["savings_at_95"]), _fmt(v["aiq"]), _fmt(v["max_quality"])]
+        for name, v in report["table"].items()
+    ]
     promised = [r for r in report["targets"] if r["certified"]]
     lines = [
         f"== {report.get('name', 'set')}: {report['n_test_requests']} test requests; best single "
@@ -211,8 +248,10 @@ def format_set(report: dict) -> str:
         f"knob: confidence {_fmt(knob.get('confidence'), '.2f')}, certified up to target "
         f"{_fmt(knob.get('certified_up_to'), '.3f')}; promise (pass >= target x best single) held at "
         f"{sum(r['held'] for r in promised)} of {len(promised)} certified targets",
-        *_grid(head, rows), "",
-        *_grid(["policy", "S100", "S95", "AIQ", "max pass"], frontier), "",
+        *_grid(head, rows),
+        "",
+        *_grid(["policy", "S100", "S95", "AIQ", "max pass"], frontier),
+        "",
         "checks: " + "; ".join(f"{k}: {_fmt(v)}" for k, v in report["checks"].items()),
     ]
     return "\n".join(lines)
@@ -226,13 +265,26 @@ def format_summary(reports: list[dict]) -> str:
         t = r["table"]
         trio = lambda v: f"{_fmt(v['savings_at_best'])} / {_fmt(v['savings_at_95'])} / {_fmt(v['aiq'])}"
         promised = [x for x in r["targets"] if x["certified"]]
-        rows.append([r.get("name", "set"), trio(t["knob"]), trio(t["reference"]) if "reference" in t else "-",
-                     _fmt(t["zero_router"]["aiq"]), f"{sum(x['held'] for x in promised)}/{len(promised)}",
-                     f"{sum(r['checks'].values())}/{len(r['checks'])}"])
+        rows.append(
+            [
+                r.get("name", "set"),
+                trio(t["knob"]),
+                trio(t["reference"]) if "reference" in t else "-",
+                _fmt(t["zero_router"]["aiq"]),
+                f"{sum(x['held'] for x in promised)}/{len(promised)}",
+                f"{sum(r['checks'].values())}/{len(r['checks'])}",
+            ]
+        )
     held = sum(sum(x["held"] for x in r["targets"] if x["certified"]) for r in reports)
     promised = sum(sum(1 for x in r["targets"] if x["certified"]) for r in reports)
-    return "\n".join(["== summary across sets", *_grid(head, rows), "",
-                      f"promise held at {held} of {promised} certified (set, target) pairs"])
+    return "\n".join(
+        [
+            "== summary across sets",
+            *_grid(head, rows),
+            "",
+            f"promise held at {held} of {promised} certified (set, target) pairs",
+        ]
+    )
 
 
 def plot_sets(reports: list[dict], path: Path) -> None:
@@ -263,8 +315,13 @@ def _plot_one(ax, report: dict) -> None:
     zc, zq = M.frontier(curves["zero_router"]["cost"], curves["zero_router"]["quality"])
     ax.plot(zc, zq, ":", color="grey", label="zero router")
     singles = report["per_candidate"]
-    ax.scatter([v["cost"] for v in singles.values()], [v["pass_rate"] for v in singles.values()],
-               s=14, color="grey", label="single candidates")
+    ax.scatter(
+        [v["cost"] for v in singles.values()],
+        [v["pass_rate"] for v in singles.values()],
+        s=14,
+        color="grey",
+        label="single candidates",
+    )
     ax.scatter([report["oracle"]["cost"]], [report["oracle"]["pass_rate"]], marker="*", s=120, label="oracle")
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on narrow ranges

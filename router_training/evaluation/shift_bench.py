@@ -21,7 +21,15 @@ import numpy as np
 import pandas as pd
 
 from routeopt.router_training.evaluation.baselines import ReferenceRouter
-from routeopt.router_training.evaluation.bench import CHECKED, _fmt, _grid, knob_choices, knob_info, measure, scoring_data
+from routeopt.router_training.evaluation.bench import (
+    CHECKED,
+    _fmt,
+    _grid,
+    knob_choices,
+    knob_info,
+    measure,
+    scoring_data,
+)
 from routeopt.router_training.fit.certificate import Certificate, TrafficSample
 from routeopt.router_training.fit.data import RoutingData, routing_data
 from routeopt.router_training.policy.routing import RoutingPolicy
@@ -49,8 +57,15 @@ def _measure(policy: RoutingPolicy, test: RoutingData, train: RoutingData) -> di
     return rep
 
 
-def run_shifts(name: str, train_frame: pd.DataFrame, test_frame: pd.DataFrame, fit: Fit,
-               shifts: tuple[str, ...] = SHIFTS, robust: float | None = 2.0, seed: int = 0) -> dict:
+def run_shifts(
+    name: str,
+    train_frame: pd.DataFrame,
+    test_frame: pd.DataFrame,
+    fit: Fit,
+    shifts: tuple[str, ...] = SHIFTS,
+    robust: float | None = 2.0,
+    seed: int = 0,
+) -> dict:
     """Every policy on every shift of one set (and unshifted): JSON-ready."""
     default = fit(train_frame, Certificate())
     train = routing_data(train_frame, candidates=default.candidates)
@@ -83,8 +98,17 @@ def run_shifts(name: str, train_frame: pd.DataFrame, test_frame: pd.DataFrame, f
 def format_shifts(report: dict) -> str:
     """One set: per shift and policy, the pass rate at 0.8 / 0.9 / 0.95 / 1.0 against the floor,
     S95 and AIQ, and the checks."""
-    head = ["shift", "n", "policy", "best single", *[f"pass@{x:g} (floor)" for x in SHIFT_TARGETS],
-            "S95", "AIQ", "checks", "ESS"]
+    head = [
+        "shift",
+        "n",
+        "policy",
+        "best single",
+        *[f"pass@{x:g} (floor)" for x in SHIFT_TARGETS],
+        "S95",
+        "AIQ",
+        "checks",
+        "ESS",
+    ]
     rows = []
     for sh in report["shifts"]:
         if "skipped" in sh:
@@ -92,16 +116,31 @@ def format_shifts(report: dict) -> str:
             continue
         for label, rep in sh["policies"].items():
             at = {round(t["target"], 6): t for t in rep["targets"]}
-            cells = [f"{_fmt(at[x]['pass_rate'])} ({_fmt(at[x]['floor'])})" if x in at else "-" for x in SHIFT_TARGETS]
+            cells = [
+                f"{_fmt(at[x]['pass_rate'])} ({_fmt(at[x]['floor'])})" if x in at else "-"
+                for x in SHIFT_TARGETS
+            ]
             ess = rep.get("weights", {}).get("effective_sample_size")
-            rows.append([sh["shift"], str(sh["n"]), label,
-                         f"{rep['best_single']['model'][:24]} {rep['best_single']['pass_rate']:.3f}", *cells,
-                         _fmt(rep["table"]["knob"]["savings_at_95"]), _fmt(rep["table"]["knob"]["aiq"]),
-                         f"{sum(rep['checks'].values())}/{len(rep['checks'])}", "-" if ess is None else f"{ess:.0f}"])
+            rows.append(
+                [
+                    sh["shift"],
+                    str(sh["n"]),
+                    label,
+                    f"{rep['best_single']['model'][:24]} {rep['best_single']['pass_rate']:.3f}",
+                    *cells,
+                    _fmt(rep["table"]["knob"]["savings_at_95"]),
+                    _fmt(rep["table"]["knob"]["aiq"]),
+                    f"{sum(rep['checks'].values())}/{len(rep['checks'])}",
+                    "-" if ess is None else f"{ess:.0f}",
+                ]
+            )
     gamma = report.get("robust_gamma")
-    lines = [f"== {report['name']}: shifted test sets ({report['n_test']} test requests; robust gamma "
-             f"{_fmt(gamma, 'g')}); floors x * best single on the shifted requests, checks at "
-             + ", ".join(f"{x:g} (-{CHECKED[x]:g})" for x in SHIFT_TARGETS), *_grid(head, rows)]
+    lines = [
+        f"== {report['name']}: shifted test sets ({report['n_test']} test requests; robust gamma "
+        f"{_fmt(gamma, 'g')}); floors x * best single on the shifted requests, checks at "
+        + ", ".join(f"{x:g} (-{CHECKED[x]:g})" for x in SHIFT_TARGETS),
+        *_grid(head, rows),
+    ]
     return "\n".join(lines)
 
 

@@ -73,8 +73,9 @@ def suite_order_score(suites: list[str | None], seed: int = 0) -> np.ndarray:
     return np.array([rank[s or ""] for s in suites], dtype=np.float64)
 
 
-def shift_score(name: str, test: RoutingData, difficulty: np.ndarray | None = None,
-                seed: int = 0) -> np.ndarray | None:
+def shift_score(
+    name: str, test: RoutingData, difficulty: np.ndarray | None = None, seed: int = 0
+) -> np.ndarray | None:
     """The covariate a shift tilts along, per test request (higher: kept more often); None
     where the set cannot be shifted that way (one suite only)."""
     if name == "hard":
@@ -88,8 +89,15 @@ def shift_score(name: str, test: RoutingData, difficulty: np.ndarray | None = No
     raise ValueError(f"unknown shift {name!r}; expected one of {SHIFTS}")
 
 
-def shifted(name: str, test: RoutingData, difficulty: np.ndarray | None = None, *, seed: int = 0,
-            fraction: float = 0.5, beta: float = 1.0) -> Shift | None:
+def shifted(
+    name: str,
+    test: RoutingData,
+    difficulty: np.ndarray | None = None,
+    *,
+    seed: int = 0,
+    fraction: float = 0.5,
+    beta: float = 1.0,
+) -> Shift | None:
     """The test requests a shifted traffic would bring (None where the shift does not apply)."""
     score = shift_score(name, test, difficulty, seed)
     if score is None:

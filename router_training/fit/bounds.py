@@ -46,12 +46,17 @@ class Assumption:
     def describe(self) -> str:
         if self.mode == "traffic":
             ess = self.traffic.get("effective_sample_size")
-            return (f"requests like the traffic sample of {self.traffic.get('n_traffic')} requests: calibration "
-                    f"requests weighted toward it (effective sample size {ess:.0f})" if ess is not None
-                    else "requests like the traffic sample")
+            return (
+                f"requests like the traffic sample of {self.traffic.get('n_traffic')} requests: calibration "
+                f"requests weighted toward it (effective sample size {ess:.0f})"
+                if ess is not None
+                else "requests like the traffic sample"
+            )
         if self.mode == "robust":
-            return (f"any traffic whose mix over {self.cells} cells is within a factor {self.gamma:g} "
-                    "of the calibration mix, each cell's requests like its calibration requests")
+            return (
+                f"any traffic whose mix over {self.cells} cells is within a factor {self.gamma:g} "
+                "of the calibration mix, each cell's requests like its calibration requests"
+            )
         return "requests exchangeable with the calibration requests (drawn like the eval suites)"
 
     def to_dict(self) -> dict:
@@ -70,8 +75,9 @@ def _first_failure(ok: np.ndarray) -> np.ndarray:
     return np.where(first_fail > 0, X_GRID[: ok.shape[1]][np.maximum(first_fail - 1, 0)], 0.0)
 
 
-def certified_targets(a: np.ndarray, r: np.ndarray, confidence: float,
-                      weights: np.ndarray | None = None) -> np.ndarray:
+def certified_targets(
+    a: np.ndarray, r: np.ndarray, confidence: float, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Per point (rows of a), the largest x with LCB(mean(a - x r)) >= 0 on `X_GRID`.
 
     With `weights` the means are weighted and the standard error is that of a weighted mean,
@@ -111,8 +117,9 @@ def worst_case_mix(m: np.ndarray, p: np.ndarray, gamma: float) -> np.ndarray:
     return pi
 
 
-def robust_certified_targets(a: np.ndarray, r: np.ndarray, confidence: float, cells: np.ndarray,
-                             gamma: float) -> np.ndarray:
+def robust_certified_targets(
+    a: np.ndarray, r: np.ndarray, confidence: float, cells: np.ndarray, gamma: float
+) -> np.ndarray:
     """Per point, the largest x whose bound holds under the worst cell mix within `gamma` of the
     calibration mix: sum(pi_c m_c) - z sqrt(sum(pi_c^2 s_c^2 / n_c)), with m_c and s_c the
     cell's mean and standard deviation of the margin (a cell of one request counts its

@@ -39,14 +39,17 @@ class TrafficSample:
     def __post_init__(self) -> None:
         self.chars = np.asarray(self.chars, dtype=np.float64)
         if self.prompts is not None and len(self.prompts) != len(self.suites):
-            raise ValueError(f"a traffic sample has {len(self.prompts)} prompts but {len(self.suites)} suites")
+            raise ValueError(
+                f"a traffic sample has {len(self.prompts)} prompts but {len(self.suites)} suites"
+            )
 
     def __len__(self) -> int:
         return len(self.suites)
 
     @classmethod
-    def of_prompts(cls, prompts: list[str], suites: list[str | None] | None = None,
-                   source: str = "") -> "TrafficSample":
+    def of_prompts(
+        cls, prompts: list[str], suites: list[str | None] | None = None, source: str = ""
+    ) -> "TrafficSample":
         suites = list(suites) if suites is not None else [None] * len(prompts)
         return cls(suites, np.array([len(p) for p in prompts]), list(prompts), source=source)
 
@@ -110,8 +113,11 @@ class Certificate:
         if self.robust is not None:
             score = fitted.cal.P[:, fitted.ref]
             cells = difficulty_cells(list(data.suites), score)
-            assumption = Assumption("robust", gamma=float(self.robust),
-                                    cells=f"{len(np.unique(cells))} (suite x 3 bands of the reference's predicted pass rate)")
+            assumption = Assumption(
+                "robust",
+                gamma=float(self.robust),
+                cells=f"{len(np.unique(cells))} (suite x 3 bands of the reference's predicted pass rate)",
+            )
             return Basis(assumption, cells=cells)
         if self.traffic is None:
             return Basis(Assumption())
@@ -140,15 +146,20 @@ def traffic_sample_of(frame: Any, source: str = "") -> TrafficSample:
     if len(frame) == 0:
         raise ValueError(f"{source or 'the traffic sample'}: no requests")
     column = "prompt" if "prompt" in frame else "text" if "text" in frame else None
-    suites = [s if isinstance(s, str) else None for s in (frame["suite"] if "suite" in frame else [None] * len(frame))]
+    suites = [
+        s if isinstance(s, str) else None
+        for s in (frame["suite"] if "suite" in frame else [None] * len(frame))
+    ]
     if column is not None:
         texts = frame[column].tolist()
         kept = [i for i, t in enumerate(texts) if isinstance(t, str)]
         if kept:
-            return TrafficSample.of_prompts([texts[i] for i in kept], [suites[i] for i in kept],
-                                            source=f"{source}: {len(kept)} prompts")
+            return TrafficSample.of_prompts(
+                [texts[i] for i in kept], [suites[i] for i in kept], source=f"{source}: {len(kept)} prompts"
+            )
     if "prompt_chars" not in frame:
         raise ValueError(f"{source or 'the traffic sample'}: neither prompt text nor prompt lengths")
     chars = np.nan_to_num(frame["prompt_chars"].to_numpy(dtype=np.float64), nan=0.0)
-    return TrafficSample(suites, chars, source=f"{source}: {len(frame)} logged requests without text "
-                                               "(suites and lengths)")
+    return TrafficSample(
+        suites, chars, source=f"{source}: {len(frame)} logged requests without text (suites and lengths)"
+    )

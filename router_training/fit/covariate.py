@@ -50,7 +50,9 @@ class Sketch:
         if self.X is not None:
             self.X = np.asarray(self.X, dtype=np.float64)
             if self.X.shape[0] != len(self.chars):
-                raise ValueError(f"a sketch has {len(self.chars)} requests but {self.X.shape[0]} feature rows")
+                raise ValueError(
+                    f"a sketch has {len(self.chars)} requests but {self.X.shape[0]} feature rows"
+                )
 
     def __len__(self) -> int:
         return len(self.chars)
@@ -65,7 +67,11 @@ def text_features(policy: Any, prompts: Sequence[str], suites: Sequence[str | No
     start = len(spec.suites) + spec.n_buckets
     weights = getattr(policy.scorer, "weights", None)
     k = len(policy.candidates)
-    rank = weights.shape[1] - k - 1 if weights is not None and getattr(policy.scorer, "centroids", None) is not None else 0
+    rank = (
+        weights.shape[1] - k - 1
+        if weights is not None and getattr(policy.scorer, "centroids", None) is not None
+        else 0
+    )
     out = np.zeros((len(prompts), len(STAT_NAMES) + rank))
     rows = design_matrix(prompts, suites, spec)
     for i in range(len(prompts)):
@@ -74,9 +80,9 @@ def text_features(policy: Any, prompts: Sequence[str], suites: Sequence[str | No
         stat = (ids >= start) & (ids < start + len(STAT_NAMES))
         out[i, ids[stat] - start] = vals[stat]
         if rank:
-            z = vals @ np.take(weights[:, k + 1:], ids, axis=0)
+            z = vals @ np.take(weights[:, k + 1 :], ids, axis=0)
             norm = math.sqrt(float(z @ z))
-            out[i, len(STAT_NAMES):] = z / norm if norm > 0 else z
+            out[i, len(STAT_NAMES) :] = z / norm if norm > 0 else z
     return out
 
 
@@ -103,9 +109,15 @@ class Weights:
     features: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
-        return {"n_calibration": len(self.w), "n_traffic": self.n_traffic,
-                "effective_sample_size": self.ess, "max_weight": float(self.w.max()) if len(self.w) else math.nan,
-                "clipped": self.clipped, "separability_auc": self.auc, "features": self.features}
+        return {
+            "n_calibration": len(self.w),
+            "n_traffic": self.n_traffic,
+            "effective_sample_size": self.ess,
+            "max_weight": float(self.w.max()) if len(self.w) else math.nan,
+            "clipped": self.clipped,
+            "separability_auc": self.auc,
+            "features": self.features,
+        }
 
 
 def effective_sample_size(w: np.ndarray) -> float:
@@ -141,8 +153,14 @@ def _auc(score: np.ndarray, label: np.ndarray) -> float:
     return float((r[label == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
-def density_ratio(calibration: Sketch, traffic: Sketch, suites: Sequence[str], *,
-                  max_weight: float = MAX_WEIGHT, C: float = 1.0) -> Weights:
+def density_ratio(
+    calibration: Sketch,
+    traffic: Sketch,
+    suites: Sequence[str],
+    *,
+    max_weight: float = MAX_WEIGHT,
+    C: float = 1.0,
+) -> Weights:
     """w_i = q(x_i) / p(x_i) for every calibration request, from a logistic classifier of
     traffic against calibration on their sketch features (balanced classes, standardised),
     clipped at `max_weight` times the mean and scaled to mean 1."""

@@ -31,8 +31,12 @@ class RoutingData:
     def subset(self, idx: np.ndarray) -> "RoutingData":
         idx = np.asarray(idx, dtype=int)
         return RoutingData(
-            [self.request_ids[i] for i in idx], [self.prompts[i] for i in idx],
-            [self.suites[i] for i in idx], list(self.candidates), self.Y[idx], self.C[idx],
+            [self.request_ids[i] for i in idx],
+            [self.prompts[i] for i in idx],
+            [self.suites[i] for i in idx],
+            list(self.candidates),
+            self.Y[idx],
+            self.C[idx],
         )
 
     def complete(self) -> "RoutingData":
@@ -106,14 +110,16 @@ def routing_data(
         raise ValueError(f"outcome frame lacks column(s) {', '.join(missing)}")
     if frame.empty:
         raise ValueError("outcome frame is empty: nothing to train on")
-    df = pd.DataFrame({
-        "request_id": frame["request_id"].astype(str),
-        "row": np.arange(len(frame)),
-        "suite": frame["suite"].astype("object") if "suite" in frame else None,
-        "model": frame["model"].astype(str),
-        "y": _pass_target(frame).astype("float64"),
-        "cost": _priced_cost(frame, prices or {}).astype("float64"),
-    })
+    df = pd.DataFrame(
+        {
+            "request_id": frame["request_id"].astype(str),
+            "row": np.arange(len(frame)),
+            "suite": frame["suite"].astype("object") if "suite" in frame else None,
+            "model": frame["model"].astype(str),
+            "y": _pass_target(frame).astype("float64"),
+            "cost": _priced_cost(frame, prices or {}).astype("float64"),
+        }
+    )
     df = df.dropna(subset=["y"])
     agg = df.groupby(["request_id", "model"], sort=True).agg(y=("y", "mean"), cost=("cost", "mean"))
     first = df.groupby("request_id", sort=True).agg(row=("row", "first"), suite=("suite", "first"))
@@ -122,9 +128,15 @@ def routing_data(
     names = candidates or sorted(df["model"].unique().tolist())
     Y = agg["y"].unstack("model").reindex(index=first.index, columns=names)
     C = agg["cost"].unstack("model").reindex(index=first.index, columns=names)
-    suites = [None if (s is None or (isinstance(s, float) and np.isnan(s))) else str(s)
-              for s in first["suite"].tolist()]
+    suites = [
+        None if (s is None or (isinstance(s, float) and np.isnan(s))) else str(s)
+        for s in first["suite"].tolist()
+    ]
     return RoutingData(
-        request_ids=first.index.tolist(), prompts=first["prompt"].tolist(), suites=suites,
-        candidates=list(names), Y=Y.to_numpy(dtype=np.float64), C=C.to_numpy(dtype=np.float64),
+        request_ids=first.index.tolist(),
+        prompts=first["prompt"].tolist(),
+        suites=suites,
+        candidates=list(names),
+        Y=Y.to_numpy(dtype=np.float64),
+        C=C.to_numpy(dtype=np.float64),
     )

@@ -37,8 +37,12 @@ def fit_feature_spec(
     else:
         f = batch_features(prompts, suites, spec)
         stats = f.stats[f.text_of]  # raw: the spec has no scaling yet
-        per_text = np.bincount(f.text_of, minlength=len(f.text.raw)).astype(np.float64)  # prompts with each text
-        df = np.bincount(f.buckets, weights=np.repeat(per_text, np.diff(f.bucket_offsets)), minlength=spec.n_buckets)
+        per_text = np.bincount(f.text_of, minlength=len(f.text.raw)).astype(
+            np.float64
+        )  # prompts with each text
+        df = np.bincount(
+            f.buckets, weights=np.repeat(per_text, np.diff(f.bucket_offsets)), minlength=spec.n_buckets
+        )
     std = stats.std(axis=0)
     return dataclasses.replace(
         spec,
@@ -48,9 +52,7 @@ def fit_feature_spec(
     )
 
 
-def design_matrix(
-    prompts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec
-) -> sp.csr_matrix:
+def design_matrix(prompts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> sp.csr_matrix:
     """The sparse feature rows of many requests, exactly as the gateway computes them (the batch
     feature path, with the sentence embeddings appended to each row when the spec has them)."""
     if not len(prompts):
@@ -64,8 +66,9 @@ def design_matrix(
     return sp.csr_matrix((vals, ids, offsets), shape=(len(prompts), spec.n_features))
 
 
-def _with_embeddings(offsets: np.ndarray, ids: np.ndarray, vals: np.ndarray, emb: np.ndarray,
-                     spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _with_embeddings(
+    offsets: np.ndarray, ids: np.ndarray, vals: np.ndarray, emb: np.ndarray, spec: FeatureSpec
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sparse rows with each request's embedding block after its statistics (`request_features`'s layout)."""
     n, lens = len(offsets) - 1, np.diff(offsets)
     new = np.concatenate(([0], np.cumsum(lens + EMBEDDING_DIM)))
@@ -89,8 +92,12 @@ def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
 
 
 def _fit_logistic(
-    X: sp.spmatrix | np.ndarray, y: np.ndarray, C: float, start: np.ndarray | None = None,
-    offset: np.ndarray | None = None, XT: sp.csr_matrix | None = None,
+    X: sp.spmatrix | np.ndarray,
+    y: np.ndarray,
+    C: float,
+    start: np.ndarray | None = None,
+    offset: np.ndarray | None = None,
+    XT: sp.csr_matrix | None = None,
 ) -> tuple[np.ndarray, float]:
     """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C),
     on top of a fixed per-row `offset` logit when given.
@@ -113,8 +120,9 @@ def _fit_logistic(
 
     b0 = _logit(rate) if offset is None else 0.0
     theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), b0)
-    res = minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5})
+    res = minimize(
+        loss_grad, theta0, jac=True, method="L-BFGS-B", options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5}
+    )
     return res.x[:-1], float(res.x[-1])
 
 
@@ -137,10 +145,19 @@ class LinearPassEstimator(BaseEstimator):
     logit with a strong ridge, so they only move it where the text says so.
     """
 
-    def __init__(self, C: float | str = "auto", n_suites: int = 0, n_folds: int = 3, seed: int = 0,
-                 C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0), n_clusters: int = 0,
-                 cluster_rank: int = 8, n_buckets: int = 2**14, candidate_text: float = 0.0,
-                 deploy: str = "refit"):
+    def __init__(
+        self,
+        C: float | str = "auto",
+        n_suites: int = 0,
+        n_folds: int = 3,
+        seed: int = 0,
+        C_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0),
+        n_clusters: int = 0,
+        cluster_rank: int = 8,
+        n_buckets: int = 2**14,
+        candidate_text: float = 0.0,
+        deploy: str = "refit",
+    ):
         self.C = C
         self.n_suites = n_suites
         self.n_folds = n_folds
@@ -185,7 +202,7 @@ class LinearPassEstimator(BaseEstimator):
         from sklearn.cluster import KMeans
         from sklearn.utils.extmath import randomized_svd
 
-        text = X[:, self.n_suites: self.n_suites + self.n_buckets]
+        text = X[:, self.n_suites : self.n_suites + self.n_buckets]
         k = min(self.n_clusters, X.shape[0] // 5)
         rank = min(self.cluster_rank, min(text.shape) - 1)
         if k < 2 or rank < 1:
@@ -207,7 +224,7 @@ class LinearPassEstimator(BaseEstimator):
     def _clusters(self, X: sp.csr_matrix) -> np.ndarray:
         if not len(self.centroids_):
             return np.zeros(X.shape[0], dtype=int)
-        Z = np.asarray(X[:, self.n_suites: self.n_suites + self.n_buckets] @ self.cluster_basis_)
+        Z = np.asarray(X[:, self.n_suites : self.n_suites + self.n_buckets] @ self.cluster_basis_)
         return assign_clusters(Z, self.centroids_)
 
     def _head(self, X: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
@@ -264,10 +281,10 @@ class LinearPassEstimator(BaseEstimator):
         if has.sum() >= 4:
             Xh = Xd if has.all() else Xd[has]  # no copy of the design when every request has an outcome
             self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xh, ybar[has], self.folds_[has])
-        self.topic_difficulty_ = w_d[X.shape[1]:]
+        self.topic_difficulty_ = w_d[X.shape[1] :]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        T = X[:, s: s + self.n_buckets] if self.candidate_text else None
+        T = X[:, s : s + self.n_buckets] if self.candidate_text else None
         if T is not None and self.candidate_text != 1.0:
             T = T * self.candidate_text
         self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
@@ -275,13 +292,13 @@ class LinearPassEstimator(BaseEstimator):
         coef = np.zeros((X.shape[1], Y.shape[1]))
         coef[:s] = hw[:s] * _HEAD_SCALE
         if T is not None:
-            coef[s: s + self.n_buckets] = tw * self.candidate_text
+            coef[s : s + self.n_buckets] = tw * self.candidate_text
         self.coef_, self.intercept_ = coef, hb + tb
         self.difficulty_coef_, self.difficulty_intercept_ = w_d, b_d
         slope = hw[s + g]
-        self.slopes_ = np.vstack([slope + hw[s + g + 1: 2 * s + g + 1], slope[None]])
-        self.cluster_bias_ = hw[s: s + g] * _HEAD_SCALE
-        self.cluster_slopes_ = hw[2 * s + g + 1:]
+        self.slopes_ = np.vstack([slope + hw[s + g + 1 : 2 * s + g + 1], slope[None]])
+        self.cluster_bias_ = hw[s : s + g] * _HEAD_SCALE
+        self.cluster_slopes_ = hw[2 * s + g + 1 :]
         self.n_features_in_ = X.shape[1]
         return self
 
@@ -314,8 +331,9 @@ class LinearPassEstimator(BaseEstimator):
         g = len(self.centroids_)
         if not g:
             return X
-        onehot = sp.csr_matrix((np.ones(X.shape[0]), (np.arange(X.shape[0]), self._clusters(X))),
-                               shape=(X.shape[0], g))
+        onehot = sp.csr_matrix(
+            (np.ones(X.shape[0]), (np.arange(X.shape[0]), self._clusters(X))), shape=(X.shape[0], g)
+        )
         return sp.hstack([X, onehot], format="csr")
 
     def difficulty(self, X: sp.spmatrix) -> np.ndarray:
@@ -397,7 +415,7 @@ class KNNPassEstimator(BaseEstimator):
 
     def _text(self, X: sp.spmatrix) -> sp.csr_matrix:
         X = sp.csr_matrix(X)
-        return X[:, self.n_suites: self.n_suites + self.n_buckets]
+        return X[:, self.n_suites : self.n_suites + self.n_buckets]
 
     def fit(self, X: sp.spmatrix, Y: np.ndarray) -> "KNNPassEstimator":
         self.text_ = self._text(X)
@@ -413,7 +431,7 @@ class KNNPassEstimator(BaseEstimator):
         train_t = self.text_.T.tocsr()
         step = max(1, self.block_cells // max(n_train, 1))
         for lo in range(0, text.shape[0], step):
-            sims = (text[lo: lo + step] @ train_t).toarray()
+            sims = (text[lo : lo + step] @ train_t).toarray()
             nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
             for i, rows in enumerate(nearest):
                 out[lo + i] = _column_means(self.Y_[rows], self.prior_, 1.0)
@@ -447,8 +465,13 @@ def fit_platt(z: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[float, flo
 
 
 def fit_cost_model(
-    n_chars: np.ndarray, suite_pos: np.ndarray, costs: np.ndarray, n_suites: int, ridge: float = 1e-3,
-    topic_pos: np.ndarray | None = None, n_topics: int = 0,
+    n_chars: np.ndarray,
+    suite_pos: np.ndarray,
+    costs: np.ndarray,
+    n_suites: int,
+    ridge: float = 1e-3,
+    topic_pos: np.ndarray | None = None,
+    n_topics: int = 0,
 ) -> CostModel:
     """Least squares per candidate: cost ~ intercept + slope * kchars + suite offset (+ topic
     offset). A candidate with no recorded cost gets zero (and a note in the metrics, by the caller).
@@ -472,7 +495,7 @@ def fit_cost_model(
         reg = ridge * np.eye(A.shape[1]) * max(float(cj.mean()) ** 2, 1e-12)
         coef[:, j] = np.linalg.solve(Aj.T @ Aj + reg + 1e-12 * np.eye(A.shape[1]), Aj.T @ cj)
         floor[j] = max(float(cj.min()), 0.0)
-    topic_coef = coef[2 + n_suites:] if n_topics and topic_pos is not None else None
+    topic_coef = coef[2 + n_suites :] if n_topics and topic_pos is not None else None
     return CostModel(coef=coef[: 2 + n_suites], floor=floor, topic_coef=topic_coef)
 
 
@@ -487,9 +510,17 @@ class LightGBMPassEstimator(BaseEstimator):
     LightGBM's Dask interface, the rows split evenly among them (`_fit_dask`).
     """
 
-    def __init__(self, n_estimators: int = 150, num_leaves: int = 15, min_child_samples: int = 10,
-                 learning_rate: float = 0.05, n_folds: int = 3, num_threads: int = 1, seed: int = 0,
-                 client: object = None):
+    def __init__(
+        self,
+        n_estimators: int = 150,
+        num_leaves: int = 15,
+        min_child_samples: int = 10,
+        learning_rate: float = 0.05,
+        n_folds: int = 3,
+        num_threads: int = 1,
+        seed: int = 0,
+        client: object = None,
+    ):
         self.client = client
         self.n_estimators = n_estimators
         self.num_leaves = num_leaves
@@ -501,11 +532,19 @@ class LightGBMPassEstimator(BaseEstimator):
 
     def _params(self) -> dict:
         return {
-            "objective": "cross_entropy", "num_leaves": self.num_leaves,
-            "min_child_samples": self.min_child_samples, "learning_rate": self.learning_rate,
-            "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1,
-            "lambda_l2": 1.0, "verbose": -1, "num_threads": self.num_threads, "seed": self.seed,
-            "deterministic": True, "force_row_wise": True,
+            "objective": "cross_entropy",
+            "num_leaves": self.num_leaves,
+            "min_child_samples": self.min_child_samples,
+            "learning_rate": self.learning_rate,
+            "feature_fraction": 0.8,
+            "bagging_fraction": 0.8,
+            "bagging_freq": 1,
+            "lambda_l2": 1.0,
+            "verbose": -1,
+            "num_threads": self.num_threads,
+            "seed": self.seed,
+            "deterministic": True,
+            "force_row_wise": True,
         }
 
     def _fit_one(self, X: sp.csr_matrix, y: np.ndarray):
@@ -527,7 +566,7 @@ class LightGBMPassEstimator(BaseEstimator):
 
         workers = max(len(self.client.scheduler_info().get("workers", {})), 1)  # type: ignore[attr-defined]
         step = -(-X.shape[0] // workers)
-        parts = [X[lo: lo + step] for lo in range(0, X.shape[0], step)]
+        parts = [X[lo : lo + step] for lo in range(0, X.shape[0], step)]
         dX = da.concatenate([da.from_array(p, chunks=p.shape, asarray=False) for p in parts])
         dy = da.from_array(y, chunks=tuple(p.shape[0] for p in parts))
         params = {k: v for k, v in self._params().items() if k not in ("num_threads", "deterministic")}

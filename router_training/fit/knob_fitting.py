@@ -75,7 +75,9 @@ def hull_vertices(cost: np.ndarray, quality: np.ndarray) -> np.ndarray:
             continue  # no better than something as cheap
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
-            if (quality[b] - quality[a]) * (cost[i] - cost[a]) <= (quality[i] - quality[a]) * (cost[b] - cost[a]):
+            if (quality[b] - quality[a]) * (cost[i] - cost[a]) <= (quality[i] - quality[a]) * (
+                cost[b] - cost[a]
+            ):
                 hull.pop()
             else:
                 break
@@ -110,7 +112,9 @@ def _mean(values: np.ndarray, w: np.ndarray) -> np.ndarray:
     return values @ w / w.sum()
 
 
-def _hull_points(yq: np.ndarray, cq: np.ndarray, w: np.ndarray) -> tuple[list[tuple[int, int, float]], np.ndarray]:
+def _hull_points(
+    yq: np.ndarray, cq: np.ndarray, w: np.ndarray
+) -> tuple[list[tuple[int, int, float]], np.ndarray]:
     """Points along the hull of members' (mean cost, mean outcome), weighted by `w`: (member a,
     member b, weight of a) and each point's mean cost."""
     quality, cost = _mean(yq, w), _mean(cq, w)
@@ -121,8 +125,14 @@ def _hull_points(yq: np.ndarray, cq: np.ndarray, w: np.ndarray) -> tuple[list[tu
     return points, _mix(points, cost)
 
 
-def _fixed_sequence(a_out: np.ndarray, p_cost: np.ndarray, ref_cost: float, y_ref: np.ndarray,
-                    certify: Certifier, rows: np.ndarray) -> np.ndarray:
+def _fixed_sequence(
+    a_out: np.ndarray,
+    p_cost: np.ndarray,
+    ref_cost: float,
+    y_ref: np.ndarray,
+    certify: Certifier,
+    rows: np.ndarray,
+) -> np.ndarray:
     """Certified target per point, its outcomes `a_out` on the requests `rows`: fixed-sequence
     testing from the dearest point below the reference's cost to the cheapest (-inf for points
     at or above the reference's cost)."""
@@ -139,8 +149,12 @@ def selection_half(n: int, fraction: float = 0.5) -> np.ndarray:
     return np.random.default_rng(0).random(n) < fraction
 
 
-def certifier(confidence: float, assumption: Assumption, weights: np.ndarray | None = None,
-              cells: np.ndarray | None = None) -> Certifier:
+def certifier(
+    confidence: float,
+    assumption: Assumption,
+    weights: np.ndarray | None = None,
+    cells: np.ndarray | None = None,
+) -> Certifier:
     """certify(a, y_ref, rows): certified targets of points with outcomes `a` on requests `rows`,
     under the assumption (weights for 'traffic', cells for 'robust')."""
     if assumption.mode == "robust":
@@ -154,8 +168,9 @@ def certifier(confidence: float, assumption: Assumption, weights: np.ndarray | N
     return lambda a, r, rows: certified_targets(a, r, confidence)
 
 
-def _split_points(yq: np.ndarray, cq: np.ndarray, y_ref: np.ndarray, w: np.ndarray, certify: Certifier,
-                  sel: np.ndarray) -> tuple[list, np.ndarray]:
+def _split_points(
+    yq: np.ndarray, cq: np.ndarray, y_ref: np.ndarray, w: np.ndarray, certify: Certifier, sel: np.ndarray
+) -> tuple[list, np.ndarray]:
     """Points of the hull chosen on the requests `sel` and their targets certified on the rest."""
     test = np.flatnonzero(~sel)
     sel_rows = np.flatnonzero(sel)
@@ -167,9 +182,17 @@ def _split_points(yq: np.ndarray, cq: np.ndarray, y_ref: np.ndarray, w: np.ndarr
     return points, _fixed_sequence(a_out, cost_sel, ref_cost, y_ref[test], certify, test)
 
 
-def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "split", *,
-               split: float = 0.0, assumption: Assumption = Assumption(),
-               weights: np.ndarray | None = None, cells: np.ndarray | None = None) -> Knob:
+def build_knob(
+    cal: Calibration,
+    ref: int,
+    confidence: float,
+    above_one: str = "split",
+    *,
+    split: float = 0.0,
+    assumption: Assumption = Assumption(),
+    weights: np.ndarray | None = None,
+    cells: np.ndarray | None = None,
+) -> Knob:
     """Members, hull points and their certified targets, from calibration data.
 
     `split` > 0: the hull is chosen on that share of the requests (`selection_half`) and every
@@ -203,8 +226,10 @@ def build_knob(cal: Calibration, ref: int, confidence: float, above_one: str = "
             points += [pts[i] for i in keep]
             certified = np.concatenate((certified, cert[keep]))
     p_quality, p_cost = _mix(points, _mean(yq, w)), _mix(points, _mean(cq, w))
-    ops = [OperatingPoint(a, b, float(wt), float(cx), float(q), float(c))
-           for (a, b, wt), cx, q, c in zip(points, certified, p_quality, p_cost)]
+    ops = [
+        OperatingPoint(a, b, float(wt), float(cx), float(q), float(c))
+        for (a, b, wt), cx, q, c in zip(points, certified, p_quality, p_cost)
+    ]
     ref_point = OperatingPoint(0, 0, 1.0, 1.0, ref_quality, ref_cost)
     # past every certified target: what passed most often, the reference included (it can pass
     # more often than every hull point, whose top is then a cheaper mix)

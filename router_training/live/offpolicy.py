@@ -41,8 +41,14 @@ class Estimate:
         return self.low <= x <= self.high
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"value": self.value, "low": self.low, "high": self.high, "se": self.se,
-                "n": self.n, "ess": self.ess}
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "se": self.se,
+            "n": self.n,
+            "ess": self.ess,
+        }
 
 
 EMPTY = Estimate(math.nan, math.nan, math.nan, math.nan, 0, 0.0)
@@ -59,8 +65,10 @@ def importance_weights(target_prob: np.ndarray, propensity: np.ndarray) -> np.nd
     """pi / mu per request; a propensity outside (0, 1] is a logging bug and raises."""
     pi, mu = _arrays(target_prob, propensity)
     if len(mu) and (not np.all(np.isfinite(mu)) or mu.min() <= 0 or mu.max() > 1 + 1e-9):
-        raise ValueError("propensities must lie in (0, 1]; the log holds "
-                         f"{mu[~((mu > 0) & (mu <= 1 + 1e-9))][:3].tolist()}")
+        raise ValueError(
+            "propensities must lie in (0, 1]; the log holds "
+            f"{mu[~((mu > 0) & (mu <= 1 + 1e-9))][:3].tolist()}"
+        )
     if len(pi) and (not np.all(np.isfinite(pi)) or pi.min() < 0 or pi.max() > 1 + 1e-9):
         raise ValueError("target probabilities must lie in [0, 1]")
     return pi / mu
@@ -76,16 +84,22 @@ def effective_sample_size(weights: np.ndarray) -> float:
     return float(w.sum() ** 2 / (w * w).sum())
 
 
-def _interval(value: float, se: float, n: int, ess: float, z: float,
-              bounds: tuple[float, float] | None) -> Estimate:
+def _interval(
+    value: float, se: float, n: int, ess: float, z: float, bounds: tuple[float, float] | None
+) -> Estimate:
     low, high = value - z * se, value + z * se
     if bounds is not None:
         low, high = max(low, bounds[0]), min(high, bounds[1])
     return Estimate(float(value), float(low), float(high), float(se), n, ess)
 
 
-def mean_estimate(terms: np.ndarray, weights: np.ndarray | None = None, *, z: float = Z95,
-                  bounds: tuple[float, float] | None = None) -> Estimate:
+def mean_estimate(
+    terms: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    z: float = Z95,
+    bounds: tuple[float, float] | None = None,
+) -> Estimate:
     """The mean of per-request terms with a normal interval (IPS and DR are such means)."""
     (t,) = _arrays(terms)
     n = len(t)
@@ -101,20 +115,23 @@ def ips_terms(rewards: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return w * r
 
 
-def dr_terms(rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray,
-             g_target: np.ndarray) -> np.ndarray:
+def dr_terms(
+    rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray, g_target: np.ndarray
+) -> np.ndarray:
     """g_target + w * (r - g_logged): the reward model's guess, corrected where it was observed."""
     r, w, gl, gt = _arrays(rewards, weights, g_logged, g_target)
     return gt + w * (r - gl)
 
 
-def ips(rewards: np.ndarray, weights: np.ndarray, *, z: float = Z95,
-        bounds: tuple[float, float] | None = None) -> Estimate:
+def ips(
+    rewards: np.ndarray, weights: np.ndarray, *, z: float = Z95, bounds: tuple[float, float] | None = None
+) -> Estimate:
     return mean_estimate(ips_terms(rewards, weights), weights, z=z, bounds=bounds)
 
 
-def snips(rewards: np.ndarray, weights: np.ndarray, *, z: float = Z95,
-          bounds: tuple[float, float] | None = None) -> Estimate:
+def snips(
+    rewards: np.ndarray, weights: np.ndarray, *, z: float = Z95, bounds: tuple[float, float] | None = None
+) -> Estimate:
     """sum(w r) / sum(w); its standard error by the delta method."""
     r, w = _arrays(rewards, weights)
     n, total = len(r), float(w.sum())
@@ -138,9 +155,16 @@ def dr_model_variance(g_target: np.ndarray, target_propensity: np.ndarray) -> np
     return np.where(mu > 0, spread / np.where(mu > 0, mu, 1.0), spread)
 
 
-def doubly_robust(rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray,
-                  g_target: np.ndarray, *, z: float = Z95, bounds: tuple[float, float] | None = None,
-                  model_variance: np.ndarray | None = None) -> Estimate:
+def doubly_robust(
+    rewards: np.ndarray,
+    weights: np.ndarray,
+    g_logged: np.ndarray,
+    g_target: np.ndarray,
+    *,
+    z: float = Z95,
+    bounds: tuple[float, float] | None = None,
+    model_variance: np.ndarray | None = None,
+) -> Estimate:
     """The doubly robust mean. With `model_variance` (see `dr_model_variance`) the standard error
     is at least what the reward model predicts: with few explored requests the sample variance
     is itself noisy and too often small, which would make the interval too narrow."""
@@ -153,22 +177,36 @@ def doubly_robust(rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray
     return _interval(est.value, max(est.se, floor), est.n, est.ess, z, bounds)
 
 
-def all_estimates(rewards: np.ndarray, weights: np.ndarray, g_logged: np.ndarray | None = None,
-                  g_target: np.ndarray | None = None, *, z: float = Z95,
-                  bounds: tuple[float, float] | None = None,
-                  model_variance: np.ndarray | None = None) -> dict[str, Estimate]:
+def all_estimates(
+    rewards: np.ndarray,
+    weights: np.ndarray,
+    g_logged: np.ndarray | None = None,
+    g_target: np.ndarray | None = None,
+    *,
+    z: float = Z95,
+    bounds: tuple[float, float] | None = None,
+    model_variance: np.ndarray | None = None,
+) -> dict[str, Estimate]:
     """IPS, self-normalised IPS and (given a reward model) doubly robust, on the same requests."""
-    out = {"ips": ips(rewards, weights, z=z, bounds=bounds),
-           "snips": snips(rewards, weights, z=z, bounds=bounds)}
+    out = {
+        "ips": ips(rewards, weights, z=z, bounds=bounds),
+        "snips": snips(rewards, weights, z=z, bounds=bounds),
+    }
     if g_logged is not None and g_target is not None:
-        out["dr"] = doubly_robust(rewards, weights, g_logged, g_target, z=z, bounds=bounds,
-                                  model_variance=model_variance)
+        out["dr"] = doubly_robust(
+            rewards, weights, g_logged, g_target, z=z, bounds=bounds, model_variance=model_variance
+        )
     return out
 
 
-def paired_difference(terms_a: np.ndarray, terms_b: np.ndarray, *, z: float = Z95,
-                      model_variance: np.ndarray | None = None,
-                      baseline_diff: np.ndarray | None = None) -> Estimate:
+def paired_difference(
+    terms_a: np.ndarray,
+    terms_b: np.ndarray,
+    *,
+    z: float = Z95,
+    model_variance: np.ndarray | None = None,
+    baseline_diff: np.ndarray | None = None,
+) -> Estimate:
     """A - B from per-request terms of two policies on the same requests (their noise is shared,
     so the interval is narrower than the two intervals side by side). `model_variance` (per
     request, e.g. the two policies' `dr_model_variance` where they choose differently) and

@@ -58,12 +58,15 @@ def _shadows(frame: pd.DataFrame) -> list[dict]:
 
 def _targets(frame: pd.DataFrame) -> list[float | None]:
     """Each record's quality target (None: the policy's own)."""
-    return [None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
-            for q in frame["quality_target"].to_numpy()]
+    return [
+        None if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
+        for q in frame["quality_target"].to_numpy()
+    ]
 
 
-def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray,
-               quality_target: float | None = None) -> dict[int, Any]:
+def _from_text(
+    policy: Any, frame: pd.DataFrame, rows: np.ndarray, quality_target: float | None = None
+) -> dict[int, Any]:
     """The policy's decisions, made again on the kept text of `rows` at `quality_target`, else at
     each record's own target (grouped by target)."""
     out: dict[int, Any] = {}
@@ -79,8 +82,13 @@ def _from_text(policy: Any, frame: pd.DataFrame, rows: np.ndarray,
     return out
 
 
-def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
-                 needed: np.ndarray | None = None, quality_target: float | None = None) -> Terms:
+def policy_terms(
+    frame: pd.DataFrame,
+    version: int | None,
+    policy: Any = None,
+    needed: np.ndarray | None = None,
+    quality_target: float | None = None,
+) -> Terms:
     """The target policy's choice per request: logged, shadowed, or decided again on kept text
     (only for the `needed` rows, when given: deciding again is the expensive part).
 
@@ -89,8 +97,19 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
     routed at the policy's own); elsewhere the policy decides again on the kept text."""
     n = len(frame)
     nan = np.full(n, np.nan)
-    t = Terms(np.zeros(n, bool), nan.copy(), np.zeros(n, bool), nan.copy(), nan.copy(), nan.copy(),
-              nan.copy(), nan.copy(), np.full(n, None, dtype=object), [None] * n, [{} for _ in range(n)])
+    t = Terms(
+        np.zeros(n, bool),
+        nan.copy(),
+        np.zeros(n, bool),
+        nan.copy(),
+        nan.copy(),
+        nan.copy(),
+        nan.copy(),
+        nan.copy(),
+        np.full(n, None, dtype=object),
+        [None] * n,
+        [{} for _ in range(n)],
+    )
     served, propensity = frame["model"].tolist(), frame["propensity"].to_numpy(dtype=float)
     versions = pd.to_numeric(frame["policy_version"], errors="coerce").to_numpy()
     shadow_versions = pd.to_numeric(frame["shadow_version"], errors="coerce").to_numpy()
@@ -105,12 +124,22 @@ def policy_terms(frame: pd.DataFrame, version: int | None, policy: Any = None,
             views[i] = (frame["policy_model"].iat[i] or served[i], logged_p[i], logged_c[i], "logged")
         elif version is not None and shadow_versions[i] == version and shadows[i].get("model"):
             s = shadows[i]
-            views[i] = (s["model"], s.get("pass_probabilities") or {}, s.get("expected_cost_usd") or {},
-                        "shadow")
+            views[i] = (
+                s["model"],
+                s.get("pass_probabilities") or {},
+                s.get("expected_cost_usd") or {},
+                "shadow",
+            )
     if policy is not None:
         texts = frame["text"].to_numpy()
-        rest = np.array([i for i in range(n) if i not in views and isinstance(texts[i], str)
-                         and (needed is None or needed[i])], dtype=int)
+        rest = np.array(
+            [
+                i
+                for i in range(n)
+                if i not in views and isinstance(texts[i], str) and (needed is None or needed[i])
+            ],
+            dtype=int,
+        )
         for i, d in _from_text(policy, frame, rest, quality_target).items():
             views[i] = (d.model, d.pass_probabilities, d.expected_cost_usd, "text")
     mu = _logging_probability(frame)
@@ -171,45 +200,84 @@ class PolicyOnTraffic:
     terms: Terms | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "version": self.version, "n_logged": self.n_logged,
-                "n_feedback": self.n_feedback, "n_evaluated": self.n_evaluated,
-                "n_unknown": self.n_unknown, "n_unsupported": self.n_unsupported,
-                "agreement": self.agreement, "basis": self.basis,
-                "n_cost": self.n_cost,
-                "pass_rate": {k: e.to_dict() for k, e in self.pass_rate.items()},
-                "cost": {k: e.to_dict() for k, e in self.cost.items()}}
+        return {
+            "label": self.label,
+            "version": self.version,
+            "n_logged": self.n_logged,
+            "n_feedback": self.n_feedback,
+            "n_evaluated": self.n_evaluated,
+            "n_unknown": self.n_unknown,
+            "n_unsupported": self.n_unsupported,
+            "agreement": self.agreement,
+            "basis": self.basis,
+            "n_cost": self.n_cost,
+            "pass_rate": {k: e.to_dict() for k, e in self.pass_rate.items()},
+            "cost": {k: e.to_dict() for k, e in self.cost.items()},
+        }
 
 
 def _rows(terms: Terms, reward: np.ndarray, g_logged: np.ndarray, g_target: np.ndarray) -> np.ndarray:
     return terms.known & ~np.isnan(reward) & ~np.isnan(g_logged) & ~np.isnan(g_target)
 
 
-def evaluate(frame: pd.DataFrame, version: int | None, policy: Any = None, *, label: str = "",
-             z: float = ope.Z95, quality_target: float | None = None) -> PolicyOnTraffic:
+def evaluate(
+    frame: pd.DataFrame,
+    version: int | None,
+    policy: Any = None,
+    *,
+    label: str = "",
+    z: float = ope.Z95,
+    quality_target: float | None = None,
+) -> PolicyOnTraffic:
     """IPS, self-normalised IPS and doubly robust pass rate and cost of a policy on the traffic
     (at `quality_target`, else at the targets the requests were routed at)."""
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
-    t = policy_terms(frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost),
-                     quality_target=quality_target)
+    t = policy_terms(
+        frame, version, policy, needed=~np.isnan(passed) | ~np.isnan(cost), quality_target=quality_target
+    )
     rp = _rows(t, passed, t.g_pass_logged, t.g_pass_target)
     rc = _rows(t, cost, t.g_cost_logged, t.g_cost_target)
     variance = ope.dr_model_variance(t.g_pass_target[rp], t.target_propensity[rp])
-    pass_rate = ope.all_estimates(passed[rp], t.weight[rp], t.g_pass_logged[rp], t.g_pass_target[rp],
-                                  z=z, bounds=(0.0, 1.0), model_variance=variance) if rp.any() else {}
-    costs = ope.all_estimates(cost[rc], t.weight[rc], t.g_cost_logged[rc], t.g_cost_target[rc],
-                              z=z, bounds=(0.0, math.inf)) if rc.any() else {}
+    pass_rate = (
+        ope.all_estimates(
+            passed[rp],
+            t.weight[rp],
+            t.g_pass_logged[rp],
+            t.g_pass_target[rp],
+            z=z,
+            bounds=(0.0, 1.0),
+            model_variance=variance,
+        )
+        if rp.any()
+        else {}
+    )
+    costs = (
+        ope.all_estimates(
+            cost[rc], t.weight[rc], t.g_cost_logged[rc], t.g_cost_target[rc], z=z, bounds=(0.0, math.inf)
+        )
+        if rc.any()
+        else {}
+    )
     basis: dict[str, int] = {}
     for b, ok in zip(t.basis, rp):
         if ok:
             basis[b] = basis.get(b, 0) + 1
     has_feedback = ~np.isnan(passed)
     return PolicyOnTraffic(
-        label=label or (f"version {version}" if version is not None else "policy"), version=version,
-        n_logged=len(frame), n_feedback=int(has_feedback.sum()), n_evaluated=int(rp.sum()),
+        label=label or (f"version {version}" if version is not None else "policy"),
+        version=version,
+        n_logged=len(frame),
+        n_feedback=int(has_feedback.sum()),
+        n_evaluated=int(rp.sum()),
         n_unknown=int((has_feedback & ~t.known).sum()),
         n_unsupported=int((rp & (t.target_propensity <= 0)).sum()),
-        agreement=float(t.agree[rp].mean()) if rp.any() else math.nan, basis=basis,
-        pass_rate=pass_rate, cost=costs, n_cost=int(rc.sum()), terms=t)
+        agreement=float(t.agree[rp].mean()) if rp.any() else math.nan,
+        basis=basis,
+        pass_rate=pass_rate,
+        cost=costs,
+        n_cost=int(rc.sum()),
+        terms=t,
+    )
 
 
 @dataclass
@@ -222,9 +290,12 @@ class Comparison:
     cost_diff: Estimate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"new": self.new.to_dict(), "champion": self.champion.to_dict(),
-                "pass_rate_diff": self.pass_rate_diff.to_dict(),
-                "cost_diff": self.cost_diff.to_dict()}
+        return {
+            "new": self.new.to_dict(),
+            "champion": self.champion.to_dict(),
+            "pass_rate_diff": self.pass_rate_diff.to_dict(),
+            "cost_diff": self.cost_diff.to_dict(),
+        }
 
 
 def _paired(a: Terms, b: Terms, reward: np.ndarray, which: str, z: float) -> Estimate:
@@ -239,25 +310,37 @@ def _paired(a: Terms, b: Terms, reward: np.ndarray, which: str, z: float) -> Est
         return ope.paired_difference(ta, tb, z=z)
     # where the two choose differently their corrections rest on different explored requests
     differ = a.chosen[rows] != b.chosen[rows]
-    variance = differ * (ope.dr_model_variance(gt_a[rows], a.target_propensity[rows])
-                         + ope.dr_model_variance(gt_b[rows], b.target_propensity[rows]))
-    return ope.paired_difference(ta, tb, z=z, model_variance=variance,
-                                 baseline_diff=gt_a[rows] - gt_b[rows])
+    variance = differ * (
+        ope.dr_model_variance(gt_a[rows], a.target_propensity[rows])
+        + ope.dr_model_variance(gt_b[rows], b.target_propensity[rows])
+    )
+    return ope.paired_difference(ta, tb, z=z, model_variance=variance, baseline_diff=gt_a[rows] - gt_b[rows])
 
 
-def compare(frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic,
-            z: float = ope.Z95) -> Comparison:
+def compare(
+    frame: pd.DataFrame, new: PolicyOnTraffic, champion: PolicyOnTraffic, z: float = ope.Z95
+) -> Comparison:
     assert new.terms is not None and champion.terms is not None
     passed, cost = frame["passed"].to_numpy(dtype=float), frame["cost"].to_numpy(dtype=float)
-    return Comparison(new, champion, _paired(new.terms, champion.terms, passed, "pass", z),
-                      _paired(new.terms, champion.terms, cost, "cost", z))
+    return Comparison(
+        new,
+        champion,
+        _paired(new.terms, champion.terms, passed, "pass", z),
+        _paired(new.terms, champion.terms, cost, "cost", z),
+    )
 
 
 # -- the promise on live traffic --------------------------------------------------------------
 
 
-def live_promise(frame: pd.DataFrame, version: int | None, policy: Any, *, quality_target: float | None = None,
-                 z: float = ope.Z95) -> dict[str, Any] | None:
+def live_promise(
+    frame: pd.DataFrame,
+    version: int | None,
+    policy: Any,
+    *,
+    quality_target: float | None = None,
+    z: float = ope.Z95,
+) -> dict[str, Any] | None:
     """The knob's promise on the logged traffic: a doubly robust estimate of the paired margin
     mean(pass of the policy at its target - x * pass of always calling its reference model), the
     policy's own pass probabilities as reward model, with its interval. `broken`: the interval's
@@ -279,15 +362,26 @@ def live_promise(frame: pd.DataFrame, version: int | None, policy: Any, *, quali
     base = ope.dr_terms(passed[rows], w_ref[rows], g_served[rows], g_ref[rows])
     mu_ref = np.array([mu(i, ref) for i in np.flatnonzero(rows)])
     differ = t.chosen[rows] != ref  # where the policy calls the reference the two terms move together
-    variance = differ * (ope.dr_model_variance(t.g_pass_target[rows], t.target_propensity[rows])
-                         + x * x * ope.dr_model_variance(g_ref[rows], mu_ref))
-    margin = ope.paired_difference(own, x * base, z=z, model_variance=variance,
-                                   baseline_diff=t.g_pass_target[rows] - x * g_ref[rows])
+    variance = differ * (
+        ope.dr_model_variance(t.g_pass_target[rows], t.target_propensity[rows])
+        + x * x * ope.dr_model_variance(g_ref[rows], mu_ref)
+    )
+    margin = ope.paired_difference(
+        own, x * base, z=z, model_variance=variance, baseline_diff=t.g_pass_target[rows] - x * g_ref[rows]
+    )
     mine, theirs = ope.mean_estimate(own, z=z, bounds=(0, 1)), ope.mean_estimate(base, z=z, bounds=(0, 1))
-    return {"version": version, "target": x, "reference_model": ref, "n": int(rows.sum()),
-            "pass_rate": mine.to_dict(), "reference_pass_rate": theirs.to_dict(),
-            "floor": x * theirs.value, "margin": margin.to_dict(), "broken": bool(margin.high < 0),
-            "held": bool(margin.value >= 0)}
+    return {
+        "version": version,
+        "target": x,
+        "reference_model": ref,
+        "n": int(rows.sum()),
+        "pass_rate": mine.to_dict(),
+        "reference_pass_rate": theirs.to_dict(),
+        "floor": x * theirs.value,
+        "margin": margin.to_dict(),
+        "broken": bool(margin.high < 0),
+        "held": bool(margin.value >= 0),
+    }
 
 
 # -- canary -----------------------------------------------------------------------------------
@@ -327,14 +421,23 @@ def canary_arms(frame: pd.DataFrame, version: int | None = None, z: float = ope.
     cand = canary.to_numpy()
     pa, pb = passed[champ & ~np.isnan(passed)], passed[cand & ~np.isnan(passed)]
     ca, cb = cost[champ & ~np.isnan(cost)], cost[cand & ~np.isnan(cost)]
-    return CanaryArms(version, ope.mean_estimate(pa, z=z, bounds=(0, 1)),
-                      ope.mean_estimate(pb, z=z, bounds=(0, 1)), _two_sample(pa, pb, z),
-                      ope.mean_estimate(ca, z=z, bounds=(0, math.inf)),
-                      ope.mean_estimate(cb, z=z, bounds=(0, math.inf)))
+    return CanaryArms(
+        version,
+        ope.mean_estimate(pa, z=z, bounds=(0, 1)),
+        ope.mean_estimate(pb, z=z, bounds=(0, 1)),
+        _two_sample(pa, pb, z),
+        ope.mean_estimate(ca, z=z, bounds=(0, math.inf)),
+        ope.mean_estimate(cb, z=z, bounds=(0, math.inf)),
+    )
 
 
-def live_comparison(frame: pd.DataFrame, new_policy: Any, new_version: int | None,
-                    champion_policy: Any, champion_version: int | None) -> Comparison | None:
+def live_comparison(
+    frame: pd.DataFrame,
+    new_policy: Any,
+    new_version: int | None,
+    champion_policy: Any,
+    champion_version: int | None,
+) -> Comparison | None:
     """The new policy against the champion on a traffic frame (None without a champion or
     without logged decisions)."""
     if champion_policy is None or frame.empty:
@@ -347,11 +450,14 @@ def live_comparison(frame: pd.DataFrame, new_policy: Any, new_version: int | Non
 def _versions(frame: pd.DataFrame) -> tuple[int | None, int | None]:
     """(champion, candidate) versions seen in the window: the champion's most frequent serving
     version, the candidate's latest shadowed or canary-served one."""
+
     def latest(values: pd.Series) -> int | None:
         values = pd.to_numeric(values, errors="coerce").dropna()
         return int(values.iloc[-1]) if len(values) else None
 
-    served = pd.to_numeric(frame.loc[frame["channel"] == "champion", "policy_version"], errors="coerce").dropna()
+    served = pd.to_numeric(
+        frame.loc[frame["channel"] == "champion", "policy_version"], errors="coerce"
+    ).dropna()
     champion = int(served.mode().iloc[0]) if len(served) else None
     shadow = frame.loc[frame["shadow_version"].notna() & (frame["channel"] == "champion"), "shadow_version"]
     canary = frame.loc[frame["channel"] == "candidate", "policy_version"]
@@ -371,7 +477,9 @@ def live_summary(frame: pd.DataFrame, since: str, until: str) -> dict[str, Any] 
     diff = compare(frame, policies[1], policies[0]) if len(policies) == 2 else None
     canary = (frame["channel"] == "candidate").any()
     return {
-        "since": since, "until": until, "logged": len(frame),
+        "since": since,
+        "until": until,
+        "logged": len(frame),
         "feedback": int(frame["passed"].notna().sum()),
         "explored": float(frame["explored"].fillna(False).astype(bool).mean()),
         "with_text": float(frame["text"].map(lambda t: isinstance(t, str)).mean()),

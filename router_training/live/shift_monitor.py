@@ -74,7 +74,9 @@ class Logged:
         return len(set(known)) + (len(self.keys) - len(known))
 
 
-def reference_sketch(suites: Sequence[str | None], chars: np.ndarray, routes: dict[float, Sequence[str]]) -> dict:
+def reference_sketch(
+    suites: Sequence[str | None], chars: np.ndarray, routes: dict[float, Sequence[str]]
+) -> dict:
     """What the monitor keeps of the calibration requests: suite counts, log-length deciles and
     counts, and per target the models the knob chose for them."""
     out: dict[str, Any] = {"n": len(suites), "suites": {}, "features": {}, "routes": {}}
@@ -82,8 +84,10 @@ def reference_sketch(suites: Sequence[str | None], chars: np.ndarray, routes: di
     out["suites"] = {str(k): int(v) for k, v in zip(names, counts)}
     values = np.log1p(np.asarray(chars, dtype=np.float64))
     edges = _edges(values)
-    out["features"]["log_chars"] = {"edges": [round(float(e), 6) for e in edges],
-                                    "counts": _binned(values, edges).tolist()}
+    out["features"]["log_chars"] = {
+        "edges": [round(float(e), 6) for e in edges],
+        "counts": _binned(values, edges).tolist(),
+    }
     for x, models in routes.items():
         m, c = np.unique(np.asarray(list(models), dtype=object), return_counts=True)
         out["routes"][_target_key(x)] = {str(k): int(v) for k, v in zip(m, c)}
@@ -167,18 +171,32 @@ class ShiftReport:
         if not self.features:
             return "traffic shift: nothing to compare (no logged decisions or no reference sketch)"
         if not self.shifted:
-            return (f"traffic shift: none on {self.n_live} logged requests (smallest adjusted p "
-                    f"{self.p_value:.2g}; the policy was certified on {self.n_reference})")
+            return (
+                f"traffic shift: none on {self.n_live} logged requests (smallest adjusted p "
+                f"{self.p_value:.2g}; the policy was certified on {self.n_reference})"
+            )
         names = ", ".join(f"{f.feature} (TV {f.effect:.2f})" for f in self.moved()[:6])
-        suites = "; ".join(f"{s['suite']} {s['reference']:.0%} -> {s['live']:.0%}" for s in self.suites_moved[:6])
-        return (f"traffic shift on {self.n_live} logged requests (p {self.p_value:.2g} < {self.alpha:g}): "
-                f"{names}" + (f"; suites {suites}" if suites else ""))
+        suites = "; ".join(
+            f"{s['suite']} {s['reference']:.0%} -> {s['live']:.0%}" for s in self.suites_moved[:6]
+        )
+        return (
+            f"traffic shift on {self.n_live} logged requests (p {self.p_value:.2g} < {self.alpha:g}): "
+            f"{names}" + (f"; suites {suites}" if suites else "")
+        )
 
     def to_dict(self) -> dict:
-        return {"n_live": self.n_live, "n_reference": self.n_reference, "shifted": self.shifted,
-                "p_value": self.p_value, "alpha": self.alpha, "min_effect": self.min_effect,
-                "policy_version": self.policy_version, "summary": self.summary_line(),
-                "features": [asdict(f) for f in self.features], "suites_moved": self.suites_moved}
+        return {
+            "n_live": self.n_live,
+            "n_reference": self.n_reference,
+            "shifted": self.shifted,
+            "p_value": self.p_value,
+            "alpha": self.alpha,
+            "min_effect": self.min_effect,
+            "policy_version": self.policy_version,
+            "summary": self.summary_line(),
+            "features": [asdict(f) for f in self.features],
+            "suites_moved": self.suites_moved,
+        }
 
 
 def _suite_shares(reference: dict[str, int], live: dict[str, int], alpha: float) -> list[dict]:
@@ -211,8 +229,15 @@ def _tally(values: Sequence[Any]) -> dict[str, int]:
     return {str(k): int(v) for k, v in zip(names, counts)}
 
 
-def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_effect: float = MIN_EFFECT,
-                 route_min_effect: float = ROUTE_MIN_EFFECT, min_group: int = MIN_GROUP) -> ShiftReport:
+def detect_shift(
+    reference: dict,
+    live: Logged,
+    *,
+    alpha: float = ALPHA,
+    min_effect: float = MIN_EFFECT,
+    route_min_effect: float = ROUTE_MIN_EFFECT,
+    min_group: int = MIN_GROUP,
+) -> ShiftReport:
     """Compare logged requests with a policy's reference sketch: suites, lengths and, at every
     target with at least `min_group` logged requests, the models chosen."""
     report = ShiftReport(len(live), int(reference.get("n", 0)), alpha=alpha, min_effect=min_effect)
@@ -222,8 +247,14 @@ def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_eff
     rows = [("suite", *_counts(reference.get("suites", {}), live_suites), min_effect)]
     spec = reference["features"].get("log_chars")
     if spec is not None:
-        rows.append(("log_chars", np.asarray(spec["counts"]), _binned(np.log1p(live.chars), np.asarray(spec["edges"])),
-                     min_effect))
+        rows.append(
+            (
+                "log_chars",
+                np.asarray(spec["counts"]),
+                _binned(np.log1p(live.chars), np.asarray(spec["edges"])),
+                min_effect,
+            )
+        )
     groups: dict[str, list[str]] = {}
     for x, model in zip(live.targets, live.routed):
         if model is not None:
@@ -240,23 +271,33 @@ def detect_shift(reference: dict, live: Logged, *, alpha: float = ALPHA, min_eff
     for (name, a, b, threshold), raw, adj in zip(rows, p, holm(p)):
         tv = total_variation(a, b)
         report.features.append(FeatureShift(name, raw, float(adj), tv, bool(adj < alpha and tv >= threshold)))
-    report.suites_moved = _suite_shares(reference.get("suites", {}),
-                                        {k: v * scale for k, v in live_suites.items()}, alpha)
+    report.suites_moved = _suite_shares(
+        reference.get("suites", {}), {k: v * scale for k, v in live_suites.items()}, alpha
+    )
     return report
 
 
 def logged(frame: Any, default_target: float) -> Logged:
     """What the monitor reads of a traffic frame (`routeopt.evals.storage.traffic`): a record without a
     quality target was routed at the policy's own (`default_target`)."""
-    targets = [default_target if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
-               for q in frame["quality_target"].tolist()]
+    targets = [
+        default_target if q is None or (isinstance(q, float) and math.isnan(q)) else float(q)
+        for q in frame["quality_target"].tolist()
+    ]
     routed = frame["policy_model"].where(frame["policy_model"].notna(), frame["model"]).tolist()
     chars = frame["prompt_chars"].to_numpy(dtype=np.float64)
-    keys = ([k if isinstance(k, str) and k else None for k in frame["prompt_hash"].tolist()]
-            if "prompt_hash" in frame else None)
-    return Logged([s if isinstance(s, str) else None for s in frame["suite"].tolist()],
-                  np.nan_to_num(chars, nan=0.0), targets, [m if isinstance(m, str) else None for m in routed],
-                  keys)
+    keys = (
+        [k if isinstance(k, str) and k else None for k in frame["prompt_hash"].tolist()]
+        if "prompt_hash" in frame
+        else None
+    )
+    return Logged(
+        [s if isinstance(s, str) else None for s in frame["suite"].tolist()],
+        np.nan_to_num(chars, nan=0.0),
+        targets,
+        [m if isinstance(m, str) else None for m in routed],
+        keys,
+    )
 
 
 @dataclass
@@ -282,19 +323,36 @@ class TrafficCheck:
         if self.promise:
             m = self.promise["margin"]
             verdict = "BROKEN" if self.promise["broken"] else "held" if self.promise["held"] else "not shown"
-            parts.append(f"promise at target {self.target:g} on {self.promise['n']} requests with feedback: "
-                         f"pass {self.promise['pass_rate']['value']:.3f} vs floor {self.promise['floor']:.3f} "
-                         f"(margin {m['value']:+.3f}, 95% CI {m['low']:+.3f}..{m['high']:+.3f}): {verdict}")
+            parts.append(
+                f"promise at target {self.target:g} on {self.promise['n']} requests with feedback: "
+                f"pass {self.promise['pass_rate']['value']:.3f} vs floor {self.promise['floor']:.3f} "
+                f"(margin {m['value']:+.3f}, 95% CI {m['low']:+.3f}..{m['high']:+.3f}): {verdict}"
+            )
         return f"{who}: " + "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "target": self.target, "alert": self.alert, "n_logged": self.n_logged,
-                "summary": self.summary_line(), "note": self.note,
-                "shift": self.shift.to_dict() if self.shift is not None else None, "promise": self.promise}
+        return {
+            "version": self.version,
+            "target": self.target,
+            "alert": self.alert,
+            "n_logged": self.n_logged,
+            "summary": self.summary_line(),
+            "note": self.note,
+            "shift": self.shift.to_dict() if self.shift is not None else None,
+            "promise": self.promise,
+        }
 
 
-def check_traffic(frame: Any, policy: Any, version: int | None, *, alpha: float = ALPHA,
-                  min_effect: float = MIN_EFFECT, min_requests: int = 200, min_feedback: int = 200) -> TrafficCheck:
+def check_traffic(
+    frame: Any,
+    policy: Any,
+    version: int | None,
+    *,
+    alpha: float = ALPHA,
+    min_effect: float = MIN_EFFECT,
+    min_requests: int = 200,
+    min_feedback: int = 200,
+) -> TrafficCheck:
     """The shift monitor and the live promise for the policy that served `frame` (a traffic
     frame): the requests it served are compared with its reference sketch (its metrics'
     `shift_reference`); with at least `min_feedback` of them graded, its promise is estimated."""

@@ -18,9 +18,26 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, cast
 import numpy as np
 
 from routeopt.router_training.policy.features import (
-    _ALNUM, _CLASS, _FLAG_MATRIX, _LOWER, _P, _P_INV, _normalised, _powers, FeatureSpec, cut, mix, statistics,
+    _ALNUM,
+    _CLASS,
+    _FLAG_MATRIX,
+    _LOWER,
+    _P,
+    _P_INV,
+    _normalised,
+    _powers,
+    FeatureSpec,
+    cut,
+    mix,
+    statistics,
 )
-from routeopt.router_training.policy.numerics import TF_TABLE, TF_TABLE_SIZE, ln1p_int, ordered_row_sum, sigmoid
+from routeopt.router_training.policy.numerics import (
+    TF_TABLE,
+    TF_TABLE_SIZE,
+    ln1p_int,
+    ordered_row_sum,
+    sigmoid,
+)
 from routeopt.router_training.policy.scorer import LinearScorer
 
 if TYPE_CHECKING:
@@ -49,10 +66,15 @@ def batch_text(texts: Sequence[str]) -> BatchText:
         chars.append(c)
         parts.append(cut(b))
     lens = np.array([len(p) for p in parts], dtype=np.int64)
-    return BatchText(raw, np.array([len(b) for b in raw], dtype=np.int64), np.array(chars, dtype=np.int64),
-                     np.array([b.count(b"\n") for b in raw], dtype=np.int64),
-                     np.array([b.count(b"?") for b in raw], dtype=np.int64),
-                     np.frombuffer(b"".join(parts), dtype=np.uint8), np.concatenate(([0], np.cumsum(lens))))
+    return BatchText(
+        raw,
+        np.array([len(b) for b in raw], dtype=np.int64),
+        np.array(chars, dtype=np.int64),
+        np.array([b.count(b"\n") for b in raw], dtype=np.int64),
+        np.array([b.count(b"?") for b in raw], dtype=np.int64),
+        np.frombuffer(b"".join(parts), dtype=np.uint8),
+        np.concatenate(([0], np.cumsum(lens))),
+    )
 
 
 class BatchFeatures(NamedTuple):
@@ -98,7 +120,9 @@ def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return h, ends - starts, owner, np.searchsorted(owner, np.arange(n + 1))
 
 
-def _keys(bt: BatchText, words: np.ndarray, owner: np.ndarray, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
+def _keys(
+    bt: BatchText, words: np.ndarray, owner: np.ndarray, spec: FeatureSpec
+) -> tuple[np.ndarray, np.ndarray]:
     """Every n-gram key and its request: words + 1, bigrams within a request, char n-grams
     whose bytes all belong to one request."""
     keys, reqs = [words + np.uint64(1)], [owner]
@@ -127,7 +151,7 @@ def _groups(lens: np.ndarray, width: int) -> Iterator[tuple[np.ndarray, int, np.
     while start < n:
         rest = np.maximum(lens[order[start:]], 1)  # ascending, so the cells needed rise with the count
         take = max(1, int(np.count_nonzero(rest * np.arange(1, len(rest) + 1) * width <= _CELLS)))
-        group = order[start: start + take]
+        group = order[start : start + take]
         longest = max(int(lens[group].max()), 1)
         counts = lens[group]
         col = np.repeat(np.arange(len(group)), counts)
@@ -197,8 +221,8 @@ def _class_counts(bt: BatchText, block: int = 1 << 24) -> np.ndarray:
     lo = 0
     while lo < n:
         hi = min(max(int(np.searchsorted(bt.offsets, bt.offsets[lo] + block, side="right")) - 1, lo + 1), n)
-        req = np.repeat(np.arange(hi - lo), np.diff(bt.offsets[lo: hi + 1]))
-        cls = np.take(_CLASS, bt.cut[bt.offsets[lo]: bt.offsets[hi]])
+        req = np.repeat(np.arange(hi - lo), np.diff(bt.offsets[lo : hi + 1]))
+        cls = np.take(_CLASS, bt.cut[bt.offsets[lo] : bt.offsets[hi]])
         counts[lo:hi] = np.bincount(req * 32 + cls, minlength=32 * (hi - lo)).reshape(hi - lo, 32)
         lo = hi
     return counts
@@ -217,7 +241,9 @@ def batch_features(texts: Sequence[str], suites: Sequence[str | None], spec: Fea
     n = len(unique)
     words, lengths, owner, word_offsets = _words(bt)
     keys, reqs = _keys(bt, words, owner, spec)
-    comb = reqs.astype(np.int64) * spec.n_buckets + (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(np.int64)
+    comb = reqs.astype(np.int64) * spec.n_buckets + (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(
+        np.int64
+    )
     uniq, counts = np.unique(comb, return_counts=True)
     bucket_offsets = np.searchsorted(uniq // spec.n_buckets, np.arange(n + 1))
     buckets = uniq % spec.n_buckets
@@ -232,12 +258,20 @@ def batch_features(texts: Sequence[str], suites: Sequence[str | None], spec: Fea
         stats = (stats - spec.stat_mean_array) / spec.stat_std_array
     pos = np.array([spec.suite_position(s) for s in suites], dtype=np.int64)
     rows = _rows(pos, text_of, buckets, bucket_offsets, x, stats, spec)
-    return BatchFeatures(bt, word_offsets, words, lengths, bucket_offsets, buckets, counts, x, stats, text_of,
-                         pos, *rows)
+    return BatchFeatures(
+        bt, word_offsets, words, lengths, bucket_offsets, buckets, counts, x, stats, text_of, pos, *rows
+    )
 
 
-def _rows(pos: np.ndarray, text_of: np.ndarray, buckets: np.ndarray, offsets: np.ndarray, x: np.ndarray,
-          stats: np.ndarray, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rows(
+    pos: np.ndarray,
+    text_of: np.ndarray,
+    buckets: np.ndarray,
+    offsets: np.ndarray,
+    x: np.ndarray,
+    stats: np.ndarray,
+    spec: FeatureSpec,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sparse rows end to end: [suite] + text + 9 statistics per request, in column order."""
     s, n_stats = len(spec.suites), stats.shape[1]
     has = (pos >= 0).astype(np.int64)
@@ -262,19 +296,23 @@ def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndar
     n = len(feats.suite_pos)
     slope_row = np.where(feats.suite_pos >= 0, feats.suite_pos, n_suites)
     if not isinstance(scorer, LinearScorer):
-        rows = [scorer.score(feats.ids[a:b], feats.vals[a:b], int(slope_row[i]))
-                for i, (a, b) in enumerate(zip(feats.row_offsets[:-1], feats.row_offsets[1:]))]
+        rows = [
+            scorer.score(feats.ids[a:b], feats.vals[a:b], int(slope_row[i]))
+            for i, (a, b) in enumerate(zip(feats.row_offsets[:-1], feats.row_offsets[1:]))
+        ]
         return np.array([r[0] for r in rows]).reshape(n, -1), np.array([r[1] for r in rows], dtype=np.int64)
     r = segment_dot(feats.vals, feats.ids, feats.row_offsets, scorer.weights)
     k = len(scorer.bias)
     out, slope, d = r[:, :k] + scorer.bias, scorer.slopes[slope_row], r[:, k] + scorer.difficulty_bias
     topic = np.full(n, -1, dtype=np.int64)
     if scorer.centroids is not None:
-        z = r[:, k + 1:]
+        z = r[:, k + 1 :]
         norm = np.sqrt(ordered_row_sum((z * z).T)) if n else np.zeros(0)
         unit = np.where(norm[:, None] > 0, z / np.where(norm > 0, norm, 1.0)[:, None], z)
         g = scorer.centroids.shape[0]
-        sims = ordered_row_sum((unit.T[:, :, None] * scorer.centroids.T[:, None, :]).reshape(unit.shape[1], -1))
+        sims = ordered_row_sum(
+            (unit.T[:, :, None] * scorer.centroids.T[:, None, :]).reshape(unit.shape[1], -1)
+        )
         topic = np.argmax(sims.reshape(n, g) - scorer._half_norms, axis=1)
         topic_bias, topic_slopes, topic_difficulty = scorer.topic_arrays()
         out, slope, d = out + topic_bias[topic], slope + topic_slopes[topic], d + topic_difficulty[topic]
@@ -282,7 +320,9 @@ def batch_scores(policy: "RoutingPolicy", feats: BatchFeatures) -> tuple[np.ndar
 
 
 def batch_predict(
-    policy: "RoutingPolicy", texts: Sequence[str], suites: Sequence[str | None],
+    policy: "RoutingPolicy",
+    texts: Sequence[str],
+    suites: Sequence[str | None],
 ) -> tuple[BatchFeatures, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(features, logits, topics, probabilities, costs) of many requests: `score_request` at once."""
     feats = batch_features(texts, suites, policy.spec)

@@ -40,8 +40,16 @@ GATEWAY_SEED = "conformance"
 EXACT, CLOSE = "exact", "close"
 # layer -> its tensors and how they compare, in the spec's order
 LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("bytes", (("bytes.utf8_len", EXACT), ("bytes.n_chars", EXACT), ("bytes.newlines", EXACT),
-               ("bytes.questions", EXACT), ("bytes.cut_digest", EXACT))),
+    (
+        "bytes",
+        (
+            ("bytes.utf8_len", EXACT),
+            ("bytes.n_chars", EXACT),
+            ("bytes.newlines", EXACT),
+            ("bytes.questions", EXACT),
+            ("bytes.cut_digest", EXACT),
+        ),
+    ),
     ("words", (("words.count", EXACT), ("words.chars", EXACT), ("words.digest", EXACT))),
     ("buckets", (("buckets.distinct", EXACT), ("buckets.total", EXACT), ("buckets.digest", EXACT))),
     ("features", (("features.suite", EXACT), ("features.stats", CLOSE))),
@@ -50,8 +58,17 @@ LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("cost", (("cost.c", CLOSE),)),
     ("knob", (("knob.point", EXACT), ("knob.unit", EXACT))),
     ("decision", (("decision.model", EXACT), ("decision.fallbacks", EXACT), ("decision.propensity", CLOSE))),
-    ("gateway", (("gateway.draws", EXACT), ("gateway.arm", EXACT), ("gateway.model", EXACT),
-                 ("gateway.explored", EXACT), ("gateway.eligible", EXACT), ("gateway.propensity", CLOSE))),
+    (
+        "gateway",
+        (
+            ("gateway.draws", EXACT),
+            ("gateway.arm", EXACT),
+            ("gateway.model", EXACT),
+            ("gateway.explored", EXACT),
+            ("gateway.eligible", EXACT),
+            ("gateway.propensity", CLOSE),
+        ),
+    ),
 )
 TEXT_LAYERS = ("bytes", "words", "buckets", "features")
 
@@ -73,8 +90,10 @@ class ConformanceReport:
         if self.note and not self.requests:
             return self.note
         if self.ok:
-            return (f"{self.requests} conformance requests agree at every layer ({', '.join(self.layers)}); "
-                    f"largest relative float difference {self.max_relative_error:.1e}")
+            return (
+                f"{self.requests} conformance requests agree at every layer ({', '.join(self.layers)}); "
+                f"largest relative float difference {self.max_relative_error:.1e}"
+            )
         bad = ", ".join(f"{k} {v}" for k, v in self.mismatches.items() if v)
         return f"conformance vectors disagree ({bad} of {self.requests} requests): {self.first}"
 
@@ -103,9 +122,17 @@ def sequence_digests(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _gateway_config(policy: RoutingPolicy) -> dict[str, Any]:
     exclude = [policy.candidates[-1]] if len(policy.candidates) > 2 else []
-    return {"exploration": {"rate": 0.2, "exclude": exclude, "max_cost_usd": None, "max_cost_ratio": 4.0,
-                            "seed": GATEWAY_SEED},
-            "canary": {"share": 0.25, "seed": GATEWAY_SEED}, "quality_target": None}
+    return {
+        "exploration": {
+            "rate": 0.2,
+            "exclude": exclude,
+            "max_cost_usd": None,
+            "max_cost_ratio": 4.0,
+            "seed": GATEWAY_SEED,
+        },
+        "canary": {"share": 0.25, "seed": GATEWAY_SEED},
+        "quality_target": None,
+    }
 
 
 # -- computing the layers ---------------------------------------------------------------------
@@ -117,32 +144,55 @@ def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
     n, t_of = len(of), of
     cut_d = np.zeros((len(t.raw), 8), np.uint8)
     for i in range(len(t.raw)):
-        cut_d[i] = _digest(t.cut[t.offsets[i]:t.offsets[i + 1]].tobytes())
+        cut_d[i] = _digest(t.cut[t.offsets[i] : t.offsets[i + 1]].tobytes())
     word_d = sequence_digests(f.words, f.word_offsets)
     pairs = (f.buckets.astype(np.uint64) << np.uint64(32)) | f.counts.astype(np.uint64)
     bucket_d = sequence_digests(pairs, f.bucket_offsets)
     n_words, n_buckets = np.diff(f.word_offsets), np.diff(f.bucket_offsets)
-    word_chars = np.bincount(np.repeat(np.arange(len(t.raw)), n_words), weights=f.lengths, minlength=len(t.raw))
+    word_chars = np.bincount(
+        np.repeat(np.arange(len(t.raw)), n_words), weights=f.lengths, minlength=len(t.raw)
+    )
     total = np.bincount(np.repeat(np.arange(len(t.raw)), n_buckets), weights=f.counts, minlength=len(t.raw))
+
     def u32(a: np.ndarray) -> np.ndarray:
         return cast(np.ndarray, np.asarray(a)[of].astype(np.uint32))
 
-    out = {"bytes.utf8_len": u32(t.utf8_len), "bytes.n_chars": u32(t.n_chars), "bytes.newlines": u32(t.newlines),
-           "bytes.questions": u32(t.questions), "bytes.cut_digest": cut_d[of],
-           "words.count": u32(n_words), "words.chars": u32(word_chars), "words.digest": word_d[of],
-           "buckets.distinct": u32(n_buckets), "buckets.total": u32(total), "buckets.digest": bucket_d[of],
-           "features.suite": f.suite_pos.astype(np.int32), "features.stats": f.stats[of]}
+    out = {
+        "bytes.utf8_len": u32(t.utf8_len),
+        "bytes.n_chars": u32(t.n_chars),
+        "bytes.newlines": u32(t.newlines),
+        "bytes.questions": u32(t.questions),
+        "bytes.cut_digest": cut_d[of],
+        "words.count": u32(n_words),
+        "words.chars": u32(word_chars),
+        "words.digest": word_d[of],
+        "buckets.distinct": u32(n_buckets),
+        "buckets.total": u32(total),
+        "buckets.digest": bucket_d[of],
+        "features.suite": f.suite_pos.astype(np.int32),
+        "features.stats": f.stats[of],
+    }
     d = min(n_detail, n)
     parts = [np.arange(f.bucket_offsets[j], f.bucket_offsets[j + 1]) for j in t_of[:d]]
     src = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    out.update({"detail.offsets": np.concatenate(([0], np.cumsum([len(p) for p in parts]))).astype(np.uint32),
-                "detail.buckets": f.buckets[src].astype(np.uint32), "detail.counts": f.counts[src].astype(np.uint32),
-                "detail.values": f.text_values[src]})
+    out.update(
+        {
+            "detail.offsets": np.concatenate(([0], np.cumsum([len(p) for p in parts]))).astype(np.uint32),
+            "detail.buckets": f.buckets[src].astype(np.uint32),
+            "detail.counts": f.counts[src].astype(np.uint32),
+            "detail.values": f.text_values[src],
+        }
+    )
     return out
 
 
-def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict[str, Any],
-            targets: tuple[float, ...] = TARGETS, n_detail: int = DETAIL) -> dict[str, np.ndarray]:
+def compute(
+    policy: RoutingPolicy,
+    inputs: list[VectorInput],
+    config: dict[str, Any],
+    targets: tuple[float, ...] = TARGETS,
+    n_detail: int = DETAIL,
+) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
     at once: routeopt.router_training.policy.batch_features, which tests hold to the one-request path's bits)."""
     texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
@@ -151,16 +201,27 @@ def compute(policy: RoutingPolicy, inputs: list[VectorInput], config: dict[str, 
     feats, z, topic, p, c = batch_predict(policy, texts, suites)
     out = _text_layers(feats, n_detail)
     t = feats.text
-    unit = [cut_unit(suite, t.cut[t.offsets[j]:t.offsets[j + 1]].tobytes()) for suite, j in zip(suites, feats.text_of)]
-    out.update({"scores.logits": z, "scores.topic": topic.astype(np.int32), "calibration.p": p, "cost.c": c,
-                "knob.unit": np.array(unit, dtype=np.float64)})
+    unit = [
+        cut_unit(suite, t.cut[t.offsets[j] : t.offsets[j + 1]].tobytes())
+        for suite, j in zip(suites, feats.text_of)
+    ]
+    out.update(
+        {
+            "scores.logits": z,
+            "scores.topic": topic.astype(np.int32),
+            "calibration.p": p,
+            "cost.c": c,
+            "knob.unit": np.array(unit, dtype=np.float64),
+        }
+    )
     out.update(_decisions(policy, out, targets))
     out.update(_gateway(policy, inputs, out, config))
     return out
 
 
-def _pick(policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray,
-          u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pick(
+    policy: RoutingPolicy, target: float, P: np.ndarray, C: np.ndarray, u: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request: the chosen candidate, its propensity, and the fallback order (the spec's
     'Knob' and 'Decision' steps over all requests at once, by the policy's own `point_choice`)."""
     point = policy.point_for(target)
@@ -176,8 +237,9 @@ def _point_index(policy: RoutingPolicy, target: float) -> int:
     return next((j for j, p in enumerate(policy.knob.points) if p.certified >= target - 1e-12), -1)
 
 
-def _decisions(policy: RoutingPolicy, out: dict[str, np.ndarray],
-               targets: tuple[float, ...]) -> dict[str, np.ndarray]:
+def _decisions(
+    policy: RoutingPolicy, out: dict[str, np.ndarray], targets: tuple[float, ...]
+) -> dict[str, np.ndarray]:
     P, C, u = out["calibration.p"], out["cost.c"], out["knob.unit"]
     n, k = P.shape
     models, props = np.zeros((n, len(targets)), np.uint16), np.zeros((n, len(targets)))
@@ -185,8 +247,12 @@ def _decisions(policy: RoutingPolicy, out: dict[str, np.ndarray],
     for t, target in enumerate(targets):
         pick, prop, rest = _pick(policy, target, P, C, u)
         models[:, t], props[:, t], fallbacks[:, t] = pick, prop, rest
-    return {"decision.model": models, "decision.fallbacks": fallbacks, "decision.propensity": props,
-            "knob.point": np.array([_point_index(policy, t) for t in targets], dtype=np.int32)}
+    return {
+        "decision.model": models,
+        "decision.fallbacks": fallbacks,
+        "decision.propensity": props,
+        "knob.point": np.array([_point_index(policy, t) for t in targets], dtype=np.int32),
+    }
 
 
 class _Chosen(NamedTuple):
@@ -197,29 +263,52 @@ class _Chosen(NamedTuple):
     expected_cost_usd: dict[str, float]
 
 
-def _gateway(policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray],
-             config: dict[str, Any]) -> dict[str, np.ndarray]:
+def _gateway(
+    policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray], config: dict[str, Any]
+) -> dict[str, np.ndarray]:
     """Exploration and canary with the config's seeds, at the policy's own target (the canary's
     candidate is this same policy, so each arm's served decision is known): each request through
     the gateway's own `draws.choose`."""
     x = config["exploration"]
-    exploration = Exploration(rate=x["rate"], exclude=frozenset(x["exclude"]), max_cost_usd=x["max_cost_usd"],
-                              max_cost_ratio=x["max_cost_ratio"], seed=x["seed"])
+    exploration = Exploration(
+        rate=x["rate"],
+        exclude=frozenset(x["exclude"]),
+        max_cost_usd=x["max_cost_usd"],
+        max_cost_ratio=x["max_cost_ratio"],
+        seed=x["seed"],
+    )
     explore_key, canary_key = derive_key("explore", x["seed"]), derive_key("canary", config["canary"]["seed"])
-    draws = np.array([(*unit_draw(explore_key, i.request_id), unit_draw(canary_key, i.request_id)[0]) for i in inputs])
+    draws = np.array(
+        [(*unit_draw(explore_key, i.request_id), unit_draw(canary_key, i.request_id)[0]) for i in inputs]
+    )
     draws = draws.reshape(len(inputs), 3)
     P, C = out["calibration.p"], out["cost.c"]
     pick = _pick(policy, policy.quality_target, P, C, out["knob.unit"])[0]
     names, index = policy.candidates, {c: j for j, c in enumerate(policy.candidates)}
     n = len(inputs)
-    model, explored, eligible, prop = np.zeros(n, np.uint16), np.zeros(n, np.uint8), np.zeros(n, np.uint16), np.zeros(n)
+    model, explored, eligible, prop = (
+        np.zeros(n, np.uint16),
+        np.zeros(n, np.uint8),
+        np.zeros(n, np.uint16),
+        np.zeros(n),
+    )
     for i in range(n):
         chosen = _Chosen(names[pick[i]], dict(zip(names, P[i].tolist())), dict(zip(names, C[i].tolist())))
         served = choose(chosen, exploration, float(draws[i, 0]), float(draws[i, 1]))
-        model[i], explored[i], eligible[i], prop[i] = index[served.model], served.explored, len(served.eligible), served.propensity
-    return {"gateway.draws": draws, "gateway.arm": (draws[:, 2] < config["canary"]["share"]).astype(np.uint8),
-            "gateway.model": model, "gateway.explored": explored, "gateway.eligible": eligible,
-            "gateway.propensity": prop}
+        model[i], explored[i], eligible[i], prop[i] = (
+            index[served.model],
+            served.explored,
+            len(served.eligible),
+            served.propensity,
+        )
+    return {
+        "gateway.draws": draws,
+        "gateway.arm": (draws[:, 2] < config["canary"]["share"]).astype(np.uint8),
+        "gateway.model": model,
+        "gateway.explored": explored,
+        "gateway.eligible": eligible,
+        "gateway.propensity": prop,
+    }
 
 
 # -- the file ---------------------------------------------------------------------------------
@@ -239,11 +328,13 @@ def _encode_inputs(inputs: list[VectorInput], suites: list[str | None]) -> dict[
         spans.append((seen[key], len(pre), len(pat), inp.repeat, len(suf)))
         rids.append(wtf8(inp.request_id))
         rid_offsets.append(rid_offsets[-1] + len(rids[-1]))
-    return {"input.text": np.frombuffer(b"".join(parts), dtype=np.uint8),
-            "input.spans": np.array(spans, dtype=np.uint32).reshape(-1, 5),
-            "input.suite": np.array([suites.index(i.suite) for i in inputs], dtype=np.int32),
-            "input.request_id": np.frombuffer(b"".join(rids), dtype=np.uint8),
-            "input.request_id_offsets": np.array(rid_offsets, dtype=np.uint32)}
+    return {
+        "input.text": np.frombuffer(b"".join(parts), dtype=np.uint8),
+        "input.spans": np.array(spans, dtype=np.uint32).reshape(-1, 5),
+        "input.suite": np.array([suites.index(i.suite) for i in inputs], dtype=np.int32),
+        "input.request_id": np.frombuffer(b"".join(rids), dtype=np.uint8),
+        "input.request_id_offsets": np.array(rid_offsets, dtype=np.uint32),
+    }
 
 
 def build_vectors(policy: RoutingPolicy) -> bytes:
@@ -253,15 +344,26 @@ def build_vectors(policy: RoutingPolicy) -> bytes:
     config = _gateway_config(policy)
     portable = not policy.spec.embeddings
     layers = [name for name, _ in LAYERS if portable or name in TEXT_LAYERS]
-    meta = {"format": FORMAT, "policy_format": FORMAT_VERSION, "requests": len(inputs),
-            "candidates": list(policy.candidates), "targets": list(TARGETS), "detail": min(DETAIL, len(inputs)),
-            "tolerance": TOLERANCE, "layers": layers, "suites": suites, "gateway": config}
+    meta = {
+        "format": FORMAT,
+        "policy_format": FORMAT_VERSION,
+        "requests": len(inputs),
+        "candidates": list(policy.candidates),
+        "targets": list(TARGETS),
+        "detail": min(DETAIL, len(inputs)),
+        "tolerance": TOLERANCE,
+        "layers": layers,
+        "suites": suites,
+        "gateway": config,
+    }
     tensors = {**_encode_inputs(inputs, suites), **compute(policy, inputs, config)}
     return dumps(tensors, {"routeopt": json.dumps(meta, ensure_ascii=True)})
 
 
-def read_vectors(blob: bytes, where: str = "conformance.safetensors",
-                 ) -> tuple[list[VectorInput], dict[str, Any], dict[str, np.ndarray]]:
+def read_vectors(
+    blob: bytes,
+    where: str = "conformance.safetensors",
+) -> tuple[list[VectorInput], dict[str, Any], dict[str, np.ndarray]]:
     """(inputs, metadata, expected tensors) of a conformance file."""
     tensors, raw_meta = loads(blob, where)
     try:
@@ -274,9 +376,20 @@ def read_vectors(blob: bytes, where: str = "conformance.safetensors",
         for i, (at, a, b, rep, c) in enumerate(spans.tolist()):
             if at + a + b + c > len(text):
                 raise ValueError(f"request {i}: its text runs past input.text")
-            pre, pat, suf = (from_wtf8(text[s:e]) for s, e in ((at, at + a), (at + a, at + a + b), (at + a + b, at + a + b + c)))
-            inputs.append(VectorInput(pre, pat, int(rep), suf, meta["suites"][int(tensors["input.suite"][i])],
-                                      from_wtf8(rid[rid_off[i]:rid_off[i + 1]])))
+            pre, pat, suf = (
+                from_wtf8(text[s:e])
+                for s, e in ((at, at + a), (at + a, at + a + b), (at + a + b, at + a + b + c))
+            )
+            inputs.append(
+                VectorInput(
+                    pre,
+                    pat,
+                    int(rep),
+                    suf,
+                    meta["suites"][int(tensors["input.suite"][i])],
+                    from_wtf8(rid[rid_off[i] : rid_off[i + 1]]),
+                )
+            )
     except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as exc:
         raise ContainerError(f"{where}: malformed conformance vectors ({exc!r})") from None
     return inputs, meta, tensors
@@ -300,16 +413,22 @@ def _differs(want: np.ndarray, got: np.ndarray, how: str, tol: float) -> tuple[n
     return bad.reshape(len(want), -1).any(1) if want.ndim else bad.reshape(1), worst
 
 
-def _detail_differs(want: dict[str, np.ndarray], got: dict[str, np.ndarray],
-                    tol: float) -> tuple[np.ndarray, np.ndarray, float]:
+def _detail_differs(
+    want: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: float
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Per detailed request: do its buckets or counts differ, do its feature values differ."""
     off_w, off_g = want["detail.offsets"], got["detail.offsets"]
     n = len(off_w) - 1
     ids_bad, vals_bad, worst = np.zeros(n, bool), np.zeros(n, bool), 0.0
     for i in range(n):
-        a, b = slice(int(off_w[i]), int(off_w[i + 1])), slice(int(off_g[i]), int(off_g[i + 1])) if i + 1 < len(off_g) else slice(0, 0)
-        if not (np.array_equal(want["detail.buckets"][a], got["detail.buckets"][b])
-                and np.array_equal(want["detail.counts"][a], got["detail.counts"][b])):
+        a, b = (
+            slice(int(off_w[i]), int(off_w[i + 1])),
+            slice(int(off_g[i]), int(off_g[i + 1])) if i + 1 < len(off_g) else slice(0, 0),
+        )
+        if not (
+            np.array_equal(want["detail.buckets"][a], got["detail.buckets"][b])
+            and np.array_equal(want["detail.counts"][a], got["detail.counts"][b])
+        ):
             ids_bad[i] = True
             continue
         bad, rel = _differs(want["detail.values"][a][None], got["detail.values"][b][None], CLOSE, tol)
@@ -328,8 +447,9 @@ def _show(a: np.ndarray, i: int) -> str:
     return np.array2string(np.asarray(v), precision=17, threshold=12) if np.ndim(v) else repr(v.item())
 
 
-def _compare(meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, np.ndarray],
-             inputs: list[VectorInput]) -> tuple[dict[str, int], str | None, float]:
+def _compare(
+    meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, np.ndarray], inputs: list[VectorInput]
+) -> tuple[dict[str, int], str | None, float]:
     tol, n = float(meta["tolerance"]), len(inputs)
     ids_bad, vals_bad, worst = _detail_differs(want, got, tol)
     counts, first = {}, None
@@ -349,8 +469,10 @@ def _compare(meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, n
             bad_any[: len(bad)] |= bad
             if bad.any() and first is None:
                 i = int(np.argmax(bad))
-                first = (f"step {layer} ({name}) differs first at request {i} ({_describe(inputs[i])}): "
-                         f"expected {_show(want[name], i)}, got {_show(got[name], i) if i < len(got[name]) else 'nothing'}")
+                first = (
+                    f"step {layer} ({name}) differs first at request {i} ({_describe(inputs[i])}): "
+                    f"expected {_show(want[name], i)}, got {_show(got[name], i) if i < len(got[name]) else 'nothing'}"
+                )
         extra = ids_bad if layer == "buckets" else vals_bad if layer == "features" else None
         if extra is not None and extra.any():
             bad_any[: len(extra)] |= extra
@@ -361,8 +483,9 @@ def _compare(meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, n
     return counts, first, worst
 
 
-def _serving_path(policy: RoutingPolicy, inputs: list[VectorInput], want: dict[str, np.ndarray],
-                  targets: tuple[float, ...]) -> str | None:
+def _serving_path(
+    policy: RoutingPolicy, inputs: list[VectorInput], want: dict[str, np.ndarray], targets: tuple[float, ...]
+) -> str | None:
     """The first requests again through `RoutingPolicy.decide`, the path that serves gateways
     (the batch above computes the same bits; this checks that it still does)."""
     names = {c: j for j, c in enumerate(policy.candidates)}
@@ -373,22 +496,35 @@ def _serving_path(policy: RoutingPolicy, inputs: list[VectorInput], want: dict[s
             d = policy.decide(inp.text, inp.suite, target)
             fallbacks = [names[m] for m in d.fallbacks]
             p = np.array([d.pass_probabilities[c] for c in policy.candidates])
-            if (names[d.model] != want["decision.model"][i, t] or fallbacks != want["decision.fallbacks"][i, t].tolist()
-                    or _differs(want["calibration.p"][i][None], p[None], CLOSE, tol)[0][0]
-                    or _differs(want["decision.propensity"][i, t:t + 1][None], np.array([[d.propensity]]), CLOSE, tol)[0][0]):
-                return (f"step serving: RoutingPolicy.decide disagrees with the vectors at request {i} "
-                        f"({_describe(inp)}), target {target}: chose {d.model}, fallbacks {list(d.fallbacks)}")
+            if (
+                names[d.model] != want["decision.model"][i, t]
+                or fallbacks != want["decision.fallbacks"][i, t].tolist()
+                or _differs(want["calibration.p"][i][None], p[None], CLOSE, tol)[0][0]
+                or _differs(
+                    want["decision.propensity"][i, t : t + 1][None], np.array([[d.propensity]]), CLOSE, tol
+                )[0][0]
+            ):
+                return (
+                    f"step serving: RoutingPolicy.decide disagrees with the vectors at request {i} "
+                    f"({_describe(inp)}), target {target}: chose {d.model}, fallbacks {list(d.fallbacks)}"
+                )
     return None
 
 
-def check_vectors(policy: RoutingPolicy, blob: bytes, where: str = "conformance.safetensors") -> ConformanceReport:
+def check_vectors(
+    policy: RoutingPolicy, blob: bytes, where: str = "conformance.safetensors"
+) -> ConformanceReport:
     """Recompute every layer of the vectors with this runtime and compare, in the spec's order."""
     start = time.perf_counter()
     try:
         inputs, meta, want = read_vectors(blob, where)
         if meta["candidates"] != list(policy.candidates):
-            return ConformanceReport(False, len(inputs), first=f"{where}: the vectors are for candidates "
-                                     f"{meta['candidates']}, the policy has {policy.candidates} (swapped files?)")
+            return ConformanceReport(
+                False,
+                len(inputs),
+                first=f"{where}: the vectors are for candidates "
+                f"{meta['candidates']}, the policy has {policy.candidates} (swapped files?)",
+            )
         targets = tuple(float(t) for t in meta["targets"])
         got = compute(policy, inputs, meta["gateway"], targets, int(meta["detail"]))
         counts, first, worst = _compare(meta, want, got, inputs)
@@ -397,8 +533,9 @@ def check_vectors(policy: RoutingPolicy, blob: bytes, where: str = "conformance.
             counts["serving"] = int(first is not None)
     except ContainerError as exc:
         return ConformanceReport(False, first=str(exc), seconds=time.perf_counter() - start)
-    return ConformanceReport(first is None, len(inputs), tuple(meta["layers"]), counts, first, worst,
-                             time.perf_counter() - start)
+    return ConformanceReport(
+        first is None, len(inputs), tuple(meta["layers"]), counts, first, worst, time.perf_counter() - start
+    )
 
 
 def self_check(policy: RoutingPolicy) -> ConformanceReport:
@@ -408,8 +545,10 @@ def self_check(policy: RoutingPolicy) -> ConformanceReport:
         return policy.conformance
     blob, version = policy.vectors, policy.format_version
     if blob is None and version is not None and version < FORMAT_VERSION:
-        return ConformanceReport(True, note=f"format {version} policy: no conformance vectors to check "
-                                 f"(publish it again to get them)")
+        return ConformanceReport(
+            True,
+            note=f"format {version} policy: no conformance vectors to check (publish it again to get them)",
+        )
     if blob is None:
         return ConformanceReport(version is None, note="no conformance vectors were loaded with this policy")
     policy.conformance = check_vectors(policy, blob)

@@ -49,19 +49,55 @@ def _exact(n_bytes: int, filler: str = "a") -> VectorInput:
 def hostile() -> list[VectorInput]:
     """Texts chosen to break byte handling, hashing and the cut (before suites are assigned)."""
     texts = [
-        "", " ", "\t", "\n", "   \t\n\r\n   ", "\x00", "a\x00b", "\x00" * 17, "\x1b[31mred\x1b[0m \x7f",
-        "\ufeffBOM first", "\ud800", "abc\udfff", "\udc00\ud800", "x\ud83d", "\ud83d\ude00 pair in halves",
-        "e\u0301 e\u0301\u0301 Z\u0351\u0352\u0353\u0354\u0355", "😀", "👩‍👩‍👧‍👦 family", "🇺🇸🇯🇵 flags",
-        "𠀀𠀁𠀂 astral CJK", "\U0010ffff\uffff\ufffe", "مرحبا بالعالم؟", "שלום עולם", "\u202eevil\u202c text",
-        "日本語のテキストです。", "这是一个中文句子吗？", "한국어 문장입니다", "İstanbul ıi İI", "ΟΔΟΣ οδος ΣΊΣΥΦΟΣ",
-        "straße STRASSE", "Ǆ ǅ ǆ", "ß" * 9, "?" * 40, "\n" * 300, "9" * 500, "A" * 9000,
-        "def f(x):\n    return {x[0]: [1, 2]};  # code?\n", "SELECT * FROM t WHERE a = 'b';",
-        "What is 2 + 2?", "UPPER CASE QUESTION?", "mixed CASE and 123 digits, punctuation!!!",
+        "",
+        " ",
+        "\t",
+        "\n",
+        "   \t\n\r\n   ",
+        "\x00",
+        "a\x00b",
+        "\x00" * 17,
+        "\x1b[31mred\x1b[0m \x7f",
+        "\ufeffBOM first",
+        "\ud800",
+        "abc\udfff",
+        "\udc00\ud800",
+        "x\ud83d",
+        "\ud83d\ude00 pair in halves",
+        "e\u0301 e\u0301\u0301 Z\u0351\u0352\u0353\u0354\u0355",
+        "😀",
+        "👩‍👩‍👧‍👦 family",
+        "🇺🇸🇯🇵 flags",
+        "𠀀𠀁𠀂 astral CJK",
+        "\U0010ffff\uffff\ufffe",
+        "مرحبا بالعالم؟",
+        "שלום עולם",
+        "\u202eevil\u202c text",
+        "日本語のテキストです。",
+        "这是一个中文句子吗？",
+        "한국어 문장입니다",
+        "İstanbul ıi İI",
+        "ΟΔΟΣ οδος ΣΊΣΥΦΟΣ",
+        "straße STRASSE",
+        "Ǆ ǅ ǆ",
+        "ß" * 9,
+        "?" * 40,
+        "\n" * 300,
+        "9" * 500,
+        "A" * 9000,
+        "def f(x):\n    return {x[0]: [1, 2]};  # code?\n",
+        "SELECT * FROM t WHERE a = 'b';",
+        "What is 2 + 2?",
+        "UPPER CASE QUESTION?",
+        "mixed CASE and 123 digits, punctuation!!!",
     ]
     out = [VectorInput(t) for t in texts]
     out += [
-        VectorInput("", "a", MB), VectorInput("", "word ", MB // 5), VectorInput("", "日本語", MB // 9),
-        VectorInput("start ", "😀 text ", MB // 9, " end?"), VectorInput("", "\x00", MB),
+        VectorInput("", "a", MB),
+        VectorInput("", "word ", MB // 5),
+        VectorInput("", "日本語", MB // 9),
+        VectorInput("start ", "😀 text ", MB // 9, " end?"),
+        VectorInput("", "\x00", MB),
         VectorInput("Question: ", "The quick brown fox jumps over 13 lazy dogs? ", 23000, " Answer:"),
     ]
     out += [_exact(n) for n in (_HALF * 2 - 1, _HALF * 2, _HALF * 2 + 1, _HALF * 2 + 2)]
@@ -91,22 +127,40 @@ _WORDS = (
     "weather rain ice gas liquid solid mass speed experiment scientist student teacher class "
     "because therefore however although premise hypothesis entails contradiction neutral"
 ).split()
-_FOREIGN = ("¿Cuál es la respuesta?", "Quelle est la réponse ?", "Was ist die Antwort?",
-            "Какой ответ правильный?", "ما هو الجواب الصحيح؟", "正しい答えはどれですか？", "正确答案是什么？",
-            "정답은 무엇입니까?", "Doğru cevap hangisi?", "Ποια είναι η σωστή απάντηση;", "सही उत्तर क्या है?")
-_CODE = ("def solve(nums):\n    total = 0\n    for n in nums:\n        if n % 2 == 0:\n            total += n\n"
-         "    return total\n", "assert solve([1, 2, 3, 4]) == 6\n", "for (let i = 0; i < n; i++) { out[i] = a[i] * 2; }\n",
-         "SELECT name, COUNT(*) FROM users GROUP BY name HAVING COUNT(*) > 1;\n")
+_FOREIGN = (
+    "¿Cuál es la respuesta?",
+    "Quelle est la réponse ?",
+    "Was ist die Antwort?",
+    "Какой ответ правильный?",
+    "ما هو الجواب الصحيح؟",
+    "正しい答えはどれですか？",
+    "正确答案是什么？",
+    "정답은 무엇입니까?",
+    "Doğru cevap hangisi?",
+    "Ποια είναι η σωστή απάντηση;",
+    "सही उत्तर क्या है?",
+)
+_CODE = (
+    "def solve(nums):\n    total = 0\n    for n in nums:\n        if n % 2 == 0:\n            total += n\n"
+    "    return total\n",
+    "assert solve([1, 2, 3, 4]) == 6\n",
+    "for (let i = 0; i < n; i++) { out[i] = a[i] * 2; }\n",
+    "SELECT name, COUNT(*) FROM users GROUP BY name HAVING COUNT(*) > 1;\n",
+)
 
 
 def _sentence(rng: np.random.Generator) -> str:
     words = list(rng.choice(_WORDS, size=int(rng.integers(3, 18))))
     if rng.random() < 0.3:
-        words.insert(int(rng.integers(0, len(words) + 1)), str(int(rng.integers(0, 10 ** int(rng.integers(1, 7))))))
+        words.insert(
+            int(rng.integers(0, len(words) + 1)), str(int(rng.integers(0, 10 ** int(rng.integers(1, 7)))))
+        )
     text = " ".join(words)
     if rng.random() < 0.2:
         text = text.capitalize()
-    return text + str(rng.choice(["?", ".", "!", ":", ";", ",", ""], p=[.3, .4, .05, .1, .05, .05, .05]))
+    return text + str(
+        rng.choice(["?", ".", "!", ":", ";", ",", ""], p=[0.3, 0.4, 0.05, 0.1, 0.05, 0.05, 0.05])
+    )
 
 
 def _piece(rng: np.random.Generator) -> str:
@@ -124,7 +178,7 @@ def _piece(rng: np.random.Generator) -> str:
 
 
 def _prompt(rng: np.random.Generator, n_pieces: int) -> str:
-    sep = str(rng.choice([" ", "\n", "\n\n"], p=[.6, .3, .1]))
+    sep = str(rng.choice([" ", "\n", "\n\n"], p=[0.6, 0.3, 0.1]))
     return sep.join(_piece(rng) for _ in range(n_pieces))
 
 
@@ -136,8 +190,14 @@ def synthetic(n: int = N_SYNTHETIC, seed: int = 2301) -> list[VectorInput]:
     for i in range(n):
         pieces = int(np.exp(rng.uniform(0, np.log(16))))
         if i % 32 == 31:
-            out.append(VectorInput(_prompt(rng, 3) + " ", _prompt(rng, 2) + " ", int(rng.integers(5, 120)),
-                                   " " + _prompt(rng, 3)))
+            out.append(
+                VectorInput(
+                    _prompt(rng, 3) + " ",
+                    _prompt(rng, 2) + " ",
+                    int(rng.integers(5, 120)),
+                    " " + _prompt(rng, 3),
+                )
+            )
         else:
             out.append(VectorInput(_prompt(rng, pieces)))
     return out

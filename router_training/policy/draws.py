@@ -76,8 +76,9 @@ class Exploration:
         cap = math.inf if self.max_cost_usd is None else self.max_cost_usd
         if self.max_cost_ratio is not None:
             cap = min(cap, self.max_cost_ratio * costs.get(decision.model, math.inf))
-        return tuple(c for c in decision.pass_probabilities
-                     if c not in self.exclude and costs.get(c, math.inf) <= cap)
+        return tuple(
+            c for c in decision.pass_probabilities if c not in self.exclude and costs.get(c, math.inf) <= cap
+        )
 
 
 class Choice(NamedTuple):
@@ -112,8 +113,13 @@ def policy_distribution(decision: Any) -> tuple[dict[str, float], float]:
     return {decision.model: 1.0}, own_probability(decision)
 
 
-def choose(decision: Any, exploration: Exploration | None, u: float, v: float,
-           eligible: tuple[str, ...] | None = None) -> Choice:
+def choose(
+    decision: Any,
+    exploration: Exploration | None,
+    u: float,
+    v: float,
+    eligible: tuple[str, ...] | None = None,
+) -> Choice:
     """The served model for uniform draws `u` (explore?) and `v` (which one), with its propensity.
 
     `eligible` may be passed when already known (it depends only on the candidates without a

@@ -75,11 +75,16 @@ def _encode(texts: Sequence[str], batch_size: int) -> np.ndarray:
     out = np.zeros((len(texts), DIM))
     with _LOCK, torch.inference_mode():
         for i in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[i: i + batch_size]), padding=True, truncation=True,
-                              max_length=256, return_tensors="pt")
+            batch = tokenizer(
+                list(texts[i : i + batch_size]),
+                padding=True,
+                truncation=True,
+                max_length=256,
+                return_tensors="pt",
+            )
             hidden = model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             pooled = torch.nn.functional.normalize(pooled, dim=1)
-            out[i: i + len(pooled)] = pooled.float().numpy()
+            out[i : i + len(pooled)] = pooled.float().numpy()
     return out

@@ -44,8 +44,15 @@ _LOWER[65:91] += 32
 
 EMBEDDING_DIM = 384
 STAT_NAMES: tuple[str, ...] = (
-    "log_chars", "log_words", "log_lines", "digit_frac", "upper_frac", "punct_frac",
-    "code_frac", "mean_word_len", "question_marks",
+    "log_chars",
+    "log_words",
+    "log_lines",
+    "digit_frac",
+    "upper_frac",
+    "punct_frac",
+    "code_frac",
+    "mean_word_len",
+    "question_marks",
 )
 
 
@@ -98,7 +105,9 @@ def _normalised(text: str) -> tuple[bytes, int]:
     character they denote."""
     try:
         return text.encode("utf-8"), len(text)
-    except UnicodeEncodeError:  # surrogates: fix their 3-byte forms (no codec lookup: gateways may be sandboxed)
+    except (
+        UnicodeEncodeError
+    ):  # surrogates: fix their 3-byte forms (no codec lookup: gateways may be sandboxed)
         raw = text.encode("utf-8", "surrogatepass")
         pairs = len(_PAIR.findall(raw))
         return _SURROGATE.sub(_fix_surrogate, raw), len(text) - pairs
@@ -144,8 +153,9 @@ def cut(raw: bytes) -> bytes:
 
 def prompt_bytes(prompt: str) -> PromptBytes:
     raw, n_chars = _normalised(prompt)
-    return PromptBytes(len(raw), n_chars, np.frombuffer(cut(raw), dtype=np.uint8),
-                       raw.count(b"\n"), raw.count(b"?"))
+    return PromptBytes(
+        len(raw), n_chars, np.frombuffer(cut(raw), dtype=np.uint8), raw.count(b"\n"), raw.count(b"?")
+    )
 
 
 def _char_hashes(b: np.ndarray, ns: tuple[int, ...]) -> list[np.ndarray]:
@@ -285,13 +295,13 @@ def ngram_keys(b: np.ndarray, words: np.ndarray, spec: FeatureSpec) -> np.ndarra
     keys = np.empty(n + n_bigrams + sum(len(c) for c in chars), dtype=np.uint64)
     np.add(words, _ONE, out=keys[:n])
     if n_bigrams:  # integer arrays wrap around silently
-        bigrams = keys[n:n + n_bigrams]
+        bigrams = keys[n : n + n_bigrams]
         np.multiply(words[:-1], _P, out=bigrams)
         bigrams += words[1:]
         bigrams += _TWO
     at = n + n_bigrams
     for c in chars:
-        keys[at:at + len(c)] = c
+        keys[at : at + len(c)] = c
         at += len(c)
     return keys
 
@@ -325,19 +335,31 @@ def bucket_counts(ids: np.ndarray, n_buckets: int) -> tuple[np.ndarray, np.ndarr
     return distinct, counts.take(distinct)
 
 
-_FLAG_MATRIX = np.array([[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] for c in range(32)],
-                        dtype=np.float64)
+_FLAG_MATRIX = np.array(
+    [[(c & f) > 0 for f in (_DIGIT, _UPPER, _PUNCT, _CODE)] for c in range(32)], dtype=np.float64
+)
 
 
-def statistics(class_counts: np.ndarray, size: np.ndarray, n_chars: np.ndarray, n_words: np.ndarray,
-               newlines: np.ndarray, questions: np.ndarray, word_chars: np.ndarray) -> np.ndarray:
+def statistics(
+    class_counts: np.ndarray,
+    size: np.ndarray,
+    n_chars: np.ndarray,
+    n_words: np.ndarray,
+    newlines: np.ndarray,
+    questions: np.ndarray,
+    word_chars: np.ndarray,
+) -> np.ndarray:
     """The nine statistics of n texts (n, 9) on their raw scale, the one implementation for one
     request and for many: logs of the counts, the digit/upper/punct/code shares of the cut bytes
     (`class_counts` (n, 4) over `size`, the cut's length or 1), and the mean word length."""
     raw = np.stack((n_chars, n_words, newlines, questions), axis=1)
     logs = TF_TABLE.take(raw) if raw.size and raw.max() < TF_TABLE_SIZE else ln1p_int(raw)  # same bits
-    mean_len = np.where(n_words > 0, word_chars / np.maximum(n_words, 1), 0.0)  # integer sums: exact in doubles
-    return np.column_stack((logs[:, 0], logs[:, 1], logs[:, 2], class_counts / size[:, None], mean_len, logs[:, 3]))
+    mean_len = np.where(
+        n_words > 0, word_chars / np.maximum(n_words, 1), 0.0
+    )  # integer sums: exact in doubles
+    return np.column_stack(
+        (logs[:, 0], logs[:, 1], logs[:, 2], class_counts / size[:, None], mean_len, logs[:, 3])
+    )
 
 
 def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
@@ -346,12 +368,22 @@ def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = No
     if classes is None:
         classes = _CLASS.take(pb.cut)
     counts = np.bincount(classes, minlength=32) @ _FLAG_MATRIX  # exact integers
+
     def one(v: float) -> np.ndarray:
         return np.array([v])
 
-    return cast(np.ndarray, statistics(counts[None], one(float(max(len(pb.cut), 1))), one(pb.n_chars),
-                                       one(len(lengths)), one(pb.newlines), one(pb.questions),
-                                       one(float(int(lengths.sum()))))[0])
+    return cast(
+        np.ndarray,
+        statistics(
+            counts[None],
+            one(float(max(len(pb.cut), 1))),
+            one(pb.n_chars),
+            one(len(lengths)),
+            one(pb.newlines),
+            one(pb.questions),
+            one(float(int(lengths.sum()))),
+        )[0],
+    )
 
 
 def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.ndarray:
@@ -403,10 +435,10 @@ def feature_layers(prompt: str, suite: str | None, spec: FeatureSpec) -> Feature
     vals = np.empty(len(ids), dtype=np.float64)
     if head:
         ids[0], vals[0] = pos, 1.0
-    np.add(distinct, n_suites, out=ids[head:head + n_text])
-    ids[head + n_text:] = spec.stat_columns
-    vals[head:head + n_text] = x
-    vals[head + n_text:] = stats
+    np.add(distinct, n_suites, out=ids[head : head + n_text])
+    ids[head + n_text :] = spec.stat_columns
+    vals[head : head + n_text] = x
+    vals[head + n_text :] = stats
     return FeatureLayers(pb, words, lengths, distinct, counts, x, stats, pos, ids, vals)
 
 

@@ -36,7 +36,8 @@ LINEAR_KIND = "difficulty-linear"
 EMBEDDINGS_NOT_PORTABLE = (
     "the features include MiniLM sentence embeddings (routeopt train --embeddings): a neural "
     "network whose floating-point results depend on torch and the CPU, so no runtime can "
-    "reproduce them bit for bit; only Python gateways with the 'embeddings' extra serve it")
+    "reproduce them bit for bit; only Python gateways with the 'embeddings' extra serve it"
+)
 
 
 class PolicyFormatError(ValueError):
@@ -50,8 +51,13 @@ def not_portable_reason(policy: RoutingPolicy) -> str | None:
 def format_info(policy: RoutingPolicy) -> dict[str, Any]:
     """What the manifest records about the policy's format."""
     reason = not_portable_reason(policy)
-    return {"version": FORMAT_VERSION, "portable": reason is None, "not_portable": reason,
-            "conformance": VECTORS_NAME, "spec": "docs/policy-format.md"}
+    return {
+        "version": FORMAT_VERSION,
+        "portable": reason is None,
+        "not_portable": reason,
+        "conformance": VECTORS_NAME,
+        "spec": "docs/policy-format.md",
+    }
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -60,31 +66,52 @@ def format_info(policy: RoutingPolicy) -> dict[str, Any]:
 def _header(policy: RoutingPolicy) -> dict[str, Any]:
     spec, scorer = policy.spec, policy.scorer
     features: dict[str, Any] = {
-        "suites": list(spec.suites), "n_buckets": spec.n_buckets, "char_ngrams": list(spec.char_ngrams),
-        "word_bigrams": spec.word_bigrams, "max_bytes": MAX_BYTES, "stats": list(STAT_NAMES),
-        "embeddings": spec.embeddings, "idf": spec.idf is not None, "stat_scaling": spec.stat_mean is not None}
+        "suites": list(spec.suites),
+        "n_buckets": spec.n_buckets,
+        "char_ngrams": list(spec.char_ngrams),
+        "word_bigrams": spec.word_bigrams,
+        "max_bytes": MAX_BYTES,
+        "stats": list(STAT_NAMES),
+        "embeddings": spec.embeddings,
+        "idf": spec.idf is not None,
+        "stat_scaling": spec.stat_mean is not None,
+    }
     if isinstance(scorer, LinearScorer):
         topics = 0 if scorer.centroids is None else int(scorer.centroids.shape[0])
         rank = 0 if scorer.centroids is None else int(scorer.centroids.shape[1])
-        scorer_head: dict[str, Any] = {"kind": LINEAR_KIND, "difficulty_bias": float(scorer.difficulty_bias),
-                                       "topics": topics, "rank": rank}
+        scorer_head: dict[str, Any] = {
+            "kind": LINEAR_KIND,
+            "difficulty_bias": float(scorer.difficulty_bias),
+            "topics": topics,
+            "rank": rank,
+        }
     else:
         scorer_head = {"kind": TreeScorer.kind, "n_features": scorer.n_features}
     reason = not_portable_reason(policy)
     return {
-        "format_version": FORMAT_VERSION, "portable": reason is None, "not_portable": reason,
-        "candidates": list(policy.candidates), "features": features, "scorer": scorer_head,
+        "format_version": FORMAT_VERSION,
+        "portable": reason is None,
+        "not_portable": reason,
+        "candidates": list(policy.candidates),
+        "features": features,
+        "scorer": scorer_head,
         "cost": {"topics": policy.cost_model.topic_coef is not None},
-        "knob": policy.knob.to_dict(), "reference_pass_rate": float(policy.reference_pass_rate),
-        "reference_model": policy.reference_model, "quality_target": float(policy.quality_target),
-        "metrics": policy.metrics, "files": {"arrays": ARRAYS_NAME, "conformance": VECTORS_NAME},
+        "knob": policy.knob.to_dict(),
+        "reference_pass_rate": float(policy.reference_pass_rate),
+        "reference_model": policy.reference_model,
+        "quality_target": float(policy.quality_target),
+        "metrics": policy.metrics,
+        "files": {"arrays": ARRAYS_NAME, "conformance": VECTORS_NAME},
     }
 
 
 def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
     spec, scorer, cost = policy.spec, policy.scorer, policy.cost_model
-    out: dict[str, np.ndarray] = {"calibration.platt": np.asarray(policy.platt, dtype=np.float64),
-                                  "cost.coef": cost.coef, "cost.floor": cost.floor}
+    out: dict[str, np.ndarray] = {
+        "calibration.platt": np.asarray(policy.platt, dtype=np.float64),
+        "cost.coef": cost.coef,
+        "cost.floor": cost.floor,
+    }
     if cost.topic_coef is not None:
         out["cost.topic_coef"] = cost.topic_coef
     if spec.idf is not None:
@@ -96,8 +123,14 @@ def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
         out["scorer.bias"], out["scorer.slopes"] = scorer.bias, scorer.slopes
         if scorer.centroids is not None:
             topic_bias, topic_slopes, topic_difficulty = scorer.topic_arrays()
-            out.update({"scorer.centroids": scorer.centroids, "scorer.topic_bias": topic_bias,
-                        "scorer.topic_slopes": topic_slopes, "scorer.topic_difficulty": topic_difficulty})
+            out.update(
+                {
+                    "scorer.centroids": scorer.centroids,
+                    "scorer.topic_bias": topic_bias,
+                    "scorer.topic_slopes": topic_slopes,
+                    "scorer.topic_difficulty": topic_difficulty,
+                }
+            )
     else:
         out.update(scorer.arrays())
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -107,8 +140,12 @@ def write_policy_files(policy: RoutingPolicy, folder: Path) -> list[str]:
     """Write format 3's arrays and policy.json (`RoutingPolicy.save` adds the conformance
     vectors of the policy as read back from them)."""
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / ARRAYS_NAME, dumps(_arrays(policy), {"format": f"routeopt.arrays/{FORMAT_VERSION}"}))
-    atomic_write(folder / "policy.json", json.dumps(_header(policy), indent=1, sort_keys=True, allow_nan=False))
+    atomic_write(
+        folder / ARRAYS_NAME, dumps(_arrays(policy), {"format": f"routeopt.arrays/{FORMAT_VERSION}"})
+    )
+    atomic_write(
+        folder / "policy.json", json.dumps(_header(policy), indent=1, sort_keys=True, allow_nan=False)
+    )
     return ["policy.json", ARRAYS_NAME]
 
 
@@ -125,8 +162,10 @@ def read_policy_files(folder: Path, vectors: bool = True) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{folder}: not a readable routing policy ({e})") from None
     if version not in READABLE_VERSIONS:
-        raise ValueError(f"{where}: format_version {version!r} is not supported by this build "
-                         f"(reads {', '.join(map(str, READABLE_VERSIONS))})")
+        raise ValueError(
+            f"{where}: format_version {version!r} is not supported by this build "
+            f"(reads {', '.join(map(str, READABLE_VERSIONS))})"
+        )
     try:
         policy = _load_v3(folder, head, vectors) if version == 3 else _load_v2(folder, head, version)
     except PolicyFormatError as e:
@@ -137,9 +176,15 @@ def read_policy_files(folder: Path, vectors: bool = True) -> dict[str, Any]:
 
 
 def _common(head: dict[str, Any], knob: Knob, **parts: Any) -> dict[str, Any]:
-    return dict(candidates=[str(c) for c in head["candidates"]], knob=knob,
-                reference_pass_rate=float(head["reference_pass_rate"]), reference_model=str(head["reference_model"]),
-                quality_target=float(head["quality_target"]), metrics=head.get("metrics") or {}, **parts)
+    return dict(
+        candidates=[str(c) for c in head["candidates"]],
+        knob=knob,
+        reference_pass_rate=float(head["reference_pass_rate"]),
+        reference_model=str(head["reference_model"]),
+        quality_target=float(head["quality_target"]),
+        metrics=head.get("metrics") or {},
+        **parts,
+    )
 
 
 def _load_v2(folder: Path, head: dict[str, Any], version: int) -> dict[str, Any]:
@@ -151,8 +196,14 @@ def _load_v2(folder: Path, head: dict[str, Any], version: int) -> dict[str, Any]
         knob = Knob.from_table(head["rule"], [(float(a), float(b)) for a, b in head["table"]], ref_rate)
     else:
         knob = Knob.from_dict(head["knob"])
-    return _common(head, knob, spec=spec, scorer=scorer, platt=np.asarray(head["platt"], dtype=np.float64),
-                   cost_model=CostModel.from_dict(head["cost_model"]))
+    return _common(
+        head,
+        knob,
+        spec=spec,
+        scorer=scorer,
+        platt=np.asarray(head["platt"], dtype=np.float64),
+        cost_model=CostModel.from_dict(head["cost_model"]),
+    )
 
 
 def _v2_scorer(d: dict[str, Any], folder: Path) -> LinearScorer | TreeScorer:
@@ -186,16 +237,19 @@ def _load_v3(folder: Path, head: dict[str, Any], vectors: bool) -> dict[str, Any
         try:
             policy["vectors"] = (folder / VECTORS_NAME).read_bytes()
         except FileNotFoundError:
-            raise PolicyFormatError(f"{folder}: {VECTORS_NAME} is missing; a format 3 policy ships "
-                                    f"its conformance vectors") from None
+            raise PolicyFormatError(
+                f"{folder}: {VECTORS_NAME} is missing; a format 3 policy ships its conformance vectors"
+            ) from None
     return policy
 
 
 def _spec(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str) -> FeatureSpec:
     f = head["features"]
     if int(f["max_bytes"]) != MAX_BYTES or list(f["stats"]) != list(STAT_NAMES):
-        raise PolicyFormatError(f"{where}: features.max_bytes / stats differ from this build's "
-                                f"({MAX_BYTES}, {len(STAT_NAMES)} statistics)")
+        raise PolicyFormatError(
+            f"{where}: features.max_bytes / stats differ from this build's "
+            f"({MAX_BYTES}, {len(STAT_NAMES)} statistics)"
+        )
     b, n_stats = int(f["n_buckets"]), len(STAT_NAMES)
     if not 1 <= b <= 1 << 24:
         raise PolicyFormatError(f"{where}: features.n_buckets {b} is outside 1 .. 2**24")
@@ -204,12 +258,20 @@ def _spec(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str) -> Fe
     std = require(arrays, "features.stat_std", "F64", (n_stats,), where) if f["stat_scaling"] else None
     if std is not None and not (np.isfinite(std).all() and (std != 0).all()):
         raise PolicyFormatError(f"{where}: features.stat_std must be finite and non-zero")
+
     def tup(a: np.ndarray | None) -> tuple[float, ...] | None:
         return None if a is None else tuple(float(v) for v in a)
 
-    return FeatureSpec(suites=tuple(str(s) for s in f["suites"]), n_buckets=b,
-                       char_ngrams=tuple(int(n) for n in f["char_ngrams"]), word_bigrams=bool(f["word_bigrams"]),
-                       idf=tup(idf), stat_mean=tup(mean), stat_std=tup(std), embeddings=bool(f["embeddings"]))
+    return FeatureSpec(
+        suites=tuple(str(s) for s in f["suites"]),
+        n_buckets=b,
+        char_ngrams=tuple(int(n) for n in f["char_ngrams"]),
+        word_bigrams=bool(f["word_bigrams"]),
+        idf=tup(idf),
+        stat_mean=tup(mean),
+        stat_std=tup(std),
+        embeddings=bool(f["embeddings"]),
+    )
 
 
 def _from_arrays(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str) -> dict[str, Any]:
@@ -225,13 +287,18 @@ def _from_arrays(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str
             raise PolicyFormatError(f"{where}: scorer.n_features {sc['n_features']} != {n_features}")
         scorer, topics = _trees(arrays, where, k, n_features), 0
     else:
-        raise PolicyFormatError(f"{where}: unknown scorer kind {sc.get('kind')!r}; this build reads "
-                                f"{LINEAR_KIND!r} and {TreeScorer.kind!r}")
+        raise PolicyFormatError(
+            f"{where}: unknown scorer kind {sc.get('kind')!r}; this build reads "
+            f"{LINEAR_KIND!r} and {TreeScorer.kind!r}"
+        )
     has_topic_cost = bool(head["cost"]["topics"])
-    cost = CostModel(coef=np.array(require(arrays, "cost.coef", "F64", (2 + s, k), where)),
-                     floor=np.array(require(arrays, "cost.floor", "F64", (k,), where)),
-                     topic_coef=np.array(require(arrays, "cost.topic_coef", "F64", (topics, k), where))
-                     if has_topic_cost else None)
+    cost = CostModel(
+        coef=np.array(require(arrays, "cost.coef", "F64", (2 + s, k), where)),
+        floor=np.array(require(arrays, "cost.floor", "F64", (k,), where)),
+        topic_coef=np.array(require(arrays, "cost.topic_coef", "F64", (topics, k), where))
+        if has_topic_cost
+        else None,
+    )
     platt = np.array(require(arrays, "calibration.platt", "F64", (2, k), where))
     for name, a in (("calibration.platt", platt), ("cost.coef", cost.coef), ("cost.floor", cost.floor)):
         if not np.isfinite(a).all():
@@ -239,10 +306,12 @@ def _from_arrays(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str
     return _common(head, Knob.from_dict(head["knob"]), spec=spec, scorer=scorer, platt=platt, cost_model=cost)
 
 
-def _linear(sc: dict[str, Any], arrays: dict[str, np.ndarray], where: str, k: int, s: int,
-            n_features: int) -> LinearScorer:
+def _linear(
+    sc: dict[str, Any], arrays: dict[str, np.ndarray], where: str, k: int, s: int, n_features: int
+) -> LinearScorer:
     g, rank = int(sc["topics"]), int(sc["rank"])
     w = require(arrays, "scorer.weights", "F64|F32", (n_features, k + 1 + rank), where)
+
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         return np.array(require(arrays, name, "F64", shape, where))
 
@@ -251,19 +320,35 @@ def _linear(sc: dict[str, Any], arrays: dict[str, np.ndarray], where: str, k: in
     if not math.isfinite(bias) or not np.isfinite(w).all():
         raise PolicyFormatError(f"{where}: the scorer holds a non-finite number")
     return LinearScorer(
-        weights=np.array(w), bias=get("scorer.bias", (k,)), difficulty_bias=bias, slopes=get("scorer.slopes", (s + 1, k)),
+        weights=np.array(w),
+        bias=get("scorer.bias", (k,)),
+        difficulty_bias=bias,
+        slopes=get("scorer.slopes", (s + 1, k)),
         centroids=get("scorer.centroids", (g, rank)) if topic else None,
         topic_bias=get("scorer.topic_bias", (g, k)) if topic else None,
         topic_slopes=get("scorer.topic_slopes", (g, k)) if topic else None,
-        topic_difficulty=get("scorer.topic_difficulty", (g,)) if topic else None)
+        topic_difficulty=get("scorer.topic_difficulty", (g,)) if topic else None,
+    )
 
 
 def _trees(arrays: dict[str, np.ndarray], where: str, k: int, n_features: int) -> TreeScorer:
     types = {"threshold": "F64", "leaf_value": "F64", "default_left": "U8", "missing": "U8"}
     got: dict[str, np.ndarray] = {}
-    for name in ("feature", "threshold", "default_left", "missing", "left", "right", "leaf_value",
-                 "node_start", "leaf_start", "tree_start"):
-        got[f"scorer.trees.{name}"] = np.array(require(arrays, f"scorer.trees.{name}", types.get(name, "I32"), (None,), where))
+    for name in (
+        "feature",
+        "threshold",
+        "default_left",
+        "missing",
+        "left",
+        "right",
+        "leaf_value",
+        "node_start",
+        "leaf_start",
+        "tree_start",
+    ):
+        got[f"scorer.trees.{name}"] = np.array(
+            require(arrays, f"scorer.trees.{name}", types.get(name, "I32"), (None,), where)
+        )
     got["scorer.constant"] = np.array(require(arrays, "scorer.constant", "F64", (k,), where))
     got["scorer.has_trees"] = np.array(require(arrays, "scorer.has_trees", "U8", (k,), where))
     try:

@@ -83,14 +83,26 @@ class OperatingPoint:
     cost: float
 
     def to_list(self) -> list[float | None]:
-        return [self.a, self.b, round(self.weight, 9), _finite_or_none(self.certified),
-                _finite_or_none(self.pass_rate), _finite_or_none(self.cost)]
+        return [
+            self.a,
+            self.b,
+            round(self.weight, 9),
+            _finite_or_none(self.certified),
+            _finite_or_none(self.pass_rate),
+            _finite_or_none(self.cost),
+        ]
 
     @classmethod
     def from_list(cls, v: Sequence[Any]) -> "OperatingPoint":
         a, b, w, cert, q, c = v
-        return cls(int(a), int(b), float(w), -math.inf if cert is None else float(cert),
-                   math.nan if q is None else float(q), math.nan if c is None else float(c))
+        return cls(
+            int(a),
+            int(b),
+            float(w),
+            -math.inf if cert is None else float(cert),
+            math.nan if q is None else float(q),
+            math.nan if c is None else float(c),
+        )
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -111,13 +123,21 @@ class Knob:
         self._certified = [p.certified for p in self.points]
         for p in (*self.points, self.top):
             if not (0 <= p.a < len(self.members) and 0 <= p.b < len(self.members)):
-                raise ValueError(f"an operating point names member {max(p.a, p.b)}; there are {len(self.members)}")
+                raise ValueError(
+                    f"an operating point names member {max(p.a, p.b)}; there are {len(self.members)}"
+                )
         if any(b <= a for a, b in zip(self._certified, self._certified[1:])):
             raise ValueError("knob points must have strictly rising certified targets")
 
     @classmethod
-    def from_points(cls, members: list[Member], points: list[OperatingPoint], reference: OperatingPoint,
-                    top: OperatingPoint, confidence: float) -> "Knob":
+    def from_points(
+        cls,
+        members: list[Member],
+        points: list[OperatingPoint],
+        reference: OperatingPoint,
+        top: OperatingPoint,
+        confidence: float,
+    ) -> "Knob":
         """Keep the points some target would choose: each certifies more than every cheaper one."""
         stair: list[OperatingPoint] = []
         for p in sorted([*points, reference], key=lambda p: (p.cost, -p.certified)):
@@ -134,8 +154,12 @@ class Knob:
         return self._certified[-1] if self._certified else -math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        return {"confidence": _finite_or_none(self.confidence), "members": [m.to_list() for m in self.members],
-                "points": [p.to_list() for p in self.points], "top": self.top.to_list()}
+        return {
+            "confidence": _finite_or_none(self.confidence),
+            "members": [m.to_list() for m in self.members],
+            "points": [p.to_list() for p in self.points],
+            "top": self.top.to_list(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Knob":
@@ -143,23 +167,28 @@ class Knob:
         bad = [m.rule for m in members if m.rule not in MEMBER_RULES]
         if bad:
             raise ValueError(f"unknown knob member rule {bad[0]!r}; this build reads {MEMBER_RULES}")
-        return cls(members, [OperatingPoint.from_list(p) for p in d["points"]],
-                   OperatingPoint.from_list(d["top"]),
-                   math.nan if d.get("confidence") is None else float(d["confidence"]))
+        return cls(
+            members,
+            [OperatingPoint.from_list(p) for p in d["points"]],
+            OperatingPoint.from_list(d["top"]),
+            math.nan if d.get("confidence") is None else float(d["confidence"]),
+        )
 
     @classmethod
     def from_table(cls, rule: str, table: list[tuple[float, float]], reference_rate: float) -> "Knob":
         """A format 1 table (param, expected pass rate), cheapest first, served as it was."""
         members = [Member(rule, float(param)) for param, _ in table]
         scale = reference_rate if reference_rate > 0 else 1.0
-        points = [OperatingPoint(i, i, 1.0, float(q) / scale, float(q), math.nan)
-                  for i, (_, q) in enumerate(table)]
+        points = [
+            OperatingPoint(i, i, 1.0, float(q) / scale, float(q), math.nan) for i, (_, q) in enumerate(table)
+        ]
         stair = [p for i, p in enumerate(points) if i == 0 or p.certified > points[i - 1].certified]
         return cls(members, stair, points[-1], math.nan)
 
 
-def point_choice(knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray,
-                 unit: Callable[[int], float]) -> tuple[np.ndarray, np.ndarray]:
+def point_choice(
+    knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray, unit: Callable[[int], float]
+) -> tuple[np.ndarray, np.ndarray]:
     """The candidate each request (rows of p and c) gets at `point`, and the probability it had.
 
     A mixed point takes member a where the request's unit is below the point's weight, else

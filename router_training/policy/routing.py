@@ -21,9 +21,22 @@ from routeopt.common.io import atomic_write
 from routeopt.router_training.policy.batch_features import batch_predict
 from routeopt.router_training.policy.conformance import ConformanceReport, build_vectors, self_check
 from routeopt.router_training.policy.features import FeatureSpec, feature_layers, n_chars, request_features
-from routeopt.router_training.policy.files import VECTORS_NAME, format_info, read_policy_files, write_policy_files
+from routeopt.router_training.policy.files import (
+    VECTORS_NAME,
+    format_info,
+    read_policy_files,
+    write_policy_files,
+)
 from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its parts: the policy's vocabulary)
-    Knob, Member, OperatingPoint, _finite_or_none, choose, fallback_order, member_choice, point_choice, request_unit,
+    Knob,
+    Member,
+    OperatingPoint,
+    _finite_or_none,
+    choose,
+    fallback_order,
+    member_choice,
+    point_choice,
+    request_unit,
 )
 from routeopt.router_training.policy.numerics import sigmoid
 from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assign_clusters  # noqa: F401
@@ -56,12 +69,13 @@ class RoutingPolicy:
     quality_target: float = 0.95
     metrics: dict[str, Any] = field(default_factory=dict)
     format_version: int | None = None  # the format its files were read from; None when built in memory
-    vectors: bytes | None = field(default=None, repr=False)  # conformance vectors read with it, not yet checked
+    vectors: bytes | None = field(
+        default=None, repr=False
+    )  # conformance vectors read with it, not yet checked
     conformance: ConformanceReport | None = field(default=None, repr=False)  # what self_check found
 
     # -- scoring -------------------------------------------------------------------------
-    def score_request(self, prompt: str, suite: str | None,
-                      embedding: np.ndarray | None = None) -> "Scored":
+    def score_request(self, prompt: str, suite: str | None, embedding: np.ndarray | None = None) -> "Scored":
         """One request through features, scorer, calibration and cost (the spec's steps)."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
@@ -113,12 +127,17 @@ class RoutingPolicy:
         return self.knob.point_for(target)
 
     def select(
-        self, p: np.ndarray, c: np.ndarray, prompts: Sequence[str], suites: Sequence[str | None],
+        self,
+        p: np.ndarray,
+        c: np.ndarray,
+        prompts: Sequence[str],
+        suites: Sequence[str | None],
         quality_target: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Chosen candidate per request and the probability it had of being chosen."""
-        return point_choice(self.knob, self.point_for(quality_target), p, c,
-                            lambda i: request_unit(prompts[i], suites[i]))
+        return point_choice(
+            self.knob, self.point_for(quality_target), p, c, lambda i: request_unit(prompts[i], suites[i])
+        )
 
     # -- deciding ------------------------------------------------------------------------
     def decide(
@@ -127,10 +146,14 @@ class RoutingPolicy:
         """One request on the gateway's hot path (the same steps as decide_batch, for one row)."""
         s = self.score_request(prompt, suite)
         point = self.point_for(quality_target)
-        pick, prop = point_choice(self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite))
+        pick, prop = point_choice(
+            self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite)
+        )
         return self._decision(int(pick[0]), prop[0], s.p, s.c, fallback_order(self.knob, point, s.p, s.c)[0])
 
-    def _decision(self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, order: np.ndarray) -> PolicyDecision:
+    def _decision(
+        self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, order: np.ndarray
+    ) -> PolicyDecision:
         """The decision for one request; fallbacks in `order` without the chosen candidate."""
         names = self.candidates
         return PolicyDecision(
@@ -199,9 +222,13 @@ class RoutingPolicy:
             "quality_target": self.quality_target,
             "point_at_default_target": point.to_list(),
             "reference": {"model": self.reference_model, "pass_rate": self.reference_pass_rate},
-            "knob": {"confidence": _finite_or_none(self.knob.confidence), "certified_up_to": _finite_or_none(self.knob.certified_up_to()),
-                     "points": [p.to_list() for p in self.knob.points], "top": self.knob.top.to_list(),
-                     "members": [m.to_list() for m in self.knob.members]},
+            "knob": {
+                "confidence": _finite_or_none(self.knob.confidence),
+                "certified_up_to": _finite_or_none(self.knob.certified_up_to()),
+                "points": [p.to_list() for p in self.knob.points],
+                "top": self.knob.top.to_list(),
+                "members": [m.to_list() for m in self.knob.members],
+            },
             "cost_model": self.cost_model.to_dict(),
             "feature_spec": spec,
             "scorer": self._scorer_summary(),

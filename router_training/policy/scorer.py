@@ -48,8 +48,10 @@ class LinearScorer:
         self.weights = np.ascontiguousarray(self.weights, dtype=dtype)  # float32 as published (format 3)
         k = len(self.bias)
         if self.centroids is not None and self.weights.shape[1] != k + 1 + self.centroids.shape[1]:
-            raise ValueError(f"scorer weights have {self.weights.shape[1]} columns; expected "
-                             f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection")
+            raise ValueError(
+                f"scorer weights have {self.weights.shape[1]} columns; expected "
+                f"{k + 1 + self.centroids.shape[1]} for {k} candidates and the topic projection"
+            )
         if self.centroids is not None:
             self._half_norms = 0.5 * ordered_row_sum((self.centroids * self.centroids).T)
             self._centroids_t = np.ascontiguousarray(self.centroids.T)  # topic()'s rows, in C order
@@ -59,13 +61,15 @@ class LinearScorer:
 
         r = sum over the row's features, in column order, of value x weight row (the spec's
         "Scorer": a fixed order, so every runtime gets the same bits)."""
-        r = ordered_row_sum(vals[:, None] * np.take(self.weights, ids, axis=0))  # take: ~3x faster than fancy indexing
+        r = ordered_row_sum(
+            vals[:, None] * np.take(self.weights, ids, axis=0)
+        )  # take: ~3x faster than fancy indexing
         k = len(self.bias)
         out = r[:k] + self.bias
         slope = self.slopes[suite_pos]
         g, d = -1, r[k] + self.difficulty_bias
         if self.centroids is not None:
-            g = self.topic(r[k + 1:])
+            g = self.topic(r[k + 1 :])
             topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
             out = out + topic_bias[g]
             slope = slope + topic_slopes[g]
@@ -100,8 +104,12 @@ class LinearScorer:
         }
         if self.centroids is not None:
             topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
-            d["topics"] = {"centroids": self.centroids.tolist(), "bias": topic_bias.tolist(),
-                           "slopes": topic_slopes.tolist(), "difficulty": topic_difficulty.tolist()}
+            d["topics"] = {
+                "centroids": self.centroids.tolist(),
+                "bias": topic_bias.tolist(),
+                "slopes": topic_slopes.tolist(),
+                "difficulty": topic_difficulty.tolist(),
+            }
         return d
 
     @classmethod
@@ -134,8 +142,9 @@ class CostModel:
     floor: np.ndarray  # (K,)
     topic_coef: np.ndarray | None = None  # (n_topics, K)
 
-    def predict(self, n_chars: np.ndarray, suite_pos: np.ndarray,
-                topic_pos: np.ndarray | None = None) -> np.ndarray:
+    def predict(
+        self, n_chars: np.ndarray, suite_pos: np.ndarray, topic_pos: np.ndarray | None = None
+    ) -> np.ndarray:
         """(n, K) costs; suite_pos (topic_pos) is -1 for an unknown suite (topic): no offset."""
         n_chars = np.asarray(n_chars, dtype=np.float64)
         out = self.coef[0] + np.outer(n_chars / 1000.0, self.coef[1])
@@ -164,5 +173,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
         topic = d.get("topic_coef")
-        return cls(coef=np.asarray(d["coef"], dtype=np.float64), floor=np.asarray(d["floor"], dtype=np.float64),
-                   topic_coef=None if topic is None else np.asarray(topic, dtype=np.float64))
+        return cls(
+            coef=np.asarray(d["coef"], dtype=np.float64),
+            floor=np.asarray(d["floor"], dtype=np.float64),
+            topic_coef=None if topic is None else np.asarray(topic, dtype=np.float64),
+        )

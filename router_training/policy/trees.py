@@ -43,8 +43,18 @@ class Forest:
     leaf_start: np.ndarray  # int32 per tree + 1
     tree_start: np.ndarray  # int32 per candidate + 1
 
-    ARRAYS = ("feature", "threshold", "default_left", "missing", "left", "right", "leaf_value",
-              "node_start", "leaf_start", "tree_start")
+    ARRAYS = (
+        "feature",
+        "threshold",
+        "default_left",
+        "missing",
+        "left",
+        "right",
+        "leaf_value",
+        "node_start",
+        "leaf_start",
+        "tree_start",
+    )
 
 
 def _values(block: dict[str, str], key: str, kind: type[int] | type[float], n: int) -> list[Any]:
@@ -83,16 +93,24 @@ def _tree(block: dict[str, str]) -> dict[str, Any]:
     types = _values(block, "decision_type", int, n)
     if any(t & _CATEGORICAL for t in types):
         raise TreeFormatError("categorical LightGBM splits are not portable")
-    nodes = list(zip(_values(block, "split_feature", int, n), _values(block, "threshold", float, n),
-                     [int(bool(t & _DEFAULT_LEFT)) for t in types], [(t >> 2) & 3 for t in types],
-                     _values(block, "left_child", int, n), _values(block, "right_child", int, n)))
+    nodes = list(
+        zip(
+            _values(block, "split_feature", int, n),
+            _values(block, "threshold", float, n),
+            [int(bool(t & _DEFAULT_LEFT)) for t in types],
+            [(t >> 2) & 3 for t in types],
+            _values(block, "left_child", int, n),
+            _values(block, "right_child", int, n),
+        )
+    )
     return {"nodes": nodes, "leaves": values}
 
 
 def build_forest(per_candidate: Sequence[list[dict[str, Any]]]) -> Forest:
     """Flatten each candidate's parsed trees into one Forest."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("feature", "threshold", "default_left", "missing", "left",
-                                                  "right")}
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("feature", "threshold", "default_left", "missing", "left", "right")
+    }
     leaf_value: list[float] = []
     node_start, leaf_start, tree_start = [0], [0], [0]
     for trees in per_candidate:
@@ -104,13 +122,22 @@ def build_forest(per_candidate: Sequence[list[dict[str, Any]]]) -> Forest:
             node_start.append(node_start[-1] + len(t["nodes"]))
             leaf_start.append(leaf_start[-1] + len(t["leaves"]))
         tree_start.append(tree_start[-1] + len(trees))
+
     def i32(v: list[int]) -> np.ndarray:
         return np.asarray(v, dtype=np.int32)
 
-    return Forest(i32(cols["feature"]), np.asarray(cols["threshold"], dtype=np.float64),
-                  np.asarray(cols["default_left"], dtype=np.uint8), np.asarray(cols["missing"], dtype=np.uint8),
-                  i32(cols["left"]), i32(cols["right"]), np.asarray(leaf_value, dtype=np.float64),
-                  i32(node_start), i32(leaf_start), i32(tree_start))
+    return Forest(
+        i32(cols["feature"]),
+        np.asarray(cols["threshold"], dtype=np.float64),
+        np.asarray(cols["default_left"], dtype=np.uint8),
+        np.asarray(cols["missing"], dtype=np.uint8),
+        i32(cols["left"]),
+        i32(cols["right"]),
+        np.asarray(leaf_value, dtype=np.float64),
+        i32(node_start),
+        i32(leaf_start),
+        i32(tree_start),
+    )
 
 
 class TreeScorer:
@@ -127,7 +154,9 @@ class TreeScorer:
         self._check()
         f = forest
         n_trees = len(f.node_start) - 1
-        self._root = np.where(np.diff(f.node_start) > 0, 0, -1).astype(np.int64)  # single-leaf trees start at leaf 0
+        self._root = np.where(np.diff(f.node_start) > 0, 0, -1).astype(
+            np.int64
+        )  # single-leaf trees start at leaf 0
         self._node_base = f.node_start[:-1].astype(np.int64)
         self._leaf_base = f.leaf_start[:-1].astype(np.int64)
         self._depth = max(1, len(f.feature))
@@ -145,8 +174,15 @@ class TreeScorer:
             raise ValueError(f"trees: tree_start has {len(f.tree_start)} entries for {k} candidates")
         n_trees, n_nodes, n_leaves = len(f.node_start) - 1, len(f.feature), len(f.leaf_value)
         sizes = [len(getattr(f, a)) for a in ("threshold", "default_left", "missing", "left", "right")]
-        if set(sizes) - {n_nodes} or f.node_start[-1] != n_nodes or f.leaf_start[-1] != n_leaves \
-                or f.tree_start[0] != 0 or f.tree_start[-1] != n_trees or f.node_start[0] != 0 or f.leaf_start[0] != 0:
+        if (
+            set(sizes) - {n_nodes}
+            or f.node_start[-1] != n_nodes
+            or f.leaf_start[-1] != n_leaves
+            or f.tree_start[0] != 0
+            or f.tree_start[-1] != n_trees
+            or f.node_start[0] != 0
+            or f.leaf_start[0] != 0
+        ):
             raise ValueError("trees: node, leaf or tree offsets do not cover the arrays")
         nodes, leaves = np.diff(f.node_start), np.diff(f.leaf_start)
         if (nodes < 0).any() or (leaves != nodes + 1).any() or (np.diff(f.tree_start) < 0).any():
@@ -157,8 +193,11 @@ class TreeScorer:
         local = np.arange(n_nodes) - f.node_start[tree]
         kids, owner, parent = np.concatenate((f.left, f.right)), np.tile(tree, 2), np.tile(local, 2)
         is_node = kids >= 0
-        if (kids[is_node] <= parent[is_node]).any() or (kids[is_node] >= nodes[owner[is_node]]).any() \
-                or ((~kids[~is_node]) >= leaves[owner[~is_node]]).any():
+        if (
+            (kids[is_node] <= parent[is_node]).any()
+            or (kids[is_node] >= nodes[owner[is_node]]).any()
+            or ((~kids[~is_node]) >= leaves[owner[~is_node]]).any()
+        ):
             raise ValueError("trees: a child points outside its tree or back up it")
         node_hits = np.bincount(f.node_start[owner[is_node]] + kids[is_node], minlength=n_nodes)
         leaf_hits = np.bincount(f.leaf_start[owner[~is_node]] + ~kids[~is_node], minlength=n_leaves)
@@ -196,8 +235,9 @@ class TreeScorer:
             missing = f.missing[at]
             nan = np.isnan(value)
             value = np.where(nan & (missing != MISSING_NAN), 0.0, value)
-            is_missing = ((missing == MISSING_ZERO) & (value >= -ZERO_THRESHOLD) & (value <= ZERO_THRESHOLD)) \
-                | ((missing == MISSING_NAN) & nan)
+            is_missing = (
+                (missing == MISSING_ZERO) & (value >= -ZERO_THRESHOLD) & (value <= ZERO_THRESHOLD)
+            ) | ((missing == MISSING_NAN) & nan)
             go_left = np.where(is_missing, f.default_left[at] == 1, value <= f.threshold[at])
             node[active] = np.where(go_left, f.left[at], f.right[at])
         leaf = f.leaf_value[self._leaf_base + ~node] if len(node) else np.zeros(0)
@@ -225,5 +265,9 @@ class TreeScorer:
         return cls(forest, arrays["scorer.constant"], arrays["scorer.has_trees"], n_features)
 
     def summary(self) -> dict[str, Any]:
-        return {"kind": self.kind, "n_features": self.n_features,
-                "trees": int(len(self.forest.node_start) - 1), "nodes": int(len(self.forest.feature))}
+        return {
+            "kind": self.kind,
+            "n_features": self.n_features,
+            "trees": int(len(self.forest.node_start) - 1),
+            "nodes": int(len(self.forest.feature)),
+        }

@@ -63,9 +63,19 @@ def loader_later(monkeypatch) -> Callable[[timedelta], None]:
 
     def later(delta: timedelta) -> None:
         ahead = delta.total_seconds()
-        monkeypatch.setattr(loader, "time", type("Later", (), {
-            "time": staticmethod(lambda: time.time() + ahead), "time_ns": staticmethod(time.time_ns)}))
-        monkeypatch.setattr(loader, "datetime", type("Later", (datetime,), {
-            "now": classmethod(lambda cls, tz=None: datetime.now(tz) + delta)}))
+        monkeypatch.setattr(
+            loader,
+            "time",
+            type(
+                "Later",
+                (),
+                {"time": staticmethod(lambda: time.time() + ahead), "time_ns": staticmethod(time.time_ns)},
+            ),
+        )
+        monkeypatch.setattr(
+            loader,
+            "datetime",
+            type("Later", (datetime,), {"now": classmethod(lambda cls, tz=None: datetime.now(tz) + delta)}),
+        )
 
     return later

@@ -20,15 +20,28 @@ def synthetic_frame(seed: int, n_items: int = 60):
         suite = SUITES[i % 3]
         difficulty = int(rng.integers(1, 6))
         prompt = f"{suite} task difficulty {difficulty}: " + " ".join(
-            rng.choice(["alpha", "beta", "gamma", "delta", "eps"], size=difficulty * 3))
+            rng.choice(["alpha", "beta", "gamma", "delta", "eps"], size=difficulty * 3)
+        )
         for k, model in enumerate(CANDIDATES):
             passed = difficulty <= 2 + 2 * k or rng.random() < 0.1
-            rows.append({"run_id": "r1", "suite": suite, "suite_version": "v1", "item_id": str(i),
-                         "request_id": f"{suite}-{i}", "prompt": prompt, "model": model,
-                         "score": float(passed), "passed": bool(passed),
-                         "cost_usd": 1e-4 * (1 + 4 * k) * (1 + len(prompt) / 100),
-                         "input_tokens": len(prompt) // 4, "output_tokens": 8,
-                         "latency_s": 0.1, "ttft_s": 0.05})
+            rows.append(
+                {
+                    "run_id": "r1",
+                    "suite": suite,
+                    "suite_version": "v1",
+                    "item_id": str(i),
+                    "request_id": f"{suite}-{i}",
+                    "prompt": prompt,
+                    "model": model,
+                    "score": float(passed),
+                    "passed": bool(passed),
+                    "cost_usd": 1e-4 * (1 + 4 * k) * (1 + len(prompt) / 100),
+                    "input_tokens": len(prompt) // 4,
+                    "output_tokens": 8,
+                    "latency_s": 0.1,
+                    "ttft_s": 0.05,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -41,6 +54,8 @@ def make_policy(seed: int = 0):
     return train_router(synthetic_frame(seed), quality_target=0.9, seed=seed).policy
 
 
-PROMPTS = [("reverse task difficulty 1: alpha beta", "reverse"),
-           ("sort task difficulty 5: " + "gamma delta " * 9, "sort"),
-           ("add 2 and 3", None)]
+PROMPTS = [
+    ("reverse task difficulty 1: alpha beta", "reverse"),
+    ("sort task difficulty 5: " + "gamma delta " * 9, "sort"),
+    ("add 2 and 3", None),
+]

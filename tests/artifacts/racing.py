@@ -38,8 +38,11 @@ def race_two_publishers(backend: Any, policy: Any, private_key: Any) -> list:
 
     def one() -> None:
         try:
-            results.append(publish(policy, racing, lineage={"runs": ["r1"]}, metrics={},
-                                   signing_key=private_key, now=now))
+            results.append(
+                publish(
+                    policy, racing, lineage={"runs": ["r1"]}, metrics={}, signing_key=private_key, now=now
+                )
+            )
         except Exception as exc:  # reported by the caller's assertion
             errors.append(exc)
 

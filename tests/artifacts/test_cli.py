@@ -46,9 +46,15 @@ def test_policies_workflow(policies, publish_to, registry: Path, keypair) -> Non
     assert [r["version"] for r in rows] == [1, 2]
     assert json.loads(_run("policies", "show", "1", "--registry", reg))["version"] == 1
     assert "pass_rate: 0.9 -> 0.93" in _run("policies", "diff", "1", "2", "--registry", reg)
-    assert "champion -> version 1" in _run("policies", "promote", "1", "--registry", reg, "--signing-key", key)
-    assert "champion -> version 2" in _run("policies", "promote", "2", "--registry", reg, "--signing-key", key)
-    assert "allow-downgrade" in _run("policies", "promote", "1", "--registry", reg, "--signing-key", key, ok=False)
+    assert "champion -> version 1" in _run(
+        "policies", "promote", "1", "--registry", reg, "--signing-key", key
+    )
+    assert "champion -> version 2" in _run(
+        "policies", "promote", "2", "--registry", reg, "--signing-key", key
+    )
+    assert "allow-downgrade" in _run(
+        "policies", "promote", "1", "--registry", reg, "--signing-key", key, ok=False
+    )
     assert "version 1 (rollback" in _run("policies", "rollback", "--registry", reg, "--signing-key", key)
     verified = _run("policies", "verify", reg, "--public-key", pub)
     assert "channel: champion" in verified and "version: 1" in verified and verified.endswith("OK\n")
@@ -66,8 +72,9 @@ def test_verify_exits_nonzero_with_the_reason(policies, publish_to, registry: Pa
 def test_errors_name_the_problem(registry: Path, policies, publish_to, keypair) -> None:
     publish_to(policies[0])
     assert "no version 7" in _run("policies", "show", "7", "--registry", str(registry), ok=False)
-    assert "no earlier version" in _run("policies", "rollback", "--registry", str(registry),
-                                        "--signing-key", str(keypair[0]), ok=False)
+    assert "no earlier version" in _run(
+        "policies", "rollback", "--registry", str(registry), "--signing-key", str(keypair[0]), ok=False
+    )
 
 
 def _config_with_keys(tmp_path: Path) -> Path:
@@ -75,14 +82,17 @@ def _config_with_keys(tmp_path: Path) -> Path:
     from routeopt.artifacts.publish.signing_keys import ensure_signing_key
 
     config = tmp_path / "routeopt.yaml"
-    config.write_text("candidates:\n  - {name: small, provider: openai, model: m, "
-                      "input_price_per_mtok: 1, output_price_per_mtok: 1}\nregistry_dir: registry\n")
+    config.write_text(
+        "candidates:\n  - {name: small, provider: openai, model: m, "
+        "input_price_per_mtok: 1, output_price_per_mtok: 1}\nregistry_dir: registry\n"
+    )
     ensure_signing_key(tmp_path / ".routeopt" / "keys" / "signing_key.pem")
     return config
 
 
-def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp_path: Path,
-                                                                   other_keypair) -> None:
+def test_commands_verify_with_the_key_beside_the_config_by_default(
+    policies, tmp_path: Path, other_keypair
+) -> None:
     from routeopt.artifacts.publish.registry import publish
 
     config = _config_with_keys(tmp_path)
@@ -97,8 +107,9 @@ def test_commands_verify_with_the_key_beside_the_config_by_default(policies, tmp
     assert routed["model"] in policies[1].candidates
     # Signed by another key: refused, whatever is beside the config.
     publish(policies[0], reg, lineage={}, metrics={}, signing_key=other_keypair[0])
-    assert "but the trusted key is" in _run("policies", "verify", reg, "--config", cfg,
-                                            "--channel", "latest", ok=False)
+    assert "but the trusted key is" in _run(
+        "policies", "verify", reg, "--config", cfg, "--channel", "latest", ok=False
+    )
 
 
 def test_route_with_a_channel_routes_with_that_channels_policy(policies, tmp_path: Path) -> None:
@@ -115,14 +126,17 @@ def test_route_with_a_channel_routes_with_that_channels_policy(policies, tmp_pat
     move_channel(reg, "candidate", 2, signing_key=key)
     prompt = "sort task difficulty 5: gamma delta gamma"
     by_default = json.loads(_run("route", "--policy", reg, "--config", cfg, prompt))
-    by_candidate = json.loads(_run("route", "--policy", reg, "--config", cfg, "--channel", "candidate", prompt))
+    by_candidate = json.loads(
+        _run("route", "--policy", reg, "--config", cfg, "--channel", "candidate", prompt)
+    )
     assert by_default["pass_probabilities"] == pytest.approx(policies[0].decide(prompt).pass_probabilities)
     assert by_candidate["pass_probabilities"] == pytest.approx(policies[1].decide(prompt).pass_probabilities)
     assert by_default["pass_probabilities"] != by_candidate["pass_probabilities"]
     assert "nope" in _run("route", "--policy", reg, "--config", cfg, "--channel", "nope", prompt, ok=False)
     version = next((tmp_path / "registry" / "versions").iterdir())
-    assert "is one policy, not a registry" in _run("route", "--policy", str(version), "--config", cfg,
-                                                   "--channel", "candidate", prompt, ok=False)
+    assert "is one policy, not a registry" in _run(
+        "route", "--policy", str(version), "--config", cfg, "--channel", "candidate", prompt, ok=False
+    )
 
 
 def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -> None:
@@ -139,8 +153,9 @@ def test_commands_without_any_key_refuse_unless_told(policies, tmp_path: Path) -
     assert json.loads(_run("route", "--policy", reg, "--allow-unsigned", "hi"))["model"]
     assert "no signing key" in _run("policies", "promote", "1", "--registry", reg, ok=False)
     assert "champion -> version 1" in _run("policies", "promote", "1", "--registry", reg, "--allow-unsigned")
-    assert f"{tmp_path / 'x.yaml'}: file not found" in _run("policies", "verify", reg, "--config",
-                                                            str(tmp_path / "x.yaml"), ok=False)
+    assert f"{tmp_path / 'x.yaml'}: file not found" in _run(
+        "policies", "verify", reg, "--config", str(tmp_path / "x.yaml"), ok=False
+    )
 
 
 def test_route_with_an_expired_policy_needs_a_default_model(policies, tmp_path: Path) -> None:
@@ -150,15 +165,36 @@ def test_route_with_an_expired_policy_needs_a_default_model(policies, tmp_path: 
 
     config = _config_with_keys(tmp_path)
     reg, cfg = str(tmp_path / "registry"), str(config)
-    publish(policies[0], reg, lineage={}, metrics={}, signing_key=tmp_path / ".routeopt" / "keys" / "signing_key.pem",
-            now=datetime.now(timezone.utc) - timedelta(days=2), expires_in=timedelta(days=1))
+    publish(
+        policies[0],
+        reg,
+        lineage={},
+        metrics={},
+        signing_key=tmp_path / ".routeopt" / "keys" / "signing_key.pem",
+        now=datetime.now(timezone.utc) - timedelta(days=2),
+        expires_in=timedelta(days=1),
+    )
     out = _run("route", "--policy", reg, "--config", cfg, "hi", ok=False)
     assert "version 1 expired at" in out and "default_model" in out
     requests = tmp_path / "in.jsonl"
     requests.write_text('{"id": "a", "prompt": "add 2 and 3"}\n{"id": "b", "prompt": "sort c b a"}\n')
-    result = CliRunner().invoke(cli, ["route", "--policy", reg, "--config", cfg, "--input", str(requests),
-                                      "--default-model", "gpt-4o-mini"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "route",
+            "--policy",
+            reg,
+            "--config",
+            cfg,
+            "--input",
+            str(requests),
+            "--default-model",
+            "gpt-4o-mini",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "warning: routing everything to the default model gpt-4o-mini: no valid policy" in result.stderr
     assert [json.loads(line) for line in result.stdout.splitlines()] == [
-        {"id": "a", "model": "gpt-4o-mini"}, {"id": "b", "model": "gpt-4o-mini"}]
+        {"id": "a", "model": "gpt-4o-mini"},
+        {"id": "b", "model": "gpt-4o-mini"},
+    ]

@@ -19,11 +19,18 @@ from tests.benchmarks import load
 gc = load("gpu_check")
 
 
-@pytest.mark.parametrize("name,tbs", [
-    ("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
-    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA L4", 0.3), ("NVIDIA GH200 480GB", 4.0),
-    ("Some Future GPU", None),
-])
+@pytest.mark.parametrize(
+    "name,tbs",
+    [
+        ("NVIDIA H200", 4.8),
+        ("NVIDIA H100 80GB HBM3", 3.35),
+        ("NVIDIA H100 PCIe", 2.0),
+        ("NVIDIA A100-SXM4-80GB", 2.039),
+        ("NVIDIA L4", 0.3),
+        ("NVIDIA GH200 480GB", 4.0),
+        ("Some Future GPU", None),
+    ],
+)
 def test_bandwidth_table(name, tbs):
     assert gc.bandwidth_tbs(name) == tbs
     assert gc.bandwidth_tbs(name, override=1.5) == 1.5
@@ -36,7 +43,8 @@ def test_tokenizer_has_the_model_vocab_and_round_trips():
     text = tok.decode(ids)
     assert tok(text, add_special_tokens=False)["input_ids"] == ids
     assert tok("add: 1+2=", add_special_tokens=False)["input_ids"] == [
-        tok.convert_tokens_to_ids(c) for c in "add: 1+2="]
+        tok.convert_tokens_to_ids(c) for c in "add: 1+2="
+    ]
 
 
 def _expected_weight_bytes(a: dict, per_param: int) -> int:
@@ -82,9 +90,26 @@ def test_cuda_request_without_cuda_is_one_clear_error():
 
 def test_cpu_tiny_end_to_end(tmp_path):
     out = tmp_path / "gc"
-    res = gc.main(["--device", "cpu", "--tiny", "--out", str(out), "--skip-pipeline",
-                   "--concurrency", "1,3", "--requests", "3", "--raw-steps", "4",
-                   "--bandwidth-tbs", "0.05", "--static-compile", "bf16"])
+    res = gc.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+            "--skip-pipeline",
+            "--concurrency",
+            "1,3",
+            "--requests",
+            "3",
+            "--raw-steps",
+            "4",
+            "--bandwidth-tbs",
+            "0.05",
+            "--static-compile",
+            "bf16",
+        ]
+    )
     assert [v["variant"] for v in res["variants"]] == ["bf16", "fp8", "fp8-dyn"]
     for v in res["variants"]:
         assert "error" not in v, v
@@ -106,8 +131,7 @@ def test_cpu_tiny_end_to_end(tmp_path):
     assert fp8["weight_bytes_per_token"] != bf16["weight_bytes_per_token"]
     assert dyn["weight_bytes_per_token"] == fp8["weight_bytes_per_token"]  # same stored weights
     # what ran, asked of each loaded model: 7 Linears in each of 2 layers, lm_head unquantized
-    assert [v["kernels_batch1"] for v in res["variants"]] == [{}, {"dequant": 14},
-                                                             {"scaled_mm": 14}]
+    assert [v["kernels_batch1"] for v in res["variants"]] == [{}, {"dequant": 14}, {"scaled_mm": 14}]
     report = (out / "gpu_check.md").read_text()
     assert "torch._scaled_mm" in report and "scaled_mm x14" in report
     assert "Activations and unquantized layers: float32" in report
@@ -116,11 +140,14 @@ def test_cpu_tiny_end_to_end(tmp_path):
     assert "of the limit" in (out / "gpu_check.md").read_text()
     assert "mean decode batch (rows per engine step) by concurrency: c=1: 1.0, c=3: " in report
     con = duckdb.connect(str(out / "serving.duckdb"), read_only=True)
-    rows = con.execute("SELECT candidate, count(*) FROM serving_runs WHERE candidate NOT LIKE "
-                       "'%-spec-%' AND candidate NOT LIKE '%-prefix-%' GROUP BY 1 ORDER BY 1"
-                       ).fetchall()
-    spec_rows = con.execute("SELECT candidate, concurrency, acceptance_rate FROM serving_runs "
-                            "WHERE candidate LIKE '%-spec-%' ORDER BY 1, 2").fetchall()
+    rows = con.execute(
+        "SELECT candidate, count(*) FROM serving_runs WHERE candidate NOT LIKE "
+        "'%-spec-%' AND candidate NOT LIKE '%-prefix-%' GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    spec_rows = con.execute(
+        "SELECT candidate, concurrency, acceptance_rate FROM serving_runs "
+        "WHERE candidate LIKE '%-spec-%' ORDER BY 1, 2"
+    ).fetchall()
     con.close()
     assert rows == [("rand-tiny-bf16", 2), ("rand-tiny-fp8", 2), ("rand-tiny-fp8-dyn", 2)]
     assert len(spec_rows) == 8 and ("rand-tiny-spec-self", 3, 1.0) in spec_rows
@@ -159,9 +186,28 @@ def test_shell_script_runs_the_pipeline_on_cpu(tmp_path):
     out = tmp_path / "gc"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out",
-         str(out), "--variants", "bf16", "--concurrency", "1", "--requests", "2", "--raw-steps", "2"],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            "bash",
+            str(REPO / "benchmarks" / "gpu_check.sh"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+            "--variants",
+            "bf16",
+            "--concurrency",
+            "1",
+            "--requests",
+            "2",
+            "--raw-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "gpu_check.json").read_text())
     pipe = res["pipeline"]
@@ -176,7 +222,19 @@ def test_gpu_tiny_run(tmp_path):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (torch sees none)")
-    res = gc.main(["--device", "cuda", "--tiny", "--out", str(tmp_path / "gc"), "--skip-pipeline",
-                   "--concurrency", "1,4", "--requests", "4"])
+    res = gc.main(
+        [
+            "--device",
+            "cuda",
+            "--tiny",
+            "--out",
+            str(tmp_path / "gc"),
+            "--skip-pipeline",
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "4",
+        ]
+    )
     assert all("error" not in v for v in res["variants"]), res["variants"]
     assert res["variants"][0]["bandwidth"]["provider_ratio"] is not None

@@ -14,12 +14,15 @@ from tests.benchmarks import load
 gw = load("gpu_wheels")
 
 
-@pytest.mark.parametrize("wheel,name", [
-    ("pydantic_core-2.46.4-cp312-cp312-manylinux2014_x86_64.whl", "pydantic-core"),
-    ("SQLAlchemy-2.1.9-cp312-cp312-manylinux_2_28_x86_64.whl", "sqlalchemy"),
-    ("ruamel.yaml-0.19.1-py3-none-any.whl", "ruamel-yaml"),
-    ("prefect-3.9.1-py3-none-any.whl", "prefect"),
-])
+@pytest.mark.parametrize(
+    "wheel,name",
+    [
+        ("pydantic_core-2.46.4-cp312-cp312-manylinux2014_x86_64.whl", "pydantic-core"),
+        ("SQLAlchemy-2.1.9-cp312-cp312-manylinux_2_28_x86_64.whl", "sqlalchemy"),
+        ("ruamel.yaml-0.19.1-py3-none-any.whl", "ruamel-yaml"),
+        ("prefect-3.9.1-py3-none-any.whl", "prefect"),
+    ],
+)
 def test_project_names_are_normalised(wheel: str, name: str) -> None:
     assert gw.project(wheel) == name
 
@@ -37,13 +40,27 @@ def test_left_out_modules_are_not_imported_by_the_cli_or_the_flow() -> None:
 
     # amplitude (amplitude-analytics) is left out of the list: prefect imports it for telemetry
     # inside a try/except that ignores its absence
-    modules = ["apprise", "cyclopts", "dateparser", "docker", "docstring_parser", "jsonpatch",
-               "oauthlib", "readchar", "requests_oauthlib", "rich_rst", "semver"]
+    modules = [
+        "apprise",
+        "cyclopts",
+        "dateparser",
+        "docker",
+        "docstring_parser",
+        "jsonpatch",
+        "oauthlib",
+        "readchar",
+        "requests_oauthlib",
+        "rich_rst",
+        "semver",
+    ]
     assert len(modules) == len(gw.NEVER_IMPORTED) - 1
-    code = ("import sys, routeopt.flows.cli, routeopt.flows.nightly; "
-            f"print(sorted(m for m in {modules!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys, routeopt.flows.cli, routeopt.flows.nightly; "
+        f"print(sorted(m for m in {modules!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 

@@ -46,8 +46,16 @@ def test_report_on_a_fleet_whose_cheap_candidate_is_better_on_half_the_requests(
     for i in range(1200):
         easy = i % 2 == 0
         for model, price, rate in (("big", 1e-3, 0.9), ("small", 1e-5, 0.95 if easy else 0.3)):
-            rows.append({"request_id": f"r{i}", "suite": "s", "prompt": f"{'easy' if easy else 'hard'} item {i}",
-                         "model": model, "score": float(rng.random() < rate), "cost_usd": price})
+            rows.append(
+                {
+                    "request_id": f"r{i}",
+                    "suite": "s",
+                    "prompt": f"{'easy' if easy else 'hard'} item {i}",
+                    "model": model,
+                    "score": float(rng.random() < rate),
+                    "cost_usd": price,
+                }
+            )
     path = tmp_path / "train.parquet"
     pd.DataFrame(rows).to_parquet(path)
     text = rs.report("toy", path)

@@ -30,7 +30,25 @@ def test_failure_mid_write_keeps_the_old_file(tmp_path: Path) -> None:
 
 def test_jsonable_gives_plain_json_values() -> None:
     now = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)
-    got = jsonable({"x": np.float32(0.5), "y": (np.int64(2),), "z": float("inf"), 1: now,
-                    "a": np.arange(3), "b": np.bool_(True), "n": np.float64("nan"), "o": Path("p")})
-    assert got == {"x": 0.5, "y": [2], "z": None, "1": "2026-01-31T12:00:00Z", "a": [0, 1, 2],
-                   "b": True, "n": None, "o": "p"}
+    got = jsonable(
+        {
+            "x": np.float32(0.5),
+            "y": (np.int64(2),),
+            "z": float("inf"),
+            1: now,
+            "a": np.arange(3),
+            "b": np.bool_(True),
+            "n": np.float64("nan"),
+            "o": Path("p"),
+        }
+    )
+    assert got == {
+        "x": 0.5,
+        "y": [2],
+        "z": None,
+        "1": "2026-01-31T12:00:00Z",
+        "a": [0, 1, 2],
+        "b": True,
+        "n": None,
+        "o": "p",
+    }

@@ -27,16 +27,19 @@ def test_traceparent_vectors(case: dict) -> None:
     assert (list(got) if got else None) == case["parsed"]
 
 
-@pytest.mark.parametrize("env, on", [
-    ({}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
-    ({"OTEL_TRACES_EXPORTER": "console"}, True),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "ROUTEOPT_TRACING": "off"}, False),
-    ({"ROUTEOPT_TRACING": "on"}, True),
-])
+@pytest.mark.parametrize(
+    "env, on",
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "ROUTEOPT_TRACING": "off"}, False),
+        ({"ROUTEOPT_TRACING": "on"}, True),
+    ],
+)
 def test_the_standard_variables_turn_it_on(env: dict, on: bool) -> None:
     assert tracing.wanted(env) is on
 
@@ -51,7 +54,9 @@ def test_decision_vectors_give_the_documented_attributes() -> None:
 
 def test_a_decision_span_is_a_child_of_the_callers_traceparent(memory) -> None:
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    back, trace_id, span_id = tracing.record_decision(parent, time.time_ns(), {"routeopt.decision.model": "m"})
+    back, trace_id, span_id = tracing.record_decision(
+        parent, time.time_ns(), {"routeopt.decision.model": "m"}
+    )
     assert tracing.flush()
     (span,) = memory.get_finished_spans()
     assert span.name == "routeopt.route" and trace_id == "0af7651916cd43dd8448eb211c80319c"
@@ -116,10 +121,20 @@ def test_without_the_sdk_it_stays_off_and_says_why(tmp_path: Path) -> None:
         "import sys, json\n"
         "sys.modules['opentelemetry.sdk'] = None\n"
         "from routeopt.common import tracing\n"
-        "print(json.dumps([tracing.enabled(), tracing.status().reason]))\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
-                              "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, check=True)
+        "print(json.dumps([tracing.enabled(), tracing.status().reason]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(REPO),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        },
+        check=True,
+    )
     on, reason = json.loads(out.stdout)
     assert on is False and "pip install 'routeopt[tracing]'" in reason
 
@@ -148,18 +163,33 @@ def _samplers() -> list:
     from opentelemetry.sdk.trace import sampling as s
 
     class Custom(s.Sampler):  # not the SDK's: asked itself
-        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
-                          trace_state=None):
+        def should_sample(
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        ):
             return s.SamplingResult(s.Decision.RECORD_AND_SAMPLE if trace_id % 3 else s.Decision.DROP)
 
         def get_description(self) -> str:
             return "custom"
 
     ratio = s.TraceIdRatioBased(0.3)
-    return [s.ALWAYS_ON, s.ALWAYS_OFF, s.DEFAULT_ON, s.DEFAULT_OFF, ratio, s.ParentBased(ratio),
-            s.ParentBasedTraceIdRatio(0.7), Custom(), s.ParentBased(Custom()),
-            s.ParentBased(s.ALWAYS_OFF, remote_parent_sampled=ratio, remote_parent_not_sampled=s.ALWAYS_ON,
-                          local_parent_sampled=s.ALWAYS_OFF, local_parent_not_sampled=ratio)]
+    return [
+        s.ALWAYS_ON,
+        s.ALWAYS_OFF,
+        s.DEFAULT_ON,
+        s.DEFAULT_OFF,
+        ratio,
+        s.ParentBased(ratio),
+        s.ParentBasedTraceIdRatio(0.7),
+        Custom(),
+        s.ParentBased(Custom()),
+        s.ParentBased(
+            s.ALWAYS_OFF,
+            remote_parent_sampled=ratio,
+            remote_parent_not_sampled=s.ALWAYS_ON,
+            local_parent_sampled=s.ALWAYS_OFF,
+            local_parent_not_sampled=ratio,
+        ),
+    ]
 
 
 @pytest.mark.parametrize("sampler", _samplers(), ids=lambda s: s.get_description())
@@ -176,14 +206,28 @@ def test_a_decision_is_sampled_as_the_providers_sampler_decides(sampler) -> None
         state, rng, mine = tracing._STATE, random.Random(7), []
         for i in range(4000):
             trace_id = rng.getrandbits(128) or 1
-            parent = None if i % 5 == 0 else (trace_id, rng.getrandbits(64) or 1, rng.choice((0, 1, 3)),
-                                              bool(rng.getrandbits(1)))
-            ctx = None if parent is None else set_span_in_context(NonRecordingSpan(SpanContext(
-                parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2]))))
+            parent = (
+                None
+                if i % 5 == 0
+                else (trace_id, rng.getrandbits(64) or 1, rng.choice((0, 1, 3)), bool(rng.getrandbits(1)))
+            )
+            ctx = (
+                None
+                if parent is None
+                else set_span_in_context(
+                    NonRecordingSpan(
+                        SpanContext(
+                            parent[0], parent[1], is_remote=parent[3], trace_flags=TraceFlags(parent[2])
+                        )
+                    )
+                )
+            )
             theirs = sampler.should_sample(ctx, trace_id, tracing.DECISION_SPAN, SpanKind.SERVER)
             mine.append(state.sampled(parent, trace_id))
             assert mine[-1] == theirs.decision.is_sampled(), (i, parent)
-        assert 0 < sum(mine) < len(mine) or sampler.get_description().startswith(("Always", "ParentBased{root:Always"))
+        assert 0 < sum(mine) < len(mine) or sampler.get_description().startswith(
+            ("Always", "ParentBased{root:Always")
+        )
     finally:
         tracing.disable()
 

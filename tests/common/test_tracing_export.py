@@ -33,7 +33,9 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-                req = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+                req = ExportTraceServiceRequest.FromString(
+                    self.rfile.read(int(self.headers["Content-Length"]))
+                )
                 for rs in req.resource_spans:
                     resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
                     spans.extend(s for ss in rs.scope_spans for s in ss.spans)
@@ -71,23 +73,32 @@ def _remote() -> tracing_export.ExportProcess:
 
 
 def _attrs(i: int) -> dict:
-    return {"routeopt.decision.model": f"m{i % 3}", "routeopt.policy.version": 7,
-            "routeopt.decision.fallbacks": ["a", "b"], "routeopt.decision.propensity": np.float64(0.875),
-            "routeopt.knob.target": 0.9, "routeopt.decision.explored": np.bool_(i % 2 == 0),
-            "routeopt.request.n": np.int64(i)}
+    return {
+        "routeopt.decision.model": f"m{i % 3}",
+        "routeopt.policy.version": 7,
+        "routeopt.decision.fallbacks": ["a", "b"],
+        "routeopt.decision.propensity": np.float64(0.875),
+        "routeopt.knob.target": 0.9,
+        "routeopt.decision.explored": np.bool_(i % 2 == 0),
+        "routeopt.request.n": np.int64(i),
+    }
 
 
 def test_decisions_are_built_and_exported_by_another_process(receiver: Receiver) -> None:
     assert tracing.configure().exporter == "otlp/http"
-    handed = [tracing.record_decision(PARENT, time.time_ns(), (lambda i=i: _attrs(i)) if i % 2 else _attrs(i))
-              for i in range(300)]
+    handed = [
+        tracing.record_decision(PARENT, time.time_ns(), (lambda i=i: _attrs(i)) if i % 2 else _attrs(i))
+        for i in range(300)
+    ]
     assert tracing.flush(30)
     remote = _remote()
     assert remote.proc is not None and remote.proc.pid != os.getpid()
     s = tracing.status()
     assert (s.ended, s.exported, s.dropped, s.queued) == (300, 300, 0, 0)
     assert tracing._STATE.counts.ended == 0  # type: ignore[union-attr]  # no span was built in this process
-    nice = os.getpriority(os.PRIO_PROCESS, remote.proc.pid)  # background work: the gateway goes first for a core
+    nice = os.getpriority(
+        os.PRIO_PROCESS, remote.proc.pid
+    )  # background work: the gateway goes first for a core
     assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + tracing_export.NICE)
     assert len(receiver.spans) == 300
     assert {r.get("service.name") for r in receiver.resources} == {"gateway-under-test"}
@@ -104,7 +115,9 @@ def test_decisions_are_built_and_exported_by_another_process(receiver: Receiver)
         assert [v.string_value for v in got["routeopt.decision.fallbacks"].array_value.values] == ["a", "b"]
 
 
-def test_a_killed_export_process_fails_no_call_and_its_spans_are_counted(receiver: Receiver, monkeypatch) -> None:
+def test_a_killed_export_process_fails_no_call_and_its_spans_are_counted(
+    receiver: Receiver, monkeypatch
+) -> None:
     tracing.configure()
     for _ in range(100):
         tracing.record_decision(None, time.time_ns(), {"routeopt.decision.model": "m"})
@@ -142,13 +155,15 @@ def test_spans_a_collector_refuses_are_counted_by_the_export_process(receiver: R
 
 
 def _gateway_script(n: int) -> str:
-    return ("import os, sys, time\n"
-            "from routeopt.common import tracing\n"
-            f"for _ in range({n}):\n"
-            "    tracing.record_decision(None, time.time_ns(), {'routeopt.decision.model': 'm'})\n"
-            "while tracing._STATE.deferred.remote.proc is None: time.sleep(0.01)\n"
-            "print(tracing._STATE.deferred.remote.proc.pid, flush=True)\n"
-            "if sys.argv[1] == 'hang': time.sleep(600)\n")
+    return (
+        "import os, sys, time\n"
+        "from routeopt.common import tracing\n"
+        f"for _ in range({n}):\n"
+        "    tracing.record_decision(None, time.time_ns(), {'routeopt.decision.model': 'm'})\n"
+        "while tracing._STATE.deferred.remote.proc is None: time.sleep(0.01)\n"
+        "print(tracing._STATE.deferred.remote.proc.pid, flush=True)\n"
+        "if sys.argv[1] == 'hang': time.sleep(600)\n"
+    )
 
 
 def _gone(pid: int, timeout_s: float = 30) -> bool:
@@ -164,8 +179,13 @@ def _gone(pid: int, timeout_s: float = 30) -> bool:
 
 def _run_gateway(receiver: Receiver, mode: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", _gateway_script(500), mode], stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _gateway_script(500), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_a_gateway_that_exits_has_its_spans_exported_and_its_export_process_ended(receiver: Receiver) -> None:
@@ -173,7 +193,9 @@ def test_a_gateway_that_exits_has_its_spans_exported_and_its_export_process_ende
     child = int(gateway.stdout.readline())  # type: ignore[union-attr]
     assert gateway.wait(60) == 0
     assert _gone(child)
-    assert len(receiver.spans) == 500  # the exit hook sent them; the child exported them, maybe after the gateway ended
+    assert (
+        len(receiver.spans) == 500
+    )  # the exit hook sent them; the child exported them, maybe after the gateway ended
 
 
 def test_a_killed_gateway_leaves_no_export_process_behind(receiver: Receiver) -> None:
@@ -194,7 +216,9 @@ def test_the_thread_mode_keeps_every_span_in_this_process(receiver: Receiver, mo
     assert tracing.status().exported == 20 and len(receiver.spans) == 20
 
 
-def test_a_slow_collector_holds_back_the_export_process_never_the_caller(receiver: Receiver, monkeypatch) -> None:
+def test_a_slow_collector_holds_back_the_export_process_never_the_caller(
+    receiver: Receiver, monkeypatch
+) -> None:
     """The child stops reading while its queue is full, so the pipe and then the gateway's
     queue take the rest; every span is then either exported or counted dropped."""
     slow = receiver.server.RequestHandlerClass.do_POST
@@ -225,7 +249,9 @@ def test_the_nightlys_spans_reach_the_collector_whole_through_the_export_process
     run = tracing.start_span("routeopt nightly", traceparent=PARENT, attributes={"routeopt.run_id": "r1"})
     with tracing.use(run):
         call = tracing.start_span("chat m", kind="client", attributes={"gen_ai.request.model": "m"})
-    call.set_attributes({"gen_ai.usage.input_tokens": np.int64(12), "gen_ai.response.finish_reasons": ["stop"]})
+    call.set_attributes(
+        {"gen_ai.usage.input_tokens": np.int64(12), "gen_ai.response.finish_reasons": ["stop"]}
+    )
     call.add_event("gen_ai.first_token", {"gen_ai.response.time_to_first_chunk": np.float64(0.25)})
     call.add_link(linked, {"routeopt.why": "retry"})
     tracing.set_error(call, "timeout", "the model did not answer")
@@ -238,7 +264,9 @@ def test_the_nightlys_spans_reach_the_collector_whole_through_the_export_process
     assert got_run.parent_span_id.hex() == PARENT[36:52] and got_run.trace_id.hex() == PARENT[3:35]
     assert got_call.parent_span_id == got_run.span_id and got_call.kind == 3  # SPAN_KIND_CLIENT
     attrs = {a.key: a.value for a in got_call.attributes}
-    assert attrs["gen_ai.usage.input_tokens"].int_value == 12 and attrs["error.type"].string_value == "timeout"
+    assert (
+        attrs["gen_ai.usage.input_tokens"].int_value == 12 and attrs["error.type"].string_value == "timeout"
+    )
     assert [v.string_value for v in attrs["gen_ai.response.finish_reasons"].array_value.values] == ["stop"]
     (event,) = got_call.events
     assert event.name == "gen_ai.first_token" and event.attributes[0].value.double_value == 0.25

@@ -19,8 +19,13 @@ from opentelemetry.trace import Status, StatusCode  # noqa: E402
 from routeopt.common.tracing_spans import RecordedSpan  # noqa: E402
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-LINKED = api.SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=api.TraceFlags(1),
-                         trace_state=api.TraceState([("vendor", "v1")]))
+LINKED = api.SpanContext(
+    0x1234,
+    0x5678,
+    is_remote=True,
+    trace_flags=api.TraceFlags(1),
+    trace_state=api.TraceState([("vendor", "v1")]),
+)
 T0 = 1_700_000_000_000_000_000
 
 
@@ -71,29 +76,52 @@ def _after_end(span: Any) -> None:
 
 
 SCENARIOS: dict[str, Callable[[Any], None]] = {
-    "attributes": _attributes, "events and links": _events, "status error then ok": _status_error_then_ok,
-    "status object": _status_object, "exception": _exception, "after end": _after_end}
-LIMITS = {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "16", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "8",
-          "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "6", "OTEL_SPAN_EVENT_COUNT_LIMIT": "4"}
+    "attributes": _attributes,
+    "events and links": _events,
+    "status error then ok": _status_error_then_ok,
+    "status object": _status_object,
+    "exception": _exception,
+    "after end": _after_end,
+}
+LIMITS = {
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "16",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "8",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "6",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT": "4",
+}
 
 
 def _view(span: Any) -> dict:
     """What a backend gets of a finished span (ids aside: each side draws its own)."""
     return {
-        "name": span.name, "kind": span.kind, "parent": (span.parent.trace_id, span.parent.span_id),
-        "trace": span.context.trace_id == span.parent.trace_id, "flags": int(span.context.trace_flags) & 1,
+        "name": span.name,
+        "kind": span.kind,
+        "parent": (span.parent.trace_id, span.parent.span_id),
+        "trace": span.context.trace_id == span.parent.trace_id,
+        "flags": int(span.context.trace_flags) & 1,
         "attributes": list(span.attributes.items()),
         "events": [(e.name, e.timestamp, list(e.attributes.items())) for e in span.events],
-        "links": [(link.context.trace_id, link.context.span_id, int(link.context.trace_flags), link.context.is_remote,
-                   link.context.trace_state.to_header(), list(link.attributes.items())) for link in span.links],
-        "status": (span.status.status_code, span.status.description), "times": (span.start_time, span.end_time),
+        "links": [
+            (
+                link.context.trace_id,
+                link.context.span_id,
+                int(link.context.trace_flags),
+                link.context.is_remote,
+                link.context.trace_state.to_header(),
+                list(link.attributes.items()),
+            )
+            for link in span.links
+        ],
+        "status": (span.status.status_code, span.status.description),
+        "times": (span.start_time, span.end_time),
     }
 
 
 @pytest.mark.parametrize("limits", [False, True], ids=["default limits", "tight limits"])
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
-def test_a_recorded_span_is_what_the_sdk_would_have_made(scenario: str, limits: bool,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recorded_span_is_what_the_sdk_would_have_made(
+    scenario: str, limits: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key, value in LIMITS.items():
         if limits:
             monkeypatch.setenv(key, value)
@@ -102,11 +130,16 @@ def test_a_recorded_span_is_what_the_sdk_would_have_made(scenario: str, limits: 
     provider.add_span_processor(SimpleSpanProcessor(theirs_out))
     tracing.configure(ours_out, batch=False)
     try:
-        ours = tracing.start_span("call", traceparent=PARENT, kind="client", attributes={"at": "start"},
-                                  start_ns=T0)
+        ours = tracing.start_span(
+            "call", traceparent=PARENT, kind="client", attributes={"at": "start"}, start_ns=T0
+        )
         theirs = provider.get_tracer("routeopt").start_span(
-            "call", context=tracing.parent_context(PARENT), kind=api.SpanKind.CLIENT,
-            attributes={"at": "start"}, start_time=T0)
+            "call",
+            context=tracing.parent_context(PARENT),
+            kind=api.SpanKind.CLIENT,
+            attributes={"at": "start"},
+            start_time=T0,
+        )
         assert isinstance(ours, RecordedSpan)
         for span in (ours, theirs):
             SCENARIOS[scenario](span)
@@ -114,7 +147,10 @@ def test_a_recorded_span_is_what_the_sdk_would_have_made(scenario: str, limits: 
         assert tracing.flush(30)
         (got,), (want,) = ours_out.get_finished_spans(), theirs_out.get_finished_spans()
         assert _view(got) == _view(want)
-        assert got.context.trace_id == int(PARENT[3:35], 16) and got.context.span_id == ours.get_span_context().span_id
+        assert (
+            got.context.trace_id == int(PARENT[3:35], 16)
+            and got.context.span_id == ours.get_span_context().span_id
+        )
     finally:
         tracing.disable()
         provider.shutdown()
@@ -131,7 +167,8 @@ def test_the_current_recorded_span_parents_an_applications_own_spans(memory: InM
         app.get_tracer("app").start_span("app work").end()
         inner = tracing.start_span("chat m", kind="client")
         assert tracing.traceparent_of(inner) == tracing.format_traceparent(
-            outer.get_span_context().trace_id, inner.get_span_context().span_id, True)
+            outer.get_span_context().trace_id, inner.get_span_context().span_id, True
+        )
         inner.end()
     outer.end()
     assert tracing.flush(30)
@@ -140,7 +177,10 @@ def test_the_current_recorded_span_parents_an_applications_own_spans(memory: InM
     by_name = {s.name: s for s in memory.get_finished_spans()}
     assert by_name["chat m"].parent.span_id == by_name["evaluate"].context.span_id
     assert by_name["evaluate"].parent is None and by_name["chat m"].kind is api.SpanKind.CLIENT
-    assert tracing.ids(inner) == (f"{by_name['chat m'].context.trace_id:032x}", f"{by_name['chat m'].context.span_id:016x}")
+    assert tracing.ids(inner) == (
+        f"{by_name['chat m'].context.trace_id:032x}",
+        f"{by_name['chat m'].context.span_id:016x}",
+    )
 
 
 def test_a_span_the_sampler_drops_is_not_recorded_but_keeps_its_ids() -> None:

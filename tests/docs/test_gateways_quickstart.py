@@ -42,8 +42,15 @@ def quickstart_script(text: str) -> tuple[dict[str, str], str]:
 def test_the_quickstart_marks_every_runtime_and_the_channel_moves() -> None:
     files, script = quickstart_script(PAGE.read_text(encoding="utf-8"))
     assert set(files) == {"gateway.py", "gateway.mjs"}
-    for command in ("routeopt run", "routeopt gateway serve", "routeopt registry serve", "routeopt train",
-                    "routeopt policies promote 2", "python gateway.py 2", "node gateway.mjs 2"):
+    for command in (
+        "routeopt run",
+        "routeopt gateway serve",
+        "routeopt registry serve",
+        "routeopt train",
+        "routeopt policies promote 2",
+        "python gateway.py 2",
+        "node gateway.mjs 2",
+    ):
         assert command in script, command
     assert script.index("routeopt train") < script.index("promote 2") < script.index("gateway.py 2")
 
@@ -60,11 +67,22 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     for name, code in files.items():
         (project / name).write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ROUTEOPT_"))}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(REPO),
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-            "ROUTEOPT_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "120"}
-    proc = subprocess.Popen(["bash", "-c", script], cwd=project, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env |= {
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PYTHONPATH": str(REPO),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "ROUTEOPT_STATE_DIR": str(tmp_path / "state"),
+        "COLUMNS": "120",
+    }
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=1200)
     except subprocess.TimeoutExpired:
@@ -72,8 +90,14 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         out, _ = proc.communicate()
         pytest.fail(f"the quickstart did not finish in 20 minutes:\n{out[-4000:]}")
     assert proc.returncode == 0, out[-6000:]
-    for line in ("python: version 1 routes to", "js: version 1 routes to", "published version 2",
-                 "champion -> version 2", "python: version 2 routes to", "js: version 2 routes to"):
+    for line in (
+        "python: version 1 routes to",
+        "js: version 1 routes to",
+        "published version 2",
+        "champion -> version 2",
+        "python: version 2 routes to",
+        "js: version 2 routes to",
+    ):
         assert line in out, f"{line!r} not in the quickstart's output:\n{out[-4000:]}"
     versions = re.findall(r'"ready":true,"version":(\d+)', out)
     assert versions == ["1", "1", "2"], (versions, out[-4000:])

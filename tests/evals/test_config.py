@@ -15,12 +15,15 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_paths_resolve_relative_to_config(tmp_path: Path) -> None:
     (tmp_path / "models" / "m").mkdir(parents=True)
-    p = _write(tmp_path, """
+    p = _write(
+        tmp_path,
+        """
 candidates:
   - {name: a, provider: local, model: models/m, gpu_hour_usd: 1}
   - {name: b, provider: openai, model: gpt-x, input_price_per_mtok: 1, output_price_per_mtok: 2, api_key_env: KEY}
 db_path: data/x.duckdb
-""")
+""",
+    )
     cfg = load_config(p)
     assert cfg.db_path == tmp_path / "data" / "x.duckdb"
     assert cfg.candidates[0].model == str(tmp_path / "models" / "m")
@@ -34,13 +37,23 @@ db_path: data/x.duckdb
         ("candidates: []", "candidates"),
         ("candidates:\n  - {name: a, provider: nope, model: m, gpu_hour_usd: 1}", "candidates.0.provider"),
         ("candidates:\n  - {name: a, provider: openai, model: m}", "needs a price"),
-        ("candidates:\n  - {name: a, provider: openai, model: m, gpu_hour_usd: 1, bogus: 2}", "candidates.0.bogus"),
-        ("candidates:\n  - {name: a, provider: local, model: m, gpu_hour_usd: 1}\n"
-         "  - {name: a, provider: local, model: m, gpu_hour_usd: 1}", "used twice"),
-        ("candidates:\n  - {name: a, provider: local, model: m, gpu_hour_usd: 1, max_concurrency: 0}",
-         "candidates.0.max_concurrency"),
-        ("candidates:\n  - {name: a, provider: local, model: m, input_price_per_mtok: 1, gpu_tokens_per_s: 9}",
-         "give gpu_hour_usd too"),
+        (
+            "candidates:\n  - {name: a, provider: openai, model: m, gpu_hour_usd: 1, bogus: 2}",
+            "candidates.0.bogus",
+        ),
+        (
+            "candidates:\n  - {name: a, provider: local, model: m, gpu_hour_usd: 1}\n"
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1}",
+            "used twice",
+        ),
+        (
+            "candidates:\n  - {name: a, provider: local, model: m, gpu_hour_usd: 1, max_concurrency: 0}",
+            "candidates.0.max_concurrency",
+        ),
+        (
+            "candidates:\n  - {name: a, provider: local, model: m, input_price_per_mtok: 1, gpu_tokens_per_s: 9}",
+            "give gpu_hour_usd too",
+        ),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, body: str, field: str) -> None:
@@ -57,7 +70,9 @@ def test_yaml_error_names_the_line(tmp_path: Path) -> None:
 
 def test_validation_errors_name_file_line_and_field(tmp_path: Path) -> None:
     """Each problem on its own `file:line: field: message` line, like `routeopt suites validate`."""
-    path = _write(tmp_path, """candidates:
+    path = _write(
+        tmp_path,
+        """candidates:
   - name: a
     provider: openai
     model: m
@@ -65,7 +80,8 @@ def test_validation_errors_name_file_line_and_field(tmp_path: Path) -> None:
     input_price_per_mtok: 1
 router:
   quality_target: 3
-""")
+""",
+    )
     with pytest.raises(ConfigError) as exc:
         load_config(path)
     lines = str(exc.value).splitlines()
@@ -76,9 +92,11 @@ router:
 
 def test_a_misspelt_field_says_what_it_was_meant_to_be(tmp_path: Path) -> None:
     path = tmp_path / "routeopt.yaml"
-    path.write_text("candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,\n"
-                    "     max_concurency: 3, prefix_cache: {blok_size: 8}}\nregistry: x\n"
-                    "preflight: {skip_brokn: true}\n")
+    path.write_text(
+        "candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,\n"
+        "     max_concurency: 3, prefix_cache: {blok_size: 8}}\nregistry: x\n"
+        "preflight: {skip_brokn: true}\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(path)
     lines = str(err.value).splitlines()[1:]
@@ -86,28 +104,40 @@ def test_a_misspelt_field_says_what_it_was_meant_to_be(tmp_path: Path) -> None:
         f"{path}:3: candidates.0.max_concurency: Extra inputs are not permitted; did you mean 'max_concurrency'?",
         f"{path}:3: candidates.0.prefix_cache.blok_size: Extra inputs are not permitted; did you mean 'block_size'?",
         f"{path}:4: registry: Extra inputs are not permitted; did you mean 'registry_dir'?",
-        f"{path}:5: preflight.skip_brokn: Extra inputs are not permitted; did you mean 'skip_broken'?"]
+        f"{path}:5: preflight.skip_brokn: Extra inputs are not permitted; did you mean 'skip_broken'?",
+    ]
 
 
 def test_one_error_is_one_line(tmp_path: Path) -> None:
-    path = _write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
-                            "input_price_per_mtok: 1}\nrouter: {seed: x}\n")
+    path = _write(
+        tmp_path,
+        "candidates:\n  - {name: a, provider: openai, model: m, "
+        "input_price_per_mtok: 1}\nrouter: {seed: x}\n",
+    )
     with pytest.raises(ConfigError) as exc:
         load_config(path)
     assert str(exc.value).startswith(f"{path}:3: router.seed: ") and "\n" not in str(exc.value)
 
 
 def test_a_repeated_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
-    path = _write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
-                            "input_price_per_mtok: 1}\nrouter: {seed: 1}\nrouter: {seed: 2}\n")
+    path = _write(
+        tmp_path,
+        "candidates:\n  - {name: a, provider: openai, model: m, "
+        "input_price_per_mtok: 1}\nrouter: {seed: 1}\nrouter: {seed: 2}\n",
+    )
     with pytest.raises(ConfigError, match=r"routeopt.yaml:4: .*duplicate key 'router' \(first at line 3\)"):
         load_config(path)
 
 
 def test_api_key_never_in_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "sk-secret-123")
-    cfg = load_config(_write(tmp_path, "candidates:\n  - {name: a, provider: openai, model: m, "
-                                       "input_price_per_mtok: 1, api_key_env: MY_KEY}"))
+    cfg = load_config(
+        _write(
+            tmp_path,
+            "candidates:\n  - {name: a, provider: openai, model: m, "
+            "input_price_per_mtok: 1, api_key_env: MY_KEY}",
+        )
+    )
     assert cfg.candidates[0].api_key() == "sk-secret-123"
     assert "sk-secret-123" not in str(cfg.model_dump()) and "sk-secret-123" not in cfg.fingerprint()
 

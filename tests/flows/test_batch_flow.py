@@ -20,8 +20,12 @@ def test_nightly_with_batched_candidates(tmp_path: Path, prefect_harness) -> Non
     with FakeBatchLLM(phase_s=0.05) as server:
         write_arithmetic_suite(tmp_path / "suites", 30, name="arith")
         write_arithmetic_suite(tmp_path / "suites", 20, name="arith2", system=None)
-        config = fleet(tmp_path, {"openai": server.openai_base_url,
-                                  "anthropic": server.anthropic_base_url}, batch=True, poll_s=0.05)
+        config = fleet(
+            tmp_path,
+            {"openai": server.openai_base_url, "anthropic": server.anthropic_base_url},
+            batch=True,
+            poll_s=0.05,
+        )
         result = nightly(config_path=str(config), run_id="night-b", publish=False)
         store = shared_store(Path(result.db_path))
         rows = store.query("SELECT candidate, call_mode, passed, latency_s FROM outcomes")
@@ -36,7 +40,8 @@ def test_nightly_with_batched_candidates(tmp_path: Path, prefect_harness) -> Non
     by = {r["candidate"]: r for r in summary}
     assert by["gpt"]["batches"] == {"completed": 1} and by["claude"]["batches"] == {"ended": 1}
     assert abs(by["gpt"]["full_sync_usd"] - 2 * by["gpt"]["cost_usd"]) < 2 * (
-        by["gpt"]["full_sync_usd"] - by["gpt"]["cost_usd"])  # about half, the sample at full price
+        by["gpt"]["full_sync_usd"] - by["gpt"]["cost_usd"]
+    )  # about half, the sample at full price
     out = Console(record=True, width=160)
     out.print(modes_table(summary))
     text = out.export_text()

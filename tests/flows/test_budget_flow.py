@@ -23,13 +23,30 @@ def test_a_capped_candidate_stops_before_its_cap(tmp_path: Path, prefect_harness
     with FakeLLM() as dear, FakeLLM() as cheap:
         cfg = {
             "candidates": [
-                {"name": "dear", "provider": "openai", "model": "big", "base_url": dear.openai_base_url,
-                 "input_price_per_mtok": 10.0, "output_price_per_mtok": 30.0, "api_key_env": "OPS_BUDGET_KEY",
-                 "max_concurrency": 4},
-                {"name": "cheap", "provider": "openai", "model": "small", "base_url": cheap.openai_base_url,
-                 "input_price_per_mtok": 0.1, "output_price_per_mtok": 0.2, "api_key_env": "OPS_BUDGET_KEY"},
+                {
+                    "name": "dear",
+                    "provider": "openai",
+                    "model": "big",
+                    "base_url": dear.openai_base_url,
+                    "input_price_per_mtok": 10.0,
+                    "output_price_per_mtok": 30.0,
+                    "api_key_env": "OPS_BUDGET_KEY",
+                    "max_concurrency": 4,
+                },
+                {
+                    "name": "cheap",
+                    "provider": "openai",
+                    "model": "small",
+                    "base_url": cheap.openai_base_url,
+                    "input_price_per_mtok": 0.1,
+                    "output_price_per_mtok": 0.2,
+                    "api_key_env": "OPS_BUDGET_KEY",
+                },
             ],
-            "suites_dir": "suites", "db_path": "db.duckdb", "registry_dir": "reg", "cache_dir": "cache",
+            "suites_dir": "suites",
+            "db_path": "db.duckdb",
+            "registry_dir": "reg",
+            "cache_dir": "cache",
             "budget": {"per_candidate_usd": {"dear": CAP}, "run_usd": 1.0},
         }
         (tmp_path / "routeopt.yaml").write_text(json.dumps(cfg))

@@ -40,7 +40,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
     if fields[0] == "Z":  # a zombie has ended; only its entry waits to be reaped
         return None
     return int(fields[1]), int(fields[19])
@@ -123,20 +123,47 @@ def project(tmp_path: Path):
     """A config with two API candidates on one slow fake server, and a 200-item suite."""
     with FakeLLM(first_token_delay_s=0.25) as server:
         write_arithmetic_suite(tmp_path / "suites", ITEMS)
-        config = write_two_model_config(tmp_path / "routeopt.yaml", server, server,
-                                        key_envs=("LC_STRONG_KEY", "LC_WEAK_KEY"))
+        config = write_two_model_config(
+            tmp_path / "routeopt.yaml", server, server, key_envs=("LC_STRONG_KEY", "LC_WEAK_KEY")
+        )
         yield server, config, tmp_path / "out" / "routeopt.duckdb"
 
 
-def start_cli(config: Path, run_id: str, mark: str, env: dict[str, str] | None = None,
-              resume: bool = False, **popen: Any) -> subprocess.Popen:
+def start_cli(
+    config: Path,
+    run_id: str,
+    mark: str,
+    env: dict[str, str] | None = None,
+    resume: bool = False,
+    **popen: Any,
+) -> subprocess.Popen:
     env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, **(env or {})}
-    env.update(PYTHONPATH=str(REPO), LC_STRONG_KEY="sk-lc-strong", LC_WEAK_KEY="sk-lc-weak",
-               PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
+    env.update(
+        PYTHONPATH=str(REPO),
+        LC_STRONG_KEY="sk-lc-strong",
+        LC_WEAK_KEY="sk-lc-weak",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        **{MARK: mark},
+    )
     return subprocess.Popen(
-        [sys.executable, "-m", "routeopt.flows.cli", "eval", "--config", str(config),
-         "--resume" if resume else "--run-id", run_id, "--no-progress"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+        [
+            sys.executable,
+            "-m",
+            "routeopt.flows.cli",
+            "eval",
+            "--config",
+            str(config),
+            "--resume" if resume else "--run-id",
+            run_id,
+            "--no-progress",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 def mid_evaluation(proc: subprocess.Popen, server: FakeLLM, calls: int = 60) -> set[tuple[int, int]]:
@@ -154,8 +181,7 @@ def mid_evaluation(proc: subprocess.Popen, server: FakeLLM, calls: int = 60) -> 
 
 def stored(db: Path, run_id: str) -> list[tuple[str, str]]:
     with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute("SELECT candidate, item_id FROM outcomes WHERE run_id = ?",
-                           [run_id]).fetchall()
+        return con.execute("SELECT candidate, item_id FROM outcomes WHERE run_id = ?", [run_id]).fetchall()
 
 
 def prompts_of(rows, db: Path) -> set[str]:
@@ -190,8 +216,11 @@ def test_sigkill_mid_evaluation_leaves_nothing_and_the_run_resumes(project, mark
     rows = stored(db, run_id)
     assert len(rows) == len(set(rows)) == ITEMS * len(CANDIDATES), "an item is missing or doubled"
     assert {c for c, _ in rows} == set(CANDIDATES)
-    again = [r for r in server.requests[mark_sent:]
-             if any(p in str(r.body["messages"][-1]["content"]) for p in done_prompts)]
+    again = [
+        r
+        for r in server.requests[mark_sent:]
+        if any(p in str(r.body["messages"][-1]["content"]) for p in done_prompts)
+    ]
     assert not again, f"the resumed run called {len(again)} items that were already stored"
 
 
@@ -231,8 +260,12 @@ def test_two_runs_at_once_on_a_fresh_prefect_home_both_finish(tmp_path: Path, ma
         runs = []
         for n in range(2):
             write_arithmetic_suite(tmp_path / f"p{n}" / "suites", 20)
-            config = write_two_model_config(tmp_path / f"p{n}" / "routeopt.yaml", server, server,
-                                            key_envs=("LC_STRONG_KEY", "LC_WEAK_KEY"))
+            config = write_two_model_config(
+                tmp_path / f"p{n}" / "routeopt.yaml",
+                server,
+                server,
+                key_envs=("LC_STRONG_KEY", "LC_WEAK_KEY"),
+            )
             runs.append(start_cli(config, f"run-{n}", mark, env={"PREFECT_HOME": str(home)}))
         outs = [proc.communicate(timeout=600)[0] for proc in runs]
     assert [proc.returncode for proc in runs] == [0, 0], "\n".join(o[-3000:] for o in outs)

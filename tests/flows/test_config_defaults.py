@@ -27,10 +27,24 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     config = tmp_path / "team" / "routeopt.yaml"
     config.parent.mkdir()
-    config.write_text(json.dumps({
-        "candidates": [{"name": n, "provider": "openai", "model": n, "input_price_per_mtok": 1,
-                        "output_price_per_mtok": 1} for n in ("tiny", "small", "medium", "large")],
-        "db_path": "state/outcomes.duckdb", "registry_dir": "state/policies"}))
+    config.write_text(
+        json.dumps(
+            {
+                "candidates": [
+                    {
+                        "name": n,
+                        "provider": "openai",
+                        "model": n,
+                        "input_price_per_mtok": 1,
+                        "output_price_per_mtok": 1,
+                    }
+                    for n in ("tiny", "small", "medium", "large")
+                ],
+                "db_path": "state/outcomes.duckdb",
+                "registry_dir": "state/policies",
+            }
+        )
+    )
     monkeypatch.chdir(tmp_path)  # not beside the config: the paths come from it
     return config
 
@@ -48,7 +62,9 @@ def test_import_train_verify_list_and_route_with_the_config_alone(project: Path,
     assert verified.output.rstrip().endswith("OK")
     listed = _invoke("policies", "list", "--config", str(project))
     assert listed.output.splitlines()[1].split()[0] == "1"
-    routed = _invoke("route", "--config", str(project), "Task: add the input. difficulty: 1.", "--suite", "add")
+    routed = _invoke(
+        "route", "--config", str(project), "Task: add the input. difficulty: 1.", "--suite", "add"
+    )
     assert json.loads(routed.output)["model"] in {"tiny", "small", "medium", "large"}
 
 
@@ -60,8 +76,9 @@ def test_without_a_store_train_says_what_to_do(project: Path) -> None:
 
 
 @pytest.mark.parametrize("configured,mode", [(None, 0o644), ("0600", 0o600)])
-def test_reports_are_readable_unless_the_config_says(project: Path, tmp_path: Path, configured: str | None,
-                                                     mode: int) -> None:
+def test_reports_are_readable_unless_the_config_says(
+    project: Path, tmp_path: Path, configured: str | None, mode: int
+) -> None:
     if configured:
         cfg = json.loads(project.read_text())
         project.write_text(json.dumps({**cfg, "reports": {"permissions": configured}}))
@@ -79,4 +96,7 @@ def test_a_file_mode_that_is_not_octal_is_named(project: Path) -> None:
     project.write_text(json.dumps({**cfg, "reports": {"permissions": 644}}))
     result = CliRunner().invoke(cli, ["report", "--config", str(project)])
     assert result.exit_code == 1
-    assert "reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'" in result.output
+    assert (
+        "reports.permissions: Value error, 644 is not a file mode; write it in octal, quoted: '0644'"
+        in result.output
+    )

@@ -29,8 +29,14 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM, db: str) -> Path:
     if not suites.exists():
         write_arithmetic_suite(suites, 12, name="arith")
         write_arithmetic_suite(suites, 10, name="arith2", system=None)
-    return write_two_model_config(tmp_path / f"{Path(db).stem}.yaml", strong, weak,
-                                  key_envs=("OPS_DASK_KEY", "OPS_DASK_KEY"), db=db, out=".")
+    return write_two_model_config(
+        tmp_path / f"{Path(db).stem}.yaml",
+        strong,
+        weak,
+        key_envs=("OPS_DASK_KEY", "OPS_DASK_KEY"),
+        db=db,
+        out=".",
+    )
 
 
 def _outcomes(db: Path) -> list[tuple]:
@@ -56,8 +62,12 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
         nightly(config_path=str(plain_cfg), run_id="r1", train=False, publish=False)
         close_store(tmp_path / "plain.duckdb")
 
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-                Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             worker_pids = set(client.run(lambda: __import__("os").getpid()).values())
             on_dask = nightly.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
             with get_task_stream(client) as stream:
@@ -78,26 +88,57 @@ def test_dask_fan_out_matches_the_default_runner(tmp_path: Path, prefect_harness
 
 
 CODE = "```python\ndef add(a, b):\n    return a + b\n```"
-JUDGE = {"type": "judge", "candidate": "judge", "max_tokens": 32,
-         "rubric": "Grade: {{ response }} for {{ a }} + {{ b }} = {{ answer }}"}
+JUDGE = {
+    "type": "judge",
+    "candidate": "judge",
+    "max_tokens": 32,
+    "rubric": "Grade: {{ response }} for {{ a }} + {{ b }} = {{ answer }}",
+}
 # every grader type, each as a suite of its own; the prompt's `style` says how to answer
 GRADED: dict[str, tuple[str, dict]] = {
     "exact": ("number", {"type": "exact_match", "target": "{{ answer }}"}),
     "regex": ("sentence", {"type": "regex", "pattern": r"is (-?\d+)", "target": "{{ answer }}"}),
     "numeric": ("number", {"type": "numeric", "target": "{{ answer }}"}),
-    "choice": ("number", {"type": "multiple_choice", "target": "A", "letters": "AB",
-                          "choices": ["{{ answer }}", "{{ answer + 1 }}"]}),
+    "choice": (
+        "number",
+        {
+            "type": "multiple_choice",
+            "target": "A",
+            "letters": "AB",
+            "choices": ["{{ answer }}", "{{ answer + 1 }}"],
+        },
+    ),
     "contains": ("sentence", {"type": "contains", "target": "{{ answer }}"}),
-    "json": ("json", {"type": "json", "schema": {"type": "object", "required": ["sum"]},
-                      "fields": {"sum": "{{ answer }}"}}),
+    "json": (
+        "json",
+        {
+            "type": "json",
+            "schema": {"type": "object", "required": ["sum"]},
+            "fields": {"sum": "{{ answer }}"},
+        },
+    ),
     "code": ("code", {"type": "code", "tests_field": "tests", "timeout_s": 30}),
     "judge": ("number", JUDGE),
     "custom": ("number", {"type": "custom", "function": "graders.py:right"}),
     "all": ("sentence", {"type": "all", "graders": [{"type": "contains", "target": "{{ answer }}"}, JUDGE]}),
-    "any": ("number", {"type": "any", "graders": [{"type": "exact_match", "target": "nope"},
-                                                  {"type": "custom", "function": "graders.py:right"}]}),
-    "weighted": ("number", {"type": "weighted", "threshold": 0.9, "graders": [
-        {"type": "numeric", "target": "{{ answer }}"}, JUDGE]}),
+    "any": (
+        "number",
+        {
+            "type": "any",
+            "graders": [
+                {"type": "exact_match", "target": "nope"},
+                {"type": "custom", "function": "graders.py:right"},
+            ],
+        },
+    ),
+    "weighted": (
+        "number",
+        {
+            "type": "weighted",
+            "threshold": 0.9,
+            "graders": [{"type": "numeric", "target": "{{ answer }}"}, JUDGE],
+        },
+    ),
 }
 
 
@@ -116,20 +157,39 @@ def _every_grader_fleet(tmp_path: Path, server: FakeLLM) -> Path:
     suites = tmp_path / "suites"
     suites.mkdir()
     (suites / "graders.py").write_text(
-        "def right(response, item):\n    return response.strip() == str(item['answer'])\n")
+        "def right(response, item):\n    return response.strip() == str(item['answer'])\n"
+    )
     for name, (style, grader) in GRADED.items():
-        rows = [{"id": f"q{i}", "a": i, "b": i + 2, "answer": 2 * i + 2,
-                 "tests": ["assert add(2, 3) == 5"]} for i in range(3)]
+        rows = [
+            {"id": f"q{i}", "a": i, "b": i + 2, "answer": 2 * i + 2, "tests": ["assert add(2, 3) == 5"]}
+            for i in range(3)
+        ]
         (suites / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        spec = {"name": name, "dataset": {"path": f"{name}.jsonl", "id_field": "id"},
-                "prompt": {"template": f"What is {{{{ a }}}} + {{{{ b }}}}? style: {style}"},
-                "generation": {"max_tokens": 64}, "grader": grader}
+        spec = {
+            "name": name,
+            "dataset": {"path": f"{name}.jsonl", "id_field": "id"},
+            "prompt": {"template": f"What is {{{{ a }}}} + {{{{ b }}}}? style: {style}"},
+            "generation": {"max_tokens": 64},
+            "grader": grader,
+        }
         (suites / f"{name}.yaml").write_text(json.dumps(spec))
-    cand = dict(provider="openai", base_url=server.openai_base_url, input_price_per_mtok=1.0,
-                output_price_per_mtok=2.0, api_key_env="OPS_DASK_KEY")
-    cfg = {"candidates": [{"name": "model", "model": "model", **cand},
-                          {"name": "judge", "model": "judge-model", **cand}],
-           "suites_dir": "suites", "db_path": "every.duckdb", "registry_dir": "reg", "cache_dir": "cache"}
+    cand = dict(
+        provider="openai",
+        base_url=server.openai_base_url,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+        api_key_env="OPS_DASK_KEY",
+    )
+    cfg = {
+        "candidates": [
+            {"name": "model", "model": "model", **cand},
+            {"name": "judge", "model": "judge-model", **cand},
+        ],
+        "suites_dir": "suites",
+        "db_path": "every.duckdb",
+        "registry_dir": "reg",
+        "cache_dir": "cache",
+    }
     path = tmp_path / "every.yaml"
     path.write_text(json.dumps(cfg))
     return path
@@ -147,17 +207,28 @@ def test_every_grader_type_runs_on_dask_workers(tmp_path: Path, prefect_harness,
     monkeypatch.setenv("OPS_DASK_KEY", "sk-dask-test")
     with FakeLLM(answer_fn=_answer) as server:
         cfg = _every_grader_fleet(tmp_path, server)
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-                Client(cluster):
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster),
+        ):
             on_dask = nightly.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
-            result = on_dask(config_path=str(cfg), run_id="every", candidates=["model"], train=False,
-                             publish=False, persist_in_tasks=False)
+            result = on_dask(
+                config_path=str(cfg),
+                run_id="every",
+                candidates=["model"],
+                train=False,
+                publish=False,
+                persist_in_tasks=False,
+            )
         close_store(tmp_path / "every.duckdb")
     assert not result.suite_errors and set(result.suites) == set(GRADED)
     con = duckdb.connect(str(tmp_path / "every.duckdb"), read_only=True)
     try:
-        rows = con.execute("SELECT suite, passed, error_kind, error, judge_cost_usd FROM outcomes "
-                           "WHERE run_id = 'every'").fetchall()
+        rows = con.execute(
+            "SELECT suite, passed, error_kind, error, judge_cost_usd FROM outcomes WHERE run_id = 'every'"
+        ).fetchall()
     finally:
         con.close()
     no_sandbox = isinstance(isolation(False), str)

@@ -25,8 +25,9 @@ def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harn
     demo = yaml.safe_load((repo_root / "evals" / "demo" / "routeopt.yaml").read_text())
     for cand in demo["candidates"]:
         cand["model"] = str(repo_root / "evals" / "demo" / cand["model"])
-    demo.update(suites_dir="suites", db_path="out/db.duckdb", registry_dir="out/registry",
-                cache_dir="out/cache")
+    demo.update(
+        suites_dir="suites", db_path="out/db.duckdb", registry_dir="out/registry", cache_dir="out/cache"
+    )
     config = tmp_path / "routeopt.yaml"
     config.write_text(yaml.safe_dump(demo))
     names = [c.name for c in load_config(config).candidates]
@@ -36,9 +37,11 @@ def test_nightly_on_the_demo_fleet(tmp_path: Path, repo_root: Path, prefect_harn
 
     assert result.suite_errors == {}
     con = duckdb.connect(str(tmp_path / "out" / "db.duckdb"), read_only=True)
-    rates = dict(con.execute(
-        "SELECT candidate, avg(passed::INT) FROM outcomes WHERE error_kind IS NULL GROUP BY 1"
-    ).fetchall())
+    rates = dict(
+        con.execute(
+            "SELECT candidate, avg(passed::INT) FROM outcomes WHERE error_kind IS NULL GROUP BY 1"
+        ).fetchall()
+    )
     n, errors = con.execute("SELECT count(*), count(error_kind) FROM outcomes").fetchone()
     con.close()
     assert (n, errors) == (3 * 60 * len(names), 0)

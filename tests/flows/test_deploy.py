@@ -30,7 +30,10 @@ def test_sources(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="not a routeopt checkout"):
         _source(DeploySpec(config_path="c", source=str(tmp_path)))
     assert DeploySpec(config_path="c", suites=["a"]).parameters() == {
-        "config_path": "c", "suites": ["a"], "candidates": None}
+        "config_path": "c",
+        "suites": ["a"],
+        "candidates": None,
+    }
 
 
 def test_deploy_cli_rejects_unknown_candidates_before_contacting_prefect(tmp_path: Path):
@@ -39,8 +42,10 @@ def test_deploy_cli_rejects_unknown_candidates_before_contacting_prefect(tmp_pat
     from routeopt.flows.cli import cli
 
     cfg = tmp_path / "routeopt.yaml"
-    cfg.write_text("candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1, "
-                   "output_price_per_mtok: 1}\n")
+    cfg.write_text(
+        "candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1, "
+        "output_price_per_mtok: 1}\n"
+    )
     res = CliRunner().invoke(cli, ["deploy", "--config", str(cfg), "--candidate", "zz"])
     assert res.exit_code == 1 and "--candidate 'zz': not in" in res.output
     cfg.write_text("candidates: [}")

@@ -69,7 +69,10 @@ def server_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -90,9 +93,14 @@ def server_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     write_arithmetic_suite(tmp_path / "suites", ITEMS, name="arith")
-    return write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
-                                  key_envs=("OPS_STRONG_KEY", "OPS_WEAK_KEY"), weak_protocol="openai",
-                                  router={"quality_target": 0.9, "holdout_fraction": 0.3})
+    return write_two_model_config(
+        tmp_path / "routeopt.yaml",
+        strong,
+        weak,
+        key_envs=("OPS_STRONG_KEY", "OPS_WEAK_KEY"),
+        weak_protocol="openai",
+        router={"quality_target": 0.9, "holdout_fraction": 0.3},
+    )
 
 
 def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: dict[str, str]):
@@ -105,16 +113,36 @@ def test_deployed_nightly_runs_on_a_process_worker(tmp_path: Path, server_env: d
         weak.answer_fn = fails_odd_answers
         config = _config(tmp_path, strong, weak)
         deploy = subprocess.run(
-            [sys.executable, "-m", "routeopt.flows.cli", "deploy", "--config", str(config), "--pool", "ops-test",
-             "--name", "it", "--cron", "30 3 * * *"],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "routeopt.flows.cli",
+                "deploy",
+                "--config",
+                str(config),
+                "--pool",
+                "ops-test",
+                "--name",
+                "it",
+                "--cron",
+                "30 3 * * *",
+            ],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert deploy.returncode == 0, deploy.stdout + deploy.stderr
         assert "deployed routeopt-nightly/it" in deploy.stdout
         worker_log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(
             ["prefect", "worker", "start", "--pool", "ops-test", "--type", "process", "--limit", "1"],
-            env=env, cwd=tmp_path, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            cwd=tmp_path,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             with temporary_settings(updates={PREFECT_API_URL: server_env["PREFECT_API_URL"]}):

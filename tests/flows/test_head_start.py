@@ -32,16 +32,20 @@ class _Server:
 
 def _stored(db: Path, run_id: str) -> list[tuple[str, str, str]]:
     with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute("SELECT suite, candidate, item_id FROM outcomes WHERE run_id = ?",
-                           [run_id]).fetchall()
+        return con.execute(
+            "SELECT suite, candidate, item_id FROM outcomes WHERE run_id = ?", [run_id]
+        ).fetchall()
 
 
 def _count(db: Path, run_id: str) -> int:
     """Items stored so far, read through the CLI's own writing connection (DuckDB: one per file)."""
     from routeopt.flows.nightly import shared_store
 
-    return sum(len(shared_store(db).done_items(run_id, suite, cand))
-               for suite in ("arith", "arith2") for cand in ("strong", "weak"))
+    return sum(
+        len(shared_store(db).done_items(run_id, suite, cand))
+        for suite in ("arith", "arith2")
+        for cand in ("strong", "weak")
+    )
 
 
 @pytest.fixture
@@ -53,8 +57,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with FakeLLM(first_token_delay_s=0.2) as server:
         write_arithmetic_suite(tmp_path / "suites", ITEMS, name="arith")
         write_arithmetic_suite(tmp_path / "suites", ITEMS // 2, name="arith2", system=None)
-        config = write_two_model_config(tmp_path / "routeopt.yaml", server, server,
-                                        key_envs=("HS_STRONG_KEY", "HS_WEAK_KEY"))
+        config = write_two_model_config(
+            tmp_path / "routeopt.yaml", server, server, key_envs=("HS_STRONG_KEY", "HS_WEAK_KEY")
+        )
         yield server, config
 
 
@@ -86,8 +91,11 @@ def test_what_began_before_the_flow_is_kept_and_the_flow_does_only_the_rest(proj
     # every item was called (the flow's preflight aside) once, but for those in flight when the head start stopped (cancelled
     # before their answer was stored, so the flow called them again): at most each candidate's
     # concurrency
-    sent = collections.Counter((r.body["model"], str(r.body.get("system")), str(r.body["messages"]))
-                               for r in server.requests if "What is" in str(r.body["messages"]))
+    sent = collections.Counter(
+        (r.body["model"], str(r.body.get("system")), str(r.body["messages"]))
+        for r in server.requests
+        if "What is" in str(r.body["messages"])
+    )
     assert len(sent) == total
     again = sum(n - 1 for n in sent.values())
     assert again <= sum(c.max_concurrency for c in cfg.candidates), again

@@ -29,10 +29,19 @@ SIZES = {"small": ("41", 0.1), "medium": ("42", 1.0), "big": ("42", 10.0)}  # an
 
 @pytest.fixture(scope="module")
 def proxy():
-    config = {"model_list": [
-        {"model_name": name, "litellm_params": {"model": "openai/gpt-4o-mini", "mock_response": answer,
-                                                "api_key": "sk-upstream-unused"}}
-        for name, (answer, _) in SIZES.items()]}
+    config = {
+        "model_list": [
+            {
+                "model_name": name,
+                "litellm_params": {
+                    "model": "openai/gpt-4o-mini",
+                    "mock_response": answer,
+                    "api_key": "sk-upstream-unused",
+                },
+            }
+            for name, (answer, _) in SIZES.items()
+        ]
+    }
     with LiteLLMProxy(config) as p:
         yield p
 
@@ -42,53 +51,103 @@ def _project(tmp_path: Path, proxy: LiteLLMProxy, **big: object) -> Path:
     the big one."""
     suites = tmp_path / "suites"
     suites.mkdir()
-    (suites / "answer.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "a": 40 - i, "b": 2 + i}) + "\n"
-                                                 for i in range(12)))
-    (suites / "answer.yaml").write_text(json.dumps({
-        "name": "answer", "dataset": {"path": "answer.jsonl", "id_field": "id"},
-        "prompt": {"template": "What is {{ a }} + {{ b }}?"}, "generation": {"max_tokens": 4},
-        "grader": {"type": "exact_match", "target": "42"}}))
-    candidates = [{"name": name, "provider": "openai", "model": name, "base_url": proxy.base_url,
-                   "api_key_env": KEY_ENV, "input_price_per_mtok": price, "output_price_per_mtok": price,
-                   "max_retries": 0} for name, (_, price) in SIZES.items()]
+    (suites / "answer.jsonl").write_text(
+        "".join(json.dumps({"id": f"q{i}", "a": 40 - i, "b": 2 + i}) + "\n" for i in range(12))
+    )
+    (suites / "answer.yaml").write_text(
+        json.dumps(
+            {
+                "name": "answer",
+                "dataset": {"path": "answer.jsonl", "id_field": "id"},
+                "prompt": {"template": "What is {{ a }} + {{ b }}?"},
+                "generation": {"max_tokens": 4},
+                "grader": {"type": "exact_match", "target": "42"},
+            }
+        )
+    )
+    candidates = [
+        {
+            "name": name,
+            "provider": "openai",
+            "model": name,
+            "base_url": proxy.base_url,
+            "api_key_env": KEY_ENV,
+            "input_price_per_mtok": price,
+            "output_price_per_mtok": price,
+            "max_retries": 0,
+        }
+        for name, (_, price) in SIZES.items()
+    ]
     candidates[2].update(big)
     path = tmp_path / "routeopt.yaml"
-    path.write_text(json.dumps({"candidates": candidates, "suites_dir": "suites", "db_path": "out/db.duckdb",
-                                "registry_dir": "out/registry", "cache_dir": "out/cache"}))
+    path.write_text(
+        json.dumps(
+            {
+                "candidates": candidates,
+                "suites_dir": "suites",
+                "db_path": "out/db.duckdb",
+                "registry_dir": "out/registry",
+                "cache_dir": "out/cache",
+            }
+        )
+    )
     return path
 
 
 def _run(config: Path, proxy: LiteLLMProxy, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PREFECT_API_URL", "ROUTEOPT_SIGNING_KEY", "I26_UNSET_KEY")}
-    env.update(PYTHONPATH=str(REPO), PREFECT_LOGGING_LEVEL="WARNING", **{KEY_ENV: proxy.master_key}, **env_vars)
-    return subprocess.run([sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(config), "--no-progress",
-                           *args], cwd=config.parent, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PREFECT_API_URL", "ROUTEOPT_SIGNING_KEY", "I26_UNSET_KEY")
+    }
+    env.update(
+        PYTHONPATH=str(REPO), PREFECT_LOGGING_LEVEL="WARNING", **{KEY_ENV: proxy.master_key}, **env_vars
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "routeopt.flows.cli", "run", "--config", str(config), "--no-progress", *args],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _published(tmp_path: Path) -> list[Path]:
-    return sorted((tmp_path / "out" / "registry" / "versions").glob("*")) if (
-        tmp_path / "out" / "registry" / "versions").exists() else []
+    return (
+        sorted((tmp_path / "out" / "registry" / "versions").glob("*"))
+        if (tmp_path / "out" / "registry" / "versions").exists()
+        else []
+    )
 
 
 def _mistake(name: str, proxy: LiteLLMProxy) -> tuple[dict, str, str]:
     """(the big candidate's change, its URL as it must be named, what the proxy said)."""
     dead = f"http://127.0.0.1:{free_port()}/v1"
     return {  # a wrong key: the big candidate reads another variable, which holds a wrong key
-        "wrong_key": ({"api_key_env": "I26_WRONG_KEY"}, proxy.base_url,
-                      "HTTP 400: No connected db. [no_db_connection] "
-                      f"(POST {proxy.base_url}/chat/completions)"),
-        "model_typo": ({"model": "big-hundredd"}, proxy.base_url,
-                       "HTTP 400: /chat/completions: Invalid model name passed in model=big-hundredd."),
+        "wrong_key": (
+            {"api_key_env": "I26_WRONG_KEY"},
+            proxy.base_url,
+            f"HTTP 400: No connected db. [no_db_connection] (POST {proxy.base_url}/chat/completions)",
+        ),
+        "model_typo": (
+            {"model": "big-hundredd"},
+            proxy.base_url,
+            "HTTP 400: /chat/completions: Invalid model name passed in model=big-hundredd.",
+        ),
         "dead_port": ({"base_url": dead}, dead, "Connection error. (ConnectError: "),
-        "wrong_path": ({"base_url": proxy.url + "/v2"}, proxy.url + "/v2",
-                       f"HTTP 404: Not Found (POST {proxy.url}/v2/chat/completions)"),
+        "wrong_path": (
+            {"base_url": proxy.url + "/v2"},
+            proxy.url + "/v2",
+            f"HTTP 404: Not Found (POST {proxy.url}/v2/chat/completions)",
+        ),
     }[name]
 
 
 @pytest.mark.parametrize("mistake", ["wrong_key", "model_typo", "dead_port", "wrong_path"])
 def test_a_misconfigured_candidate_is_named_before_any_suite_and_nothing_is_published(
-        tmp_path: Path, proxy: LiteLLMProxy, mistake: str) -> None:
+    tmp_path: Path, proxy: LiteLLMProxy, mistake: str
+) -> None:
     change, url, said = _mistake(mistake, proxy)
     done = _run(_project(tmp_path, proxy, **change), proxy, I26_WRONG_KEY="sk-not-a-proxy-key")
     out = " ".join((done.stdout + done.stderr).split())
@@ -125,7 +184,8 @@ def test_with_skip_broken_the_rest_runs_and_publishes_without_it(tmp_path: Path,
 
 
 def test_without_preflight_the_same_error_on_every_call_is_a_configuration_error(
-        tmp_path: Path, proxy: LiteLLMProxy) -> None:
+    tmp_path: Path, proxy: LiteLLMProxy
+) -> None:
     """Four broken candidates beside a good one, and no preflight: each one's rows are excluded
     as misconfigured and named with their first message, the dead port's breaker says so when
     it opens, no policy is published, and the run exits non-zero."""
@@ -137,25 +197,36 @@ def test_without_preflight_the_same_error_on_every_call_is_a_configuration_error
         "wrong-key": {"api_key_env": "I26_WRONG_KEY"},
         "typo": {"model": "big-hundredd"},
         "wrong-path": {"base_url": proxy.url + "/v2"},
-        "dead-port": {"base_url": dead, "max_concurrency": 4, "circuit_breaker_failures": 3,
-                      "circuit_breaker_cooldown_s": 0.2, "circuit_breaker_max_wait_s": 1.0},
+        "dead-port": {
+            "base_url": dead,
+            "max_concurrency": 4,
+            "circuit_breaker_failures": 3,
+            "circuit_breaker_cooldown_s": 0.2,
+            "circuit_breaker_max_wait_s": 1.0,
+        },
     }
     cfg["candidates"] = [good] + [{**good, "name": name, **change} for name, change in broken.items()]
     config.write_text(json.dumps(cfg))
     done = _run(config, proxy, "--no-preflight", I26_WRONG_KEY="sk-not-a-proxy-key")
     out = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, out
-    for name, first in (("wrong-key", "client_error: HTTP 400: No connected db. [no_db_connection]"),
-                        ("typo", "client_error: HTTP 400: /chat/completions: Invalid model name passed in "
-                                 "model=big-hundredd."),
-                        ("wrong-path", f"config: HTTP 404: Not Found (POST {proxy.url}/v2/chat/completions)"),
-                        ("dead-port", "connection: Connection error. (ConnectError: ")):
+    for name, first in (
+        ("wrong-key", "client_error: HTTP 400: No connected db. [no_db_connection]"),
+        (
+            "typo",
+            "client_error: HTTP 400: /chat/completions: Invalid model name passed in model=big-hundredd.",
+        ),
+        ("wrong-path", f"config: HTTP 404: Not Found (POST {proxy.url}/v2/chat/completions)"),
+        ("dead-port", "connection: Connection error. (ConnectError: "),
+    ):
         assert f"candidate {name} is misconfigured: all" in out and first in out, (name, out)
     assert f"circuit breaker open for {dead}" in out  # said when it opened
     assert "no policy published: dead-port, typo, wrong-key, wrong-path got the same error" in out
     assert "Traceback" not in out and _published(tmp_path) == []
     with duckdb.connect(str(tmp_path / "out" / "db.duckdb"), read_only=True) as con:
-        kinds = con.execute("SELECT candidate, error_kind, count(*) FROM outcomes GROUP BY ALL ORDER BY ALL").fetchall()
+        kinds = con.execute(
+            "SELECT candidate, error_kind, count(*) FROM outcomes GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
     by = {(c, k): n for c, k, n in kinds}
     assert by[("medium", None)] == 12 and not any(c == "medium" and k for c, k in by)
     assert all(by.get((name, "misconfigured"), 0) >= 3 for name in broken), kinds

@@ -12,7 +12,13 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.fake_llm import FakeLLM, FaultPlan, fails_odd_answers, write_arithmetic_suite, write_two_model_config
+from tests.fake_llm import (
+    FakeLLM,
+    FaultPlan,
+    fails_odd_answers,
+    write_arithmetic_suite,
+    write_two_model_config,
+)
 from tests.leaks import every_log_record, hits_under
 
 SECRETS = ("sk-strong-planted-secret", "sk-weak-planted-secret")
@@ -30,9 +36,13 @@ def _config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     suites = tmp_path / "suites"
     write_arithmetic_suite(suites, 40, name="arith")
     write_arithmetic_suite(suites, 30, name="arith2", system=None)
-    path = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
-                                  key_envs=("STRONG_KEY", "WEAK_KEY"),
-                                  router={"quality_target": 1.0, "holdout_fraction": 0.3})
+    path = write_two_model_config(
+        tmp_path / "routeopt.yaml",
+        strong,
+        weak,
+        key_envs=("STRONG_KEY", "WEAK_KEY"),
+        router={"quality_target": 1.0, "holdout_fraction": 0.3},
+    )
     # the fake servers answer in milliseconds: their latency moves with the machine's load
     cfg = json.loads(path.read_text())
     cfg["alerts"] = {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000}
@@ -53,8 +63,7 @@ def _prefect_records(flow_run_id) -> tuple[list[str], list[str]]:
     return [log.message for log in logs], [json.dumps(a.data, default=str) for a in arts]
 
 
-def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, log: str,
-                                                      flow_run_id) -> None:
+def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, log: str, flow_run_id) -> None:
     """The planted keys were sent (in the auth header of every call) and are in none of the
     outputs: DuckDB (SQL over every column), the response cache, the HTML report, the policy
     files and manifests, the signing key folder, a Parquet export, the logs, Prefect's logs and
@@ -63,22 +72,28 @@ def _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, lo
     from routeopt.evals.storage.export import export_parquet
     from routeopt.flows.nightly import close_store, shared_store
 
-    sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
-            for r in strong.requests + weak.requests}
+    sent = {
+        r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
+        for r in strong.requests + weak.requests
+    }
     assert sent == set(SECRETS)
     db = tmp_path / "out" / "routeopt.duckdb"
     export_parquet(shared_store(db), tmp_path / "out" / "export")
     close_store(db)
     logs, artifacts = _prefect_records(flow_run_id)
     outputs = [tmp_path / "out", tmp_path / ".routeopt"]
-    assert {"registry", "cache", "reports", "export", "routeopt.duckdb"} <= {p.name for p in outputs[0].iterdir()}
+    assert {"registry", "cache", "reports", "export", "routeopt.duckdb"} <= {
+        p.name for p in outputs[0].iterdir()
+    }
     for secret in SECRETS:
         assert hits_under(outputs, secret) == []
         assert secret not in log and not [m for m in logs + artifacts if secret in m]
     found = hits_under(outputs, "q00001")  # an item id: in the store and in the export
     assert any(".duckdb:" in h for h in found) and any(".parquet:" in h for h in found), found
     assert hits_under([tmp_path / "out" / "cache"], '"finish_reason"')  # answers, in the cache
-    assert hits_under([tmp_path / "out" / "registry"], "strong") and hits_under([tmp_path / "out" / "reports"], "strong")
+    assert hits_under([tmp_path / "out" / "registry"], "strong") and hits_under(
+        [tmp_path / "out" / "reports"], "strong"
+    )
     assert any("created the policy signing key" in m for m in logs), logs[-20:]
     assert artifacts
     assert "champion moved" in log and "chat/completions" in log  # the flow's and the SDKs' records
@@ -113,8 +128,9 @@ def test_nightly_evaluates_trains_publishes_and_resumes(
     assert n == distinct == 140
     assert 0 < passed_weak < 70  # the weak model really fails some items
     con.close()
-    _assert_keys_reached_the_servers_and_nothing_else(tmp_path, strong, weak, "\n".join(records),
-                                                      state.state_details.flow_run_id)
+    _assert_keys_reached_the_servers_and_nothing_else(
+        tmp_path, strong, weak, "\n".join(records), state.state_details.flow_run_id
+    )
 
     # Signed with a key made on first use, beside the config; a verifying gateway loads it.
     keys = tmp_path / ".routeopt" / "keys"
@@ -180,9 +196,13 @@ def test_summary_counts_the_candidates_errors_and_says_what_it_left_out(
     write_arithmetic_suite(tmp_path / "suites", 30, name="arith")
     with FakeLLM() as strong, FakeLLM() as weak:
         weak.faults = _TruncatesHardItems()
-        config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
-                                        key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"),
-                                        weak_protocol="openai")
+        config = write_two_model_config(
+            tmp_path / "routeopt.yaml",
+            strong,
+            weak,
+            key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"),
+            weak_protocol="openai",
+        )
 
         def limits(cfg: dict) -> None:
             cfg["candidates"][1]["max_retries"] = 1
@@ -198,8 +218,10 @@ def test_summary_counts_the_candidates_errors_and_says_what_it_left_out(
     # cap kept from it are left out, so its pass rate is over the items it answered
     assert re.search(r"weak\W+30\W+10\W+0\W+0\.667\W", res.output), res.output
     assert re.search(rf"strong\W+30\W+0\W+{skipped}\W+1\.000\W", res.output), res.output
-    assert (f"{skipped} rows excluded from pass rates (errors on our side): budget {skipped} "
-            "(a spend cap stopped the call)") in res.output
+    assert (
+        f"{skipped} rows excluded from pass rates (errors on our side): budget {skipped} "
+        "(a spend cap stopped the call)"
+    ) in res.output
     assert "…" not in res.output  # piped into a log, the tables are not cut to 80 columns
 
 
@@ -210,8 +232,9 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
     suites = tmp_path / "suites"
     write_arithmetic_suite(suites, 20, name="arith")
     with FakeLLM() as strong, FakeLLM() as weak:
-        config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak,
-                                        key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY"))
+        config = write_two_model_config(
+            tmp_path / "routeopt.yaml", strong, weak, key_envs=("OPS_LABEL_KEY", "OPS_LABEL_KEY")
+        )
         calls = lambda: len(strong.requests) + len(weak.requests)  # noqa: E731
         assert _cli("eval", "--config", str(config), "--run-id", "e1").exit_code == 0
         assert calls() == 40 + 2  # every item, and each candidate's preflight probe
@@ -222,8 +245,10 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
         assert dev.exit_code == 0 and calls() == 86  # opted in: replayed (the probes are not)
         # 20 replayed rows: in the pass rate, not in cost or times (no call of this run has any)
         assert re.search(r"strong\W+20\W+0\W+0\W+1\.000\W+20\W+-\W+-\W+-\W+-\W", dev.output), dev.output
-        assert ("response cache: 40 answers replayed from earlier runs (at most 1d old); they "
-                "count in pass rates, not in cost or latency") in dev.output
+        assert (
+            "response cache: 40 answers replayed from earlier runs (at most 1d old); they "
+            "count in pass rates, not in cost or latency"
+        ) in dev.output
         bad_age = _cli("eval", "--config", str(config), "--run-id", "e4", "--cache-max-age", "soon")
         assert bad_age.exit_code == 2 and "give a number and a unit" in bad_age.output
 
@@ -233,7 +258,8 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
         assert calls() == 88  # nothing left to call but the probes
         _edit(config, lambda cfg: cfg["candidates"][1].update(model="small-2"))
         (suites / "arith.yaml").write_text(
-            (suites / "arith.yaml").read_text().replace("number only", "digits only"))
+            (suites / "arith.yaml").read_text().replace("number only", "digits only")
+        )
         refused = _cli("eval", "--config", str(config), "--resume", "e1")
         assert calls() == 88  # refused before anything was sent
     assert refused.exit_code == 1
@@ -241,7 +267,10 @@ def test_cache_is_opt_in_and_a_changed_resume_is_refused(
     assert re.search(r"strong\W+20\W+0\W+0\W+1\.000\W", refused.output), refused.output
     assert "Traceback" not in refused.output
     out = " ".join(refused.output.split())
-    assert "Error: cannot resume run 'e1': candidate 'weak': model 'small' -> 'small-2'; suite 'arith': version" in out
+    assert (
+        "Error: cannot resume run 'e1': candidate 'weak': model 'small' -> 'small-2'; suite 'arith': version"
+        in out
+    )
     assert "Start a new run instead (run again without --run-id, or with a new one)" in out
 
 
@@ -259,15 +288,31 @@ def test_split_deployments_train_on_the_whole_fleet_and_do_not_fight(
     write_arithmetic_suite(tmp_path / "suites", 30, name="arith")
     price = {"big": (10.0, 30.0), "small": (0.5, 1.5)}
     candidates = [
-        {"name": f"{pool}-{size}", "provider": "openai", "model": f"{size}-{pool}",
-         "base_url": (good if size == "big" else bad).openai_base_url, "api_key_env": "OPS_SPLIT_KEY",
-         "input_price_per_mtok": price[size][0] * k, "output_price_per_mtok": price[size][1] * k}
-        for pool, k in (("a", 1.0), ("b", 0.8)) for size in ("big", "small")]
+        {
+            "name": f"{pool}-{size}",
+            "provider": "openai",
+            "model": f"{size}-{pool}",
+            "base_url": (good if size == "big" else bad).openai_base_url,
+            "api_key_env": "OPS_SPLIT_KEY",
+            "input_price_per_mtok": price[size][0] * k,
+            "output_price_per_mtok": price[size][1] * k,
+        }
+        for pool, k in (("a", 1.0), ("b", 0.8))
+        for size in ("big", "small")
+    ]
     config = tmp_path / "routeopt.yaml"
-    config.write_text(json.dumps({
-        "candidates": candidates, "suites_dir": "suites", "db_path": "out/db.duckdb",
-        "registry_dir": "out/registry", "cache_dir": "out/cache",
-        "alerts": {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000}}))
+    config.write_text(
+        json.dumps(
+            {
+                "candidates": candidates,
+                "suites_dir": "suites",
+                "db_path": "out/db.duckdb",
+                "registry_dir": "out/registry",
+                "cache_dir": "out/cache",
+                "alerts": {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000},
+            }
+        )
+    )
     pools = {"a": ["a-big", "a-small"], "b": ["b-big", "b-small"]}
     champions, decisions = [], []
     for night, pool in enumerate("aba", start=1):
@@ -320,16 +365,20 @@ def test_a_write_that_fails_fails_the_run_and_the_resume_completes_it(
         nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
     store = shared_store(db)
     status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
-    counts = dict(store.query("SELECT candidate, count(*) AS n FROM outcomes GROUP BY candidate")
-                  .itertuples(index=False, name=None))
+    counts = dict(
+        store.query("SELECT candidate, count(*) AS n FROM outcomes GROUP BY candidate").itertuples(
+            index=False, name=None
+        )
+    )
     assert status == ["failed"] and counts["strong"] == 70 and counts.get("weak", 0) < 70
 
     monkeypatch.setattr(Store, "write_outcomes", write)
     nightly(config_path=str(config), run_id="night-w", train=False, publish=False)
     store = shared_store(db)
     status = store.query("SELECT status FROM runs WHERE run_id = 'night-w'").status.tolist()
-    n, distinct = store.query("SELECT count(*) AS n, count(DISTINCT (suite, item_id, candidate)) AS d "
-                              "FROM outcomes").iloc[0]
+    n, distinct = store.query(
+        "SELECT count(*) AS n, count(DISTINCT (suite, item_id, candidate)) AS d FROM outcomes"
+    ).iloc[0]
     close_store(db)
     assert status == ["completed"] and n == distinct == 140
 
@@ -349,11 +398,15 @@ def test_a_refused_key_stops_the_run_at_its_preflight_or_its_candidate_mid_run(
     config = _config(tmp_path, strong, weak)
     db = tmp_path / "out" / "routeopt.duckdb"
     # the preflight names it before any suite runs, and nothing is evaluated
-    stopped = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-p"])
+    stopped = CliRunner().invoke(
+        cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-p"]
+    )
     assert stopped.exit_code == 1
     out = " ".join(stopped.output.split())
-    assert (f"preflight: candidate weak ({weak.anthropic_base_url}): HTTP 401: Incorrect API key "
-            f"provided: [redacted] [authentication_error] (POST {weak.anthropic_base_url}/v1/messages)") in out, out
+    assert (
+        f"preflight: candidate weak ({weak.anthropic_base_url}): HTTP 401: Incorrect API key "
+        f"provided: [redacted] [authentication_error] (POST {weak.anthropic_base_url}/v1/messages)"
+    ) in out, out
     assert "preflight failed for weak: nothing was evaluated" in out
     assert len(strong.requests) == len(weak.requests) == 1  # the probes only
     with duckdb.connect(str(db), read_only=True) as con:
@@ -362,14 +415,17 @@ def test_a_refused_key_stops_the_run_at_its_preflight_or_its_candidate_mid_run(
     assert probes == [("strong", "ok", None), ("weak", "broken", 401)]
 
     # without one, its candidate stops calling at its first refusal, and the run says so
-    res = CliRunner().invoke(cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k",
-                                   "--no-preflight"])
+    res = CliRunner().invoke(
+        cli, ["eval", "--config", str(config), "--no-progress", "--run-id", "night-k", "--no-preflight"]
+    )
     close_store(db)
     out = " ".join(res.output.split())
     assert res.exit_code == 1
     assert "candidate weak stopped calling" in out and "fix $WEAK_KEY and resume the run" in out, out
-    assert (f"Error: weak stopped calling when the API key was refused; fix the key, then resume with: "
-            f"routeopt eval --resume night-k --config {config.resolve()} --no-preflight") in out
+    assert (
+        f"Error: weak stopped calling when the API key was refused; fix the key, then resume with: "
+        f"routeopt eval --resume night-k --config {config.resolve()} --no-preflight"
+    ) in out
     assert "0123456789" not in res.output + stopped.output
     assert len(strong.requests) == 71 and len(weak.requests) <= 1 + 2 * 8  # one wave per suite
 
@@ -399,6 +455,12 @@ def test_the_flow_stops_on_a_failed_preflight_and_publishes_only_when_told_to_sk
     assert manifest["candidates"] == ["strong"]
     assert weak.requests == []  # none of its items were called
     with duckdb.connect(str(db), read_only=True) as con:
-        probes = con.execute("SELECT run_id, candidate, verdict, status FROM preflight ORDER BY ALL").fetchall()
-    assert probes == [("p1", "strong", "ok", None), ("p1", "weak", "broken", 404),
-                      ("p2", "strong", "ok", None), ("p2", "weak", "broken", 404)]
+        probes = con.execute(
+            "SELECT run_id, candidate, verdict, status FROM preflight ORDER BY ALL"
+        ).fetchall()
+    assert probes == [
+        ("p1", "strong", "ok", None),
+        ("p1", "weak", "broken", 404),
+        ("p2", "strong", "ok", None),
+        ("p2", "weak", "broken", 404),
+    ]

@@ -20,27 +20,42 @@ def judged_suite(folder: Path, n: int) -> None:
     """A suite graded by the `strong` candidate as judge."""
     rows = [{"id": f"j{i}", "q": f"Say something about {i}"} for i in range(n)]
     (folder / "judged.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "judged.yaml").write_text(json.dumps({
-        "name": "judged", "dataset": {"path": "judged.jsonl", "id_field": "id"},
-        "prompt": {"template": "{{ q }}"}, "generation": {"max_tokens": 16},
-        "grader": {"type": "judge", "candidate": "strong", "rubric": "Is this fine? {{ response }}"}}))
+    (folder / "judged.yaml").write_text(
+        json.dumps(
+            {
+                "name": "judged",
+                "dataset": {"path": "judged.jsonl", "id_field": "id"},
+                "prompt": {"template": "{{ q }}"},
+                "generation": {"max_tokens": 16},
+                "grader": {"type": "judge", "candidate": "strong", "rubric": "Is this fine? {{ response }}"},
+            }
+        )
+    )
 
 
 def config(tmp_path: Path, strong: FakeLLM, weak: FakeLLM) -> Path:
     suites = tmp_path / "suites"
     # every 4th item fails its first attempt: the call retries
-    write_arithmetic_suite(suites, 12, name="arith", tags=lambda i: "[[fault:server_error*1]]" if i % 4 == 0 else "")
+    write_arithmetic_suite(
+        suites, 12, name="arith", tags=lambda i: "[[fault:server_error*1]]" if i % 4 == 0 else ""
+    )
     judged_suite(suites, 4)
-    path = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak, key_envs=("STRONG_KEY", "WEAK_KEY"),
-                                  weak_protocol="anthropic")
+    path = write_two_model_config(
+        tmp_path / "routeopt.yaml",
+        strong,
+        weak,
+        key_envs=("STRONG_KEY", "WEAK_KEY"),
+        weak_protocol="anthropic",
+    )
     cfg = json.loads(path.read_text())
     cfg["alerts"] = {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000}
     path.write_text(json.dumps(cfg))
     return path
 
 
-def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harness, memory,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_nightly_is_one_trace_with_genai_spans(
+    tmp_path: Path, prefect_harness, memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from routeopt.flows.nightly import close_store, nightly
 
     monkeypatch.setenv("STRONG_KEY", SECRETS[0])
@@ -57,8 +72,12 @@ def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harne
     assert run.parent is None and run.attributes["routeopt.run_id"] == "traced-1"
     assert {s.context.trace_id for s in spans} == {run.context.trace_id}  # one trace
     pairs = [s for s in spans if s.name.startswith("evaluate ")]
-    assert sorted(s.name for s in pairs) == ["evaluate arith x strong", "evaluate arith x weak",
-                                             "evaluate judged x strong", "evaluate judged x weak"]
+    assert sorted(s.name for s in pairs) == [
+        "evaluate arith x strong",
+        "evaluate arith x weak",
+        "evaluate judged x strong",
+        "evaluate judged x weak",
+    ]
     assert all(s.parent.span_id == run.context.span_id for s in pairs)
 
     calls = [s for s in spans if s.name.startswith("chat ") and s.attributes["routeopt.role"] == "answer"]
@@ -78,13 +97,21 @@ def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harne
     retried = [s for s in calls if s.attributes["routeopt.attempts"] == 2]
     assert len(retried) == 2 * 3  # items 0, 4 and 8 of arith, on both candidates
     assert all([e.name for e in s.events][0] == "routeopt.attempt_failed" for s in retried)
-    assert all(e.attributes["error.type"] == "server_error" for s in retried for e in s.events
-               if e.name == "routeopt.attempt_failed")
+    assert all(
+        e.attributes["error.type"] == "server_error"
+        for s in retried
+        for e in s.events
+        if e.name == "routeopt.attempt_failed"
+    )
     for j in judges:  # a judge call is a child of the call it grades, which carries its cost
         graded = by_id[j.parent.span_id]
-        assert graded.attributes["routeopt.suite"] == "judged" and graded.attributes["routeopt.role"] == "answer"
+        assert (
+            graded.attributes["routeopt.suite"] == "judged" and graded.attributes["routeopt.role"] == "answer"
+        )
         assert graded.attributes["routeopt.judge.cost_usd"] > 0
-        assert j.attributes["gen_ai.request.model"] == "big" and j.attributes["gen_ai.usage.output_tokens"] > 0
+        assert (
+            j.attributes["gen_ai.request.model"] == "big" and j.attributes["gen_ai.usage.output_tokens"] > 0
+        )
         assert graded.start_time <= j.start_time and j.end_time <= graded.end_time
 
     con = duckdb.connect(str(db), read_only=True)
@@ -95,8 +122,12 @@ def test_the_nightly_is_one_trace_with_genai_spans(tmp_path: Path, prefect_harne
     for suite, item, cand, trace_id, span_id, passed in rows:
         s = by_span[span_id]
         assert trace_id == f"{run.context.trace_id:032x}"
-        assert (s.attributes["routeopt.suite"], s.attributes["routeopt.item_id"], s.attributes["routeopt.candidate"],
-                s.attributes["routeopt.grade.passed"]) == (suite, item, cand, passed)
+        assert (
+            s.attributes["routeopt.suite"],
+            s.attributes["routeopt.item_id"],
+            s.attributes["routeopt.candidate"],
+            s.attributes["routeopt.grade.passed"],
+        ) == (suite, item, cand, passed)
 
     dumped = "\n".join(s.to_json() for s in spans)
     for secret in SECRETS:

@@ -19,10 +19,19 @@ from tests import REPO
 
 def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPROFILEIMPORTTIME": "1"}
-    proc = subprocess.run([sys.executable, "-m", "routeopt.flows.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
-                if line.startswith("import time:") and "|" in line}
+    proc = subprocess.run(
+        [sys.executable, "-m", "routeopt.flows.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
     return proc, imported
 
 
@@ -33,12 +42,16 @@ def errors(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_a_bad_config_fails_before_prefect_with_file_line_and_field(tmp_path: Path, command: str):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,\n"
-                   "     max_concurrency: 0}\n")
+    bad.write_text(
+        "candidates:\n  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,\n"
+        "     max_concurrency: 0}\n"
+    )
     proc, imported = run_cli(command, "--config", str(bad))
     assert proc.returncode == 1
-    assert errors(proc) == f"Error: {bad.resolve()}:3: candidates.0.max_concurrency: " \
-                           "Input should be greater than or equal to 1"
+    assert (
+        errors(proc) == f"Error: {bad.resolve()}:3: candidates.0.max_concurrency: "
+        "Input should be greater than or equal to 1"
+    )
     assert "prefect" not in imported, "Prefect was imported (and its server started) first"
 
 

@@ -23,15 +23,22 @@ def test_review_run_alerts_reports_and_blocks(tmp_path: Path, prefect_harness, r
     make_history(db, runs=4, items=60, regressions=[Regression("mid", "arith", pass_rate=0.2)])
     cfg = Config(
         candidates=[Candidate(name="x", provider="openai", model="m", input_price_per_mtok=1.0)],
-        db_path=db, registry_dir=tmp_path / "reg", alerts=AlertSettings(webhook_url=url),
+        db_path=db,
+        registry_dir=tmp_path / "reg",
+        alerts=AlertSettings(webhook_url=url),
     )
 
     @flow
     def nightly_like():
         with Store(db, read_only=True) as store:
             review = review_run(cfg, store, "run-03", policy_candidates=["mid", "small"])
-            return review, report_run(cfg, store, "run-03", drift=review.drift,
-                                      policy={"version": 7, "promoted": False, "reason": "drift"})
+            return review, report_run(
+                cfg,
+                store,
+                "run-03",
+                drift=review.drift,
+                policy={"version": 7, "promoted": False, "reason": "drift"},
+            )
 
     review, (path, artifacts) = nightly_like()
     assert [(f.candidate, f.metric) for f in review.blocking] == [("mid", "pass_rate")]

@@ -25,7 +25,9 @@ def project(tmp_path: Path) -> Path:
 
 
 def run(project: Path, *args: str) -> "object":
-    return CliRunner().invoke(suites, [*args, "--config", str(project / "routeopt.yaml")], catch_exceptions=False)
+    return CliRunner().invoke(
+        suites, [*args, "--config", str(project / "routeopt.yaml")], catch_exceptions=False
+    )
 
 
 def test_new_writes_a_working_scaffold_that_validates_and_shows(project: Path) -> None:
@@ -83,7 +85,9 @@ def test_validate_says_which_field_a_misspelt_one_was_meant_to_be(project: Path)
     out = res.output
     assert f"{typo}:4: prompt.templat: Extra inputs are not permitted; did you mean 'template'?" in out
     assert f"{typo}:5: gradr: Extra inputs are not permitted; did you mean 'grader'?" in out
-    assert f"{typo}:6: generation.temprature: Extra inputs are not permitted; did you mean 'temperature'?" in out
+    assert (
+        f"{typo}:6: generation.temprature: Extra inputs are not permitted; did you mean 'temperature'?" in out
+    )
     assert f"{typo}:8: zzz: Extra inputs are not permitted\n" in out  # nothing is spelt like it
     typo.write_text(typo.read_text().replace("gradr:", "grader:").replace("target:", "targt:"))
     res = run(project, "validate", str(typo))

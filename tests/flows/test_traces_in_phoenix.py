@@ -58,15 +58,23 @@ def _screenshot(phoenix: Phoenix, trace_id: str, out: Path) -> str:
     """Phoenix's trace page rendered by headless Chromium: its text, and a PNG at `out`."""
     project = phoenix.get("/v1/projects")["data"][0]["id"]
     url = f"{phoenix.url}/projects/{project}/traces/{urllib.parse.quote(trace_id)}"
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-              "--window-size=1600,1000", "--virtual-time-budget=20000"]
+    common = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1600,1000",
+        "--virtual-time-budget=20000",
+    ]
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
     subprocess.run([*common, f"--screenshot={out}", url], capture_output=True, timeout=180)
     return dom
 
 
 def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
-        tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, prefect_harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -107,8 +115,9 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
             app = TracerProvider(resource=Resource.create({"service.name": "the-application"}))
             app.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{phoenix.url}/v1/traces")))
             tracer = app.get_tracer("app")
-            gw = Gateway.open(tmp_path / "out" / "registry", result.published["public_key"],
-                              log_dir=tmp_path / "decisions")
+            gw = Gateway.open(
+                tmp_path / "out" / "registry", result.published["public_key"], log_dir=tmp_path / "decisions"
+            )
             with tracer.start_as_current_span("POST /answer") as request_span:
                 incoming = request_span.get_span_context()
                 header = f"00-{format_trace_id(incoming.trace_id)}-{incoming.span_id:016x}-01"
@@ -120,8 +129,10 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
                     call.set_attribute("gen_ai.request.model", d.model)
                     client = openai.OpenAI(base_url=strong.openai_base_url, api_key=SECRETS[0])
                     answer = client.chat.completions.create(
-                        model=d.model, messages=[{"role": "user", "content": "What is 20 + 22?"}],
-                        extra_headers={"traceparent": d.traceparent})
+                        model=d.model,
+                        messages=[{"role": "user", "content": "What is 20 + 22?"}],
+                        extra_headers={"traceparent": d.traceparent},
+                    )
                     call.set_attribute("gen_ai.usage.output_tokens", answer.usage.completion_tokens)
             gw.close()
             assert tracing.flush(30)
@@ -130,15 +141,21 @@ def test_the_nightly_and_a_decision_arrive_in_phoenix_as_whole_trees(
         app_trace = format_trace_id(incoming.trace_id)
         tree = phoenix.wait_for(app_trace, 3)
         assert strong.requests[-1].headers["traceparent"] == d.traceparent  # sent on to the model server
-        root, decision, llm = (next(s for s in tree if s["name"] == n) for n in
-                               ("POST /answer", "routeopt.route", f"chat {d.model}"))
+        root, decision, llm = (
+            next(s for s in tree if s["name"] == n)
+            for n in ("POST /answer", "routeopt.route", f"chat {d.model}")
+        )
         assert decision["parent_id"] == root["context"]["span_id"]
         assert llm["parent_id"] == decision["context"]["span_id"]
         a = decision["attributes"]
         assert a["routeopt.decision.id"] == "req-phx" and a["routeopt.decision.model"] == d.model
         assert a["routeopt.policy.version"] == result.published["version"] and "routeopt.knob.target" in a
         assert list(a["routeopt.decision.fallbacks"]) == list(d.fallbacks)
-        logged = [json.loads(x) for f in (tmp_path / "decisions").glob("*.jsonl") for x in f.read_text().splitlines()]
+        logged = [
+            json.loads(x)
+            for f in (tmp_path / "decisions").glob("*.jsonl")
+            for x in f.read_text().splitlines()
+        ]
         assert logged[0]["trace_id"] == app_trace == d.trace_id
 
         if CHROMIUM is None:

@@ -31,18 +31,29 @@ def node() -> str:
     exe = shutil.which("node")
     if exe is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed: the JavaScript gateway's tests need Node.js >= 20")
-    major = int(subprocess.run([exe, "-p", "process.versions.node.split('.')[0]"], capture_output=True,
-                               text=True, check=True).stdout.strip())
+    major = int(
+        subprocess.run(
+            [exe, "-p", "process.versions.node.split('.')[0]"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     if major < 20:
         pytest.skip(f"node {major} is too old: the JavaScript gateway needs Node.js >= 20")
     return exe
 
 
 def _npm(*args: str, timeout: int = 900) -> None:
-    done = subprocess.run(["npm", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "npm_config_fund": "false", "npm_config_audit": "false"})
+    done = subprocess.run(
+        ["npm", *args],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "npm_config_fund": "false", "npm_config_audit": "false"},
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"npm {' '.join(args)} failed in {PACKAGE}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"npm {' '.join(args)} failed in {PACKAGE}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
 
 
 def package() -> Path:
@@ -67,8 +78,12 @@ def _build_inputs(lock: str) -> str:
     """A digest of what `npm run build` reads: the sources (less the WebAssembly modules it
     writes into src/), its scripts, the TypeScript configs and the installed dependencies."""
     digest = hashlib.sha256(lock.encode())
-    files = [*sorted(PACKAGE.glob("src/**/*.ts")), *sorted(PACKAGE.glob("scripts/*.mjs")),
-             *sorted(PACKAGE.glob("tsconfig*.json")), PACKAGE / "package.json"]
+    files = [
+        *sorted(PACKAGE.glob("src/**/*.ts")),
+        *sorted(PACKAGE.glob("scripts/*.mjs")),
+        *sorted(PACKAGE.glob("tsconfig*.json")),
+        PACKAGE / "package.json",
+    ]
     for path in files:
         if not path.name.endswith("-wasm.ts"):
             digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
@@ -76,11 +91,19 @@ def _build_inputs(lock: str) -> str:
 
 
 def run_node(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([node(), *args], cwd=PACKAGE, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [node(), *args],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def node_json(*args: str, **kw) -> dict:
     done = run_node(*args, **kw)
-    assert done.returncode == 0, f"node {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"node {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return json.loads(done.stdout)

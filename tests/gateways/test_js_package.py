@@ -24,9 +24,17 @@ NPM_ENV = {"npm_config_fund": "false", "npm_config_audit": "false", "npm_config_
 
 
 def _npm(cwd: Path, *args: str, cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(["npm", *args, "--cache", str(cache)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **NPM_ENV})
-    assert done.returncode == 0, f"npm {' '.join(args)} failed in {cwd}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    done = subprocess.run(
+        ["npm", *args, "--cache", str(cache)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **NPM_ENV},
+    )
+    assert done.returncode == 0, (
+        f"npm {' '.join(args)} failed in {cwd}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    )
     return done
 
 
@@ -43,7 +51,9 @@ def tarball(tmp_path_factory) -> Path:
     package()
     out = tmp_path_factory.mktemp("pack")
     source = out / "gateway"
-    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", ".install.lock"))
+    shutil.copytree(
+        PACKAGE, source, ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", ".install.lock")
+    )
     (source / "node_modules").symlink_to(PACKAGE / "node_modules")
     done = _npm(source, "pack", "--json", "--pack-destination", str(out), cache=out / ".npm-cache")
     name = json.loads(done.stdout)[0]["filename"]
@@ -63,8 +73,17 @@ def test_the_tarball_holds_the_built_package_and_nothing_else(tarball) -> None:
         names = sorted(n.removeprefix("package/") for n in t.getnames())
         manifest = json.load(t.extractfile("package/package.json"))
     assert tarball.stat().st_size < 1 << 20, f"{tarball.name} is {tarball.stat().st_size} bytes"
-    assert {"package.json", "README.md", "LICENSE", "dist/index.js", "dist/index.d.ts", "dist/node.js", "dist/node.d.ts",
-            "dist/blake2b-wasm.js", "dist/kernel-wasm.js"} <= set(names)
+    assert {
+        "package.json",
+        "README.md",
+        "LICENSE",
+        "dist/index.js",
+        "dist/index.d.ts",
+        "dist/node.js",
+        "dist/node.d.ts",
+        "dist/blake2b-wasm.js",
+        "dist/kernel-wasm.js",
+    } <= set(names)
     assert all(n in ("package.json", "README.md", "LICENSE") or n.startswith("dist/") for n in names), names
     assert not any(n.endswith(".ts") and not n.endswith(".d.ts") for n in names)
     assert manifest["name"] == "@routeopt/gateway" and manifest["license"] == "Apache-2.0"
@@ -81,14 +100,23 @@ def test_an_empty_project_installs_the_tarball_offline_and_routes_like_python(ap
     pem = fixtures / "keys" / "public_key.pem"
     started = time.perf_counter()
     _npm(app["root"], "install", "--offline", str(tarball), cache=app["cache"])
-    done = subprocess.run([node(), "route.mjs", str(version), str(pem), "requests.json"], cwd=app["root"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [node(), "route.mjs", str(version), str(pem), "requests.json"],
+        cwd=app["root"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     seconds = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    print(f"\nnpm install {tarball.name} + route {len(requests)} requests in an empty project: {seconds:.1f} s")
+    print(
+        f"\nnpm install {tarball.name} + route {len(requests)} requests in an empty project: {seconds:.1f} s"
+    )
     assert seconds <= 30
     installed = sorted(p.name for p in (app["root"] / "node_modules").iterdir() if not p.name.startswith("."))
-    assert installed == ["@routeopt"] and [p.name for p in (app["root"] / "node_modules" / "@routeopt").iterdir()] == ["gateway"]
+    assert installed == ["@routeopt"] and [
+        p.name for p in (app["root"] / "node_modules" / "@routeopt").iterdir()
+    ] == ["gateway"]
     answer = json.loads(done.stdout)
     assert answer["version"] == 1 and "agree at every layer" in answer["conformance"]
     assert answer["kernel"] == "webassembly" and answer["fileLog"] == "function"
@@ -107,14 +135,32 @@ def test_the_installed_types_check_under_nodenext(app, tarball) -> None:
     (app["root"] / "check.ts").write_text(
         'import { Router, type Decision } from "@routeopt/gateway";\n'
         'import { FileLog } from "@routeopt/gateway/node";\n'
-        'const router: Router = await Router.open({ files: {}, allowUnsigned: true });\n'
+        "const router: Router = await Router.open({ files: {}, allowUnsigned: true });\n"
         'const d: Decision = router.route("hi", { suite: "add" });\n'
-        'const model: string = d.model;\n'
-        'new FileLog("/tmp/x").write(model);\n')
-    done = subprocess.run([node(), str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"), "--noEmit", "--strict",
-                           "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022",
-                           "--lib", "es2022,dom", "check.ts"],
-                          cwd=app["root"], capture_output=True, text=True, timeout=300)
+        "const model: string = d.model;\n"
+        'new FileLog("/tmp/x").write(model);\n'
+    )
+    done = subprocess.run(
+        [
+            node(),
+            str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"),
+            "--noEmit",
+            "--strict",
+            "--module",
+            "nodenext",
+            "--moduleResolution",
+            "nodenext",
+            "--target",
+            "es2022",
+            "--lib",
+            "es2022,dom",
+            "check.ts",
+        ],
+        cwd=app["root"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -126,17 +172,31 @@ def test_a_worker_bundles_the_installed_package_and_routes_like_python(app, tarb
     (app["root"] / "worker-requests.json").write_text(json.dumps({"requests": requests}))
     server, url = serve_in_thread(fixtures / "registry")
     try:
-        done = run_node("test/package/worker-run.mjs", str(app["root"]), url, str(fixtures / "keys" / "public_key.pem"),
-                        str(app["root"] / "worker-requests.json"), timeout=600)
+        done = run_node(
+            "test/package/worker-run.mjs",
+            str(app["root"]),
+            url,
+            str(fixtures / "keys" / "public_key.pem"),
+            str(app["root"] / "worker-requests.json"),
+            timeout=600,
+        )
     finally:
         server.shutdown()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     answer = json.loads(done.stdout)
     assert "error" not in answer, answer
     # the bundle took the package from the app's node_modules, not from the checkout's src/
-    assert answer["bundled"] and all(p.startswith(os.path.join("node_modules", "@routeopt", "gateway", "dist"))
-                                     for p in answer["bundled"] if p != "worker.mjs"), answer["bundled"]
+    assert answer["bundled"] and all(
+        p.startswith(os.path.join("node_modules", "@routeopt", "gateway", "dist"))
+        for p in answer["bundled"]
+        if p != "worker.mjs"
+    ), answer["bundled"]
     assert answer["kernel"] == "javascript" and answer["status"]["version"] == 2
-    python = load(fixtures / "registry", public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False)
+    python = load(
+        fixtures / "registry",
+        public_key=fixtures / "keys" / "public_key.pem",
+        channel="latest",
+        state_dir=False,
+    )
     for js_d, py_d in zip(answer["decisions"], _python_decisions(python, requests)):
         _same(js_d, py_d)

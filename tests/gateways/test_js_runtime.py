@@ -25,9 +25,24 @@ from tests import REPO
 from tests.gateways.node import package, run_node
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-HOSTILE = ["", " \t\n ", "\x00", "a\x00b", "\ud800", "abc\udfff", "e\u0301\u0301", "😀 👩‍👩‍👧‍👦", "مرحبا؟",
-           "日本語のテキスト", "İstanbul ıi", "ΟΔΟΣ οδος", "a" * 9000, "é" * 4096, "x" + "é" * 4096,
-           "Task: add the input. difficulty: 3. Input: stone river apple"]
+HOSTILE = [
+    "",
+    " \t\n ",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "abc\udfff",
+    "e\u0301\u0301",
+    "😀 👩‍👩‍👧‍👦",
+    "مرحبا؟",
+    "日本語のテキスト",
+    "İstanbul ıi",
+    "ΟΔΟΣ οδος",
+    "a" * 9000,
+    "é" * 4096,
+    "x" + "é" * 4096,
+    "Task: add the input. difficulty: 3. Input: stone river apple",
+]
 SUITES = [None, "", "add", "reverse", "sort", "no-such-suite"]
 TARGETS = [None, 0.0, 0.5, 0.9, 1.0, 1.2]
 
@@ -36,7 +51,14 @@ def _requests() -> list[dict]:
     out = []
     for i, prompt in enumerate(HOSTILE):
         for j, suite in enumerate(SUITES):
-            out.append({"id": f"r{i}-{j}", "prompt": prompt, "suite": suite, "quality_target": TARGETS[(i + j) % len(TARGETS)]})
+            out.append(
+                {
+                    "id": f"r{i}-{j}",
+                    "prompt": prompt,
+                    "suite": suite,
+                    "quality_target": TARGETS[(i + j) % len(TARGETS)],
+                }
+            )
     return out
 
 
@@ -44,16 +66,33 @@ def _python_decisions(router, requests: list[dict]) -> list[dict]:
     rows = []
     for r in requests:
         d = router.route(r["prompt"], suite=r["suite"], quality_target=r["quality_target"])
-        rows.append({**r, "model": d.model, "fallbacks": list(d.fallbacks), "propensity": d.propensity,
-                     "policy_probability": d.policy_probability, "unknown_suite": d.unknown_suite,
-                     "pass_probabilities": d.pass_probabilities, "expected_cost_usd": d.expected_cost_usd})
+        rows.append(
+            {
+                **r,
+                "model": d.model,
+                "fallbacks": list(d.fallbacks),
+                "propensity": d.propensity,
+                "policy_probability": d.policy_probability,
+                "unknown_suite": d.unknown_suite,
+                "pass_probabilities": d.pass_probabilities,
+                "expected_cost_usd": d.expected_cost_usd,
+            }
+        )
     return rows
 
 
 def _same(js: dict, py: dict) -> None:
-    assert (js["model"], js["fallbacks"], js["propensity"], js["policyProbability"], js["unknownSuite"]) == \
-        (py["model"], py["fallbacks"], py["propensity"], py["policy_probability"], py["unknown_suite"]), py["id"]
-    assert js["passProbabilities"] == py["pass_probabilities"] and js["expectedCostUsd"] == py["expected_cost_usd"]
+    assert (js["model"], js["fallbacks"], js["propensity"], js["policyProbability"], js["unknownSuite"]) == (
+        py["model"],
+        py["fallbacks"],
+        py["propensity"],
+        py["policy_probability"],
+        py["unknown_suite"],
+    ), py["id"]
+    assert (
+        js["passProbabilities"] == py["pass_probabilities"]
+        and js["expectedCostUsd"] == py["expected_cost_usd"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +111,9 @@ def build_fixtures(root: Path) -> Path:
     private, public = generate_keys(root / "keys")
     policies = {
         "demo-linear": train_router(demo_frame(), seed=0).policy,
-        "demo-chars": train_router(demo_frame(n_items=60, seed=3), seed=3,
-                                   design=Design(topics=0, char_ngrams=4, candidate_text=0.0)).policy,
+        "demo-chars": train_router(
+            demo_frame(n_items=60, seed=3), seed=3, design=Design(topics=0, char_ngrams=4, candidate_text=0.0)
+        ).policy,
         "demo-trees": train_router(demo_frame(n_items=60, seed=1), seed=1, estimator="lightgbm").policy,
     }
     for name, policy in policies.items():
@@ -82,7 +122,9 @@ def build_fixtures(root: Path) -> Path:
         publish(policies[name], root / "registry", lineage={}, metrics={}, signing_key=private)
     router = load(next((root / "registry" / "versions").glob("000001-*")), public_key=public, state_dir=False)
     (root / "expected").mkdir()
-    (root / "expected" / "demo-linear.json").write_text(json.dumps({"requests": _python_decisions(router, _requests())}))
+    (root / "expected" / "demo-linear.json").write_text(
+        json.dumps({"requests": _python_decisions(router, _requests())})
+    )
     return root
 
 
@@ -95,7 +137,10 @@ def test_node_tests_pass_on_policies_the_python_pipeline_made(fixtures) -> None:
     """gateways/js/test: numbers, BLAKE2b, the container, every conformance layer of three
     policies (linear with topics, char n-grams without, LightGBM trees), tampering, signatures,
     routing exactly as Python, exploration and the log's fields."""
-    files = sorted(str(f.relative_to(REPO / "gateways" / "js")) for f in (REPO / "gateways" / "js" / "test").glob("*.test.mjs"))
+    files = sorted(
+        str(f.relative_to(REPO / "gateways" / "js"))
+        for f in (REPO / "gateways" / "js" / "test").glob("*.test.mjs")
+    )
     done = run_node("--test", *files, env={"ROUTEOPT_JS_FIXTURES": str(fixtures)})
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout[-2000:]
@@ -105,8 +150,14 @@ class Harness:
     """A node gateway process driven one JSON line at a time."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(["node", "test/harness.mjs"], cwd=REPO / "gateways" / "js", text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            ["node", "test/harness.mjs"],
+            cwd=REPO / "gateways" / "js",
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def __call__(self, op: str, **kw) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
@@ -149,7 +200,9 @@ def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures,
         publish(second, registry, lineage={}, metrics={}, signing_key=key)
         swapped = harness("refresh")
         assert swapped["swapped"] and swapped["version"] == 2 and swapped["events"][0][0] == "swapped"
-        python = load(registry, public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False)
+        python = load(
+            registry, public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False
+        )
         requests = _requests()
         got = harness("routeMany", requests=requests)["decisions"]
         for js_d, py_d in zip(got, _python_decisions(python, requests)):
@@ -157,6 +210,7 @@ def test_registry_polling_swaps_refuses_and_keeps_the_last_good_policy(fixtures,
 
         def edit(folder, names):
             _rewrite_arrays(folder, lambda t: t["scorer.weights"].__setitem__((slice(None), 1), 0.3))
+
         publish(Altered(first, edit), registry, lineage={}, metrics={}, signing_key=key)
         refused = harness("refresh")
         assert not refused["swapped"] and refused["version"] == 2
@@ -217,8 +271,13 @@ def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp
     requests = _requests()
     (tmp_path / "requests.json").write_text(json.dumps({"requests": requests}))
     try:
-        done = run_node("test/worker/run.mjs", url, str(fixtures / "keys" / "public_key.pem"),
-                        str(tmp_path / "requests.json"), timeout=600)
+        done = run_node(
+            "test/worker/run.mjs",
+            url,
+            str(fixtures / "keys" / "public_key.pem"),
+            str(tmp_path / "requests.json"),
+            timeout=600,
+        )
     finally:
         server.shutdown()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -230,7 +289,12 @@ def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp
     assert answer["blake2b"] == "javascript"
     assert answer["kernel"] == "javascript"
     assert answer["status"]["version"] == 2 and "agree at every layer" in answer["status"]["conformance"]
-    python = load(fixtures / "registry", public_key=fixtures / "keys" / "public_key.pem", channel="latest", state_dir=False)
+    python = load(
+        fixtures / "registry",
+        public_key=fixtures / "keys" / "public_key.pem",
+        channel="latest",
+        state_dir=False,
+    )
     for js_d, py_d in zip(answer["decisions"], _python_decisions(python, requests)):
         _same(js_d, py_d)
 
@@ -244,25 +308,55 @@ def test_decision_logs_go_through_the_real_cli(fixtures, tmp_path, harness, monk
     try:
         assert harness("open", url=url, pem=pem, channel="latest")["version"] == 2
         harness("gateway", logDir=str(logs), exploration={"rate": 0.5, "seed": 3}, keepText=True)
-        requests = [{"id": f"q{i}", "prompt": f"Task: add the input. difficulty: {i % 5 + 1}. Input: {i}", "suite": "add"}
-                    for i in range(300)]
+        requests = [
+            {
+                "id": f"q{i}",
+                "prompt": f"Task: add the input. difficulty: {i % 5 + 1}. Input: {i}",
+                "suite": "add",
+            }
+            for i in range(300)
+        ]
         decisions = harness("routeMany", requests=requests)["decisions"]
         closed = harness("close")
     finally:
         server.shutdown()
     assert closed["written"] == 300 and closed["dropped"] == 0
     feedback = tmp_path / "feedback.jsonl"
-    feedback.write_text("".join(json.dumps({"request_id": d["decisionId"], "passed": i % 3 != 0}) + "\n"
-                                for i, d in enumerate(decisions)))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEOPT_PUBLIC_KEY": str(fixtures / "keys" / "public_key.pem")}
+    feedback.write_text(
+        "".join(
+            json.dumps({"request_id": d["decisionId"], "passed": i % 3 != 0}) + "\n"
+            for i, d in enumerate(decisions)
+        )
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ROUTEOPT_PUBLIC_KEY": str(fixtures / "keys" / "public_key.pem"),
+    }
     db = tmp_path / "traffic.duckdb"
-    cli = lambda *a: subprocess.run(["python", "-m", "routeopt.flows.cli", *a], cwd=tmp_path, env=env, capture_output=True,
-                                    text=True, timeout=600)
+    cli = lambda *a: subprocess.run(
+        ["python", "-m", "routeopt.flows.cli", *a],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     imported = cli("import", "feedback", str(feedback), "--db", str(db), "--log", str(logs))
     assert imported.returncode == 0, imported.stdout + imported.stderr
     assert "300 match a logged decision" in imported.stdout
-    evaluated = cli("policies", "evaluate", "2", "--registry", str(fixtures / "registry"), "--db", str(db),
-                    "--log", str(logs), "--json")
+    evaluated = cli(
+        "policies",
+        "evaluate",
+        "2",
+        "--registry",
+        str(fixtures / "registry"),
+        "--db",
+        str(db),
+        "--log",
+        str(logs),
+        "--json",
+    )
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
     result = json.loads(evaluated.stdout)["policies"][0]
     assert result["n_logged"] == 300 and result["n_feedback"] == 300
@@ -291,4 +385,7 @@ def test_policies_trained_on_every_shared_set_pass_in_javascript(js, tmp_path) -
         out = run_node("bench/conformance.mjs", str(tmp_path / folder.name))
         assert out.returncode == 0, out.stdout + out.stderr
         report = json.loads(out.stdout)
-        assert report["ok"] and report["requests"] >= 2000 and report["maxRelativeError"] == 0, (folder.name, report)
+        assert report["ok"] and report["requests"] >= 2000 and report["maxRelativeError"] == 0, (
+            folder.name,
+            report,
+        )

@@ -43,7 +43,8 @@ def _large_prompt(gateway: Gateway) -> str:
 
 
 def test_the_shipped_config_starts_routes_and_names_missing_deployments(
-        tmp_path: Path, policies, keypair) -> None:
+    tmp_path: Path, policies, keypair
+) -> None:
     registry = tmp_path / "registry"
     for policy in policies:
         publish(policy, registry, signing_key=keypair[0], lineage={}, metrics={})
@@ -51,10 +52,16 @@ def test_the_shipped_config_starts_routes_and_names_missing_deployments(
     server, url = serve_in_thread(registry)
     fake = FakeLLM().start()
     venv = build_gateway_venv(tmp_path / "venv", base=proxy_venv())
-    env = {"LITELLM_MASTER_KEY": "sk-shipped-config-test", "MODELS_API_BASE": fake.openai_base_url,
-           "MODELS_API_KEY": "sk-upstream", "ROUTEOPT_POLICY": url, "ROUTEOPT_PUBLIC_KEY": str(keypair[1]),
-           "ROUTEOPT_REFRESH_S": "1", "ROUTEOPT_STATE_DIR": str(tmp_path / "state"),
-           "ROUTEOPT_DEPLOYMENTS": ",".join(f"{c}={d}" for c, d in MAPPED.items())}
+    env = {
+        "LITELLM_MASTER_KEY": "sk-shipped-config-test",
+        "MODELS_API_BASE": fake.openai_base_url,
+        "MODELS_API_KEY": "sk-upstream",
+        "ROUTEOPT_POLICY": url,
+        "ROUTEOPT_PUBLIC_KEY": str(keypair[1]),
+        "ROUTEOPT_REFRESH_S": "1",
+        "ROUTEOPT_STATE_DIR": str(tmp_path / "state"),
+        "ROUTEOPT_DEPLOYMENTS": ",".join(f"{c}={d}" for c, d in MAPPED.items()),
+    }
     expected = Gateway(load(registry, keypair[1], state_dir=False))
     try:
         with LiteLLMProxy(CONFIG, env=env, python=venv / "bin" / "python") as proxy:
@@ -63,16 +70,23 @@ def test_the_shipped_config_starts_routes_and_names_missing_deployments(
 
             def ask(prompt: str) -> dict:
                 raw = client.chat.completions.with_raw_response.create(
-                    model="routeopt", messages=[{"role": "user", "content": prompt}],
-                    extra_body={"metadata": {"routeopt_suite": "sort", "routeopt_quality_target": 1.0}})
+                    model="routeopt",
+                    messages=[{"role": "user", "content": prompt}],
+                    extra_body={"metadata": {"routeopt_suite": "sort", "routeopt_quality_target": 1.0}},
+                )
                 raw.parse()
                 return dict(raw.headers)
 
-            small = next(p for p in (f"sort task difficulty 1: alpha {i}" for i in range(50))
-                         if expected.route(p, "sort").model != "large")
+            small = next(
+                p
+                for p in (f"sort task difficulty 1: alpha {i}" for i in range(50))
+                if expected.route(p, "sort").model != "large"
+            )
             plain = client.chat.completions.with_raw_response.create(
-                model="routeopt", messages=[{"role": "user", "content": small}],
-                extra_body={"metadata": {"routeopt_suite": "sort"}})
+                model="routeopt",
+                messages=[{"role": "user", "content": small}],
+                extra_body={"metadata": {"routeopt_suite": "sort"}},
+            )
             plain.parse()
             want = expected.route(small, "sort")
             assert plain.headers["x-routeopt-model"] == plain.headers["x-routeopt-served-model"] == want.model
@@ -89,8 +103,11 @@ def test_the_shipped_config_starts_routes_and_names_missing_deployments(
             assert fake.requests[-1].body["model"] == MAPPED[served]
 
             move_channel(registry, "champion", 2, signing_key=keypair[0])
-            _wait_for(lambda: [m.group(1) for m in WARNING.finditer(proxy.log())] == ["1", "2"], 60,
-                      f"the warning after the swap to version 2:\n{proxy.log()[-3000:]}")
+            _wait_for(
+                lambda: [m.group(1) for m in WARNING.finditer(proxy.log())] == ["1", "2"],
+                60,
+                f"the warning after the swap to version 2:\n{proxy.log()[-3000:]}",
+            )
             assert ask(prompt)["x-routeopt-policy-version"] == "2"
     finally:
         server.shutdown()

@@ -39,8 +39,10 @@ from tests.fake_llm import FakeLLM
 from tests.litellm_proxy import free_port
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(NGINX is None, reason="needs Debian's nginx (apt-get install nginx; .ci/run does)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(NGINX is None, reason="needs Debian's nginx (apt-get install nginx; .ci/run does)"),
+]
 SHIPPED = REPO / "gateways" / "nginx"
 
 
@@ -57,8 +59,11 @@ def _kit_ports() -> dict[str, int]:
     backend_map = re.search(r"map \$routeopt_model \$routeopt_backend \{(.*?)\}", text, re.S).group(1)
     models = dict(re.findall(r"^\s*([\w.-]+)\s+(\w+);", backend_map, re.M))
     models.pop("default", None)
-    return {"nginx": listen, "service": int(upstreams["routeopt_service"]),
-            **{m: int(upstreams[u]) for m, u in models.items()}}
+    return {
+        "nginx": listen,
+        "service": int(upstreams["routeopt_service"]),
+        **{m: int(upstreams[u]) for m, u in models.items()},
+    }
 
 
 class _FakeAt(FakeLLM):
@@ -90,13 +95,15 @@ def _as_nobody(folder: Path) -> list[str]:
 
 def _naive_config(folder: Path, port: int, service_port: int, backend_port: int) -> str:
     """The set-up that does not work, in an nginx of its own: auth_request sends the service no body."""
-    temp = " ".join(f"{k}_temp_path {folder / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = " ".join(
+        f"{k}_temp_path {folder / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
     return f"""
 user root;
 daemon off;
 worker_processes 1;
-pid {folder / 'nginx.pid'};
-error_log {folder / 'error.log'} warn;
+pid {folder / "nginx.pid"};
+error_log {folder / "error.log"} warn;
 events {{}}
 http {{
     access_log off;
@@ -138,8 +145,10 @@ def _free(ports: dict[str, int]) -> None:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
-                pytest.fail(f"port {port} ({what}) is taken: the test runs the shipped {KIT} as it is, "
-                            f"on its ports {sorted(ports.values())}; free them")
+                pytest.fail(
+                    f"port {port} ({what}) is taken: the test runs the shipped {KIT} as it is, "
+                    f"on its ports {sorted(ports.values())}; free them"
+                )
 
 
 @pytest.fixture(scope="module")
@@ -148,23 +157,40 @@ def stack(tmp_path_factory, policies, keypair):
 
     tmp = tmp_path_factory.mktemp("nginx")
     ports = _kit_ports()
-    assert set(policies[0].candidates) <= set(ports), f"{KIT}'s backend map lacks a candidate of the test policy"
+    assert set(policies[0].candidates) <= set(ports), (
+        f"{KIT}'s backend map lacks a candidate of the test policy"
+    )
     # one test session at a time on the kit's fixed ports
     guard = open(Path(tempfile.gettempdir()) / "routeopt-nginx-kit.lock", "w")
     fcntl.flock(guard, fcntl.LOCK_EX)
     _free(ports)
     registry = tmp / "registry"
-    publish(policies[0], registry, signing_key=keypair[0], lineage={"runs": ["r"]},
-            metrics={"pass_rate": 0.9, "cost_usd": 0.01})
+    publish(
+        policies[0],
+        registry,
+        signing_key=keypair[0],
+        lineage={"runs": ["r"]},
+        metrics={"pass_rate": 0.9, "cost_usd": 0.01},
+    )
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     reg_server, reg_url = serve_in_thread(registry)
     candidates = policies[0].candidates
     fakes = {c: _FakeAt(ports[c]).start() for c in candidates}
     naive_port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEOPT_POLICY": reg_url,
-           "ROUTEOPT_PUBLIC_KEY": str(keypair[1]), "ROUTEOPT_STATE_DIR": str(tmp / "state")}
-    service = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve", "--port", str(ports["service"])],
-                               env=env, cwd=tmp, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ROUTEOPT_POLICY": reg_url,
+        "ROUTEOPT_PUBLIC_KEY": str(keypair[1]),
+        "ROUTEOPT_STATE_DIR": str(tmp / "state"),
+    }
+    service = subprocess.Popen(
+        [sys.executable, "-m", "routeopt.flows.cli", "gateway", "serve", "--port", str(ports["service"])],
+        env=env,
+        cwd=tmp,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # the kit as a user runs it: the folder copied anywhere, `nginx -p "$PWD" -c nginx-local.conf` in it
     kit = Path(tempfile.mkdtemp(prefix="routeopt-nginx-"))
     shutil.copytree(SHIPPED, kit, dirs_exist_ok=True)
@@ -174,21 +200,35 @@ def stack(tmp_path_factory, policies, keypair):
     naive_dir = tmp / "naive"
     for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (naive_dir / k).mkdir(parents=True)
-    (naive_dir / "naive.conf").write_text(_naive_config(naive_dir, naive_port, ports["service"], ports[candidates[0]]))
-    naive = subprocess.Popen([NGINX, "-p", str(naive_dir), "-c", str(naive_dir / "naive.conf")],
-                             stderr=subprocess.PIPE, text=True)
+    (naive_dir / "naive.conf").write_text(
+        _naive_config(naive_dir, naive_port, ports["service"], ports[candidates[0]])
+    )
+    naive = subprocess.Popen(
+        [NGINX, "-p", str(naive_dir), "-c", str(naive_dir / "naive.conf")], stderr=subprocess.PIPE, text=True
+    )
     try:
         assert started.returncode == 0, f"{' '.join(command)} failed:\n{started.stderr}"
         _wait_http(f"http://127.0.0.1:{ports['service']}/readyz", service, "routeopt gateway serve")
         _wait_http(f"http://127.0.0.1:{ports['nginx']}/v1/chat/completions", None, "nginx")
         _wait_http(f"http://127.0.0.1:{naive_port}/v1/chat/completions", naive, "the auth_request nginx")
-        yield {"url": f"http://127.0.0.1:{ports['nginx']}", "naive": f"http://127.0.0.1:{naive_port}", "fakes": fakes,
-               "expected": Gateway(load(registry, keypair[1], state_dir=False)), "service": service,
-               "default": re.search(r"\$routeopt_default_model \{\s*default (\S+);", (SHIPPED / KIT).read_text()).group(1),
-               "error_log": naive_dir / "error.log", "kit": kit, "ports": ports,
-               "as_nobody": bool(user)}
+        yield {
+            "url": f"http://127.0.0.1:{ports['nginx']}",
+            "naive": f"http://127.0.0.1:{naive_port}",
+            "fakes": fakes,
+            "expected": Gateway(load(registry, keypair[1], state_dir=False)),
+            "service": service,
+            "default": re.search(
+                r"\$routeopt_default_model \{\s*default (\S+);", (SHIPPED / KIT).read_text()
+            ).group(1),
+            "error_log": naive_dir / "error.log",
+            "kit": kit,
+            "ports": ports,
+            "as_nobody": bool(user),
+        }
     finally:
-        subprocess.run([*user, NGINX, "-p", str(kit), "-c", KIT, "-s", "stop"], cwd=kit, capture_output=True, timeout=60)
+        subprocess.run(
+            [*user, NGINX, "-p", str(kit), "-c", KIT, "-s", "stop"], cwd=kit, capture_output=True, timeout=60
+        )
         for proc in (naive, service):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -208,8 +248,12 @@ def _wait_gone(pid_file: Path, deadline_s: float = 30) -> None:
 
 
 def _landed(fakes: dict[str, FakeLLM], marker: str) -> list[tuple[str, str]]:
-    calls = [(r.t, c, r.body.get("model")) for c, f in fakes.items() for r in f.requests
-             if marker in json.dumps(r.body)]
+    calls = [
+        (r.t, c, r.body.get("model"))
+        for c, f in fakes.items()
+        for r in f.requests
+        if marker in json.dumps(r.body)
+    ]
     return [(c, m) for _, c, m in sorted(calls)]
 
 
@@ -219,17 +263,25 @@ def test_each_request_reaches_the_policys_model_plain_and_streamed(stack) -> Non
     chosen = []
     for i in range(40):
         suite, difficulty = (*SUITES, None)[i % 4], 1 + i % 5
-        text = f"{suite or 'add'} task difficulty {difficulty}: " + " ".join(words[(i + k) % 5] for k in range(3 * difficulty))
+        text = f"{suite or 'add'} task difficulty {difficulty}: " + " ".join(
+            words[(i + k) % 5] for k in range(3 * difficulty)
+        )
         messages = [{"role": "user", "content": f"{text} #{i}#"}]
         metadata = {"routeopt_suite": suite} if suite else {}
         want = stack["expected"].route(messages_text(messages), suite)
         raw = client.chat.completions.with_raw_response.create(
-            model="routeopt", messages=messages, stream=i % 2 == 1, extra_body={"metadata": metadata})
+            model="routeopt", messages=messages, stream=i % 2 == 1, extra_body={"metadata": metadata}
+        )
         parsed = raw.parse()
-        answer = "".join(c.choices[0].delta.content or "" for c in parsed if c.choices) if i % 2 \
+        answer = (
+            "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+            if i % 2
             else parsed.choices[0].message.content
+        )
         assert answer == f"echo: {text} #{i}#"
-        assert raw.headers["x-routeopt-model"] == want.model and raw.headers["x-routeopt-policy-version"] == "1"
+        assert (
+            raw.headers["x-routeopt-model"] == want.model and raw.headers["x-routeopt-policy-version"] == "1"
+        )
         assert raw.headers["x-routeopt-fallbacks"] == ",".join(want.fallbacks)
         assert raw.headers["x-routeopt-decision-id"]  # nginx's $request_id
         chosen.append(want.model)
@@ -248,9 +300,15 @@ def _upstream_calls(stack) -> int:
 
 def test_a_bad_request_gets_the_services_error_and_reaches_no_model(stack) -> None:
     before = _upstream_calls(stack)
-    r = httpx.post(stack["url"] + "/v1/chat/completions", content=b'{"model": "routeopt", "messages": [}',
-                   headers={"content-type": "application/json"}, timeout=30)
-    empty = httpx.post(stack["url"] + "/v1/chat/completions", json={"model": "routeopt", "messages": []}, timeout=30)
+    r = httpx.post(
+        stack["url"] + "/v1/chat/completions",
+        content=b'{"model": "routeopt", "messages": [}',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    empty = httpx.post(
+        stack["url"] + "/v1/chat/completions", json={"model": "routeopt", "messages": []}, timeout=30
+    )
     big = httpx.post(stack["url"] + "/v1/chat/completions", content=b"x" * (17 << 20), timeout=60)
     assert r.status_code == 400 and "not JSON" in r.json()["error"]
     assert empty.status_code == 400 and "messages is empty" in empty.json()["error"]
@@ -263,7 +321,11 @@ def test_a_bad_request_gets_the_services_error_and_reaches_no_model(stack) -> No
 def test_the_kit_runs_unprivileged_and_writes_only_into_its_folder(stack) -> None:
     kit = stack["kit"]
     pid = int((kit / "nginx.pid").read_text())
-    uid = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")).split()[1])
+    uid = int(
+        next(
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
+        ).split()[1]
+    )
     assert uid == (65534 if stack["as_nobody"] else os.geteuid())
     written = {p.name for p in kit.iterdir()} - {p.name for p in SHIPPED.iterdir()}
     assert written == {"nginx.pid", "error.log", "access.log", *TEMP_PATHS}
@@ -275,16 +337,22 @@ def test_a_model_nginx_has_no_upstream_for_is_a_json_502_saying_who_chose_it(sta
     """The client named a model itself: the service passes it through, unrouted, and the 502
     says so, naming the map to add it to (not nginx's expansion of a variable)."""
     before = _upstream_calls(stack)
-    r = httpx.post(stack["url"] + "/v1/chat/completions",
-                   json={"model": "gpt-unmapped", "messages": [{"role": "user", "content": "unmapped-probe"}]}, timeout=30)
+    r = httpx.post(
+        stack["url"] + "/v1/chat/completions",
+        json={"model": "gpt-unmapped", "messages": [{"role": "user", "content": "unmapped-probe"}]},
+        timeout=30,
+    )
     assert r.status_code == 502 and r.headers["content-type"] == "application/json"
     error = r.json()["error"]
     assert "the request named the model 'gpt-unmapped' itself" in error and "routeopt chose" not in error
     assert "add it to the routeopt_backend map" in error and "  " not in error
     assert r.headers["x-routeopt-model"] == "gpt-unmapped"
     # a name JSON would need escaped is not echoed into the body, which stays valid JSON
-    odd = httpx.post(stack["url"] + "/v1/chat/completions",
-                     json={"model": 'x"y\\z', "messages": [{"role": "user", "content": "odd-probe"}]}, timeout=30)
+    odd = httpx.post(
+        stack["url"] + "/v1/chat/completions",
+        json={"model": 'x"y\\z', "messages": [{"role": "user", "content": "odd-probe"}]},
+        timeout=30,
+    )
     assert odd.status_code == 502 and "not shown here" in odd.json()["error"]
     assert _upstream_calls(stack) == before
 
@@ -292,16 +360,31 @@ def test_a_model_nginx_has_no_upstream_for_is_a_json_502_saying_who_chose_it(sta
 def test_the_shipped_example_config_is_valid_nginx(tmp_path) -> None:
     conf = tmp_path / "nginx"
     shutil.copytree(SHIPPED, conf)
-    done = subprocess.run([NGINX, "-t", "-p", str(conf), "-c", str(conf / "nginx.conf"),
-                           "-g", f"pid {conf / 'nginx.pid'}; error_log stderr;"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            NGINX,
+            "-t",
+            "-p",
+            str(conf),
+            "-c",
+            str(conf / "nginx.conf"),
+            "-g",
+            f"pid {conf / 'nginx.pid'}; error_log stderr;",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and "syntax is ok" in done.stderr, done.stderr
 
 
 def test_auth_request_would_send_no_body_so_nothing_is_routed(stack) -> None:
     """The naive auth_request set-up: nginx sends the service a GET without the prompt; the
     service refuses it (405) instead of deciding on nothing, so nginx fails the request."""
-    r = httpx.post(stack["naive"] + "/v1/chat/completions",
-                   json={"model": "routeopt", "messages": [{"role": "user", "content": "naive-probe"}]}, timeout=30)
+    r = httpx.post(
+        stack["naive"] + "/v1/chat/completions",
+        json={"model": "routeopt", "messages": [{"role": "user", "content": "naive-probe"}]},
+        timeout=30,
+    )
     assert r.status_code == 500 and not _landed(stack["fakes"], "naive-probe")
     assert "auth request unexpected status: 405" in stack["error_log"].read_text()
 
@@ -310,8 +393,11 @@ def test_with_the_service_down_the_default_model_serves(stack) -> None:
     """Runs next to last in this module: it stops the decision service."""
     stack["service"].send_signal(signal.SIGTERM)
     stack["service"].wait(30)
-    r = httpx.post(stack["url"] + "/v1/chat/completions",
-                   json={"model": "routeopt", "messages": [{"role": "user", "content": "down-probe"}]}, timeout=30)
+    r = httpx.post(
+        stack["url"] + "/v1/chat/completions",
+        json={"model": "routeopt", "messages": [{"role": "user", "content": "down-probe"}]},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: down-probe"
     assert r.headers["x-routeopt-model"] == stack["default"]
     assert r.headers["x-routeopt-default-reason"] == "decision service unavailable"
@@ -353,13 +439,18 @@ def test_nginxs_own_failures_are_json_and_name_who_chose_the_model(stack) -> Non
     try:
         chosen = httpx.post(stack["url"] + "/v1/chat/completions", json=body, timeout=30)
         assert chosen.status_code == 502 and chosen.headers["content-type"] == "application/json"
-        assert chosen.json()["error"].startswith("routeopt chose the model 'unmapped-model', and nginx has no upstream")
+        assert chosen.json()["error"].startswith(
+            "routeopt chose the model 'unmapped-model', and nginx has no upstream"
+        )
         assert "request named" not in chosen.json()["error"]
 
         down = stack["fakes"]["large"]
         down.stop()
-        named = httpx.post(stack["url"] + "/v1/chat/completions",
-                           json={"model": "large", "messages": [{"role": "user", "content": "down-server"}]}, timeout=30)
+        named = httpx.post(
+            stack["url"] + "/v1/chat/completions",
+            json={"model": "large", "messages": [{"role": "user", "content": "down-server"}]},
+            timeout=30,
+        )
         assert named.status_code == 502 and named.headers["content-type"] == "application/json"
         assert set(named.json()) == {"error"}
         assert "the server of the model 'large' did not answer" in named.json()["error"]

@@ -31,7 +31,6 @@ def regressed(tmp_path_factory) -> Path:
     return db
 
 
-
 def test_webhook_retries_back_off_with_jitter_and_a_bound(regressed: Path, receiver):  # noqa: F811
     url, handler = receiver
     handler.statuses = [503, 503, 503, 503]
@@ -59,7 +58,9 @@ def test_webhook_receives_the_report_and_retries_a_5xx(regressed: Path, receiver
     got = handler.received[-1]
     assert got["path"] == "/hooks/routeopt" and got["ctype"] == "application/json"
     assert got["body"]["run_id"] == "run-03" and "regressions" in got["body"]["text"]
-    metrics = {(f["candidate"], f["metric"]) for f in got["body"]["findings"] if f["severity"] == "regression"}
+    metrics = {
+        (f["candidate"], f["metric"]) for f in got["body"]["findings"] if f["severity"] == "regression"
+    }
     assert ("mid", "pass_rate") in metrics
 
 

@@ -11,7 +11,13 @@ import pytest
 
 from routeopt.evals.storage.drift import detect_drift
 from routeopt.evals.storage.store import Store
-from routeopt.reports.dashboard import build_report, candidate_stats, gather, publish_prefect_artifacts, render_html
+from routeopt.reports.dashboard import (
+    build_report,
+    candidate_stats,
+    gather,
+    publish_prefect_artifacts,
+    render_html,
+)
 from tests.ops_history import Regression, make_history
 
 
@@ -61,16 +67,20 @@ def test_errors_and_replayed_answers_count_the_same_way_everywhere(tmp_path: Pat
     from routeopt.evals.storage.store import Outcome
 
     def row(i: int, **kw) -> Outcome:
-        base = dict(passed=True, score=1.0, cost_usd=1.0, latency_s=1.0, ttft_s=0.5,
-                    output_tokens=10)
+        base = dict(passed=True, score=1.0, cost_usd=1.0, latency_s=1.0, ttft_s=0.5, output_tokens=10)
         if "error_kind" in kw:
             base = {}
         return Outcome("r", "s", "v", str(i), "c", **{**base, **kw})
 
-    rows = [row(0), row(1, passed=False, score=0.0),
-            row(2, error_kind="timeout"), row(3, error_kind="truncated_stream"),
-            row(4, error_kind="budget"), row(5, error_kind="circuit_open"),
-            row(6, cached=True, cost_usd=50.0, latency_s=99.0, ttft_s=99.0, output_tokens=999)]
+    rows = [
+        row(0),
+        row(1, passed=False, score=0.0),
+        row(2, error_kind="timeout"),
+        row(3, error_kind="truncated_stream"),
+        row(4, error_kind="budget"),
+        row(5, error_kind="circuit_open"),
+        row(6, cached=True, cost_usd=50.0, latency_s=99.0, ttft_s=99.0, output_tokens=999),
+    ]
     with Store(tmp_path / "db.duckdb") as store:
         store.begin_run("r")
         store.write_outcomes(rows)
@@ -101,22 +111,31 @@ def test_report_is_self_contained_and_shows_every_section(db: Path, metrics: dic
     assert not list((tmp_path / "r").glob(".*"))  # the temporary file was renamed away
 
 
-def test_the_knob_table_is_what_each_target_gives_and_bounds_are_labelled(db: Path, metrics: dict, tmp_path: Path):
+def test_the_knob_table_is_what_each_target_gives_and_bounds_are_labelled(
+    db: Path, metrics: dict, tmp_path: Path
+):
     """Every row of the knob's table is the held-out promise report's, worded as the run summary
     words it; frontier figures (read off points on the same requests) are labelled upper bounds."""
     from routeopt.reports.summary import promise_line
 
     with Store(db, read_only=True) as store:
-        html = build_report(store, "run-03", tmp_path / "k.html", metrics=metrics,
-                            policy={"version": 3, "promoted": True}).read_text()
-    knob = html[html.index('id="knob"'):html.index("</table>", html.index('id="knob"'))]
+        html = build_report(
+            store, "run-03", tmp_path / "k.html", metrics=metrics, policy={"version": 3, "promoted": True}
+        ).read_text()
+    knob = html[html.index('id="knob"') : html.index("</table>", html.index('id="knob"'))]
     rows = re.findall(r"<tr[^>]*><td>([^<]*)</td>\s*<td>(yes|no)</td><td>([^<]*)</td><td>([^<]*)</td>", knob)
     targets = metrics["holdout"]["promise"]["targets"]
     assert [(float(t), c == "yes", float(f), float(q)) for t, c, f, q in rows] == [
-        (pytest.approx(r["target"]), r["certified"], pytest.approx(r["floor"], abs=5e-4),
-         pytest.approx(r["pass_rate"], abs=5e-4)) for r in targets]
+        (
+            pytest.approx(r["target"]),
+            r["certified"],
+            pytest.approx(r["floor"], abs=5e-4),
+            pytest.approx(r["pass_rate"], abs=5e-4),
+        )
+        for r in targets
+    ]
     assert promise_line(metrics) in html and "<b>v3</b>" in html and "champion" in html
-    bounds = html[html.index('id="router"'):html.index("</thead>", html.index('id="router"'))]
+    bounds = html[html.index('id="router"') : html.index("</thead>", html.index('id="router"'))]
     assert bounds.count("(upper bound)") == 3
 
 
@@ -132,8 +151,13 @@ def test_policy_metrics_are_found_in_the_registry(db: Path, trained, tmp_path: P
     from routeopt.artifacts.publish.signing_keys import generate_keys
 
     key, _ = generate_keys(tmp_path / "keys")
-    publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-02"]}, metrics=trained.metrics,
-            signing_key=key)
+    publish(
+        trained.policy,
+        tmp_path / "reg",
+        lineage={"runs": ["run-02"]},
+        metrics=trained.metrics,
+        signing_key=key,
+    )
     publish(trained.policy, tmp_path / "reg", lineage={"runs": ["run-01"]}, metrics={"x": 1}, signing_key=key)
     with Store(db, read_only=True) as store:
         data = gather(store, "run-02", registry=tmp_path / "reg")
@@ -187,7 +211,10 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
     ids = publish_them()
     assert len(ids) == 4
     with get_client(sync_client=True) as client:
-        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=ids)))}
+        arts = {
+            a.key: a
+            for a in client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=ids)))
+        }
     assert set(arts) == {"routeopt-candidates", "routeopt-suites", "routeopt-router-drift", "routeopt-report"}
     assert arts["routeopt-candidates"].flow_run_id is not None
     table = arts["routeopt-candidates"].data
@@ -201,8 +228,15 @@ def test_prefect_artifacts_attach_to_the_flow_run(db: Path, metrics: dict, prefe
 def test_charts_log_axis_and_empty_data():
     from routeopt.reports.charts import Axis, Series, chart
 
-    svg = chart("c", [Series("a", [1e-6, 1e-4, 1e-2], [0.5, 0.7, 0.9], ["x", "y", "z"])],
-                Axis("cost", log=True, fmt=".0e"), Axis("q"), chart_id="t")
+    svg = chart(
+        "c",
+        [Series("a", [1e-6, 1e-4, 1e-2], [0.5, 0.7, 0.9], ["x", "y", "z"])],
+        Axis("cost", log=True, fmt=".0e"),
+        Axis("q"),
+        chart_id="t",
+    )
     assert svg.count('class="mark"') == 4  # three points and the legend marker
     assert ">1e-04<" in svg and ">1e-06<" in svg and "z: cost 1e-02, q 0.9" in svg
-    assert 'class="chart empty"' in chart("none", [Series("a", [None], [1.0])], Axis("x"), Axis("y"), chart_id="e")
+    assert 'class="chart empty"' in chart(
+        "none", [Series("a", [None], [1.0])], Axis("x"), Axis("y"), chart_id="e"
+    )

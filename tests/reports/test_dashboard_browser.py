@@ -79,9 +79,18 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
     profile = tmp_path / "profile"
     proc = subprocess.Popen(
         [
-            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-            f"--user-data-dir={profile}", "--remote-debugging-port=0", "--window-size=1280,2000",
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "--window-size=1280,2000",
             "about:blank",
         ],
         stdout=subprocess.DEVNULL,
@@ -143,23 +152,31 @@ def test_dashboard_renders_in_headless_chromium(browser: DevTools, tmp_path: Pat
     assert rendered["charts"] == 4 and rendered["marks"] > 30
     assert rendered["tables"] == 4  # candidates, two suites, drift (no router table: no metrics)
     assert rendered["rows"] == 3 + 6 + len(drift.findings)
-    assert browser.evaluate("document.querySelectorAll('#drift tr.sev-regression').length") == len(drift.regressions)
+    assert browser.evaluate("document.querySelectorAll('#drift tr.sev-regression').length") == len(
+        drift.regressions
+    )
     sizes = browser.evaluate(
         "Array.from(document.querySelectorAll('svg.chart')).map(s => s.getBoundingClientRect().width)"
     )
     assert all(w > 200 for w in sizes)  # laid out, not collapsed
     # clicking the pass-rate header sorts ascending, clicking again descending
     order = "Array.from(document.querySelectorAll('#candidates tbody tr')).map(r => r.cells[0].textContent)"
-    click = ("Array.from(document.querySelectorAll('#candidates th'))"
-             ".find(th => th.textContent === 'pass rate').click()")
+    click = (
+        "Array.from(document.querySelectorAll('#candidates th'))"
+        ".find(th => th.textContent === 'pass rate').click()"
+    )
     browser.evaluate(click)
     asc = browser.evaluate(order)
     browser.evaluate(click)
     desc = browser.evaluate(order)
     with Store(db, read_only=True) as store:
-        by_rate = [r["candidate"] for r in sorted(candidate_stats(store, "run-03"), key=lambda r: r["pass_rate"])]
+        by_rate = [
+            r["candidate"] for r in sorted(candidate_stats(store, "run-03"), key=lambda r: r["pass_rate"])
+        ]
     assert asc == by_rate and desc == by_rate[::-1]
-    shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+    shot = base64.b64decode(
+        browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
+    )
     (tmp_path / "report.png").write_bytes(shot)
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 30_000  # a blank page compresses to ~5 kB
     time.sleep(0.3)  # let late console events arrive

@@ -19,8 +19,9 @@ SUITES = ("reverse", "sort", "add")
 WORDS = "stone river apple cloud tiger lemon piano rocket violet maple".split()
 
 
-def demo_frame(n_items: int = 150, seed: int = 0, suites: tuple[str, ...] = SUITES,
-               candidates: dict | None = None) -> pd.DataFrame:
+def demo_frame(
+    n_items: int = 150, seed: int = 0, suites: tuple[str, ...] = SUITES, candidates: dict | None = None
+) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     candidates = candidates or CANDIDATES
     rows = []
@@ -31,10 +32,16 @@ def demo_frame(n_items: int = 150, seed: int = 0, suites: tuple[str, ...] = SUIT
             prompt = f"Task: {suite} the input. difficulty: {difficulty}. Input: {words}"
             for name, (skill, price) in candidates.items():
                 p = 1 / (1 + np.exp(-3 * (skill - difficulty)))
-                rows.append({
-                    "request_id": f"{suite}-{i}", "suite": suite, "prompt": prompt, "model": name,
-                    "score": float(rng.random() < p), "cost_usd": price * (1 + 0.1 * difficulty),
-                })
+                rows.append(
+                    {
+                        "request_id": f"{suite}-{i}",
+                        "suite": suite,
+                        "prompt": prompt,
+                        "model": name,
+                        "score": float(rng.random() < p),
+                        "cost_usd": price * (1 + 0.1 * difficulty),
+                    }
+                )
     return pd.DataFrame(rows)
 
 

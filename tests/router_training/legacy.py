@@ -31,11 +31,18 @@ def save_format_2(policy: RoutingPolicy, folder: Path) -> list[str]:
     for name, text in extra.items():
         (folder / name).write_text(text)
     (folder / "scorer.json").write_text(json.dumps(scorer))
-    head = {"format_version": 2, "candidates": list(policy.candidates), "knob": policy.knob.to_dict(),
-            "reference_pass_rate": float(policy.reference_pass_rate), "reference_model": policy.reference_model,
-            "quality_target": float(policy.quality_target), "platt": np.asarray(policy.platt).tolist(),
-            "cost_model": policy.cost_model.to_dict(), "metrics": policy.metrics,
-            "files": {"features": "features.json", "scorer": "scorer.json"}}
+    head = {
+        "format_version": 2,
+        "candidates": list(policy.candidates),
+        "knob": policy.knob.to_dict(),
+        "reference_pass_rate": float(policy.reference_pass_rate),
+        "reference_model": policy.reference_model,
+        "quality_target": float(policy.quality_target),
+        "platt": np.asarray(policy.platt).tolist(),
+        "cost_model": policy.cost_model.to_dict(),
+        "metrics": policy.metrics,
+        "files": {"features": "features.json", "scorer": "scorer.json"},
+    }
     (folder / "policy.json").write_text(json.dumps(head, indent=1, sort_keys=True))
     return ["policy.json", "features.json", "scorer.json", *extra]
 

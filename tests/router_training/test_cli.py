@@ -30,17 +30,23 @@ def test_import_train_route_end_to_end(tmp_path, monkeypatch):
 
     requests = tmp_path / "in.jsonl"
     requests.write_text(
-        json.dumps({"id": "a", "prompt": "Task: add the input. difficulty: 1. Input: stone", "suite": "add"}) + "\n"
-        + json.dumps({"id": "b", "prompt": "Task: sort the input. difficulty: 5. Input: x y z"}) + "\n"
+        json.dumps({"id": "a", "prompt": "Task: add the input. difficulty: 1. Input: stone", "suite": "add"})
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "Task: sort the input. difficulty: 5. Input: x y z"})
+        + "\n"
     )
     out = tmp_path / "decisions.jsonl"
-    r = runner.invoke(cli, ["route", "--policy", str(registry), "--input", str(requests), "--output", str(out)])
+    r = runner.invoke(
+        cli, ["route", "--policy", str(registry), "--input", str(requests), "--output", str(out)]
+    )
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["id"] for row in rows] == ["a", "b"]
     assert {row["model"] for row in rows} <= {"tiny", "small", "medium", "large"}
 
-    r = runner.invoke(cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"])
+    r = runner.invoke(
+        cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"]
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
 
@@ -59,7 +65,9 @@ def test_train_certifies_toward_a_traffic_sample_or_robustly_and_says_so(tmp_pat
     assert runner.invoke(cli, ["import", "outcomes", str(data), "--db", str(db)]).exit_code == 0
     hard = frame[frame["prompt"].str.contains("difficulty: [45]")].drop_duplicates("request_id")
     prompts = tmp_path / "traffic.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p, "suite": s}) + "\n" for p, s in zip(hard.prompt, hard.suite)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p, "suite": s}) + "\n" for p, s in zip(hard.prompt, hard.suite))
+    )
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(prompts)])
     assert r.exit_code == 0, r.output
     assert f"requests like the traffic sample of {len(hard)} requests" in r.output
@@ -67,18 +75,37 @@ def test_train_certifies_toward_a_traffic_sample_or_robustly_and_says_so(tmp_pat
     assert cert["mode"] == "traffic" and cert["traffic"]["n_traffic"] == len(hard)
     assert 0 < cert["traffic"]["effective_sample_size"] < 180 and cert["traffic"]["separability_auc"] > 0.6
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps({"kind": "decision", "time": "2025-03-01T10:00:00Z", "request_id": f"r{i}",
-                                       "suite": s, "prompt_chars": len(p), "model": "tiny", "propensity": 1.0})
-                           + "\n" for i, (p, s) in enumerate(zip(hard.prompt, hard.suite))))
+    log.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "kind": "decision",
+                    "time": "2025-03-01T10:00:00Z",
+                    "request_id": f"r{i}",
+                    "suite": s,
+                    "prompt_chars": len(p),
+                    "model": "tiny",
+                    "propensity": 1.0,
+                }
+            )
+            + "\n"
+            for i, (p, s) in enumerate(zip(hard.prompt, hard.suite))
+        )
+    )
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--traffic", str(log)])
     assert r.exit_code == 0, r.output
-    assert "without text (suites and lengths)" in show(str(registry), 2)["metrics"]["knob"]["certificate"]["traffic"]["source"]
+    assert (
+        "without text (suites and lengths)"
+        in show(str(registry), 2)["metrics"]["knob"]["certificate"]["traffic"]["source"]
+    )
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2"])
     assert r.exit_code == 0, r.output
     assert "within a factor 2 of the calibration mix" in r.output
     assert show(str(registry), 3)["metrics"]["knob"]["certificate"]["gamma"] == 2.0
-    r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--robust", "2",
-                            "--traffic", str(prompts)])
+    r = runner.invoke(
+        cli,
+        ["train", "--db", str(db), "--registry", str(registry), "--robust", "2", "--traffic", str(prompts)],
+    )
     assert r.exit_code != 0 and "not both" in r.output
 
 
@@ -88,8 +115,9 @@ def test_route_reports_bad_input_line(tmp_path, trained):
     bad.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2}\n')
     r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad)])
     assert r.exit_code != 0 and "bare policy folder has no manifest or signature" in r.output
-    r = CliRunner().invoke(cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad),
-                                 "--allow-unsigned"])
+    r = CliRunner().invoke(
+        cli, ["route", "--policy", str(tmp_path / "policy"), "--input", str(bad), "--allow-unsigned"]
+    )
     assert r.exit_code != 0 and "in.jsonl:2:" in r.output and "prompt" in r.output
 
 
@@ -116,11 +144,39 @@ def test_bench_router_measures_the_knob_on_every_set(tmp_path):
     demo_frame(n_items=60, seed=3).to_parquet(extra_train)
     demo_frame(n_items=30, seed=4).to_csv(extra_test, index=False)
     png, out = tmp_path / "curves.png", tmp_path / "r.json"
-    r = CliRunner().invoke(cli, ["bench", "router", "--sets", str(tmp_path / "sets"), "--train", str(extra_train),
-                                 "--test", str(extra_test), "--plot", str(png), "--json", str(out)])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "router",
+            "--sets",
+            str(tmp_path / "sets"),
+            "--train",
+            str(extra_train),
+            "--test",
+            str(extra_test),
+            "--plot",
+            str(png),
+            "--json",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    for name in ("== alpha", "== beta", "== gamma", "summary across sets", "knob", "reference", "zero_router",
-                 "oracle", "S100", "S95", "AIQ", "certified", "promise"):
+    for name in (
+        "== alpha",
+        "== beta",
+        "== gamma",
+        "summary across sets",
+        "knob",
+        "reference",
+        "zero_router",
+        "oracle",
+        "S100",
+        "S95",
+        "AIQ",
+        "certified",
+        "promise",
+    ):
         assert name in r.output, name
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     reports = json.loads(out.read_text())
@@ -150,8 +206,21 @@ def test_bench_router_with_shifts_measures_every_certificate_on_every_shift(tmp_
     demo_frame(n_items=90, seed=5).to_parquet(folder / "train.parquet")
     demo_frame(n_items=90, seed=6).to_parquet(folder / "test.parquet")
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(cli, ["bench", "router", "--sets", str(tmp_path / "sets"), "--shift", "all",
-                                 "--robust", "1.5", "--json", str(out)])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "router",
+            "--sets",
+            str(tmp_path / "sets"),
+            "--shift",
+            "all",
+            "--robust",
+            "1.5",
+            "--json",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "== alpha: shifted test sets" in r.output and "== shifted sets: summary" in r.output
     shifts = json.loads(out.read_text())[0]["shifts"]
@@ -166,5 +235,9 @@ def test_bench_router_with_shifts_measures_every_certificate_on_every_shift(tmp_
         assert weighted["weights"]["n_traffic"] == row["n"] and weighted["knob"]["reference_model"]
         best = max(weighted["per_candidate"].values(), key=lambda v: v["pass_rate"])
         assert weighted["best_single"]["pass_rate"] == best["pass_rate"]  # floors: best on the shifted set
-        assert set(weighted["checks"]) == {"pass@0.8 >= floor - 0.015", "pass@0.9 >= floor - 0.015",
-                                           "pass@0.95 >= floor - 0.015", "pass@1 >= floor - 0.01"}
+        assert set(weighted["checks"]) == {
+            "pass@0.8 >= floor - 0.015",
+            "pass@0.9 >= floor - 0.015",
+            "pass@0.95 >= floor - 0.015",
+            "pass@1 >= floor - 0.01",
+        }

@@ -31,10 +31,14 @@ def test_published_policy_is_refit_on_every_request(trained, demo):
     assert trained.evaluated is not trained.policy and "refit on all" in m["holdout"]["policy"]
     assert sorted(trained.split["calib"]) == sorted(demo["request_id"].unique())
     prompts, suites = demo["prompt"].unique()[:50].tolist(), ["add"] * 50
-    assert not np.allclose(trained.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0])
+    assert not np.allclose(
+        trained.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0]
+    )
 
     kept = train_router(demo, quality_target=0.95, seed=0, refit=False)
-    assert kept.evaluated is kept.policy and not kept.metrics["refit"] and kept.metrics["n_fit"] == m["n_train"]
+    assert (
+        kept.evaluated is kept.policy and not kept.metrics["refit"] and kept.metrics["n_fit"] == m["n_train"]
+    )
     assert sorted(kept.split["calib"]) == sorted(kept.split["train"])
     assert np.allclose(kept.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0])
 
@@ -42,7 +46,15 @@ def test_published_policy_is_refit_on_every_request(trained, demo):
 def test_metrics_report_router_baselines_and_the_promise(trained):
     m = trained.metrics
     held = m["holdout"]
-    for key in ("best_single", "cheapest_single", "oracle", "per_candidate", "table", "router_at_target", "promise"):
+    for key in (
+        "best_single",
+        "cheapest_single",
+        "oracle",
+        "per_candidate",
+        "table",
+        "router_at_target",
+        "promise",
+    ):
         assert key in held
     assert {"router", "per_suite", "knn", "zero_router", "best_single", "oracle"} <= set(held["table"])
     assert held["oracle"]["pass_rate"] >= max(v["pass_rate"] for v in held["per_candidate"].values())
@@ -57,7 +69,9 @@ def test_router_reads_difficulty_and_saves_cost(trained):
     """On the demo fleet the prompt states the difficulty: the router must use it."""
     policy = trained.policy
     easy = policy.decide("Task: add the input. difficulty: 1. Input: stone river", "add", 0.9)
-    hard = policy.decide("Task: add the input. difficulty: 5. Input: stone river tiger lemon piano rocket", "add", 0.9)
+    hard = policy.decide(
+        "Task: add the input. difficulty: 5. Input: stone river tiger lemon piano rocket", "add", 0.9
+    )
     assert easy.pass_probabilities["tiny"] > hard.pass_probabilities["tiny"] + 0.3
     assert easy.expected_cost_usd[easy.model] < hard.expected_cost_usd[hard.model]
     table = trained.metrics["holdout"]["table"]
@@ -109,10 +123,14 @@ def design(demo):
     return design_matrix(data.prompts, data.suites, spec), data.Y, len(spec.suites)
 
 
-@pytest.mark.parametrize("make", [
-    lambda s: LinearPassEstimator(n_suites=s), lambda s: PerSuitePassEstimator(n_suites=s),
-    lambda s: KNNPassEstimator(n_suites=s),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: LinearPassEstimator(n_suites=s),
+        lambda s: PerSuitePassEstimator(n_suites=s),
+        lambda s: KNNPassEstimator(n_suites=s),
+    ],
+)
 def test_estimators_follow_sklearn_conventions(design, make):
     X, Y, s = design
     est = make(s)
@@ -153,8 +171,13 @@ def test_knn_baseline_is_the_same_in_blocks_and_searches_a_sample_past_its_cap(d
 
     X, Y, s = design
     whole = KNNPassEstimator(n_suites=s, block_cells=10**9).fit(X, Y).predict_proba(X)
-    np.testing.assert_array_equal(KNNPassEstimator(n_suites=s, block_cells=7 * X.shape[0]).fit(X, Y).predict_proba(X),
-                                  whole)
+    np.testing.assert_array_equal(
+        KNNPassEstimator(n_suites=s, block_cells=7 * X.shape[0]).fit(X, Y).predict_proba(X), whole
+    )
     assert np.array_equal(knn_pool(1000, 300, 25), np.arange(1000))
     pool = knn_pool(100_000, 20_000, 25, max_pairs=40_000_000)
-    assert len(pool) == 2000 and np.all(np.diff(pool) > 0) and np.array_equal(pool, knn_pool(100_000, 20_000, 25))
+    assert (
+        len(pool) == 2000
+        and np.all(np.diff(pool) > 0)
+        and np.array_equal(pool, knn_pool(100_000, 20_000, 25))
+    )

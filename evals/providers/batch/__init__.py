@@ -58,11 +58,11 @@ class BatchApi(Protocol):
 
     async def upload(self, submission_id: str, lines: list[dict]) -> str | None: ...
 
-    async def create(self, submission_id: str, file_id: str | None,
-                     lines: list[dict]) -> BatchStatus: ...
+    async def create(self, submission_id: str, file_id: str | None, lines: list[dict]) -> BatchStatus: ...
 
-    async def find(self, submission_id: str, file_id: str | None, created_after: float,
-                   n_requests: int, known: set[str]) -> str | None: ...
+    async def find(
+        self, submission_id: str, file_id: str | None, created_after: float, n_requests: int, known: set[str]
+    ) -> str | None: ...
 
     async def retrieve(self, batch_id: str) -> BatchStatus: ...
 
@@ -86,11 +86,12 @@ def make_batch_api(candidate: "Candidate") -> BatchApi:
     try:
         target = BATCH_APIS[candidate.provider]
     except KeyError:
-        raise ValueError(f"candidate {candidate.name!r}: provider {candidate.provider!r} has no "
-                         f"batch API; known: {sorted(BATCH_APIS)}") from None
+        raise ValueError(
+            f"candidate {candidate.name!r}: provider {candidate.provider!r} has no "
+            f"batch API; known: {sorted(BATCH_APIS)}"
+        ) from None
     module_name, _, factory = target.partition(":")
     return getattr(import_module(module_name), factory)(candidate)
 
 
-__all__ = ["BATCH_APIS", "BadLine", "BatchApi", "BatchGone", "BatchStatus", "LineResult",
-           "make_batch_api"]
+__all__ = ["BATCH_APIS", "BadLine", "BatchApi", "BatchGone", "BatchStatus", "LineResult", "make_batch_api"]

@@ -23,8 +23,7 @@ from routeopt.evals.providers.sdk import StreamTimer, map_error
 if TYPE_CHECKING:
     from routeopt.evals.config import Candidate
 
-_STATES = {"succeeded": "answered", "errored": "errored", "canceled": "cancelled",
-           "expired": "expired"}
+_STATES = {"succeeded": "answered", "errored": "errored", "canceled": "cancelled", "expired": "expired"}
 
 
 class AnthropicBatches:
@@ -58,8 +57,9 @@ class AnthropicBatches:
         b = await self._call(self.sync._sdk().messages.batches.create, requests=lines)
         return _status(b)
 
-    async def find(self, submission_id: str, file_id: str | None, created_after: float,
-                   n_requests: int, known: set[str]) -> str | None:
+    async def find(
+        self, submission_id: str, file_id: str | None, created_after: float, n_requests: int, known: set[str]
+    ) -> str | None:
         page = await self._call(self.sync._sdk().messages.batches.list, limit=100)
         fits = []
         async for b in page:
@@ -102,21 +102,31 @@ class AnthropicBatches:
         state = _STATES.get(result.get("type"), "errored")
         if state != "answered":
             inner = (result.get("error") or {}).get("error") or result.get("error") or {}
-            return LineResult(cid, state, error_kind="client_error" if state == "errored" else None,
-                              message=f"{result.get('type')}: {inner.get('type', '')} "
-                                      f"{inner.get('message', '')}".strip()[:500])
+            return LineResult(
+                cid,
+                state,
+                error_kind="client_error" if state == "errored" else None,
+                message=f"{result.get('type')}: {inner.get('type', '')} {inner.get('message', '')}".strip()[
+                    :500
+                ],
+            )
         if request is None:
             return LineResult(cid, "answered")
         from anthropic.types import Message
 
         try:
-            c = AnthropicProvider._whole(Message.model_validate(result.get("message")), request,
-                                         StreamTimer())
+            c = AnthropicProvider._whole(
+                Message.model_validate(result.get("message")), request, StreamTimer()
+            )
         except ProviderError as e:
             return LineResult(cid, "errored", error_kind=e.kind, message=e.message)
         except Exception as exc:
-            return LineResult(cid, "errored", error_kind="bad_response",
-                              message=f"answer does not match the API schema: {exc}"[:500])
+            return LineResult(
+                cid,
+                "errored",
+                error_kind="bad_response",
+                message=f"answer does not match the API schema: {exc}"[:500],
+            )
         c.latency_s, c.ttft_s, c.chunk_gaps_s = 0.0, None, []
         return LineResult(cid, "answered", completion=c)
 

@@ -34,8 +34,7 @@ class OpenAIBatches:
         self.sync = OpenAIProvider(candidate, stream=False)  # its client and request bodies
 
     def encode(self, custom_id: str, request: Request) -> dict:
-        return {"custom_id": custom_id, "method": "POST", "url": ENDPOINT,
-                "body": self.sync._params(request)}
+        return {"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": self.sync._params(request)}
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         import openai
@@ -52,19 +51,23 @@ class OpenAIBatches:
     async def upload(self, submission_id: str, lines: list[dict]) -> str | None:
         data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
         client = self.sync._sdk()
-        f = await self._call(client.files.create, file=(f"{submission_id}.jsonl", data),
-                             purpose="batch")
+        f = await self._call(client.files.create, file=(f"{submission_id}.jsonl", data), purpose="batch")
         return f.id
 
     async def create(self, submission_id: str, file_id: str | None, lines: list[dict]) -> BatchStatus:
         client = self.sync._sdk()
-        b = await self._call(client.batches.create, input_file_id=file_id, endpoint=ENDPOINT,
-                             completion_window="24h",
-                             metadata={"routeopt_submission": submission_id})
+        b = await self._call(
+            client.batches.create,
+            input_file_id=file_id,
+            endpoint=ENDPOINT,
+            completion_window="24h",
+            metadata={"routeopt_submission": submission_id},
+        )
         return _status(b)
 
-    async def find(self, submission_id: str, file_id: str | None, created_after: float,
-                   n_requests: int, known: set[str]) -> str | None:
+    async def find(
+        self, submission_id: str, file_id: str | None, created_after: float, n_requests: int, known: set[str]
+    ) -> str | None:
         """The batch created for this submission, by the id in its metadata."""
         client = self.sync._sdk()
         page = await self._call(client.batches.list, limit=100)
@@ -103,8 +106,12 @@ class OpenAIBatches:
         err = obj.get("error")
         if err:
             code = str(err.get("code") or "")
-            return LineResult(cid, _LINE_STATES.get(code, "errored"), error_kind="server_error",
-                              message=f"{code}: {err.get('message')}")
+            return LineResult(
+                cid,
+                _LINE_STATES.get(code, "errored"),
+                error_kind="server_error",
+                message=f"{code}: {err.get('message')}",
+            )
         response = obj.get("response") or {}
         status, body = int(response.get("status_code") or 0), response.get("body") or {}
         if status != 200:
@@ -120,8 +127,12 @@ class OpenAIBatches:
         except ProviderError as e:
             return LineResult(cid, "errored", error_kind=e.kind, message=e.message)
         except Exception as exc:
-            return LineResult(cid, "errored", error_kind="bad_response",
-                              message=f"answer does not match the API schema: {exc}"[:500])
+            return LineResult(
+                cid,
+                "errored",
+                error_kind="bad_response",
+                message=f"answer does not match the API schema: {exc}"[:500],
+            )
         c.latency_s, c.ttft_s, c.chunk_gaps_s = 0.0, None, []
         return LineResult(cid, "answered", completion=c)
 
@@ -135,9 +146,16 @@ def _status(b: Any) -> BatchStatus:
     for e in (getattr(b.errors, "data", None) or []) if getattr(b, "errors", None) else []:
         where = f"line {e.line}" if getattr(e, "line", None) is not None else "batch"
         errors.append(f"{where}: {e.code}: {e.message}")
-    return BatchStatus(b.id, b.status, b.status in _ENDED, failed=b.status == "failed",
-                       output_file_id=b.output_file_id, error_file_id=b.error_file_id,
-                       counts=counts, errors=errors)
+    return BatchStatus(
+        b.id,
+        b.status,
+        b.status in _ENDED,
+        failed=b.status == "failed",
+        output_file_id=b.output_file_id,
+        error_file_id=b.error_file_id,
+        counts=counts,
+        errors=errors,
+    )
 
 
 def create(candidate: "Candidate") -> OpenAIBatches:

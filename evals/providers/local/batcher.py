@@ -74,20 +74,36 @@ class _Forward:
         # transformers 5.2x renamed `past_key_values` to `cache`; the GPU images have 5.17
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
-                 keep: int = 1) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, keep: int = 1
+    ) -> torch.Tensor:
         """Logits of the last `keep` positions, (rows, keep, vocab)."""
         extra = {"logits_to_keep": keep} if self.trims else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         **{self.cache_kw: cache}, **extra)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            **{self.cache_kw: cache},
+            **extra,
+        )
         return out.logits[:, -keep:, :]
 
 
 class Batcher:
     """The running batch of one model: `admit` prompts, `step` them, `evict` the ended rows."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, max_batch: int, *,
-                 draft: Any = None, num_draft: int = 0, prefix_cache: PrefixCache | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        max_batch: int,
+        *,
+        draft: Any = None,
+        num_draft: int = 0,
+        prefix_cache: PrefixCache | None = None,
+    ):
         self.tok = tokenizer
         self.device = device
         self.max_batch = max_batch
@@ -114,14 +130,15 @@ class Batcher:
         """Prefill `rows` (from their cached prefix on) and add them to the batch; each gets
         its first token."""
         prompts = [self.tok(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
-        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else Hit()
-                for p in prompts]
+        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else Hit() for p in prompts]
         width = max(h.tokens for h in hits)
-        past = torch.tensor([[0] * (width - h.tokens) + [1] * h.tokens for h in hits],
-                            device=self.device, dtype=torch.long).reshape(len(rows), width)
-        caches = [_cache_of([[blk[m] for blk in h.blocks] for h in hits], width)
-                  for m in range(len(self._fwd))]
-        ids, new = self._left_padded([p[h.tokens:] for p, h in zip(prompts, hits)])
+        past = torch.tensor(
+            [[0] * (width - h.tokens) + [1] * h.tokens for h in hits], device=self.device, dtype=torch.long
+        ).reshape(len(rows), width)
+        caches = [
+            _cache_of([[blk[m] for blk in h.blocks] for h in hits], width) for m in range(len(self._fwd))
+        ]
+        ids, new = self._left_padded([p[h.tokens :] for p, h in zip(prompts, hits)])
         mask = torch.cat([past, new], dim=1)
         starts = torch.tensor([h.tokens for h in hits], device=self.device)
         pos = starts[:, None] + (new.cumsum(-1) - 1).clamp(min=0)
@@ -186,8 +203,11 @@ class Batcher:
         tokens = [torch.tensor([[r.ids[-1]] for r in self.rows], device=self.device)]
         qs = []
         for j in range(k):
-            q = probabilities(draft(tokens[-1], ext[:, :width + j + 1], (self._pos + j)[:, None],
-                                    d_cache)[:, -1], temps, top_p)
+            q = probabilities(
+                draft(tokens[-1], ext[:, : width + j + 1], (self._pos + j)[:, None], d_cache)[:, -1],
+                temps,
+                top_p,
+            )
             qs.append(q)
             tokens.append(sample(q)[:, None])
         fed = torch.cat(tokens, dim=1)  # the last token, then the k proposals
@@ -224,8 +244,7 @@ class Batcher:
                 layer.values = layer.values[..., :end, :]
 
     # ---- prefix caching ----------------------------------------------------------------------
-    def _remember(self, prompts: list[list[int]], hits: list[Hit], caches: list[Any],
-                  width: int) -> None:
+    def _remember(self, prompts: list[list[int]], hits: list[Hit], caches: list[Any], width: int) -> None:
         """Store the full prompt blocks the prefill just computed, last block first."""
         assert self.prefix_cache is not None
         bs = self.prefix_cache.block_size
@@ -233,10 +252,17 @@ class Batcher:
             offset = width - len(p)  # the column of prompt token 0 (prompts are left-padded)
             for b in range(len(h.names) - 1, h.tokens // bs - 1, -1):
                 col = offset + b * bs
-                block = [torch.stack([torch.stack([layer.keys[i, :, col:col + bs],
-                                                   layer.values[i, :, col:col + bs]])
-                                      for layer in cache.layers]).clone()
-                         for cache in caches]
+                block = [
+                    torch.stack(
+                        [
+                            torch.stack(
+                                [layer.keys[i, :, col : col + bs], layer.values[i, :, col : col + bs]]
+                            )
+                            for layer in cache.layers
+                        ]
+                    ).clone()
+                    for cache in caches
+                ]
                 self.prefix_cache.store(h.names[b], block)
 
     # ---- tensors -------------------------------------------------------------------------------
@@ -244,8 +270,7 @@ class Batcher:
         width = max(len(s) for s in seqs)
         pad = self.tok.pad_token_id or 0
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=self.device)
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs],
-                            device=self.device)
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=self.device)
         return ids, mask
 
     def _settings(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,8 +278,7 @@ class Batcher:
         top_p = torch.tensor([r.top_p or 1.0 for r in rows], device=self.device)
         return temps, top_p
 
-    def _join(self, rows: list[Row], caches: list[Any], mask: torch.Tensor,
-              pos: torch.Tensor) -> None:
+    def _join(self, rows: list[Row], caches: list[Any], mask: torch.Tensor, pos: torch.Tensor) -> None:
         if not self._caches:
             self._caches, self._mask, self._pos = caches, mask, pos
             self._joinable = all(_plain_layers(c) for c in caches)
@@ -265,8 +289,7 @@ class Batcher:
         for running, new in zip(self._caches, caches):
             for old, add in zip(running.layers, new.layers):
                 old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(add.keys, width)])
-                old.values = torch.cat([_pad_left(old.values, width),
-                                        _pad_left(add.values, width)])
+                old.values = torch.cat([_pad_left(old.values, width), _pad_left(add.values, width)])
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
         self._pos = torch.cat([self._pos, pos])
         self.rows.extend(rows)
@@ -297,8 +320,7 @@ class Batcher:
             r.ended = "eos"
         elif len(r.ids) >= r.max_tokens:
             r.ended = "length"
-        elif r.stops and any(s in self.tok.decode(r.ids, skip_special_tokens=True)
-                             for s in r.stops):
+        elif r.stops and any(s in self.tok.decode(r.ids, skip_special_tokens=True) for s in r.stops):
             r.ended = "stop"
 
 

@@ -61,7 +61,7 @@ class PrefixCache:
         bs = self.block_size
         for start in range(0, len(ids) - bs + 1, bs):
             h = hashlib.blake2b(parent, digest_size=16)
-            h.update(array("q", ids[start:start + bs]).tobytes())
+            h.update(array("q", ids[start : start + bs]).tobytes())
             parent = h.digest()
             out.append(parent)
         return out
@@ -76,7 +76,7 @@ class PrefixCache:
             if block is None:
                 break
             blocks.append(block)
-        for name in reversed(names[:len(blocks)]):
+        for name in reversed(names[: len(blocks)]):
             self._blocks.move_to_end(name)
         hit = Hit(len(blocks) * self.block_size, blocks, names)
         self.queried_tokens += len(ids)

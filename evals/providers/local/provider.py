@@ -44,6 +44,7 @@ class _Pending:
 
     def settle(self, result: Completion | ProviderError) -> None:
         """Hand the result to the caller's event loop (called from the engine thread)."""
+
         def _set() -> None:
             if self.future.done():
                 return
@@ -51,6 +52,7 @@ class _Pending:
                 self.future.set_exception(result)
             else:
                 self.future.set_result(result)
+
         try:
             self.loop.call_soon_threadsafe(_set)
         except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
@@ -123,8 +125,7 @@ def _resolve_device(requested: str) -> str:
     if requested in ("auto", ""):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ProviderError("config",
-                            f"device {requested!r} requested but CUDA is not available")
+        raise ProviderError("config", f"device {requested!r} requested but CUDA is not available")
     return requested
 
 
@@ -192,8 +193,7 @@ class LocalProvider:
 
         name = self.candidate.name
         if _looks_like_path(ref) and not Path(ref).expanduser().exists():
-            raise ProviderError("config", f"candidate {name!r}: {role}checkpoint not found: "
-                                f"{ref}")
+            raise ProviderError("config", f"candidate {name!r}: {role}checkpoint not found: {ref}")
         hf_logging.disable_progress_bar()
         # Tied input/output embeddings are reported as a "missing lm_head" load report at
         # warning level; the weights are tied, so keep it out of the run's output.
@@ -203,8 +203,9 @@ class LocalProvider:
             tok = AutoTokenizer.from_pretrained(ref)
             model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
         except (OSError, ValueError) as exc:
-            raise ProviderError("config", f"candidate {name!r}: cannot load {role}"
-                                f"checkpoint {ref!r}: {exc}") from None
+            raise ProviderError(
+                "config", f"candidate {name!r}: cannot load {role}checkpoint {ref!r}: {exc}"
+            ) from None
         finally:
             hf_logging.set_verbosity(verbosity)
         try:
@@ -232,8 +233,9 @@ class LocalProvider:
             if self._closed:
                 raise ProviderError("internal", "local provider is closed")
             if self._engine is None or not self._engine.is_alive():
-                self._engine = threading.Thread(target=self._serve, daemon=True,
-                                                name=f"routeopt-local-{self.candidate.name}")
+                self._engine = threading.Thread(
+                    target=self._serve, daemon=True, name=f"routeopt-local-{self.candidate.name}"
+                )
                 self._engine.start()
             self._inbox.append(item)
             self._wake.notify()
@@ -258,9 +260,14 @@ class LocalProvider:
 
         spec, pc = self.candidate.speculative, self.candidate.prefix_cache
         batcher = Batcher(
-            self._model, self._tokenizer, self._device, self.max_batch, draft=self._draft,
+            self._model,
+            self._tokenizer,
+            self._device,
+            self.max_batch,
+            draft=self._draft,
             num_draft=spec.num_speculative_tokens if spec is not None else 0,
-            prefix_cache=PrefixCache(pc.block_size, pc.capacity_tokens) if pc.enabled else None)
+            prefix_cache=PrefixCache(pc.block_size, pc.capacity_tokens) if pc.enabled else None,
+        )
         self.prefix_cache = batcher.prefix_cache
         owners: dict[int, _Pending] = {}
 
@@ -305,8 +312,10 @@ class LocalProvider:
         room = len(batcher.rows) or len(items) // 2
         if not _out_of_memory(exc) or room == 0:
             if _out_of_memory(exc):
-                exc = RuntimeError(f"out of memory with one request in the batch ({exc}); "
-                                   "shorten its prompt or max_tokens, or use a smaller variant")
+                exc = RuntimeError(
+                    f"out of memory with one request in the batch ({exc}); "
+                    "shorten its prompt or max_tokens, or use a smaller variant"
+                )
             self._fail(items, _internal(exc))
             return
         batcher.max_batch = self.max_batch = room
@@ -337,8 +346,7 @@ class LocalProvider:
             except Exception as exc:  # e.g. a chat template that rejects these messages
                 p.settle(ProviderError("client_error", f"cannot render the prompt: {exc}"))
                 continue
-            rows.append(Row(prompt, s.max_tokens, s.temperature, s.top_p,
-                            tuple(x for x in s.stop if x)))
+            rows.append(Row(prompt, s.max_tokens, s.temperature, s.top_p, tuple(x for x in s.stop if x)))
             riding.append(p)
         if not rows:
             return
@@ -389,10 +397,16 @@ class LocalProvider:
         n_steps = min(len(row.times), n_out)
         gaps = [b - a for a, b in zip(row.times[:n_steps], row.times[1:n_steps])]
         return Completion(
-            text=text, finish_reason=reason, input_tokens=row.n_in, output_tokens=n_out,
-            cached_input_tokens=row.n_cached, tokens_estimated=False,
+            text=text,
+            finish_reason=reason,
+            input_tokens=row.n_in,
+            output_tokens=n_out,
+            cached_input_tokens=row.n_cached,
+            tokens_estimated=False,
             ttft_s=row.times[0] - p.enqueued if row.times else None,
-            latency_s=now - p.enqueued, chunk_gaps_s=gaps, streamed=True,
+            latency_s=now - p.enqueued,
+            chunk_gaps_s=gaps,
+            streamed=True,
             draft_tokens=row.drafted if self._draft is not None else None,
             accepted_draft_tokens=row.accepted if self._draft is not None else None,
         )
@@ -405,8 +419,10 @@ def _same_vocabulary(name: str, tok: Any, model: Any, draft_tok: Any, draft: Any
     if tok.get_vocab() != draft_tok.get_vocab():
         ours, theirs = tok.get_vocab(), draft_tok.get_vocab()
         differ = sorted(set(ours.items()) ^ set(theirs.items()))[:3]
-        why = (f"the tokenizers differ ({len(ours)} vs {len(theirs)} tokens; e.g. "
-               f"{', '.join(f'{t!r}={i}' for t, i in differ)})")
+        why = (
+            f"the tokenizers differ ({len(ours)} vs {len(theirs)} tokens; e.g. "
+            f"{', '.join(f'{t!r}={i}' for t, i in differ)})"
+        )
     elif (tok.bos_token_id, tok.eos_token_id) != (draft_tok.bos_token_id, draft_tok.eos_token_id):
         why = "their special tokens (bos/eos) differ"
     else:
@@ -415,9 +431,12 @@ def _same_vocabulary(name: str, tok: Any, model: Any, draft_tok: Any, draft: Any
         if width != draft_width:
             why = f"their output layers score {width} vs {draft_width} token ids"
     if why is not None:
-        raise ProviderError("config", f"candidate {name!r}: speculative.model cannot draft "
-                            f"for this model: {why}; a draft must share the target's tokenizer "
-                            "and vocabulary")
+        raise ProviderError(
+            "config",
+            f"candidate {name!r}: speculative.model cannot draft "
+            f"for this model: {why}; a draft must share the target's tokenizer "
+            "and vocabulary",
+        )
 
 
 def _out_of_memory(exc: BaseException) -> bool:

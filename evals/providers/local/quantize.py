@@ -60,12 +60,20 @@ def _probe_int_mm(device: torch.device) -> None:
 def _probe_scaled_mm(device: torch.device) -> None:
     a = torch.zeros(1, 32, device=device).to(torch.float8_e4m3fn)
     b = torch.zeros(32, 32, device=device).to(torch.float8_e4m3fn)
-    torch._scaled_mm(a, b.t(), scale_a=torch.ones(1, 1, device=device),
-                     scale_b=torch.ones(1, 32, device=device), out_dtype=torch.bfloat16)
+    torch._scaled_mm(
+        a,
+        b.t(),
+        scale_a=torch.ones(1, 1, device=device),
+        scale_b=torch.ones(1, 32, device=device),
+        out_dtype=torch.bfloat16,
+    )
 
 
 _PROBES: dict[str, Callable[[torch.device], None]] = {
-    "int8pack": _probe_int8pack, "int_mm": _probe_int_mm, "scaled_mm": _probe_scaled_mm}
+    "int8pack": _probe_int8pack,
+    "int_mm": _probe_int_mm,
+    "scaled_mm": _probe_scaled_mm,
+}
 
 
 @functools.cache
@@ -142,8 +150,12 @@ class Int8Linear(_WeightOnlyLinear):
 
     def kernel_for(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> str:
         device = torch.device(device)
-        if (device.type == "cpu" and dtype == torch.bfloat16 and rows <= INT8PACK_MAX_ROWS
-                and kernel_runs("int8pack", str(device))):
+        if (
+            device.type == "cpu"
+            and dtype == torch.bfloat16
+            and rows <= INT8PACK_MAX_ROWS
+            and kernel_runs("int8pack", str(device))
+        ):
             return "int8pack"
         return "dequant"
 
@@ -220,12 +232,17 @@ class Fp8DynLinear(_DynamicLinear):
     KERNEL, ALIGN = "scaled_mm", 16
 
     def _fused(self, xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
-        return torch._scaled_mm(xq, self.qweight.t(), scale_a=x_scale,
-                                scale_b=self.scale[None, :], out_dtype=torch.bfloat16)
+        return torch._scaled_mm(
+            xq, self.qweight.t(), scale_a=x_scale, scale_b=self.scale[None, :], out_dtype=torch.bfloat16
+        )
 
 
 _LINEARS: dict[str, type[_QuantizedLinear]] = {
-    "int8": Int8Linear, "fp8": Fp8Linear, "int8-dyn": Int8DynLinear, "fp8-dyn": Fp8DynLinear}
+    "int8": Int8Linear,
+    "fp8": Fp8Linear,
+    "int8-dyn": Int8DynLinear,
+    "fp8-dyn": Fp8DynLinear,
+}
 
 
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
@@ -237,8 +254,7 @@ def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             name = torch.cuda.get_device_name(device)
-            return False, (f"{name} (compute capability {major}.{minor}) has no fp8 "
-                           "support; need 8.9+")
+            return False, (f"{name} (compute capability {major}.{minor}) has no fp8 support; need 8.9+")
     return True, ""
 
 
@@ -246,7 +262,8 @@ def quantize_linears(model: nn.Module, variant: str, skip: tuple[str, ...] = ("l
     """Replace every nn.Linear (except names ending in `skip`) in place; return how many."""
     cls = _LINEARS[variant]
     targets = [
-        (name, mod) for name, mod in model.named_modules()
+        (name, mod)
+        for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and not name.endswith(skip)
     ]
     for name, mod in targets:
@@ -256,12 +273,14 @@ def quantize_linears(model: nn.Module, variant: str, skip: tuple[str, ...] = ("l
     return len(targets)
 
 
-def kernel_counts(model: nn.Module, rows: int, dtype: torch.dtype,
-                  device: torch.device | str) -> dict[str, int]:
+def kernel_counts(
+    model: nn.Module, rows: int, dtype: torch.dtype, device: torch.device | str
+) -> dict[str, int]:
     """How many quantized Linears would run each kernel for inputs of `rows` rows: what a report
     can state as measured rather than assumed (e.g. rows=1 for batch-1 decode)."""
-    return dict(Counter(m.kernel_for(rows, dtype, device) for m in model.modules()
-                        if isinstance(m, _QuantizedLinear)))
+    return dict(
+        Counter(m.kernel_for(rows, dtype, device) for m in model.modules() if isinstance(m, _QuantizedLinear))
+    )
 
 
 def compute_dtype(variant: str, device: torch.device | str) -> torch.dtype:

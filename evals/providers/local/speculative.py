@@ -24,8 +24,7 @@ def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x.view((-1,) + (1,) * (like.dim() - 1))
 
 
-def probabilities(logits: torch.Tensor, temperature: torch.Tensor,
-                  top_p: torch.Tensor) -> torch.Tensor:
+def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Each row's sampling distribution over the vocabulary (last axis), in float32.
 
     `logits` is (rows, vocab) or (rows, positions, vocab); `temperature` and `top_p` are
@@ -59,8 +58,7 @@ def choose(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor)
     return sample(probabilities(logits, temperature, top_p))
 
 
-def verify(p: torch.Tensor, q: torch.Tensor,
-           drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's k draft tokens and choose the token after it.
 
     p: (rows, k+1, vocab) target probabilities at each draft position and one past the last;

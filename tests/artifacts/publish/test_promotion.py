@@ -29,7 +29,9 @@ def test_data():
 def test_score_on_reads_the_recorded_outcome_of_each_choice(policies, test_data):
     hi, _ = policies
     got = score_on(hi, test_data)
-    chosen = [test_data.candidates.index(d.model) for d in hi.decide_batch(test_data.prompts, test_data.suites)]
+    chosen = [
+        test_data.candidates.index(d.model) for d in hi.decide_batch(test_data.prompts, test_data.suites)
+    ]
     rows = np.arange(len(test_data))
     assert got["n"] == len(test_data) == 60
     assert got["pass_rate"] == pytest.approx(test_data.Y[rows, chosen].mean())

@@ -63,8 +63,9 @@ def test_an_expired_champion_is_replaceable_saying_so(tmp_path, policy, keys) ->
     assert decision.promoted and decision.reason == vacant
 
 
-def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(tmp_path, policy, keys,
-                                                                            other_keys) -> None:
+def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(
+    tmp_path, policy, keys, other_keys
+) -> None:
     key, public = keys
     v = publish(policy, tmp_path / "legacy", lineage={}, metrics={}, allow_unsigned=True)
     move_channel(tmp_path / "legacy", "champion", v.version, allow_unsigned=True)
@@ -72,7 +73,9 @@ def test_an_unsigned_champion_is_replaceable_and_a_forged_one_stops_the_gate(tmp
     assert champion is None and "replaceable (unsigned:" in vacant
     v = publish(policy, tmp_path / "forged", lineage={}, metrics={}, signing_key=other_keys)
     move_channel(tmp_path / "forged", "champion", v.version, signing_key=other_keys)
-    with pytest.raises(PolicyLoadError, match="the champion cannot be verified.*promote a good version by hand"):
+    with pytest.raises(
+        PolicyLoadError, match="the champion cannot be verified.*promote a good version by hand"
+    ):
         champion_policy(tmp_path / "forged", public)
     assert champion_policy(tmp_path / "forged", [public, other_keys.public_key()])[0] is not None  # rotating
 
@@ -82,8 +85,9 @@ def _no_items():
 
     from routeopt.router_training.fit.data import RoutingData
 
-    return RoutingData(request_ids=[], prompts=[], suites=[], candidates=[], Y=np.zeros((0, 0)),
-                       C=np.zeros((0, 0)))
+    return RoutingData(
+        request_ids=[], prompts=[], suites=[], candidates=[], Y=np.zeros((0, 0)), C=np.zeros((0, 0))
+    )
 
 
 def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harness, monkeypatch) -> None:
@@ -98,14 +102,24 @@ def test_the_nightly_replaces_an_expired_champion(tmp_path: Path, prefect_harnes
     with FakeLLM() as strong, FakeLLM() as weak:
         weak.answer_fn = fails_odd_answers
         write_arithmetic_suite(tmp_path / "suites", 30)
-        config = write_two_model_config(tmp_path / "routeopt.yaml", strong, weak, key_envs=("S_KEY", "W_KEY"),
-                                        router={"quality_target": 1.0, "holdout_fraction": 0.3})
+        config = write_two_model_config(
+            tmp_path / "routeopt.yaml",
+            strong,
+            weak,
+            key_envs=("S_KEY", "W_KEY"),
+            router={"quality_target": 1.0, "holdout_fraction": 0.3},
+        )
         private, public = generate_keys(tmp_path / "keys")
-        config.write_text(json.dumps({**json.loads(config.read_text()),
-                                      "publishing": {"signing_key": str(private)},
-                                      # the fake servers' latency moves with the machine's load
-                                      "alerts": {"latency_p95_increase_pct": 10_000,
-                                                 "ttft_p95_increase_pct": 10_000}}))
+        config.write_text(
+            json.dumps(
+                {
+                    **json.loads(config.read_text()),
+                    "publishing": {"signing_key": str(private)},
+                    # the fake servers' latency moves with the machine's load
+                    "alerts": {"latency_p95_increase_pct": 10_000, "ttft_p95_increase_pct": 10_000},
+                }
+            )
+        )
         first = nightly(config_path=str(config), run_id="n1")
         close_store(tmp_path / "out" / "routeopt.duckdb")
         assert first.promotion["promoted"]

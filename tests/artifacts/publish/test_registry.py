@@ -22,8 +22,11 @@ from routeopt.artifacts.publish.registry import (
 
 
 def test_publish_writes_content_addressed_signed_version(policies, publish_to, registry: Path) -> None:
-    v = publish_to(policies[0], lineage={"runs": ["r1"], "suites": {"sort": "abc"}},
-                   metrics={"pass_rate": 0.91, "cost_usd": 0.02, "nan": float("nan")})
+    v = publish_to(
+        policies[0],
+        lineage={"runs": ["r1"], "suites": {"sort": "abc"}},
+        metrics={"pass_rate": 0.91, "cost_usd": 0.02, "nan": float("nan")},
+    )
     folder = registry / v.path
     data = (folder / "manifest.json").read_bytes()
     assert v.version == 1 and v.digest == sha256_hex(data) and v.location == str(folder)
@@ -74,7 +77,8 @@ def test_concurrent_publishers_never_share_a_number(policies, publish_to, regist
 
 
 def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(
-        policies, registry: Path, keypair) -> None:
+    policies, registry: Path, keypair
+) -> None:
     from routeopt.artifacts.serving.backends import LocalBackend
     from tests.artifacts.racing import assert_every_version_serves, race_two_publishers
 
@@ -82,7 +86,8 @@ def test_a_publisher_that_loses_the_race_never_deletes_the_winners_files(
     assert [v.version for v in versions] == [1, 2] and versions[0].path != versions[1].path
     assert_every_version_serves(str(registry), versions, keypair[1])
     assert sorted(p.name for p in (registry / "versions").iterdir()) == sorted(
-        v.path.split("/")[1] for v in versions)  # the loser's abandoned attempt is gone
+        v.path.split("/")[1] for v in versions
+    )  # the loser's abandoned attempt is gone
 
 
 def test_promote_rollback_and_downgrade_rules(policies, publish_to, registry: Path, keypair) -> None:
@@ -116,7 +121,8 @@ def test_show_and_diff(policies, publish_to, registry: Path) -> None:
 
 
 def test_publishing_without_a_key_is_refused_unless_unsigned_is_allowed(
-        policies, registry: Path, keypair, monkeypatch) -> None:
+    policies, registry: Path, keypair, monkeypatch
+) -> None:
     monkeypatch.delenv("ROUTEOPT_SIGNING_KEY", raising=False)
     with pytest.raises(RegistryError, match="no signing key"):
         publish(policies[0], registry, lineage={}, metrics={})
@@ -174,8 +180,11 @@ def test_a_lost_signing_key_is_not_silently_replaced(policies, publish_to, regis
     (tmp_path / "keys").mkdir()
     public_key_path(key_path).write_text("stale")  # left over: replaced by the new key's half
     key, created = registry_signing_key(registry, key_path)
-    assert created and load_public_key(public_key_path(key_path)).public_bytes_raw() == \
-        key.public_key().public_bytes_raw()
+    assert (
+        created
+        and load_public_key(public_key_path(key_path)).public_bytes_raw()
+        == key.public_key().public_bytes_raw()
+    )
     assert registry_signing_key(registry, key_path)[1] is False  # the same key from now on
     publish(policies[0], registry, lineage={}, metrics={}, signing_key=key)
     key_path.unlink()  # lost

@@ -63,8 +63,17 @@ def _raw_status(url: str, path: str) -> int:
         return int(data.split()[1])
 
 
-@pytest.mark.parametrize("path", ["/../../etc/passwd", "/channels/../../secret", "/.lock",
-                                  "/%2e%2e/%2e%2e/etc/passwd", "/versions//x", "/a\\b"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../../etc/passwd",
+        "/channels/../../secret",
+        "/.lock",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/versions//x",
+        "/a\\b",
+    ],
+)
 def test_unsafe_paths_are_refused(server, path: str) -> None:
     assert _raw_status(server, path) == 400
 

@@ -38,8 +38,12 @@ def endpoint():
 
 @pytest.fixture()
 def bucket(endpoint, monkeypatch, request) -> str:
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
         monkeypatch.setenv(k, v)
     name = "policies-" + request.node.name.lower().replace("_", "-")[:40]
     import boto3
@@ -81,8 +85,11 @@ def test_concurrent_publishers_on_s3(bucket, policies, keypair) -> None:
 
     def worker(i: int) -> None:
         try:
-            results.append(publish(policies[i % 2], bucket, lineage={"runs": [f"r{i}"]}, metrics={},
-                                   signing_key=keypair[0]))
+            results.append(
+                publish(
+                    policies[i % 2], bucket, lineage={"runs": [f"r{i}"]}, metrics={}, signing_key=keypair[0]
+                )
+            )
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 

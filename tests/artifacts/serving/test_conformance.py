@@ -61,8 +61,11 @@ def _rewrite_arrays(folder: Path, change) -> None:
 
 def test_tampered_weights_under_a_valid_signature_fail_the_vectors(served, policies, publish_to) -> None:
     def edit(folder, names):
-        _rewrite_arrays(folder, lambda t: t["scorer.weights"].__setitem__((slice(None), 0),
-                                                                          t["scorer.weights"][:, 0] + 0.25))
+        _rewrite_arrays(
+            folder,
+            lambda t: t["scorer.weights"].__setitem__((slice(None), 0), t["scorer.weights"][:, 0] + 0.25),
+        )
+
     publish_to(Altered(policies[1], edit))
     error = _refused(served, "conformance vectors disagree")
     assert "step scores" in error
@@ -71,6 +74,7 @@ def test_tampered_weights_under_a_valid_signature_fail_the_vectors(served, polic
 def test_tampered_idf_names_the_features_step(served, policies, publish_to) -> None:
     def edit(folder, names):
         _rewrite_arrays(folder, lambda t: t["features.idf"].__setitem__(slice(0, None, 2), 7.0))
+
     publish_to(Altered(policies[1], edit))
     assert "step features" in _refused(served, "conformance vectors disagree")
 
@@ -81,6 +85,7 @@ def test_swapped_vectors_are_refused(served, policies, publish_to, tmp_path) -> 
 
     def edit(folder, names):
         (folder / "conformance.safetensors").write_bytes((other / "conformance.safetensors").read_bytes())
+
     publish_to(Altered(policies[1], edit))
     _refused(served, "conformance vectors disagree")
 
@@ -89,6 +94,7 @@ def test_missing_vectors_are_refused(served, policies, publish_to) -> None:
     def edit(folder, names):
         (folder / "conformance.safetensors").unlink()
         return [n for n in names if n != "conformance.safetensors"]
+
     publish_to(Altered(policies[1], edit, {**policies[1].format_info, "conformance": None}))
     _refused(served, "conformance.safetensors is missing")
 
@@ -97,6 +103,7 @@ def test_truncated_arrays_are_refused(served, policies, publish_to) -> None:
     def edit(folder, names):
         data = (folder / "arrays.safetensors").read_bytes()
         (folder / "arrays.safetensors").write_bytes(data[: len(data) * 2 // 3])
+
     publish_to(Altered(policies[1], edit))
     _refused(served, "truncated")
 
@@ -107,6 +114,7 @@ def test_a_wrong_format_version_is_refused(served, policies, publish_to, version
         head = json.loads((folder / "policy.json").read_text())
         head["format_version"] = version
         (folder / "policy.json").write_text(json.dumps(head))
+
     publish_to(Altered(policies[1], edit))
     _refused(served, "policy does not load or decide")
 
@@ -116,9 +124,12 @@ def test_a_manifest_naming_another_format_is_refused(served, policies, publish_t
     _refused(served, "manifest.json says policy format 4")
 
 
-def test_with_no_last_good_policy_the_reason_reaches_the_caller(policies, publish_to, registry, keypair) -> None:
+def test_with_no_last_good_policy_the_reason_reaches_the_caller(
+    policies, publish_to, registry, keypair
+) -> None:
     def edit(folder, names):
         _rewrite_arrays(folder, lambda t: t["calibration.platt"].__setitem__((1, 0), 3.0))
+
     publish_to(Altered(policies[0], edit))
     with pytest.raises(PolicyLoadError, match="step calibration") as info:
         load(registry, keypair[1])

@@ -22,12 +22,14 @@ from routeopt.common import tracing
 from tests.artifacts.policies import PROMPTS
 
 
-def make_service(registry: Path, public_key: Path | None, *, start: bool = True, options=None,
-                 **settings) -> DecisionService:
+def make_service(
+    registry: Path, public_key: Path | None, *, start: bool = True, options=None, **settings
+) -> DecisionService:
     settings.setdefault("refresh_s", 0)
     keys = (str(public_key),) if public_key else ()
-    service = DecisionService(GatewaySettings(source=str(registry), public_keys=keys, **settings),
-                              options=options)
+    service = DecisionService(
+        GatewaySettings(source=str(registry), public_keys=keys, **settings), options=options
+    )
     if start:
         service.start()
     return service
@@ -61,8 +63,11 @@ async def test_decisions_are_the_embedded_gateways_as_json_and_headers(service, 
                 want = published.route(prompt, suite, target)
                 assert r.status_code == 200, r.text
                 got = r.json()
-                assert (got["model"], got["fallbacks"], got["policy_version"]) == \
-                    (want.model, list(want.fallbacks), 1)
+                assert (got["model"], got["fallbacks"], got["policy_version"]) == (
+                    want.model,
+                    list(want.fallbacks),
+                    1,
+                )
                 assert got["pass_probabilities"] == pytest.approx(want.pass_probabilities)
                 assert got["decision_id"] == body["request_id"] == r.headers["x-routeopt-decision-id"]
                 assert r.headers["x-routeopt-model"] == want.model
@@ -73,14 +78,24 @@ async def test_decisions_are_the_embedded_gateways_as_json_and_headers(service, 
 
 async def test_an_openai_chat_body_is_routed_on_its_messages(service, published) -> None:
     prompt, suite = PROMPTS[1]
-    chat = {"model": "routeopt", "stream": True, "metadata": {"routeopt_suite": suite},
-            "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}]}
+    chat = {
+        "model": "routeopt",
+        "stream": True,
+        "metadata": {"routeopt_suite": suite},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}],
+    }
     async with client(service) as c:
         trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        r = await c.post("/v1/route/v1/chat/completions", json=chat,
-                         headers={"x-request-id": "env-1", "traceparent": trace})
-        plain = await c.post("/v1/route", content=prompt.encode(), headers={
-            "content-type": "text/plain", "x-routeopt-suite": suite})
+        r = await c.post(
+            "/v1/route/v1/chat/completions",
+            json=chat,
+            headers={"x-request-id": "env-1", "traceparent": trace},
+        )
+        plain = await c.post(
+            "/v1/route",
+            content=prompt.encode(),
+            headers={"content-type": "text/plain", "x-routeopt-suite": suite},
+        )
     assert r.status_code == plain.status_code == 200
     assert r.json()["model"] == plain.json()["model"] == published.route(prompt, suite).model
     assert r.json()["decision_id"] == "env-1" and r.json()["suite"] == suite
@@ -99,8 +114,11 @@ async def test_with_tracing_on_the_answer_names_the_decisions_span(service, publ
     try:
         trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         async with client(service) as c:
-            r = await c.post("/v1/route", json={"prompt": PROMPTS[0][0], "suite": PROMPTS[0][1]},
-                             headers={"x-request-id": "t-1", "traceparent": trace})
+            r = await c.post(
+                "/v1/route",
+                json={"prompt": PROMPTS[0][0], "suite": PROMPTS[0][1]},
+                headers={"x-request-id": "t-1", "traceparent": trace},
+            )
             assert tracing.flush()
             metrics = (await c.get("/metrics")).text
         (span,) = exporter.get_finished_spans()
@@ -136,10 +154,24 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("body, content_type, status, message", BAD, ids=[
-    "malformed", "not-utf8", "empty", "list", "deep", "no-messages", "odd-content", "no-prompt", "target"])
+@pytest.mark.parametrize(
+    "body, content_type, status, message",
+    BAD,
+    ids=[
+        "malformed",
+        "not-utf8",
+        "empty",
+        "list",
+        "deep",
+        "no-messages",
+        "odd-content",
+        "no-prompt",
+        "target",
+    ],
+)
 async def test_bad_input_is_a_clear_json_error_and_the_service_keeps_routing(
-        service, body, content_type, status, message) -> None:
+    service, body, content_type, status, message
+) -> None:
     headers = {"content-type": content_type} if content_type else {}
     async with client(service) as c:
         r = await c.post("/v1/route", content=body, headers=headers)
@@ -155,7 +187,7 @@ async def test_size_limits_method_paths_and_cut_bodies(published, registry, keyp
 
     async def chunks():
         for i in range(0, len(big), 100):
-            yield big[i:i + 100]
+            yield big[i : i + 100]
 
     async with client(service) as c:
         declared = await c.post("/v1/route", content=big)
@@ -185,8 +217,18 @@ async def test_require_suite_refuses_requests_without_one(published, registry, k
 
 
 async def test_prompts_of_any_characters_and_size_route_like_the_runtime(service, published) -> None:
-    prompts = ["", " \t\n" * 50, "a\x00b", "\ud800 lone surrogate \udfff", "e\u0301\u0301", "😀" * 100,
-               "שלום عالم", "漢字かな", "İı ς", "x" * (1 << 20)]
+    prompts = [
+        "",
+        " \t\n" * 50,
+        "a\x00b",
+        "\ud800 lone surrogate \udfff",
+        "e\u0301\u0301",
+        "😀" * 100,
+        "שלום عالم",
+        "漢字かな",
+        "İı ς",
+        "x" * (1 << 20),
+    ]
     async with client(service) as c:
         for p in prompts:
             body = json.dumps({"prompt": p}).encode()  # lone surrogates travel as \ud800 escapes
@@ -199,13 +241,25 @@ async def test_prompts_of_any_characters_and_size_route_like_the_runtime(service
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.one_of(st.binary(max_size=300),
-                      st.recursive(st.none() | st.booleans() | st.floats() | st.text(max_size=20),
-                                   lambda kids: st.lists(kids, max_size=4) |
-                                   st.dictionaries(st.sampled_from(["prompt", "messages", "content", "text",
-                                                                    "suite", "model", "metadata", "x"]),
-                                                   kids, max_size=4), max_leaves=12)
-                      .map(lambda v: json.dumps(v).encode())))
+@given(
+    body=st.one_of(
+        st.binary(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.text(max_size=20),
+            lambda kids: (
+                st.lists(kids, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(
+                        ["prompt", "messages", "content", "text", "suite", "model", "metadata", "x"]
+                    ),
+                    kids,
+                    max_size=4,
+                )
+            ),
+            max_leaves=12,
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
 def test_any_body_gets_a_decision_or_a_json_error(service, body: bytes) -> None:
     async def go() -> httpx.Response:
         async with client(service) as c:
@@ -235,11 +289,13 @@ async def test_health_readiness_status_and_metrics(service) -> None:
     assert "routeopt_route_seconds_count 3" in text and 'routeopt_route_seconds_bucket{le="+Inf"} 3' in text
     assert "routeopt_policy_version 1" in text and "routeopt_ready 1" in text
     for line in text.splitlines():  # the text format: comments, or `name{labels} number`
-        assert line.startswith("# ") or re.fullmatch(r'[a-z_]+(\{[^}]*\})? -?[0-9.e+]+', line), line
+        assert line.startswith("# ") or re.fullmatch(r"[a-z_]+(\{[^}]*\})? -?[0-9.e+]+", line), line
     assert head.status_code == 200 and head.content == b""
 
 
-async def test_unready_until_a_policy_is_published_then_ready(policies, publish_to, registry, keypair) -> None:
+async def test_unready_until_a_policy_is_published_then_ready(
+    policies, publish_to, registry, keypair
+) -> None:
     service = make_service(registry, keypair[1], refresh_s=0.05)
     try:
         async with client(service) as c:
@@ -276,7 +332,8 @@ def test_a_key_that_cannot_be_read_stops_the_start(published, registry, tmp_path
 
 
 async def test_hot_swap_and_refused_versions_while_serving(
-        policies, publish_to, registry, keypair, other_keypair) -> None:
+    policies, publish_to, registry, keypair, other_keypair
+) -> None:
     publish_to(policies[0])
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     service = make_service(registry, keypair[1], refresh_s=0)
@@ -358,17 +415,24 @@ async def test_registry_garbage_keeps_the_last_good_policy(published, registry, 
     service.close()
 
 
-async def test_decisions_are_logged_as_the_embedded_gateway_logs_them(published, registry, keypair,
-                                                                      tmp_path) -> None:
+async def test_decisions_are_logged_as_the_embedded_gateway_logs_them(
+    published, registry, keypair, tmp_path
+) -> None:
     service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
     async with client(service) as c:
-        answers = [(await c.post("/v1/route", json={"prompt": p, "suite": s, "request_id": f"id-{i}"})).json()
-                   for i, (p, s) in enumerate(PROMPTS)]
+        answers = [
+            (await c.post("/v1/route", json={"prompt": p, "suite": s, "request_id": f"id-{i}"})).json()
+            for i, (p, s) in enumerate(PROMPTS)
+        ]
     service.close()  # writes what is queued
-    records = [json.loads(line) for f in sorted((tmp_path / "log").glob("*.jsonl"))
-               for line in f.read_text().splitlines()]
-    assert [(r["request_id"], r["model"], r["suite"]) for r in records] == \
-        [(a["decision_id"], a["model"], s) for a, (_, s) in zip(answers, PROMPTS)]
+    records = [
+        json.loads(line)
+        for f in sorted((tmp_path / "log").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    assert [(r["request_id"], r["model"], r["suite"]) for r in records] == [
+        (a["decision_id"], a["model"], s) for a, (_, s) in zip(answers, PROMPTS)
+    ]
     assert all(r["kind"] == "decision" and "text" not in r for r in records)  # no prompt text without a hook
 
 
@@ -376,10 +440,17 @@ async def test_a_clients_key_reaches_no_answer_metric_or_log(published, registry
     secret = "sk-live-do-not-leak-4f7a"
     service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
     async with client(service) as c:
-        outputs = [await c.post("/v1/route", json={"prompt": "p", "suite": "sort"},
-                                headers={"authorization": f"Bearer {secret}", "x-api-key": secret}),
-                   await c.post("/v1/route", content=b"{bad", headers={"authorization": f"Bearer {secret}"}),
-                   await c.get("/metrics"), await c.get("/v1/status"), await c.get("/readyz")]
+        outputs = [
+            await c.post(
+                "/v1/route",
+                json={"prompt": "p", "suite": "sort"},
+                headers={"authorization": f"Bearer {secret}", "x-api-key": secret},
+            ),
+            await c.post("/v1/route", content=b"{bad", headers={"authorization": f"Bearer {secret}"}),
+            await c.get("/metrics"),
+            await c.get("/v1/status"),
+            await c.get("/readyz"),
+        ]
     service.close()
     written = "".join(f.read_text() for f in (tmp_path / "log").glob("*.jsonl"))
     assert written and outputs[0].status_code == 200
@@ -389,7 +460,8 @@ async def test_a_clients_key_reaches_no_answer_metric_or_log(published, registry
 
 
 async def test_a_policy_that_fails_verification_leaves_the_service_unready_not_down(
-        policies, publish_to, registry, keypair, other_keypair) -> None:
+    policies, publish_to, registry, keypair, other_keypair
+) -> None:
     publish_to(policies[0], signing_key=other_keypair[0])  # signed, but not by the trusted key
     service = make_service(registry, keypair[1], refresh_s=3600)
     async with client(service) as c:
@@ -412,7 +484,8 @@ def mixed_request(router) -> tuple[str, str, float]:
 
 
 async def test_propensity_and_policy_probability_are_the_same_numbers_everywhere(
-        policies, publish_to, registry, keypair, tmp_path) -> None:
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     """`propensity` (this request's probability of being served the model: 1 without exploration)
     and `policy_probability` (the knob point's mixing share) are one number each, from the
     in-process runtime, the service's JSON and headers, and the decision log."""
@@ -422,20 +495,35 @@ async def test_propensity_and_policy_probability_are_the_same_numbers_everywhere
     bare = router.route(prompt, suite, target)
     service = make_service(registry, keypair[1], log_dir=str(tmp_path / "log"))
     async with client(service) as c:
-        r = await c.post("/v1/route", json={"prompt": prompt, "suite": suite, "quality_target": target,
-                                            "request_id": "mixed"})
+        r = await c.post(
+            "/v1/route",
+            json={"prompt": prompt, "suite": suite, "quality_target": target, "request_id": "mixed"},
+        )
     service.close()
-    (record,) = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    (record,) = [
+        json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()
+    ]
     got = r.json()
     assert got["model"] == bare.model == record["model"]
-    assert bare.propensity == got["propensity"] == float(r.headers["x-routeopt-propensity"]) \
-        == record["propensity"] == 1.0
-    assert bare.policy_probability == got["policy_probability"] == record["policy_probability"] \
-        == float(r.headers["x-routeopt-policy-probability"]) < 1
+    assert (
+        bare.propensity
+        == got["propensity"]
+        == float(r.headers["x-routeopt-propensity"])
+        == record["propensity"]
+        == 1.0
+    )
+    assert (
+        bare.policy_probability
+        == got["policy_probability"]
+        == record["policy_probability"]
+        == float(r.headers["x-routeopt-policy-probability"])
+        < 1
+    )
 
 
 async def test_a_suite_the_policy_does_not_know_is_counted_warned_once_and_logged(
-        policies, publish_to, registry, keypair, tmp_path, caplog) -> None:
+    policies, publish_to, registry, keypair, tmp_path, caplog
+) -> None:
     """The policy knows the suites it was trained on (`features.suites`); a request naming
     another routes on its prompt alone, and says so: in /metrics, the status, the decision log
     and one warning per name."""
@@ -456,5 +544,7 @@ async def test_a_suite_the_policy_does_not_know_is_counted_warned_once_and_logge
     assert "routeopt_unknown_suite_requests_all_total 4" in metrics
     warned = [r.getMessage() for r in caplog.records if "not one the policy was trained on" in r.getMessage()]
     assert len(warned) == 2 and "'invoice-total'" in warned[0] and "'sort'" in warned[0]
-    records = [json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()]
+    records = [
+        json.loads(line) for f in (tmp_path / "log").glob("*.jsonl") for line in f.read_text().splitlines()
+    ]
     assert [r.get("unknown_suite", False) for r in records] == [True, True, False, False, True, True]

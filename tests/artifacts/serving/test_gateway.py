@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from routeopt.artifacts.serving.gateway import (
-    DecisionLog, Exploration, Gateway, choose, policy_distribution, unit_draw, verbatim,
+    DecisionLog,
+    Exploration,
+    Gateway,
+    choose,
+    policy_distribution,
+    unit_draw,
+    verbatim,
 )
 from routeopt.artifacts.publish.registry import move_channel
 from routeopt.artifacts.serving.loader import ServedDecision
@@ -70,8 +76,9 @@ def test_exploration_frequencies_match_the_logged_propensities() -> None:
     assert set(seen) == {"cheap", "mid"}
     assert props == {"mid": {round(0.7 + 0.15, 12)}, "cheap": {0.15}}
     assert seen["cheap"] / n == pytest.approx(0.15, abs=0.01)
-    assert sum(1 / p for m, ps in props.items() for p in ps for _ in range(seen[m])) / n == \
-        pytest.approx(2.0, rel=0.05)  # IPS of "always 1" over both models' weights sums to #models
+    assert sum(1 / p for m, ps in props.items() for p in ps for _ in range(seen[m])) / n == pytest.approx(
+        2.0, rel=0.05
+    )  # IPS of "always 1" over both models' weights sums to #models
 
 
 def test_exploration_is_reproducible_per_request_id_with_a_seed() -> None:
@@ -91,8 +98,11 @@ def test_ratio_cap_and_fallbacks() -> None:
     gw = Gateway(FakeRouter("cheap"), exploration=x)
     chosen = {gw.route("p", request_id=str(i)).model for i in range(200)}
     assert chosen <= {"cheap", "banned"}  # mid costs 4x the policy's choice, dear 20x
-    d = next(gw.route("p", request_id=str(i)) for i in range(200)
-             if gw.route("p", request_id=str(i)).model == "banned")
+    d = next(
+        gw.route("p", request_id=str(i))
+        for i in range(200)
+        if gw.route("p", request_id=str(i)).model == "banned"
+    )
     assert d.fallbacks[0] == "cheap" and "banned" not in d.fallbacks
 
 
@@ -115,7 +125,8 @@ def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp
     conditional on the request's own hash draw (1 without exploration)."""
     mixed = FakeRouter("mid", extra=None)
     mixed.route = lambda prompt, suite=None, quality_target=None: ServedDecision(  # type: ignore[method-assign]
-        "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, policy_probability=0.875)
+        "mid", ("cheap",), dict.fromkeys(NAMES, 0.5), dict(COSTS), 1, policy_probability=0.875
+    )
     assert policy_distribution(mixed.route("p")) == ({"mid": 1.0}, 0.875)
     log = DecisionLog(tmp_path, flush_s=0.05)
     gw = Gateway(mixed, log=log, candidate=mixed, shadow=False)
@@ -131,8 +142,9 @@ def test_a_mixed_knob_points_own_probability_is_logged_as_policy_probability(tmp
 
 def test_log_records_every_decision_and_keeps_text_only_through_the_hook(tmp_path) -> None:
     hidden = DecisionLog(tmp_path / "a", flush_s=0.05)
-    kept = DecisionLog(tmp_path / "b", redact=lambda s: s.replace("secret", "[x]"), flush_s=0.05,
-                       hash_key=b"k")
+    kept = DecisionLog(
+        tmp_path / "b", redact=lambda s: s.replace("secret", "[x]"), flush_s=0.05, hash_key=b"k"
+    )
     for log in (hidden, kept):
         gw = Gateway(FakeRouter("mid", version=3), log=log, exploration=Exploration(rate=0.1, seed=0))
         for i in range(50):
@@ -142,7 +154,12 @@ def test_log_records_every_decision_and_keeps_text_only_through_the_hook(tmp_pat
     a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
     assert len(a) == len(b) == 51
     rec = a[0]
-    assert {rec[k] for k in ("request_id", "suite", "policy_version", "policy_model")} == {"id-0", "s", 3, "mid"}
+    assert {rec[k] for k in ("request_id", "suite", "policy_version", "policy_model")} == {
+        "id-0",
+        "s",
+        3,
+        "mid",
+    }
     assert rec["propensity"] > 0 and rec["exploration"]["rate"] == 0.1 and rec["prompt_chars"] == 11
     assert "text" not in rec and all("secret" not in json.dumps(r) for r in a)
     assert b[0]["text"] == "my [x] 0" and b[0]["prompt_hash"] != rec["prompt_hash"]  # keyed hash
@@ -234,8 +251,13 @@ def test_shadow_logs_the_candidates_decision_without_acting_on_it(tmp_path) -> N
     log.close()
     recs = _records(tmp_path)
     assert len(recs) == 20 and candidate.calls == 20
-    assert all(r["shadow"]["model"] == "dear" and r["shadow"]["policy_version"] == 2
-               and r["shadow"]["channel"] == "candidate" and r["channel"] == "champion" for r in recs)
+    assert all(
+        r["shadow"]["model"] == "dear"
+        and r["shadow"]["policy_version"] == 2
+        and r["shadow"]["channel"] == "candidate"
+        and r["channel"] == "champion"
+        for r in recs
+    )
     same = DecisionLog(tmp_path / "same", flush_s=0.02)
     Gateway(champion, log=same, candidate=FakeRouter("dear", 1), shadow=True).route("p", request_id="s")
     same.close()
@@ -251,8 +273,9 @@ def test_canary_share_is_sticky_per_request_id(tmp_path) -> None:
     first = channels(a)
     assert first == channels(a) == channels(b)  # same ids, same arm, in any gateway process
     assert first.count(2) / len(first) == pytest.approx(0.1, abs=0.02)
-    other = Gateway(FakeRouter("cheap", 1), candidate=FakeRouter("dear", 2), canary_share=0.1,
-                    canary_seed="another")
+    other = Gateway(
+        FakeRouter("cheap", 1), candidate=FakeRouter("dear", 2), canary_share=0.1, canary_seed="another"
+    )
     assert channels(other) != first
 
 
@@ -267,8 +290,15 @@ def test_gateway_open_on_a_registry(policies, publish_to, registry, keypair, tmp
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     publish_to(policies[1])
     move_channel(registry, "candidate", 2, signing_key=keypair[0])
-    gw = Gateway.open(registry, keypair[1], log_dir=tmp_path / "log", redact=verbatim,
-                      exploration=Exploration(rate=0.2, seed=1), shadow=True, canary_share=0.5)
+    gw = Gateway.open(
+        registry,
+        keypair[1],
+        log_dir=tmp_path / "log",
+        redact=verbatim,
+        exploration=Exploration(rate=0.2, seed=1),
+        shadow=True,
+        canary_share=0.5,
+    )
     for i, (prompt, suite) in enumerate(PROMPTS * 10):
         d = gw.route(prompt, suite, request_id=f"q{i}")
         assert d.model in policies[0].candidates and 0 < d.propensity <= 1
@@ -280,14 +310,18 @@ def test_gateway_open_on_a_registry(policies, publish_to, registry, keypair, tmp
     assert all(r["shadow"]["policy_version"] == (2 if r["channel"] == "champion" else 1) for r in recs)
 
 
-def test_gateway_open_without_a_candidate_channel_routes_without_shadow(policies, tmp_path, caplog,
-                                                                        keypair) -> None:
+def test_gateway_open_without_a_candidate_channel_routes_without_shadow(
+    policies, tmp_path, caplog, keypair
+) -> None:
     from routeopt.artifacts.publish.registry import publish
 
     publish(policies[0], tmp_path / "reg", lineage={}, metrics={}, signing_key=keypair[0])
     gw = Gateway.open(tmp_path / "reg", keypair[1], shadow=True, canary_share=0.2)
-    assert gw.candidate is None and gw.status().mode == {"exploration_rate": 0.0, "shadow": False,
-                                                         "canary_share": 0.0}
+    assert gw.candidate is None and gw.status().mode == {
+        "exploration_rate": 0.0,
+        "shadow": False,
+        "canary_share": 0.0,
+    }
     assert gw.route(*PROMPTS[0]).model in policies[0].candidates
     assert "shadow and canary are off" in caplog.text
     gw.close()
@@ -308,15 +342,29 @@ print(json.dumps({"model": decision.model, "propensity": decision.propensity, "l
 
 
 def test_logging_gateway_imports_only_numpy_cryptography_and_the_standard_library(
-        policies, publish_to, registry, keypair) -> None:
+    policies, publish_to, registry, keypair
+) -> None:
     publish_to(policies[0])
     move_channel(registry, "candidate", 1, signing_key=keypair[0])
-    out = subprocess.run([sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
-                         capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     result = json.loads(out.stdout)
     assert result["model"] in policies[0].candidates and 0 < result["propensity"] <= 1
-    assert set(result["loaded"]) <= {"numpy", "cryptography", "_cffi_backend", "_openssl",
-                                     "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}, result["loaded"]
+    assert set(result["loaded"]) <= {
+        "numpy",
+        "cryptography",
+        "_cffi_backend",
+        "_openssl",
+        "routeopt",
+        "routeopt.artifacts",
+        "routeopt.router_training",
+        "routeopt.common",
+    }, result["loaded"]
 
 
 UVICORN_HOST = """
@@ -364,8 +412,12 @@ def test_a_host_that_re_raises_sigterm_loses_no_records_with_the_signal_hook(tmp
     from tests.litellm_proxy import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", UVICORN_HOST, str(tmp_path), str(port), str(int(hooked))],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UVICORN_HOST, str(tmp_path), str(port), str(int(hooked))],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -386,15 +438,18 @@ def test_a_host_that_re_raises_sigterm_loses_no_records_with_the_signal_hook(tmp
 def test_without_a_host_handler_the_hook_writes_then_the_signal_ends_the_process(tmp_path) -> None:
     import signal
 
-    script = ("import os, signal, sys\n"
-              "from routeopt.artifacts.serving.gateway import DecisionLog, write_through_on_signals\n"
-              "log = DecisionLog(sys.argv[1], flush_s=3600)\n"
-              "assert write_through_on_signals(lambda: log)\n"
-              "log.submit(lambda: {'kind': 'decision', 'request_id': 'r0'})\n"
-              "os.kill(os.getpid(), signal.SIGTERM)\n"
-              "print('survived')\n")
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                         check=False)
+    script = (
+        "import os, signal, sys\n"
+        "from routeopt.artifacts.serving.gateway import DecisionLog, write_through_on_signals\n"
+        "log = DecisionLog(sys.argv[1], flush_s=3600)\n"
+        "assert write_through_on_signals(lambda: log)\n"
+        "log.submit(lambda: {'kind': 'decision', 'request_id': 'r0'})\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('survived')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=False
+    )
     assert out.returncode == -signal.SIGTERM and "survived" not in out.stdout, out.stderr
     assert _logged(tmp_path) == ["r0"]
 
@@ -425,7 +480,17 @@ def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None
     want = dataclasses.replace(router.route("p", "s", 0.9), request_id="r1", propensity=1.0)
     assert served == want
     fields = {f.name for f in dataclasses.fields(ServedDecision)}
-    assert fields == {"model", "fallbacks", "pass_probabilities", "expected_cost_usd", "policy_version",
-                      "default_reason", "propensity", "request_id", "trace_id", "traceparent",
-                      "policy_probability", "unknown_suite"}, (
-        "Decision has new fields: carry them in Gateway._route")
+    assert fields == {
+        "model",
+        "fallbacks",
+        "pass_probabilities",
+        "expected_cost_usd",
+        "policy_version",
+        "default_reason",
+        "propensity",
+        "request_id",
+        "trace_id",
+        "traceparent",
+        "policy_probability",
+        "unknown_suite",
+    }, "Decision has new fields: carry them in Gateway._route"

@@ -22,8 +22,9 @@ PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_gateway_decision_is_one_span_under_the_callers_trace(memory, tmp_path: Path) -> None:
-    gw = Gateway(FakeRouter(), log=DecisionLog(tmp_path, redact=verbatim),
-                 exploration=Exploration(rate=0.0001, seed=1))
+    gw = Gateway(
+        FakeRouter(), log=DecisionLog(tmp_path, redact=verbatim), exploration=Exploration(rate=0.0001, seed=1)
+    )
     d = gw.route("What is 2 + 2?", "add", 0.9, request_id="req-7", traceparent=PARENT)
     gw.log.flush()
     assert tracing.flush()
@@ -33,10 +34,16 @@ def test_a_gateway_decision_is_one_span_under_the_callers_trace(memory, tmp_path
     assert f"{span.parent.span_id:016x}" == "00f067aa0ba902b7"
     assert d.traceparent == f"00-{d.trace_id}-{span.context.span_id:016x}-01"
     assert dict(span.attributes) == {
-        "routeopt.decision.model": "cheap", "routeopt.decision.fallbacks": ("mid", "dear", "banned"),
-        "routeopt.decision.propensity": d.propensity, "routeopt.policy.version": 1,
-        "routeopt.decision.id": "req-7", "routeopt.policy.channel": "champion",
-        "routeopt.decision.explored": False, "routeopt.knob.target": 0.9, "routeopt.suite": "add"}
+        "routeopt.decision.model": "cheap",
+        "routeopt.decision.fallbacks": ("mid", "dear", "banned"),
+        "routeopt.decision.propensity": d.propensity,
+        "routeopt.policy.version": 1,
+        "routeopt.decision.id": "req-7",
+        "routeopt.policy.channel": "champion",
+        "routeopt.decision.explored": False,
+        "routeopt.knob.target": 0.9,
+        "routeopt.suite": "add",
+    }
     assert "What is 2" not in span.to_json()  # never the prompt
     (rec,) = [json.loads(x) for f in tmp_path.glob("*.jsonl") for x in f.read_text().splitlines()]
     assert rec["trace_id"] == d.trace_id and rec["span_id"] == f"{span.context.span_id:016x}"
@@ -58,8 +65,9 @@ def test_the_applications_llm_span_becomes_a_child_of_the_decision(memory) -> No
     assert call.context.trace_id == decision.context.trace_id
 
 
-def test_a_router_alone_records_a_span_with_its_knob_target(memory, policies, publish_to, registry,
-                                                            keypair) -> None:
+def test_a_router_alone_records_a_span_with_its_knob_target(
+    memory, policies, publish_to, registry, keypair
+) -> None:
     publish_to(policies[0])
     router = load(registry, keypair[1])
     d = router.route(*PROMPTS[0])  # no header: a new trace (no current span here)
@@ -77,8 +85,11 @@ def test_off_the_header_is_handed_back_and_the_log_still_joins(tmp_path: Path) -
     assert d.traceparent == PARENT and d.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert gw.route("hi", request_id="r2").trace_id is None
     gw.close()
-    recs = {r["request_id"]: r for f in tmp_path.glob("*.jsonl")
-            for r in map(json.loads, f.read_text().splitlines())}
+    recs = {
+        r["request_id"]: r
+        for f in tmp_path.glob("*.jsonl")
+        for r in map(json.loads, f.read_text().splitlines())
+    }
     assert recs["r1"]["trace_id"] == d.trace_id and "span_id" not in recs["r1"]
     assert "trace_id" not in recs["r2"]
 
@@ -111,15 +122,33 @@ print(json.dumps({"traceparent": d.traceparent, "loaded": loaded}))
 """
 
 
-@pytest.mark.parametrize("env", [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
-                                      "OTEL_SDK_DISABLED": "true"}], ids=["unset", "disabled"])
-def test_tracing_off_imports_nothing_on_the_gateways_path(env, policies, publish_to, registry,
-                                                          keypair) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"}],
+    ids=["unset", "disabled"],
+)
+def test_tracing_off_imports_nothing_on_the_gateways_path(
+    env, policies, publish_to, registry, keypair
+) -> None:
     publish_to(policies[0])
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ROUTEOPT_TRACING"))}
-    out = subprocess.run([sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
-                         capture_output=True, text=True, check=True, cwd=REPO, env={**clean, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**clean, **env},
+    )
     result = json.loads(out.stdout)
     assert result["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    assert set(result["loaded"]) <= {"numpy", "cryptography", "_cffi_backend", "_openssl",
-                                     "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}, result["loaded"]
+    assert set(result["loaded"]) <= {
+        "numpy",
+        "cryptography",
+        "_cffi_backend",
+        "_openssl",
+        "routeopt",
+        "routeopt.artifacts",
+        "routeopt.router_training",
+        "routeopt.common",
+    }, result["loaded"]

@@ -9,7 +9,9 @@ from tests.artifacts.policies import PROMPTS
 from tests.fake_llm import FakeLLM
 
 # The adapter sets LITELLM_LOCAL_MODEL_COST_MAP before importing litellm (no price-map download).
-adapter = pytest.importorskip("routeopt.artifacts.serving.litellm_adapter", reason="needs litellm (extra 'gateway')")
+adapter = pytest.importorskip(
+    "routeopt.artifacts.serving.litellm_adapter", reason="needs litellm (extra 'gateway')"
+)
 DECISION_KEY, NoDeployment, install = adapter.DECISION_KEY, adapter.NoDeployment, adapter.install
 pytestmark = pytest.mark.slow  # importing litellm alone takes ~15 s on the shared CI cores
 
@@ -23,8 +25,17 @@ def fake():
 def _litellm_router(fake: FakeLLM, names: list[str]):
     from litellm import Router as LiteLLMRouter
 
-    model_list = [{"model_name": n, "litellm_params": {"model": f"openai/{n}-model", "api_base":
-                  fake.openai_base_url, "api_key": "sk-test-not-a-secret"}} for n in names]
+    model_list = [
+        {
+            "model_name": n,
+            "litellm_params": {
+                "model": f"openai/{n}-model",
+                "api_base": fake.openai_base_url,
+                "api_key": "sk-test-not-a-secret",
+            },
+        }
+        for n in names
+    ]
     return LiteLLMRouter(model_list=model_list, num_retries=0)
 
 
@@ -41,8 +52,9 @@ async def test_routes_each_request_to_the_policys_choice(fake, policies, policy_
     for target in (0.0, 1.0):
         for prompt, suite in PROMPTS:
             metadata = {"routeopt_suite": suite, "routeopt_quality_target": target}
-            resp = await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}],
-                                            metadata=metadata)
+            resp = await router.acompletion(
+                model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=metadata
+            )
             want = policies[0].decide(prompt, suite, quality_target=target).model
             expected.append(f"{want}-model")
             assert resp.choices[0].message.content == f"echo: {prompt.strip()}"
@@ -80,8 +92,9 @@ async def test_no_deployment_at_all_is_a_clear_error(fake, policy_router) -> Non
     assert NoDeployment.__mro__[1] is LookupError
 
 
-async def test_default_model_serves_while_no_policy_is_valid(fake, policies, publish_to, registry,
-                                                             keypair) -> None:
+async def test_default_model_serves_while_no_policy_is_valid(
+    fake, policies, publish_to, registry, keypair
+) -> None:
     """An expired policy: requests go to the default model's deployment, and the metadata says
     why; a default model without a deployment is a clear error naming it."""
     from datetime import datetime, timedelta, timezone
@@ -91,18 +104,23 @@ async def test_default_model_serves_while_no_policy_is_valid(fake, policies, pub
     router = _litellm_router(fake, [*policies[0].candidates, "fallback"])
     install(router, gateway)
     metadata: dict = {}
-    resp = await router.acompletion(model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}],
-                                    metadata=metadata)
+    resp = await router.acompletion(
+        model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}], metadata=metadata
+    )
     assert resp.choices[0].message.content == "5" and fake.requests[-1].body["model"] == "fallback-model"
     assert metadata[DECISION_KEY]["policy_version"] == 0
     assert "version 1 expired at" in metadata[DECISION_KEY]["default_reason"]
     bare = _litellm_router(fake, policies[0].candidates)
     install(bare, gateway)
-    with pytest.raises(Exception, match="serves its default model 'fallback' .*no LiteLLM deployment is named"):
+    with pytest.raises(
+        Exception, match="serves its default model 'fallback' .*no LiteLLM deployment is named"
+    ):
         await bare.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])
 
 
-async def test_a_gateway_logs_each_request_under_its_request_id(fake, policies, policy_router, tmp_path) -> None:
+async def test_a_gateway_logs_each_request_under_its_request_id(
+    fake, policies, policy_router, tmp_path
+) -> None:
     import json
 
     from routeopt.artifacts.serving.gateway import DecisionLog, Gateway
@@ -112,7 +130,9 @@ async def test_a_gateway_logs_each_request_under_its_request_id(fake, policies, 
     install(router, Gateway(policy_router, log=log))
     prompt, suite = PROMPTS[1]
     metadata = {"routeopt_suite": suite, "routeopt_request_id": "order-17"}
-    await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=metadata)
+    await router.acompletion(
+        model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=metadata
+    )
     other = {"routeopt_suite": suite}
     await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=other)
     log.close()

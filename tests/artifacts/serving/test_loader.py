@@ -21,7 +21,11 @@ from tests import REPO
 def _same_decisions(router, policy) -> None:
     for prompt, suite in PROMPTS:
         got, want = router.route(prompt, suite=suite), policy.decide(prompt, suite=suite)
-        assert (got.model, got.fallbacks, got.policy_probability) == (want.model, want.fallbacks, want.propensity)
+        assert (got.model, got.fallbacks, got.policy_probability) == (
+            want.model,
+            want.fallbacks,
+            want.propensity,
+        )
         assert got.propensity == 1.0  # no exploration: the request's own hash decides
         assert got.pass_probabilities == pytest.approx(want.pass_probabilities)
         assert got.expected_cost_usd == pytest.approx(want.expected_cost_usd)
@@ -52,12 +56,15 @@ def test_quality_target_is_passed_through(policies, publish_to, registry, keypai
     router = load(registry, keypair[1])
     for q in (0.0, 0.5, 1.0):
         prompt, suite = PROMPTS[1]
-        assert router.route(prompt, suite, quality_target=q).model == \
-            policies[0].decide(prompt, suite, quality_target=q).model
+        assert (
+            router.route(prompt, suite, quality_target=q).model
+            == policies[0].decide(prompt, suite, quality_target=q).model
+        )
 
 
 def test_refresh_swaps_to_new_version_and_follows_signed_rollback(
-        policies, publish_to, registry, keypair) -> None:
+    policies, publish_to, registry, keypair
+) -> None:
     events: list[tuple[str, str]] = []
     publish_to(policies[0])
     move_channel(registry, "champion", 1, signing_key=keypair[0])
@@ -121,26 +128,53 @@ print(json.dumps({"model": decision.model, "version": decision.policy_version, "
 
 
 def test_gateway_imports_only_numpy_cryptography_and_the_standard_library(
-        policies, publish_to, registry, keypair) -> None:
+    policies, publish_to, registry, keypair
+) -> None:
     """A fresh interpreter loads a signed policy (keeping its state file), routes, refreshes and
     serves a default model; what it imported is numpy, cryptography (with its cffi backend), the
     standard library and the gateway's own packages, nothing else."""
     publish_to(policies[0])
-    out = subprocess.run([sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
-                         capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", GATEWAY_SCRIPT, str(registry), str(keypair[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     result = json.loads(out.stdout)
     assert result["model"] in policies[0].candidates and result["version"] == 1
     assert list(Path(os.environ["ROUTEOPT_STATE_DIR"]).glob("*.json"))  # the state file was written
-    forbidden = {"routeopt.evals", "routeopt.flows", "prefect", "duckdb", "pandas", "sklearn", "scipy", "torch",
-                 "lightgbm", "pydantic", "yaml", "boto3"}
+    forbidden = {
+        "routeopt.evals",
+        "routeopt.flows",
+        "prefect",
+        "duckdb",
+        "pandas",
+        "sklearn",
+        "scipy",
+        "torch",
+        "lightgbm",
+        "pydantic",
+        "yaml",
+        "boto3",
+    }
     assert not forbidden & set(result["loaded"]), result["loaded"]
-    allowed = {"numpy", "cryptography", "_cffi_backend", "_openssl",  # cryptography's bindings
-               "routeopt", "routeopt.artifacts", "routeopt.router_training", "routeopt.common"}
+    allowed = {
+        "numpy",
+        "cryptography",
+        "_cffi_backend",
+        "_openssl",  # cryptography's bindings
+        "routeopt",
+        "routeopt.artifacts",
+        "routeopt.router_training",
+        "routeopt.common",
+    }
     assert set(result["loaded"]) <= allowed, result["loaded"]
 
 
-def test_key_rotation_trusts_any_listed_key(policies, publish_to, registry, keypair, other_keypair,
-                                            monkeypatch) -> None:
+def test_key_rotation_trusts_any_listed_key(
+    policies, publish_to, registry, keypair, other_keypair, monkeypatch
+) -> None:
     publish_to(policies[0], signing_key=other_keypair[0])
     move_channel(registry, "latest", 1, signing_key=other_keypair[0])
     with pytest.raises(PolicyLoadError, match="trusted key is"):
@@ -155,12 +189,14 @@ def test_key_rotation_trusts_any_listed_key(policies, publish_to, registry, keyp
 
 def _expired(publish_to, policy):
     """Publish `policy` as a version that expired yesterday (`latest` moves to it as it would)."""
-    return publish_to(policy, now=datetime.now(timezone.utc) - timedelta(days=2),
-                      expires_in=timedelta(days=1))
+    return publish_to(
+        policy, now=datetime.now(timezone.utc) - timedelta(days=2), expires_in=timedelta(days=1)
+    )
 
 
 def test_gateway_with_only_an_expired_policy_serves_the_default_model(
-        policies, publish_to, registry, keypair, caplog) -> None:
+    policies, publish_to, registry, keypair, caplog
+) -> None:
     """A restart with nothing valid is not an outage: the default model serves, and the gateway
     says why in status(), on_event and the log, then swaps to the next valid policy."""
     _expired(publish_to, policies[0])
@@ -168,8 +204,9 @@ def test_gateway_with_only_an_expired_policy_serves_the_default_model(
         load(registry, keypair[1])
     assert info.value.kind == "expired"
     events: list[tuple[str, str]] = []
-    router = load(registry, keypair[1], default_model="gpt-4o-mini",
-                  on_event=lambda k, m: events.append((k, m)))
+    router = load(
+        registry, keypair[1], default_model="gpt-4o-mini", on_event=lambda k, m: events.append((k, m))
+    )
     d = router.route(*PROMPTS[0])
     assert (d.model, d.fallbacks, d.policy_version) == ("gpt-4o-mini", (), 0)
     assert "version 1 expired at" in d.default_reason
@@ -193,11 +230,13 @@ def test_default_model_from_the_environment(policies, publish_to, registry, keyp
 
 
 def test_policy_expiring_while_served_hands_over_to_the_default_model(
-        policies, publish_to, registry, keypair, loader_later) -> None:
+    policies, publish_to, registry, keypair, loader_later
+) -> None:
     publish_to(policies[0], expires_in=timedelta(minutes=10))
     events: list[tuple[str, str]] = []
-    router = load(registry, keypair[1], default_model="gpt-4o-mini",
-                  on_event=lambda k, m: events.append((k, m)))
+    router = load(
+        registry, keypair[1], default_model="gpt-4o-mini", on_event=lambda k, m: events.append((k, m))
+    )
     assert router.route(*PROMPTS[0]).policy_version == 1
     loader_later(timedelta(minutes=11))
     d = router.route(*PROMPTS[0])
@@ -208,7 +247,8 @@ def test_policy_expiring_while_served_hands_over_to_the_default_model(
 
 
 def test_gateway_started_before_the_first_publish_waits_on_the_champion(
-        policies, publish_to, registry, keypair, tmp_path) -> None:
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     router = load(registry, keypair[1], default_model="gpt-4o-mini")  # the folder does not exist yet
     assert router.route("hi").model == "gpt-4o-mini" and router.status().channel == "champion"
     assert "champion.json: no such channel" in router.status().default_reason
@@ -223,5 +263,7 @@ def test_a_registry_unreachable_at_start_is_not_an_outage(keypair) -> None:
         load("http://127.0.0.1:9/", keypair[1])
     assert info.value.kind == "unreachable"
     router = load("http://127.0.0.1:9/", keypair[1], default_model="gpt-4o-mini")
-    assert router.route("hi").model == "gpt-4o-mini" and "registry unreachable" in router.status().default_reason
+    assert (
+        router.route("hi").model == "gpt-4o-mini" and "registry unreachable" in router.status().default_reason
+    )
     assert router.refresh() is False and router.status().consecutive_failures == 2

@@ -36,8 +36,10 @@ def test_accepted_names_stay_inside_the_folder(name: str) -> None:
     assert root in resolved.parents and ".." not in name.split("/") and not name.startswith("/")
 
 
-@pytest.mark.parametrize("name", ["../x", "a/../../x", "/etc/passwd", "a\\..\\b", ".hidden", "a//b",
-                                  "", "a/", "C:x", "x\x00y", "é.json"])
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "a/../../x", "/etc/passwd", "a\\..\\b", ".hidden", "a//b", "", "a/", "C:x", "x\x00y", "é.json"],
+)
 def test_unsafe_names_are_refused(name: str) -> None:
     with pytest.raises(ManifestError, match="file name"):
         check_file_name(name)
@@ -50,8 +52,15 @@ def test_canonical_json_is_stable_and_strict() -> None:
 
 
 def _manifest(**kw) -> bytes:
-    args = dict(version=3, files={"policy.json": b"{}"}, lineage={"runs": ["r"]}, metrics={},
-                policy={"candidates": ["a"]}, created_at=NOW, expires_in=timedelta(days=1))
+    args = dict(
+        version=3,
+        files={"policy.json": b"{}"},
+        lineage={"runs": ["r"]},
+        metrics={},
+        policy={"candidates": ["a"]},
+        created_at=NOW,
+        expires_in=timedelta(days=1),
+    )
     return build_manifest(**{**args, **kw})
 
 

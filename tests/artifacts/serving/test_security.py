@@ -89,8 +89,7 @@ def test_truncated_manifest(served, policies, publish_to, registry, keypair) -> 
 
 
 def test_expired_policy(served, policies, publish_to, registry, keypair) -> None:
-    publish_to(policies[1], now=datetime.now(timezone.utc) - timedelta(days=2),
-               expires_in=timedelta(days=1))
+    publish_to(policies[1], now=datetime.now(timezone.utc) - timedelta(days=2), expires_in=timedelta(days=1))
     _refused(served, r"version 2 expired at .*publish a fresh policy")
     with pytest.raises(PolicyLoadError, match="expired"):
         load(_folder(registry, 2), keypair[1])
@@ -113,13 +112,16 @@ def _write_pointer(registry: Path, key_path: Path, **changes) -> None:
     (registry / "channels" / "latest.json").write_bytes(pretty_json({"payload": payload, "signature": sig}))
 
 
-def test_signed_but_non_rollback_downgrade_is_refused(served, policies, publish_to, registry, keypair) -> None:
+def test_signed_but_non_rollback_downgrade_is_refused(
+    served, policies, publish_to, registry, keypair
+) -> None:
     publish_to(policies[1])
     assert served.refresh() is True
     v1 = _folder(registry, 1)
     digest = sha256_hex((v1 / "manifest.json").read_bytes())
-    _write_pointer(registry, keypair[0], seq=99, version=1, digest=digest,
-                   path=f"versions/{v1.name}", action="promote")
+    _write_pointer(
+        registry, keypair[0], seq=99, version=1, digest=digest, path=f"versions/{v1.name}", action="promote"
+    )
     assert served.refresh() is False and served.version == 2
     assert "downgrade refused" in served.status().last_error
 
@@ -199,8 +201,9 @@ def test_registry_fails_between_pointer_and_files(policies, publish_to, registry
     publish_to(policies[0])
     backend = _FlakyBackend(registry)
     events: list[tuple[str, str]] = []
-    router = Router(backend, channel="latest", public_key=keypair[1],
-                    on_event=lambda k, m: events.append((k, m)))
+    router = Router(
+        backend, channel="latest", public_key=keypair[1], on_event=lambda k, m: events.append((k, m))
+    )
     router.events = events
     publish_to(policies[1])
     backend.down = True
@@ -242,8 +245,9 @@ def test_signed_but_broken_policy_is_refused(served, policies, publish_to, regis
     _refused(served, r"policy does not load or decide")
 
 
-def test_gateway_without_a_key_refuses_to_load_unless_told(policies, publish_to, registry,
-                                                           monkeypatch) -> None:
+def test_gateway_without_a_key_refuses_to_load_unless_told(
+    policies, publish_to, registry, monkeypatch
+) -> None:
     """Secure by default: no public key means no load, not an unverified one."""
     monkeypatch.delenv("ROUTEOPT_PUBLIC_KEY", raising=False)
     publish_to(policies[0])
@@ -266,8 +270,9 @@ print(json.dumps({"uid": os.getuid(), "version": router.route("add 2 and 3").pol
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
-                    reason="starting a gateway as another user needs root")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="starting a gateway as another user needs root"
+)
 def test_a_gateway_running_as_another_user_can_read_what_was_published(policies, keypair) -> None:
     """Published files are 0644 and folders 0755 even under a umask of 077; the private key
     stays 0600. A gateway process running as `nobody` loads and verifies the policy."""
@@ -286,17 +291,35 @@ def test_a_gateway_running_as_another_user_can_read_what_was_published(policies,
         old_umask = os.umask(0o077)
         try:
             generate_keys(shared / "keys")
-            publish(policies[0], shared / "registry", lineage={}, metrics={},
-                    signing_key=shared / "keys" / "signing_key.pem")
+            publish(
+                policies[0],
+                shared / "registry",
+                lineage={},
+                metrics={},
+                signing_key=shared / "keys" / "signing_key.pem",
+            )
         finally:
             os.umask(old_umask)
-        modes = {str(p.relative_to(shared)): stat.S_IMODE(p.stat().st_mode) for p in shared.rglob("*")
-                 if not p.name.startswith(".")}
+        modes = {
+            str(p.relative_to(shared)): stat.S_IMODE(p.stat().st_mode)
+            for p in shared.rglob("*")
+            if not p.name.startswith(".")
+        }
         assert modes.pop("keys/signing_key.pem") == 0o600
         assert all(m == (0o755 if (shared / p).is_dir() else 0o644) for p, m in modes.items()), modes
-        out = subprocess.run([sys.executable, "-c", GATEWAY_AS_NOBODY, str(shared / "registry"),
-                              str(shared / "keys" / "public_key.pem")],
-                             capture_output=True, text=True, cwd=REPO, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                GATEWAY_AS_NOBODY,
+                str(shared / "registry"),
+                str(shared / "keys" / "public_key.pem"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout) == {"uid": 65534, "version": 1}
     finally:

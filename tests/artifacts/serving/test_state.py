@@ -31,8 +31,15 @@ else:
 def _gateway_process(source: str, public_key: Path, state_dir: Path) -> dict:
     """Start a gateway in a fresh interpreter (a restart), load once, report what it serves."""
     env = {**os.environ, "ROUTEOPT_STATE_DIR": str(state_dir)}
-    out = subprocess.run([sys.executable, "-c", GATEWAY, source, str(public_key)], env=env,
-                         capture_output=True, text=True, check=True, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", GATEWAY, source, str(public_key)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
@@ -43,8 +50,9 @@ def _two_versions_and_the_old_pointer(policies, publish_to, registry: Path) -> b
     return old
 
 
-def test_restarted_gateway_refuses_a_replayed_pointer(policies, publish_to, registry, keypair,
-                                                      tmp_path) -> None:
+def test_restarted_gateway_refuses_a_replayed_pointer(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     old = _two_versions_and_the_old_pointer(policies, publish_to, registry)
     state = tmp_path / "state"
     assert _gateway_process(str(registry), keypair[1], state) == {"version": 2}
@@ -57,11 +65,26 @@ def test_restarted_gateway_refuses_a_replayed_pointer(policies, publish_to, regi
     assert _gateway_process(str(registry), keypair[1], tmp_path / "new-host") == {"version": 1}
 
 
-def test_restarted_gateway_over_registry_serve_refuses_a_replay(policies, publish_to, registry, keypair,
-                                                                tmp_path) -> None:
+def test_restarted_gateway_over_registry_serve_refuses_a_replay(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     old = _two_versions_and_the_old_pointer(policies, publish_to, registry)
-    server = subprocess.Popen([sys.executable, "-m", "routeopt.flows.cli", "registry", "serve", "--registry",
-                               str(registry), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "routeopt.flows.cli",
+            "registry",
+            "serve",
+            "--registry",
+            str(registry),
+            "--port",
+            "0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = server.stdout.readline().split(" at ")[1].split()[0]  # "serving R at http://h:p/ (...)"
         state = tmp_path / "state"
@@ -77,8 +100,9 @@ def test_restarted_gateway_over_registry_serve_refuses_a_replay(policies, publis
         server.wait(timeout=10)
 
 
-def test_a_signed_rollback_is_still_accepted_after_a_restart(policies, publish_to, registry, keypair,
-                                                             tmp_path) -> None:
+def test_a_signed_rollback_is_still_accepted_after_a_restart(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     publish_to(policies[0])
     publish_to(policies[1])
     move_channel(registry, "champion", 1, signing_key=keypair[0])
@@ -88,8 +112,9 @@ def test_a_signed_rollback_is_still_accepted_after_a_restart(policies, publish_t
     assert load(registry, keypair[1], state_dir=tmp_path).version == 1
 
 
-def test_gateways_sharing_a_host_never_lower_the_record(policies, publish_to, registry, keypair,
-                                                        tmp_path) -> None:
+def test_gateways_sharing_a_host_never_lower_the_record(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     from routeopt.artifacts.serving.state import SeenFile
     from routeopt.artifacts.serving.verify import Seen
 
@@ -103,24 +128,29 @@ def test_gateways_sharing_a_host_never_lower_the_record(policies, publish_to, re
     assert record.read().seq == 2 and record.path.stat().st_mode & 0o777 == 0o600
 
 
-def test_corrupt_or_foreign_state_is_refused_not_ignored(policies, publish_to, registry, keypair,
-                                                         tmp_path) -> None:
+def test_corrupt_or_foreign_state_is_refused_not_ignored(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     publish_to(policies[0])
     router = load(registry, keypair[1], state_dir=tmp_path)
     path = Path(router.status().state_file)
     path.write_text("{not json")
     with pytest.raises(PolicyLoadError, match="gateway state cannot be read.*Delete it"):
         load(registry, keypair[1], state_dir=tmp_path)
-    path.write_text(json.dumps({"registry": "/elsewhere", "channel": "latest", "seq": 1, "version": 1,
-                                "digest": "0" * 64}))
+    path.write_text(
+        json.dumps(
+            {"registry": "/elsewhere", "channel": "latest", "seq": 1, "version": 1, "digest": "0" * 64}
+        )
+    )
     with pytest.raises(PolicyLoadError, match="belongs to another registry"):
         load(registry, keypair[1], state_dir=tmp_path)
     path.unlink()
     assert load(registry, keypair[1], state_dir=tmp_path).version == 1
 
 
-def test_unwritable_state_keeps_serving_and_says_so(policies, publish_to, registry, keypair,
-                                                    tmp_path) -> None:
+def test_unwritable_state_keeps_serving_and_says_so(
+    policies, publish_to, registry, keypair, tmp_path
+) -> None:
     publish_to(policies[0])
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")

@@ -24,9 +24,17 @@ N = 24
 def candidate(server: FakeBatchLLM, provider: str = "openai", **batch: Any) -> Candidate:
     base = server.openai_base_url if provider == "openai" else server.anthropic_base_url
     spec = {"poll_interval_s": 0.02, "latency_sample": 2, **batch}
-    return Candidate(name=f"b-{provider}", provider=provider, model=f"m-{provider}", base_url=base,
-                     input_price_per_mtok=3.0, output_price_per_mtok=15.0, timeout_s=10,
-                     max_retries=2, batch=spec)
+    return Candidate(
+        name=f"b-{provider}",
+        provider=provider,
+        model=f"m-{provider}",
+        base_url=base,
+        input_price_per_mtok=3.0,
+        output_price_per_mtok=15.0,
+        timeout_s=10,
+        max_retries=2,
+        batch=spec,
+    )
 
 
 @pytest.fixture
@@ -41,15 +49,23 @@ def suite(tmp_path: Path) -> Suite:
 
 
 def run_batches(store: Store, suite: Suite, cand: Candidate, run_id: str = "run-b") -> BatchStage:
-    stage = BatchStage(store, run_id, [suite], [cand],
-                       sync_options={"retry": RetryPolicy(base_s=0.005, max_s=0.02)})
+    stage = BatchStage(
+        store, run_id, [suite], [cand], sync_options={"retry": RetryPolicy(base_s=0.005, max_s=0.02)}
+    )
     stage.submit()
     # what the flow does meanwhile: the synchronous pairs, here the latency sample
     import asyncio
 
-    asyncio.run(evaluate_pair(suite, cand, run_id, store.write_outcomes,
-                              done=sorted(stage.owned(suite, cand)),
-                              retry=RetryPolicy(base_s=0.005, max_s=0.02)))
+    asyncio.run(
+        evaluate_pair(
+            suite,
+            cand,
+            run_id,
+            store.write_outcomes,
+            done=sorted(stage.owned(suite, cand)),
+            retry=RetryPolicy(base_s=0.005, max_s=0.02),
+        )
+    )
     assert stage.finish() == []
     return stage
 
@@ -85,7 +101,8 @@ def test_batch_answers_every_item_once_at_half_price(tmp_path, server, suite, pr
     sent = server.batches[jobs[0].batch_id].lines
     assert sorted(ln["custom_id"] for ln in sent) == sorted(
         custom_id("run-b", suite.name, i, cand.name, 1)
-        for i in {it.id for it in suite.items} - latency_sample(suite, 2))
+        for i in {it.id for it in suite.items} - latency_sample(suite, 2)
+    )
 
 
 def test_submissions_split_to_limits(tmp_path, server, suite):
@@ -112,8 +129,10 @@ def test_local_candidates_refuse_batch(tmp_path):
     with pytest.raises(ValueError, match="no batch API"):
         Candidate(name="l", provider="local", model="x", gpu_hour_usd=1.0, batch=True)
     cfg = tmp_path / "routeopt.yaml"
-    cfg.write_text("candidates:\n  - name: l\n    provider: local\n    model: x\n"
-                   "    gpu_hour_usd: 1.0\n    batch: true\n")
+    cfg.write_text(
+        "candidates:\n  - name: l\n    provider: local\n    model: x\n"
+        "    gpu_hour_usd: 1.0\n    batch: true\n"
+    )
     from routeopt.evals.config import load_config
 
     with pytest.raises(ConfigError, match=r"routeopt.yaml:\d+: candidates.0.*no batch API"):
@@ -121,14 +140,25 @@ def test_local_candidates_refuse_batch(tmp_path):
 
 
 def test_batch_prices_cache_reads_at_batch_rate():
-    c = Candidate(name="a", provider="anthropic", model="m", input_price_per_mtok=3.0,
-                  output_price_per_mtok=15.0, batch=True)
+    c = Candidate(
+        name="a",
+        provider="anthropic",
+        model="m",
+        input_price_per_mtok=3.0,
+        output_price_per_mtok=15.0,
+        batch=True,
+    )
     priced = c.batch_pricing()
     assert priced.token_prices() == (1.5, 7.5)
     assert priced.cache_prices() == pytest.approx((0.15, 1.875))  # 0.1x and 1.25x of 1.5
-    explicit = Candidate(name="b", provider="openai", model="m", input_price_per_mtok=2.0,
-                         output_price_per_mtok=8.0,
-                         batch={"input_price_per_mtok": 0.8, "output_price_per_mtok": 4.0})
+    explicit = Candidate(
+        name="b",
+        provider="openai",
+        model="m",
+        input_price_per_mtok=2.0,
+        output_price_per_mtok=8.0,
+        batch={"input_price_per_mtok": 0.8, "output_price_per_mtok": 4.0},
+    )
     assert explicit.batch_pricing().token_prices() == (0.8, 4.0)
     assert explicit.batch_pricing().cache_prices()[0] == pytest.approx(0.8)
 
@@ -179,10 +209,15 @@ def test_resend_in_a_new_batch(tmp_path, server, suite):
     assert not billed_twice(server)
 
 
-@pytest.mark.parametrize("fault,provider", [("stuck_validating", "openai"),
-                                            ("stuck_processing", "openai"),
-                                            ("stuck_finalizing", "openai"),
-                                            ("stuck_processing", "anthropic")])
+@pytest.mark.parametrize(
+    "fault,provider",
+    [
+        ("stuck_validating", "openai"),
+        ("stuck_processing", "openai"),
+        ("stuck_finalizing", "openai"),
+        ("stuck_processing", "anthropic"),
+    ],
+)
 def test_stuck_batch_is_cancelled_past_its_deadline(tmp_path, server, suite, fault, provider):
     store, stage, got = faulty(tmp_path, suite, server, {fault}, provider, deadline_s=0.3)
     assert "deadline_s" in problems(stage) and "cancelled" in problems(stage)
@@ -211,8 +246,7 @@ def test_enqueued_token_limit_exceeded_at_the_provider(tmp_path, server, suite):
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_duplicated_unknown_and_broken_lines_are_named(tmp_path, server, suite, provider):
-    store, stage, got = faulty(tmp_path, suite, server, {"duplicate", "bad_json", "unknown_id"},
-                               provider)
+    store, stage, got = faulty(tmp_path, suite, server, {"duplicate", "bad_json", "unknown_id"}, provider)
     text = problems(stage)
     assert "appears twice; the first kept" in text
     assert "not JSON" in text and "line " in text
@@ -236,7 +270,9 @@ def test_5xx_on_poll_is_retried(tmp_path, server, suite, caplog):
 def test_batch_that_no_longer_exists(tmp_path, server, suite):
     store, stage, got = faulty(tmp_path, suite, server, {"gone"})
     assert "no longer exists at the provider" in problems(stage)
-    assert (got.call_mode == "sync").all() and [j.state for j in BatchRecords(store).jobs("run-b")] == ["lost"]
+    assert (got.call_mode == "sync").all() and [j.state for j in BatchRecords(store).jobs("run-b")] == [
+        "lost"
+    ]
 
 
 # --- resume ---------------------------------------------------------------------------------

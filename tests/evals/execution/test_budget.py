@@ -176,11 +176,14 @@ async def test_concurrent_reservations_wait_for_settlements_then_stop_at_the_cap
 def test_budget_for_run_and_resume_spend(tmp_path: Path):
     assert budget_for_run(BudgetSettings()) is None
     with Store(tmp_path / "db.duckdb") as store:
-        store.write_outcomes([
-            _outcome("a", cost_usd=0.25, judge_candidate="judge", judge_cost_usd=0.125),
-            _outcome("b", cost_usd=None), _outcome("c", cost_usd=0.5, cached=True),
-            _outcome("d", cost_usd=0.0625, error_kind="truncated_stream"),
-        ])
+        store.write_outcomes(
+            [
+                _outcome("a", cost_usd=0.25, judge_candidate="judge", judge_cost_usd=0.125),
+                _outcome("b", cost_usd=None),
+                _outcome("c", cost_usd=0.5, cached=True),
+                _outcome("d", cost_usd=0.0625, error_kind="truncated_stream"),
+            ]
+        )
         spent = spent_in_run(store, "r")
     # a failed call's cost counts; a cached answer was not paid; the judge's calls are its own
     assert spent == {"api": pytest.approx(0.3125), "judge": pytest.approx(0.125)}

@@ -12,7 +12,13 @@ import pytest
 
 from routeopt.evals.config import Candidate
 from routeopt.evals.execution.budget import Budget
-from routeopt.evals.execution.limits import CircuitBreaker, EndpointLimits, RateLimiter, reset_shared_limits, shared_limits
+from routeopt.evals.execution.limits import (
+    CircuitBreaker,
+    EndpointLimits,
+    RateLimiter,
+    reset_shared_limits,
+    shared_limits,
+)
 from routeopt.evals.execution.runner import RetryPolicy, evaluate_pair
 from routeopt.evals.providers.sdk import estimate_tokens
 from routeopt.evals.storage.store import Outcome, Store
@@ -68,14 +74,22 @@ async def test_an_open_breaker_makes_the_queue_wait_for_its_probe(tmp_path, fake
 
 
 async def test_an_endpoint_down_past_the_wait_leaves_its_items_for_the_resumed_run(
-        tmp_path, fake_llm, fake_candidate):
+    tmp_path, fake_llm, fake_candidate
+):
     fake_llm.faults = FaultPlan({"server_error": 1.0})
     suite = load_suite(write_arithmetic_suite(tmp_path, 12))
     cand = fake_candidate(max_retries=8, max_concurrency=3)
     with Store(tmp_path / "o.duckdb") as store:
         t0 = time.perf_counter()
-        await evaluate_pair(suite, cand, "r", store.write_outcomes, limits=limits(cand, 2, 0.1),
-                            retry=FAST, breaker_max_wait_s=0.5)
+        await evaluate_pair(
+            suite,
+            cand,
+            "r",
+            store.write_outcomes,
+            limits=limits(cand, 2, 0.1),
+            retry=FAST,
+            breaker_max_wait_s=0.5,
+        )
         waited = time.perf_counter() - t0
         first = by_item(_rows(store))
         kinds = {r.error_kind for r in first.values()}
@@ -88,8 +102,9 @@ async def test_an_endpoint_down_past_the_wait_leaves_its_items_for_the_resumed_r
         fake_llm.faults = FaultPlan()  # the endpoint is back
         mark = len(fake_llm.requests)
         done = store.done_items("r", suite.name, cand.name)
-        await evaluate_pair(suite, cand, "r", store.write_outcomes, done=done,
-                            limits=limits(cand, 2, 0.1), retry=FAST)
+        await evaluate_pair(
+            suite, cand, "r", store.write_outcomes, done=done, limits=limits(cand, 2, 0.1), retry=FAST
+        )
         final = by_item(_rows(store))
     assert len(fake_llm.requests) - mark == len(left)  # only those items were called again
     assert all(final[i].passed for i in left) and len(final) == 12
@@ -97,9 +112,21 @@ async def test_an_endpoint_down_past_the_wait_leaves_its_items_for_the_resumed_r
 
 def _rows(store: Store) -> list[Outcome]:
     frame = store.query("SELECT item_id, error_kind, error, passed, attempts, cost_usd FROM outcomes")
-    return [Outcome("r", "arith", "v", r.item_id, "c", error_kind=r.error_kind, error=r.error,
-                    passed=r.passed, attempts=r.attempts, cost_usd=r.cost_usd)
-            for r in frame.itertuples()]
+    return [
+        Outcome(
+            "r",
+            "arith",
+            "v",
+            r.item_id,
+            "c",
+            error_kind=r.error_kind,
+            error=r.error,
+            passed=r.passed,
+            attempts=r.attempts,
+            cost_usd=r.cost_usd,
+        )
+        for r in frame.itertuples()
+    ]
 
 
 def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
@@ -108,8 +135,15 @@ def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
     monkeypatch.setenv("TEAM_B_KEY", "sk-team-b-9876543210")
 
     def cand(name: str, key: str, **kw) -> Candidate:
-        return Candidate(name=name, provider="openai", model=name, api_key_env=key,
-                         input_price_per_mtok=1, output_price_per_mtok=1, **kw)
+        return Candidate(
+            name=name,
+            provider="openai",
+            model=name,
+            api_key_env=key,
+            input_price_per_mtok=1,
+            output_price_per_mtok=1,
+            **kw,
+        )
 
     a, a2, b = cand("a", "TEAM_A_KEY"), cand("a-mini", "TEAM_A_KEY"), cand("b", "TEAM_B_KEY")
     vllm = cand("v", "TEAM_A_KEY", base_url="http://vllm.internal:8000/v1")
@@ -126,7 +160,8 @@ def test_one_breaker_per_endpoint_and_key_never_holding_the_key(monkeypatch):
 
 
 async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
-        tmp_path, fake_llm, fake_candidate, monkeypatch, caplog):
+    tmp_path, fake_llm, fake_candidate, monkeypatch, caplog
+):
     caplog.set_level("WARNING", logger="routeopt.evals.execution.calls")
     monkeypatch.setenv("FAKE_KEY", "sk-wrong-0123456789")
     fake_llm.expect_api_key = "sk-right-0123456789"
@@ -143,8 +178,12 @@ async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
         assert lim.breaker.state == "closed" and lim.breaker.times_opened == 0
         assert stats.halted and "resume" in stats.halted and stats.error_kinds == {"auth": 30}
         said = [r.getMessage() for r in caplog.records if r.name == "routeopt.evals.execution.calls"]
-        assert len(said) == 1 and said[0].startswith("candidate 'fake-openai' stopped calling")  # when it stopped
-        assert not any("sk-wrong" in (r.error or "") or "0123456789" in (r.error or "") for r in rows.values())
+        assert len(said) == 1 and said[0].startswith(
+            "candidate 'fake-openai' stopped calling"
+        )  # when it stopped
+        assert not any(
+            "sk-wrong" in (r.error or "") or "0123456789" in (r.error or "") for r in rows.values()
+        )
 
         monkeypatch.setenv("FAKE_KEY", "sk-right-0123456789")  # fixed: the resumed run finishes
         done = store.done_items("r", suite.name, cand.name)
@@ -156,13 +195,18 @@ async def test_a_refused_key_stops_the_pair_without_opening_the_breaker(
 def _failed_cost(provider: str, body: dict, request, answer: str) -> float:
     """What a stream cut after its content costs: the prompt (as the server reported it in
     Anthropic's message_start, else estimated) and the output received (estimated)."""
-    inp = count_tokens(_prompt_of("", body)) if provider == "anthropic" else estimate_tokens(request.prompt_text)
+    inp = (
+        count_tokens(_prompt_of("", body))
+        if provider == "anthropic"
+        else estimate_tokens(request.prompt_text)
+    )
     return (inp * 1.0 + math.ceil(len(answer) / 4) * 2.0) / 1e6
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-async def test_failed_attempts_and_retries_are_priced_and_budgeted(tmp_path, fake_llm, fake_candidate,
-                                                                  provider):
+async def test_failed_attempts_and_retries_are_priced_and_budgeted(
+    tmp_path, fake_llm, fake_candidate, provider
+):
     tags = {0: "[[fault:truncated*1]]", 1: "[[fault:truncated]]", 2: "[[fault:server_error*1]]"}
     suite = load_suite(write_arithmetic_suite(tmp_path, 4, tags=lambda i: tags.get(i, "")))
     cand = fake_candidate(provider, max_retries=2)
@@ -177,8 +221,12 @@ async def test_failed_attempts_and_retries_are_priced_and_budgeted(tmp_path, fak
         return _failed_cost(provider, body, suite.request(suite.items[i]), str(3 * i + 1))
 
     def answer_cost(row: Outcome) -> float:  # prompt-cache reads and writes at their prices
-        return (cand.input_cost_usd(row.input_tokens, row.cached_input_tokens or 0,
-                                    row.cache_write_input_tokens or 0) + row.output_tokens * 2.0 / 1e6)
+        return (
+            cand.input_cost_usd(
+                row.input_tokens, row.cached_input_tokens or 0, row.cache_write_input_tokens or 0
+            )
+            + row.output_tokens * 2.0 / 1e6
+        )
 
     assert (got["q00000"].attempts, got["q00000"].error_kind) == (2, None)
     assert got["q00000"].cost_usd == pytest.approx(cut(0) + answer_cost(got["q00000"]))
@@ -194,12 +242,14 @@ async def test_retries_count_toward_the_cap(tmp_path, fake_llm, fake_candidate):
     billed; the cap stops the calls, and the spend never exceeds it."""
     fake_llm.faults = FaultPlan({"truncated": 1.0})
     suite = load_suite(write_arithmetic_suite(tmp_path, 10))
-    cand = fake_candidate(max_retries=3, max_concurrency=1, input_price_per_mtok=1000.0,
-                          output_price_per_mtok=1000.0)
+    cand = fake_candidate(
+        max_retries=3, max_concurrency=1, input_price_per_mtok=1000.0, output_price_per_mtok=1000.0
+    )
     budget = Budget(run_usd=0.25)
     rows: list[Outcome] = []
-    await evaluate_pair(suite, cand, "r", rows.extend, limits=limits(cand, failures=1000), retry=FAST,
-                        budget=budget)
+    await evaluate_pair(
+        suite, cand, "r", rows.extend, limits=limits(cand, failures=1000), retry=FAST, budget=budget
+    )
     spent = sum(r.cost_usd or 0 for r in rows)
     assert budget.spent() == pytest.approx(spent) and 0.1 < spent <= 0.25
     assert {r.error_kind for r in rows} == {"truncated_stream", "budget"}
@@ -249,8 +299,9 @@ async def test_the_breaker_says_when_it_opens_stays_down_closes_and_gives_up(cap
     from routeopt.evals.providers.base import ProviderError
 
     now = [0.0]
-    breaker = CircuitBreaker("http://127.0.0.1:9/v1 (key $K)", failures=2, cooldown_s=30.0,
-                             clock=lambda: now[0])
+    breaker = CircuitBreaker(
+        "http://127.0.0.1:9/v1 (key $K)", failures=2, cooldown_s=30.0, clock=lambda: now[0]
+    )
     refused = ProviderError("connection", "Connection error. (POST http://127.0.0.1:9/v1/chat/completions)")
     caplog.set_level(logging.WARNING, logger="routeopt.evals.execution.limits")
     breaker.record(refused, await breaker.admit(600))
@@ -273,14 +324,16 @@ async def test_the_breaker_says_when_it_opens_stays_down_closes_and_gives_up(cap
         "its calls wait for a probe every 30s",
         "http://127.0.0.1:9/v1 (key $K) is still down after 31s (probe: connection: Connection "
         "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s",
-        "http://127.0.0.1:9/v1 (key $K) answers again after 62s down; its calls go on"]
+        "http://127.0.0.1:9/v1 (key $K) answers again after 62s down; its calls go on",
+    ]
     assert caplog.messages[3].startswith("circuit breaker open for http://127.0.0.1:9/v1 (key $K)")
     assert caplog.messages[4:] == [
         "gave up waiting for http://127.0.0.1:9/v1 (key $K) after 638s down "
         "(circuit_breaker_max_wait_s); its remaining items are recorded as circuit_open, and "
         "resuming the run calls them again",  # said once, however many calls it refuses
         "http://127.0.0.1:9/v1 (key $K) is still down after 638s (probe: connection: Connection "
-        "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s"]
+        "error. (POST http://127.0.0.1:9/v1/chat/completions)); next probe in 30s",
+    ]
 
 
 async def test_an_item_that_keeps_drawing_the_probe_stops_once_the_wait_is_over():
@@ -303,8 +356,15 @@ async def test_an_item_that_keeps_drawing_the_probe_stops_once_the_wait_is_over(
             now[0] += 1.0  # each attempt takes a second of the breaker's clock
             raise ProviderError("connection", "Connection refused")
 
-    c = Candidate(name="down", provider="openai", model="m", base_url="http://127.0.0.1:9/v1",
-                  max_retries=0, input_price_per_mtok=1.0, output_price_per_mtok=1.0)
+    c = Candidate(
+        name="down",
+        provider="openai",
+        model="m",
+        base_url="http://127.0.0.1:9/v1",
+        max_retries=0,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=1.0,
+    )
     lim = EndpointLimits(RateLimiter(), CircuitBreaker("http://127.0.0.1:9/v1", 1, 0.0, clock=lambda: now[0]))
     lim.breaker.record(ProviderError("connection", "Connection refused"))  # down: the item's calls are probes
     caller = Caller(c, Down(), lim, None, FAST, max_wait_s=5.0)

@@ -18,7 +18,8 @@ ZOO = REPO / "evals" / "demo" / "zoo"
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_healthy_candidate_answers_one_token_and_the_probe_is_costed(
-        fake_llm, fake_candidate, provider, stream):
+    fake_llm, fake_candidate, provider, stream
+):
     cand = fake_candidate(provider, stream=stream, input_price_per_mtok=1.0, output_price_per_mtok=2.0)
     p = await probe(cand)
     (sent,) = fake_llm.requests
@@ -30,8 +31,9 @@ async def test_a_healthy_candidate_answers_one_token_and_the_probe_is_costed(
     assert p.line().startswith(f"candidate {cand.name} ({cand.base_url}): answered in ")
 
 
-async def test_a_refused_key_is_broken_named_by_status_and_url_and_never_echoed(fake_llm, fake_candidate,
-                                                                                 monkeypatch):
+async def test_a_refused_key_is_broken_named_by_status_and_url_and_never_echoed(
+    fake_llm, fake_candidate, monkeypatch
+):
     monkeypatch.setenv("PF_KEY", "sk-revoked-0123456789")
     fake_llm.expect_api_key = "sk-current"
     p = await probe(fake_candidate("openai", api_key_env="PF_KEY"))
@@ -44,7 +46,10 @@ async def test_a_refused_key_is_broken_named_by_status_and_url_and_never_echoed(
 async def test_a_wrong_path_and_a_dead_port_are_broken(fake_llm, fake_candidate):
     wrong_path = await probe(fake_candidate("openai", base_url=fake_llm.url + "/v2"))
     assert (wrong_path.verdict, wrong_path.error_kind, wrong_path.status) == ("broken", "config", 404)
-    assert f"HTTP 404: no route /v2/chat/completions (POST {fake_llm.url}/v2/chat/completions)" == wrong_path.error
+    assert (
+        f"HTTP 404: no route /v2/chat/completions (POST {fake_llm.url}/v2/chat/completions)"
+        == wrong_path.error
+    )
     dead = f"http://127.0.0.1:{free_port()}/v1"
     refused = await probe(fake_candidate("openai", base_url=dead))
     assert (refused.verdict, refused.error_kind, refused.status) == ("broken", "connection", None)
@@ -56,14 +61,26 @@ async def test_an_unset_key_variable_is_broken_without_a_call(fake_llm, fake_can
     monkeypatch.delenv("PF_UNSET_KEY", raising=False)
     cand = fake_candidate("anthropic", api_key_env="PF_UNSET_KEY")
     assert unset_keys([cand, fake_candidate("openai")]) == {
-        "fake-anthropic": "candidate fake-anthropic: $PF_UNSET_KEY is not set"}
+        "fake-anthropic": "candidate fake-anthropic: $PF_UNSET_KEY is not set"
+    }
     p = await probe(cand)
-    assert (p.verdict, p.error_kind, p.error) == ("broken", "auth", "candidate fake-anthropic: $PF_UNSET_KEY is not set")
+    assert (p.verdict, p.error_kind, p.error) == (
+        "broken",
+        "auth",
+        "candidate fake-anthropic: $PF_UNSET_KEY is not set",
+    )
     assert fake_llm.requests == []
 
 
-@pytest.mark.parametrize("fault,kind", [("server_error", "server_error"), ("rate_limit", "rate_limited"),
-                                        ("bad_request", "client_error"), ("hang", "timeout")])
+@pytest.mark.parametrize(
+    "fault,kind",
+    [
+        ("server_error", "server_error"),
+        ("rate_limit", "rate_limited"),
+        ("bad_request", "client_error"),
+        ("hang", "timeout"),
+    ],
+)
 async def test_faults_that_say_nothing_about_the_configuration_are_unsure(fake_candidate, fault, kind):
     with FakeLLM(faults=FaultPlan({fault: 1.0}, hang_s=5.0)) as server:
         p = await probe(fake_candidate("openai", base_url=server.openai_base_url), timeout_s=0.5)
@@ -71,13 +88,25 @@ async def test_faults_that_say_nothing_about_the_configuration_are_unsure(fake_c
     assert (p.verdict, p.error_kind) == ("unsure", kind) and not p.broken
 
 
-@pytest.mark.parametrize("message,verdict", [
-    ("HTTP 400: No connected db. [no_db_connection] (POST http://proxy:4000/v1/chat/completions)", "broken"),
-    ("HTTP 400: /chat/completions: Invalid model name passed in model=big-hundredd. (POST http://p/v1/chat/completions)", "broken"),
-    ("HTTP 400: The model `gpt-5o` does not exist", "broken"),
-    ("HTTP 400: injected fault: bad_request (POST http://p/model/key/chat/completions)", "unsure"),  # the URL is not the body
-    ("HTTP 422: temperature must be between 0 and 2", "unsure"),
-])
+@pytest.mark.parametrize(
+    "message,verdict",
+    [
+        (
+            "HTTP 400: No connected db. [no_db_connection] (POST http://proxy:4000/v1/chat/completions)",
+            "broken",
+        ),
+        (
+            "HTTP 400: /chat/completions: Invalid model name passed in model=big-hundredd. (POST http://p/v1/chat/completions)",
+            "broken",
+        ),
+        ("HTTP 400: The model `gpt-5o` does not exist", "broken"),
+        (
+            "HTTP 400: injected fault: bad_request (POST http://p/model/key/chat/completions)",
+            "unsure",
+        ),  # the URL is not the body
+        ("HTTP 422: temperature must be between 0 and 2", "unsure"),
+    ],
+)
 def test_a_4xx_is_broken_when_its_body_names_the_model_the_key_or_the_route(message, verdict):
     assert verdict_of(ProviderError("client_error", message, status=400)) == verdict
 
@@ -85,9 +114,16 @@ def test_a_4xx_is_broken_when_its_body_names_the_model_the_key_or_the_route(mess
 @pytest.mark.skipif(not (ZOO / "zoo-s" / "config.json").exists(), reason="zoo checkpoints not built")
 def test_local_candidates_load_and_generate_one_token_and_pay_their_gpu_time(tmp_path):
     good = Candidate(name="zoo-s", provider="local", model=str(ZOO / "zoo-s"), gpu_hour_usd=0.5)
-    stated = Candidate(name="zoo-s-stated", provider="local", model=str(ZOO / "zoo-s"), gpu_hour_usd=0.5,
-                       gpu_tokens_per_s=1000)
-    missing = Candidate(name="gone", provider="local", model=str(tmp_path / "no-such-model"), gpu_hour_usd=0.5)
+    stated = Candidate(
+        name="zoo-s-stated",
+        provider="local",
+        model=str(ZOO / "zoo-s"),
+        gpu_hour_usd=0.5,
+        gpu_tokens_per_s=1000,
+    )
+    missing = Candidate(
+        name="gone", provider="local", model=str(tmp_path / "no-such-model"), gpu_hour_usd=0.5
+    )
     ok, at_stated, bad = run_preflight([good, stated, missing])
     assert ok.verdict == "ok" and ok.output_tokens == 1 and ok.endpoint == f"local:{ZOO / 'zoo-s'}:fp32"
     assert ok.cost_usd == pytest.approx(0.5 / 3600 * ok.latency_s)  # the GPU time it held

@@ -22,8 +22,10 @@ FAST = RetryPolicy(base_s=0.005, max_s=0.02)
 
 
 def fresh_limits(c: Candidate, failures: int = 10, cooldown_s: float = 30.0) -> EndpointLimits:
-    return EndpointLimits(RateLimiter(c.requests_per_minute, c.tokens_per_minute),
-                          CircuitBreaker(c.base_url or "", failures, cooldown_s))
+    return EndpointLimits(
+        RateLimiter(c.requests_per_minute, c.tokens_per_minute),
+        CircuitBreaker(c.base_url or "", failures, cooldown_s),
+    )
 
 
 class Rows(list):
@@ -56,7 +58,9 @@ async def test_grades_costs_and_sends_every_item_once(tmp_path, fake_llm, fake_c
     got = rows.by_item()
     assert set(got) == {it.id for it in suite.items} and sum(progress) == 40
     assert (stats.completed, stats.errors, stats.calls) == (40, 0, 40), (
-        stats, [(r.error_kind, r.error, r.attempts) for r in rows if r.attempts != 1])
+        stats,
+        [(r.error_kind, r.error, r.attempts) for r in rows if r.attempts != 1],
+    )
     assert [i for i, r in got.items() if not r.passed] == [suite.items[3].id]
     r = got[suite.items[0].id]
     assert (r.score, r.attempts, r.cached, r.error_kind) == (1.0, 1, False, None)
@@ -68,14 +72,15 @@ async def test_grades_costs_and_sends_every_item_once(tmp_path, fake_llm, fake_c
     read, write = r.cached_input_tokens or 0, r.cache_write_input_tokens or 0
     x_read, x_write = (0.1, 1.25) if provider == "anthropic" else (1.0, 1.0)
     assert r.cost_usd == pytest.approx(
-        ((r.input_tokens - read - write) + read * x_read + write * x_write
-         + r.output_tokens * 2.0) / 1e6)
+        ((r.input_tokens - read - write) + read * x_read + write * x_write + r.output_tokens * 2.0) / 1e6
+    )
     assert len(fake_llm.requests) == 40
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_a_server_that_answers_streams_with_json_is_recorded_not_broken(
-        tmp_path, fake_llm, fake_candidate, provider):
+    tmp_path, fake_llm, fake_candidate, provider
+):
     """LiteLLM's proxy answers a streamed Anthropic request with one JSON message: every item is
     an answer with TTFT unknown (NULL in DuckDB, streamed false), and the breaker stays shut."""
     fake_llm.stream_as_json = True
@@ -84,13 +89,14 @@ async def test_a_server_that_answers_streams_with_json_is_recorded_not_broken(
     store = Store(tmp_path / "o.duckdb")
     stats = await run(suite, cand, store.write_outcomes, limits=fresh_limits(cand, failures=3))
     assert (stats.completed, stats.errors, stats.calls) == (30, 0, 30), stats.error_kinds
-    rows = store.query("SELECT passed, error_kind, ttft_s IS NULL AS no_ttft, tpot_s IS NULL AS "
-                       "no_tpot, latency_s, streamed, output_tokens FROM outcomes").to_dict("records")
+    rows = store.query(
+        "SELECT passed, error_kind, ttft_s IS NULL AS no_ttft, tpot_s IS NULL AS "
+        "no_tpot, latency_s, streamed, output_tokens FROM outcomes"
+    ).to_dict("records")
     store.close()
     assert all(r["stream"] is True for r in (rec.body for rec in fake_llm.requests))
     assert len(rows) == 30 and all(r["passed"] and r["error_kind"] is None for r in rows)
-    assert all(r["streamed"] is False and r["output_tokens"] == 1 and r["latency_s"] > 0
-               for r in rows)
+    assert all(r["streamed"] is False and r["output_tokens"] == 1 and r["latency_s"] > 0 for r in rows)
     assert all(r["no_ttft"] and r["no_tpot"] for r in rows)
 
 
@@ -104,8 +110,13 @@ async def test_done_items_are_skipped(tmp_path, fake_llm, fake_candidate):
 
 
 async def test_retries_recover_and_count_attempts(tmp_path, fake_llm, fake_candidate):
-    tags = {0: "[[fault:server_error*2]]", 1: "[[fault:drop*1]]", 2: "[[fault:truncated*3]]",
-            3: "[[fault:malformed*1]]", 4: "[[fault:unavailable*1]]"}
+    tags = {
+        0: "[[fault:server_error*2]]",
+        1: "[[fault:drop*1]]",
+        2: "[[fault:truncated*3]]",
+        3: "[[fault:malformed*1]]",
+        4: "[[fault:unavailable*1]]",
+    }
     suite = load_suite(write_arithmetic_suite(tmp_path, 6, tags=lambda i: tags.get(i, "")))
     rows = Rows()
     await run(suite, fake_candidate(max_retries=4), rows)
@@ -181,20 +192,29 @@ def test_token_bucket_tpm_with_refunds():
     assert lim.reserve(1) == 0.0 and RateLimiter().active is False
 
 
-async def test_another_runs_answers_are_replayed_only_when_asked_and_young(tmp_path, fake_llm,
-                                                                           fake_candidate):
+async def test_another_runs_answers_are_replayed_only_when_asked_and_young(
+    tmp_path, fake_llm, fake_candidate
+):
     suite = load_suite(write_arithmetic_suite(tmp_path, 12))
     cand = fake_candidate()
     first, second, replayed = Rows(), Rows(), Rows()
     await evaluate_pair(suite, cand, "run-a", first, cache=tmp_path / "cache", limits=fresh_limits(cand))
     # by default another run measures the model again: tonight's answers, not yesterday's
-    stats = await evaluate_pair(suite, cand, "run-b", second, cache=tmp_path / "cache",
-                                limits=fresh_limits(cand))
+    stats = await evaluate_pair(
+        suite, cand, "run-b", second, cache=tmp_path / "cache", limits=fresh_limits(cand)
+    )
     assert len(fake_llm.requests) == 24 and stats.cached == 0 and stats.calls == 12
     assert not any(r.cached for r in second)
     # a development run that opts in replays answers up to the age it names
-    stats = await evaluate_pair(suite, cand, "run-c", replayed, cache=tmp_path / "cache",
-                                cache_max_age_s=3600, limits=fresh_limits(cand))
+    stats = await evaluate_pair(
+        suite,
+        cand,
+        "run-c",
+        replayed,
+        cache=tmp_path / "cache",
+        cache_max_age_s=3600,
+        limits=fresh_limits(cand),
+    )
     assert len(fake_llm.requests) == 24 and stats.cached == 12 and stats.calls == 0
     b, c = second.by_item(), replayed.by_item()
     for item_id, row in c.items():
@@ -210,16 +230,16 @@ async def test_another_runs_answers_are_replayed_only_when_asked_and_young(tmp_p
     later.close()
 
 
-async def test_two_candidates_of_one_model_each_measure_their_own_answers(tmp_path, fake_llm,
-                                                                           fake_candidate):
+async def test_two_candidates_of_one_model_each_measure_their_own_answers(tmp_path, fake_llm, fake_candidate):
     """The same model under two names (a second endpoint, a speculative twin) is called for each:
     within a run the cache gives a candidate back only its own answers."""
     suite = load_suite(write_arithmetic_suite(tmp_path, 6))
     one = fake_candidate()
     twin = one.model_copy(update={"name": f"{one.name}-twin"})
     for cand in (one, twin):
-        stats = await evaluate_pair(suite, cand, "run-t", Rows(), cache=tmp_path / "cache",
-                                    limits=fresh_limits(cand))
+        stats = await evaluate_pair(
+            suite, cand, "run-t", Rows(), cache=tmp_path / "cache", limits=fresh_limits(cand)
+        )
         assert stats.calls == 6 and stats.cached == 0
     assert len(fake_llm.requests) == 12
 
@@ -233,8 +253,9 @@ async def test_a_resumed_run_takes_back_its_own_unflushed_answers(tmp_path, fake
     await evaluate_pair(suite, cand, "run-k", lost, cache=tmp_path / "cache", limits=fresh_limits(cand))
     budget = Budget(run_usd=1.0)
     resumed = Rows()
-    stats = await evaluate_pair(suite, cand, "run-k", resumed, cache=tmp_path / "cache",
-                                budget=budget, limits=fresh_limits(cand))
+    stats = await evaluate_pair(
+        suite, cand, "run-k", resumed, cache=tmp_path / "cache", budget=budget, limits=fresh_limits(cand)
+    )
     assert len(fake_llm.requests) == 10 and stats.calls == 0
     before = lost.by_item()
     for item_id, row in resumed.by_item().items():
@@ -242,8 +263,15 @@ async def test_a_resumed_run_takes_back_its_own_unflushed_answers(tmp_path, fake
         assert (row.latency_s, row.cost_usd) == (before[item_id].latency_s, before[item_id].cost_usd)
     assert budget.spent() == pytest.approx(sum(r.cost_usd for r in lost)) and budget.spent() > 0
     # the same run id in another store is another run: it measures for itself
-    await evaluate_pair(suite, cand, "run-k", Rows(), cache=tmp_path / "cache",
-                        cache_scope="other.duckdb#run-k", limits=fresh_limits(cand))
+    await evaluate_pair(
+        suite,
+        cand,
+        "run-k",
+        Rows(),
+        cache=tmp_path / "cache",
+        cache_scope="other.duckdb#run-k",
+        limits=fresh_limits(cand),
+    )
     assert len(fake_llm.requests) == 20
 
 
@@ -251,7 +279,13 @@ def test_cache_ages_and_their_errors():
     from routeopt.evals.execution.cache import format_age, parse_age
 
     assert [parse_age(a) for a in ("90s", "30m", "12h", "1d", "1.5d", "2w")] == [
-        90, 1800, 43200, 86400, 129600, 1209600]
+        90,
+        1800,
+        43200,
+        86400,
+        129600,
+        1209600,
+    ]
     assert [format_age(s) for s in (86400, 5400, 1209600, 45)] == ["1d", "90m", "2w", "45s"]
     with pytest.raises(ValueError, match="give a number and a unit"):
         parse_age("yesterday")
@@ -283,8 +317,9 @@ async def test_grader_errors_are_recorded(tmp_path, fake_llm, fake_candidate):
 async def test_gpu_priced_candidate_shares_the_window(tmp_path, fake_llm, fake_candidate):
     fake_llm.first_token_delay_s = 0.02
     suite = load_suite(write_arithmetic_suite(tmp_path, 16))
-    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
-                          utilization=0.5)
+    cand = fake_candidate(
+        input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6, utilization=0.5
+    )
     rows = Rows()
     t0 = time.perf_counter()
     stats = await run(suite, cand, rows, flush_every=4)
@@ -301,8 +336,13 @@ async def test_a_gpu_priced_at_a_stated_throughput_costs_its_tokens(tmp_path, fa
     Prompt tokens read from a prefix cache are not computed again, so they cost nothing."""
     fake_llm.first_token_delay_s = 0.02
     suite = load_suite(write_arithmetic_suite(tmp_path, 8))
-    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
-                          gpu_tokens_per_s=1000, utilization=0.5)
+    cand = fake_candidate(
+        input_price_per_mtok=None,
+        output_price_per_mtok=None,
+        gpu_hour_usd=3.6,
+        gpu_tokens_per_s=1000,
+        utilization=0.5,
+    )
     rows = Rows()
     await run(suite, cand, rows, flush_every=4)
     assert not cand.gpu_metered and cand.token_prices() == pytest.approx((2.0, 2.0))
@@ -330,8 +370,9 @@ async def test_budget_cap_records_budget_rows(tmp_path, fake_llm, fake_candidate
     assert len(fake_llm.requests) == sum(r.error_kind is None for r in rows)
 
 
-async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm, fake_candidate,
-                                                             monkeypatch, caplog):
+async def test_api_key_never_reaches_db_logs_errors_or_cache(
+    tmp_path, fake_llm, fake_candidate, monkeypatch, caplog
+):
     secret = "sk-planted-secret-0123456789"
     monkeypatch.setenv("ROUTEOPT_TEST_KEY", secret)
     caplog.set_level(logging.DEBUG)
@@ -342,15 +383,24 @@ async def test_api_key_never_reaches_db_logs_errors_or_cache(tmp_path, fake_llm,
             cand = fake_candidate(provider, api_key_env="ROUTEOPT_TEST_KEY", name=f"c-{provider}")
             fake_llm.expect_api_key = secret  # right key: answers, cached
             store.begin_run(f"ok-{provider}", candidates=[cand.public_dict()])
-            await evaluate_pair(suite, cand, f"ok-{provider}", store.write_outcomes,
-                                cache=tmp_path / "cache", limits=fresh_limits(cand))
+            await evaluate_pair(
+                suite,
+                cand,
+                f"ok-{provider}",
+                store.write_outcomes,
+                cache=tmp_path / "cache",
+                limits=fresh_limits(cand),
+            )
             fake_llm.expect_api_key = "something-else"  # server echoes the wrong key back
-            await evaluate_pair(suite, cand, f"bad-{provider}", store.write_outcomes,
-                                limits=fresh_limits(cand))
+            await evaluate_pair(
+                suite, cand, f"bad-{provider}", store.write_outcomes, limits=fresh_limits(cand)
+            )
         errors = store.query("SELECT error FROM outcomes WHERE error_kind = 'auth'")
     assert len(errors) == 12 and errors.error.str.contains("Incorrect API key").all()
-    sent = {r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
-            for r in fake_llm.requests}
+    sent = {
+        r.headers.get("x-api-key") or r.headers["authorization"].removeprefix("Bearer ")
+        for r in fake_llm.requests
+    }
     assert sent == {secret}  # the key reached the server on every call...
     assert hits_under([tmp_path], secret) == []  # ...and nothing the runs wrote holds it
     assert f"{db}:outcomes.error" in hits_under([db], "Incorrect API key")  # the search sees rows
@@ -361,10 +411,11 @@ def test_shared_limits_follow_candidate_fields(fake_candidate):
     from routeopt.evals.execution.limits import reset_shared_limits, shared_limits
 
     reset_shared_limits()
-    cand = fake_candidate(circuit_breaker_failures=3, circuit_breaker_cooldown_s=5,
-                          requests_per_minute=60)
-    a, b = shared_limits(cand, breaker_failures=3, breaker_cooldown_s=5), shared_limits(
-        cand, breaker_failures=3, breaker_cooldown_s=5)
+    cand = fake_candidate(circuit_breaker_failures=3, circuit_breaker_cooldown_s=5, requests_per_minute=60)
+    a, b = (
+        shared_limits(cand, breaker_failures=3, breaker_cooldown_s=5),
+        shared_limits(cand, breaker_failures=3, breaker_cooldown_s=5),
+    )
     assert a.breaker is b.breaker and a.limiter is b.limiter  # shared across pairs in a process
     assert (a.breaker.failures, a.breaker.cooldown_s, a.limiter.active) == (3, 5, True)
     reset_shared_limits()
@@ -395,12 +446,14 @@ async def test_concurrent_pairs_on_one_gpu_share_its_time(tmp_path, fake_llm, fa
 
     fake_llm.first_token_delay_s = 0.05
     suites = [load_suite(write_arithmetic_suite(tmp_path / n, 12, name=n)) for n in ("s-one", "s-two")]
-    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
-                          max_concurrency=2)
+    cand = fake_candidate(
+        input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6, max_concurrency=2
+    )
     rows = Rows()
     t0 = time.perf_counter()
-    await asyncio.gather(*(evaluate_pair(s, cand, "run-g", rows, limits=fresh_limits(cand),
-                                         flush_every=3) for s in suites))
+    await asyncio.gather(
+        *(evaluate_pair(s, cand, "run-g", rows, limits=fresh_limits(cand), flush_every=3) for s in suites)
+    )
     wall = time.perf_counter() - t0
     total = sum(r.cost_usd for r in rows)
     assert len(rows) == 24 and all(r.cost_usd > 0 for r in rows)
@@ -424,7 +477,8 @@ class FlakySink(Rows):
 
 
 async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
-        tmp_path, fake_llm, fake_candidate, monkeypatch):
+    tmp_path, fake_llm, fake_candidate, monkeypatch
+):
     from routeopt.evals.execution.runner import FlushError, _Flusher
 
     monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.01), raising=False)
@@ -441,8 +495,9 @@ async def test_a_write_that_keeps_failing_fails_the_pair_and_keeps_its_rows(
     assert sink.writes >= 1 + 3  # the failed write was retried
 
 
-async def test_a_write_that_fails_then_succeeds_loses_nothing(tmp_path, fake_llm, fake_candidate,
-                                                              monkeypatch):
+async def test_a_write_that_fails_then_succeeds_loses_nothing(
+    tmp_path, fake_llm, fake_candidate, monkeypatch
+):
     from routeopt.evals.execution.runner import _Flusher
 
     monkeypatch.setattr(_Flusher, "RETRY_DELAYS_S", (0.0, 0.0), raising=False)
@@ -462,13 +517,28 @@ async def test_co_located_gpu_candidates_are_measured_one_at_a_time(tmp_path, fa
     reset_shared_limits()
     fake_llm.first_token_delay_s = 0.03
     suite = load_suite(write_arithmetic_suite(tmp_path, 12))
-    cands = [fake_candidate(name=f"gpu-{x}", model=f"model-{x}", input_price_per_mtok=None,
-                            output_price_per_mtok=None, gpu_hour_usd=3.6, max_concurrency=2)
-             for x in "ab"]
+    cands = [
+        fake_candidate(
+            name=f"gpu-{x}",
+            model=f"model-{x}",
+            input_price_per_mtok=None,
+            output_price_per_mtok=None,
+            gpu_hour_usd=3.6,
+            max_concurrency=2,
+        )
+        for x in "ab"
+    ]
     rows = Rows()
     t0 = time.perf_counter()
-    stats = await asyncio.gather(*(asyncio.to_thread(asyncio.run, evaluate_pair(
-        suite, c, "run-d", rows, limits=fresh_limits(c), retry=FAST, flush_every=4)) for c in cands))
+    stats = await asyncio.gather(
+        *(
+            asyncio.to_thread(
+                asyncio.run,
+                evaluate_pair(suite, c, "run-d", rows, limits=fresh_limits(c), retry=FAST, flush_every=4),
+            )
+            for c in cands
+        )
+    )
     wall = time.perf_counter() - t0
     spans = [[r.t for r in fake_llm.requests if r.body["model"] == c.model] for c in cands]
     first, second = sorted(spans, key=min)
@@ -491,16 +561,21 @@ def test_co_location_is_by_device_or_server():
     assert device_of(local("auto")) in ("local:cpu", "local:cuda:0")
     server = dict(provider="openai", model="m", gpu_hour_usd=2.0)
     assert device_of(Candidate(name="a", base_url="http://gpu1:8000/v1", **server)) == device_of(
-        Candidate(name="b", base_url="http://gpu1:8000/v1/", **server))
-    assert device_of(Candidate(name="c", base_url="http://gpu2:8000/v1", **server)) == "server:http://gpu2:8000/v1"
+        Candidate(name="b", base_url="http://gpu1:8000/v1/", **server)
+    )
+    assert (
+        device_of(Candidate(name="c", base_url="http://gpu2:8000/v1", **server))
+        == "server:http://gpu2:8000/v1"
+    )
     assert device_of(Candidate(name="api", provider="openai", model="m", input_price_per_mtok=1)) is None
 
 
 async def test_gpu_budget_ends_at_what_the_windows_cost(tmp_path, fake_llm, fake_candidate):
     fake_llm.first_token_delay_s = 0.02
     suite = load_suite(write_arithmetic_suite(tmp_path, 16))
-    cand = fake_candidate(input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6,
-                          max_concurrency=4)
+    cand = fake_candidate(
+        input_price_per_mtok=None, output_price_per_mtok=None, gpu_hour_usd=3.6, max_concurrency=4
+    )
     budget = Budget(run_usd=100.0)
     rows = Rows()
     await run(suite, cand, rows, flush_every=4, budget=budget)
@@ -515,16 +590,36 @@ def _judged_suite(tmp_path: Path, server, n: int, judge_cap: float | None = None
 
     path = write_arithmetic_suite(tmp_path, n)
     spec = json.loads(path.read_text())
-    spec["grader"] = {"type": "judge", "candidate": "judge", "max_tokens": 64,
-                      "rubric": "Grade the answer {{ response }} to {{ a }} + {{ b }} (reference {{ answer }})."}
+    spec["grader"] = {
+        "type": "judge",
+        "candidate": "judge",
+        "max_tokens": 64,
+        "rubric": "Grade the answer {{ response }} to {{ a }} + {{ b }} (reference {{ answer }}).",
+    }
     path.write_text(json.dumps(spec))
-    server.answer_fn = lambda p: "Correct.\nSCORE: 9" if p.startswith("Grade the answer") else default_answer(p)
+    server.answer_fn = lambda p: (
+        "Correct.\nSCORE: 9" if p.startswith("Grade the answer") else default_answer(p)
+    )
     common = dict(provider="openai", base_url=server.openai_base_url, timeout_s=10, max_retries=2)
-    cfg = Config(candidates=[
-        Candidate(name="model", model="model", input_price_per_mtok=1.0, output_price_per_mtok=2.0,
-                  max_concurrency=1, **common),
-        Candidate(name="judge", model="judge-model", input_price_per_mtok=3.0, output_price_per_mtok=15.0,
-                  **common)])
+    cfg = Config(
+        candidates=[
+            Candidate(
+                name="model",
+                model="model",
+                input_price_per_mtok=1.0,
+                output_price_per_mtok=2.0,
+                max_concurrency=1,
+                **common,
+            ),
+            Candidate(
+                name="judge",
+                model="judge-model",
+                input_price_per_mtok=3.0,
+                output_price_per_mtok=15.0,
+                **common,
+            ),
+        ]
+    )
     return load_suite(path, config=cfg), cfg
 
 
@@ -540,14 +635,18 @@ async def test_judge_calls_are_recorded_and_budgeted_against_the_judge(tmp_path,
     skipped = [r for r in got if r.error_kind == "budget"]
     assert judged and skipped and len(judged) + len(skipped) == 12
     assert all(r.passed and r.reason.startswith("judge 9/10") for r in judged)
-    assert all("grader's model call failed" in r.error and "candidate 'judge' is capped" in r.error
-               for r in skipped)
+    assert all(
+        "grader's model call failed" in r.error and "candidate 'judge' is capped" in r.error for r in skipped
+    )
     to_judge = [r for r in fake_llm.requests if r.body["model"] == "judge-model"]
     assert len(to_judge) == len(judged) == stats.judge_calls  # the cap stopped the judge's calls
     for r, sent in zip(judged, to_judge):
-        assert r.judge_candidate == "judge" and r.judge_input_tokens == count_tokens(_prompt_of("", sent.body))
+        assert r.judge_candidate == "judge" and r.judge_input_tokens == count_tokens(
+            _prompt_of("", sent.body)
+        )
         assert r.judge_output_tokens == 3 and r.judge_cost_usd == pytest.approx(
-            (r.judge_input_tokens * 3.0 + r.judge_output_tokens * 15.0) / 1e6)
+            (r.judge_input_tokens * 3.0 + r.judge_output_tokens * 15.0) / 1e6
+        )
     judge_spend = sum(r.judge_cost_usd for r in judged)
     assert budget.spent("judge") == pytest.approx(judge_spend) and judge_spend <= 0.002
     assert budget.spent("model") == pytest.approx(sum(r.cost_usd for r in got))
@@ -577,7 +676,10 @@ async def test_judge_calls_share_the_judge_breaker_and_retries(tmp_path, fake_ll
     assert all(r.passed for r in rows) and failures[0] == 2
     first = rows.by_item()[suite.items[0].id]
     assert first.judge_cost_usd is not None
-    breaker = shared_limits(judge, breaker_failures=judge.circuit_breaker_failures,
-                            breaker_cooldown_s=judge.circuit_breaker_cooldown_s).breaker
+    breaker = shared_limits(
+        judge,
+        breaker_failures=judge.circuit_breaker_failures,
+        breaker_cooldown_s=judge.circuit_breaker_cooldown_s,
+    ).breaker
     assert breaker.last_error.startswith("server_error")
     reset_shared_limits()

@@ -30,29 +30,58 @@ from tests.fake_llm import FakeLLM, FaultPlan, default_answer, fake_llm, write_a
 pytestmark = pytest.mark.slow
 N = 200
 MIXES = {
-    "transient": {"rate_limit": 0.08, "server_error": 0.08, "unavailable": 0.04, "drop": 0.05,
-                  "malformed": 0.04, "truncated": 0.05, "slow_first": 0.04},
-    "hangs_and_answers": {"hang": 0.04, "slow_first": 0.08, "empty": 0.08, "no_choices": 0.05,
-                          "drop": 0.03},
+    "transient": {
+        "rate_limit": 0.08,
+        "server_error": 0.08,
+        "unavailable": 0.04,
+        "drop": 0.05,
+        "malformed": 0.04,
+        "truncated": 0.05,
+        "slow_first": 0.04,
+    },
+    "hangs_and_answers": {"hang": 0.04, "slow_first": 0.08, "empty": 0.08, "no_choices": 0.05, "drop": 0.03},
     # (a refused key stops its pair: see test_a_key_revoked_mid_run_stops_the_pair_then_resumes)
     "hard": {"bad_request": 0.06, "server_error": 0.25, "overloaded": 0.05},
 }
-FAULT_KIND = {"rate_limit": "rate_limited", "server_error": "server_error",
-              "unavailable": "server_error", "overloaded": "server_error", "auth": "auth",
-              "bad_request": "client_error", "drop": "connection", "hang": "timeout",
-              "malformed": "bad_response", "no_choices": "bad_response"}
+FAULT_KIND = {
+    "rate_limit": "rate_limited",
+    "server_error": "server_error",
+    "unavailable": "server_error",
+    "overloaded": "server_error",
+    "auth": "auth",
+    "bad_request": "client_error",
+    "drop": "connection",
+    "hang": "timeout",
+    "malformed": "bad_response",
+    "no_choices": "bad_response",
+}
 
 
 def candidate(server: FakeLLM, provider: str, **kw) -> Candidate:
     base = server.openai_base_url if provider == "openai" else server.anthropic_base_url
-    spec = dict(name=f"c-{provider}", provider=provider, model="m", base_url=base,
-                input_price_per_mtok=1.0, output_price_per_mtok=2.0, max_concurrency=16,
-                timeout_s=1.5, max_retries=3)
+    spec = dict(
+        name=f"c-{provider}",
+        provider=provider,
+        model="m",
+        base_url=base,
+        input_price_per_mtok=1.0,
+        output_price_per_mtok=2.0,
+        max_concurrency=16,
+        timeout_s=1.5,
+        max_retries=3,
+    )
     return Candidate(**{**spec, **kw})
 
 
-def check_invariants(suite, rows: list[Outcome], stats, server: FakeLLM, cand: Candidate, stream: bool,
-                     breaker: CircuitBreaker | None = None):
+def check_invariants(
+    suite,
+    rows: list[Outcome],
+    stats,
+    server: FakeLLM,
+    cand: Candidate,
+    stream: bool,
+    breaker: CircuitBreaker | None = None,
+):
     by_item = {r.item_id: r for r in rows}
     assert len(by_item) == len(rows), "duplicate outcome"
     assert set(by_item) == {it.id for it in suite.items}, "lost item"
@@ -106,15 +135,25 @@ async def _run_mix(tmp_path, server: FakeLLM, provider: str, mix: str, *, stream
     store = Store(tmp_path / "o.duckdb") if db else None
     sink = store.write_outcomes if store else rows.extend
     try:
-        stats = await evaluate_pair(suite, cand, "run-f", sink, provider=prov, limits=limits,
-                                    retry=RetryPolicy(base_s=0.005, max_s=0.02), flush_every=16)
+        stats = await evaluate_pair(
+            suite,
+            cand,
+            "run-f",
+            sink,
+            provider=prov,
+            limits=limits,
+            retry=RetryPolicy(base_s=0.005, max_s=0.02),
+            flush_every=16,
+        )
     finally:
         await prov.aclose()
     if store:
         frame = store.query("SELECT * FROM outcomes WHERE run_id = 'run-f'")
         store.close()
-        rows = [Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
-                for rec in frame.to_dict("records")]
+        rows = [
+            Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
+            for rec in frame.to_dict("records")
+        ]
     check_invariants(suite, rows, stats, server, cand, stream, limits.breaker)
     kinds = {r.error_kind for r in rows}
     assert None in kinds  # the mixes leave most items answerable
@@ -141,8 +180,9 @@ async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_
     monkeypatch.setenv("ROTATED_KEY", "sk-old-key-000000")
     fake_llm.expect_api_key = "sk-old-key-000000"
     # faults that are answers of a live endpoint: only the 401s could open this breaker
-    fake_llm.faults = FaultPlan({"rate_limit": 0.1, "slow_first": 0.05, "empty": 0.05}, seed=5,
-                                retry_after_s=0.01, slow_first_s=0.05)
+    fake_llm.faults = FaultPlan(
+        {"rate_limit": 0.1, "slow_first": 0.05, "empty": 0.05}, seed=5, retry_after_s=0.01, slow_first_s=0.05
+    )
     answered = [0]
 
     def answer(prompt: str) -> str:
@@ -157,8 +197,15 @@ async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_
     breaker = _AuthWatchingBreaker(cand.base_url, failures=3)
     limits = EndpointLimits(RateLimiter(), breaker)
     with Store(tmp_path / "o.duckdb") as store:
-        stats = await evaluate_pair(suite, cand, "run-a", store.write_outcomes, limits=limits,
-                                    retry=RetryPolicy(base_s=0.005, max_s=0.02), flush_every=16)
+        stats = await evaluate_pair(
+            suite,
+            cand,
+            "run-a",
+            store.write_outcomes,
+            limits=limits,
+            retry=RetryPolicy(base_s=0.005, max_s=0.02),
+            flush_every=16,
+        )
         rows = _stored(store)
         assert len(rows) == N and len({r.item_id for r in rows}) == N and stats.completed == N
         assert sum(r.attempts for r in rows) == len(fake_llm.requests) == stats.calls
@@ -176,19 +223,30 @@ async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_
         mark = len(fake_llm.requests)
         done = store.done_items("run-a", suite.name, cand.name)
         assert done == {r.item_id for r in rows if r.error_kind != "auth"}
-        await evaluate_pair(suite, cand, "run-a", store.write_outcomes, done=done, limits=limits,
-                            retry=RetryPolicy(base_s=0.005, max_s=0.02), flush_every=16)
+        await evaluate_pair(
+            suite,
+            cand,
+            "run-a",
+            store.write_outcomes,
+            done=done,
+            limits=limits,
+            retry=RetryPolicy(base_s=0.005, max_s=0.02),
+            flush_every=16,
+        )
         final = _stored(store)
     assert len(final) == N and not [r for r in final if r.error_kind == "auth"]
     asked = {rec.body["messages"][-1]["content"] for rec in fake_llm.requests[mark:]}
-    assert asked == {suite.request(it).messages[-1].content for it in suite.items
-                     if it.id in {r.item_id for r in refused}}
+    assert asked == {
+        suite.request(it).messages[-1].content for it in suite.items if it.id in {r.item_id for r in refused}
+    }
 
 
 def _stored(store: Store) -> list[Outcome]:
     frame = store.query("SELECT * FROM outcomes")
-    return [Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
-            for rec in frame.to_dict("records")]
+    return [
+        Outcome(**{k: (None if _isnull(v) else v) for k, v in rec.items()})
+        for rec in frame.to_dict("records")
+    ]
 
 
 def _isnull(v) -> bool:
@@ -224,9 +282,13 @@ CHILD = textwrap.dedent("""
 
 def _child(script: Path, suite_path: Path, db: Path, server: FakeLLM, cache: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, str(script), str(suite_path), str(db),
-                             server.openai_base_url, str(cache)],
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(suite_path), str(db), server.openai_base_url, str(cache)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def _kill_after(proc: subprocess.Popen, flushes: int, extra_s: float) -> None:
@@ -256,8 +318,7 @@ def test_sigkill_at_any_moment_then_resume_finishes_each_item_once(tmp_path, fak
     script.write_text(CHILD)
     rng = random.Random(11)
     done_before: set[str] = set()
-    for kill in (dict(flushes=2, extra_s=0.0), dict(flushes=1, extra_s=rng.uniform(0.05, 0.4)),
-                 None):
+    for kill in (dict(flushes=2, extra_s=0.0), dict(flushes=1, extra_s=rng.uniform(0.05, 0.4)), None):
         mark = len(fake_llm.requests)
         proc = _child(script, suite_path, db, fake_llm, cache)
         if kill is None:

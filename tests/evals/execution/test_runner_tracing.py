@@ -26,7 +26,9 @@ def test_a_dead_collector_costs_no_item(tmp_path: Path, fake_candidate) -> None:
     tracing.configure(OTLPSpanExporter(endpoint=dead, timeout=1), max_queue_size=16)
     rows: list = []
     try:
-        stats = asyncio.run(evaluate_pair(suite, fake_candidate("openai", max_concurrency=8), "r1", rows.extend))
+        stats = asyncio.run(
+            evaluate_pair(suite, fake_candidate("openai", max_concurrency=8), "r1", rows.extend)
+        )
         tracing.flush(5)
         s = tracing.status()
     finally:

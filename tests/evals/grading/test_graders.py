@@ -28,9 +28,23 @@ async def grade(spec: dict, response: str, item: dict | None = None) -> Grade:
 
 # --- registry and spec errors ------------------------------------------------------------------
 
+
 def test_registry_has_every_grader_and_refuses_duplicates() -> None:
-    assert {"exact_match", "regex", "numeric", "multiple_choice", "contains", "not_contains", "json",
-            "code", "judge", "custom", "all", "any", "weighted"} <= set(GRADERS)
+    assert {
+        "exact_match",
+        "regex",
+        "numeric",
+        "multiple_choice",
+        "contains",
+        "not_contains",
+        "json",
+        "code",
+        "judge",
+        "custom",
+        "all",
+        "any",
+        "weighted",
+    } <= set(GRADERS)
     with pytest.raises(ValueError, match="registered twice"):
         register_grader("numeric")(Grader)
 
@@ -42,11 +56,14 @@ def test_unknown_grader_names_the_known_ones() -> None:
 
 
 def test_nested_spec_errors_are_all_reported_with_their_location() -> None:
-    spec = {"type": "all", "graders": [
-        {"type": "numeric", "target": "{{ a }}", "abs_tol": -1},
-        {"type": "regex", "pattern": "(", "target": "x"},
-        {"type": "bogus"},
-    ]}
+    spec = {
+        "type": "all",
+        "graders": [
+            {"type": "numeric", "target": "{{ a }}", "abs_tol": -1},
+            {"type": "regex", "pattern": "(", "target": "x"},
+            {"type": "bogus"},
+        ],
+    }
     with pytest.raises(GraderSpecError) as err:
         build_grader(spec)
     locs = [loc for loc, _ in err.value.problems]
@@ -72,9 +89,13 @@ def test_render_is_strict_and_sandboxed() -> None:
 
 # --- text graders --------------------------------------------------------------------------------
 
+
 async def test_exact_match_with_normalisation() -> None:
-    spec = {"type": "exact_match", "target": "{{ answer }}",
-            "normalize": ["strip", "lower", "strip_punctuation", "collapse_whitespace"]}
+    spec = {
+        "type": "exact_match",
+        "target": "{{ answer }}",
+        "normalize": ["strip", "lower", "strip_punctuation", "collapse_whitespace"],
+    }
     assert (await grade(spec, "  Paris,  France! ", {"answer": "paris france"})).passed
     fail = await grade(spec, "Lyon", {"answer": "Paris"})
     assert not fail.passed and fail.score == 0 and "expected 'paris'" in fail.reason
@@ -89,15 +110,18 @@ async def test_regex_extract_then_compare() -> None:
     assert not missing.passed and "not found" in missing.reason
 
 
-@pytest.mark.parametrize(("response", "target", "tol", "passed"), [
-    ("The answer is 1,234.", "1234", {}, True),
-    ("so 3.14159", "3.1416", {"abs_tol": 1e-3}, True),
-    ("so 3.2", "3.1416", {"abs_tol": 1e-3}, False),
-    ("about 105", "100", {"rel_tol": 0.06}, True),
-    ("about 107", "100", {"rel_tol": 0.06}, False),
-    ("first 7 then 8", "8", {}, True),
-    ("-2.5e3", "-2500", {}, True),
-])
+@pytest.mark.parametrize(
+    ("response", "target", "tol", "passed"),
+    [
+        ("The answer is 1,234.", "1234", {}, True),
+        ("so 3.14159", "3.1416", {"abs_tol": 1e-3}, True),
+        ("so 3.2", "3.1416", {"abs_tol": 1e-3}, False),
+        ("about 105", "100", {"rel_tol": 0.06}, True),
+        ("about 107", "100", {"rel_tol": 0.06}, False),
+        ("first 7 then 8", "8", {}, True),
+        ("-2.5e3", "-2500", {}, True),
+    ],
+)
 async def test_numeric_tolerances(response: str, target: str, tol: dict, passed: bool) -> None:
     g = await grade({"type": "numeric", "target": "{{ t }}", **tol}, response, {"t": target})
     assert g.passed is passed and g.score == float(passed)
@@ -110,12 +134,24 @@ async def test_numeric_no_number_and_bad_target() -> None:
         await grade({"type": "numeric", "target": "{{ t }}"}, "4", {"t": "four"})
 
 
-@pytest.mark.parametrize(("response", "choice"), [
-    ("B", "B"), ("(c)", None), ("(C)", "C"), ("The answer is (D).", "D"), ("Answer: a", "A"),
-    ("A) is wrong because... so the answer is C", "C"), ("I pick B.", "B"),
-    ("A. no\nB. yes", "A"), ("A or B", None), ("Nothing here", None),
-    ("The answer is a tricky one, but I pick C", "C"), ("answer is (b)", "B"), ("ANSWER - D", "D"),
-])
+@pytest.mark.parametrize(
+    ("response", "choice"),
+    [
+        ("B", "B"),
+        ("(c)", None),
+        ("(C)", "C"),
+        ("The answer is (D).", "D"),
+        ("Answer: a", "A"),
+        ("A) is wrong because... so the answer is C", "C"),
+        ("I pick B.", "B"),
+        ("A. no\nB. yes", "A"),
+        ("A or B", None),
+        ("Nothing here", None),
+        ("The answer is a tricky one, but I pick C", "C"),
+        ("answer is (b)", "B"),
+        ("ANSWER - D", "D"),
+    ],
+)
 def test_extract_choice(response: str, choice: str | None) -> None:
     assert extract_choice(response, "ABCD") == choice
 
@@ -133,8 +169,12 @@ async def test_multiple_choice_pass_fail_and_index_target() -> None:
 
 
 async def test_multiple_choice_by_option_text() -> None:
-    spec = {"type": "multiple_choice", "target": "{{ answer }}", "letters": "ABC",
-            "choices": ["{{ opts[0] }}", "{{ opts[1] }}", "{{ opts[2] }}"]}
+    spec = {
+        "type": "multiple_choice",
+        "target": "{{ answer }}",
+        "letters": "ABC",
+        "choices": ["{{ opts[0] }}", "{{ opts[1] }}", "{{ opts[2] }}"],
+    }
     item = {"answer": "B", "opts": ["Venus", "Mars", "Jupiter"]}
     assert (await grade(spec, "mars.", item)).passed
     assert not (await grade(spec, "Venus", item)).passed
@@ -158,9 +198,15 @@ async def test_contains_and_not_contains() -> None:
 
 # --- JSON ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", [
-    '{"a": 1}', 'Sure!\n```json\n{"a": 1}\n```\nDone.', 'The result is {"a": 1} as asked.',
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1}',
+        'Sure!\n```json\n{"a": 1}\n```\nDone.',
+        'The result is {"a": 1} as asked.',
+    ],
+)
 def test_extract_json_finds_the_object(text: str) -> None:
     assert extract_json(text) == (True, {"a": 1})
 
@@ -171,14 +217,19 @@ def test_extract_json_nothing() -> None:
 
 JSON_SPEC = {
     "type": "json",
-    "schema": {"type": "object", "required": ["name", "age"],
-               "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+    "schema": {
+        "type": "object",
+        "required": ["name", "age"],
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    },
     "fields": {"name": "{{ name }}", "age": "{{ age }}", "tags.0": "x"},
 }
 
 
 async def test_json_pass() -> None:
-    g = await grade(JSON_SPEC, '```json\n{"name": "Ann", "age": 34, "tags": ["x"]}\n```', {"name": "Ann", "age": 34})
+    g = await grade(
+        JSON_SPEC, '```json\n{"name": "Ann", "age": 34, "tags": ["x"]}\n```', {"name": "Ann", "age": 34}
+    )
     assert g == Grade(1.0, True, None)
 
 
@@ -201,6 +252,7 @@ def test_json_invalid_schema_is_a_spec_error() -> None:
 
 # --- custom and combinators --------------------------------------------------------------------
 
+
 def _custom_module(tmp_path: Path) -> Path:
     path = tmp_path / "my_graders.py"
     path.write_text(
@@ -217,8 +269,12 @@ def _custom_module(tmp_path: Path) -> Path:
 async def test_custom_functions_by_file(tmp_path: Path) -> None:
     f = _custom_module(tmp_path)
     assert (await grade({"type": "custom", "function": f"{f}:length_ok"}, "abc")).passed
-    assert not (await grade({"type": "custom", "function": f"{f}:length_ok", "params": {"limit": 2}}, "abc")).passed
-    assert (await grade({"type": "custom", "function": f"{f}:half", "threshold": 0.5}, "x")) == Grade(0.5, True)
+    assert not (
+        await grade({"type": "custom", "function": f"{f}:length_ok", "params": {"limit": 2}}, "abc")
+    ).passed
+    assert (await grade({"type": "custom", "function": f"{f}:half", "threshold": 0.5}, "x")) == Grade(
+        0.5, True
+    )
     assert not (await grade({"type": "custom", "function": f"{f}:half"}, "x")).passed
     assert (await grade({"type": "custom", "function": f"{f}:full"}, "x")).reason == "async ok"
     with pytest.raises(KeyError):
@@ -229,8 +285,12 @@ async def test_custom_functions_by_file(tmp_path: Path) -> None:
 
 def test_custom_resolution_errors(tmp_path: Path) -> None:
     f = _custom_module(tmp_path)
-    for ref, msg in [("nomodule_xyz:fn", "cannot import"), (f"{f}:missing", "no callable"),
-                     ("json", "must look like"), (f"{tmp_path}/absent.py:fn", "file not found")]:
+    for ref, msg in [
+        ("nomodule_xyz:fn", "cannot import"),
+        (f"{f}:missing", "no callable"),
+        ("json", "must look like"),
+        (f"{tmp_path}/absent.py:fn", "file not found"),
+    ]:
         with pytest.raises(GraderSpecError, match=msg):
             build_grader({"type": "custom", "function": ref})
     assert build_grader({"type": "custom", "function": "json:dumps"}).fingerprint()
@@ -240,7 +300,9 @@ async def test_custom_relative_to_suite_folder(tmp_path: Path) -> None:
     from routeopt.evals.grading import GraderContext
 
     _custom_module(tmp_path)
-    g = build_grader({"type": "custom", "function": "my_graders.py:length_ok"}, GraderContext(base_dir=tmp_path))
+    g = build_grader(
+        {"type": "custom", "function": "my_graders.py:length_ok"}, GraderContext(base_dir=tmp_path)
+    )
     assert (await g.grade("ab", {})).passed
 
 
@@ -269,7 +331,9 @@ def test_weighted_spec_errors() -> None:
         build_grader({"type": "all", "graders": []})
 
 
-@given(st.lists(st.floats(0, 1), min_size=1, max_size=5), st.lists(st.floats(0.01, 10), min_size=5, max_size=5))
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=5), st.lists(st.floats(0.01, 10), min_size=5, max_size=5)
+)
 def test_weighted_score_is_a_convex_combination(scores: list[float], weights: list[float]) -> None:
     import asyncio
 
@@ -304,8 +368,12 @@ def test_numeric_reads_back_any_printed_float(x: float) -> None:
 
 
 @example("! a", ["strip", "strip_punctuation"])
-@given(st.text(max_size=40), st.lists(st.sampled_from(
-    ["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]), max_size=5))
+@given(
+    st.text(max_size=40),
+    st.lists(
+        st.sampled_from(["strip", "lower", "collapse_whitespace", "strip_punctuation", "nfkc"]), max_size=5
+    ),
+)
 def test_normalisation_is_idempotent_so_exact_match_is_reflexive(text: str, steps: list) -> None:
     import asyncio
 
@@ -329,12 +397,14 @@ def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp
         "    type: Literal['shout'] = 'shout'\n"
         "    async def grade(self, response, item):\n"
         "        return Grade(1.0 if response.isupper() else 0.0, response.isupper())\n"
-        "not_a_grader = 42\n")
+        "not_a_grader = 42\n"
+    )
     info = tmp_path / "shout_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shout-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[routeopt.graders]\nshout = shout_plugin:Shout\nbogus = shout_plugin:not_a_grader\n")
+        "[routeopt.graders]\nshout = shout_plugin:Shout\nbogus = shout_plugin:not_a_grader\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr("routeopt.evals.grading.base.GRADERS", dict(GRADERS))  # leave the registry as it was
     assert "shout" not in GRADERS
@@ -345,6 +415,7 @@ def test_a_grader_from_another_distribution_comes_in_through_its_entry_point(tmp
 
 
 # --- graders travel to workers in other processes ----------------------------------------------
+
 
 def _every_grader(tmp_path: Path, judge_url: str) -> list[tuple[dict, str, dict]]:
     """(spec, response, item) for every grader type, each response passing."""
@@ -360,18 +431,37 @@ def _every_grader(tmp_path: Path, judge_url: str) -> list[tuple[dict, str, dict]
         ({"type": "numeric", "target": "{{ a }}"}, "4.0"),
         ({"type": "multiple_choice", "target": "B", "letters": "AB", "choices": ["3", "4"]}, "4"),
         ({"type": "contains", "target": "4"}, "it is 4"),
-        ({"type": "json", "schema": {"type": "object", "required": ["a"]}, "fields": {"a": "{{ a }}"}},
-         '{"a": "4"}'),
+        (
+            {"type": "json", "schema": {"type": "object", "required": ["a"]}, "fields": {"a": "{{ a }}"}},
+            '{"a": "4"}',
+        ),
         ({"type": "code", "tests_field": "tests", "timeout_s": 30}, code),
         (judge, "4"),
         ({"type": "custom", "function": f"{f}:length_ok"}, "4"),
         ({"type": "all", "graders": [{"type": "contains", "target": "4"}, judge]}, "4"),
         ({"type": "any", "graders": [{"type": "code", "tests_field": "tests"}, judge]}, code),
-        ({"type": "weighted", "graders": [{"type": "custom", "function": f"{f}:half"}, judge],
-          "threshold": 0.5}, "4"),
+        (
+            {
+                "type": "weighted",
+                "graders": [{"type": "custom", "function": f"{f}:half"}, judge],
+                "threshold": 0.5,
+            },
+            "4",
+        ),
     ]
-    cfg = Config(candidates=[Candidate(name="judge", provider="openai", model="j", base_url=judge_url,
-                                       input_price_per_mtok=1, output_price_per_mtok=1, timeout_s=30)])
+    cfg = Config(
+        candidates=[
+            Candidate(
+                name="judge",
+                provider="openai",
+                model="j",
+                base_url=judge_url,
+                input_price_per_mtok=1,
+                output_price_per_mtok=1,
+                timeout_s=30,
+            )
+        ]
+    )
     return [(spec, response, item, cfg) for spec, response in specs]
 
 

@@ -18,15 +18,27 @@ from routeopt.evals.grading.sandbox import isolation
 needs_isolation = pytest.mark.skipif(isinstance(isolation(False), str), reason="no sandbox isolation here")
 
 hashable = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary()
-    | st.decimals(allow_nan=False) | st.fractions() | st.complex_numbers(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary()
+    | st.decimals(allow_nan=False)
+    | st.fractions()
+    | st.complex_numbers(allow_nan=False),
     lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),
     max_leaves=8,
 )
 plain = st.recursive(
     hashable,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hashable, inner, max_size=4)
-    | st.sets(hashable, max_size=4) | st.tuples(inner, inner) | st.binary().map(bytearray),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(hashable, inner, max_size=4)
+        | st.sets(hashable, max_size=4)
+        | st.tuples(inner, inner)
+        | st.binary().map(bytearray)
+    ),
     max_leaves=20,
 )
 
@@ -68,10 +80,16 @@ def test_subclasses_cross_as_their_plain_value() -> None:
     assert decoded == [3, "x"] and [type(v) for v in decoded] == [int, str] and decoded[0] != 4
 
 
-@pytest.mark.parametrize("wire", [
-    {"$eval": "1"}, {"$tuple": [1], "$set": [2]}, {"$fraction": [1, 0]}, {"$bytes": "not base64!"},
-    {"$dict": [[[1], 2]]},
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"$eval": "1"},
+        {"$tuple": [1], "$set": [2]},
+        {"$fraction": [1, 0]},
+        {"$bytes": "not base64!"},
+        {"$dict": [[[1], 2]]},
+    ],
+)
 def test_malformed_values_are_refused(wire: object) -> None:
     with pytest.raises(harness._PROTOCOL_ERRORS):
         harness.decode(wire, no_refs)
@@ -84,8 +102,9 @@ def test_nesting_and_message_size_are_capped() -> None:
     with pytest.raises(ValueError, match="nested deeper"):
         harness.decode(deep, no_refs)
     ours, theirs = socket.socketpair()
-    flood = threading.Thread(target=lambda: (theirs.sendall(b"[" * (harness.MAX_MESSAGE + 10)),
-                                             theirs.close()))
+    flood = threading.Thread(
+        target=lambda: (theirs.sendall(b"[" * (harness.MAX_MESSAGE + 10)), theirs.close())
+    )
     flood.start()
     fd = ours.detach()
     with pytest.raises(ValueError, match="over 8 MiB"):
@@ -94,7 +113,7 @@ def test_nesting_and_message_size_are_capped() -> None:
     os.close(fd)
 
 
-PROGRAM = '''
+PROGRAM = """
 import math
 from collections import Counter, namedtuple
 from fractions import Fraction
@@ -139,7 +158,7 @@ def bye():
 def decode_it(raw):
     return raw.decode("ascii")
 LIMIT = 10
-'''
+"""
 HONEST_TESTS = [
     "s = Stack(); s.push(1).push(2); assert s.pop() == 2 and len(s) == 1",
     "assert Stack().push(1) == Stack().push(1) and Stack().push(1) != Stack().push(2)",
@@ -160,8 +179,13 @@ HONEST_TESTS = [
 @needs_isolation
 async def test_honest_programs_keep_their_python_semantics() -> None:
     grader = build_grader({"type": "code", "timeout_s": 10})
-    tests = ["from fractions import Fraction\nfrom decimal import Decimal\n" + HONEST_TESTS[-1],
-             *HONEST_TESTS[:-1], "Stack().pop()", "bye()", "try:\n    bye()\nexcept Exception:\n    pass"]
+    tests = [
+        "from fractions import Fraction\nfrom decimal import Decimal\n" + HONEST_TESTS[-1],
+        *HONEST_TESTS[:-1],
+        "Stack().pop()",
+        "bye()",
+        "try:\n    bye()\nexcept Exception:\n    pass",
+    ]
     g = await grader.grade(PROGRAM, {"tests": tests})
     assert g.reason == (
         "3/14 tests failed: test 11 `Stack().pop()`: IndexError: empty; test 12 `bye()`: SystemExit: 3; "

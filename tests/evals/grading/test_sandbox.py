@@ -29,7 +29,7 @@ ITEM = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add
 # No program can pass more than one of these: an honest program scores at most 1/3.
 IMPOSSIBLE = {"tests": ["assert add(1, 2) == 3", "assert add(1, 2) == 4", "assert len(str(add(1, 2))) == 99"]}
 FAKE_REPORTS = (  # the old harness's report line and the new checker's, as a forger would write them
-    "'{\"solution_error\": null, \"results\": [[true, null], [true, null], [true, null]]}\\n'"
+    '\'{"solution_error": null, "results": [[true, null], [true, null], [true, null]]}\\n\''
     " + ''.join('{\"test\": %d, \"ok\": true}\\n' % i for i in range(3)) + '{\"done\": true}\\n'"
 )
 FORGERIES = {
@@ -81,7 +81,7 @@ FORGERIES = {
         "if os.fork() == 0:\n"
         f"    time.sleep(0.3)\n    print({FAKE_REPORTS}, flush=True)\n"
         "    for fd in range(3, 12):\n"
-        "        try:\n            os.write(fd, b'{\"test\": 1, \"ok\": true}\\n')\n        except OSError:\n            pass\n"
+        '        try:\n            os.write(fd, b\'{"test": 1, "ok": true}\\n\')\n        except OSError:\n            pass\n'
         "    os._exit(0)\n"
         "def add(a, b):\n    return a + b"
     ),
@@ -151,7 +151,9 @@ async def test_an_object_equal_to_everything_is_named_in_the_reason() -> None:
 @needs_isolation
 async def test_tests_get_the_real_builtins_and_stdlib_modules() -> None:
     """Names the tests take from the program's namespace could answer for the tests' own helpers."""
-    item = {"tests": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-5)", "assert round(area(1), 2) == 3.14"]}
+    item = {
+        "tests": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-5)", "assert round(area(1), 2) == 3.14"]
+    }
     fake = (
         "class math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\n"
         "def round(*a, **k):\n    return 3.14\n"
@@ -199,8 +201,13 @@ def _leak_program(paths: list[Path]) -> str:
 
 @needs_isolation
 async def test_program_cannot_read_planted_secrets(project: Path) -> None:
-    paths = [project / "signing.key", project / ".routeopt" / "routeopt.duckdb",
-             project / ".routeopt" / "registry" / "champion.json", REPO / "README.md", Path.home() / ".bashrc"]
+    paths = [
+        project / "signing.key",
+        project / ".routeopt" / "routeopt.duckdb",
+        project / ".routeopt" / "registry" / "champion.json",
+        REPO / "README.md",
+        Path.home() / ".bashrc",
+    ]
     readable = [p for p in paths if p.exists()]
     g = await grader().grade(_leak_program(readable), {"tests": ["pass"]})
     assert not g.passed
@@ -217,8 +224,11 @@ async def test_program_cannot_read_planted_secrets(project: Path) -> None:
 async def test_program_cannot_write_outside_the_sandbox() -> None:
     shared = Path(tempfile.mkdtemp(prefix="routeopt-shared-"))
     shared.chmod(0o777)  # writable by anyone, so only the sandbox stands in the way
-    targets = [shared / "owned", REPO / f"owned-{uuid.uuid4().hex}",
-               Path(tempfile.gettempdir()) / f"routeopt-owned-{uuid.uuid4().hex}"]  # its own /tmp: allowed
+    targets = [
+        shared / "owned",
+        REPO / f"owned-{uuid.uuid4().hex}",
+        Path(tempfile.gettempdir()) / f"routeopt-owned-{uuid.uuid4().hex}",
+    ]  # its own /tmp: allowed
     code = (
         f"TARGETS = {[str(t) for t in targets]!r}\n"
         "def write(i):\n"
@@ -226,7 +236,9 @@ async def test_program_cannot_write_outside_the_sandbox() -> None:
         "    return 'written'\n"
     )
     try:
-        g = await grader().grade(code, {"tests": [f"assert write({i}) == 'written'" for i in range(len(targets))]})
+        g = await grader().grade(
+            code, {"tests": [f"assert write({i}) == 'written'" for i in range(len(targets))]}
+        )
         assert g.score == pytest.approx(1 / 3) and g.reason.count("FileNotFoundError") == 2, g.reason
         assert not any(t.exists() for t in targets)
     finally:
@@ -250,7 +262,9 @@ async def test_temp_dirs_are_private_and_nothing_is_left_behind() -> None:
         f"def scratch():\n    return open('/tmp/{marker}').read()\n"
     )
     try:
-        g = await grader().grade(code, {"tests": ["assert scratch() == 'left'", "assert host_file() == 'host-tmp-secret'"]})
+        g = await grader().grade(
+            code, {"tests": ["assert scratch() == 'left'", "assert host_file() == 'host-tmp-secret'"]}
+        )
         assert g.score == 0.5 and "FileNotFoundError" in g.reason, g.reason  # its own /tmp works
         assert [p for p in leftovers if p.exists()] == []
     finally:
@@ -302,7 +316,11 @@ async def test_a_timeout_keeps_the_tests_that_passed() -> None:
 @pytest.mark.parametrize("where", ["at load", "in a call"])
 async def test_fork_bomb_is_contained(where: str) -> None:
     bomb = "import os\nwhile True:\n    os.fork()\n"
-    code = bomb if where == "at load" else "import os\ndef add(a, b):\n" + "".join("    " + line + "\n" for line in bomb.splitlines())
+    code = (
+        bomb
+        if where == "at load"
+        else "import os\ndef add(a, b):\n" + "".join("    " + line + "\n" for line in bomb.splitlines())
+    )
     started = time.monotonic()
     g = await grader(timeout_s=3).grade(code, ITEM)
     assert not g.passed and ("BlockingIOError" in g.reason or "timed out" in g.reason), g.reason
@@ -318,7 +336,9 @@ async def test_fork_bomb_is_contained(where: str) -> None:
 async def test_memory_limit() -> None:
     g = await grader(memory_mb=256).grade("x = bytearray(1024 ** 3)\ndef add(a, b):\n    return a + b", ITEM)
     assert not g.passed and "MemoryError" in g.reason
-    ok = await grader(memory_mb=256).grade("x = bytearray(64 * 1024 ** 2)\ndef add(a, b):\n    return a + b", ITEM)
+    ok = await grader(memory_mb=256).grade(
+        "x = bytearray(64 * 1024 ** 2)\ndef add(a, b):\n    return a + b", ITEM
+    )
     assert ok.passed, ok.reason
 
 
@@ -409,9 +429,25 @@ def _as_nobody(folder: Path, attacks: dict[str, tuple[str, list[str]]], wrap: li
     for name in ("sandbox.py", "harness.py"):
         shutil.copy(REPO / "evals" / "grading" / name, folder / name)
     proc = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *wrap, "/usr/bin/python3", "-I",
-         "-c", _DRIVER, str(folder / "sandbox.py"), json.dumps(attacks)],
-        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin"},
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            *wrap,
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            _DRIVER,
+            str(folder / "sandbox.py"),
+            json.dumps(attacks),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
@@ -440,7 +476,10 @@ def test_the_attacks_fail_for_an_unprivileged_runner_too() -> None:
             "equal": (FORGERIES["equal_to_everything"], IMPOSSIBLE["tests"]),
             "read": (_leak_program([home / "signing.key"]), ["pass"]),
             "write": (f"open({str(home / 'owned')!r}, 'w').write('x')", ["pass"]),
-            "tmp": (f"open('/tmp/{marker}', 'w').write('x')\nopen('/dev/shm/{marker}', 'w').write('x')", ["pass"]),
+            "tmp": (
+                f"open('/tmp/{marker}', 'w').write('x')\nopen('/dev/shm/{marker}', 'w').write('x')",
+                ["pass"],
+            ),
             "network": (net, ["pass"]),
             "fork": ("import os\nwhile True:\n    os.fork()", ["pass"]),
             "memory": ("x = bytearray(1024 ** 3)", ["pass"]),
@@ -514,7 +553,9 @@ def test_no_bubblewrap_is_a_clear_error_at_suite_load(tmp_path: Path, no_bwrap: 
     with pytest.raises(SuiteError) as err:
         load_suite(path)
     message = str(err.value)
-    assert str(path) in message and "grader: the code grader cannot isolate programs on this machine" in message
+    assert (
+        str(path) in message and "grader: the code grader cannot isolate programs on this machine" in message
+    )
     assert "`apt-get install bubblewrap`" in message and "`sandbox: none`" in message
     (tmp_path / "routeopt.yaml").write_text(
         "candidates:\n  - {name: m, provider: openai, model: m, base_url: 'http://127.0.0.1:9/v1', input_price_per_mtok: 1, output_price_per_mtok: 1}\n"

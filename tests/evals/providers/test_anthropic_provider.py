@@ -50,8 +50,7 @@ async def test_what_was_sent(fake_llm, fake_candidate, monkeypatch):
     assert r.text == "echo: say hi"
     (sent,) = fake_llm.requests
     assert sent.path == "/v1/messages"
-    assert sent.body["system"] == [{"type": "text", "text": SYSTEM,
-                                    "cache_control": {"type": "ephemeral"}}]
+    assert sent.body["system"] == [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
     assert sent.body["messages"] == [{"role": "user", "content": "say hi"}]
     assert (sent.body["model"], sent.body["max_tokens"]) == ("fake-anthropic-model", 21)
     assert (sent.body["temperature"], sent.body["top_p"]) == (0.0, 0.9)
@@ -160,8 +159,13 @@ async def test_wrong_key_is_redacted_and_missing_key_sends_nothing(fake_llm, fak
     assert fake_llm.requests == []
 
 
-FEW_SHOT = (Message("system", SYSTEM), Message("user", "What is 1 + 1?"), Message("assistant", "2"),
-            Message("user", "What is 2 + 3?"), Message("assistant", "5"))
+FEW_SHOT = (
+    Message("system", SYSTEM),
+    Message("user", "What is 1 + 1?"),
+    Message("assistant", "2"),
+    Message("user", "What is 2 + 3?"),
+    Message("assistant", "5"),
+)
 
 
 def few_shot_req(question: str) -> Request:
@@ -178,15 +182,23 @@ async def test_the_shared_prefix_is_marked_and_cache_tokens_are_recorded(provide
         assert sent.body["system"][0]["cache_control"] == {"type": "ephemeral"}
         msgs = sent.body["messages"]
         assert [m["content"] for m in msgs[:3]] == ["What is 1 + 1?", "2", "What is 2 + 3?"]
-        assert msgs[3] == {"role": "assistant", "content": [
-            {"type": "text", "text": "5", "cache_control": {"type": "ephemeral"}}]}
+        assert msgs[3] == {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "5", "cache_control": {"type": "ephemeral"}}],
+        }
         assert isinstance(msgs[4]["content"], str)
     shared = len(" ".join(m.content for m in FEW_SHOT).split())
     words = shared + len("What is 4 + 4?".split())
     assert (first.input_tokens, first.cache_write_input_tokens, first.cached_input_tokens) == (
-        words, shared, 0)
+        words,
+        shared,
+        0,
+    )
     assert (second.input_tokens, second.cache_write_input_tokens, second.cached_input_tokens) == (
-        words, 0, shared)
+        words,
+        0,
+        shared,
+    )
 
 
 async def test_prefix_cache_off_marks_nothing(fake_llm, fake_candidate):

@@ -54,38 +54,53 @@ def test_raw_transport_errors_are_mapped_for_the_library_the_sdk_is_built_on(ven
     assert isinstance(sdk.DefaultAsyncHttpxClient(), http.AsyncClient)
     request = http.Request("POST", "http://x/v1/messages")
     assert map_error(http.ReadTimeout("slow", request=request), sdk, None).kind == "timeout"
-    assert map_error(http.RemoteProtocolError("peer closed", request=request), sdk,
-                     None).kind == "connection"
+    assert map_error(http.RemoteProtocolError("peer closed", request=request), sdk, None).kind == "connection"
 
 
-@pytest.mark.parametrize("status,kind", [(401, "auth"), (403, "auth"), (404, "config"),
-                                         (400, "client_error"), (408, "timeout"),
-                                         (429, "rate_limited"), (502, "server_error")])
+@pytest.mark.parametrize(
+    "status,kind",
+    [
+        (401, "auth"),
+        (403, "auth"),
+        (404, "config"),
+        (400, "client_error"),
+        (408, "timeout"),
+        (429, "rate_limited"),
+        (502, "server_error"),
+    ],
+)
 def test_status_codes(status, kind):
     http = transport(openai)
-    resp = http.Response(status, headers={"retry-after": "1"},
-                         request=http.Request("POST", "http://x/v1/chat/completions"))
+    resp = http.Response(
+        status, headers={"retry-after": "1"}, request=http.Request("POST", "http://x/v1/chat/completions")
+    )
     exc = openai.APIStatusError("err sk-live-secret99", response=resp, body=None)
     err = map_error(exc, openai, None)
     assert err.kind == kind and "sk-live-secret99" not in err.message
     assert (err.retry_after_s == 1.0) == (kind == "rate_limited" or kind == "server_error")
 
 
-@pytest.mark.parametrize("body,said", [
-    ({"detail": "Not Found"}, "HTTP 404: Not Found"),  # FastAPI's 404 (LiteLLM's proxy, a wrong path)
-    ({"message": "No connected db.", "type": "no_db_connection", "code": "400"},
-     "HTTP 404: No connected db. [no_db_connection]"),  # LiteLLM's proxy, a key it cannot check
-    ({"error": {"message": "model not found", "code": "model_not_found"}},
-     "HTTP 404: model not found [model_not_found]"),
-    (None, "HTTP 404: Error code: 404"),
-])
+@pytest.mark.parametrize(
+    "body,said",
+    [
+        ({"detail": "Not Found"}, "HTTP 404: Not Found"),  # FastAPI's 404 (LiteLLM's proxy, a wrong path)
+        (
+            {"message": "No connected db.", "type": "no_db_connection", "code": "400"},
+            "HTTP 404: No connected db. [no_db_connection]",
+        ),  # LiteLLM's proxy, a key it cannot check
+        (
+            {"error": {"message": "model not found", "code": "model_not_found"}},
+            "HTTP 404: model not found [model_not_found]",
+        ),
+        (None, "HTTP 404: Error code: 404"),
+    ],
+)
 def test_a_status_error_says_what_the_server_said_and_where_it_was_sent(body, said):
     """The message names the endpoint (without its query string, where some APIs take a key)
     and the body's own words, so a wrong URL or key is recognisable on screen."""
     http = transport(openai)
     request = http.Request("POST", "http://proxy:4000/v2/chat/completions?key=sk-in-query-123")
-    exc = openai.NotFoundError("Error code: 404", response=http.Response(404, request=request),
-                               body=body)
+    exc = openai.NotFoundError("Error code: 404", response=http.Response(404, request=request), body=body)
     err = map_error(exc, openai, None)
     assert err.kind == "config" and err.status == 404
     assert err.message == f"{said} (POST http://proxy:4000/v2/chat/completions)"
@@ -107,13 +122,15 @@ def _json_server_provider(fake_llm, fake_candidate, vendor: str):
 
 @pytest.mark.parametrize("vendor", ["openai", "anthropic"])
 async def test_one_json_body_for_a_stream_request_is_an_answer_with_unknown_ttft(
-        fake_llm, fake_candidate, vendor):
+    fake_llm, fake_candidate, vendor
+):
     from routeopt.evals.providers.base import GenerationSettings, Message, Request
 
     p = _json_server_provider(fake_llm, fake_candidate, vendor)
     fake_llm.first_token_delay_s = 0.2  # the whole body arrives after it: no first token to time
-    request = Request((Message("system", "Be terse."), Message("user", "What is 50 - 8?")),
-                      GenerationSettings(max_tokens=8))
+    request = Request(
+        (Message("system", "Be terse."), Message("user", "What is 50 - 8?")), GenerationSettings(max_tokens=8)
+    )
     c = await p.generate(request)
     await p.aclose()
     (sent,) = fake_llm.requests
@@ -127,10 +144,12 @@ async def test_one_json_body_for_a_stream_request_is_an_answer_with_unknown_ttft
 
 
 @pytest.mark.parametrize("vendor", ["openai", "anthropic"])
-@pytest.mark.parametrize("fault,kind", [("malformed", "bad_response"), ("no_choices", "bad_response"),
-                                        ("truncated", "connection")])
+@pytest.mark.parametrize(
+    "fault,kind", [("malformed", "bad_response"), ("no_choices", "bad_response"), ("truncated", "connection")]
+)
 async def test_a_broken_json_body_for_a_stream_request_is_still_an_error(
-        fake_llm, fake_candidate, vendor, fault, kind):
+    fake_llm, fake_candidate, vendor, fault, kind
+):
     p = _json_server_provider(fake_llm, fake_candidate, vendor)
     from routeopt.evals.providers.base import Message, ProviderError, Request
 

@@ -27,8 +27,9 @@ def gpu(**kw) -> Candidate:
 
 
 def api(**kw) -> Candidate:
-    spec = dict(name="api-a", provider="openai", model="m", input_price_per_mtok=1.0,
-                output_price_per_mtok=4.0)
+    spec = dict(
+        name="api-a", provider="openai", model="m", input_price_per_mtok=1.0, output_price_per_mtok=4.0
+    )
     spec.update(kw)
     return Candidate(**spec)
 
@@ -55,7 +56,13 @@ def test_cost_falls_with_throughput_and_utilisation(price, tok_s, u1, u2):
 def test_cost_table_covers_levels_times_utilisations():
     rows = cm.cost_table(list(reversed(CURVE)), 3.6, (0.5, 1.0))
     assert [(r.concurrency, r.utilization) for r in rows] == [
-        (1, 0.5), (1, 1.0), (8, 0.5), (8, 1.0), (32, 0.5), (32, 1.0)]
+        (1, 0.5),
+        (1, 1.0),
+        (8, 0.5),
+        (8, 1.0),
+        (32, 0.5),
+        (32, 1.0),
+    ]
     assert rows[-1].usd_per_mtok == pytest.approx(1.0)
     assert rows[0].usd_per_mtok == pytest.approx(20.0)
 
@@ -69,8 +76,10 @@ def test_throughput_interpolates_and_clamps():
 
 
 def test_capacity_ignores_levels_that_miss_targets():
-    pts = [cm.ThroughputPoint(8, 500.0, goodput_rps=9.5, request_rps=10.0),
-           cm.ThroughputPoint(32, 1000.0, goodput_rps=2.0, request_rps=20.0)]
+    pts = [
+        cm.ThroughputPoint(8, 500.0, goodput_rps=9.5, request_rps=10.0),
+        cm.ThroughputPoint(32, 1000.0, goodput_rps=2.0, request_rps=20.0),
+    ]
     assert cm.capacity_tok_s(pts) == 500.0
     assert cm.capacity_tok_s(pts, min_good=0.05) == 1000.0
     assert cm.capacity_tok_s([cm.ThroughputPoint(8, 500.0, 0.0, 10.0)]) == 0.0
@@ -126,8 +135,10 @@ def test_configured_cost_uses_config_utilisation_and_concurrency():
 
 
 def test_compare_prices_the_same_traffic_on_both_sides():
-    pts = [cm.ThroughputPoint(1, 100.0, mean_input_tokens=200, mean_output_tokens=100),
-           cm.ThroughputPoint(8, 1000.0, mean_input_tokens=200, mean_output_tokens=100)]
+    pts = [
+        cm.ThroughputPoint(1, 100.0, mean_input_tokens=200, mean_output_tokens=100),
+        cm.ThroughputPoint(8, 1000.0, mean_input_tokens=200, mean_output_tokens=100),
+    ]
     summaries, verdicts = cm.compare([gpu(), api()], {"gpu-a": pts}, (1.0,))
     (s,) = summaries
     assert s.capacity_tok_s == 1000.0 and s.input_per_output == pytest.approx(2.0)
@@ -139,8 +150,16 @@ def test_compare_prices_the_same_traffic_on_both_sides():
 
 
 def _record(out_tokens: int, latency: float) -> RequestRecord:
-    return RequestRecord(0.0, latency, True, ttft_s=0.1, latency_s=latency, tpot_s=None,
-                         input_tokens=10, output_tokens=out_tokens)
+    return RequestRecord(
+        0.0,
+        latency,
+        True,
+        ttft_s=0.1,
+        latency_s=latency,
+        tpot_s=None,
+        input_tokens=10,
+        output_tokens=out_tokens,
+    )
 
 
 def test_load_curve_reads_the_latest_benchmark(tmp_path):
@@ -148,8 +167,7 @@ def test_load_curve_reads_the_latest_benchmark(tmp_path):
         assert cm.load_curve(store, "gpu-a") == []
         for tok in (10, 20):
             levels = [summarize(c, [_record(tok, 1.0)] * c, 1.0, c) for c in (1, 4)]
-            save_report(store, ServingReport(f"b{tok}", "gpu-a", gpu().public_dict(), "p",
-                                             Targets(), levels))
+            save_report(store, ServingReport(f"b{tok}", "gpu-a", gpu().public_dict(), "p", Targets(), levels))
         curve = cm.load_curve(store, "gpu-a")
         assert [(p.concurrency, p.output_tok_s) for p in curve] == [(1, 20.0), (4, 80.0)]
         assert curve[0].mean_input_tokens == 10.0

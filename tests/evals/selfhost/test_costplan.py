@@ -20,17 +20,34 @@ from tests.fake_llm import FakeLLM
 
 
 def _cfg() -> Config:
-    return Config.model_validate({
-        "candidates": [
-            {"name": "api", "provider": "openai", "model": "x", "input_price_per_mtok": 1.0,
-             "output_price_per_mtok": 2.0},
-            {"name": "open", "provider": "openai", "model": "llama", "base_url": "http://gpu/v1",
-             "gpu_hour_usd": 2.0},
-            {"name": "unbenched", "provider": "openai", "model": "m", "base_url": "http://gpu2/v1",
-             "gpu_hour_usd": 1.0},
-        ],
-        "traffic": {"api_prices": {"open": {"input_price_per_mtok": 0.2, "output_price_per_mtok": 0.6}}},
-    })
+    return Config.model_validate(
+        {
+            "candidates": [
+                {
+                    "name": "api",
+                    "provider": "openai",
+                    "model": "x",
+                    "input_price_per_mtok": 1.0,
+                    "output_price_per_mtok": 2.0,
+                },
+                {
+                    "name": "open",
+                    "provider": "openai",
+                    "model": "llama",
+                    "base_url": "http://gpu/v1",
+                    "gpu_hour_usd": 2.0,
+                },
+                {
+                    "name": "unbenched",
+                    "provider": "openai",
+                    "model": "m",
+                    "base_url": "http://gpu2/v1",
+                    "gpu_hour_usd": 1.0,
+                },
+            ],
+            "traffic": {"api_prices": {"open": {"input_price_per_mtok": 0.2, "output_price_per_mtok": 0.6}}},
+        }
+    )
 
 
 def _frame() -> pd.DataFrame:
@@ -39,13 +56,34 @@ def _frame() -> pd.DataFrame:
     rows = []
     for h in range(48):
         for i in range(100 if h == 30 else 10):
-            rows.append({"time": pd.Timestamp("2025-03-01", tz="UTC") + pd.Timedelta(hours=h, minutes=i % 60),
-                         "model": "open", "input_tokens": 1000, "output_tokens": 3600, "prompt_chars": 4000})
+            rows.append(
+                {
+                    "time": pd.Timestamp("2025-03-01", tz="UTC") + pd.Timedelta(hours=h, minutes=i % 60),
+                    "model": "open",
+                    "input_tokens": 1000,
+                    "output_tokens": 3600,
+                    "prompt_chars": 4000,
+                }
+            )
         for i in range(5):
-            rows.append({"time": pd.Timestamp("2025-03-01", tz="UTC") + pd.Timedelta(hours=h, minutes=i),
-                         "model": "api", "input_tokens": 2000, "output_tokens": None, "prompt_chars": 8000})
-    rows.append({"time": pd.Timestamp("2025-03-01T05:00Z"), "model": "unbenched", "input_tokens": None,
-                 "output_tokens": None, "prompt_chars": 400})
+            rows.append(
+                {
+                    "time": pd.Timestamp("2025-03-01", tz="UTC") + pd.Timedelta(hours=h, minutes=i),
+                    "model": "api",
+                    "input_tokens": 2000,
+                    "output_tokens": None,
+                    "prompt_chars": 8000,
+                }
+            )
+    rows.append(
+        {
+            "time": pd.Timestamp("2025-03-01T05:00Z"),
+            "model": "unbenched",
+            "input_tokens": None,
+            "output_tokens": None,
+            "prompt_chars": 400,
+        }
+    )
     return pd.DataFrame(rows)
 
 
@@ -76,8 +114,7 @@ def test_cost_plan_sizes_gpus_for_the_peak_and_prices_both_sides() -> None:
     assert g.monthly_usd == pytest.approx(2 * 2.0 * 730) and g.serves_peak
     open_api = (570 * 1000 * 0.2 + 570 * 3600 * 0.6) * scale / 1e6
     assert open_.api_monthly_usd == pytest.approx(open_api)
-    assert open_.break_even_scale == pytest.approx(
-        traffic_break_even(open_api, 2.0 * 730, 100.0, 60.0))
+    assert open_.break_even_scale == pytest.approx(traffic_break_even(open_api, 2.0 * 730, 100.0, 60.0))
     assert un.gpu is None and "bench serving --candidate unbenched" in un.note
     assert plan.mixed_usd is None and plan.all_api_usd is None  # unbenched has neither price
     fixed = cost_plan(_frame(), _cfg(), curves, gpus=1)
@@ -98,8 +135,14 @@ def test_cost_plan_can_size_gpus_at_the_capacity_a_replay_measured() -> None:
     g = rows["open"].gpu
     assert g.capacity_tok_s == 150.0 and g.gpus == 1 and g.serves_peak
     assert rows["open"].capacity_source == "measured: replay replay-x held 4x the logged traffic"
-    assert rows["unbenched"].gpu is None and "routeopt bench replay LOG --candidate unbenched" in rows["unbenched"].note
-    assert "(GPU capacity 150.0 out tok/s, measured: replay replay-x held 4x the logged traffic)" in format_plan(plan)
+    assert (
+        rows["unbenched"].gpu is None
+        and "routeopt bench replay LOG --candidate unbenched" in rows["unbenched"].note
+    )
+    assert (
+        "(GPU capacity 150.0 out tok/s, measured: replay replay-x held 4x the logged traffic)"
+        in format_plan(plan)
+    )
 
 
 @given(st.floats(1, 1e5), st.floats(1, 1e4), st.floats(0.1, 1e3), st.floats(0.1, 1e3))
@@ -136,15 +179,44 @@ def test_cli_cost_plan_on_a_measured_serving_benchmark(tmp_path) -> None:
             f"  - {{name: open, provider: openai, model: m, base_url: '{server.openai_base_url}',"
             " gpu_hour_usd: 2.0, max_concurrency: 4}\n"
             "  - {name: api, provider: openai, model: x, input_price_per_mtok: 1.0, output_price_per_mtok: 3.0}\n"
-            "traffic: {api_prices: {open: {input_price_per_mtok: 0.1, output_price_per_mtok: 0.3}}}\n")
-        res = runner.invoke(cli, ["bench", "serving", "--candidate", "open", "--config", str(cfg),
-                                  "--prompts", str(prompts), "--concurrency", "1,4", "--requests", "8",
-                                  "--db", str(db)])
+            "traffic: {api_prices: {open: {input_price_per_mtok: 0.1, output_price_per_mtok: 0.3}}}\n"
+        )
+        res = runner.invoke(
+            cli,
+            [
+                "bench",
+                "serving",
+                "--candidate",
+                "open",
+                "--config",
+                str(cfg),
+                "--prompts",
+                str(prompts),
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+                "--db",
+                str(db),
+            ],
+        )
         assert res.exit_code == 0, res.output
-    records = [decision(f"r{h}-{i}", "open" if i % 2 else "api", time=f"2025-03-01T{h:02d}:{i:02d}:00Z")
-               for h in range(24) for i in range(20)]
-    usage = [{"kind": "usage", "time": r["time"], "request_id": r["request_id"], "model": r["model"],
-              "input_tokens": 500, "output_tokens": 200} for r in records]
+    records = [
+        decision(f"r{h}-{i}", "open" if i % 2 else "api", time=f"2025-03-01T{h:02d}:{i:02d}:00Z")
+        for h in range(24)
+        for i in range(20)
+    ]
+    usage = [
+        {
+            "kind": "usage",
+            "time": r["time"],
+            "request_id": r["request_id"],
+            "model": r["model"],
+            "input_tokens": 500,
+            "output_tokens": 200,
+        }
+        for r in records
+    ]
     log = write_log(tmp_path / "log.jsonl", records + usage)
     res = runner.invoke(cli, ["cost", "plan", "--log", str(log), "--config", str(cfg), "--db", str(db)])
     assert res.exit_code == 0, res.output
@@ -153,8 +225,11 @@ def test_cli_cost_plan_on_a_measured_serving_benchmark(tmp_path) -> None:
     open_line = next(line for line in out.splitlines() if line.startswith("open "))
     assert "self-hosted" in open_line and " 1 " in open_line  # one GPU serves this peak
     assert "monthly, everything on provider APIs:" in out
-    as_json = json.loads(runner.invoke(cli, ["cost", "plan", "--log", str(log), "--config", str(cfg),
-                                             "--db", str(db), "--json"]).output)
+    as_json = json.loads(
+        runner.invoke(
+            cli, ["cost", "plan", "--log", str(log), "--config", str(cfg), "--db", str(db), "--json"]
+        ).output
+    )
     rows = {r["model"]: r for r in as_json["rows"]}
     assert rows["open"]["monthly_output_tokens"] == pytest.approx(240 * 200 * 730 / 24)
     assert rows["open"]["gpu"]["monthly_usd"] == pytest.approx(2.0 * 730)

@@ -27,10 +27,25 @@ def trace(path: Path, rows: list[dict]) -> Path:
 
 
 def cands(server: FakeLLM) -> dict[str, Candidate]:
-    return {"oa": Candidate(name="oa", provider="openai", model="m-oa", base_url=server.openai_base_url,
-                            input_price_per_mtok=1, output_price_per_mtok=2),
-            "an": Candidate(name="an", provider="anthropic", model="m-an", base_url=server.anthropic_base_url,
-                            api_key_env="REPLAY_TEST_KEY", input_price_per_mtok=1, output_price_per_mtok=2)}
+    return {
+        "oa": Candidate(
+            name="oa",
+            provider="openai",
+            model="m-oa",
+            base_url=server.openai_base_url,
+            input_price_per_mtok=1,
+            output_price_per_mtok=2,
+        ),
+        "an": Candidate(
+            name="an",
+            provider="anthropic",
+            model="m-an",
+            base_url=server.anthropic_base_url,
+            api_key_env="REPLAY_TEST_KEY",
+            input_price_per_mtok=1,
+            output_price_per_mtok=2,
+        ),
+    }
 
 
 def test_synthesised_prompts_have_the_recorded_length_and_differ() -> None:
@@ -40,8 +55,15 @@ def test_synthesised_prompts_have_the_recorded_length_and_differ() -> None:
 
 def test_arrivals_are_sent_open_loop_never_early_and_summarised(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("REPLAY_TEST_KEY", "sk-replay-secret")
-    rows = [{"timestamp": 1000 + i * 0.02, "model": "oa" if i % 3 else "an", "input_tokens": 30,
-             "output_tokens": 5 + i % 4} for i in range(60)]
+    rows = [
+        {
+            "timestamp": 1000 + i * 0.02,
+            "model": "oa" if i % 3 else "an",
+            "input_tokens": 30,
+            "output_tokens": 5 + i % 4,
+        }
+        for i in range(60)
+    ]
     rows[10]["text"] = "What is 2 + 3?"  # a logged text is sent as it is
     with FakeLLM(first_token_delay_s=0.05) as server:  # slower than the arrivals: they overlap
         arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["oa", "an"])
@@ -74,12 +96,14 @@ def test_arrivals_are_sent_open_loop_never_early_and_summarised(tmp_path: Path, 
 
 def test_bad_input_is_named_by_file_and_line(tmp_path: Path) -> None:
     base = {"model": "oa", "input_tokens": 10, "output_tokens": 4}
-    rows = [{**base, "timestamp": "2026-01-01T00:00:10Z", "request_id": "a"},
-            {**base, "timestamp": "2026-01-01T00:00:05Z", "request_id": "b"},  # out of order
-            {**base, "timestamp": "2026-01-01T00:00:05Z", "request_id": "c"},  # simultaneous
-            {**base, "timestamp": "2026-01-01T02:00:00Z", "request_id": "d"},  # a 2 h gap
-            {**base, "timestamp": "2026-01-01T02:00:01Z", "request_id": "d"},  # a repeated id
-            {"timestamp": "2026-01-01T02:00:02Z", "model": "oa", "input_tokens": 12}]  # no output count
+    rows = [
+        {**base, "timestamp": "2026-01-01T00:00:10Z", "request_id": "a"},
+        {**base, "timestamp": "2026-01-01T00:00:05Z", "request_id": "b"},  # out of order
+        {**base, "timestamp": "2026-01-01T00:00:05Z", "request_id": "c"},  # simultaneous
+        {**base, "timestamp": "2026-01-01T02:00:00Z", "request_id": "d"},  # a 2 h gap
+        {**base, "timestamp": "2026-01-01T02:00:01Z", "request_id": "d"},  # a repeated id
+        {"timestamp": "2026-01-01T02:00:02Z", "model": "oa", "input_tokens": 12},
+    ]  # no output count
     f = trace(tmp_path / "t.jsonl", rows)
     a = load_arrivals([f], ["oa"], max_gap_s=30)
     assert [x.offset_s for x in a.items] == [0.0, 0.0, 5.0, 35.0, 37.0]
@@ -128,7 +152,9 @@ def test_a_server_that_stops_answering_is_named_and_the_measured_part_kept(tmp_p
 
     stopper = threading.Thread(target=stop_after_30, daemon=True)
     stopper.start()
-    run = asyncio.run(replay_once(arrivals.items, 1.0, {"oa": make_sender(cand)}, timeout_s=2.0, down_after=5))
+    run = asyncio.run(
+        replay_once(arrivals.items, 1.0, {"oa": make_sender(cand)}, timeout_s=2.0, down_after=5)
+    )
     stopper.join()
     assert run.status == "partial" and "stopped answering" in run.down["oa"]
     assert cand.base_url in run.down["oa"]
@@ -142,8 +168,22 @@ def test_a_server_that_stops_answering_is_named_and_the_measured_part_kept(tmp_p
 def test_a_late_generator_is_flagged_not_reported_as_the_servers_latency() -> None:
     from routeopt.evals.selfhost.replay import Sent
 
-    recs = [Sent(i, "m", "x", i * 0.01, 5, 5, sent_s=i * 0.01 + 0.05, first_s=i * 0.01 + 0.06,
-                 end_s=i * 0.01 + 0.07, ok=True, output_tokens=5) for i in range(100)]
+    recs = [
+        Sent(
+            i,
+            "m",
+            "x",
+            i * 0.01,
+            5,
+            5,
+            sent_s=i * 0.01 + 0.05,
+            first_s=i * 0.01 + 0.06,
+            end_s=i * 0.01 + 0.07,
+            ok=True,
+            output_tokens=5,
+        )
+        for i in range(100)
+    ]
     f = summarize(recs, 1.0, Slo(ttft_s=1.0), max_lateness_s=0.01)
     assert f["generator_limited"] and not f["meets_slo"] and f["lateness_s"]["p99"] == pytest.approx(0.05)
 
@@ -161,10 +201,13 @@ def test_the_sweep_doubles_then_bisects_to_the_highest_speed_that_holds() -> Non
     assert disagreement(results) is None  # every probe agreed with its speed's verdict
 
 
-@pytest.mark.parametrize("limit, tried, highest", [
-    (5.0, [16, 8, 4, 6, 5, 5.5], 5.0),  # the start breaks it: halve until one holds, then bisect
-    (0.1, [16, 8, 4, 2, 1, 0.5, 0.25], None),  # nothing holds within the halvings: no speed is claimed
-])
+@pytest.mark.parametrize(
+    "limit, tried, highest",
+    [
+        (5.0, [16, 8, 4, 6, 5, 5.5], 5.0),  # the start breaks it: halve until one holds, then bisect
+        (0.1, [16, 8, 4, 2, 1, 0.5, 0.25], None),  # nothing holds within the halvings: no speed is claimed
+    ],
+)
 def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tried: list, highest) -> None:
     from routeopt.evals.selfhost.replay import ReplayRun, highest_meeting
 
@@ -176,12 +219,17 @@ def test_the_sweep_halves_when_its_start_already_breaks_the_slo(limit: float, tr
     assert highest_meeting(results) == highest
 
 
-@pytest.mark.parametrize("probes, tried, highest, broke", [
-    # the slow probe at 16x is outvoted by the next two; one at 31x, the last bisection step, too
-    (3, [8, 8, 16, 16, 16, 32, 32, 24, 24, 28, 28, 30, 30, 31, 31, 31], 31, 32),
-    (1, [8, 16, 12, 14, 15, 15.5], 15.5, 16),  # one probe per speed: one slow probe caps the sweep
-])
-def test_one_slow_probe_does_not_cap_the_sweep(probes: int, tried: list, highest: float, broke: float) -> None:
+@pytest.mark.parametrize(
+    "probes, tried, highest, broke",
+    [
+        # the slow probe at 16x is outvoted by the next two; one at 31x, the last bisection step, too
+        (3, [8, 8, 16, 16, 16, 32, 32, 24, 24, 28, 28, 30, 30, 31, 31, 31], 31, 32),
+        (1, [8, 16, 12, 14, 15, 15.5], 15.5, 16),  # one probe per speed: one slow probe caps the sweep
+    ],
+)
+def test_one_slow_probe_does_not_cap_the_sweep(
+    probes: int, tried: list, highest: float, broke: float
+) -> None:
     """The server holds 31x; the machine slowed down during the first probes at 16x and 31x."""
     from routeopt.evals.selfhost.replay import ReplayRun, highest_meeting, lowest_breaking
 
@@ -199,14 +247,22 @@ def test_one_slow_probe_does_not_cap_the_sweep(probes: int, tried: list, highest
 
 def test_a_speed_that_met_in_one_probe_of_three_is_where_the_slo_broke() -> None:
     """A lucky probe does not make a speed: the majority of its probes decides it."""
-    from routeopt.evals.selfhost.replay import ReplayRun, disagreement, highest_meeting, lowest_breaking, verdicts
+    from routeopt.evals.selfhost.replay import (
+        ReplayRun,
+        disagreement,
+        highest_meeting,
+        lowest_breaking,
+        verdicts,
+    )
 
     outcomes = {8: [True, True], 16: [False, True, False], 12: [True, False, True], 14: [False, False]}
     seen: list[float] = []
 
     async def run_at(speed: float):
         seen.append(speed)
-        return ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": outcomes[speed][seen.count(speed) - 1]}}
+        return ReplayRun(speed, [], 0.0, "complete"), {
+            "*": {"meets_slo": outcomes[speed][seen.count(speed) - 1]}
+        }
 
     results = asyncio.run(sweep(run_at, None, start=8, max_speed=16, steps=2))
     assert seen == [8, 8, 16, 16, 16, 12, 12, 12, 14, 14]
@@ -221,8 +277,18 @@ def test_the_command_says_between_which_speeds_its_probes_disagreed(tmp_path: Pa
     from routeopt.evals.selfhost.replay import ReplayRun
     from routeopt.flows.commands.replay import _finish
 
-    probes = [(8, True), (8, True), (16, False), (16, True), (16, False), (12, True), (12, False), (12, True),
-              (14, False), (14, False)]
+    probes = [
+        (8, True),
+        (8, True),
+        (16, False),
+        (16, True),
+        (16, False),
+        (12, True),
+        (12, False),
+        (12, True),
+        (14, False),
+        (14, False),
+    ]
     results = [(ReplayRun(speed, [], 0.0, "complete"), {"*": {"meets_slo": ok}}) for speed, ok in probes]
     _finish(results, "replay-x", Slo(ttft_s=1.0), True, tmp_path / "out.json")
     said = capsys.readouterr().out
@@ -239,14 +305,40 @@ def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp
     rows = [{"timestamp": i * 0.05, "model": "oa", "input_tokens": 8, "output_tokens": 4} for i in range(40)]
     with FakeLLM(first_token_delay_s=0.03) as server:
         cfg = tmp_path / "routeopt.yaml"
-        cfg.write_text(json.dumps({"candidates": [{"name": "oa", "provider": "openai", "model": "m",
-                                                   "base_url": server.openai_base_url,
-                                                   "input_price_per_mtok": 1, "output_price_per_mtok": 2}],
-                                   "db_path": "db.duckdb"}))
-        res = CliRunner().invoke(cli, ["bench", "replay", str(trace(tmp_path / "t.jsonl", rows)),
-                                       "--config", str(cfg), "--speed", "1,4", "--ttft-target-s", "0.02",
-                                       "--json-out", str(tmp_path / "replay.json")],
-                                 catch_exceptions=False)
+        cfg.write_text(
+            json.dumps(
+                {
+                    "candidates": [
+                        {
+                            "name": "oa",
+                            "provider": "openai",
+                            "model": "m",
+                            "base_url": server.openai_base_url,
+                            "input_price_per_mtok": 1,
+                            "output_price_per_mtok": 2,
+                        }
+                    ],
+                    "db_path": "db.duckdb",
+                }
+            )
+        )
+        res = CliRunner().invoke(
+            cli,
+            [
+                "bench",
+                "replay",
+                str(trace(tmp_path / "t.jsonl", rows)),
+                "--config",
+                str(cfg),
+                "--speed",
+                "1,4",
+                "--ttft-target-s",
+                "0.02",
+                "--json-out",
+                str(tmp_path / "replay.json"),
+            ],
+            catch_exceptions=False,
+        )
     assert res.exit_code == 0, res.output
     assert "speed 1x: complete" in res.output and "speed 4x: complete" in res.output
     assert "no speed met the SLO" in res.output and "the SLO broke at 1x" in res.output  # 30 ms > 20 ms
@@ -257,11 +349,17 @@ def test_the_command_replays_stores_every_speed_and_says_where_the_slo_broke(tmp
     assert probes == [(1.0, 0, False), (4.0, 0, False)]
     assert "disagreed" not in res.output
     con = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
-    runs = con.execute("SELECT speed, model, arrivals, completed, ttft_p50 FROM replay_runs ORDER BY speed, model").fetchall()
+    runs = con.execute(
+        "SELECT speed, model, arrivals, completed, ttft_p50 FROM replay_runs ORDER BY speed, model"
+    ).fetchall()
     n = con.execute("SELECT count(*) FROM replay_requests").fetchone()[0]
     con.close()
-    assert [(s, m, a, c) for s, m, a, c, _ in runs] == [(1.0, "*", 40, 40), (1.0, "oa", 40, 40),
-                                                       (4.0, "*", 40, 40), (4.0, "oa", 40, 40)]
+    assert [(s, m, a, c) for s, m, a, c, _ in runs] == [
+        (1.0, "*", 40, 40),
+        (1.0, "oa", 40, 40),
+        (4.0, "*", 40, 40),
+        (4.0, "oa", 40, 40),
+    ]
     assert all(t >= 0.03 for *_, t in runs) and n == 80
 
 
@@ -274,16 +372,32 @@ def test_stored_speeds_give_the_cost_plan_its_capacity_and_the_dashboard_its_cur
     slo = Slo(ttft_s=0.5)
 
     def run(speed: float, ttft: float) -> ReplayRun:
-        recs = [Sent(i, "zoo", "t:1", i / (10 * speed), 5, 10, sent_s=i / (10 * speed),
-                     first_s=i / (10 * speed) + ttft, end_s=i / (10 * speed) + ttft + 0.1, ok=True,
-                     output_tokens=10) for i in range(600)]
+        recs = [
+            Sent(
+                i,
+                "zoo",
+                "t:1",
+                i / (10 * speed),
+                5,
+                10,
+                sent_s=i / (10 * speed),
+                first_s=i / (10 * speed) + ttft,
+                end_s=i / (10 * speed) + ttft + 0.1,
+                ok=True,
+                output_tokens=10,
+            )
+            for i in range(600)
+        ]
         return ReplayRun(speed, recs, 60 / speed, "complete")
 
     with Store(tmp_path / "db.duckdb") as store:
         for speed, ttft in ((1, 0.1), (2, 0.2), (4, 0.9)):  # the SLO (0.5 s) breaks at 4x
             r = run(speed, ttft)
-            save(store, run_rows("replay-t", r, summaries(r, slo, 0.01, 10.0), slo, "t.jsonl", ["a note"]),
-                 request_frame("replay-t", r))
+            save(
+                store,
+                run_rows("replay-t", r, summaries(r, slo, 0.01, 10.0), slo, "t.jsonl", ["a note"]),
+                request_frame("replay-t", r),
+            )
         tok_s, replay_id, speed = replay_capacity(store, "zoo")
         assert (replay_id, speed) == ("replay-t", 2.0) and tok_s == pytest.approx(200.0, rel=0.05)
         assert replay_capacity(store, "other") is None
@@ -302,45 +416,93 @@ def test_the_cost_plan_takes_capacity_only_from_a_speed_whose_majority_met_the_s
     slo = Slo(ttft_s=0.5)
 
     def run(speed: float, ttft: float, tokens: int) -> ReplayRun:
-        recs = [Sent(i, "zoo", "t:1", i / (10 * speed), 5, tokens, sent_s=i / (10 * speed),
-                     first_s=i / (10 * speed) + ttft, end_s=i / (10 * speed) + ttft + 0.1, ok=True,
-                     output_tokens=tokens) for i in range(600)]
+        recs = [
+            Sent(
+                i,
+                "zoo",
+                "t:1",
+                i / (10 * speed),
+                5,
+                tokens,
+                sent_s=i / (10 * speed),
+                first_s=i / (10 * speed) + ttft,
+                end_s=i / (10 * speed) + ttft + 0.1,
+                ok=True,
+                output_tokens=tokens,
+            )
+            for i in range(600)
+        ]
         return ReplayRun(speed, recs, 60 / speed, "complete")
 
     with Store(tmp_path / "db.duckdb") as store:
         # 3x met in two probes of three (a median of their peaks); 4x in one of three (a lucky probe)
-        probes = ((2, 0.2, 10), (3, 0.3, 10), (3, 0.9, 10), (3, 0.3, 12), (4, 0.9, 10), (4, 0.3, 10), (4, 0.9, 10))
+        probes = (
+            (2, 0.2, 10),
+            (3, 0.3, 10),
+            (3, 0.9, 10),
+            (3, 0.3, 12),
+            (4, 0.9, 10),
+            (4, 0.3, 10),
+            (4, 0.9, 10),
+        )
         for i, (speed, ttft, tokens) in enumerate(probes):
             r, probe = run(speed, ttft, tokens), [p[0] for p in probes[:i]].count(speed)
-            save(store, run_rows("replay-v", r, summaries(r, slo, 0.01, 10.0), slo, "t.jsonl", [], probe),
-                 request_frame("replay-v", r, probe))
+            save(
+                store,
+                run_rows("replay-v", r, summaries(r, slo, 0.01, 10.0), slo, "t.jsonl", [], probe),
+                request_frame("replay-v", r, probe),
+            )
         tok_s, replay_id, speed = replay_capacity(store, "zoo")
         stored = store.query("SELECT count(*) AS n FROM replay_runs WHERE model = 'zoo'").n.iloc[0]
     assert stored == len(probes)  # every probe kept, not one per speed
     assert (replay_id, speed) == ("replay-v", 3.0) and tok_s == pytest.approx(330.0, rel=0.05)
 
 
-def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_every_probe(tmp_path: Path) -> None:
+def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_every_probe(
+    tmp_path: Path,
+) -> None:
     from routeopt.evals.selfhost.replay import ReplayRun, Sent, summaries
     from routeopt.evals.selfhost.replay_store import SCHEMA, load_runs, request_frame, run_rows, save
     from routeopt.evals.storage.store import Store
 
     slo = Slo(ttft_s=0.5)
-    recs = [Sent(i, "zoo", "t:1", i * 0.1, 5, 4, sent_s=i * 0.1, first_s=i * 0.1 + 0.2, end_s=i * 0.1 + 0.3,
-                 ok=True, output_tokens=4) for i in range(20)]
+    recs = [
+        Sent(
+            i,
+            "zoo",
+            "t:1",
+            i * 0.1,
+            5,
+            4,
+            sent_s=i * 0.1,
+            first_s=i * 0.1 + 0.2,
+            end_s=i * 0.1 + 0.3,
+            ok=True,
+            output_tokens=4,
+        )
+        for i in range(20)
+    ]
     r = ReplayRun(2.0, recs, 2.0, "complete")
     old = SCHEMA.replace("probe INTEGER NOT NULL DEFAULT 0,", "").replace("speed, probe,", "speed,")
     with Store(tmp_path / "db.duckdb") as store:
         store._con.execute(old)
-        rows, frame = run_rows("replay-old", r, summaries(r, slo, 0.01, 1.0), slo, "t", []), request_frame("replay-old", r)
-        for table, data in (("replay_runs", pd.DataFrame(rows).drop(columns="probe")),
-                            ("replay_requests", frame.drop(columns="probe"))):
+        rows, frame = (
+            run_rows("replay-old", r, summaries(r, slo, 0.01, 1.0), slo, "t", []),
+            request_frame("replay-old", r),
+        )
+        for table, data in (
+            ("replay_runs", pd.DataFrame(rows).drop(columns="probe")),
+            ("replay_requests", frame.drop(columns="probe")),
+        ):
             store._con.register("_old", data)
             store._con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _old")
             store._con.unregister("_old")
         for probe in (0, 1):
-            save(store, run_rows("replay-new", r, summaries(r, slo, 0.01, 1.0), slo, "t", [], probe),
-                 request_frame("replay-new", r, probe))
+            save(
+                store,
+                run_rows("replay-new", r, summaries(r, slo, 0.01, 1.0), slo, "t", [], probe),
+                request_frame("replay-new", r, probe),
+            )
         old_rows = load_runs(store, "replay-old")
         new_rows = load_runs(store, "replay-new")
         n_requests = store.query("SELECT count(*) AS n FROM replay_requests").n.iloc[0]
@@ -348,13 +510,18 @@ def test_a_store_written_before_probes_were_numbered_keeps_its_rows_and_takes_ev
     assert sorted(new_rows.probe) == [0, 0, 1, 1] and n_requests == 3 * len(recs)
 
 
-@pytest.mark.parametrize("allowed, engines, split", [
-    ({0, 1}, 1, ({0}, {1})),
-    ({2, 5, 7}, 2, ({2}, {5, 7})),  # the engines share every CPU but the generator's
-    ({3}, 1, None),  # one CPU: nothing to split
-    ({0, 1}, 0, None),  # no local engine: the generator keeps the machine
-])
-def test_the_generator_and_the_local_engines_get_cpus_of_their_own(monkeypatch, allowed, engines, split) -> None:
+@pytest.mark.parametrize(
+    "allowed, engines, split",
+    [
+        ({0, 1}, 1, ({0}, {1})),
+        ({2, 5, 7}, 2, ({2}, {5, 7})),  # the engines share every CPU but the generator's
+        ({3}, 1, None),  # one CPU: nothing to split
+        ({0, 1}, 0, None),  # no local engine: the generator keeps the machine
+    ],
+)
+def test_the_generator_and_the_local_engines_get_cpus_of_their_own(
+    monkeypatch, allowed, engines, split
+) -> None:
     from routeopt.evals.selfhost import replay
 
     monkeypatch.setattr(replay.os, "sched_getaffinity", lambda pid: set(allowed))
@@ -381,8 +548,10 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     from routeopt.evals.config import load_config
 
     cand = load_config(repo_root / "evals" / "demo" / "routeopt.yaml").candidate("zoo-s")
-    rows = [{"timestamp": i * 0.1, "model": "zoo-s", "input_tokens": 6, "output_tokens": 4,
-             "text": f"{i} + 1 ="} for i in range(8)]
+    rows = [
+        {"timestamp": i * 0.1, "model": "zoo-s", "input_tokens": 6, "output_tokens": 4, "text": f"{i} + 1 ="}
+        for i in range(8)
+    ]
     arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["zoo-s"])
     engine_cpus = {max(os.sched_getaffinity(0))}
     seen: list[set[int]] = []
@@ -402,18 +571,38 @@ def test_a_local_candidate_is_replayed_through_its_engine_process(tmp_path: Path
     assert seen == [engine_cpus]
     assert run.status == "complete" and all(r.ok for r in run.records), [r.error_kind for r in run.records]
     for r in run.records:
-        assert r.sent_s >= r.due_s and r.sent_s < r.first_s <= r.end_s and r.output_tokens <= 4  # may stop early
+        assert (
+            r.sent_s >= r.due_s and r.sent_s < r.first_s <= r.end_s and r.output_tokens <= 4
+        )  # may stop early
 
 
 def test_the_command_names_bad_input_and_sends_nothing(tmp_path: Path) -> None:
     from routeopt.flows.cli import cli
 
     cfg = tmp_path / "routeopt.yaml"
-    cfg.write_text(json.dumps({"candidates": [{"name": "oa", "provider": "openai", "model": "m",
-                                               "base_url": "http://127.0.0.1:9/v1",
-                                               "input_price_per_mtok": 1, "output_price_per_mtok": 2}]}))
-    log = trace(tmp_path / "t.jsonl", [{"timestamp": 1, "model": "oa", "input_tokens": 3, "output_tokens": 2},
-                                       {"timestamp": 2, "model": "gpt-x", "input_tokens": 3, "output_tokens": 2}])
+    cfg.write_text(
+        json.dumps(
+            {
+                "candidates": [
+                    {
+                        "name": "oa",
+                        "provider": "openai",
+                        "model": "m",
+                        "base_url": "http://127.0.0.1:9/v1",
+                        "input_price_per_mtok": 1,
+                        "output_price_per_mtok": 2,
+                    }
+                ]
+            }
+        )
+    )
+    log = trace(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 1, "model": "oa", "input_tokens": 3, "output_tokens": 2},
+            {"timestamp": 2, "model": "gpt-x", "input_tokens": 3, "output_tokens": 2},
+        ],
+    )
     res = CliRunner().invoke(cli, ["bench", "replay", str(log), "--config", str(cfg), "--speed", "1"])
     assert res.exit_code == 1 and f"'gpt-x' (1 arrivals, first at {log}:2)" in " ".join(res.output.split())
     bad = CliRunner().invoke(cli, ["bench", "replay", str(log), "--config", str(cfg), "--speed", "0,2"])
@@ -467,7 +656,10 @@ def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_prob
             rec.sent_s = time.perf_counter() - t0
             rec.first_s = rec.end_s = rec.sent_s
 
-    rows = [{"timestamp": 1000 + i * 0.001, "model": "m", "input_tokens": 5, "output_tokens": 2} for i in range(20)]
+    rows = [
+        {"timestamp": 1000 + i * 0.001, "model": "m", "input_tokens": 5, "output_tokens": 2}
+        for i in range(20)
+    ]
     arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["m"])
     earlier = [[i] for i in range(1000)]  # stands for the records of earlier probes
     gc.collect()

@@ -53,8 +53,14 @@ class SleepyProvider:
             await asyncio.sleep(self.hold_s)
         finally:
             self.in_flight -= 1
-        return Completion(text="x y", finish_reason="stop", input_tokens=3, output_tokens=2,
-                          ttft_s=self.hold_s / 2, latency_s=self.hold_s)
+        return Completion(
+            text="x y",
+            finish_reason="stop",
+            input_tokens=3,
+            output_tokens=2,
+            ttft_s=self.hold_s / 2,
+            latency_s=self.hold_s,
+        )
 
     async def aclose(self) -> None:
         pass
@@ -86,11 +92,31 @@ async def test_run_level_keeps_exactly_c_in_flight(c, n):
 
 
 def test_summarize_figures_from_known_records():
-    recs = [RequestRecord(0.0, 1.0, True, ttft_s=0.2, latency_s=1.0, tpot_s=0.1, input_tokens=5,
-                          output_tokens=9, chunk_gaps_s=[0.1] * 8),
-            RequestRecord(0.0, 2.0, True, ttft_s=0.5, latency_s=2.0, tpot_s=0.15, input_tokens=7,
-                          output_tokens=11, chunk_gaps_s=[0.2, 0.1]),
-            RequestRecord(0.5, 1.5, False, error_kind="timeout")]
+    recs = [
+        RequestRecord(
+            0.0,
+            1.0,
+            True,
+            ttft_s=0.2,
+            latency_s=1.0,
+            tpot_s=0.1,
+            input_tokens=5,
+            output_tokens=9,
+            chunk_gaps_s=[0.1] * 8,
+        ),
+        RequestRecord(
+            0.0,
+            2.0,
+            True,
+            ttft_s=0.5,
+            latency_s=2.0,
+            tpot_s=0.15,
+            input_tokens=7,
+            output_tokens=11,
+            chunk_gaps_s=[0.2, 0.1],
+        ),
+        RequestRecord(0.5, 1.5, False, error_kind="timeout"),
+    ]
     lv = summarize(2, recs, 2.0, 2, Targets(latency_s=1.5, ttft_s=1.0))
     assert (lv.requests, lv.errors) == (3, 1)
     assert lv.output_tok_s == pytest.approx(20 / 2.0)
@@ -106,8 +132,10 @@ def test_summarize_figures_from_known_records():
 
 def test_load_prompts_formats_and_errors(tmp_path):
     good = tmp_path / "p.jsonl"
-    good.write_text('{"prompt": "hi", "max_tokens": 7}\n\n'
-                    '{"messages": [{"role": "user", "content": "yo"}], "system": "s"}\n')
+    good.write_text(
+        '{"prompt": "hi", "max_tokens": 7}\n\n'
+        '{"messages": [{"role": "user", "content": "yo"}], "system": "s"}\n'
+    )
     a, b = load_prompts(good)
     assert a.settings.max_tokens == 7 and a.chat == [{"role": "user", "content": "hi"}]
     assert b.system == "s" and b.settings.max_tokens == 128
@@ -130,15 +158,22 @@ def test_load_prompts_from_a_suite(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"q": "1+1", "a": "2"}\n{"q": "2+2", "a": "4"}\n')
     (tmp_path / "s.yaml").write_text(
         "name: s\ndataset: {path: d.jsonl}\nprompt: {template: 'Q: {{ q }}'}\n"
-        "generation: {max_tokens: 5}\ngrader: {type: exact_match, target: '{{ a }}'}\n")
+        "generation: {max_tokens: 5}\ngrader: {type: exact_match, target: '{{ a }}'}\n"
+    )
     reqs = load_prompts(tmp_path / "s.yaml")
     assert [r.prompt_text for r in reqs] == ["Q: 1+1", "Q: 2+2"]
     assert reqs[0].settings.max_tokens == 5
 
 
 def fake_candidate(server: FakeLLM, **kw) -> Candidate:
-    spec = dict(name="fake-gpu", provider="openai", model="served-model",
-                base_url=server.openai_base_url, gpu_hour_usd=2.0, timeout_s=10.0)
+    spec = dict(
+        name="fake-gpu",
+        provider="openai",
+        model="served-model",
+        base_url=server.openai_base_url,
+        gpu_hour_usd=2.0,
+        timeout_s=10.0,
+    )
     spec.update(kw)
     return Candidate(**spec)
 
@@ -196,16 +231,48 @@ def test_cli_bench_then_cost_compare(tmp_path):
             f"  - {{name: fake-gpu, provider: openai, model: m, base_url: '{server.openai_base_url}',"
             " gpu_hour_usd: 2.0, utilization: 0.5, max_concurrency: 4}\n"
             "  - {name: api-x, provider: openai, model: x, input_price_per_mtok: 1.0,"
-            " output_price_per_mtok: 3.0}\n")
+            " output_price_per_mtok: 3.0}\n"
+        )
         runner = CliRunner()
-        res = runner.invoke(cli, ["bench", "serving", "--candidate", "fake-gpu", "--config", str(cfg),
-                                  "--prompts", str(prompts), "--concurrency", "1,4", "--requests", "8",
-                                  "--db", str(db), "--json-out", str(tmp_path / "o.json")])
+        res = runner.invoke(
+            cli,
+            [
+                "bench",
+                "serving",
+                "--candidate",
+                "fake-gpu",
+                "--config",
+                str(cfg),
+                "--prompts",
+                str(prompts),
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+                "--db",
+                str(db),
+                "--json-out",
+                str(tmp_path / "o.json"),
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert "stored 2 rows" in res.output
         assert json.loads((tmp_path / "o.json").read_text())["levels"][1]["concurrency"] == 4
-        bad = runner.invoke(cli, ["bench", "serving", "--candidate", "nope", "--config", str(cfg),
-                                  "--prompts", str(prompts), "--db", str(db)])
+        bad = runner.invoke(
+            cli,
+            [
+                "bench",
+                "serving",
+                "--candidate",
+                "nope",
+                "--config",
+                str(cfg),
+                "--prompts",
+                str(prompts),
+                "--db",
+                str(db),
+            ],
+        )
         assert bad.exit_code != 0 and "no candidate 'nope'" in bad.output
     res = runner.invoke(cli, ["cost", "compare", "--config", str(cfg), "--db", str(db)])
     assert res.exit_code == 0, res.output
@@ -223,8 +290,15 @@ async def test_bench_local_checkpoint(tmp_path):
     pytest.importorskip("transformers")
     gc = _gpu_check()
     ckpt = gc.build_checkpoint(tmp_path / "ckpt", gc.ARCH_TINY)
-    cand = Candidate(name="tiny", provider="local", model=ckpt["path"], variant="fp32",
-                     device="cpu", gpu_hour_usd=1.0, max_concurrency=4)
+    cand = Candidate(
+        name="tiny",
+        provider="local",
+        model=ckpt["path"],
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=4,
+    )
     reqs = [req("add: 12+7=", 6), req("sort: 9381=", 6)]
     report = await bench_serving(cand, reqs, [1, 4], 4)
     for lv in report.levels:
@@ -255,8 +329,15 @@ def test_locked_database_is_one_clear_error(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("candidates:\n  - {name: g, provider: local, model: m, gpu_hour_usd: 1.0}\n")
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); "
-         "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); "
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         res = CliRunner().invoke(cli, ["cost", "compare", "--config", str(cfg), "--db", str(db)])
@@ -268,9 +349,11 @@ def test_locked_database_is_one_clear_error(tmp_path):
 
 
 def test_summarize_acceptance_of_a_draft():
-    recs = [RequestRecord(0.0, 1.0, True, output_tokens=9, draft_tokens=12, accepted_draft_tokens=6),
-            RequestRecord(0.0, 1.0, True, output_tokens=5, draft_tokens=6, accepted_draft_tokens=0),
-            RequestRecord(0.0, 1.0, False, error_kind="timeout")]
+    recs = [
+        RequestRecord(0.0, 1.0, True, output_tokens=9, draft_tokens=12, accepted_draft_tokens=6),
+        RequestRecord(0.0, 1.0, True, output_tokens=5, draft_tokens=6, accepted_draft_tokens=0),
+        RequestRecord(0.0, 1.0, False, error_kind="timeout"),
+    ]
     lv = summarize(2, recs, 1.0, 2, num_draft=3)
     assert lv.acceptance_rate == pytest.approx(6 / 18)
     assert lv.mean_accepted_length == pytest.approx(1 + 6 / (18 / 3))  # 6 verification steps
@@ -291,22 +374,43 @@ def test_cli_bench_a_draft_with_its_baseline(tmp_path, repo_root):
         "candidates:\n"
         f"  - {{name: zoo-s, provider: local, model: {zoo / 'zoo-s'}, gpu_hour_usd: 0.5}}\n"
         f"  - {{name: zoo-l-spec, provider: local, model: {zoo / 'zoo-l'}, gpu_hour_usd: 2.0,"
-        " device: cpu, speculative: {model: zoo-s, num_speculative_tokens: 3}}\n")
+        " device: cpu, speculative: {model: zoo-s, num_speculative_tokens: 3}}\n"
+    )
     db = tmp_path / "db.duckdb"
     from routeopt.evals.selfhost import serving
 
     old_schema = serving.SCHEMA.replace(
-        "acceptance_rate DOUBLE, mean_accepted_length DOUBLE, draft_model VARCHAR,", "")
+        "acceptance_rate DOUBLE, mean_accepted_length DOUBLE, draft_model VARCHAR,", ""
+    )
     assert old_schema != serving.SCHEMA
     con = duckdb.connect(str(db))  # a table from before the speculative columns existed
     con.execute(old_schema)
-    con.execute("INSERT INTO serving_runs (bench_id, candidate, concurrency, created_at) "
-                "VALUES ('old', 'x', 1, now())")
+    con.execute(
+        "INSERT INTO serving_runs (bench_id, candidate, concurrency, created_at) "
+        "VALUES ('old', 'x', 1, now())"
+    )
     con.close()
-    res = CliRunner().invoke(cli, [
-        "bench", "serving", "--candidate", "zoo-l-spec", "--config", str(cfg), "--prompts",
-        str(repo_root / "evals" / "suites" / "sort.yaml"), "--concurrency", "1,4", "--requests",
-        "8", "--db", str(db), "--json-out", str(tmp_path / "o.json")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "serving",
+            "--candidate",
+            "zoo-l-spec",
+            "--config",
+            str(cfg),
+            "--prompts",
+            str(repo_root / "evals" / "suites" / "sort.yaml"),
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "8",
+            "--db",
+            str(db),
+            "--json-out",
+            str(tmp_path / "o.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "draft accept" in res.output and "zoo-l-spec:no-draft" in res.output
     assert "output tok/s with the draft / without: c=1: " in res.output
@@ -315,12 +419,18 @@ def test_cli_bench_a_draft_with_its_baseline(tmp_path, repo_root):
     assert set(out["speedup_by_concurrency"]) == {"1", "4"}
     assert out["without_draft"]["levels"][0]["acceptance_rate"] is None
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("SELECT candidate, concurrency, acceptance_rate, mean_accepted_length, "
-                       "draft_model FROM serving_runs WHERE bench_id != 'old' "
-                       "ORDER BY candidate, concurrency").fetchall()
+    rows = con.execute(
+        "SELECT candidate, concurrency, acceptance_rate, mean_accepted_length, "
+        "draft_model FROM serving_runs WHERE bench_id != 'old' "
+        "ORDER BY candidate, concurrency"
+    ).fetchall()
     con.close()
-    assert [r[:2] for r in rows] == [("zoo-l-spec", 1), ("zoo-l-spec", 4),
-                                     ("zoo-l-spec:no-draft", 1), ("zoo-l-spec:no-draft", 4)]
+    assert [r[:2] for r in rows] == [
+        ("zoo-l-spec", 1),
+        ("zoo-l-spec", 4),
+        ("zoo-l-spec:no-draft", 1),
+        ("zoo-l-spec:no-draft", 4),
+    ]
     for name, _, rate, length, draft in rows:
         if name == "zoo-l-spec":
             assert 0 < rate < 1 and 1 < length < 4 and draft == str(zoo / "zoo-s")

@@ -85,9 +85,11 @@ def test_tokenizer_is_char_level_with_raw_chat_template() -> None:
     ids = tok("add: 12+3=", add_special_tokens=False)["input_ids"]
     assert len(ids) == len("add: 12+3=")
     assert tok.decode(ids) == "add: 12+3="
-    text = tok.apply_chat_template([{"role": "system", "content": "ignored"},
-                                    {"role": "user", "content": "sort: 321="}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": "ignored"}, {"role": "user", "content": "sort: 321="}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text == "<bos>sort: 321="
 
 
@@ -100,16 +102,29 @@ def test_micro_build_is_deterministic_and_loadable(tmp_path: Path) -> None:
     other = zoo.ModelSpec("micro2", hidden=8, layers=1, heads=2, steps=2, lr=1e-3, batch=4)
     runs = []
     # sequential, parallel (2 processes) and another seed: only the seed may change the weights
-    for name, seed, specs, jobs in (("a", 0, [spec], 1), ("b", 0, [spec, other], 2),
-                                    ("c", 1, [spec], 1)):
-        info = zoo.build_zoo(tmp_path / name, seed=seed, specs=specs, threads=1, jobs=jobs,
-                             log=lambda _: None, measure_per_difficulty=1)
+    for name, seed, specs, jobs in (("a", 0, [spec], 1), ("b", 0, [spec, other], 2), ("c", 1, [spec], 1)):
+        info = zoo.build_zoo(
+            tmp_path / name,
+            seed=seed,
+            specs=specs,
+            threads=1,
+            jobs=jobs,
+            log=lambda _: None,
+            measure_per_difficulty=1,
+        )
         runs.append((tmp_path / name / "micro" / "model.safetensors").read_bytes())
         assert set(info["models"]["micro"]["pass_rates"]) == set(zoo.TASKS)
     assert runs[0] == runs[1] and runs[0] != runs[2]
     assert list(info["models"]) == ["micro"]
-    partial = zoo.build_zoo(tmp_path / "b", seed=0, specs=[spec, other], threads=1, only=["micro2"],
-                            log=lambda _: None, measure_per_difficulty=1)
+    partial = zoo.build_zoo(
+        tmp_path / "b",
+        seed=0,
+        specs=[spec, other],
+        threads=1,
+        only=["micro2"],
+        log=lambda _: None,
+        measure_per_difficulty=1,
+    )
     assert list(partial["models"]) == ["micro", "micro2"]  # the rebuilt one merged with the rest
     with pytest.raises(ValueError, match="'nope'"):
         zoo.build_zoo(tmp_path / "b", specs=[spec], only=["nope"])
@@ -119,8 +134,12 @@ def test_micro_build_is_deterministic_and_loadable(tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert tok.apply_chat_template([{"role": "user", "content": "add: 1+1="}], tokenize=False,
-                                   add_generation_prompt=True) == "<bos>add: 1+1="
+    assert (
+        tok.apply_chat_template(
+            [{"role": "user", "content": "add: 1+1="}], tokenize=False, add_generation_prompt=True
+        )
+        == "<bos>add: 1+1="
+    )
 
 
 def _hard_rate(info: dict, name: str, hard: tuple[str, ...] = ("5", "6")) -> float:

@@ -84,7 +84,7 @@ def test_an_earlier_run_is_compared_only_with_runs_before_it(regressed: Path):
 
 def test_statistics_helpers():
     assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(10, 10) == pytest.approx(1.0)
-    assert mcnemar_p(12, 0) == pytest.approx(2 * 0.5 ** 12)  # 12 items got worse, none better
+    assert mcnemar_p(12, 0) == pytest.approx(2 * 0.5**12)  # 12 items got worse, none better
     assert mcnemar_p(0, 12) == mcnemar_p(12, 0)  # two-sided
     qs = bh_adjust([0.01, 0.04, 0.03, 0.5])
     assert qs[0] == pytest.approx(0.04) and qs[3] == pytest.approx(0.5)
@@ -120,7 +120,7 @@ def test_the_same_items_are_compared_pairwise(tmp_path: Path):
         report = detect_drift(store, "now")
     drop = _find(report, "m", "s", "pass_rate")
     assert len(drop) == 1 and drop[0].severity == "regression"
-    assert drop[0].p_value == pytest.approx(2 * 0.5 ** 8)
+    assert drop[0].p_value == pytest.approx(2 * 0.5**8)
     assert (drop[0].baseline, drop[0].current) == (pytest.approx(0.8), pytest.approx(40 / 60))
 
 
@@ -128,8 +128,11 @@ def test_timeouts_count_as_failures_and_our_errors_do_not(tmp_path: Path):
     """A model that starts timing out on half the items has regressed in pass rate, not only in
     error rate; items an open breaker or a spend cap kept from it are no evidence either way."""
     before = [_graded(True) for _ in range(60)]
-    now = ([_graded(True) for _ in range(20)] + [dict(error_kind="timeout") for _ in range(20)]
-           + [dict(error_kind="circuit_open") for _ in range(20)])
+    now = (
+        [_graded(True) for _ in range(20)]
+        + [dict(error_kind="timeout") for _ in range(20)]
+        + [dict(error_kind="circuit_open") for _ in range(20)]
+    )
     with _two_nights(tmp_path / "db.duckdb", before, now) as store:
         report = detect_drift(store, "now")
     drop = _find(report, "m", "s", "pass_rate")

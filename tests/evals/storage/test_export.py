@@ -80,10 +80,14 @@ def test_cli_export_and_drift(db: Path, tmp_path: Path):
     from routeopt.flows.cli import cli
 
     runner = CliRunner()
-    res = runner.invoke(cli, ["export", "parquet", "--db", str(db), "--out", str(tmp_path / "o"), "--run", "run-02"])
+    res = runner.invoke(
+        cli, ["export", "parquet", "--db", str(db), "--out", str(tmp_path / "o"), "--run", "run-02"]
+    )
     assert res.exit_code == 0, res.output
     assert "wrote 48 outcomes of 1 runs in 2 files" in res.output
-    res = runner.invoke(cli, ["export", "parquet", "--db", str(db), "--out", str(tmp_path / "o"), "--run", "zz"])
+    res = runner.invoke(
+        cli, ["export", "parquet", "--db", str(db), "--out", str(tmp_path / "o"), "--run", "zz"]
+    )
     assert res.exit_code == 1 and "no outcomes for run(s) ['zz']" in res.output
     res = runner.invoke(cli, ["drift", "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output

@@ -7,11 +7,35 @@ from routeopt.evals.storage.importer import OutcomeImportError, import_outcomes
 from routeopt.evals.storage.store import Store
 
 ROWS = [
-    {"request_id": "q1", "suite": "math", "prompt": "2+2?", "model": "small", "score": 1.0, "cost_usd": 0.001},
+    {
+        "request_id": "q1",
+        "suite": "math",
+        "prompt": "2+2?",
+        "model": "small",
+        "score": 1.0,
+        "cost_usd": 0.001,
+    },
     {"request_id": "q1", "suite": "math", "prompt": "2+2?", "model": "big", "score": 1.0, "cost_usd": 0.01},
-    {"request_id": "q2", "suite": "math", "prompt": "17*23?", "model": "small", "score": 0.0, "cost_usd": 0.001,
-     "input_tokens": 5, "output_tokens": 3, "latency_s": 0.2, "response": "381"},
-    {"request_id": "q2", "suite": "math", "prompt": "17*23?", "model": "big", "score": 1.0, "cost_usd": 0.012},
+    {
+        "request_id": "q2",
+        "suite": "math",
+        "prompt": "17*23?",
+        "model": "small",
+        "score": 0.0,
+        "cost_usd": 0.001,
+        "input_tokens": 5,
+        "output_tokens": 3,
+        "latency_s": 0.2,
+        "response": "381",
+    },
+    {
+        "request_id": "q2",
+        "suite": "math",
+        "prompt": "17*23?",
+        "model": "big",
+        "score": 1.0,
+        "cost_usd": 0.012,
+    },
     {"request_id": "w1", "prompt": "Say hi", "model": "small", "score": 1.0},
 ]
 
@@ -22,8 +46,12 @@ def _write(frame: pd.DataFrame, path):
     elif path.suffix == ".csv":
         frame.to_csv(path, index=False)
     else:
-        path.write_text("".join(json.dumps({k: v for k, v in r.items() if v == v}) + "\n"
-                                for r in frame.to_dict(orient="records")))
+        path.write_text(
+            "".join(
+                json.dumps({k: v for k, v in r.items() if v == v}) + "\n"
+                for r in frame.to_dict(orient="records")
+            )
+        )
     return path
 
 
@@ -72,13 +100,16 @@ def test_missing_columns_are_named(tmp_path, store):
         import_outcomes(path, store)
 
 
-@pytest.mark.parametrize("column, value, message", [
-    ("score", "high", r"row 3 \(line 4\), column 'score'"),
-    ("score", 2.0, r"row 3 \(line 4\), column 'score'.*\[0, 1\]"),
-    ("cost_usd", -1.0, r"row 3 \(line 4\), column 'cost_usd'"),
-    ("input_tokens", 1.5, r"row 3 \(line 4\), column 'input_tokens'"),
-    ("model", None, r"row 3 \(line 4\), column 'model'"),
-])
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("score", "high", r"row 3 \(line 4\), column 'score'"),
+        ("score", 2.0, r"row 3 \(line 4\), column 'score'.*\[0, 1\]"),
+        ("cost_usd", -1.0, r"row 3 \(line 4\), column 'cost_usd'"),
+        ("input_tokens", 1.5, r"row 3 \(line 4\), column 'input_tokens'"),
+        ("model", None, r"row 3 \(line 4\), column 'model'"),
+    ],
+)
 def test_bad_rows_name_row_and_column(tmp_path, store, column, value, message):
     frame = pd.DataFrame(ROWS).astype(object)
     frame.loc[2, column] = value

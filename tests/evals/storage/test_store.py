@@ -9,8 +9,15 @@ from routeopt.evals.storage.store import Outcome, Store
 
 def _outcome(item: str, cand: str = "m", passed: bool = True, run: str = "r1") -> Outcome:
     return Outcome(
-        run_id=run, suite="s", suite_version="v1", item_id=item, candidate=cand,
-        passed=passed, score=1.0 if passed else 0.0, cost_usd=0.001, latency_s=0.2,
+        run_id=run,
+        suite="s",
+        suite_version="v1",
+        item_id=item,
+        candidate=cand,
+        passed=passed,
+        score=1.0 if passed else 0.0,
+        cost_usd=0.001,
+        latency_s=0.2,
     )
 
 
@@ -38,8 +45,16 @@ def test_done_items_and_training_frame(store: Store) -> None:
     assert list(frame["prompt"]) == ["p1"]
 
 
-CANDIDATE_FAILURES = ("timeout", "truncated_stream", "client_error", "server_error", "bad_response",
-                      "rate_limited", "connection", "empty_content")
+CANDIDATE_FAILURES = (
+    "timeout",
+    "truncated_stream",
+    "client_error",
+    "server_error",
+    "bad_response",
+    "rate_limited",
+    "connection",
+    "empty_content",
+)
 
 
 OUR_ERRORS = ("budget", "circuit_open", "auth", "config", "internal", "grader_error", "cancelled")
@@ -51,11 +66,23 @@ def test_the_candidates_errors_are_failures_and_ours_are_excluded(tmp_path: Path
     with Store(tmp_path / "x.duckdb") as store:
         store.begin_run("r1")
         store.register_suite("s", "v1", {}, [(str(i), f"p{i}", {}) for i in range(len(kinds))])
-        store.write_outcomes([
-            Outcome("r1", "s", "v1", str(i), "m", error_kind=k, error=k,
-                    passed=True if k is None else None, score=1.0 if k is None else None,
-                    cost_usd=0.004 if k is None else (0.002 if k == "timeout" else None))
-            for i, k in enumerate(kinds)])
+        store.write_outcomes(
+            [
+                Outcome(
+                    "r1",
+                    "s",
+                    "v1",
+                    str(i),
+                    "m",
+                    error_kind=k,
+                    error=k,
+                    passed=True if k is None else None,
+                    score=1.0 if k is None else None,
+                    cost_usd=0.004 if k is None else (0.002 if k == "timeout" else None),
+                )
+                for i, k in enumerate(kinds)
+            ]
+        )
         frame = store.training_frame().set_index("item_id")
     labelled = {str(i) for i, k in enumerate(kinds) if k is None or k in CANDIDATE_FAILURES}
     assert set(frame.index) == labelled
@@ -68,17 +95,28 @@ def test_the_candidates_errors_are_failures_and_ours_are_excluded(tmp_path: Path
     assert frame.loc["2", "cost_usd"] == pytest.approx((0.004 + 0.002) / 2)
 
 
-def _night(store: Store, run_id: str, day: int, results: dict[str, list[bool]], *,
-           version: str = "v1", status: str = "completed") -> None:
+def _night(
+    store: Store,
+    run_id: str,
+    day: int,
+    results: dict[str, list[bool]],
+    *,
+    version: str = "v1",
+    status: str = "completed",
+) -> None:
     from datetime import datetime, timedelta, timezone
 
     store.begin_run(run_id)
     when = datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(days=day)
     store._write("UPDATE runs SET started_at = ? WHERE run_id = ?", [(when, run_id)])
     store.register_suite("s", version, {}, [(str(i), f"p{i}", {}) for i in range(3)])
-    store.write_outcomes([
-        Outcome(run_id, "s", version, str(i), cand, passed=ok, score=float(ok), cost_usd=0.001)
-        for cand, oks in results.items() for i, ok in enumerate(oks)])
+    store.write_outcomes(
+        [
+            Outcome(run_id, "s", version, str(i), cand, passed=ok, score=float(ok), cost_usd=0.001)
+            for cand, oks in results.items()
+            for i, ok in enumerate(oks)
+        ]
+    )
     store.finish_run(run_id, status)
 
 
@@ -131,8 +169,12 @@ def test_a_candidate_the_run_never_measured_may_be_fixed_before_resuming(store: 
     of it, so its fixed configuration resumes the run, and the run records the fix."""
     from routeopt.evals.storage.store import ResumeConflict
 
-    store.write_outcomes([Outcome("r1", "s", "v1", i, "m", error_kind="misconfigured",
-                                  error="config: HTTP 404: Not Found") for i in ("1", "2")])
+    store.write_outcomes(
+        [
+            Outcome("r1", "s", "v1", i, "m", error_kind="misconfigured", error="config: HTTP 404: Not Found")
+            for i in ("1", "2")
+        ]
+    )
     fixed = {"m": {"provider": "openai", "model": "gpt", "base_url": "http://right/v1"}}
     store.check_resume("r1", fixed, {"s": "v1"})
     store.begin_run("r1", candidates=[{"name": "m", **fixed["m"]}])
@@ -183,15 +225,17 @@ def test_a_file_from_before_the_streamed_column_gains_it_and_keeps_its_rows(tmp_
     old_columns = [f.name for f in dataclasses.fields(Outcome) if f.name != "streamed"]
     with duckdb.connect(str(path)) as con:
         con.execute(old_schema)
-        con.execute(f"INSERT INTO outcomes ({', '.join(old_columns)}) VALUES "
-                    f"({', '.join('?' * len(old_columns))})",
-                    [{**dataclasses.asdict(_outcome("1")), "created_at": "2026-01-01"}[c]
-                     for c in old_columns])
+        con.execute(
+            f"INSERT INTO outcomes ({', '.join(old_columns)}) VALUES ({', '.join('?' * len(old_columns))})",
+            [{**dataclasses.asdict(_outcome("1")), "created_at": "2026-01-01"}[c] for c in old_columns],
+        )
     with Store(path) as s:
         s.write_outcomes([dataclasses.replace(_outcome("2"), streamed=False)])
         rows = s.query("SELECT item_id, passed, streamed FROM outcomes ORDER BY item_id")
-    assert rows.to_dict("records") == [{"item_id": "1", "passed": True, "streamed": None},
-                                       {"item_id": "2", "passed": True, "streamed": False}]
+    assert rows.to_dict("records") == [
+        {"item_id": "1", "passed": True, "streamed": None},
+        {"item_id": "2", "passed": True, "streamed": False},
+    ]
 
 
 def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(tmp_path: Path) -> None:
@@ -212,23 +256,48 @@ def test_the_same_error_on_every_call_is_a_configuration_error_and_is_excluded(t
     with Store(tmp_path / "x.duckdb") as store:
         store.begin_run("r1")
         store.register_suite("s", "v1", {}, [(str(i), f"p{i}", {}) for i in range(5)])
-        store.write_outcomes([
-            Outcome("r1", "s", "v1", str(i), cand, error_kind=e and e[0], error=e and e[1],
-                    passed=None if e else True, score=None if e else 1.0)
-            for cand, errs in rows.items() for i, e in enumerate(errs)])
+        store.write_outcomes(
+            [
+                Outcome(
+                    "r1",
+                    "s",
+                    "v1",
+                    str(i),
+                    cand,
+                    error_kind=e and e[0],
+                    error=e and e[1],
+                    passed=None if e else True,
+                    score=None if e else 1.0,
+                )
+                for cand, errs in rows.items()
+                for i, e in enumerate(errs)
+            ]
+        )
         found = store.mark_same_errors("r1")
         after = store.query("SELECT candidate, error_kind, error, passed FROM outcomes")
         frame = label_frame(after.assign(cached=False))
         resumable = store.done_items("r1", "s", "wrong-key")
-    assert found == [{"candidate": "dead-port", "n": 3, "error_kind": "connection", "error": refused},
-                     {"candidate": "wrong-key", "n": 5, "error_kind": "client_error", "error": bad_key},
-                     {"candidate": "wrong-path", "n": 3, "error_kind": "config",
-                      "error": "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)"}]
+    assert found == [
+        {"candidate": "dead-port", "n": 3, "error_kind": "connection", "error": refused},
+        {"candidate": "wrong-key", "n": 5, "error_kind": "client_error", "error": bad_key},
+        {
+            "candidate": "wrong-path",
+            "n": 3,
+            "error_kind": "config",
+            "error": "HTTP 404: Not Found (POST http://proxy/v2/chat/completions)",
+        },
+    ]
     marked = after[after.error_kind == "misconfigured"]
     assert sorted(marked.candidate.unique()) == ["dead-port", "wrong-key", "wrong-path"] and len(marked) == 11
     assert set(marked[marked.candidate == "wrong-key"].error) == {f"client_error: {bad_key}"}
     assert set(after[after.candidate == "dead-port"].error_kind) == {"misconfigured", "circuit_open"}
     excluded = frame.groupby("candidate").excluded.sum().to_dict()
-    assert excluded == {"wrong-key": 5, "dead-port": 5, "one-answer": 0, "two-calls": 0, "two-ways": 0,
-                        "wrong-path": 3}
+    assert excluded == {
+        "wrong-key": 5,
+        "dead-port": 5,
+        "one-answer": 0,
+        "two-calls": 0,
+        "two-ways": 0,
+        "wrong-path": 3,
+    }
     assert resumable == set()  # a resumed run calls them again, once the configuration is fixed

@@ -32,15 +32,19 @@ def test_csv_with_field_mapping(tmp_path: Path) -> None:
         w.writerow(["key", "question", "gold"])
         w.writerows([["k1", "2+2, really?", "4"], ["k2", "3+3", "6"]])
     rows = load_rows(DatasetSpec(path=path, id_field="key", fields={"answer": "gold"}), tmp_path)
-    assert rows.items == [("k1", {"key": "k1", "question": "2+2, really?", "gold": "4", "answer": "4"}),
-                          ("k2", {"key": "k2", "question": "3+3", "gold": "6", "answer": "6"})]
+    assert rows.items == [
+        ("k1", {"key": "k1", "question": "2+2, really?", "gold": "4", "answer": "4"}),
+        ("k2", {"key": "k2", "question": "3+3", "gold": "6", "answer": "6"}),
+    ]
 
 
 def test_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes("\ufeffid,q\n1,a\n".encode())
     (tmp_path / "d.jsonl").write_bytes('\ufeff{"id": "1", "q": "a"}\n'.encode())
     for name in ("d.csv", "d.jsonl"):
-        assert load_rows(DatasetSpec(path=tmp_path / name, id_field="id"), tmp_path).items == [("1", {"id": "1", "q": "a"})]
+        assert load_rows(DatasetSpec(path=tmp_path / name, id_field="id"), tmp_path).items == [
+            ("1", {"id": "1", "q": "a"})
+        ]
 
 
 def test_file_that_is_not_utf8(tmp_path: Path) -> None:

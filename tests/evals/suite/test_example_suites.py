@@ -67,11 +67,24 @@ def scripted_model(right: bool) -> Callable[[str], str]:
 
 def fleet(server: FakeLLM) -> Config:
     def cand(name: str) -> dict:
-        return dict(name=name, provider="openai", model=name, base_url=server.openai_base_url,
-                    input_price_per_mtok=1.0, output_price_per_mtok=2.0, timeout_s=10, max_retries=2)
+        return dict(
+            name=name,
+            provider="openai",
+            model=name,
+            base_url=server.openai_base_url,
+            input_price_per_mtok=1.0,
+            output_price_per_mtok=2.0,
+            timeout_s=10,
+            max_retries=2,
+        )
 
-    return Config(candidates=[Candidate(**cand("small-model")), Candidate(**cand("big-model")),
-                              Candidate(**cand("judge"))])
+    return Config(
+        candidates=[
+            Candidate(**cand("small-model")),
+            Candidate(**cand("big-model")),
+            Candidate(**cand("judge")),
+        ]
+    )
 
 
 NO_SANDBOX = isolation(False) if isinstance(isolation(False), str) else None
@@ -99,8 +112,19 @@ def test_examples_cover_every_grader_kind() -> None:
     for path in discover_suites(EXAMPLES):
         if (suite := load_example(path, cfg)) is not None:
             walk(suite.grader)
-    assert {"numeric", "multiple_choice", "json", "judge", "custom", "all", "weighted",
-            "regex", "not_contains", "exact_match", *([] if NO_SANDBOX else ["code"])} <= kinds
+    assert {
+        "numeric",
+        "multiple_choice",
+        "json",
+        "judge",
+        "custom",
+        "all",
+        "weighted",
+        "regex",
+        "not_contains",
+        "exact_match",
+        *([] if NO_SANDBOX else ["code"]),
+    } <= kinds
 
 
 @pytest.mark.parametrize("right", [True, False], ids=["right-answers", "wrong-answers"])
@@ -115,7 +139,10 @@ async def test_every_example_suite_runs_on_the_local_server(right: bool) -> None
             stats = await evaluate_pair(suite, cfg.candidate("small-model"), "run-1", rows.extend)
             assert stats.errors == 0, [(r.item_id, r.error) for r in rows if r.error]
             assert len(rows) == len(suite.items) and {r.item_id for r in rows} == {i.id for i in suite.items}
-            assert all(r.passed is right for r in rows), (suite.name, [(r.item_id, r.reason) for r in rows if r.passed is not right])
+            assert all(r.passed is right for r in rows), (
+                suite.name,
+                [(r.item_id, r.reason) for r in rows if r.passed is not right],
+            )
             if not right:
                 assert all(r.reason for r in rows), suite.name
 
@@ -128,7 +155,9 @@ async def test_overrides_and_few_shot_reach_the_wire() -> None:
             await evaluate_pair(suite, cfg.candidate(name), "run-o", lambda rows: None)
         bodies = [r.body for r in server.requests if r.path.endswith("/chat/completions")]
     by_model = {b["model"]: b for b in bodies}
-    assert by_model["small-model"].get("max_tokens", by_model["small-model"].get("max_completion_tokens")) == 64
+    assert (
+        by_model["small-model"].get("max_tokens", by_model["small-model"].get("max_completion_tokens")) == 64
+    )
     assert by_model["big-model"].get("max_tokens", by_model["big-model"].get("max_completion_tokens")) == 256
     roles = [m["role"] for m in by_model["small-model"]["messages"]]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
@@ -170,7 +199,9 @@ async def test_a_grader_that_raises_costs_only_its_item(tmp_path: Path) -> None:
     with FakeLLM() as server:
         cfg = fleet(server)
         rows: list[Outcome] = []
-        stats = await evaluate_pair(load_suite(path, config=cfg), cfg.candidate("small-model"), "r", rows.extend)
+        stats = await evaluate_pair(
+            load_suite(path, config=cfg), cfg.candidate("small-model"), "r", rows.extend
+        )
     by_id = {r.item_id: r for r in rows}
     assert stats.errors == 1 and by_id["q00002"].error_kind == "grader_error"
     assert "RuntimeError: grader bug on this item" in by_id["q00002"].error
@@ -179,8 +210,15 @@ async def test_a_grader_that_raises_costs_only_its_item(tmp_path: Path) -> None:
 
 async def test_judge_works_through_the_anthropic_protocol_too() -> None:
     with FakeLLM(answer_fn=scripted_model(True)) as server:
-        judge = Candidate(name="judge", provider="anthropic", model="judge-claude", timeout_s=10,
-                          base_url=server.anthropic_base_url, input_price_per_mtok=3, output_price_per_mtok=15)
+        judge = Candidate(
+            name="judge",
+            provider="anthropic",
+            model="judge-claude",
+            timeout_s=10,
+            base_url=server.anthropic_base_url,
+            input_price_per_mtok=3,
+            output_price_per_mtok=15,
+        )
         suite = load_suite(EXAMPLES / "summary-judge.yaml", config=Config(candidates=[judge]))
         item = suite.items[1]
         good = await suite.grader.grade(item.fields["reference"], item.fields)

@@ -48,10 +48,20 @@ grader: {type: numeric, target: "{{ answer }}"}
 
 
 def config(*names: str) -> Config:
-    return Config.model_validate({"candidates": [
-        {"name": n, "provider": "openai", "model": n, "input_price_per_mtok": 1, "output_price_per_mtok": 1}
-        for n in names
-    ]})
+    return Config.model_validate(
+        {
+            "candidates": [
+                {
+                    "name": n,
+                    "provider": "openai",
+                    "model": n,
+                    "input_price_per_mtok": 1,
+                    "output_price_per_mtok": 1,
+                }
+                for n in names
+            ]
+        }
+    )
 
 
 def problems(path: Path, cfg: Config | None = None) -> list[Problem]:
@@ -60,6 +70,7 @@ def problems(path: Path, cfg: Config | None = None) -> list[Problem]:
 
 # --- loading and requests ----------------------------------------------------------------------
 
+
 def test_loads_items_prompt_and_generation(tmp_path: Path) -> None:
     data(tmp_path)
     suite = load_suite(write(tmp_path, "s.yaml", BASE))
@@ -67,7 +78,9 @@ def test_loads_items_prompt_and_generation(tmp_path: Path) -> None:
     assert suite.items[3].fields["answer"] == 6
     req = suite.request(suite.items[3])
     assert [(m.role, m.content) for m in req.messages] == [
-        ("system", "Answer with a number."), ("user", "What is 3 + 3?")]
+        ("system", "Answer with a number."),
+        ("user", "What is 3 + 3?"),
+    ]
     assert req.settings.max_tokens == 8 and req.settings.temperature == 0.0
     assert suite.prompt_text(suite.items[3]) == "Answer with a number.\nWhat is 3 + 3?"
     assert len(suite.version) == 12 and suite.warnings == []
@@ -75,7 +88,11 @@ def test_loads_items_prompt_and_generation(tmp_path: Path) -> None:
 
 def test_chat_messages_and_stop(tmp_path: Path) -> None:
     data(tmp_path)
-    suite = load_suite(write(tmp_path, "s.yaml", """
+    suite = load_suite(
+        write(
+            tmp_path,
+            "s.yaml",
+            """
         name: chat
         dataset: {path: data.jsonl}
         prompt:
@@ -85,7 +102,9 @@ def test_chat_messages_and_stop(tmp_path: Path) -> None:
             - {role: user, content: "{{ question }}"}
         generation: {stop: ["\\n"], top_p: 0.5}
         grader: {type: numeric, target: "{{ answer }}"}
-    """))
+    """,
+        )
+    )
     req = suite.request(suite.items[1])
     assert [m.role for m in req.messages] == ["user", "assistant", "user"]
     assert req.messages[-1].content == "What is 1 + 1?" and req.system is None
@@ -97,7 +116,10 @@ def test_few_shot_from_another_file(tmp_path: Path) -> None:
     data(tmp_path)
     data(tmp_path, [{"q": f"{i}*2", "a": 2 * i} for i in range(20)], "train.jsonl")
     write(tmp_path, "_base.yaml", BASE)
-    path = write(tmp_path, "s.yaml", """include: _base.yaml
+    path = write(
+        tmp_path,
+        "s.yaml",
+        """include: _base.yaml
 prompt:
   few_shot:
     dataset: {path: train.jsonl}
@@ -105,7 +127,8 @@ prompt:
     seed: 4
     template: "Q: {{ q }}"
     answer: "A: {{ a }}"
-""")
+""",
+    )
     suite = load_suite(path)
     req = suite.request(suite.items[0])
     roles = [m.role for m in req.messages]
@@ -120,33 +143,49 @@ prompt:
 def test_few_shot_from_the_same_file_never_shows_an_item_its_own_answer(tmp_path: Path) -> None:
     data(tmp_path)
     write(tmp_path, "_base.yaml", BASE)
-    suite = load_suite(write(tmp_path, "s.yaml", """include: _base.yaml
+    suite = load_suite(
+        write(
+            tmp_path,
+            "s.yaml",
+            """include: _base.yaml
 prompt:
   few_shot: {dataset: {path: data.jsonl, id_field: id}, n: 3, answer: "{{ answer }}"}
-"""))
+""",
+        )
+    )
     shot_ids = {s.id for s in suite.few_shot}
     assert len(shot_ids) == 3 and not shot_ids & {i.id for i in suite.items}
     assert len(suite.items) == 7 and sorted(suite.skipped) == sorted(
-        f"item {i!r}: it is a few-shot example" for i in shot_ids)
+        f"item {i!r}: it is a few-shot example" for i in shot_ids
+    )
 
 
 def test_few_shot_template_errors_are_reported(tmp_path: Path) -> None:
     data(tmp_path)
     write(tmp_path, "_base.yaml", BASE)
-    path = write(tmp_path, "s.yaml", """include: _base.yaml
+    path = write(
+        tmp_path,
+        "s.yaml",
+        """include: _base.yaml
 prompt:
   few_shot: {dataset: {path: data.jsonl}, n: 2, answer: "{{ solution }}"}
-""")
+""",
+    )
     [p] = problems(path)
     assert p.field == "prompt.few_shot.answer" and "'solution' is undefined" in p.message
 
 
 def test_per_candidate_generation_overrides(tmp_path: Path) -> None:
     data(tmp_path)
-    path = write(tmp_path, "s.yaml", BASE + """
+    path = write(
+        tmp_path,
+        "s.yaml",
+        BASE
+        + """
 overrides:
   big: {generation: {max_tokens: 100, temperature: 0.3}}
-""")
+""",
+    )
     suite = load_suite(path, config=config("big", "small"))
     item = suite.items[0]
     assert suite.request(item).settings.max_tokens == 8
@@ -174,6 +213,7 @@ def test_limit_samples_deterministically_in_dataset_order(tmp_path: Path) -> Non
 
 # --- versions ------------------------------------------------------------------------------------
 
+
 def test_version_tracks_results_not_metadata_or_location(tmp_path: Path) -> None:
     data(tmp_path)
     v0 = load_suite(write(tmp_path, "s.yaml", BASE)).version
@@ -198,15 +238,20 @@ def test_custom_grader_code_changes_the_version(tmp_path: Path) -> None:
 
 # --- include -------------------------------------------------------------------------------------
 
+
 def test_include_deep_merges_and_resolves_paths_per_file(tmp_path: Path) -> None:
     data(tmp_path / "base")
     write(tmp_path / "base", "_base.yaml", BASE)
-    variant = write(tmp_path / "variants", "v.yaml", """
+    variant = write(
+        tmp_path / "variants",
+        "v.yaml",
+        """
         include: ../base/_base.yaml
         name: variant
         generation: {temperature: 0.5}
         prompt: {system: "Be brief."}
-    """)
+    """,
+    )
     suite = load_suite(variant)
     assert suite.name == "variant" and len(suite.items) == 10
     s = suite.request(suite.items[0])
@@ -217,12 +262,22 @@ def test_include_deep_merges_and_resolves_paths_per_file(tmp_path: Path) -> None
 
 def test_include_a_different_grader_type_replaces_it(tmp_path: Path) -> None:
     data(tmp_path)
-    write(tmp_path, "_base.yaml", BASE.replace('target: "{{ answer }}"}', 'target: "{{ answer }}", abs_tol: 0.5}'))
-    suite = load_suite(write(tmp_path, "v.yaml", """
+    write(
+        tmp_path,
+        "_base.yaml",
+        BASE.replace('target: "{{ answer }}"}', 'target: "{{ answer }}", abs_tol: 0.5}'),
+    )
+    suite = load_suite(
+        write(
+            tmp_path,
+            "v.yaml",
+            """
         include: _base.yaml
         name: v
         grader: {type: exact_match, target: "{{ answer }}"}
-    """))
+    """,
+        )
+    )
     assert suite.grader.type == "exact_match"
     patched = load_suite(write(tmp_path, "w.yaml", "include: _base.yaml\nname: w\ngrader: {abs_tol: 2}\n"))
     assert patched.grader.type == "numeric" and patched.grader.abs_tol == 2
@@ -250,6 +305,7 @@ def test_error_in_included_file_points_at_that_file(tmp_path: Path) -> None:
 
 
 # --- bad input: every problem, each with file, line and field ---------------------------------------
+
 
 def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
     path = write(tmp_path, "s.yaml", "name: x\ndataset: {path: a.jsonl\nprompt: y\n")
@@ -280,7 +336,10 @@ def test_top_level_not_a_mapping(tmp_path: Path) -> None:
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     data(tmp_path)
-    path = write(tmp_path, "s.yaml", """
+    path = write(
+        tmp_path,
+        "s.yaml",
+        """
         name: Bad Name
         dataset: {path: data.jsonl, id_field: id}
         prompt:
@@ -288,10 +347,16 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         generation: {max_tokens: 0}
         grader: {type: numeric, target: "{{ answer }}", abs_tol: -1}
         colour: blue
-    """)
+    """,
+    )
     found = {(p.line, p.field) for p in problems(path)}
-    assert {(1, "name"), (4, "prompt.template"), (5, "generation.max_tokens"),
-            (6, "grader.abs_tol"), (7, "colour")} <= found
+    assert {
+        (1, "name"),
+        (4, "prompt.template"),
+        (5, "generation.max_tokens"),
+        (6, "grader.abs_tol"),
+        (7, "colour"),
+    } <= found
     with pytest.raises(SuiteError) as err:
         load_suite(path)
     assert len(err.value.problems) >= 5 and f"{path}:4: prompt.template" in str(err.value)
@@ -313,7 +378,9 @@ def test_template_with_missing_field_names_items(tmp_path: Path) -> None:
 def test_grader_target_with_missing_field_is_caught_at_load(tmp_path: Path) -> None:
     data(tmp_path)
     [p] = problems(write(tmp_path, "s.yaml", BASE.replace("{{ answer }}", "{{ answr }}")))
-    assert p.field == "grader.target" and p.message == "'answr' is undefined (item 'q0', 'q1', 'q2' and 7 more)"
+    assert (
+        p.field == "grader.target" and p.message == "'answr' is undefined (item 'q0', 'q1', 'q2' and 7 more)"
+    )
 
 
 def test_template_syntax_error(tmp_path: Path) -> None:
@@ -340,13 +407,17 @@ def test_bad_rows_are_named_by_line_or_skipped(tmp_path: Path) -> None:
     assert f"{tmp_path / 'data.jsonl'}:2: not valid JSON" in p.message
     assert "data.jsonl:4: expected a JSON object" in p.message
     assert "data.jsonl:5: id_field: row has no 'id'" in p.message
-    suite = load_suite(write(tmp_path, "t.yaml", BASE.replace("id_field: id}", "id_field: id, skip_bad_rows: true}")))
+    suite = load_suite(
+        write(tmp_path, "t.yaml", BASE.replace("id_field: id}", "id_field: id, skip_bad_rows: true}"))
+    )
     assert [i.id for i in suite.items] == ["q0", "q1"] and len(suite.skipped) == 3
 
 
 def test_items_whose_template_fails_can_be_skipped(tmp_path: Path) -> None:
     data(tmp_path, [ROWS[0], {"id": "b", "answer": 2}, ROWS[2]])
-    suite = load_suite(write(tmp_path, "s.yaml", BASE.replace("id_field: id}", "id_field: id, skip_bad_rows: true}")))
+    suite = load_suite(
+        write(tmp_path, "s.yaml", BASE.replace("id_field: id}", "id_field: id, skip_bad_rows: true}"))
+    )
     assert [i.id for i in suite.items] == ["q0", "q2"]
     assert suite.skipped == ["item 'b': a template does not render"]
     assert [w.field for w in suite.warnings] == ["prompt.template"]
@@ -360,21 +431,29 @@ def test_duplicate_ids_are_an_error(tmp_path: Path) -> None:
 
 def test_prompt_needs_exactly_one_form(tmp_path: Path) -> None:
     data(tmp_path)
-    text = BASE.replace('  template: "{{ question }}"', '  template: "{{ question }}"\n  messages: [{role: user, content: x}]')
+    text = BASE.replace(
+        '  template: "{{ question }}"', '  template: "{{ question }}"\n  messages: [{role: user, content: x}]'
+    )
     [p] = problems(write(tmp_path, "s.yaml", text))
     assert p.field == "prompt" and "exactly one of `template`" in p.message
 
 
 def test_judge_needs_a_config(tmp_path: Path) -> None:
     data(tmp_path)
-    text = BASE.replace('{type: numeric, target: "{{ answer }}"}', '{type: judge, candidate: j, rubric: "{{ response }}"}')
+    text = BASE.replace(
+        '{type: numeric, target: "{{ answer }}"}', '{type: judge, candidate: j, rubric: "{{ response }}"}'
+    )
     path = write(tmp_path, "s.yaml", text)
     [p] = problems(path)
     assert p.field == "grader" and "config" in p.message
     [p] = problems(path, config("other"))
     assert "'j' is not in the config" in p.message
     assert load_suite(path, config=config("j")).grader.type == "judge"
-    typo = write(tmp_path, "t.yaml", text.replace('rubric: "{{ response }}"', 'rubric: "{{ response }} {{ refrence }}"'))
+    typo = write(
+        tmp_path,
+        "t.yaml",
+        text.replace('rubric: "{{ response }}"', 'rubric: "{{ response }} {{ refrence }}"'),
+    )
     [p] = problems(typo, config("j"))
     assert p.field == "grader.rubric" and "'refrence' is undefined" in p.message
 

@@ -44,11 +44,14 @@ def _config(tmp_path: Path, server: FakeLLM) -> Path:
     cfg = tmp_path / "routeopt.yaml"
     base = server.openai_base_url
     cfg.write_text(
-        "candidates:\n" + "".join(
+        "candidates:\n"
+        + "".join(
             f"  - {{name: {n}, provider: openai, model: {n}-model, base_url: '{base}', "
             "input_price_per_mtok: 1, output_price_per_mtok: 2, max_retries: 0}\n"
-            for n in ("weak", "strong", "judge"))
-        + "suites_dir: suites\ndb_path: db.duckdb\ntraffic: {judge: judge}\n")
+            for n in ("weak", "strong", "judge")
+        )
+        + "suites_dir: suites\ndb_path: db.duckdb\ntraffic: {judge: judge}\n"
+    )
     (tmp_path / "suites").mkdir()
     return cfg
 
@@ -63,8 +66,15 @@ def _log(tmp_path: Path) -> Path:
             if text:
                 rec["text"] = text
             records.append(rec)
-    records.append(decision("dup", time="2025-03-02T09:30:00Z", suite="billing",
-                            text="billing question 1 on day 02", prompt_hash="h02-1"))
+    records.append(
+        decision(
+            "dup",
+            time="2025-03-02T09:30:00Z",
+            suite="billing",
+            text="billing question 1 on day 02",
+            prompt_hash="h02-1",
+        )
+    )
     return write_log(tmp_path / "log" / "d.jsonl", records)
 
 
@@ -85,8 +95,13 @@ def test_import_traffic_writes_judge_suites_the_runner_evaluates(tmp_path, serve
     spec = yaml.safe_load(suite_file.read_text())
     assert spec["grader"]["type"] == "judge" and spec["grader"]["candidate"] == "judge"
     assert spec["dataset"]["path"] == "../data/traffic-billing.jsonl"
-    items = [json.loads(line) for line in (tmp_path / "data" / "traffic-billing.jsonl").read_text().splitlines()]
-    assert len({i["prompt"] for i in items}) == 6 and {i["day"] for i in items} == {"2025-03-01", "2025-03-02"}
+    items = [
+        json.loads(line) for line in (tmp_path / "data" / "traffic-billing.jsonl").read_text().splitlines()
+    ]
+    assert len({i["prompt"] for i in items}) == 6 and {i["day"] for i in items} == {
+        "2025-03-01",
+        "2025-03-02",
+    }
     assert all("question" in i["prompt"] and i["logged_suite"] == "billing" for i in items)
     assert "billing 2025-03-01: " in suite_file.read_text().splitlines()[0]
     cfg = load_config(cfg_path)
@@ -103,10 +118,24 @@ def test_import_traffic_writes_judge_suites_the_runner_evaluates(tmp_path, serve
 
 def test_reference_answers_come_from_the_strongest_candidate(tmp_path, server) -> None:
     cfg_path = _config(tmp_path, server)
-    _run("import", "traffic", str(_log(tmp_path)), "--sample", "4", "--config", str(cfg_path),
-         "--reference", "strong", "--name", "prod")
-    items = [json.loads(line) for f in sorted((tmp_path / "data").glob("prod-*.jsonl"))
-             for line in f.read_text().splitlines()]
+    _run(
+        "import",
+        "traffic",
+        str(_log(tmp_path)),
+        "--sample",
+        "4",
+        "--config",
+        str(cfg_path),
+        "--reference",
+        "strong",
+        "--name",
+        "prod",
+    )
+    items = [
+        json.loads(line)
+        for f in sorted((tmp_path / "data").glob("prod-*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     sent = [r.body for r in server.requests]
     assert len(items) == 4 and len(sent) == 4 and all(b["model"] == "strong-model" for b in sent)
     assert sorted(b["messages"][-1]["content"] for b in sent) == sorted(i["prompt"] for i in items)
@@ -119,10 +148,31 @@ def test_clear_errors(tmp_path, server) -> None:
     cfg_path = _config(tmp_path, server)
     hidden = write_log(tmp_path / "hidden.jsonl", [decision("a"), decision("b")])
     assert "none of the 2 logged decisions kept its text" in _run(
-        "import", "traffic", str(hidden), "--sample", "3", "--config", str(cfg_path), ok=False)
+        "import", "traffic", str(hidden), "--sample", "3", "--config", str(cfg_path), ok=False
+    )
     assert "--judge 'nobody' is not a candidate" in _run(
-        "import", "traffic", str(_log(tmp_path)), "--sample", "3", "--config", str(cfg_path),
-        "--judge", "nobody", ok=False)
+        "import",
+        "traffic",
+        str(_log(tmp_path)),
+        "--sample",
+        "3",
+        "--config",
+        str(cfg_path),
+        "--judge",
+        "nobody",
+        ok=False,
+    )
     assert "no champion policy" in _run(
-        "import", "traffic", str(_log(tmp_path)), "--sample", "3", "--config", str(cfg_path),
-        "--reference", "strongest", "--registry", str(tmp_path / "noreg"), ok=False)
+        "import",
+        "traffic",
+        str(_log(tmp_path)),
+        "--sample",
+        "3",
+        "--config",
+        str(cfg_path),
+        "--reference",
+        "strongest",
+        "--registry",
+        str(tmp_path / "noreg"),
+        ok=False,
+    )

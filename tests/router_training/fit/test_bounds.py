@@ -8,7 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routeopt.router_training.fit.bounds import (
-    Assumption, certified_targets, difficulty_cells, robust_certified_targets, worst_case_mix,
+    Assumption,
+    certified_targets,
+    difficulty_cells,
+    robust_certified_targets,
+    worst_case_mix,
 )
 
 
@@ -26,7 +30,8 @@ def test_equal_weights_are_the_plain_certificate_and_duplicates_are_weights():
     twice = np.r_[np.arange(3000), np.arange(1500)]
     w = np.r_[np.full(1500, 2.0), np.ones(1500)]
     assert certified_targets(a[None], r, 0.95, w)[0] == pytest.approx(
-        certified_targets(a[twice][None], r[twice], 0.95)[0], abs=0.003)
+        certified_targets(a[twice][None], r[twice], 0.95)[0], abs=0.003
+    )
 
 
 def test_weights_move_the_certificate_to_the_traffic_and_cost_their_effective_sample_size():
@@ -56,8 +61,11 @@ def test_the_worst_mix_is_feasible_and_no_feasible_mix_is_worse(g, gamma, seed):
     assert np.all(pi >= p / gamma - 1e-12) and np.all(pi <= np.minimum(1, gamma * p) + 1e-12)
     for _ in range(30):  # random feasible mixes never do worse
         other = np.clip(p * np.exp(rng.uniform(-np.log(gamma), np.log(gamma), g)), p / gamma, gamma * p)
-        if abs(other.sum() - 1) < 0.05 and np.all(other / other.sum() <= np.minimum(1, gamma * p) + 1e-12) \
-                and np.all(other / other.sum() >= p / gamma - 1e-12):
+        if (
+            abs(other.sum() - 1) < 0.05
+            and np.all(other / other.sum() <= np.minimum(1, gamma * p) + 1e-12)
+            and np.all(other / other.sum() >= p / gamma - 1e-12)
+        ):
             assert (pi * m).sum() <= (other / other.sum() * m).sum() + 1e-9
     assert np.allclose(worst_case_mix(m, p, 1.0), p)  # gamma 1: no room
 

@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from routeopt.router_training.evaluation.bench import scoring_data
 from routeopt.router_training.fit.data import routing_data
 from routeopt.router_training.fit.knob_fitting import (
-    DEFAULT_CONFIDENCE, Calibration, build_knob, certified_targets, hull_vertices, selection_half,
+    DEFAULT_CONFIDENCE,
+    Calibration,
+    build_knob,
+    certified_targets,
+    hull_vertices,
+    selection_half,
 )
 from routeopt.router_training.policy.routing import Knob, OperatingPoint, member_choice
 from routeopt.router_training.train import Design, train_router
@@ -30,8 +35,16 @@ def flat_fleet(n: int, seed: int) -> pd.DataFrame:
     for i in range(n):
         prompt = " ".join(rng.choice(CODE + MATH, size=8))
         for name, rate, cost in (("cheap", 0.5, 1e-4), ("mid", 0.75, 1e-3), ("dear", 0.9, 1e-2)):
-            rows.append({"request_id": f"q{seed}-{i}", "suite": "all", "prompt": prompt, "model": name,
-                         "score": float(rng.random() < rate), "cost_usd": cost})
+            rows.append(
+                {
+                    "request_id": f"q{seed}-{i}",
+                    "suite": "all",
+                    "prompt": prompt,
+                    "model": name,
+                    "score": float(rng.random() < rate),
+                    "cost_usd": cost,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -43,12 +56,22 @@ def specialist_fleet(n: int, seed: int) -> pd.DataFrame:
     for i in range(n):
         kind = "code" if i % 2 else "math"
         prompt = " ".join(rng.choice(CODE if kind == "code" else MATH, size=10))
-        skills = {"coder": 0.95 if kind == "code" else 0.15, "mathematician": 0.95 if kind == "math" else 0.15,
-                  "generalist": 0.9}
+        skills = {
+            "coder": 0.95 if kind == "code" else 0.15,
+            "mathematician": 0.95 if kind == "math" else 0.15,
+            "generalist": 0.9,
+        }
         for name, rate in skills.items():
-            rows.append({"request_id": f"{kind}-{seed}-{i}", "suite": "all", "prompt": prompt, "model": name,
-                         "score": float(rng.random() < rate),
-                         "cost_usd": 1e-2 if name == "generalist" else 1e-3})
+            rows.append(
+                {
+                    "request_id": f"{kind}-{seed}-{i}",
+                    "suite": "all",
+                    "prompt": prompt,
+                    "model": name,
+                    "score": float(rng.random() < rate),
+                    "cost_usd": 1e-2 if name == "generalist" else 1e-3,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -106,7 +129,7 @@ def test_an_advantage_only_on_the_requests_the_hull_was_chosen_on_certifies_noth
     y_alt = np.zeros(n)
     y_alt[tipped & half] = 1.0
     y_ref[tipped & half] = 0.0  # the cheap one passes where the reference fails: on this half only
-    y_alt[tipped & ~half] = (np.arange(n)[tipped & ~half] % 10 != 0)  # 10% worse on the other half
+    y_alt[tipped & ~half] = np.arange(n)[tipped & ~half] % 10 != 0  # 10% worse on the other half
     Y = np.column_stack([y_ref, y_alt])
     C = np.tile([1e-2, 1e-3], (n, 1))
     P = np.column_stack([np.full(n, 0.5), np.where(tipped, 0.9, 0.1)])
@@ -217,10 +240,15 @@ def test_a_promise_the_held_out_requests_refute_is_reported_as_broken():
     result = train_router(frame, holdout_fraction=0.3)
     policy = result.policy
     cheapest = policy.knob.points[0]
-    lying = replace(policy, knob=Knob(policy.knob.members, [replace(cheapest, certified=2.0)],
-                                      policy.knob.top, policy.knob.confidence))
+    lying = replace(
+        policy,
+        knob=Knob(
+            policy.knob.members, [replace(cheapest, certified=2.0)], policy.knob.top, policy.knob.confidence
+        ),
+    )
     test = routing_data(frame).subset(
-        np.flatnonzero(np.isin(routing_data(frame).request_ids, result.split["test"])))
+        np.flatnonzero(np.isin(routing_data(frame).request_ids, result.split["test"]))
+    )
     honest, lied = promise_report(policy, test, (0.9,)), promise_report(lying, test, (0.9,))
     assert honest["contradicted"] == 0
     row = lied["targets"][0]
@@ -262,9 +290,12 @@ def test_knob_rejects_points_that_do_not_rise():
     from routeopt.router_training.policy.routing import Member
 
     with pytest.raises(ValueError, match="rising"):
-        Knob([Member(*members[0])], [OperatingPoint(0, 0, 1.0, 0.9, 0.5, 1.0),
-                                      OperatingPoint(0, 0, 1.0, 0.8, 0.6, 2.0)],
-             OperatingPoint(0, 0, 1.0, -math.inf, 0.6, 2.0), 0.9)
+        Knob(
+            [Member(*members[0])],
+            [OperatingPoint(0, 0, 1.0, 0.9, 0.5, 1.0), OperatingPoint(0, 0, 1.0, 0.8, 0.6, 2.0)],
+            OperatingPoint(0, 0, 1.0, -math.inf, 0.6, 2.0),
+            0.9,
+        )
 
 
 def test_routing_data_of_a_test_file_scores_fractions(flat):

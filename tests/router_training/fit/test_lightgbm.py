@@ -20,10 +20,12 @@ from tests import REPO
 from tests.router_training.conftest import demo_frame
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-PROMPTS = [("Task: sort the input. difficulty: 1. Input: stone river", "sort"),
-           ("Task: add the input. difficulty: 5. Input: apple cloud tiger lemon piano rocket", "add"),
-           ("Task: reverse the input. difficulty: 3. Input: maple violet", "reverse"),
-           ("something else entirely?", None)]
+PROMPTS = [
+    ("Task: sort the input. difficulty: 1. Input: stone river", "sort"),
+    ("Task: add the input. difficulty: 5. Input: apple cloud tiger lemon piano rocket", "add"),
+    ("Task: reverse the input. difficulty: 3. Input: maple violet", "reverse"),
+    ("something else entirely?", None),
+]
 
 
 def _toy(n: int = 300, seed: int = 0) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -79,7 +81,9 @@ def test_save_load_round_trip_gives_identical_decisions(lgbm_result, tmp_path: P
     names = policy.save(tmp_path / "v3")
     assert sorted(names) == ["arrays.safetensors", "conformance.safetensors", "policy.json"]
     old = save_format_2(policy, tmp_path / "v2")
-    assert [n for n in old if n.startswith("lgbm_")] == [f"lgbm_{j}.txt" for j in range(len(policy.candidates))]
+    assert [n for n in old if n.startswith("lgbm_")] == [
+        f"lgbm_{j}.txt" for j in range(len(policy.candidates))
+    ]
     for loaded in (RoutingPolicy.load(tmp_path / "v3"), RoutingPolicy.load(tmp_path / "v2")):
         for prompt, suite in PROMPTS:
             assert loaded.decide(prompt, suite) == policy.decide(prompt, suite)
@@ -99,8 +103,11 @@ def test_portable_trees_give_lightgbms_own_raw_scores_to_the_bit(lgbm_result) ->
     X = design_matrix(frame.prompt.tolist(), frame.suite.tolist(), spec).toarray()
     X[:3] = 0.0  # every feature at zero: LightGBM's zero-as-missing branch
     for j, text in enumerate(scorer.texts):
-        want = np.full(len(X), text) if isinstance(text, float) else \
-            lgb.Booster(model_str=text).predict(X, raw_score=True)
+        want = (
+            np.full(len(X), text)
+            if isinstance(text, float)
+            else lgb.Booster(model_str=text).predict(X, raw_score=True)
+        )
         np.testing.assert_array_equal(scorer.logits_dense(X)[:, j], want)
 
 
@@ -141,8 +148,10 @@ def test_published_lightgbm_policy_routes_and_tampering_is_refused(lgbm_result, 
 
 
 def test_policy_module_imports_lightgbm_only_when_needed() -> None:
-    code = ("import sys, routeopt.router_training.policy.routing; "
-            "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import sys, routeopt.router_training.policy.routing; "
+        "bad = {'lightgbm', 'scipy', 'sklearn', 'pandas'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
@@ -159,8 +168,21 @@ def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> N
     demo_frame(n_items=50, seed=1).to_parquet(train)
     demo_frame(n_items=25, seed=2).to_parquet(test)
     runner = CliRunner()
-    r = runner.invoke(cli, ["bench", "router", "--train", str(train), "--test", str(test),
-                            "--estimator", "lightgbm", "--json", str(tmp_path / "r.json")])
+    r = runner.invoke(
+        cli,
+        [
+            "bench",
+            "router",
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+            "--estimator",
+            "lightgbm",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     table = json.loads((tmp_path / "r.json").read_text())[0]["table"]
     assert {"knob", "reference", "zero_router"} <= set(table) and table["knob"]["aiq"] > 0
@@ -169,7 +191,9 @@ def test_cli_train_and_bench_take_an_estimator(tmp_path: Path, monkeypatch) -> N
     assert runner.invoke(cli, ["import", "outcomes", str(train), "--db", str(db)]).exit_code == 0
     r = runner.invoke(cli, ["train", "--db", str(db), "--registry", str(registry), "--estimator", "lightgbm"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"])
+    r = runner.invoke(
+        cli, ["route", "--policy", str(registry), "Task: add. difficulty: 2.", "--suite", "add"]
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["model"] in {"tiny", "small", "medium", "large"}
     (folder,) = registry.glob("versions/*")
@@ -183,8 +207,12 @@ def test_boosters_train_on_a_dask_cluster_through_lightgbms_dask_interface() -> 
     pytest.importorskip("dask.array")
     distributed = pytest.importorskip("distributed")
     X, Y = _toy(400)
-    with distributed.LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, processes=False, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         est = LightGBMPassEstimator(n_estimators=30, seed=0, client=client).fit(X, Y)
         result = train_router(demo_frame(n_items=40), seed=0, estimator="lightgbm", client=client)
     P = est.predict_proba(X)

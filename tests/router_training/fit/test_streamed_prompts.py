@@ -17,9 +17,22 @@ def test_store_frame_holds_each_prompt_once_and_trains_like_repeated_text(tmp_pa
     with Store(tmp_path / "x.duckdb") as store:
         store.begin_run("r1")
         store.register_suite("s", "v1", {}, [(i, p, {}) for i, p in prompts.items()])
-        store.write_outcomes([Outcome("r1", "s", "v1", i, m, passed=(int(i) + j) % 2 == 0,
-                                      score=float((int(i) + j) % 2 == 0), cost_usd=0.001 * (j + 1))
-                              for i in prompts for j, m in enumerate(("a", "b", "c"))])
+        store.write_outcomes(
+            [
+                Outcome(
+                    "r1",
+                    "s",
+                    "v1",
+                    i,
+                    m,
+                    passed=(int(i) + j) % 2 == 0,
+                    score=float((int(i) + j) % 2 == 0),
+                    cost_usd=0.001 * (j + 1),
+                )
+                for i in prompts
+                for j, m in enumerate(("a", "b", "c"))
+            ]
+        )
         frame = store.training_frame()
     assert isinstance(frame["prompt"].dtype, pd.CategoricalDtype)
     assert sorted(frame["prompt"].cat.categories) == ["other words?", "the same words"]  # once each

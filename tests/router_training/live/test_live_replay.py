@@ -58,8 +58,7 @@ def test_feedback_missing_at_random_still_covers(tmp_path, pair, fleet) -> None:
     champion, second = pair
     true_pass, _ = tr.truth(second, fleet)
     registry = tr.publish_pair(tmp_path, champion, second)
-    path = tr.replay(registry, fleet, tmp_path, mode="shadow", seed=5, rate=0.2, reps=2,
-                     feedback_share=0.6)
+    path = tr.replay(registry, fleet, tmp_path, mode="shadow", seed=5, rate=0.2, reps=2, feedback_share=0.6)
     est = tr.estimate(path, second, 2, "shadow")
     assert 300 < est.n_evaluated < 450 and est.n_logged == 600
     assert within(est.pass_rate["dr"], true_pass)

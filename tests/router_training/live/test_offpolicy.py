@@ -38,8 +38,12 @@ def test_snips_stays_within_the_rewards(data) -> None:
         assert math.isnan(est.value)
 
 
-@given(st.lists(st.floats(0, 1), min_size=3, max_size=3), st.lists(st.floats(0, 1), min_size=3, max_size=3),
-       st.floats(0.05, 1.0), st.integers(0, 2))
+@given(
+    st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    st.floats(0.05, 1.0),
+    st.integers(0, 2),
+)
 @settings(max_examples=60)
 def test_ips_and_dr_are_unbiased_over_the_logging_distribution(y, g, rate, target) -> None:
     """Enumerate every action the logging policy could take (epsilon-greedy over 3 models, greedy
@@ -49,8 +53,9 @@ def test_ips_and_dr_are_unbiased_over_the_logging_distribution(y, g, rate, targe
     mu[0] += 1 - rate
     y, g = np.array(y), np.array(g)
     ips_mean = sum(mu[a] * ope.ips_terms([y[a]], [(a == target) / mu[a]])[0] for a in range(3))
-    dr_mean = sum(mu[a] * ope.dr_terms([y[a]], [(a == target) / mu[a]], [g[a]], [g[target]])[0]
-                  for a in range(3))
+    dr_mean = sum(
+        mu[a] * ope.dr_terms([y[a]], [(a == target) / mu[a]], [g[a]], [g[target]])[0] for a in range(3)
+    )
     assert ips_mean == pytest.approx(y[target])
     assert dr_mean == pytest.approx(y[target])
 
@@ -142,13 +147,16 @@ def test_a_reward_model_floor_keeps_lucky_intervals_honest() -> None:
     """Few explored requests can make the sample variance 0; the model's predicted variance
     then sets the standard error (and a larger sample variance still wins)."""
     g = np.full(100, 0.5)
-    flat = ope.doubly_robust(np.full(100, 0.5), np.zeros(100), g, g, model_variance=ope.dr_model_variance(g, np.full(100, 0.04)))
+    flat = ope.doubly_robust(
+        np.full(100, 0.5), np.zeros(100), g, g, model_variance=ope.dr_model_variance(g, np.full(100, 0.04))
+    )
     assert flat.se == pytest.approx(math.sqrt(0.25 / 0.04 / 100))
     assert ope.doubly_robust(np.full(100, 0.5), np.zeros(100), g, g).se == 0.0
     noisy = np.r_[np.zeros(50), np.ones(50)] * 40
     wide = ope.doubly_robust(noisy, np.ones(100), np.zeros(100), np.zeros(100), model_variance=np.zeros(100))
     assert wide.se == pytest.approx(noisy.std(ddof=1) / 10)
     assert ope.dr_model_variance([0.5, 0.5], [0.0, 0.5]).tolist() == [0.25, 0.5]
-    diff = ope.paired_difference(np.ones(100), np.ones(100), model_variance=np.full(100, 4.0),
-                                 baseline_diff=np.zeros(100))
+    diff = ope.paired_difference(
+        np.ones(100), np.ones(100), model_variance=np.full(100, 4.0), baseline_diff=np.zeros(100)
+    )
     assert diff.value == 0 and diff.se == pytest.approx(0.2)

@@ -10,11 +10,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from routeopt.artifacts.publish.promotion import PromotionDecision, decide_promotion, rollout_evidence, with_live_evidence
+from routeopt.artifacts.publish.promotion import (
+    PromotionDecision,
+    decide_promotion,
+    rollout_evidence,
+    with_live_evidence,
+)
 from routeopt.evals.storage.store import Store
 from routeopt.evals.storage.traffic import import_decisions, import_feedback, load_traffic
 from routeopt.flows.cli import cli
-from routeopt.router_training.live.promise import Comparison, PolicyOnTraffic, canary_arms, evaluate, live_comparison
+from routeopt.router_training.live.promise import (
+    Comparison,
+    PolicyOnTraffic,
+    canary_arms,
+    evaluate,
+    live_comparison,
+)
 from routeopt.router_training.live.offpolicy import Estimate
 from tests.artifacts.policies import make_policy, synthetic_frame
 from tests.benchmarks import load
@@ -49,8 +60,13 @@ class TextPolicy:
 
 
 def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) -> None:
-    shadow = {"channel": "candidate", "policy_version": 2, "model": "b",
-              "pass_probabilities": {"a": 0.3, "b": 0.7}, "expected_cost_usd": {"a": 0.001, "b": 0.01}}
+    shadow = {
+        "channel": "candidate",
+        "policy_version": 2,
+        "model": "b",
+        "pass_probabilities": {"a": 0.3, "b": 0.7},
+        "expected_cost_usd": {"a": 0.001, "b": 0.01},
+    }
     records = [
         decision("shadowed", "a", 0.95, shadow=shadow),
         decision("canary", "b", 0.95, channel="candidate", policy_version=2),
@@ -64,8 +80,12 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
     with Store(tmp_path / "db.duckdb") as store:
         import_decisions(write_log(tmp_path / "log.jsonl", records), store)
         fb = tmp_path / "fb.jsonl"
-        fb.write_text("".join(json.dumps({"request_id": r["request_id"], "passed": True, "cost_usd": 0.01})
-                              + "\n" for r in records))
+        fb.write_text(
+            "".join(
+                json.dumps({"request_id": r["request_id"], "passed": True, "cost_usd": 0.01}) + "\n"
+                for r in records
+            )
+        )
         import_feedback(fb, store)
         frame = load_traffic(store)
     policy = TextPolicy()
@@ -85,15 +105,19 @@ def test_a_policys_choices_come_from_its_records_shadows_or_kept_text(tmp_path) 
 def test_at_another_quality_target_a_policy_decides_again_where_it_logged_another_target(tmp_path) -> None:
     """A record routed at 0.9 says nothing about the policy's choice at 0.5: at 0.5 the policy
     decides again on the kept text, and a record without text is unknown."""
-    records = [decision("at-0.9-text", "a", 0.95, quality_target=0.9, policy_version=2, text="t1"),
-               decision("at-0.9-opaque", "a", 0.95, quality_target=0.9, policy_version=2),
-               decision("at-0.5", "a", 0.95, quality_target=0.5, policy_version=2)]
+    records = [
+        decision("at-0.9-text", "a", 0.95, quality_target=0.9, policy_version=2, text="t1"),
+        decision("at-0.9-opaque", "a", 0.95, quality_target=0.9, policy_version=2),
+        decision("at-0.5", "a", 0.95, quality_target=0.5, policy_version=2),
+    ]
     for i, r in enumerate(records):
         r["time"] = f"2025-03-01T10:00:0{i}Z"
     with Store(tmp_path / "db.duckdb") as store:
         import_decisions(write_log(tmp_path / "log.jsonl", records), store)
         fb = tmp_path / "fb.jsonl"
-        fb.write_text("".join(json.dumps({"request_id": r["request_id"], "passed": True}) + "\n" for r in records))
+        fb.write_text(
+            "".join(json.dumps({"request_id": r["request_id"], "passed": True}) + "\n" for r in records)
+        )
         import_feedback(fb, store)
         frame = load_traffic(store)
 
@@ -120,14 +144,17 @@ def _comparison(dp: Estimate, dc: Estimate) -> Comparison:
     return Comparison(stub, stub, dp, dc)
 
 
-@pytest.mark.parametrize("held_ok,dp,dc,promoted,by", [
-    (True, _est(0.0, 0.02), _est(0.0, 1e-4), True, "held-out items and live traffic"),
-    (True, _est(-0.06, 0.02), _est(0.0, 1e-4), False, "live traffic"),
-    (True, _est(0.01, 0.02), _est(5e-4, 1e-4), False, "live traffic"),
-    (False, _est(0.0, 0.02), _est(0.0, 1e-4), False, "held-out items"),
-    (False, _est(-0.2, 0.02), _est(0.0, 1e-4), False, "held-out items and live traffic"),
-    (True, _est(-0.2, 0.02, n=50), _est(0.0, 1e-4, n=50), True, "held-out items"),  # too little feedback
-])
+@pytest.mark.parametrize(
+    "held_ok,dp,dc,promoted,by",
+    [
+        (True, _est(0.0, 0.02), _est(0.0, 1e-4), True, "held-out items and live traffic"),
+        (True, _est(-0.06, 0.02), _est(0.0, 1e-4), False, "live traffic"),
+        (True, _est(0.01, 0.02), _est(5e-4, 1e-4), False, "live traffic"),
+        (False, _est(0.0, 0.02), _est(0.0, 1e-4), False, "held-out items"),
+        (False, _est(-0.2, 0.02), _est(0.0, 1e-4), False, "held-out items and live traffic"),
+        (True, _est(-0.2, 0.02, n=50), _est(0.0, 1e-4, n=50), True, "held-out items"),  # too little feedback
+    ],
+)
 def test_live_evidence_joins_the_gate(held_ok, dp, dc, promoted, by) -> None:
     held = PromotionDecision(held_ok, "held-out says so", {"pass_rate": 0.9}, {"pass_rate": 0.9})
     out = with_live_evidence(held, _comparison(dp, dc), tolerance=0.01, min_feedback=200)
@@ -162,8 +189,10 @@ def replayed(pair, tmp_path_factory):
     folder = tmp_path_factory.mktemp("replay")
     fleet = tr.fleet_from_frame(synthetic_frame(7, n_items=300))
     registry = tr.publish_pair(folder, *pair)
-    stores = {mode: tr.replay(registry, fleet, folder, mode=mode, seed=1, rate=0.2, reps=2)
-              for mode in ("text", "shadow", "canary")}
+    stores = {
+        mode: tr.replay(registry, fleet, folder, mode=mode, seed=1, rate=0.2, reps=2)
+        for mode in ("text", "shadow", "canary")
+    }
     return registry, stores, fleet, folder
 
 
@@ -216,28 +245,95 @@ def test_cli_import_evaluate_and_promote_with_a_shadow_requirement(pair, replaye
     bad = tmp_path / "bad.csv"
     bad.write_text("request_id,passed\nx,true\ny,perhaps\n")
     assert f"{bad}:3: column 'passed'" in _run("import", "feedback", str(bad), "--db", str(db), ok=False)
-    report = json.loads(_run("policies", "evaluate", "--registry", str(registry), "--db", str(db), "--json", *_trust(registry)))
+    report = json.loads(
+        _run(
+            "policies", "evaluate", "--registry", str(registry), "--db", str(db), "--json", *_trust(registry)
+        )
+    )
     champion, candidate = report["policies"]
     assert (champion["version"], candidate["version"]) == (1, 2)
     assert candidate["basis"] == {"shadow": 600} and champion["basis"] == {"logged": 600}
     assert report["differences"]["candidate - champion"]["pass_rate_diff"]["value"] < 0
-    table = _run("policies", "evaluate", "1", "2", "--registry", str(registry), "--db", str(db), *_trust(registry))
+    table = _run(
+        "policies", "evaluate", "1", "2", "--registry", str(registry), "--db", str(db), *_trust(registry)
+    )
     assert "version 2 - version 1: pass rate" in table and "600 logged requests, 600 with feedback" in table
-    from_log = json.loads(_run("policies", "evaluate", "2", "--registry", str(registry), "--log", str(log),
-                               "--db", str(db), "--json", *_trust(registry)))
+    from_log = json.loads(
+        _run(
+            "policies",
+            "evaluate",
+            "2",
+            "--registry",
+            str(registry),
+            "--log",
+            str(log),
+            "--db",
+            str(db),
+            "--json",
+            *_trust(registry),
+        )
+    )
     assert from_log["policies"][0]["pass_rate"] == candidate["pass_rate"]
-    own = json.loads(_run("policies", "evaluate", "2", "--quality-target", "0.5", "--registry", str(registry),
-                          "--db", str(db), "--json", *_trust(registry)))["policies"][0]
+    own = json.loads(
+        _run(
+            "policies",
+            "evaluate",
+            "2",
+            "--quality-target",
+            "0.5",
+            "--registry",
+            str(registry),
+            "--db",
+            str(db),
+            "--json",
+            *_trust(registry),
+        )
+    )["policies"][0]
     assert own["pass_rate"] == candidate["pass_rate"] and own["label"] == "version 2 @ 0.5"
-    other = json.loads(_run("policies", "evaluate", "2", "--quality-target", "0.9", "--registry", str(registry),
-                            "--db", str(db), "--json", *_trust(registry)))["policies"][0]
+    other = json.loads(
+        _run(
+            "policies",
+            "evaluate",
+            "2",
+            "--quality-target",
+            "0.9",
+            "--registry",
+            str(registry),
+            "--db",
+            str(db),
+            "--json",
+            *_trust(registry),
+        )
+    )["policies"][0]
     assert other["n_evaluated"] == 0 and other["n_unknown"] == 600  # shadowed at 0.5, and no text
-    refused = _run("policies", "promote", "2", "--registry", str(registry), "--require", "shadow",
-                   "--db", str(db), "--min-feedback", "100", ok=False)
+    refused = _run(
+        "policies",
+        "promote",
+        "2",
+        "--registry",
+        str(registry),
+        "--require",
+        "shadow",
+        "--db",
+        str(db),
+        "--min-feedback",
+        "100",
+        ok=False,
+    )
     assert "not promoted: shadow:" in refused and "not shown to be within 0.01" in refused
     assert "champion -> version 1" not in refused
-    too_few = _run("policies", "promote", "2", "--registry", str(registry), "--require", "canary",
-                   "--db", str(db), ok=False)
+    too_few = _run(
+        "policies",
+        "promote",
+        "2",
+        "--registry",
+        str(registry),
+        "--require",
+        "canary",
+        "--db",
+        str(db),
+        ok=False,
+    )
     assert "0 requests with feedback, 200 needed" in too_few
 
 
@@ -247,9 +343,21 @@ def test_cli_promote_accepts_a_shadow_that_is_not_worse(pair, tmp_path) -> None:
     fleet = tr.fleet_from_frame(synthetic_frame(9, n_items=150))
     registry = tr.publish_pair(tmp_path, champion, twin)
     store = tr.replay(registry, fleet, tmp_path, mode="shadow", seed=2, rate=0.2)
-    out = _run("policies", "promote", "2", "--registry", str(registry), "--require", "shadow",
-               "--db", str(store), "--min-feedback", "100", "--signing-key",
-               str(tr.registry_keys(registry) / "signing_key.pem"))
+    out = _run(
+        "policies",
+        "promote",
+        "2",
+        "--registry",
+        str(registry),
+        "--require",
+        "shadow",
+        "--db",
+        str(store),
+        "--min-feedback",
+        "100",
+        "--signing-key",
+        str(tr.registry_keys(registry) / "signing_key.pem"),
+    )
     assert "shadow: shadowed beside the champion on 150 requests" in out and "champion -> version 2" in out
 
 
@@ -269,7 +377,10 @@ def test_the_dashboard_shows_champion_and_candidate_on_live_traffic(replayed, tm
             html = build_report(store, "run-1", tmp_path / f"{mode}.html").read_text()
         assert [p["version"] for p in live["policies"]] == [1, 2] and live["logged"] == 600
         assert live["difference"]["pass_rate_diff"]["n"] == 600
-        assert "Live traffic: champion vs candidate" in html and "Candidate minus champion, paired on 600" in html
+        assert (
+            "Live traffic: champion vs candidate" in html
+            and "Candidate minus champion, paired on 600" in html
+        )
         assert ("Canary arms" in html) is (mode == "canary")
     with Store(tmp_path / "empty.duckdb") as store:
         store.begin_run("run-2")
@@ -284,10 +395,14 @@ def test_the_nightly_imports_the_decision_logs(tmp_path, replayed) -> None:
     cfg = load_config(REPO_CONFIG).model_copy()
     with Store(tmp_path / "db.duckdb") as store:
         assert import_traffic(cfg, store) is None  # no traffic.log_dir: nothing to do
-        cfg = cfg.model_copy(update={"traffic": cfg.traffic.model_copy(update={"log_dir": folder / "log-shadow-1"})})
+        cfg = cfg.model_copy(
+            update={"traffic": cfg.traffic.model_copy(update={"log_dir": folder / "log-shadow-1"})}
+        )
         assert import_traffic(cfg, store)["new"] == 600
         assert import_traffic(cfg, store)["new"] == 0
-        missing = cfg.model_copy(update={"traffic": cfg.traffic.model_copy(update={"log_dir": tmp_path / "nope"})})
+        missing = cfg.model_copy(
+            update={"traffic": cfg.traffic.model_copy(update={"log_dir": tmp_path / "nope"})}
+        )
         assert "does not exist" in import_traffic(missing, store)["error"]
         bad = tmp_path / "bad"
         write_log(bad / "x.jsonl", [decision("r", propensity=2.0)])

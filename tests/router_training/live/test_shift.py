@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from routeopt.router_training.fit.covariate import Sketch, density_ratio, effective_sample_size
 from routeopt.router_training.fit.data import RoutingData
-from routeopt.router_training.live.shift_monitor import Logged, chi2_homogeneity, detect_shift, holm, reference_sketch, total_variation
+from routeopt.router_training.live.shift_monitor import (
+    Logged,
+    chi2_homogeneity,
+    detect_shift,
+    holm,
+    reference_sketch,
+    total_variation,
+)
 from routeopt.router_training.evaluation.shifts import keep_probability, shifted, suite_order_score
 
 SUITES = ["a", "b", "c"]
@@ -25,7 +32,9 @@ def _sketch(n: int, seed: int, hard_share: float = 0.5, suite_p=(1 / 3, 1 / 3, 1
     return Sketch(suites, chars, X)
 
 
-def _logged(n: int, seed: int, hard_share: float = 0.5, suite_p=(1 / 3, 1 / 3, 1 / 3), target: float = 0.95) -> Logged:
+def _logged(
+    n: int, seed: int, hard_share: float = 0.5, suite_p=(1 / 3, 1 / 3, 1 / 3), target: float = 0.95
+) -> Logged:
     """Logged decisions: hard requests are routed to the strong model more often."""
     sk = _sketch(n, seed, hard_share, suite_p)
     rng = np.random.default_rng(seed + 1)
@@ -125,8 +134,13 @@ def test_repeats_of_a_few_prompts_are_not_a_shift_and_a_real_one_still_is():
 
     def repeated(pool: Logged, with_keys: bool) -> Logged:
         idx = rng.integers(0, len(pool), 2000)
-        return Logged([pool.suites[i] for i in idx], pool.chars[idx], [0.95] * 2000,
-                      [pool.routed[i] for i in idx], [f"h{i}" for i in idx] if with_keys else None)
+        return Logged(
+            [pool.suites[i] for i in idx],
+            pool.chars[idx],
+            [0.95] * 2000,
+            [pool.routed[i] for i in idx],
+            [f"h{i}" for i in idx] if with_keys else None,
+        )
 
     alarms = {True: 0, False: 0}
     for s in range(20):

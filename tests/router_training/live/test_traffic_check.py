@@ -29,8 +29,10 @@ def replays(tmp_path_factory):
     fleet = tr.fleet_from_frame(tr.synthetic_frame(1, 900))
     level = np.array([int(p.split("level ")[1].split(":")[0]) for p in fleet.prompts])
     harder = fleet.subset(np.flatnonzero(level >= 4))
-    stores = {"same": tr.replay(registry, fleet, folder / "same", mode="text", seed=3, rate=0.2),
-              "harder": tr.replay(registry, harder, folder / "harder", mode="text", seed=4, rate=0.2, reps=2)}
+    stores = {
+        "same": tr.replay(registry, fleet, folder / "same", mode="text", seed=3, rate=0.2),
+        "harder": tr.replay(registry, harder, folder / "harder", mode="text", seed=4, rate=0.2, reps=2),
+    }
     frames = {}
     for name, path in stores.items():
         with Store(path, read_only=True) as store:
@@ -69,8 +71,15 @@ def test_the_live_promise_covers_the_truth_and_catches_a_knob_that_lies(replays)
         truth = _truth_margin(champion, requests)
         assert m["low"] - 2 * m["se"] <= truth <= m["high"] + 2 * m["se"], (name, m, truth)
     cheapest = champion.knob.points[0]
-    lying = replace(champion, knob=Knob(champion.knob.members, [replace(cheapest, certified=2.0)],
-                                        champion.knob.top, champion.knob.confidence))
+    lying = replace(
+        champion,
+        knob=Knob(
+            champion.knob.members,
+            [replace(cheapest, certified=2.0)],
+            champion.knob.top,
+            champion.knob.confidence,
+        ),
+    )
     assert _truth_margin(lying, fleet) < -0.1
     p = live_promise(frames["same"], None, lying)  # decided again on the kept text
     assert p["broken"] and p["margin"]["high"] < 0
@@ -124,7 +133,9 @@ def test_a_traffic_check_goes_out_as_prefect_events(replays, prefect_harness) ->
     since = now("UTC")
     assert all(e is not None for e in emit_traffic_events(check))
     EventsWorker.drain_all()
-    wanted = EventFilter(event=EventNameFilter(prefix=["routeopt.traffic."]), occurred=EventOccurredFilter(since=since))
+    wanted = EventFilter(
+        event=EventNameFilter(prefix=["routeopt.traffic."]), occurred=EventOccurredFilter(since=since)
+    )
     deadline, got = time.monotonic() + 30, []
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline and len(got) < 3:
@@ -132,5 +143,7 @@ def test_a_traffic_check_goes_out_as_prefect_events(replays, prefect_harness) ->
             got = client.read_events(filter=wanted, limit=50).events
     names = sorted(e.event for e in got)
     assert names == ["routeopt.traffic.checked", "routeopt.traffic.shift", "routeopt.traffic.shift"]
-    assert {e.resource.get("routeopt.feature") for e in got if e.event == "routeopt.traffic.shift"} == \
-        {"log_chars", "route@0.95"}
+    assert {e.resource.get("routeopt.feature") for e in got if e.event == "routeopt.traffic.shift"} == {
+        "log_chars",
+        "route@0.95",
+    }

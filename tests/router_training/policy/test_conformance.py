@@ -62,8 +62,16 @@ def test_the_batch_path_is_the_one_request_path_to_the_bit(trained) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=300),
-                          st.sampled_from([None, "", "add", "sort", "nope"])), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=300),
+            st.sampled_from([None, "", "add", "sort", "nope"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_any_text_gives_the_same_bits_both_ways(trained, batch) -> None:
     _same_as_one_by_one(trained.policy, [t for t, _ in batch], [s for _, s in batch])
 
@@ -80,14 +88,31 @@ def test_a_runtime_that_differs_is_told_the_first_step_that_differs(saved, monke
     spec = policy.spec
     idf = tuple(v * (1.01 if i % 2 else 1.0) for i, v in enumerate(spec.idf))
     cases = {
-        "buckets": _changed(policy, spec=dataclasses.replace(spec, n_buckets=spec.n_buckets // 2,
-                                                             idf=spec.idf[: spec.n_buckets // 2])),
+        "buckets": _changed(
+            policy,
+            spec=dataclasses.replace(
+                spec, n_buckets=spec.n_buckets // 2, idf=spec.idf[: spec.n_buckets // 2]
+            ),
+        ),
         "features": _changed(policy, spec=dataclasses.replace(spec, idf=idf)),
-        "calibration": _changed(policy, platt=policy.platt * np.array([[1.0], [1.0 + 1e-6]]) + np.array([[0], [1e-6]])),
-        "cost": _changed(policy, cost_model=CostModel(policy.cost_model.coef, policy.cost_model.floor * 2 + 1e-9,
-                                                      policy.cost_model.topic_coef)),
-        "decision": _changed(policy, knob=Knob([Member("single", 0.0)] * len(policy.knob.members),
-                                               policy.knob.points, policy.knob.top, policy.knob.confidence)),
+        "calibration": _changed(
+            policy, platt=policy.platt * np.array([[1.0], [1.0 + 1e-6]]) + np.array([[0], [1e-6]])
+        ),
+        "cost": _changed(
+            policy,
+            cost_model=CostModel(
+                policy.cost_model.coef, policy.cost_model.floor * 2 + 1e-9, policy.cost_model.topic_coef
+            ),
+        ),
+        "decision": _changed(
+            policy,
+            knob=Knob(
+                [Member("single", 0.0)] * len(policy.knob.members),
+                policy.knob.points,
+                policy.knob.top,
+                policy.knob.confidence,
+            ),
+        ),
     }
     for step, changed in cases.items():
         report = check_vectors(changed, blob)
@@ -112,5 +137,3 @@ def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
     for bad in (b"", blob[:1000], blob[:-7], b"\x00" * 64):
         report = check_vectors(policy, bad)
         assert not report.ok and "conformance.safetensors" in report.first
-
-

@@ -29,8 +29,10 @@ def test_policy_with_embeddings_round_trips(tmp_path):
     from tests.router_training.conftest import demo_frame
 
     policy = train_router(demo_frame(n_items=20), holdout_fraction=0.0, embeddings=True).policy
-    assert policy.spec.embeddings and policy.spec.n_features == FeatureSpec(
-        suites=policy.spec.suites).n_features + EMBEDDING_DIM
+    assert (
+        policy.spec.embeddings
+        and policy.spec.n_features == FeatureSpec(suites=policy.spec.suites).n_features + EMBEDDING_DIM
+    )
     ids, _ = request_features("hello", "add", policy.spec)
     assert ids[-1] == policy.spec.n_features - 1
     policy.save(tmp_path)

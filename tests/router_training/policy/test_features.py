@@ -33,8 +33,8 @@ def test_layout_is_suites_then_text_then_stats():
     n = len(SPEC.suites)
     text = ids[(ids >= n) & (ids < n + SPEC.n_buckets)]
     assert len(text) > 3
-    assert list(ids[-len(STAT_NAMES):]) == list(range(n + SPEC.n_buckets, SPEC.n_features))
-    assert np.isclose(np.linalg.norm(vals[1: 1 + len(text)]), 1.0)
+    assert list(ids[-len(STAT_NAMES) :]) == list(range(n + SPEC.n_buckets, SPEC.n_features))
+    assert np.isclose(np.linalg.norm(vals[1 : 1 + len(text)]), 1.0)
 
 
 def test_word_order_and_case():
@@ -51,25 +51,37 @@ def test_odd_prompts_featurise(prompt):
 
 
 def test_idf_and_stat_scaling_apply():
-    spec = replace(SPEC, idf=tuple([2.0] * SPEC.n_buckets), stat_mean=tuple([1.0] * 9),
-                   stat_std=tuple([2.0] * 9))
+    spec = replace(
+        SPEC, idf=tuple([2.0] * SPEC.n_buckets), stat_mean=tuple([1.0] * 9), stat_std=tuple([2.0] * 9)
+    )
     _, raw = request_features("some text here", None, SPEC)
     _, scaled = request_features("some text here", None, spec)
     assert np.allclose(scaled[-9:], (raw[-9:] - 1.0) / 2.0)
 
 
 def test_hashing_is_stable_across_processes():
-    code = ("from routeopt.router_training.policy.features import FeatureSpec, feature_layers;"
-            "print(feature_layers('Reverse the word stone, difficulty 3', None, FeatureSpec()).buckets.tolist())")
+    code = (
+        "from routeopt.router_training.policy.features import FeatureSpec, feature_layers;"
+        "print(feature_layers('Reverse the word stone, difficulty 3', None, FeatureSpec()).buckets.tolist())"
+    )
     env = {"PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**env, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**env, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(outs) == 1
 
 
 def test_spec_round_trips_through_dict():
-    spec = replace(SPEC, idf=tuple(np.linspace(1, 2, SPEC.n_buckets)), stat_mean=(0.0,) * 9,
-                   stat_std=(1.0,) * 9)
+    spec = replace(
+        SPEC, idf=tuple(np.linspace(1, 2, SPEC.n_buckets)), stat_mean=(0.0,) * 9, stat_std=(1.0,) * 9
+    )
     again = FeatureSpec.from_dict(spec.to_dict())
     a = request_features("hello there", "add", spec)
     b = request_features("hello there", "add", again)
@@ -77,8 +89,10 @@ def test_spec_round_trips_through_dict():
 
 
 def test_gateway_modules_import_without_heavy_packages():
-    code = ("import sys; import routeopt.router_training.policy.routing, routeopt.router_training.policy.features;"
-            "bad = {'sklearn','pandas','duckdb','prefect','torch','scipy'} & set(sys.modules);"
-            "print(sorted(bad))")
+    code = (
+        "import sys; import routeopt.router_training.policy.routing, routeopt.router_training.policy.features;"
+        "bad = {'sklearn','pandas','duckdb','prefect','torch','scipy'} & set(sys.modules);"
+        "print(sorted(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routeopt.router_training.policy.numerics import (
-    TF_TABLE, exp_nonpositive, ln1p_int, ordered_row_sum, ordered_sum, sigmoid,
+    TF_TABLE,
+    exp_nonpositive,
+    ln1p_int,
+    ordered_row_sum,
+    ordered_sum,
+    sigmoid,
 )
 
 
@@ -35,7 +40,9 @@ def test_ordered_sums_add_strictly_left_to_right(cols: int) -> None:
 
 
 def test_ln1p_is_within_an_ulp_of_libm_and_exact_at_zero() -> None:
-    n = np.concatenate((np.arange(0, 70000), 2 ** np.arange(0, 53), np.random.default_rng(0).integers(0, 2**52, 5000)))
+    n = np.concatenate(
+        (np.arange(0, 70000), 2 ** np.arange(0, 53), np.random.default_rng(0).integers(0, 2**52, 5000))
+    )
     got = ln1p_int(n)
     want = np.array([math.log1p(int(v)) for v in n])
     assert got[0] == 0.0
@@ -66,12 +73,25 @@ def test_a_requests_few_values_take_the_scalar_path_and_give_the_arrays_bits() -
     """sigmoid of one request's candidates (<= 64 values) runs on Python floats; every value,
     zeros, the floor's edge and non-finite inputs included, has the bits of the array path."""
     rng = np.random.default_rng(3)
-    edges = [0.0, -0.0, 700.0, -700.0, 699.9999999, -700.0000001, 745.0, -745.0, 5e-324, -5e-324, 1e308, -1e308]
+    edges = [
+        0.0,
+        -0.0,
+        700.0,
+        -700.0,
+        699.9999999,
+        -700.0000001,
+        745.0,
+        -745.0,
+        5e-324,
+        -5e-324,
+        1e308,
+        -1e308,
+    ]
     values = np.concatenate([rng.standard_normal(40000) * s for s in (0.01, 1.0, 8.0, 300.0)] + [edges])
     wide = sigmoid(np.tile(values, (2, 1)))[0]  # 2-d: the array path
     for i in range(0, len(values), 11):
-        got = sigmoid(values[i: i + 11])
-        np.testing.assert_array_equal(got.view(np.uint64), wide[i: i + 11].view(np.uint64))
+        got = sigmoid(values[i : i + 11])
+        np.testing.assert_array_equal(got.view(np.uint64), wide[i : i + 11].view(np.uint64))
     with np.errstate(invalid="ignore"):  # not finite: the array path (numpy warns on NaN's exponent)
         odd = sigmoid(np.array([np.nan, np.inf, -np.inf, 1.0]))
     assert np.isnan(odd[0]) and odd[1:].tolist() == [1.0, 0.0, sigmoid(np.array([[1.0]]))[0, 0]]

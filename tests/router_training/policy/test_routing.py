@@ -7,8 +7,11 @@ from hypothesis import strategies as st
 
 from routeopt.router_training.policy.routing import PolicyDecision, RoutingPolicy, choose
 
-PROMPTS = [f"Task: {s} the input. difficulty: {d}. Input: stone river" for s in ("reverse", "sort", "add")
-           for d in range(1, 6)]
+PROMPTS = [
+    f"Task: {s} the input. difficulty: {d}. Input: stone river"
+    for s in ("reverse", "sort", "add")
+    for d in range(1, 6)
+]
 
 
 def test_decision_contract(trained):
@@ -31,8 +34,11 @@ def test_save_load_round_trip_without_pickle(trained, tmp_path):
 
     policy = trained.policy
     files = policy.save(tmp_path)
-    assert sorted(files) == sorted(p.name for p in tmp_path.iterdir()) == \
-        ["arrays.safetensors", "conformance.safetensors", "policy.json"]
+    assert (
+        sorted(files)
+        == sorted(p.name for p in tmp_path.iterdir())
+        == ["arrays.safetensors", "conformance.safetensors", "policy.json"]
+    )
     assert json.loads((tmp_path / "policy.json").read_text())["format_version"] == 3
     arrays, meta = loads((tmp_path / "arrays.safetensors").read_bytes(), "arrays")
     assert meta == {"format": "routeopt.arrays/3"} and arrays["scorer.weights"].dtype == np.float32
@@ -147,8 +153,11 @@ def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
     from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
 
-    policy = train_router(demo_frame(n_items=40), holdout_fraction=0.0,
-                          design=Design(topics=0, candidate_text=0.0, char_ngrams=4)).policy
+    policy = train_router(
+        demo_frame(n_items=40),
+        holdout_fraction=0.0,
+        design=Design(topics=0, candidate_text=0.0, char_ngrams=4),
+    ).policy
     ref = policy.reference_pass_rate
     table = [[1e6, 0.3], [300.0, 0.5 * ref], [30.0, 0.8 * ref], [0.0, 0.97 * ref]]
     _as_format_1(policy, tmp_path, table)
@@ -164,8 +173,9 @@ def test_format_1_policies_still_load_and_route_as_they_did(tmp_path):
     old.save(again)  # written back in the current format; its weights become float32
     assert json.loads((again / "policy.json").read_text())["format_version"] == 3
     new = RoutingPolicy.load(again)
-    assert [d.model for d in new.decide_batch(PROMPTS, None, 0.8)] == \
-        [d.model for d in old.decide_batch(PROMPTS, None, 0.8)]
+    assert [d.model for d in new.decide_batch(PROMPTS, None, 0.8)] == [
+        d.model for d in old.decide_batch(PROMPTS, None, 0.8)
+    ]
     assert new.self_check().ok
 
 
@@ -177,8 +187,9 @@ def test_format_2_policies_still_load_and_decide_as_they_did(trained, tmp_path):
     save_format_2(trained.policy, tmp_path)
     old = RoutingPolicy.load(tmp_path)
     suites = ["reverse", "sort", None] * 5
-    assert [d.model for d in old.decide_batch(PROMPTS, suites)] == \
-        [d.model for d in trained.policy.decide_batch(PROMPTS, suites)]
+    assert [d.model for d in old.decide_batch(PROMPTS, suites)] == [
+        d.model for d in trained.policy.decide_batch(PROMPTS, suites)
+    ]
     report = old.self_check()
     assert report.ok and report.requests == 0 and "format 2" in report.summary()
 

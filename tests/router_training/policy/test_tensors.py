@@ -10,8 +10,13 @@ import pytest
 
 from routeopt.router_training.policy.tensors import ContainerError, dumps, loads, require
 
-TENSORS = {"a.f64": np.arange(5, dtype=np.float64), "b.f32": np.ones((2, 3), np.float32),
-           "c.u8": np.arange(3, dtype=np.uint8), "d.i32": np.array([-1, 2], np.int32), "e.empty": np.zeros(0)}
+TENSORS = {
+    "a.f64": np.arange(5, dtype=np.float64),
+    "b.f32": np.ones((2, 3), np.float32),
+    "c.u8": np.arange(3, dtype=np.uint8),
+    "d.i32": np.array([-1, 2], np.int32),
+    "e.empty": np.zeros(0),
+}
 
 
 def test_round_trip_is_exact_and_aligned() -> None:
@@ -22,7 +27,7 @@ def test_round_trip_is_exact_and_aligned() -> None:
     assert meta == {"format": "x"} and set(got) == set(TENSORS)
     for k, v in TENSORS.items():
         assert got[k].dtype == v.dtype and np.array_equal(got[k], v)
-    header = json.loads(data[8: 8 + size])
+    header = json.loads(data[8 : 8 + size])
     for k, v in header.items():
         if k != "__metadata__":
             assert v["data_offsets"][0] % np.dtype(TENSORS[k].dtype).itemsize == 0
@@ -33,19 +38,42 @@ def _with_header(header: dict, body: bytes) -> bytes:
     return struct.pack("<Q", len(text)) + text + body
 
 
-@pytest.mark.parametrize("blob, match", [
-    (b"\x01\x02", "too short"),
-    (struct.pack("<Q", 10**9) + b"{}", "runs past the file"),
-    (struct.pack("<Q", 3) + b"{x}", "not JSON"),
-    (_with_header({"a": {"dtype": "F99", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8), "dtype"),
-    (_with_header({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8), "8 bytes for shape"),
-    (_with_header({"a": {"dtype": "F64", "shape": [1], "data_offsets": [8, 16]}}, b"\0" * 16), "expected 0"),
-    (_with_header({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}}, b"\0" * 8), "truncated"),
-    (_with_header({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\0" * 9), "after the last"),
-    (_with_header({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-                   "b": {"dtype": "F64", "shape": [1], "data_offsets": [1, 9]}}, b"\0" * 9), "aligned"),
-    (_with_header({"a": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 1]}}, b"\0"), "shape"),
-])
+@pytest.mark.parametrize(
+    "blob, match",
+    [
+        (b"\x01\x02", "too short"),
+        (struct.pack("<Q", 10**9) + b"{}", "runs past the file"),
+        (struct.pack("<Q", 3) + b"{x}", "not JSON"),
+        (_with_header({"a": {"dtype": "F99", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8), "dtype"),
+        (
+            _with_header({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
+            "8 bytes for shape",
+        ),
+        (
+            _with_header({"a": {"dtype": "F64", "shape": [1], "data_offsets": [8, 16]}}, b"\0" * 16),
+            "expected 0",
+        ),
+        (
+            _with_header({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}}, b"\0" * 8),
+            "truncated",
+        ),
+        (
+            _with_header({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\0" * 9),
+            "after the last",
+        ),
+        (
+            _with_header(
+                {
+                    "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                    "b": {"dtype": "F64", "shape": [1], "data_offsets": [1, 9]},
+                },
+                b"\0" * 9,
+            ),
+            "aligned",
+        ),
+        (_with_header({"a": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 1]}}, b"\0"), "shape"),
+    ],
+)
 def test_malformed_containers_are_named_errors(blob: bytes, match: str) -> None:
     with pytest.raises(ContainerError, match=match):
         loads(blob, "arrays.safetensors")

@@ -17,17 +17,24 @@ from routeopt.evals.providers.local.provider import LocalProvider, create  # noq
 from tests import REPO  # noqa: E402
 
 ZOO = REPO / "evals" / "demo" / "zoo"
-pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
-                                reason="zoo checkpoints not built")
+pytestmark = pytest.mark.skipif(
+    not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
+)
 
 # sorting is the zoo's most reliable skill; 4-5 digit strings, all different
-DIGITS = ["4213", "9870", "5512", "30718", "6642", "12093", "8181", "73520", "2946", "55031",
-          "9076", "31482"]
+DIGITS = ["4213", "9870", "5512", "30718", "6642", "12093", "8181", "73520", "2946", "55031", "9076", "31482"]
 
 
 def _candidate(name: str = "zoo-l", variant: str = "fp32", model: str | None = None) -> Candidate:
-    return Candidate(name=f"{name}-{variant}", provider="local", model=model or str(ZOO / name),
-                     variant=variant, device="cpu", gpu_hour_usd=1.0, max_concurrency=8)
+    return Candidate(
+        name=f"{name}-{variant}",
+        provider="local",
+        model=model or str(ZOO / name),
+        variant=variant,
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=8,
+    )
 
 
 def _req(prompt: str, max_tokens: int = 12, stop: tuple[str, ...] = ()) -> Request:
@@ -60,8 +67,7 @@ async def test_correct_answers_and_exact_accounting(zoo_l: LocalProvider) -> Non
     assert rev.text == "cba"
 
 
-async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(
-        zoo_l: LocalProvider) -> None:
+async def test_concurrent_calls_are_batched_and_each_gets_its_own_answer(zoo_l: LocalProvider) -> None:
     results = await asyncio.gather(*(zoo_l.generate(_req(f"sort: {d}=")) for d in DIGITS))
     right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
     assert right >= len(DIGITS) - 1, [r.text for r in results]
@@ -78,8 +84,9 @@ async def test_stop_sequence_truncates(zoo_l: LocalProvider) -> None:
 
 
 async def test_max_tokens_gives_length(zoo_l: LocalProvider) -> None:
-    short, full = await asyncio.gather(zoo_l.generate(_req("sort: 97531=", max_tokens=2)),
-                                       zoo_l.generate(_req("sort: 97531=")))
+    short, full = await asyncio.gather(
+        zoo_l.generate(_req("sort: 97531=", max_tokens=2)), zoo_l.generate(_req("sort: 97531="))
+    )
     assert short.text == "13" and short.finish_reason == "length" and short.output_tokens == 2
     assert full.text == "13579" and full.finish_reason == "stop"
 
@@ -92,8 +99,12 @@ async def test_variant_code_paths_on_cpu(variant: str) -> None:
         right = sum(r.text == "".join(sorted(d)) for r, d in zip(results, DIGITS))
         assert right >= len(DIGITS) - 2, [r.text for r in results]
         kinds = {type(m).__name__ for m in provider._model.modules()}
-        quantized = {"int8": "Int8Linear", "fp8": "Fp8Linear", "int8-dyn": "Int8DynLinear",
-                     "fp8-dyn": "Fp8DynLinear"}
+        quantized = {
+            "int8": "Int8Linear",
+            "fp8": "Fp8Linear",
+            "int8-dyn": "Int8DynLinear",
+            "fp8-dyn": "Fp8DynLinear",
+        }
         if variant in quantized:
             assert quantized[variant] in kinds
         else:
@@ -141,7 +152,11 @@ async def test_within_keep_loaded_a_candidate_loads_once_and_answers_the_same() 
         await other.generate(_req("reverse: abc="))
         assert other._model is not model
         await other.aclose()
-    assert (got.text, got.output_tokens, got.finish_reason) == (want.text, want.output_tokens, want.finish_reason)
+    assert (got.text, got.output_tokens, got.finish_reason) == (
+        want.text,
+        want.output_tokens,
+        want.finish_reason,
+    )
     after = create(_candidate("zoo-s"))
     await after.generate(_req("reverse: abc="))
     assert after._model is not model

@@ -24,10 +24,21 @@ from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
 from tests import REPO  # noqa: E402
 
 ZOO = REPO / "evals" / "demo" / "zoo"
-pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
-                                reason="zoo checkpoints not built")
-MIXED = ["sort: 4213=", "reverse: abcdefg=", "add: 12+7=", "sort: 987654=", "reverse: xy=",
-         "add: 305+96=", "sort: 31=", "reverse: hello world=", "add: 5+5=", "sort: 55031="]
+pytestmark = pytest.mark.skipif(
+    not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
+)
+MIXED = [
+    "sort: 4213=",
+    "reverse: abcdefg=",
+    "add: 12+7=",
+    "sort: 987654=",
+    "reverse: xy=",
+    "add: 305+96=",
+    "sort: 31=",
+    "reverse: hello world=",
+    "add: 5+5=",
+    "sort: 55031=",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +61,29 @@ def endless(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _provider(model: Path | str, max_batch: int = 8) -> LocalProvider:
-    cand = Candidate(name="t", provider="local", model=str(model), variant="fp32", device="cpu",
-                     gpu_hour_usd=1.0, max_concurrency=max_batch)
+    cand = Candidate(
+        name="t",
+        provider="local",
+        model=str(model),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=max_batch,
+    )
     return LocalProvider(cand)
 
 
-def _req(prompt: str, max_tokens: int = 12, temperature: float = 0.0,
-         top_p: float | None = None, stop: tuple[str, ...] = ()) -> Request:
-    return Request((Message("user", prompt),),
-                   GenerationSettings(max_tokens=max_tokens, temperature=temperature,
-                                      top_p=top_p, stop=stop))
+def _req(
+    prompt: str,
+    max_tokens: int = 12,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    stop: tuple[str, ...] = (),
+) -> Request:
+    return Request(
+        (Message("user", prompt),),
+        GenerationSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop),
+    )
 
 
 async def _alone(model: Path, requests: list[Request]) -> list[str]:
@@ -102,8 +126,9 @@ async def test_late_request_joins_the_running_batch_and_leaves_first(endless: Pa
     try:
         long_task = asyncio.ensure_future(provider.generate(long_r))
         await _wait_for_steps(provider, 10)  # the long row is decoding, its cache has grown
-        shorts = await asyncio.gather(provider.generate(short_longer_prompt),
-                                      provider.generate(short_shorter_prompt))
+        shorts = await asyncio.gather(
+            provider.generate(short_longer_prompt), provider.generate(short_shorter_prompt)
+        )
         assert not long_task.done()  # the short ones left while the long one still runs
         long_c = await long_task
     finally:
@@ -154,8 +179,9 @@ async def test_stop_string_ends_only_its_row(endless: Path) -> None:
     stop = alone[5:7]
     provider = _provider(endless)
     try:
-        a, b = await asyncio.gather(provider.generate(free),
-                                    provider.generate(_req("sort: 31=", max_tokens=30, stop=(stop,))))
+        a, b = await asyncio.gather(
+            provider.generate(free), provider.generate(_req("sort: 31=", max_tokens=30, stop=(stop,)))
+        )
     finally:
         await provider.aclose()
     assert a.text == alone and a.finish_reason == "length"
@@ -163,7 +189,8 @@ async def test_stop_string_ends_only_its_row(endless: Path) -> None:
 
 
 async def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(
-        endless: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    endless: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_step = _batcher.Batcher.step
     calls = {"n": 0}
 
@@ -213,7 +240,8 @@ async def test_close_fails_requests_in_flight(endless: Path) -> None:
 
 
 async def test_out_of_memory_halves_the_batch_and_requeues(
-        endless: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    endless: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step that runs out of device memory must not turn the batch into error rows."""
     real_step = _batcher.Batcher.step
     calls = {"n": 0}
@@ -225,8 +253,7 @@ async def test_out_of_memory_halves_the_batch_and_requeues(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         real_step(self)
 
-    requests = [_req(p, max_tokens=12) for p in ("sort: 12=", "add: 1+1=", "reverse: ab=",
-                                                 "sort: 4321=")]
+    requests = [_req(p, max_tokens=12) for p in ("sort: 12=", "add: 1+1=", "reverse: ab=", "sort: 4321=")]
     alone = await _alone(endless, requests)
     monkeypatch.setattr(_batcher.Batcher, "step", oom_once_at_full_batch)
     provider = _provider(endless, max_batch=4)
@@ -237,11 +264,12 @@ async def test_out_of_memory_halves_the_batch_and_requeues(
     assert calls["n"] >= 100  # the fault fired
     assert [c.text for c in got] == alone
     assert provider.oom_backoffs == 1 and provider.max_batch == 2
-    assert max(provider.batch_sizes[provider.batch_sizes.index(4) + 1:]) <= 2
+    assert max(provider.batch_sizes[provider.batch_sizes.index(4) + 1 :]) <= 2
 
 
 async def test_out_of_memory_at_batch_one_says_what_to_do(
-        endless: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    endless: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def always_oom(self: _batcher.Batcher, rows: list) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
@@ -268,9 +296,11 @@ async def test_a_prompt_that_cannot_be_rendered_fails_alone(endless: Path) -> No
             return real(messages, **kw)
 
         tok.apply_chat_template = picky
-        bad, good = await asyncio.gather(provider.generate(_req("poison", max_tokens=3)),
-                                         provider.generate(_req("sort: 21=", max_tokens=3)),
-                                         return_exceptions=True)
+        bad, good = await asyncio.gather(
+            provider.generate(_req("poison", max_tokens=3)),
+            provider.generate(_req("sort: 21=", max_tokens=3)),
+            return_exceptions=True,
+        )
     finally:
         await provider.aclose()
     assert isinstance(bad, ProviderError) and bad.kind == "client_error"
@@ -284,13 +314,16 @@ def test_a_batch_that_never_empties_keeps_no_autograd_history(endless: Path, num
     Recorded autograd graphs chained every step to the last and grew by every activation."""
     tok = transformers.AutoTokenizer.from_pretrained(endless)
     model = transformers.AutoModelForCausalLM.from_pretrained(endless).eval()
-    batcher = _batcher.Batcher(model, tok, "cpu", 4, draft=model if num_draft else None,
-                               num_draft=num_draft)
+    batcher = _batcher.Batcher(model, tok, "cpu", 4, draft=model if num_draft else None, num_draft=num_draft)
     served = 0
     for i in range(12):
         if batcher.free:
-            batcher.admit([_batcher.Row(MIXED[(i + j) % len(MIXED)], 2 + 3 * j, 0.0, None, ())
-                           for j in range(batcher.free)])
+            batcher.admit(
+                [
+                    _batcher.Row(MIXED[(i + j) % len(MIXED)], 2 + 3 * j, 0.0, None, ())
+                    for j in range(batcher.free)
+                ]
+            )
         batcher.step()
         served += len(batcher.evict(lambda r: False))
         if not batcher.rows:

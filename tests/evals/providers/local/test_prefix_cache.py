@@ -18,14 +18,23 @@ from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
 
 ZOO = REPO / "evals" / "demo" / "zoo"
-pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
-                                reason="zoo checkpoints not built")
+pytestmark = pytest.mark.skipif(
+    not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
+)
 
 
 def _candidate(prefix_cache: object, **extra: object) -> Candidate:
-    return Candidate(name="zoo-l", provider="local", model=str(ZOO / "zoo-l"), variant="fp32",
-                     device="cpu", gpu_hour_usd=1.0, max_concurrency=64,
-                     prefix_cache=prefix_cache, **extra)
+    return Candidate(
+        name="zoo-l",
+        provider="local",
+        model=str(ZOO / "zoo-l"),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=64,
+        prefix_cache=prefix_cache,
+        **extra,
+    )
 
 
 async def _serve(candidate: Candidate, requests: list[Request]) -> tuple[list, LocalProvider]:
@@ -76,8 +85,10 @@ async def test_a_long_shared_prefix_is_computed_once() -> None:
     """Sequential requests with a 40-token shared prefix: after the first, only the unique
     tail is prefilled."""
     head = "sort: 9876543210 sort: 9876543210 sort: 12345 "  # 47 characters
-    requests = [Request((Message("user", head + f"sort: {n}="),), GenerationSettings(max_tokens=4))
-                for n in (4213, 9870, 5512)]  # 59-token prompts + 4 <= 64 positions
+    requests = [
+        Request((Message("user", head + f"sort: {n}="),), GenerationSettings(max_tokens=4))
+        for n in (4213, 9870, 5512)
+    ]  # 59-token prompts + 4 <= 64 positions
     provider = LocalProvider(_candidate({"block_size": 8}))
     try:
         got = [await provider.generate(r) for r in requests]

@@ -28,8 +28,9 @@ from routeopt.evals.providers.local.quantize import (  # noqa: E402
     quantize_linears,
 )
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA device: the GPU kernels' own rules")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: the GPU kernels' own rules"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -100,8 +101,10 @@ class _Tiny(nn.Module):
         return self.lm_head(self.body(x))
 
 
-@pytest.mark.parametrize("variant,cls", [("int8", Int8Linear), ("fp8", Fp8Linear),
-                                         ("int8-dyn", Int8DynLinear), ("fp8-dyn", Fp8DynLinear)])
+@pytest.mark.parametrize(
+    "variant,cls",
+    [("int8", Int8Linear), ("fp8", Fp8Linear), ("int8-dyn", Int8DynLinear), ("fp8-dyn", Fp8DynLinear)],
+)
 def test_quantize_linears_replaces_all_but_head(variant: str, cls: type) -> None:
     torch.manual_seed(1)
     model = _Tiny()
@@ -113,8 +116,9 @@ def test_quantize_linears_replaces_all_but_head(variant: str, cls: type) -> None
     assert _rel_err(model(x), ref) < (0.02 if variant.startswith("int8") else 0.08)
 
 
-@pytest.mark.parametrize("variant,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
-                                           ("fp32", torch.float32)])
+@pytest.mark.parametrize(
+    "variant,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+)
 def test_cast_variants(variant: str, dtype: torch.dtype) -> None:
     torch.manual_seed(2)
     model = _Tiny()
@@ -131,7 +135,8 @@ def test_quantized_variants_compute_in_bf16_on_gpus_and_fp32_on_cpus(variant: st
     assert compute_dtype(variant, "cpu") == torch.float32
     model = apply_variant(_Tiny(), variant, "cpu")
     assert {b.dtype for n, b in model.named_buffers() if n.endswith("qweight")} == {
-        torch.int8 if variant.startswith("int8") else torch.float8_e4m3fn}
+        torch.int8 if variant.startswith("int8") else torch.float8_e4m3fn
+    }
     assert model.lm_head.weight.dtype == torch.float32
 
 
@@ -159,12 +164,15 @@ def test_config_variants_are_the_quantize_variants() -> None:
 
 
 def test_fp8_dyn_checks_fp8_support(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("routeopt.evals.providers.local.quantize.fp8_supported", lambda device: (False, "no fp8 here"))
+    monkeypatch.setattr(
+        "routeopt.evals.providers.local.quantize.fp8_supported", lambda device: (False, "no fp8 here")
+    )
     with pytest.raises(QuantizeError, match="'fp8-dyn' cannot run on cpu: no fp8 here"):
         apply_variant(_Tiny(), "fp8-dyn")
 
 
 # ---- kernels: which one runs, what it is sent, and the fallback -------------------------------
+
 
 def _spy(monkeypatch: pytest.MonkeyPatch, op: str) -> list[tuple[tuple, dict]]:
     """Record every call of torch.<op> (then run the real op)."""
@@ -204,10 +212,12 @@ def test_int8_bf16_few_rows_uses_int8pack(monkeypatch: pytest.MonkeyPatch, rows:
         assert _rel_err(out.float(), lin(x)) < 0.02
 
 
-@pytest.mark.parametrize("dtype,rows", [(torch.float32, 16), (torch.float16, 16),
-                                        (torch.bfloat16, INT8PACK_MAX_ROWS + 1)])
-def test_int8_where_int8pack_is_slower_dequantizes(monkeypatch: pytest.MonkeyPatch,
-                                                   dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize(
+    "dtype,rows", [(torch.float32, 16), (torch.float16, 16), (torch.bfloat16, INT8PACK_MAX_ROWS + 1)]
+)
+def test_int8_where_int8pack_is_slower_dequantizes(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int
+) -> None:
     lin = _linear()
     q = Int8Linear.from_linear(lin)
     calls = _spy(monkeypatch, "_weight_int8pack_mm")
@@ -232,8 +242,9 @@ def test_dyn_linear_tracks_fp32(cls: type, op: str, tol: float) -> None:
 
 @pytest.mark.parametrize("cls,op,tol", DYN)
 @pytest.mark.parametrize("shape", [(1, 64), (5, 7, 64)])
-def test_dyn_linear_sends_its_kernel_8bit_operands(monkeypatch: pytest.MonkeyPatch, cls: type,
-                                                   op: str, tol: float, shape: tuple) -> None:
+def test_dyn_linear_sends_its_kernel_8bit_operands(
+    monkeypatch: pytest.MonkeyPatch, cls: type, op: str, tol: float, shape: tuple
+) -> None:
     q = cls.from_linear(_linear())
     kernel_runs(cls.KERNEL, "cpu")
     calls = _spy(monkeypatch, op)
@@ -262,8 +273,9 @@ def test_dyn_fallback_has_the_kernels_numbers(cls: type, op: str, tol: float) ->
 
 
 @pytest.mark.parametrize("cls,op,tol", DYN)
-def test_dyn_unaligned_layer_falls_back(monkeypatch: pytest.MonkeyPatch, cls: type, op: str,
-                                        tol: float) -> None:
+def test_dyn_unaligned_layer_falls_back(
+    monkeypatch: pytest.MonkeyPatch, cls: type, op: str, tol: float
+) -> None:
     torch.manual_seed(3)
     lin = nn.Linear(60, 36)  # 60 is a multiple of neither 8 nor 16: the CUDA kernels refuse it
     q = cls.from_linear(lin)
@@ -275,8 +287,9 @@ def test_dyn_unaligned_layer_falls_back(monkeypatch: pytest.MonkeyPatch, cls: ty
 
 
 @pytest.mark.parametrize("cls,op,tol", DYN)
-def test_dyn_device_that_refuses_the_kernel_falls_back(monkeypatch: pytest.MonkeyPatch,
-                                                       cls: type, op: str, tol: float) -> None:
+def test_dyn_device_that_refuses_the_kernel_falls_back(
+    monkeypatch: pytest.MonkeyPatch, cls: type, op: str, tol: float
+) -> None:
     def refuse(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("not supported on this device")
 
@@ -291,20 +304,38 @@ def test_dyn_device_that_refuses_the_kernel_falls_back(monkeypatch: pytest.Monke
 
 # ---- a real architecture: tiny random Llama ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_llama() -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=128, vocab_size=128,
-                                   max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-LLAMA_TOL = {"fp32": 1e-6, "bf16": 0.02, "fp16": 0.01, "int8": 0.03, "int8-dyn": 0.03,
-             "fp8": 0.1, "fp8-dyn": 0.1}
-LLAMA_KERNELS = {"int8": "dequant", "fp8": "dequant", "int8-dyn": "int_mm",
-                 "fp8-dyn": "scaled_mm"}  # fp32 activations at batch-1 decode, on CPU
+LLAMA_TOL = {
+    "fp32": 1e-6,
+    "bf16": 0.02,
+    "fp16": 0.01,
+    "int8": 0.03,
+    "int8-dyn": 0.03,
+    "fp8": 0.1,
+    "fp8-dyn": 0.1,
+}
+LLAMA_KERNELS = {
+    "int8": "dequant",
+    "fp8": "dequant",
+    "int8-dyn": "int_mm",
+    "fp8-dyn": "scaled_mm",
+}  # fp32 activations at batch-1 decode, on CPU
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -321,12 +352,14 @@ def test_tiny_llama_variant_tracks_fp32_and_generates(tiny_llama: nn.Module, var
     else:
         assert counts == {}
     prompt = ids[:1]
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
-                         do_sample=False, pad_token_id=0)
+    out = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
     assert out.shape == (1, 16) and torch.equal(out[:, :12], prompt)
 
 
 # ---- CUDA: the GPU kernels' own rules ---------------------------------------------------------
+
 
 @needs_cuda
 @pytest.mark.parametrize("rows", [1, 16, 17, 40])

@@ -29,8 +29,9 @@ from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
 
 ZOO = REPO / "evals" / "demo" / "zoo"
-pytestmark = pytest.mark.skipif(not (ZOO / "zoo-l" / "config.json").exists(),
-                                reason="zoo checkpoints not built")
+pytestmark = pytest.mark.skipif(
+    not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
+)
 
 
 def _random_model(out: Path, scale: float, noise: float = 0.0) -> Path:
@@ -59,21 +60,32 @@ def _random_model(out: Path, scale: float, noise: float = 0.0) -> Path:
 @pytest.fixture(scope="module")
 def endless(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, draft): random models that never emit a special token, the draft a noisy copy."""
-    return (_random_model(tmp_path_factory.mktemp("target"), 8.0),
-            _random_model(tmp_path_factory.mktemp("draft"), 8.0, noise=0.7))
+    return (
+        _random_model(tmp_path_factory.mktemp("target"), 8.0),
+        _random_model(tmp_path_factory.mktemp("draft"), 8.0, noise=0.7),
+    )
 
 
-def _candidate(model: Path, draft: Path | None = None, k: int = 3, max_batch: int = 64,
-               **extra) -> Candidate:
+def _candidate(model: Path, draft: Path | None = None, k: int = 3, max_batch: int = 64, **extra) -> Candidate:
     spec = {"speculative": {"model": str(draft), "num_speculative_tokens": k}} if draft else {}
-    return Candidate(name="t", provider="local", model=str(model), variant="fp32", device="cpu",
-                     gpu_hour_usd=1.0, max_concurrency=max_batch, **spec, **extra)
+    return Candidate(
+        name="t",
+        provider="local",
+        model=str(model),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=max_batch,
+        **spec,
+        **extra,
+    )
 
 
-def _req(prompt: str, max_tokens: int = 12, temperature: float = 0.0,
-         stop: tuple[str, ...] = ()) -> Request:
-    return Request((Message("user", prompt),),
-                   GenerationSettings(max_tokens=max_tokens, temperature=temperature, stop=stop))
+def _req(prompt: str, max_tokens: int = 12, temperature: float = 0.0, stop: tuple[str, ...] = ()) -> Request:
+    return Request(
+        (Message("user", prompt),),
+        GenerationSettings(max_tokens=max_tokens, temperature=temperature, stop=stop),
+    )
 
 
 async def _serve(candidate: Candidate, requests: list[Request]) -> list:
@@ -106,8 +118,7 @@ async def test_greedy_answers_are_the_targets_on_every_demo_item(monkeypatch) ->
     monkeypatch.setattr(_batcher, "verify", recording_verify)
     requests = _demo_requests()
     alone = await _serve(_candidate(ZOO / "zoo-l", prefix_cache=False), requests)
-    drafted = await _serve(_candidate(ZOO / "zoo-l", ZOO / "zoo-s", k=3, prefix_cache=False),
-                           requests)
+    drafted = await _serve(_candidate(ZOO / "zoo-l", ZOO / "zoo-s", k=3, prefix_cache=False), requests)
     assert len(requests) == sum(zoo.eval_count(t, d) for t in zoo.TASKS for d in zoo.DIFFICULTIES)
     assert [c.text for c in drafted] == [c.text for c in alone]
     assert [c.output_tokens for c in drafted] == [c.output_tokens for c in alone]
@@ -127,8 +138,12 @@ async def test_max_tokens_and_stop_strings_end_exactly_their_row(endless) -> Non
     free = _req("sort: 31=", max_tokens=30)
     alone = (await _serve(_candidate(target), [free]))[0].text
     stop = alone[9:11]
-    requests = [free, _req("sort: 31=", max_tokens=30, stop=(stop,)), _req("add: 1+2=", 7),
-                _req("reverse: abc=", 1)]
+    requests = [
+        free,
+        _req("sort: 31=", max_tokens=30, stop=(stop,)),
+        _req("add: 1+2=", 7),
+        _req("reverse: abc=", 1),
+    ]
     plain = await _serve(_candidate(target), requests)
     spec = await _serve(_candidate(target, target, k=4), requests)  # self-draft: all accepted
     assert [c.text for c in spec] == [c.text for c in plain]
@@ -172,8 +187,7 @@ async def test_out_of_memory_while_speculating_requeues(endless, monkeypatch) ->
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         real(self)
 
-    requests = [_req(p, max_tokens=12) for p in ("sort: 12=", "add: 1+1=", "reverse: ab=",
-                                                 "sort: 4321=")]
+    requests = [_req(p, max_tokens=12) for p in ("sort: 12=", "add: 1+1=", "reverse: ab=", "sort: 4321=")]
     alone = await _serve(_candidate(target), requests)
     monkeypatch.setattr(Batcher, "_speculate", oom_once_at_full_batch)
     provider = LocalProvider(_candidate(target, draft, max_batch=4))
@@ -207,8 +221,7 @@ def test_verify_keeps_the_target_distribution_at_every_position() -> None:
 def test_greedy_rows_accept_exactly_the_targets_argmax() -> None:
     logits = torch.tensor([[[0.0, 5, 1], [3, 0, 1], [0, 0, 9]]])  # target argmax 1, 0, 2
     p = probabilities(logits, torch.tensor([0.0]), torch.tensor([1.0]))
-    q = probabilities(torch.tensor([[[0.0, 9, 0], [0, 9, 0]]]), torch.tensor([0.0]),
-                      torch.tensor([1.0]))
+    q = probabilities(torch.tensor([[[0.0, 9, 0], [0, 9, 0]]]), torch.tensor([0.0]), torch.tensor([1.0]))
     for _ in range(20):  # whatever the random draws
         n, nxt = verify(p, q, torch.tensor([[1, 1]]))
         assert (n.item(), nxt.item()) == (1, 0)  # keeps 1, rejects 1, corrects to 0
@@ -216,8 +229,9 @@ def test_greedy_rows_accept_exactly_the_targets_argmax() -> None:
         assert (n.item(), nxt.item()) == (2, 2)  # keeps both, bonus = argmax of the last
 
 
-def _exact_marginals(model, prompt_ids: list[int], temp: float, top_p: float,
-                     vocab: int) -> list[torch.Tensor]:
+def _exact_marginals(
+    model, prompt_ids: list[int], temp: float, top_p: float, vocab: int
+) -> list[torch.Tensor]:
     """The target's own distribution of output tokens 1, 2 and 3 (summing over the earlier
     ones), with its temperature and top-p: what sampling without a draft gives."""
     t, tp = torch.tensor([temp]), torch.tensor([top_p])
@@ -254,7 +268,8 @@ def _assert_same_distribution(observed: torch.Tensor, expected: torch.Tensor) ->
 
 @pytest.mark.parametrize("temp,top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_sampled_tokens_keep_the_targets_distribution_through_the_batcher(
-        endless, temp: float, top_p: float) -> None:
+    endless, temp: float, top_p: float
+) -> None:
     """Rows sampled with a disagreeing draft, batched 300 at a time, produce output tokens
     2 and 3 (the first verified ones) with the target's exact distribution."""
     target_dir, draft_dir = endless
@@ -268,8 +283,9 @@ def test_sampled_tokens_keep_the_targets_distribution_through_the_batcher(
     proposed = accepted = 0
     torch.manual_seed(2)
     with torch.inference_mode():
-        expected = _exact_marginals(target, tok(prompt, add_special_tokens=False)["input_ids"],
-                                    temp, top_p, vocab)
+        expected = _exact_marginals(
+            target, tok(prompt, add_special_tokens=False)["input_ids"], temp, top_p, vocab
+        )
         batcher = Batcher(target, tok, "cpu", 300, draft=draft, num_draft=2)
         for _ in range(10):
             rows = [Row(prompt, 3, temp, top_p, ()) for _ in range(300)]
@@ -292,8 +308,11 @@ async def test_a_draft_with_another_vocabulary_is_refused(tmp_path) -> None:
     other = bench.build_checkpoint(tmp_path / "other", bench.ARCH_TINY)["path"]
     provider = LocalProvider(_candidate(ZOO / "zoo-l", Path(other)))
     try:
-        with pytest.raises(ProviderError, match="cannot draft for this model: the tokenizers "
-                           r"differ \(45 vs 512 tokens.*share the target's tokenizer") as err:
+        with pytest.raises(
+            ProviderError,
+            match="cannot draft for this model: the tokenizers "
+            r"differ \(45 vs 512 tokens.*share the target's tokenizer",
+        ) as err:
             await provider.generate(_req("sort: 21="))
     finally:
         await provider.aclose()
@@ -308,38 +327,59 @@ def _write(tmp_path: Path, body: str) -> Path:
 
 def test_config_names_a_draft_by_candidate_and_resolves_it(tmp_path) -> None:
     shutil.copytree(ZOO / "zoo-s", tmp_path / "small")
-    cfg = load_config(_write(tmp_path, """
+    cfg = load_config(
+        _write(
+            tmp_path,
+            """
 candidates:
   - {name: s, provider: local, model: small, variant: int8, gpu_hour_usd: 1}
   - {name: l, provider: local, model: /abs/l, gpu_hour_usd: 2,
      speculative: {model: s, num_speculative_tokens: 4}}
   - {name: l2, provider: local, model: /abs/l, gpu_hour_usd: 2,
      speculative: {model: small, num_speculative_tokens: 2, variant: bf16}}
-"""))
+""",
+        )
+    )
     l_, l2 = cfg.candidates[1].speculative, cfg.candidates[2].speculative
     assert (l_.model, l_.variant, l_.num_speculative_tokens) == (str(tmp_path / "small"), "int8", 4)
     assert (l2.model, l2.variant) == (str(tmp_path / "small"), "bf16")
 
 
-@pytest.mark.parametrize("candidates, message", [
-    ("  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,"
-     " speculative: {model: x, num_speculative_tokens: 2}}",
-     "candidates.0: Value error, speculative: only `local` candidates"),
-    ("  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
-     " speculative: {model: x, num_speculative_tokens: 0}}",
-     "candidates.0.speculative.num_speculative_tokens"),
-    ("  - {name: a, provider: local, model: m, gpu_hour_usd: 1, speculative: {model: x}}",
-     "candidates.0.speculative.num_speculative_tokens: Field required"),
-    ("  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
-     " speculative: {model: x, num_speculative_tokens: 2, k: 3}}", "candidates.0.speculative.k"),
-    ("  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
-     " speculative: {model: a, num_speculative_tokens: 2}}",
-     "candidates.0.speculative.model: candidate 'a' names itself"),
-    ("  - {name: api, provider: openai, model: m, input_price_per_mtok: 1}\n"
-     "  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
-     " speculative: {model: api, num_speculative_tokens: 2}}",
-     "candidates.1.speculative.model: draft candidate 'api' is a 'openai' candidate"),
-])
+@pytest.mark.parametrize(
+    "candidates, message",
+    [
+        (
+            "  - {name: a, provider: openai, model: m, input_price_per_mtok: 1,"
+            " speculative: {model: x, num_speculative_tokens: 2}}",
+            "candidates.0: Value error, speculative: only `local` candidates",
+        ),
+        (
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
+            " speculative: {model: x, num_speculative_tokens: 0}}",
+            "candidates.0.speculative.num_speculative_tokens",
+        ),
+        (
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1, speculative: {model: x}}",
+            "candidates.0.speculative.num_speculative_tokens: Field required",
+        ),
+        (
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
+            " speculative: {model: x, num_speculative_tokens: 2, k: 3}}",
+            "candidates.0.speculative.k",
+        ),
+        (
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
+            " speculative: {model: a, num_speculative_tokens: 2}}",
+            "candidates.0.speculative.model: candidate 'a' names itself",
+        ),
+        (
+            "  - {name: api, provider: openai, model: m, input_price_per_mtok: 1}\n"
+            "  - {name: a, provider: local, model: m, gpu_hour_usd: 1,"
+            " speculative: {model: api, num_speculative_tokens: 2}}",
+            "candidates.1.speculative.model: draft candidate 'api' is a 'openai' candidate",
+        ),
+    ],
+)
 def test_bad_speculative_config_names_the_field(tmp_path, candidates: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, "candidates:\n" + candidates + "\n"))
