@@ -42,9 +42,9 @@ hypothesis.settings.load_profile("routeopt")
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tiers it uses (and `slow` with any), group the tests of a file that
-    shares a module-scoped fixture onto one xdist worker, and, when distributing, hand out the
-    longest kinds first (virtualenv builds, then other slow tests) so that none starts last."""
+    """Mark each test with the tiers it uses (and `slow` with any), group tests that share
+    something onto one xdist worker (tests/tiers.py: xdist_group), and, when distributing, hand
+    out the longest kinds first (virtualenv builds, then other slow tests) so none starts last."""
     rank = {}
     for item in items:
         found = tiers.tiers(item)
@@ -53,8 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if found:
             item.add_marker("slow")
         rank[item.nodeid] = 0 if "venv" in found else 1 if item.get_closest_marker("slow") else 2
-        if (scope := tiers.shared_scope(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(scope))
+        if (group := tiers.xdist_group(item, found)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: rank[item.nodeid])  # stable: files stay in order
 

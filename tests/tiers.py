@@ -82,9 +82,14 @@ def tiers(item: pytest.Item) -> set[str]:
     return found
 
 
-def shared_scope(item: pytest.Item) -> str | None:
-    """The test file when `item` uses a module- or class-scoped fixture written under tests/:
-    pytest-xdist then runs that file's tests on one worker, which sets the fixture up once."""
+def xdist_group(item: pytest.Item, found: set[str]) -> str | None:
+    """The pytest-xdist group `item` runs in (all of a group on one worker, in order), if any.
+
+    Node tests share gateways/js/dist on disk, which a build (npm run build, npm pack) empties
+    first: they run on one worker. Otherwise, a test file with a module- or class-scoped fixture
+    written under tests/ runs on one worker, which sets the fixture up once."""
+    if "node" in found:
+        return "gateways-js"
     info = getattr(item, "_fixtureinfo", None)
     for defs in info.name2fixturedefs.values() if info else ():
         if any(d.scope in ("module", "class") and _ours(_unwrapped(d.func)) for d in defs):
