@@ -1,6 +1,9 @@
 """routeopt's tests; `tests/` mirrors the package tree."""
 
+import fcntl
+import tempfile
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,3 +25,12 @@ def source_file(module: str) -> Path:
             path = folder.joinpath(*rest)
             return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     raise ValueError(f"{module} is not one of routeopt's modules")
+
+
+def documented_ports_lock() -> IO[str]:
+    """Hold, until the returned file is closed, the one lock of the tests that listen on the fixed
+    ports the docs and the nginx kit name (8600, 8700, 8780...): one such test at a time across
+    xdist workers and concurrent sessions."""
+    guard = open(Path(tempfile.gettempdir()) / "routeopt-documented-ports.lock", "w")
+    fcntl.flock(guard, fcntl.LOCK_EX)
+    return guard

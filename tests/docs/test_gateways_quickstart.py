@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import REPO
+from tests import REPO, documented_ports_lock
 
 PAGE = REPO / "docs" / "gateways.md"
 _MARKED = re.compile(r"^<!-- test: (run|file ([\w.\-]+)) -->\n```(\w+)\n(.*?)^```$", re.S | re.M)
@@ -74,6 +74,7 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         "ROUTEOPT_STATE_DIR": str(tmp_path / "state"),
         "COLUMNS": "120",
     }
+    guard = documented_ports_lock()  # the page's commands listen on 8600 and 8700
     proc = subprocess.Popen(
         ["bash", "-c", script],
         cwd=project,
@@ -89,6 +90,8 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"the quickstart did not finish in 20 minutes:\n{out[-4000:]}")
+    finally:
+        guard.close()
     assert proc.returncode == 0, out[-6000:]
     for line in (
         "python: version 1 routes to",

@@ -8,7 +8,6 @@ auth_request, which cannot carry the body, never makes a decision on an empty pr
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from routeopt.artifacts.publish.registry import move_channel
 from routeopt.artifacts.serving.route_request import messages_text
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.publish.registry_server import serve_in_thread
-from tests import REPO
+from tests import REPO, documented_ports_lock
 from tests.artifacts.policies import SUITES
 from tests.fake_llm import FakeLLM
 from tests.litellm_proxy import free_port
@@ -161,8 +160,7 @@ def stack(tmp_path_factory, policies, keypair):
         f"{KIT}'s backend map lacks a candidate of the test policy"
     )
     # one test session at a time on the kit's fixed ports
-    guard = open(Path(tempfile.gettempdir()) / "routeopt-nginx-kit.lock", "w")
-    fcntl.flock(guard, fcntl.LOCK_EX)
+    guard = documented_ports_lock()
     _free(ports)
     registry = tmp / "registry"
     publish(
