@@ -39,6 +39,7 @@ from routeopt.router_training.fit.estimators import (
 from routeopt.router_training.fit.certificate import Certificate
 from routeopt.router_training.fit.bounds import Assumption
 from routeopt.router_training.policy.features import FeatureSpec, n_chars as text_length
+from routeopt.router_training.fit.latency_fitting import DEFAULT_ALPHA, latency_policy
 from routeopt.router_training.fit.knob_fitting import (
     DEFAULT_CONFIDENCE,
     STANDARD_TARGETS,
@@ -47,6 +48,7 @@ from routeopt.router_training.fit.knob_fitting import (
 )
 from routeopt.router_training.live.shift_monitor import reference_sketch
 from routeopt.router_training.policy.numerics import sigmoid
+from routeopt.router_training.policy.knob import request_unit
 from routeopt.router_training.policy.routing import CostModel, LinearScorer, RoutingPolicy
 from routeopt.router_training.policy.trees import TreeScorer
 
@@ -226,9 +228,11 @@ def _fit(
     design: Design = Design(),
     certificate: Certificate = Certificate(),
     client: Any = None,
+    latency_alpha: float = DEFAULT_ALPHA,
 ) -> RoutingPolicy:
     """Fit on all requests; calibrate and build the knob from out-of-fold predictions, certified
-    under what `certificate` assumes of the traffic."""
+    under what `certificate` assumes of the traffic; where the outcomes measured latency, the
+    latency model and the budgets certified to keep `latency_alpha`."""
     f = fit_calibrated(data, seed, embeddings, estimator, design, client)
     policy = RoutingPolicy(
         candidates=list(data.candidates),
@@ -257,11 +261,29 @@ def _fit(
     policy.reference_pass_rate = (
         float(f.rates[ref]) if basis.weights is None else basis.reference_rate(f.cal.Y, ref)
     )
+    latency_metrics = None
+    if data.latency:
+        policy.latency, latency_metrics = latency_policy(
+            f.cal,
+            ref,
+            np.array([text_length(p) for p in data.prompts]),
+            _suite_pos(data.suites, f.spec.suites),
+            data.latency,
+            len(f.spec.suites),
+            f.folds,
+            confidence,
+            latency_alpha,
+            basis.assumption,
+            basis.weights,
+            basis.cells,
+        )
     policy.metrics = {
         **f.metrics,
         "knob": knob_summary(policy, basis.assumption, design.split),
         "shift_reference": shift_reference(policy, f.cal, data),
     }
+    if latency_metrics is not None:
+        policy.metrics["latency"] = latency_metrics
     return policy
 
 
@@ -318,6 +340,7 @@ def train_router(
     refit: bool = True,
     certificate: Certificate = Certificate(),
     client: Any = None,
+    latency_alpha: float = DEFAULT_ALPHA,
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
@@ -331,8 +354,13 @@ def train_router(
     certificate assumes of the traffic (`routeopt.router_training.fit.certificate`): like the calibration
     requests (the default), toward an unlabelled traffic sample, or robust to a stated shift.
     `client` (a `dask.distributed.Client`, with `estimator="lightgbm"`) trains the boosters on
-    that cluster's workers through LightGBM's Dask interface.
+    that cluster's workers through LightGBM's Dask interface. Where the outcomes measured TTFT
+    or latency (`ttft_s`, `latency_s`), the policy also serves latency budgets, each certified
+    to keep the share of requests over budget at or below `latency_alpha`
+    (`routeopt.router_training.fit.latency_fitting`).
     """
+    if not 0 < latency_alpha < 1:
+        raise ValueError(f"latency_alpha must be in (0, 1), got {latency_alpha}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if client is not None and estimator != "lightgbm":
@@ -350,7 +378,16 @@ def train_router(
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
     with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
         fit = lambda d: _fit(
-            d, seed, quality_target, embeddings, estimator, confidence, design, certificate, client
+            d,
+            seed,
+            quality_target,
+            embeddings,
+            estimator,
+            confidence,
+            design,
+            certificate,
+            client,
+            latency_alpha,
         )
         evaluated = fit(train)
         refit = refit and len(test) > 0
@@ -440,4 +477,60 @@ def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingDat
     at = next(r for r in promise["targets"] if r["target"] == target)
     report["router_at_target"] = {"target": target, "pass_rate": at["pass_rate"], "cost": at["cost"]}
     report["promise"] = promise
+    if policy.latency is not None and test.latency:
+        report["latency"] = budget_report(policy, test, tuple(sorted({target, 0.9})))
     return report
+
+
+def budget_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:
+    """Per kind, budget and target, on held-out requests: the pass rate, the cost, the share of
+    requests whose measured seconds exceeded the budget (over those measured) beside the
+    certified `alpha`, and whether the quality promise held."""
+    assert policy.latency is not None
+    full = test.align(policy.candidates).complete()
+    if not len(full):
+        return {"n": 0, "rows": []}
+    P, Cp = policy.predict(full.prompts, full.suites)
+    y_ref = full.Y[:, policy.candidates.index(policy.reference_model)]
+    rows_idx = np.arange(len(full))
+    out = []
+    for kind in policy.latency.model.kinds:
+        if kind not in full.latency:
+            continue
+        pred = policy.predict_latency(kind, full.prompts, full.suites)
+        units = lambda i: request_unit(full.prompts[i], full.suites[i])
+        for budget in policy.latency.budgets(kind):
+            for x in targets:
+                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
+                seconds = full.latency[kind][rows_idx, pick]
+                measured = ~np.isnan(seconds)
+                q, c = outcomes_of(pick, full)
+                tier = policy.latency.tier_for(kind, budget)
+                assert tier is not None
+                certified = x <= tier.knob.certified_up_to() + 1e-12
+                over = float(np.mean(seconds[measured] > budget)) if measured.any() else math.nan
+                out.append(
+                    {
+                        "kind": kind,
+                        "budget_s": budget,
+                        "target": x,
+                        "certified": bool(certified),
+                        "pass_rate": q,
+                        "cost": c,
+                        "over_budget": over,
+                        "measured": int(measured.sum()),
+                        "held": bool(
+                            certified
+                            and q >= x * float(np.mean(y_ref)) - 1e-12
+                            and over <= policy.latency.alpha
+                        ),
+                    }
+                )
+    promised = [r for r in out if r["certified"]]
+    return {
+        "n": len(full),
+        "alpha": policy.latency.alpha,
+        "rows": out,
+        "promised": len(promised),
+        "held": sum(r["held"] for r in promised),
+    }

@@ -6,12 +6,13 @@ fraction, the cost a mean. Missing pairs stay NaN and estimators skip them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 REQUIRED = ("request_id", "prompt", "model")
+LATENCY_COLUMNS = {"ttft": "ttft_s", "latency": "latency_s"}  # kind -> the outcome column it is read from
 
 
 @dataclass
@@ -24,6 +25,9 @@ class RoutingData:
     candidates: list[str]
     Y: np.ndarray
     C: np.ndarray
+    # measured seconds by kind ("ttft", "latency"), (n, K), NaN where not measured; only the
+    # kinds the outcomes measured at all
+    latency: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -37,6 +41,7 @@ class RoutingData:
             list(self.candidates),
             self.Y[idx],
             self.C[idx],
+            {k: v[idx] for k, v in self.latency.items()},
         )
 
     def complete(self) -> "RoutingData":
@@ -49,10 +54,13 @@ class RoutingData:
         pos = {c: i for i, c in enumerate(self.candidates)}
         Y = np.full((len(self), len(candidates)), np.nan)
         C = np.full((len(self), len(candidates)), np.nan)
+        L = {k: np.full((len(self), len(candidates)), np.nan) for k in self.latency}
         for j, c in enumerate(candidates):
             if c in pos:
                 Y[:, j], C[:, j] = self.Y[:, pos[c]], self.C[:, pos[c]]
-        return RoutingData(self.request_ids, self.prompts, self.suites, list(candidates), Y, C)
+                for k in L:
+                    L[k][:, j] = self.latency[k][:, pos[c]]
+        return RoutingData(self.request_ids, self.prompts, self.suites, list(candidates), Y, C, L)
 
 
 def _pass_target(frame: pd.DataFrame) -> pd.Series:
@@ -118,10 +126,14 @@ def routing_data(
             "model": frame["model"].astype(str),
             "y": _pass_target(frame).astype("float64"),
             "cost": _priced_cost(frame, prices or {}).astype("float64"),
+            **{kind: _column(frame, column) for kind, column in LATENCY_COLUMNS.items()},
         }
     )
     df = df.dropna(subset=["y"])
-    agg = df.groupby(["request_id", "model"], sort=True).agg(y=("y", "mean"), cost=("cost", "mean"))
+    measured = [kind for kind in LATENCY_COLUMNS if df[kind].notna().any()]
+    agg = df.groupby(["request_id", "model"], sort=True).agg(
+        y=("y", "mean"), cost=("cost", "mean"), **{kind: (kind, "mean") for kind in measured}
+    )
     first = df.groupby("request_id", sort=True).agg(row=("row", "first"), suite=("suite", "first"))
     # a request's prompt is that of its first row: only those rows' prompts are read as text
     first["prompt"] = frame["prompt"].iloc[first["row"].to_numpy()].astype(str).to_numpy()
@@ -139,4 +151,11 @@ def routing_data(
         candidates=list(names),
         Y=Y.to_numpy(dtype=np.float64),
         C=C.to_numpy(dtype=np.float64),
+        latency={
+            kind: agg[kind]
+            .unstack("model")
+            .reindex(index=first.index, columns=names)
+            .to_numpy(dtype=np.float64)
+            for kind in measured
+        },
     )

@@ -85,14 +85,17 @@ def hull_vertices(cost: np.ndarray, quality: np.ndarray) -> np.ndarray:
     return np.array(hull, dtype=int)
 
 
-def _members(cal: Calibration, ref: int) -> tuple[list[Member], np.ndarray]:
-    """Distinct members and their choices on the calibration requests (members x n)."""
+def _members(
+    cal: Calibration, ref: int, allowed: np.ndarray | None = None
+) -> tuple[list[Member], np.ndarray]:
+    """Distinct members and their choices on the calibration requests (members x n), among
+    the `allowed` candidates of each request where given (a latency budget's mask)."""
     members, choices, seen = [], [], set()
     k = cal.P.shape[1]
     candidates = [Member("single", float(ref))] + [Member("single", float(j)) for j in range(k) if j != ref]
     candidates += [Member("lambda", float(lam)) for lam in lambda_grid(cal.Cp)]
     for m in candidates:
-        pick = member_choice(m, cal.P, cal.Cp)
+        pick = member_choice(m, cal.P, cal.Cp, allowed)
         key = pick.tobytes()
         if key not in seen:
             seen.add(key)

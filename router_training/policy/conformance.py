@@ -24,7 +24,7 @@ from routeopt.router_training.policy.conformance_inputs import VectorInput, from
 from routeopt.router_training.policy.draws import Exploration, choose, derive_key, unit_draw
 from routeopt.router_training.policy.batch_features import BatchFeatures, batch_features, batch_predict
 from routeopt.router_training.policy.features import mix
-from routeopt.router_training.policy.files import FORMAT_VERSION
+from routeopt.router_training.policy.files import FORMAT_VERSION, written_version
 from routeopt.router_training.policy.knob import cut_unit, fallback_order, point_choice
 from routeopt.router_training.policy.tensors import ContainerError, dumps, loads
 
@@ -58,6 +58,16 @@ LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("cost", (("cost.c", CLOSE),)),
     ("knob", (("knob.point", EXACT), ("knob.unit", EXACT))),
     ("decision", (("decision.model", EXACT), ("decision.fallbacks", EXACT), ("decision.propensity", CLOSE))),
+    ("latency", (("latency.pred", CLOSE),)),
+    (
+        "budget",
+        (
+            ("budget.model", EXACT),
+            ("budget.fallbacks", EXACT),
+            ("budget.met", EXACT),
+            ("budget.propensity", CLOSE),
+        ),
+    ),
     (
         "gateway",
         (
@@ -71,6 +81,7 @@ LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ),
 )
 TEXT_LAYERS = ("bytes", "words", "buckets", "features")
+LATENCY_LAYERS = ("latency", "budget")  # only in the vectors of a policy with a latency section
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,7 @@ def compute(
     config: dict[str, Any],
     targets: tuple[float, ...] = TARGETS,
     n_detail: int = DETAIL,
+    budgets: list[list[Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
     at once: routeopt.router_training.policy.batch_features, which tests hold to the one-request path's bits)."""
@@ -216,7 +228,57 @@ def compute(
     )
     out.update(_decisions(policy, out, targets))
     out.update(_gateway(policy, inputs, out, config))
+    if policy.latency is not None:
+        out.update(_budgets(policy, inputs, out, budgets if budgets is not None else budget_cases(policy)))
     return out
+
+
+def budget_cases(policy: RoutingPolicy) -> list[list[Any]]:
+    """The (kind, budget in seconds, quality target) cases the vectors decide at: per kind, a
+    budget below every tier, each tier's own budget (at most four, spread), one between two
+    tiers and one above all, at the policy's target and at 0.9."""
+    assert policy.latency is not None
+    cases: list[list[Any]] = []
+    for kind in policy.latency.model.kinds:
+        budgets = policy.latency.budgets(kind)
+        if not budgets:
+            continue
+        spread = (
+            [budgets[round(i * (len(budgets) - 1) / 3)] for i in range(4)] if len(budgets) > 4 else budgets
+        )
+        chosen = [budgets[0] / 2, *dict.fromkeys(spread), budgets[-1] * 2]
+        if len(budgets) > 1:
+            chosen.append((budgets[0] + budgets[1]) / 2)
+        cases += [[kind, float(b), float(t)] for b in chosen for t in (policy.quality_target, 0.9)]
+    return cases
+
+
+def _budgets(
+    policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray], cases: list[list[Any]]
+) -> dict[str, np.ndarray]:
+    """The latency models' predictions and the decisions at each budget case (the spec's
+    'Latency' and 'Budget' steps, by the policy's own `_budget_choice`)."""
+    assert policy.latency is not None
+    P, C, u = out["calibration.p"], out["cost.c"], out["knob.unit"]
+    n, k = P.shape
+    texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
+    models = sorted(policy.latency.model.models, key=lambda m: (m[0] != "ttft", m[1]))
+    pred = {m: policy.predict_latency(m[0], texts, suites, m[1]) for m in models}
+    chosen, met = np.zeros((n, len(cases)), np.uint16), np.zeros((n, len(cases)), np.uint8)
+    fallbacks, props = np.zeros((n, len(cases), k - 1), np.uint16), np.zeros((n, len(cases)))
+    for j, (kind, budget, target) in enumerate(cases):
+        picks, prop, order, outcomes = policy._budget_choice(
+            kind, float(budget), P, C, pred[kind, "p95"], lambda i: u[i], float(target)
+        )
+        chosen[:, j], props[:, j], met[:, j] = picks, prop, [o.met for o in outcomes]
+        fallbacks[:, j] = order[order != picks[:, None]].reshape(n, -1)
+    return {
+        "latency.pred": np.stack([pred[m] for m in models], axis=1),
+        "budget.model": chosen,
+        "budget.fallbacks": fallbacks,
+        "budget.met": met,
+        "budget.propensity": props,
+    }
 
 
 def _pick(
@@ -343,10 +405,14 @@ def build_vectors(policy: RoutingPolicy) -> bytes:
     suites = sorted({i.suite for i in inputs}, key=lambda s: (s is not None, s or ""))
     config = _gateway_config(policy)
     portable = not policy.spec.embeddings
-    layers = [name for name, _ in LAYERS if portable or name in TEXT_LAYERS]
+    layers = [
+        name
+        for name, _ in LAYERS
+        if (portable or name in TEXT_LAYERS) and (policy.latency is not None or name not in LATENCY_LAYERS)
+    ]
     meta = {
         "format": FORMAT,
-        "policy_format": FORMAT_VERSION,
+        "policy_format": written_version(policy),
         "requests": len(inputs),
         "candidates": list(policy.candidates),
         "targets": list(TARGETS),
@@ -356,6 +422,8 @@ def build_vectors(policy: RoutingPolicy) -> bytes:
         "suites": suites,
         "gateway": config,
     }
+    if "budget" in layers:
+        meta["budgets"] = budget_cases(policy)
     tensors = {**_encode_inputs(inputs, suites), **compute(policy, inputs, config)}
     return dumps(tensors, {"routeopt": json.dumps(meta, ensure_ascii=True)})
 
@@ -451,6 +519,12 @@ def _compare(
     meta: dict[str, Any], want: dict[str, np.ndarray], got: dict[str, np.ndarray], inputs: list[VectorInput]
 ) -> tuple[dict[str, int], str | None, float]:
     tol, n = float(meta["tolerance"]), len(inputs)
+    unknown = [layer for layer in meta["layers"] if layer not in dict(LAYERS)]
+    if unknown:
+        raise ContainerError(
+            f"conformance vectors: layer {unknown[0]!r} is not one this runtime implements: "
+            "the policy needs a newer runtime"
+        )
     ids_bad, vals_bad, worst = _detail_differs(want, got, tol)
     counts, first = {}, None
     for layer, tensors in LAYERS:
@@ -484,7 +558,11 @@ def _compare(
 
 
 def _serving_path(
-    policy: RoutingPolicy, inputs: list[VectorInput], want: dict[str, np.ndarray], targets: tuple[float, ...]
+    policy: RoutingPolicy,
+    inputs: list[VectorInput],
+    want: dict[str, np.ndarray],
+    targets: tuple[float, ...],
+    budgets: list[list[Any]] | None = None,
 ) -> str | None:
     """The first requests again through `RoutingPolicy.decide`, the path that serves gateways
     (the batch above computes the same bits; this checks that it still does)."""
@@ -508,6 +586,20 @@ def _serving_path(
                     f"step serving: RoutingPolicy.decide disagrees with the vectors at request {i} "
                     f"({_describe(inp)}), target {target}: chose {d.model}, fallbacks {list(d.fallbacks)}"
                 )
+        if budgets:
+            kind, budget, target = budgets[i % len(budgets)]
+            j = i % len(budgets)
+            d = policy.decide(inp.text, inp.suite, target, **{f"{kind}_budget_s": budget})
+            assert d.budget is not None
+            if (
+                names[d.model] != want["budget.model"][i, j]
+                or [names[m] for m in d.fallbacks] != want["budget.fallbacks"][i, j].tolist()
+                or int(d.budget.met) != want["budget.met"][i, j]
+            ):
+                return (
+                    f"step serving: RoutingPolicy.decide disagrees with the vectors at request {i} "
+                    f"({_describe(inp)}), {kind} budget {budget} s, target {target}: chose {d.model}"
+                )
     return None
 
 
@@ -526,10 +618,17 @@ def check_vectors(
                 f"{meta['candidates']}, the policy has {policy.candidates} (swapped files?)",
             )
         targets = tuple(float(t) for t in meta["targets"])
-        got = compute(policy, inputs, meta["gateway"], targets, int(meta["detail"]))
+        if ("budget" in meta["layers"]) != (policy.latency is not None):
+            return ConformanceReport(
+                False,
+                len(inputs),
+                first=f"{where}: the vectors {'do' if 'budget' in meta['layers'] else 'do not'} check "
+                f"latency budgets and the policy {'has no' if policy.latency is None else 'has a'} latency section",
+            )
+        got = compute(policy, inputs, meta["gateway"], targets, int(meta["detail"]), meta.get("budgets"))
         counts, first, worst = _compare(meta, want, got, inputs)
         if first is None and "decision" in meta["layers"]:
-            first = _serving_path(policy, inputs[:SERVING_SAMPLE], want, targets)
+            first = _serving_path(policy, inputs[:SERVING_SAMPLE], want, targets, meta.get("budgets"))
             counts["serving"] = int(first is not None)
     except ContainerError as exc:
         return ConformanceReport(False, first=str(exc), seconds=time.perf_counter() - start)

@@ -21,6 +21,7 @@ import numpy as np
 from routeopt.common.io import atomic_write
 from routeopt.router_training.policy.features import EMBEDDING_DIM, MAX_BYTES, STAT_NAMES, FeatureSpec
 from routeopt.router_training.policy.knob import Knob
+from routeopt.router_training.policy.latency import KINDS, QUANTILES, BudgetTier, LatencyModel, LatencyPolicy
 from routeopt.router_training.policy.scorer import CostModel, LinearScorer
 from routeopt.router_training.policy.tensors import ContainerError, dumps, loads, require
 from routeopt.router_training.policy.trees import TreeFormatError, TreeScorer
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from routeopt.router_training.policy.routing import RoutingPolicy
 
 FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+LATENCY_FORMAT_VERSION = 4  # format 3 and a latency section: written only where a policy has one
+READABLE_VERSIONS = (1, 2, 3, 4)
 ARRAYS_NAME = "arrays.safetensors"
 VECTORS_NAME = "conformance.safetensors"
 LINEAR_KIND = "difficulty-linear"
@@ -48,11 +50,17 @@ def not_portable_reason(policy: RoutingPolicy) -> str | None:
     return EMBEDDINGS_NOT_PORTABLE if policy.spec.embeddings else None
 
 
+def written_version(policy: RoutingPolicy) -> int:
+    """The oldest format that holds the policy: 4 where it carries a latency section, else 3,
+    so a runtime that cannot serve latency budgets refuses such a policy instead of ignoring it."""
+    return LATENCY_FORMAT_VERSION if policy.latency is not None else FORMAT_VERSION
+
+
 def format_info(policy: RoutingPolicy) -> dict[str, Any]:
     """What the manifest records about the policy's format."""
     reason = not_portable_reason(policy)
     return {
-        "version": FORMAT_VERSION,
+        "version": written_version(policy),
         "portable": reason is None,
         "not_portable": reason,
         "conformance": VECTORS_NAME,
@@ -88,8 +96,8 @@ def _header(policy: RoutingPolicy) -> dict[str, Any]:
     else:
         scorer_head = {"kind": TreeScorer.kind, "n_features": scorer.n_features}
     reason = not_portable_reason(policy)
-    return {
-        "format_version": FORMAT_VERSION,
+    head = {
+        "format_version": written_version(policy),
         "portable": reason is None,
         "not_portable": reason,
         "candidates": list(policy.candidates),
@@ -103,6 +111,9 @@ def _header(policy: RoutingPolicy) -> dict[str, Any]:
         "metrics": policy.metrics,
         "files": {"arrays": ARRAYS_NAME, "conformance": VECTORS_NAME},
     }
+    if policy.latency is not None:
+        head["latency"] = policy.latency.header()
+    return head
 
 
 def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
@@ -114,6 +125,8 @@ def _arrays(policy: RoutingPolicy) -> dict[str, np.ndarray]:
     }
     if cost.topic_coef is not None:
         out["cost.topic_coef"] = cost.topic_coef
+    if policy.latency is not None:
+        out.update(policy.latency.arrays())
     if spec.idf is not None:
         out["features.idf"] = spec.idf_array
     if spec.stat_mean is not None:
@@ -141,7 +154,8 @@ def write_policy_files(policy: RoutingPolicy, folder: Path) -> list[str]:
     vectors of the policy as read back from them)."""
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(
-        folder / ARRAYS_NAME, dumps(_arrays(policy), {"format": f"routeopt.arrays/{FORMAT_VERSION}"})
+        folder / ARRAYS_NAME,
+        dumps(_arrays(policy), {"format": f"routeopt.arrays/{written_version(policy)}"}),
     )
     atomic_write(
         folder / "policy.json", json.dumps(_header(policy), indent=1, sort_keys=True, allow_nan=False)
@@ -167,7 +181,7 @@ def read_policy_files(folder: Path, vectors: bool = True) -> dict[str, Any]:
             f"(reads {', '.join(map(str, READABLE_VERSIONS))})"
         )
     try:
-        policy = _load_v3(folder, head, vectors) if version == 3 else _load_v2(folder, head, version)
+        policy = _load_v3(folder, head, vectors) if version >= 3 else _load_v2(folder, head, version)
     except PolicyFormatError as e:
         raise ValueError(str(e)) from None
     except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
@@ -303,7 +317,45 @@ def _from_arrays(head: dict[str, Any], arrays: dict[str, np.ndarray], where: str
     for name, a in (("calibration.platt", platt), ("cost.coef", cost.coef), ("cost.floor", cost.floor)):
         if not np.isfinite(a).all():
             raise PolicyFormatError(f"{where}: {name} holds a non-finite number")
-    return _common(head, Knob.from_dict(head["knob"]), spec=spec, scorer=scorer, platt=platt, cost_model=cost)
+    latency = (
+        _latency(head, arrays, where, k, s) if head["format_version"] == LATENCY_FORMAT_VERSION else None
+    )
+    return _common(
+        head,
+        Knob.from_dict(head["knob"]),
+        spec=spec,
+        scorer=scorer,
+        platt=platt,
+        cost_model=cost,
+        latency=latency,
+    )
+
+
+def _latency(
+    head: dict[str, Any], arrays: dict[str, np.ndarray], where: str, k: int, s: int
+) -> LatencyPolicy:
+    """Format 4's latency section: the models' arrays and the certified tiers."""
+    d = head.get("latency")
+    if not isinstance(d, dict):
+        raise PolicyFormatError(f"{where}: a format 4 policy needs its latency section in policy.json")
+    models = {}
+    for kind, quantile in d["models"]:
+        if kind not in KINDS or quantile not in QUANTILES:
+            raise PolicyFormatError(f"{where}: unknown latency model {kind!r} {quantile!r}")
+        name = f"latency.{kind}.{quantile}"
+        m = CostModel(
+            coef=np.array(require(arrays, name + ".coef", "F64", (2 + s, k), where)),
+            floor=np.array(require(arrays, name + ".floor", "F64", (k,), where)),
+        )
+        if not (np.isfinite(m.coef).all() and np.isfinite(m.floor).all()):
+            raise PolicyFormatError(f"{where}: {name} holds a non-finite number")
+        models[kind, quantile] = m
+    model = LatencyModel(models)
+    tiers = [BudgetTier.from_dict(t) for t in d["tiers"]]
+    missing = sorted({t.kind for t in tiers} - set(model.kinds))
+    if missing:
+        raise PolicyFormatError(f"{where}: latency tiers of kind {missing[0]!r} but no p95 model for it")
+    return LatencyPolicy(model, float(d["alpha"]), tiers, d.get("metrics") or {})
 
 
 def _linear(

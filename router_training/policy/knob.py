@@ -29,20 +29,25 @@ RULES = ("lambda", "threshold")
 MEMBER_RULES = ("lambda", "threshold", "single")
 
 
-def choose(p: np.ndarray, c: np.ndarray, rule: str, param: float) -> np.ndarray:
+def choose(
+    p: np.ndarray, c: np.ndarray, rule: str, param: float, allowed: np.ndarray | None = None
+) -> np.ndarray:
     """Per-request preference order over candidates (n, K); column 0 is the choice.
 
-    Ties go to the cheaper candidate, so the rule is deterministic.
+    Ties go to the cheaper candidate, so the rule is deterministic. With `allowed` (n, K), the
+    allowed candidates come first, each group in the rule's order (a latency budget's mask,
+    `routeopt.router_training.policy.latency.budget_mask`).
     """
     p = np.atleast_2d(p)
     c = np.atleast_2d(c)
+    first = () if allowed is None else (~np.broadcast_to(allowed, p.shape),)  # the last key sorts first
     if rule == "lambda":
-        return np.lexsort((c, -(p - param * c)), axis=-1)
+        return np.lexsort((c, -(p - param * c), *first), axis=-1)
     if rule == "threshold":
         ok = p >= param
         key = np.where(ok, c, np.inf)
         second = np.where(ok, 0.0, -p)
-        return np.lexsort((c, second, key), axis=-1)
+        return np.lexsort((c, second, key, *first), axis=-1)
     raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
 
 
@@ -57,17 +62,30 @@ class Member:
         return [self.rule, float(self.param)]
 
 
-def member_choice(member: Member, p: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """The candidate each request gets under one member (n,); ties go to the cheaper one."""
+def member_choice(
+    member: Member, p: np.ndarray, c: np.ndarray, allowed: np.ndarray | None = None
+) -> np.ndarray:
+    """The candidate each request gets under one member (n,); ties go to the cheaper one.
+
+    With `allowed` (n, K; every row allows at least one), members choose among the allowed
+    candidates only: `single` keeps its candidate where allowed and otherwise takes the allowed
+    one most likely to pass (lambda 0)."""
     p = np.atleast_2d(p)
     c = np.atleast_2d(c)
     if member.rule == "single":
-        return np.full(p.shape[0], int(member.param), dtype=np.intp)
+        k = int(member.param)
+        pick = np.full(p.shape[0], k, dtype=np.intp)
+        if allowed is None:
+            return pick
+        allowed = np.atleast_2d(allowed)
+        return np.where(allowed[:, k], pick, member_choice(Member("lambda", 0.0), p, c, allowed))
     if member.rule == "lambda":
         score = p - member.param * c
+        if allowed is not None:
+            score = np.where(np.atleast_2d(allowed), score, -np.inf)
         tied = score >= score.max(axis=1, keepdims=True)
         return cast(np.ndarray, np.where(tied, c, np.inf).argmin(axis=1))
-    return choose(p, c, member.rule, member.param)[:, 0]
+    return choose(p, c, member.rule, member.param, allowed)[:, 0]
 
 
 @dataclass(frozen=True)
@@ -187,16 +205,22 @@ class Knob:
 
 
 def point_choice(
-    knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray, unit: Callable[[int], float]
+    knob: Knob,
+    point: OperatingPoint,
+    p: np.ndarray,
+    c: np.ndarray,
+    unit: Callable[[int], float],
+    allowed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The candidate each request (rows of p and c) gets at `point`, and the probability it had.
 
     A mixed point takes member a where the request's unit is below the point's weight, else
-    member b; `unit(i)` is request i's `request_unit`, asked for only where the two differ."""
-    pick_a = member_choice(knob.members[point.a], p, c)
+    member b; `unit(i)` is request i's `request_unit`, asked for only where the two differ.
+    `allowed` (n, K) restricts both members to a latency budget's candidates."""
+    pick_a = member_choice(knob.members[point.a], p, c, allowed)
     if point.weight >= 1.0:
         return pick_a, np.ones(len(pick_a))
-    pick_b = member_choice(knob.members[point.b], p, c)
+    pick_b = member_choice(knob.members[point.b], p, c, allowed)
     u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
     for i in np.flatnonzero(pick_a != pick_b):
         u[i] = unit(int(i))
@@ -204,10 +228,13 @@ def point_choice(
     return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
 
 
-def fallback_order(knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray) -> np.ndarray:
+def fallback_order(
+    knob: Knob, point: OperatingPoint, p: np.ndarray, c: np.ndarray, allowed: np.ndarray | None = None
+) -> np.ndarray:
     """Per request, every candidate in the order of `p - lambda * cost` (the point's first lambda
-    member's; 0 without one), ties to the cheaper: what a decision falls back along."""
-    return choose(p, c, "lambda", fallback_lambda(knob, point))
+    member's; 0 without one), ties to the cheaper: what a decision falls back along (with
+    `allowed`, the candidates within the latency budget first)."""
+    return choose(p, c, "lambda", fallback_lambda(knob, point), allowed)
 
 
 def fallback_lambda(knob: Knob, point: OperatingPoint) -> float:

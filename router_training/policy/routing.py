@@ -38,6 +38,7 @@ from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its 
     point_choice,
     request_unit,
 )
+from routeopt.router_training.policy.latency import BUDGET_QUANTILE, LatencyPolicy, budget_mask, parse_budget
 from routeopt.router_training.policy.numerics import sigmoid
 from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assign_clusters  # noqa: F401
 from routeopt.router_training.policy.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
@@ -52,6 +53,20 @@ class PolicyDecision:
     pass_probabilities: dict[str, float]
     expected_cost_usd: dict[str, float]
     propensity: float = 1.0  # probability that this request gets this model (mixed points < 1)
+    budget: "BudgetOutcome | None" = None  # with a latency budget: what it allowed and whether it was met
+
+
+@dataclass(frozen=True)
+class BudgetOutcome:
+    """A decision's latency budget: `tier_s` is the certified budget that served it (None when
+    the budget is below every certified one), `met` whether the chosen model's predicted p95
+    is within the budget asked for, `predicted_s` each candidate's predicted p95."""
+
+    kind: str
+    budget_s: float
+    tier_s: float | None
+    met: bool
+    predicted_s: dict[str, float]
 
 
 @dataclass
@@ -73,6 +88,7 @@ class RoutingPolicy:
         default=None, repr=False
     )  # conformance vectors read with it, not yet checked
     conformance: ConformanceReport | None = field(default=None, repr=False)  # what self_check found
+    latency: LatencyPolicy | None = None  # latency model and certified budgets, where measured
 
     # -- scoring -------------------------------------------------------------------------
     def score_request(self, prompt: str, suite: str | None, embedding: np.ndarray | None = None) -> "Scored":
@@ -141,18 +157,102 @@ class RoutingPolicy:
 
     # -- deciding ------------------------------------------------------------------------
     def decide(
-        self, prompt: str, suite: str | None = None, quality_target: float | None = None
+        self,
+        prompt: str,
+        suite: str | None = None,
+        quality_target: float | None = None,
+        *,
+        ttft_budget_s: float | None = None,
+        latency_budget_s: float | None = None,
     ) -> PolicyDecision:
-        """One request on the gateway's hot path (the same steps as decide_batch, for one row)."""
+        """One request on the gateway's hot path (the same steps as decide_batch, for one row).
+
+        A budget (at most one of TTFT and end-to-end latency, in seconds, on the p95) restricts
+        the choice to the candidates the budget's certified tier allows."""
+        kind, budget = self._budget(ttft_budget_s, latency_budget_s)
         s = self.score_request(prompt, suite)
-        point = self.point_for(quality_target)
-        pick, prop = point_choice(
-            self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite)
+        if kind is None:
+            point = self.point_for(quality_target)
+            pick, prop = point_choice(
+                self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite)
+            )
+            return self._decision(
+                int(pick[0]), prop[0], s.p, s.c, fallback_order(self.knob, point, s.p, s.c)[0]
+            )
+        assert self.latency is not None and budget is not None
+        chars = s.layers.text.n_chars if s.layers is not None else n_chars(prompt)
+        pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, chars, self.spec.suite_position(suite))
+        picks, props, orders, outcomes = self._budget_choice(
+            kind,
+            budget,
+            s.p[None],
+            s.c[None],
+            pred[None],
+            lambda _: request_unit(prompt, suite),
+            quality_target,
         )
-        return self._decision(int(pick[0]), prop[0], s.p, s.c, fallback_order(self.knob, point, s.p, s.c)[0])
+        return self._decision(int(picks[0]), props[0], s.p, s.c, orders[0], outcomes[0])
+
+    def _budget(self, ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str | None, float | None]:
+        """The budget asked for: (kind, seconds), or (None, None) without one."""
+        ttft = parse_budget(ttft_budget_s, "ttft_budget_s")
+        latency = parse_budget(latency_budget_s, "latency_budget_s")
+        if ttft is not None and latency is not None:
+            raise ValueError("give a TTFT budget or an end-to-end latency budget, not both")
+        if ttft is None and latency is None:
+            return None, None
+        kind = "ttft" if ttft is not None else "latency"
+        if self.latency is None or kind not in self.latency.model.kinds:
+            raise ValueError(
+                f"this policy has no {kind} model: it was trained on outcomes without {kind} "
+                "measurements, so it cannot serve a latency budget"
+            )
+        return kind, ttft if ttft is not None else latency
+
+    def _budget_choice(
+        self,
+        kind: str,
+        budget: float,
+        p: np.ndarray,
+        c: np.ndarray,
+        pred: np.ndarray,
+        unit: Any,
+        quality_target: float | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list["BudgetOutcome"]]:
+        """Choices, propensities, fallback orders and budget outcomes under a budget (rows of p)."""
+        assert self.latency is not None
+        tier = self.latency.tier_for(kind, budget)
+        allowed = budget_mask(pred, tier.budget_s if tier is not None else -math.inf)
+        if tier is None:  # below every certified budget: the candidate predicted fastest
+            picks = allowed.argmax(axis=1)
+            props = np.ones(len(picks))
+            order = np.lexsort((c, pred), axis=-1)
+        else:
+            target = self.quality_target if quality_target is None else float(quality_target)
+            point = tier.knob.point_for(target)
+            picks, props = point_choice(tier.knob, point, p, c, unit, allowed)
+            order = fallback_order(tier.knob, point, p, c, allowed)
+        names = self.candidates
+        outcomes = [
+            BudgetOutcome(
+                kind=kind,
+                budget_s=budget,
+                tier_s=None if tier is None else tier.budget_s,
+                met=bool(pred[i, picks[i]] <= budget),
+                predicted_s=dict(zip(names, pred[i].tolist())),
+            )
+            for i in range(len(picks))
+        ]
+        return picks, props, order, outcomes
 
     def _decision(
-        self, pick: int, prop: float, p: np.ndarray, c: np.ndarray, order: np.ndarray
+        self,
+        pick: int,
+        prop: float,
+        p: np.ndarray,
+        c: np.ndarray,
+        order: np.ndarray,
+        budget: "BudgetOutcome | None" = None,
     ) -> PolicyDecision:
         """The decision for one request; fallbacks in `order` without the chosen candidate."""
         names = self.candidates
@@ -162,6 +262,7 @@ class RoutingPolicy:
             pass_probabilities=dict(zip(names, p.tolist())),
             expected_cost_usd=dict(zip(names, c.tolist())),
             propensity=float(prop),
+            budget=budget,
         )
 
     def decide_batch(
@@ -169,13 +270,37 @@ class RoutingPolicy:
         prompts: Sequence[str],
         suites: Sequence[str | None] | None = None,
         quality_target: float | None = None,
+        *,
+        ttft_budget_s: float | None = None,
+        latency_budget_s: float | None = None,
     ) -> list[PolicyDecision]:
         suites = list(suites) if suites is not None else [None] * len(prompts)
+        kind, budget = self._budget(ttft_budget_s, latency_budget_s)
         p, c = self.predict(prompts, suites)
+        if kind is not None:
+            assert budget is not None
+            pred = self.predict_latency(kind, prompts, suites)
+            picks, props, orders, outcomes = self._budget_choice(
+                kind, budget, p, c, pred, lambda i: request_unit(prompts[i], suites[i]), quality_target
+            )
+            return [
+                self._decision(int(picks[i]), props[i], p[i], c[i], orders[i], outcomes[i])
+                for i in range(len(prompts))
+            ]
         point = self.point_for(quality_target)
         pick, prop = point_choice(self.knob, point, p, c, lambda i: request_unit(prompts[i], suites[i]))
         order = fallback_order(self.knob, point, p, c)
         return [self._decision(int(pick[i]), prop[i], p[i], c[i], order[i]) for i in range(len(prompts))]
+
+    def predict_latency(
+        self, kind: str, prompts: Sequence[str], suites: Sequence[str | None], quantile: str = BUDGET_QUANTILE
+    ) -> np.ndarray:
+        """(n, K) predicted seconds of `kind` (ttft or latency) at `quantile` (p50 or p95)."""
+        if self.latency is None:
+            raise ValueError("this policy has no latency model")
+        chars = np.array([n_chars(x) for x in prompts])
+        pos = np.array([self.spec.suite_position(s) for s in suites], dtype=int)
+        return self.latency.model.predict(kind, quantile, chars, pos)
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, folder: Path) -> list[str]:

@@ -1,0 +1,215 @@
+"""Latency budgets: the model learned from measured seconds, certified tiers, the decision under a
+budget, format 4 on disk and its conformance vectors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from routeopt.router_training.fit.latency_fitting import MIN_ROWS, fit_quantile_model
+from routeopt.router_training.policy.knob import Member, choose, member_choice
+from routeopt.router_training.policy.latency import budget_mask
+from routeopt.router_training.policy.routing import RoutingPolicy
+from routeopt.router_training.train import train_router
+from tests.router_training.conftest import demo_frame
+
+# seconds to first token and per word of answer: the cheapest candidate is the slowest to start
+SPEED = {"tiny": (1.6, 0.02), "small": (0.35, 0.03), "medium": (0.5, 0.04), "large": (0.8, 0.06)}
+
+
+def timed_frame(n_items: int = 150, seed: int = 0, unmeasured: float = 0.0) -> pd.DataFrame:
+    frame = demo_frame(n_items, seed)
+    rng = np.random.default_rng(seed + 1)
+    start = np.array([SPEED[m][0] for m in frame["model"]])
+    per_word = np.array([SPEED[m][1] for m in frame["model"]])
+    words = frame["prompt"].str.count(" ").to_numpy()
+    frame["ttft_s"] = start * rng.lognormal(0.0, 0.25, len(frame))
+    frame["latency_s"] = frame["ttft_s"] + per_word * words * 10 * rng.lognormal(0.0, 0.2, len(frame))
+    if unmeasured:
+        gone = rng.random(len(frame)) < unmeasured
+        frame.loc[gone, ["ttft_s", "latency_s"]] = np.nan
+    return frame
+
+
+@pytest.fixture(scope="module")
+def timed() -> pd.DataFrame:
+    return timed_frame()
+
+
+@pytest.fixture(scope="module")
+def trained_timed(timed):
+    return train_router(timed, quality_target=0.9, seed=0)
+
+
+def test_the_mask_allows_what_meets_the_budget_and_else_the_fastest() -> None:
+    pred = np.array([[0.5, 1.5, 0.9], [2.0, 3.0, 2.0]])
+    assert budget_mask(pred, 1.0).tolist() == [[True, False, True], [True, False, False]]
+    assert budget_mask(pred, -math.inf).tolist() == [[True, False, False], [True, False, False]]
+
+
+def test_members_choose_among_the_allowed_candidates_only() -> None:
+    p = np.array([[0.9, 0.5, 0.7]])
+    c = np.array([[3.0, 1.0, 2.0]])
+    allowed = np.array([[False, True, True]])
+    assert member_choice(Member("single", 0), p, c, allowed).tolist() == [2]  # lambda 0 among the allowed
+    assert member_choice(Member("single", 1), p, c, allowed).tolist() == [1]
+    assert member_choice(Member("lambda", 0.0), p, c, allowed).tolist() == [2]
+    assert member_choice(Member("lambda", 0.0), p, c).tolist() == [0]
+    assert choose(p, c, "threshold", 0.8, allowed)[0].tolist() == [2, 1, 0]
+    assert choose(p, c, "lambda", 0.0, allowed)[0].tolist() == [2, 1, 0]
+
+
+def test_quantile_models_learn_each_candidates_spread_and_length() -> None:
+    rng = np.random.default_rng(0)
+    n = 4000
+    chars = rng.integers(100, 5000, n)
+    suite = rng.integers(0, 2, n)
+    seconds = np.stack(
+        [0.2 + 0.1 * chars / 1000 + 0.3 * suite + rng.exponential(0.1, n), np.full(n, np.nan)], 1
+    )
+    seconds[: MIN_ROWS * 2, 1] = 1.0
+    m50 = fit_quantile_model(chars, suite, seconds, 2, "p50")
+    m95 = fit_quantile_model(chars, suite, seconds, 2, "p95")
+    pred50, pred95 = m50.predict(chars, suite)[:, 0], m95.predict(chars, suite)[:, 0]
+    truth = seconds[:, 0]
+    assert abs(np.mean(truth <= pred50) - 0.5) < 0.03
+    assert abs(np.mean(truth <= pred95) - 0.95) < 0.02
+    assert 0.07 < m50.coef[1, 0] < 0.13  # the per-kchar slope
+    assert m95.predict(np.array([1000]), np.array([1]))[0, 1] == pytest.approx(1.0)  # only what was measured
+
+
+def test_budgets_are_certified_and_held_on_held_out_requests(trained_timed) -> None:
+    policy, metrics = trained_timed.policy, trained_timed.metrics
+    lat = policy.latency
+    assert lat is not None and lat.alpha == 0.1
+    assert set(lat.model.kinds) == {"ttft", "latency"}
+    assert lat.budgets("ttft"), metrics["latency"]
+    assert metrics["latency"]["budgets"]["ttft"] == lat.budgets("ttft")
+    report = metrics["holdout"]["latency"]
+    assert report["promised"] > 0
+    for row in report["rows"]:
+        if row["certified"]:
+            assert row["over_budget"] <= 0.1 + 1e-9 or not row["held"]
+    assert report["held"] >= report["promised"] - 1  # a few hundred requests: at most one miss
+
+
+def test_a_budget_keeps_the_slow_candidate_out_and_says_whether_it_was_met(trained_timed, timed) -> None:
+    policy = trained_timed.policy
+    prompts = timed.drop_duplicates("request_id")
+    budget = next(b for b in policy.latency.budgets("ttft") if b >= 0.9)
+    chosen = set()
+    for prompt, suite in zip(prompts["prompt"][:120], prompts["suite"][:120]):
+        d = policy.decide(prompt, suite, 0.9, ttft_budget_s=budget)
+        assert d.budget is not None and d.budget.tier_s is not None and d.budget.tier_s <= budget
+        assert d.budget.met == (d.budget.predicted_s[d.model] <= budget)
+        assert d.budget.predicted_s["tiny"] > budget  # the cheap one starts too slowly
+        chosen.add(d.model)
+        free = policy.decide(prompt, suite, 0.9)
+        assert free.budget is None
+    assert "tiny" not in chosen
+    low = policy.decide(prompts["prompt"].iloc[0], prompts["suite"].iloc[0], ttft_budget_s=0.01)
+    assert low.budget.tier_s is None and not low.budget.met
+    assert low.model == min(low.budget.predicted_s, key=low.budget.predicted_s.get)
+
+
+def test_without_a_budget_the_latency_columns_change_nothing(trained_timed, timed) -> None:
+    plain = train_router(timed.drop(columns=["ttft_s", "latency_s"]), quality_target=0.9, seed=0).policy
+    timed_policy = trained_timed.policy
+    assert plain.latency is None
+    assert plain.knob.to_dict() == timed_policy.knob.to_dict()
+    prompts = timed.drop_duplicates("request_id")
+    a = plain.decide_batch(prompts["prompt"].tolist(), prompts["suite"].tolist())
+    b = timed_policy.decide_batch(prompts["prompt"].tolist(), prompts["suite"].tolist())
+    assert [d.model for d in a] == [d.model for d in b]
+
+
+def test_batch_and_one_request_decisions_agree_under_a_budget(trained_timed, timed) -> None:
+    policy = trained_timed.policy
+    prompts = timed.drop_duplicates("request_id").head(60)
+    budget = policy.latency.budgets("latency")[len(policy.latency.budgets("latency")) // 2]
+    batch = policy.decide_batch(
+        prompts["prompt"].tolist(), prompts["suite"].tolist(), latency_budget_s=budget
+    )
+    for d, (prompt, suite) in zip(batch, zip(prompts["prompt"], prompts["suite"])):
+        one = policy.decide(prompt, suite, latency_budget_s=budget)
+        assert (one.model, one.fallbacks, one.budget) == (d.model, d.fallbacks, d.budget)
+
+
+def test_bad_budgets_are_clear_errors(trained_timed, trained) -> None:
+    policy = trained_timed.policy
+    with pytest.raises(ValueError, match="not both"):
+        policy.decide("x", None, ttft_budget_s=1, latency_budget_s=2)
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        policy.decide("x", None, ttft_budget_s=-1)
+    with pytest.raises(ValueError, match="ttft_budget_s must be a number"):
+        policy.decide("x", None, ttft_budget_s="fast")
+    with pytest.raises(ValueError, match="no ttft model"):
+        trained.policy.decide("x", None, ttft_budget_s=1.0)
+
+
+def test_unmeasured_rows_are_left_out_and_counted() -> None:
+    frame = timed_frame(n_items=60, unmeasured=0.3)
+    policy = train_router(frame, quality_target=0.9, seed=0, holdout_fraction=0).policy
+    counts = policy.latency.metrics["measurements"]["ttft"]
+    assert sum(counts["not_measured"]) > 0.2 * 180 * 4
+    assert all(m + u == 180 for m, u in zip(counts["measured"], counts["not_measured"]))
+    too_few = train_router(timed_frame(n_items=4), quality_target=0.9, holdout_fraction=0).policy
+    assert too_few.latency is None
+    assert "fewer than 20 measured" in too_few.metrics["latency"]["measurements"]["ttft"]["no_model"]
+
+
+def test_format_4_round_trips_and_its_vectors_check_budgets(trained_timed, tmp_path) -> None:
+    policy = trained_timed.policy
+    policy.save(tmp_path / "p")
+    head = json.loads((tmp_path / "p" / "policy.json").read_text())
+    assert head["format_version"] == 4 and head["latency"]["alpha"] == 0.1
+    back = RoutingPolicy.load(tmp_path / "p")
+    report = back.self_check()
+    assert report.ok, report.summary()
+    assert "budget" in report.layers and "latency" in report.layers
+    prompt = "Task: sort the input. difficulty: 2. Input: stone river apple"
+    budget = policy.latency.budgets("ttft")[-1]
+    assert back.decide(prompt, "sort", ttft_budget_s=budget) == policy.decide(
+        prompt, "sort", ttft_budget_s=budget
+    )
+
+
+def test_a_policy_whose_vectors_disagree_under_a_budget_is_refused(trained_timed, tmp_path) -> None:
+    policy = trained_timed.policy
+    policy.save(tmp_path / "p")
+    arrays = tmp_path / "p" / "arrays.safetensors"
+    from routeopt.router_training.policy.tensors import dumps, loads
+
+    tensors, meta = loads(arrays.read_bytes(), str(arrays))
+    tensors = dict(tensors)
+    tensors["latency.ttft.p95.floor"] = tensors["latency.ttft.p95.floor"] * 0 + 100.0  # every candidate slow
+    arrays.write_bytes(dumps(tensors, meta))
+    report = RoutingPolicy.load(tmp_path / "p").self_check()
+    assert not report.ok and "latency" in (report.first or ""), report.summary()
+
+
+def test_a_format_4_policy_without_its_section_names_it(trained_timed, tmp_path) -> None:
+    trained_timed.policy.save(tmp_path / "p")
+    path = tmp_path / "p" / "policy.json"
+    head = json.loads(path.read_text())
+    del head["latency"]
+    path.write_text(json.dumps(head))
+    with pytest.raises(ValueError, match="latency section"):
+        RoutingPolicy.load(tmp_path / "p")
+
+
+def test_vectors_naming_a_layer_this_runtime_lacks_are_refused(trained, tmp_path) -> None:
+    from routeopt.router_training.policy.conformance import check_vectors
+    from routeopt.router_training.policy.tensors import dumps, loads
+
+    trained.policy.save(tmp_path / "p")
+    blob = (tmp_path / "p" / "conformance.safetensors").read_bytes()
+    tensors, meta = loads(blob, "v")
+    m = json.loads(meta["routeopt"])
+    m["layers"].append("teleport")
+    report = check_vectors(trained.policy, dumps(dict(tensors), {"routeopt": json.dumps(m)}))
+    assert not report.ok and "teleport" in report.first
