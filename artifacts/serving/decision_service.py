@@ -262,6 +262,7 @@ class DecisionService:
                 request.quality_target,
                 request_id=request.request_id,
                 traceparent=traceparent,
+                **request.budgets(),
             )
         except Exception as exc:  # a policy that fails on one request must not take the service down
             log.exception("the policy failed to decide")
@@ -348,6 +349,8 @@ def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
     }
     if d.unknown_suite:
         out["unknown_suite"] = True
+    if d.budget is not None:
+        out["budget"] = d.budget if explain else {k: v for k, v in d.budget.items() if k != "predicted_s"}
     if explain:
         out.update(pass_probabilities=d.pass_probabilities, expected_cost_usd=d.expected_cost_usd)
     try:

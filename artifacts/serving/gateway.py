@@ -377,19 +377,30 @@ class Gateway:
         *,
         request_id: str | None = None,
         traceparent: str | None = None,
+        ttft_budget_s: float | None = None,
+        latency_budget_s: float | None = None,
     ) -> ServedDecision:
         """Route one request; pass the request id your outcomes will carry (else one is made).
+        A latency budget (`ttft_budget_s` or `latency_budget_s`, seconds on the p95) is the
+        router's (`routeopt.artifacts.serving.loader.Router.route`); the log records its outcome.
 
         `traceparent`: the caller's W3C header. With tracing on, the decision is a span, a child
         of it (else of the caller's current span), and `decision.traceparent` is the header to
         return, so that the application's call of the model becomes a child of the decision;
         the log records the trace id. With tracing off the caller's header is handed back."""
+        budget = {  # only what was asked: a router without budgets keeps its signature
+            k: v
+            for k, v in (("ttft_budget_s", ttft_budget_s), ("latency_budget_s", latency_budget_s))
+            if v is not None
+        }
         if traceparent is None and tracing.tracer() is None:
-            return self._route(prompt, suite, quality_target, rid=request_id)
+            return self._route(prompt, suite, quality_target, rid=request_id, budget=budget)
         start = time.time_ns()
         token = tracing.IN_DECISION.set(True)
         try:
-            d = self._route(prompt, suite, quality_target, rid=request_id, traced=(traceparent, start))
+            d = self._route(
+                prompt, suite, quality_target, rid=request_id, traced=(traceparent, start), budget=budget
+            )
         finally:
             tracing.IN_DECISION.reset(token)
         return d
@@ -402,10 +413,11 @@ class Gateway:
         *,
         rid: str | None,
         traced: tuple[str | None, int] | None = None,
+        budget: dict[str, float | None] | None = None,
     ) -> ServedDecision:
         rid = rid if rid is not None else f"{self._id_prefix}{next(self._ids):x}"
         router, channel = self._arm(rid) if self._canary else (self.champion, "champion")
-        d = router.route(prompt, suite, quality_target)
+        d = router.route(prompt, suite, quality_target, **(budget or {}))
         try:
             choice = self._choose(d, rid)
             fallbacks = (
@@ -452,6 +464,7 @@ class Gateway:
                 traceparent=header,
                 policy_probability=choice.policy_probability,
                 unknown_suite=d.unknown_suite,
+                budget=d.budget,
             )
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
@@ -639,6 +652,8 @@ class Gateway:
         }
         if d.unknown_suite:
             rec["unknown_suite"] = True
+        if d.budget is not None:
+            rec["budget"] = {k: v for k, v in d.budget.items() if k != "predicted_s"}
         if trace_id is not None:  # feedback, decisions and traces join on it
             rec["trace_id"] = trace_id
             if span_id is not None:

@@ -36,6 +36,8 @@ from routeopt.artifacts.serving.route_request import (
     SUITE_KEY,
     TARGET_KEY,
     messages_text,
+    BUDGETS,
+    budget_of,
 )  # noqa: E402
 from routeopt.artifacts.serving.loader import Router  # noqa: E402
 
@@ -99,6 +101,9 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
         if isinstance(self.policy, Gateway):
             rid = metadata.get(REQUEST_ID_KEY)
             extra["request_id"] = None if rid is None else str(rid)
+        for name in BUDGETS:
+            if metadata.get("routeopt_" + name) is not None:
+                extra[name] = budget_of(metadata["routeopt_" + name], f"metadata.routeopt_{name}")
         decision = self.policy.route(
             prompt_text(messages, input),
             suite=metadata.get(SUITE_KEY),
@@ -114,6 +119,7 @@ class RouteoptRoutingStrategy(CustomRoutingStrategyBase):
                 "propensity": decision.propensity,
                 "policy_probability": decision.policy_probability,
                 "request_id": decision.request_id,
+                "budget": decision.budget,
             }
         return self._first([decision.model, *decision.fallbacks], decision.default_reason)
 

@@ -219,6 +219,7 @@ class RouteoptProxyHandler(CustomLogger):
                 request.quality_target,
                 request_id=None if rid is None else str(rid),
                 traceparent=headers.get("traceparent"),
+                **request.budgets(),
             )
         except Exception as exc:  # the proxy must answer, and say why, rather than crash
             log.exception("the routeopt policy failed to decide")
@@ -239,6 +240,7 @@ class RouteoptProxyHandler(CustomLogger):
             "policy_probability": d.policy_probability,
             "default_reason": d.default_reason,
             "traceparent": d.traceparent,
+            "budget": d.budget,
             "fallback": None
             if chosen == self.deployment(d.model)
             else f"no deployment for {d.model!r} (model_name {self.deployment(d.model)!r})",

@@ -40,6 +40,7 @@ from routeopt.common import tracing
 from routeopt.artifacts.serving.state import SeenFile, default_state_dir
 from routeopt.artifacts.serving.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from routeopt.artifacts.serving.signatures import trusted_keys
+from routeopt.router_training.policy.latency import budget_request, serves
 from routeopt.artifacts.serving.verify import (
     Seen,
     SignedPointer,
@@ -104,6 +105,9 @@ class ServedDecision:
     traceparent: str | None = None
     policy_probability: float = 1.0
     unknown_suite: bool = False
+    # with a latency budget: {"kind", "budget_s", "tier_s", "met", "predicted_s"} (docs/policy-format.md,
+    # 8.3), or {"kind", "budget_s", "met": None, "unserved": why} when the policy cannot serve it
+    budget: dict[str, Any] | None = None
 
     def traced(self, trace_id: str | None, traceparent: str | None) -> "ServedDecision":
         """This decision with its trace named: a copy of its fields, without the frozen
@@ -215,6 +219,7 @@ class Router:
         self._unknown_suites: dict[str, int] = {}
         self._unknown_total = 0
         self._unknown_lock = threading.Lock()
+        self._warned: set[str] = set()
         try:
             self._active = self._initial()
         except (VerificationError, RegistryError, OSError) as exc:
@@ -241,13 +246,21 @@ class Router:
         quality_target: float | None = None,
         *,
         traceparent: str | None = None,
+        ttft_budget_s: float | None = None,
+        latency_budget_s: float | None = None,
     ) -> ServedDecision:
         """Decide for one request. With tracing on, the decision is a span (a child of the
-        caller's `traceparent`, else of its current span), and `decision.traceparent` names it."""
+        caller's `traceparent`, else of its current span), and `decision.traceparent` names it.
+
+        A latency budget (seconds of TTFT or end to end, on the p95; one of the two) limits the
+        choice to the candidates the policy's certified tier allows (docs/policy-format.md, 8.3);
+        `decision.budget` says whether the choice is predicted to meet it. A policy trained
+        without latency measurements decides as without a budget and says so in `budget`."""
+        budget = budget_request(ttft_budget_s, latency_budget_s)
         if traceparent is None and (tracing.tracer() is None or tracing.IN_DECISION.get()):
-            return self._decide(prompt, suite, quality_target)
+            return self._decide(prompt, suite, quality_target, budget)
         start = time.time_ns()
-        d = self._decide(prompt, suite, quality_target)
+        d = self._decide(prompt, suite, quality_target, budget)
         knob = quality_target if quality_target is not None else getattr(self.policy, "quality_target", None)
         # the span's attributes are made by tracing's writer thread, from the decision's few
         # immutable values: the queue holds what the span needs, not the probability dicts
@@ -268,11 +281,34 @@ class Router:
         )
         return d.traced(trace_id, header)
 
-    def _decide(self, prompt: str, suite: str | None, quality_target: float | None) -> ServedDecision:
+    def _decide(
+        self,
+        prompt: str,
+        suite: str | None,
+        quality_target: float | None,
+        budget: tuple[str, float] | None = None,
+    ) -> ServedDecision:
         active = self._active  # one read: a concurrent swap never mixes two policies
         if active is None or (active.stale_at is not None and time.time() >= active.stale_at):
-            return ServedDecision(str(self._default), (), {}, {}, 0, self._why_default(active))
-        d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
+            return ServedDecision(
+                str(self._default),
+                (),
+                {},
+                {},
+                0,
+                self._why_default(active),
+                budget=_unserved(budget, "no policy"),
+            )
+        served: dict[str, Any] | None = None
+        if budget is not None and serves(getattr(active.policy, "latency", None), budget[0]):
+            kind, seconds = budget
+            d = active.policy.decide(prompt, suite, quality_target, **{f"{kind}_budget_s": seconds})
+            served = budget_fields(d.budget)
+        else:
+            d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
+            if budget is not None:
+                served = _unserved(budget, f"policy version {active.version} has no {budget[0]} model")
+                self._emit_once(f"budget-{budget[0]}-{active.version}", served["unserved"])
         unknown = bool(suite) and active.suites is not None and suite not in active.suites
         if unknown:
             self._unknown_suite(suite)  # type: ignore[arg-type]
@@ -284,7 +320,16 @@ class Router:
             active.version,
             policy_probability=getattr(d, "propensity", 1.0),
             unknown_suite=unknown,
+            budget=served,
         )
+
+    def _emit_once(self, key: str, message: str) -> None:
+        """Warn once per key (a budget this policy cannot serve, say) for the router's life."""
+        with self._unknown_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        log.warning("%s: deciding without the budget", message)
 
     def _unknown_suite(self, suite: str) -> None:
         """Count a request naming a suite the policy does not know, and warn once per name: such
@@ -675,3 +720,20 @@ def check(
         "policy_format": active.manifest.policy_format,
         "conformance": s.conformance,
     }
+
+
+def budget_fields(outcome: Any) -> dict[str, Any]:
+    """A decision's budget outcome as the log and the APIs carry it (docs/policy-format.md, 8.3)."""
+    return {
+        "kind": outcome.kind,
+        "budget_s": outcome.budget_s,
+        "tier_s": outcome.tier_s,
+        "met": outcome.met,
+        "predicted_s": outcome.predicted_s,
+    }
+
+
+def _unserved(budget: tuple[str, float] | None, why: str) -> dict[str, Any] | None:
+    if budget is None:
+        return None
+    return {"kind": budget[0], "budget_s": budget[1], "met": None, "unserved": why}

@@ -7,10 +7,11 @@ whether it arrives at the decision service (`routeopt.artifacts.serving.decision
 - the prompt is `prompt` (a string, or a list of strings joined by newlines), or the text of
   OpenAI-style `messages` (string contents and the `text` of content parts, one message per
   line; images and other parts carry no text), the text routeopt trains on;
-- the suite, request id and quality target come from the body's own fields (`suite`,
-  `request_id`, `quality_target`), else from its `metadata` (`routeopt_suite`,
-  `routeopt_request_id`, `routeopt_quality_target`, the keys the LiteLLM adapter reads), else from
-  headers (`x-routeopt-suite`, `x-request-id`, `x-routeopt-quality-target`);
+- the suite, request id, quality target and latency budget come from the body's own fields
+  (`suite`, `request_id`, `quality_target`, `ttft_budget_s` or `latency_budget_s`), else from its
+  `metadata` (the same names with `routeopt_` before them, the keys the LiteLLM adapter reads),
+  else from headers (`x-routeopt-suite`, `x-request-id`, `x-routeopt-quality-target`,
+  `x-routeopt-ttft-budget-s`, `x-routeopt-latency-budget-s`);
 - a body whose `model` names something other than the alias is not routed: it goes to the model
   it names (a passthrough).
 
@@ -32,6 +33,11 @@ REQUEST_ID_KEY = "routeopt_request_id"
 SUITE_HEADER = "x-routeopt-suite"
 REQUEST_ID_HEADER = "x-request-id"
 TARGET_HEADER = "x-routeopt-quality-target"
+BUDGETS = ("ttft_budget_s", "latency_budget_s")  # body field; metadata key routeopt_<field>; header below
+BUDGET_HEADERS = {
+    "ttft_budget_s": "x-routeopt-ttft-budget-s",
+    "latency_budget_s": "x-routeopt-latency-budget-s",
+}
 MAX_ID_CHARS = 256  # request ids land in headers and logs: a bounded, printable token
 
 
@@ -48,6 +54,12 @@ class RouteRequest:
     request_id: str | None = None
     quality_target: float | None = None
     passthrough: str | None = None
+    ttft_budget_s: float | None = None
+    latency_budget_s: float | None = None
+
+    def budgets(self) -> dict[str, float | None]:
+        """The budget keyword arguments of `Gateway.route`."""
+        return {"ttft_budget_s": self.ttft_budget_s, "latency_budget_s": self.latency_budget_s}
 
 
 def _part_text(part: Any, where: str) -> str:
@@ -139,6 +151,21 @@ def quality_target_of(value: Any, where: str = "quality_target") -> float | None
     return target
 
 
+def budget_of(value: Any, where: str) -> float | None:
+    """A latency budget: a positive, finite number of seconds (or None for none)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadRequest(f"{where} is a boolean, not a number of seconds")
+    try:
+        budget = float(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{where} is {value!r}, not a number of seconds") from None
+    if not math.isfinite(budget) or budget <= 0:
+        raise BadRequest(f"{where} must be a positive number of seconds, got {value!r}")
+    return budget
+
+
 def route_request(body: Any, headers: Mapping[str, str] | None = None, *, alias: str = ALIAS) -> RouteRequest:
     """Read one request (a parsed JSON body and lower-case headers) or raise BadRequest."""
     if not isinstance(body, Mapping):
@@ -151,10 +178,17 @@ def route_request(body: Any, headers: Mapping[str, str] | None = None, *, alias:
     suite, where = _pick(body, "suite", SUITE_KEY, headers, SUITE_HEADER)
     rid, rid_where = _pick(body, "request_id", REQUEST_ID_KEY, headers, REQUEST_ID_HEADER)
     target, target_where = _pick(body, "quality_target", TARGET_KEY, headers, TARGET_HEADER)
+    budgets = {
+        name: budget_of(*_pick(body, name, "routeopt_" + name, headers, BUDGET_HEADERS[name]))
+        for name in BUDGETS
+    }
+    if all(v is not None for v in budgets.values()):
+        raise BadRequest("give ttft_budget_s or latency_budget_s, not both")
     return RouteRequest(
         prompt="" if passthrough else prompt_of(body),
         suite=_text_field(suite, where, MAX_ID_CHARS) or None,
         request_id=_text_field(rid, rid_where, MAX_ID_CHARS) or None,
         quality_target=quality_target_of(target, target_where),
         passthrough=passthrough,
+        **budgets,
     )

@@ -205,12 +205,14 @@ def latency_policy(
     tiers, offered = [], {}
     for kind in model.kinds:
         pred = cross_fitted_p95(n_chars, suite_pos, measured[kind], n_suites, folds)
-        offered[kind] = []
+        offered[kind], previous = [], None
         for budget in budget_grid(pred):
+            allowed = budget_mask(pred, budget)
+            if previous is not None and np.array_equal(allowed, previous):
+                continue  # the same candidates as a smaller budget: that tier serves this one too
+            previous = allowed
             over = np.where(np.isnan(measured[kind]), np.nan, (measured[kind] > budget).astype(np.float64))
-            built = budget_knob(
-                cal, ref, budget_mask(pred, budget), over, confidence, alpha, assumption, weights, cells
-            )
+            built = budget_knob(cal, ref, allowed, over, confidence, alpha, assumption, weights, cells)
             if built is not None:
                 tiers.append(BudgetTier(kind, budget, *built))
                 offered[kind].append(budget)

@@ -164,3 +164,22 @@ def parse_budget(value: Any, what: str) -> float | None:
     if not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
     return budget
+
+
+def budget_request(ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str, float] | None:
+    """The budget a call asks for, (kind, seconds), or None without one; both kinds at once or
+    a value that is not a positive number of seconds is a ValueError naming it."""
+    ttft = parse_budget(ttft_budget_s, "ttft_budget_s")
+    latency = parse_budget(latency_budget_s, "latency_budget_s")
+    if ttft is not None and latency is not None:
+        raise ValueError("give a TTFT budget or an end-to-end latency budget, not both")
+    if ttft is not None:
+        return "ttft", ttft
+    if latency is not None:
+        return "latency", latency
+    return None
+
+
+def serves(latency: LatencyPolicy | None, kind: str) -> bool:
+    """Whether a policy's latency section can serve a budget of `kind`."""
+    return latency is not None and kind in latency.model.kinds

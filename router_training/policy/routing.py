@@ -38,7 +38,13 @@ from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its 
     point_choice,
     request_unit,
 )
-from routeopt.router_training.policy.latency import BUDGET_QUANTILE, LatencyPolicy, budget_mask, parse_budget
+from routeopt.router_training.policy.latency import (
+    BUDGET_QUANTILE,
+    LatencyPolicy,
+    budget_mask,
+    budget_request,
+    serves,
+)
 from routeopt.router_training.policy.numerics import sigmoid
 from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assign_clusters  # noqa: F401
 from routeopt.router_training.policy.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
@@ -195,19 +201,16 @@ class RoutingPolicy:
 
     def _budget(self, ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str | None, float | None]:
         """The budget asked for: (kind, seconds), or (None, None) without one."""
-        ttft = parse_budget(ttft_budget_s, "ttft_budget_s")
-        latency = parse_budget(latency_budget_s, "latency_budget_s")
-        if ttft is not None and latency is not None:
-            raise ValueError("give a TTFT budget or an end-to-end latency budget, not both")
-        if ttft is None and latency is None:
+        asked = budget_request(ttft_budget_s, latency_budget_s)
+        if asked is None:
             return None, None
-        kind = "ttft" if ttft is not None else "latency"
-        if self.latency is None or kind not in self.latency.model.kinds:
+        kind, seconds = asked
+        if not serves(self.latency, kind):
             raise ValueError(
                 f"this policy has no {kind} model: it was trained on outcomes without {kind} "
                 "measurements, so it cannot serve a latency budget"
             )
-        return kind, ttft if ttft is not None else latency
+        return kind, seconds
 
     def _budget_choice(
         self,
@@ -229,6 +232,8 @@ class RoutingPolicy:
             order = np.lexsort((c, pred), axis=-1)
         else:
             target = self.quality_target if quality_target is None else float(quality_target)
+            if not math.isfinite(target):
+                raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
             point = tier.knob.point_for(target)
             picks, props = point_choice(tier.knob, point, p, c, unit, allowed)
             order = fallback_order(tier.knob, point, p, c, allowed)

@@ -55,3 +55,21 @@ def trained(demo):
     from routeopt.router_training.train import train_router
 
     return train_router(demo, quality_target=0.95, seed=0)
+
+
+# seconds to first token and per word of answer: the cheapest candidate is the slowest to start
+SPEED = {"tiny": (1.6, 0.02), "small": (0.35, 0.03), "medium": (0.5, 0.04), "large": (0.8, 0.06)}
+
+
+def timed_frame(n_items: int = 150, seed: int = 0, unmeasured: float = 0.0) -> pd.DataFrame:
+    frame = demo_frame(n_items, seed)
+    rng = np.random.default_rng(seed + 1)
+    start = np.array([SPEED[m][0] for m in frame["model"]])
+    per_word = np.array([SPEED[m][1] for m in frame["model"]])
+    words = frame["prompt"].str.count(" ").to_numpy()
+    frame["ttft_s"] = start * rng.lognormal(0.0, 0.25, len(frame))
+    frame["latency_s"] = frame["ttft_s"] + per_word * words * 10 * rng.lognormal(0.0, 0.2, len(frame))
+    if unmeasured:
+        gone = rng.random(len(frame)) < unmeasured
+        frame.loc[gone, ["ttft_s", "latency_s"]] = np.nan
+    return frame

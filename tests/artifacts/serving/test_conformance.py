@@ -120,8 +120,8 @@ def test_a_wrong_format_version_is_refused(served, policies, publish_to, version
 
 
 def test_a_manifest_naming_another_format_is_refused(served, policies, publish_to) -> None:
-    publish_to(Altered(policies[1], lambda f, n: None, {**policies[1].format_info, "version": 4}))
-    _refused(served, "manifest.json says policy format 4")
+    publish_to(Altered(policies[1], lambda f, n: None, {**policies[1].format_info, "version": 99}))
+    _refused(served, "manifest.json says policy format 99")
 
 
 def test_with_no_last_good_policy_the_reason_reaches_the_caller(

@@ -493,4 +493,5 @@ def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None
         "traceparent",
         "policy_probability",
         "unknown_suite",
+        "budget",
     }, "Decision has new fields: carry them in Gateway._route"

@@ -1,0 +1,143 @@
+"""Latency budgets through the serving paths: the loader's router, the gateway's decision log,
+the decision service (body, metadata and headers) and a policy that cannot serve them."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from routeopt.artifacts.serving.decision_service import DecisionService
+from routeopt.artifacts.serving.gateway import DecisionLog, Gateway
+from routeopt.artifacts.serving.loader import load
+from routeopt.artifacts.serving.route_request import BadRequest, route_request
+from routeopt.artifacts.serving.settings import GatewaySettings
+from tests.router_training.conftest import timed_frame
+
+PROMPTS = [
+    ("Task: sort the input. difficulty: 1. Input: stone river", "sort"),
+    ("Task: add the input. difficulty: 4. Input: stone river apple cloud tiger", "add"),
+    ("Task: reverse the input. difficulty: 2. Input: maple violet piano", "reverse"),
+]
+
+
+@pytest.fixture(scope="module")
+def timed_policy():
+    from routeopt.router_training.train import train_router
+
+    return train_router(timed_frame(n_items=80), quality_target=0.9, seed=0).policy
+
+
+@pytest.fixture()
+def router(timed_policy, publish_to, registry, keypair):
+    publish_to(timed_policy)
+    return load(registry, keypair[1], state_dir=False)
+
+
+def test_the_router_serves_the_policys_budget_decision(router, timed_policy) -> None:
+    budget = timed_policy.latency.budgets("ttft")[-1]
+    for prompt, suite in PROMPTS:
+        d = router.route(prompt, suite, ttft_budget_s=budget)
+        want = timed_policy.decide(prompt, suite, ttft_budget_s=budget)
+        assert (d.model, d.fallbacks) == (want.model, want.fallbacks)
+        assert d.budget == {
+            "kind": "ttft",
+            "budget_s": budget,
+            "tier_s": want.budget.tier_s,
+            "met": want.budget.met,
+            "predicted_s": want.budget.predicted_s,
+        }
+        assert router.route(prompt, suite).budget is None
+    with pytest.raises(ValueError, match="not both"):
+        router.route("x", ttft_budget_s=1, latency_budget_s=1)
+
+
+def test_the_decision_log_records_the_budget(router, timed_policy, tmp_path) -> None:
+    log = DecisionLog(tmp_path / "log")
+    gateway = Gateway(router, log=log)
+    budget = timed_policy.latency.budgets("latency")[0]
+    d = gateway.route(PROMPTS[0][0], PROMPTS[0][1], request_id="r1", latency_budget_s=budget)
+    log.close()
+    (line,) = [json.loads(x) for f in (tmp_path / "log").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert line["request_id"] == "r1" and line["model"] == d.model
+    assert line["budget"] == {k: v for k, v in d.budget.items() if k != "predicted_s"}
+    assert line["budget"]["kind"] == "latency" and line["budget"]["budget_s"] == budget
+
+
+def test_a_policy_without_a_latency_model_decides_without_the_budget_and_says_so(
+    policies, publish_to, registry, keypair, caplog
+) -> None:
+    plain = policies[0]
+    if plain.latency is not None:  # the shared test policy measured latency: drop its section
+        import copy
+
+        plain = copy.copy(plain)
+        plain.latency = None
+    publish_to(plain)
+    router = load(registry, keypair[1], state_dir=False)
+    with caplog.at_level(logging.WARNING):
+        a = router.route(PROMPTS[0][0], ttft_budget_s=0.5)
+        b = router.route(PROMPTS[1][0], ttft_budget_s=0.5)
+    assert a.model == router.route(PROMPTS[0][0]).model
+    assert a.budget == {
+        "kind": "ttft",
+        "budget_s": 0.5,
+        "met": None,
+        "unserved": "policy version 1 has no ttft model",
+    }
+    assert b.budget["met"] is None
+    assert sum("has no ttft model" in r.getMessage() for r in caplog.records) == 1  # warned once
+
+
+def test_budgets_are_read_from_the_body_metadata_or_headers() -> None:
+    assert route_request({"prompt": "x", "ttft_budget_s": 0.8}).budgets() == {
+        "ttft_budget_s": 0.8,
+        "latency_budget_s": None,
+    }
+    assert (
+        route_request({"prompt": "x", "metadata": {"routeopt_latency_budget_s": "3"}}).latency_budget_s == 3.0
+    )
+    assert route_request({"prompt": "x"}, {"x-routeopt-ttft-budget-s": "0.25"}).ttft_budget_s == 0.25
+    for body, match in (
+        ({"prompt": "x", "ttft_budget_s": 0}, "ttft_budget_s must be a positive number"),
+        ({"prompt": "x", "ttft_budget_s": "soon"}, "ttft_budget_s is 'soon', not a number"),
+        ({"prompt": "x", "latency_budget_s": True}, "latency_budget_s is a boolean"),
+        ({"prompt": "x", "ttft_budget_s": 1, "latency_budget_s": 2}, "not both"),
+    ):
+        with pytest.raises(BadRequest, match=match):
+            route_request(body)
+
+
+async def test_the_decision_service_answers_with_the_budget(router, timed_policy, registry, keypair) -> None:
+    service = DecisionService(
+        GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
+    )
+    service.start()
+    budget = timed_policy.latency.budgets("ttft")[0]
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=service), base_url="http://r") as c:
+            r = await c.post(
+                "/v1/route",
+                json={"prompt": PROMPTS[1][0], "suite": "add"},
+                headers={"x-routeopt-ttft-budget-s": str(budget)},
+            )
+            assert r.status_code == 200, r.text
+            want = timed_policy.decide(PROMPTS[1][0], "add", ttft_budget_s=budget)
+            got = r.json()
+            assert got["model"] == want.model
+            assert got["budget"] == {
+                "kind": "ttft",
+                "budget_s": budget,
+                "tier_s": want.budget.tier_s,
+                "met": want.budget.met,
+            }
+            explained = (
+                await c.post("/v1/route?explain=1", json={"prompt": "y", "ttft_budget_s": budget})
+            ).json()
+            assert set(explained["budget"]["predicted_s"]) == set(timed_policy.candidates)
+            bad = await c.post("/v1/route", json={"prompt": "y", "ttft_budget_s": -1})
+            assert bad.status_code == 400 and "ttft_budget_s" in bad.text
+    finally:
+        service.close()
