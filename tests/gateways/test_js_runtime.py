@@ -358,6 +358,54 @@ def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp
         _same(js_d, py_d)
 
 
+def test_a_worker_serves_latency_budgets_like_python(fixtures, tmp_path) -> None:
+    """workerd (JavaScript engines only) loads the format 4 policy from a registry, passes its
+    latency and budget layers, and decides under every budget as RoutingPolicy.decide does."""
+    want = json.loads((fixtures / "expected" / "demo-latency.json").read_text())["requests"]
+    requests = [
+        {
+            "id": w["id"],
+            "prompt": w["prompt"],
+            "suite": w["suite"],
+            "quality_target": w["quality_target"],
+            f"{w['kind']}_budget_s": w["budget_s"],
+        }
+        for w in want
+    ]
+    (tmp_path / "requests.json").write_text(json.dumps({"requests": requests}))
+    server, url = serve_in_thread(fixtures / "registry-latency")
+    try:
+        done = run_node(
+            "test/worker/run.mjs",
+            url,
+            str(fixtures / "keys" / "public_key.pem"),
+            str(tmp_path / "requests.json"),
+            timeout=600,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert "error" not in answer, answer
+    assert answer["kernel"] == "javascript"
+    assert "latency, budget" in answer["status"]["conformance"]
+    assert len(answer["decisions"]) == len(want) > 1000
+    for js_d, w in zip(answer["decisions"], want):
+        b = js_d["budget"]
+        assert (js_d["model"], js_d["fallbacks"], js_d["policyProbability"]) == (
+            w["model"],
+            w["fallbacks"],
+            w["propensity"],
+        ), w["id"]
+        assert {
+            "kind": b["kind"],
+            "budget_s": b["budgetS"],
+            "tier_s": b["tierS"],
+            "met": b["met"],
+            "predicted_s": b["predictedS"],
+        } == w["budget"]
+
+
 def test_decision_logs_go_through_the_real_cli(fixtures, tmp_path, harness, monkeypatch) -> None:
     """`routeopt import feedback --log` and `routeopt policies evaluate --log` read the JavaScript
     gateway's logs unchanged."""
