@@ -102,8 +102,9 @@ def js() -> Path:
 
 def build_fixtures(root: Path) -> Path:
     """Policies trained and published by the Python pipeline, and Python's own decisions:
-    policies/ (linear with topics, char n-grams without topics, LightGBM trees), registry/
-    (versions 1 and 2 on `latest`), keys/, expected/."""
+    policies/ (linear with topics, char n-grams without topics, LightGBM trees, and a format 4
+    one with latency budgets), registry/ (versions 1 and 2 on `latest`), registry-latency/,
+    keys/, expected/."""
     from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.router_training.train import Design, train_router
     from tests.router_training.conftest import demo_frame
@@ -125,7 +126,65 @@ def build_fixtures(root: Path) -> Path:
     (root / "expected" / "demo-linear.json").write_text(
         json.dumps({"requests": _python_decisions(router, _requests())})
     )
+    _latency_fixtures(root, private)
     return root
+
+
+def _latency_fixtures(root: Path, private) -> None:
+    """A format 4 policy (latency budgets, section 8.3) trained on timed outcomes: policies/demo-latency,
+    registry-latency/ (its one signed version) and expected/demo-latency.json, Python's own
+    decisions under several budgets of each kind."""
+    from routeopt.router_training.policy.routing import RoutingPolicy
+    from routeopt.router_training.train import train_router
+    from tests.router_training.test_latency import timed_frame
+
+    folder = root / "policies" / "demo-latency"
+    train_router(timed_frame(), quality_target=0.9, seed=0).policy.save(folder)
+    policy = RoutingPolicy.load(folder)
+    assert policy.format_info["version"] == 4 and policy.self_check().ok
+    publish(policy, root / "registry-latency", lineage={}, metrics={}, signing_key=private)
+    (root / "expected" / "demo-latency.json").write_text(
+        json.dumps({"budgets": _budgets(policy), "requests": _python_budget_decisions(policy, _requests())})
+    )
+
+
+def _budgets(policy) -> list[list]:
+    """Per kind: below every tier, the first tier, between the first two, a middle tier, just
+    under the next one, the last tier and above every tier."""
+    out = []
+    for kind in policy.latency.model.kinds:
+        b = policy.latency.budgets(kind)
+        mid = b[len(b) // 2]
+        for budget in (b[0] / 2, b[0], (b[0] + b[1]) / 2, mid, b[len(b) // 2 + 1] - 1e-9, b[-1], b[-1] * 2):
+            out.append([kind, budget])
+    return out
+
+
+def _python_budget_decisions(policy, requests: list[dict]) -> list[dict]:
+    rows = []
+    for kind, budget in _budgets(policy):
+        for r in requests:
+            d = policy.decide(r["prompt"], r["suite"], r["quality_target"], **{f"{kind}_budget_s": budget})
+            rows.append(
+                {
+                    **r,
+                    "kind": kind,
+                    "budget_s": budget,
+                    "model": d.model,
+                    "fallbacks": list(d.fallbacks),
+                    "propensity": d.propensity,
+                    "pass_probabilities": d.pass_probabilities,
+                    "expected_cost_usd": d.expected_cost_usd,
+                    "budget": {
+                        "kind": d.budget.kind,
+                        "budget_s": d.budget.budget_s,
+                        "tier_s": d.budget.tier_s,
+                        "met": d.budget.met,
+                        "predicted_s": d.budget.predicted_s,
+                    },
+                }
+            )
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +356,54 @@ def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp
     )
     for js_d, py_d in zip(answer["decisions"], _python_decisions(python, requests)):
         _same(js_d, py_d)
+
+
+def test_a_worker_serves_latency_budgets_like_python(fixtures, tmp_path) -> None:
+    """workerd (JavaScript engines only) loads the format 4 policy from a registry, passes its
+    latency and budget layers, and decides under every budget as RoutingPolicy.decide does."""
+    want = json.loads((fixtures / "expected" / "demo-latency.json").read_text())["requests"]
+    requests = [
+        {
+            "id": w["id"],
+            "prompt": w["prompt"],
+            "suite": w["suite"],
+            "quality_target": w["quality_target"],
+            f"{w['kind']}_budget_s": w["budget_s"],
+        }
+        for w in want
+    ]
+    (tmp_path / "requests.json").write_text(json.dumps({"requests": requests}))
+    server, url = serve_in_thread(fixtures / "registry-latency")
+    try:
+        done = run_node(
+            "test/worker/run.mjs",
+            url,
+            str(fixtures / "keys" / "public_key.pem"),
+            str(tmp_path / "requests.json"),
+            timeout=600,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert "error" not in answer, answer
+    assert answer["kernel"] == "javascript"
+    assert "latency, budget" in answer["status"]["conformance"]
+    assert len(answer["decisions"]) == len(want) > 1000
+    for js_d, w in zip(answer["decisions"], want):
+        b = js_d["budget"]
+        assert (js_d["model"], js_d["fallbacks"], js_d["policyProbability"]) == (
+            w["model"],
+            w["fallbacks"],
+            w["propensity"],
+        ), w["id"]
+        assert {
+            "kind": b["kind"],
+            "budget_s": b["budgetS"],
+            "tier_s": b["tierS"],
+            "met": b["met"],
+            "predicted_s": b["predictedS"],
+        } == w["budget"]
 
 
 def test_decision_logs_go_through_the_real_cli(fixtures, tmp_path, harness, monkeypatch) -> None:

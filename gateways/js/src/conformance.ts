@@ -9,6 +9,7 @@ import { FormatError, readContainer, Tensor, Typed } from "./container.js";
 import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
 import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
+import { budgetModel, decideBudget, KINDS, LatencyKind, predict } from "./latency.js";
 import { Policy, VECTORS } from "./policy.js";
 
 export const FORMAT = "routeopt.conformance/1";
@@ -25,9 +26,13 @@ const LAYERS: [string, [string, number][]][] = [
   ["cost", [["cost.c", CLOSE]]],
   ["knob", [["knob.point", EXACT], ["knob.unit", EXACT]]],
   ["decision", [["decision.model", EXACT], ["decision.fallbacks", EXACT], ["decision.propensity", CLOSE]]],
+  ["latency", [["latency.pred", CLOSE]]],
+  ["budget", [["budget.model", EXACT], ["budget.fallbacks", EXACT], ["budget.met", EXACT], ["budget.propensity", CLOSE]]],
   ["gateway", [["gateway.draws", EXACT], ["gateway.arm", EXACT], ["gateway.model", EXACT], ["gateway.explored", EXACT],
     ["gateway.eligible", EXACT], ["gateway.propensity", CLOSE]]],
 ];
+
+const LAYER_NAMES = new Set(LAYERS.map(([name]) => name));
 
 export interface ConformanceReport {
   ok: boolean;
@@ -45,6 +50,8 @@ export interface VectorInput { text: string; suite: string | null; requestId: st
 interface Meta {
   format: string; requests: number; candidates: string[]; targets: number[]; detail: number; tolerance: number;
   layers: string[]; suites: (string | null)[];
+  /** (format 4) the [kind, budget_s, target] cases of the budget layer */
+  budgets?: [string, number, number][];
   gateway: { exploration: { rate: number; exclude: string[]; max_cost_usd: number | null; max_cost_ratio: number | null; seed: string };
     canary: { share: number; seed: string } };
 }
@@ -175,7 +182,37 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
   got.set("detail.values", Float64Array.from(detail[2]));
   got.set("knob.point", Int32Array.from(meta.targets, (x) => policy.knob.points.findIndex((p) => p.certified >= x - 1e-12)));
   await gateway(policy, inputs, meta, got);
+  if (policy.latency) budgets(policy, inputs, meta, got);
   return got;
+}
+
+/** 8.3 for every request: each latency model's predictions, and the decision at each of the
+ * metadata's budget cases (the draw is the knob layer's). */
+function budgets(policy: Policy, inputs: VectorInput[], meta: Meta, got: Map<string, Typed>): void {
+  const lat = policy.latency!, n = inputs.length, k = policy.candidates.length, M = lat.models.length;
+  const cases = (meta.budgets ?? []).map(([kind, budgetS, target], j) => {
+    if (!KINDS.includes(kind as LatencyKind) || !budgetModel(lat, kind as LatencyKind) || !(budgetS > 0) || !Number.isFinite(target)) {
+      throw new FormatError(`${VECTORS}: budget case ${j} ${JSON.stringify([kind, budgetS, target])} is not one this policy can decide`);
+    }
+    return { budget: { kind: kind as LatencyKind, budgetS }, target, at: lat.models.indexOf(budgetModel(lat, kind as LatencyKind)!) };
+  });
+  const B = cases.length;
+  const predAll = new Float64Array(n * M * k), model = new Uint16Array(n * B), met = new Uint8Array(n * B);
+  const fb = new Uint16Array(n * B * (k - 1)), props = new Float64Array(n * B);
+  const P = got.get("calibration.p") as Float64Array, C = got.get("cost.c") as Float64Array, U = got.get("knob.unit") as Float64Array;
+  const chars = got.get("bytes.n_chars") as Uint32Array, suitePos = got.get("features.suite") as Int32Array;
+  for (let i = 0; i < n; i++) {
+    for (let m = 0; m < M; m++) predict(lat.models[m], chars[i], suitePos[i], predAll.subarray((i * M + m) * k, (i * M + m + 1) * k));
+    const p = P.subarray(i * k, i * k + k), c = C.subarray(i * k, i * k + k);
+    for (let j = 0; j < B; j++) {
+      const { budget, target, at } = cases[j];
+      const ch = decideBudget(lat, budget, target, p, c, predAll.subarray((i * M + at) * k, (i * M + at + 1) * k), () => U[i]);
+      model[i * B + j] = ch.pick; met[i * B + j] = ch.met ? 1 : 0; props[i * B + j] = ch.propensity;
+      fb.set(ch.fallbacks, (i * B + j) * (k - 1));
+    }
+  }
+  for (const [name, a] of [["latency.pred", predAll], ["budget.model", model], ["budget.fallbacks", fb], ["budget.met", met],
+    ["budget.propensity", props]] as const) got.set(name, a);
 }
 
 /** 8.1 with the vectors' settings; the policy is both champion and candidate. */
@@ -269,7 +306,20 @@ export async function checkVectors(policy: Policy, bytes: Uint8Array): Promise<C
   if (JSON.stringify(meta.candidates) !== JSON.stringify(policy.candidates)) {
     return fail(`${VECTORS}: the vectors are for candidates ${JSON.stringify(meta.candidates)}, the policy has ${JSON.stringify(policy.candidates)} (swapped files?)`, inputs.length);
   }
-  const got = await compute(policy, inputs, meta);
+  const unknown = (Array.isArray(meta.layers) ? meta.layers : [null]).find((l) => !LAYER_NAMES.has(l as string));
+  if (unknown !== undefined) {
+    return fail(`${VECTORS}: layer ${JSON.stringify(unknown)} is not one this runtime implements: the policy needs a newer runtime`, inputs.length);
+  }
+  if (meta.layers.includes("budget") !== (policy.latency !== null)) {
+    return fail(`${VECTORS}: the vectors ${meta.layers.includes("budget") ? "do" : "do not"} check latency budgets and the policy ${policy.latency ? "has a" : "has no"} latency section`, inputs.length);
+  }
+  let got: Map<string, Typed>;
+  try {
+    got = await compute(policy, inputs, meta);
+  } catch (e) {
+    if (e instanceof FormatError) return fail(e.message, inputs.length);
+    throw e;
+  }
   const n = inputs.length, tol = meta.tolerance;
   const [idsBad, valsBad, detailWorst] = compareDetail(want, got, tol);
   const mismatches: Record<string, number> = {};

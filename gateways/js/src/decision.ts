@@ -13,18 +13,21 @@ export interface Choice {
   fallbacks: number[];
 }
 
-/** The point's choice for (p, c) and mixing draw u (section 8). */
-export function decidePoint(knob: Knob, point: Point, p: Float64Array, c: Float64Array, u: () => number): Choice {
-  const a = memberChoice(knob.members[point.a], p, c);
+/** The point's choice for (p, c) and mixing draw u (section 8); with `allowed` (8.3: a
+ * latency budget's mask) both members choose among the allowed candidates, and they come
+ * first in the fallbacks. */
+export function decidePoint(knob: Knob, point: Point, p: Float64Array, c: Float64Array, u: () => number,
+  allowed: Uint8Array | null = null): Choice {
+  const a = memberChoice(knob.members[point.a], p, c, allowed);
   let pick = a;
   let propensity = 1.0;
   if (point.weight < 1) {
     const w = point.weight;
-    const b = memberChoice(knob.members[point.b], p, c);
+    const b = memberChoice(knob.members[point.b], p, c, allowed);
     pick = a === b || u() < w ? a : b; // the draw only matters (and is only hashed) when the members differ
     propensity = w * (a === pick ? 1 : 0) + (1 - w) * (b === pick ? 1 : 0);
   }
-  return { pick, propensity, fallbacks: fallbackOrder(p, c, fallbackLambda(knob, point), pick) };
+  return { pick, propensity, fallbacks: fallbackOrder(p, c, fallbackLambda(knob, point), pick, allowed) };
 }
 
 /** The first lambda member's parameter among (a, b), else 0. */
@@ -35,20 +38,29 @@ export function fallbackLambda(knob: Knob, point: Point): number {
 
 const SCORE = new Float64Array(256);
 
-/** Candidates by p - lambda c descending, then cost, then index; without the pick (an
- * insertion sort: K is small, and a decision should not allocate a comparator). */
-export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pick: number): number[] {
+/** Candidates by p - lambda c descending, then cost, then index (with `allowed`, the allowed
+ * candidates first); without the pick. */
+export function fallbackOrder(p: Float64Array, c: Float64Array, lam: number, pick: number, allowed: Uint8Array | null = null): number[] {
   const k = p.length;
   const score = k <= SCORE.length ? SCORE : new Float64Array(k);
+  for (let j = 0; j < k; j++) score[j] = -(p[j] - lam * c[j]);
+  return sortedWithout(score, c, pick, allowed);
+}
+
+/** Every candidate but `pick` by (allowed first, key ascending, cost ascending, index): an
+ * insertion sort, as K is small and a decision should not allocate a comparator. */
+export function sortedWithout(key: Float64Array, c: Float64Array, pick: number, allowed: Uint8Array | null = null): number[] {
+  const k = c.length;
   const order: number[] = new Array(pick >= 0 && pick < k ? k - 1 : k);
+  const out = (j: number) => (allowed !== null && !allowed[j] ? 1 : 0);
   let filled = 0;
   for (let j = 0; j < k; j++) {
-    score[j] = -(p[j] - lam * c[j]);
     if (j === pick) continue;
     let at = filled++;
     while (at > 0) {
       const o = order[at - 1];
-      if (score[o] < score[j] || (score[o] === score[j] && c[o] <= c[j])) break; // o stays first (ties: lower index)
+      const oo = out(o), oj = out(j);
+      if (oo < oj || (oo === oj && (key[o] < key[j] || (key[o] === key[j] && c[o] <= c[j])))) break; // o stays first (ties: lower index)
       order[at] = o;
       at--;
     }

@@ -86,7 +86,8 @@ export class Gateway {
     const canary = Boolean(candidate) && (this.opts.canaryShare ?? 0) > 0
       && unitDraw(this.canaryKey, rid)[0] < (this.opts.canaryShare ?? 0);
     const router = canary ? candidate! : this.champion;
-    const d = router.decide(prompt, { suite: opts.suite, qualityTarget: opts.qualityTarget, requestId: rid });
+    const d = router.decide(prompt, { suite: opts.suite, qualityTarget: opts.qualityTarget, requestId: rid,
+      ttftBudgetS: opts.ttftBudgetS, latencyBudgetS: opts.latencyBudgetS });
     const channel = canary ? "candidate" : "champion";
     try {
       const x = this.opts.exploration && this.opts.exploration.rate > 0 ? this.opts.exploration : null;
@@ -123,6 +124,7 @@ export class Gateway {
       model, propensity, policy_model: d.model, policy_probability: d.policyProbability, explored,
       pass_probabilities: d.passProbabilities, expected_cost_usd: d.expectedCostUsd,
     };
+    if (d.budget) rec.budget = { kind: d.budget.kind, budget_s: d.budget.budgetS, tier_s: d.budget.tierS, met: d.budget.met };
     if (d.unknownSuite) rec.unknown_suite = true;
     if (t.traceId !== null) {  // feedback, decisions and traces join on it
       rec.trace_id = t.traceId;

@@ -1,9 +1,10 @@
 /**
- * @routeopt/gateway: routeopt's policy format 3 (docs/policy-format.md) in JavaScript.
+ * @routeopt/gateway: routeopt's policy formats 3 and 4 (docs/policy-format.md) in JavaScript.
  *
  *     const router = await Router.open({ url: "https://policies.internal/", publicKeys: [pem], refreshS: 60 });
  *     const d = router.route(prompt, { suite: "invoice-total", requestId });
  *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
+ *     router.route(prompt, { suite, ttftBudgetS: 0.8 }).budget  // format 4: { kind, budgetS, tierS, met, predictedS }
  *
  * Tracing: give `tracer` (any @opentelemetry/api Tracer) to Router.open or Gateway.create and
  * `traceparent` to route(); see tracing.ts.
@@ -17,7 +18,8 @@ export type { Decision, RouteOptions, RouterOptions, RouterStatus, StateStore } 
 export { Gateway, MemoryLog, isoTime } from "./gateway.js";
 export type { GatewayOptions, GatewayStatus, LogSink } from "./gateway.js";
 export type { ExplorationOptions } from "./decision.js";
-export { Policy, readPolicy, FORMAT_VERSION } from "./policy.js";
+export { Policy, readPolicy, FORMAT_VERSION, LATENCY_FORMAT_VERSION } from "./policy.js";
+export type { BudgetOptions, BudgetOutcome, Decided } from "./policy.js";
 export { checkVectors, summary as conformanceSummary } from "./conformance.js";
 export type { ConformanceReport } from "./conformance.js";
 export { VerificationError } from "./verification.js";

@@ -27,27 +27,29 @@ function point(v: unknown, nMembers: number, where: string): Point {
   return { a, b, weight: num(v[2], where), certified: num(v[3], where, -Infinity) };
 }
 
-/** policy.json's knob, checked: known rules, members in range, strictly rising certificates. */
-export function parseKnob(raw: unknown, k: number): Knob {
+/** policy.json's knob (or a latency tier's, `name` saying which), checked: known rules,
+ * members in range, strictly rising certificates. */
+export function parseKnob(raw: unknown, k: number, name = "knob"): Knob {
+  const at = `policy.json: ${name}`;
   const d = raw as { members?: unknown; points?: unknown; top?: unknown };
   if (typeof d !== "object" || d === null || !Array.isArray(d.members) || !Array.isArray(d.points)) {
-    throw new FormatError("policy.json: knob must have members and points");
+    throw new FormatError(`${at} must have members and points`);
   }
   const members = d.members.map((m, i): Member => {
     if (!Array.isArray(m) || m.length !== 2 || !["lambda", "single", "threshold"].includes(m[0])) {
-      throw new FormatError(`policy.json: knob.members[${i}]: unknown knob member rule ${JSON.stringify(Array.isArray(m) ? m[0] : m)}; this runtime reads lambda, single, threshold`);
+      throw new FormatError(`${at}.members[${i}]: unknown knob member rule ${JSON.stringify(Array.isArray(m) ? m[0] : m)}; this runtime reads lambda, single, threshold`);
     }
-    const param = num(m[1], `policy.json: knob.members[${i}]`);
+    const param = num(m[1], `${at}.members[${i}]`);
     if (m[0] === "single" && !(Number.isInteger(param) && param >= 0 && param < k)) {
-      throw new FormatError(`policy.json: knob member names candidate ${param}; the policy has ${k}`);
+      throw new FormatError(`${at} member names candidate ${param}; the policy has ${k}`);
     }
     return { rule: m[0] as Rule, param };
   });
-  const points = d.points.map((p, i) => point(p, members.length, `policy.json: knob.points[${i}]`));
+  const points = d.points.map((p, i) => point(p, members.length, `${at}.points[${i}]`));
   for (let i = 1; i < points.length; i++) {
-    if (!(points[i].certified > points[i - 1].certified)) throw new FormatError("policy.json: knob points must have strictly rising certified targets");
+    if (!(points[i].certified > points[i - 1].certified)) throw new FormatError(`${at} points must have strictly rising certified targets`);
   }
-  return { members, points, top: point(d.top, members.length, "policy.json: knob.top") };
+  return { members, points, top: point(d.top, members.length, `${at}.top`) };
 }
 
 /** The first point certified for x - 1e-12, else the top. */
@@ -57,31 +59,38 @@ export function pointFor(knob: Knob, target: number): Point {
   return knob.top;
 }
 
-/** The candidate a member chooses for (p, c). */
-export function memberChoice(m: Member, p: Float64Array, c: Float64Array): number {
+/** The candidate a member chooses for (p, c); with `allowed` (8.3: a latency budget's mask,
+ * at least one candidate allowed) among the allowed candidates only. */
+export function memberChoice(m: Member, p: Float64Array, c: Float64Array, allowed: Uint8Array | null = null): number {
   const k = p.length;
-  if (m.rule === "single") return m.param;
+  if (m.rule === "single") return allowed === null || allowed[m.param] ? m.param : memberChoice(LAMBDA0, p, c, allowed);
   if (m.rule === "lambda") {
     let best = -Infinity;
     for (let j = 0; j < k; j++) {
+      if (allowed !== null && !allowed[j]) continue;
       const s = p[j] - m.param * c[j];
       if (s > best) best = s;
     }
     let pick = -1;
     for (let j = 0; j < k; j++) {
+      if (allowed !== null && !allowed[j]) continue;
       if (p[j] - m.param * c[j] >= best && (pick < 0 || c[j] < c[pick])) pick = j;
     }
     return pick;
   }
-  let pick = 0; // threshold: by (cost if p >= tau else +inf, 0 if p >= tau else -p, cost, index)
+  // threshold: by (allowed first, cost if p >= tau else +inf, 0 if p >= tau else -p, cost, index)
+  const out = (j: number) => (allowed !== null && !allowed[j] ? 1 : 0);
   const key = (j: number) => (p[j] >= m.param ? c[j] : Infinity);
   const second = (j: number) => (p[j] >= m.param ? 0 : -p[j]);
+  let pick = 0;
   for (let j = 1; j < k; j++) {
-    const kj = key(j), kp = key(pick), sj = second(j), sp = second(pick);
-    if (kj < kp || (kj === kp && (sj < sp || (sj === sp && c[j] < c[pick])))) pick = j;
+    const oj = out(j), op = out(pick), kj = key(j), kp = key(pick), sj = second(j), sp = second(pick);
+    if (oj < op || (oj === op && (kj < kp || (kj === kp && (sj < sp || (sj === sp && c[j] < c[pick])))))) pick = j;
   }
   return pick;
 }
+
+const LAMBDA0: Member = { rule: "lambda", param: 0 };
 
 const hasher = new Blake2b();
 const suiteBytes = new ByteScratch(256);

@@ -10,9 +10,13 @@ import { decidePoint } from "./decision.js";
 import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureKernel, featureLayers, fillRow } from "./features.js";
 import type { Engine, Kernel } from "./kernel.js";
 import { Knob, mixingDraw, parseKnob, pointFor } from "./knob.js";
+import { askedBudget, budgetModel, decideBudget, Latency, LatencyKind, predict, readLatency } from "./latency.js";
 import { LinearScorer, Scorer, TreeScorer } from "./scorer.js";
 
 export const FORMAT_VERSION = 3;
+/** format 3 and a latency section (8.3); a policy without one is still written as format 3 */
+export const LATENCY_FORMAT_VERSION = 4;
+export const READABLE_VERSIONS = [FORMAT_VERSION, LATENCY_FORMAT_VERSION];
 export const ARRAYS = "arrays.safetensors";
 export const VECTORS = "conformance.safetensors";
 
@@ -27,6 +31,25 @@ export interface Decided {
   c: Float64Array;
   promptRaw: Uint8Array;
   nChars: number;
+  /** with a latency budget (8.3): what served it and whether it was met */
+  budget: BudgetOutcome | null;
+}
+
+/** A decision's latency budget: `tierS` is the certified budget that served it (null below
+ * every tier), `met` whether the chosen model's predicted p95 is within `budgetS`,
+ * `predictedS` each candidate's predicted p95 (8.3). */
+export interface BudgetOutcome {
+  kind: LatencyKind;
+  budgetS: number;
+  tierS: number | null;
+  met: boolean;
+  predictedS: Record<string, number>;
+}
+
+/** The budget a call may ask for, in seconds of p95: at most one of the two. */
+export interface BudgetOptions {
+  ttftBudgetS?: number | null;
+  latencyBudgetS?: number | null;
 }
 
 /** One request after calibration and cost (sections 3 to 6). */
@@ -43,6 +66,8 @@ export class Policy {
   private readonly z: Float64Array;
   private readonly p: Float64Array;
   private readonly c: Float64Array;
+  private readonly pred: Float64Array;
+  private readonly allowed: Uint8Array;
 
   constructor(
     readonly candidates: string[],
@@ -54,11 +79,15 @@ export class Policy {
     readonly qualityTarget: number,
     readonly referenceModel: string,
     kernel: Kernel | null = null,
+    readonly latency: Latency | null = null,
+    readonly formatVersion: number = latency ? LATENCY_FORMAT_VERSION : FORMAT_VERSION,
   ) {
     this.scratch = new Scratch(spec.nBuckets, kernel);
     this.z = new Float64Array(candidates.length);
     this.p = new Float64Array(candidates.length);
     this.c = new Float64Array(candidates.length);
+    this.pred = new Float64Array(candidates.length);
+    this.allowed = new Uint8Array(candidates.length);
   }
 
   /** Features, scores, probabilities and costs of one request (`keep`: copy every layer out;
@@ -81,27 +110,39 @@ export class Policy {
     return topic;
   }
 
-  /** The decision for one request at a quality target (the policy's own by default). */
-  decide(prompt: string, suite?: string | null, qualityTarget?: number | null): Decided {
-    const d = this.choose(prompt, suite, qualityTarget);
+  /** The decision for one request at a quality target (the policy's own by default), under
+   * a latency budget where one is given (8.3). */
+  decide(prompt: string, suite?: string | null, qualityTarget?: number | null, budget: BudgetOptions = {}): Decided {
+    const d = this.choose(prompt, suite, qualityTarget, budget);
     return { ...d, p: d.p.slice(), c: d.c.slice(), promptRaw: d.promptRaw.slice() };
   }
 
   /** `decide` without copies: p, c and promptRaw are the policy's scratch, good until its next
    * request (a Router reads them at once). */
-  choose(prompt: string, suite?: string | null, qualityTarget?: number | null): Decided {
+  choose(prompt: string, suite?: string | null, qualityTarget?: number | null, budget: BudgetOptions = {}): Decided {
     const target = qualityTarget ?? this.qualityTarget;
     if (typeof target !== "number" || !Number.isFinite(target)) throw new RangeError(`quality target must be a finite number, got ${target}`);
+    const asked = askedBudget(this.latency, budget.ttftBudgetS, budget.latencyBudgetS);
     checkInput(prompt, suite);
     const text = fillRow(prompt, suite, this.spec, this.scratch);
     this.scoreRow(text, this.z, this.p, this.c);
-    const ch = decidePoint(this.knob, pointFor(this.knob, target), this.p, this.c, () => mixingDraw(text.cut, suite));
+    const draw = () => mixingDraw(text.cut, suite);
     const names = this.candidates;
+    let ch, outcome: BudgetOutcome | null = null;
+    if (asked === null) {
+      ch = decidePoint(this.knob, pointFor(this.knob, target), this.p, this.c, draw);
+    } else {
+      predict(budgetModel(this.latency, asked.kind)!, text.nChars, this.scratch.suitePos, this.pred);
+      ch = decideBudget(this.latency!, asked, target, this.p, this.c, this.pred, draw, this.allowed);
+      const predictedS: Record<string, number> = {};
+      for (let j = 0; j < names.length; j++) predictedS[names[j]] = this.pred[j];
+      outcome = { kind: asked.kind, budgetS: asked.budgetS, tierS: ch.tier?.budgetS ?? null, met: ch.met, predictedS };
+    }
     const fallbacks = new Array<string>(ch.fallbacks.length);
     for (let i = 0; i < fallbacks.length; i++) fallbacks[i] = names[ch.fallbacks[i]];
     return {
       model: names[ch.pick], pick: ch.pick, fallbacks, fallbackIndex: ch.fallbacks,
-      propensity: ch.propensity, p: this.p, c: this.c, promptRaw: text.raw, nChars: text.nChars,
+      propensity: ch.propensity, p: this.p, c: this.c, promptRaw: text.raw, nChars: text.nChars, budget: outcome,
     };
   }
 }
@@ -201,8 +242,9 @@ export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array, engine?: 
     throw new FormatError(`policy.json: not valid JSON (${(e as Error).message})`);
   }
   if (typeof head !== "object" || head === null) throw new FormatError("policy.json: expected a JSON object");
-  if (head["format_version"] !== FORMAT_VERSION) {
-    throw new FormatError(`policy.json: format_version ${JSON.stringify(head["format_version"])} is not supported by this runtime (reads ${FORMAT_VERSION})`);
+  const version = head["format_version"];
+  if (!READABLE_VERSIONS.includes(version as number)) {
+    throw new FormatError(`policy.json: format_version ${JSON.stringify(version)} is not supported by this runtime (reads ${READABLE_VERSIONS.join(" and ")})`);
   }
   if (head["portable"] !== true) {
     throw new FormatError(`policy.json: not portable: ${head["not_portable"] ?? "the policy says so"}`);
@@ -225,6 +267,8 @@ export function readPolicy(policyJson: Uint8Array, arrays: Uint8Array, engine?: 
   };
   const platt = f64("calibration.platt", [2, k]);
   for (const [name, a] of [["calibration.platt", platt], ["cost.coef", cost.coef], ["cost.floor", cost.floor]] as const) finite(a, name);
+  const latency = version === LATENCY_FORMAT_VERSION ? readLatency(head, tensors, k, s, ARRAYS) : null;
   return new Policy(candidates, spec, scorer, platt, cost, parseKnob(head["knob"], k),
-    field<number>(head, "quality_target", isNum, "a number"), String(head["reference_model"] ?? ""), kernel);
+    field<number>(head, "quality_target", isNum, "a number"), String(head["reference_model"] ?? ""), kernel,
+    latency, version as number);
 }

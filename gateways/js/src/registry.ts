@@ -9,7 +9,7 @@
 
 import { checkVectors, ConformanceReport, summary } from "./conformance.js";
 import { FormatError } from "./container.js";
-import { Policy, readPolicy, VECTORS } from "./policy.js";
+import { BudgetOutcome, Policy, READABLE_VERSIONS, readPolicy, VECTORS } from "./policy.js";
 import { attributesFor, clock, recordDecision, TracingOptions, UNTRACED } from "./tracing.js";
 import {
   checkChannel, checkOrder, FailureKind, importPublicKey, Manifest, MANIFEST, parseManifest, parsePointer, Pointer,
@@ -66,12 +66,19 @@ export interface Decision {
   traceparent: string | null;
   /** the trace the decision belongs to (32 hex), also on the decision's log line */
   traceId: string | null;
+  /** with a latency budget (8.3): its kind, budgetS, the certified tierS that served it (null
+   * below every tier), whether the model's predicted p95 met it, and each candidate's predictedS */
+  budget: BudgetOutcome | null;
 }
 
 export interface RouteOptions {
   suite?: string | null;
   requestId?: string;
   qualityTarget?: number | null;
+  /** a time-to-first-token budget in seconds (the p95 a candidate is predicted to keep; 8.3) */
+  ttftBudgetS?: number | null;
+  /** an end-to-end latency budget in seconds (not with ttftBudgetS) */
+  latencyBudgetS?: number | null;
   /** the caller's W3C traceparent header: the decision's span becomes its child */
   traceparent?: string | null;
 }
@@ -309,9 +316,10 @@ export class Router {
     if (!a || why) {
       if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
-        policyProbability: 1, unknownSuite: false, policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION };
+        policyProbability: 1, unknownSuite: false, policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION,
+        budget: null };
     }
-    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget);
+    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget, opts);
     const names = a.policy.candidates;
     const p: Record<string, number> = {}, c: Record<string, number> = {};
     for (let j = 0; j < names.length; j++) {
@@ -321,7 +329,8 @@ export class Router {
     const unknownSuite = Boolean(opts.suite) && !a.policy.spec.suiteIndex.has(opts.suite!);
     if (unknownSuite) this.unknownSuite(opts.suite!, a.policy.spec.suites);
     return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: 1,
-      policyProbability: d.propensity, unknownSuite, policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+      policyProbability: d.propensity, unknownSuite, policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId,
+      budget: d.budget };
   }
 
   /** Count a request naming a suite the policy does not know, and warn (onEvent) once per name. */
@@ -433,7 +442,9 @@ export class Router {
       throw new VerificationError(`${where}: version ${manifest.version} expired at ${manifest.expiresText}; publish a fresh policy`, "expired");
     }
     const pf = manifest.policyFormat;
-    if (pf.version !== 3) throw new VerificationError(`${where}: policy format ${JSON.stringify(pf.version ?? 2)} is not supported by this runtime (reads 3; publish the policy again with a current routeopt)`);
+    if (!READABLE_VERSIONS.includes(pf.version as number)) {
+      throw new VerificationError(`${where}: policy format ${JSON.stringify(pf.version ?? 2)} is not supported by this runtime (reads ${READABLE_VERSIONS.join(" and ")}; publish the policy again with a current routeopt)`);
+    }
     if (pf.portable === false) throw new VerificationError(`${where}: not portable: ${pf.not_portable ?? "the manifest says so"}`);
     const files: Record<string, Uint8Array> = {};
     for (const f of manifest.files) {
@@ -443,7 +454,11 @@ export class Router {
       }
       files[f.path] = blob;
     }
-    const active = { ...(await this.load(files, where)), version: manifest.version, digest, signed, manifest };
+    const loaded = await this.load(files, where);
+    if (loaded.policy.formatVersion !== pf.version) {
+      throw new VerificationError(`${where}: policy_format.version ${pf.version} but policy.json's format_version is ${loaded.policy.formatVersion} (tampered or mixed files)`);
+    }
+    const active = { ...loaded, version: manifest.version, digest, signed, manifest };
     return active;
   }
 

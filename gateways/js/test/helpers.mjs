@@ -85,3 +85,19 @@ export function widenTensor(bytes, name) {
   }
   return result;
 }
+
+/** The container with its metadata entry `key` (a JSON text) changed by fn(parsed) -> parsed. */
+export function patchMetadata(bytes, key, fn) {
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const size = dv.getUint32(0, true);
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + size)));
+  header.__metadata__[key] = JSON.stringify(fn(JSON.parse(header.__metadata__[key])));
+  let head = new TextEncoder().encode(JSON.stringify(header));
+  head = Uint8Array.from([...head, ...new Array((8 - (head.length % 8)) % 8).fill(0x20)]);
+  const data = bytes.subarray(8 + size);
+  const out = new Uint8Array(8 + head.length + data.length);
+  new DataView(out.buffer).setUint32(0, head.length, true);
+  out.set(head, 8);
+  out.set(data, 8 + head.length);
+  return out;
+}

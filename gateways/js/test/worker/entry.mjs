@@ -15,7 +15,8 @@ export default {
       return Response.json({ error: String(e.message), kind: e.kind ?? null }, { status: 503 });
     }
     const gateway = await Gateway.create(router, { log: new MemoryLog(), exploration: { rate: 0.1, seed: 1 } });
-    const decisions = body.requests.map((r) => router.route(r.prompt, { suite: r.suite, qualityTarget: r.quality_target, requestId: r.id }));
+    const decisions = body.requests.map((r) => router.route(r.prompt, { suite: r.suite, qualityTarget: r.quality_target, requestId: r.id,
+      ttftBudgetS: r.ttft_budget_s, latencyBudgetS: r.latency_budget_s }));
     gateway.route("logged", { requestId: "g1" });
     return Response.json({
       decisions, status: router.status(), loadMs: Date.now() - started,
