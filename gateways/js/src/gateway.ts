@@ -124,7 +124,11 @@ export class Gateway {
       model, propensity, policy_model: d.model, policy_probability: d.policyProbability, explored,
       pass_probabilities: d.passProbabilities, expected_cost_usd: d.expectedCostUsd,
     };
-    if (d.budget) rec.budget = { kind: d.budget.kind, budget_s: d.budget.budgetS, tier_s: d.budget.tierS, met: d.budget.met };
+    if (d.budget) {
+      rec.budget = "unserved" in d.budget
+        ? { kind: d.budget.kind, budget_s: d.budget.budgetS, met: null, unserved: d.budget.unserved }
+        : { kind: d.budget.kind, budget_s: d.budget.budgetS, tier_s: d.budget.tierS, met: d.budget.met };
+    }
     if (d.unknownSuite) rec.unknown_suite = true;
     if (t.traceId !== null) {  // feedback, decisions and traces join on it
       rec.trace_id = t.traceId;

@@ -105,14 +105,20 @@ export function decideBudget(lat: Latency, budget: Budget, target: number, p: Fl
 /** The budget a call asks for: at most one kind, a positive finite number of seconds, of a
  * kind the policy has a p95 model of (Python's `RoutingPolicy._budget`). */
 export function askedBudget(lat: Latency | null, ttftBudgetS: unknown, latencyBudgetS: unknown): Budget | null {
+  const asked = requestedBudget(ttftBudgetS, latencyBudgetS);
+  if (asked !== null && !budgetModel(lat, asked.kind)) {
+    throw new RangeError(`this policy has no ${asked.kind} model: it was trained on outcomes without ${asked.kind} measurements, so it cannot serve a latency budget`);
+  }
+  return asked;
+}
+
+/** The budget a call asks for, checked as a value only: at most one kind, a positive finite
+ * number of seconds (Python's `budget_request`). */
+export function requestedBudget(ttftBudgetS: unknown, latencyBudgetS: unknown): Budget | null {
   const ttft = parseBudget(ttftBudgetS, "ttftBudgetS"), latency = parseBudget(latencyBudgetS, "latencyBudgetS");
   if (ttft !== null && latency !== null) throw new RangeError("give a TTFT budget or an end-to-end latency budget, not both");
   if (ttft === null && latency === null) return null;
-  const kind: LatencyKind = ttft !== null ? "ttft" : "latency";
-  if (!budgetModel(lat, kind)) {
-    throw new RangeError(`this policy has no ${kind} model: it was trained on outcomes without ${kind} measurements, so it cannot serve a latency budget`);
-  }
-  return { kind, budgetS: (ttft ?? latency)! };
+  return ttft !== null ? { kind: "ttft", budgetS: ttft } : { kind: "latency", budgetS: latency! };
 }
 
 function parseBudget(v: unknown, what: string): number | null {

@@ -9,6 +9,7 @@
 
 import { checkVectors, ConformanceReport, summary } from "./conformance.js";
 import { FormatError } from "./container.js";
+import { budgetModel, LatencyKind, requestedBudget } from "./latency.js";
 import { BudgetOutcome, Policy, READABLE_VERSIONS, readPolicy, VECTORS } from "./policy.js";
 import { attributesFor, clock, recordDecision, TracingOptions, UNTRACED } from "./tracing.js";
 import {
@@ -68,7 +69,16 @@ export interface Decision {
   traceId: string | null;
   /** with a latency budget (8.3): its kind, budgetS, the certified tierS that served it (null
    * below every tier), whether the model's predicted p95 met it, and each candidate's predictedS */
-  budget: BudgetOutcome | null;
+  budget: BudgetOutcome | UnservedBudget | null;
+}
+
+/** A budget the serving policy cannot serve (it has no model of that kind, or no policy
+ * serves): the decision is made without it, and says so (Python's Router does the same). */
+export interface UnservedBudget {
+  kind: LatencyKind;
+  budgetS: number;
+  met: null;
+  unserved: string;
 }
 
 export interface RouteOptions {
@@ -243,6 +253,7 @@ export class Router {
   private defaultReason: string | null = null;
   private readonly unknownSuites = new Map<string, number>();
   private unknownTotal = 0;
+  private readonly warnedBudgets = new Set<string>();
   private timer: ReturnType<typeof setInterval> | null = null;
   private busy: Promise<boolean> | null = null;
 
@@ -313,13 +324,23 @@ export class Router {
     const id = opts.requestId ?? newRequestId();
     const a = this.active;
     const why = this.whyDefault(a);
+    const asked = requestedBudget(opts.ttftBudgetS, opts.latencyBudgetS);
     if (!a || why) {
       if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
         policyProbability: 1, unknownSuite: false, policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION,
-        budget: null };
+        budget: asked && { ...asked, met: null, unserved: "no policy" } };
     }
-    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget, opts);
+    let unserved: UnservedBudget | null = null;
+    if (asked && !budgetModel(a.policy.latency, asked.kind)) {
+      unserved = { ...asked, met: null, unserved: `policy version ${a.version} has no ${asked.kind} model` };
+      const key = `budget-${asked.kind}-${a.version}`;
+      if (!this.warnedBudgets.has(key)) {
+        this.warnedBudgets.add(key);
+        this.emit("budget", `${unserved.unserved}: deciding without the budget`);
+      }
+    }
+    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget, unserved ? {} : opts);
     const names = a.policy.candidates;
     const p: Record<string, number> = {}, c: Record<string, number> = {};
     for (let j = 0; j < names.length; j++) {
@@ -330,7 +351,7 @@ export class Router {
     if (unknownSuite) this.unknownSuite(opts.suite!, a.policy.spec.suites);
     return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: 1,
       policyProbability: d.propensity, unknownSuite, policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId,
-      budget: d.budget };
+      budget: unserved ?? d.budget };
   }
 
   /** Count a request naming a suite the policy does not know, and warn (onEvent) once per name. */

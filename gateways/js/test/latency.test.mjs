@@ -85,6 +85,23 @@ test("a budget the policy cannot serve, two at once, or not a positive number of
   assert.equal(ttftOnly.decide("hi", null, null, { ttftBudgetS: 5 }).budget.kind, "ttft");
 });
 
+test("a Router whose policy cannot serve a budget decides without it, says so and warns once, as Python's Router does", { skip }, async () => {
+  const events = [];
+  const router = await Router.open({ files: versionFiles("registry"), publicKeys: [publicKey()], onEvent: (kind, message) => events.push([kind, message]) });
+  const prompt = "Task: add the input. difficulty: 2. Input: stone river";
+  const plain = router.route(prompt, { suite: "add" });
+  const a = router.route(prompt, { suite: "add", ttftBudgetS: 0.5 });
+  router.route(prompt, { suite: "add", ttftBudgetS: 0.7 });
+  assert.equal(a.model, plain.model);
+  assert.deepEqual(a.budget, { kind: "ttft", budgetS: 0.5, met: null, unserved: "policy version 1 has no ttft model" });
+  assert.equal(events.filter(([kind]) => kind === "budget").length, 1);
+  assert.throws(() => router.route(prompt, { ttftBudgetS: -1 }), /ttftBudgetS must be a positive number of seconds/);
+  const log = new MemoryLog();
+  const gw = await Gateway.create(router, { log });
+  gw.route(prompt, { suite: "add", latencyBudgetS: 2 });
+  assert.deepEqual(JSON.parse(log.lines[0]).budget, { kind: "latency", budget_s: 2, met: null, unserved: "policy version 1 has no latency model" });
+});
+
 test("format 4's policy.json errors name the field", { skip }, () => {
   const files = policyFiles(NAME), head = headOf(files);
   const variant = (change) => { const h = structuredClone(head); change(h); return enc(JSON.stringify(h)); };
