@@ -5,10 +5,11 @@ Heavy imports (pandas, duckdb, sklearn) happen inside the commands so `--help` s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -113,6 +114,14 @@ def _publish(policy: Any, registry: Path, lineage: dict, metrics: dict, key: Any
     help="How sure the knob must be that a target's promise holds on new requests.",
 )
 @click.option(
+    "--latency-alpha",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.1,
+    show_default=True,
+    help="Where outcomes measured latency: the share of requests over their budget every "
+    "offered latency budget is certified to keep.",
+)
+@click.option(
     "--signing-key",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -148,6 +157,7 @@ def train(
     embeddings: bool,
     estimator: str,
     confidence: float,
+    latency_alpha: float,
     signing_key: Path | None,
     traffic_path: Path | None,
     robust_gamma: float | None,
@@ -180,6 +190,7 @@ def train(
         confidence=confidence,
         refit=refit,
         certificate=Certificate(traffic=sample, robust=robust_gamma),
+        latency_alpha=latency_alpha,
     )
     lineage = {
         "db": str(db_path),
@@ -217,6 +228,31 @@ def train(
             f"{promise['promised']} certified targets on {promise['n']} requests, significantly "
             f"broken at {promise.get('contradicted', 0)}"
         )
+    click.echo(latency_summary(result.policy, holdout.get("latency")))
+
+
+def latency_summary(policy: Any, held_out: dict | None) -> str:
+    """One line on the latency budgets a policy offers, and how they did on held-out requests."""
+    lat = policy.latency
+    if lat is None:
+        why = policy.metrics.get("latency", {}).get("measurements")
+        return (
+            "latency budgets: none ("
+            + ("too few latency measurements" if why else "the outcomes measured no latency")
+            + ")"
+        )
+    offered = "; ".join(
+        f"{kind} p95 {', '.join(f'{b:g}' for b in lat.budgets(kind))} s"
+        for kind in lat.model.kinds
+        if lat.budgets(kind)
+    )
+    line = f"latency budgets (over budget <= {lat.alpha:g} certified): {offered or 'none certified'}"
+    if held_out and held_out.get("promised"):
+        line += (
+            f"; held-out: kept at {held_out['held']} of {held_out['promised']} certified "
+            f"(budget, target) pairs on {held_out['n']} requests"
+        )
+    return line
 
 
 def _traffic(path: Path) -> Any:
@@ -504,6 +540,18 @@ def _write_decisions(path: Path, rows: list[dict]) -> None:
 @click.option("--suite", default=None, help="Suite of TEXT, when routing one prompt.")
 @click.option("--quality-target", type=float, default=None, help="Override the policy's target.")
 @click.option(
+    "--ttft-budget",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Seconds to first token (p95) the choice must keep (policies trained on timed outcomes).",
+)
+@click.option(
+    "--latency-budget",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="End-to-end seconds (p95) the choice must keep (not with --ttft-budget).",
+)
+@click.option(
     "--public-key",
     "public_keys",
     multiple=True,
@@ -530,6 +578,8 @@ def route(
     output_path: Path | None,
     suite: str | None,
     quality_target: float | None,
+    ttft_budget: float | None,
+    latency_budget: float | None,
     public_keys: tuple[Path, ...],
     allow_unsigned: bool,
     default_model: str | None,
@@ -540,6 +590,9 @@ def route(
 
     if (text is None) == (input_path is None):
         raise click.UsageError("give either TEXT or --input FILE")
+    if ttft_budget is not None and latency_budget is not None:
+        raise click.UsageError("give --ttft-budget or --latency-budget, not both")
+    budget = {"ttft_budget_s": ttft_budget, "latency_budget_s": latency_budget}
     policy_path = Path(policy_path or _default_registry(config_path))
     if not policy_path.exists():
         raise click.ClickException(
@@ -569,29 +622,41 @@ def route(
                 )
             )
             return
-        d = policy.decide(text, suite=suite, quality_target=quality_target)
-        click.echo(
-            json.dumps(
-                {
-                    "model": d.model,
-                    "fallbacks": list(d.fallbacks),
-                    "pass_probabilities": d.pass_probabilities,
-                    "expected_cost_usd": d.expected_cost_usd,
-                    "propensity": d.propensity,
-                }
-            )
-        )
+        d = _budgeted(lambda: policy.decide(text, suite=suite, quality_target=quality_target, **budget))
+        out = {
+            "model": d.model,
+            "fallbacks": list(d.fallbacks),
+            "pass_probabilities": d.pass_probabilities,
+            "expected_cost_usd": d.expected_cost_usd,
+            "propensity": d.propensity,
+        }
+        if d.budget is not None:
+            out["budget"] = dataclasses.asdict(d.budget)
+        click.echo(json.dumps(out))
         return
     records = list(_requests(input_path))
     prompts, suites = [r["prompt"] for _, r in records], [r.get("suite") for _, r in records]
     if policy is None:
+        decisions = None
         models = [status.default_model] * len(records)
     else:
-        models = [d.model for d in policy.decide_batch(prompts, suites, quality_target)]
+        decisions = _budgeted(lambda: policy.decide_batch(prompts, suites, quality_target, **budget))
+        models = [d.model for d in decisions]
     rows = [{"id": r.get("id", line_no), "model": m} for (line_no, r), m in zip(records, models)]
+    if decisions is not None and (ttft_budget or latency_budget):
+        for row, d in zip(rows, decisions):
+            row["budget_met"] = d.budget.met
     if output_path is None:
         for row in rows:
             sys.stdout.write(json.dumps(row) + "\n")
     else:
         _write_decisions(output_path, rows)
         click.echo(f"routed {len(rows)} requests -> {output_path}")
+
+
+def _budgeted(decide: Callable[[], Any]) -> Any:
+    """A decision under a budget the policy may not serve: its ValueError as a usage error."""
+    try:
+        return decide()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None

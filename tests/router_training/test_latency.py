@@ -17,6 +17,7 @@ from routeopt.router_training.policy.routing import RoutingPolicy
 from routeopt.router_training.train import train_router
 from tests.router_training.conftest import timed_frame
 
+
 @pytest.fixture(scope="module")
 def timed() -> pd.DataFrame:
     return timed_frame()
@@ -195,3 +196,69 @@ def test_vectors_naming_a_layer_this_runtime_lacks_are_refused(trained, tmp_path
     m["layers"].append("teleport")
     report = check_vectors(trained.policy, dumps(dict(tensors), {"routeopt": json.dumps(m)}))
     assert not report.ok and "teleport" in report.first
+
+
+def test_routeopt_route_takes_a_budget(trained_timed, trained, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from routeopt.flows.cli import cli
+
+    trained_timed.policy.save(tmp_path / "timed")
+    trained.policy.save(tmp_path / "plain")
+    budget = trained_timed.policy.latency.budgets("ttft")[-1]
+    prompt = "Task: add the input. difficulty: 3. Input: stone river apple"
+    r = CliRunner().invoke(
+        cli,
+        [
+            "route",
+            "--allow-unsigned",
+            "--policy",
+            str(tmp_path / "timed"),
+            "--suite",
+            "add",
+            "--ttft-budget",
+            str(budget),
+            prompt,
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    want = trained_timed.policy.decide(prompt, "add", ttft_budget_s=budget)
+    assert out["model"] == want.model and out["budget"]["met"] == want.budget.met
+    assert out["budget"]["tier_s"] == want.budget.tier_s
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps({"id": "a", "prompt": prompt, "suite": "add"}) + "\n")
+    r = CliRunner().invoke(
+        cli,
+        [
+            "route",
+            "--allow-unsigned",
+            "--policy",
+            str(tmp_path / "timed"),
+            "--input",
+            str(requests),
+            "--latency-budget",
+            "0.001",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.splitlines()[0])["budget_met"] is False
+    r = CliRunner().invoke(
+        cli, ["route", "--allow-unsigned", "--policy", str(tmp_path / "plain"), "--ttft-budget", "1", prompt]
+    )
+    assert r.exit_code != 0 and "has no ttft model" in r.output
+    r = CliRunner().invoke(
+        cli,
+        [
+            "route",
+            "--allow-unsigned",
+            "--policy",
+            str(tmp_path / "timed"),
+            "--ttft-budget",
+            "1",
+            "--latency-budget",
+            "2",
+            prompt,
+        ],
+    )
+    assert r.exit_code != 0 and "not both" in r.output
