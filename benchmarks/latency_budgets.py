@@ -1,0 +1,173 @@
+"""Latency budgets on held-out requests: is the certified over-budget share kept, and at what cost?
+
+For each seed, a policy is trained (as `routeopt train` does) on a latency-annotated training
+split and decides every request of the test split at quality target 0.9 under a TTFT p95
+budget B: the budget the same policy's own choice without a budget misses on 20% of the
+training requests (so the budget binds), and looser fixed budgets (1.0, 1.2, 1.5 s). Reported per seed, then as medians:
+
+- the test requests over budget (measured TTFT > B) beside the certified rate (alpha), and the
+  pass rate beside the promise's floor (0.9 x the reference candidate's test pass rate);
+- the cost beside the same policy's knob at the same target with every candidate whose test
+  TTFT exceeds B on more than alpha of the requests struck out (a static exclusion, which needs
+  the test outcomes to know which), and beside the cheapest policy that meets the same budget
+  and floor chosen with the test outcomes themselves (that knob, at the cheapest target whose
+  test pass rate keeps the floor: an oracle no router can beat);
+- the same figures without a budget, for contrast.
+
+Inputs: `python benchmarks/latency_data.py --set routerbench --out DIR` writes
+DIR/routerbench-latency/{train,test}.parquet.
+
+    flock /tmp/routeopt-bench.lock python benchmarks/latency_budgets.py --data DIR/routerbench-latency [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from routeopt.router_training.fit.data import routing_data
+from routeopt.router_training.policy.knob import point_choice, request_unit
+from routeopt.router_training.train import train_router
+
+TARGET = 0.9
+MISSED = 0.2  # the share of training requests the unbudgeted policy's choice misses the budget on
+MORE = (1.0, 1.2, 1.5)  # and looser budgets, in seconds, for the trade-off
+
+
+def binding_budget(policy, train: pd.DataFrame, kind: str = "ttft") -> float:
+    """The budget the policy's own choice at TARGET, without a budget, misses on MISSED of the
+    training requests (measured seconds of the candidate it picks)."""
+    data = routing_data(train, candidates=policy.candidates)
+    P, Cp = policy.predict(data.prompts, data.suites)
+    pick = policy.select(P, Cp, data.prompts, data.suites, TARGET)[0]
+    seconds = data.latency[kind][np.arange(len(data)), pick]
+    return float(np.nanquantile(seconds, 1 - MISSED))
+
+
+def outcomes(data, pick: np.ndarray, budget: float, kind: str = "ttft") -> dict[str, float]:
+    rows = np.arange(len(data))
+    seconds = data.latency[kind][rows, pick]
+    measured = ~np.isnan(seconds)
+    return {
+        "pass_rate": float(np.mean(data.Y[rows, pick])),
+        "cost": float(np.mean(data.C[rows, pick])),
+        "over_budget": float(np.mean(seconds[measured] > budget)),
+    }
+
+
+def oracle(policy, data, P, Cp, budget: float, alpha: float, floor: float, kind: str = "ttft") -> dict:
+    """The cheapest policy meeting budget and floor on the test outcomes: the policy's own knob
+    with the candidates that break the budget on the test requests struck out, and singles."""
+    over = np.nanmean(data.latency[kind] > budget, axis=0)
+    ok = over <= alpha
+    best = None
+    names = policy.candidates
+    masked_P = np.where(ok[None, :], P, -1.0)  # a struck-out candidate never passes
+    for x in np.linspace(0.0, 1.1, 111):
+        pick = policy.select(masked_P, Cp, data.prompts, data.suites, float(x))[0]
+        pick = np.where(ok[pick], pick, int(np.argmax(np.where(ok, np.nanmean(data.Y, 0), -1))))
+        o = outcomes(data, pick, budget, kind)
+        if (
+            o["pass_rate"] >= floor
+            and o["over_budget"] <= alpha
+            and (best is None or o["cost"] < best["cost"])
+        ):
+            best = {**o, "target": float(x)}
+    static = None
+    if ok.any():  # the same knob at TARGET with the slow candidates struck out, target not tuned
+        allowed = np.broadcast_to(ok, P.shape).copy()
+        units = lambda i: request_unit(data.prompts[i], data.suites[i])  # noqa: E731
+        pick = point_choice(policy.knob, policy.point_for(TARGET), P, Cp, units, allowed)[0]
+        static = outcomes(data, pick, budget, kind)
+    singles = [
+        {**outcomes(data, np.full(len(data), j), budget, kind), "model": names[j]}
+        for j in range(len(names))
+        if ok[j]
+    ]
+    singles = [s for s in singles if s["pass_rate"] >= floor]
+    return {
+        "router": best,
+        "static": static,
+        "single": min(singles, key=lambda s: s["cost"]) if singles else None,
+    }
+
+
+def one_seed(train: pd.DataFrame, test: pd.DataFrame, seed: int) -> list[dict]:
+    start = time.perf_counter()
+    result = train_router(train, quality_target=TARGET, seed=seed)
+    seconds = time.perf_counter() - start
+    policy = result.policy
+    budgets = [binding_budget(policy, train), *MORE]
+    data = routing_data(test, candidates=policy.candidates).complete()
+    P, Cp = policy.predict(data.prompts, data.suites)
+    ref = policy.candidates.index(policy.reference_model)
+    floor = TARGET * float(np.mean(data.Y[:, ref]))
+    pred = policy.predict_latency("ttft", data.prompts, data.suites)
+    units = lambda i: request_unit(data.prompts[i], data.suites[i])  # noqa: E731
+    free = policy.select(P, Cp, data.prompts, data.suites, TARGET)[0]
+    out = []
+    for budget in budgets:
+        pick = policy._budget_choice("ttft", budget, P, Cp, pred, units, TARGET)[0]
+        tier = policy.latency.tier_for("ttft", budget)
+        certified = tier is not None and TARGET <= tier.knob.certified_up_to() + 1e-12
+        out.append(
+            {
+                "seed": seed,
+                "budget_s": round(budget, 4),
+                "train_s": round(seconds, 1),
+                "n_test": len(data),
+                "tier_s": None if tier is None else tier.budget_s,
+                "certified": certified,
+                "alpha": policy.latency.alpha,
+                "floor": floor,
+                "budgeted": outcomes(data, pick, budget),
+                "no_budget": outcomes(data, free, budget),
+                "oracle": oracle(policy, data, P, Cp, budget, policy.latency.alpha, floor),
+                "offered": policy.latency.budgets("ttft"),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="folder with train.parquet and test.parquet")
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args()
+    train, test = (pd.read_parquet(args.data / f"{s}.parquet") for s in ("train", "test"))
+    per_seed = [one_seed(train, test, s) for s in range(args.seeds)]
+    for runs in per_seed:
+        for r in runs:
+            print(json.dumps(r))
+    train_s = statistics.median(r[0]["train_s"] for r in per_seed)
+    print(f"target {TARGET}, {args.seeds} seeds, medians (training {train_s:.1f} s):")
+    nan = float("nan")
+    for i in range(1 + len(MORE)):
+        runs = [seed_runs[i] for seed_runs in per_seed]
+        budget = statistics.median(r["budget_s"] for r in runs)
+        how = f"the unbudgeted choice misses it on {MISSED:.0%} of training requests" if i == 0 else "fixed"
+        med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+        b = lambda key: med(lambda r: r["budgeted"][key])  # noqa: E731
+        oracle_cost = med(lambda r: r["oracle"]["router"]["cost"] if r["oracle"]["router"] else nan)
+        static = lambda key: med(lambda r: r["oracle"]["static"][key] if r["oracle"]["static"] else nan)  # noqa: E731
+        print(
+            f"- TTFT p95 budget {budget:.3f} s ({how}): "
+            f"certified at {sum(r['certified'] for r in runs)}/{len(runs)} seeds; over budget "
+            f"{b('over_budget'):.3f} (alpha {runs[0]['alpha']}), pass {b('pass_rate'):.3f} "
+            f"(floor {med(lambda r: r['floor']):.3f}), ${b('cost'):.6f}/request; the knob with the "
+            f"candidates over budget on the test requests struck out: over {static('over_budget'):.3f}, "
+            f"pass {static('pass_rate'):.3f}, ${static('cost'):.6f} (ratio {b('cost') / static('cost'):.3f}); "
+            f"oracle meeting both ${oracle_cost:.6f} (ratio {b('cost') / oracle_cost:.3f}); without a budget: over "
+            f"{med(lambda r: r['no_budget']['over_budget']):.3f}, pass "
+            f"{med(lambda r: r['no_budget']['pass_rate']):.3f}, ${med(lambda r: r['no_budget']['cost']):.6f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
