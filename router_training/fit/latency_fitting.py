@@ -54,7 +54,7 @@ from routeopt.router_training.policy.scorer import CostModel
 MIN_ROWS = 20  # measured requests every candidate needs before a kind gets a model
 MIN_SUITE_ROWS = 20  # measured requests a suite needs before it gets its own offset
 QUANTILE_LEVELS = {"p50": 0.5, "p95": 0.95}
-GRID = 12  # budgets per kind
+GRID = 24  # budgets per kind (fewer where two allow the same candidates)
 DEFAULT_ALPHA = 0.1  # the violation rate every offered budget is certified to keep
 
 
