@@ -23,6 +23,7 @@ canary and JSONL decision logs as an embedded gateway.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import time
 import urllib.parse
@@ -155,6 +156,12 @@ class DecisionService:
                     [(b"allow", b"POST")],
                 )
             return await self._route(scope, receive, send)
+        if path == "/v1/observe":
+            if method != "POST":
+                return await _json(
+                    send, 405, {"error": "POST observations to /v1/observe"}, [(b"allow", b"POST")]
+                )
+            return await self._observe(receive, send, _headers(scope))
         pages = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -227,6 +234,25 @@ class DecisionService:
             return await _json(send, exc.status, {"error": str(exc)})
         self.metrics.decided(decision.model, decision.default_reason is not None, time.perf_counter() - start)
         await _send(send, 200, body, JSON, self._decision_headers(decision.model, decision, headers))
+
+    async def _observe(self, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        """Live latency (docs/policy-format.md, 8.4): one observation or a list of them,
+        `{"model", "ttft_s"?, "latency_s"?}`, each a call the caller made and timed."""
+        try:
+            body = _json_body(await self._body(headers, receive))
+            items = body if isinstance(body, list) else [body]
+            parsed = [
+                _observation(item, f"[{i}]" if isinstance(body, list) else "the body")
+                for i, item in enumerate(items)
+            ]
+        except Refused as exc:
+            return await _json(send, exc.status, {"error": str(exc)})
+        gateway = self.gateway
+        if gateway is None:
+            return await _json(send, 503, {"error": f"the service cannot route yet: {self.not_ready_reason}"})
+        for model, ttft, latency in parsed:
+            gateway.observe(model, ttft_s=ttft, latency_s=latency)
+        await _json(send, 200, {"observed": len(parsed)})
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.options.max_body_bytes
@@ -320,6 +346,26 @@ def _parse(body: bytes, headers: dict[str, str], options: ServiceOptions) -> Rou
             "x-routeopt-suite header); this service requires one",
         )
     return request
+
+
+def _observation(item: Any, where: str) -> tuple[str, float | None, float | None]:
+    """(model, ttft_s, latency_s) of one observation, or Refused naming the field."""
+    if not isinstance(item, dict):
+        raise Refused(400, "bad_request", f"{where} is not an object")
+    model = item.get("model")
+    if not isinstance(model, str) or not model:
+        raise Refused(400, "bad_request", f"{where}.model must be the candidate's name")
+    out: list[float | None] = []
+    for name in ("ttft_s", "latency_s"):
+        v = item.get(name)
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0)
+        ):
+            raise Refused(400, "bad_request", f"{where}.{name} must be a non-negative number of seconds")
+        out.append(None if v is None else float(v))
+    if out == [None, None]:
+        raise Refused(400, "bad_request", f"{where} has neither ttft_s nor latency_s")
+    return model, out[0], out[1]
 
 
 def _json_body(body: bytes) -> Any:

@@ -465,6 +465,7 @@ class Gateway:
                 policy_probability=choice.policy_probability,
                 unknown_suite=d.unknown_suite,
                 budget=d.budget,
+                live=d.live,
             )
             if self.log is not None:
                 other = self._other(channel) if self.shadow else None
@@ -502,6 +503,21 @@ class Gateway:
         return self.log.submit(
             _usage_record, time.time(), request_id, model, input_tokens, output_tokens, cost_usd
         )
+
+    def observe(
+        self,
+        model: str,
+        *,
+        ttft_s: float | None = None,
+        latency_s: float | None = None,
+        at: float | None = None,
+    ) -> None:
+        """One call of `model` as measured (TTFT and end-to-end seconds): both channels' routers
+        learn from it (`Router.observe`; docs/policy-format.md, 8.4)."""
+        for router in (self.champion, self.candidate):
+            observe = getattr(router, "observe", None)
+            if observe is not None:
+                observe(model, ttft_s=ttft_s, latency_s=latency_s, at=at)
 
     def status(self) -> GatewayStatus:
         mode = {
@@ -654,6 +670,8 @@ class Gateway:
             rec["unknown_suite"] = True
         if d.budget is not None:
             rec["budget"] = {k: v for k, v in d.budget.items() if k != "predicted_s"}
+        if d.live is not None:
+            rec["live"] = d.live
         if trace_id is not None:  # feedback, decisions and traces join on it
             rec["trace_id"] = trace_id
             if span_id is not None:

@@ -310,8 +310,28 @@ class RouteoptProxyHandler(CustomLogger):
                 output_tokens=getattr(usage, "completion_tokens", None),
                 cost_usd=kwargs.get("response_cost"),
             )
+            ttft, latency = call_timings(kwargs, start_time, end_time)
+            if ttft is not None or latency is not None:
+                gateway.observe(served, ttft_s=ttft, latency_s=latency)  # live latency (policy format, 8.4)
         except Exception:  # logging usage must never fail a served call
             log.exception("could not log the call's usage")
+
+
+def call_timings(kwargs: Mapping[str, Any], start: Any, end: Any) -> tuple[float | None, float | None]:
+    """A served call's TTFT (streamed calls: LiteLLM's `completion_start_time`, the first chunk)
+    and end-to-end seconds, from the times LiteLLM hands its success callback."""
+
+    def seconds(a: Any, b: Any) -> float | None:
+        try:
+            s = (b - a).total_seconds()
+        except (TypeError, AttributeError):
+            return None
+        return s if s >= 0 else None
+
+    latency = seconds(start, end)
+    first = kwargs.get("completion_start_time")
+    ttft = seconds(start, first) if kwargs.get("stream") and first is not None else None
+    return ttft, latency
 
 
 def _decision(data: Mapping[str, Any]) -> dict | None:

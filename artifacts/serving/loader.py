@@ -41,6 +41,7 @@ from routeopt.artifacts.serving.state import SeenFile, default_state_dir
 from routeopt.artifacts.serving.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from routeopt.artifacts.serving.signatures import trusted_keys
 from routeopt.router_training.policy.latency import budget_request, serves
+from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_shift
 from routeopt.artifacts.serving.verify import (
     Seen,
     SignedPointer,
@@ -53,6 +54,7 @@ from routeopt.artifacts.serving.verify import (
 )
 
 log = logging.getLogger("routeopt.runtime")
+DEFAULT_LIVE = LiveSettings()  # what a router remembers of live latency (docs/policy-format.md, 8.4)
 _VERSION_IN_URL = re.compile(r"^(.*?)/?(versions/\d{6,}-[0-9a-f]{12})/?$")
 EventCallback = Callable[[str, str], None]
 PolicyLoader = Callable[[Path], Any]
@@ -108,6 +110,9 @@ class ServedDecision:
     # with a latency budget: {"kind", "budget_s", "tier_s", "met", "predicted_s"} (docs/policy-format.md,
     # 8.3), or {"kind", "budget_s", "met": None, "unserved": why} when the policy cannot serve it
     budget: dict[str, Any] | None = None
+    # when live latency moved the decision (8.4): {"from": the policy's model, "over": the
+    # candidates whose live p95 was over the budget}
+    live: dict[str, Any] | None = None
 
     def traced(self, trace_id: str | None, traceparent: str | None) -> "ServedDecision":
         """This decision with its trace named: a copy of its fields, without the frozen
@@ -193,8 +198,14 @@ class Router:
         state_dir: str | os.PathLike | bool = True,
         on_event: EventCallback | None = None,
         policy_loader: PolicyLoader | None = None,
+        live: LiveSettings | None = DEFAULT_LIVE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend, self._prefix, self._channel = backend, prefix, channel
+        # what this gateway sees of each candidate's latency now (None: budgets use the policy's
+        # predictions only); `clock` is the time observations and decisions are stamped with
+        self.live = LiveLatency(live) if live is not None else None
+        self._clock = clock
         self._key = trusted_keys(public_key)
         if self._key is None and not allow_unsigned:
             raise PolicyLoadError(NO_KEY, "config")
@@ -300,10 +311,20 @@ class Router:
                 budget=_unserved(budget, "no policy"),
             )
         served: dict[str, Any] | None = None
+        moved: dict[str, Any] | None = None
+        model = fallbacks = None
         if budget is not None and serves(getattr(active.policy, "latency", None), budget[0]):
             kind, seconds = budget
             d = active.policy.decide(prompt, suite, quality_target, **{f"{kind}_budget_s": seconds})
             served = budget_fields(d.budget)
+            if self.live is not None:
+                over = self.live.over(active.policy.candidates, kind, seconds, self._clock())
+                shift = live_shift(
+                    d.model, d.fallbacks, d.pass_probabilities, d.budget.predicted_s, seconds, over
+                )
+                if shift is not None:
+                    (model, fallbacks), moved = shift, {"from": d.model, "over": over}
+                    served["met"] = bool(d.budget.predicted_s[model] <= seconds)
         else:
             d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
             if budget is not None:
@@ -313,15 +334,30 @@ class Router:
         if unknown:
             self._unknown_suite(suite)  # type: ignore[arg-type]
         return ServedDecision(
-            d.model,
-            tuple(d.fallbacks),
+            d.model if model is None else model,
+            tuple(d.fallbacks) if fallbacks is None else fallbacks,
             d.pass_probabilities,
             d.expected_cost_usd,
             active.version,
             policy_probability=getattr(d, "propensity", 1.0),
             unknown_suite=unknown,
             budget=served,
+            live=moved,
         )
+
+    def observe(
+        self,
+        model: str,
+        *,
+        ttft_s: float | None = None,
+        latency_s: float | None = None,
+        at: float | None = None,
+    ) -> None:
+        """One call of `model` as the application measured it (its TTFT and end-to-end latency,
+        seconds): decisions under a budget move off a candidate whose live p95 is over it
+        (docs/policy-format.md, 8.4). `at` defaults to the router's clock."""
+        if self.live is not None:
+            self.live.observe(model, self._clock() if at is None else at, ttft_s=ttft_s, latency_s=latency_s)
 
     def _emit_once(self, key: str, message: str) -> None:
         """Warn once per key (a budget this policy cannot serve, say) for the router's life."""

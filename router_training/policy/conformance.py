@@ -26,6 +26,7 @@ from routeopt.router_training.policy.batch_features import BatchFeatures, batch_
 from routeopt.router_training.policy.features import mix
 from routeopt.router_training.policy.files import FORMAT_VERSION, written_version
 from routeopt.router_training.policy.knob import cut_unit, fallback_order, point_choice
+from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_shift
 from routeopt.router_training.policy.tensors import ContainerError, dumps, loads
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("budget.propensity", CLOSE),
         ),
     ),
+    ("live", (("live.model", EXACT), ("live.moved", EXACT))),
     (
         "gateway",
         (
@@ -81,7 +83,8 @@ LAYERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ),
 )
 TEXT_LAYERS = ("bytes", "words", "buckets", "features")
-LATENCY_LAYERS = ("latency", "budget")  # only in the vectors of a policy with a latency section
+LATENCY_LAYERS = ("latency", "budget", "live")  # only in the vectors of a policy with a latency section
+LIVE_REQUESTS = 64  # requests decided at each checkpoint of the live sequence
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,7 @@ def compute(
     targets: tuple[float, ...] = TARGETS,
     n_detail: int = DETAIL,
     budgets: list[list[Any]] | None = None,
+    live: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every layer's values for the inputs, as this implementation computes them (all requests
     at once: routeopt.router_training.policy.batch_features, which tests hold to the one-request path's bits)."""
@@ -230,7 +234,84 @@ def compute(
     out.update(_gateway(policy, inputs, out, config))
     if policy.latency is not None:
         out.update(_budgets(policy, inputs, out, budgets if budgets is not None else budget_cases(policy)))
+        out.update(_live(policy, out, live if live is not None else live_case(policy)))
     return out
+
+
+def live_case(policy: RoutingPolicy) -> dict[str, Any]:
+    """The live sequence the vectors replay (section 8.4) at the loosest certified budget:
+    every candidate observed twice a second for 75 s at half the budget, but one (`live.obs`
+    says which) at three times the budget from 20 s to 40 s; decisions at 10, 25, 45, 59.5 and
+    75 s."""
+    assert policy.latency is not None
+    kind = policy.latency.model.kinds[0]
+    budgets = policy.latency.budgets(kind)
+    budget = budgets[-1] if budgets else 1.0
+    return {
+        "settings": LiveSettings().to_dict(),
+        "kind": kind,
+        "budget_s": float(budget),
+        "target": float(policy.quality_target),
+        "times": [10.0, 25.0, 45.0, 59.5, 75.0],
+        "slow": [20.0, 40.0],
+    }
+
+
+def live_observations(case: dict[str, Any], slow: int, k: int) -> np.ndarray:
+    """(t, candidate, ttft, latency) rows of the live case, in the order they are observed."""
+    budget, (start, end) = case["budget_s"], case["slow"]
+    rows = []
+    for step in range(151):  # t = 0, 0.5, ..., 75
+        t = step * 0.5
+        for j in range(k):
+            v = budget * 3.0 if j == slow and start <= t < end else budget * 0.5
+            rows.append((t, float(j), v, v * 2.0))
+    return np.array(rows, dtype=np.float64)
+
+
+def _live(policy: RoutingPolicy, out: dict[str, np.ndarray], case: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The first LIVE_REQUESTS requests decided under the case's budget at each checkpoint of
+    its observation sequence (a router's live latency, section 8.4)."""
+    assert policy.latency is not None
+    P, C, u = out["calibration.p"][:LIVE_REQUESTS], out["cost.c"][:LIVE_REQUESTS], out["knob.unit"]
+    n, k = P.shape
+    names = policy.candidates
+    kind, budget, target = case["kind"], float(case["budget_s"]), float(case["target"])
+    pred = out["latency.pred"][:LIVE_REQUESTS, _model_index(policy, kind, "p95")]
+    picks, _, orders, outcomes = policy._budget_choice(kind, budget, P, C, pred, lambda i: u[i], target)
+    fallbacks = [[names[j] for j in orders[i].tolist() if j != picks[i]] for i in range(n)]
+    # the slow one: the candidate chosen for most requests that a slowdown of it could move
+    movable = np.zeros(k, dtype=int)
+    for i in range(n):
+        p = dict(zip(names, P[i].tolist()))
+        movable[picks[i]] += (
+            live_shift(names[picks[i]], fallbacks[i], p, outcomes[i].predicted_s, budget, [names[picks[i]]])
+            is not None
+        )
+    slow = int(movable.argmax()) if movable.any() else int(np.bincount(picks, minlength=k).argmax())
+    obs = live_observations(case, slow, k)
+    live = LiveLatency(LiveSettings(**case["settings"]))
+    models, moved = np.zeros((len(case["times"]), n), np.uint16), np.zeros((len(case["times"]), n), np.uint8)
+    at = 0
+    for c, now in enumerate(case["times"]):
+        while at < len(obs) and obs[at, 0] <= now:
+            t, j, ttft, latency = obs[at]
+            live.observe(names[int(j)], float(t), ttft_s=float(ttft), latency_s=float(latency))
+            at += 1
+        over = live.over(names, kind, budget, now)
+        for i in range(n):
+            p = dict(zip(names, P[i].tolist()))
+            shift = live_shift(names[picks[i]], fallbacks[i], p, outcomes[i].predicted_s, budget, over)
+            models[c, i] = names.index(shift[0]) if shift else picks[i]
+            moved[c, i] = shift is not None
+    return {"live.obs": obs, "live.model": models, "live.moved": moved}
+
+
+def _model_index(policy: RoutingPolicy, kind: str, quantile: str) -> int:
+    """Where a model's predictions sit in `latency.pred` (ttft before latency, p50 before p95)."""
+    assert policy.latency is not None
+    models = sorted(policy.latency.model.models, key=lambda m: (m[0] != "ttft", m[1]))
+    return models.index((kind, quantile))
 
 
 def budget_cases(policy: RoutingPolicy) -> list[list[Any]]:
@@ -424,6 +505,7 @@ def build_vectors(policy: RoutingPolicy) -> bytes:
     }
     if "budget" in layers:
         meta["budgets"] = budget_cases(policy)
+        meta["live"] = live_case(policy)
     tensors = {**_encode_inputs(inputs, suites), **compute(policy, inputs, config)}
     return dumps(tensors, {"routeopt": json.dumps(meta, ensure_ascii=True)})
 
@@ -625,7 +707,15 @@ def check_vectors(
                 first=f"{where}: the vectors {'do' if 'budget' in meta['layers'] else 'do not'} check "
                 f"latency budgets and the policy {'has no' if policy.latency is None else 'has a'} latency section",
             )
-        got = compute(policy, inputs, meta["gateway"], targets, int(meta["detail"]), meta.get("budgets"))
+        got = compute(
+            policy,
+            inputs,
+            meta["gateway"],
+            targets,
+            int(meta["detail"]),
+            meta.get("budgets"),
+            meta.get("live"),
+        )
         counts, first, worst = _compare(meta, want, got, inputs)
         if first is None and "decision" in meta["layers"]:
             first = _serving_path(policy, inputs[:SERVING_SAMPLE], want, targets, meta.get("budgets"))
