@@ -675,6 +675,8 @@ def load(
     allow_unsigned: bool = False,
     default_model: str | None = None,
     state_dir: str | os.PathLike | bool = True,
+    live: LiveSettings | None = DEFAULT_LIVE,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Router:
     """Load a policy from a version folder, a registry folder/bucket/URL (+ channel), verified.
 
@@ -684,7 +686,9 @@ def load(
     background thread keeps the policy fresh. `default_model` (default `$ROUTEOPT_DEFAULT_MODEL`)
     serves every request while no valid policy is there, instead of raising. `state_dir` keeps
     the newest channel move across restarts (True: `$ROUTEOPT_STATE_DIR` or
-    ~/.local/state/routeopt/gateway; False: this process only, for one-shot tools).
+    ~/.local/state/routeopt/gateway; False: this process only, for one-shot tools). `live`: what
+    the router remembers of the latency its application observes (`Router.observe`; None: no
+    live latency), on `clock` (seconds).
     """
     fallback = (os.environ.get(DEFAULT_MODEL_ENV) if default_model is None else default_model) or None
     try:
@@ -712,6 +716,8 @@ def load(
         state_dir=state_dir,
         on_event=on_event,
         policy_loader=policy_loader,
+        live=live,
+        clock=clock,
     )
     if refresh_s:
         router.start(refresh_s)

@@ -262,3 +262,24 @@ def test_routeopt_route_takes_a_budget(trained_timed, trained, tmp_path) -> None
         ],
     )
     assert r.exit_code != 0 and "not both" in r.output
+
+
+def test_the_live_layer_replays_a_slowdown_and_a_wrong_move_is_refused(trained_timed) -> None:
+    from routeopt.router_training.policy.conformance import check_vectors, read_vectors
+    from routeopt.router_training.policy.tensors import dumps, loads
+
+    policy = trained_timed.policy
+    from routeopt.router_training.policy.conformance import build_vectors
+
+    blob = build_vectors(policy)
+    _, meta, want = read_vectors(blob)
+    moved = want["live.moved"].sum(axis=1).tolist()
+    assert moved[0] == 0 and moved[-1] == 0 and max(moved) > 0, moved  # moved in the slowdown, back after
+    assert check_vectors(policy, blob).ok
+    tensors, raw = loads(blob, "v")
+    tensors = dict(tensors)
+    flipped = tensors["live.moved"].copy()
+    flipped[0, 0] ^= 1
+    tensors["live.moved"] = flipped
+    report = check_vectors(policy, dumps(tensors, raw))
+    assert not report.ok and "step live" in report.first, report.summary()

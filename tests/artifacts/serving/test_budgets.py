@@ -141,3 +141,97 @@ async def test_the_decision_service_answers_with_the_budget(router, timed_policy
             assert bad.status_code == 400 and "ttft_budget_s" in bad.text
     finally:
         service.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_live_latency_moves_decisions_off_a_slow_candidate_and_back(
+    timed_policy, publish_to, registry, keypair, tmp_path
+) -> None:
+    from routeopt.router_training.policy.live import LiveSettings, live_shift
+
+    publish_to(timed_policy)
+    clock = Clock()
+    router = load(
+        registry, keypair[1], state_dir=False, clock=clock, live=LiveSettings(window_s=10, min_observations=5)
+    )
+    budget = timed_policy.latency.budgets("ttft")[-1]
+    frame = timed_frame(n_items=20).drop_duplicates("request_id")
+    prompts = list(zip(frame["prompt"], frame["suite"]))
+    before = [router.route(p, s, ttft_budget_s=budget) for p, s in prompts]
+    assert all(d.live is None for d in before)
+    movable = [
+        d.model
+        for d in before
+        if live_shift(d.model, d.fallbacks, d.pass_probabilities, d.budget["predicted_s"], budget, [d.model])
+    ]
+    assert movable, "the test needs decisions a slowdown can move"
+    slow = max(set(movable), key=movable.count)
+    for t in range(20):  # 10 s of calls: the slow one at three times the budget, the others well within
+        clock.now = t * 0.5
+        for name in timed_policy.candidates:
+            router.observe(name, ttft_s=budget * (3 if name == slow else 0.3))
+    during = [router.route(p, s, ttft_budget_s=budget) for p, s in prompts]
+    moved = [d for d in during if d.live is not None]
+    assert moved, "some decision should move off the slow candidate"
+    for d, b in zip(during, before):
+        if d.live is not None:
+            assert d.live == {"from": b.model, "over": [slow]} and d.model != slow
+            assert d.pass_probabilities[d.model] >= d.pass_probabilities[b.model]
+            assert d.fallbacks[0] == b.model
+        else:
+            assert d.model == b.model
+    gateway = Gateway(router, log=DecisionLog(tmp_path / "log"))
+    p, s = next((p, s) for (p, s), d in zip(prompts, during) if d.live is not None)
+    gateway.route(p, s, request_id="moved", ttft_budget_s=budget)
+    gateway.log.close()
+    (line,) = [json.loads(x) for f in (tmp_path / "log").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert line["live"]["over"] == [slow]
+    clock.now = 30.0  # the window has passed with no new observations: too few to act on
+    after = [router.route(p, s, ttft_budget_s=budget) for p, s in prompts]
+    assert [d.model for d in after] == [d.model for d in before]
+    assert [router.route(p, s).live for p, s in prompts] == [None] * len(prompts)  # no budget: never moved
+
+
+async def test_the_decision_service_takes_observations(router, timed_policy, registry, keypair) -> None:
+    service = DecisionService(
+        GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
+    )
+    service.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=service), base_url="http://r") as c:
+            r = await c.post("/v1/observe", json=[{"model": "small", "ttft_s": 0.2, "latency_s": 1.5}] * 3)
+            assert r.status_code == 200 and r.json() == {"observed": 3}
+            r = await c.post("/v1/observe", json={"model": "small", "ttft_s": 0.2})
+            assert r.json() == {"observed": 1}
+            snapshot = service.gateway.champion.live.snapshot(service.gateway.champion._clock())
+            assert set(snapshot) == {"small"}
+            for body, field in (
+                ({"model": "small", "ttft_s": -1}, "ttft_s"),
+                ({"model": "", "ttft_s": 1}, "model"),
+                ({"model": "small"}, "neither"),
+                ([{"model": "small", "latency_s": "x"}], "[0].latency_s"),
+            ):
+                bad = await c.post("/v1/observe", json=body)
+                assert bad.status_code == 400 and field in bad.json()["error"], bad.text
+            assert (await c.get("/v1/observe")).status_code == 405
+    finally:
+        service.close()
+
+
+def test_litellm_call_timings() -> None:
+    from datetime import datetime, timedelta
+
+    from routeopt.artifacts.serving.litellm_proxy import call_timings
+
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    kw = {"stream": True, "completion_start_time": start + timedelta(seconds=0.25)}
+    assert call_timings(kw, start, start + timedelta(seconds=2)) == (0.25, 2.0)
+    assert call_timings({}, start, start + timedelta(seconds=2)) == (None, 2.0)  # not streamed: no TTFT
+    assert call_timings({}, None, start) == (None, None)
