@@ -1,0 +1,92 @@
+"""The WebAssembly kernel (wasmtime) and the numpy steps it stands in for: the same bits on
+every conformance vector, and the numpy path wherever the kernel cannot run."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+from routeopt.router_training.policy import kernel as kernel_module
+from routeopt.router_training.policy.conformance import _serving_path, read_vectors
+from routeopt.router_training.policy.routing import RoutingPolicy
+
+pytest.importorskip("wasmtime", reason="the kernel's tests need the 'fast' extra (wasmtime)")
+
+
+@pytest.fixture(scope="module")
+def saved(trained, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("policy")
+    trained.policy.save(folder)
+    return folder, (folder / "conformance.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def engines(saved) -> dict[str, RoutingPolicy]:
+    policy = RoutingPolicy.load(saved[0], vectors=False)
+    return {e: dataclasses.replace(policy, engine=e) for e in kernel_module.ENGINES}
+
+
+def test_both_engines_decide_every_conformance_vector_as_it_says(saved, engines) -> None:
+    inputs, meta, want = read_vectors(saved[1])
+    targets = tuple(float(t) for t in meta["targets"])
+    assert engines["webassembly"].engine_in_use == "webassembly"
+    assert engines["numpy"].engine_in_use == "numpy"
+    for engine, policy in engines.items():
+        assert _serving_path(policy, inputs, want, targets) is None, engine
+
+
+def test_both_engines_give_every_step_the_same_bits(saved, engines) -> None:
+    inputs, _, _ = read_vectors(saved[1])
+    wasm, numpy_path = engines["webassembly"], engines["numpy"]
+    for inp in inputs:
+        a, b = wasm.score_request(inp.text, inp.suite), numpy_path.score_request(inp.text, inp.suite)
+        assert np.array_equal(a.ids, b.ids) and a.vals.tobytes() == b.vals.tobytes(), inp.text[:40]
+        assert a.z.tobytes() == b.z.tobytes() and a.topic == b.topic
+        assert a.p.tobytes() == b.p.tobytes() and a.c.tobytes() == b.c.tobytes()
+
+
+def test_a_policy_loaded_with_the_kernel_passes_its_self_check(saved) -> None:
+    policy = RoutingPolicy.load(saved[0])
+    assert policy.engine_in_use == "webassembly"
+    assert policy.self_check().ok
+
+
+def test_without_wasmtime_the_numpy_steps_run(saved, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "wasmtime", None)  # import wasmtime raises ImportError
+    policy = RoutingPolicy.load(saved[0])
+    assert policy.kernel is None and policy.engine_in_use == "numpy"
+    assert policy.self_check().ok
+
+
+def test_a_kernel_that_will_not_instantiate_falls_back_with_a_warning(saved, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(kernel_module, "_plan", lambda *a: 1 / 0)
+    policy = RoutingPolicy.load(saved[0])
+    assert policy.engine_in_use == "numpy" and policy.self_check().ok
+    assert "the numpy steps run instead" in caplog.text
+
+
+def test_the_engine_is_chosen_by_the_environment(saved, monkeypatch) -> None:
+    monkeypatch.setenv("ROUTEOPT_ENGINE", "numpy")
+    assert RoutingPolicy.load(saved[0], vectors=False).engine_in_use == "numpy"
+    monkeypatch.setenv("ROUTEOPT_ENGINE", "fortran")
+    with pytest.raises(ValueError, match="ROUTEOPT_ENGINE"):
+        RoutingPolicy.load(saved[0], vectors=False).decide("hi")
+
+
+def test_a_decision_finding_the_kernel_busy_takes_the_numpy_path(engines) -> None:
+    policy = engines["webassembly"]
+    prompt = "Sort these numbers: 3 1 2"
+    want = policy.decide(prompt, "sort")
+    kernel = policy.kernel
+    assert kernel is not None
+    with kernel.lock:  # another thread's decision
+        assert policy.decide(prompt, "sort") == want
+
+
+def test_huge_and_empty_prompts_fit_the_kernel(engines) -> None:
+    for prompt in ("", "a " * 5000, "x" * 20000, "\ud800" * 3000):
+        a = engines["webassembly"].decide(prompt, None)
+        assert a == engines["numpy"].decide(prompt, None)
