@@ -221,51 +221,20 @@ def point_choice(
     if point.weight >= 1.0:
         return pick_a, np.ones(len(pick_a))
     pick_b = member_choice(knob.members[point.b], p, c, allowed)
-    u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
-    for i in np.flatnonzero(pick_a != pick_b):
-        u[i] = unit(int(i))
-    pick = np.where(u < point.weight, pick_a, pick_b)
-    return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
-
-
-def member_choice_one(member: Member, p: list[float], c: list[float]) -> int:
-    """`member_choice` of one request with Python's floats (the same comparisons)."""
-    if member.rule == "single":
-        return int(member.param)
-    k = range(len(p))
-    if member.rule == "lambda":
-        score = [a - member.param * b for a, b in zip(p, c)]
-        top = max(score)
-        return min((j for j in k if score[j] >= top), key=c.__getitem__)
-    return _preference_one(p, c, member.rule, member.param)[0]
-
-
-def _preference_one(p: list[float], c: list[float], rule: str, param: float) -> list[int]:
-    """`choose` of one request: candidates sorted by the rule's keys (a stable sort, as lexsort)."""
-    k = range(len(p))
-    if rule == "lambda":
-        return sorted(k, key=lambda j: (-(p[j] - param * c[j]), c[j]))
-    if rule == "threshold":
-        return sorted(k, key=lambda j: (c[j], 0.0, c[j]) if p[j] >= param else (math.inf, -p[j], c[j]))
-    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
-
-
-def point_choice_one(
-    knob: Knob, point: OperatingPoint, p: list[float], c: list[float], unit: Callable[[], float]
-) -> tuple[int, float]:
-    """`point_choice` of one request (a gateway's decision): the candidate and its probability."""
-    pick_a = member_choice_one(knob.members[point.a], p, c)
-    if point.weight >= 1.0:
-        return pick_a, 1.0
-    pick_b = member_choice_one(knob.members[point.b], p, c)
-    u = unit() if pick_a != pick_b else 0.0
-    pick = pick_a if u < point.weight else pick_b
-    return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
-
-
-def fallback_order_one(knob: Knob, point: OperatingPoint, p: list[float], c: list[float]) -> list[int]:
-    """`fallback_order` of one request."""
-    return _preference_one(p, c, "lambda", fallback_lambda(knob, point))
+    # w * [a == pick] + (1 - w) * [b == pick] where the members agree, where the pick is a's and
+    # where it is b's, in Python's floats (the same IEEE operations as on arrays)
+    w = point.weight
+    agree, to_a, to_b = w * 1.0 + (1 - w) * 1.0, w * 1.0 + (1 - w) * 0.0, w * 0.0 + (1 - w) * 1.0
+    prop = np.full(len(pick_a), agree)
+    differ = np.flatnonzero(pick_a != pick_b)  # the draw matters (and is hashed) only there
+    if not len(differ):
+        return pick_a, prop
+    b_rows = differ[[not unit(int(i)) < w for i in differ]]
+    pick = pick_a.copy()
+    pick[b_rows] = pick_b[b_rows]
+    prop[differ] = to_a
+    prop[b_rows] = to_b
+    return pick, prop
 
 
 def fallback_order(

@@ -35,10 +35,8 @@ from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its 
     _finite_or_none,
     choose,
     fallback_order,
-    fallback_order_one,
     member_choice,
     point_choice,
-    point_choice_one,
     request_unit,
 )
 from routeopt.router_training.policy.latency import (
@@ -53,8 +51,18 @@ from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assi
 from routeopt.router_training.policy.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
 
 
-# (layers, ids, vals, logits, topic, probabilities, costs) of one request, numbers as Python floats
-_Scores = tuple[Any, np.ndarray | None, np.ndarray | None, list[float], int, list[float], list[float]]
+class _Scores(NamedTuple):
+    """`Scored` with its numbers as Python floats, and the prompt's code points and suite column."""
+
+    layers: Any
+    ids: np.ndarray | None
+    vals: np.ndarray | None
+    z: list[float]
+    topic: int
+    p: list[float]
+    c: list[float]
+    n_chars: int
+    suite_pos: int
 
 
 @dataclass(frozen=True)
@@ -108,8 +116,8 @@ class RoutingPolicy:
     # -- scoring -------------------------------------------------------------------------
     def score_request(self, prompt: str, suite: str | None, embedding: np.ndarray | None = None) -> "Scored":
         """One request through features, scorer, calibration and cost (the spec's steps)."""
-        layers, ids, vals, z, topic, p, c = self._score(prompt, suite, embedding, keep=True)
-        return Scored(layers, ids, vals, np.array(z), topic, np.array(p), np.array(c))
+        s = self._score(prompt, suite, embedding, keep=True)
+        return Scored(s.layers, s.ids, s.vals, np.array(s.z), s.topic, np.array(s.p), np.array(s.c))
 
     def _score(self, prompt: str, suite: str | None, embedding: np.ndarray | None, keep: bool) -> _Scores:
         """`score_request` with its numbers as Python floats; the row (ids, vals) is None when
@@ -160,7 +168,8 @@ class RoutingPolicy:
     ) -> _Scores:
         platt_a, platt_b = self._platt_lists()
         p = sigmoid_list([a * t + b for a, t, b in zip(platt_a, z, platt_b)])
-        return layers, ids, vals, z, topic, p, self.cost_model.predict_one(chars, pos, topic)
+        c = self.cost_model.predict_one(chars, pos, topic)
+        return _Scores(layers, ids, vals, z, topic, p, c, chars, pos)
 
     def _slope_row(self, pos: int) -> int:
         return pos if pos >= 0 else len(self.spec.suites)
@@ -240,38 +249,31 @@ class RoutingPolicy:
         ttft_budget_s: float | None = None,
         latency_budget_s: float | None = None,
     ) -> PolicyDecision:
-        """One request on the gateway's hot path (the same steps as decide_batch, for one row,
-        with Python's floats: a row's dozen numbers cost less so than as arrays).
+        """One request on the gateway's hot path: the same steps as decide_batch for one row
+        (its scores in Python's floats, a row's dozen numbers costing less so than as arrays; the
+        knob's choice by the same `point_choice` and `fallback_order`).
 
         A budget (at most one of TTFT and end-to-end latency, in seconds, on the p95) restricts
         the choice to the candidates the budget's certified tier allows."""
         kind, budget = self._budget(ttft_budget_s, latency_budget_s)
-        _, _, _, _, _, p, c = self._score(prompt, suite, None, keep=False)
+        s = self._score(prompt, suite, None, keep=False)
+        p, c = np.array([s.p]), np.array([s.c])
+
+        def unit(_: int) -> float:
+            return request_unit(prompt, suite)
+
         if kind is None:
             point = self.point_for(quality_target)
-            pick, prop = point_choice_one(self.knob, point, p, c, lambda: request_unit(prompt, suite))
-            names = self.candidates
-            return PolicyDecision(
-                model=names[pick],
-                fallbacks=tuple(names[j] for j in fallback_order_one(self.knob, point, p, c) if j != pick),
-                pass_probabilities=dict(zip(names, p)),
-                expected_cost_usd=dict(zip(names, c)),
-                propensity=float(prop),
+            pick, prop = point_choice(self.knob, point, p, c, unit)
+            order, outcome = fallback_order(self.knob, point, p, c), None
+        else:
+            assert self.latency is not None and budget is not None
+            pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, s.n_chars, s.suite_pos)
+            pick, prop, order, outcomes = self._budget_choice(
+                kind, budget, p, c, np.array([pred]), unit, quality_target
             )
-        assert self.latency is not None and budget is not None
-        pos = self.spec.suite_position(suite)
-        pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, n_chars(prompt), pos)
-        p_row, c_row = np.array(p), np.array(c)
-        picks, props, orders, outcomes = self._budget_choice(
-            kind,
-            budget,
-            p_row[None],
-            c_row[None],
-            np.array(pred)[None],
-            lambda _: request_unit(prompt, suite),
-            quality_target,
-        )
-        return self._decision(int(picks[0]), props[0], p_row, c_row, orders[0], outcomes[0])
+            outcome = outcomes[0]
+        return self._decision(int(pick[0]), prop[0], s.p, s.c, order[0], outcome)
 
     def _budget(self, ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str | None, float | None]:
         """The budget asked for: (kind, seconds), or (None, None) without one."""
@@ -328,18 +330,18 @@ class RoutingPolicy:
         self,
         pick: int,
         prop: float,
-        p: np.ndarray,
-        c: np.ndarray,
+        p: list[float],
+        c: list[float],
         order: np.ndarray,
         budget: "BudgetOutcome | None" = None,
     ) -> PolicyDecision:
-        """The decision for one request of a batch; fallbacks in `order` without the chosen one."""
+        """The decision for one request; fallbacks in `order` without the chosen candidate."""
         names = self.candidates
         return PolicyDecision(
             model=names[pick],
             fallbacks=tuple(names[j] for j in order.tolist() if j != pick),
-            pass_probabilities=dict(zip(names, p.tolist())),
-            expected_cost_usd=dict(zip(names, c.tolist())),
+            pass_probabilities=dict(zip(names, p)),
+            expected_cost_usd=dict(zip(names, c)),
             propensity=float(prop),
             budget=budget,
         )
@@ -363,13 +365,16 @@ class RoutingPolicy:
                 kind, budget, p, c, pred, lambda i: request_unit(prompts[i], suites[i]), quality_target
             )
             return [
-                self._decision(int(picks[i]), props[i], p[i], c[i], orders[i], outcomes[i])
+                self._decision(int(picks[i]), props[i], p[i].tolist(), c[i].tolist(), orders[i], outcomes[i])
                 for i in range(len(prompts))
             ]
         point = self.point_for(quality_target)
         pick, prop = point_choice(self.knob, point, p, c, lambda i: request_unit(prompts[i], suites[i]))
         order = fallback_order(self.knob, point, p, c)
-        return [self._decision(int(pick[i]), prop[i], p[i], c[i], order[i]) for i in range(len(prompts))]
+        return [
+            self._decision(int(pick[i]), prop[i], p[i].tolist(), c[i].tolist(), order[i])
+            for i in range(len(prompts))
+        ]
 
     def predict_latency(
         self, kind: str, prompts: Sequence[str], suites: Sequence[str | None], quantile: str = BUDGET_QUANTILE
