@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from routeopt.router_training.policy import kernel as kernel_module
-from routeopt.router_training.policy.conformance import _serving_path, read_vectors
+from routeopt.router_training.policy.conformance import _serving_path, check_vectors, read_vectors
 from routeopt.router_training.policy.routing import RoutingPolicy
 
 pytest.importorskip("wasmtime", reason="the kernel's tests need the 'fast' extra (wasmtime)")
@@ -90,3 +90,44 @@ def test_huge_and_empty_prompts_fit_the_kernel(engines) -> None:
     for prompt in ("", "a " * 5000, "x" * 20000, "\ud800" * 3000):
         a = engines["webassembly"].decide(prompt, None)
         assert a == engines["numpy"].decide(prompt, None)
+
+
+@pytest.fixture(scope="module")
+def timed_saved(tmp_path_factory):
+    """A format 4 policy (latency models and budget tiers), saved with its vectors."""
+    from routeopt.router_training.train import train_router
+    from tests.router_training.conftest import timed_frame
+
+    folder = tmp_path_factory.mktemp("timed")
+    train_router(timed_frame(), quality_target=0.9, seed=0).policy.save(folder)
+    return folder, (folder / "conformance.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def timed_engines(timed_saved) -> dict[str, RoutingPolicy]:
+    policy = RoutingPolicy.load(timed_saved[0], vectors=False)
+    assert policy.latency is not None
+    return {e: dataclasses.replace(policy, engine=e) for e in kernel_module.ENGINES}
+
+
+def test_both_engines_decide_under_every_budget_of_the_vectors_as_they_say(
+    timed_saved, timed_engines
+) -> None:
+    inputs, meta, want = read_vectors(timed_saved[1])
+    assert "budget" in meta["layers"] and "latency" in meta["layers"] and meta["budgets"]
+    targets = tuple(float(t) for t in meta["targets"])
+    for engine, policy in timed_engines.items():
+        assert policy.engine_in_use == engine
+        assert check_vectors(policy, timed_saved[1]).ok, engine  # every layer, budget included
+        assert _serving_path(policy, inputs, want, targets, meta["budgets"]) is None, engine
+
+
+def test_both_engines_give_the_same_decision_and_budget_outcome(timed_saved, timed_engines) -> None:
+    inputs, meta, _ = read_vectors(timed_saved[1])
+    wasm, numpy_path = timed_engines["webassembly"], timed_engines["numpy"]
+    for i, inp in enumerate(inputs[:300]):
+        kind, budget, target = meta["budgets"][i % len(meta["budgets"])]
+        asked = {f"{kind}_budget_s": budget}
+        a = wasm.decide(inp.text, inp.suite, target, **asked)
+        assert a == numpy_path.decide(inp.text, inp.suite, target, **asked), (i, kind, budget)
+        assert a.budget is not None and a.budget.kind == kind
