@@ -6,8 +6,11 @@ build writes; `node gateways/js/scripts/python-kernel.mjs` refreshes it). The mo
 spec's word hashing, bucketing, tf-idf row (sections 4.1-4.6) and the scorer's row sums (5.1),
 which in numpy cost a few dozen array calls per request on arrays of a few hundred elements.
 
-wasmtime is an optional extra (`routeopt[fast]`, `routeopt-gateway[fast]`): without it, or
-where the module will not instantiate, `Kernel.create` returns None and the numpy steps run.
+wasmtime is an optional extra (`routeopt[fast]`, `routeopt-gateway[fast]`), pinned to the
+major version whose private C entry points `_Call` uses. Without it the numpy steps run; where it
+will not import, is another major version, or the module will not instantiate, `Kernel.create`
+warns once and returns None; a call that fails later hands the policy to the numpy steps for
+good (`RoutingPolicy._score`), with one warning.
 Both give the same bits: the tests run every conformance vector through each. Calls go through
 wasmtime's unchecked C entry point with their arguments laid out once, since its checked Python
 call costs ~100x the kernel's own work on a short prompt.
@@ -25,6 +28,7 @@ import math
 import os
 import threading
 from importlib import resources
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -44,6 +48,7 @@ from routeopt.router_training.policy.numerics import TF_TABLE, ln1p_int
 log = logging.getLogger(__name__)
 
 ENGINES = ("webassembly", "numpy")
+WASMTIME_MAJOR = 51  # the `fast` extra's pin: `_Call` uses this major's private C entry points
 _OUT, _NIBBLES, _TABLES_END = 0, 16, 128  # the counts' and class tables' addresses (kernel.mjs TABLES)
 _TF = 4096  # counts below this take their ln1p from the kernel's table
 _PAGE = 65536
@@ -112,8 +117,9 @@ class _Call:
     """One export called through wasmtime's unchecked entry point: the arguments live in one
     array of raw values laid out once (`set` changes one); the result overwrites the first."""
 
-    def __init__(self, wasmtime: Any, store: Any, func: Any, args: list[int]) -> None:
+    def __init__(self, wasmtime: Any, store: Any, name: str, func: Any, args: list[int]) -> None:
         ffi = wasmtime._bindings
+        self.name = name
         self._raw = (ffi.wasmtime_val_raw_t * max(len(args), 1))()
         for i, v in enumerate(args):
             self._raw[i].i32 = v
@@ -137,7 +143,7 @@ class _Call:
     def __call__(self) -> int:
         raw = self._raw
         if self._fn(*self._parts) or self._trap:
-            raise RuntimeError("the WebAssembly kernel failed (an error or a trap)")
+            raise RuntimeError(f"its `{self.name}` call ended in an error or a trap")
         out = int(raw[0].i32)
         raw[0].i32 = self._first
         return out
@@ -191,7 +197,7 @@ class Kernel:
         self.columns = columns
 
         def call(name: str, *args: int) -> _Call:
-            return _Call(wasmtime, store, exports[name], list(args))
+            return _Call(wasmtime, store, name, exports[name], list(args))
 
         idf = at["idf"] if spec.idf is not None else 0
         self._words = call("words", at["cut"], 0, at["lower"], at["bits"], at["word_hi"], at["word_lo"])
@@ -216,13 +222,30 @@ class Kernel:
             return None
         try:
             import wasmtime
-        except ImportError:
-            return None
+        except ModuleNotFoundError as exc:
+            if exc.name == "wasmtime":
+                return None  # the `fast` extra is not installed: numpy, as documented
+            return _unavailable(exc)
+        except Exception as exc:  # noqa: BLE001  (a broken install: its native library, say)
+            return _unavailable(exc)
         try:
+            major = int(version("wasmtime").split(".")[0])
+            if major != WASMTIME_MAJOR:
+                raise RuntimeError(
+                    f"wasmtime {version('wasmtime')} is installed; the kernel calls private entry points "
+                    f"of wasmtime {WASMTIME_MAJOR} (pip install 'routeopt[fast]' installs it)"
+                )
             return cls(wasmtime, spec, weights, 0 if weights is None else weights.shape[1])
         except Exception as exc:  # noqa: BLE001  (any failure here means: use numpy)
-            log.warning("the WebAssembly kernel is unavailable (%s); the numpy steps run instead", exc)
-            return None
+            return _unavailable(exc)
+
+    @staticmethod
+    def failed(exc: BaseException) -> None:
+        """Say once, for the policy whose kernel just failed a call, that numpy takes over."""
+        log.warning(
+            "the WebAssembly kernel failed (%s); this policy's decisions take the numpy steps from now on",
+            exc,
+        )
 
     def words(self, cut: bytes) -> int:
         """4.1-4.3 on the cut bytes: the number of words (hashes in word_hi/word_lo); `out`
@@ -272,3 +295,9 @@ class Kernel:
         self.ids[end : end + len(stats)] = spec.stat_columns
         self.vals[end : end + len(stats)] = stats
         return end + len(stats), pos, n_chars
+
+
+def _unavailable(exc: BaseException) -> "Kernel | None":
+    """Warn that the numpy steps run in the kernel's place; None, for `Kernel.create` to return."""
+    log.warning("the WebAssembly kernel is unavailable (%s); the numpy steps run instead", exc)
+    return None

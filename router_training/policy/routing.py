@@ -130,6 +130,9 @@ class RoutingPolicy:
         if kernel is not None and embedding is None and kernel.lock.acquire(blocking=False):
             try:
                 return self._score_kernel(kernel, prompt, suite, keep)
+            except Exception as exc:  # noqa: BLE001  (a trap or a wasmtime error: numpy from now on)
+                self.__dict__["_kernel"] = None
+                kernel.failed(exc)
             finally:
                 kernel.lock.release()
         layers = None

@@ -4,6 +4,7 @@ every conformance vector, and the numpy path wherever the kernel cannot run."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
 import sys
 
 import numpy as np
@@ -66,6 +67,40 @@ def test_a_kernel_that_will_not_instantiate_falls_back_with_a_warning(saved, mon
     policy = RoutingPolicy.load(saved[0])
     assert policy.engine_in_use == "numpy" and policy.self_check().ok
     assert "the numpy steps run instead" in caplog.text
+
+
+def test_a_broken_wasmtime_install_falls_back_with_a_warning(saved, monkeypatch, caplog) -> None:
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201
+            if name == "wasmtime":
+                raise OSError("libwasmtime.so: cannot open shared object file")
+            return None
+
+    monkeypatch.delitem(sys.modules, "wasmtime", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    policy = RoutingPolicy.load(saved[0])
+    assert policy.engine_in_use == "numpy" and policy.self_check().ok
+    assert "libwasmtime.so" in caplog.text and "the numpy steps run instead" in caplog.text
+
+
+def test_another_wasmtime_major_falls_back_with_a_warning(saved, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(kernel_module, "version", lambda name: "52.0.0")
+    policy = RoutingPolicy.load(saved[0])
+    assert policy.engine_in_use == "numpy" and policy.self_check().ok
+    assert "wasmtime 52.0.0 is installed" in caplog.text
+
+
+def test_a_failing_kernel_call_hands_the_policy_to_numpy_with_one_warning(saved, engines, caplog) -> None:
+    policy = RoutingPolicy.load(saved[0], vectors=False)
+    kernel = policy.kernel
+    assert kernel is not None
+    prompts = ["Sort these numbers: 3 1 2", "Add 2 and 2", "reverse: stone river"]
+    want = [engines["numpy"].decide(x, "sort") for x in prompts]
+    kernel._row._fn = lambda *args: 1  # wasmtime reports an error, as a trap does
+    assert [policy.decide(x, "sort") for x in prompts] == want
+    assert policy.kernel is None and policy.engine_in_use == "numpy"
+    assert caplog.text.count("the WebAssembly kernel failed") == 1
+    assert not kernel.lock.locked()
 
 
 def test_the_engine_is_chosen_by_the_environment(saved, monkeypatch) -> None:
