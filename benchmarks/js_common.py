@@ -45,8 +45,9 @@ def cli(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def published(name: str) -> tuple[Path, Path]:
-    """(version folder, public key) of the set's policy, trained and published via the CLI."""
+def published(name: str, data: Path | None = None) -> tuple[Path, Path]:
+    """(version folder, public key) of the set's policy, trained and published via the CLI;
+    `data`: the folder holding the set (default: the shared sets)."""
     from routeopt.artifacts.publish.signing_keys import generate_keys
 
     folder = CACHE / f"{name}-{code_digest()}"
@@ -57,7 +58,7 @@ def published(name: str) -> tuple[Path, Path]:
         if not keys.exists():
             keys.mkdir()
             generate_keys(keys)
-        train = data_dir() / name / "train.parquet"
+        train = (data or data_dir()) / name / "train.parquet"
         if not train.is_file():
             raise SystemExit(f"{train}: no such shared set")
         cli("import", "outcomes", str(train), "--db", str(folder / "outcomes.duckdb"), cwd=folder)
@@ -91,11 +92,13 @@ def node(*args: str, public_key: Path | None = None) -> str:
     return done.stdout
 
 
-def test_requests(name: str, targets: tuple[float | None, ...] = (None,)) -> list[dict]:
+def test_requests(
+    name: str, targets: tuple[float | None, ...] = (None,), data: Path | None = None
+) -> list[dict]:
     """The set's test prompts (never trained on) as requests, each at every target."""
     import pandas as pd
 
-    frame = pd.read_parquet(data_dir() / name / "test.parquet").drop_duplicates("request_id")
+    frame = pd.read_parquet((data or data_dir()) / name / "test.parquet").drop_duplicates("request_id")
     return [
         {"id": f"{r.request_id}@{t}", "prompt": r.prompt, "suite": r.suite, "quality_target": t}
         for r in frame.itertuples()

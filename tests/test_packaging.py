@@ -173,3 +173,14 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
         timeout=300,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_webassembly_kernel_is_package_data_of_both_distributions() -> None:
+    """The gateway's kernel (router_training/policy/kernel.wasm) ships in the wheel and in the
+    gateway-only install, whose decisions would otherwise silently take the numpy path."""
+    gateway = tomllib.loads((REPO / "gateways" / "python" / "pyproject.toml").read_text())["tool"][
+        "setuptools"
+    ]
+    for conf in (_setuptools(), gateway):
+        assert conf["package-data"]["routeopt.router_training.policy"] == ["kernel.wasm"]
+    assert (FOLDERS["routeopt.router_training"] / "policy" / "kernel.wasm").is_file()

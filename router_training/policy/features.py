@@ -362,28 +362,61 @@ def statistics(
     )
 
 
-def _stats(pb: PromptBytes, lengths: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
-    """`statistics` of one request (class counts over the cut bytes before lower-casing;
-    `classes`: their `_CLASS`, when known)."""
+def _stats(
+    pb: PromptBytes, lengths: np.ndarray, spec: "FeatureSpec", classes: np.ndarray | None = None
+) -> np.ndarray:
+    """`request_stats` of one request from its numpy layers (class counts over the cut bytes
+    before lower-casing; `classes`: their `_CLASS`, when known)."""
     if classes is None:
         classes = _CLASS.take(pb.cut)
     counts = np.bincount(classes, minlength=32) @ _FLAG_MATRIX  # exact integers
-
-    def one(v: float) -> np.ndarray:
-        return np.array([v])
-
-    return cast(
-        np.ndarray,
-        statistics(
-            counts[None],
-            one(float(max(len(pb.cut), 1))),
-            one(pb.n_chars),
-            one(len(lengths)),
-            one(pb.newlines),
-            one(pb.questions),
-            one(float(int(lengths.sum()))),
-        )[0],
+    return np.array(
+        request_stats(
+            pb.n_chars,
+            len(lengths),
+            pb.newlines,
+            pb.questions,
+            int(lengths.sum()),
+            [int(v) for v in counts.tolist()],
+            max(len(pb.cut), 1),
+            spec,
+        )
     )
+
+
+def _ln1p(n: int) -> float:
+    return float(TF_TABLE.item(n)) if n < TF_TABLE_SIZE else float(ln1p_int(np.array([n]))[0])
+
+
+def request_stats(
+    n_chars: int,
+    n_words: int,
+    newlines: int,
+    questions: int,
+    word_chars: int,
+    class_counts: Sequence[int],
+    size: int,
+    spec: "FeatureSpec",
+) -> list[float]:
+    """`statistics` of one request with Python's floats, standardised when the spec scales
+    them, for both engines of the one-request path: the same IEEE operations on the same
+    integers (all exact below 2**53), so the same bits, without thirty array calls on nine
+    numbers."""
+    digit, upper, punct, code = class_counts
+    raw = [
+        _ln1p(n_chars),
+        _ln1p(n_words),
+        _ln1p(newlines),
+        digit / size,
+        upper / size,
+        punct / size,
+        code / size,
+        word_chars / n_words if n_words > 0 else 0.0,
+        _ln1p(questions),
+    ]
+    if spec.stat_mean is None or spec.stat_std is None:
+        return raw
+    return [(x - m) / d for x, m, d in zip(raw, spec.stat_mean, spec.stat_std)]
 
 
 def tf_idf(counts: np.ndarray, distinct: np.ndarray, spec: FeatureSpec) -> np.ndarray:
@@ -424,10 +457,7 @@ def feature_layers(prompt: str, suite: str | None, spec: FeatureSpec) -> Feature
     words, lengths = _word_hashes(b, classes)
     distinct, counts = bucket_counts(_bucket_ids(b, words, spec), spec.n_buckets)
     x = tf_idf(counts, distinct, spec)
-    stats = _stats(pb, lengths, classes)
-    if spec.stat_mean is not None:
-        stats -= spec.stat_mean_array
-        stats /= spec.stat_std_array
+    stats = _stats(pb, lengths, spec, classes)
     n_suites = len(spec.suites)
     pos = spec.suite_position(suite)
     head, n_text = (1 if pos >= 0 else 0), len(distinct)

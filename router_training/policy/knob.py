@@ -221,11 +221,20 @@ def point_choice(
     if point.weight >= 1.0:
         return pick_a, np.ones(len(pick_a))
     pick_b = member_choice(knob.members[point.b], p, c, allowed)
-    u = np.zeros(len(pick_a))  # the draw matters (and is hashed) only where the members differ
-    for i in np.flatnonzero(pick_a != pick_b):
-        u[i] = unit(int(i))
-    pick = np.where(u < point.weight, pick_a, pick_b)
-    return pick, point.weight * (pick_a == pick) + (1 - point.weight) * (pick_b == pick)
+    # w * [a == pick] + (1 - w) * [b == pick] where the members agree, where the pick is a's and
+    # where it is b's, in Python's floats (the same IEEE operations as on arrays)
+    w = point.weight
+    agree, to_a, to_b = w * 1.0 + (1 - w) * 1.0, w * 1.0 + (1 - w) * 0.0, w * 0.0 + (1 - w) * 1.0
+    prop = np.full(len(pick_a), agree)
+    differ = np.flatnonzero(pick_a != pick_b)  # the draw matters (and is hashed) only there
+    if not len(differ):
+        return pick_a, prop
+    b_rows = differ[[not unit(int(i)) < w for i in differ]]
+    pick = pick_a.copy()
+    pick[b_rows] = pick_b[b_rows]
+    prop[differ] = to_a
+    prop[b_rows] = to_b
+    return pick, prop
 
 
 def fallback_order(

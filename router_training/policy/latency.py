@@ -58,7 +58,8 @@ class LatencyModel:
         """(n, K) seconds; suite_pos is -1 for an unknown suite (no offset)."""
         return self.models[kind, quantile].predict(n_chars, np.asarray(suite_pos))
 
-    def predict_one(self, kind: str, quantile: str, n_chars: int, suite_pos: int) -> np.ndarray:
+    def predict_one(self, kind: str, quantile: str, n_chars: int, suite_pos: int) -> list[float]:
+        """`predict` of one request with Python's floats (`CostModel.predict_one`)."""
         return self.models[kind, quantile].predict_one(n_chars, suite_pos)
 
     @property

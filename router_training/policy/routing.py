@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from routeopt.router_training.policy.files import (
     read_policy_files,
     write_policy_files,
 )
+from routeopt.router_training.policy.kernel import Kernel
 from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its parts: the policy's vocabulary)
     Knob,
     Member,
@@ -45,9 +46,23 @@ from routeopt.router_training.policy.latency import (
     budget_request,
     serves,
 )
-from routeopt.router_training.policy.numerics import sigmoid
+from routeopt.router_training.policy.numerics import sigmoid_list
 from routeopt.router_training.policy.scorer import CostModel, LinearScorer, assign_clusters  # noqa: F401
 from routeopt.router_training.policy.trees import TreeScorer  # noqa: F401  (the LightGBM scorer, as portable trees)
+
+
+class _Scores(NamedTuple):
+    """`Scored` with its numbers as Python floats, and the prompt's code points and suite column."""
+
+    layers: Any
+    ids: np.ndarray | None
+    vals: np.ndarray | None
+    z: list[float]
+    topic: int
+    p: list[float]
+    c: list[float]
+    n_chars: int
+    suite_pos: int
 
 
 @dataclass(frozen=True)
@@ -96,24 +111,90 @@ class RoutingPolicy:
     conformance: ConformanceReport | None = field(default=None, repr=False)  # what self_check found
     latency: LatencyPolicy | None = None  # latency model and certified budgets, where measured
 
+    engine: str | None = field(default=None, repr=False)  # webassembly or numpy; None: default_engine()
+
     # -- scoring -------------------------------------------------------------------------
     def score_request(self, prompt: str, suite: str | None, embedding: np.ndarray | None = None) -> "Scored":
         """One request through features, scorer, calibration and cost (the spec's steps)."""
+        s = self._score(prompt, suite, embedding, keep=True)
+        return Scored(s.layers, s.ids, s.vals, np.array(s.z), s.topic, np.array(s.p), np.array(s.c))
+
+    def _score(self, prompt: str, suite: str | None, embedding: np.ndarray | None, keep: bool) -> _Scores:
+        """`score_request` with its numbers as Python floats; the row (ids, vals) is None when
+        the kernel computed it and `keep` is False."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         if suite is not None and not isinstance(suite, str):
             raise TypeError(f"suite must be a string or None, got {type(suite).__name__}")
+        kernel = self.kernel
+        if kernel is not None and embedding is None and kernel.lock.acquire(blocking=False):
+            try:
+                return self._score_kernel(kernel, prompt, suite, keep)
+            except Exception as exc:  # noqa: BLE001  (a trap or a wasmtime error: numpy from now on)
+                self.__dict__["_kernel"] = None
+                kernel.failed(exc)
+            finally:
+                kernel.lock.release()
+        layers = None
         if self.spec.embeddings:
             ids, vals = request_features(prompt, suite, self.spec, embedding)
-            layers, chars = None, n_chars(prompt)
-            pos = self.spec.suite_position(suite)
+            chars, pos = n_chars(prompt), self.spec.suite_position(suite)
         else:
             layers = feature_layers(prompt, suite, self.spec)
             ids, vals, pos, chars = layers.ids, layers.vals, layers.suite_pos, layers.text.n_chars
-        z, topic = self.scorer.score(ids, vals, pos if pos >= 0 else len(self.spec.suites))
-        p = sigmoid(self.platt[0] * z + self.platt[1])
+        z, topic = self.scorer.score(ids, vals, self._slope_row(pos))
+        return self._calibrated(layers, ids, vals, z.tolist(), topic, chars, pos)
+
+    def _score_kernel(self, kernel: Kernel, prompt: str, suite: str | None, keep: bool) -> _Scores:
+        """`_score` with the features (and a linear scorer's row sums) in the kernel."""
+        n, pos, chars = kernel.fill_row(prompt, suite, self.spec)
+        ids, vals = None, None
+        if keep or not isinstance(self.scorer, LinearScorer):
+            ids, vals = kernel.ids[:n].astype(np.intp), kernel.vals[:n].copy()
+        if isinstance(self.scorer, LinearScorer):
+            z, topic = self.scorer.from_sums(kernel.row_sums(n), self._slope_row(pos))
+        else:
+            assert ids is not None and vals is not None
+            z_array, topic = self.scorer.score(ids, vals, self._slope_row(pos))
+            z = z_array.tolist()
+        return self._calibrated(None, ids, vals, z, topic, chars, pos)
+
+    def _calibrated(
+        self,
+        layers: Any,
+        ids: np.ndarray | None,
+        vals: np.ndarray | None,
+        z: list[float],
+        topic: int,
+        chars: int,
+        pos: int,
+    ) -> _Scores:
+        platt_a, platt_b = self._platt_lists()
+        p = sigmoid_list([a * t + b for a, t, b in zip(platt_a, z, platt_b)])
         c = self.cost_model.predict_one(chars, pos, topic)
-        return Scored(layers, z, topic, p, c)
+        return _Scores(layers, ids, vals, z, topic, p, c, chars, pos)
+
+    def _slope_row(self, pos: int) -> int:
+        return pos if pos >= 0 else len(self.spec.suites)
+
+    def _platt_lists(self) -> tuple[list[float], list[float]]:
+        cached = self.__dict__.get("_platt")
+        if cached is None:
+            cached = self.__dict__["_platt"] = (self.platt[0].tolist(), self.platt[1].tolist())
+        return cast(tuple[list[float], list[float]], cached)
+
+    @property
+    def kernel(self) -> Kernel | None:
+        """The WebAssembly kernel of this policy's features and linear scorer (made on first
+        use), or None where the numpy steps run (routeopt.router_training.policy.kernel)."""
+        if "_kernel" not in self.__dict__:
+            weights = self.scorer.weights if isinstance(self.scorer, LinearScorer) else None
+            self.__dict__["_kernel"] = Kernel.create(self.spec, weights, self.engine)
+        return cast("Kernel | None", self.__dict__["_kernel"])
+
+    @property
+    def engine_in_use(self) -> str:
+        return "webassembly" if self.kernel is not None else "numpy"
 
     def predict(
         self, prompts: Sequence[str], suites: Sequence[str | None] | None = None
@@ -171,33 +252,31 @@ class RoutingPolicy:
         ttft_budget_s: float | None = None,
         latency_budget_s: float | None = None,
     ) -> PolicyDecision:
-        """One request on the gateway's hot path (the same steps as decide_batch, for one row).
+        """One request on the gateway's hot path: the same steps as decide_batch for one row
+        (its scores in Python's floats, a row's dozen numbers costing less so than as arrays; the
+        knob's choice by the same `point_choice` and `fallback_order`).
 
         A budget (at most one of TTFT and end-to-end latency, in seconds, on the p95) restricts
         the choice to the candidates the budget's certified tier allows."""
         kind, budget = self._budget(ttft_budget_s, latency_budget_s)
-        s = self.score_request(prompt, suite)
+        s = self._score(prompt, suite, None, keep=False)
+        p, c = np.array([s.p]), np.array([s.c])
+
+        def unit(_: int) -> float:
+            return request_unit(prompt, suite)
+
         if kind is None:
             point = self.point_for(quality_target)
-            pick, prop = point_choice(
-                self.knob, point, s.p[None], s.c[None], lambda _: request_unit(prompt, suite)
+            pick, prop = point_choice(self.knob, point, p, c, unit)
+            order, outcome = fallback_order(self.knob, point, p, c), None
+        else:
+            assert self.latency is not None and budget is not None
+            pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, s.n_chars, s.suite_pos)
+            pick, prop, order, outcomes = self._budget_choice(
+                kind, budget, p, c, np.array([pred]), unit, quality_target
             )
-            return self._decision(
-                int(pick[0]), prop[0], s.p, s.c, fallback_order(self.knob, point, s.p, s.c)[0]
-            )
-        assert self.latency is not None and budget is not None
-        chars = s.layers.text.n_chars if s.layers is not None else n_chars(prompt)
-        pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, chars, self.spec.suite_position(suite))
-        picks, props, orders, outcomes = self._budget_choice(
-            kind,
-            budget,
-            s.p[None],
-            s.c[None],
-            pred[None],
-            lambda _: request_unit(prompt, suite),
-            quality_target,
-        )
-        return self._decision(int(picks[0]), props[0], s.p, s.c, orders[0], outcomes[0])
+            outcome = outcomes[0]
+        return self._decision(int(pick[0]), prop[0], s.p, s.c, order[0], outcome)
 
     def _budget(self, ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str | None, float | None]:
         """The budget asked for: (kind, seconds), or (None, None) without one."""
@@ -254,8 +333,8 @@ class RoutingPolicy:
         self,
         pick: int,
         prop: float,
-        p: np.ndarray,
-        c: np.ndarray,
+        p: list[float],
+        c: list[float],
         order: np.ndarray,
         budget: "BudgetOutcome | None" = None,
     ) -> PolicyDecision:
@@ -264,8 +343,8 @@ class RoutingPolicy:
         return PolicyDecision(
             model=names[pick],
             fallbacks=tuple(names[j] for j in order.tolist() if j != pick),
-            pass_probabilities=dict(zip(names, p.tolist())),
-            expected_cost_usd=dict(zip(names, c.tolist())),
+            pass_probabilities=dict(zip(names, p)),
+            expected_cost_usd=dict(zip(names, c)),
             propensity=float(prop),
             budget=budget,
         )
@@ -289,13 +368,16 @@ class RoutingPolicy:
                 kind, budget, p, c, pred, lambda i: request_unit(prompts[i], suites[i]), quality_target
             )
             return [
-                self._decision(int(picks[i]), props[i], p[i], c[i], orders[i], outcomes[i])
+                self._decision(int(picks[i]), props[i], p[i].tolist(), c[i].tolist(), orders[i], outcomes[i])
                 for i in range(len(prompts))
             ]
         point = self.point_for(quality_target)
         pick, prop = point_choice(self.knob, point, p, c, lambda i: request_unit(prompts[i], suites[i]))
         order = fallback_order(self.knob, point, p, c)
-        return [self._decision(int(pick[i]), prop[i], p[i], c[i], order[i]) for i in range(len(prompts))]
+        return [
+            self._decision(int(pick[i]), prop[i], p[i].tolist(), c[i].tolist(), order[i])
+            for i in range(len(prompts))
+        ]
 
     def predict_latency(
         self, kind: str, prompts: Sequence[str], suites: Sequence[str | None], quantile: str = BUDGET_QUANTILE
@@ -372,9 +454,12 @@ class RoutingPolicy:
 
 
 class Scored(NamedTuple):
-    """One request's feature layers (None with embeddings), logits, topic, probabilities, costs."""
+    """One request's feature layers (None with embeddings or the kernel), its row (column ids and
+    values), logits, topic, probabilities, costs."""
 
     layers: Any
+    ids: np.ndarray | None
+    vals: np.ndarray | None
     z: np.ndarray
     topic: int
     p: np.ndarray

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from routeopt.router_training.policy.numerics import ordered_row_sum, ordered_sum
+from routeopt.router_training.policy.numerics import ordered_row_sum
 
 
 def assign_clusters(Z: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -23,6 +23,25 @@ def assign_clusters(Z: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     unit = Z / np.where(norm > 0, norm, 1.0)
     nearest = np.argmax(unit @ centroids.T - 0.5 * np.einsum("ij,ij->i", centroids, centroids), axis=1)
     return cast(np.ndarray, nearest)
+
+
+def _ordered_dot(a: list[float], b: list[float]) -> float:
+    """a[0] b[0] + a[1] b[1] + ... left to right (0.0 when empty)."""
+    if not a:
+        return 0.0
+    s = a[0] * b[0]
+    for x, y in zip(a[1:], b[1:]):
+        s = s + x * y
+    return s
+
+
+def _nearest(z: list[float], centroids: list[list[float]], half_norms: list[float]) -> int:
+    """The nearest centroid to z scaled to unit length: the first g maximising
+    centroid_g . z_unit - |centroid_g|^2 / 2."""
+    norm = math.sqrt(_ordered_dot(z, z))
+    unit = [v / norm for v in z] if norm > 0 else z
+    sims = [_ordered_dot(c, unit) - h for c, h in zip(centroids, half_norms)]
+    return sims.index(max(sims))
 
 
 @dataclass
@@ -54,7 +73,6 @@ class LinearScorer:
             )
         if self.centroids is not None:
             self._half_norms = 0.5 * ordered_row_sum((self.centroids * self.centroids).T)
-            self._centroids_t = np.ascontiguousarray(self.centroids.T)  # topic()'s rows, in C order
 
     def score(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> tuple[np.ndarray, int]:
         """Logits of every candidate and the request's topic (-1 without topics).
@@ -64,17 +82,42 @@ class LinearScorer:
         r = ordered_row_sum(
             vals[:, None] * np.take(self.weights, ids, axis=0)
         )  # take: ~3x faster than fancy indexing
-        k = len(self.bias)
-        out = r[:k] + self.bias
-        slope = self.slopes[suite_pos]
-        g, d = -1, r[k] + self.difficulty_bias
-        if self.centroids is not None:
-            g = self.topic(r[k + 1 :])
-            topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
-            out = out + topic_bias[g]
-            slope = slope + topic_slopes[g]
+        z, g = self.from_sums(r, suite_pos)
+        return np.array(z), g
+
+    def from_sums(self, r: np.ndarray, suite_pos: int) -> tuple[list[float], int]:
+        """`score` from the row sums r (one per weight column; the kernel may compute them) with
+        Python's floats: a request's dozen numbers, in the batch path's operations and order."""
+        bias, slopes, difficulty_bias, topics = self._lists()
+        rs = r.tolist()
+        k = len(bias)
+        out = [a + b for a, b in zip(rs, bias)]
+        slope, d, g = slopes[suite_pos], rs[k] + difficulty_bias, -1
+        if topics is not None:
+            columns, half_norms, topic_bias, topic_slopes, topic_difficulty = topics
+            g = _nearest(rs[k + 1 :], columns, half_norms)
+            out = [a + b for a, b in zip(out, topic_bias[g])]
+            slope = [a + b for a, b in zip(slope, topic_slopes[g])]
             d = d + topic_difficulty[g]
-        return out + d * slope, g
+        return [a + d * b for a, b in zip(out, slope)], g
+
+    def _lists(self) -> tuple[list[float], list[list[float]], float, Any]:
+        """The scorer's small arrays as Python floats, made on first use."""
+        cached = self.__dict__.get("_as_lists")
+        if cached is None:
+            topics = None
+            if self.centroids is not None:
+                topic_bias, topic_slopes, topic_difficulty = self.topic_arrays()
+                topics = (
+                    self.centroids.tolist(),
+                    self._half_norms.tolist(),
+                    topic_bias.tolist(),
+                    topic_slopes.tolist(),
+                    topic_difficulty.tolist(),
+                )
+            cached = (self.bias.tolist(), self.slopes.tolist(), float(self.difficulty_bias), topics)
+            self.__dict__["_as_lists"] = cached
+        return cast(tuple[list[float], list[list[float]], float, Any], cached)
 
     def topic_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(topic_bias, topic_slopes, topic_difficulty) of a scorer with topics: all three come
@@ -82,13 +125,6 @@ class LinearScorer:
         bias, slopes, difficulty = self.topic_bias, self.topic_slopes, self.topic_difficulty
         assert bias is not None and slopes is not None and difficulty is not None
         return bias, slopes, difficulty
-
-    def topic(self, z: np.ndarray) -> int:
-        """The nearest centroid to z scaled to unit length: the first g maximising
-        centroid_g . z_unit - |centroid_g|^2 / 2."""
-        norm = math.sqrt(ordered_sum(z * z))
-        unit = z / norm if norm > 0 else z
-        return int(np.argmax(ordered_row_sum(self._centroids_t * unit[:, None]) - self._half_norms))
 
     def logits(self, ids: np.ndarray, vals: np.ndarray, suite_pos: int) -> np.ndarray:
         return self.score(ids, vals, suite_pos)[0]
@@ -156,13 +192,24 @@ class CostModel:
             out[has] += self.topic_coef[topic_pos[has]]
         return np.where(out < self.floor, self.floor, out)
 
-    def predict_one(self, n_chars: int, suite_pos: int, topic_pos: int = -1) -> np.ndarray:
-        out = self.coef[0] + (n_chars / 1000.0) * self.coef[1]
+    def predict_one(self, n_chars: int, suite_pos: int, topic_pos: int = -1) -> list[float]:
+        """`predict` of one request with Python's floats (the same operations, in order)."""
+        coef, floor, topic_coef = self._lists()
+        kchars = n_chars / 1000.0
+        out = [a + kchars * b for a, b in zip(coef[0], coef[1])]
         if suite_pos >= 0:
-            out = out + self.coef[2 + suite_pos]
-        if self.topic_coef is not None and topic_pos >= 0:
-            out = out + self.topic_coef[topic_pos]
-        return np.where(out < self.floor, self.floor, out)
+            out = [a + b for a, b in zip(out, coef[2 + suite_pos])]
+        if topic_coef is not None and topic_pos >= 0:
+            out = [a + b for a, b in zip(out, topic_coef[topic_pos])]
+        return [f if a < f else a for a, f in zip(out, floor)]
+
+    def _lists(self) -> tuple[list[list[float]], list[float], list[list[float]] | None]:
+        cached = self.__dict__.get("_as_lists")
+        if cached is None:
+            topic = None if self.topic_coef is None else self.topic_coef.tolist()
+            cached = (self.coef.tolist(), self.floor.tolist(), topic)
+            self.__dict__["_as_lists"] = cached
+        return cast(tuple[list[list[float]], list[float], list[list[float]] | None], cached)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"coef": self.coef.tolist(), "floor": self.floor.tolist()}

@@ -496,3 +496,16 @@ def test_policies_trained_on_every_shared_set_pass_in_javascript(js, tmp_path) -
             folder.name,
             report,
         )
+
+
+def test_the_python_runtime_runs_the_kernel_the_javascript_build_assembles() -> None:
+    """router_training/policy/kernel.wasm is the module `npm run build` writes into
+    src/kernel-wasm.ts (refresh it with `node scripts/python-kernel.mjs` after a build)."""
+    import base64
+    import re
+    from importlib import resources
+
+    built = (package() / "src" / "kernel-wasm.ts").read_text()
+    js = base64.b64decode(re.search(r'KERNEL_WASM: string = "([^"]+)"', built).group(1))  # type: ignore[union-attr]
+    python = resources.files("routeopt.router_training.policy").joinpath("kernel.wasm").read_bytes()
+    assert python == js, "kernel.wasm differs from the JavaScript build's: run node scripts/python-kernel.mjs"

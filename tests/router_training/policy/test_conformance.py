@@ -50,8 +50,8 @@ def _same_as_one_by_one(policy: RoutingPolicy, texts: list[str], suites: list) -
     for i, (text, suite) in enumerate(zip(texts, suites)):
         s = policy.score_request(text, suite)
         a, b = feats.row_offsets[i], feats.row_offsets[i + 1]
-        assert np.array_equal(s.layers.ids, feats.ids[a:b]), (i, text[:40])
-        assert np.array_equal(_bits(s.layers.vals), _bits(feats.vals[a:b])), (i, text[:40])
+        assert np.array_equal(s.ids, feats.ids[a:b]), (i, text[:40])
+        assert np.array_equal(_bits(s.vals), _bits(feats.vals[a:b])), (i, text[:40])
         assert np.array_equal(_bits(s.z), _bits(z[i])) and s.topic == topic[i]
         assert np.array_equal(_bits(s.p), _bits(p[i])) and np.array_equal(_bits(s.c), _bits(c[i]))
 

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from routeopt.router_training.policy.knob import Knob, Member, OperatingPoint, fallback_order, point_choice
 from routeopt.router_training.policy.routing import PolicyDecision, RoutingPolicy, choose
 
 PROMPTS = [
@@ -114,6 +115,43 @@ def test_choose_is_monotone_per_request(n, k, seed, rule):
     chosen = [P[rows, choose(P, C, rule, t)[:, 0]] for t in grid]  # cheap -> quality order
     for before, after in zip(chosen, chosen[1:]):
         assert np.all(after >= before - 1e-12)
+
+
+@settings(max_examples=60)
+@given(
+    st.integers(1, 12),
+    st.integers(2, 6),
+    st.integers(0, 10**6),
+    st.sampled_from([(0, 1), (0, 2), (2, 3), (3, 0), (1, 1)]),
+    st.sampled_from([0.0, 0.25, 0.7, 1.0]),
+    st.booleans(),
+)
+def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, members, weight, masked):
+    """`point_choice` and `fallback_order` give every row of a batch the bits they give it alone
+    (a gateway's decision is a batch of one), mixed points, ties and budget masks included."""
+    rng = np.random.default_rng(seed)
+    P, C = rng.integers(0, 4, (n, k)) / 4, rng.integers(1, 4, (n, k)) / 100  # ties on purpose
+    allowed = rng.random((n, k)) < 0.5 if masked else None
+    if allowed is not None:
+        allowed[np.arange(n), rng.integers(0, k, n)] = True
+    knob_members = [
+        Member("lambda", 3.0),
+        Member("lambda", 30.0),
+        Member("single", k - 1),
+        Member("threshold", 0.5),
+    ]
+    point = OperatingPoint(members[0], members[1], weight, 0.5, 0.5, 0.0)
+    knob = Knob(knob_members, [point], point, 0.9)
+    units = rng.random(n)
+    pick, prop = point_choice(knob, point, P, C, lambda i: float(units[i]), allowed)
+    order = fallback_order(knob, point, P, C, allowed)
+    for i in range(n):
+        row = None if allowed is None else allowed[i : i + 1]
+        one, one_prop = point_choice(knob, point, P[i : i + 1], C[i : i + 1], lambda _: float(units[i]), row)
+        assert one.tolist() == [pick[i]] and one_prop.tobytes() == prop[i : i + 1].tobytes()
+        assert fallback_order(knob, point, P[i : i + 1], C[i : i + 1], row).tolist() == [order[i].tolist()]
+        if allowed is not None:
+            assert allowed[i, pick[i]]
 
 
 def test_extreme_targets_pick_cheapest_and_most_likely(trained):
