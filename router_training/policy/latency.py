@@ -112,7 +112,8 @@ class LatencyPolicy:
 
     def __post_init__(self) -> None:
         self.tiers = sorted(self.tiers, key=lambda t: (KINDS.index(t.kind), t.budget_s))
-        self._budgets = {k: [t.budget_s for t in self.tiers if t.kind == k] for k in KINDS}
+        self._by_kind = {k: [t for t in self.tiers if t.kind == k] for k in KINDS}
+        self._budgets = {k: [t.budget_s for t in tiers] for k, tiers in self._by_kind.items()}
         for k, b in self._budgets.items():
             if any(y <= x for x, y in zip(b, b[1:])):
                 raise ValueError(f"the {k} tiers' budgets must be distinct")
@@ -125,7 +126,7 @@ class LatencyPolicy:
         i = bisect.bisect_right(budgets, budget_s) - 1
         if i < 0:
             return None
-        return [t for t in self.tiers if t.kind == kind][i]
+        return self._by_kind[kind][i]
 
     def budgets(self, kind: str) -> list[float]:
         return list(self._budgets[kind])
