@@ -34,9 +34,10 @@ export interface LiveMove {
   over: string[];
 }
 
-/** Settings checked as Python's LiveSettings checks them; missing fields take the defaults. */
+/** Settings checked as Python's LiveSettings checks them; missing (or undefined) fields take the defaults. */
 export function liveSettings(s: Partial<LiveSettings> = {}): LiveSettings {
-  const out = { ...DEFAULT_LIVE, ...s };
+  const given = Object.entries(s ?? {}).filter(([, v]) => v !== undefined);
+  const out: LiveSettings = { ...DEFAULT_LIVE, ...Object.fromEntries(given) };
   if (!(typeof out.windowS === "number" && Number.isFinite(out.windowS) && out.windowS > 0)) {
     throw new RangeError(`windowS must be a positive number of seconds, got ${JSON.stringify(out.windowS)}`);
   }

@@ -115,6 +115,7 @@ test("a bad observation, or bad settings, is a clear error", { skip }, async () 
     [{ minObservations: 300 }, /minObservations must be an integer from 1 to maxObservations, got 300/]]) {
     await assert.rejects(Router.open({ files, publicKeys: [publicKey()], live }), pattern);
   }
+  assert.equal((await Router.open({ files, publicKeys: [publicKey()], live: { windowS: 10, minObservations: undefined } })).live.settings.minObservations, 20);
   const off = await Router.open({ files, publicKeys: [publicKey()], live: null });
   assert.throws(() => off.observe("large", { ttftS: -1 }), /ttftS must be a non-negative number/);  // checked all the same
 });
