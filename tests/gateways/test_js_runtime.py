@@ -146,6 +146,71 @@ def _latency_fixtures(root: Path, private) -> None:
     (root / "expected" / "demo-latency.json").write_text(
         json.dumps({"budgets": _budgets(policy), "requests": _python_budget_decisions(policy, _requests())})
     )
+    (root / "expected" / "demo-latency-live.json").write_text(
+        json.dumps(_python_live_decisions(root, policy))
+    )
+
+
+def _python_live_decisions(root: Path, policy) -> dict:
+    """Live latency (section 8.4) through Python's Router on the published version: every
+    candidate observed once a second for 90 s, one of them (the one its decisions under the
+    loosest TTFT budget choose most) three times slower from 20 s to 40 s, and six requests
+    decided under that budget after each second's observations, on the second and half a second on. The events in order, with
+    Python's decisions, for the JavaScript Router to replay on the same clock."""
+    from routeopt.artifacts.serving.loader import Router, resolve
+
+    kind, budget = "ttft", policy.latency.budgets("ttft")[-1]
+    requests = [r for r in _requests() if r["prompt"].strip()]
+    chosen = [
+        policy.decide(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget).model
+        for r in requests
+    ]
+    slow = max(policy.candidates, key=chosen.count)
+    clock = {"now": 0.0}
+    backend, prefix, _ = resolve(next((root / "registry-latency" / "versions").iterdir()))
+    router = Router(
+        backend,
+        prefix=prefix,
+        public_key=root / "keys" / "public_key.pem",
+        state_dir=False,
+        clock=lambda: clock["now"],
+    )
+    events: list[dict] = []
+    for second in range(91):
+        for j, model in enumerate(policy.candidates):
+            ttft = budget * (0.3 + 0.04 * ((7 * second + 3 * j) % 10))  # 0.30 to 0.66 of the budget
+            if model == slow and 20 <= second < 40:
+                ttft *= 3.0
+            obs = {"model": model, "ttft_s": ttft, "latency_s": 2.0 * ttft, "at": float(second)}
+            router.observe(model, ttft_s=ttft, latency_s=2.0 * ttft, at=float(second))
+            events.append({"observe": obs})
+        for i in range(6):  # on the second (an observation then leaves the window) and half a second on
+            clock["now"] = second + 0.5 * (i % 2)
+            r = requests[(6 * second + i) % len(requests)]
+            d = router.route(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget)
+            events.append(
+                {
+                    "route": {**r, "id": f"{r['id']}@{second}"},
+                    "now": clock["now"],
+                    "model": d.model,
+                    "fallbacks": list(d.fallbacks),
+                    "policy_probability": d.policy_probability,
+                    "met": d.budget["met"],
+                    "live": d.live,
+                }
+            )
+    moved = [e for e in events if e.get("live")]
+    assert moved and all(e["live"]["from"] == slow for e in moved), (
+        "the sequence must move decisions off the slow one"
+    )
+    return {
+        "kind": kind,
+        "budget_s": budget,
+        "slow": slow,
+        "slow_from": 20.0,
+        "slow_to": 40.0,
+        "events": events,
+    }
 
 
 def _budgets(policy) -> list[list]:
@@ -195,7 +260,8 @@ def fixtures(tmp_path_factory, js) -> Path:
 def test_node_tests_pass_on_policies_the_python_pipeline_made(fixtures) -> None:
     """gateways/js/test: numbers, BLAKE2b, the container, every conformance layer of three
     policies (linear with topics, char n-grams without, LightGBM trees), tampering, signatures,
-    routing exactly as Python, exploration and the log's fields."""
+    routing exactly as Python, exploration and the log's fields, latency budgets and live latency
+    (a scripted observation sequence replayed against Python's Router's decisions)."""
     files = sorted(
         str(f.relative_to(REPO / "gateways" / "js"))
         for f in (REPO / "gateways" / "js" / "test").glob("*.test.mjs")
@@ -360,7 +426,7 @@ def test_a_worker_with_only_fetch_and_webcrypto_routes_like_python(fixtures, tmp
 
 def test_a_worker_serves_latency_budgets_like_python(fixtures, tmp_path) -> None:
     """workerd (JavaScript engines only) loads the format 4 policy from a registry, passes its
-    latency and budget layers, and decides under every budget as RoutingPolicy.decide does."""
+    latency, budget and live layers, and decides under every budget as RoutingPolicy.decide does."""
     want = json.loads((fixtures / "expected" / "demo-latency.json").read_text())["requests"]
     requests = [
         {
@@ -388,7 +454,7 @@ def test_a_worker_serves_latency_budgets_like_python(fixtures, tmp_path) -> None
     answer = json.loads(done.stdout)
     assert "error" not in answer, answer
     assert answer["kernel"] == "javascript"
-    assert "latency, budget" in answer["status"]["conformance"]
+    assert "latency, budget, live" in answer["status"]["conformance"]
     assert len(answer["decisions"]) == len(want) > 1000
     for js_d, w in zip(answer["decisions"], want):
         b = js_d["budget"]

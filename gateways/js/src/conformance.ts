@@ -10,6 +10,7 @@ import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from ".
 import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
 import { budgetModel, decideBudget, KINDS, LatencyKind, predict } from "./latency.js";
+import { LiveLatency, liveSettings, liveShift } from "./live.js";
 import { Policy, VECTORS } from "./policy.js";
 
 export const FORMAT = "routeopt.conformance/1";
@@ -28,11 +29,14 @@ const LAYERS: [string, [string, number][]][] = [
   ["decision", [["decision.model", EXACT], ["decision.fallbacks", EXACT], ["decision.propensity", CLOSE]]],
   ["latency", [["latency.pred", CLOSE]]],
   ["budget", [["budget.model", EXACT], ["budget.fallbacks", EXACT], ["budget.met", EXACT], ["budget.propensity", CLOSE]]],
+  ["live", [["live.model", EXACT], ["live.moved", EXACT]]],
   ["gateway", [["gateway.draws", EXACT], ["gateway.arm", EXACT], ["gateway.model", EXACT], ["gateway.explored", EXACT],
     ["gateway.eligible", EXACT], ["gateway.propensity", CLOSE]]],
 ];
 
 const LAYER_NAMES = new Set(LAYERS.map(([name]) => name));
+/** requests decided at each time of the live case */
+const LIVE_REQUESTS = 64;
 
 export interface ConformanceReport {
   ok: boolean;
@@ -52,6 +56,9 @@ interface Meta {
   layers: string[]; suites: (string | null)[];
   /** (format 4) the [kind, budget_s, target] cases of the budget layer */
   budgets?: [string, number, number][];
+  /** (format 4) the live layer's case: observations are the input tensor live.obs */
+  live?: { settings: { window_s: number; max_observations: number; min_observations: number }; kind: string; budget_s: number;
+    target: number; times: number[] };
   gateway: { exploration: { rate: number; exclude: string[]; max_cost_usd: number | null; max_cost_ratio: number | null; seed: string };
     canary: { share: number; seed: string } };
 }
@@ -132,7 +139,7 @@ function sequenceDigest(hi: ArrayLike<number>, lo: ArrayLike<number>, out: Uint8
 }
 
 /** Every layer's values for the inputs, as this runtime computes them. */
-async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promise<Map<string, Typed>> {
+async function compute(policy: Policy, inputs: VectorInput[], meta: Meta, want: Map<string, Tensor>): Promise<Map<string, Typed>> {
   const n = inputs.length, k = policy.candidates.length, T = meta.targets.length;
   const got = new Map<string, Typed>();
   const mk = <A extends Typed>(name: string, a: A): A => (got.set(name, a), a);
@@ -183,7 +190,58 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta): Promi
   got.set("knob.point", Int32Array.from(meta.targets, (x) => policy.knob.points.findIndex((p) => p.certified >= x - 1e-12)));
   await gateway(policy, inputs, meta, got);
   if (policy.latency) budgets(policy, inputs, meta, got);
+  if (meta.layers.includes("live")) live(policy, meta, want, got);
   return got;
+}
+
+/** 8.4 for the first requests: decided under the live case's budget, then moved at each of its
+ * times after observing every row of live.obs up to that time. */
+function live(policy: Policy, meta: Meta, want: Map<string, Tensor>, got: Map<string, Typed>): void {
+  const lat = policy.latency!, names = policy.candidates, k = names.length;
+  const c = meta.live, obs = want.get("live.obs");
+  const bad = (why: string) => new FormatError(`${VECTORS}: the live case ${why}`);
+  if (!c || typeof c !== "object") throw bad("is missing from the metadata");
+  const model = KINDS.includes(c.kind as LatencyKind) ? budgetModel(lat, c.kind as LatencyKind) : null;
+  if (!model || !(c.budget_s > 0) || !Number.isFinite(c.target) || !Array.isArray(c.times) || !c.times.every(Number.isFinite)) {
+    throw bad(`${JSON.stringify({ kind: c.kind, budget_s: c.budget_s, target: c.target })} is not one this policy can decide`);
+  }
+  let settings;
+  try {
+    const s = c.settings ?? {};
+    settings = liveSettings({ windowS: s.window_s, maxObservations: s.max_observations, minObservations: s.min_observations });
+  } catch (e) {
+    throw bad(`has bad settings: ${(e as Error).message}`);
+  }
+  if (!obs || obs.dtype !== "F64" || obs.shape.length !== 2 || obs.shape[1] !== 4) throw bad("needs live.obs, F64 (M x 4)");
+  const rows = obs.data as Float64Array;
+  for (let r = 0; r < obs.shape[0]; r++) {
+    const j = rows[r * 4 + 1];
+    if (!(Number.isInteger(j) && j >= 0 && j < k)) throw bad(`observation ${r} names candidate ${j}, not one of ${k}`);
+  }
+  const kind = c.kind as LatencyKind, budget = { kind, budgetS: c.budget_s };
+  const n = Math.min(LIVE_REQUESTS, meta.requests), M = lat.models.length, at = lat.models.indexOf(model);
+  const P = got.get("calibration.p") as Float64Array, C = got.get("cost.c") as Float64Array, U = got.get("knob.unit") as Float64Array;
+  const pred = got.get("latency.pred") as Float64Array;
+  const byName = (a: Float64Array) => Object.fromEntries(names.map((x, j) => [x, a[j]]));
+  const decided = Array.from({ length: n }, (_, i) => {
+    const pi = pred.subarray((i * M + at) * k, (i * M + at + 1) * k), p = P.subarray(i * k, i * k + k);
+    const ch = decideBudget(lat, budget, c.target, p, C.subarray(i * k, i * k + k), pi, () => U[i]);
+    return { model: names[ch.pick], fallbacks: Array.from(ch.fallbacks, (j) => names[j]), p: byName(p), predictedS: byName(pi) };
+  });
+  const T = c.times.length, models = new Uint16Array(T * n), moved = new Uint8Array(T * n);
+  const seen = new LiveLatency(settings);
+  let r = 0;
+  c.times.forEach((now, t) => {
+    for (; r < obs.shape[0] && rows[r * 4] <= now; r++) seen.observe(names[rows[r * 4 + 1]], rows[r * 4], rows[r * 4 + 2], rows[r * 4 + 3]);
+    const over = seen.over(names, kind, budget.budgetS, now);
+    decided.forEach((d, i) => {
+      const shift = liveShift(d.model, d.fallbacks, d.p, d.predictedS, budget.budgetS, over);
+      models[t * n + i] = names.indexOf(shift ? shift.model : d.model);
+      moved[t * n + i] = shift ? 1 : 0;
+    });
+  });
+  got.set("live.model", models);
+  got.set("live.moved", moved);
 }
 
 /** 8.3 for every request: each latency model's predictions, and the decision at each of the
@@ -315,7 +373,7 @@ export async function checkVectors(policy: Policy, bytes: Uint8Array): Promise<C
   }
   let got: Map<string, Typed>;
   try {
-    got = await compute(policy, inputs, meta);
+    got = await compute(policy, inputs, meta, want);
   } catch (e) {
     if (e instanceof FormatError) return fail(e.message, inputs.length);
     throw e;
@@ -334,6 +392,16 @@ export async function checkVectors(policy: Policy, bytes: Uint8Array): Promise<C
       if (name === "knob.point") {
         const [bad] = differs(w.data, g, 1, EXACT, tol);
         if (bad[0] && !first) first = `step knob: the points serving targets ${JSON.stringify(meta.targets)} are ${show(g, 0, 1)}, expected ${show(w.data, 0, 1)}`;
+        continue;
+      }
+      if (layer === "live") {  // (times x requests): each one its own row
+        const [bad] = differs(w.data, g, g.length, mode, tol);
+        const at = bad.indexOf(1), r = g.length / meta.live!.times.length;
+        if (at >= 0 && !first) {
+          const i = at % r;
+          first = `step live (${name}) differs first at request ${i} (${describe(inputs[i])}) at time ${meta.live!.times[Math.floor(at / r)]}: expected ${Number(w.data[at])}, got ${g[at]}`;
+        }
+        bad.forEach((b, j) => (any[j % r] |= b));
         continue;
       }
       const [bad, rel] = differs(w.data, g, n, mode, tol);

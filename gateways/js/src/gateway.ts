@@ -15,6 +15,7 @@ import { blake2b } from "./blake2b.js";
 import { textBytes } from "./bytes.js";
 import { checkExploration, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
 import { hex } from "./verification.js";
+import type { Observation } from "./live.js";
 import { Decision, newRequestId, RouteOptions, Router, RouterStatus } from "./registry.js";
 import { attributesFor, clock, recordDecision, Traced, TracingOptions, UNTRACED } from "./tracing.js";
 
@@ -129,6 +130,7 @@ export class Gateway {
         ? { kind: d.budget.kind, budget_s: d.budget.budgetS, met: null, unserved: d.budget.unserved }
         : { kind: d.budget.kind, budget_s: d.budget.budgetS, tier_s: d.budget.tierS, met: d.budget.met };
     }
+    if (d.live) rec.live = { from: d.live.from, over: d.live.over };
     if (d.unknownSuite) rec.unknown_suite = true;
     if (t.traceId !== null) {  // feedback, decisions and traces join on it
       rec.trace_id = t.traceId;
@@ -153,6 +155,13 @@ export class Gateway {
       }
     }
     return out;
+  }
+
+  /** One call of `model` as measured (TTFT and end-to-end seconds): both channels' routers
+   * learn from it (Router.observe; 8.4). */
+  observe(model: string, obs: Observation): void {
+    this.champion.observe(model, obs);
+    this.opts.candidate?.observe(model, obs);
   }
 
   /** Log what the call cost once it is done (tokens from the API's usage fields). */

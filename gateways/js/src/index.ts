@@ -5,6 +5,7 @@
  *     const d = router.route(prompt, { suite: "invoice-total", requestId });
  *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
  *     router.route(prompt, { suite, ttftBudgetS: 0.8 }).budget  // format 4: { kind, budgetS, tierS, met, predictedS }
+ *     router.observe(model, { ttftS, latencyS })  // 8.4: a decision under a budget moves off a candidate slow now
  *
  * Tracing: give `tracer` (any @opentelemetry/api Tracer) to Router.open or Gateway.create and
  * `traceparent` to route(); see tracing.ts.
@@ -18,6 +19,8 @@ export type { Decision, RouteOptions, RouterOptions, RouterStatus, StateStore } 
 export { Gateway, MemoryLog, isoTime } from "./gateway.js";
 export type { GatewayOptions, GatewayStatus, LogSink } from "./gateway.js";
 export type { ExplorationOptions } from "./decision.js";
+export { DEFAULT_LIVE, LiveLatency, liveShift, nearestRankP95 } from "./live.js";
+export type { LiveMove, LiveSettings, Observation } from "./live.js";
 export { Policy, readPolicy, FORMAT_VERSION, LATENCY_FORMAT_VERSION } from "./policy.js";
 export type { BudgetOptions, BudgetOutcome, Decided } from "./policy.js";
 export { checkVectors, summary as conformanceSummary } from "./conformance.js";

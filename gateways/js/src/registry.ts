@@ -10,6 +10,7 @@
 import { checkVectors, ConformanceReport, summary } from "./conformance.js";
 import { FormatError } from "./container.js";
 import { budgetModel, LatencyKind, requestedBudget } from "./latency.js";
+import { LiveLatency, LiveMove, LiveSettings, liveSettings, liveShift, Observation, observation } from "./live.js";
 import { BudgetOutcome, Policy, READABLE_VERSIONS, readPolicy, VECTORS } from "./policy.js";
 import { attributesFor, clock, recordDecision, TracingOptions, UNTRACED } from "./tracing.js";
 import {
@@ -45,6 +46,12 @@ export interface RouterOptions extends TracingOptions {
   onEvent?: (kind: string, message: string) => void;
   state?: StateStore;
   now?: () => number;
+  /** live latency (8.4): how much of the observations to remember (default: 30 s, 256 per
+   * candidate and kind, a p95 from 20 on); null: budgets use the policy's predictions only */
+  live?: Partial<LiveSettings> | null;
+  /** the clock observations and decisions are stamped with, in seconds, never decreasing
+   * (default: performance.now() / 1000) */
+  clock?: () => number;
 }
 
 export interface Decision {
@@ -70,6 +77,9 @@ export interface Decision {
   /** with a latency budget (8.3): its kind, budgetS, the certified tierS that served it (null
    * below every tier), whether the model's predicted p95 met it, and each candidate's predictedS */
   budget: BudgetOutcome | UnservedBudget | null;
+  /** when live latency moved a decision under a budget (8.4): the policy's own model, and the
+   * candidates whose live p95 was over the budget (in candidate order) */
+  live: LiveMove | null;
 }
 
 /** A budget the serving policy cannot serve (it has no model of that kind, or no policy
@@ -256,12 +266,19 @@ export class Router {
   private readonly warnedBudgets = new Set<string>();
   private timer: ReturnType<typeof setInterval> | null = null;
   private busy: Promise<boolean> | null = null;
+  /** what this gateway sees of each candidate's latency now (null: budgets use predictions only) */
+  readonly live: LiveLatency | null;
+  private readonly liveClock: () => number;
 
   private constructor(private readonly source: Source, private readonly prefix: string, readonly channel: string | null,
-    private readonly keys: TrustedKey[] | null, private readonly opts: RouterOptions) {}
+    private readonly keys: TrustedKey[] | null, private readonly opts: RouterOptions) {
+    this.live = opts.live === null ? null : new LiveLatency(liveSettings(opts.live));
+    this.liveClock = opts.clock ?? (() => performance.now() / 1000);
+  }
 
   /** Load and verify a policy from a registry URL or from bytes; see RouterOptions. */
   static async open(opts: RouterOptions): Promise<Router> {
+    if (opts.live !== null) liveSettings(opts.live);  // a bad setting fails before any fetch
     const keys = opts.publicKeys?.length ? await Promise.all(opts.publicKeys.map(importPublicKey)) : null;
     if (!keys && !opts.allowUnsigned) {
       throw new PolicyLoadError("no public key to verify policies with: pass publicKeys (PEM), or allowUnsigned: true to accept unsigned policies", "config");
@@ -329,7 +346,7 @@ export class Router {
       if (typeof prompt !== "string") throw new TypeError(`prompt must be a string, got ${typeof prompt}`);
       return { model: this.opts.defaultModel!, fallbacks: [], passProbabilities: {}, expectedCostUsd: {}, propensity: 1,
         policyProbability: 1, unknownSuite: false, policyVersion: 0, decisionId: id, defaultReason: why, ...UNTRACED_DECISION,
-        budget: asked && { ...asked, met: null, unserved: "no policy" } };
+        budget: asked && { ...asked, met: null, unserved: "no policy" }, live: null };
     }
     let unserved: UnservedBudget | null = null;
     if (asked && !budgetModel(a.policy.latency, asked.kind)) {
@@ -349,9 +366,38 @@ export class Router {
     }
     const unknownSuite = Boolean(opts.suite) && !a.policy.spec.suiteIndex.has(opts.suite!);
     if (unknownSuite) this.unknownSuite(opts.suite!, a.policy.spec.suites);
-    return { model: d.model, fallbacks: d.fallbacks, passProbabilities: p, expectedCostUsd: c, propensity: 1,
-      policyProbability: d.propensity, unknownSuite, policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId,
-      budget: unserved ?? d.budget };
+    const decided = { model: d.model, fallbacks: d.fallbacks, budget: unserved ?? d.budget, live: null };
+    return { ...decided, ...(d.budget && this.live ? this.moved(d.model, d.fallbacks, p, d.budget, names) : {}),
+      passProbabilities: p, expectedCostUsd: c, propensity: 1, policyProbability: d.propensity, unknownSuite,
+      policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+  }
+
+  /** 8.4: a decision under a budget whose model is over it live, moved where liveShift says;
+   * nothing when it stays. */
+  private moved(model: string, fallbacks: string[], p: Record<string, number>, budget: BudgetOutcome,
+    names: readonly string[]): Partial<Decision> {
+    const now = this.liveClock();
+    if (!this.live!.over([model], budget.kind, budget.budgetS, now).length) return {};  // the common case: one p95
+    const over = this.live!.over(names, budget.kind, budget.budgetS, now);
+    const shift = liveShift(model, fallbacks, p, budget.predictedS, budget.budgetS, over);
+    if (!shift) return {};
+    return { model: shift.model, fallbacks: shift.fallbacks, live: { from: model, over },
+      budget: { ...budget, met: budget.predictedS[shift.model] <= budget.budgetS } };
+  }
+
+  /** One call of `model` as the application measured it (TTFT and end-to-end seconds): decisions
+   * under a budget move off a candidate whose live p95 is over it (8.4). `at` defaults to the
+   * router's clock. A value that is not a non-negative finite number is an error. */
+  observe(model: string, obs: Observation): void {
+    if (typeof obs !== "object" || obs === null) throw new TypeError("observe(model, { ttftS, latencyS, at }): the observation must be an object");
+    const extra = Object.keys(obs).filter((k) => !["ttftS", "latencyS", "at"].includes(k));
+    if (extra.length) throw new TypeError(`observe(model, { ttftS, latencyS, at }): unknown field ${JSON.stringify(extra[0])}`);
+    if ((obs.ttftS ?? null) === null && (obs.latencyS ?? null) === null) {
+      throw new TypeError("observe(model, { ttftS, latencyS, at }): give ttftS or latencyS (seconds), or both");
+    }
+    const at = obs.at ?? this.liveClock();
+    if (this.live) this.live.observe(model, at, obs.ttftS, obs.latencyS);
+    else observation(model, at, obs.ttftS, obs.latencyS);  // checked all the same
   }
 
   /** Count a request naming a suite the policy does not know, and warn (onEvent) once per name. */

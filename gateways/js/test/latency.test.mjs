@@ -43,7 +43,7 @@ for (const engine of ["webassembly", "javascript"]) {
 
 test("the Router carries the budget (camelCase, as its other fields) and the Gateway logs it as Python's lines do", { skip }, async () => {
   const router = await Router.open({ files: versionFiles("registry-latency"), publicKeys: [publicKey()] });
-  assert.match(router.status().conformance, /agree at every layer \(.*decision, latency, budget, gateway\)/);
+  assert.match(router.status().conformance, /agree at every layer \(.*decision, latency, budget, live, gateway\)/);
   const want = expected(NAME).requests;
   for (const w of want) {
     const d = router.route(w.prompt, { suite: w.suite, qualityTarget: w.quality_target, ...budgetOption(w) });
