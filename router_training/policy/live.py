@@ -79,6 +79,8 @@ class LiveLatency:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
         if not (isinstance(at, (int, float)) and math.isfinite(at)):
             raise ValueError(f"the observation time must be a finite number, got {at!r}")
+        if ttft_s is None and latency_s is None:
+            raise ValueError("an observation needs ttft_s or latency_s")
         values = {}
         for kind, v in (("ttft", ttft_s), ("latency", latency_s)):
             if v is None:

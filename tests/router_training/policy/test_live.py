@@ -59,6 +59,8 @@ def test_over_lists_the_models_over_the_budget_in_the_order_given() -> None:
 def test_bad_observations_are_clear_errors(kw, match) -> None:
     with pytest.raises(ValueError, match=match):
         LiveLatency().observe("a", 0.0, **kw)
+    with pytest.raises(ValueError, match="needs ttft_s or latency_s"):
+        LiveLatency().observe("a", 0.0)
     with pytest.raises(ValueError, match="observation time"):
         LiveLatency().observe("a", math.inf, ttft_s=1.0)
     with pytest.raises(ValueError, match="window_s"):
