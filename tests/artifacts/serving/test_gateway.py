@@ -364,6 +364,7 @@ def test_logging_gateway_imports_only_numpy_cryptography_and_the_standard_librar
         "routeopt.artifacts",
         "routeopt.router_training",
         "routeopt.common",
+        "wasmtime",  # the fast extra's WebAssembly kernel, where installed
     }, result["loaded"]
 
 
@@ -494,4 +495,5 @@ def test_the_served_decision_keeps_every_field_of_the_policys_decision() -> None
         "policy_probability",
         "unknown_suite",
         "budget",
+        "live",
     }, "Decision has new fields: carry them in Gateway._route"

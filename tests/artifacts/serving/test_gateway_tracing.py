@@ -151,4 +151,5 @@ def test_tracing_off_imports_nothing_on_the_gateways_path(
         "routeopt.artifacts",
         "routeopt.router_training",
         "routeopt.common",
+        "wasmtime",  # the fast extra's WebAssembly kernel, where installed
     }, result["loaded"]
