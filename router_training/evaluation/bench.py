@@ -195,9 +195,70 @@ def run_set(
     train_data = routing_data(train_frame, candidates=policy.candidates)
     test = scoring_data(test_frame, policy.candidates)
     reference = ReferenceRouter().fit(train_data) if with_reference else None
-    report = measure(knob_choices(policy, test), test, train_data, reference, knob=knob_info(policy))
+    choices = knob_choices(policy, test)
+    report = measure(choices, test, train_data, reference, knob=knob_info(policy))
     report["name"] = name
+    if test.latency:
+        for row, pick in zip(report["targets"], choices):
+            row.update(_p95s(test, pick))
+        if policy.latency is not None:
+            report["budgets"] = budget_rows(policy, test, report["best_single"]["cost"])
     return report
+
+
+def _p95s(test: RoutingData, pick: np.ndarray) -> dict[str, float]:
+    """The p95 of the measured seconds of the chosen candidates, per kind the test set measured."""
+    rows = np.arange(len(test))
+    out = {}
+    for kind, seconds in test.latency.items():
+        chosen = seconds[rows, pick]
+        chosen = chosen[~np.isnan(chosen)]
+        out[f"{kind}_p95_s"] = float(np.quantile(chosen, 0.95)) if len(chosen) else math.nan
+    return out
+
+
+BUDGET_TARGETS = (0.8, 0.9, 0.95)
+
+
+def budget_rows(policy: RoutingPolicy, test: RoutingData, best_cost: float, per_kind: int = 4) -> list[dict]:
+    """The three-way trade-off under budgets: for a spread of the policy's certified budgets
+    per kind and a few targets, the pass rate, cost, measured p95 and over-budget share of the
+    choices on the test requests, and whether the (target, budget) pair was certified."""
+    from routeopt.router_training.policy.knob import request_unit
+
+    assert policy.latency is not None
+    P, Cp = policy.predict(test.prompts, test.suites)
+    units = lambda i: request_unit(test.prompts[i], test.suites[i])  # noqa: E731
+    rows_idx = np.arange(len(test))
+    out = []
+    for kind in policy.latency.model.kinds:
+        budgets = policy.latency.budgets(kind)
+        if not budgets or kind not in test.latency:
+            continue
+        spread = sorted(
+            {budgets[round(i * (len(budgets) - 1) / max(per_kind - 1, 1))] for i in range(per_kind)}
+        )
+        pred = policy.predict_latency(kind, test.prompts, test.suites)
+        for budget in spread:
+            tier = policy.latency.tier_for(kind, budget)
+            for x in BUDGET_TARGETS:
+                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
+                q, c = outcomes_of(pick, test)
+                seconds = test.latency[kind][rows_idx, pick]
+                measured = seconds[~np.isnan(seconds)]
+                out.append(
+                    {
+                        "kind": kind,
+                        "budget_s": budget,
+                        "target": x,
+                        "certified": bool(tier is not None and x <= tier.knob.certified_up_to() + 1e-12),
+                        "pass_rate": q,
+                        "cost_vs_best": c / best_cost,
+                        "p95_s": float(np.quantile(measured, 0.95)) if len(measured) else math.nan,
+                        "over_budget": float(np.mean(measured > budget)) if len(measured) else math.nan,
+                    }
+                )
+    return out
 
 
 def _fmt(v: object, spec: str = ".3f") -> str:
@@ -223,6 +284,8 @@ def format_set(report: dict) -> str:
     has_ref = "reference_pass_rate" in report["targets"][0]
     if has_ref:
         head += ["ref pass", "ref cost/best"]
+    timed = [k for k in ("ttft", "latency") if f"{k}_p95_s" in report["targets"][0]]
+    head += [f"{k} p95 s" for k in timed]
     rows = []
     for r in report["targets"]:
         row = [
@@ -235,6 +298,7 @@ def format_set(report: dict) -> str:
         ]
         if has_ref:
             row += [_fmt(r["reference_pass_rate"]), _fmt(r["reference_cost_vs_best"])]
+        row += [_fmt(r[f"{k}_p95_s"], ".3g") for k in timed]
         rows.append(row)
     frontier = [
         [name, _fmt(v["savings_at_best"]), _fmt(v["savings_at_95"]), _fmt(v["aiq"]), _fmt(v["max_quality"])]
@@ -254,6 +318,25 @@ def format_set(report: dict) -> str:
         "",
         "checks: " + "; ".join(f"{k}: {_fmt(v)}" for k, v in report["checks"].items()),
     ]
+    if report.get("budgets"):
+        budget_head = ["budget", "target", "certified", "pass", "cost/best", "p95 s", "over budget"]
+        budget_grid = [
+            [
+                f"{b['kind']} {b['budget_s']:g} s",
+                f"{b['target']:g}",
+                _fmt(b["certified"]),
+                _fmt(b["pass_rate"]),
+                _fmt(b["cost_vs_best"]),
+                _fmt(b["p95_s"], ".3g"),
+                _fmt(b["over_budget"]),
+            ]
+            for b in report["budgets"]
+        ]
+        lines += [
+            "",
+            "latency budgets (p95 of the served calls, share over the budget):",
+            *_grid(budget_head, budget_grid),
+        ]
     return "\n".join(lines)
 
 

@@ -283,3 +283,30 @@ def test_the_live_layer_replays_a_slowdown_and_a_wrong_move_is_refused(trained_t
     tensors["live.moved"] = flipped
     report = check_vectors(policy, dumps(tensors, raw))
     assert not report.ok and "step live" in report.first, report.summary()
+
+
+def test_bench_router_shows_pass_cost_and_latency_under_budgets(timed) -> None:
+    from routeopt.router_training.evaluation.bench import format_set, run_set
+
+    ids = sorted(timed["request_id"].unique())
+    test_ids = set(ids[::4])
+    train, test = timed[~timed["request_id"].isin(test_ids)], timed[timed["request_id"].isin(test_ids)]
+    fit = lambda f: train_router(f, quality_target=0.9, seed=0).policy  # noqa: E731
+    report = run_set("timed", train, test, fit, with_reference=False)
+    assert {"ttft_p95_s", "latency_p95_s"} <= set(report["targets"][0])
+    rows = report["budgets"]
+    assert {r["kind"] for r in rows} == {"ttft", "latency"}
+    for r in rows:
+        assert 0 <= r["over_budget"] <= 1 and r["p95_s"] > 0
+    text = format_set(report)
+    assert "latency budgets" in text and "ttft p95 s" in text
+    plain = run_set("plain", train.drop(columns=["ttft_s", "latency_s"]), test, fit, with_reference=False)
+    assert "budgets" not in plain and "ttft_p95_s" in plain["targets"][0]  # the test set still measured it
+    untimed = run_set(
+        "untimed",
+        train.drop(columns=["ttft_s", "latency_s"]),
+        test.drop(columns=["ttft_s", "latency_s"]),
+        fit,
+        False,
+    )
+    assert "ttft_p95_s" not in untimed["targets"][0] and "latency budgets" not in format_set(untimed)
