@@ -383,6 +383,24 @@ class ReuseSettings(BaseModel):
     flip_rate: float = Field(default=0.02, ge=0, lt=0.5)
 
 
+class DefaultBudget(BaseModel):
+    """A default latency budget: seconds of TTFT or of end-to-end latency (p95), one of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_s: float | None = Field(default=None, gt=0)
+    latency_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> "DefaultBudget":
+        if (self.ttft_s is None) == (self.latency_s is None):
+            raise ValueError("give ttft_s or latency_s (seconds, p95), one of them")
+        return self
+
+    def pair(self) -> tuple[str, float]:
+        return ("ttft", self.ttft_s) if self.ttft_s is not None else ("latency", float(self.latency_s or 0))
+
+
 class RouterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -394,6 +412,10 @@ class RouterSettings(BaseModel):
     # Train on the latest run of each (suite, candidate) that is at most this old, so
     # deployments over different candidate subsets train on (and gate on) the whole fleet.
     max_outcome_age_days: float = Field(default=7.0, gt=0)
+    # where outcomes measured latency: the share of requests over budget every offered budget is
+    # certified to keep, and the budget a request naming none gets, by suite ("*": any suite)
+    latency_alpha: float = Field(default=0.1, gt=0, lt=1)
+    budgets: dict[str, DefaultBudget] = Field(default_factory=dict)
 
 
 class PublishSettings(BaseModel):

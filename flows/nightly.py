@@ -446,6 +446,8 @@ def train_task(cfg: Config, run_id: str, frame: Any = None) -> Any:
         holdout_fraction=cfg.router.holdout_fraction,
         refit=cfg.router.refit,
         seed=cfg.router.seed,
+        latency_alpha=cfg.router.latency_alpha,
+        default_budgets={suite: b.pair() for suite, b in cfg.router.budgets.items()} or None,
     )
 
 

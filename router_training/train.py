@@ -341,6 +341,7 @@ def train_router(
     certificate: Certificate = Certificate(),
     client: Any = None,
     latency_alpha: float = DEFAULT_ALPHA,
+    default_budgets: dict[str, tuple[str, float]] | None = None,
 ) -> TrainResult:
     """Fit a RoutingPolicy on an outcome frame; metrics come from the held-out requests.
 
@@ -357,7 +358,8 @@ def train_router(
     that cluster's workers through LightGBM's Dask interface. Where the outcomes measured TTFT
     or latency (`ttft_s`, `latency_s`), the policy also serves latency budgets, each certified
     to keep the share of requests over budget at or below `latency_alpha`
-    (`routeopt.router_training.fit.latency_fitting`).
+    (`routeopt.router_training.fit.latency_fitting`). `default_budgets` ({suite or "*": (kind,
+    seconds)}) is the budget a request naming none gets, where the policy has that kind's model.
     """
     if not 0 < latency_alpha < 1:
         raise ValueError(f"latency_alpha must be in (0, 1), got {latency_alpha}")
@@ -414,6 +416,8 @@ def train_router(
                 f"fitted on the {len(train)} training requests only; the "
                 f"published policy is the same procedure refit on all {len(data)}"
             )
+    if default_budgets:
+        metrics["default_budgets"] = _set_defaults(policy, default_budgets)
     policy.metrics = jsonable(metrics)
     split = {k: [data.request_ids[i] for i in v] for k, v in parts.items()}
     # the published policy is calibrated on out-of-fold predictions of every request it learned from
@@ -533,4 +537,18 @@ def budget_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float
         "rows": out,
         "promised": len(promised),
         "held": sum(r["held"] for r in promised),
+    }
+
+
+def _set_defaults(policy: RoutingPolicy, wanted: dict[str, tuple[str, float]]) -> dict:
+    """Give the policy the default budgets its latency models can serve; say which were left out."""
+    lat = policy.latency
+    kept = {s: (k, float(b)) for s, (k, b) in wanted.items() if lat is not None and k in lat.model.kinds}
+    if lat is not None:
+        lat.defaults = kept
+        lat.__post_init__()
+    left = sorted(set(wanted) - set(kept))
+    return {
+        "set": {s: [k, b] for s, (k, b) in kept.items()},
+        "left_out": {s: f"no {wanted[s][0]} model (too few latency measurements)" for s in left},
     }

@@ -312,6 +312,8 @@ class Router:
             )
         served: dict[str, Any] | None = None
         moved: dict[str, Any] | None = None
+        if budget is None and getattr(active.policy, "latency", None) is not None:
+            budget = active.policy.latency.default_for(suite)  # the policy's default for the suite
         model = fallbacks = None
         if budget is not None and serves(getattr(active.policy, "latency", None), budget[0]):
             kind, seconds = budget

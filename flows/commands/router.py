@@ -622,7 +622,11 @@ def route(
                 )
             )
             return
-        d = _budgeted(lambda: policy.decide(text, suite=suite, quality_target=quality_target, **budget))
+        d = _budgeted(
+            lambda: policy.decide(
+                text, suite=suite, quality_target=quality_target, use_defaults=True, **budget
+            )
+        )
         out = {
             "model": d.model,
             "fallbacks": list(d.fallbacks),
@@ -640,12 +644,15 @@ def route(
         decisions = None
         models = [status.default_model] * len(records)
     else:
-        decisions = _budgeted(lambda: policy.decide_batch(prompts, suites, quality_target, **budget))
+        decisions = _budgeted(
+            lambda: policy.decide_batch(prompts, suites, quality_target, use_defaults=True, **budget)
+        )
         models = [d.model for d in decisions]
     rows = [{"id": r.get("id", line_no), "model": m} for (line_no, r), m in zip(records, models)]
-    if decisions is not None and (ttft_budget or latency_budget):
+    if decisions is not None:
         for row, d in zip(rows, decisions):
-            row["budget_met"] = d.budget.met
+            if d.budget is not None:
+                row["budget_met"] = d.budget.met
     if output_path is None:
         for row in rows:
             sys.stdout.write(json.dumps(row) + "\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -331,6 +332,8 @@ def budget_cases(policy: RoutingPolicy) -> list[list[Any]]:
         if len(budgets) > 1:
             chosen.append((budgets[0] + budgets[1]) / 2)
         cases += [[kind, float(b), float(t)] for b in chosen for t in (policy.quality_target, 0.9)]
+    if "*" in policy.latency.defaults:  # no budget asked: each request gets its suite's default
+        cases += [["default", None, float(t)] for t in (policy.quality_target, 0.9)]
     return cases
 
 
@@ -348,11 +351,23 @@ def _budgets(
     chosen, met = np.zeros((n, len(cases)), np.uint16), np.zeros((n, len(cases)), np.uint8)
     fallbacks, props = np.zeros((n, len(cases), k - 1), np.uint16), np.zeros((n, len(cases)))
     for j, (kind, budget, target) in enumerate(cases):
-        picks, prop, order, outcomes = policy._budget_choice(
-            kind, float(budget), P, C, pred[kind, "p95"], lambda i: u[i], float(target)
-        )
-        chosen[:, j], props[:, j], met[:, j] = picks, prop, [o.met for o in outcomes]
-        fallbacks[:, j] = order[order != picks[:, None]].reshape(n, -1)
+        if kind == "default":  # each request under its suite's default budget (policy.latency.defaults)
+            resolved = [policy.latency.default_for(suite) or ("ttft", math.inf) for suite in suites]
+            groups = {pair: np.flatnonzero([r == pair for r in resolved]) for pair in set(resolved)}
+        else:
+            groups = {(kind, float(budget)): np.arange(n)}
+        for (kind_g, budget_g), rows in groups.items():
+            picks, prop, order, outcomes = policy._budget_choice(
+                kind_g,
+                budget_g,
+                P[rows],
+                C[rows],
+                pred[kind_g, "p95"][rows],
+                lambda i, rows=rows: u[rows[i]],
+                float(target),
+            )
+            chosen[rows, j], props[rows, j], met[rows, j] = picks, prop, [o.met for o in outcomes]
+            fallbacks[rows, j] = order[order != picks[:, None]].reshape(len(rows), -1)
     return {
         "latency.pred": np.stack([pred[m] for m in models], axis=1),
         "budget.model": chosen,
@@ -671,7 +686,8 @@ def _serving_path(
         if budgets:
             kind, budget, target = budgets[i % len(budgets)]
             j = i % len(budgets)
-            d = policy.decide(inp.text, inp.suite, target, **{f"{kind}_budget_s": budget})
+            asked = {"use_defaults": True} if kind == "default" else {f"{kind}_budget_s": budget}
+            d = policy.decide(inp.text, inp.suite, target, **asked)
             assert d.budget is not None
             if (
                 names[d.model] != want["budget.model"][i, j]

@@ -355,7 +355,15 @@ def _latency(
     missing = sorted({t.kind for t in tiers} - set(model.kinds))
     if missing:
         raise PolicyFormatError(f"{where}: latency tiers of kind {missing[0]!r} but no p95 model for it")
-    return LatencyPolicy(model, float(d["alpha"]), tiers, d.get("metrics") or {})
+    defaults = {}
+    for suite, value in (d.get("defaults") or {}).items():
+        if not (isinstance(value, list) and len(value) == 2 and value[0] in KINDS):
+            raise PolicyFormatError(f"{where}: latency.defaults[{suite!r}] must be [kind, seconds]")
+        defaults[str(suite)] = (str(value[0]), float(value[1]))
+    try:
+        return LatencyPolicy(model, float(d["alpha"]), tiers, d.get("metrics") or {}, defaults)
+    except ValueError as e:
+        raise PolicyFormatError(f"{where}: {e}") from None
 
 
 def _linear(

@@ -109,8 +109,19 @@ class LatencyPolicy:
     alpha: float
     tiers: list[BudgetTier]
     metrics: dict[str, Any] = field(default_factory=dict)
+    # the budget a request without one gets: by its suite, else "*" (any suite)
+    defaults: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for suite, (kind, seconds) in self.defaults.items():
+            if kind not in self.model.kinds:
+                raise ValueError(
+                    f"the default budget of suite {suite!r} is of kind {kind!r}, which has no model"
+                )
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(
+                    f"the default budget of suite {suite!r} must be a positive number of seconds"
+                )
         self.tiers = sorted(self.tiers, key=lambda t: (KINDS.index(t.kind), t.budget_s))
         self._by_kind = {k: [t for t in self.tiers if t.kind == k] for k in KINDS}
         self._budgets = {k: [t.budget_s for t in tiers] for k, tiers in self._by_kind.items()}
@@ -128,6 +139,10 @@ class LatencyPolicy:
             return None
         return self._by_kind[kind][i]
 
+    def default_for(self, suite: str | None) -> tuple[str, float] | None:
+        """The budget a request of `suite` gets when it names none: its suite's, else "*"'s."""
+        return self.defaults.get(suite or "*") or self.defaults.get("*")
+
     def budgets(self, kind: str) -> list[float]:
         return list(self._budgets[kind])
 
@@ -138,6 +153,7 @@ class LatencyPolicy:
             "alpha": self.alpha,
             "tiers": [t.to_dict() for t in self.tiers],
             "metrics": self.metrics,
+            "defaults": {suite: [kind, seconds] for suite, (kind, seconds) in sorted(self.defaults.items())},
         }
 
     def arrays(self) -> dict[str, np.ndarray]:

@@ -251,14 +251,16 @@ class RoutingPolicy:
         *,
         ttft_budget_s: float | None = None,
         latency_budget_s: float | None = None,
+        use_defaults: bool = False,
     ) -> PolicyDecision:
         """One request on the gateway's hot path: the same steps as decide_batch for one row
         (its scores in Python's floats, a row's dozen numbers costing less so than as arrays; the
         knob's choice by the same `point_choice` and `fallback_order`).
 
         A budget (at most one of TTFT and end-to-end latency, in seconds, on the p95) restricts
-        the choice to the candidates the budget's certified tier allows."""
-        kind, budget = self._budget(ttft_budget_s, latency_budget_s)
+        the choice to the candidates the budget's certified tier allows; with `use_defaults`, a
+        request without one gets the policy's default for its suite, as gateways' routers do."""
+        kind, budget = self._budget(ttft_budget_s, latency_budget_s, suite, use_defaults)
         s = self._score(prompt, suite, None, keep=False)
         p, c = np.array([s.p]), np.array([s.c])
 
@@ -278,9 +280,14 @@ class RoutingPolicy:
             outcome = outcomes[0]
         return self._decision(int(pick[0]), prop[0], s.p, s.c, order[0], outcome)
 
-    def _budget(self, ttft_budget_s: Any, latency_budget_s: Any) -> tuple[str | None, float | None]:
-        """The budget asked for: (kind, seconds), or (None, None) without one."""
+    def _budget(
+        self, ttft_budget_s: Any, latency_budget_s: Any, suite: str | None = None, use_defaults: bool = False
+    ) -> tuple[str | None, float | None]:
+        """The budget asked for, else (`use_defaults`) the policy's default for the suite:
+        (kind, seconds), or (None, None) without either."""
         asked = budget_request(ttft_budget_s, latency_budget_s)
+        if asked is None and use_defaults and self.latency is not None:
+            asked = self.latency.default_for(suite)
         if asked is None:
             return None, None
         kind, seconds = asked
@@ -357,10 +364,47 @@ class RoutingPolicy:
         *,
         ttft_budget_s: float | None = None,
         latency_budget_s: float | None = None,
+        use_defaults: bool = False,
     ) -> list[PolicyDecision]:
         suites = list(suites) if suites is not None else [None] * len(prompts)
-        kind, budget = self._budget(ttft_budget_s, latency_budget_s)
+        asked = [
+            self._budget(ttft_budget_s, latency_budget_s, suite, use_defaults)
+            for suite in dict.fromkeys(suites)
+        ]
+        by_suite = dict(zip(dict.fromkeys(suites), asked))
         p, c = self.predict(prompts, suites)
+        if any(kind is not None for kind, _ in asked):  # each group of requests under one budget at once
+            out: list[PolicyDecision | None] = [None] * len(prompts)
+            groups: dict[tuple[str | None, float | None], list[int]] = {}
+            for i, suite in enumerate(suites):
+                groups.setdefault(by_suite[suite], []).append(i)
+            for (kind, budget), rows in groups.items():
+                idx = np.array(rows)
+                sub = self._decide_rows(
+                    [prompts[i] for i in rows],
+                    [suites[i] for i in rows],
+                    p[idx],
+                    c[idx],
+                    quality_target,
+                    kind,
+                    budget,
+                )
+                for i, d in zip(rows, sub):
+                    out[i] = d
+            return cast(list[PolicyDecision], out)
+        return self._decide_rows(list(prompts), suites, p, c, quality_target, None, None)
+
+    def _decide_rows(
+        self,
+        prompts: list[str],
+        suites: list[str | None],
+        p: np.ndarray,
+        c: np.ndarray,
+        quality_target: float | None,
+        kind: str | None,
+        budget: float | None,
+    ) -> list[PolicyDecision]:
+        """Decisions for scored requests, under one budget or none."""
         if kind is not None:
             assert budget is not None
             pred = self.predict_latency(kind, prompts, suites)

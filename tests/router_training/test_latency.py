@@ -310,3 +310,38 @@ def test_bench_router_shows_pass_cost_and_latency_under_budgets(timed) -> None:
         False,
     )
     assert "ttft_p95_s" not in untimed["targets"][0] and "latency budgets" not in format_set(untimed)
+
+
+def test_default_budgets_by_suite_reach_routers_and_the_vectors(timed) -> None:
+    from routeopt.evals.config import RouterSettings
+    from routeopt.router_training.policy.conformance import build_vectors, check_vectors, read_vectors
+
+    settings = RouterSettings(
+        budgets={"*": {"ttft_s": 1.3}, "add": {"latency_s": 3.0}, "sort": {"ttft_s": 9}}
+    )
+    wanted = {suite: b.pair() for suite, b in settings.budgets.items()}
+    result = train_router(timed, quality_target=0.9, seed=0, default_budgets=wanted)
+    policy = result.policy
+    assert policy.latency.defaults == wanted
+    assert result.metrics["default_budgets"]["set"]["add"] == ["latency", 3.0]
+    add = "Task: add the input. difficulty: 2. Input: stone river"
+    assert policy.decide(add, "add").budget is None  # the plain decision of the spec has none
+    assert policy.decide(add, "add", use_defaults=True).budget.kind == "latency"
+    assert policy.decide(add, "reverse", use_defaults=True).budget.budget_s == 1.3  # "*"
+    assert policy.decide(add, None, use_defaults=True).budget.budget_s == 1.3
+    explicit = policy.decide(add, "add", ttft_budget_s=2.0, use_defaults=True).budget
+    assert (explicit.kind, explicit.budget_s) == ("ttft", 2.0)  # what the request asks wins
+    batch = policy.decide_batch([add, add, add], ["add", "reverse", None], use_defaults=True)
+    assert [d.budget.kind for d in batch] == ["latency", "ttft", "ttft"]
+    one = [policy.decide(add, s, use_defaults=True) for s in ("add", "reverse", None)]
+    assert [(d.model, d.fallbacks) for d in batch] == [(d.model, d.fallbacks) for d in one]
+    blob = build_vectors(policy)
+    _, meta, _ = read_vectors(blob)
+    assert [c[0] for c in meta["budgets"]].count("default") == 2
+    assert check_vectors(policy, blob).ok
+    with pytest.raises(ValueError, match="ttft_s or latency_s"):
+        RouterSettings(budgets={"*": {"ttft_s": 1, "latency_s": 2}})
+    left = train_router(
+        timed.drop(columns=["latency_s"]), quality_target=0.9, default_budgets={"add": ("latency", 3.0)}
+    )
+    assert left.policy.latency.defaults == {} and "add" in left.metrics["default_budgets"]["left_out"]

@@ -235,3 +235,18 @@ def test_litellm_call_timings() -> None:
     assert call_timings(kw, start, start + timedelta(seconds=2)) == (0.25, 2.0)
     assert call_timings({}, start, start + timedelta(seconds=2)) == (None, 2.0)  # not streamed: no TTFT
     assert call_timings({}, None, start) == (None, None)
+
+
+def test_a_router_applies_the_policys_default_budget(publish_to, registry, keypair) -> None:
+    from routeopt.router_training.train import train_router
+
+    policy = train_router(
+        timed_frame(n_items=60), quality_target=0.9, seed=0, default_budgets={"*": ("ttft", 1.3)}
+    ).policy
+    publish_to(policy)
+    router = load(registry, keypair[1], state_dir=False)
+    d = router.route(PROMPTS[0][0], PROMPTS[0][1])
+    assert d.budget["kind"] == "ttft" and d.budget["budget_s"] == 1.3
+    want = policy.decide(PROMPTS[0][0], PROMPTS[0][1], ttft_budget_s=1.3)
+    assert (d.model, d.fallbacks) == (want.model, want.fallbacks)
+    assert router.route(PROMPTS[0][0], PROMPTS[0][1], latency_budget_s=50).budget["kind"] == "latency"
