@@ -390,6 +390,7 @@ def render_html(data: ReportData) -> str:
         trends=trend_charts(data),
         router_rows=_router_rows(data.metrics),
         knob_rows=knob_rows(data.metrics),
+        budget_rows=((data.metrics or {}).get("holdout") or {}).get("latency", {}).get("rows") or [],
         promise_line=promise_line(data.metrics),
         total_cost=sum(r["cost_usd"] or 0 for r in data.candidates),
         total_items=sum(r["items"] for r in data.candidates),

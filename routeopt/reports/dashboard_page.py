@@ -98,6 +98,25 @@ the paired margin on these {{ H.promise.n }} requests: a gap smaller than that i
 {% endfor %}
 </tbody></table></div>
 {% endif %}
+{% if budget_rows %}
+{% set LB = d.metrics.holdout.latency %}
+<h3>Latency budgets</h3>
+<p>The same held-out requests under each latency budget the policy certified (on the p95): the pass rate and
+cost of its choices, and the share of them whose measured latency exceeded the budget, which each certified
+(budget, target) pair promises to keep at or below {{ LB.alpha|num(".2g") }}. Held at {{ LB.held }} of
+{{ LB.promised }} certified pairs.</p>
+<div class="scroll"><table class="sortable" id="budgets">
+<thead><tr><th>budget</th><th>target</th><th>certified</th><th>pass rate</th><th>USD / request</th>
+<th>over budget</th><th>measured</th><th>verdict</th></tr></thead>
+<tbody>
+{% for r in budget_rows %}
+<tr class="{{ 'sev-regression' if r.certified and not r.held else '' }}"><td>{{ r.kind }} {{ r.budget_s|num("g") }} s</td>
+<td>{{ r.target|num("g") }}</td><td>{{ "yes" if r.certified else "no" }}</td><td>{{ r.pass_rate|num(".3f") }}</td>
+<td>{{ r.cost|num(".3g") }}</td><td>{{ r.over_budget|num(".3f") }}</td><td>{{ r.measured }}</td>
+<td>{{ ("held" if r.held else "missed") if r.certified else "not certified" }}</td></tr>
+{% endfor %}
+</tbody></table></div>
+{% endif %}
 <div class="charts">{{ cost_quality|safe }}</div>
 {% if router_rows %}
 <h3>Beside baselines (upper bounds)</h3>

@@ -240,3 +240,24 @@ def test_charts_log_axis_and_empty_data():
     assert 'class="chart empty"' in chart(
         "none", [Series("a", [None], [1.0])], Axis("x"), Axis("y"), chart_id="e"
     )
+
+
+def test_the_latency_budget_table_is_the_held_out_budget_report(db: Path, tmp_path: Path):
+    """With timed outcomes the page shows each certified budget's held-out pass rate, cost and
+    over-budget share; without latency it shows no such table."""
+    from routeopt.router_training.train import train_router
+    from tests.router_training.conftest import timed_frame
+
+    metrics = train_router(timed_frame(n_items=80), quality_target=0.9, seed=0).metrics
+    with Store(db, read_only=True) as store:
+        html = build_report(store, "run-03", tmp_path / "b.html", metrics=metrics).read_text()
+        plain = build_report(
+            store, "run-03", tmp_path / "p.html", metrics={k: v for k, v in metrics.items() if k != "holdout"}
+        ).read_text()
+    table = html[html.index('id="budgets"') : html.index("</table>", html.index('id="budgets"'))]
+    rows = re.findall(r"<tr[^>]*><td>(\w+) ([\d.e-]+) s</td>\s*<td>([^<]*)</td><td>(yes|no)</td>", table)
+    want = metrics["holdout"]["latency"]["rows"]
+    assert [(k, float(b), float(t), c == "yes") for k, b, t, c in rows] == [
+        (r["kind"], pytest.approx(r["budget_s"]), pytest.approx(r["target"]), r["certified"]) for r in want
+    ]
+    assert 'id="budgets"' not in plain
