@@ -130,21 +130,35 @@ def build_fixtures(root: Path) -> Path:
     return root
 
 
+# a ttft tier of the demo-latency policy for any suite, and for "add" an end-to-end budget below every tier
+DEFAULT_BUDGETS = {"*": ("ttft", 1.3), "add": ("latency", 3.0)}
+
+
 def _latency_fixtures(root: Path, private) -> None:
-    """A format 4 policy (latency budgets, section 8.3) trained on timed outcomes: policies/demo-latency,
-    registry-latency/ (its one signed version) and expected/demo-latency.json, Python's own
-    decisions under several budgets of each kind."""
+    """A format 4 policy (latency budgets, section 8.3) trained on timed outcomes, with default
+    budgets by suite: policies/demo-latency, registry-latency/ (its one signed version) and
+    expected/demo-latency.json, Python's own decisions under several budgets of each kind and
+    under each request's default."""
     from routeopt.router_training.policy.routing import RoutingPolicy
     from routeopt.router_training.train import train_router
     from tests.router_training.test_latency import timed_frame
 
     folder = root / "policies" / "demo-latency"
-    train_router(timed_frame(), quality_target=0.9, seed=0).policy.save(folder)
+    trained = train_router(timed_frame(), quality_target=0.9, seed=0, default_budgets=DEFAULT_BUDGETS)
+    trained.policy.save(folder)
     policy = RoutingPolicy.load(folder)
     assert policy.format_info["version"] == 4 and policy.self_check().ok
+    assert policy.latency.defaults == DEFAULT_BUDGETS
     publish(policy, root / "registry-latency", lineage={}, metrics={}, signing_key=private)
     (root / "expected" / "demo-latency.json").write_text(
-        json.dumps({"budgets": _budgets(policy), "requests": _python_budget_decisions(policy, _requests())})
+        json.dumps(
+            {
+                "budgets": _budgets(policy),
+                "requests": _python_budget_decisions(policy, _requests()),
+                "defaults": {suite: list(b) for suite, b in DEFAULT_BUDGETS.items()},
+                "default_requests": _python_default_decisions(root, policy, _requests()),
+            }
+        )
     )
     (root / "expected" / "demo-latency-live.json").write_text(
         json.dumps(_python_live_decisions(root, policy))
@@ -230,26 +244,44 @@ def _python_budget_decisions(policy, requests: list[dict]) -> list[dict]:
     for kind, budget in _budgets(policy):
         for r in requests:
             d = policy.decide(r["prompt"], r["suite"], r["quality_target"], **{f"{kind}_budget_s": budget})
-            rows.append(
-                {
-                    **r,
-                    "kind": kind,
-                    "budget_s": budget,
-                    "model": d.model,
-                    "fallbacks": list(d.fallbacks),
-                    "propensity": d.propensity,
-                    "pass_probabilities": d.pass_probabilities,
-                    "expected_cost_usd": d.expected_cost_usd,
-                    "budget": {
-                        "kind": d.budget.kind,
-                        "budget_s": d.budget.budget_s,
-                        "tier_s": d.budget.tier_s,
-                        "met": d.budget.met,
-                        "predicted_s": d.budget.predicted_s,
-                    },
-                }
-            )
+            rows.append({**r, "kind": kind, "budget_s": budget, **_budget_decision(d)})
     return rows
+
+
+def _python_default_decisions(root: Path, policy, requests: list[dict]) -> list[dict]:
+    """Each request naming no budget, decided under its suite's default as RoutingPolicy.decide
+    does with use_defaults, and checked against Python's Router on the published version."""
+    router = load(
+        next((root / "registry-latency" / "versions").iterdir()),
+        public_key=root / "keys" / "public_key.pem",
+        state_dir=False,
+    )
+    rows = []
+    for r in requests:
+        d = policy.decide(r["prompt"], r["suite"], r["quality_target"], use_defaults=True)
+        row = {**r, "kind": d.budget.kind, "budget_s": d.budget.budget_s, **_budget_decision(d)}
+        served = router.route(r["prompt"], r["suite"], r["quality_target"])
+        got = (served.model, list(served.fallbacks), served.policy_probability, served.budget)
+        assert got == (row["model"], row["fallbacks"], row["propensity"], row["budget"]), r["id"]
+        rows.append(row)
+    return rows
+
+
+def _budget_decision(d) -> dict:
+    return {
+        "model": d.model,
+        "fallbacks": list(d.fallbacks),
+        "propensity": d.propensity,
+        "pass_probabilities": d.pass_probabilities,
+        "expected_cost_usd": d.expected_cost_usd,
+        "budget": {
+            "kind": d.budget.kind,
+            "budget_s": d.budget.budget_s,
+            "tier_s": d.budget.tier_s,
+            "met": d.budget.met,
+            "predicted_s": d.budget.predicted_s,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +292,9 @@ def fixtures(tmp_path_factory, js) -> Path:
 def test_node_tests_pass_on_policies_the_python_pipeline_made(fixtures) -> None:
     """gateways/js/test: numbers, BLAKE2b, the container, every conformance layer of three
     policies (linear with topics, char n-grams without, LightGBM trees), tampering, signatures,
-    routing exactly as Python, exploration and the log's fields, latency budgets and live latency
-    (a scripted observation sequence replayed against Python's Router's decisions)."""
+    routing exactly as Python, exploration and the log's fields, latency budgets (named, and the
+    policy's defaults by suite) and live latency (a scripted observation sequence replayed
+    against Python's Router's decisions)."""
     files = sorted(
         str(f.relative_to(REPO / "gateways" / "js"))
         for f in (REPO / "gateways" / "js" / "test").glob("*.test.mjs")

@@ -9,7 +9,7 @@ import { FormatError, readContainer, Tensor, Typed } from "./container.js";
 import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from "./decision.js";
 import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
-import { budgetModel, decideBudget, KINDS, LatencyKind, predict } from "./latency.js";
+import { Budget, budgetModel, decideBudget, defaultFor, KINDS, Latency, LatencyKind, predict } from "./latency.js";
 import { LiveLatency, liveSettings, liveShift } from "./live.js";
 import { Policy, VECTORS } from "./policy.js";
 
@@ -54,8 +54,9 @@ export interface VectorInput { text: string; suite: string | null; requestId: st
 interface Meta {
   format: string; requests: number; candidates: string[]; targets: number[]; detail: number; tolerance: number;
   layers: string[]; suites: (string | null)[];
-  /** (format 4) the [kind, budget_s, target] cases of the budget layer */
-  budgets?: [string, number, number][];
+  /** (format 4) the [kind, budget_s, target] cases of the budget layer; ["default", null,
+   * target] decides each request under its suite's default budget */
+  budgets?: [string, number | null, number][];
   /** (format 4) the live layer's case: observations are the input tensor live.obs */
   live?: { settings: { window_s: number; max_observations: number; min_observations: number }; kind: string; budget_s: number;
     target: number; times: number[] };
@@ -248,12 +249,7 @@ function live(policy: Policy, meta: Meta, want: Map<string, Tensor>, got: Map<st
  * metadata's budget cases (the draw is the knob layer's). */
 function budgets(policy: Policy, inputs: VectorInput[], meta: Meta, got: Map<string, Typed>): void {
   const lat = policy.latency!, n = inputs.length, k = policy.candidates.length, M = lat.models.length;
-  const cases = (meta.budgets ?? []).map(([kind, budgetS, target], j) => {
-    if (!KINDS.includes(kind as LatencyKind) || !budgetModel(lat, kind as LatencyKind) || !(budgetS > 0) || !Number.isFinite(target)) {
-      throw new FormatError(`${VECTORS}: budget case ${j} ${JSON.stringify([kind, budgetS, target])} is not one this policy can decide`);
-    }
-    return { budget: { kind: kind as LatencyKind, budgetS }, target, at: lat.models.indexOf(budgetModel(lat, kind as LatencyKind)!) };
-  });
+  const cases = (meta.budgets ?? []).map((c, j) => budgetCase(lat, c, j));
   const B = cases.length;
   const predAll = new Float64Array(n * M * k), model = new Uint16Array(n * B), met = new Uint8Array(n * B);
   const fb = new Uint16Array(n * B * (k - 1)), props = new Float64Array(n * B);
@@ -263,7 +259,9 @@ function budgets(policy: Policy, inputs: VectorInput[], meta: Meta, got: Map<str
     for (let m = 0; m < M; m++) predict(lat.models[m], chars[i], suitePos[i], predAll.subarray((i * M + m) * k, (i * M + m + 1) * k));
     const p = P.subarray(i * k, i * k + k), c = C.subarray(i * k, i * k + k);
     for (let j = 0; j < B; j++) {
-      const { budget, target, at } = cases[j];
+      const { target } = cases[j];
+      const budget = cases[j].budget ?? requestDefault(lat, inputs[i].suite, j);
+      const at = lat.models.indexOf(budgetModel(lat, budget.kind)!);
       const ch = decideBudget(lat, budget, target, p, c, predAll.subarray((i * M + at) * k, (i * M + at + 1) * k), () => U[i]);
       model[i * B + j] = ch.pick; met[i * B + j] = ch.met ? 1 : 0; props[i * B + j] = ch.propensity;
       fb.set(ch.fallbacks, (i * B + j) * (k - 1));
@@ -271,6 +269,26 @@ function budgets(policy: Policy, inputs: VectorInput[], meta: Meta, got: Map<str
   }
   for (const [name, a] of [["latency.pred", predAll], ["budget.model", model], ["budget.fallbacks", fb], ["budget.met", met],
     ["budget.propensity", props]] as const) got.set(name, a);
+}
+
+/** A budget case of the metadata, checked: its budget, or null for "default" (each request's
+ * suite's default budget). */
+function budgetCase(lat: Latency, [kind, budgetS, target]: [string, number | null, number], j: number): { budget: Budget | null; target: number } {
+  const ok = kind === "default"
+    ? budgetS === null
+    : KINDS.includes(kind as LatencyKind) && budgetModel(lat, kind as LatencyKind) !== null && (budgetS as number) > 0;
+  if (!ok || !Number.isFinite(target)) {
+    throw new FormatError(`${VECTORS}: budget case ${j} ${JSON.stringify([kind, budgetS, target])} is not one this policy can decide`);
+  }
+  return { budget: kind === "default" ? null : { kind: kind as LatencyKind, budgetS: budgetS as number }, target };
+}
+
+function requestDefault(lat: Latency, suite: string | null, j: number): Budget {
+  const budget = defaultFor(lat, suite);
+  if (!budget) {
+    throw new FormatError(`${VECTORS}: budget case ${j} decides each request under its suite's default budget, and the policy has none for suite ${JSON.stringify(suite)} (nor for "*")`);
+  }
+  return budget;
 }
 
 /** 8.1 with the vectors' settings; the policy is both champion and candidate. */

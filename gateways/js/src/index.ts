@@ -5,6 +5,7 @@
  *     const d = router.route(prompt, { suite: "invoice-total", requestId });
  *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
  *     router.route(prompt, { suite, ttftBudgetS: 0.8 }).budget  // format 4: { kind, budgetS, tierS, met, predictedS }
+ *     router.route(prompt, { suite }).budget  // the policy's default budget for the suite, if it has one
  *     router.observe(model, { ttftS, latencyS })  // 8.4: a decision under a budget moves off a candidate slow now
  *
  * Tracing: give `tracer` (any @opentelemetry/api Tracer) to Router.open or Gateway.create and
@@ -23,6 +24,7 @@ export { DEFAULT_LIVE, LiveLatency, liveShift, nearestRankP95 } from "./live.js"
 export type { LiveMove, LiveSettings, Observation } from "./live.js";
 export { Policy, readPolicy, FORMAT_VERSION, LATENCY_FORMAT_VERSION } from "./policy.js";
 export type { BudgetOptions, BudgetOutcome, Decided } from "./policy.js";
+export type { Budget, LatencyKind } from "./latency.js";
 export { checkVectors, summary as conformanceSummary } from "./conformance.js";
 export type { ConformanceReport } from "./conformance.js";
 export { VerificationError } from "./verification.js";

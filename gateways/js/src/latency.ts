@@ -36,6 +36,8 @@ export interface Latency {
   alpha: number;
   /** per kind, by rising budget */
   tiers: Record<LatencyKind, BudgetTier[]>;
+  /** the budget a request naming none gets, by suite name, "*" for any suite */
+  defaults: Map<string, Budget>;
 }
 
 /** A budget a request asks for. */
@@ -58,6 +60,13 @@ export function predict(m: LatencyModel, nChars: number, suitePos: number, out: 
 /** The kind's p95 model, or null where the policy has none. */
 export function budgetModel(lat: Latency | null, kind: LatencyKind): LatencyModel | null {
   return lat?.models.find((m) => m.kind === kind && m.quantile === BUDGET_QUANTILE) ?? null;
+}
+
+/** The budget a request of `suite` gets when it names none: its suite's default, else "*"'s
+ * (a missing or empty suite looks up "*" only); null with neither. */
+export function defaultFor(lat: Latency | null, suite?: string | null): Budget | null {
+  if (!lat) return null;
+  return lat.defaults.get(suite || "*") ?? lat.defaults.get("*") ?? null;
 }
 
 /** The tier of the largest certified budget no larger than `budgetS`; null below every tier. */
@@ -103,9 +112,11 @@ export function decideBudget(lat: Latency, budget: Budget, target: number, p: Fl
 }
 
 /** The budget a call asks for: at most one kind, a positive finite number of seconds, of a
- * kind the policy has a p95 model of (Python's `RoutingPolicy._budget`). */
-export function askedBudget(lat: Latency | null, ttftBudgetS: unknown, latencyBudgetS: unknown): Budget | null {
-  const asked = requestedBudget(ttftBudgetS, latencyBudgetS);
+ * kind the policy has a p95 model of; with `useDefaults`, a call naming none gets the
+ * policy's default for its suite (Python's `RoutingPolicy._budget`). */
+export function askedBudget(lat: Latency | null, ttftBudgetS: unknown, latencyBudgetS: unknown,
+  suite?: string | null, useDefaults = false): Budget | null {
+  const asked = requestedBudget(ttftBudgetS, latencyBudgetS) ?? (useDefaults ? defaultFor(lat, suite) : null);
   if (asked !== null && !budgetModel(lat, asked.kind)) {
     throw new RangeError(`this policy has no ${asked.kind} model: it was trained on outcomes without ${asked.kind} measurements, so it cannot serve a latency budget`);
   }
@@ -158,9 +169,10 @@ export function readLatency(head: Json, t: Map<string, Tensor>, k: number, s: nu
   if (typeof alpha !== "number" || !Number.isFinite(alpha)) throw new FormatError(`policy.json: latency.alpha must be a number, got ${JSON.stringify(alpha)}`);
   if (!Array.isArray(sec["tiers"])) throw new FormatError(`policy.json: latency.tiers must be a list, got ${JSON.stringify(sec["tiers"])}`);
   const tiers: Record<LatencyKind, BudgetTier[]> = { ttft: [], latency: [] };
+  const lat: Latency = { models, alpha, tiers, defaults: new Map() };
   (sec["tiers"] as unknown[]).forEach((raw, i) => {
     const tier = readTier(raw, k, `latency.tiers[${i}]`);
-    if (!budgetModel({ models, alpha, tiers }, tier.kind)) {
+    if (!budgetModel(lat, tier.kind)) {
       throw new FormatError(`policy.json: latency tiers of kind ${JSON.stringify(tier.kind)} but no p95 model for it`);
     }
     tiers[tier.kind].push(tier);
@@ -171,7 +183,28 @@ export function readLatency(head: Json, t: Map<string, Tensor>, k: number, s: nu
       if (list[i].budgetS <= list[i - 1].budgetS) throw new FormatError(`policy.json: the ${kind} tiers' budgets must be distinct`);
     }
   }
-  return { models, alpha, tiers };
+  readDefaults(sec["defaults"], lat);
+  return lat;
+}
+
+/** latency.defaults (optional): {suite or "*": [kind, seconds]}, each of a kind with a p95 model. */
+function readDefaults(raw: unknown, lat: Latency): void {
+  if (raw === undefined || raw === null) return;
+  if (typeof raw !== "object" || Array.isArray(raw)) {
+    throw new FormatError(`policy.json: latency.defaults must be an object of suite: [kind, seconds], got ${JSON.stringify(raw)}`);
+  }
+  for (const [suite, value] of Object.entries(raw as Json)) {
+    const name = `latency.defaults[${JSON.stringify(suite)}]`;
+    if (!Array.isArray(value) || value.length !== 2 || !KINDS.includes(value[0])) {
+      throw new FormatError(`policy.json: ${name} must be [kind, seconds] with kind one of ${KINDS.join(", ")}, got ${JSON.stringify(value)}`);
+    }
+    const [kind, seconds] = value as [LatencyKind, unknown];
+    if (typeof seconds !== "number" || !(Number.isFinite(seconds) && seconds > 0)) {
+      throw new FormatError(`policy.json: ${name} must be a positive number of seconds, got ${JSON.stringify(seconds)}`);
+    }
+    if (!budgetModel(lat, kind)) throw new FormatError(`policy.json: ${name} is a ${kind} budget, and the policy has no p95 ${kind} model`);
+    lat.defaults.set(suite, { kind, budgetS: seconds });
+  }
 }
 
 function readTier(raw: unknown, k: number, name: string): BudgetTier {

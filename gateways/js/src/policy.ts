@@ -10,7 +10,7 @@ import { decidePoint } from "./decision.js";
 import { FeatureLayers, FeatureSpec, N_STATS, STAT_NAMES, Scratch, featureKernel, featureLayers, fillRow } from "./features.js";
 import type { Engine, Kernel } from "./kernel.js";
 import { Knob, mixingDraw, parseKnob, pointFor } from "./knob.js";
-import { askedBudget, budgetModel, decideBudget, Latency, LatencyKind, predict, readLatency } from "./latency.js";
+import { askedBudget, Budget, budgetModel, decideBudget, defaultFor, Latency, LatencyKind, predict, readLatency } from "./latency.js";
 import { LinearScorer, Scorer, TreeScorer } from "./scorer.js";
 
 export const FORMAT_VERSION = 3;
@@ -46,10 +46,13 @@ export interface BudgetOutcome {
   predictedS: Record<string, number>;
 }
 
-/** The budget a call may ask for, in seconds of p95: at most one of the two. */
+/** The budget a call may ask for, in seconds of p95: at most one of the two. `useDefaults`:
+ * a call naming neither gets the policy's default for its suite, as a Router's does (without
+ * it, the plain decision of section 8 has no budget). */
 export interface BudgetOptions {
   ttftBudgetS?: number | null;
   latencyBudgetS?: number | null;
+  useDefaults?: boolean;
 }
 
 /** One request after calibration and cost (sections 3 to 6). */
@@ -110,8 +113,13 @@ export class Policy {
     return topic;
   }
 
+  /** The budget a request of `suite` naming none gets (8.3's defaults): its suite's, else "*"'s. */
+  defaultFor(suite?: string | null): Budget | null {
+    return defaultFor(this.latency, suite);
+  }
+
   /** The decision for one request at a quality target (the policy's own by default), under
-   * a latency budget where one is given (8.3). */
+   * a latency budget where one is given, or with `useDefaults` the suite's default (8.3). */
   decide(prompt: string, suite?: string | null, qualityTarget?: number | null, budget: BudgetOptions = {}): Decided {
     const d = this.choose(prompt, suite, qualityTarget, budget);
     return { ...d, p: d.p.slice(), c: d.c.slice(), promptRaw: d.promptRaw.slice() };
@@ -122,7 +130,7 @@ export class Policy {
   choose(prompt: string, suite?: string | null, qualityTarget?: number | null, budget: BudgetOptions = {}): Decided {
     const target = qualityTarget ?? this.qualityTarget;
     if (typeof target !== "number" || !Number.isFinite(target)) throw new RangeError(`quality target must be a finite number, got ${target}`);
-    const asked = askedBudget(this.latency, budget.ttftBudgetS, budget.latencyBudgetS);
+    const asked = askedBudget(this.latency, budget.ttftBudgetS, budget.latencyBudgetS, suite, budget.useDefaults === true);
     checkInput(prompt, suite);
     const text = fillRow(prompt, suite, this.spec, this.scratch);
     this.scoreRow(text, this.z, this.p, this.c);

@@ -97,7 +97,8 @@ export interface RouteOptions {
   qualityTarget?: number | null;
   /** a time-to-first-token budget in seconds (the p95 a candidate is predicted to keep; 8.3) */
   ttftBudgetS?: number | null;
-  /** an end-to-end latency budget in seconds (not with ttftBudgetS) */
+  /** an end-to-end latency budget in seconds (not with ttftBudgetS); naming neither, a request
+   * gets the policy's default budget for its suite where it has one (latency.defaults) */
   latencyBudgetS?: number | null;
   /** the caller's W3C traceparent header: the decision's span becomes its child */
   traceparent?: string | null;
@@ -357,7 +358,9 @@ export class Router {
         this.emit("budget", `${unserved.unserved}: deciding without the budget`);
       }
     }
-    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget, unserved ? {} : opts);
+    // a request naming no budget gets the policy's default for its suite; one it names wins
+    const d = a.policy.choose(prompt, opts.suite, opts.qualityTarget,
+      unserved ? {} : { ttftBudgetS: opts.ttftBudgetS, latencyBudgetS: opts.latencyBudgetS, useDefaults: true });
     const names = a.policy.candidates;
     const p: Record<string, number> = {}, c: Record<string, number> = {};
     for (let j = 0; j < names.length; j++) {

@@ -3,7 +3,7 @@
 // engines; the budget on the decision and on the log line; the errors; and what is refused.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { checkVectors, conformanceSummary, Gateway, MemoryLog, readPolicy, Router } from "../dist/index.js";
+import { checkVectors, conformanceSummary, FormatError, Gateway, MemoryLog, readPolicy, Router } from "../dist/index.js";
 import { expected, NO_FIXTURES, patchMetadata, patchTensor, policyFiles, policyNames, publicKey, versionFiles } from "./helpers.mjs";
 
 const NAME = "demo-latency";
@@ -51,17 +51,46 @@ test("the Router carries the budget (camelCase, as its other fields) and the Gat
     assert.deepEqual(d.passProbabilities, w.pass_probabilities);
     assert.deepEqual(d.expectedCostUsd, w.expected_cost_usd);
   }
-  const plain = router.route("Task: add 2 and 3", { suite: "add" });
-  assert.equal(plain.budget, null);
   const log = new MemoryLog();
   const gw = await Gateway.create(router, { log });
   const w = want.find((r) => r.budget.tier_s === null);
   const d = gw.route(w.prompt, { suite: w.suite, qualityTarget: w.quality_target, ...budgetOption(w) });
-  gw.route("Task: add 2 and 3", { suite: "add" });
-  const [withBudget, without] = log.lines.map((l) => JSON.parse(l));
+  const [withBudget] = log.lines.map((l) => JSON.parse(l));
   assert.deepEqual(withBudget.budget, { kind: w.kind, budget_s: w.budget_s, tier_s: null, met: w.budget.met });
   assert.equal(d.budget.tierS, null);
-  assert.equal(without.budget, undefined);
+});
+
+test("a request naming no budget is decided under its suite's default (else \"*\"'s) exactly as Python's Router does; one it names wins", { skip }, async (t) => {
+  const { defaults, default_requests: want } = expected(NAME);
+  const router = await Router.open({ files: versionFiles("registry-latency"), publicKeys: [publicKey()] });
+  const policy = load(policyFiles(NAME));
+  const asBudget = ([kind, budgetS]) => ({ kind, budgetS });
+  assert.deepEqual(policy.defaultFor("add"), asBudget(defaults.add));
+  for (const suite of ["reverse", "no-such-suite", "", null, undefined]) assert.deepEqual(policy.defaultFor(suite), asBudget(defaults["*"]));
+  const kinds = new Set(), log = new MemoryLog(), gw = await Gateway.create(router, { log });
+  for (const w of want) {
+    assert.equal(policy.decide(w.prompt, w.suite, w.quality_target).budget, null, w.id);  // the plain decision has none
+    const own = policy.decide(w.prompt, w.suite, w.quality_target, { useDefaults: true });
+    sameAsPython(own, w, own.budget);
+    const d = router.route(w.prompt, { suite: w.suite, qualityTarget: w.quality_target });
+    sameAsPython(d, w, d.budget);
+    assert.deepEqual(d.passProbabilities, w.pass_probabilities);
+    kinds.add(`${w.suite === "add" ? "add" : "other"} ${w.kind} ${w.budget.tier_s}`);
+  }
+  assert.deepEqual([...kinds].sort(), ["add latency null", `other ttft ${defaults["*"][1]}`]);
+  const w = want.find((r) => r.suite === "add");
+  gw.route(w.prompt, { suite: "add", qualityTarget: w.quality_target });
+  assert.deepEqual(JSON.parse(log.lines[0]).budget, { kind: "latency", budget_s: w.budget_s, tier_s: null, met: w.budget.met });
+  // a budget the request names wins over the default: Python's decisions under explicit budgets
+  const named = expected(NAME).requests.filter((r) => r.suite === "add" && r.kind === "ttft");
+  assert.ok(named.length > 0);
+  for (const r of named) {
+    const d = router.route(r.prompt, { suite: r.suite, qualityTarget: r.quality_target, ttftBudgetS: r.budget_s });
+    sameAsPython(d, r, d.budget);
+    const p = policy.decide(r.prompt, r.suite, r.quality_target, { ttftBudgetS: r.budget_s, useDefaults: true });
+    sameAsPython(p, r, p.budget);
+  }
+  t.diagnostic(`${want.length} requests without a budget and ${named.length} naming one agree with Python's`);
 });
 
 test("a budget the policy cannot serve, two at once, or not a positive number of seconds, is a clear error", { skip }, async () => {
@@ -80,6 +109,7 @@ test("a budget the policy cannot serve, two at once, or not a positive number of
   const files = policyFiles(NAME), head = headOf(files);
   head.latency.models = head.latency.models.filter(([kind]) => kind === "ttft");
   head.latency.tiers = head.latency.tiers.filter((t) => t.kind === "ttft");
+  delete head.latency.defaults.add;
   const ttftOnly = readPolicy(enc(JSON.stringify(head)), files["arrays.safetensors"]);
   assert.throws(() => ttftOnly.decide("hi", null, null, { latencyBudgetS: 5 }), /this policy has no latency model/);
   assert.equal(ttftOnly.decide("hi", null, null, { ttftBudgetS: 5 }).budget.kind, "ttft");
@@ -90,6 +120,7 @@ test("a Router whose policy cannot serve a budget decides without it, says so an
   const router = await Router.open({ files: versionFiles("registry"), publicKeys: [publicKey()], onEvent: (kind, message) => events.push([kind, message]) });
   const prompt = "Task: add the input. difficulty: 2. Input: stone river";
   const plain = router.route(prompt, { suite: "add" });
+  assert.equal(plain.budget, null);  // a format 3 policy: no default budget either
   const a = router.route(prompt, { suite: "add", ttftBudgetS: 0.5 });
   router.route(prompt, { suite: "add", ttftBudgetS: 0.7 });
   assert.equal(a.model, plain.model);
@@ -117,8 +148,26 @@ test("format 4's policy.json errors name the field", { skip }, () => {
     [(h) => { h.latency.tiers[0].knob.members = [["magic", 1]]; }, /latency.tiers\[0\].knob.members\[0\]: unknown knob member rule "magic"/],
     [(h) => { h.latency.tiers[0].violation = []; }, /latency.tiers\[0\].violation must hold one rate/],
     [(h) => { h.latency.models = h.latency.models.filter(([k]) => k !== "latency"); }, /latency tiers of kind "latency" but no p95 model for it/],
+    [(h) => { h.latency.defaults = ["ttft", 1]; }, /policy.json: latency.defaults must be an object of suite: \[kind, seconds\]/],
+    [(h) => { h.latency.defaults["*"] = ["tpot", 1]; }, /policy.json: latency.defaults\["\*"\] must be \[kind, seconds\] with kind one of ttft, latency, got \["tpot",1\]/],
+    [(h) => { h.latency.defaults.add = ["latency"]; }, /latency.defaults\["add"\] must be \[kind, seconds\]/],
+    [(h) => { h.latency.defaults.add = { latency_s: 3 }; }, /latency.defaults\["add"\] must be \[kind, seconds\]/],
+    [(h) => { h.latency.defaults.sort = ["ttft", 0]; }, /latency.defaults\["sort"\] must be a positive number of seconds, got 0/],
+    [(h) => { h.latency.defaults.sort = ["ttft", "1.3"]; }, /latency.defaults\["sort"\] must be a positive number of seconds, got "1.3"/],
+    [(h) => { h.latency.defaults.sort = ["ttft", null]; }, /latency.defaults\["sort"\] must be a positive number of seconds, got null/],
+    [(h) => {
+      h.latency.models = h.latency.models.filter(([k]) => k !== "latency");
+      h.latency.tiers = h.latency.tiers.filter((t) => t.kind !== "latency");
+    }, /policy.json: latency.defaults\["add"\] is a latency budget, and the policy has no p95 latency model/],
   ];
-  for (const [change, pattern] of bad) assert.throws(() => readPolicy(variant(change), files["arrays.safetensors"]), pattern);
+  for (const [change, pattern] of bad) {
+    assert.throws(() => readPolicy(variant(change), files["arrays.safetensors"]), (e) => e instanceof FormatError && pattern.test(e.message));
+  }
+  for (const none of [(h) => { delete h.latency.defaults; }, (h) => { h.latency.defaults = null; }, (h) => { h.latency.defaults = {}; }]) {
+    const policy = readPolicy(variant(none), files["arrays.safetensors"]);
+    assert.equal(policy.defaultFor("add"), null);
+    assert.equal(policy.decide("Task: add 2 and 3", "add", null, { useDefaults: true }).budget, null);
+  }
   const arrays = patchTensor(files["arrays.safetensors"], "latency.ttft.p95.coef", (a) => { a[0] = NaN; });
   assert.throws(() => readPolicy(files["policy.json"], arrays), /arrays.safetensors: latency.ttft.p95 holds a non-finite number/);
 });
@@ -136,6 +185,30 @@ test("changed latency arrays or tiers are caught at the latency and budget steps
   for (const t of head.latency.tiers) t.budget_s *= 1.0001;  // the same tiers, certified a little looser
   report = await checkVectors(readPolicy(enc(JSON.stringify(head)), files["arrays.safetensors"]), vectors);
   assert.ok(!report.ok && report.first.startsWith("step budget"), report.first);
+});
+
+test("the vectors' default cases decide each request under its suite's default: a changed default is caught at the budget step", { skip }, async () => {
+  const files = policyFiles(NAME), vectors = files["conformance.safetensors"];
+  let meta;
+  patchMetadata(vectors, "routeopt", (m) => { meta = m; return m; });
+  const cases = meta.budgets.filter(([kind]) => kind === "default");
+  assert.deepEqual(cases.map(([, b]) => b), [null, null]);
+  const recheck = async (change) => {
+    const head = headOf(files);
+    change(head.latency.defaults);
+    return checkVectors(readPolicy(enc(JSON.stringify(head)), files["arrays.safetensors"]), vectors);
+  };
+  assert.ok((await recheck(() => {})).ok);
+  const tiers = headOf(files).latency.tiers.filter((x) => x.kind === "ttft").map((x) => x.budget_s);
+  for (const change of [(d) => { d["*"] = ["ttft", tiers[0]]; }, (d) => { delete d.add; }, (d) => { d.reverse = ["latency", 3.0]; }]) {
+    const report = await recheck(change);
+    assert.ok(!report.ok && /^step budget \(budget\.(model|fallbacks|met|propensity)\)/.test(report.first), report.first);
+  }
+  const report = await recheck((d) => { delete d["*"]; });
+  assert.match(report.first, /budget case \d+ decides each request under its suite's default budget, and the policy has none for suite (null|"[^"]*") \(nor for "\*"\)/);
+  // and a default case must not carry a budget
+  const odd = patchMetadata(vectors, "routeopt", (m) => ({ ...m, budgets: m.budgets.map((c) => (c[0] === "default" ? ["default", 1.3, c[2]] : c)) }));
+  assert.match((await checkVectors(load(files), odd)).first, /budget case \d+ \["default",1.3,0.9\] is not one this policy can decide/);
 });
 
 test("vectors naming a layer this runtime does not implement are refused before anything is compared", { skip }, async () => {
