@@ -356,8 +356,17 @@ def _latency(
     if missing:
         raise PolicyFormatError(f"{where}: latency tiers of kind {missing[0]!r} but no p95 model for it")
     defaults = {}
-    for suite, value in (d.get("defaults") or {}).items():
-        if not (isinstance(value, list) and len(value) == 2 and value[0] in KINDS):
+    raw = d.get("defaults") or {}
+    if not isinstance(raw, dict):
+        raise PolicyFormatError(f"{where}: latency.defaults must be an object of suite: [kind, seconds]")
+    for suite, value in raw.items():
+        if not (
+            isinstance(value, list)
+            and len(value) == 2
+            and value[0] in KINDS
+            and isinstance(value[1], (int, float))
+            and not isinstance(value[1], bool)
+        ):
             raise PolicyFormatError(f"{where}: latency.defaults[{suite!r}] must be [kind, seconds]")
         defaults[str(suite)] = (str(value[0]), float(value[1]))
     try:

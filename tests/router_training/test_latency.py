@@ -345,3 +345,17 @@ def test_default_budgets_by_suite_reach_routers_and_the_vectors(timed) -> None:
         timed.drop(columns=["latency_s"]), quality_target=0.9, default_budgets={"add": ("latency", 3.0)}
     )
     assert left.policy.latency.defaults == {} and "add" in left.metrics["default_budgets"]["left_out"]
+
+
+@pytest.mark.parametrize(
+    "defaults",
+    [["ttft", 1.0], {"*": ["ttft", "1.3"]}, {"*": ["fast", 1.0]}, {"*": ["ttft"]}, {"*": ["ttft", True]}],
+)
+def test_bad_default_budgets_in_policy_json_name_the_field(trained_timed, tmp_path, defaults) -> None:
+    trained_timed.policy.save(tmp_path / "p")
+    path = tmp_path / "p" / "policy.json"
+    head = json.loads(path.read_text())
+    head["latency"]["defaults"] = defaults
+    path.write_text(json.dumps(head))
+    with pytest.raises(ValueError, match=r"latency\.defaults"):
+        RoutingPolicy.load(tmp_path / "p")
