@@ -193,7 +193,9 @@ async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_
 
     fake_llm.answer_fn = answer
     suite = load_suite(write_arithmetic_suite(tmp_path, N))
-    cand = candidate(fake_llm, "openai", api_key_env="ROTATED_KEY")
+    # no hang in this plan: a client timeout could only come from a busy machine, and would make
+    # an attempt the server never recorded
+    cand = candidate(fake_llm, "openai", api_key_env="ROTATED_KEY", timeout_s=60)
     breaker = _AuthWatchingBreaker(cand.base_url, failures=3)
     limits = EndpointLimits(RateLimiter(), breaker)
     with Store(tmp_path / "o.duckdb") as store:
