@@ -19,7 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -486,6 +486,34 @@ def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingDat
     return report
 
 
+def budget_outcomes(
+    policy: RoutingPolicy,
+    data: RoutingData,
+    targets: tuple[float, ...],
+    budgets: Callable[[str], list[float]] | None = None,
+) -> Iterator[tuple[str, float, float, bool, float, float, np.ndarray]]:
+    """Per kind the policy models and `data` measured, each budget (`budgets(kind)`, default every
+    certified one) and target: (kind, budget, target, certified, pass rate, cost, the measured
+    seconds of the chosen candidates) on the (complete) requests of `data`."""
+    assert policy.latency is not None
+    lat = policy.latency
+    P, Cp = policy.predict(data.prompts, data.suites)
+    rows_idx = np.arange(len(data))
+    units = lambda i: request_unit(data.prompts[i], data.suites[i])  # noqa: E731
+    for kind in lat.model.kinds:
+        if kind not in data.latency:
+            continue
+        pred = policy.predict_latency(kind, data.prompts, data.suites)
+        for budget in (budgets or lat.budgets)(kind):
+            tier = lat.tier_for(kind, budget)
+            for x in targets:
+                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
+                q, c = outcomes_of(pick, data)
+                seconds = data.latency[kind][rows_idx, pick]
+                certified = tier is not None and x <= tier.knob.certified_up_to() + 1e-12
+                yield kind, budget, x, bool(certified), q, c, seconds[~np.isnan(seconds)]
+
+
 def budget_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:
     """Per kind, budget and target, on held-out requests: the pass rate, the cost, the share of
     requests whose measured seconds exceeded the budget (over those measured) beside the
@@ -494,42 +522,23 @@ def budget_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float
     full = test.align(policy.candidates).complete()
     if not len(full):
         return {"n": 0, "rows": []}
-    P, Cp = policy.predict(full.prompts, full.suites)
-    y_ref = full.Y[:, policy.candidates.index(policy.reference_model)]
-    rows_idx = np.arange(len(full))
+    ref_rate = float(np.mean(full.Y[:, policy.candidates.index(policy.reference_model)]))
     out = []
-    for kind in policy.latency.model.kinds:
-        if kind not in full.latency:
-            continue
-        pred = policy.predict_latency(kind, full.prompts, full.suites)
-        units = lambda i: request_unit(full.prompts[i], full.suites[i])
-        for budget in policy.latency.budgets(kind):
-            for x in targets:
-                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
-                seconds = full.latency[kind][rows_idx, pick]
-                measured = ~np.isnan(seconds)
-                q, c = outcomes_of(pick, full)
-                tier = policy.latency.tier_for(kind, budget)
-                assert tier is not None
-                certified = x <= tier.knob.certified_up_to() + 1e-12
-                over = float(np.mean(seconds[measured] > budget)) if measured.any() else math.nan
-                out.append(
-                    {
-                        "kind": kind,
-                        "budget_s": budget,
-                        "target": x,
-                        "certified": bool(certified),
-                        "pass_rate": q,
-                        "cost": c,
-                        "over_budget": over,
-                        "measured": int(measured.sum()),
-                        "held": bool(
-                            certified
-                            and q >= x * float(np.mean(y_ref)) - 1e-12
-                            and over <= policy.latency.alpha
-                        ),
-                    }
-                )
+    for kind, budget, x, certified, q, c, measured in budget_outcomes(policy, full, targets):
+        over = float(np.mean(measured > budget)) if len(measured) else math.nan
+        out.append(
+            {
+                "kind": kind,
+                "budget_s": budget,
+                "target": x,
+                "certified": certified,
+                "pass_rate": q,
+                "cost": c,
+                "over_budget": over,
+                "measured": len(measured),
+                "held": bool(certified and q >= x * ref_rate - 1e-12 and over <= policy.latency.alpha),
+            }
+        )
     promised = [r for r in out if r["certified"]]
     return {
         "n": len(full),

@@ -319,8 +319,10 @@ class Router:
             kind, seconds = budget
             d = active.policy.decide(prompt, suite, quality_target, **{f"{kind}_budget_s": seconds})
             served = budget_fields(d.budget)
-            if self.live is not None:
-                over = self.live.over(active.policy.candidates, kind, seconds, self._clock())
+            now = self._clock() if self.live is not None else 0.0
+            # every candidate's live p95 only when the chosen one's is over (a sort per candidate)
+            if self.live is not None and self.live.over([d.model], kind, seconds, now):
+                over = self.live.over(active.policy.candidates, kind, seconds, now)
                 shift = live_shift(
                     d.model, d.fallbacks, d.pass_probabilities, d.budget.predicted_s, seconds, over
                 )

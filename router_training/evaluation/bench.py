@@ -224,41 +224,34 @@ def budget_rows(policy: RoutingPolicy, test: RoutingData, best_cost: float, per_
     """The three-way trade-off under budgets: for a spread of the policy's certified budgets
     per kind and a few targets, the pass rate, cost, measured p95 and over-budget share of the
     choices on the test requests, and whether the (target, budget) pair was certified."""
-    from routeopt.router_training.policy.knob import request_unit
+    from routeopt.router_training.train import budget_outcomes
 
     assert policy.latency is not None
-    P, Cp = policy.predict(test.prompts, test.suites)
-    units = lambda i: request_unit(test.prompts[i], test.suites[i])  # noqa: E731
-    rows_idx = np.arange(len(test))
-    out = []
-    for kind in policy.latency.model.kinds:
-        budgets = policy.latency.budgets(kind)
-        if not budgets or kind not in test.latency:
-            continue
-        spread = sorted(
+    lat = policy.latency
+
+    def spread(kind: str) -> list[float]:
+        budgets = lat.budgets(kind)
+        if not budgets:
+            return []
+        return sorted(
             {budgets[round(i * (len(budgets) - 1) / max(per_kind - 1, 1))] for i in range(per_kind)}
         )
-        pred = policy.predict_latency(kind, test.prompts, test.suites)
-        for budget in spread:
-            tier = policy.latency.tier_for(kind, budget)
-            for x in BUDGET_TARGETS:
-                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
-                q, c = outcomes_of(pick, test)
-                seconds = test.latency[kind][rows_idx, pick]
-                measured = seconds[~np.isnan(seconds)]
-                out.append(
-                    {
-                        "kind": kind,
-                        "budget_s": budget,
-                        "target": x,
-                        "certified": bool(tier is not None and x <= tier.knob.certified_up_to() + 1e-12),
-                        "pass_rate": q,
-                        "cost_vs_best": c / best_cost,
-                        "p95_s": float(np.quantile(measured, 0.95)) if len(measured) else math.nan,
-                        "over_budget": float(np.mean(measured > budget)) if len(measured) else math.nan,
-                    }
-                )
-    return out
+
+    return [
+        {
+            "kind": kind,
+            "budget_s": budget,
+            "target": x,
+            "certified": certified,
+            "pass_rate": q,
+            "cost_vs_best": c / best_cost,
+            "p95_s": float(np.quantile(measured, 0.95)) if len(measured) else math.nan,
+            "over_budget": float(np.mean(measured > budget)) if len(measured) else math.nan,
+        }
+        for kind, budget, x, certified, q, c, measured in budget_outcomes(
+            policy, test, BUDGET_TARGETS, spread
+        )
+    ]
 
 
 def _fmt(v: object, spec: str = ".3f") -> str:
