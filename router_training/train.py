@@ -19,13 +19,14 @@ import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from routeopt.common.io import jsonable
 from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
+from routeopt.router_training.evaluation.bench import budget_outcomes
 from routeopt.router_training.fit.data import RoutingData, routing_data
 from routeopt.router_training.policy.embeddings import reuse_embeddings
 from routeopt.router_training.fit.estimators import (
@@ -48,7 +49,6 @@ from routeopt.router_training.fit.knob_fitting import (
 )
 from routeopt.router_training.live.shift_monitor import reference_sketch
 from routeopt.router_training.policy.numerics import sigmoid
-from routeopt.router_training.policy.knob import request_unit
 from routeopt.router_training.policy.routing import CostModel, LinearScorer, RoutingPolicy
 from routeopt.router_training.policy.trees import TreeScorer
 
@@ -484,34 +484,6 @@ def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingDat
     if policy.latency is not None and test.latency:
         report["latency"] = budget_report(policy, test, tuple(sorted({target, 0.9})))
     return report
-
-
-def budget_outcomes(
-    policy: RoutingPolicy,
-    data: RoutingData,
-    targets: tuple[float, ...],
-    budgets: Callable[[str], list[float]] | None = None,
-) -> Iterator[tuple[str, float, float, bool, float, float, np.ndarray]]:
-    """Per kind the policy models and `data` measured, each budget (`budgets(kind)`, default every
-    certified one) and target: (kind, budget, target, certified, pass rate, cost, the measured
-    seconds of the chosen candidates) on the (complete) requests of `data`."""
-    assert policy.latency is not None
-    lat = policy.latency
-    P, Cp = policy.predict(data.prompts, data.suites)
-    rows_idx = np.arange(len(data))
-    units = lambda i: request_unit(data.prompts[i], data.suites[i])  # noqa: E731
-    for kind in lat.model.kinds:
-        if kind not in data.latency:
-            continue
-        pred = policy.predict_latency(kind, data.prompts, data.suites)
-        for budget in (budgets or lat.budgets)(kind):
-            tier = lat.tier_for(kind, budget)
-            for x in targets:
-                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
-                q, c = outcomes_of(pick, data)
-                seconds = data.latency[kind][rows_idx, pick]
-                certified = tier is not None and x <= tier.knob.certified_up_to() + 1e-12
-                yield kind, budget, x, bool(certified), q, c, seconds[~np.isnan(seconds)]
 
 
 def budget_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:

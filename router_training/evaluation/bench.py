@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ from routeopt.router_training.evaluation import metrics as M
 from routeopt.router_training.evaluation.baselines import Curve, ReferenceRouter, outcomes_of, summarise
 from routeopt.router_training.fit.data import RoutingData, routing_data
 from routeopt.router_training.fit.knob_fitting import STANDARD_TARGETS
+from routeopt.router_training.policy.knob import request_unit
 from routeopt.router_training.policy.routing import RoutingPolicy
 
 # target -> how far below its floor the knob's held-out pass rate may land before a check fails
@@ -217,6 +218,34 @@ def _p95s(test: RoutingData, pick: np.ndarray) -> dict[str, float]:
     return out
 
 
+def budget_outcomes(
+    policy: RoutingPolicy,
+    data: RoutingData,
+    targets: tuple[float, ...],
+    budgets: Callable[[str], list[float]] | None = None,
+) -> Iterator[tuple[str, float, float, bool, float, float, np.ndarray]]:
+    """Per kind the policy models and `data` measured, each budget (`budgets(kind)`, default every
+    certified one) and target: (kind, budget, target, certified, pass rate, cost, the measured
+    seconds of the chosen candidates) on the (complete) requests of `data`."""
+    assert policy.latency is not None
+    lat = policy.latency
+    P, Cp = policy.predict(data.prompts, data.suites)
+    rows_idx = np.arange(len(data))
+    units = lambda i: request_unit(data.prompts[i], data.suites[i])  # noqa: E731
+    for kind in lat.model.kinds:
+        if kind not in data.latency:
+            continue
+        pred = policy.predict_latency(kind, data.prompts, data.suites)
+        for budget in (budgets or lat.budgets)(kind):
+            tier = lat.tier_for(kind, budget)
+            for x in targets:
+                pick = policy._budget_choice(kind, budget, P, Cp, pred, units, x)[0]
+                q, c = outcomes_of(pick, data)
+                seconds = data.latency[kind][rows_idx, pick]
+                certified = tier is not None and x <= tier.knob.certified_up_to() + 1e-12
+                yield kind, budget, x, bool(certified), q, c, seconds[~np.isnan(seconds)]
+
+
 BUDGET_TARGETS = (0.8, 0.9, 0.95)
 
 
@@ -224,8 +253,6 @@ def budget_rows(policy: RoutingPolicy, test: RoutingData, best_cost: float, per_
     """The three-way trade-off under budgets: for a spread of the policy's certified budgets
     per kind and a few targets, the pass rate, cost, measured p95 and over-budget share of the
     choices on the test requests, and whether the (target, budget) pair was certified."""
-    from routeopt.router_training.train import budget_outcomes
-
     assert policy.latency is not None
     lat = policy.latency
 
