@@ -28,6 +28,7 @@ from routeopt.common.io import jsonable
 from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
 from routeopt.router_training.evaluation.bench import budget_outcomes
 from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.policy.batch_features import reuse_text_layers
 from routeopt.router_training.policy.embeddings import reuse_embeddings
 from routeopt.router_training.fit.estimators import (
     LightGBMPassEstimator,
@@ -378,7 +379,8 @@ def train_router(
         raise ValueError(f"need outcomes for at least 4 requests to train a router, got {len(data)}")
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
-    with reuse_embeddings():  # with embeddings, each prompt is encoded once for all three steps
+    # each prompt is encoded (with embeddings) and its text steps computed once for all three steps
+    with reuse_embeddings(), reuse_text_layers(data.prompts):
         fit = lambda d: _fit(
             d,
             seed,

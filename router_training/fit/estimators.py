@@ -8,7 +8,8 @@ no outcome for a request, and predicts per-candidate pass probabilities (n, K).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import threading
+from typing import Callable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,6 +23,7 @@ from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, 
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
 _EPS = 1e-6
+SELECTION_ROWS = 20_000  # requests the difficulty model's C is chosen on, at most
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
 
 
@@ -91,39 +93,137 @@ def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+def _minimize_together(
+    fg: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], theta: np.ndarray
+) -> np.ndarray:
+    """scipy's L-BFGS-B on each column of `theta` (p, m), the columns' evaluations made together:
+    `fg(theta[:, cols], cols)` returns the listed objectives' values (k,) and gradients (p, k).
+
+    Each column's minimisation is scipy's own, run in a thread of its own; a thread that needs
+    its objective evaluated waits until every unfinished column's thread needs one, and one
+    call evaluates them all. What that gains is `fg`'s: a design matrix shared by the columns
+    is read once per round instead of once per column.
+    """
+    m = theta.shape[1]
+    out = np.array(theta, dtype=np.float64)
+    turn = threading.Condition()
+    pending: dict[int, np.ndarray] = {}
+    answers: dict[int, tuple[float, np.ndarray]] = {}
+    state = {"running": m, "error": None}
+
+    def evaluate_pending() -> None:  # with `turn` held
+        cols = np.array(sorted(pending))
+        try:
+            f, g = fg(np.column_stack([pending[j] for j in cols]), cols)
+            answers.update((j, (float(f[i]), g[:, i].copy())) for i, j in enumerate(cols))
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            state["error"] = exc
+        pending.clear()
+        turn.notify_all()
+
+    def objective(j: int, x: np.ndarray) -> tuple[float, np.ndarray]:
+        with turn:
+            pending[j] = x.copy()
+            if len(pending) == state["running"]:
+                evaluate_pending()
+            while j not in answers and state["error"] is None:
+                turn.wait()
+            if state["error"] is not None:
+                raise RuntimeError("a joint evaluation failed") from state["error"]
+            return answers.pop(j)
+
+    def column(j: int) -> None:
+        try:
+            res = minimize(
+                lambda x: objective(j, x),
+                out[:, j],
+                jac=True,
+                method="L-BFGS-B",
+                options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5},
+            )
+            out[:, j] = res.x
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
+            with turn:
+                state["error"] = state["error"] or exc
+        finally:
+            with turn:
+                state["running"] -= 1
+                if pending and len(pending) == state["running"]:
+                    evaluate_pending()
+
+    if m == 1:
+        column(0)
+    else:
+        threads = [threading.Thread(target=column, args=(j,), daemon=True) for j in range(m)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if state["error"] is not None:
+        raise state["error"]
+    return out
+
+
+def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A @ B; for a sparse A and a few columns, one matrix-vector product per column, which is
+    faster than scipy's sparse x dense block until about four columns."""
+    if sp.issparse(A) and B.shape[1] < 4:
+        return np.column_stack([A @ np.ascontiguousarray(B[:, j]) for j in range(B.shape[1])])
+    return np.asarray(A @ B)
+
+
 def _fit_logistic(
     X: sp.spmatrix | np.ndarray,
-    y: np.ndarray,
+    Y: np.ndarray,
     C: float,
     start: np.ndarray | None = None,
     offset: np.ndarray | None = None,
-    XT: sp.csr_matrix | None = None,
-) -> tuple[np.ndarray, float]:
-    """L2 logistic regression on pass fractions in [0, 1] (sklearn's objective and meaning of C),
-    on top of a fixed per-row `offset` logit when given.
+    XT: sp.csr_matrix | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """L2 logistic regressions on pass fractions in [0, 1] (sklearn's objective and meaning of
+    C), one per column of `Y` (NaN: the row is not in that column's fit), on the design X and
+    on top of a fixed per-row (or per-cell) `offset` logit.
 
-    A constant model when the target has a single value or too few rows: nothing to learn.
+    Each column is its own fit; they run together (`_minimize_together`) so that X is read
+    once per round for all of them. Returns weights (d, m) and intercepts (m,). A column whose
+    target has a single value or too few rows gets a constant model: nothing to learn.
+    `start` is a previous (weights; intercepts) stacked (d + 1, m).
     """
-    rate = (y.sum() + 0.5) / (len(y) + 1.0)
-    if len(y) < 4 or np.ptp(y) < 1e-12:
-        return np.zeros(X.shape[1]), float(_logit(rate)) if offset is None else 0.0
+    Y = np.asarray(Y, dtype=np.float64)
+    Y = Y[:, None] if Y.ndim == 1 else Y
+    d, m = X.shape[1], Y.shape[1]
+    seen = ~np.isnan(Y)
+    counts = seen.sum(0)
+    y0 = np.where(seen, Y, 0.0)
+    rate = (y0.sum(0) + 0.5) / (counts + 1.0)
+    span = np.where(seen, Y, -np.inf).max(axis=0) - np.where(seen, Y, np.inf).min(axis=0)
+    live = (counts >= 4) & (span > 1e-12)
+    W, b = np.zeros((d, m)), _logit(rate) if offset is None else np.zeros(m)
+    if not live.any():
+        return W, b
+    cols = np.flatnonzero(live)
+    whole = seen[:, cols].all()
+    mask, y0 = (None if whole else seen[:, cols].astype(np.float64)), y0[:, cols]
+    base = 0.0 if offset is None else offset[:, cols] if offset.ndim == 2 else offset[:, None]
     if XT is None:
         XT = X.T.tocsr() if sp.issparse(X) else X.T
-    base = 0.0 if offset is None else offset
 
-    def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        w, b = theta[:-1], theta[-1]
-        z = X @ w + b + base
-        g = expit(z) - y
-        loss = float(np.sum(np.logaddexp(0.0, z) - y * z)) + 0.5 * float(w @ w) / C
-        return loss, np.append(XT @ g + w / C, g.sum())
+    def fg(theta: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w = theta[:-1]
+        z = _times(X, w) + theta[-1] + (base[:, at] if np.ndim(base) == 2 else base)
+        loss = np.logaddexp(0.0, z) - y0[:, at] * z
+        g = expit(z) - y0[:, at]
+        if mask is not None:
+            loss, g = loss * mask[:, at], g * mask[:, at]
+        f = loss.sum(axis=0) + 0.5 * np.einsum("ij,ij->j", w, w) / C
+        return f, np.vstack((_times(XT, g) + w / C, g.sum(axis=0)))
 
-    b0 = _logit(rate) if offset is None else 0.0
-    theta0 = start if start is not None else np.append(np.zeros(X.shape[1]), b0)
-    res = minimize(
-        loss_grad, theta0, jac=True, method="L-BFGS-B", options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5}
-    )
-    return res.x[:-1], float(res.x[-1])
+    theta = np.vstack((np.zeros((d, len(cols))), b[cols]))
+    if start is not None:
+        theta = np.asarray(start, dtype=np.float64).reshape(d + 1, -1)[:, cols]
+    theta = _minimize_together(fg, theta)
+    W[:, cols], b[cols] = theta[:-1], theta[-1]
+    return W, b
 
 
 class LinearPassEstimator(BaseEstimator):
@@ -174,28 +274,45 @@ class LinearPassEstimator(BaseEstimator):
 
     def _difficulty(self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray):
         """Out-of-fold difficulty logits, the chosen C and the deployed model (weights,
-        intercept): the mean of the fold models, or a refit on all rows."""
+        intercept): the mean of the fold models, or a refit on all rows.
+
+        C is chosen on at most `SELECTION_ROWS` requests (a fixed sample past that): which C
+        wins settles long before the data ends, while the fits it takes grow with it. The
+        out-of-fold logits at that C are then fitted on every request, from the sample's models."""
         grid = self.C_grid if self.C == "auto" else (float(self.C),)
         if X.shape[0] < 2 * self.n_folds or self.n_folds < 2:
-            w, b = _fit_logistic(X, ybar, grid[0])
-            return X @ w + b, grid[0], w, b
+            W, b = _fit_logistic(X, ybar, grid[0])
+            return X @ W[:, 0] + b[0], grid[0], W[:, 0], float(b[0])
+        if len(grid) > 1 and X.shape[0] > SELECTION_ROWS:
+            rows = np.sort(np.random.default_rng(self.seed).permutation(X.shape[0])[:SELECTION_ROWS])
+            C, _, starts = self._cross_fit_difficulty(X[rows], ybar[rows], folds[rows], grid)
+            _, oof, starts = self._cross_fit_difficulty(X, ybar, folds, (C,), starts)
+        else:
+            C, oof, starts = self._cross_fit_difficulty(X, ybar, folds, grid)
+        mean = np.mean(starts, axis=0)
+        if self.deploy == "average":
+            return oof, C, mean[:-1], float(mean[-1])
+        W, b = _fit_logistic(X, ybar, C, mean)
+        return oof, C, W[:, 0], float(b[0])
+
+    def _cross_fit_difficulty(
+        self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray, grid: tuple, starts: list | None = None
+    ) -> tuple[float, np.ndarray, list]:
+        """The C of `grid` whose fold models give the best out-of-fold log-loss, those logits and
+        models; each fold's fit starts from its fit at the previous C (or from `starts`)."""
         best = None
-        starts: list[np.ndarray | None] = [None] * self.n_folds
+        starts = list(starts) if starts is not None else [None] * self.n_folds
         for C in sorted(grid):
             oof = np.zeros(X.shape[0])
             for f in range(self.n_folds):
                 te = folds == f
-                w, b = _fit_logistic(X[~te], ybar[~te], C, starts[f])
-                starts[f] = np.append(w, b)
-                oof[te] = X[te] @ w + b
+                W, b = _fit_logistic(X[~te], ybar[~te], C, starts[f])
+                starts[f] = np.append(W[:, 0], b)
+                oof[te] = X[te] @ W[:, 0] + b[0]
             loss = _soft_log_loss(oof, ybar)
             if best is None or loss < best[0] - 1e-9:
-                best = (loss, C, oof, np.mean(starts, axis=0))
-        _, C, oof, start = best
-        if self.deploy == "average":
-            return oof, C, start[:-1], float(start[-1])
-        w, b = _fit_logistic(X, ybar, C, start)
-        return oof, C, w, b
+                best = (loss, C, oof, list(starts))
+        return best[1], best[2], best[3]
 
     def _topics(self, X: sp.csr_matrix) -> None:
         """Fit the text projection (top singular vectors of a row sample) and k-means centroids."""
@@ -236,25 +353,18 @@ class LinearPassEstimator(BaseEstimator):
         groups = np.hstack([onehot, topic])
         return np.hstack([groups * _HEAD_SCALE, d[:, None], groups * d[:, None]])
 
-    def _fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
+    def _fit_heads(
+        self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray, start: tuple | None = None
+    ) -> tuple:
         """Per candidate: a logistic head on H, then (with candidate text) its own text weights
-        on top of the head's logit; returns (head weights, bias, text weights, text bias)."""
-        k = Y.shape[1]
-        weights, bias = np.zeros((H.shape[1], k)), np.zeros(k)
-        tw = np.zeros((0 if T is None else T.shape[1], k))
-        tb = np.zeros(k)
-        full_T = None  # T and its transpose, shared by the candidates observed on every row
-        for j in range(k):
-            rows = ~np.isnan(Y[:, j])
-            weights[:, j], bias[j] = _fit_logistic(H[rows], Y[rows, j], 1.0)
-            if T is not None:
-                offset = H[rows] @ weights[:, j] + bias[j]
-                if rows.all():
-                    full_T = full_T or (T, T.T.tocsr())
-                    Tj, TjT = full_T
-                else:
-                    Tj, TjT = T[rows], None
-                tw[:, j], tb[j] = _fit_logistic(Tj, Y[rows, j], 1.0, offset=offset, XT=TjT)
+        on top of the head's logit; returns (head weights, bias, text weights, text bias).
+        The candidates are fitted together, each on the rows where it has an outcome, from
+        `start` (heads fitted before on other rows) when given."""
+        at = (lambda w, b: np.vstack([w, b])) if start is not None else (lambda w, b: None)
+        weights, bias = _fit_logistic(H, Y, 1.0, at(*start[:2]) if start else None)
+        if T is None:
+            return weights, bias, np.zeros((0, Y.shape[1])), np.zeros(Y.shape[1])
+        tw, tb = _fit_logistic(T, Y, 1.0, at(*start[2:]) if start else None, offset=H @ weights + bias)
         return weights, bias, tw, tb
 
     @staticmethod
@@ -304,21 +414,23 @@ class LinearPassEstimator(BaseEstimator):
 
     def _cross_fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
         """Out-of-fold logits from heads fitted without each fold, and the deployed heads: the
-        mean of the fold heads (deploy='average') or a refit on all rows."""
+        mean of the fold heads (deploy='average') or a refit on all rows. The first heads fitted
+        (on all rows, or the first fold's) are where the others start."""
         if len(Y) < 2 * self.n_folds or self.n_folds < 2:
             params = self._fit_heads(H, T, Y)
             return (self._head_logits(H, T, params), *params)
+        sub = lambda A, rows: None if A is None else A[rows]
+        first = self._fit_heads(H, T, Y) if self.deploy != "average" else None
         z = np.zeros(Y.shape)
         folds = []
         for f in range(self.n_folds):
             te = self.folds_ == f
-            folds.append(self._fit_heads(H[~te], None if T is None else T[~te], Y[~te]))
-            z[te] = self._head_logits(H[te], None if T is None else T[te], folds[-1])
+            folds.append(self._fit_heads(H[~te], sub(T, ~te), Y[~te], first))
+            first = first or folds[0]
+            z[te] = self._head_logits(H[te], sub(T, te), folds[-1])
         if self.deploy == "average":
-            params = tuple(np.mean([p[i] for p in folds], axis=0) for i in range(4))
-        else:
-            params = self._fit_heads(H, T, Y)
-        return (z, *params)
+            return (z, *(np.mean([p[i] for p in folds], axis=0) for i in range(4)))
+        return (z, *first)
 
     def out_of_fold_logits(self) -> np.ndarray:
         """Logits of each training request from heads fitted without its fold, on its

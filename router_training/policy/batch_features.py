@@ -13,6 +13,8 @@ sample of the vectors through the one-request path itself.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -234,32 +236,139 @@ def _distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
     return list(first), text_of
 
 
-def batch_features(texts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> BatchFeatures:
-    """`features.feature_layers` of every request, computed together."""
-    unique, text_of = _distinct(texts)
+class TextLayers(NamedTuple):
+    """The text steps of distinct texts: what depends on a text and the spec's hashing only
+    (raw statistics and term counts; no idf, scaling or suite)."""
+
+    text: BatchText
+    word_offsets: np.ndarray
+    words: np.ndarray
+    lengths: np.ndarray
+    bucket_offsets: np.ndarray
+    buckets: np.ndarray
+    counts: np.ndarray
+    stats: np.ndarray
+
+    def take(self, idx: np.ndarray) -> "TextLayers":
+        """The layers of texts `idx`, as `text_layers` of those texts alone computes them."""
+        t = self.text
+        cut, cut_offsets = _segments(t.offsets, idx)
+        words, word_offsets = _segments(self.word_offsets, idx)
+        buckets, bucket_offsets = _segments(self.bucket_offsets, idx)
+        text = BatchText(
+            [t.raw[i] for i in idx],
+            t.utf8_len[idx],
+            t.n_chars[idx],
+            t.newlines[idx],
+            t.questions[idx],
+            t.cut[cut],
+            cut_offsets,
+        )
+        return TextLayers(
+            text,
+            word_offsets,
+            self.words[words],
+            self.lengths[words],
+            bucket_offsets,
+            self.buckets[buckets],
+            self.counts[buckets],
+            self.stats[idx],
+        )
+
+
+def _segments(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the elements of segments `idx` sit, in that order, and their new offsets."""
+    lens = np.diff(offsets)[idx]
+    new = np.concatenate(([0], np.cumsum(lens)))
+    return np.repeat(offsets[:-1][idx] - new[:-1], lens) + np.arange(new[-1]), new
+
+
+def text_layers(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
+    """The text steps of distinct texts, computed together (reused, with `reuse_text_layers`)."""
+    memo = _MEMO.get()
+    if memo is not None:
+        return memo.layers(unique, spec)
     bt = batch_text(unique)
-    n = len(unique)
     words, lengths, owner, word_offsets = _words(bt)
     keys, reqs = _keys(bt, words, owner, spec)
     comb = reqs.astype(np.int64) * spec.n_buckets + (mix(keys) & np.uint64(spec.n_buckets - 1)).astype(
         np.int64
     )
     uniq, counts = np.unique(comb, return_counts=True)
-    bucket_offsets = np.searchsorted(uniq // spec.n_buckets, np.arange(n + 1))
-    buckets = uniq % spec.n_buckets
+    bucket_offsets = np.searchsorted(uniq // spec.n_buckets, np.arange(len(unique) + 1))
+    stats = _stats(bt, lengths, word_offsets)
+    return TextLayers(bt, word_offsets, words, lengths, bucket_offsets, uniq % spec.n_buckets, counts, stats)
+
+
+class _LayerMemo:
+    """Text layers of a fixed set of texts, computed once per hashing and taken from after."""
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = texts
+        self.made: dict[tuple, tuple[TextLayers, dict[str, int]]] = {}
+
+    def layers(self, unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
+        key = (spec.n_buckets, spec.char_ngrams, spec.word_bigrams)
+        token = _MEMO.set(None)  # compute below without the memo
+        try:
+            if key not in self.made:
+                every, _ = _distinct(self.texts)
+                self.made[key] = (text_layers(every, spec), {t: i for i, t in enumerate(every)})
+            made, index = self.made[key]
+            idx = [index.get(t, -1) for t in unique]
+            if -1 in idx:
+                return text_layers(unique, spec)
+            if idx == list(range(len(index))):
+                return made
+            return made.take(np.array(idx, dtype=np.int64))
+        finally:
+            _MEMO.reset(token)
+
+
+_MEMO: ContextVar[_LayerMemo | None] = ContextVar("routeopt_text_layers", default=None)
+
+
+@contextmanager
+def reuse_text_layers(texts: Sequence[str]) -> Iterator[None]:
+    """Within this block, the text steps of `texts` are computed once (per hashing) and every
+    batch of them is taken from that: training computes a spec, a design matrix and held-out
+    predictions from the same prompts several times."""
+    token = _MEMO.set(_LayerMemo(texts))
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def batch_features(texts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> BatchFeatures:
+    """`features.feature_layers` of every request, computed together."""
+    unique, text_of = _distinct(texts)
+    L = text_layers(unique, spec)
+    counts, buckets, bucket_offsets = L.counts, L.buckets, L.bucket_offsets
     x = ln1p_int(counts) if len(counts) and counts.max() >= TF_TABLE_SIZE else np.take(TF_TABLE, counts)
     if spec.idf is not None:
         x = x * np.take(spec.idf_array, buckets)
     norm = np.sqrt(segment_sums(x * x, bucket_offsets))
     per = np.repeat(norm, np.diff(bucket_offsets))
     x = np.where(per > 0, x / np.where(per > 0, per, 1.0), x)
-    stats = _stats(bt, lengths, word_offsets)
+    stats = L.stats
     if spec.stat_mean is not None:
         stats = (stats - spec.stat_mean_array) / spec.stat_std_array
     pos = np.array([spec.suite_position(s) for s in suites], dtype=np.int64)
     rows = _rows(pos, text_of, buckets, bucket_offsets, x, stats, spec)
     return BatchFeatures(
-        bt, word_offsets, words, lengths, bucket_offsets, buckets, counts, x, stats, text_of, pos, *rows
+        L.text,
+        L.word_offsets,
+        L.words,
+        L.lengths,
+        bucket_offsets,
+        buckets,
+        counts,
+        x,
+        stats,
+        text_of,
+        pos,
+        *rows,
     )
 
 

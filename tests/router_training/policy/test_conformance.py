@@ -137,3 +137,35 @@ def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
     for bad in (b"", blob[:1000], blob[:-7], b"\x00" * 64):
         report = check_vectors(policy, bad)
         assert not report.ok and "conformance.safetensors" in report.first
+
+
+def test_features_taken_from_reused_text_layers_are_those_computed_alone() -> None:
+    """Training computes the text steps of all its prompts once and takes batches from them:
+    every field of those batches must be what computing the batch alone gives."""
+    from dataclasses import replace
+
+    from routeopt.router_training.policy.batch_features import batch_features, reuse_text_layers
+
+    inputs = vector_inputs(("math", "code"), n_synthetic=300)
+    texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
+    spec = replace(features.FeatureSpec(suites=("code", "math")), stat_mean=(0.5,) * 9, stat_std=(2.0,) * 9)
+    rng = np.random.default_rng(0)
+    pick = rng.permutation(len(texts))[: len(texts) // 3]
+    some, their = [texts[i] for i in pick], [suites[i] for i in pick]
+    alone = batch_features(some, their, spec)
+    with reuse_text_layers(texts + ["only in the memo"]):
+        reused = batch_features(some, their, spec)
+        first = batch_features(texts[:5], suites[:5], spec)  # a second take from the same layers
+        missing = batch_features(["not among them"], [None], spec)  # computed, not taken
+    with reuse_text_layers(texts):
+        whole = batch_features(texts, suites, spec)  # the layers themselves
+    assert np.array_equal(whole.vals, batch_features(texts, suites, spec).vals)
+    assert first.ids.tolist() == batch_features(texts[:5], suites[:5], spec).ids.tolist()
+    assert missing.vals.tolist() == batch_features(["not among them"], [None], spec).vals.tolist()
+    for name, want in alone._asdict().items():
+        got = getattr(reused, name)
+        if name == "text":
+            for part, w in want._asdict().items():
+                assert np.array_equal(np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)), part
+        else:
+            assert got.dtype == want.dtype and np.array_equal(got, want), name

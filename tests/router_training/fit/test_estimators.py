@@ -1,0 +1,75 @@
+"""The linear estimator's fitting: many logistic fits solved together are each column's own fit."""
+
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from routeopt.router_training.fit import estimators as E
+
+
+def _problem(n: int = 400, d: int = 60, k: int = 6, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=0.1, random_state=seed, format="csr")
+    W = rng.normal(size=(d, k)) * 3
+    Y = (rng.random((n, k)) < 1 / (1 + np.exp(-(X @ W)))).astype(float)
+    Y[rng.random((n, k)) < 0.2] = np.nan  # no outcome: not in that column's fit
+    return X, Y
+
+
+@pytest.mark.parametrize("k", [2, 6])  # below and above where the product switches to a block
+def test_columns_fitted_together_are_each_columns_own_fit(k: int) -> None:
+    X, Y = _problem(k=k)
+    offset = np.random.default_rng(1).normal(size=Y.shape)
+    W, b = E._fit_logistic(X, Y, 0.7, offset=offset)
+    for j in range(k):
+        rows = ~np.isnan(Y[:, j])
+        w1, b1 = E._fit_logistic(X[rows], Y[rows, j], 0.7, offset=offset[rows, j])
+        assert np.allclose(W[:, j], w1[:, 0], atol=1e-4) and abs(b[j] - b1[0]) < 1e-4
+
+
+def test_a_column_with_nothing_to_learn_gets_a_constant_model() -> None:
+    X, Y = _problem(k=3)
+    Y[:, 1] = np.where(np.isnan(Y[:, 1]), np.nan, 1.0)  # always passes
+    Y[:, 2] = np.nan
+    Y[:3, 2] = 0.0  # three rows: too few
+    W, b = E._fit_logistic(X, Y, 1.0)
+    assert not W[:, 1].any() and not W[:, 2].any() and W[:, 0].any()
+    assert b[1] > 3 and b[2] < 0  # the smoothed rates' logits
+
+
+def test_a_failing_evaluation_is_raised_not_waited_on() -> None:
+    calls = []
+
+    def fg(theta, cols):
+        calls.append(len(cols))
+        if len(calls) > 1:
+            raise FloatingPointError("boom")
+        return (theta**2).sum(0), 2 * theta
+
+    before = threading.active_count()
+    with pytest.raises(FloatingPointError):
+        E._minimize_together(fg, np.ones((4, 5)))
+    assert threading.active_count() == before  # no column's thread is left waiting
+    assert calls[0] == 5  # the columns were evaluated together
+
+
+def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monkeypatch) -> None:
+    X, Y = _problem(n=600, k=4, seed=3)
+    whole = E.LinearPassEstimator(seed=0).fit(X, Y)
+    monkeypatch.setattr(E, "SELECTION_ROWS", 10_000)
+    assert np.array_equal(E.LinearPassEstimator(seed=0).fit(X, Y).oof_difficulty_, whole.oof_difficulty_)
+    monkeypatch.setattr(E, "SELECTION_ROWS", 150)
+    rows, fit = [], E._fit_logistic
+    monkeypatch.setattr(E, "_fit_logistic", lambda X, Y, *a, **k: rows.append(X.shape[0]) or fit(X, Y, *a, **k))
+    sampled = E.LinearPassEstimator(seed=0).fit(X, Y)
+    difficulty = rows[: 4 * 3 + 3 + 1]  # the grid on the sample, then its C's folds and the refit on all
+    has_any = int((~np.isnan(Y).all(axis=1)).sum())
+    assert max(difficulty[:12]) < 150 and min(difficulty[12:15]) > 300 and difficulty[15] == has_any
+    assert sampled.C_ in sampled.C_grid and np.isfinite(sampled.oof_difficulty_).all()
+    # every request's out-of-fold logit comes from a model fitted without its fold, on all rows
+    has = ~np.isnan(Y).all(axis=1)
+    ybar = np.nanmean(Y[has], axis=1)
+    assert np.corrcoef(sampled.oof_difficulty_[has], ybar)[0, 1] > 0.3
+    assert not np.allclose(sampled.oof_difficulty_, whole.oof_difficulty_) or sampled.C_ == whole.C_
