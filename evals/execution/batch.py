@@ -46,7 +46,7 @@ from routeopt.evals.providers.batch import (
 )
 from routeopt.evals.providers.sdk import estimate_tokens
 from routeopt.evals.storage.batches import BatchRecords, Job, Line
-from routeopt.evals.storage.store import Outcome, Store
+from routeopt.evals.storage.store import Outcome, ResumeConflict, Store
 from routeopt.evals.suite.spec import Item, Suite
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,31 @@ def latency_sample(suite: Suite, n: int) -> set[str]:
     """The items of a suite sent synchronously to measure latency: the same ones on a resume."""
     ranked = sorted(suite.items, key=lambda it: hashlib.sha256(f"{suite.name}\0{it.id}".encode()).hexdigest())
     return {it.id for it in ranked[:n]}
+
+
+def batch_owned(suite: Suite, candidate: Candidate) -> set[str]:
+    """Items of a pair that batch mode answers: none for a synchronous candidate."""
+    if not candidate.batched:
+        return set()
+    assert candidate.batch is not None
+    sample = latency_sample(suite, candidate.batch.latency_sample)
+    return {it.id for it in suite.items if it.id not in sample}
+
+
+def run_batch_option(store: Store, run_id: str, given: list[str] | None) -> list[str]:
+    """The candidates `--batch` batches in this run: on a resume the ones the run recorded
+    (given again, they must be the same: a resume never switches a candidate's mode)."""
+    recorded = store.batch_option(run_id)
+    if recorded is None or given is None:
+        return recorded or list(given or [])
+    if sorted(set(given)) != sorted(recorded):
+        started = "--batch " + " --batch ".join(recorded) if recorded else "no --batch"
+        raise ResumeConflict(
+            f"cannot resume run {run_id!r} with --batch {' --batch '.join(sorted(set(given)))}: it "
+            f"was started with {started}, and a resume keeps the run's batch mode. Leave --batch "
+            "out to resume it as it started, or start a new run"
+        )
+    return recorded
 
 
 @dataclass
@@ -100,11 +125,7 @@ class BatchStage:
 
     def owned(self, suite: Suite, candidate: Candidate) -> set[str]:
         """Items of a pair that batch mode answers: none for a synchronous candidate."""
-        if not candidate.batched:
-            return set()
-        assert candidate.batch is not None
-        sample = latency_sample(suite, candidate.batch.latency_sample)
-        return {it.id for it in suite.items if it.id not in sample}
+        return batch_owned(suite, candidate)
 
     def submit(self) -> None:
         """Plan and send every submission that can go now (before the synchronous pairs)."""
