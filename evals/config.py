@@ -174,6 +174,9 @@ class BatchSpec(BaseModel):
     resend: Literal["sync", "batch"] = "sync"
     max_rounds: int = Field(default=3, ge=1, le=20)  # batches per line with resend: batch
     latency_sample: int = Field(default=5, ge=0)  # items per suite sent synchronously
+    # a judged suite's judge calls for the batch-answered rows go through the judge's Batch API
+    # too, when the judge can batch (openai/anthropic, priced by tokens); false: synchronous
+    judge: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -87,6 +87,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_cost_usd DOUBLE,
     judge_input_tokens BIGINT,
     judge_output_tokens BIGINT,
+    judge_call_mode VARCHAR,
     streamed BOOLEAN,
     trace_id VARCHAR,
     span_id VARCHAR,
@@ -167,6 +168,7 @@ _ADDED_COLUMNS = (
     ("outcomes", "judge_cost_usd", "DOUBLE"),
     ("outcomes", "judge_input_tokens", "BIGINT"),
     ("outcomes", "judge_output_tokens", "BIGINT"),
+    ("outcomes", "judge_call_mode", "VARCHAR"),
     ("outcomes", "streamed", "BOOLEAN"),
     ("outcomes", "trace_id", "VARCHAR"),
     ("outcomes", "span_id", "VARCHAR"),
@@ -215,6 +217,9 @@ class Outcome:
     judge_cost_usd: float | None = None
     judge_input_tokens: int | None = None
     judge_output_tokens: int | None = None
+    # Graded from replies kept in `judge_replies` (a judge's batch, else a synchronous call):
+    # 'batch', 'sync' or 'mixed'; their cost is booked there. NULL: graded by direct calls.
+    judge_call_mode: str | None = None
     # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
     streamed: bool | None = None
     # The call's span when tracing is on (routeopt.common.tracing): rows and traces join on these.
