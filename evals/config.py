@@ -174,6 +174,9 @@ class BatchSpec(BaseModel):
     resend: Literal["sync", "batch"] = "sync"
     max_rounds: int = Field(default=3, ge=1, le=20)  # batches per line with resend: batch
     latency_sample: int = Field(default=5, ge=0)  # items per suite sent synchronously
+    # a judged suite's judge calls for the batch-answered rows go through the judge's Batch API
+    # too, when the judge can batch (openai/anthropic, priced by tokens); false: synchronous
+    judge: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -226,17 +229,21 @@ class Candidate(BaseModel):
 
     @model_validator(mode="after")
     def _batchable(self) -> "Candidate":
-        if self.batch is not None and self.batch.enabled and self.provider == "local":
-            raise ValueError(
-                "batch: a `local` candidate runs in this process and has no batch "
-                "API; remove `batch` (only openai and anthropic candidates batch)"
-            )
-        if self.batch is not None and self.batch.enabled and self.gpu_hour_usd is not None:
-            raise ValueError(
-                "batch: a candidate priced by GPU time has no batch price; give "
-                "token prices or remove `batch`"
-            )
+        why = self.unbatchable()
+        if self.batch is not None and self.batch.enabled and why is not None:
+            raise ValueError(f"batch: {why}; remove `batch`")
         return self
+
+    def unbatchable(self) -> str | None:
+        """Why this candidate cannot be answered through a Batch API (None: it can)."""
+        if self.provider == "local":
+            return (
+                "a `local` candidate runs in this process and has no batch API (only openai "
+                "and anthropic candidates batch)"
+            )
+        if self.gpu_hour_usd is not None:
+            return "a candidate priced by GPU time has no batch price (give token prices to batch it)"
+        return None
 
     @property
     def batched(self) -> bool:
@@ -575,6 +582,8 @@ class Config(BaseModel):
     traffic: TrafficSettings = TrafficSettings()
     reuse: ReuseSettings | None = None
     source_path: Path | None = Field(default=None, exclude=True)
+    # candidates batched by the run's `--batch` option (`with_batch`), recorded with the run
+    batch_option: list[str] = Field(default_factory=list, exclude=True)
     state_base: Path | None = Field(
         default=None, exclude=True, description="the folder relative state paths resolve against"
     )
@@ -651,6 +660,52 @@ class Config(BaseModel):
     def fingerprint(self) -> str:
         payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
+
+
+BATCH_ALL = "all"
+"""`--batch all`: every candidate of the run that has a Batch API."""
+
+
+def batch_option(cfg: Config, given: Sequence[str], among: Sequence[str] | None = None) -> list[str]:
+    """The candidates `--batch` turns batch mode on for, checked against the config: names of
+    candidates of the run (`among`, default all), or `all` for every one that can batch.
+    Raises ConfigError naming `--batch` and what is wrong."""
+    names = [c.name for c in cfg.candidates]
+    run = list(among) if among is not None else names
+    if BATCH_ALL in given:
+        picked = [n for n in run if cfg.candidate(n).unbatchable() is None]
+        if not picked:
+            raise ConfigError(
+                f"--batch all: none of this run's candidates {run} has a batch API (only openai "
+                "and anthropic candidates priced by tokens batch)"
+            )
+        return picked
+    picked = []
+    for name in given:
+        if name not in names:
+            raise ConfigError(f"--batch: no candidate {name!r}; the config has {names}")
+        if name not in run:
+            raise ConfigError(f"--batch: candidate {name!r} is not in this run (--candidate {run})")
+        why = cfg.candidate(name).unbatchable()
+        if why is not None:
+            raise ConfigError(f"--batch: candidate {name!r}: {why}; leave it out of --batch")
+        if name not in picked:
+            picked.append(name)
+    return picked
+
+
+def with_batch(cfg: Config, names: Sequence[str]) -> Config:
+    """The config with batch mode on for `names` (checked by `batch_option`): a candidate's own
+    `batch:` settings with `enabled`, else the default `BatchSpec`."""
+    if not names:
+        return cfg
+    candidates = [
+        c.model_copy(update={"batch": (c.batch or BatchSpec()).model_copy(update={"enabled": True})})
+        if c.name in names
+        else c
+        for c in cfg.candidates
+    ]
+    return cfg.model_copy(update={"candidates": candidates, "batch_option": sorted(names)})
 
 
 def _resolve(base: Path, p: Path) -> Path:

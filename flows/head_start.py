@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from routeopt.evals.config import Config
+from routeopt.evals.execution.batch import batch_owned
 from routeopt.evals.execution.budget import budget_for_run, spent_in_run
 from routeopt.evals.execution.runner import evaluate_pair
 from routeopt.evals.providers.local.provider import sharing_cpu
@@ -93,7 +94,8 @@ class HeadStart:
         for suite in loaded:
             if self._stopping.is_set():
                 return
-            done = store.done_items(self.run_id, suite.name, cand.name)
+            # batch mode answers its items after the head start; only its latency sample is called
+            done = store.done_items(self.run_id, suite.name, cand.name) | batch_owned(suite, cand)
             on_progress = (lambda n, s=suite: hook(s.name, cand.name, n, len(s.items))) if hook else None
             try:
                 stats = await evaluate_pair(
@@ -109,6 +111,6 @@ class HeadStart:
                     cache_scope=f"{self.cfg.db_path}#{self.run_id}",
                 )
             finally:
-                self.items += len(store.done_items(self.run_id, suite.name, cand.name)) - len(done)
+                self.items += len(store.done_items(self.run_id, suite.name, cand.name) - done)
             if stats.halted:
                 return

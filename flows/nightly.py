@@ -19,8 +19,15 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from routeopt.common import tracing
-from routeopt.evals.config import Candidate, Config, default_config_path, load_config
-from routeopt.evals.execution.batch import BatchStage
+from routeopt.evals.config import (
+    Candidate,
+    Config,
+    batch_option,
+    default_config_path,
+    load_config,
+    with_batch,
+)
+from routeopt.evals.execution.batch import BatchStage, run_batch_option
 from routeopt.evals.execution.budget import Budget, budget_for_run, spent_in_run
 from routeopt.evals.execution.cache import format_age, parse_age
 from routeopt.evals.execution.reuse import NightPlan, check_drift, plan_night, remeasure, stamp_keys
@@ -210,6 +217,7 @@ def begin_evaluation(
         config_fingerprint=cfg.fingerprint(),
         config=cfg.model_dump(mode="json"),
         candidates=[c.public_dict() for c in chosen],
+        batch_option=cfg.batch_option,
     )
     for suite in loaded:
         store.register_suite(
@@ -616,6 +624,7 @@ def nightly(
     preflight: bool | None = None,
     skip_broken: bool | None = None,
     probes: list[dict] | None = None,
+    batch: list[str] | None = None,
 ) -> RunResult:
     """Preflight -> evaluate -> store -> train -> review -> publish -> promote -> report. The
     same run id resumes.
@@ -624,7 +633,9 @@ def nightly(
     development runs only; by default every model is called again (resuming a run still takes
     its own finished answers from the cache). `preflight`, `skip_broken`: default from the
     config's `preflight` section; `probes`: the preflight a caller already ran (the CLI, to
-    report a broken candidate before Prefect's server has started).
+    report a broken candidate before Prefect's server has started). `batch`: candidates to
+    answer through their Batch API in this run (`all`: every one that can), as `--batch` does;
+    a resumed run keeps the ones it started with.
     """
     logger = get_run_logger()
     cfg = load_config(config_path or default_config_path())
@@ -638,6 +649,8 @@ def nightly(
     if db_path:
         cfg = cfg.model_copy(update={"db_path": Path(db_path).resolve()})
     run_id = run_id or new_run_id()
+    given = batch_option(cfg, batch, candidates) if batch is not None else None
+    cfg = with_batch(cfg, run_batch_option(shared_store(cfg.db_path), run_id, given))
     with _run_span(run_id) as trace_parent:
         skip = cfg.preflight.skip_broken if skip_broken is None else skip_broken
         chosen = candidates or [c.name for c in cfg.candidates]

@@ -1,9 +1,9 @@
 """A run's evaluation stage without Prefect, for kill -9 tests and benchmarks of batch mode.
 
-`python -m tests.batch_driver CONFIG DB RUN_ID` does what `evaluate_all` does for one run
-(records, batch submissions, the synchronous pairs, the batches' end) and exits 0 when the run
-is complete; run it again with the same RUN_ID to resume. `fleet(...)` writes a fake fleet's
-config beside a suite.
+`python -m tests.batch_driver CONFIG DB RUN_ID [CANDIDATE,...]` does what `evaluate_all` does
+for one run (records, batch submissions, the synchronous pairs, the batches' end) and exits 0
+when the run is complete; run it again with the same RUN_ID to resume. `fleet(...)` writes a
+fake fleet's config beside a suite (with `judge`, a judge candidate the run does not evaluate).
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from routeopt.evals.suite.spec import discover_suites, load_suite
 FAST = RetryPolicy(base_s=0.01, max_s=0.05)
 
 
-def run(config: str, db: str, run_id: str) -> Store:
+def run(config: str, db: str, run_id: str, only: str | None = None) -> Store:
+    """The run's evaluation stage; `only`: the candidates it evaluates (comma-separated)."""
     cfg = load_config(config)
     store = Store(db)
     suites = [load_suite(p, config=cfg) for p in discover_suites(cfg.suites_dir, cfg.suites)]
+    if only:
+        cfg = cfg.model_copy(update={"candidates": [c for c in cfg.candidates if c.name in only.split(",")]})
     store.check_resume(
         run_id, {c.name: c.measured_dict() for c in cfg.candidates}, {s.name: s.version for s in suites}
     )
@@ -61,6 +64,7 @@ def fleet(
     poll_s: float = 0.05,
     latency_sample: int = 2,
     extra: dict | None = None,
+    judge: bool = False,
 ) -> Path:
     """A config of one OpenAI and one Anthropic candidate on the fake servers at `urls`
     (provider -> base URL), batched or not; suites in `folder/suites`."""
@@ -87,6 +91,19 @@ def fleet(
             **({"batch": spec} if batch else {}),
         },
     ]
+    if judge:
+        cands.append(
+            {
+                "name": "judge",
+                "provider": "openai",
+                "model": "judge-fake",
+                "base_url": urls["openai"],
+                "input_price_per_mtok": 2.0,
+                "output_price_per_mtok": 8.0,
+                "max_retries": 2,
+                "batch": {"enabled": False, "poll_interval_s": poll_s},
+            }
+        )
     path = folder / "routeopt.yaml"
     path.write_text(
         json.dumps(
@@ -104,4 +121,4 @@ def fleet(
 
 
 if __name__ == "__main__":
-    run(*sys.argv[1:4]).close()
+    run(*sys.argv[1:5]).close()

@@ -18,7 +18,12 @@ token_limit_exceeded) whose prompt tokens would exceed it with the model's batch
 
 `billed` counts every answered line per (model, prompt), with the synchronous routes' answers
 too: a test sums it to check that nothing was paid twice. `python -m tests.fake_batches`
-serves it in its own process (`GET /_fake/billed`, `GET /_fake/batches`).
+serves it in its own process (`GET /_fake/billed`, `GET /_fake/batches`), judging as
+`judging(default_answer)` does.
+
+`judging(answer_fn)` answers judge prompts too (`routeopt.evals.grading.judge`: a rubric that
+ends asking for `SCORE: <n>`), for rubrics with a `Question: ...` and a `Reply: ...` line:
+`SCORE: 9` when the reply is what `default_answer` says to the question, else `SCORE: 2`.
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from tests.fake_llm import FakeLLM, FaultPlan, _prompt_of, count_tokens
+from tests.fake_llm import FakeLLM, FaultPlan, _prompt_of, count_tokens, default_answer
 from tests.fake_llm_wire import (
     _STATUS_FAULTS,
     _anthropic_plain,
@@ -57,6 +63,27 @@ BATCH_FAULTS = (
     "poll_5xx",
     "gone",
 )
+
+
+_JUDGED = re.compile(r"Question: (?P<question>[^\n]*)\nReply: (?P<reply>[^\n]*)\n")
+JUDGE_RUBRIC = "Question: What is {{ a }} + {{ b }}?\nReply: {{ response }}\n"
+"""A judge rubric `judging` answers (over the arithmetic suite's fields)."""
+
+
+def judging(answer_fn: Callable[[str], str] = default_answer) -> Callable[[str], str]:
+    """`answer_fn`, but a judge's prompt (one asking for `SCORE:`) is graded: 9 when its reply
+    is right, 2 when wrong; a judge prompt without the rubric's lines gets no score."""
+
+    def answer(prompt: str) -> str:
+        if "SCORE:" not in prompt:
+            return answer_fn(prompt)
+        m = _JUDGED.search(prompt)
+        if m is None:
+            return "There is no reply to grade."
+        right = m["reply"].strip() == default_answer(m["question"])
+        return f"The reply is {'right' if right else 'wrong'}.\nSCORE: {9 if right else 2}"
+
+    return answer
 
 
 @dataclass
@@ -118,6 +145,7 @@ class FakeBatchLLM(FakeLLM):
                     {
                         "id": b.id,
                         "kind": b.kind,
+                        "model": b.model,
                         "n": len(b.lines),
                         "state": b.state,
                         "faults": sorted(b.faults),
@@ -519,7 +547,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--faults", default="", help="e.g. '1=expire;3=poll_5xx,duplicate'")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    server = FakeBatchLLM(phase_s=a.phase_s, faults=_parse_faults(a.faults), seed=a.seed)
+    server = FakeBatchLLM(
+        phase_s=a.phase_s, faults=_parse_faults(a.faults), seed=a.seed, answer_fn=judging(default_answer)
+    )
 
     async def run() -> None:
         await server.serve(a.port)
@@ -532,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
 
 
-__all__ = ["BATCH_FAULTS", "FakeBatchLLM", "FaultPlan"]
+__all__ = ["BATCH_FAULTS", "JUDGE_RUBRIC", "FakeBatchLLM", "FaultPlan", "judging"]
 
 if __name__ == "__main__":
     main()

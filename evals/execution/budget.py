@@ -272,15 +272,26 @@ def spent_in_run(store: Store, run_id: str) -> dict[str, float]:
 
     Cached answers carry their list-price cost for training but were not paid: not counted.
     Judge calls are counted against the judge candidate, preflight probes against their own.
+    A judged suite's batch answers waiting for their judge (`batch_answers`) count until their
+    row is written; judge replies stored for them (`judge_replies`) count once each, and the
+    rows graded from them (`judge_call_mode` set) do not count them again.
     """
+    parts = [
+        "SELECT candidate, coalesce(cost_usd, 0) AS usd FROM outcomes"
+        " WHERE run_id = ? AND NOT coalesce(cached, FALSE)",
+        "SELECT judge_candidate, judge_cost_usd FROM outcomes WHERE run_id = ?"
+        " AND judge_candidate IS NOT NULL AND judge_cost_usd IS NOT NULL AND judge_call_mode IS NULL",
+        "SELECT candidate, coalesce(cost_usd, 0) FROM preflight WHERE run_id = ?",
+    ]
+    if store.has_table("batch_answers"):
+        parts += [
+            "SELECT a.candidate, coalesce(a.cost_usd, 0) FROM batch_answers a WHERE a.run_id = ?"
+            " AND NOT EXISTS (SELECT 1 FROM outcomes o WHERE o.run_id = a.run_id AND o.suite = a.suite"
+            " AND o.item_id = a.item_id AND o.candidate = a.candidate)",
+            "SELECT judge, coalesce(cost_usd, 0) FROM judge_replies WHERE run_id = ?",
+        ]
     frame = store.query(
-        "SELECT candidate, sum(usd) AS usd FROM ("
-        " SELECT candidate, coalesce(cost_usd, 0) AS usd FROM outcomes"
-        " WHERE run_id = ? AND NOT coalesce(cached, FALSE)"
-        " UNION ALL SELECT judge_candidate, judge_cost_usd FROM outcomes"
-        " WHERE run_id = ? AND judge_candidate IS NOT NULL AND judge_cost_usd IS NOT NULL"
-        " UNION ALL SELECT candidate, coalesce(cost_usd, 0) FROM preflight WHERE run_id = ?"
-        ") GROUP BY candidate",
-        [run_id, run_id, run_id],
+        f"SELECT candidate, sum(usd) AS usd FROM ({' UNION ALL '.join(parts)}) GROUP BY candidate",
+        [run_id] * len(parts),
     )
     return {str(r.candidate): float(r.usd) for r in frame.itertuples()}

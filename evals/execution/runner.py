@@ -30,7 +30,7 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from routeopt.common import tracing
 from routeopt.evals.config import Candidate
@@ -56,8 +56,10 @@ __all__ = [
     "PairStats",
     "RetryPolicy",
     "apportion_gpu_cost",
+    "count_grading_call",
     "evaluate_pair",
     "grade_answer",
+    "grading_calls",
     "grading_pair",
     "token_cost",
 ]
@@ -143,6 +145,14 @@ class _GradingUsage:
 _GRADING_USAGE: ContextVar[_GradingUsage | None] = ContextVar("routeopt_grading_usage", default=None)
 
 
+def count_grading_call(candidate: Candidate, result: CallResult) -> None:
+    """Count a grader's model call (or a stored reply it was answered from) on the outcome row
+    of the item being graded."""
+    usage = _GRADING_USAGE.get()
+    if usage is not None:
+        usage.add(candidate, result)
+
+
 class _GradingCalls:
     """The call path the runner lends graders that call models (the judge): the same limits,
     breaker, budget (against the judge candidate) and retries as the pair's own calls; each
@@ -167,6 +177,14 @@ class _GradingCalls:
         return caller
 
     async def __call__(self, candidate: Candidate, request: Request) -> Completion:
+        result = await self.result(candidate, request)
+        if result.completion is None:
+            assert result.error is not None
+            raise result.error
+        return result.completion
+
+    async def result(self, candidate: Candidate, request: Request) -> CallResult:
+        """One call, its cost counted on the item being graded: the answer or the last error."""
         span = (
             spans.start_call(candidate, "judge", spans.request_attributes(request))
             if tracing.tracer() is not None
@@ -179,13 +197,8 @@ class _GradingCalls:
         finally:
             if span is not None:
                 span.end()
-        usage = _GRADING_USAGE.get()
-        if usage is not None:
-            usage.add(candidate, result)
-        if result.completion is None:
-            assert result.error is not None
-            raise result.error
-        return result.completion
+        count_grading_call(candidate, result)
+        return result
 
     @property
     def calls(self) -> int:
@@ -334,17 +347,26 @@ async def _grade(pair: _Pair, item: Item, row: Outcome) -> None:
     row.passed, row.score, row.reason = grade.passed, grade.score, grade.reason
 
 
-def grading_pair(suite: Suite, candidate: Candidate, run_id: str, budget: Budget | None) -> _Pair:
+def grading_calls(budget: Budget | None, retry: RetryPolicy = RetryPolicy()) -> _GradingCalls:
+    """The call path graders' model calls take (the judge's): limits, breaker, budget, retries;
+    `result` makes one call and counts it on the item being graded."""
+    return _GradingCalls(budget, retry, None)
+
+
+def grading_pair(
+    suite: Suite, candidate: Candidate, run_id: str, budget: Budget | None, calls: Any = None
+) -> _Pair:
     """A pair whose answers come from elsewhere (a provider's batch): it only grades, with the
-    judge's calls on the same call path as a synchronous pair's."""
-    grading = _GradingCalls(budget, RetryPolicy(), None)
+    judge's calls on the same call path as a synchronous pair's, or on `calls` (a `ModelCall`
+    with `calls` and `aclose`, e.g. one that answers from stored judge replies)."""
+    grading = calls if calls is not None else _GradingCalls(budget, RetryPolicy(), None)
     return _Pair(
         suite,
         candidate,
         run_id,
         None,
         suite.grader.bind(grading),
-        grading,  # type: ignore[arg-type]
+        grading,
         None,
         PairStats(suite.name, candidate.name),
         run_id,

@@ -10,16 +10,21 @@ Submission states (ours): planned -> uploaded (OpenAI: the input file exists) ->
 provider has a batch; `provider_state` is its own: validating, in_progress, finalizing, ...)
 -> ended (terminal at the provider) -> harvested (every line's result stored). `lost`: the
 provider no longer knows the batch; `rejected`: the provider refused to create it.
+
+Judged suites add a second stage (`routeopt.evals.execution.judge_batch`): submissions and
+lines with `judge_for` set carry a judge's calls for that candidate's answers. Answers waiting
+for them are kept in `batch_answers` (not yet outcomes), and every judge reply they get, from a
+batch or a synchronous call, in `judge_replies`, before any graded row is written from it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from routeopt.evals.storage.store import Store
+from routeopt.evals.storage.store import RESUMABLE_ERROR_KINDS, Outcome, Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_jobs (
@@ -56,6 +61,37 @@ CREATE TABLE IF NOT EXISTS batch_lines (
     state VARCHAR NOT NULL,
     error VARCHAR
 );
+ALTER TABLE batch_jobs ADD COLUMN IF NOT EXISTS judge_for VARCHAR;
+ALTER TABLE batch_lines ADD COLUMN IF NOT EXISTS judge_for VARCHAR;
+CREATE TABLE IF NOT EXISTS batch_answers (
+    run_id VARCHAR NOT NULL,
+    suite VARCHAR NOT NULL,
+    item_id VARCHAR NOT NULL,
+    candidate VARCHAR NOT NULL,
+    cost_usd DOUBLE,
+    row_json VARCHAR NOT NULL,
+    kept_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (run_id, suite, item_id, candidate)
+);
+CREATE TABLE IF NOT EXISTS judge_replies (
+    run_id VARCHAR NOT NULL,
+    judge_for VARCHAR NOT NULL,
+    judge VARCHAR NOT NULL,
+    request_key VARCHAR NOT NULL,
+    mode VARCHAR NOT NULL,
+    batch_id VARCHAR,
+    custom_id VARCHAR,
+    text VARCHAR NOT NULL,
+    finish_reason VARCHAR,
+    input_tokens BIGINT,
+    output_tokens BIGINT,
+    cached_input_tokens BIGINT,
+    cache_write_input_tokens BIGINT,
+    tokens_estimated BOOLEAN,
+    cost_usd DOUBLE,
+    recorded_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (run_id, judge_for, judge, request_key)
+);
 """
 OPEN_STATES = ("planned", "uploaded", "submitted", "ended")
 LINE_FINAL = ("answered", "errored", "expired", "cancelled", "invalid", "missing")
@@ -83,6 +119,7 @@ class Job:
     created_at: datetime
     submitted_at: datetime | None
     error: str | None = None
+    judge_for: str | None = None  # a judge's submission: the candidate whose answers it grades
 
     @property
     def open(self) -> bool:
@@ -116,8 +153,8 @@ class BatchRecords:
             try:
                 con.execute(
                     "INSERT INTO batch_jobs (submission_id, run_id, candidate, provider, round, "
-                    "state, n_requests, n_bytes, est_tokens, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, 'planned', ?, ?, ?, ?)",
+                    "state, n_requests, n_bytes, est_tokens, created_at, judge_for) "
+                    "VALUES (?, ?, ?, ?, ?, 'planned', ?, ?, ?, ?, ?)",
                     [
                         job.submission_id,
                         job.run_id,
@@ -128,10 +165,13 @@ class BatchRecords:
                         n_bytes,
                         job.est_tokens,
                         job.created_at,
+                        job.judge_for,
                     ],
                 )
                 con.executemany(
-                    "INSERT INTO batch_lines VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned', NULL)",
+                    "INSERT INTO batch_lines (custom_id, submission_id, run_id, suite, item_id, "
+                    "candidate, attempt, est_tokens, state, error, judge_for) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned', NULL, ?)",
                     [
                         (
                             ln.custom_id,
@@ -142,6 +182,7 @@ class BatchRecords:
                             job.candidate,
                             ln.attempt,
                             ln.est_tokens,
+                            job.judge_for,
                         )
                         for ln in rows
                     ],
@@ -168,14 +209,16 @@ class BatchRecords:
             [(state, error, cid) for cid, state, error in states],
         )
 
-    def jobs(self, run_id: str, candidate: str | None = None) -> list[Job]:
+    def jobs(self, run_id: str, candidate: str | None = None, judge_for: str | None = None) -> list[Job]:
+        """A run's submissions; for a candidate, its own answers' (`judge_for` None) or, as a
+        judge, those that grade `judge_for`'s answers."""
         where, params = "run_id = ?", [run_id]
         if candidate is not None:
-            where += " AND candidate = ?"
-            params.append(candidate)
+            where += " AND candidate = ? AND coalesce(judge_for, '') = ?"
+            params += [candidate, judge_for or ""]
         frame = self.store.query(
             "SELECT submission_id, run_id, candidate, provider, round, state, provider_state, "
-            "file_id, batch_id, n_requests, est_tokens, created_at, submitted_at, error "
+            "file_id, batch_id, n_requests, est_tokens, created_at, submitted_at, error, judge_for "
             f"FROM batch_jobs WHERE {where} ORDER BY created_at, submission_id",
             params,
         )
@@ -189,19 +232,119 @@ class BatchRecords:
         )
         return {r["custom_id"]: Line(**r) for r in frame.to_dict("records")}
 
-    def line_history(self, run_id: str, candidate: str) -> dict[tuple[str, str], tuple[int, str]]:
-        """(suite, item) -> (highest attempt, its state) of a candidate's lines in a run."""
+    def line_history(
+        self, run_id: str, candidate: str, judge_for: str | None = None
+    ) -> dict[tuple[str, str], tuple[int, str]]:
+        """(suite, item) -> (highest attempt, its state) of a candidate's lines in a run (a
+        judge's lines for `judge_for`: ('', request key))."""
         frame = self.store.query(
             "SELECT suite, item_id, arg_max(attempt, attempt) AS attempt, "
             "arg_max(state, attempt) AS state FROM batch_lines WHERE run_id = ? AND candidate = ? "
-            "GROUP BY suite, item_id",
-            [run_id, candidate],
+            "AND coalesce(judge_for, '') = ? GROUP BY suite, item_id",
+            [run_id, candidate, judge_for or ""],
         )
         return {(r["suite"], r["item_id"]): (int(r["attempt"]), r["state"]) for r in frame.to_dict("records")}
 
     def known_batch_ids(self) -> set[str]:
         frame = self.store.query("SELECT batch_id FROM batch_jobs WHERE batch_id IS NOT NULL")
         return set(frame["batch_id"])
+
+    def keep(self, rows: list[Outcome]) -> None:
+        """Answers that wait for their judge's replies (replacing a row kept before)."""
+        now = _now()
+        self.store.write(
+            "INSERT OR REPLACE INTO batch_answers VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    r.run_id,
+                    r.suite,
+                    r.item_id,
+                    r.candidate,
+                    r.cost_usd,
+                    json.dumps({k: v for k, v in asdict(r).items() if k in _KEPT_FIELDS}),
+                    now,
+                )
+                for r in rows
+            ],
+        )
+
+    def kept(self, run_id: str, candidate: str) -> list[Outcome]:
+        """A candidate's kept answers whose item has no final outcome yet (a placeholder for an
+        error on our side, e.g. the judge's spend cap, is graded again: never answered again)."""
+        final = ", ".join(f"'{k}'" for k in RESUMABLE_ERROR_KINDS)
+        frame = self.store.query(
+            "SELECT a.row_json, a.kept_at FROM batch_answers a WHERE a.run_id = ? AND a.candidate = ? "
+            "AND NOT EXISTS (SELECT 1 FROM outcomes o WHERE o.run_id = a.run_id AND o.suite = a.suite "
+            "AND o.item_id = a.item_id AND o.candidate = a.candidate "
+            f"AND (o.error_kind IS NULL OR o.error_kind NOT IN ({final}))) ORDER BY a.suite, a.item_id",
+            [run_id, candidate],
+        )
+        return [
+            Outcome(**json.loads(r["row_json"]), measured_at=r["kept_at"]) for r in frame.to_dict("records")
+        ]
+
+    def kept_items(self, run_id: str, suite: str, candidate: str) -> set[str]:
+        """Items of a pair whose answer is kept: answered, never to be sent again."""
+        frame = self.store.query(
+            "SELECT item_id FROM batch_answers WHERE run_id = ? AND suite = ? AND candidate = ?",
+            [run_id, suite, candidate],
+        )
+        return set(frame["item_id"])
+
+    def add_replies(self, run_id: str, judge_for: str, replies: list[Reply]) -> list[Reply]:
+        """Store replies; returns those that were new (a harvest read twice books each once)."""
+        if not replies:
+            return []
+        known = self.replies(run_id, judge_for)
+        new = [r for r in replies if (r.judge, r.request_key) not in known]
+        now = _now()
+        self.store.write(
+            "INSERT INTO judge_replies (run_id, judge_for, judge, request_key, mode, batch_id, "
+            f"custom_id, {', '.join(REPLY_FIELDS)}, cost_usd, recorded_at) VALUES "
+            f"({', '.join('?' * (9 + len(REPLY_FIELDS)))}) ON CONFLICT DO NOTHING",
+            [
+                (
+                    run_id,
+                    judge_for,
+                    r.judge,
+                    r.request_key,
+                    r.mode,
+                    r.batch_id,
+                    r.custom_id,
+                    *(r.completion.get(c) for c in REPLY_FIELDS),
+                    r.cost_usd,
+                    now,
+                )
+                for r in new
+            ],
+        )
+        return new
+
+    def replies(self, run_id: str, judge_for: str) -> dict[tuple[str, str], Reply]:
+        """(judge, request key) -> its reply, for one candidate's kept answers."""
+        frame = self.store.query(
+            f"SELECT judge, request_key, mode, batch_id, custom_id, {', '.join(REPLY_FIELDS)}, "
+            "cost_usd FROM judge_replies WHERE run_id = ? AND judge_for = ?",
+            [run_id, judge_for],
+        )
+        out = {}
+        for r in frame.to_dict("records"):
+            r = {k: (None if _isna(v) else v) for k, v in r.items()}
+            c = {k: r[k] for k in REPLY_FIELDS}
+            c["tokens_estimated"] = bool(c["tokens_estimated"])
+            for k in ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_input_tokens"):
+                c[k] = None if c[k] is None else int(c[k])
+            reply = Reply(
+                r["judge"],
+                r["request_key"],
+                r["mode"],
+                c,
+                float(r["cost_usd"] or 0.0),
+                r["batch_id"],
+                r["custom_id"],
+            )
+            out[(reply.judge, reply.request_key)] = reply
+        return out
 
     def summary(self, run_id: str) -> list[dict[str, Any]]:
         """Per candidate: submissions by state and lines by state (the run summary)."""
@@ -213,6 +356,31 @@ class BatchRecords:
             "WHERE j.run_id = ? GROUP BY ALL ORDER BY j.candidate, j.submission_id",
             [run_id],
         ).to_dict("records")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A judge's reply to one request, as paid: in a batch or by a synchronous call."""
+
+    judge: str
+    request_key: str
+    mode: str  # batch | sync
+    completion: dict[str, Any]  # the fields of the judge's `Completion` (`REPLY_FIELDS`)
+    cost_usd: float
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+
+REPLY_FIELDS = (
+    "text",
+    "finish_reason",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_input_tokens",
+    "tokens_estimated",
+)
+_KEPT_FIELDS = tuple(f.name for f in fields(Outcome) if f.name not in ("created_at", "measured_at"))
 
 
 def _isna(v: Any) -> bool:

@@ -87,6 +87,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
     judge_cost_usd DOUBLE,
     judge_input_tokens BIGINT,
     judge_output_tokens BIGINT,
+    judge_call_mode VARCHAR,
     streamed BOOLEAN,
     trace_id VARCHAR,
     span_id VARCHAR,
@@ -167,6 +168,7 @@ _ADDED_COLUMNS = (
     ("outcomes", "judge_cost_usd", "DOUBLE"),
     ("outcomes", "judge_input_tokens", "BIGINT"),
     ("outcomes", "judge_output_tokens", "BIGINT"),
+    ("outcomes", "judge_call_mode", "VARCHAR"),
     ("outcomes", "streamed", "BOOLEAN"),
     ("outcomes", "trace_id", "VARCHAR"),
     ("outcomes", "span_id", "VARCHAR"),
@@ -178,6 +180,7 @@ _ADDED_COLUMNS = (
     ("outcomes", "carried_from", "VARCHAR"),
     ("decisions", "trace_id", "VARCHAR"),
     ("decisions", "span_id", "VARCHAR"),
+    ("runs", "batch_option", "VARCHAR"),  # JSON list: the candidates `--batch` batched
 )
 
 
@@ -214,6 +217,9 @@ class Outcome:
     judge_cost_usd: float | None = None
     judge_input_tokens: int | None = None
     judge_output_tokens: int | None = None
+    # Graded from replies kept in `judge_replies` (a judge's batch, else a synchronous call):
+    # 'batch', 'sync' or 'mixed'; their cost is booked there. NULL: graded by direct calls.
+    judge_call_mode: str | None = None
     # The answer came as a stream (TTFT measured), or as one body (TTFT and TPOT unknown, NULL).
     streamed: bool | None = None
     # The call's span when tracing is on (routeopt.common.tracing): rows and traces join on these.
@@ -259,6 +265,11 @@ _REPLACE_PLACEHOLDERS = (
     )
     + f" WHERE outcomes.error_kind IN ({_RESUMABLE_SQL})"
 )
+
+
+def _batched(spec: dict) -> bool:
+    """Whether a recorded candidate spec answers through a Batch API (no `batch`: it does not)."""
+    return bool((spec.get("batch") or {}).get("enabled"))
 
 
 class ResumeConflict(ValueError):
@@ -314,14 +325,26 @@ class Store:
         config_fingerprint: str | None = None,
         config: dict | None = None,
         candidates: Iterable[dict] = (),
+        batch_option: Sequence[str] = (),
     ) -> bool:
-        """Record a run (a no-op when it exists: resuming). Returns True if the run is new."""
+        """Record a run (a no-op when it exists: resuming). Returns True if the run is new.
+        `batch_option`: the candidates the run's `--batch` batched (a resume keeps them)."""
         with self._lock:
             existing = self._con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
         if existing is None:
             self._write(
-                "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?) ON CONFLICT DO NOTHING",
-                [(run_id, _now(), source, config_fingerprint, json.dumps(config or {}))],
+                "INSERT INTO runs (run_id, started_at, finished_at, status, source, config_fingerprint, "
+                "config_json, batch_option) VALUES (?, ?, NULL, 'running', ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [
+                    (
+                        run_id,
+                        _now(),
+                        source,
+                        config_fingerprint,
+                        json.dumps(config or {}),
+                        json.dumps(sorted(batch_option)) if batch_option else None,
+                    )
+                ],
             )
         else:
             self._write("UPDATE runs SET status = 'running' WHERE run_id = ?", [(run_id,)])
@@ -377,6 +400,12 @@ class Store:
                 continue
             now = candidates.get(name)
             before = json.loads(spec_json or "{}")
+            if now is not None and _batched(before) != _batched(now):  # absent: synchronous
+                on_off = {True: "on", False: "off"}
+                changes.append(
+                    f"candidate {name!r}: batch mode {on_off[_batched(before)]} -> {on_off[_batched(now)]}"
+                )
+                now = {k: v for k, v in now.items() if k != "batch"}
             for field in sorted(set(now or {}) & set(before)):
                 a, b = before[field], now[field]
                 if isinstance(a, dict) and isinstance(b, dict):  # a section: the keys both have
@@ -403,6 +432,20 @@ class Store:
                 [run_id],
             ).fetchall()
         return {r[0] for r in rows}
+
+    def batch_option(self, run_id: str) -> list[str] | None:
+        """The candidates a run's `--batch` batched ([] for none); None when there is no such run."""
+        if not self.has_table("runs"):
+            return None
+        with self._lock:
+            cols = {r[0] for r in self._con.execute("DESCRIBE runs").fetchall()}
+            if "batch_option" not in cols:  # a database from before the option (read-only)
+                row = self._con.execute("SELECT NULL FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            else:
+                row = self._con.execute("SELECT batch_option FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if row is None:
+            return None
+        return json.loads(row[0]) if row[0] else []
 
     def check_resume(self, run_id: str, candidates: dict[str, dict], suite_versions: dict[str, str]) -> None:
         """Refuse to resume a run whose candidates or suites changed since it started: its

@@ -17,6 +17,7 @@ from routeopt.evals.config import ConfigError, default_config_path
 from routeopt.flows.commands import CONFIG_OPTION, console, load_config_or_exit
 from routeopt.flows.commands.run_checks import (
     Heartbeat,
+    batch_for_run,
     quiet_tracebacks,
     refuse_changed_resume,
     refuse_unset_keys,
@@ -54,6 +55,15 @@ def _common(fn: Any) -> Any:
     fn = click.option("--candidate", "candidates", multiple=True, help="Only these candidates (repeatable).")(
         fn
     )
+    fn = click.option(
+        "--batch",
+        "batch",
+        multiple=True,
+        metavar="NAME",
+        help="Answer this candidate's items through its provider's Batch API in this run, at "
+        "batch prices (repeatable; `all`: every openai and anthropic candidate priced by tokens). "
+        "Its `batch:` settings apply, else the defaults. A resume keeps the run's choice.",
+    )(fn)
     fn = click.option("--no-progress", is_flag=True, help="Do not draw progress bars.")(fn)
     fn = click.option(
         "--cache",
@@ -143,11 +153,12 @@ def _run_flow(command: str, train: bool, publish: bool, **kw: Any) -> None:
     # Everything that can be wrong with the command line fails here, before anything slow.
     cfg = load_config_or_exit(kw.pop("config_path") or default_config_path())
     _check_names(cfg, kw["suites"], kw["candidates"])
-    chosen = [cfg.candidate(n) for n in kw["candidates"]] if kw["candidates"] else list(cfg.candidates)
     skip = kw["skip_broken"] or cfg.preflight.skip_broken
-    refuse_unset_keys(chosen, skip)
     db = Path(kw["db_path"]).resolve() if kw["db_path"] else cfg.db_path
     run_id = run_id_for(db, kw["run_id"], kw["resume"])
+    cfg = batch_for_run(cfg, db, kw)
+    chosen = [cfg.candidate(n) for n in kw["candidates"]] if kw["candidates"] else list(cfg.candidates)
+    refuse_unset_keys(chosen, skip)
     if kw["resume"]:
         refuse_changed_resume(cfg, db, kw["resume"], list(kw["suites"]) or None, chosen)
     shutdown = _Shutdown()
@@ -289,6 +300,7 @@ def _run_nightly(
                 preflight=preflight,
                 skip_broken=skip,
                 probes=[p.to_dict() for p in probes] if preflight else None,
+                batch=cfg.batch_option or None,
             )
 
 

@@ -64,6 +64,24 @@ def run_id_for(db: Path, run_id: str | None, resume: str | None) -> str | None:
     return wanted
 
 
+def batch_for_run(cfg: Any, db: Path, kw: dict[str, Any]) -> Any:
+    """The config with `--batch` applied: the names checked against the config (one sentence
+    naming `--batch` otherwise); on a resume the run's recorded choice, which a different
+    `--batch` may not change."""
+    from routeopt.evals.config import ConfigError, batch_option, with_batch
+    from routeopt.evals.execution.batch import run_batch_option
+    from routeopt.evals.storage.store import ResumeConflict
+
+    try:
+        given = batch_option(cfg, kw["batch"], kw["candidates"] or None) if kw["batch"] else None
+        if not kw["resume"]:
+            return with_batch(cfg, given or [])
+        with store_of(db, read_only=True) as store:
+            return with_batch(cfg, run_batch_option(store, kw["resume"], given))
+    except (ConfigError, ResumeConflict) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @contextmanager
 def store_of(db: Path, *, read_only: bool) -> Iterator[Any]:
     """The store of `db`: this process's writer when an earlier run in it holds one (DuckDB
@@ -129,6 +147,8 @@ def resume_hint(command: str, cfg: Any, run_id: str, kw: dict[str, Any]) -> str:
         parts += ["--suite", name]
     for name in kw.get("candidates") or ():
         parts += ["--candidate", name]
+    for name in cfg.batch_option:
+        parts += ["--batch", name]
     if kw.get("cache_max_age"):
         parts += ["--cache-max-age", kw["cache_max_age"]]
     elif kw.get("cache"):

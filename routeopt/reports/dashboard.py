@@ -15,6 +15,7 @@ page labels them so.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,7 +30,8 @@ from routeopt.evals.storage.labels import LABELS, LabelSql
 from routeopt.evals.storage.store import Store
 from routeopt.evals.storage.traffic import load_traffic
 from routeopt.reports.charts import Axis, Series, chart
-from routeopt.reports.summary import promise_line
+from routeopt.evals.execution.batch import batch_summary
+from routeopt.reports.summary import modes_shown, promise_line
 from routeopt.reports.replay_chart import replay_section
 from routeopt.router_training.live.promise import live_summary
 
@@ -92,6 +94,9 @@ class ReportData:
     traffic: dict[str, Any] | None = (
         None  # the champion's traffic check (routeopt.router_training.live.shift_monitor)
     )
+    # how items were answered (batch, sync, carried), the batches' states and the cost against a
+    # full synchronous night (`batch_summary`); empty when every row was a synchronous call
+    modes: list[dict[str, Any]] = field(default_factory=list)
     generated_at: str = field(
         default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
@@ -193,7 +198,20 @@ def gather(
         live=_live(store, _run_end(info), live_days),
         replay=replay_section(store),
         traffic=traffic,
+        modes=_modes(store, run_id),
     )
+
+
+def _modes(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The run summary's table of how items were answered, when it shows one (`modes_shown`)."""
+    rows = batch_summary(store, run_id)
+    if not modes_shown(rows):
+        return []
+    return [
+        {k: (v if k == "batches" else _clean(v)) for k, v in r.items()}
+        | {"states": ", ".join(f"{s} {n}" for s, n in sorted(r["batches"].items())) or "-"}
+        for r in rows
+    ]
 
 
 def _policy_status(policy: dict[str, Any] | None) -> str | None:
@@ -393,6 +411,9 @@ def render_html(data: ReportData) -> str:
         budget_rows=((data.metrics or {}).get("holdout") or {}).get("latency", {}).get("rows") or [],
         promise_line=promise_line(data.metrics),
         total_cost=sum(r["cost_usd"] or 0 for r in data.candidates),
+        modes_cost=sum(r["cost_usd"] or 0 for r in data.modes),
+        modes_full=sum(r["full_sync_usd"] or 0 for r in data.modes),
+        batch_option=", ".join(json.loads(data.run.get("batch_option") or "[]")),
         total_items=sum(r["items"] for r in data.candidates),
     )
 
@@ -506,6 +527,16 @@ def _table_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[
     return [{k: fmt(r.get(k)) for k in keys} for r in rows]
 
 
+_MODES_COLUMNS = (
+    "candidate",
+    "batch",
+    "sync",
+    "carried",
+    "latency_rows",
+    "states",
+    "cost_usd",
+    "full_sync_usd",
+)
 _ARTIFACT_COLUMNS = (
     "candidate",
     "items",
@@ -585,6 +616,15 @@ def publish_prefect_artifacts(data: ReportData, report_path: str | Path | None =
             description=f"Router metrics and drift alerts of run {run_id}.",
         ),
     ]
+    if data.modes:
+        ids.append(
+            create_table_artifact(
+                table=_table_rows(data.modes, _MODES_COLUMNS),
+                key="routeopt-answer-modes",
+                description=f"How run {run_id} answered items (batch, sync, carried forward), its "
+                "batches' states, and its cost against a full synchronous night (USD).",
+            )
+        )
     if report_path is not None:
         ids.append(
             create_link_artifact(

@@ -76,6 +76,25 @@ cap, open circuit breaker, refused key, configuration, grader or routeopt faults
 nowhere. Cost, tokens and times (in seconds) are this run's calls: answers replayed from the
 response cache (<em>cached</em>) count in pass rates only.</p>
 
+{% if d.modes %}
+<h2>How items were answered</h2>
+<div class="scroll"><table class="sortable" id="modes">
+<thead><tr><th>candidate</th><th>batch</th><th>sync</th><th>carried</th><th>latency rows</th><th>batches</th>
+<th>cost USD</th><th>full sync night USD</th></tr></thead>
+<tbody>
+{% for r in d.modes %}
+<tr><td>{{ r.candidate }}</td><td>{{ r.batch }}</td><td>{{ r.sync }}</td><td>{{ r.carried }}</td>
+<td>{{ r.latency_rows }}</td><td>{{ r.states }}</td><td>{{ r.cost_usd|num }}</td><td>{{ r.full_sync_usd|num }}</td></tr>
+{% endfor %}
+</tbody></table></div>
+<p class="muted" id="modes-total">This night cost {{ modes_cost|num(".4g") }} USD against {{ modes_full|num(".4g") }} USD
+for a full synchronous night{% if modes_full %} ({{ (modes_cost / modes_full)|pct }}){% endif %}.
+<em>batch</em>: answered through the provider's Batch API at batch prices (no TTFT or latency: queue
+time is not the model's); <em>carried</em>: an earlier night's outcome of an unchanged item, in pass
+rates, not in cost; latency figures come from the <em>latency rows</em> (synchronous calls).
+{% if batch_option %}Batch mode turned on for this run by <code>--batch</code>: {{ batch_option }}.{% endif %}</p>
+{% endif %}
+
 <h2>Router: what the quality knob gives</h2>
 {% if knob_rows %}
 {% set H = d.metrics.holdout %}

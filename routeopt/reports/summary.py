@@ -312,11 +312,17 @@ def print_summary(
         console.print(f"dashboard: {result.report_path}")
 
 
+def modes_shown(rows: list[dict[str, Any]]) -> bool:
+    """Whether a run's answers came otherwise than by synchronous calls (batches, carried rows):
+    the summary and the dashboard show how items were answered only then."""
+    return any(r["batch"] or r["carried"] or r["batches"] for r in rows)
+
+
 def modes_table(rows: list[dict[str, Any]]) -> Table | None:
     """Per candidate: items answered by a batch, by a synchronous call and carried forward from
     an earlier night, the batches' states, and the night's cost against a full synchronous
     night (`routeopt.evals.execution.batch.batch_summary`); None when every row was a call."""
-    if not any(r["batch"] or r["carried"] for r in rows):
+    if not modes_shown(rows):
         return None
     table = Table(title="how items were answered (latency figures come from the sync rows)")
     for col in (

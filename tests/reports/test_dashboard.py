@@ -261,3 +261,68 @@ def test_the_latency_budget_table_is_the_held_out_budget_report(db: Path, tmp_pa
         (r["kind"], pytest.approx(r["budget_s"]), pytest.approx(r["target"]), r["certified"]) for r in want
     ]
     assert 'id="budgets"' not in plain
+
+
+def test_the_dashboard_shows_how_items_were_answered_as_the_summary_does(db: Path, tmp_path: Path):
+    """Batches and carried rows: per candidate the summary's counts, batch states and the
+    night's cost against a full synchronous night; a night of synchronous calls shows nothing new."""
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+
+    from routeopt.evals.execution.batch import batch_summary
+    from routeopt.evals.storage.batches import BatchRecords, Job, Line
+    from routeopt.evals.storage.store import Outcome
+    from routeopt.reports.summary import modes_table
+
+    def row(i: int, cand: str, mode: str, cost: float, sync: float | None = None) -> Outcome:
+        timed = {"latency_s": 1.0, "ttft_s": 0.1} if mode == "sync" else {}
+        return Outcome(
+            "n", "s", "v", str(i), cand, passed=True, score=1.0, cost_usd=cost, sync_cost_usd=sync,
+            call_mode=mode, cached=mode == "carried", batch_id="b-1" if mode == "batch" else None, **timed,
+        )  # fmt: skip
+
+    with Store(tmp_path / "db.duckdb") as store:
+        store.begin_run("n", batch_option=["gpt"])
+        store.write_outcomes(
+            [row(i, "gpt", "batch", 0.5, 1.0) for i in range(6)]
+            + [row(i, "gpt", "sync", 1.0) for i in range(6, 8)]
+            + [row(i, "claude", "carried", 2.0) for i in range(5)]
+            + [row(i, "claude", "sync", 2.0) for i in range(5, 8)]
+        )
+        records = BatchRecords(store)
+        now = datetime.now(timezone.utc)
+        for sid, state in (("sub-1", "completed"), ("sub-2", "expired")):
+            job = Job(sid, "n", "gpt", "openai", 1, "planned", None, None, None, 1, 10, now, None)
+            records.plan(job, [Line(f"c-{sid}", "s", "0", 1, 10)], 100)
+            records.update(sid, state="harvested", provider_state=state, batch_id=f"b-{sid}")
+        summary = batch_summary(store, "n")
+        html = build_report(store, "n", tmp_path / "n.html").read_text()
+        with Store(db, read_only=True) as old:
+            plain = build_report(old, "run-03", tmp_path / "plain.html").read_text()
+            assert gather(old, "run-03").modes == []
+    section = html[html.index('id="modes"') : html.index("</table>", html.index('id="modes"'))]
+    cells = re.findall(r"<tr><td>(\w+)</td>(.*?)</tr>", section, re.S)
+    shown = {c: re.findall(r"<td>([^<]*)</td>", rest) for c, rest in cells}
+    by = {r["candidate"]: r for r in summary}
+    assert shown == {
+        c: [
+            str(by[c]["batch"]),
+            str(by[c]["sync"]),
+            str(by[c]["carried"]),
+            str(by[c]["latency_rows"]),
+            ", ".join(f"{s} {n}" for s, n in sorted(by[c]["batches"].items())) or "-",
+            format(by[c]["cost_usd"], ".4g"),
+            format(by[c]["full_sync_usd"], ".4g"),
+        ]
+        for c in ("claude", "gpt")
+    }
+    assert shown["gpt"] == ["6", "2", "0", "2", "completed 1, expired 1", "5", "8"]
+    assert shown["claude"][:4] == ["0", "3", "5", "3"]
+    total = re.sub(r"\s+", " ", html[html.index('id="modes-total"') :].split("</p>")[0])
+    assert "This night cost 11 USD against 24 USD for a full synchronous night (45.8%)" in total
+    assert "by <code>--batch</code>: gpt." in total
+    out = Console(record=True, width=200)
+    out.print(modes_table(summary))
+    assert "completed 1, expired 1" in out.export_text()  # the same states as the summary's
+    assert 'id="modes"' not in plain and "How items were answered" not in plain
