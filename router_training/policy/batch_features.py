@@ -305,7 +305,7 @@ class _LayerMemo:
 
     def __init__(self, texts: Sequence[str]):
         self.texts = texts
-        self.made: dict[tuple, tuple[TextLayers, dict[str, int]]] = {}
+        self.made: dict[tuple[int, tuple[int, ...], bool], tuple[TextLayers, dict[str, int]]] = {}
 
     def layers(self, unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
         key = (spec.n_buckets, spec.char_ngrams, spec.word_bigrams)

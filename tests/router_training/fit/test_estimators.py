@@ -62,7 +62,9 @@ def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monk
     assert np.array_equal(E.LinearPassEstimator(seed=0).fit(X, Y).oof_difficulty_, whole.oof_difficulty_)
     monkeypatch.setattr(E, "SELECTION_ROWS", 150)
     rows, fit = [], E._fit_logistic
-    monkeypatch.setattr(E, "_fit_logistic", lambda X, Y, *a, **k: rows.append(X.shape[0]) or fit(X, Y, *a, **k))
+    monkeypatch.setattr(
+        E, "_fit_logistic", lambda X, Y, *a, **k: rows.append(X.shape[0]) or fit(X, Y, *a, **k)
+    )
     sampled = E.LinearPassEstimator(seed=0).fit(X, Y)
     difficulty = rows[: 4 * 3 + 3 + 1]  # the grid on the sample, then its C's folds and the refit on all
     has_any = int((~np.isnan(Y).all(axis=1)).sum())

@@ -166,6 +166,8 @@ def test_features_taken_from_reused_text_layers_are_those_computed_alone() -> No
         got = getattr(reused, name)
         if name == "text":
             for part, w in want._asdict().items():
-                assert np.array_equal(np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)), part
+                assert np.array_equal(
+                    np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)
+                ), part
         else:
             assert got.dtype == want.dtype and np.array_equal(got, want), name
