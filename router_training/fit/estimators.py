@@ -23,26 +23,29 @@ from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, 
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
 _EPS = 1e-6
+ROWS_PER_BLOCK = 8192  # requests whose features are built at once
 SELECTION_ROWS = 20_000  # requests the difficulty model's C is chosen on, at most
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
+
+
+def _blocks(n: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + ROWS_PER_BLOCK, n)) for lo in range(0, n, ROWS_PER_BLOCK)]
 
 
 def fit_feature_spec(
     prompts: Sequence[str], suites: Sequence[str | None], **spec_kwargs: object
 ) -> FeatureSpec:
     """Learn the data-dependent parts of the features (suite list, idf, stat scaling), from the
-    batch feature path a gateway's self-check and `design_matrix` run too."""
+    batch feature path a gateway's self-check and `design_matrix` run too, a block of requests
+    at a time."""
     names = tuple(sorted({s for s in suites if s}))
     spec = FeatureSpec(suites=names, **spec_kwargs)  # type: ignore[arg-type]
-    if not prompts:
-        stats, df = np.zeros((1, len(STAT_NAMES))), np.zeros(spec.n_buckets)
-    else:
-        f = batch_features(prompts, suites, spec)
-        stats = f.stats[f.text_of]  # raw: the spec has no scaling yet
-        per_text = np.bincount(f.text_of, minlength=len(f.text.raw)).astype(
-            np.float64
-        )  # prompts with each text
-        df = np.bincount(
+    stats, df = np.zeros((max(len(prompts), 1), len(STAT_NAMES))), np.zeros(spec.n_buckets)
+    for lo, hi in _blocks(len(prompts)):
+        f = batch_features(prompts[lo:hi], suites[lo:hi], spec)
+        stats[lo:hi] = f.stats[f.text_of]  # raw: the spec has no scaling yet
+        per_text = np.bincount(f.text_of, minlength=len(f.stats)).astype(np.float64)  # prompts with each text
+        df += np.bincount(
             f.buckets, weights=np.repeat(per_text, np.diff(f.bucket_offsets)), minlength=spec.n_buckets
         )
     std = stats.std(axis=0)
@@ -56,16 +59,22 @@ def fit_feature_spec(
 
 def design_matrix(prompts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> sp.csr_matrix:
     """The sparse feature rows of many requests, exactly as the gateway computes them (the batch
-    feature path, with the sentence embeddings appended to each row when the spec has them)."""
+    feature path, with the sentence embeddings appended to each row when the spec has them),
+    built a block of requests at a time so the path's wide arrays stay bounded."""
     if not len(prompts):
         return sp.csr_matrix((0, spec.n_features))
-    f = batch_features(prompts, suites, spec)
-    offsets, ids, vals = f.row_offsets, f.ids, f.vals
-    if spec.embeddings:
-        from routeopt.router_training.policy.embeddings import embed
+    parts = []
+    for lo, hi in _blocks(len(prompts)):
+        f = batch_features(prompts[lo:hi], suites[lo:hi], spec)
+        offsets, ids, vals = f.row_offsets, f.ids.astype(np.int32), f.vals
+        if spec.embeddings:
+            from routeopt.router_training.policy.embeddings import embed
 
-        offsets, ids, vals = _with_embeddings(offsets, ids, vals, np.asarray(embed(list(prompts))), spec)
-    return sp.csr_matrix((vals, ids, offsets), shape=(len(prompts), spec.n_features))
+            emb = np.asarray(embed(list(prompts[lo:hi])))
+            offsets, ids, vals = _with_embeddings(offsets, ids, vals, emb, spec)
+        parts.append(sp.csr_matrix((vals, ids, offsets), shape=(hi - lo, spec.n_features)))
+        del f
+    return parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
 
 
 def _with_embeddings(

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from routeopt.router_training.policy.routing import RoutingPolicy
 
 _CELLS = 1 << 21  # padded-matrix elements per group: bounds the memory of a batch
+_BLOCK_BYTES = 1 << 23  # characters of text whose text steps are computed at once
 
 
 class BatchText(NamedTuple):
@@ -252,42 +253,78 @@ class TextLayers(NamedTuple):
     def take(self, idx: np.ndarray) -> "TextLayers":
         """The layers of texts `idx`, as `text_layers` of those texts alone computes them."""
         t = self.text
-        cut, cut_offsets = _segments(t.offsets, idx)
-        words, word_offsets = _segments(self.word_offsets, idx)
-        buckets, bucket_offsets = _segments(self.bucket_offsets, idx)
+        cut, cut_offsets = _gather(t.cut, t.offsets, idx)
+        (words, lengths), word_offsets = _gather((self.words, self.lengths), self.word_offsets, idx)
+        (buckets, counts), bucket_offsets = _gather((self.buckets, self.counts), self.bucket_offsets, idx)
         text = BatchText(
             [t.raw[i] for i in idx],
             t.utf8_len[idx],
             t.n_chars[idx],
             t.newlines[idx],
             t.questions[idx],
-            t.cut[cut],
+            cut,
             cut_offsets,
         )
         return TextLayers(
-            text,
-            word_offsets,
-            self.words[words],
-            self.lengths[words],
-            bucket_offsets,
-            self.buckets[buckets],
-            self.counts[buckets],
-            self.stats[idx],
+            text, word_offsets, words, lengths, bucket_offsets, buckets, counts, self.stats[idx]
         )
 
 
-def _segments(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where the elements of segments `idx` sit, in that order, and their new offsets."""
+def _gather(values, offsets: np.ndarray, idx: np.ndarray):  # type: ignore[no-untyped-def]
+    """Segments `idx` of `values` (an array or a tuple of arrays sharing `offsets`), end to end in
+    that order, and their offsets; slice by slice, so no index as long as the values is made."""
     lens = np.diff(offsets)[idx]
     new = np.concatenate(([0], np.cumsum(lens)))
-    return np.repeat(offsets[:-1][idx] - new[:-1], lens) + np.arange(new[-1]), new
+    spans = [(int(offsets[i]), int(offsets[i + 1])) for i in idx]
+    one = lambda v: np.concatenate([v[a:b] for a, b in spans]) if spans else v[:0].copy()
+    return (tuple(one(v) for v in values) if isinstance(values, tuple) else one(values)), new
+
+
+def _concat(parts: list["TextLayers"]) -> "TextLayers":
+    """The layers of consecutive blocks of texts as one."""
+    if len(parts) == 1:
+        return parts[0]
+    shifted = lambda offsets: np.concatenate(
+        [[0]] + [o[1:] + base for o, base in zip(offsets, np.cumsum([0] + [o[-1] for o in offsets[:-1]]))]
+    )
+    ts = [p.text for p in parts]
+    text = BatchText(
+        [r for t in ts for r in t.raw],
+        *(
+            np.concatenate([getattr(t, f) for t in ts])
+            for f in ("utf8_len", "n_chars", "newlines", "questions", "cut")
+        ),
+        shifted([t.offsets for t in ts]),
+    )
+    cat = lambda f: np.concatenate([getattr(p, f) for p in parts])
+    return TextLayers(
+        text,
+        shifted([p.word_offsets for p in parts]),
+        cat("words"),
+        cat("lengths"),
+        shifted([p.bucket_offsets for p in parts]),
+        cat("buckets"),
+        cat("counts"),
+        cat("stats"),
+    )
 
 
 def text_layers(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
-    """The text steps of distinct texts, computed together (reused, with `reuse_text_layers`)."""
+    """The text steps of distinct texts, computed together (reused, with `reuse_text_layers`)
+    a block of about `_BLOCK_BYTES` of text at a time: every step is per text, so blocks give
+    the same bits, and the hashing's arrays (several times the text's bytes) stay bounded."""
     memo = _MEMO.get()
     if memo is not None:
         return memo.layers(unique, spec)
+    sizes = np.fromiter((len(t) for t in unique), dtype=np.int64, count=len(unique))
+    ends = np.searchsorted(
+        np.cumsum(sizes), np.arange(1, int(sizes.sum()) // _BLOCK_BYTES + 1) * _BLOCK_BYTES
+    )
+    bounds = [0, *sorted({int(e) + 1 for e in ends if e + 1 < len(unique)}), len(unique)]
+    return _concat([_text_block(unique[lo:hi], spec) for lo, hi in zip(bounds[:-1], bounds[1:])])
+
+
+def _text_block(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
     bt = batch_text(unique)
     words, lengths, owner, word_offsets = _words(bt)
     keys, reqs = _keys(bt, words, owner, spec)
@@ -313,18 +350,20 @@ class _LayerMemo:
         try:
             if key not in self.made:
                 every, _ = _distinct(self.texts)
-                self.made[key] = (text_layers(every, spec), {t: i for i, t in enumerate(every)})
+                made = text_layers(every, spec)
+                narrow = {f: getattr(made, f).astype(np.int32) for f in _NARROW}  # held at half the bytes
+                self.made[key] = (made._replace(**narrow), {t: i for i, t in enumerate(every)})
             made, index = self.made[key]
             idx = [index.get(t, -1) for t in unique]
             if -1 in idx:
                 return text_layers(unique, spec)
-            if idx == list(range(len(index))):
-                return made
-            return made.take(np.array(idx, dtype=np.int64))
+            taken = made.take(np.array(idx, dtype=np.int64))
+            return taken._replace(**{f: getattr(taken, f).astype(np.int64) for f in _NARROW})
         finally:
             _MEMO.reset(token)
 
 
+_NARROW = ("lengths", "buckets", "counts")  # int64 layers whose values fit 32 bits
 _MEMO: ContextVar[_LayerMemo | None] = ContextVar("routeopt_text_layers", default=None)
 
 

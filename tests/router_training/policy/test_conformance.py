@@ -171,3 +171,21 @@ def test_features_taken_from_reused_text_layers_are_those_computed_alone() -> No
                 ), part
         else:
             assert got.dtype == want.dtype and np.array_equal(got, want), name
+
+
+def test_text_steps_computed_a_block_at_a_time_are_the_same_bits(monkeypatch) -> None:
+    from routeopt.router_training.policy import batch_features as B
+
+    inputs = vector_inputs(("math",), n_synthetic=200)
+    texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
+    spec = features.FeatureSpec(suites=("math",))
+    whole = B.batch_features(texts, suites, spec)
+    monkeypatch.setattr(B, "_BLOCK_BYTES", 3000)  # many blocks, and the 1 MB text alone in one
+    blocks = B.batch_features(texts, suites, spec)
+    for name, want in whole._asdict().items():
+        got = getattr(blocks, name)
+        if name == "text":
+            for part, w in want._asdict().items():
+                assert np.array_equal(np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)), part
+        else:
+            assert got.dtype == want.dtype and np.array_equal(got, want), name
