@@ -362,18 +362,14 @@ class LinearPassEstimator(BaseEstimator):
         groups = np.hstack([onehot, topic])
         return np.hstack([groups * _HEAD_SCALE, d[:, None], groups * d[:, None]])
 
-    def _fit_heads(
-        self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray, start: tuple | None = None
-    ) -> tuple:
+    def _fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
         """Per candidate: a logistic head on H, then (with candidate text) its own text weights
         on top of the head's logit; returns (head weights, bias, text weights, text bias).
-        The candidates are fitted together, each on the rows where it has an outcome, from
-        `start` (heads fitted before on other rows) when given."""
-        at = (lambda w, b: np.vstack([w, b])) if start is not None else (lambda w, b: None)
-        weights, bias = _fit_logistic(H, Y, 1.0, at(*start[:2]) if start else None)
+        The candidates are fitted together, each on the rows where it has an outcome."""
+        weights, bias = _fit_logistic(H, Y, 1.0)
         if T is None:
             return weights, bias, np.zeros((0, Y.shape[1])), np.zeros(Y.shape[1])
-        tw, tb = _fit_logistic(T, Y, 1.0, at(*start[2:]) if start else None, offset=H @ weights + bias)
+        tw, tb = _fit_logistic(T, Y, 1.0, offset=H @ weights + bias)
         return weights, bias, tw, tb
 
     @staticmethod
@@ -423,23 +419,20 @@ class LinearPassEstimator(BaseEstimator):
 
     def _cross_fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
         """Out-of-fold logits from heads fitted without each fold, and the deployed heads: the
-        mean of the fold heads (deploy='average') or a refit on all rows. The first heads fitted
-        (on all rows, or the first fold's) are where the others start."""
+        mean of the fold heads (deploy='average') or a refit on all rows."""
         if len(Y) < 2 * self.n_folds or self.n_folds < 2:
             params = self._fit_heads(H, T, Y)
             return (self._head_logits(H, T, params), *params)
         sub = lambda A, rows: None if A is None else A[rows]
-        first = self._fit_heads(H, T, Y) if self.deploy != "average" else None
         z = np.zeros(Y.shape)
         folds = []
         for f in range(self.n_folds):
             te = self.folds_ == f
-            folds.append(self._fit_heads(H[~te], sub(T, ~te), Y[~te], first))
-            first = first or folds[0]
+            folds.append(self._fit_heads(H[~te], sub(T, ~te), Y[~te]))
             z[te] = self._head_logits(H[te], sub(T, te), folds[-1])
         if self.deploy == "average":
             return (z, *(np.mean([p[i] for p in folds], axis=0) for i in range(4)))
-        return (z, *first)
+        return (z, *self._fit_heads(H, T, Y))
 
     def out_of_fold_logits(self) -> np.ndarray:
         """Logits of each training request from heads fitted without its fold, on its
@@ -614,7 +607,13 @@ def fit_cost_model(
             continue
         Aj, cj = A[ok], costs[ok, j]
         reg = ridge * np.eye(A.shape[1]) * max(float(cj.mean()) ** 2, 1e-12)
-        coef[:, j] = np.linalg.solve(Aj.T @ Aj + reg + 1e-12 * np.eye(A.shape[1]), Aj.T @ cj)
+        gram, rhs = Aj.T @ Aj + reg + 1e-12 * np.eye(A.shape[1]), Aj.T @ cj
+        try:
+            coef[:, j] = np.linalg.solve(gram, rhs)
+        except np.linalg.LinAlgError:
+            # collinear columns (every request in a named suite) whose ridge, scaled by the
+            # prices, vanishes beside the request counts: the least-norm solution
+            coef[:, j] = np.linalg.lstsq(gram, rhs, rcond=None)[0]
         floor[j] = max(float(cj.min()), 0.0)
     topic_coef = coef[2 + n_suites :] if n_topics and topic_pos is not None else None
     return CostModel(coef=coef[: 2 + n_suites], floor=floor, topic_coef=topic_coef)

@@ -75,3 +75,14 @@ def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monk
     ybar = np.nanmean(Y[has], axis=1)
     assert np.corrcoef(sampled.oof_difficulty_[has], ybar)[0, 1] > 0.3
     assert not np.allclose(sampled.oof_difficulty_, whole.oof_difficulty_) or sampled.C_ == whole.C_
+
+
+def test_the_cost_model_fits_many_requests_of_one_suite_at_tiny_prices() -> None:
+    """The suite column repeats the intercept; at a hundred thousand requests of a fraction of a
+    cent the ridge is below the Gram matrix's precision and the system is singular."""
+    n = 100_000
+    chars = np.random.default_rng(0).integers(100, 3000, n)
+    costs = (1e-9 * chars + 1e-8)[:, None] * np.array([1.0, 2.0])
+    model = E.fit_cost_model(chars, np.zeros(n, dtype=int), costs, 1)
+    predicted = model.predict(chars, np.zeros(n, dtype=int))
+    assert np.allclose(predicted, costs, rtol=1e-6)

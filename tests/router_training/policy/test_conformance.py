@@ -186,6 +186,8 @@ def test_text_steps_computed_a_block_at_a_time_are_the_same_bits(monkeypatch) ->
         got = getattr(blocks, name)
         if name == "text":
             for part, w in want._asdict().items():
-                assert np.array_equal(np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)), part
+                assert np.array_equal(
+                    np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)
+                ), part
         else:
             assert got.dtype == want.dtype and np.array_equal(got, want), name
