@@ -253,7 +253,7 @@ class TextLayers(NamedTuple):
     def take(self, idx: np.ndarray) -> "TextLayers":
         """The layers of texts `idx`, as `text_layers` of those texts alone computes them."""
         t = self.text
-        cut, cut_offsets = _gather(t.cut, t.offsets, idx)
+        (cut,), cut_offsets = _gather((t.cut,), t.offsets, idx)
         (words, lengths), word_offsets = _gather((self.words, self.lengths), self.word_offsets, idx)
         (buckets, counts), bucket_offsets = _gather((self.buckets, self.counts), self.bucket_offsets, idx)
         text = BatchText(
@@ -270,42 +270,51 @@ class TextLayers(NamedTuple):
         )
 
 
-def _gather(values, offsets: np.ndarray, idx: np.ndarray):  # type: ignore[no-untyped-def]
-    """Segments `idx` of `values` (an array or a tuple of arrays sharing `offsets`), end to end in
-    that order, and their offsets; slice by slice, so no index as long as the values is made."""
+def _gather(
+    values: tuple[np.ndarray, ...], offsets: np.ndarray, idx: np.ndarray
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Segments `idx` of arrays sharing `offsets`, end to end in that order, and their offsets;
+    slice by slice, so no index as long as the values is made."""
     lens = np.diff(offsets)[idx]
     new = np.concatenate(([0], np.cumsum(lens)))
     spans = [(int(offsets[i]), int(offsets[i + 1])) for i in idx]
-    one = lambda v: np.concatenate([v[a:b] for a, b in spans]) if spans else v[:0].copy()
-    return (tuple(one(v) for v in values) if isinstance(values, tuple) else one(values)), new
+    out = tuple(np.concatenate([v[a:b] for a, b in spans]) if spans else v[:0].copy() for v in values)
+    return out, new
+
+
+def _shifted(offsets: list[np.ndarray]) -> np.ndarray:
+    """Offsets of consecutive blocks as one."""
+    bases = np.cumsum([0] + [int(o[-1]) for o in offsets[:-1]])
+    return np.concatenate([np.zeros(1, dtype=np.int64)] + [o[1:] + base for o, base in zip(offsets, bases)])
 
 
 def _concat(parts: list["TextLayers"]) -> "TextLayers":
     """The layers of consecutive blocks of texts as one."""
     if len(parts) == 1:
         return parts[0]
-    shifted = lambda offsets: np.concatenate(
-        [[0]] + [o[1:] + base for o, base in zip(offsets, np.cumsum([0] + [o[-1] for o in offsets[:-1]]))]
-    )
     ts = [p.text for p in parts]
+
+    def cat(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(arrays)
+
     text = BatchText(
         [r for t in ts for r in t.raw],
-        *(
-            np.concatenate([getattr(t, f) for t in ts])
-            for f in ("utf8_len", "n_chars", "newlines", "questions", "cut")
-        ),
-        shifted([t.offsets for t in ts]),
+        cat([t.utf8_len for t in ts]),
+        cat([t.n_chars for t in ts]),
+        cat([t.newlines for t in ts]),
+        cat([t.questions for t in ts]),
+        cat([t.cut for t in ts]),
+        _shifted([t.offsets for t in ts]),
     )
-    cat = lambda f: np.concatenate([getattr(p, f) for p in parts])
     return TextLayers(
         text,
-        shifted([p.word_offsets for p in parts]),
-        cat("words"),
-        cat("lengths"),
-        shifted([p.bucket_offsets for p in parts]),
-        cat("buckets"),
-        cat("counts"),
-        cat("stats"),
+        _shifted([p.word_offsets for p in parts]),
+        cat([p.words for p in parts]),
+        cat([p.lengths for p in parts]),
+        _shifted([p.bucket_offsets for p in parts]),
+        cat([p.buckets for p in parts]),
+        cat([p.counts for p in parts]),
+        cat([p.stats for p in parts]),
     )
 
 
