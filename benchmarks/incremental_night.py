@@ -324,8 +324,9 @@ def main() -> None:
 
 
 def _router_summary(results: list[dict]) -> dict:
-    """Per figure: the carried-forward router, the full night's, and their paired difference
-    (mean and standard deviation over every (seed, split seed))."""
+    """Per figure: the carried-forward router, the full night's, and their paired difference:
+    its mean, standard deviation over every (seed, split seed), and standard error over seeds
+    (a seed's split seeds share its outcomes, so they are not independent)."""
     pairs = [(seed, sp) for seed, r in enumerate(results) for sp in r["router"]["splits"]]
     figures = {"own AIQ": lambda r: r["own"]["aiq"], "own pass @ 0.95": lambda r: r["own"]["pass_rate"]}
     figures["own cost @ 0.95"] = lambda r: r["own"]["cost"]
@@ -343,13 +344,17 @@ def _router_summary(results: list[dict]) -> dict:
         f"({len(results)} seeds x {len(pairs) // len(results)} split seeds); carried-forward rows "
         f"{out['carried_share']:.1%} of the last night's; same held-out items {out['same_test']}/{len(pairs)}"
     )
-    print(f"{'figure':<20} {'carried':>10} {'full':>10} {'carried - full':>16}")
+    print(f"{'figure':<20} {'carried':>10} {'full':>10} {'carried - full':>16} {'(sd; se over seeds)':>22}")
     for name, get in figures.items():
-        c = np.array([get(sp["carried"]) for _, sp in pairs])
-        f = np.array([get(sp["full"]) for _, sp in pairs])
+        c = np.array([[get(sp["carried"]) for sp in r["router"]["splits"]] for r in results])
+        f = np.array([[get(sp["full"]) for sp in r["router"]["splits"]] for r in results])
         d = c - f
-        out[name] = {"carried": c.mean(), "full": f.mean(), "diff": d.mean(), "diff_sd": d.std(ddof=1)}
-        print(f"{name:<20} {c.mean():>10.4g} {f.mean():>10.4g} {d.mean():>+9.4g} ± {d.std(ddof=1):.2g}")
+        se = d.mean(axis=1).std(ddof=1) / np.sqrt(len(results)) if len(results) > 1 else float("nan")
+        sd = d.std(ddof=1) if d.size > 1 else float("nan")
+        out[name] = {"carried": c.mean(), "full": f.mean(), "diff": d.mean(), "diff_sd": sd, "diff_se": se}
+        print(
+            f"{name:<20} {c.mean():>10.4g} {f.mean():>10.4g} {d.mean():>+16.4g} {f'({sd:.2g}; {se:.2g})':>22}"
+        )
     for x in TARGETS:
         held = [sum(sp[k]["fresh"][x]["held"] for _, sp in pairs) for k in ("carried", "full")]
         out[f"held on fresh @ {x}"] = held
