@@ -169,6 +169,9 @@ class BatchSpec(BaseModel):
     # while batches in flight hold this many prompt tokens
     enqueued_token_limit: int | None = Field(default=None, ge=1)
     poll_interval_s: float = Field(default=30.0, gt=0)
+    # uploads of a submission's file that fail with a retryable error (5xx, timeout) before its
+    # items go synchronous instead; nothing exists at the provider until the file is uploaded
+    upload_attempts: int = Field(default=5, ge=1)
     deadline_s: float = Field(default=86400.0, gt=0)  # then cancelled; finished lines kept
     # what happens to lines a batch did not answer (expired, cancelled, errored)
     resend: Literal["sync", "batch"] = "sync"

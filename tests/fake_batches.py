@@ -196,6 +196,8 @@ class FakeBatchLLM(FakeLLM):
     def _route(self, m: str, parts: list[str], req: _Http) -> tuple[int, Any, bytes | None]:
         if parts[:2] == ["v1", "files"]:
             if m == "POST" and len(parts) == 2:
+                if "upload_5xx" in self.all_faults:
+                    return 500, _err("injected fault: upload_5xx", "openai"), None
                 return 200, self._upload(req), None
             if m == "GET" and len(parts) == 4 and parts[3] == "content":
                 data = self.files.get(parts[2])

@@ -61,6 +61,7 @@ class Submissions:
         self.max_bytes = self.spec.max_bytes or max_bytes
         self.cancel_sent: set[str] = set()
         self.harvested = 0  # batches harvested by this object
+        self._failed_uploads: dict[str, int] = {}  # retryable upload failures in a row, per submission
 
     def _jobs(self) -> list[Job]:
         return self.records.jobs(self.run_id, self.cand.name, self.judge_for)
@@ -243,6 +244,18 @@ class Submissions:
             job.state = "creating"
             status = await self.api.create(job.submission_id, job.file_id, body)
         except ProviderError as err:
+            if err.retryable and job.state == "planned":  # the upload: no batch can exist yet
+                self._failed_uploads[job.submission_id] = tries = (
+                    self._failed_uploads.get(job.submission_id, 0) + 1
+                )
+                if tries >= self.spec.upload_attempts:
+                    self._refuse(
+                        job,
+                        err.kind,
+                        f"{self.label}: uploading submission {job.submission_id} failed {tries} times "
+                        f"in a row (last: {err.message}); its items are sent synchronously",
+                    )
+                    return False
             if err.retryable:
                 log.warning(
                     "%s: sending submission %s failed (%s); trying again",

@@ -267,6 +267,16 @@ def test_5xx_on_poll_is_retried(tmp_path, server, suite, caplog):
     assert "polling batch" in caplog.text and "trying again" in caplog.text
 
 
+def test_uploads_that_keep_failing_go_synchronous(tmp_path, server, suite, caplog):
+    """A proxy that answers every upload with a 5xx (LiteLLM without `files_settings`) must not
+    hold the run forever: after `upload_attempts` the items are answered synchronously."""
+    with caplog.at_level(logging.WARNING):
+        store, stage, got = faulty(tmp_path, suite, server, {"upload_5xx"}, upload_attempts=2)
+    assert (got.call_mode == "sync").all() and not billed_twice(server)
+    assert "failed 2 times in a row (last: HTTP 500: injected fault: upload_5xx" in problems(stage)
+    assert not server.batches
+
+
 def test_batch_that_no_longer_exists(tmp_path, server, suite):
     store, stage, got = faulty(tmp_path, suite, server, {"gone"})
     assert "no longer exists at the provider" in problems(stage)
