@@ -411,8 +411,13 @@ def train_router(
     no_cost = [c for j, c in enumerate(data.candidates) if np.isnan(data.C[:, j]).all()]
     if no_cost:
         metrics["candidates_without_cost"] = no_cost
+    reuse = reuse_counts(frame, {data.request_ids[i] for i in parts["test"]})
+    if reuse is not None:
+        metrics["reuse"] = reuse
     if holdout is not None:
         metrics["holdout"] = holdout
+        if reuse is not None:
+            holdout["reused_rows"] = {"rows": reuse["held_out_rows"], "of": reuse["held_out_of"]}
         if refit:
             metrics["holdout"]["policy"] = (
                 f"fitted on the {len(train)} training requests only; the "
@@ -425,6 +430,29 @@ def train_router(
     # the published policy is calibrated on out-of-fold predictions of every request it learned from
     split["calib"] = list(data.request_ids) if refit else list(split["train"])
     return TrainResult(policy=policy, metrics=policy.metrics, split=split, evaluated=evaluated)
+
+
+def reuse_counts(frame: pd.DataFrame, held_out: set[str]) -> dict | None:
+    """How many outcome rows were carried forward from earlier nights (`call_mode` 'carried'),
+    in all and among the held-out requests, and how old they are: what the certificate and the
+    held-out figures rest on. None when no row was carried."""
+    if "call_mode" not in frame.columns:
+        return None
+    carried = (frame["call_mode"] == "carried").to_numpy()
+    if not carried.any():
+        return None
+    held = frame["request_id"].astype(str).isin(held_out).to_numpy()
+    out: dict = {
+        "rows": int(carried.sum()),
+        "of": len(frame),
+        "held_out_rows": int((carried & held).sum()),
+        "held_out_of": int(held.sum()),
+    }
+    if "measured_at" in frame.columns:
+        measured = pd.to_datetime(frame["measured_at"], utc=True)
+        age = (measured.max() - measured[carried]).dt.total_seconds() / 86400.0
+        out["age_days"] = {"median": float(age.median()), "max": float(age.max())}
+    return out
 
 
 def promise_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:

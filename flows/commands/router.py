@@ -228,6 +228,14 @@ def train(
             f"{promise['promised']} certified targets on {promise['n']} requests, significantly "
             f"broken at {promise.get('contradicted', 0)}"
         )
+    reuse = result.metrics.get("reuse")
+    if reuse:
+        age = reuse.get("age_days", {})
+        click.echo(
+            f"carried forward: {reuse['rows']} of {reuse['of']} outcome rows ({reuse['held_out_rows']} of "
+            f"the {reuse['held_out_of']} held-out), measured a median {age.get('median', float('nan')):.1f} "
+            f"and at most {age.get('max', float('nan')):.1f} days before the latest"
+        )
     click.echo(latency_summary(result.policy, holdout.get("latency")))
 
 

@@ -181,3 +181,20 @@ def test_knn_baseline_is_the_same_in_blocks_and_searches_a_sample_past_its_cap(d
         and np.all(np.diff(pool) > 0)
         and np.array_equal(pool, knn_pool(100_000, 20_000, 25))
     )
+
+
+def test_metrics_say_how_many_outcomes_were_carried_forward_and_how_old(demo):
+    night = pd.Timestamp("2026-12-05T02:00:00Z")
+    carried = np.arange(len(demo)) % 3 == 0
+    frame = demo.assign(
+        call_mode=np.where(carried, "carried", "sync"),
+        measured_at=np.where(carried, night - pd.Timedelta(days=4), night),
+    )
+    result = train_router(frame, holdout_fraction=0.3)
+    reuse = result.metrics["reuse"]
+    held_out = frame["request_id"].astype(str).isin(result.split["test"]).to_numpy()
+    assert reuse["rows"] == carried.sum() and reuse["of"] == len(frame)
+    assert reuse["held_out_rows"] == (carried & held_out).sum() and reuse["held_out_of"] == held_out.sum()
+    assert reuse["age_days"] == {"median": 4.0, "max": 4.0}
+    assert result.metrics["holdout"]["reused_rows"] == {"rows": reuse["held_out_rows"], "of": held_out.sum()}
+    assert "reuse" not in train_router(demo, holdout_fraction=0.3).metrics  # nothing carried: nothing said
