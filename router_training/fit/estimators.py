@@ -8,21 +8,19 @@ no outcome for a request, and predicts per-candidate pass probabilities (n, K).
 from __future__ import annotations
 
 import dataclasses
-import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import minimize
 from scipy.special import expit
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from routeopt.router_training.fit.logistic import fit_logistic, logit, soft_log_loss
 from routeopt.router_training.policy.batch_features import batch_features
 from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
-_EPS = 1e-6
 ROWS_PER_BLOCK = 8192  # requests whose features are built at once
 SELECTION_ROWS = 20_000  # requests the difficulty model's C is chosen on, at most
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
@@ -92,149 +90,6 @@ def _with_embeddings(
     return new, out_ids, out_vals
 
 
-def _logit(p: np.ndarray | float) -> np.ndarray:
-    p = np.clip(p, _EPS, 1 - _EPS)
-    return np.log(p / (1 - p))
-
-
-def _soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(1.0 / (1.0 + np.exp(-z)), _EPS, 1 - _EPS)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-
-
-def _minimize_together(
-    fg: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], theta: np.ndarray
-) -> np.ndarray:
-    """scipy's L-BFGS-B on each column of `theta` (p, m), the columns' evaluations made together:
-    `fg(theta[:, cols], cols)` returns the listed objectives' values (k,) and gradients (p, k).
-
-    Each column's minimisation is scipy's own, run in a thread of its own; a thread that needs
-    its objective evaluated waits until every unfinished column's thread needs one, and one
-    call evaluates them all. What that gains is `fg`'s: a design matrix shared by the columns
-    is read once per round instead of once per column.
-    """
-    m = theta.shape[1]
-    out = np.array(theta, dtype=np.float64)
-    turn = threading.Condition()
-    pending: dict[int, np.ndarray] = {}
-    answers: dict[int, tuple[float, np.ndarray]] = {}
-    state = {"running": m, "error": None}
-
-    def evaluate_pending() -> None:  # with `turn` held
-        cols = np.array(sorted(pending))
-        try:
-            f, g = fg(np.column_stack([pending[j] for j in cols]), cols)
-            answers.update((j, (float(f[i]), g[:, i].copy())) for i, j in enumerate(cols))
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
-            state["error"] = exc
-        pending.clear()
-        turn.notify_all()
-
-    def objective(j: int, x: np.ndarray) -> tuple[float, np.ndarray]:
-        with turn:
-            pending[j] = x.copy()
-            if len(pending) == state["running"]:
-                evaluate_pending()
-            while j not in answers and state["error"] is None:
-                turn.wait()
-            if state["error"] is not None:
-                raise RuntimeError("a joint evaluation failed") from state["error"]
-            return answers.pop(j)
-
-    def column(j: int) -> None:
-        try:
-            res = minimize(
-                lambda x: objective(j, x),
-                out[:, j],
-                jac=True,
-                method="L-BFGS-B",
-                options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5},
-            )
-            out[:, j] = res.x
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
-            with turn:
-                state["error"] = state["error"] or exc
-        finally:
-            with turn:
-                state["running"] -= 1
-                if pending and len(pending) == state["running"]:
-                    evaluate_pending()
-
-    if m == 1:
-        column(0)
-    else:
-        threads = [threading.Thread(target=column, args=(j,), daemon=True) for j in range(m)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if state["error"] is not None:
-        raise state["error"]
-    return out
-
-
-def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:
-    """A @ B; for a sparse A and a few columns, one matrix-vector product per column, which is
-    faster than scipy's sparse x dense block until about four columns."""
-    if sp.issparse(A) and B.shape[1] < 4:
-        return np.column_stack([A @ np.ascontiguousarray(B[:, j]) for j in range(B.shape[1])])
-    return np.asarray(A @ B)
-
-
-def _fit_logistic(
-    X: sp.spmatrix | np.ndarray,
-    Y: np.ndarray,
-    C: float,
-    start: np.ndarray | None = None,
-    offset: np.ndarray | None = None,
-    XT: sp.csr_matrix | np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """L2 logistic regressions on pass fractions in [0, 1] (sklearn's objective and meaning of
-    C), one per column of `Y` (NaN: the row is not in that column's fit), on the design X and
-    on top of a fixed per-row (or per-cell) `offset` logit.
-
-    Each column is its own fit; they run together (`_minimize_together`) so that X is read
-    once per round for all of them. Returns weights (d, m) and intercepts (m,). A column whose
-    target has a single value or too few rows gets a constant model: nothing to learn.
-    `start` is a previous (weights; intercepts) stacked (d + 1, m).
-    """
-    Y = np.asarray(Y, dtype=np.float64)
-    Y = Y[:, None] if Y.ndim == 1 else Y
-    d, m = X.shape[1], Y.shape[1]
-    seen = ~np.isnan(Y)
-    counts = seen.sum(0)
-    y0 = np.where(seen, Y, 0.0)
-    rate = (y0.sum(0) + 0.5) / (counts + 1.0)
-    span = np.where(seen, Y, -np.inf).max(axis=0) - np.where(seen, Y, np.inf).min(axis=0)
-    live = (counts >= 4) & (span > 1e-12)
-    W, b = np.zeros((d, m)), _logit(rate) if offset is None else np.zeros(m)
-    if not live.any():
-        return W, b
-    cols = np.flatnonzero(live)
-    whole = seen[:, cols].all()
-    mask, y0 = (None if whole else seen[:, cols].astype(np.float64)), y0[:, cols]
-    base = 0.0 if offset is None else offset[:, cols] if offset.ndim == 2 else offset[:, None]
-    if XT is None:
-        XT = X.T.tocsr() if sp.issparse(X) else X.T
-
-    def fg(theta: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        w = theta[:-1]
-        z = _times(X, w) + theta[-1] + (base[:, at] if np.ndim(base) == 2 else base)
-        loss = np.logaddexp(0.0, z) - y0[:, at] * z
-        g = expit(z) - y0[:, at]
-        if mask is not None:
-            loss, g = loss * mask[:, at], g * mask[:, at]
-        f = loss.sum(axis=0) + 0.5 * np.einsum("ij,ij->j", w, w) / C
-        return f, np.vstack((_times(XT, g) + w / C, g.sum(axis=0)))
-
-    theta = np.vstack((np.zeros((d, len(cols))), b[cols]))
-    if start is not None:
-        theta = np.asarray(start, dtype=np.float64).reshape(d + 1, -1)[:, cols]
-    theta = _minimize_together(fg, theta)
-    W[:, cols], b[cols] = theta[:-1], theta[-1]
-    return W, b
-
-
 class LinearPassEstimator(BaseEstimator):
     """Item-response-style router: a shared difficulty model plus small per-candidate models.
 
@@ -290,7 +145,7 @@ class LinearPassEstimator(BaseEstimator):
         out-of-fold logits at that C are then fitted on every request, from the sample's models."""
         grid = self.C_grid if self.C == "auto" else (float(self.C),)
         if X.shape[0] < 2 * self.n_folds or self.n_folds < 2:
-            W, b = _fit_logistic(X, ybar, grid[0])
+            W, b = fit_logistic(X, ybar, grid[0])
             return X @ W[:, 0] + b[0], grid[0], W[:, 0], float(b[0])
         if len(grid) > 1 and X.shape[0] > SELECTION_ROWS:
             rows = np.sort(np.random.default_rng(self.seed).permutation(X.shape[0])[:SELECTION_ROWS])
@@ -301,7 +156,7 @@ class LinearPassEstimator(BaseEstimator):
         mean = np.mean(starts, axis=0)
         if self.deploy == "average":
             return oof, C, mean[:-1], float(mean[-1])
-        W, b = _fit_logistic(X, ybar, C, mean)
+        W, b = fit_logistic(X, ybar, C, mean)
         return oof, C, W[:, 0], float(b[0])
 
     def _cross_fit_difficulty(
@@ -315,10 +170,10 @@ class LinearPassEstimator(BaseEstimator):
             oof = np.zeros(X.shape[0])
             for f in range(self.n_folds):
                 te = folds == f
-                W, b = _fit_logistic(X[~te], ybar[~te], C, starts[f])
+                W, b = fit_logistic(X[~te], ybar[~te], C, starts[f])
                 starts[f] = np.append(W[:, 0], b)
                 oof[te] = X[te] @ W[:, 0] + b[0]
-            loss = _soft_log_loss(oof, ybar)
+            loss = soft_log_loss(oof, ybar)
             if best is None or loss < best[0] - 1e-9:
                 best = (loss, C, oof, list(starts))
         return best[1], best[2], best[3]
@@ -366,10 +221,10 @@ class LinearPassEstimator(BaseEstimator):
         """Per candidate: a logistic head on H, then (with candidate text) its own text weights
         on top of the head's logit; returns (head weights, bias, text weights, text bias).
         The candidates are fitted together, each on the rows where it has an outcome."""
-        weights, bias = _fit_logistic(H, Y, 1.0)
+        weights, bias = fit_logistic(H, Y, 1.0)
         if T is None:
             return weights, bias, np.zeros((0, Y.shape[1])), np.zeros(Y.shape[1])
-        tw, tb = _fit_logistic(T, Y, 1.0, offset=H @ weights + bias)
+        tw, tb = fit_logistic(T, Y, 1.0, offset=H @ weights + bias)
         return weights, bias, tw, tb
 
     @staticmethod
@@ -672,7 +527,7 @@ class LightGBMPassEstimator(BaseEstimator):
         import lightgbm as lgb
 
         if len(y) < 2 * self.min_child_samples or np.ptp(y) < 1e-12:
-            return float(_logit((y.sum() + 0.5) / (len(y) + 1.0)))
+            return float(logit((y.sum() + 0.5) / (len(y) + 1.0)))
         if self.client is not None:
             return self._fit_dask(X, y)
         data = lgb.Dataset(X, label=y, params={"verbose": -1}, free_raw_data=True)

@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from routeopt.router_training.fit import estimators as E
+from routeopt.router_training.fit import logistic as L
 
 
 def _problem(n: int = 400, d: int = 60, k: int = 6, seed: int = 0):
@@ -22,10 +23,10 @@ def _problem(n: int = 400, d: int = 60, k: int = 6, seed: int = 0):
 def test_columns_fitted_together_are_each_columns_own_fit(k: int) -> None:
     X, Y = _problem(k=k)
     offset = np.random.default_rng(1).normal(size=Y.shape)
-    W, b = E._fit_logistic(X, Y, 0.7, offset=offset)
+    W, b = L.fit_logistic(X, Y, 0.7, offset=offset)
     for j in range(k):
         rows = ~np.isnan(Y[:, j])
-        w1, b1 = E._fit_logistic(X[rows], Y[rows, j], 0.7, offset=offset[rows, j])
+        w1, b1 = L.fit_logistic(X[rows], Y[rows, j], 0.7, offset=offset[rows, j])
         assert np.allclose(W[:, j], w1[:, 0], atol=1e-4) and abs(b[j] - b1[0]) < 1e-4
 
 
@@ -34,7 +35,7 @@ def test_a_column_with_nothing_to_learn_gets_a_constant_model() -> None:
     Y[:, 1] = np.where(np.isnan(Y[:, 1]), np.nan, 1.0)  # always passes
     Y[:, 2] = np.nan
     Y[:3, 2] = 0.0  # three rows: too few
-    W, b = E._fit_logistic(X, Y, 1.0)
+    W, b = L.fit_logistic(X, Y, 1.0)
     assert not W[:, 1].any() and not W[:, 2].any() and W[:, 0].any()
     assert b[1] > 3 and b[2] < 0  # the smoothed rates' logits
 
@@ -50,7 +51,7 @@ def test_a_failing_evaluation_is_raised_not_waited_on() -> None:
 
     before = threading.active_count()
     with pytest.raises(FloatingPointError):
-        E._minimize_together(fg, np.ones((4, 5)))
+        L.minimize_together(fg, np.ones((4, 5)))
     assert threading.active_count() == before  # no column's thread is left waiting
     assert calls[0] == 5  # the columns were evaluated together
 
@@ -61,9 +62,9 @@ def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monk
     monkeypatch.setattr(E, "SELECTION_ROWS", 10_000)
     assert np.array_equal(E.LinearPassEstimator(seed=0).fit(X, Y).oof_difficulty_, whole.oof_difficulty_)
     monkeypatch.setattr(E, "SELECTION_ROWS", 150)
-    rows, fit = [], E._fit_logistic
+    rows, fit = [], L.fit_logistic
     monkeypatch.setattr(
-        E, "_fit_logistic", lambda X, Y, *a, **k: rows.append(X.shape[0]) or fit(X, Y, *a, **k)
+        E, "fit_logistic", lambda X, Y, *a, **k: rows.append(X.shape[0]) or fit(X, Y, *a, **k)
     )
     sampled = E.LinearPassEstimator(seed=0).fit(X, Y)
     difficulty = rows[: 4 * 3 + 3 + 1]  # the grid on the sample, then its C's folds and the refit on all
