@@ -139,6 +139,19 @@ def test_garbage_vectors_are_a_clear_refusal(saved) -> None:
         assert not report.ok and "conformance.safetensors" in report.first
 
 
+def _assert_same_features(got, want) -> None:
+    """Every field of two batches of features, the text's parts included, the same bits."""
+    for name, w in want._asdict().items():
+        g = getattr(got, name)
+        if name == "text":
+            for part, wp in w._asdict().items():
+                assert np.array_equal(
+                    np.asarray(getattr(g, part), dtype=object), np.asarray(wp, dtype=object)
+                ), part
+        else:
+            assert g.dtype == w.dtype and np.array_equal(g, w), name
+
+
 def test_features_taken_from_reused_text_layers_are_those_computed_alone() -> None:
     """Training computes the text steps of all its prompts once and takes batches from them:
     every field of those batches must be what computing the batch alone gives."""
@@ -162,15 +175,7 @@ def test_features_taken_from_reused_text_layers_are_those_computed_alone() -> No
     assert np.array_equal(whole.vals, batch_features(texts, suites, spec).vals)
     assert first.ids.tolist() == batch_features(texts[:5], suites[:5], spec).ids.tolist()
     assert missing.vals.tolist() == batch_features(["not among them"], [None], spec).vals.tolist()
-    for name, want in alone._asdict().items():
-        got = getattr(reused, name)
-        if name == "text":
-            for part, w in want._asdict().items():
-                assert np.array_equal(
-                    np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)
-                ), part
-        else:
-            assert got.dtype == want.dtype and np.array_equal(got, want), name
+    _assert_same_features(reused, alone)
 
 
 def test_text_steps_computed_a_block_at_a_time_are_the_same_bits(monkeypatch) -> None:
@@ -182,12 +187,4 @@ def test_text_steps_computed_a_block_at_a_time_are_the_same_bits(monkeypatch) ->
     whole = B.batch_features(texts, suites, spec)
     monkeypatch.setattr(B, "_BLOCK_BYTES", 3000)  # many blocks, and the 1 MB text alone in one
     blocks = B.batch_features(texts, suites, spec)
-    for name, want in whole._asdict().items():
-        got = getattr(blocks, name)
-        if name == "text":
-            for part, w in want._asdict().items():
-                assert np.array_equal(
-                    np.asarray(getattr(got, part), dtype=object), np.asarray(w, dtype=object)
-                ), part
-        else:
-            assert got.dtype == want.dtype and np.array_equal(got, want), name
+    _assert_same_features(blocks, whole)
