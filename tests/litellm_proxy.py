@@ -16,7 +16,6 @@ import fcntl
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -26,6 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.installer import install, make_venv
 
 LITELLM_VERSION = "1.108.7"  # the newest whose `proxy` extra resolves from PyPI alone (2026-12)
 STARTUP_TIMEOUT_S = 240.0  # importing the proxy takes ~15 s on an idle core; CI cores are shared
@@ -47,17 +48,12 @@ def proxy_venv() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if ready.exists():
             return venv
-        steps = (
-            [sys.executable, "-m", "venv", "--clear", str(venv)],
-            [str(venv / "bin" / "pip"), "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
-        )
-        for cmd in steps:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0:
-                pytest.skip(
-                    f"cannot build the LiteLLM proxy's virtualenv ({' '.join(cmd[:3])}...): "
-                    f"{(done.stderr or done.stdout).strip()[-400:]}"
-                )
+        make_venv(venv)
+        done = install(venv, f"litellm[proxy]=={LITELLM_VERSION}", timeout=900)
+        if done.returncode != 0:
+            pytest.skip(
+                f"cannot build the LiteLLM proxy's virtualenv: {(done.stderr or done.stdout).strip()[-400:]}"
+            )
         ready.write_text(LITELLM_VERSION)
     return venv
 

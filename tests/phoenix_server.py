@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.installer import install, make_venv
 from tests.litellm_proxy import cache_dir, free_port
 
 PHOENIX_VERSION = "20.26.1"
@@ -48,17 +48,12 @@ def phoenix_venv() -> Path:
         if ready.exists():
             return venv
         if not (venv / "bin" / "phoenix").exists():
-            steps = (
-                [sys.executable, "-m", "venv", "--clear", str(venv)],
-                [str(venv / "bin" / "pip"), "install", "-q", f"arize-phoenix=={PHOENIX_VERSION}"],
-            )
-            for cmd in steps:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-                if done.returncode != 0:
-                    pytest.skip(
-                        f"cannot build Phoenix's virtualenv ({' '.join(cmd[:3])}...): "
-                        f"{(done.stderr or done.stdout).strip()[-400:]}"
-                    )
+            make_venv(venv)
+            done = install(venv, f"arize-phoenix=={PHOENIX_VERSION}", timeout=1500)
+            if done.returncode != 0:
+                pytest.skip(
+                    f"cannot build Phoenix's virtualenv: {(done.stderr or done.stdout).strip()[-400:]}"
+                )
         ready.write_text(PHOENIX_VERSION)
     return venv
 

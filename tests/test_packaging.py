@@ -23,6 +23,7 @@ from routeopt.evals.config import DEMO_CONFIG, default_config_path, load_config
 from routeopt.evals.suite.spec import load_suite
 from routeopt.flows.cli import cli
 from tests import FOLDERS, REPO
+from tests.installer import install, make_venv
 
 
 def _setuptools() -> dict:
@@ -90,8 +91,8 @@ def _tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
 
 
-@pytest.mark.slow  # builds a wheel and a virtualenv with the pipeline's dependencies (minutes)
-@pytest.mark.timeout(3600)  # about 500 packages to install: on a shared, busy machine, long
+@pytest.mark.slow  # builds a wheel and a virtualenv with the pipeline's dependencies
+@pytest.mark.timeout(3600)  # about 570 packages to install: with pip on a busy machine, long
 def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tmp_path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
@@ -104,17 +105,9 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"routeopt", wheel.name.split("-py3")[0] + ".dist-info"}, tops
 
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    venv = make_venv(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    installed = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--no-compile", f"{wheel}[local]", "evals", "common"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
-        cwd=tmp_path,
-    )
+    installed = install(venv, f"{wheel}[local]", "evals", "common", timeout=1800, env=env, cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr[-2000:]
     site = next((venv / "lib").glob("python3*/site-packages"))
     before = _tree(site / "routeopt")

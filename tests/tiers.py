@@ -32,6 +32,7 @@ USES: dict[str, tuple[str, ...]] = {
     "tests.gateway_venv.build_gateway_venv": ("venv",),
     "tests.litellm_proxy.proxy_venv": ("venv",),
     "tests.phoenix_server.phoenix_venv": ("venv",),
+    "tests.installer.make_venv": ("venv",),
     "tests.gateways.node.node": ("node",),
     "routeopt.evals.providers.local.provider.LocalProvider": ("model",),
     "routeopt.evals.providers.local.provider.create": ("model",),
