@@ -8,11 +8,16 @@ from routeopt.artifacts.serving.loader import load
 from tests.artifacts.policies import PROMPTS
 from tests.fake_llm import FakeLLM
 
-# The adapter sets LITELLM_LOCAL_MODEL_COST_MAP before importing litellm (no price-map download).
-adapter = pytest.importorskip(
-    "routeopt.artifacts.serving.litellm_adapter", reason="needs litellm (extra 'gateway')"
-)
-DECISION_KEY, NoDeployment, install = adapter.DECISION_KEY, adapter.NoDeployment, adapter.install
+
+@pytest.fixture(scope="module")
+def adapter():
+    """The adapter, imported here rather than at collection: importing litellm takes seconds in
+    every worker. (It sets LITELLM_LOCAL_MODEL_COST_MAP first: no price-map download.)"""
+    return pytest.importorskip(
+        "routeopt.artifacts.serving.litellm_adapter", reason="needs litellm (extra 'gateway')"
+    )
+
+
 pytestmark = pytest.mark.slow  # importing litellm alone takes ~15 s on the shared CI cores
 
 
@@ -45,9 +50,9 @@ def policy_router(policies, publish_to, registry, keypair):
     return load(registry, keypair[1])
 
 
-async def test_routes_each_request_to_the_policys_choice(fake, policies, policy_router) -> None:
+async def test_routes_each_request_to_the_policys_choice(adapter, fake, policies, policy_router) -> None:
     router = _litellm_router(fake, policies[0].candidates)
-    install(router, policy_router)
+    adapter.install(router, policy_router)
     expected = []
     for target in (0.0, 1.0):
         for prompt, suite in PROMPTS:
@@ -58,42 +63,42 @@ async def test_routes_each_request_to_the_policys_choice(fake, policies, policy_
             want = policies[0].decide(prompt, suite, quality_target=target).model
             expected.append(f"{want}-model")
             assert resp.choices[0].message.content == f"echo: {prompt.strip()}"
-            assert metadata[DECISION_KEY]["model"] == want
-            assert metadata[DECISION_KEY]["policy_version"] == 1
+            assert metadata[adapter.DECISION_KEY]["model"] == want
+            assert metadata[adapter.DECISION_KEY]["policy_version"] == 1
     assert [r.body["model"] for r in fake.requests] == expected
     assert len(set(expected)) >= 2, "the policy should pick differently at targets 0 and 1"
     assert all(r.body["messages"][-1]["content"] for r in fake.requests)
 
 
-async def test_falls_back_when_the_choice_has_no_deployment(fake, policies, policy_router) -> None:
+async def test_falls_back_when_the_choice_has_no_deployment(adapter, fake, policies, policy_router) -> None:
     prompt, suite = PROMPTS[0]
     decision = policies[0].decide(prompt, suite)
     router = _litellm_router(fake, [c for c in policies[0].candidates if c != decision.model])
-    install(router, policy_router)
+    adapter.install(router, policy_router)
     other = {"routeopt_suite": suite}
     await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=other)
     assert fake.requests[-1].body["model"] == f"{decision.fallbacks[0]}-model"
 
 
-def test_sync_completion_and_other_models_pass_through(fake, policies, policy_router) -> None:
+def test_sync_completion_and_other_models_pass_through(adapter, fake, policies, policy_router) -> None:
     router = _litellm_router(fake, policies[0].candidates)
-    install(router, policy_router)
+    adapter.install(router, policy_router)
     router.completion(model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}])
     assert fake.requests[-1].body["model"] == f"{policies[0].decide('What is 2 + 3?').model}-model"
     resp = router.completion(model="large", messages=[{"role": "user", "content": "What is 2 + 3?"}])
     assert resp.choices[0].message.content == "5" and fake.requests[-1].body["model"] == "large-model"
 
 
-async def test_no_deployment_at_all_is_a_clear_error(fake, policy_router) -> None:
+async def test_no_deployment_at_all_is_a_clear_error(adapter, fake, policy_router) -> None:
     router = _litellm_router(fake, ["unrelated"])
-    install(router, policy_router)
+    adapter.install(router, policy_router)
     with pytest.raises(Exception, match="no LiteLLM deployment named any of"):
         await router.acompletion(model="routeopt", messages=[{"role": "user", "content": "hi"}])
-    assert NoDeployment.__mro__[1] is LookupError
+    assert adapter.NoDeployment.__mro__[1] is LookupError
 
 
 async def test_default_model_serves_while_no_policy_is_valid(
-    fake, policies, publish_to, registry, keypair
+    adapter, fake, policies, publish_to, registry, keypair
 ) -> None:
     """An expired policy: requests go to the default model's deployment, and the metadata says
     why; a default model without a deployment is a clear error naming it."""
@@ -102,16 +107,16 @@ async def test_default_model_serves_while_no_policy_is_valid(
     publish_to(policies[0], now=datetime.now(timezone.utc) - timedelta(days=2), expires_in=timedelta(days=1))
     gateway = load(registry, keypair[1], default_model="fallback")
     router = _litellm_router(fake, [*policies[0].candidates, "fallback"])
-    install(router, gateway)
+    adapter.install(router, gateway)
     metadata: dict = {}
     resp = await router.acompletion(
         model="routeopt", messages=[{"role": "user", "content": "What is 2 + 3?"}], metadata=metadata
     )
     assert resp.choices[0].message.content == "5" and fake.requests[-1].body["model"] == "fallback-model"
-    assert metadata[DECISION_KEY]["policy_version"] == 0
-    assert "version 1 expired at" in metadata[DECISION_KEY]["default_reason"]
+    assert metadata[adapter.DECISION_KEY]["policy_version"] == 0
+    assert "version 1 expired at" in metadata[adapter.DECISION_KEY]["default_reason"]
     bare = _litellm_router(fake, policies[0].candidates)
-    install(bare, gateway)
+    adapter.install(bare, gateway)
     with pytest.raises(
         Exception, match="serves its default model 'fallback' .*no LiteLLM deployment is named"
     ):
@@ -119,7 +124,7 @@ async def test_default_model_serves_while_no_policy_is_valid(
 
 
 async def test_a_gateway_logs_each_request_under_its_request_id(
-    fake, policies, policy_router, tmp_path
+    adapter, fake, policies, policy_router, tmp_path
 ) -> None:
     import json
 
@@ -127,7 +132,7 @@ async def test_a_gateway_logs_each_request_under_its_request_id(
 
     log = DecisionLog(tmp_path, flush_s=0.05)
     router = _litellm_router(fake, policies[0].candidates)
-    install(router, Gateway(policy_router, log=log))
+    adapter.install(router, Gateway(policy_router, log=log))
     prompt, suite = PROMPTS[1]
     metadata = {"routeopt_suite": suite, "routeopt_request_id": "order-17"}
     await router.acompletion(
@@ -137,7 +142,12 @@ async def test_a_gateway_logs_each_request_under_its_request_id(
     await router.acompletion(model="routeopt", messages=[{"role": "user", "content": prompt}], metadata=other)
     log.close()
     records = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert metadata[DECISION_KEY]["request_id"] == "order-17" and metadata[DECISION_KEY]["propensity"] == 1.0
+    assert (
+        metadata[adapter.DECISION_KEY]["request_id"] == "order-17"
+        and metadata[adapter.DECISION_KEY]["propensity"] == 1.0
+    )
     assert records[0]["request_id"] == "order-17" and records[0]["suite"] == suite
-    assert records[1]["request_id"] == other[DECISION_KEY]["request_id"] != "order-17"  # the gateway's
+    assert (
+        records[1]["request_id"] == other[adapter.DECISION_KEY]["request_id"] != "order-17"
+    )  # the gateway's
     assert [r.body["model"] for r in fake.requests] == [f"{records[0]['model']}-model"] * 2

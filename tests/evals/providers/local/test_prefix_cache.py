@@ -53,25 +53,6 @@ def _demo_requests() -> list[Request]:
     return out
 
 
-@pytest.mark.parametrize("draft", [False, True], ids=["plain", "with-draft"])
-async def test_answers_are_identical_with_and_without_the_prefix_cache(draft: bool) -> None:
-    """Every demo item, 64 in flight: rows admitted together reuse prefixes of different
-    lengths, and the cache computes fewer prompt tokens without changing one answer."""
-    spec = {"model": str(ZOO / "zoo-s"), "num_speculative_tokens": 2}
-    extra = {"speculative": spec} if draft else {}
-    requests = _demo_requests()
-    off, _ = await _serve(_candidate(False, **extra), requests)
-    on, provider = await _serve(_candidate({"block_size": 4}, **extra), requests)
-    assert [c.text for c in on] == [c.text for c in off]
-    assert all(c.cached_input_tokens == 0 for c in off)
-    cached = [c.cached_input_tokens for c in on]
-    assert sum(cached) > 0.4 * sum(c.input_tokens for c in on)
-    assert len(set(cached)) >= 3  # "<bos>sort", "<bos>sort: 1", ...: prefixes of several lengths
-    assert all(n % 4 == 0 and n < c.input_tokens for n, c in zip(cached, on))
-    pc = provider.prefix_cache
-    assert pc.hit_tokens == sum(cached) and pc.evicted_blocks == 0
-
-
 async def test_a_bounded_cache_evicts_and_still_answers_the_same() -> None:
     requests = _demo_requests()[:150]
     off, _ = await _serve(_candidate(False), requests)

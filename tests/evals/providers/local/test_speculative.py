@@ -20,12 +20,9 @@ from scipy import stats  # noqa: E402
 
 from routeopt.evals.config import Candidate, ConfigError, load_config  # noqa: E402
 from routeopt.evals.providers.base import GenerationSettings, Message, ProviderError, Request  # noqa: E402
-from routeopt.evals.providers.local import batcher as _batcher  # noqa: E402
 from routeopt.evals.providers.local.batcher import Batcher, Row  # noqa: E402
 from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
 from routeopt.evals.providers.local.speculative import probabilities, verify  # noqa: E402
-from routeopt.evals.selfhost import zoo  # noqa: E402
-from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
 
 ZOO = REPO / "evals" / "demo" / "zoo"
@@ -94,41 +91,6 @@ async def _serve(candidate: Candidate, requests: list[Request]) -> list:
         return await asyncio.gather(*(provider.generate(r) for r in requests))
     finally:
         await provider.aclose()
-
-
-def _demo_requests() -> list[Request]:
-    out = []
-    for name in ("add", "reverse", "sort"):
-        suite = load_suite(REPO / "evals" / "suites" / f"{name}.yaml")
-        out += [suite.request(item) for item in suite.items]
-    return out
-
-
-async def test_greedy_answers_are_the_targets_on_every_demo_item(monkeypatch) -> None:
-    """zoo-l verified with zoo-s as its draft answers every demo item exactly as zoo-l alone,
-    while rows of one batch accept different numbers of proposals in the same step."""
-    accepted_per_step: list[list[int]] = []
-    real_verify = _batcher.verify
-
-    def recording_verify(p, q, drafts):
-        n, nxt = real_verify(p, q, drafts)
-        accepted_per_step.append(n.tolist())
-        return n, nxt
-
-    monkeypatch.setattr(_batcher, "verify", recording_verify)
-    requests = _demo_requests()
-    alone = await _serve(_candidate(ZOO / "zoo-l", prefix_cache=False), requests)
-    drafted = await _serve(_candidate(ZOO / "zoo-l", ZOO / "zoo-s", k=3, prefix_cache=False), requests)
-    assert len(requests) == sum(zoo.eval_count(t, d) for t in zoo.TASKS for d in zoo.DIFFICULTIES)
-    assert [c.text for c in drafted] == [c.text for c in alone]
-    assert [c.output_tokens for c in drafted] == [c.output_tokens for c in alone]
-    assert [c.finish_reason for c in drafted] == [c.finish_reason for c in alone]
-    proposed = sum(c.draft_tokens for c in drafted)
-    accepted = sum(c.accepted_draft_tokens for c in drafted)
-    assert proposed > 0 and 0 < accepted < proposed
-    assert alone[0].draft_tokens is None
-    mixed = [s for s in accepted_per_step if len(set(s)) > 1]
-    assert mixed and max(len(s) for s in mixed) > 8  # big batches whose rows diverge
 
 
 async def test_max_tokens_and_stop_strings_end_exactly_their_row(endless) -> None:

@@ -1,0 +1,107 @@
+"""zoo-l's greedy answers on every demo item are the same alone, verified against zoo-s's drafts,
+with the prefix cache, and with both: each configuration is compared with one reference run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from routeopt.evals.config import Candidate  # noqa: E402
+from routeopt.evals.providers.base import Request  # noqa: E402
+from routeopt.evals.providers.local import batcher as _batcher  # noqa: E402
+from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
+from routeopt.evals.selfhost import zoo  # noqa: E402
+from routeopt.evals.suite.spec import load_suite  # noqa: E402
+from tests import REPO  # noqa: E402
+
+ZOO = REPO / "evals" / "demo" / "zoo"
+pytestmark = pytest.mark.skipif(
+    not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
+)
+
+
+def _candidate(prefix_cache: object = False, draft_tokens: int = 0) -> Candidate:
+    spec = {"model": str(ZOO / "zoo-s"), "num_speculative_tokens": draft_tokens}
+    return Candidate(
+        name="zoo-l",
+        provider="local",
+        model=str(ZOO / "zoo-l"),
+        variant="fp32",
+        device="cpu",
+        gpu_hour_usd=1.0,
+        max_concurrency=64,
+        prefix_cache=prefix_cache,
+        **({"speculative": spec} if draft_tokens else {}),
+    )
+
+
+async def _serve(candidate: Candidate, requests: list[Request]) -> tuple[list, LocalProvider]:
+    provider = LocalProvider(candidate)
+    try:
+        return await asyncio.gather(*(provider.generate(r) for r in requests)), provider
+    finally:
+        await provider.aclose()
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[Request]:
+    out = []
+    for name in ("sort", "add", "reverse"):
+        suite = load_suite(REPO / "evals" / "suites" / f"{name}.yaml")
+        out += [suite.request(item) for item in suite.items]
+    assert len(out) == sum(zoo.eval_count(t, d) for t in zoo.TASKS for d in zoo.DIFFICULTIES)
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(requests: list[Request]) -> list:
+    """zoo-l by itself: no draft, no prefix cache."""
+    answers, _ = asyncio.run(_serve(_candidate(), requests))
+    assert all(c.draft_tokens is None and c.cached_input_tokens == 0 for c in answers)
+    return answers
+
+
+def _same(got: list, alone: list) -> None:
+    assert [c.text for c in got] == [c.text for c in alone]
+    assert [c.output_tokens for c in got] == [c.output_tokens for c in alone]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in alone]
+
+
+async def test_drafted_answers_are_the_targets(monkeypatch, requests, alone) -> None:
+    """Verified with zoo-s's drafts, while rows of one batch accept different numbers of
+    proposals in the same step."""
+    accepted_per_step: list[list[int]] = []
+    real_verify = _batcher.verify
+
+    def recording_verify(p, q, drafts):
+        n, nxt = real_verify(p, q, drafts)
+        accepted_per_step.append(n.tolist())
+        return n, nxt
+
+    monkeypatch.setattr(_batcher, "verify", recording_verify)
+    drafted, _ = await _serve(_candidate(draft_tokens=3), requests)
+    _same(drafted, alone)
+    proposed = sum(c.draft_tokens for c in drafted)
+    accepted = sum(c.accepted_draft_tokens for c in drafted)
+    assert proposed > 0 and 0 < accepted < proposed
+    mixed = [s for s in accepted_per_step if len(set(s)) > 1]
+    assert mixed and max(len(s) for s in mixed) > 8  # big batches whose rows diverge
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 2], ids=["plain", "with-draft"])
+async def test_the_prefix_cache_changes_no_answer(requests, alone, draft_tokens: int) -> None:
+    """64 in flight: rows admitted together reuse prefixes of different lengths, and the cache
+    computes fewer prompt tokens without changing one answer."""
+    on, provider = await _serve(_candidate({"block_size": 4}, draft_tokens), requests)
+    _same(on, alone)
+    cached = [c.cached_input_tokens for c in on]
+    assert sum(cached) > 0.4 * sum(c.input_tokens for c in on)
+    assert len(set(cached)) >= 3  # "<bos>sort", "<bos>sort: 1", ...: prefixes of several lengths
+    assert all(n % 4 == 0 and n < c.input_tokens for n, c in zip(cached, on))
+    pc = provider.prefix_cache
+    assert pc.hit_tokens == sum(cached) and pc.evicted_blocks == 0
