@@ -7,7 +7,8 @@ per request:
    champion for the rest;
 2. takes that policy's decision and explores: with probability `Exploration.rate` the request goes
    to a candidate drawn uniformly from the eligible ones (never an excluded one, never one above
-   the cost cap), so any other policy can later be evaluated on the logs without bias;
+   the cost cap, never one predicted to miss the request's latency budget), so any other policy
+   can later be evaluated on the logs without bias;
 3. returns the decision with `propensity`, the exact probability that this request was served the
    chosen model, and `policy_probability`, the policy's own probability for its choice (below 1
    at a knob point that mixes two rules), and hands the rest to the `DecisionLog`.
@@ -609,7 +610,7 @@ class Gateway:
         if x is None:
             return choose(d, None, 1.0, 0.0)
         eligible = None
-        if not x.capped:  # eligibility then depends on the candidate names only: reuse it
+        if not x.capped and d.budget is None:  # eligibility then depends on the names only: reuse it
             names = d.pass_probabilities.keys()
             cached = self._eligible
             if cached is None or cached[0] != names:

@@ -71,14 +71,33 @@ class Exploration:
         return self.max_cost_usd is not None or self.max_cost_ratio is not None
 
     def eligible(self, decision: Any) -> tuple[str, ...]:
-        """Candidates exploration may send this request to, in the policy's candidate order."""
+        """Candidates exploration may send this request to, in the policy's candidate order;
+        under a latency budget, only those predicted to meet it (`budget_limits`)."""
         costs: Mapping[str, float] = decision.expected_cost_usd
         cap = math.inf if self.max_cost_usd is None else self.max_cost_usd
         if self.max_cost_ratio is not None:
             cap = min(cap, self.max_cost_ratio * costs.get(decision.model, math.inf))
+        limits = budget_limits(decision)
         return tuple(
-            c for c in decision.pass_probabilities if c not in self.exclude and costs.get(c, math.inf) <= cap
+            c
+            for c in decision.pass_probabilities
+            if c not in self.exclude
+            and costs.get(c, math.inf) <= cap
+            and (limits is None or limits[0].get(c, math.inf) <= limits[1])
         )
+
+
+def budget_limits(decision: Any) -> tuple[Mapping[str, float], float] | None:
+    """(each candidate's predicted p95, the budget asked for) when the decision was made under a
+    latency budget the policy serves (docs/policy-format.md, 8.1 and 8.3); else None."""
+    budget = getattr(decision, "budget", None)
+    if budget is None:
+        return None
+    if isinstance(budget, Mapping):
+        predicted, limit = budget.get("predicted_s"), budget.get("budget_s")
+    else:  # the policy's own BudgetOutcome
+        predicted, limit = getattr(budget, "predicted_s", None), getattr(budget, "budget_s", None)
+    return None if predicted is None or limit is None else (predicted, float(limit))
 
 
 class Choice(NamedTuple):

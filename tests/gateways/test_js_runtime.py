@@ -12,6 +12,7 @@ import json
 import os
 import select
 import subprocess
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -163,6 +164,59 @@ def _latency_fixtures(root: Path, private) -> None:
     (root / "expected" / "demo-latency-live.json").write_text(
         json.dumps(_python_live_decisions(root, policy))
     )
+    (root / "expected" / "demo-latency-explored.json").write_text(
+        json.dumps(_python_explored_decisions(root, policy, _requests()))
+    )
+
+
+EXPLORATION = {"rate": 0.5, "seed": 11}
+
+
+def _python_explored_decisions(root: Path, policy, requests: list[dict]) -> dict:
+    """Python's Gateway, exploring half the requests, under every budget of the vectors: each log
+    line's model, propensity, explored and eligible (8.1: only candidates predicted to meet the
+    budget are eligible)."""
+    from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
+
+    router = load(
+        next((root / "registry-latency" / "versions").iterdir()),
+        public_key=root / "keys" / "public_key.pem",
+        state_dir=False,
+    )
+    asked = [
+        {**r, "kind": kind, "budget_s": budget, "request_id": f"e{i}-{j}"}
+        for i, (kind, budget) in enumerate(_budgets(policy))
+        for j, r in enumerate(requests)
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        log = DecisionLog(Path(folder))
+        gateway = Gateway(router, log=log, exploration=Exploration(**EXPLORATION))
+        for a in asked:
+            gateway.route(
+                a["prompt"],
+                a["suite"],
+                a["quality_target"],
+                request_id=a["request_id"],
+                **{f"{a['kind']}_budget_s": a["budget_s"]},
+            )
+        log.close()
+        lines = {
+            line["request_id"]: line
+            for f in Path(folder).glob("*.jsonl")
+            for line in map(json.loads, f.read_text().splitlines())
+        }
+    rows = []
+    for a in asked:
+        line = lines[a["request_id"]]
+        rows.append(
+            {
+                **a,
+                **{k: line[k] for k in ("model", "propensity", "explored", "policy_model")},
+                "eligible": line["exploration"]["eligible"],
+            }
+        )
+    assert any(r["explored"] for r in rows) and any(len(r["eligible"]) < len(policy.candidates) for r in rows)
+    return {"exploration": EXPLORATION, "requests": rows}
 
 
 def _python_live_decisions(root: Path, policy) -> dict:

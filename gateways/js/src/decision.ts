@@ -110,14 +110,22 @@ export function checkExploration(x: ExplorationOptions): void {
   }
 }
 
-/** Exploration of a decision (model m, costs by name) for draws u, v (8.1). */
+/** A latency budget the decision was made under: each candidate's predicted p95, and the budget asked for (8.3). */
+export interface BudgetLimits {
+  predictedS: Record<string, number>;
+  budgetS: number;
+}
+
+/** Exploration of a decision (model m, costs by name) for draws u, v (8.1); under a latency
+ * budget, only candidates predicted to meet it are eligible. */
 export function explore(model: string, names: string[], cost: Record<string, number>, x: ExplorationOptions | null,
-  u: number, v: number): Explored {
+  u: number, v: number, limits: BudgetLimits | null = null): Explored {
   if (!x || x.rate <= 0) return { model, propensity: 1, explored: false, eligible: [] };
   let cap = x.maxCostUsd ?? Infinity;
   if (x.maxCostRatio !== undefined && x.maxCostRatio !== null) cap = Math.min(cap, x.maxCostRatio * (cost[model] ?? Infinity));
   const exclude = new Set(x.exclude ?? []);
-  const eligible = names.filter((n) => !exclude.has(n) && (cost[n] ?? Infinity) <= cap);
+  const eligible = names.filter((n) => !exclude.has(n) && (cost[n] ?? Infinity) <= cap
+    && (limits === null || (limits.predictedS[n] ?? Infinity) <= limits.budgetS));
   if (eligible.length === 0) return { model, propensity: 1, explored: false, eligible: [] };
   const n = eligible.length;
   const explored = u < x.rate;

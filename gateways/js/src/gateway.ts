@@ -94,7 +94,8 @@ export class Gateway {
       const x = this.opts.exploration && this.opts.exploration.rate > 0 ? this.opts.exploration : null;
       const names = Object.keys(d.passProbabilities);
       const [u, v] = x ? unitDraw(this.exploreKey, rid) : [1, 0];
-      const e = explore(d.model, names, d.expectedCostUsd, x, u, v);
+      const limits = d.budget && "predictedS" in d.budget ? { predictedS: d.budget.predictedS, budgetS: d.budget.budgetS } : null;
+      const e = explore(d.model, names, d.expectedCostUsd, x, u, v, limits);
       const fallbacks = e.model === d.model ? d.fallbacks : [d.model, ...d.fallbacks.filter((f) => f !== e.model)];
       const t = traced ? recordDecision(this.tracing, opts.traceparent, start, attributesFor({
         model: e.model, fallbacks, propensity: e.propensity, policyVersion: d.policyVersion, requestId: rid,

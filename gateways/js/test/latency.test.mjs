@@ -60,6 +60,26 @@ test("the Router carries the budget (camelCase, as its other fields) and the Gat
   assert.equal(d.budget.tierS, null);
 });
 
+test("exploration under a budget sends requests only to candidates predicted to meet it, exactly as Python's Gateway does", { skip }, async () => {
+  const router = await Router.open({ files: versionFiles("registry-latency"), publicKeys: [publicKey()] });
+  const want = expected(`${NAME}-explored`);
+  const log = new MemoryLog();
+  const gw = await Gateway.create(router, { log, exploration: want.exploration });
+  for (const w of want.requests) {
+    gw.route(w.prompt, { suite: w.suite, qualityTarget: w.quality_target, requestId: w.request_id, ...budgetOption(w) });
+  }
+  const lines = new Map(log.lines.map((l) => JSON.parse(l)).map((r) => [r.request_id, r]));
+  let explored = 0, narrowed = 0;
+  for (const w of want.requests) {
+    const r = lines.get(w.request_id);
+    assert.deepEqual([r.model, r.policy_model, r.explored, r.exploration.eligible], [w.model, w.policy_model, w.explored, w.eligible], w.request_id);
+    assert.ok(Math.abs(r.propensity - w.propensity) <= 1e-12, w.request_id);
+    explored += r.explored ? 1 : 0;
+    narrowed += r.exploration.eligible.length < Object.keys(r.pass_probabilities).length ? 1 : 0;
+  }
+  assert.ok(explored > 0 && narrowed > 0);
+});
+
 test("a request naming no budget is decided under its suite's default (else \"*\"'s) exactly as Python's Router does; one it names wins", { skip }, async (t) => {
   const { defaults, default_requests: want } = expected(NAME);
   const router = await Router.open({ files: versionFiles("registry-latency"), publicKeys: [publicKey()] });

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from routeopt.artifacts.serving.decision_service import DecisionService
-from routeopt.artifacts.serving.gateway import DecisionLog, Gateway
+from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.serving.route_request import BadRequest, route_request
 from routeopt.artifacts.serving.settings import GatewaySettings
@@ -64,6 +64,39 @@ def test_the_decision_log_records_the_budget(router, timed_policy, tmp_path) -> 
     assert line["request_id"] == "r1" and line["model"] == d.model
     assert line["budget"] == {k: v for k, v in d.budget.items() if k != "predicted_s"}
     assert line["budget"]["kind"] == "latency" and line["budget"]["budget_s"] == budget
+
+
+def test_exploration_sends_a_budgeted_request_only_to_candidates_predicted_to_meet_it(
+    router, timed_policy, tmp_path
+) -> None:
+    """Every request explored (rate 1): under a budget that some candidates' predicted p95
+    misses, none of those is eligible or served, and the propensity is over the rest; without
+    a budget every candidate is eligible, as before."""
+
+    def within(b: float) -> list[int]:
+        outcomes = (timed_policy.decide(p, s, ttft_budget_s=b).budget for p, s in PROMPTS)
+        return [sum(t <= b for t in o.predicted_s.values()) for o in outcomes]
+
+    k = len(timed_policy.candidates)
+    budget = next(b for b in timed_policy.latency.budgets("ttft") if all(2 <= n < k for n in within(b)))
+    log = DecisionLog(tmp_path / "log")
+    gateway = Gateway(router, log=log, exploration=Exploration(rate=1.0, seed=3))
+    served, left_out = set(), set()
+    for i in range(60):
+        prompt, suite = PROMPTS[i % len(PROMPTS)]
+        d = gateway.route(prompt, suite, request_id=f"x{i}", ttft_budget_s=budget)
+        within = [c for c, t in d.budget["predicted_s"].items() if t <= budget]
+        assert d.model in within
+        served.add(d.model)
+        left_out |= set(d.budget["predicted_s"]) - set(within)
+        assert d.propensity == pytest.approx(1 / len(within))
+        free = gateway.route(prompt, suite, request_id=f"x{i}")
+        assert free.propensity == pytest.approx(1 / k)
+    log.close()
+    assert left_out and len(served) >= 2  # the budget binds, and exploration still spreads
+    lines = [json.loads(x) for f in (tmp_path / "log").glob("*.jsonl") for x in f.read_text().splitlines()]
+    budgeted = [line for line in lines if "budget" in line]
+    assert budgeted and all(set(line["exploration"]["eligible"]).isdisjoint(left_out) for line in budgeted)
 
 
 def test_a_policy_without_a_latency_model_decides_without_the_budget_and_says_so(
