@@ -27,7 +27,7 @@ import pandas as pd
 from routeopt.common.io import jsonable
 from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
 from routeopt.router_training.evaluation.bench import budget_outcomes
-from routeopt.router_training.fit.data import RoutingData, routing_data
+from routeopt.router_training.fit.data import RoutingData, release_free_memory, routing_data
 from routeopt.router_training.policy.batch_features import reuse_text_layers
 from routeopt.router_training.policy.embeddings import reuse_embeddings
 from routeopt.router_training.fit.estimators import (
@@ -394,6 +394,7 @@ def train_router(
             latency_alpha,
         )
         evaluated = fit(train)
+        release_free_memory()
         refit = refit and len(test) > 0
         policy = fit(data) if refit else evaluated
         holdout = None

@@ -6,6 +6,7 @@ fraction, the cost a mean. Missing pairs stay NaN and estimators skip them.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,3 +160,12 @@ def routing_data(
             for kind in measured
         },
     )
+
+
+def release_free_memory() -> None:
+    """Give the pages a finished training stage freed back to the operating system: glibc's
+    malloc keeps freed heap memory for reuse, which the next stage's peak would stack on."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

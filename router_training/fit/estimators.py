@@ -16,6 +16,7 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from routeopt.router_training.fit.data import release_free_memory
 from routeopt.router_training.fit.logistic import fit_logistic, logit, soft_log_loss
 from routeopt.router_training.policy.batch_features import batch_features
 from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
@@ -251,6 +252,9 @@ class LinearPassEstimator(BaseEstimator):
         if has.sum() >= 4:
             Xh = Xd if has.all() else Xd[has]  # no copy of the design when every request has an outcome
             self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xh, ybar[has], self.folds_[has])
+            del Xh
+        del Xd  # as large as X: not held while the heads are fitted
+        release_free_memory()
         self.topic_difficulty_ = w_d[X.shape[1] :]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
