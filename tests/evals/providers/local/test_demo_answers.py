@@ -11,41 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from routeopt.evals.config import Candidate  # noqa: E402
 from routeopt.evals.providers.base import Request  # noqa: E402
 from routeopt.evals.providers.local import batcher as _batcher  # noqa: E402
-from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
 from routeopt.evals.selfhost import zoo  # noqa: E402
 from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
+from tests.local_zoo import ZOO, serve, zoo_l  # noqa: E402
 
-ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(
     not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
 )
-
-
-def _candidate(prefix_cache: object = False, draft_tokens: int = 0) -> Candidate:
-    spec = {"model": str(ZOO / "zoo-s"), "num_speculative_tokens": draft_tokens}
-    return Candidate(
-        name="zoo-l",
-        provider="local",
-        model=str(ZOO / "zoo-l"),
-        variant="fp32",
-        device="cpu",
-        gpu_hour_usd=1.0,
-        max_concurrency=64,
-        prefix_cache=prefix_cache,
-        **({"speculative": spec} if draft_tokens else {}),
-    )
-
-
-async def _serve(candidate: Candidate, requests: list[Request]) -> tuple[list, LocalProvider]:
-    provider = LocalProvider(candidate)
-    try:
-        return await asyncio.gather(*(provider.generate(r) for r in requests)), provider
-    finally:
-        await provider.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +36,7 @@ def requests() -> list[Request]:
 @pytest.fixture(scope="module")
 def alone(requests: list[Request]) -> list:
     """zoo-l by itself: no draft, no prefix cache."""
-    answers, _ = asyncio.run(_serve(_candidate(), requests))
+    answers, _ = asyncio.run(serve(zoo_l(), requests))
     assert all(c.draft_tokens is None and c.cached_input_tokens == 0 for c in answers)
     return answers
 
@@ -84,7 +59,7 @@ async def test_drafted_answers_are_the_targets(monkeypatch, requests, alone) -> 
         return n, nxt
 
     monkeypatch.setattr(_batcher, "verify", recording_verify)
-    drafted, _ = await _serve(_candidate(draft_tokens=3), requests)
+    drafted, _ = await serve(zoo_l(draft_tokens=3), requests)
     _same(drafted, alone)
     proposed = sum(c.draft_tokens for c in drafted)
     accepted = sum(c.accepted_draft_tokens for c in drafted)
@@ -97,7 +72,7 @@ async def test_drafted_answers_are_the_targets(monkeypatch, requests, alone) -> 
 async def test_the_prefix_cache_changes_no_answer(requests, alone, draft_tokens: int) -> None:
     """64 in flight: rows admitted together reuse prefixes of different lengths, and the cache
     computes fewer prompt tokens without changing one answer."""
-    on, provider = await _serve(_candidate({"block_size": 4}, draft_tokens), requests)
+    on, provider = await serve(zoo_l({"block_size": 4}, draft_tokens), requests)
     _same(on, alone)
     cached = [c.cached_input_tokens for c in on]
     assert sum(cached) > 0.4 * sum(c.input_tokens for c in on)

@@ -3,46 +3,21 @@ cached key/value blocks, answers do not change, and the cache stays within its b
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from routeopt.evals.config import Candidate  # noqa: E402
 from routeopt.evals.providers.base import GenerationSettings, Message, Request  # noqa: E402
 from routeopt.evals.providers.local.prefix_cache import PrefixCache  # noqa: E402
 from routeopt.evals.providers.local.provider import LocalProvider  # noqa: E402
 from routeopt.evals.suite.spec import load_suite  # noqa: E402
 from tests import REPO  # noqa: E402
+from tests.local_zoo import ZOO, serve, zoo_l  # noqa: E402
 
-ZOO = REPO / "evals" / "demo" / "zoo"
 pytestmark = pytest.mark.skipif(
     not (ZOO / "zoo-l" / "config.json").exists(), reason="zoo checkpoints not built"
 )
-
-
-def _candidate(prefix_cache: object, **extra: object) -> Candidate:
-    return Candidate(
-        name="zoo-l",
-        provider="local",
-        model=str(ZOO / "zoo-l"),
-        variant="fp32",
-        device="cpu",
-        gpu_hour_usd=1.0,
-        max_concurrency=64,
-        prefix_cache=prefix_cache,
-        **extra,
-    )
-
-
-async def _serve(candidate: Candidate, requests: list[Request]) -> tuple[list, LocalProvider]:
-    provider = LocalProvider(candidate)
-    try:
-        return await asyncio.gather(*(provider.generate(r) for r in requests)), provider
-    finally:
-        await provider.aclose()
 
 
 def _demo_requests() -> list[Request]:
@@ -55,8 +30,8 @@ def _demo_requests() -> list[Request]:
 
 async def test_a_bounded_cache_evicts_and_still_answers_the_same() -> None:
     requests = _demo_requests()[:150]
-    off, _ = await _serve(_candidate(False), requests)
-    on, provider = await _serve(_candidate({"block_size": 2, "capacity_tokens": 16}), requests)
+    off, _ = await serve(zoo_l(False), requests)
+    on, provider = await serve(zoo_l({"block_size": 2, "capacity_tokens": 16}), requests)
     assert [c.text for c in on] == [c.text for c in off]
     pc = provider.prefix_cache
     assert len(pc) <= 8 and pc.evicted_blocks > 0 and pc.hit_tokens > 0
@@ -70,7 +45,7 @@ async def test_a_long_shared_prefix_is_computed_once() -> None:
         Request((Message("user", head + f"sort: {n}="),), GenerationSettings(max_tokens=4))
         for n in (4213, 9870, 5512)
     ]  # 59-token prompts + 4 <= 64 positions
-    provider = LocalProvider(_candidate({"block_size": 8}))
+    provider = LocalProvider(zoo_l({"block_size": 8}))
     try:
         got = [await provider.generate(r) for r in requests]
     finally:
