@@ -30,6 +30,27 @@ def test_columns_fitted_together_are_each_columns_own_fit(k: int) -> None:
         assert np.allclose(W[:, j], w1[:, 0], atol=1e-4) and abs(b[j] - b1[0]) < 1e-4
 
 
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_products_split_over_threads_are_the_whole_products_bit_for_bit(monkeypatch, k: int) -> None:
+    X, _ = _problem(n=997, d=300, k=1)
+    B = np.random.default_rng(2).normal(size=(X.shape[1], k))
+    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    blocked = L.RowBlocks(X, threads=3)
+    assert len(blocked.blocks) > 1 and blocked.blocks[-1][1] == X.shape[0]
+    assert np.array_equal(blocked @ B, L._times(X, B))
+    XT, G = X.T.tocsr(), np.random.default_rng(3).normal(size=(X.shape[0], k))
+    assert np.array_equal(L.RowBlocks(XT, threads=2) @ G, L._times(XT, G))
+
+
+def test_a_fit_with_its_products_split_over_threads_is_the_same_fit(monkeypatch) -> None:
+    X, Y = _problem(k=4)
+    W1, b1 = L.fit_logistic(X, Y, 0.7)
+    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(L, "available_cores", lambda: 2)
+    W2, b2 = L.fit_logistic(X, Y, 0.7)
+    assert np.array_equal(W1, W2) and np.array_equal(b1, b2)
+
+
 def test_a_column_with_nothing_to_learn_gets_a_constant_model() -> None:
     X, Y = _problem(k=3)
     Y[:, 1] = np.where(np.isnan(Y[:, 1]), np.nan, 1.0)  # always passes
