@@ -25,9 +25,9 @@ from routeopt.router_training.policy.features import (
     _FLAG_MATRIX,
     _LOWER,
     _P,
-    _P_INV,
+    _POW,
+    _POW_INV,
     _normalised,
-    _powers,
     FeatureSpec,
     cut,
     mix,
@@ -105,9 +105,12 @@ def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
     Each request's bytes are followed by one separator (never alphanumeric), so a word never
     spans two requests; sum(byte_i P**i) over global positions, times P**-start, is the word's
-    hash wherever it sits."""
+    hash wherever it sits. Powers are taken at each byte's position within its request (texts are
+    cut to `MAX_BYTES`), from the same tables the one-request path uses: the hash is the same, and
+    the batch needs no powers as long as itself."""
     n, b = len(bt.offsets) - 1, np.take(_LOWER, bt.cut)
     sep = bt.offsets[1:] + np.arange(n)  # where each request's separator goes in the laid-out buffer
+    first = bt.offsets[:-1] + np.arange(n)  # where each request's bytes start in it
     buf = np.zeros(len(b) + n, dtype=np.uint8)
     alnum = np.zeros(len(buf) + 2, dtype=np.uint8)
     keep = np.ones(len(buf), dtype=bool)
@@ -116,10 +119,11 @@ def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     alnum[1:-1] = np.where(keep, np.take(_CLASS, buf) & _ALNUM, 0)
     change = (alnum[1:] != alnum[:-1]).nonzero()[0]
     starts, ends = change[0::2], change[1::2]
-    with np.errstate(over="ignore"):
-        s = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * _powers(_P, len(buf)))))
-        h = (np.take(s, ends) - np.take(s, starts)) * np.take(_powers(_P_INV, len(buf)), starts)
     owner = np.searchsorted(sep, starts)
+    local = np.arange(len(buf)) - np.repeat(first, sep - first + 1)
+    with np.errstate(over="ignore"):
+        s = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * np.take(_POW, local))))
+        h = (np.take(s, ends) - np.take(s, starts)) * np.take(_POW_INV, starts - first[owner])
     return h, ends - starts, owner, np.searchsorted(owner, np.arange(n + 1))
 
 
