@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from routeopt.router_training.evaluation import metrics as M
 from routeopt.router_training.fit.data import RoutingData
 from routeopt.router_training.fit.estimators import KNNPassEstimator, PerSuitePassEstimator, design_matrix
+from routeopt.router_training.policy.features import FeatureSpec
 from routeopt.router_training.policy.routing import RoutingPolicy, choose
 
 # similarities the held-out kNN baseline may compute (test x training requests, ~10 s on one
@@ -86,15 +88,19 @@ def evaluate(
     if len(test) == 0:
         raise ValueError("no test request has outcomes for every candidate: cannot evaluate")
     spec = policy.spec
-    X_tr = design_matrix(train.prompts, train.suites, spec)
     X_te = design_matrix(test.prompts, test.suites, spec)
     P, Cp = policy.predict(test.prompts, test.suites)
     n_suites = len(spec.suites)
     pool = knn_pool(len(train), len(test), knn_k)
+    searched = train.subset(pool)
     knn = KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets)
     scored = {
-        "per_suite": PerSuitePassEstimator(n_suites=n_suites).fit(X_tr, train.Y).predict_proba(X_te),
-        "knn": knn.fit(X_tr[pool], train.Y[pool]).predict_proba(X_te),
+        "per_suite": PerSuitePassEstimator(n_suites=n_suites)
+        .fit(_suite_columns(train.suites, spec), train.Y)
+        .predict_proba(X_te),
+        "knn": knn.fit(design_matrix(searched.prompts, searched.suites, spec), searched.Y).predict_proba(
+            X_te
+        ),
     }
     rate, mean_cost = _train_rates(train)
     best, cheapest = int(np.nanargmax(rate)), int(np.nanargmin(mean_cost))
@@ -129,6 +135,14 @@ def evaluate(
         "table": table,
         "curves": {c.name: {"cost": c.costs.tolist(), "quality": c.quality.tolist()} for c in curves},
     }
+
+
+def _suite_columns(suites: list[str | None], spec: FeatureSpec) -> sp.csr_matrix:
+    """The suite one-hot columns the design starts with, the only ones the per-suite baseline
+    reads, without building the rest of the training requests' design."""
+    pos = np.array([spec.suite_position(s) for s in suites], dtype=np.int64)
+    has = np.flatnonzero(pos >= 0)
+    return sp.csr_matrix((np.ones(len(has)), (has, pos[has])), shape=(len(suites), len(spec.suites)))
 
 
 def knn_pool(n_train: int, n_test: int, k: int, max_pairs: int = KNN_PAIRS) -> np.ndarray:
