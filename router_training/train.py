@@ -59,7 +59,7 @@ ESTIMATORS = ("linear", "lightgbm")
 
 def single_threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run `fn` with every BLAS/OpenMP pool at one thread. Router training is many small
-    solves (L-BFGS over a few thousand rows); on a machine that is busy with anything else,
+    solves (Newton steps over a few thousand rows); on a machine that is busy with anything else,
     BLAS threads spin against each other: a nightly's training on 1,350 demo requests took
     324 s instead of 13 s on 2 shared cores. One thread loses nothing on an idle machine."""
 

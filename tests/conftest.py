@@ -27,7 +27,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Router training's small L-BFGS problems spend 20 s instead of 0.3 s in BLAS threads that spin
+# Router training's small logistic fits spend 20 s instead of 0.3 s in BLAS threads that spin
 # against each other on a busy 2-core machine; one thread each is what these tests need.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import minimize
 from scipy.special import expit
 
 _EPS = 1e-6
@@ -28,75 +26,76 @@ def soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def minimize_together(
-    fg: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], theta: np.ndarray
+def newton_together(
+    parts: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+    hess: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    theta: np.ndarray,
+    rtol: float = 1e-7,
+    max_newton: int = 100,
+    max_cg: int = 250,
 ) -> np.ndarray:
-    """scipy's L-BFGS-B on each column of `theta` (p, m), the columns' evaluations made together:
-    `fg(theta[:, cols], cols)` returns the listed objectives' values (k,) and gradients (p, k).
+    """Truncated Newton (Newton-CG with a backtracking line search) on each column of `theta`
+    (p, m), the columns' products made together: `parts(theta[:, cols], cols)` gives the listed
+    objectives (k,), gradients (p, k) and curvature weights (n, k); `hess(V, D, cols)` the
+    Hessian-vector products (p, k) at those weights.
 
-    Each column's minimisation is scipy's own, run in a thread of its own; a thread that needs
-    its objective evaluated waits until every unfinished column's thread needs one, and one
-    call evaluates them all. What that gains is `fg`'s: a design matrix shared by the columns
-    is read once per round instead of once per column.
+    Each column is its own minimisation: it stops when its Newton step would lower its
+    objective by at most `rtol` of it. On the ill-conditioned sparse logistic fits this
+    reaches the optimum to about 1e-5 of the objective with fewer products than L-BFGS needs
+    to come within 1e-3 of it.
     """
-    m = theta.shape[1]
-    out = np.array(theta, dtype=np.float64)
-    turn = threading.Condition()
-    pending: dict[int, np.ndarray] = {}
-    answers: dict[int, tuple[float, np.ndarray]] = {}
-    state = {"running": m, "error": None}
+    theta = np.array(theta, dtype=np.float64)
+    active = np.arange(theta.shape[1])
+    f, g, D = parts(theta, active)
+    for _ in range(max_newton):
+        if not len(active):
+            break
+        s = _conjugate_gradient(hess, g, D, active, max_cg)
+        dec = -np.einsum("ij,ij->j", g, s)  # twice the step's predicted decrease
+        step, todo = np.ones(len(active)), np.arange(len(active))
+        for _ in range(30):
+            trial = theta[:, active[todo]] + step[todo] * s[:, todo]
+            tf, tg, tD = parts(trial, active[todo])
+            ok = tf <= f[todo] - 1e-4 * step[todo] * dec[todo]
+            took = todo[ok]
+            theta[:, active[took]] = trial[:, ok]
+            f[took], g[:, took], D[:, took] = tf[ok], tg[:, ok], tD[:, ok]
+            todo = todo[~ok]
+            if not len(todo):
+                break
+            step[todo] *= 0.5
+        done = dec / 2 <= rtol * np.maximum(np.abs(f), 1.0)
+        done[todo] = True  # no step lowers it: at the optimum up to rounding
+        keep = ~done
+        active, f, g, D = active[keep], f[keep], g[:, keep], D[:, keep]
+    return theta
 
-    def evaluate_pending() -> None:  # with `turn` held
-        cols = np.array(sorted(pending))
-        try:
-            f, g = fg(np.column_stack([pending[j] for j in cols]), cols)
-            answers.update((j, (float(f[i]), g[:, i].copy())) for i, j in enumerate(cols))
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
-            state["error"] = exc
-        pending.clear()
-        turn.notify_all()
 
-    def objective(j: int, x: np.ndarray) -> tuple[float, np.ndarray]:
-        with turn:
-            pending[j] = x.copy()
-            if len(pending) == state["running"]:
-                evaluate_pending()
-            while j not in answers and state["error"] is None:
-                turn.wait()
-            if state["error"] is not None:
-                raise RuntimeError("a joint evaluation failed") from state["error"]
-            return answers.pop(j)
-
-    def column(j: int) -> None:
-        try:
-            res = minimize(
-                lambda x: objective(j, x),
-                out[:, j],
-                jac=True,
-                method="L-BFGS-B",
-                options={"maxiter": 300, "ftol": 1e-7, "gtol": 1e-5},
-            )
-            out[:, j] = res.x
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
-            with turn:
-                state["error"] = state["error"] or exc
-        finally:
-            with turn:
-                state["running"] -= 1
-                if pending and len(pending) == state["running"]:
-                    evaluate_pending()
-
-    if m == 1:
-        column(0)
-    else:
-        threads = [threading.Thread(target=column, args=(j,), daemon=True) for j in range(m)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if state["error"] is not None:
-        raise state["error"]
-    return out
+def _conjugate_gradient(
+    hess: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    g: np.ndarray,
+    D: np.ndarray,
+    active: np.ndarray,
+    max_cg: int,
+) -> np.ndarray:
+    """Per column, an approximate solution of H s = -g, to the relative residual
+    min(0.5, sqrt(|g|)) that keeps Newton's convergence superlinear."""
+    x, r = np.zeros_like(g), -g
+    p, rr = r.copy(), np.einsum("ij,ij->j", g, g)
+    tol = np.minimum(0.5, rr**0.25) * np.sqrt(rr)
+    live = np.arange(g.shape[1])
+    for _ in range(max_cg):
+        live = live[np.sqrt(rr[live]) > tol[live]]
+        if not len(live):
+            break
+        Hp = hess(p[:, live], D[:, live], active[live])
+        a = rr[live] / np.einsum("ij,ij->j", p[:, live], Hp)
+        x[:, live] += a * p[:, live]
+        r[:, live] -= a * Hp
+        new = np.einsum("ij,ij->j", r[:, live], r[:, live])
+        p[:, live] = r[:, live] + (new / rr[live]) * p[:, live]
+        rr[live] = new
+    return x
 
 
 class RowBlocks:
@@ -121,7 +120,9 @@ class RowBlocks:
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             s, e = A.indptr[lo], A.indptr[hi]
             view = sp.csr_matrix(
-                (A.data[s:e], A.indices[s:e], A.indptr[lo : hi + 1] - s), shape=(hi - lo, A.shape[1]), copy=False
+                (A.data[s:e], A.indices[s:e], A.indptr[lo : hi + 1] - s),
+                shape=(hi - lo, A.shape[1]),
+                copy=False,
             )
             self.blocks.append((int(lo), int(hi), view))
 
@@ -171,7 +172,7 @@ def fit_logistic(
     C), one per column of `Y` (NaN: the row is not in that column's fit), on the design X and
     on top of a fixed per-row (or per-cell) `offset` logit.
 
-    Each column is its own fit; they run together (`minimize_together`) so that X is read
+    Each column is its own fit; they run together (`newton_together`) so that X is read
     once per round for all of them. Returns weights (d, m) and intercepts (m,). A column whose
     target has a single value or too few rows gets a constant model: nothing to learn.
     `start` is a previous (weights; intercepts) stacked (d + 1, m).
@@ -196,19 +197,24 @@ def fit_logistic(
         XT = X.T.tocsr() if sp.issparse(X) else X.T
     XB, XTB = RowBlocks(X), RowBlocks(XT)
 
-    def fg(theta: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def parts(theta: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         w = theta[:-1]
         z = XB @ w + theta[-1] + (base[:, at] if np.ndim(base) == 2 else base)
         loss = np.logaddexp(0.0, z) - y0[:, at] * z
-        g = expit(z) - y0[:, at]
+        q = expit(z)
+        g, D = q - y0[:, at], q * (1.0 - q)
         if mask is not None:
-            loss, g = loss * mask[:, at], g * mask[:, at]
+            loss, g, D = loss * mask[:, at], g * mask[:, at], D * mask[:, at]
         f = loss.sum(axis=0) + 0.5 * np.einsum("ij,ij->j", w, w) / C
-        return f, np.vstack((XTB @ g + w / C, g.sum(axis=0)))
+        return f, np.vstack((XTB @ g + w / C, g.sum(axis=0))), D
+
+    def hess(V: np.ndarray, D: np.ndarray, at: np.ndarray) -> np.ndarray:
+        u = D * (XB @ V[:-1] + V[-1])
+        return np.vstack((XTB @ u + V[:-1] / C, u.sum(axis=0)))
 
     theta = np.vstack((np.zeros((d, len(cols))), b[cols]))
     if start is not None:
         theta = np.asarray(start, dtype=np.float64).reshape(d + 1, -1)[:, cols]
-    theta = minimize_together(fg, theta)
+    theta = newton_together(parts, hess, theta)
     W[:, cols], b[cols] = theta[:-1], theta[-1]
     return W, b

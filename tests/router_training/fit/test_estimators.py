@@ -1,7 +1,5 @@
 """The linear estimator's fitting: many logistic fits solved together are each column's own fit."""
 
-import threading
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -61,20 +59,34 @@ def test_a_column_with_nothing_to_learn_gets_a_constant_model() -> None:
     assert b[1] > 3 and b[2] < 0  # the smoothed rates' logits
 
 
-def test_a_failing_evaluation_is_raised_not_waited_on() -> None:
-    calls = []
+@pytest.mark.parametrize("C", [0.1, 3.0])
+def test_each_fit_reaches_the_optimum_of_its_objective(C: float) -> None:
+    """Against scipy's L-BFGS-B run to its tightest tolerances on the same objective."""
+    from scipy.optimize import minimize
 
-    def fg(theta, cols):
-        calls.append(len(cols))
-        if len(calls) > 1:
-            raise FloatingPointError("boom")
-        return (theta**2).sum(0), 2 * theta
+    X, Y = _problem(n=600, d=80, k=3, seed=4)
+    offset = np.random.default_rng(5).normal(size=Y.shape)
+    W, b = L.fit_logistic(X, Y, C, offset=offset)
+    for j in range(Y.shape[1]):
+        rows = ~np.isnan(Y[:, j])
+        Xj, y, o = X[rows], Y[rows, j], offset[rows, j]
 
-    before = threading.active_count()
-    with pytest.raises(FloatingPointError):
-        L.minimize_together(fg, np.ones((4, 5)))
-    assert threading.active_count() == before  # no column's thread is left waiting
-    assert calls[0] == 5  # the columns were evaluated together
+        def fg(t: np.ndarray) -> tuple[float, np.ndarray]:
+            z = Xj @ t[:-1] + t[-1] + o
+            g = 1 / (1 + np.exp(-z)) - y
+            f = np.sum(np.logaddexp(0, z) - y * z) + t[:-1] @ t[:-1] / (2 * C)
+            return f, np.append(Xj.T @ g + t[:-1] / C, g.sum())
+
+        best = minimize(
+            fg,
+            np.zeros(X.shape[1] + 1),
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": 20_000, "ftol": 1e-15, "gtol": 1e-10},
+        )
+        ours = fg(np.append(W[:, j], b[j]))[0]
+        assert ours <= best.fun + 1e-6 * abs(best.fun)
+        assert np.allclose(W[:, j], best.x[:-1], atol=1e-3) and abs(b[j] - best.x[-1]) < 1e-3
 
 
 def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monkeypatch) -> None:
