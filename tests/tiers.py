@@ -38,12 +38,14 @@ USES: dict[str, tuple[str, ...]] = {
     "routeopt.evals.providers.local.provider.create": ("model",),
     "routeopt.evals.providers.local.provider.keep_loaded": ("model",),
     "routeopt.evals.selfhost.zoo.build_zoo": ("model",),
+    "distributed.LocalCluster": ("cluster",),
 }
 # A string or path constant the code uses, matched by pattern -> markers.
 CONSTANTS: dict[re.Pattern[str], tuple[str, ...]] = {
     re.compile(r"\bzoo-[sml]\b|demo/zoo\b"): ("model",),  # a zoo checkpoint, by name or folder
     re.compile(r"/shared(/|$)"): ("shared_data",),  # the ../shared folder, or a set in it
     re.compile(r"^venv$"): ("venv",),  # `python -m venv ...`
+    re.compile(r"^distributed$"): ("cluster",),  # `pytest.importorskip("distributed")`, then a cluster
 }
 # Tests whose reason is in a command line another program runs: node id -> markers.
 FACTS: dict[str, tuple[str, ...]] = {

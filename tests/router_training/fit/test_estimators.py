@@ -89,6 +89,18 @@ def test_each_fit_reaches_the_optimum_of_its_objective(C: float) -> None:
         assert np.allclose(W[:, j], best.x[:-1], atol=1e-3) and abs(b[j] - best.x[-1]) < 1e-3
 
 
+def test_separable_data_under_a_weak_ridge_ends_with_finite_weights() -> None:
+    """Without the ridge the optimum is at infinity; with a weak one it is far out, and each
+    fit still ends there, finite, separating the classes."""
+    rng = np.random.default_rng(6)
+    X = sp.csr_matrix(rng.normal(size=(80, 5)))
+    y = (X @ np.array([1.0, -2.0, 0.5, 0.0, 1.0]) > 0).astype(float)
+    W, b = L.fit_logistic(X, np.column_stack([y, 1 - y]), 1e4)
+    z = X @ W + b
+    assert np.isfinite(W).all() and np.isfinite(b).all()
+    assert ((z[:, 0] > 0) == (y == 1)).all() and ((z[:, 1] > 0) == (y == 0)).all()
+
+
 def test_the_difficulty_C_chosen_on_a_sample_still_cross_fits_every_request(monkeypatch) -> None:
     X, Y = _problem(n=600, k=4, seed=3)
     whole = E.LinearPassEstimator(seed=0).fit(X, Y)
