@@ -28,7 +28,7 @@ def soft_log_loss(z: np.ndarray, y: np.ndarray) -> float:
 
 def newton_together(
     parts: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
-    hess: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    hess: Callable[[np.ndarray, np.ndarray], np.ndarray],
     theta: np.ndarray,
     rtol: float = 1e-7,
     max_newton: int = 100,
@@ -36,7 +36,7 @@ def newton_together(
 ) -> np.ndarray:
     """Truncated Newton (Newton-CG with a backtracking line search) on each column of `theta`
     (p, m), the columns' products made together: `parts(theta[:, cols], cols)` gives the listed
-    objectives (k,), gradients (p, k) and curvature weights (n, k); `hess(V, D, cols)` the
+    objectives (k,), gradients (p, k) and curvature weights (n, k); `hess(V, D)` the
     Hessian-vector products (p, k) at those weights.
 
     Each column is its own minimisation: it stops when its Newton step would lower its
@@ -50,7 +50,7 @@ def newton_together(
     for _ in range(max_newton):
         if not len(active):
             break
-        s = _conjugate_gradient(hess, g, D, active, max_cg)
+        s = _conjugate_gradient(hess, g, D, max_cg)
         dec = -np.einsum("ij,ij->j", g, s)  # twice the step's predicted decrease
         step, todo = np.ones(len(active)), np.arange(len(active))
         for _ in range(30):
@@ -72,10 +72,9 @@ def newton_together(
 
 
 def _conjugate_gradient(
-    hess: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    hess: Callable[[np.ndarray, np.ndarray], np.ndarray],
     g: np.ndarray,
     D: np.ndarray,
-    active: np.ndarray,
     max_cg: int,
 ) -> np.ndarray:
     """Per column, an approximate solution of H s = -g, to the relative residual
@@ -88,7 +87,7 @@ def _conjugate_gradient(
         live = live[np.sqrt(rr[live]) > tol[live]]
         if not len(live):
             break
-        Hp = hess(p[:, live], D[:, live], active[live])
+        Hp = hess(p[:, live], D[:, live])
         a = rr[live] / np.einsum("ij,ij->j", p[:, live], Hp)
         x[:, live] += a * p[:, live]
         r[:, live] -= a * Hp
@@ -127,8 +126,6 @@ class RowBlocks:
             self.blocks.append((int(lo), int(hi), view))
 
     def __matmul__(self, B: np.ndarray) -> np.ndarray:
-        """A @ B; for a sparse A and a few columns, one matrix-vector product per column, which
-        is faster than scipy's sparse x dense block until about four columns."""
         if not self.blocks:
             return _times(self.A, B)
         out = np.empty((self.A.shape[0], B.shape[1]))
@@ -155,6 +152,8 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A @ B; for a sparse A and a few columns, one matrix-vector product per column, which is
+    faster than scipy's sparse x dense block until about four columns."""
     if sp.issparse(A) and B.shape[1] < 4:
         return np.column_stack([A @ np.ascontiguousarray(B[:, j]) for j in range(B.shape[1])])
     return np.asarray(A @ B)
@@ -208,7 +207,7 @@ def fit_logistic(
         f = loss.sum(axis=0) + 0.5 * np.einsum("ij,ij->j", w, w) / C
         return f, np.vstack((XTB @ g + w / C, g.sum(axis=0))), D
 
-    def hess(V: np.ndarray, D: np.ndarray, at: np.ndarray) -> np.ndarray:
+    def hess(V: np.ndarray, D: np.ndarray) -> np.ndarray:
         u = D * (XB @ V[:-1] + V[-1])
         return np.vstack((XTB @ u + V[:-1] / C, u.sum(axis=0)))
 

@@ -104,10 +104,9 @@ def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     """Word hashes (text order), lengths, owning request and (n + 1) offsets.
 
     Each request's bytes are followed by one separator (never alphanumeric), so a word never
-    spans two requests; sum(byte_i P**i) over global positions, times P**-start, is the word's
-    hash wherever it sits. Powers are taken at each byte's position within its request (texts are
-    cut to `MAX_BYTES`), from the same tables the one-request path uses: the hash is the same, and
-    the batch needs no powers as long as itself."""
+    spans two requests; sum(byte_i P**i) over positions i within the request, times P**-start,
+    is the word's hash. Texts are cut to `MAX_BYTES`, so the powers come from the tables the
+    one-request path uses, whatever the batch's length."""
     n, b = len(bt.offsets) - 1, np.take(_LOWER, bt.cut)
     sep = bt.offsets[1:] + np.arange(n)  # where each request's separator goes in the laid-out buffer
     first = bt.offsets[:-1] + np.arange(n)  # where each request's bytes start in it
