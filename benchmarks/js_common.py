@@ -28,10 +28,11 @@ CACHE = Path(os.environ.get("ROUTEOPT_TEST_CACHE", Path.home() / ".cache" / "rou
 
 
 def code_digest() -> str:
-    """A digest of the code that trains and writes policies (a change retrains)."""
+    """A digest of the code that trains and writes policies, every module under router_training/
+    with its path (a change retrains)."""
     h = hashlib.sha256()
-    for path in sorted((ROOT / "router_training").glob("*.py")):
-        h.update(path.read_bytes())
+    for path in sorted((ROOT / "router_training").rglob("*.py")):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
 

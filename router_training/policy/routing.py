@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence, cast
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -157,7 +157,7 @@ class RoutingPolicy:
             assert ids is not None and vals is not None
             z_array, topic = self.scorer.score(ids, vals, self._slope_row(pos))
             z = z_array.tolist()
-        return self._calibrated(None, ids, vals, z, topic, chars, pos)
+        return self._calibrated(None, ids, vals, z, topic, chars, pos, kernel.sigmoids)
 
     def _calibrated(
         self,
@@ -168,9 +168,10 @@ class RoutingPolicy:
         topic: int,
         chars: int,
         pos: int,
+        sigmoid: Callable[[list[float]], list[float]] = sigmoid_list,
     ) -> _Scores:
         platt_a, platt_b = self._platt_lists()
-        p = sigmoid_list([a * t + b for a, t, b in zip(platt_a, z, platt_b)])
+        p = sigmoid([a * t + b for a, t, b in zip(platt_a, z, platt_b)])
         c = self.cost_model.predict_one(chars, pos, topic)
         return _Scores(layers, ids, vals, z, topic, p, c, chars, pos)
 

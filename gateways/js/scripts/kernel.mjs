@@ -14,6 +14,11 @@
 //    widened exactly), every sum an f64 add in row order, the first term the first product, as in
 //    JavaScript: SIMD changes how many columns one instruction serves, not any column's rounding
 //    (WebAssembly has no fused multiply-add outside relaxed SIMD, which this does not use).
+//  - `sigmoids` (1, 5.2): section 1's sigmoid of n doubles, in place: the same operations in
+//    the same order as src/numbers.ts (2^k built from its exponent bits, exact for the k that
+//    occur), so the same bits. The Python runtime calls it for a decision's probabilities,
+//    where the loop in Python's floats costs twenty times the module's; V8 runs the TypeScript
+//    as fast, so this runtime does not call it.
 //
 // The module owns no layout: JavaScript passes every buffer's address. The byte class tables
 // live at fixed addresses (TABLES below), written once per instance by src/kernel.ts.
@@ -309,6 +314,52 @@ function rowsums(name, bytes) {
     + ")";
 }
 
+/** A double as an exact WebAssembly hexadecimal float literal. */
+function f64(x) {
+  if (x === 0) return "0.0";
+  const bits = new DataView(new ArrayBuffer(8));
+  bits.setFloat64(0, Math.abs(x));
+  const word = bits.getBigUint64(0);
+  const exponent = Number(word >> 52n) - 1023;
+  const mantissa = (word & ((1n << 52n) - 1n)).toString(16).padStart(13, "0");
+  return `${x < 0 ? "-" : ""}0x1.${mantissa}p${exponent}`;
+}
+
+/** E[j] = 1 / (13 - j)!, Horner order, as src/numbers.ts has them. */
+const EXP_COEFS = Array.from({ length: 14 }, (_, j) => {
+  let f = 1;
+  for (let i = 2; i <= 13 - j; i++) f *= i;
+  return 1 / f;
+});
+
+/** Section 1's sigmoid of the n doubles at $t, in place: e = exp(-|t|) by the Taylor
+ * polynomial in r = x - k ln 2 (0 below -700), then 1 / (1 + e) for t >= 0, else e / (1 + e).
+ * 2^k (-1010 <= k <= 0) is built from its exponent bits: normal, so the product is exact, as
+ * the other runtimes' ldexp and pow2. A NaN stays NaN. */
+const sigmoids = `(func (export "sigmoids") (param $t i32) (param $n i32)
+    (local $end i32) (local $v f64) (local $x f64) (local $k f64) (local $r f64) (local $p f64) (local $e f64) (local $d f64)
+    (local.set $end (i32.add (local.get $t) (i32.shl (local.get $n) (i32.const 3))))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $t) (local.get $end)))
+      (local.set $v (f64.load (local.get $t)))
+      (local.set $x (f64.neg (f64.abs (local.get $v))))
+      (local.set $e (f64.const 0))
+      (if (f64.ge (local.get $x) (f64.const ${f64(-700)})) (then
+        (local.set $k (f64.floor (f64.add (f64.mul (local.get $x) (f64.const ${f64(1.4426950408889634)})) (f64.const 0.5))))
+        (local.set $r (f64.sub (f64.sub (local.get $x) (f64.mul (local.get $k) (f64.const ${f64(0.6931471803691238)})))
+          (f64.mul (local.get $k) (f64.const ${f64(1.9082149292705877e-10)}))))
+        (local.set $p (f64.const ${f64(EXP_COEFS[0])}))
+        ${EXP_COEFS.slice(1).map((c) => `(local.set $p (f64.add (f64.mul (local.get $p) (local.get $r)) (f64.const ${f64(c)})))`).join("\n        ")}
+        (local.set $e (f64.mul (local.get $p) (f64.reinterpret_i64 (i64.shl
+          (i64.add (i64.trunc_f64_s (local.get $k)) (i64.const 1023)) (i64.const 52)))))))
+      (if (f64.ne (local.get $x) (local.get $x)) (then (local.set $e (local.get $x))))
+      (local.set $d (f64.add (f64.const 1) (local.get $e)))
+      (f64.store (local.get $t) (select (f64.div (f64.const 1) (local.get $d)) (f64.div (local.get $e) (local.get $d))
+        (f64.ge (local.get $v) (f64.const 0))))
+      (local.set $t (i32.add (local.get $t) (i32.const 8)))
+      (br $next)))
+  )`;
+
 export const KERNEL_WAT = `(module
   (import "js" "ln1p" (func $ln1p (param f64) (result f64)))
   (memory (export "memory") 1)
@@ -316,5 +367,6 @@ export const KERNEL_WAT = `(module
   ${buckets}
   ${row}
   ${rowsums("rowsums32", 4)}
-  ${rowsums("rowsums64", 8)})
+  ${rowsums("rowsums64", 8)}
+  ${sigmoids})
 `;

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.abc
+import math
+import struct
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from routeopt.router_training.policy import kernel as kernel_module
 from routeopt.router_training.policy.conformance import _serving_path, check_vectors, read_vectors
+from routeopt.router_training.policy.numerics import sigmoid, sigmoid_list
 from routeopt.router_training.policy.routing import RoutingPolicy
 
 pytest.importorskip("wasmtime", reason="the kernel's tests need the 'fast' extra (wasmtime)")
@@ -119,6 +124,32 @@ def test_a_decision_finding_the_kernel_busy_takes_the_numpy_path(engines) -> Non
     assert kernel is not None
     with kernel.lock:  # another thread's decision
         assert policy.decide(prompt, "sort") == want
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")  # numpy's NaN
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=40))
+def test_the_kernels_sigmoid_is_the_specs_bit_for_bit(engines, values) -> None:
+    kernel = engines["webassembly"].kernel
+    assert kernel is not None
+    values = values[: kernel.columns]
+    with kernel.lock:
+        got = kernel.sigmoids(values)
+    want = sigmoid(np.array(values)).tolist()
+    assert len(got) == len(values)
+    for g, w, v in zip(got, want, values):
+        assert (math.isnan(g) and math.isnan(w)) or struct.pack("<d", g) == struct.pack("<d", w), v
+
+
+def test_the_kernels_sigmoid_holds_at_the_edges_of_the_exponential(engines) -> None:
+    kernel = engines["webassembly"].kernel
+    assert kernel is not None
+    edges = [0.0, -0.0, 5e-324, -5e-324, 700.0, -700.0, 700.0000000000001, -699.9999999999999, 745.2, 1e308]
+    edges += [k * math.log(2) + d for k in range(-1010, 1011, 97) for d in (-1e-9, 0.0, 1e-9)]
+    for chunk in (edges[i : i + kernel.columns] for i in range(0, len(edges), kernel.columns)):
+        with kernel.lock:
+            got = kernel.sigmoids(chunk)
+        assert got == sigmoid_list(chunk)
 
 
 def test_huge_and_empty_prompts_fit_the_kernel(engines) -> None:
