@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import threading
+from dataclasses import dataclass
 from importlib import resources
 from importlib.metadata import version
 from typing import Any
@@ -45,6 +46,7 @@ from routeopt.router_training.policy.features import (
     request_stats,
 )
 from routeopt.router_training.policy.numerics import TF_TABLE, ln1p_int
+from routeopt.router_training.policy.scorer import CostModel, LinearScorer
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,47 @@ def class_nibbles() -> bytes:
     return bytes(out)
 
 
-def _plan(spec: FeatureSpec, weights: np.ndarray | None, columns: int) -> dict[str, int]:
-    """Where each buffer lies in the module's memory (16-byte aligned), as kernel.ts plans it."""
+@dataclass(frozen=True)
+class ScoreTable:
+    """A linear scorer's, its calibration's and its cost model's numbers, laid out as the
+    module's `scores` reads them (kernel.mjs): `data` (float64) and where each part starts in
+    it, in doubles."""
+
+    data: np.ndarray
+    at: dict[str, int]
+    k: int
+    n_topics: int
+    rank: int
+
+    @classmethod
+    def of(cls, scorer: LinearScorer, platt: np.ndarray, cost: CostModel) -> "ScoreTable":
+        parts: list[np.ndarray] = []
+        at: dict[str, int] = {}
+
+        def put(name: str, *arrays: Any) -> None:
+            at[name] = sum(len(x) for x in parts)
+            parts.extend(np.ravel(np.asarray(a, dtype=np.float64)) for a in arrays)
+
+        put("bias", scorer.bias)
+        put("slopes", scorer.slopes)
+        put("dbias", [scorer.difficulty_bias])
+        put("platt", platt)
+        n_topics = rank = 0
+        if scorer.centroids is not None:
+            n_topics, rank = scorer.centroids.shape
+            put("topics", scorer.centroids, scorer._half_norms, *scorer.topic_arrays())
+        put("coef", cost.coef)
+        put("floor", cost.floor)
+        if cost.topic_coef is not None and n_topics:
+            put("tcoef", cost.topic_coef)
+        return cls(np.concatenate(parts), at, len(scorer.bias), n_topics, rank)
+
+
+def _plan(
+    spec: FeatureSpec, weights: np.ndarray | None, columns: int, table: ScoreTable | None = None
+) -> dict[str, int]:
+    """Where each buffer lies in the module's memory (16-byte aligned), as kernel.ts plans it
+    (and, in Python only, the scorer's table and the `scores` output)."""
     at = _TABLES_END
     out: dict[str, int] = {}
 
@@ -110,6 +151,8 @@ def _plan(spec: FeatureSpec, weights: np.ndarray | None, columns: int) -> dict[s
     take("tf", 8 * _TF)
     take("idf", 0 if spec.idf is None else 8 * len(spec.idf))
     take("digits", 4 << out["radix_bits"])
+    take("table", 0 if table is None else table.data.nbytes)
+    take("scores", 0 if table is None else 8 * 3 * table.k)
     out["end"] = at
     return out
 
@@ -153,7 +196,14 @@ class _Call:
 class Kernel:
     """The module instantiated for one policy: call `words`, `buckets`, `row`, `row_sums` in turn."""
 
-    def __init__(self, wasmtime: Any, spec: FeatureSpec, weights: np.ndarray | None, columns: int) -> None:
+    def __init__(
+        self,
+        wasmtime: Any,
+        spec: FeatureSpec,
+        weights: np.ndarray | None,
+        columns: int,
+        table: ScoreTable | None = None,
+    ) -> None:
         engine = wasmtime.Engine()
         store = wasmtime.Store(engine)
         module = wasmtime.Module(engine, resources.files(__package__).joinpath("kernel.wasm").read_bytes())
@@ -163,7 +213,7 @@ class Kernel:
         )
         exports = wasmtime.Instance(store, module, [ln1p]).exports(store)
         memory = exports["memory"]
-        at = self.at = _plan(spec, weights, columns)
+        at = self.at = _plan(spec, weights, columns, table)
         grow = -(-at["end"] // _PAGE) - memory.data_len(store) // _PAGE
         if grow > 0:
             memory.grow(store, grow)
@@ -213,13 +263,32 @@ class Kernel:
         sums = "rowsums32" if weights is not None and weights.dtype == np.float32 else "rowsums64"
         self._sums = call(sums, at["weights"], columns, at["ids"], at["vals"], 0, at["r"])
         self._sigmoids = call("sigmoids", at["r"], 0)
+        self.table = table
+        if table is not None:
+            view("table", np.float64, len(table.data))[:] = table.data
+            self.score_out = view("scores", np.float64, 3 * table.k)
+
+            def table_at(name: str) -> int:
+                return at["table"] + 8 * table.at[name] if name in table.at else 0
+
+            self._slopes, self._coef, self._row_bytes = table_at("slopes"), table_at("coef"), 8 * table.k
+            self._scores = call(
+                "scores", at["r"], table.k, table_at("bias"), 0, table_at("dbias"), table_at("platt"),
+                table_at("topics"), table.n_topics, table.rank, self._coef, 0, table_at("floor"),
+                table_at("tcoef"), 0, at["scores"],
+            )  # fmt: skip
 
     @classmethod
     def create(
-        cls, spec: FeatureSpec, weights: np.ndarray | None = None, engine: str | None = None
+        cls,
+        spec: FeatureSpec,
+        weights: np.ndarray | None = None,
+        engine: str | None = None,
+        table: ScoreTable | None = None,
     ) -> "Kernel | None":
-        """A kernel for the policy's features (and its linear scorer's (F, C) weights), or None
-        where wasmtime is not installed, the module will not run, or the engine is numpy."""
+        """A kernel for the policy's features (and its linear scorer's (F, C) weights, and with
+        `table` the rest of its scoring), or None where wasmtime is not installed, the module will
+        not run, or the engine is numpy."""
         if (engine or default_engine()) != "webassembly" or spec.embeddings:
             return None
         try:
@@ -237,7 +306,7 @@ class Kernel:
                     f"wasmtime {version('wasmtime')} is installed; the kernel calls private entry points "
                     f"of wasmtime {WASMTIME_MAJOR} (pip install 'routeopt[fast]' installs it)"
                 )
-            return cls(wasmtime, spec, weights, 0 if weights is None else weights.shape[1])
+            return cls(wasmtime, spec, weights, 0 if weights is None else weights.shape[1], table)
         except Exception as exc:  # noqa: BLE001  (any failure here means: use numpy)
             return _unavailable(exc)
 
@@ -284,6 +353,22 @@ class Kernel:
         self._sigmoids.set(1, n)
         self._sigmoids()
         return list(self.r[:n].tolist())
+
+    def scores(
+        self, n: int, slope_row: int, suite_pos: int, n_chars: int
+    ) -> tuple[list[float], list[float], list[float], int]:
+        """5.1-5.4 and 6 after `fill_row` (a kernel with a `table`): the logits, calibrated
+        probabilities and costs of the row's n entries, and its topic (-1 without topics)."""
+        assert self.table is not None
+        self.row_sums(n)
+        call = self._scores
+        call.set(3, self._slopes + slope_row * self._row_bytes)
+        call.set(10, self._coef + (2 + suite_pos) * self._row_bytes if suite_pos >= 0 else 0)
+        call.set(13, n_chars)
+        topic = call()
+        out = self.score_out.tolist()
+        k = self.table.k
+        return out[:k], out[k : 2 * k], out[2 * k :], topic
 
     def fill_row(self, prompt: str, suite: str | None, spec: FeatureSpec) -> tuple[int, int, int]:
         """One request through the spec's "Bytes" and "Features" steps into `ids` and `vals`:

@@ -216,7 +216,18 @@ def point_choice(
 
     A mixed point takes member a where the request's unit is below the point's weight, else
     member b; `unit(i)` is request i's `request_unit`, asked for only where the two differ.
-    `allowed` (n, K) restricts both members to a latency budget's candidates."""
+    `allowed` (n, K) restricts both members to a latency budget's candidates.
+
+    One request (a gateway's decision) takes its row in Python's floats, `_row_choice`: the same
+    comparisons on the same doubles, at a fraction of the cost of a dozen array calls."""
+    row = _one_row(p, c, allowed)
+    if (
+        row is not None
+        and knob.members[point.a].rule != "threshold"
+        and knob.members[point.b].rule != "threshold"
+    ):
+        one, one_prop = _row_choice(knob, point, *row, lambda: unit(0))
+        return np.array([one], dtype=np.intp), np.array([one_prop])
     pick_a = member_choice(knob.members[point.a], p, c, allowed)
     if point.weight >= 1.0:
         return pick_a, np.ones(len(pick_a))
@@ -244,6 +255,58 @@ def fallback_order(
     member's; 0 without one), ties to the cheaper: what a decision falls back along (with
     `allowed`, the candidates within the latency budget first)."""
     return choose(p, c, "lambda", fallback_lambda(knob, point), allowed)
+
+
+def _one_row(
+    p: np.ndarray, c: np.ndarray, allowed: np.ndarray | None
+) -> tuple[list[float], list[float], list[bool] | None] | None:
+    """A single request's p, c (and allowed) as Python lists, or None: several rows, or a value
+    that is not finite (where Python's max and numpy's differ, the arrays decide)."""
+    if np.ndim(p) == 2 and len(p) != 1:
+        return None
+    pr, cr = np.ravel(p).tolist(), np.ravel(c).tolist()
+    if not math.isfinite(math.fsum(pr) + math.fsum(cr)):
+        return None
+    if allowed is None:
+        return pr, cr, None
+    return pr, cr, np.broadcast_to(allowed, (1, len(pr)))[0].tolist()
+
+
+def _row_member(member: Member, p: list[float], c: list[float], allowed: list[bool] | None) -> int:
+    """`member_choice` of one finite row (lambda and single members): the first of the cheapest
+    among the candidates whose p - lambda * cost is the largest, as argmax and argmin take it."""
+    if member.rule == "single":
+        k = int(member.param)
+        if allowed is None or allowed[k]:
+            return k
+        member = Member("lambda", 0.0)
+    lam = member.param
+    score = [a - lam * b for a, b in zip(p, c)]
+    if allowed is not None:
+        score = [v if ok else -math.inf for v, ok in zip(score, allowed)]
+    best = max(score)
+    return min((c[j], j) for j, v in enumerate(score) if v >= best)[1]
+
+
+def _row_choice(
+    knob: Knob,
+    point: OperatingPoint,
+    p: list[float],
+    c: list[float],
+    allowed: list[bool] | None,
+    unit: Callable[[], float],
+) -> tuple[int, float]:
+    """`point_choice` of one finite row: the candidate and the probability it had."""
+    pick_a = _row_member(knob.members[point.a], p, c, allowed)
+    w = point.weight
+    if w >= 1.0:
+        return pick_a, 1.0
+    pick_b = _row_member(knob.members[point.b], p, c, allowed)
+    if pick_a == pick_b:
+        return pick_a, w * 1.0 + (1 - w) * 1.0
+    if unit() < w:
+        return pick_a, w * 1.0 + (1 - w) * 0.0
+    return pick_b, w * 0.0 + (1 - w) * 1.0
 
 
 def fallback_lambda(knob: Knob, point: OperatingPoint) -> float:

@@ -27,7 +27,7 @@ from routeopt.router_training.policy.files import (
     read_policy_files,
     write_policy_files,
 )
-from routeopt.router_training.policy.kernel import Kernel
+from routeopt.router_training.policy.kernel import Kernel, ScoreTable
 from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its parts: the policy's vocabulary)
     Knob,
     Member,
@@ -151,6 +151,9 @@ class RoutingPolicy:
         ids, vals = None, None
         if keep or not isinstance(self.scorer, LinearScorer):
             ids, vals = kernel.ids[:n].astype(np.intp), kernel.vals[:n].copy()
+        if kernel.table is not None:
+            z, p, c, topic = kernel.scores(n, self._slope_row(pos), pos, chars)
+            return _Scores(None, ids, vals, z, topic, p, c, chars, pos)
         if isinstance(self.scorer, LinearScorer):
             z, topic = self.scorer.from_sums(kernel.row_sums(n), self._slope_row(pos))
         else:
@@ -189,8 +192,10 @@ class RoutingPolicy:
         """The WebAssembly kernel of this policy's features and linear scorer (made on first
         use), or None where the numpy steps run (routeopt.router_training.policy.kernel)."""
         if "_kernel" not in self.__dict__:
-            weights = self.scorer.weights if isinstance(self.scorer, LinearScorer) else None
-            self.__dict__["_kernel"] = Kernel.create(self.spec, weights, self.engine)
+            weights, table = None, None
+            if isinstance(self.scorer, LinearScorer):
+                weights, table = self.scorer.weights, ScoreTable.of(self.scorer, self.platt, self.cost_model)
+            self.__dict__["_kernel"] = Kernel.create(self.spec, weights, self.engine, table)
         return cast("Kernel | None", self.__dict__["_kernel"])
 
     @property

@@ -14,11 +14,12 @@
 //    widened exactly), every sum an f64 add in row order, the first term the first product, as in
 //    JavaScript: SIMD changes how many columns one instruction serves, not any column's rounding
 //    (WebAssembly has no fused multiply-add outside relaxed SIMD, which this does not use).
-//  - `sigmoids` (1, 5.2): section 1's sigmoid of n doubles, in place: the same operations in
-//    the same order as src/numbers.ts (2^k built from its exponent bits, exact for the k that
-//    occur), so the same bits. The Python runtime calls it for a decision's probabilities,
-//    where the loop in Python's floats costs twenty times the module's; V8 runs the TypeScript
-//    as fast, so this runtime does not call it.
+//  - `sigmoids` (1) and `scores` (5.1-5.4, 6): section 1's sigmoid, and a linear scorer's
+//    topic, logits, calibrated probabilities and costs from the row sums, with the same
+//    operations in the same order as src/numbers.ts, src/scorer.ts and src/calibration.ts (2^k
+//    built from its exponent bits, exact for the k that occur), so the same bits. The Python
+//    runtime calls them, where these few dozen numbers cost ten times the module's time as
+//    Python's floats; V8 runs the TypeScript as fast, so this runtime does not.
 //
 // The module owns no layout: JavaScript passes every buffer's address. The byte class tables
 // live at fixed addresses (TABLES below), written once per instance by src/kernel.ts.
@@ -332,33 +333,120 @@ const EXP_COEFS = Array.from({ length: 14 }, (_, j) => {
   return 1 / f;
 });
 
-/** Section 1's sigmoid of the n doubles at $t, in place: e = exp(-|t|) by the Taylor
- * polynomial in r = x - k ln 2 (0 below -700), then 1 / (1 + e) for t >= 0, else e / (1 + e).
- * 2^k (-1010 <= k <= 0) is built from its exponent bits: normal, so the product is exact, as
- * the other runtimes' ldexp and pow2. A NaN stays NaN. */
+/** Section 1's sigmoid of one double: e = exp(-|t|) by the Taylor polynomial in
+ * r = x - k ln 2 (0 below -700), then 1 / (1 + e) for t >= 0, else e / (1 + e). 2^k
+ * (-1010 <= k <= 0) is built from its exponent bits: normal, so the product is exact, as the
+ * other runtimes' ldexp and pow2. A NaN stays NaN. */
+const sigmoid = `(func $sigmoid (param $v f64) (result f64)
+    (local $x f64) (local $k f64) (local $r f64) (local $p f64) (local $e f64) (local $d f64)
+    (local.set $x (f64.neg (f64.abs (local.get $v))))
+    (if (f64.ge (local.get $x) (f64.const ${f64(-700)})) (then
+      (local.set $k (f64.floor (f64.add (f64.mul (local.get $x) (f64.const ${f64(1.4426950408889634)})) (f64.const 0.5))))
+      (local.set $r (f64.sub (f64.sub (local.get $x) (f64.mul (local.get $k) (f64.const ${f64(0.6931471803691238)})))
+        (f64.mul (local.get $k) (f64.const ${f64(1.9082149292705877e-10)}))))
+      (local.set $p (f64.const ${f64(EXP_COEFS[0])}))
+      ${EXP_COEFS.slice(1).map((c) => `(local.set $p (f64.add (f64.mul (local.get $p) (local.get $r)) (f64.const ${f64(c)})))`).join("\n      ")}
+      (local.set $e (f64.mul (local.get $p) (f64.reinterpret_i64 (i64.shl
+        (i64.add (i64.trunc_f64_s (local.get $k)) (i64.const 1023)) (i64.const 52)))))))
+    (if (f64.ne (local.get $x) (local.get $x)) (then (local.set $e (local.get $x))))
+    (local.set $d (f64.add (f64.const 1) (local.get $e)))
+    (select (f64.div (f64.const 1) (local.get $d)) (f64.div (local.get $e) (local.get $d))
+      (f64.ge (local.get $v) (f64.const 0))))`;
+
+/** The sigmoid of the n doubles at $t, in place. */
 const sigmoids = `(func (export "sigmoids") (param $t i32) (param $n i32)
-    (local $end i32) (local $v f64) (local $x f64) (local $k f64) (local $r f64) (local $p f64) (local $e f64) (local $d f64)
+    (local $end i32)
     (local.set $end (i32.add (local.get $t) (i32.shl (local.get $n) (i32.const 3))))
     (block $done (loop $next
       (br_if $done (i32.ge_u (local.get $t) (local.get $end)))
-      (local.set $v (f64.load (local.get $t)))
-      (local.set $x (f64.neg (f64.abs (local.get $v))))
-      (local.set $e (f64.const 0))
-      (if (f64.ge (local.get $x) (f64.const ${f64(-700)})) (then
-        (local.set $k (f64.floor (f64.add (f64.mul (local.get $x) (f64.const ${f64(1.4426950408889634)})) (f64.const 0.5))))
-        (local.set $r (f64.sub (f64.sub (local.get $x) (f64.mul (local.get $k) (f64.const ${f64(0.6931471803691238)})))
-          (f64.mul (local.get $k) (f64.const ${f64(1.9082149292705877e-10)}))))
-        (local.set $p (f64.const ${f64(EXP_COEFS[0])}))
-        ${EXP_COEFS.slice(1).map((c) => `(local.set $p (f64.add (f64.mul (local.get $p) (local.get $r)) (f64.const ${f64(c)})))`).join("\n        ")}
-        (local.set $e (f64.mul (local.get $p) (f64.reinterpret_i64 (i64.shl
-          (i64.add (i64.trunc_f64_s (local.get $k)) (i64.const 1023)) (i64.const 52)))))))
-      (if (f64.ne (local.get $x) (local.get $x)) (then (local.set $e (local.get $x))))
-      (local.set $d (f64.add (f64.const 1) (local.get $e)))
-      (f64.store (local.get $t) (select (f64.div (f64.const 1) (local.get $d)) (f64.div (local.get $e) (local.get $d))
-        (f64.ge (local.get $v) (f64.const 0))))
+      (f64.store (local.get $t) (call $sigmoid (f64.load (local.get $t))))
       (local.set $t (i32.add (local.get $t) (i32.const 8)))
+      (br $next))))`;
+
+const f64at = (base, index) => `(f64.load (i32.add (local.get $${base}) (i32.shl ${index} (i32.const 3))))`;
+const J = "(local.get $j)";
+const GK = "(i32.add (i32.mul (local.get $g) (local.get $k)) (local.get $j))";
+
+/** Sections 5.1-5.4 and 6 from the row sums at $r (K logits' sums, the difficulty's, then the
+ * topic projection's rank sums) for a linear scorer: the topic (the first nearest centroid, -1
+ * without topics), the logits z, the calibrated probabilities p and the costs c, written as
+ * z[K], p[K], c[K] at $out; returns the topic. The policy's numbers are laid out once per policy
+ * (src/kernel.ts does not call this; the Python runtime's kernel.py plans the table): bias[K]
+ * at $bias, the request's slope row at $slope, the difficulty's bias at $dbias, Platt's a[K]
+ * then b[K] at $platt; with $nt topics of rank $rank at $topics: centroids[nt][rank],
+ * half norms[nt], topic bias[nt][K], topic slopes[nt][K], topic difficulty[nt]; the cost model's
+ * coef[0] (K) at $coef, coef[1] after it, the request's suite row at $suite (0: none), the
+ * floor[K] at $floor, topic coef[nt][K] at $tcoef (0: none). Every sum, product and
+ * comparison is the TypeScript's and Python's, in their order. */
+const scores = `(func (export "scores") (param $r i32) (param $k i32) (param $bias i32) (param $slope i32)
+    (param $dbias i32) (param $platt i32) (param $topics i32) (param $nt i32) (param $rank i32) (param $coef i32)
+    (param $suite i32) (param $floor i32) (param $tcoef i32) (param $chars i32) (param $out i32) (result i32)
+    (local $j i32) (local $i i32) (local $g i32) (local $proj i32) (local $cent i32) (local $half i32)
+    (local $tbias i32) (local $tslope i32) (local $tdiff i32)
+    (local $d f64) (local $norm f64) (local $s f64) (local $u f64) (local $best f64) (local $o f64) (local $sl f64)
+    (local $z f64) (local $c f64) (local $kchars f64)
+    (local.set $d (f64.add ${f64at("r", "(local.get $k)")} (f64.load (local.get $dbias))))
+    (local.set $g (i32.const -1))
+    (if (i32.gt_s (local.get $nt) (i32.const 0)) (then
+      (local.set $proj (i32.add (local.get $r) (i32.shl (i32.add (local.get $k) (i32.const 1)) (i32.const 3))))
+      (local.set $cent (local.get $topics))
+      (local.set $half (i32.add (local.get $cent) (i32.shl (i32.mul (local.get $nt) (local.get $rank)) (i32.const 3))))
+      (local.set $tbias (i32.add (local.get $half) (i32.shl (local.get $nt) (i32.const 3))))
+      (local.set $tslope (i32.add (local.get $tbias) (i32.shl (i32.mul (local.get $nt) (local.get $k)) (i32.const 3))))
+      (local.set $tdiff (i32.add (local.get $tslope) (i32.shl (i32.mul (local.get $nt) (local.get $k)) (i32.const 3))))
+      (local.set $norm (f64.const 0))
+      (if (i32.gt_s (local.get $rank) (i32.const 0)) (then
+        (local.set $norm (f64.mul ${f64at("proj", "(i32.const 0)")} ${f64at("proj", "(i32.const 0)")}))
+        (local.set $i (i32.const 1))
+        (block $done (loop $next
+          (br_if $done (i32.ge_s (local.get $i) (local.get $rank)))
+          (local.set $norm (f64.add (local.get $norm) (f64.mul ${f64at("proj", "(local.get $i)")} ${f64at("proj", "(local.get $i)")})))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $next)))))
+      (local.set $norm (f64.sqrt (local.get $norm)))
+      (local.set $j (i32.const 0))
+      (block $done (loop $next
+        (br_if $done (i32.ge_s (local.get $j) (local.get $nt)))
+        (local.set $s (f64.const 0))
+        (local.set $i (i32.const 0))
+        (block $dotDone (loop $dot
+          (br_if $dotDone (i32.ge_s (local.get $i) (local.get $rank)))
+          (local.set $u ${f64at("proj", "(local.get $i)")})
+          (if (f64.gt (local.get $norm) (f64.const 0)) (then (local.set $u (f64.div (local.get $u) (local.get $norm)))))
+          (local.set $u (f64.mul ${f64at("cent", "(i32.add (i32.mul (local.get $j) (local.get $rank)) (local.get $i))")} (local.get $u)))
+          (local.set $s (select (local.get $u) (f64.add (local.get $s) (local.get $u)) (i32.eqz (local.get $i))))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $dot)))
+        (local.set $s (f64.sub (local.get $s) ${f64at("half", J)}))
+        (if (i32.or (i32.eqz (local.get $j)) (f64.gt (local.get $s) (local.get $best))) (then
+          (local.set $best (local.get $s))
+          (local.set $g (local.get $j))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $next)))
+      (local.set $d (f64.add (local.get $d) ${f64at("tdiff", "(local.get $g)")}))))
+    (local.set $kchars (f64.div (f64.convert_i32_s (local.get $chars)) (f64.const 1000)))
+    (local.set $j (i32.const 0))
+    (block $done (loop $next
+      (br_if $done (i32.ge_s (local.get $j) (local.get $k)))
+      (local.set $o (f64.add ${f64at("r", J)} ${f64at("bias", J)}))
+      (local.set $sl ${f64at("slope", J)})
+      (if (i32.ge_s (local.get $g) (i32.const 0)) (then
+        (local.set $o (f64.add (local.get $o) ${f64at("tbias", GK)}))
+        (local.set $sl (f64.add (local.get $sl) ${f64at("tslope", GK)}))))
+      (local.set $z (f64.add (local.get $o) (f64.mul (local.get $d) (local.get $sl))))
+      (f64.store (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 3))) (local.get $z))
+      (f64.store (i32.add (local.get $out) (i32.shl (i32.add (local.get $k) (local.get $j)) (i32.const 3)))
+        (call $sigmoid (f64.add (f64.mul ${f64at("platt", J)} (local.get $z)) ${f64at("platt", "(i32.add (local.get $k) (local.get $j))")})))
+      (local.set $c (f64.add ${f64at("coef", J)} (f64.mul (local.get $kchars) ${f64at("coef", "(i32.add (local.get $k) (local.get $j))")})))
+      (if (local.get $suite) (then (local.set $c (f64.add (local.get $c) ${f64at("suite", J)}))))
+      (if (i32.and (i32.ne (local.get $tcoef) (i32.const 0)) (i32.ge_s (local.get $g) (i32.const 0))) (then
+        (local.set $c (f64.add (local.get $c) ${f64at("tcoef", GK)}))))
+      (if (f64.lt (local.get $c) ${f64at("floor", J)}) (then (local.set $c ${f64at("floor", J)})))
+      (f64.store (i32.add (local.get $out) (i32.shl (i32.add (i32.shl (local.get $k) (i32.const 1)) (local.get $j)) (i32.const 3)))
+        (local.get $c))
+      (local.set $j (i32.add (local.get $j) (i32.const 1)))
       (br $next)))
-  )`;
+    (local.get $g))`;
 
 export const KERNEL_WAT = `(module
   (import "js" "ln1p" (func $ln1p (param f64) (result f64)))
@@ -368,5 +456,7 @@ export const KERNEL_WAT = `(module
   ${row}
   ${rowsums("rowsums32", 4)}
   ${rowsums("rowsums64", 8)}
-  ${sigmoids})
+  ${sigmoid}
+  ${sigmoids}
+  ${scores})
 `;

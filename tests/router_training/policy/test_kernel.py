@@ -152,6 +152,26 @@ def test_the_kernels_sigmoid_holds_at_the_edges_of_the_exponential(engines) -> N
         assert got == sigmoid_list(chunk)
 
 
+def test_the_kernels_scores_match_without_topic_costs_and_for_unknown_suites(engines) -> None:
+    """The kernel's logits, probabilities, costs and topic against the numpy steps, where the cost
+    model has no topic offsets (older policies) and where the suite is unknown or missing."""
+    inputs = ["Sort these numbers: 3 1 2", "Reverse 'stone river'", "", "add 2 and 40, then explain?" * 9]
+    for policy in (
+        engines,
+        {
+            e: dataclasses.replace(p, cost_model=dataclasses.replace(p.cost_model, topic_coef=None))
+            for e, p in engines.items()
+        },
+    ):
+        assert policy["webassembly"].kernel is not None and policy["webassembly"].kernel.table is not None
+        for text in inputs:
+            for suite in ("sort", None, "no-such-suite"):
+                a = policy["webassembly"].score_request(text, suite)
+                b = policy["numpy"].score_request(text, suite)
+                assert a.topic == b.topic and a.z.tobytes() == b.z.tobytes(), (text, suite)
+                assert a.p.tobytes() == b.p.tobytes() and a.c.tobytes() == b.c.tobytes(), (text, suite)
+
+
 def test_huge_and_empty_prompts_fit_the_kernel(engines) -> None:
     for prompt in ("", "a " * 5000, "x" * 20000, "\ud800" * 3000):
         a = engines["webassembly"].decide(prompt, None)

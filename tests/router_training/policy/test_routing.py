@@ -117,7 +117,7 @@ def test_choose_is_monotone_per_request(n, k, seed, rule):
         assert np.all(after >= before - 1e-12)
 
 
-@settings(max_examples=60)
+@settings(max_examples=200)
 @given(
     st.integers(1, 12),
     st.integers(2, 6),
@@ -125,12 +125,17 @@ def test_choose_is_monotone_per_request(n, k, seed, rule):
     st.sampled_from([(0, 1), (0, 2), (2, 3), (3, 0), (1, 1)]),
     st.sampled_from([0.0, 0.25, 0.7, 1.0]),
     st.booleans(),
+    st.booleans(),
 )
-def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, members, weight, masked):
-    """`point_choice` and `fallback_order` give every row of a batch the bits they give it alone
-    (a gateway's decision is a batch of one), mixed points, ties and budget masks included."""
+def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, members, weight, masked, tied):
+    """`point_choice` and `fallback_order` give every row of a batch (the arrays' path) the bits
+    they give it alone (a gateway's decision: one row, in Python's floats), mixed points, ties
+    and budget masks included."""
     rng = np.random.default_rng(seed)
-    P, C = rng.integers(0, 4, (n, k)) / 4, rng.integers(1, 4, (n, k)) / 100  # ties on purpose
+    if tied:
+        P, C = rng.integers(0, 4, (n, k)) / 4, rng.integers(1, 4, (n, k)) / 100  # ties on purpose
+    else:
+        P, C = rng.random((n, k)), rng.random((n, k)) / 50
     allowed = rng.random((n, k)) < 0.5 if masked else None
     if allowed is not None:
         allowed[np.arange(n), rng.integers(0, k, n)] = True
