@@ -153,6 +153,8 @@ def _plan(
     take("digits", 4 << out["radix_bits"])
     take("table", 0 if table is None else table.data.nbytes)
     take("scores", 0 if table is None else 8 * 3 * table.k)
+    take("args", 4 * 32)
+    take("score_args", 4 * 22)
     out["end"] = at
     return out
 
@@ -194,7 +196,8 @@ class _Call:
 
 
 class Kernel:
-    """The module instantiated for one policy: call `words`, `buckets`, `row`, `row_sums` in turn."""
+    """The module instantiated for one policy: `fill_row`, then `scores` (a linear scorer) or the
+    scorer's own steps and `sigmoids`."""
 
     def __init__(
         self,
@@ -251,20 +254,20 @@ class Kernel:
             return _Call(wasmtime, store, name, exports[name], list(args))
 
         idf = at["idf"] if spec.idf is not None else 0
-        self._words = call("words", at["cut"], 0, at["lower"], at["bits"], at["word_hi"], at["word_lo"])
-        self._buckets = call(
-            "buckets", 0, at["word_hi"], at["word_lo"], int(spec.word_bigrams), at["lower"], 0,
-            at["grams"], len(spec.char_ngrams), spec.n_buckets - 1, at["counts"], at["touched"],
-        )  # fmt: skip
-        self._row = call(
-            "row", 0, at["counts"], at["touched"], at["sorted"], at["digits"], at["radix_bits"], at["passes"],
+        # `features`: words' arguments, buckets', row's (kernel.mjs), then the two counts it leaves
+        self.args = view("args", np.int32, 32)
+        self.args[:30] = [
+            at["cut"], 0, at["lower"], at["bits"], at["word_hi"], at["word_lo"],
+            0, at["word_hi"], at["word_lo"], int(spec.word_bigrams), at["lower"], 0, at["grams"],
+            len(spec.char_ngrams), spec.n_buckets - 1, at["counts"], at["touched"],
+            0, at["counts"], at["touched"], at["sorted"], at["digits"], at["radix_bits"], at["passes"],
             at["tf"], idf, at["bucket_counts"], at["ids"], at["vals"], len(spec.suites),
-        )  # fmt: skip
-        sums = "rowsums32" if weights is not None and weights.dtype == np.float32 else "rowsums64"
-        self._sums = call(sums, at["weights"], columns, at["ids"], at["vals"], 0, at["r"])
+        ]  # fmt: skip
+        self._ids_at, self._vals_at = at["ids"], at["vals"]
+        self._features = call("features", at["args"])
         self._sigmoids = call("sigmoids", at["r"], 0)
         self.table = table
-        if table is not None:
+        if table is not None and weights is not None:
             view("table", np.float64, len(table.data))[:] = table.data
             self.score_out = view("scores", np.float64, 3 * table.k)
 
@@ -272,11 +275,15 @@ class Kernel:
                 return at["table"] + 8 * table.at[name] if name in table.at else 0
 
             self._slopes, self._coef, self._row_bytes = table_at("slopes"), table_at("coef"), 8 * table.k
-            self._scores = call(
-                "scores", at["r"], table.k, table_at("bias"), 0, table_at("dbias"), table_at("platt"),
+            # `score_row`: the weights' width, rowsums' arguments, then scores'
+            self.score_args = view("score_args", np.int32, 22)
+            self.score_args[:] = [
+                int(weights.dtype == np.float64), at["weights"], columns, at["ids"], at["vals"], 0, at["r"],
+                at["r"], table.k, table_at("bias"), 0, table_at("dbias"), table_at("platt"),
                 table_at("topics"), table.n_topics, table.rank, self._coef, 0, table_at("floor"),
                 table_at("tcoef"), 0, at["scores"],
-            )  # fmt: skip
+            ]  # fmt: skip
+            self._score_row = call("score_row", at["score_args"])
 
     @classmethod
     def create(
@@ -318,33 +325,6 @@ class Kernel:
             exc,
         )
 
-    def words(self, cut: bytes) -> int:
-        """4.1-4.3 on the cut bytes: the number of words (hashes in word_hi/word_lo); `out`
-        holds the word characters and the class counts, packed two 16-bit counts a word."""
-        ctypes.memmove(self.cut_address, cut, len(cut))
-        self._words.set(1, len(cut))
-        return self._words()
-
-    def buckets(self, n_words: int, cut_length: int) -> int:
-        """4.4-4.5 after `words`: the number of distinct buckets, listed in `touched`."""
-        self._buckets.set(0, n_words)
-        self._buckets.set(5, cut_length)
-        return self._buckets()
-
-    def row(self, nt: int, head: int) -> bool:
-        """4.5-4.6 after `buckets`: ids and tf-idf values from row index `head`, the buckets in
-        ascending order in `sorted` (True) or `touched`, their counts in `bucket_counts`."""
-        self._row.set(0, nt)
-        self._row.set(10, self.at["ids"] + 4 * head)
-        self._row.set(11, self.at["vals"] + 8 * head)
-        return self._row() != 0
-
-    def row_sums(self, n: int) -> np.ndarray:
-        """5.1's ordered row sums over the first n entries of `ids` and `vals`, into `r`."""
-        self._sums.set(4, n)
-        self._sums()
-        return self.r
-
     def sigmoids(self, t: list[float]) -> list[float]:
         """Section 1's sigmoid of a few doubles (at most one per weight column), through `r`;
         the same bits as `numerics.sigmoid_list`, at a twentieth of its time."""
@@ -360,26 +340,30 @@ class Kernel:
         """5.1-5.4 and 6 after `fill_row` (a kernel with a `table`): the logits, calibrated
         probabilities and costs of the row's n entries, and its topic (-1 without topics)."""
         assert self.table is not None
-        self.row_sums(n)
-        call = self._scores
-        call.set(3, self._slopes + slope_row * self._row_bytes)
-        call.set(10, self._coef + (2 + suite_pos) * self._row_bytes if suite_pos >= 0 else 0)
-        call.set(13, n_chars)
-        topic = call()
+        a = self.score_args
+        a[5] = n
+        a[10] = self._slopes + slope_row * self._row_bytes
+        a[17] = self._coef + (2 + suite_pos) * self._row_bytes if suite_pos >= 0 else 0
+        a[20] = n_chars
+        topic = self._score_row()
         out = self.score_out.tolist()
         k = self.table.k
         return out[:k], out[k : 2 * k], out[2 * k :], topic
 
     def fill_row(self, prompt: str, suite: str | None, spec: FeatureSpec) -> tuple[int, int, int]:
-        """One request through the spec's "Bytes" and "Features" steps into `ids` and `vals`:
-        (the row's length, the suite's column or -1, the prompt's code points)."""
+        """One request through the spec's "Bytes" and "Features" steps (4.1-4.6 in one kernel
+        call) into `ids` and `vals`: (the row's length, the suite's column or -1, the prompt's
+        code points)."""
         raw, n_chars = _normalised(prompt)
         part = cut(raw)
-        n_words = self.words(part)
-        nt = self.buckets(n_words, len(part))
         pos = spec.suite_position(suite)
         head = 1 if pos >= 0 else 0
-        self.row(nt, head)
+        ctypes.memmove(self.cut_address, part, len(part))
+        a = self.args
+        a[1] = a[11] = len(part)
+        a[27], a[28] = self._ids_at + 4 * head, self._vals_at + 8 * head
+        self._features()
+        n_words, nt = a[30:32].tolist()
         chars, digit_upper, punct_code, _ = self.out.tolist()
         classes = (digit_upper & 0xFFFF, digit_upper >> 16, punct_code & 0xFFFF, punct_code >> 16)
         stats = request_stats(

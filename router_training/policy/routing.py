@@ -146,7 +146,7 @@ class RoutingPolicy:
         return self._calibrated(layers, ids, vals, z.tolist(), topic, chars, pos)
 
     def _score_kernel(self, kernel: Kernel, prompt: str, suite: str | None, keep: bool) -> _Scores:
-        """`_score` with the features (and a linear scorer's row sums) in the kernel."""
+        """`_score` with the features (and a linear scorer's scoring, or else the sigmoid) in the kernel."""
         n, pos, chars = kernel.fill_row(prompt, suite, self.spec)
         ids, vals = None, None
         if keep or not isinstance(self.scorer, LinearScorer):
@@ -154,13 +154,9 @@ class RoutingPolicy:
         if kernel.table is not None:
             z, p, c, topic = kernel.scores(n, self._slope_row(pos), pos, chars)
             return _Scores(None, ids, vals, z, topic, p, c, chars, pos)
-        if isinstance(self.scorer, LinearScorer):
-            z, topic = self.scorer.from_sums(kernel.row_sums(n), self._slope_row(pos))
-        else:
-            assert ids is not None and vals is not None
-            z_array, topic = self.scorer.score(ids, vals, self._slope_row(pos))
-            z = z_array.tolist()
-        return self._calibrated(None, ids, vals, z, topic, chars, pos, kernel.sigmoids)
+        assert ids is not None and vals is not None
+        z_array, topic = self.scorer.score(ids, vals, self._slope_row(pos))
+        return self._calibrated(None, ids, vals, z_array.tolist(), topic, chars, pos, kernel.sigmoids)
 
     def _calibrated(
         self,

@@ -20,6 +20,9 @@
 //    built from its exponent bits, exact for the k that occur), so the same bits. The Python
 //    runtime calls them, where these few dozen numbers cost ten times the module's time as
 //    Python's floats; V8 runs the TypeScript as fast, so this runtime does not.
+//  - `features` and `score_row`: `words`, `buckets`, `row` in one call, and the row sums and
+//    `scores` in another, their arguments read from a block in memory: for Python, where each
+//    call into the module costs about a microsecond of its own.
 //
 // The module owns no layout: JavaScript passes every buffer's address. The byte class tables
 // live at fixed addresses (TABLES below), written once per instance by src/kernel.ts.
@@ -72,7 +75,7 @@ const popcount = (lanes) => `(i32.popcnt (i32.and (i8x16.bitmask ${lanes}) (loca
  * P, eight bytes at a time, which is the Horner step's value (mod 2^64) without its chain of
  * multiplies or a branch per byte. Returns the number of words; leaves the word characters and
  * the packed class counts at TABLES.out. */
-const words = `(func (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $bits i32) (param $wh i32) (param $wl i32) (result i32)
+const words = `(func $words (export "words") (param $cut i32) (param $len i32) (param $low i32) (param $bits i32) (param $wh i32) (param $wl i32) (result i32)
     (local $i i32) (local $v v128) (local $lo v128) (local $hiBit v128) (local $upper v128) (local $keep i32) (local $m i32)
     (local $du i32) (local $pc i32) (local $nq i32) (local $chars i32) (local $k i32) (local $c i64) (local $carry i64) (local $ev i64)
     (local $e i32) (local $start i32) (local $n i32) (local $q i32) (local $r i32) (local $at i32) (local $h i64)
@@ -140,7 +143,7 @@ const wordKey = (w) => `(i64.or (i64.shl (i64.extend_i32_u (i32.load (i32.add (l
 
 /** 4.4-4.5: every key's bucket counted in $counts, first touches listed in $touched; the char
  * n-gram lengths are $nGrams bytes at $grams. Returns the number of distinct buckets. */
-const buckets = `(func (export "buckets") (param $nWords i32) (param $wh i32) (param $wl i32) (param $bigrams i32)
+const buckets = `(func $buckets (export "buckets") (param $nWords i32) (param $wh i32) (param $wl i32) (param $bigrams i32)
     (param $low i32) (param $len i32) (param $grams i32) (param $nGrams i32) (param $mask i32)
     (param $counts i32) (param $touched i32) (result i32)
     (local $w i32) (local $k i64) (local $b i32) (local $at i32) (local $c i32) (local $t i32)
@@ -185,7 +188,7 @@ const buckets = `(func (export "buckets") (param $nWords i32) (param $wh i32) (p
  * cleared) into $bc, its tf-idf value ln1p(count) (the table at $tf below 4096, the imported
  * ln1p above) times idf (at $idf, when not 0) into $vals with its id $nS + b into $ids, and the
  * values divided by their L2 norm. Returns 1 when the sorted ids ended in $sorted, else 0. */
-const row = `(func (export "row") (param $nt i32) (param $counts i32) (param $touched i32) (param $sorted i32)
+const row = `(func $row (export "row") (param $nt i32) (param $counts i32) (param $touched i32) (param $sorted i32)
     (param $digits i32) (param $bits i32) (param $passes i32) (param $tf i32) (param $idf i32) (param $bc i32)
     (param $ids i32) (param $vals i32) (param $nS i32) (result i32)
     (local $from i32) (local $to i32) (local $swap i32) (local $pass i32) (local $shift i32) (local $mask i32)
@@ -294,7 +297,7 @@ function rowsums(name, bytes) {
   });
   const loadOne = (addr) => bytes === 4 ? `(f64.promote_f32 (f32.load ${addr}))` : `(f64.load ${addr})`;
   const locals = Array.from({ length: 8 }, (_, i) => `(local $a${i} v128)`).join(" ");
-  return `(func (export "${name}") (param $w i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
+  return `(func $${name} (export "${name}") (param $w i32) (param $c i32) (param $ids i32) (param $vals i32) (param $n i32) (param $r i32)
     (local $j i32) (local $e i32) (local $row i32) (local $out i32) (local $v v128) (local $s f64) ${locals}
     (if (i32.eqz (local.get $n)) (then
       (memory.fill (local.get $r) (i32.const 0) (i32.shl (local.get $c) (i32.const 3)))
@@ -378,7 +381,7 @@ const GK = "(i32.add (i32.mul (local.get $g) (local.get $k)) (local.get $j))";
  * coef[0] (K) at $coef, coef[1] after it, the request's suite row at $suite (0: none), the
  * floor[K] at $floor, topic coef[nt][K] at $tcoef (0: none). Every sum, product and
  * comparison is the TypeScript's and Python's, in their order. */
-const scores = `(func (export "scores") (param $r i32) (param $k i32) (param $bias i32) (param $slope i32)
+const scores = `(func $scores (export "scores") (param $r i32) (param $k i32) (param $bias i32) (param $slope i32)
     (param $dbias i32) (param $platt i32) (param $topics i32) (param $nt i32) (param $rank i32) (param $coef i32)
     (param $suite i32) (param $floor i32) (param $tcoef i32) (param $chars i32) (param $out i32) (result i32)
     (local $j i32) (local $i i32) (local $g i32) (local $proj i32) (local $cent i32) (local $half i32)
@@ -448,6 +451,29 @@ const scores = `(func (export "scores") (param $r i32) (param $k i32) (param $bi
       (br $next)))
     (local.get $g))`;
 
+/** Argument i of a call, from the block of i32 arguments at $a. */
+const arg = (i) => `(i32.load offset=${4 * i} (local.get $a))`;
+const args = (from, to) => Array.from({ length: to - from }, (_, i) => arg(from + i)).join(" ");
+
+/** `words`, `buckets` and `row` in one call, their arguments read from a block at $a (for
+ * hosts whose calls into the module cost more than the work, as Python's do): words' six at
+ * a[0..5], buckets' eleven at a[6..16], row's thirteen at a[17..29] (the counts each passes the
+ * next are taken from the calls, not from a[6] and a[17]); the number of words and of buckets
+ * are left at a[30] and a[31]; returns row's result. */
+const features = `(func (export "features") (param $a i32) (result i32)
+    (local $nw i32) (local $nt i32)
+    (local.set $nw (call $words ${args(0, 6)}))
+    (local.set $nt (call $buckets (local.get $nw) ${args(7, 17)}))
+    (i32.store offset=120 (local.get $a) (local.get $nw))
+    (i32.store offset=124 (local.get $a) (local.get $nt))
+    (call $row (local.get $nt) ${args(18, 30)}))`;
+
+/** The row sums and `scores` in one call: a[0] is 1 for f64 weights (0: f32), rowsums' six
+ * arguments at a[1..6], scores' fifteen at a[7..21]; returns the topic. */
+const scoreRow = `(func (export "score_row") (param $a i32) (result i32)
+    (if ${arg(0)} (then (call $rowsums64 ${args(1, 7)})) (else (call $rowsums32 ${args(1, 7)})))
+    (call $scores ${args(7, 22)}))`;
+
 export const KERNEL_WAT = `(module
   (import "js" "ln1p" (func $ln1p (param f64) (result f64)))
   (memory (export "memory") 1)
@@ -458,5 +484,7 @@ export const KERNEL_WAT = `(module
   ${rowsums("rowsums64", 8)}
   ${sigmoid}
   ${sigmoids}
-  ${scores})
+  ${scores}
+  ${features}
+  ${scoreRow})
 `;

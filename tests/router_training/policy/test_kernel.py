@@ -101,7 +101,7 @@ def test_a_failing_kernel_call_hands_the_policy_to_numpy_with_one_warning(saved,
     assert kernel is not None
     prompts = ["Sort these numbers: 3 1 2", "Add 2 and 2", "reverse: stone river"]
     want = [engines["numpy"].decide(x, "sort") for x in prompts]
-    kernel._row._fn = lambda *args: 1  # wasmtime reports an error, as a trap does
+    kernel._features._fn = lambda *args: 1  # wasmtime reports an error, as a trap does
     assert [policy.decide(x, "sort") for x in prompts] == want
     assert policy.kernel is None and policy.engine_in_use == "numpy"
     assert caplog.text.count("the WebAssembly kernel failed") == 1
