@@ -269,7 +269,8 @@ def _one_row(
         return None
     if allowed is None:
         return pr, cr, None
-    return pr, cr, np.broadcast_to(allowed, (1, len(pr)))[0].tolist()
+    mask = np.ravel(allowed)
+    return pr, cr, (mask if len(mask) == len(pr) else np.broadcast_to(allowed, (1, len(pr)))[0]).tolist()
 
 
 def _row_member(member: Member, p: list[float], c: list[float], allowed: list[bool] | None) -> int:
