@@ -3,9 +3,12 @@
 The JavaScript runtime assembles these loops (gateways/js/scripts/kernel.mjs) and runs them in
 V8; kernel.wasm here is the same module, byte for byte (a test holds it to what the JavaScript
 build writes; `node gateways/js/scripts/python-kernel.mjs` refreshes it). The module does the
-spec's word hashing, bucketing, tf-idf row (sections 4.1-4.6), the scorer's row sums (5.1) and the
-calibrated probabilities' sigmoid (section 1), which in numpy cost a few dozen array calls per
-request on arrays of a few hundred elements, and in Python's floats a loop per probability.
+spec's word hashing, bucketing, tf-idf row (sections 4.1-4.6) and, for a linear scorer, the rest
+of the request's scoring: row sums, nearest topic, logits, calibrated probabilities and costs
+(5.1-5.4, 6; `ScoreTable` lays the policy's numbers out for it). In numpy these cost a few dozen
+array calls per request on arrays of a few hundred elements; in Python's floats, a loop per
+number. A decision makes two calls into the module (`fill_row`, `scores`); a tree scorer's
+decision calls `sigmoids` for its probabilities.
 
 wasmtime is an optional extra (`routeopt[fast]`, `routeopt-gateway[fast]`), pinned to the
 major version whose private C entry points `_Call` uses. Without it the numpy steps run; where it
