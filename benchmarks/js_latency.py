@@ -6,6 +6,11 @@ RouterBench (945, about 1,400 characters each) at the policy's own target, one a
 a warm-up. Each round reports p50 and p99 per request; the figures are medians of the rounds.
 
     flock /tmp/routeopt-bench.lock python benchmarks/js_latency.py [--rounds 3] [--set routerbench]
+    flock /tmp/routeopt-bench.lock python benchmarks/js_latency.py --budget ttft=0.8 --latency-data DIR
+
+With `--budget KIND=SECONDS` (ttft or latency), the policy is trained on the latency-annotated set
+`benchmarks/latency_data.py --out DIR` writes (a format 4 policy) and both runtimes route every
+request under that budget.
 """
 
 from __future__ import annotations
@@ -20,20 +25,23 @@ from pathlib import Path
 import numpy as np
 
 from js_common import build_js, load_average, node, published, requests_file, test_requests
+from python_decision import parse_budget
 
 
-def python_rounds(version: Path, key: Path, requests: list[dict], rounds: int) -> list[tuple[float, float]]:
+def python_rounds(
+    version: Path, key: Path, requests: list[dict], rounds: int, budget: dict[str, float]
+) -> list[tuple[float, float]]:
     from routeopt.artifacts.serving.loader import load
 
     router = load(version, public_key=key, state_dir=False)
     for r in requests[:500]:
-        router.route(r["prompt"], r["suite"])
+        router.route(r["prompt"], r["suite"], **budget)
     out = []
     for _ in range(rounds):
         times = np.empty(len(requests))
         for i, r in enumerate(requests):
             start = time.perf_counter_ns()
-            router.route(r["prompt"], r["suite"])
+            router.route(r["prompt"], r["suite"], **budget)
             times[i] = (time.perf_counter_ns() - start) / 1000
         out.append((float(np.quantile(times, 0.5)), float(np.quantile(times, 0.99))))
     return out
@@ -43,22 +51,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="routerbench")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", help="KIND=SECONDS: route every request under this budget (ttft or latency)")
+    ap.add_argument("--latency-data", type=Path, help="the folder latency_data.py --out wrote")
     args = ap.parse_args()
+    budget = parse_budget(args.budget)
+    name, data = args.set, None
+    if budget:
+        if args.latency_data is None:
+            raise SystemExit(
+                "--budget needs --latency-data DIR (python benchmarks/latency_data.py --out DIR)"
+            )
+        name, data = f"{args.set}-latency", args.latency_data
     build_js()
-    version, key = published(args.set)
-    requests = test_requests(args.set)
+    version, key = published(name, data)
+    requests = test_requests(name, data=data)
     print(load_average())
     with tempfile.TemporaryDirectory() as tmp:
         path = requests_file(requests, Path(tmp))
         js = [
             json.loads(line)
             for line in node(
-                "bench/latency.mjs", str(version), str(path), str(args.rounds), public_key=key
+                "bench/latency.mjs",
+                str(version),
+                str(path),
+                str(args.rounds),
+                *([args.budget] if budget else []),
+                public_key=key,
             ).splitlines()
         ]
-    py = python_rounds(version, key, requests, args.rounds)
+    py = python_rounds(version, key, requests, args.rounds, budget)
     med = lambda xs: statistics.median(xs)
-    print(f"{args.set}: {len(requests)} requests per round, {args.rounds} rounds (medians of rounds)")
+    print(
+        f"{name}{' ' + args.budget if budget else ''}: {len(requests)} requests per round, {args.rounds} rounds (medians of rounds)"
+    )
     print(
         f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "
         f"rounds {[(round(r['p50_us'], 1), round(r['p99_us'], 1)) for r in js]}"
