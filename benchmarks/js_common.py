@@ -116,3 +116,19 @@ def requests_file(requests: list[dict], folder: Path) -> Path:
 
 def load_average() -> str:
     return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def budget_set(
+    name: str, budget: str | None, latency_data: Path | None
+) -> tuple[str, Path | None, dict[str, float]]:
+    """(set name, data folder, route() keyword arguments) for `--set`, `--budget KIND=SECONDS` and
+    `--latency-data DIR`: a budget routes the latency-annotated variant of the set that
+    benchmarks/latency_data.py wrote into DIR."""
+    if budget is None:
+        return name, None, {}
+    kind, _, seconds = budget.partition("=")
+    if kind not in ("ttft", "latency") or not seconds:
+        raise SystemExit(f"--budget {budget!r}: give KIND=SECONDS, KIND ttft or latency")
+    if latency_data is None:
+        raise SystemExit("--budget needs --latency-data DIR (python benchmarks/latency_data.py --out DIR)")
+    return f"{name}-latency", latency_data, {f"{kind}_budget_s": float(seconds)}

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from js_common import build_js, load_average, node, published, requests_file, test_requests
-from python_decision import parse_budget
+from js_common import budget_set, build_js, load_average, node, published, requests_file, test_requests
 
 
 def python_rounds(
@@ -54,14 +53,7 @@ def main() -> None:
     ap.add_argument("--budget", help="KIND=SECONDS: route every request under this budget (ttft or latency)")
     ap.add_argument("--latency-data", type=Path, help="the folder latency_data.py --out wrote")
     args = ap.parse_args()
-    budget = parse_budget(args.budget)
-    name, data = args.set, None
-    if budget:
-        if args.latency_data is None:
-            raise SystemExit(
-                "--budget needs --latency-data DIR (python benchmarks/latency_data.py --out DIR)"
-            )
-        name, data = f"{args.set}-latency", args.latency_data
+    name, data, budget = budget_set(args.set, args.budget, args.latency_data)
     build_js()
     version, key = published(name, data)
     requests = test_requests(name, data=data)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from js_common import load_average, published, test_requests
+from js_common import budget_set, load_average, published, test_requests
 
 ENGINES = ("webassembly", "numpy")
 
@@ -51,15 +51,6 @@ def one_round(router, requests: list[dict], budget: dict[str, float]) -> tuple[f
     return float(np.quantile(times, 0.5)), float(np.quantile(times, 0.99))
 
 
-def parse_budget(text: str | None) -> dict[str, float]:
-    if text is None:
-        return {}
-    kind, _, seconds = text.partition("=")
-    if kind not in ("ttft", "latency") or not seconds:
-        raise SystemExit(f"--budget {text!r}: give KIND=SECONDS, KIND ttft or latency")
-    return {f"{kind}_budget_s": float(seconds)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="routerbench")
@@ -68,14 +59,7 @@ def main() -> None:
     ap.add_argument("--latency-data", type=Path, help="the folder latency_data.py --out wrote")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    budget = parse_budget(args.budget)
-    name, data = args.set, None
-    if budget:
-        if args.latency_data is None:
-            raise SystemExit(
-                "--budget needs --latency-data DIR (python benchmarks/latency_data.py --out DIR)"
-            )
-        name, data = f"{args.set}-latency", args.latency_data
+    name, data, budget = budget_set(args.set, args.budget, args.latency_data)
     version, key = published(name, data)
     requests = test_requests(name, data=data)
     routers = {e: router_for(e, version, key) for e in ENGINES}

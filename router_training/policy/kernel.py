@@ -242,11 +242,6 @@ class Kernel:
             view("idf", np.float64, len(spec.idf))[:] = spec.idf_array
         self.out = self.memory[_OUT : _OUT + 16].view(np.int32)
         self.cut_address = address + at["cut"]
-        self.word_hi = view("word_hi", np.uint32, MAX_BYTES // 2 + 1)
-        self.word_lo = view("word_lo", np.uint32, MAX_BYTES // 2 + 1)
-        self.touched = view("touched", np.int32, touched)
-        self.sorted = view("sorted", np.int32, touched)
-        self.bucket_counts = view("bucket_counts", np.int32, touched)
         self.ids = view("ids", np.int32, 1 + touched + len(STAT_NAMES))
         self.vals = view("vals", np.float64, 1 + touched + len(STAT_NAMES))
         self.r = view("r", np.float64, max(columns, 1))
@@ -269,7 +264,7 @@ class Kernel:
         self._ids_at, self._vals_at = at["ids"], at["vals"]
         self._features = call("features", at["args"])
         self._sigmoids = call("sigmoids", at["r"], 0)
-        self.table = table
+        self.table = table if weights is not None else None  # a table scores a linear scorer's weights
         if table is not None and weights is not None:
             view("table", np.float64, len(table.data))[:] = table.data
             self.score_out = view("scores", np.float64, 3 * table.k)
@@ -335,7 +330,7 @@ class Kernel:
         self.r[:n] = t
         self._sigmoids.set(1, n)
         self._sigmoids()
-        return list(self.r[:n].tolist())
+        return self.r[:n].tolist()  # type: ignore[no-any-return]
 
     def scores(
         self, n: int, slope_row: int, suite_pos: int, n_chars: int
