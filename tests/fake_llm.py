@@ -302,6 +302,15 @@ class FakeLLM:
         with self._lock:
             return list(self._records)
 
+    def settle(self, sent: int, timeout_s: float = 60.0) -> list[RecordedRequest]:
+        """The records once the server has read `sent` requests (or `timeout_s` passed). A client
+        that gave up on a call has still sent it, and on a busy machine this server's thread may
+        read it only after the client has moved on: counts are compared after it catches up."""
+        deadline = time.monotonic() + timeout_s
+        while len(records := self.requests) < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return records
+
     def reset(self) -> None:
         with self._lock:
             self._records.clear()

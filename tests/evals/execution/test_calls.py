@@ -70,7 +70,7 @@ async def test_an_open_breaker_makes_the_queue_wait_for_its_probe(tmp_path, fake
     probes = math.ceil((outage[1] - outage[0]) / 0.15) + 1
     assert lim.breaker.times_opened >= 1 and len(failed) <= 3 + 1 + probes
     assert lim.breaker.state == "closed" and stats.errors == 0
-    assert sum(r.attempts for r in rows) == len(fake_llm.requests) == stats.calls
+    assert sum(r.attempts for r in rows) == len(fake_llm.settle(stats.calls)) == stats.calls
 
 
 async def test_an_endpoint_down_past_the_wait_leaves_its_items_for_the_resumed_run(

@@ -87,10 +87,11 @@ def check_invariants(
     assert set(by_item) == {it.id for it in suite.items}, "lost item"
     assert stats.completed == N and stats.errors == sum(r.error_kind is not None for r in rows)
     assert sum(stats.error_kinds.values()) == stats.errors
+    records = server.settle(stats.calls)
     sent: dict[str, list] = defaultdict(list)
-    for rec in server.requests:
+    for rec in records:
         sent[rec.body["messages"][-1]["content"]].append(rec)
-    assert sum(r.attempts for r in rows) == len(server.requests) == stats.calls
+    assert sum(r.attempts for r in rows) == len(records) == stats.calls
     fault_kind = {**FAULT_KIND, "truncated": "truncated_stream" if stream else "connection"}
     for item in suite.items:
         row = by_item[item.id]
@@ -210,7 +211,7 @@ async def test_a_key_revoked_mid_run_stops_the_pair_then_resumes(tmp_path, fake_
         )
         rows = _stored(store)
         assert len(rows) == N and len({r.item_id for r in rows}) == N and stats.completed == N
-        assert sum(r.attempts for r in rows) == len(fake_llm.requests) == stats.calls
+        assert sum(r.attempts for r in rows) == len(fake_llm.settle(stats.calls)) == stats.calls
         refused = [r for r in rows if r.error_kind == "auth"]
         assert stats.halted and len(refused) > N / 2
         # A wave of 401s (up to max_concurrency in flight) would open a 3-failure breaker if
