@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issues 8, 14): random-weight ~1B Llama served through the local provider (bf16, fp8,
+# GPU check: random-weight ~1B Llama served through the local provider (bf16, fp8,
 # fp8-dyn at concurrency 1/16/64), decode speed vs the memory-bandwidth limit, prefix-cache TTFT
 # with and without, speculative decoding with three drafts (self, first 2 layers, small random),
 # and one suite through `routeopt run`. Finishes in < 8 minutes on one H100/H200-class GPU (steps

@@ -1,6 +1,6 @@
 """Seconds from `routeopt run` starting to the line that names a misconfigured candidate.
 
-Issue 26's mistakes, made against a real LiteLLM proxy (`litellm --config` with three
+A new user's configuration mistakes, made against a real LiteLLM proxy (`litellm --config` with three
 `mock_response` deployments, from the test helper's virtualenv): the big candidate's key is
 wrong (the proxy answers 400 `No connected db.`), its model name has a typo, its base URL points
 at a dead port or a wrong path, or its `api_key_env` names a variable that is not set. For each,

@@ -20,7 +20,7 @@ With `--shift`, each held-out fold is also shifted the project's own ways
 (`routeopt.router_training.evaluation.shifts`: harder by the plain reference's difficulty learned on the other
 folds, another suite mix, longer prompts), and each variant is measured there twice: as trained
 (`default`) and trained again with a certificate toward the shifted fold's prompts (`traffic`,
-as `routeopt train --traffic`). Per shift and variant it prints issue 24's checks (pass rate at
+as `routeopt train --traffic`). Per shift and variant it prints the shift checks (pass rate at
 0.8 / 0.9 / 0.95 >= x * best - 0.015, at 1.0 >= best - 0.01, best single on the shifted fold)
 and the fold means of S95.
 """

@@ -8,7 +8,7 @@ prompt length, and the model the policy chose at its target (`decide_batch`, as 
 `policy_model`). `routeopt.router_training.live.shift_monitor.detect_shift` compares them with the sketch.
 
 Prints per set and shift how many seeds flagged a shift, the median adjusted p-value and the
-features that moved most often. Issue 24: every shift flagged (p < 0.01) with 2,000 logged
+features that moved most often. Asked of it: every shift flagged (p < 0.01) with 2,000 logged
 requests; the unshifted replay quiet in at least 19 of 20 seeds.
 
     OMP_NUM_THREADS=1 python benchmarks/shift_monitor.py [--data ../shared/data] [--seeds 20] [--logged 2000]

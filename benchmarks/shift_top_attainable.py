@@ -1,4 +1,4 @@
-"""Can a router trained on the training split meet issue 24's check at target 1.0 on the suite shift?
+"""Can a router trained on the training split meet the shift check at target 1.0 on the suite shift?
 
 The check asks the pass rate at 1.0 to be at least the best single candidate's on the shifted
 test requests minus 0.01. The `suites` shift (`routeopt.router_training.evaluation.shifts`, seed 0, as `routeopt

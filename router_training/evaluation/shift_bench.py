@@ -9,7 +9,7 @@ Each set's training split trains, as `routeopt train` trains:
 
 Each is routed at every target on each shift's test requests (`routeopt.router_training.evaluation.shifts`) and on
 the unshifted test split, and scored with `bench.measure` against the best single candidate on
-those very requests. Issue 24's checks per (shift, policy): pass rate at 0.8 / 0.9 / 0.95 >=
+those very requests. The checks per (shift, policy): pass rate at 0.8 / 0.9 / 0.95 >=
 x * best - 0.015 and at 1.0 >= best - 0.01; its price is S95 beside the default knob's.
 """
 
@@ -46,7 +46,7 @@ def difficulty(reference: ReferenceRouter, test: RoutingData) -> np.ndarray:
 
 
 def shift_checks(report: dict) -> dict[str, bool]:
-    """Issue 24's numbers on one shifted set: the floors at 0.8 / 0.9 / 0.95 / 1.0."""
+    """The checks on one shifted set: the floors at 0.8 / 0.9 / 0.95 / 1.0."""
     return {k: v for k, v in report["checks"].items() if k.startswith("pass@")}
 
 

@@ -1,4 +1,4 @@
-"""Issue 26's mistakes, made as a new user makes them: three `openai` candidates behind a real
+"""Configuration mistakes, made as a new user makes them: three `openai` candidates behind a real
 LiteLLM proxy (`litellm --config`, `mock_response` deployments), and `routeopt run`.
 
 Each mistake is named on screen with the candidate, its URL and what the proxy said, the run

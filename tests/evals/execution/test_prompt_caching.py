@@ -1,6 +1,6 @@
 """Prompt caching through the runner: the shared prefix is marked, cache reads and writes are
 recorded in DuckDB and priced at the provider's rates, and the run summary and `routeopt cost
-compare` say what caching saved (issue 13: cache writes used to be priced as plain input)."""
+compare` say what caching saved (cache writes priced at the write rate, not as plain input)."""
 
 from __future__ import annotations
 
