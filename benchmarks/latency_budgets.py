@@ -18,6 +18,9 @@ Inputs: `python benchmarks/latency_data.py --set routerbench --out DIR` writes
 DIR/routerbench-latency/{train,test}.parquet.
 
     flock /tmp/routeopt-bench.lock python benchmarks/latency_budgets.py --data DIR/routerbench-latency [--seeds 3]
+
+`--cv 0.5,1 [--folds 6]` chooses `Design.budget_margin` on the training requests alone: each
+fold is a 70/30 hash split of them, measured as above, per margin (`inf`: masks at the budget).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import pandas as pd
 
 from routeopt.router_training.fit.data import routing_data
 from routeopt.router_training.policy.knob import point_choice, request_unit
-from routeopt.router_training.train import train_router
+from routeopt.router_training.train import Design, train_router
 
 TARGET = 0.9
 MISSED = 0.2  # the share of training requests the unbudgeted policy's choice misses the budget on
@@ -98,9 +101,9 @@ def oracle(policy, data, P, Cp, budget: float, alpha: float, floor: float, kind:
     }
 
 
-def one_seed(train: pd.DataFrame, test: pd.DataFrame, seed: int) -> list[dict]:
+def one_seed(train: pd.DataFrame, test: pd.DataFrame, seed: int, design: Design | None = None) -> list[dict]:
     start = time.perf_counter()
-    result = train_router(train, quality_target=TARGET, seed=seed)
+    result = train_router(train, quality_target=TARGET, seed=seed, design=design or Design())
     seconds = time.perf_counter() - start
     policy = result.policy
     binding = binding_budget(policy, train)
@@ -138,16 +141,50 @@ def one_seed(train: pd.DataFrame, test: pd.DataFrame, seed: int) -> list[dict]:
 
 def store_split(db: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A store's training frame, its requests split 70/30 by a hash of the request id."""
-    import hashlib
-
     from routeopt.evals.storage.store import Store
 
     with Store(db, read_only=True) as store:
         frame = store.training_frame()
     frame["prompt"] = frame["prompt"].astype(str)
+    return hash_split(frame)
+
+
+def hash_split(frame: pd.DataFrame, salt: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The frame's requests split about 70/30 by a hash of the request id (and `salt`)."""
+    import hashlib
+
     ids = frame["request_id"].astype(str)
-    test = ids.map(lambda r: hashlib.blake2b(r.encode(), digest_size=2).digest()[0] < 77)  # ~30%
+    test = ids.map(lambda r: hashlib.blake2b((salt + r).encode(), digest_size=2).digest()[0] < 77)
     return frame[~test].reset_index(drop=True), frame[test].reset_index(drop=True)
+
+
+def cross_validate(train: pd.DataFrame, margins: list[float], folds: int) -> None:
+    """Design.budget_margin by cross-validation on the training requests alone: each of
+    `folds` hash splits of them (70/30) is measured as `main` measures train/test, once per
+    margin; printed per margin and budget: certified splits, median over-budget share, and the
+    median cost beside the static exclusion's (where that keeps the floor)."""
+    for margin in margins:
+        runs = [
+            one_seed(*hash_split(train, f"cv{k}:"), k, Design(budget_margin=margin)) for k in range(folds)
+        ]
+        for i in range(1 + len(MORE)):
+            at = [r[i] for r in runs]
+            ratios = [
+                r["budgeted"]["cost"] / r["oracle"]["static"]["cost"]
+                for r in at
+                if r["certified"]
+                and r["oracle"]["static"]
+                and r["oracle"]["static"]["pass_rate"] >= r["floor"]
+            ]
+            free = [r["budgeted"]["cost"] / r["no_budget"]["cost"] for r in at if r["certified"]]
+            print(
+                f"margin {margin}: budget x{([1.0, *MORE])[i]}: certified {sum(r['certified'] for r in at)}/{folds}, "
+                f"over {statistics.median(r['budgeted']['over_budget'] for r in at):.3f}, "
+                f"cost / static exclusion {statistics.median(ratios) if ratios else float('nan'):.3f} "
+                f"({len(ratios)} comparable), cost / no budget's "
+                f"{statistics.median(free) if free else float('nan'):.3f}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -159,6 +196,13 @@ def main() -> None:
         help="or a run's DuckDB store (the demo's: .routeopt/routeopt.duckdb), split 70/30 by request",
     )
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--cv",
+        type=str,
+        default=None,
+        help="comma-separated Design.budget_margin values to cross-validate on the training requests only",
+    )
+    ap.add_argument("--folds", type=int, default=3, help="hash splits of the training requests for --cv")
     args = ap.parse_args()
     if (args.data is None) == (args.db is None):
         ap.error("give --data or --db")
@@ -167,6 +211,9 @@ def main() -> None:
         if args.db
         else (pd.read_parquet(args.data / f"{s}.parquet") for s in ("train", "test"))
     )
+    if args.cv:
+        cross_validate(train, [float(m) for m in args.cv.split(",")], args.folds)
+        return
     per_seed = [one_seed(train, test, s) for s in range(args.seeds)]
     for runs in per_seed:
         for r in runs:

@@ -41,7 +41,7 @@ from routeopt.router_training.fit.estimators import (
 from routeopt.router_training.fit.certificate import Certificate
 from routeopt.router_training.fit.bounds import Assumption
 from routeopt.router_training.policy.features import FeatureSpec, n_chars as text_length
-from routeopt.router_training.fit.latency_fitting import DEFAULT_ALPHA, latency_policy
+from routeopt.router_training.fit.latency_fitting import DEFAULT_ALPHA, DEFAULT_MARGIN, latency_policy
 from routeopt.router_training.fit.knob_fitting import (
     DEFAULT_CONFIDENCE,
     STANDARD_TARGETS,
@@ -91,6 +91,9 @@ class Design:
     )
     above_one: str = (
         "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
+    )
+    budget_margin: float = (
+        DEFAULT_MARGIN  # how much surer than the certificate a budget mask's scale must look
     )
 
 
@@ -273,10 +276,12 @@ def _fit(
             len(f.spec.suites),
             f.folds,
             confidence,
+            quality_target,
             latency_alpha,
             basis.assumption,
             basis.weights,
             basis.cells,
+            design.budget_margin,
         )
     policy.metrics = {
         **f.metrics,

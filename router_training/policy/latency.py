@@ -7,8 +7,9 @@ intercept and a slope per 1,000 characters of prompt, plus an offset per suite, 
 carry what differs between suites, each candidate's verbosity in them included.
 
 A budget (`ttft <= 0.8 s`, say) is served by a tier: the largest budget the policy certified
-that is no larger. The tier's mask allows the candidates whose predicted p95 meets the tier's
-budget (`budget_mask`); the tier's own knob, built and certified on the calibration requests
+that is no larger. The tier's mask allows the candidates whose predicted p95 is within its
+`mask_s` (`budget_mask`: the budget itself, or a little more where training found the slack
+for it); the tier's own knob, built and certified on the calibration requests
 under that mask, serves the quality target among them. Each of its points is certified for a
 target only where, on requests it was not chosen on, both the quality margin and the rate of
 requests whose measured latency exceeded the budget pass their one-sided bounds
@@ -76,11 +77,17 @@ class BudgetTier:
     budget_s: float
     knob: Knob
     violation: tuple[float, ...]
+    mask_s: float = math.nan  # the mask's seconds: candidates predicted within them (the budget's, unset)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.mask_s):
+            object.__setattr__(self, "mask_s", self.budget_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "budget_s": self.budget_s,
+            "mask_s": self.mask_s,
             "knob": self.knob.to_dict(),
             "violation": [_finite_or_none(v) for v in self.violation],
         }
@@ -97,7 +104,10 @@ class BudgetTier:
         violation = tuple(math.nan if v is None else float(v) for v in d["violation"])
         if len(violation) != len(knob.points):
             raise ValueError(f"a tier has {len(knob.points)} points but {len(violation)} violation rates")
-        return cls(kind, budget, knob, violation)
+        mask = float(d.get("mask_s", budget))
+        if not (math.isfinite(mask) and mask > 0):
+            raise ValueError(f"a tier's mask_s must be a positive number, got {d['mask_s']!r}")
+        return cls(kind, budget, knob, violation, mask)
 
 
 @dataclass

@@ -313,7 +313,7 @@ class RoutingPolicy:
         """Choices, propensities, fallback orders and budget outcomes under a budget (rows of p)."""
         assert self.latency is not None
         tier = self.latency.tier_for(kind, budget)
-        allowed = budget_mask(pred, tier.budget_s if tier is not None else -math.inf)
+        allowed = budget_mask(pred, tier.mask_s if tier is not None else -math.inf)
         if tier is None:  # below every certified budget: the candidate predicted fastest
             picks = allowed.argmax(axis=1)
             props = np.ones(len(picks))

@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from routeopt.router_training.fit.latency_fitting import MIN_ROWS, fit_quantile_model
+from routeopt.router_training.fit.knob_fitting import Calibration
+from routeopt.router_training.fit.latency_fitting import MIN_ROWS, budget_knob, fit_quantile_model, mask_scale
 from routeopt.router_training.policy.knob import Member, choose, member_choice
-from routeopt.router_training.policy.latency import budget_mask
+from routeopt.router_training.policy.latency import BudgetTier, budget_mask
 from routeopt.router_training.policy.routing import RoutingPolicy
 from routeopt.router_training.train import train_router
 from tests.router_training.conftest import timed_frame
@@ -44,6 +45,52 @@ def test_members_choose_among_the_allowed_candidates_only() -> None:
     assert member_choice(Member("lambda", 0.0), p, c).tolist() == [0]
     assert choose(p, c, "threshold", 0.8, allowed)[0].tolist() == [2, 1, 0]
     assert choose(p, c, "lambda", 0.0, allowed)[0].tolist() == [2, 1, 0]
+
+
+def _slack(over_rate: float, n: int = 3000) -> tuple[Calibration, np.ndarray, np.ndarray]:
+    """A fast, cheap candidate that passes half the time and a slow, dear one that passes 90% of
+    the time, predicted a little over a 1 s budget (1.1 s) and over it on `over_rate` of requests."""
+    rng = np.random.default_rng(3)
+    P = np.tile([0.5, 0.9], (n, 1))
+    Y = (rng.random((n, 2)) < P).astype(float)
+    C = np.tile([1.0, 10.0], (n, 1))
+    pred = np.tile([0.5, 1.1], (n, 1))
+    over = np.stack([np.zeros(n), (rng.random(n) < over_rate).astype(float)], 1)
+    return Calibration(P, C, Y, C), pred, over
+
+
+@pytest.mark.parametrize("over_rate, scale", [(0.03, 1.25), (0.6, 1.0)])
+def test_a_tiers_mask_reaches_past_its_budget_only_where_the_violations_allow(over_rate, scale) -> None:
+    cal, pred, over = _slack(over_rate)
+    chosen = mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9)
+    assert chosen == scale
+    knob, _ = budget_knob(cal, 1, budget_mask(pred, 1.0 * chosen), over, 0.9, 0.1)
+    assert knob.certified_up_to() >= 0.9 if scale > 1 else knob.certified_up_to() < 0.9
+
+
+def test_a_tiers_mask_s_is_read_checked_and_decides(trained_timed, timed) -> None:
+    import dataclasses
+
+    policy = trained_timed.policy
+    tier = policy.latency.tiers[0]
+    raw = tier.to_dict()
+    assert raw["mask_s"] >= raw["budget_s"]
+    del raw["mask_s"]  # a tier written before masks had their own seconds: its budget's
+    assert BudgetTier.from_dict(raw).mask_s == tier.budget_s
+    with pytest.raises(ValueError, match="mask_s"):
+        BudgetTier.from_dict({**raw, "mask_s": -1.0})
+    # a mask of no seconds allows only the candidate predicted fastest, whatever the budget
+    narrow = dataclasses.replace(tier, mask_s=1e-9)
+    policy.latency.tiers = [narrow if t is tier else t for t in policy.latency.tiers]
+    policy.latency.__post_init__()
+    try:
+        row = timed.drop_duplicates("request_id").iloc[0]
+        d = policy.decide(row["prompt"], row["suite"], 0.9, **{f"{tier.kind}_budget_s": tier.budget_s})
+        assert d.budget.tier_s == tier.budget_s
+        assert d.model == min(d.budget.predicted_s, key=d.budget.predicted_s.get)
+    finally:
+        policy.latency.tiers = [tier if t is narrow else t for t in policy.latency.tiers]
+        policy.latency.__post_init__()
 
 
 def test_quantile_models_learn_each_candidates_spread_and_length() -> None:

@@ -27,6 +27,8 @@ export interface LatencyModel {
 export interface BudgetTier {
   kind: LatencyKind;
   budgetS: number;
+  /** the mask's seconds: the candidates whose predicted p95 is within them (8.3) */
+  maskS: number;
   knob: Knob;
 }
 
@@ -100,7 +102,7 @@ export interface BudgetChoice extends Choice {
 export function decideBudget(lat: Latency, budget: Budget, target: number, p: Float64Array, c: Float64Array,
   pred: Float64Array, u: () => number, allowed: Uint8Array = new Uint8Array(p.length)): BudgetChoice {
   const tier = tierFor(lat, budget.kind, budget.budgetS);
-  budgetMask(pred, tier === null ? -Infinity : tier.budgetS, allowed);
+  budgetMask(pred, tier === null ? -Infinity : tier.maskS, allowed);
   let ch: Choice;
   if (tier === null) {  // below every certified budget: the candidate predicted fastest
     const pick = allowed.indexOf(1);
@@ -218,10 +220,14 @@ function readTier(raw: unknown, k: number, name: string): BudgetTier {
   if (typeof budgetS !== "number" || !(Number.isFinite(budgetS) && budgetS > 0)) {
     throw new FormatError(`policy.json: ${name}.budget_s must be a positive number, got ${JSON.stringify(budgetS)}`);
   }
+  const maskS = d["mask_s"] ?? budgetS;
+  if (typeof maskS !== "number" || !(Number.isFinite(maskS) && maskS > 0)) {
+    throw new FormatError(`policy.json: ${name}.mask_s must be a positive number, got ${JSON.stringify(maskS)}`);
+  }
   const knob = parseKnob(d["knob"], k, `${name}.knob`);
   const violation = d["violation"];
   if (!Array.isArray(violation) || violation.length !== knob.points.length || !violation.every((v) => v === null || typeof v === "number")) {
     throw new FormatError(`policy.json: ${name}.violation must hold one rate (or null) per knob point (${knob.points.length})`);
   }
-  return { kind: kind as LatencyKind, budgetS, knob };
+  return { kind: kind as LatencyKind, budgetS, maskS, knob };
 }
