@@ -182,7 +182,8 @@ def _check_levers(res: dict, report: str) -> None:
 
 @pytest.mark.slow
 def test_shell_script_runs_the_pipeline_on_cpu(tmp_path):
-    """The wrapper script, including `routeopt run` of the generated suite (Prefect: slow)."""
+    """The wrapper script, including `routeopt run` of the generated suite (Prefect: slow); the
+    levers are test_cpu_tiny_end_to_end's."""
     out = tmp_path / "gc"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
@@ -202,6 +203,7 @@ def test_shell_script_runs_the_pipeline_on_cpu(tmp_path):
             "2",
             "--raw-steps",
             "2",
+            "--skip-levers",
         ],
         capture_output=True,
         text=True,
