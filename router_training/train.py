@@ -93,7 +93,7 @@ class Design:
         "split"  # with split 0: beating the reference certified on a half the hull was not chosen on
     )
     budget_margin: float = (
-        DEFAULT_MARGIN  # how much surer than the certificate a budget mask's scale must look
+        DEFAULT_MARGIN  # how much surer a budget mask's widening must look (inf: masks at the budget)
     )
 
 

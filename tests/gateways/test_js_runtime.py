@@ -141,11 +141,18 @@ def _latency_fixtures(root: Path, private) -> None:
     expected/demo-latency.json, Python's own decisions under several budgets of each kind and
     under each request's default."""
     from routeopt.router_training.policy.routing import RoutingPolicy
-    from routeopt.router_training.train import train_router
+    from routeopt.router_training.train import Design, train_router
     from tests.router_training.test_latency import timed_frame
 
     folder = root / "policies" / "demo-latency"
-    trained = train_router(timed_frame(), quality_target=0.9, seed=0, default_budgets=DEFAULT_BUDGETS)
+    trained = train_router(
+        timed_frame(),
+        quality_target=0.9,
+        seed=0,
+        default_budgets=DEFAULT_BUDGETS,
+        design=Design(budget_margin=0.5),  # masks past their budgets (mask_s) in the vectors too
+    )
+    assert any(t.mask_s > t.budget_s for t in trained.policy.latency.tiers)
     trained.policy.save(folder)
     policy = RoutingPolicy.load(folder)
     assert policy.format_info["version"] == 4 and policy.self_check().ok

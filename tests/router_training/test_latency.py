@@ -62,7 +62,8 @@ def _slack(over_rate: float, n: int = 3000) -> tuple[Calibration, np.ndarray, np
 @pytest.mark.parametrize("over_rate, scale", [(0.03, 1.25), (0.6, 1.0)])
 def test_a_tiers_mask_reaches_past_its_budget_only_where_the_violations_allow(over_rate, scale) -> None:
     cal, pred, over = _slack(over_rate)
-    chosen = mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9)
+    chosen = mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9, margin=0.5)
+    assert mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9, margin=math.inf) == 1.0
     assert chosen == scale
     knob, _ = budget_knob(cal, 1, budget_mask(pred, 1.0 * chosen), over, 0.9, 0.1)
     assert knob.certified_up_to() >= 0.9 if scale > 1 else knob.certified_up_to() < 0.9
