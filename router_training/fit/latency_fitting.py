@@ -247,11 +247,11 @@ def mask_scale(
     5% of requests, where alpha allows that share over all requests: a wider mask spends the
     slack on candidates that pass more often. The test half is untouched by the choice, so the
     certificate that follows holds as it does for any fixed mask."""
+    if not math.isfinite(margin):
+        return 1.0  # never surer than that: the mask stays at the budget
     Y, _ = cal.filled()
     n = Y.shape[0]
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    if not math.isfinite(margin):
-        return 1.0  # never surer than that: the mask stays at the budget
     sure = NormalDist().cdf(NormalDist().inv_cdf(confidence) + margin)
     certify = certifier(sure, assumption, w, cells)
     sel = selection_half(n)
