@@ -208,6 +208,7 @@ def fit_calibrated(
         char_ngrams=(design.char_ngrams,) if design.char_ngrams else (),
     )
     X = design_matrix(data.prompts, data.suites, spec)
+    release_free_memory()  # what the feature threads freed: not kept under the fits' peak
     scorer, z, folds, topic, est_metrics = _fit_scorer(X, data.Y, spec, seed, estimator, design, client)
     platt = np.array([fit_platt(z[:, j], data.Y[:, j]) for j in range(len(data.candidates))]).T
     suite_pos = _suite_pos(data.suites, spec.suites)
@@ -461,19 +462,25 @@ def reuse_counts(frame: pd.DataFrame, held_out: set[str]) -> dict | None:
     return out
 
 
-def promise_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[float, ...]) -> dict:
+def promise_report(
+    policy: RoutingPolicy,
+    test: RoutingData,
+    targets: tuple[float, ...],
+    predicted: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict:
     """At each target, the pass rate and cost on held-out requests, and whether the promise
     (pass rate >= target x the reference's pass rate on the same requests) held there.
 
     A few hundred held-out requests move a pass rate by several points, so a point that keeps
     its promise can still land below it here. `contradicted` says when the held-out requests
     are evidence that it did not: the upper confidence bound (the knob's confidence) of the
-    paired margin mean(y_chosen - x * y_reference) is below 0.
+    paired margin mean(y_chosen - x * y_reference) is below 0. `predicted` is the policy's
+    (P, Cp) on the complete test requests, where the caller has them.
     """
     full = test.align(policy.candidates).complete()
     if not len(full):
         return {"n": 0, "targets": []}
-    P, Cp = policy.predict(full.prompts, full.suites)
+    P, Cp = policy.predict(full.prompts, full.suites) if predicted is None else predicted
     y_ref = full.Y[:, policy.candidates.index(policy.reference_model)]
     ref_rate = float(np.mean(y_ref))
     confidence = policy.knob.confidence if math.isfinite(policy.knob.confidence) else DEFAULT_CONFIDENCE
@@ -511,9 +518,11 @@ def promise_report(policy: RoutingPolicy, test: RoutingData, targets: tuple[floa
 
 
 def _holdout_summary(policy: RoutingPolicy, train: RoutingData, test: RoutingData, target: float) -> dict:
-    report = evaluate(policy, train, test)
+    full = test.align(policy.candidates).complete()
+    predicted = policy.predict(full.prompts, full.suites)  # both reports route the same requests
+    report = evaluate(policy, train, test, predicted=predicted)
     report.pop("curves")
-    promise = promise_report(policy, test, tuple(sorted({*STANDARD_TARGETS, target})))
+    promise = promise_report(policy, test, tuple(sorted({*STANDARD_TARGETS, target})), predicted)
     at = next(r for r in promise["targets"] if r["target"] == target)
     report["router_at_target"] = {"target": target, "pass_rate": at["pass_rate"], "cost": at["cost"]}
     report["promise"] = promise

@@ -1,9 +1,11 @@
 """The router and its baselines traced on the same held-out requests, side by side.
 
 Baselines: best single candidate (best on training data), zero router (random mixes of single
-candidates: the hull of their points), per-suite router, kNN over text, and the oracle. Every
-score-based router shares the policy's cost model and decision rule, so differences come from
-the pass-probability estimates alone.
+candidates: the hull of their points), per-suite router and the oracle. Every score-based
+router shares the policy's cost model and decision rule, so differences come from the
+pass-probability estimates alone. Baselines that compare each held-out request with every
+training one (nearest neighbours) grow with their product: they belong to a benchmark, not to
+training (`routeopt bench router` has the reference router).
 """
 
 from __future__ import annotations
@@ -16,13 +18,9 @@ import scipy.sparse as sp
 
 from routeopt.router_training.evaluation import metrics as M
 from routeopt.router_training.fit.data import RoutingData
-from routeopt.router_training.fit.estimators import KNNPassEstimator, PerSuitePassEstimator, design_matrix
+from routeopt.router_training.fit.estimators import PerSuitePassEstimator
 from routeopt.router_training.policy.features import FeatureSpec
 from routeopt.router_training.policy.routing import RoutingPolicy, choose
-
-# similarities the held-out kNN baseline may compute (test x training requests, ~10 s on one
-# core); past it the baseline searches a fixed random sample of the training requests
-KNN_PAIRS = 40_000_000
 
 
 @dataclass
@@ -75,32 +73,25 @@ def evaluate(
     policy: RoutingPolicy,
     train: RoutingData,
     test: RoutingData,
-    knn_k: int = 25,
     targets: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 1.0, 1.05, 1.1),
+    predicted: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict:
     """Every router's curve and summary on complete test requests; JSON-serialisable.
 
-    The router's curve is what its knob realises at `targets`; the per-suite and kNN baselines
-    are swept over lambda on the test requests (an upper bound of what a knob could reach).
+    The router's curve is what its knob realises at `targets`; the per-suite baseline is swept
+    over lambda on the test requests (an upper bound of what a knob could reach). `predicted`
+    is the policy's (P, Cp) on those complete test requests, where the caller has them.
     """
     test = test.align(policy.candidates).complete()
     train = train.align(policy.candidates)
     if len(test) == 0:
         raise ValueError("no test request has outcomes for every candidate: cannot evaluate")
     spec = policy.spec
-    X_te = design_matrix(test.prompts, test.suites, spec)
-    P, Cp = policy.predict(test.prompts, test.suites)
-    n_suites = len(spec.suites)
-    pool = knn_pool(len(train), len(test), knn_k)
-    searched = train.subset(pool)
-    knn = KNNPassEstimator(k=knn_k, n_suites=n_suites, n_buckets=spec.n_buckets)
+    P, Cp = policy.predict(test.prompts, test.suites) if predicted is None else predicted
     scored = {
-        "per_suite": PerSuitePassEstimator(n_suites=n_suites)
+        "per_suite": PerSuitePassEstimator(n_suites=len(spec.suites))
         .fit(_suite_columns(train.suites, spec), train.Y)
-        .predict_proba(X_te),
-        "knn": knn.fit(design_matrix(searched.prompts, searched.suites, spec), searched.Y).predict_proba(
-            X_te
-        ),
+        .predict_proba(_suite_columns(test.suites, spec)),
     }
     rate, mean_cost = _train_rates(train)
     best, cheapest = int(np.nanargmax(rate)), int(np.nanargmin(mean_cost))
@@ -118,10 +109,8 @@ def evaluate(
     ]
     cost_range = (float(sc.min()), float(sc.max()))
     table = {c.name: summarise(c, sq[best], sc[best], cost_range) for c in curves}
-    sampled = {"knn_pool": {"searched": len(pool), "of": len(train)}} if len(pool) < len(train) else {}
     return {
         "n_test_requests": len(test),
-        **sampled,
         "best_single": {"model": policy.candidates[best], "pass_rate": sq[best], "cost": sc[best]},
         "cheapest_single": {
             "model": policy.candidates[cheapest],
@@ -139,19 +128,10 @@ def evaluate(
 
 def _suite_columns(suites: list[str | None], spec: FeatureSpec) -> sp.csr_matrix:
     """The suite one-hot columns the design starts with, the only ones the per-suite baseline
-    reads, without building the rest of the training requests' design."""
+    reads, without building the rest of the requests' design."""
     pos = np.array([spec.suite_position(s) for s in suites], dtype=np.int64)
     has = np.flatnonzero(pos >= 0)
     return sp.csr_matrix((np.ones(len(has)), (has, pos[has])), shape=(len(suites), len(spec.suites)))
-
-
-def knn_pool(n_train: int, n_test: int, k: int, max_pairs: int = KNN_PAIRS) -> np.ndarray:
-    """The training requests the kNN baseline searches: all of them while test x train stays
-    under `max_pairs`, else a fixed random sample (at least 20 k), so its time grows linearly."""
-    size = max(max_pairs // max(n_test, 1), 20 * k)
-    if n_train <= size:
-        return np.arange(n_train)
-    return np.sort(np.random.default_rng(0).choice(n_train, size, replace=False))
 
 
 def knob_lambda_grid(costs: np.ndarray) -> np.ndarray:

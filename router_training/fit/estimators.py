@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from routeopt.router_training.fit.data import release_free_memory
 from routeopt.router_training.fit.logistic import fit_logistic, logit, soft_log_loss
-from routeopt.router_training.policy.batch_features import batch_features
+from routeopt.router_training.policy.batch_features import batch_features, parallel_map, text_counts
 from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
@@ -34,19 +34,13 @@ def _blocks(n: int) -> list[tuple[int, int]]:
 def fit_feature_spec(
     prompts: Sequence[str], suites: Sequence[str | None], **spec_kwargs: object
 ) -> FeatureSpec:
-    """Learn the data-dependent parts of the features (suite list, idf, stat scaling), from the
-    batch feature path a gateway's self-check and `design_matrix` run too, a block of requests
-    at a time."""
+    """Learn the data-dependent parts of the features (suite list, idf, stat scaling) from the
+    text steps of the batch feature path a gateway's self-check and `design_matrix` run too."""
     names = tuple(sorted({s for s in suites if s}))
     spec = FeatureSpec(suites=names, **spec_kwargs)  # type: ignore[arg-type]
-    stats, df = np.zeros((max(len(prompts), 1), len(STAT_NAMES))), np.zeros(spec.n_buckets)
-    for lo, hi in _blocks(len(prompts)):
-        f = batch_features(prompts[lo:hi], suites[lo:hi], spec)
-        stats[lo:hi] = f.stats[f.text_of]  # raw: the spec has no scaling yet
-        per_text = np.bincount(f.text_of, minlength=len(f.stats)).astype(np.float64)  # prompts with each text
-        df += np.bincount(
-            f.buckets, weights=np.repeat(per_text, np.diff(f.bucket_offsets)), minlength=spec.n_buckets
-        )
+    stats, df = text_counts(prompts, spec, ROWS_PER_BLOCK)  # raw: the spec has no scaling yet
+    if not len(prompts):
+        stats = np.zeros((1, len(STAT_NAMES)))
     std = stats.std(axis=0)
     return dataclasses.replace(
         spec,
@@ -59,11 +53,12 @@ def fit_feature_spec(
 def design_matrix(prompts: Sequence[str], suites: Sequence[str | None], spec: FeatureSpec) -> sp.csr_matrix:
     """The sparse feature rows of many requests, exactly as the gateway computes them (the batch
     feature path, with the sentence embeddings appended to each row when the spec has them),
-    built a block of requests at a time so the path's wide arrays stay bounded."""
+    built a block of requests at a time (a block per core) so the path's wide arrays stay bounded."""
     if not len(prompts):
         return sp.csr_matrix((0, spec.n_features))
-    parts = []
-    for lo, hi in _blocks(len(prompts)):
+
+    def block(span: tuple[int, int]) -> sp.csr_matrix:
+        lo, hi = span
         f = batch_features(prompts[lo:hi], suites[lo:hi], spec)
         offsets, ids, vals = f.row_offsets, f.ids.astype(np.int32), f.vals
         if spec.embeddings:
@@ -71,8 +66,11 @@ def design_matrix(prompts: Sequence[str], suites: Sequence[str | None], spec: Fe
 
             emb = np.asarray(embed(list(prompts[lo:hi])))
             offsets, ids, vals = _with_embeddings(offsets, ids, vals, emb, spec)
-        parts.append(sp.csr_matrix((vals, ids, offsets), shape=(hi - lo, spec.n_features)))
-        del f
+        return sp.csr_matrix((vals, ids, offsets), shape=(hi - lo, spec.n_features))
+
+    spans = _blocks(len(prompts))
+    # the sentence encoder runs its own threads
+    parts = [block(b) for b in spans] if spec.embeddings else parallel_map(block, spans)
     return parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
 
 
@@ -184,7 +182,7 @@ class LinearPassEstimator(BaseEstimator):
         from sklearn.cluster import KMeans
         from sklearn.utils.extmath import randomized_svd
 
-        text = X[:, self.n_suites : self.n_suites + self.n_buckets]
+        text = _columns(X, self.n_suites, self.n_buckets)
         k = min(self.n_clusters, X.shape[0] // 5)
         rank = min(self.cluster_rank, min(text.shape) - 1)
         if k < 2 or rank < 1:
@@ -206,7 +204,9 @@ class LinearPassEstimator(BaseEstimator):
     def _clusters(self, X: sp.csr_matrix) -> np.ndarray:
         if not len(self.centroids_):
             return np.zeros(X.shape[0], dtype=int)
-        Z = np.asarray(X[:, self.n_suites : self.n_suites + self.n_buckets] @ self.cluster_basis_)
+        basis = np.zeros((X.shape[1], self.cluster_basis_.shape[1]))  # zero off the text columns
+        basis[self.n_suites : self.n_suites + self.n_buckets] = self.cluster_basis_
+        Z = np.asarray(X @ basis)
         return assign_clusters(Z, self.centroids_)
 
     def _head(self, X: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
@@ -258,7 +258,7 @@ class LinearPassEstimator(BaseEstimator):
         self.topic_difficulty_ = w_d[X.shape[1] :]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        T = X[:, s : s + self.n_buckets] if self.candidate_text else None
+        T = _columns(X, s, self.n_buckets) if self.candidate_text else None
         if T is not None and self.candidate_text != 1.0:
             T = T * self.candidate_text
         self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
@@ -304,10 +304,7 @@ class LinearPassEstimator(BaseEstimator):
         g = len(self.centroids_)
         if not g:
             return X
-        onehot = sp.csr_matrix(
-            (np.ones(X.shape[0]), (np.arange(X.shape[0]), self._clusters(X))), shape=(X.shape[0], g)
-        )
-        return sp.hstack([X, onehot], format="csr")
+        return _append_one_hot(X, self._clusters(X), g)
 
     def difficulty(self, X: sp.spmatrix) -> np.ndarray:
         check_is_fitted(self, "coef_")
@@ -327,6 +324,36 @@ class LinearPassEstimator(BaseEstimator):
 
     def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
         return expit(self.decision_function(X))
+
+
+def _columns(X: sp.csr_matrix, start: int, width: int, chunk: int = 1 << 20) -> sp.csr_matrix:
+    """Columns [start, start + width) of X, numbered from 0; about `chunk` entries of rows at a
+    time, a core each, where scipy's column slice of a large matrix takes several times as long."""
+    cuts = np.searchsorted(X.indptr, np.arange(chunk, X.nnz, chunk))
+    bounds = np.unique(np.concatenate(([0], cuts, [X.shape[0]])))
+
+    def rows(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lo, hi = span
+        a, b = X.indptr[lo], X.indptr[hi]
+        cols = X.indices[a:b]
+        keep = (cols >= start) & (cols < start + width)
+        kept = np.concatenate(([0], np.cumsum(keep)))[X.indptr[lo : hi + 1] - a]
+        return X.data[a:b][keep], cols[keep] - start, np.diff(kept)
+
+    parts = parallel_map(rows, list(zip(bounds[:-1], bounds[1:])))
+    counts = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    indptr = np.concatenate(([0], np.cumsum(counts)))
+    data = np.concatenate([p[0] for p in parts]) if parts else X.data[:0]
+    indices = np.concatenate([p[1] for p in parts]) if parts else X.indices[:0]
+    return sp.csr_matrix((data, indices, indptr), shape=(X.shape[0], width))
+
+
+def _append_one_hot(X: sp.csr_matrix, column: np.ndarray, width: int) -> sp.csr_matrix:
+    """[X | one-hot of `column` over `width` columns]: each row's entry goes after its own."""
+    n, ends = X.shape[0], X.indptr[1:]
+    data = np.insert(X.data, ends, 1.0)
+    indices = np.insert(X.indices, ends, X.shape[1] + np.asarray(column, dtype=X.indices.dtype))
+    return sp.csr_matrix((data, indices, X.indptr + np.arange(n + 1)), shape=(n, X.shape[1] + width))
 
 
 def _unit_rows(Z: np.ndarray) -> np.ndarray:
@@ -370,45 +397,6 @@ def _suite_of(X: sp.csr_matrix, n_suites: int) -> np.ndarray:
         return np.zeros(X.shape[0], dtype=int)
     head = X[:, :n_suites].toarray()
     return np.where(head.any(1), head.argmax(1), n_suites)
-
-
-class KNNPassEstimator(BaseEstimator):
-    """Baseline: the candidates' mean outcome over the k most similar training requests (cosine).
-
-    Similarities are computed a block of requests at a time, so memory stays at about
-    `block_cells` floats however many requests there are (the time is still requests x
-    training requests: callers that need it bounded search a sample of the training requests).
-    """
-
-    def __init__(self, k: int = 25, n_suites: int = 0, n_buckets: int = 2**14, block_cells: int = 2**23):
-        self.k = k
-        self.n_suites = n_suites
-        self.n_buckets = n_buckets
-        self.block_cells = block_cells
-
-    def _text(self, X: sp.spmatrix) -> sp.csr_matrix:
-        X = sp.csr_matrix(X)
-        return X[:, self.n_suites : self.n_suites + self.n_buckets]
-
-    def fit(self, X: sp.spmatrix, Y: np.ndarray) -> "KNNPassEstimator":
-        self.text_ = self._text(X)
-        self.Y_ = np.asarray(Y, dtype=np.float64)
-        self.prior_ = _column_means(self.Y_, np.full(self.Y_.shape[1], 0.5), 1.0)
-        return self
-
-    def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
-        check_is_fitted(self, "Y_")
-        text, n_train = self._text(X), self.Y_.shape[0]
-        k = min(self.k, n_train)
-        out = np.empty((text.shape[0], self.Y_.shape[1]))
-        train_t = self.text_.T.tocsr()
-        step = max(1, self.block_cells // max(n_train, 1))
-        for lo in range(0, text.shape[0], step):
-            sims = (text[lo : lo + step] @ train_t).toarray()
-            nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-            for i, rows in enumerate(nearest):
-                out[lo + i] = _column_means(self.Y_[rows], self.prior_, 1.0)
-        return out
 
 
 def fit_platt(z: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[float, float]:

@@ -4,14 +4,13 @@ difficulty model and per-candidate heads are fitted with (sklearn's objective an
 
 from __future__ import annotations
 
-import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
+
+from routeopt.router_training.policy import batch_features
 
 _EPS = 1e-6
 
@@ -107,7 +106,7 @@ class RowBlocks:
 
     def __init__(self, A: sp.spmatrix | np.ndarray, threads: int | None = None):
         self.A = A
-        threads = available_cores() if threads is None else threads
+        threads = batch_features.available_cores() if threads is None else threads
         if not sp.issparse(A) or A.nnz < self.MIN_NNZ or threads < 2:
             self.blocks: list[tuple[int, int, sp.csr_matrix]] = []
             return
@@ -134,21 +133,8 @@ class RowBlocks:
             lo, hi, view = item
             out[lo:hi] = _times(view, B)
 
-        list(_pool().map(block, self.blocks))
+        batch_features.parallel_map(block, self.blocks)
         return out
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system says)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-@functools.lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=available_cores(), thread_name_prefix="routeopt-product")
 
 
 def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -13,9 +13,13 @@ sample of the vectors through the one-request path itself.
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, cast
+from contextvars import ContextVar, copy_context
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -28,6 +32,7 @@ from routeopt.router_training.policy.features import (
     _POW,
     _POW_INV,
     _normalised,
+    STAT_NAMES,
     FeatureSpec,
     cut,
     mix,
@@ -46,7 +51,10 @@ if TYPE_CHECKING:
     from routeopt.router_training.policy.routing import RoutingPolicy
 
 _CELLS = 1 << 21  # padded-matrix elements per group: bounds the memory of a batch
-_BLOCK_BYTES = 1 << 23  # characters of text whose text steps are computed at once
+_POOL_NAME = "routeopt-batch"
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_BLOCK_BYTES = 1 << 22  # characters of text whose text steps are computed at once
 
 
 class BatchText(NamedTuple):
@@ -292,39 +300,51 @@ def _shifted(offsets: list[np.ndarray]) -> np.ndarray:
 
 
 def _concat(parts: list["TextLayers"]) -> "TextLayers":
-    """The layers of consecutive blocks of texts as one."""
+    """The layers of consecutive blocks of texts as one (the arrays joined a core each)."""
     if len(parts) == 1:
         return parts[0]
     ts = [p.text for p in parts]
-
-    def cat(arrays: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(arrays)
-
+    joined = [
+        [t.utf8_len for t in ts],
+        [t.n_chars for t in ts],
+        [t.newlines for t in ts],
+        [t.questions for t in ts],
+        [t.cut for t in ts],
+        [p.words for p in parts],
+        [p.lengths for p in parts],
+        [p.buckets for p in parts],
+        [p.counts for p in parts],
+        [p.stats for p in parts],
+    ]
+    utf8_len, n_chars, newlines, questions, cut, words, lengths, buckets, counts, stats = parallel_map(
+        np.concatenate, joined
+    )
     text = BatchText(
         [r for t in ts for r in t.raw],
-        cat([t.utf8_len for t in ts]),
-        cat([t.n_chars for t in ts]),
-        cat([t.newlines for t in ts]),
-        cat([t.questions for t in ts]),
-        cat([t.cut for t in ts]),
+        utf8_len,
+        n_chars,
+        newlines,
+        questions,
+        cut,
         _shifted([t.offsets for t in ts]),
     )
     return TextLayers(
         text,
         _shifted([p.word_offsets for p in parts]),
-        cat([p.words for p in parts]),
-        cat([p.lengths for p in parts]),
+        words,
+        lengths,
         _shifted([p.bucket_offsets for p in parts]),
-        cat([p.buckets for p in parts]),
-        cat([p.counts for p in parts]),
-        cat([p.stats for p in parts]),
+        buckets,
+        counts,
+        stats,
     )
 
 
 def text_layers(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
     """The text steps of distinct texts, computed together (reused, with `reuse_text_layers`)
-    a block of about `_BLOCK_BYTES` of text at a time: every step is per text, so blocks give
-    the same bits, and the hashing's arrays (several times the text's bytes) stay bounded."""
+    a block of about `_BLOCK_BYTES` of text at a time, a block per core: every step is per
+    text, so blocks give the same bits, and the hashing's arrays (several times the text's
+    bytes) stay bounded."""
     memo = _MEMO.get()
     if memo is not None:
         return memo.layers(unique, spec)
@@ -333,7 +353,8 @@ def text_layers(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
         np.cumsum(sizes), np.arange(1, int(sizes.sum()) // _BLOCK_BYTES + 1) * _BLOCK_BYTES
     )
     bounds = [0, *sorted({int(e) + 1 for e in ends if e + 1 < len(unique)}), len(unique)]
-    return _concat([_text_block(unique[lo:hi], spec) for lo, hi in zip(bounds[:-1], bounds[1:])])
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    return _concat(parallel_map(lambda span: _text_block(unique[span[0] : span[1]], spec), spans))
 
 
 def _text_block(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
@@ -349,30 +370,106 @@ def _text_block(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
     return TextLayers(bt, word_offsets, words, lengths, bucket_offsets, uniq % spec.n_buckets, counts, stats)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=available_cores(), thread_name_prefix=_POOL_NAME)
+
+
+def parallel_map(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+    """`[fn(x) for x in items]`, a core per item where there are several: numpy releases the
+    GIL in the array steps, so each item's work runs while another's does. The results are
+    those of the plain loop, whatever the number of threads; called from one of the pool's own
+    threads, it is the plain loop (a nested wait on the pool could wait forever)."""
+    items = list(items)
+    nested = threading.current_thread().name.startswith(_POOL_NAME)
+    if len(items) < 2 or available_cores() < 2 or nested:
+        return [fn(x) for x in items]
+    runs = [(copy_context(), x) for x in items]  # each item sees the caller's context variables
+    return list(_pool().map(lambda run: run[0].run(fn, run[1]), runs))
+
+
 class _LayerMemo:
     """Text layers of a fixed set of texts, computed once per hashing and taken from after."""
 
     def __init__(self, texts: Sequence[str]):
         self.texts = texts
         self.made: dict[tuple[int, tuple[int, ...], bool], tuple[TextLayers, dict[str, int]]] = {}
+        self.lock = threading.Lock()  # blocks built on several threads compute the layers once
 
-    def layers(self, unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
+    def _made(self, spec: FeatureSpec) -> tuple[TextLayers, dict[str, int]]:
+        """The layers of every text under this spec's hashing (computed on first use) and each
+        text's position in them."""
         key = (spec.n_buckets, spec.char_ngrams, spec.word_bigrams)
-        token = _MEMO.set(None)  # compute below without the memo
+        with self.lock:
+            return self.made[key] if key in self.made else self._make(key, spec)
+
+    def _make(
+        self, key: tuple[int, tuple[int, ...], bool], spec: FeatureSpec
+    ) -> tuple[TextLayers, dict[str, int]]:
+        token = _MEMO.set(None)  # compute without the memo
         try:
-            if key not in self.made:
-                every, _ = _distinct(self.texts)
-                made = text_layers(every, spec)
-                narrow = {f: getattr(made, f).astype(np.int32) for f in _NARROW}  # held at half the bytes
-                self.made[key] = (made._replace(**narrow), {t: i for i, t in enumerate(every)})
-            made, index = self.made[key]
-            idx = [index.get(t, -1) for t in unique]
-            if -1 in idx:
-                return text_layers(unique, spec)
-            taken = made.take(np.array(idx, dtype=np.int64))
-            return taken._replace(**{f: getattr(taken, f).astype(np.int64) for f in _NARROW})
+            every, _ = _distinct(self.texts)
+            made = text_layers(every, spec)
         finally:
             _MEMO.reset(token)
+        narrow = {f: getattr(made, f).astype(np.int32) for f in _NARROW}  # held at half the bytes
+        self.made[key] = (made._replace(**narrow), {t: i for i, t in enumerate(every)})
+        return self.made[key]
+
+    def layers(self, unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
+        made, index = self._made(spec)
+        idx = [index.get(t, -1) for t in unique]
+        if -1 in idx:
+            token = _MEMO.set(None)
+            try:
+                return text_layers(unique, spec)
+            finally:
+                _MEMO.reset(token)
+        taken = made.take(np.array(idx, dtype=np.int64))
+        return taken._replace(**{f: getattr(taken, f).astype(np.int64) for f in _NARROW})
+
+    def counts(self, texts: Sequence[str], spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray] | None:
+        """`text_counts` of `texts` read off the layers of every text, without taking a copy of
+        them; None when a text is not among the memo's."""
+        made, index = self._made(spec)
+        idx = np.array([index.get(t, -1) for t in texts], dtype=np.int64)
+        if len(idx) and idx.min() < 0:
+            return None
+        per_text = np.bincount(idx, minlength=len(index)).astype(np.float64)
+        return made.stats[idx], document_counts(made, per_text, spec.n_buckets)
+
+
+def document_counts(layers: TextLayers, per_text: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Per bucket, how many requests have it, where `per_text[i]` requests have text i: what a
+    spec's idf is fitted on. Whole counts in float64, so any order of adding them is exact."""
+    weights = np.repeat(per_text, np.diff(layers.bucket_offsets))
+    return np.bincount(layers.buckets, weights=weights, minlength=n_buckets)
+
+
+def text_counts(texts: Sequence[str], spec: FeatureSpec, block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's raw statistics (len(texts), 9) and each bucket's document frequency over
+    them: what a spec's idf and scaling are fitted on. Within `reuse_text_layers` holding every
+    text, read off its layers; else computed `block` texts at a time."""
+    memo = _MEMO.get()
+    counted = memo.counts(texts, spec) if memo is not None else None
+    if counted is not None:
+        return counted
+    stats, df = np.zeros((len(texts), len(STAT_NAMES))), np.zeros(spec.n_buckets)
+    for lo in range(0, len(texts), block):
+        unique, text_of = _distinct(texts[lo : lo + block])
+        layers = text_layers(unique, spec)
+        stats[lo : lo + len(text_of)] = layers.stats[text_of]
+        per_text = np.bincount(text_of, minlength=len(unique)).astype(np.float64)
+        df += document_counts(layers, per_text, spec.n_buckets)
+    return stats, df
 
 
 _NARROW = ("lengths", "buckets", "counts")  # int64 layers whose values fit 32 bits

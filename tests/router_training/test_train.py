@@ -6,7 +6,6 @@ from sklearn.exceptions import NotFittedError
 
 from routeopt.router_training.fit.data import routing_data
 from routeopt.router_training.fit.estimators import (
-    KNNPassEstimator,
     LinearPassEstimator,
     PerSuitePassEstimator,
     design_matrix,
@@ -56,7 +55,7 @@ def test_metrics_report_router_baselines_and_the_promise(trained):
         "promise",
     ):
         assert key in held
-    assert {"router", "per_suite", "knn", "zero_router", "best_single", "oracle"} <= set(held["table"])
+    assert {"router", "per_suite", "zero_router", "best_single", "oracle"} <= set(held["table"])
     assert held["oracle"]["pass_rate"] >= max(v["pass_rate"] for v in held["per_candidate"].values())
     knob = m["knob"]
     assert knob["confidence"] == 0.95 and knob["certified_up_to"] >= 1.0
@@ -128,7 +127,6 @@ def design(demo):
     [
         lambda s: LinearPassEstimator(n_suites=s),
         lambda s: PerSuitePassEstimator(n_suites=s),
-        lambda s: KNNPassEstimator(n_suites=s),
     ],
 )
 def test_estimators_follow_sklearn_conventions(design, make):
@@ -162,25 +160,6 @@ def test_prices_replace_recorded_costs(demo):
     assert np.allclose(data.C[:, j], 10 * 1000.0 / 1e6)
     k = data.candidates.index("tiny")
     assert np.allclose(np.sort(np.unique(data.C[:, k]))[:1], 0.0001 * 1.1)
-
-
-def test_knn_baseline_is_the_same_in_blocks_and_searches_a_sample_past_its_cap(design):
-    """Similarities a few requests at a time give the figures of the whole matrix at once; past
-    its cap the held-out kNN searches a fixed sample, so its time grows linearly."""
-    from routeopt.router_training.evaluation.baselines import knn_pool
-
-    X, Y, s = design
-    whole = KNNPassEstimator(n_suites=s, block_cells=10**9).fit(X, Y).predict_proba(X)
-    np.testing.assert_array_equal(
-        KNNPassEstimator(n_suites=s, block_cells=7 * X.shape[0]).fit(X, Y).predict_proba(X), whole
-    )
-    assert np.array_equal(knn_pool(1000, 300, 25), np.arange(1000))
-    pool = knn_pool(100_000, 20_000, 25, max_pairs=40_000_000)
-    assert (
-        len(pool) == 2000
-        and np.all(np.diff(pool) > 0)
-        and np.array_equal(pool, knn_pool(100_000, 20_000, 25))
-    )
 
 
 def test_metrics_say_how_many_outcomes_were_carried_forward_and_how_old(demo):

@@ -6,6 +6,7 @@ import scipy.sparse as sp
 
 from routeopt.router_training.fit import estimators as E
 from routeopt.router_training.fit import logistic as L
+from routeopt.router_training.policy import batch_features
 
 
 def _problem(n: int = 400, d: int = 60, k: int = 6, seed: int = 0):
@@ -44,7 +45,7 @@ def test_a_fit_with_its_products_split_over_threads_is_the_same_fit(monkeypatch)
     X, Y = _problem(k=4)
     W1, b1 = L.fit_logistic(X, Y, 0.7)
     monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
-    monkeypatch.setattr(L, "available_cores", lambda: 2)
+    monkeypatch.setattr(batch_features, "available_cores", lambda: 2)
     W2, b2 = L.fit_logistic(X, Y, 0.7)
     assert np.array_equal(W1, W2) and np.array_equal(b1, b2)
 
