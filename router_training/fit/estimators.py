@@ -22,7 +22,7 @@ from routeopt.router_training.policy.batch_features import batch_features, paral
 from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
-ROWS_PER_BLOCK = 8192  # requests whose features are built at once
+ROWS_PER_BLOCK = 2048  # requests whose features are built at once
 SELECTION_ROWS = 20_000  # requests the difficulty model's C is chosen on, at most
 _HEAD_SCALE = 10.0  # suite one-hots enter the head scaled up, so their prior is barely shrunk
 

@@ -54,7 +54,7 @@ _CELLS = 1 << 21  # padded-matrix elements per group: bounds the memory of a bat
 _POOL_NAME = "routeopt-batch"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-_BLOCK_BYTES = 1 << 22  # characters of text whose text steps are computed at once
+_BLOCK_BYTES = 1 << 18  # characters of text whose text steps are computed at once
 
 
 class BatchText(NamedTuple):
@@ -127,9 +127,15 @@ def _words(bt: BatchText) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     change = (alnum[1:] != alnum[:-1]).nonzero()[0]
     starts, ends = change[0::2], change[1::2]
     owner = np.searchsorted(sep, starts)
-    local = np.arange(len(buf)) - np.repeat(first, sep - first + 1)
+    local = np.arange(len(buf))
+    local -= np.repeat(first, sep - first + 1)
+    terms = np.take(_POW, local)
+    del local
+    s = np.empty(len(buf) + 1, dtype=np.uint64)  # prefix sums in place: the widest arrays here
+    s[0] = 0
     with np.errstate(over="ignore"):
-        s = np.concatenate(([np.uint64(0)], np.cumsum(buf.astype(np.uint64) * np.take(_POW, local))))
+        terms *= buf
+        np.cumsum(terms, out=s[1:])
         h = (np.take(s, ends) - np.take(s, starts)) * np.take(_POW_INV, starts - first[owner])
     return h, ends - starts, owner, np.searchsorted(owner, np.arange(n + 1))
 
