@@ -389,6 +389,10 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=available_cores(), thread_name_prefix=_POOL_NAME)
 
 
+if hasattr(os, "register_at_fork"):  # a forked worker has none of the pool's threads: a new pool
+    os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 def parallel_map(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
     """`[fn(x) for x in items]`, a core per item where there are several: numpy releases the
     GIL in the array steps, so each item's work runs while another's does. The results are

@@ -184,7 +184,53 @@ def test_text_steps_computed_a_block_at_a_time_are_the_same_bits(monkeypatch) ->
     inputs = vector_inputs(("math",), n_synthetic=200)
     texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
     spec = features.FeatureSpec(suites=("math",))
+    monkeypatch.setattr(B, "_BLOCK_BYTES", 1 << 40)
     whole = B.batch_features(texts, suites, spec)
     monkeypatch.setattr(B, "_BLOCK_BYTES", 3000)  # many blocks, and the 1 MB text alone in one
+    monkeypatch.setattr(B, "available_cores", lambda: 1)
     blocks = B.batch_features(texts, suites, spec)
     _assert_same_features(blocks, whole)
+    monkeypatch.setattr(B, "available_cores", lambda: 2)  # the blocks on a pool of threads
+    _assert_same_features(B.batch_features(texts, suites, spec), whole)
+
+
+def test_the_specs_counts_read_off_reused_layers_are_those_counted_a_block_at_a_time() -> None:
+    """Training fits idf and the statistics' scaling from the memo's layers; a spec fitted
+    outside the memo counts the same texts a block at a time: the same numbers."""
+    from routeopt.router_training.policy.batch_features import reuse_text_layers, text_counts
+
+    inputs = vector_inputs(("math", "code"), n_synthetic=300)
+    texts = [i.text for i in inputs]
+    some = texts[::3] + texts[:7]  # repeats counted as requests
+    spec = features.FeatureSpec(suites=("code", "math"))
+    stats, df = text_counts(some, spec, block=17)
+    with reuse_text_layers(texts):
+        memo_stats, memo_df = text_counts(some, spec)
+    assert np.array_equal(stats, memo_stats) and np.array_equal(df, memo_df)
+    text_entries = [len(features.request_features(t, None, spec)[0]) - 9 for t in some]  # one path
+    assert df.sum() == sum(text_entries)
+
+
+def test_a_forked_worker_gets_a_pool_of_its_own(monkeypatch) -> None:
+    """A server that forks its workers after the parent used the batch path's threads: the
+    child has none of them, and a batch there must still finish."""
+    import os
+    import time
+
+    from routeopt.router_training.policy import batch_features as B
+
+    monkeypatch.setattr(B, "available_cores", lambda: 2)
+    assert B.parallel_map(abs, [-1, -2, 3]) == [1, 2, 3]  # the parent's pool, started
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only once its batch is done
+        os._exit(0 if B.parallel_map(abs, [-4, 5]) == [4, 5] else 1)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's batch never finished: it waited on the parent's threads")
