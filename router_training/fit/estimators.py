@@ -329,6 +329,8 @@ class LinearPassEstimator(BaseEstimator):
 def _columns(X: sp.csr_matrix, start: int, width: int, chunk: int = 1 << 20) -> sp.csr_matrix:
     """Columns [start, start + width) of X, numbered from 0; about `chunk` entries of rows at a
     time, a core each, where scipy's column slice of a large matrix takes several times as long."""
+    if not X.shape[0]:
+        return sp.csr_matrix((0, width))
     cuts = np.searchsorted(X.indptr, np.arange(chunk, X.nnz, chunk))
     bounds = np.unique(np.concatenate(([0], cuts, [X.shape[0]])))
 
@@ -340,12 +342,9 @@ def _columns(X: sp.csr_matrix, start: int, width: int, chunk: int = 1 << 20) -> 
         kept = np.concatenate(([0], np.cumsum(keep)))[X.indptr[lo : hi + 1] - a]
         return X.data[a:b][keep], cols[keep] - start, np.diff(kept)
 
-    parts = parallel_map(rows, list(zip(bounds[:-1], bounds[1:])))
-    counts = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    indptr = np.concatenate(([0], np.cumsum(counts)))
-    data = np.concatenate([p[0] for p in parts]) if parts else X.data[:0]
-    indices = np.concatenate([p[1] for p in parts]) if parts else X.indices[:0]
-    return sp.csr_matrix((data, indices, indptr), shape=(X.shape[0], width))
+    data, indices, counts = zip(*parallel_map(rows, list(zip(bounds[:-1], bounds[1:]))))
+    indptr = np.concatenate(([0], np.cumsum(np.concatenate(counts))))
+    return sp.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr), shape=(X.shape[0], width))
 
 
 def _append_one_hot(X: sp.csr_matrix, column: np.ndarray, width: int) -> sp.csr_matrix:
