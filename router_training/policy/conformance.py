@@ -366,7 +366,7 @@ def _budgets(
                 lambda i, rows=rows: u[rows[i]],
                 float(target),
             )
-            chosen[rows, j], props[rows, j], met[rows, j] = picks, prop, [o.met for o in outcomes]
+            chosen[rows, j], props[rows, j], met[rows, j] = picks, prop, outcomes.met
             fallbacks[rows, j] = order[order != picks[:, None]].reshape(len(rows), -1)
     return {
         "latency.pred": np.stack([pred[m] for m in models], axis=1),

@@ -15,6 +15,7 @@ part as generalised UTF-8 (a lone surrogate as its 3-byte form): docs/policy-for
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,8 +150,14 @@ _CODE = (
 )
 
 
+# The draws' populations as arrays once: `rng.choice` on a tuple converts it on every call.
+_WORD_ARRAY, _CODE_ARRAY, _FOREIGN_ARRAY = np.array(_WORDS), np.array(_CODE), np.array(_FOREIGN)
+_ENDS, _END_P = np.array(["?", ".", "!", ":", ";", ",", ""]), [0.3, 0.4, 0.05, 0.1, 0.05, 0.05, 0.05]
+_SEPARATORS, _SEPARATOR_P = np.array([" ", "\n", "\n\n"]), [0.6, 0.3, 0.1]
+
+
 def _sentence(rng: np.random.Generator) -> str:
-    words = list(rng.choice(_WORDS, size=int(rng.integers(3, 18))))
+    words = rng.choice(_WORD_ARRAY, size=int(rng.integers(3, 18))).tolist()
     if rng.random() < 0.3:
         words.insert(
             int(rng.integers(0, len(words) + 1)), str(int(rng.integers(0, 10 ** int(rng.integers(1, 7)))))
@@ -158,9 +165,7 @@ def _sentence(rng: np.random.Generator) -> str:
     text = " ".join(words)
     if rng.random() < 0.2:
         text = text.capitalize()
-    return text + str(
-        rng.choice(["?", ".", "!", ":", ";", ",", ""], p=[0.3, 0.4, 0.05, 0.1, 0.05, 0.05, 0.05])
-    )
+    return text + str(rng.choice(_ENDS, p=_END_P))
 
 
 def _piece(rng: np.random.Generator) -> str:
@@ -171,20 +176,26 @@ def _piece(rng: np.random.Generator) -> str:
         letters = "ABCD"
         return "\n".join(f"{letters[i]}) {_sentence(rng)}" for i in range(int(rng.integers(2, 5))))
     if kind < 0.86:
-        return str(rng.choice(_CODE))
+        return str(rng.choice(_CODE_ARRAY))
     if kind < 0.95:
-        return str(rng.choice(_FOREIGN))
+        return str(rng.choice(_FOREIGN_ARRAY))
     return "".join(chr(int(c)) for c in rng.integers(0x20, 0x2FFF, size=int(rng.integers(1, 12))))
 
 
 def _prompt(rng: np.random.Generator, n_pieces: int) -> str:
-    sep = str(rng.choice([" ", "\n", "\n\n"], p=[0.6, 0.3, 0.1]))
+    sep = str(rng.choice(_SEPARATORS, p=_SEPARATOR_P))
     return sep.join(_piece(rng) for _ in range(n_pieces))
 
 
 def synthetic(n: int = N_SYNTHETIC, seed: int = 2301) -> list[VectorInput]:
     """Seeded prompts of 1 to 16 pieces; every 32nd repeats a middle part (up to ~20,000
     characters, so the cut meets realistic text)."""
+    return list(_synthetic(n, seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _synthetic(n: int, seed: int) -> tuple[VectorInput, ...]:
+    """`synthetic`, made once per process: every policy saved or checked asks for the same."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -200,7 +211,7 @@ def synthetic(n: int = N_SYNTHETIC, seed: int = 2301) -> list[VectorInput]:
             )
         else:
             out.append(VectorInput(_prompt(rng, pieces)))
-    return out
+    return tuple(out)
 
 
 _HOSTILE_SUITES: tuple[str | None, ...] = (None, "", "no-such-suite", "naïve suite ✓", "\ud800")

@@ -90,6 +90,31 @@ class BudgetOutcome:
     predicted_s: dict[str, float]
 
 
+@dataclass(frozen=True)
+class BudgetOutcomes:
+    """The budget outcomes of a batch of decisions: `met` per row, a row's `BudgetOutcome` built
+    when asked for (its dict of predictions is most of a decision's cost over thousands of rows)."""
+
+    kind: str
+    budget_s: float
+    tier_s: float | None
+    candidates: list[str]
+    predicted_s: np.ndarray  # (n, K): each candidate's predicted p95
+    met: np.ndarray  # (n,) bool: the chosen candidate's prediction is within the budget
+
+    def __len__(self) -> int:
+        return len(self.met)
+
+    def __getitem__(self, i: int) -> BudgetOutcome:
+        return BudgetOutcome(
+            kind=self.kind,
+            budget_s=self.budget_s,
+            tier_s=self.tier_s,
+            met=bool(self.met[i]),
+            predicted_s=dict(zip(self.candidates, self.predicted_s[i].tolist())),
+        )
+
+
 @dataclass
 class RoutingPolicy:
     """Candidates, their scorer, Platt calibration, cost model and the quality knob."""
@@ -309,7 +334,7 @@ class RoutingPolicy:
         pred: np.ndarray,
         unit: Any,
         quality_target: float | None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list["BudgetOutcome"]]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, BudgetOutcomes]:
         """Choices, propensities, fallback orders and budget outcomes under a budget (rows of p)."""
         assert self.latency is not None
         tier = self.latency.tier_for(kind, budget)
@@ -325,18 +350,9 @@ class RoutingPolicy:
             point = tier.knob.point_for(target)
             picks, props = point_choice(tier.knob, point, p, c, unit, allowed)
             order = fallback_order(tier.knob, point, p, c, allowed)
-        names = self.candidates
-        outcomes = [
-            BudgetOutcome(
-                kind=kind,
-                budget_s=budget,
-                tier_s=None if tier is None else tier.budget_s,
-                met=bool(pred[i, picks[i]] <= budget),
-                predicted_s=dict(zip(names, pred[i].tolist())),
-            )
-            for i in range(len(picks))
-        ]
-        return picks, props, order, outcomes
+        met = pred[np.arange(len(picks)), picks] <= budget
+        tier_s = None if tier is None else tier.budget_s
+        return picks, props, order, BudgetOutcomes(kind, budget, tier_s, self.candidates, pred, met)
 
     def _decision(
         self,
