@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -257,7 +257,7 @@ class FeatureSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Format 2's features.json (idf rounded to 5 decimals, as that format stored it)."""
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict would copy idf value by value
         d["suites"] = list(self.suites)
         d["char_ngrams"] = list(self.char_ngrams)
         d["idf"] = None if self.idf is None else [round(v, 5) for v in self.idf]
