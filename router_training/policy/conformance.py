@@ -12,6 +12,8 @@ safetensors container (docs/policy-format.md, "Conformance vectors").
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 import math
@@ -234,7 +236,9 @@ def compute(
     out.update(_decisions(policy, out, targets))
     out.update(_gateway(policy, inputs, out, config))
     if policy.latency is not None:
-        out.update(_budgets(policy, inputs, out, budgets if budgets is not None else budget_cases(policy)))
+        out.update(
+            _budgets(policy, texts, suites, out, budgets if budgets is not None else budget_cases(policy))
+        )
         out.update(_live(policy, out, live if live is not None else live_case(policy)))
     return out
 
@@ -338,16 +342,20 @@ def budget_cases(policy: RoutingPolicy) -> list[list[Any]]:
 
 
 def _budgets(
-    policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray], cases: list[list[Any]]
+    policy: RoutingPolicy,
+    texts: list[str],
+    suites: list[str | None],
+    out: dict[str, np.ndarray],
+    cases: list[list[Any]],
 ) -> dict[str, np.ndarray]:
     """The latency models' predictions and the decisions at each budget case (the spec's
     'Latency' and 'Budget' steps, by the policy's own `_budget_choice`)."""
     assert policy.latency is not None
     P, C, u = out["calibration.p"], out["cost.c"], out["knob.unit"]
     n, k = P.shape
-    texts, suites = [i.text for i in inputs], [i.suite for i in inputs]
     models = sorted(policy.latency.model.models, key=lambda m: (m[0] != "ttft", m[1]))
-    pred = {m: policy.predict_latency(m[0], texts, suites, m[1]) for m in models}
+    chars, pos = policy.latency_inputs(texts, suites)
+    pred = {m: policy.latency.model.predict(m[0], m[1], chars, pos) for m in models}
     chosen, met = np.zeros((n, len(cases)), np.uint16), np.zeros((n, len(cases)), np.uint8)
     fallbacks, props = np.zeros((n, len(cases), k - 1), np.uint16), np.zeros((n, len(cases)))
     for j, (kind, budget, target) in enumerate(cases):
@@ -421,6 +429,16 @@ class _Chosen(NamedTuple):
     expected_cost_usd: dict[str, float]
 
 
+@functools.lru_cache(maxsize=4)
+def _draws(explore_key: bytes, canary_key: bytes, request_ids: tuple[str, ...]) -> np.ndarray:
+    """(n, 3): each request's two exploration draws and its canary draw (read-only: the same
+    requests and seeds come back at every save and self-check in a process)."""
+    draws = np.array([(*unit_draw(explore_key, r), unit_draw(canary_key, r)[0]) for r in request_ids])
+    draws = draws.reshape(len(request_ids), 3)
+    draws.flags.writeable = False
+    return draws
+
+
 def _gateway(
     policy: RoutingPolicy, inputs: list[VectorInput], out: dict[str, np.ndarray], config: dict[str, Any]
 ) -> dict[str, np.ndarray]:
@@ -436,10 +454,7 @@ def _gateway(
         seed=x["seed"],
     )
     explore_key, canary_key = derive_key("explore", x["seed"]), derive_key("canary", config["canary"]["seed"])
-    draws = np.array(
-        [(*unit_draw(explore_key, i.request_id), unit_draw(canary_key, i.request_id)[0]) for i in inputs]
-    )
-    draws = draws.reshape(len(inputs), 3)
+    draws = _draws(explore_key, canary_key, tuple(i.request_id for i in inputs))
     P, C = out["calibration.p"], out["cost.c"]
     pick = _pick(policy, policy.quality_target, P, C, out["knob.unit"])[0]
     names, index = policy.candidates, {c: j for j, c in enumerate(policy.candidates)}

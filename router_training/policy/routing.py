@@ -447,9 +447,16 @@ class RoutingPolicy:
         """(n, K) predicted seconds of `kind` (ttft or latency) at `quantile` (p50 or p95)."""
         if self.latency is None:
             raise ValueError("this policy has no latency model")
+        return self.latency.model.predict(kind, quantile, *self.latency_inputs(prompts, suites))
+
+    def latency_inputs(
+        self, prompts: Sequence[str], suites: Sequence[str | None]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """What the latency models read of each request: its length in characters (the spec's
+        n_chars) and its suite's position (-1 where unknown)."""
         chars = np.array([n_chars(x) for x in prompts])
         pos = np.array([self.spec.suite_position(s) for s in suites], dtype=int)
-        return self.latency.model.predict(kind, quantile, chars, pos)
+        return chars, pos
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, folder: Path) -> list[str]:
