@@ -273,6 +273,30 @@ def _one_row(
     return pr, cr, (mask if len(mask) == len(pr) else np.broadcast_to(allowed, (1, len(pr)))[0]).tolist()
 
 
+def row_decision(
+    knob: Knob, point: OperatingPoint, p: list[float], c: list[float], unit: Callable[[], float]
+) -> tuple[int, float, list[int]] | None:
+    """One request's `point_choice` and `fallback_order` in Python's floats: the candidate, the
+    probability it had and every candidate in fallback order; None where the arrays decide (a
+    threshold member, a value or the fallback lambda not finite)."""
+    lam = fallback_lambda(knob, point)
+    if (
+        knob.members[point.a].rule == "threshold"
+        or knob.members[point.b].rule == "threshold"
+        or not math.isfinite(math.fsum(p) + math.fsum(c) + lam)
+    ):
+        return None
+    pick, prop = _row_choice(knob, point, p, c, None, unit)
+    return pick, prop, _row_order(p, c, lam)
+
+
+def _row_order(p: list[float], c: list[float], lam: float) -> list[int]:
+    """`choose(p, c, "lambda", lam)` of one finite row: by -(p - lam * c), then cost, then index
+    (np.lexsort's order: sorted() is stable)."""
+    keys = [(-(a - lam * b), b) for a, b in zip(p, c)]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
 def _row_member(member: Member, p: list[float], c: list[float], allowed: list[bool] | None) -> int:
     """`member_choice` of one finite row (lambda and single members): the first of the cheapest
     among the candidates whose p - lambda * cost is the largest, as argmax and argmin take it."""

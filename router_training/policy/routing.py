@@ -37,6 +37,7 @@ from routeopt.router_training.policy.knob import (  # noqa: F401  (Knob and its 
     fallback_order,
     member_choice,
     point_choice,
+    row_decision,
     request_unit,
 )
 from routeopt.router_training.policy.latency import (
@@ -296,6 +297,9 @@ class RoutingPolicy:
 
         if kind is None:
             point = self.point_for(quality_target)
+            row = row_decision(self.knob, point, s.p, s.c, lambda: unit(0))
+            if row is not None:
+                return self._decision(row[0], row[1], s.p, s.c, row[2])
             pick, prop = point_choice(self.knob, point, p, c, unit)
             order, outcome = fallback_order(self.knob, point, p, c), None
         else:
@@ -360,14 +364,15 @@ class RoutingPolicy:
         prop: float,
         p: list[float],
         c: list[float],
-        order: np.ndarray,
+        order: np.ndarray | list[int],
         budget: "BudgetOutcome | None" = None,
     ) -> PolicyDecision:
         """The decision for one request; fallbacks in `order` without the chosen candidate."""
         names = self.candidates
+        ranked = order.tolist() if isinstance(order, np.ndarray) else order
         return PolicyDecision(
             model=names[pick],
-            fallbacks=tuple(names[j] for j in order.tolist() if j != pick),
+            fallbacks=tuple(names[j] for j in ranked if j != pick),
             pass_probabilities=dict(zip(names, p)),
             expected_cost_usd=dict(zip(names, c)),
             propensity=float(prop),

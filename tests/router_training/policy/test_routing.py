@@ -5,7 +5,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from routeopt.router_training.policy.knob import Knob, Member, OperatingPoint, fallback_order, point_choice
+from routeopt.router_training.policy.knob import (
+    Knob,
+    Member,
+    OperatingPoint,
+    fallback_order,
+    point_choice,
+    row_decision,
+)
 from routeopt.router_training.policy.routing import PolicyDecision, RoutingPolicy, choose
 
 PROMPTS = [
@@ -125,15 +132,18 @@ def test_choose_is_monotone_per_request(n, k, seed, rule):
     st.sampled_from([(0, 1), (0, 2), (2, 3), (3, 0), (1, 1)]),
     st.sampled_from([0.0, 0.25, 0.7, 1.0]),
     st.booleans(),
-    st.booleans(),
+    st.sampled_from(["none", "grid", "score"]),
 )
 def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, members, weight, masked, tied):
     """`point_choice` and `fallback_order` give every row of a batch (the arrays' path) the bits
     they give it alone (a gateway's decision: one row, in Python's floats), mixed points, ties
-    and budget masks included."""
+    and budget masks included; so does `row_decision`, wherever it answers."""
     rng = np.random.default_rng(seed)
-    if tied:
+    if tied == "grid":
         P, C = rng.integers(0, 4, (n, k)) / 4, rng.integers(1, 4, (n, k)) / 100  # ties on purpose
+    elif tied == "score":  # p - 3 c ties exactly (dyadic numbers) between different costs
+        C = rng.integers(1, 4, (n, k)) / 64
+        P = rng.integers(0, 2, (n, k)) / 4 + 3.0 * C
     else:
         P, C = rng.random((n, k)), rng.random((n, k)) / 50
     allowed = rng.random((n, k)) < 0.5 if masked else None
@@ -157,6 +167,13 @@ def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, membe
         assert fallback_order(knob, point, P[i : i + 1], C[i : i + 1], row).tolist() == [order[i].tolist()]
         if allowed is not None:
             assert allowed[i, pick[i]]
+        else:  # RoutingPolicy.decide's path: choice, probability and order at once, in floats
+            alone = row_decision(knob, point, P[i].tolist(), C[i].tolist(), lambda: float(units[i]))
+            uses_threshold = "threshold" in (knob_members[members[0]].rule, knob_members[members[1]].rule)
+            assert (alone is None) == uses_threshold
+            if alone is not None:
+                assert alone[0] == pick[i] and alone[2] == order[i].tolist()
+                assert np.array([alone[1]]).tobytes() == prop[i : i + 1].tobytes()
 
 
 def test_extreme_targets_pick_cheapest_and_most_likely(trained):
