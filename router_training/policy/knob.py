@@ -274,11 +274,17 @@ def _one_row(
 
 
 def row_decision(
-    knob: Knob, point: OperatingPoint, p: list[float], c: list[float], unit: Callable[[], float]
+    knob: Knob,
+    point: OperatingPoint,
+    p: list[float],
+    c: list[float],
+    unit: Callable[[], float],
+    allowed: list[bool] | None = None,
 ) -> tuple[int, float, list[int]] | None:
     """One request's `point_choice` and `fallback_order` in Python's floats: the candidate, the
-    probability it had and every candidate in fallback order; None where the arrays decide (a
-    threshold member, a value or the fallback lambda not finite)."""
+    probability it had and every candidate in fallback order (with `allowed`, a latency budget's
+    mask, the allowed ones first); None where the arrays decide (a threshold member, a value or
+    the fallback lambda not finite)."""
     lam = fallback_lambda(knob, point)
     if (
         knob.members[point.a].rule == "threshold"
@@ -286,14 +292,15 @@ def row_decision(
         or not math.isfinite(math.fsum(p) + math.fsum(c) + lam)
     ):
         return None
-    pick, prop = _row_choice(knob, point, p, c, None, unit)
-    return pick, prop, _row_order(p, c, lam)
+    pick, prop = _row_choice(knob, point, p, c, allowed, unit)
+    return pick, prop, _row_order(p, c, lam, allowed)
 
 
-def _row_order(p: list[float], c: list[float], lam: float) -> list[int]:
-    """`choose(p, c, "lambda", lam)` of one finite row: by -(p - lam * c), then cost, then index
-    (np.lexsort's order: sorted() is stable)."""
-    keys = [(-(a - lam * b), b) for a, b in zip(p, c)]
+def _row_order(p: list[float], c: list[float], lam: float, allowed: list[bool] | None) -> list[int]:
+    """`choose(p, c, "lambda", lam, allowed)` of one finite row: the allowed first, then by
+    -(p - lam * c), then cost, then index (np.lexsort's order: sorted() is stable)."""
+    mask = [True] * len(p) if allowed is None else allowed
+    keys = [(not ok, -(a - lam * b), b) for ok, a, b in zip(mask, p, c)]
     return sorted(range(len(keys)), key=keys.__getitem__)
 
 

@@ -305,6 +305,9 @@ class RoutingPolicy:
         else:
             assert self.latency is not None and budget is not None
             pred = self.latency.model.predict_one(kind, BUDGET_QUANTILE, s.n_chars, s.suite_pos)
+            one = self._budget_row(kind, budget, s.p, s.c, pred, lambda: unit(0), quality_target)
+            if one is not None:
+                return self._decision(one[0], one[1], s.p, s.c, one[2], one[3])
             pick, prop, order, outcomes = self._budget_choice(
                 kind, budget, p, c, np.array([pred]), unit, quality_target
             )
@@ -348,15 +351,51 @@ class RoutingPolicy:
             props = np.ones(len(picks))
             order = np.lexsort((c, pred), axis=-1)
         else:
-            target = self.quality_target if quality_target is None else float(quality_target)
-            if not math.isfinite(target):
-                raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
-            point = tier.knob.point_for(target)
+            point = tier.knob.point_for(self._budget_target(quality_target))
             picks, props = point_choice(tier.knob, point, p, c, unit, allowed)
             order = fallback_order(tier.knob, point, p, c, allowed)
         met = pred[np.arange(len(picks)), picks] <= budget
         tier_s = None if tier is None else tier.budget_s
         return picks, props, order, BudgetOutcomes(kind, budget, tier_s, self.candidates, pred, met)
+
+    def _budget_row(
+        self,
+        kind: str,
+        budget: float,
+        p: list[float],
+        c: list[float],
+        pred: list[float],
+        unit: Callable[[], float],
+        quality_target: float | None,
+    ) -> tuple[int, float, list[int], BudgetOutcome] | None:
+        """`_budget_choice` of one request in Python's floats (`row_decision` among the
+        candidates the tier's mask allows); None where the arrays decide (no tier, a value that
+        is not finite, a threshold member)."""
+        assert self.latency is not None
+        tier = self.latency.tier_for(kind, budget)
+        if tier is None or not math.isfinite(math.fsum(pred)):
+            return None
+        point = tier.knob.point_for(self._budget_target(quality_target))
+        allowed = [v <= tier.mask_s for v in pred]
+        if not any(allowed):  # budget_mask: the candidate predicted fastest (the first such)
+            allowed[pred.index(min(pred))] = True
+        row = row_decision(tier.knob, point, p, c, unit, allowed)
+        if row is None:
+            return None
+        pick, prop, order = row
+        met = pred[pick] <= budget
+        return (
+            pick,
+            prop,
+            order,
+            BudgetOutcome(kind, budget, tier.budget_s, met, dict(zip(self.candidates, pred))),
+        )
+
+    def _budget_target(self, quality_target: float | None) -> float:
+        target = self.quality_target if quality_target is None else float(quality_target)
+        if not math.isfinite(target):
+            raise ValueError(f"quality_target must be a finite number, got {quality_target!r}")
+        return target
 
     def _decision(
         self,

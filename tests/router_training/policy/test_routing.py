@@ -167,13 +167,14 @@ def test_the_knob_decides_a_batch_as_it_decides_each_row_alone(n, k, seed, membe
         assert fallback_order(knob, point, P[i : i + 1], C[i : i + 1], row).tolist() == [order[i].tolist()]
         if allowed is not None:
             assert allowed[i, pick[i]]
-        else:  # RoutingPolicy.decide's path: choice, probability and order at once, in floats
-            alone = row_decision(knob, point, P[i].tolist(), C[i].tolist(), lambda: float(units[i]))
-            uses_threshold = "threshold" in (knob_members[members[0]].rule, knob_members[members[1]].rule)
-            assert (alone is None) == uses_threshold
-            if alone is not None:
-                assert alone[0] == pick[i] and alone[2] == order[i].tolist()
-                assert np.array([alone[1]]).tobytes() == prop[i : i + 1].tobytes()
+        # RoutingPolicy.decide's path: choice, probability and order at once, in floats
+        mask = None if allowed is None else allowed[i].tolist()
+        alone = row_decision(knob, point, P[i].tolist(), C[i].tolist(), lambda: float(units[i]), mask)
+        uses_threshold = "threshold" in (knob_members[members[0]].rule, knob_members[members[1]].rule)
+        assert (alone is None) == uses_threshold
+        if alone is not None:
+            assert alone[0] == pick[i] and alone[2] == order[i].tolist()
+            assert np.array([alone[1]]).tobytes() == prop[i : i + 1].tobytes()
 
 
 def test_extreme_targets_pick_cheapest_and_most_likely(trained):
