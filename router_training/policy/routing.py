@@ -290,7 +290,6 @@ class RoutingPolicy:
         request without one gets the policy's default for its suite, as gateways' routers do."""
         kind, budget = self._budget(ttft_budget_s, latency_budget_s, suite, use_defaults)
         s = self._score(prompt, suite, None, keep=False)
-        p, c = np.array([s.p]), np.array([s.c])
 
         def unit(_: int) -> float:
             return request_unit(prompt, suite)
@@ -300,6 +299,7 @@ class RoutingPolicy:
             row = row_decision(self.knob, point, s.p, s.c, lambda: unit(0))
             if row is not None:
                 return self._decision(row[0], row[1], s.p, s.c, row[2])
+            p, c = np.array([s.p]), np.array([s.c])
             pick, prop = point_choice(self.knob, point, p, c, unit)
             order, outcome = fallback_order(self.knob, point, p, c), None
         else:
@@ -308,6 +308,7 @@ class RoutingPolicy:
             one = self._budget_row(kind, budget, s.p, s.c, pred, lambda: unit(0), quality_target)
             if one is not None:
                 return self._decision(one[0], one[1], s.p, s.c, one[2], one[3])
+            p, c = np.array([s.p]), np.array([s.c])
             pick, prop, order, outcomes = self._budget_choice(
                 kind, budget, p, c, np.array([pred]), unit, quality_target
             )
@@ -411,7 +412,7 @@ class RoutingPolicy:
         ranked = order.tolist() if isinstance(order, np.ndarray) else order
         return PolicyDecision(
             model=names[pick],
-            fallbacks=tuple(names[j] for j in ranked if j != pick),
+            fallbacks=tuple([names[j] for j in ranked if j != pick]),
             pass_probabilities=dict(zip(names, p)),
             expected_cost_usd=dict(zip(names, c)),
             propensity=float(prop),
