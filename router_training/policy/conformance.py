@@ -13,7 +13,6 @@ safetensors container (docs/policy-format.md, "Conformance vectors").
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 import math

@@ -281,9 +281,9 @@ class RoutingPolicy:
         latency_budget_s: float | None = None,
         use_defaults: bool = False,
     ) -> PolicyDecision:
-        """One request on the gateway's hot path: the same steps as decide_batch for one row
-        (its scores in Python's floats, a row's dozen numbers costing less so than as arrays; the
-        knob's choice by the same `point_choice` and `fallback_order`).
+        """One request on the gateway's hot path: the same steps as decide_batch for one row,
+        its scores and the knob's choice in Python's floats (a row's dozen numbers cost less so
+        than as arrays; `row_decision`, which the knob's tests hold to the arrays' bits).
 
         A budget (at most one of TTFT and end-to-end latency, in seconds, on the p95) restricts
         the choice to the candidates the budget's certified tier allows; with `use_defaults`, a
