@@ -17,8 +17,9 @@ gone (the batch id is unknown after creation). `enqueued_token_limit` fails a ba
 token_limit_exceeded) whose prompt tokens would exceed it with the model's batches in flight.
 
 `billed` counts every answered line per (model, prompt), with the synchronous routes' answers
-too: a test sums it to check that nothing was paid twice. `python -m tests.fake_batches`
-serves it in its own process (`GET /_fake/billed`, `GET /_fake/batches`), judging as
+too (`billed_sync` counts those alone): a test sums it to check that nothing was paid twice.
+`python -m tests.fake_batches` serves it in its own process (`GET /_fake/billed`,
+`GET /_fake/billed_sync`, `GET /_fake/batches`), judging as
 `judging(default_answer)` does.
 
 `judging(answer_fn)` answers judge prompts too (`routeopt.evals.grading.judge`: a rubric that
@@ -130,14 +131,16 @@ class FakeBatchLLM(FakeLLM):
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, _Batch] = {}
         self.billed: Counter = Counter()
+        self.billed_sync: Counter = Counter()  # the part of `billed` the synchronous routes answered
         self._batch_lock = threading.RLock()
 
     # --- routing ---------------------------------------------------------------------------
 
     async def _dispatch(self, req: _Http, writer: asyncio.StreamWriter) -> None:
         path, m = req.path, req.method
-        if m == "GET" and path == "/_fake/billed":
-            await _send_json(writer, 200, [[list(k), n] for k, n in self.billed.items()])
+        if m == "GET" and path in ("/_fake/billed", "/_fake/billed_sync"):
+            counts = self.billed if path == "/_fake/billed" else self.billed_sync
+            await _send_json(writer, 200, [[list(k), n] for k, n in counts.items()])
             return
         if m == "GET" and path == "/_fake/batches":
             with self._batch_lock:
@@ -192,6 +195,7 @@ class FakeBatchLLM(FakeLLM):
         if self.faults.choose(prompt, self._attempts.get(prompt, 0) + 1) is None:
             with self._batch_lock:
                 self.billed[(body.get("model"), prompt)] += 1
+                self.billed_sync[(body.get("model"), prompt)] += 1
 
     def _route(self, m: str, parts: list[str], req: _Http) -> tuple[int, Any, bytes | None]:
         if parts[:2] == ["v1", "files"]:
