@@ -7,9 +7,10 @@ prompts in a loop at `--rate` requests per second for 30 minutes of simulated ti
 the router is given, so the replay is exact and quick) under a TTFT budget: the smallest
 certified budget whose tier serves target 0.9. Each served call's TTFT is the recorded one of
 (request, served model), three times that for the slowed candidate from minute 10 to minute
-20, and is fed back with `Router.observe`. The slowed candidate is the one whose requests the
-move rule can most often send elsewhere. Reported: the slowed candidate's share of the requests
-the policy gives it that the rule can move (to a fallback within the budget and at least as
+20, and is fed back with `Router.observe` beside the p95 the decision predicted for it. The
+slowed candidate is the one whose requests the move rule can most often send elsewhere.
+Reported: the slowed candidate's share of the requests the policy gives it that the rule can
+move (three times slower, to a fallback that stays within the tier's mask and is at least as
 likely to pass; the others stay, quality first), per phase, the seconds until that share first fell below a tenth
 of what it was before and until it was back, the over-budget share of served calls, and the
 pass rate of served requests (recorded outcomes) beside the promise's floor.
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from routeopt.router_training.fit.data import routing_data
-from routeopt.router_training.policy.live import live_shift
+from routeopt.router_training.policy.live import live_move
 from routeopt.router_training.train import train_router
 
 TARGET = 0.9
@@ -60,7 +61,9 @@ def main() -> None:
     ttft = data.latency["ttft"]
     decisions = policy.decide_batch(data.prompts, data.suites, ttft_budget_s=budget)
     can_move = [
-        live_shift(d.model, d.fallbacks, d.pass_probabilities, d.budget.predicted_s, budget, [d.model])
+        live_move(
+            d.model, d.fallbacks, names, d.pass_probabilities, d.budget.predicted_s, d.budget.limit_s, {d.model: 3.0}
+        )
         is not None
         for d in decisions
     ]
@@ -79,7 +82,7 @@ def main() -> None:
             d = router.route(data.prompts[i], data.suites[i], ttft_budget_s=budget)
             j = names.index(d.model)
             seconds = float(ttft[i, j]) * (3.0 if d.model == slow and SLOW_FROM <= t < SLOW_TO else 1.0)
-            router.observe(d.model, ttft_s=seconds, at=t)
+            router.observe(d.model, ttft_s=seconds, predicted_ttft_s=d.budget["predicted_s"][d.model], at=t)
             rows.append(
                 (
                     t,

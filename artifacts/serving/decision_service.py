@@ -237,7 +237,8 @@ class DecisionService:
 
     async def _observe(self, receive: Receive, send: Send, headers: dict[str, str]) -> None:
         """Live latency (docs/policy-format.md, 8.4): one observation or a list of them,
-        `{"model", "ttft_s"?, "latency_s"?}`, each a call the caller made and timed."""
+        `{"model", "ttft_s"?, "latency_s"?, "predicted_ttft_s"?, "predicted_latency_s"?}`, each
+        a call the caller made and timed, with the p95 its decision predicted where it had one."""
         try:
             body = _json_body(await self._body(headers, receive))
             items = body if isinstance(body, list) else [body]
@@ -250,8 +251,8 @@ class DecisionService:
         gateway = self.gateway
         if gateway is None:
             return await _json(send, 503, {"error": f"the service cannot route yet: {self.not_ready_reason}"})
-        for model, ttft, latency in parsed:
-            gateway.observe(model, ttft_s=ttft, latency_s=latency)
+        for observation in parsed:
+            gateway.observe(**observation)
         await _json(send, 200, {"observed": len(parsed)})
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
@@ -348,24 +349,34 @@ def _parse(body: bytes, headers: dict[str, str], options: ServiceOptions) -> Rou
     return request
 
 
-def _observation(item: Any, where: str) -> tuple[str, float | None, float | None]:
-    """(model, ttft_s, latency_s) of one observation, or Refused naming the field."""
+def _observation(item: Any, where: str) -> dict[str, Any]:
+    """One observation as `Gateway.observe`'s keywords (model included), or Refused naming the
+    field: seconds measured, and the p95 the decision predicted for each where given."""
     if not isinstance(item, dict):
         raise Refused(400, "bad_request", f"{where} is not an object")
     model = item.get("model")
     if not isinstance(model, str) or not model:
         raise Refused(400, "bad_request", f"{where}.model must be the candidate's name")
-    out: list[float | None] = []
-    for name in ("ttft_s", "latency_s"):
-        v = item.get(name)
-        if v is not None and (
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0)
-        ):
-            raise Refused(400, "bad_request", f"{where}.{name} must be a non-negative number of seconds")
-        out.append(None if v is None else float(v))
-    if out == [None, None]:
+    out: dict[str, Any] = {"model": model}
+    for kind in ("ttft", "latency"):
+        for name, positive in ((f"{kind}_s", False), (f"predicted_{kind}_s", True)):
+            v = item.get(name)
+            if v is not None and (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not (math.isfinite(v) and (v > 0 if positive else v >= 0))
+            ):
+                what = "positive" if positive else "non-negative"
+                raise Refused(400, "bad_request", f"{where}.{name} must be a {what} number of seconds")
+            out[name] = None if v is None else float(v)
+        if out[f"{kind}_s"] is None and out[f"predicted_{kind}_s"] is not None:
+            raise Refused(400, "bad_request", f"{where}.predicted_{kind}_s needs {kind}_s, what the call took")
+    if out["ttft_s"] is None and out["latency_s"] is None:
         raise Refused(400, "bad_request", f"{where} has neither ttft_s nor latency_s")
-    return model, out[0], out[1]
+    unknown = sorted(set(item) - set(out))
+    if unknown:
+        raise Refused(400, "bad_request", f"{where}.{unknown[0]} is not a field of an observation")
+    return out
 
 
 def _json_body(body: bytes) -> Any:
@@ -396,7 +407,8 @@ def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
     if d.unknown_suite:
         out["unknown_suite"] = True
     if d.budget is not None:
-        out["budget"] = d.budget if explain else {k: v for k, v in d.budget.items() if k != "predicted_s"}
+        # predicted_s stays: a caller observing its call passes the model's back (8.4)
+        out["budget"] = d.budget if explain else {k: v for k, v in d.budget.items() if k != "mask_s"}
     if explain:
         out.update(pass_probabilities=d.pass_probabilities, expected_cost_usd=d.expected_cost_usd)
     try:

@@ -511,14 +511,24 @@ class Gateway:
         *,
         ttft_s: float | None = None,
         latency_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        predicted_latency_s: float | None = None,
         at: float | None = None,
     ) -> None:
-        """One call of `model` as measured (TTFT and end-to-end seconds): both channels' routers
-        learn from it (`Router.observe`; docs/policy-format.md, 8.4)."""
+        """One call of `model` as measured (TTFT and end-to-end seconds, each with the p95 its
+        decision predicted where it had one): both channels' routers learn from it
+        (`Router.observe`; docs/policy-format.md, 8.4)."""
         for router in (self.champion, self.candidate):
             observe = getattr(router, "observe", None)
             if observe is not None:
-                observe(model, ttft_s=ttft_s, latency_s=latency_s, at=at)
+                observe(
+                    model,
+                    ttft_s=ttft_s,
+                    latency_s=latency_s,
+                    predicted_ttft_s=predicted_ttft_s,
+                    predicted_latency_s=predicted_latency_s,
+                    at=at,
+                )
 
     def status(self) -> GatewayStatus:
         mode = {
@@ -670,7 +680,7 @@ class Gateway:
         if d.unknown_suite:
             rec["unknown_suite"] = True
         if d.budget is not None:
-            rec["budget"] = {k: v for k, v in d.budget.items() if k != "predicted_s"}
+            rec["budget"] = {k: v for k, v in d.budget.items() if k not in ("predicted_s", "mask_s")}
         if d.live is not None:
             rec["live"] = d.live
         if trace_id is not None:  # feedback, decisions and traces join on it

@@ -311,8 +311,8 @@ class RouteoptProxyHandler(CustomLogger):
                 cost_usd=kwargs.get("response_cost"),
             )
             ttft, latency = call_timings(kwargs, start_time, end_time)
-            if ttft is not None or latency is not None:
-                gateway.observe(served, ttft_s=ttft, latency_s=latency)  # live latency (policy format, 8.4)
+            if ttft is not None or latency is not None:  # live latency (policy format, 8.4)
+                gateway.observe(served, ttft_s=ttft, latency_s=latency, **_predicted(d, served, ttft, latency))
         except Exception:  # logging usage must never fail a served call
             log.exception("could not log the call's usage")
 
@@ -332,6 +332,17 @@ def call_timings(kwargs: Mapping[str, Any], start: Any, end: Any) -> tuple[float
     first = kwargs.get("completion_start_time")
     ttft = seconds(start, first) if kwargs.get("stream") and first is not None else None
     return ttft, latency
+
+
+def _predicted(d: Mapping[str, Any], served: str, ttft: float | None, latency: float | None) -> dict[str, float]:
+    """The p95 the decision predicted for the served model's call, of its budget's kind, where
+    the call measured that kind (an observation's `predicted_<kind>_s`)."""
+    budget = d.get("budget") or {}
+    kind, predicted = budget.get("kind"), (budget.get("predicted_s") or {}).get(served)
+    measured = {"ttft": ttft, "latency": latency}.get(kind)
+    if measured is None or not isinstance(predicted, (int, float)) or not predicted > 0:
+        return {}
+    return {f"predicted_{kind}_s": float(predicted)}
 
 
 def _decision(data: Mapping[str, Any]) -> dict | None:

@@ -41,7 +41,7 @@ from routeopt.artifacts.serving.state import SeenFile, default_state_dir
 from routeopt.artifacts.serving.manifest import MANIFEST_NAME, Manifest, Pointer, format_time
 from routeopt.artifacts.serving.signatures import trusted_keys
 from routeopt.router_training.policy.latency import budget_request, serves
-from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_shift
+from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_move
 from routeopt.artifacts.serving.verify import (
     Seen,
     SignedPointer,
@@ -107,11 +107,11 @@ class ServedDecision:
     traceparent: str | None = None
     policy_probability: float = 1.0
     unknown_suite: bool = False
-    # with a latency budget: {"kind", "budget_s", "tier_s", "met", "predicted_s"} (docs/policy-format.md,
-    # 8.3), or {"kind", "budget_s", "met": None, "unserved": why} when the policy cannot serve it
+    # with a latency budget: {"kind", "budget_s", "tier_s", "met", "predicted_s", "mask_s"}
+    # (docs/policy-format.md, 8.3), or {"kind", "budget_s", "met": None, "unserved": why} when the policy cannot serve it
     budget: dict[str, Any] | None = None
     # when live latency moved the decision (8.4): {"from": the policy's model, "over": the
-    # candidates whose live p95 was over the budget}
+    # candidates slow enough live to be predicted past the tier's mask}
     live: dict[str, Any] | None = None
 
     def traced(self, trace_id: str | None, traceparent: str | None) -> "ServedDecision":
@@ -319,15 +319,9 @@ class Router:
             kind, seconds = budget
             d = active.policy.decide(prompt, suite, quality_target, **{f"{kind}_budget_s": seconds})
             served = budget_fields(d.budget)
-            now = self._clock() if self.live is not None else 0.0
-            # every candidate's live p95 only when the chosen one's is over (a sort per candidate)
-            if self.live is not None and self.live.over([d.model], kind, seconds, now):
-                over = self.live.over(active.policy.candidates, kind, seconds, now)
-                shift = live_shift(
-                    d.model, d.fallbacks, d.pass_probabilities, d.budget.predicted_s, seconds, over
-                )
-                if shift is not None:
-                    (model, fallbacks), moved = shift, {"from": d.model, "over": over}
+            if self.live is not None:
+                model, fallbacks, moved = self._live_move(d, active.policy.candidates)
+                if moved is not None:
                     served["met"] = bool(d.budget.predicted_s[model] <= seconds)
         else:
             d = active.policy.decide(prompt, suite=suite, quality_target=quality_target)
@@ -349,19 +343,47 @@ class Router:
             live=moved,
         )
 
+    def _live_move(
+        self, d: Any, candidates: list[str]
+    ) -> tuple[str | None, tuple[str, ...] | None, dict[str, Any] | None]:
+        """8.4: the decision's model, fallbacks and `live` field where live latency moves it
+        (Nones where it stays). Every candidate's factor only when the chosen one is slow."""
+        assert self.live is not None
+        b, now = d.budget, self._clock()
+        slow = self.live.slow([d.model], b.kind, now)
+        if not slow or d.budget.predicted_s[d.model] * slow[d.model] <= b.limit_s:
+            return None, None, None
+        slow = self.live.slow(candidates, b.kind, now)
+        move = live_move(d.model, d.fallbacks, candidates, d.pass_probabilities, b.predicted_s, b.limit_s, slow)
+        if move is None:
+            return None, None, None
+        model, fallbacks, over = move
+        return model, fallbacks, {"from": d.model, "over": over}
+
     def observe(
         self,
         model: str,
         *,
         ttft_s: float | None = None,
         latency_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        predicted_latency_s: float | None = None,
         at: float | None = None,
     ) -> None:
         """One call of `model` as the application measured it (its TTFT and end-to-end latency,
-        seconds): decisions under a budget move off a candidate whose live p95 is over it
-        (docs/policy-format.md, 8.4). `at` defaults to the router's clock."""
+        seconds), each with the p95 the decision predicted for it where there was one (the
+        decision's `budget["predicted_s"][model]`, of the budget's kind): decisions under a
+        budget move off a candidate whose calls run slower than predicted (docs/policy-format.md,
+        8.4). `at` defaults to the router's clock."""
         if self.live is not None:
-            self.live.observe(model, self._clock() if at is None else at, ttft_s=ttft_s, latency_s=latency_s)
+            self.live.observe(
+                model,
+                self._clock() if at is None else at,
+                ttft_s=ttft_s,
+                latency_s=latency_s,
+                predicted_ttft_s=predicted_ttft_s,
+                predicted_latency_s=predicted_latency_s,
+            )
 
     def _emit_once(self, key: str, message: str) -> None:
         """Warn once per key (a budget this policy cannot serve, say) for the router's life."""
@@ -776,6 +798,7 @@ def budget_fields(outcome: Any) -> dict[str, Any]:
         "tier_s": outcome.tier_s,
         "met": outcome.met,
         "predicted_s": outcome.predicted_s,
+        "mask_s": outcome.mask_s,
     }
 
 

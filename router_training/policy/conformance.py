@@ -28,7 +28,7 @@ from routeopt.router_training.policy.batch_features import BatchFeatures, batch_
 from routeopt.router_training.policy.features import mix
 from routeopt.router_training.policy.files import FORMAT_VERSION, written_version
 from routeopt.router_training.policy.knob import cut_unit, fallback_order, point_choice
-from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_shift
+from routeopt.router_training.policy.live import LiveLatency, LiveSettings, live_move
 from routeopt.router_training.policy.tensors import ContainerError, dumps, loads
 
 if TYPE_CHECKING:
@@ -243,14 +243,15 @@ def compute(
 
 
 def live_case(policy: RoutingPolicy) -> dict[str, Any]:
-    """The live sequence the vectors replay (section 8.4) at the loosest certified budget:
-    every candidate observed twice a second for 75 s at half the budget, but one (`live.obs`
-    says which) at three times the budget from 20 s to 40 s; decisions at 10, 25, 45, 59.5 and
-    75 s."""
+    """The live sequence the vectors replay (section 8.4) at the budget of the tier whose mask
+    reaches furthest past it (the loosest of those; so the limit is the mask, not the budget,
+    where any tier widened it): every candidate observed twice a second for 75 s, at 0.5 to 0.7
+    of the budget against a predicted 0.6, but one (`live.obs` says which) at three times that
+    from 20 s to 40 s; decisions at 10, 25, 45, 59.5 and 75 s."""
     assert policy.latency is not None
     kind = policy.latency.model.kinds[0]
-    budgets = policy.latency.budgets(kind)
-    budget = budgets[-1] if budgets else 1.0
+    tiers = [t for t in policy.latency.tiers if t.kind == kind]
+    budget = max(tiers, key=lambda t: (t.mask_s / t.budget_s, t.budget_s)).budget_s if tiers else 1.0
     return {
         "settings": LiveSettings().to_dict(),
         "kind": kind,
@@ -261,16 +262,30 @@ def live_case(policy: RoutingPolicy) -> dict[str, Any]:
     }
 
 
+LIVE_SLOWDOWN = 3.0  # how much slower the slowed candidate's calls are in the live case
+
+
 def live_observations(case: dict[str, Any], slow: int, k: int) -> np.ndarray:
-    """(t, candidate, ttft, latency) rows of the live case, in the order they are observed."""
+    """(t, candidate, ttft, latency, predicted ttft, predicted latency) rows of the live case in
+    the order they are observed; a quarter of the TTFTs and half the latencies come without a
+    prediction (NaN)."""
     budget, (start, end) = case["budget_s"], case["slow"]
     rows = []
     for step in range(151):  # t = 0, 0.5, ..., 75
         t = step * 0.5
         for j in range(k):
-            v = budget * 3.0 if j == slow and start <= t < end else budget * 0.5
-            rows.append((t, float(j), v, v * 2.0))
+            v = budget * 0.5 * (1.0 + (step % 5) / 10.0)
+            if j == slow and start <= t < end:
+                v *= LIVE_SLOWDOWN
+            pred = budget * 0.6
+            rows.append(
+                (t, float(j), v, v * 2.0, math.nan if step % 4 == 3 else pred, pred * 2.0 if step % 2 else math.nan)
+            )
     return np.array(rows, dtype=np.float64)
+
+
+def _optional(v: float) -> float | None:
+    return None if math.isnan(v) else float(v)
 
 
 def _live(policy: RoutingPolicy, out: dict[str, np.ndarray], case: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -284,14 +299,16 @@ def _live(policy: RoutingPolicy, out: dict[str, np.ndarray], case: dict[str, Any
     pred = out["latency.pred"][:LIVE_REQUESTS, _model_index(policy, kind, "p95")]
     picks, _, orders, outcomes = policy._budget_choice(kind, budget, P, C, pred, lambda i: u[i], target)
     fallbacks = [[names[j] for j in orders[i].tolist() if j != picks[i]] for i in range(n)]
-    # the slow one: the candidate chosen for most requests that a slowdown of it could move
+    probabilities = [dict(zip(names, P[i].tolist())) for i in range(n)]
+
+    def move(i: int, slow: dict[str, float]) -> tuple[str, tuple[str, ...], list[str]] | None:
+        b = outcomes[i]
+        return live_move(names[picks[i]], fallbacks[i], names, probabilities[i], b.predicted_s, b.limit_s, slow)
+
+    # the slow one: the candidate chosen for most requests that its slowdown could move
     movable = np.zeros(k, dtype=int)
     for i in range(n):
-        p = dict(zip(names, P[i].tolist()))
-        movable[picks[i]] += (
-            live_shift(names[picks[i]], fallbacks[i], p, outcomes[i].predicted_s, budget, [names[picks[i]]])
-            is not None
-        )
+        movable[picks[i]] += move(i, {names[picks[i]]: LIVE_SLOWDOWN}) is not None
     slow = int(movable.argmax()) if movable.any() else int(np.bincount(picks, minlength=k).argmax())
     obs = live_observations(case, slow, k)
     live = LiveLatency(LiveSettings(**case["settings"]))
@@ -299,13 +316,19 @@ def _live(policy: RoutingPolicy, out: dict[str, np.ndarray], case: dict[str, Any
     at = 0
     for c, now in enumerate(case["times"]):
         while at < len(obs) and obs[at, 0] <= now:
-            t, j, ttft, latency = obs[at]
-            live.observe(names[int(j)], float(t), ttft_s=float(ttft), latency_s=float(latency))
+            t, j, ttft, latency, pred_ttft, pred_latency = obs[at].tolist()
+            live.observe(
+                names[int(j)],
+                t,
+                ttft_s=ttft,
+                latency_s=latency,
+                predicted_ttft_s=_optional(pred_ttft),
+                predicted_latency_s=_optional(pred_latency),
+            )
             at += 1
-        over = live.over(names, kind, budget, now)
+        slowed = live.slow(names, kind, now)
         for i in range(n):
-            p = dict(zip(names, P[i].tolist()))
-            shift = live_shift(names[picks[i]], fallbacks[i], p, outcomes[i].predicted_s, budget, over)
+            shift = move(i, slowed)
             models[c, i] = names.index(shift[0]) if shift else picks[i]
             moved[c, i] = shift is not None
     return {"live.obs": obs, "live.model": models, "live.moved": moved}

@@ -81,14 +81,22 @@ class PolicyDecision:
 @dataclass(frozen=True)
 class BudgetOutcome:
     """A decision's latency budget: `tier_s` is the certified budget that served it (None when
-    the budget is below every certified one), `met` whether the chosen model's predicted p95
-    is within the budget asked for, `predicted_s` each candidate's predicted p95."""
+    the budget is below every certified one) and `mask_s` its mask's seconds, `met` whether the
+    chosen model's predicted p95 is within the budget asked for, `predicted_s` each candidate's
+    predicted p95."""
 
     kind: str
     budget_s: float
     tier_s: float | None
     met: bool
     predicted_s: dict[str, float]
+    mask_s: float | None = None
+
+    @property
+    def limit_s(self) -> float:
+        """What live latency holds a candidate's slowed prediction to (8.4): the tier's mask,
+        or the budget where no tier served the decision."""
+        return self.budget_s if self.mask_s is None else self.mask_s
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class BudgetOutcomes:
     candidates: list[str]
     predicted_s: np.ndarray  # (n, K): each candidate's predicted p95
     met: np.ndarray  # (n,) bool: the chosen candidate's prediction is within the budget
+    mask_s: float | None = None
 
     def __len__(self) -> int:
         return len(self.met)
@@ -113,6 +122,7 @@ class BudgetOutcomes:
             tier_s=self.tier_s,
             met=bool(self.met[i]),
             predicted_s=dict(zip(self.candidates, self.predicted_s[i].tolist())),
+            mask_s=self.mask_s,
         )
 
 
@@ -356,8 +366,8 @@ class RoutingPolicy:
             picks, props = point_choice(tier.knob, point, p, c, unit, allowed)
             order = fallback_order(tier.knob, point, p, c, allowed)
         met = pred[np.arange(len(picks)), picks] <= budget
-        tier_s = None if tier is None else tier.budget_s
-        return picks, props, order, BudgetOutcomes(kind, budget, tier_s, self.candidates, pred, met)
+        tier_s, mask_s = (None, None) if tier is None else (tier.budget_s, tier.mask_s)
+        return picks, props, order, BudgetOutcomes(kind, budget, tier_s, self.candidates, pred, met, mask_s)
 
     def _budget_row(
         self,
@@ -389,7 +399,7 @@ class RoutingPolicy:
             pick,
             prop,
             order,
-            BudgetOutcome(kind, budget, tier.budget_s, met, dict(zip(self.candidates, pred))),
+            BudgetOutcome(kind, budget, tier.budget_s, met, dict(zip(self.candidates, pred)), tier.mask_s),
         )
 
     def _budget_target(self, quality_target: float | None) -> float:

@@ -228,19 +228,38 @@ def _python_explored_decisions(root: Path, policy, requests: list[dict]) -> dict
 
 def _python_live_decisions(root: Path, policy) -> dict:
     """Live latency (section 8.4) through Python's Router on the published version: every
-    candidate observed once a second for 90 s, one of them (the one its decisions under the
-    loosest TTFT budget choose most) three times slower from 20 s to 40 s, and six requests
-    decided under that budget after each second's observations, on the second and half a second on. The events in order, with
-    Python's decisions, for the JavaScript Router to replay on the same clock."""
+    candidate observed once a second for 90 s, each call against the p95 predicted for it (a
+    request's `predicted_s` of that candidate) and taking 0.5 to 1.04 of it, some without a
+    prediction; two of them three times slower from 20 s to 40 s: the one whose slowdown could
+    move most of the decisions under the TTFT tier whose mask is furthest past its budget, and
+    the one whose decisions that tier's mask keeps most often where the budget would not (its
+    slowed prediction past the budget, within the mask); and six requests decided under that
+    budget after each second's observations, on the second and half a second on. The events in
+    order, with Python's decisions, for the JavaScript Router to replay on the same clock."""
     from routeopt.artifacts.serving.loader import Router, resolve
+    from routeopt.router_training.policy.live import live_move
 
-    kind, budget = "ttft", policy.latency.budgets("ttft")[-1]
+    # the TTFT tier whose mask is furthest past its budget: a slowed prediction is held to the mask
+    tier = max(
+        (t for t in policy.latency.tiers if t.kind == "ttft"), key=lambda t: (t.mask_s / t.budget_s, t.budget_s)
+    )
+    assert tier.mask_s > tier.budget_s
+    kind, budget = "ttft", tier.budget_s
+    names = policy.candidates
     requests = [r for r in _requests() if r["prompt"].strip()]
-    chosen = [
-        policy.decide(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget).model
-        for r in requests
-    ]
-    slow = max(policy.candidates, key=chosen.count)
+    decided = [policy.decide(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget) for r in requests]
+
+    def moves(d, limit_s: float) -> bool:
+        """Whether a slowdown of three of its model moves decision d, held to limit_s."""
+        b = d.budget
+        return live_move(d.model, d.fallbacks, names, d.pass_probabilities, b.predicted_s, limit_s, {d.model: 3.0}) is not None
+
+    movable = [d.model for d in decided if moves(d, d.budget.limit_s)]
+    assert movable, "the sequence needs decisions a slowdown can move"
+    slow = max(names, key=movable.count)
+    kept = [d.model for d in decided if d.model != slow and moves(d, d.budget.budget_s) and not moves(d, d.budget.limit_s)]
+    assert kept, "the sequence needs decisions the mask keeps where the budget would move them"
+    steady = max(names, key=kept.count)
     clock = {"now": 0.0}
     backend, prefix, _ = resolve(next((root / "registry-latency" / "versions").iterdir()))
     router = Router(
@@ -252,12 +271,22 @@ def _python_live_decisions(root: Path, policy) -> dict:
     )
     events: list[dict] = []
     for second in range(91):
-        for j, model in enumerate(policy.candidates):
-            ttft = budget * (0.3 + 0.04 * ((7 * second + 3 * j) % 10))  # 0.30 to 0.66 of the budget
-            if model == slow and 20 <= second < 40:
+        for j, model in enumerate(names):
+            # the call of a request as its decision predicted it (its predicted_s of the model called)
+            predicted = decided[(5 * second + j) % len(decided)].budget.predicted_s[model]
+            ttft = predicted * (0.5 + 0.06 * ((7 * second + 3 * j) % 10))  # 0.50 to 1.04 of the prediction
+            if model in (slow, steady) and 20 <= second < 40:
                 ttft *= 3.0
-            obs = {"model": model, "ttft_s": ttft, "latency_s": 2.0 * ttft, "at": float(second)}
-            router.observe(model, ttft_s=ttft, latency_s=2.0 * ttft, at=float(second))
+            obs = {
+                "model": model,
+                "ttft_s": ttft,
+                "latency_s": 2.0 * ttft,
+                # some calls come without a prediction: they have no say in the live factor
+                "predicted_ttft_s": None if second % 7 == 3 else predicted,
+                "predicted_latency_s": 2.0 * predicted if second % 2 else None,
+                "at": float(second),
+            }
+            router.observe(**obs)
             events.append({"observe": obs})
         for i in range(6):  # on the second (an observation then leaves the window) and half a second on
             clock["now"] = second + 0.5 * (i % 2)
@@ -276,12 +305,15 @@ def _python_live_decisions(root: Path, policy) -> dict:
             )
     moved = [e for e in events if e.get("live")]
     assert moved and all(e["live"]["from"] == slow for e in moved), (
-        "the sequence must move decisions off the slow one"
+        "the sequence must move decisions off the slow one, and keep the steady one's"
     )
+    assert any(e.get("model") == steady and 30 <= e["now"] < 40 for e in events), "the steady one must be decided slowed"
     return {
         "kind": kind,
         "budget_s": budget,
+        "mask_s": tier.mask_s,
         "slow": slow,
+        "steady": steady,
         "slow_from": 20.0,
         "slow_to": 40.0,
         "events": events,
@@ -341,6 +373,7 @@ def _budget_decision(d) -> dict:
             "tier_s": d.budget.tier_s,
             "met": d.budget.met,
             "predicted_s": d.budget.predicted_s,
+            "mask_s": d.budget.mask_s,
         },
     }
 
@@ -563,6 +596,7 @@ def test_a_worker_serves_latency_budgets_like_python(fixtures, tmp_path) -> None
             "tier_s": b["tierS"],
             "met": b["met"],
             "predicted_s": b["predictedS"],
+            "mask_s": b["maskS"],
         } == w["budget"]
 
 

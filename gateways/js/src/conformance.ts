@@ -10,7 +10,7 @@ import { decidePoint, deriveKey, explore, ExplorationOptions, unitDraw } from ".
 import { mix } from "./features.js";
 import { mixingDraw, pointFor } from "./knob.js";
 import { Budget, budgetModel, decideBudget, defaultFor, KINDS, Latency, LatencyKind, predict } from "./latency.js";
-import { LiveLatency, liveSettings, liveShift } from "./live.js";
+import { LiveLatency, liveMove, liveSettings } from "./live.js";
 import { Policy, VECTORS } from "./policy.js";
 
 export const FORMAT = "routeopt.conformance/1";
@@ -37,6 +37,8 @@ const LAYERS: [string, [string, number][]][] = [
 const LAYER_NAMES = new Set(LAYERS.map(([name]) => name));
 /** requests decided at each time of the live case */
 const LIVE_REQUESTS = 64;
+/** live.obs's columns: t, candidate, ttft, latency, predicted ttft, predicted latency (NaN: none) */
+const OBS_COLUMNS = 6;
 
 export interface ConformanceReport {
   ok: boolean;
@@ -58,8 +60,8 @@ interface Meta {
    * target] decides each request under its suite's default budget */
   budgets?: [string, number | null, number][];
   /** (format 4) the live layer's case: observations are the input tensor live.obs */
-  live?: { settings: { window_s: number; max_observations: number; min_observations: number }; kind: string; budget_s: number;
-    target: number; times: number[] };
+  live?: { settings: { window_s: number; max_observations: number; min_observations: number; slow_factor?: number }; kind: string;
+    budget_s: number; target: number; times: number[] };
   gateway: { exploration: { rate: number; exclude: string[]; max_cost_usd: number | null; max_cost_ratio: number | null; seed: string };
     canary: { share: number; seed: string } };
 }
@@ -196,7 +198,9 @@ async function compute(policy: Policy, inputs: VectorInput[], meta: Meta, want: 
 }
 
 /** 8.4 for the first requests: decided under the live case's budget, then moved at each of its
- * times after observing every row of live.obs up to that time. */
+ * times after observing every row of live.obs up to that time (t, candidate, ttft, latency,
+ * predicted ttft, predicted latency; NaN: no prediction), each decision held to its limit (the
+ * serving tier's mask, or the budget with no tier). */
 function live(policy: Policy, meta: Meta, want: Map<string, Tensor>, got: Map<string, Typed>): void {
   const lat = policy.latency!, names = policy.candidates, k = names.length;
   const c = meta.live, obs = want.get("live.obs");
@@ -209,14 +213,17 @@ function live(policy: Policy, meta: Meta, want: Map<string, Tensor>, got: Map<st
   let settings;
   try {
     const s = c.settings ?? {};
-    settings = liveSettings({ windowS: s.window_s, maxObservations: s.max_observations, minObservations: s.min_observations });
+    settings = liveSettings({ windowS: s.window_s, maxObservations: s.max_observations, minObservations: s.min_observations,
+      slowFactor: s.slow_factor });
   } catch (e) {
     throw bad(`has bad settings: ${(e as Error).message}`);
   }
-  if (!obs || obs.dtype !== "F64" || obs.shape.length !== 2 || obs.shape[1] !== 4) throw bad("needs live.obs, F64 (M x 4)");
+  if (!obs || obs.dtype !== "F64" || obs.shape.length !== 2 || obs.shape[1] !== OBS_COLUMNS) {
+    throw bad(`needs live.obs, F64 (M x ${OBS_COLUMNS})`);
+  }
   const rows = obs.data as Float64Array;
   for (let r = 0; r < obs.shape[0]; r++) {
-    const j = rows[r * 4 + 1];
+    const j = rows[r * OBS_COLUMNS + 1];
     if (!(Number.isInteger(j) && j >= 0 && j < k)) throw bad(`observation ${r} names candidate ${j}, not one of ${k}`);
   }
   const kind = c.kind as LatencyKind, budget = { kind, budgetS: c.budget_s };
@@ -227,18 +234,23 @@ function live(policy: Policy, meta: Meta, want: Map<string, Tensor>, got: Map<st
   const decided = Array.from({ length: n }, (_, i) => {
     const pi = pred.subarray((i * M + at) * k, (i * M + at + 1) * k), p = P.subarray(i * k, i * k + k);
     const ch = decideBudget(lat, budget, c.target, p, C.subarray(i * k, i * k + k), pi, () => U[i]);
-    return { model: names[ch.pick], fallbacks: Array.from(ch.fallbacks, (j) => names[j]), p: byName(p), predictedS: byName(pi) };
+    return { model: names[ch.pick], fallbacks: Array.from(ch.fallbacks, (j) => names[j]), p: byName(p), predictedS: byName(pi),
+      limitS: ch.tier?.maskS ?? budget.budgetS };
   });
   const T = c.times.length, models = new Uint16Array(T * n), moved = new Uint8Array(T * n);
   const seen = new LiveLatency(settings);
+  const optional = (v: number) => (Number.isNaN(v) ? null : v);
   let r = 0;
   c.times.forEach((now, t) => {
-    for (; r < obs.shape[0] && rows[r * 4] <= now; r++) seen.observe(names[rows[r * 4 + 1]], rows[r * 4], rows[r * 4 + 2], rows[r * 4 + 3]);
-    const over = seen.over(names, kind, budget.budgetS, now);
+    for (; r < obs.shape[0] && rows[r * OBS_COLUMNS] <= now; r++) {
+      const o = rows.subarray(r * OBS_COLUMNS, (r + 1) * OBS_COLUMNS);
+      seen.observe(names[o[1]], o[0], o[2], o[3], optional(o[4]), optional(o[5]));
+    }
+    const slow = seen.slow(names, kind, now);
     decided.forEach((d, i) => {
-      const shift = liveShift(d.model, d.fallbacks, d.p, d.predictedS, budget.budgetS, over);
-      models[t * n + i] = names.indexOf(shift ? shift.model : d.model);
-      moved[t * n + i] = shift ? 1 : 0;
+      const move = liveMove(d.model, d.fallbacks, names, d.p, d.predictedS, d.limitS, slow);
+      models[t * n + i] = names.indexOf(move ? move.model : d.model);
+      moved[t * n + i] = move ? 1 : 0;
     });
   });
   got.set("live.model", models);

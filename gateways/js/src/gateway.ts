@@ -158,8 +158,9 @@ export class Gateway {
     return out;
   }
 
-  /** One call of `model` as measured (TTFT and end-to-end seconds): both channels' routers
-   * learn from it (Router.observe; 8.4). */
+  /** One call of `model` as measured (TTFT and end-to-end seconds, each with the p95 the
+   * decision predicted for it where known): both channels' routers learn from it
+   * (Router.observe; 8.4). */
   observe(model: string, obs: Observation): void {
     this.champion.observe(model, obs);
     this.opts.candidate?.observe(model, obs);

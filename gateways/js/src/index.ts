@@ -4,9 +4,10 @@
  *     const router = await Router.open({ url: "https://policies.internal/", publicKeys: [pem], refreshS: 60 });
  *     const d = router.route(prompt, { suite: "invoice-total", requestId });
  *     d.model, d.fallbacks, d.propensity, d.policyVersion, d.decisionId
- *     router.route(prompt, { suite, ttftBudgetS: 0.8 }).budget  // format 4: { kind, budgetS, tierS, met, predictedS }
+ *     const b = router.route(prompt, { suite, ttftBudgetS: 0.8 })  // format 4: b.budget is { kind, budgetS, tierS, met, predictedS, maskS }
  *     router.route(prompt, { suite }).budget  // the policy's default budget for the suite, if it has one
- *     router.observe(model, { ttftS, latencyS })  // 8.4: a decision under a budget moves off a candidate slow now
+ *     router.observe(b.model, { ttftS: 0.42, predictedTtftS: b.budget.predictedS[b.model] })  // 8.4: what the call took,
+ *     // against the p95 predicted for it: a decision under a budget moves off a candidate running slower than predicted
  *
  * Tracing: give `tracer` (any @opentelemetry/api Tracer) to Router.open or Gateway.create and
  * `traceparent` to route(); see tracing.ts.
@@ -20,7 +21,7 @@ export type { Decision, RouteOptions, RouterOptions, RouterStatus, StateStore } 
 export { Gateway, MemoryLog, isoTime } from "./gateway.js";
 export type { GatewayOptions, GatewayStatus, LogSink } from "./gateway.js";
 export type { ExplorationOptions } from "./decision.js";
-export { DEFAULT_LIVE, LiveLatency, liveShift, nearestRankP95 } from "./live.js";
+export { DEFAULT_LIVE, LiveLatency, liveMove, nearestRankP95 } from "./live.js";
 export type { LiveMove, LiveSettings, Observation } from "./live.js";
 export { Policy, readPolicy, FORMAT_VERSION, LATENCY_FORMAT_VERSION } from "./policy.js";
 export type { BudgetOptions, BudgetOutcome, Decided } from "./policy.js";

@@ -36,14 +36,16 @@ export interface Decided {
 }
 
 /** A decision's latency budget: `tierS` is the certified budget that served it (null below
- * every tier), `met` whether the chosen model's predicted p95 is within `budgetS`,
- * `predictedS` each candidate's predicted p95 (8.3). */
+ * every tier) and `maskS` its mask's seconds (null with no tier), `met` whether the chosen
+ * model's predicted p95 is within `budgetS`, `predictedS` each candidate's predicted p95 (8.3).
+ * Live latency (8.4) holds a slowed prediction to `maskS ?? budgetS`. */
 export interface BudgetOutcome {
   kind: LatencyKind;
   budgetS: number;
   tierS: number | null;
   met: boolean;
   predictedS: Record<string, number>;
+  maskS: number | null;
 }
 
 /** The budget a call may ask for, in seconds of p95: at most one of the two. `useDefaults`:
@@ -144,7 +146,8 @@ export class Policy {
       ch = decideBudget(this.latency!, asked, target, this.p, this.c, this.pred, draw, this.allowed);
       const predictedS: Record<string, number> = {};
       for (let j = 0; j < names.length; j++) predictedS[names[j]] = this.pred[j];
-      outcome = { kind: asked.kind, budgetS: asked.budgetS, tierS: ch.tier?.budgetS ?? null, met: ch.met, predictedS };
+      outcome = { kind: asked.kind, budgetS: asked.budgetS, tierS: ch.tier?.budgetS ?? null, met: ch.met, predictedS,
+        maskS: ch.tier?.maskS ?? null };
     }
     const fallbacks = new Array<string>(ch.fallbacks.length);
     for (let i = 0; i < fallbacks.length; i++) fallbacks[i] = names[ch.fallbacks[i]];

@@ -10,7 +10,7 @@
 import { checkVectors, ConformanceReport, summary } from "./conformance.js";
 import { FormatError } from "./container.js";
 import { budgetModel, LatencyKind, requestedBudget } from "./latency.js";
-import { LiveLatency, LiveMove, LiveSettings, liveSettings, liveShift, Observation, observation } from "./live.js";
+import { LiveLatency, liveMove, LiveMove, LiveSettings, liveSettings, Observation, observation } from "./live.js";
 import { BudgetOutcome, Policy, READABLE_VERSIONS, readPolicy, VECTORS } from "./policy.js";
 import { attributesFor, clock, recordDecision, TracingOptions, UNTRACED } from "./tracing.js";
 import {
@@ -46,8 +46,9 @@ export interface RouterOptions extends TracingOptions {
   onEvent?: (kind: string, message: string) => void;
   state?: StateStore;
   now?: () => number;
-  /** live latency (8.4): how much of the observations to remember (default: 30 s, 256 per
-   * candidate and kind, a p95 from 20 on); null: budgets use the policy's predictions only */
+  /** live latency (8.4): how much of the observations to remember and when a candidate is slow
+   * (default: 30 s, 256 per candidate and kind, a figure from 20 on, slow past a live factor of
+   * 1.5); null: budgets use the policy's predictions only */
   live?: Partial<LiveSettings> | null;
   /** the clock observations and decisions are stamped with, in seconds, never decreasing
    * (default: performance.now() / 1000) */
@@ -75,10 +76,11 @@ export interface Decision {
   /** the trace the decision belongs to (32 hex), also on the decision's log line */
   traceId: string | null;
   /** with a latency budget (8.3): its kind, budgetS, the certified tierS that served it (null
-   * below every tier), whether the model's predicted p95 met it, and each candidate's predictedS */
+   * below every tier), whether the model's predicted p95 met it, each candidate's predictedS
+   * (pass the called model's back with its observation), and the tier's maskS (null with none) */
   budget: BudgetOutcome | UnservedBudget | null;
   /** when live latency moved a decision under a budget (8.4): the policy's own model, and the
-   * candidates whose live p95 was over the budget (in candidate order) */
+   * candidates slow enough live to be predicted past the tier's mask (in candidate order) */
   live: LiveMove | null;
 }
 
@@ -243,6 +245,9 @@ export class PolicyLoadError extends Error {
 }
 
 const UNTRACED_DECISION = { traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
+/** the fields Router.observe takes (8.4), and how its errors name the call */
+const OBSERVATION_FIELDS: readonly string[] = ["ttftS", "latencyS", "predictedTtftS", "predictedLatencyS", "at"];
+const OBSERVE = "observe(model, { ttftS, latencyS, predictedTtftS, predictedLatencyS, at })";
 
 let idCounter = 0;
 let idPrefix = ""; // drawn on first use: a worker may not draw random values at load time
@@ -375,32 +380,37 @@ export class Router {
       policyVersion: a.version, decisionId: id, defaultReason: null, traceparent: UNTRACED.traceparent, traceId: UNTRACED.traceId };
   }
 
-  /** 8.4: a decision under a budget whose model is over it live, moved where liveShift says;
+  /** 8.4: a decision under a budget whose model is over live (slow, and its prediction slowed by
+   * its factor past the tier's mask, or the budget with no tier), moved where liveMove says;
    * nothing when it stays. */
   private moved(model: string, fallbacks: string[], p: Record<string, number>, budget: BudgetOutcome,
     names: readonly string[]): Partial<Decision> {
-    const now = this.liveClock();
-    if (!this.live!.over([model], budget.kind, budget.budgetS, now).length) return {};  // the common case: one p95
-    const over = this.live!.over(names, budget.kind, budget.budgetS, now);
-    const shift = liveShift(model, fallbacks, p, budget.predictedS, budget.budgetS, over);
-    if (!shift) return {};
-    return { model: shift.model, fallbacks: shift.fallbacks, live: { from: model, over },
-      budget: { ...budget, met: budget.predictedS[shift.model] <= budget.budgetS } };
+    const now = this.liveClock(), limitS = budget.maskS ?? budget.budgetS;
+    // the common case: the chosen model's factor alone (one sort); every candidate's only when it is over
+    const f = this.live!.slow([model], budget.kind, now).get(model);
+    if (f === undefined || budget.predictedS[model] * f <= limitS) return {};
+    const move = liveMove(model, fallbacks, names, p, budget.predictedS, limitS, this.live!.slow(names, budget.kind, now));
+    if (!move) return {};
+    return { model: move.model, fallbacks: move.fallbacks, live: { from: model, over: move.over },
+      budget: { ...budget, met: budget.predictedS[move.model] <= budget.budgetS } };
   }
 
-  /** One call of `model` as the application measured it (TTFT and end-to-end seconds): decisions
-   * under a budget move off a candidate whose live p95 is over it (8.4). `at` defaults to the
-   * router's clock. A value that is not a non-negative finite number is an error. */
+  /** One call of `model` as the application measured it (TTFT and end-to-end seconds), each with
+   * the p95 the decision predicted for it where there was one (its `budget.predictedS[model]`,
+   * of the budget's kind): decisions under a budget move off a candidate whose calls run slower
+   * than predicted (8.4). `at` defaults to the router's clock. A value that is not a
+   * non-negative finite number, a prediction that is not a positive one, or a prediction
+   * without its measurement is an error. */
   observe(model: string, obs: Observation): void {
-    if (typeof obs !== "object" || obs === null) throw new TypeError("observe(model, { ttftS, latencyS, at }): the observation must be an object");
-    const extra = Object.keys(obs).filter((k) => !["ttftS", "latencyS", "at"].includes(k));
-    if (extra.length) throw new TypeError(`observe(model, { ttftS, latencyS, at }): unknown field ${JSON.stringify(extra[0])}`);
+    if (typeof obs !== "object" || obs === null) throw new TypeError(`${OBSERVE}: the observation must be an object`);
+    const extra = Object.keys(obs).filter((k) => !OBSERVATION_FIELDS.includes(k));
+    if (extra.length) throw new TypeError(`${OBSERVE}: unknown field ${JSON.stringify(extra[0])}`);
     if ((obs.ttftS ?? null) === null && (obs.latencyS ?? null) === null) {
-      throw new TypeError("observe(model, { ttftS, latencyS, at }): give ttftS or latencyS (seconds), or both");
+      throw new TypeError(`${OBSERVE}: give ttftS or latencyS (seconds), or both`);
     }
     const at = obs.at ?? this.liveClock();
-    if (this.live) this.live.observe(model, at, obs.ttftS, obs.latencyS);
-    else observation(model, at, obs.ttftS, obs.latencyS);  // checked all the same
+    if (this.live) this.live.observe(model, at, obs.ttftS, obs.latencyS, obs.predictedTtftS, obs.predictedLatencyS);
+    else observation(model, at, obs.ttftS, obs.latencyS, obs.predictedTtftS, obs.predictedLatencyS);  // checked all the same
   }
 
   /** Count a request naming a suite the policy does not know, and warn (onEvent) once per name. */

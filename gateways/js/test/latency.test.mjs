@@ -19,8 +19,8 @@ function sameAsPython(d, w, budget) {
   assert.equal(d.model, w.model, where);
   assert.deepEqual(d.fallbacks, w.fallbacks, where);
   assert.equal(d.policyProbability ?? d.propensity, w.propensity, where);
-  assert.deepEqual({ kind: budget.kind, budget_s: budget.budgetS, tier_s: budget.tierS, met: budget.met, predicted_s: budget.predictedS },
-    w.budget, where);
+  assert.deepEqual({ kind: budget.kind, budget_s: budget.budgetS, tier_s: budget.tierS, met: budget.met, predicted_s: budget.predictedS,
+    mask_s: budget.maskS }, w.budget, where);
 }
 
 for (const engine of ["webassembly", "javascript"]) {
@@ -58,6 +58,14 @@ test("the Router carries the budget (camelCase, as its other fields) and the Gat
   const [withBudget] = log.lines.map((l) => JSON.parse(l));
   assert.deepEqual(withBudget.budget, { kind: w.kind, budget_s: w.budget_s, tier_s: null, met: w.budget.met });
   assert.equal(d.budget.tierS, null);
+  assert.equal(d.budget.maskS, null);
+  // with a tier the decision carries its mask (8.3), and the log line still only {kind, budget_s, tier_s, met}
+  const tiered = want.find((r) => r.budget.tier_s !== null && r.budget.mask_s > r.budget.tier_s);
+  assert.ok(tiered, "the fixtures need a tier whose mask is past its budget");
+  const e = gw.route(tiered.prompt, { suite: tiered.suite, qualityTarget: tiered.quality_target, ...budgetOption(tiered) });
+  assert.equal(e.budget.maskS, tiered.budget.mask_s);
+  assert.deepEqual(JSON.parse(log.lines.at(-1)).budget,
+    { kind: tiered.kind, budget_s: tiered.budget_s, tier_s: tiered.budget.tier_s, met: tiered.budget.met });
 });
 
 test("exploration under a budget sends requests only to candidates predicted to meet it, exactly as Python's Gateway does", { skip }, async () => {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import httpx
 import pytest
@@ -48,6 +49,7 @@ def test_the_router_serves_the_policys_budget_decision(router, timed_policy) -> 
             "tier_s": want.budget.tier_s,
             "met": want.budget.met,
             "predicted_s": want.budget.predicted_s,
+            "mask_s": want.budget.mask_s,
         }
         assert router.route(prompt, suite).budget is None
     with pytest.raises(ValueError, match="not both"):
@@ -62,7 +64,7 @@ def test_the_decision_log_records_the_budget(router, timed_policy, tmp_path) -> 
     log.close()
     (line,) = [json.loads(x) for f in (tmp_path / "log").glob("*.jsonl") for x in f.read_text().splitlines()]
     assert line["request_id"] == "r1" and line["model"] == d.model
-    assert line["budget"] == {k: v for k, v in d.budget.items() if k != "predicted_s"}
+    assert line["budget"] == {k: v for k, v in d.budget.items() if k not in ("predicted_s", "mask_s")}
     assert line["budget"]["kind"] == "latency" and line["budget"]["budget_s"] == budget
 
 
@@ -160,11 +162,12 @@ async def test_the_decision_service_answers_with_the_budget(router, timed_policy
             want = timed_policy.decide(PROMPTS[1][0], "add", ttft_budget_s=budget)
             got = r.json()
             assert got["model"] == want.model
-            assert got["budget"] == {
+            assert got["budget"] == {  # the predictions stay: an observation passes its model's back
                 "kind": "ttft",
                 "budget_s": budget,
                 "tier_s": want.budget.tier_s,
                 "met": want.budget.met,
+                "predicted_s": want.budget.predicted_s,
             }
             explained = (
                 await c.post("/v1/route?explain=1", json={"prompt": "y", "ttft_budget_s": budget})
@@ -187,7 +190,7 @@ class Clock:
 def test_live_latency_moves_decisions_off_a_slow_candidate_and_back(
     timed_policy, publish_to, registry, keypair, tmp_path
 ) -> None:
-    from routeopt.router_training.policy.live import LiveSettings, live_shift
+    from routeopt.router_training.policy.live import LiveSettings, live_move
 
     publish_to(timed_policy)
     clock = Clock()
@@ -199,17 +202,21 @@ def test_live_latency_moves_decisions_off_a_slow_candidate_and_back(
     prompts = list(zip(frame["prompt"], frame["suite"]))
     before = [router.route(p, s, ttft_budget_s=budget) for p, s in prompts]
     assert all(d.live is None for d in before)
-    movable = [
-        d.model
-        for d in before
-        if live_shift(d.model, d.fallbacks, d.pass_probabilities, d.budget["predicted_s"], budget, [d.model])
-    ]
+    names = timed_policy.candidates
+
+    def move(d, slow):
+        b = d.budget
+        limit = b["budget_s"] if b["mask_s"] is None else b["mask_s"]
+        return live_move(d.model, d.fallbacks, names, d.pass_probabilities, b["predicted_s"], limit, slow)
+
+    movable = [d.model for d in before if move(d, {d.model: 3.0})]
     assert movable, "the test needs decisions a slowdown can move"
     slow = max(set(movable), key=movable.count)
-    for t in range(20):  # 10 s of calls: the slow one at three times the budget, the others well within
+    for t in range(20):  # 10 s of calls: the slow one at three times its prediction, the others at it
         clock.now = t * 0.5
-        for name in timed_policy.candidates:
-            router.observe(name, ttft_s=budget * (3 if name == slow else 0.3))
+        for name in names:
+            router.observe(name, ttft_s=budget * (3 if name == slow else 1), predicted_ttft_s=budget)
+            router.observe(name, ttft_s=budget * 9)  # without a prediction: no say in moving
     during = [router.route(p, s, ttft_budget_s=budget) for p, s in prompts]
     moved = [d for d in during if d.live is not None]
     assert moved, "some decision should move off the slow candidate"
@@ -218,8 +225,10 @@ def test_live_latency_moves_decisions_off_a_slow_candidate_and_back(
             assert d.live == {"from": b.model, "over": [slow]} and d.model != slow
             assert d.pass_probabilities[d.model] >= d.pass_probabilities[b.model]
             assert d.fallbacks[0] == b.model
+            assert d.budget["met"] == (d.budget["predicted_s"][d.model] <= budget)
         else:
             assert d.model == b.model
+            assert b.model != slow or not move(b, {slow: 3.0})
     gateway = Gateway(router, log=DecisionLog(tmp_path / "log"))
     p, s = next((p, s) for (p, s), d in zip(prompts, during) if d.live is not None)
     gateway.route(p, s, request_id="moved", ttft_budget_s=budget)
@@ -241,15 +250,21 @@ async def test_the_decision_service_takes_observations(router, timed_policy, reg
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=service), base_url="http://r") as c:
             r = await c.post("/v1/observe", json=[{"model": "small", "ttft_s": 0.2, "latency_s": 1.5}] * 3)
             assert r.status_code == 200 and r.json() == {"observed": 3}
-            r = await c.post("/v1/observe", json={"model": "small", "ttft_s": 0.2})
+            r = await c.post("/v1/observe", json={"model": "small", "ttft_s": 0.2, "predicted_ttft_s": 0.1})
             assert r.json() == {"observed": 1}
             snapshot = service.gateway.champion.live.snapshot(service.gateway.champion._clock())
             assert set(snapshot) == {"small"}
+            live = service.gateway.champion.live
+            ratios = [row[2] for row in live._obs["small", "ttft"]]  # measured / predicted, NaN without
+            assert all(math.isnan(r) for r in ratios[:3]) and ratios[3:] == [2.0]
             for body, field in (
                 ({"model": "small", "ttft_s": -1}, "ttft_s"),
                 ({"model": "", "ttft_s": 1}, "model"),
                 ({"model": "small"}, "neither"),
                 ([{"model": "small", "latency_s": "x"}], "[0].latency_s"),
+                ({"model": "small", "ttft_s": 1, "predicted_ttft_s": 0}, "predicted_ttft_s must be a positive"),
+                ({"model": "small", "latency_s": 1, "predicted_ttft_s": 1}, "predicted_ttft_s needs ttft_s"),
+                ({"model": "small", "ttft_s": 1, "ttft": 1}, "body.ttft is not a field"),
             ):
                 bad = await c.post("/v1/observe", json=body)
                 assert bad.status_code == 400 and field in bad.json()["error"], bad.text
@@ -268,6 +283,18 @@ def test_litellm_call_timings() -> None:
     assert call_timings(kw, start, start + timedelta(seconds=2)) == (0.25, 2.0)
     assert call_timings({}, start, start + timedelta(seconds=2)) == (None, 2.0)  # not streamed: no TTFT
     assert call_timings({}, None, start) == (None, None)
+
+
+def test_the_litellm_callback_observes_each_call_beside_its_prediction() -> None:
+    from routeopt.artifacts.serving.litellm_proxy import _predicted
+
+    d = {"budget": {"kind": "ttft", "budget_s": 1.0, "predicted_s": {"a": 0.5, "b": 0.9}}}
+    assert _predicted(d, "b", 0.3, 2.0) == {"predicted_ttft_s": 0.9}  # the served model's, of its kind
+    assert _predicted(d, "a", None, 2.0) == {}  # not streamed: no TTFT to set it beside
+    assert _predicted({"budget": {**d["budget"], "kind": "latency"}}, "a", 0.3, 2.0) == {"predicted_latency_s": 0.5}
+    assert _predicted(d, "c", 0.3, 2.0) == {}  # a deployment outside the policy
+    assert _predicted({"budget": {"kind": "ttft", "budget_s": 1.0, "met": None, "unserved": "no policy"}}, "a", 0.3, 2.0) == {}
+    assert _predicted({"budget": None}, "a", 0.3, 2.0) == {}
 
 
 def test_a_router_applies_the_policys_default_budget(publish_to, registry, keypair) -> None:
