@@ -62,7 +62,13 @@ def main() -> None:
     decisions = policy.decide_batch(data.prompts, data.suites, ttft_budget_s=budget)
     can_move = [
         live_move(
-            d.model, d.fallbacks, names, d.pass_probabilities, d.budget.predicted_s, d.budget.limit_s, {d.model: 3.0}
+            d.model,
+            d.fallbacks,
+            names,
+            d.pass_probabilities,
+            d.budget.predicted_s,
+            d.budget.limit_s,
+            {d.model: 3.0},
         )
         is not None
         for d in decisions

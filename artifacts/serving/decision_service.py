@@ -370,7 +370,9 @@ def _observation(item: Any, where: str) -> dict[str, Any]:
                 raise Refused(400, "bad_request", f"{where}.{name} must be a {what} number of seconds")
             out[name] = None if v is None else float(v)
         if out[f"{kind}_s"] is None and out[f"predicted_{kind}_s"] is not None:
-            raise Refused(400, "bad_request", f"{where}.predicted_{kind}_s needs {kind}_s, what the call took")
+            raise Refused(
+                400, "bad_request", f"{where}.predicted_{kind}_s needs {kind}_s, what the call took"
+            )
     if out["ttft_s"] is None and out["latency_s"] is None:
         raise Refused(400, "bad_request", f"{where} has neither ttft_s nor latency_s")
     unknown = sorted(set(item) - set(out))

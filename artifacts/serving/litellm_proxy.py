@@ -312,7 +312,9 @@ class RouteoptProxyHandler(CustomLogger):
             )
             ttft, latency = call_timings(kwargs, start_time, end_time)
             if ttft is not None or latency is not None:  # live latency (policy format, 8.4)
-                gateway.observe(served, ttft_s=ttft, latency_s=latency, **_predicted(d, served, ttft, latency))
+                gateway.observe(
+                    served, ttft_s=ttft, latency_s=latency, **_predicted(d, served, ttft, latency)
+                )
         except Exception:  # logging usage must never fail a served call
             log.exception("could not log the call's usage")
 
@@ -334,7 +336,9 @@ def call_timings(kwargs: Mapping[str, Any], start: Any, end: Any) -> tuple[float
     return ttft, latency
 
 
-def _predicted(d: Mapping[str, Any], served: str, ttft: float | None, latency: float | None) -> dict[str, float]:
+def _predicted(
+    d: Mapping[str, Any], served: str, ttft: float | None, latency: float | None
+) -> dict[str, float]:
     """The p95 the decision predicted for the served model's call, of its budget's kind, where
     the call measured that kind (an observation's `predicted_<kind>_s`)."""
     budget = d.get("budget") or {}

@@ -354,7 +354,9 @@ class Router:
         if not slow or d.budget.predicted_s[d.model] * slow[d.model] <= b.limit_s:
             return None, None, None
         slow = self.live.slow(candidates, b.kind, now)
-        move = live_move(d.model, d.fallbacks, candidates, d.pass_probabilities, b.predicted_s, b.limit_s, slow)
+        move = live_move(
+            d.model, d.fallbacks, candidates, d.pass_probabilities, b.predicted_s, b.limit_s, slow
+        )
         if move is None:
             return None, None, None
         model, fallbacks, over = move

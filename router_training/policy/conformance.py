@@ -279,7 +279,14 @@ def live_observations(case: dict[str, Any], slow: int, k: int) -> np.ndarray:
                 v *= LIVE_SLOWDOWN
             pred = budget * 0.6
             rows.append(
-                (t, float(j), v, v * 2.0, math.nan if step % 4 == 3 else pred, pred * 2.0 if step % 2 else math.nan)
+                (
+                    t,
+                    float(j),
+                    v,
+                    v * 2.0,
+                    math.nan if step % 4 == 3 else pred,
+                    pred * 2.0 if step % 2 else math.nan,
+                )
             )
     return np.array(rows, dtype=np.float64)
 
@@ -303,7 +310,9 @@ def _live(policy: RoutingPolicy, out: dict[str, np.ndarray], case: dict[str, Any
 
     def move(i: int, slow: dict[str, float]) -> tuple[str, tuple[str, ...], list[str]] | None:
         b = outcomes[i]
-        return live_move(names[picks[i]], fallbacks[i], names, probabilities[i], b.predicted_s, b.limit_s, slow)
+        return live_move(
+            names[picks[i]], fallbacks[i], names, probabilities[i], b.predicted_s, b.limit_s, slow
+        )
 
     # the slow one: the candidate chosen for most requests that its slowdown could move
     movable = np.zeros(k, dtype=int)

@@ -112,7 +112,10 @@ class LiveLatency:
         if ttft_s is None and latency_s is None:
             raise ValueError("an observation needs ttft_s or latency_s")
         rows = {}
-        for kind, v, pred in (("ttft", ttft_s, predicted_ttft_s), ("latency", latency_s, predicted_latency_s)):
+        for kind, v, pred in (
+            ("ttft", ttft_s, predicted_ttft_s),
+            ("latency", latency_s, predicted_latency_s),
+        ):
             if v is None:
                 if pred is not None:
                     raise ValueError(f"predicted_{kind}_s was given without {kind}_s")

@@ -241,23 +241,35 @@ def _python_live_decisions(root: Path, policy) -> dict:
 
     # the TTFT tier whose mask is furthest past its budget: a slowed prediction is held to the mask
     tier = max(
-        (t for t in policy.latency.tiers if t.kind == "ttft"), key=lambda t: (t.mask_s / t.budget_s, t.budget_s)
+        (t for t in policy.latency.tiers if t.kind == "ttft"),
+        key=lambda t: (t.mask_s / t.budget_s, t.budget_s),
     )
     assert tier.mask_s > tier.budget_s
     kind, budget = "ttft", tier.budget_s
     names = policy.candidates
     requests = [r for r in _requests() if r["prompt"].strip()]
-    decided = [policy.decide(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget) for r in requests]
+    decided = [
+        policy.decide(r["prompt"], r["suite"], r["quality_target"], ttft_budget_s=budget) for r in requests
+    ]
 
     def moves(d, limit_s: float) -> bool:
         """Whether a slowdown of three of its model moves decision d, held to limit_s."""
         b = d.budget
-        return live_move(d.model, d.fallbacks, names, d.pass_probabilities, b.predicted_s, limit_s, {d.model: 3.0}) is not None
+        return (
+            live_move(
+                d.model, d.fallbacks, names, d.pass_probabilities, b.predicted_s, limit_s, {d.model: 3.0}
+            )
+            is not None
+        )
 
     movable = [d.model for d in decided if moves(d, d.budget.limit_s)]
     assert movable, "the sequence needs decisions a slowdown can move"
     slow = max(names, key=movable.count)
-    kept = [d.model for d in decided if d.model != slow and moves(d, d.budget.budget_s) and not moves(d, d.budget.limit_s)]
+    kept = [
+        d.model
+        for d in decided
+        if d.model != slow and moves(d, d.budget.budget_s) and not moves(d, d.budget.limit_s)
+    ]
     assert kept, "the sequence needs decisions the mask keeps where the budget would move them"
     steady = max(names, key=kept.count)
     clock = {"now": 0.0}
@@ -307,7 +319,9 @@ def _python_live_decisions(root: Path, policy) -> dict:
     assert moved and all(e["live"]["from"] == slow for e in moved), (
         "the sequence must move decisions off the slow one, and keep the steady one's"
     )
-    assert any(e.get("model") == steady and 30 <= e["now"] < 40 for e in events), "the steady one must be decided slowed"
+    assert any(e.get("model") == steady and 30 <= e["now"] < 40 for e in events), (
+        "the steady one must be decided slowed"
+    )
     return {
         "kind": kind,
         "budget_s": budget,

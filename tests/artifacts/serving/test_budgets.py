@@ -262,7 +262,10 @@ async def test_the_decision_service_takes_observations(router, timed_policy, reg
                 ({"model": "", "ttft_s": 1}, "model"),
                 ({"model": "small"}, "neither"),
                 ([{"model": "small", "latency_s": "x"}], "[0].latency_s"),
-                ({"model": "small", "ttft_s": 1, "predicted_ttft_s": 0}, "predicted_ttft_s must be a positive"),
+                (
+                    {"model": "small", "ttft_s": 1, "predicted_ttft_s": 0},
+                    "predicted_ttft_s must be a positive",
+                ),
                 ({"model": "small", "latency_s": 1, "predicted_ttft_s": 1}, "predicted_ttft_s needs ttft_s"),
                 ({"model": "small", "ttft_s": 1, "ttft": 1}, "body.ttft is not a field"),
             ):
@@ -291,9 +294,16 @@ def test_the_litellm_callback_observes_each_call_beside_its_prediction() -> None
     d = {"budget": {"kind": "ttft", "budget_s": 1.0, "predicted_s": {"a": 0.5, "b": 0.9}}}
     assert _predicted(d, "b", 0.3, 2.0) == {"predicted_ttft_s": 0.9}  # the served model's, of its kind
     assert _predicted(d, "a", None, 2.0) == {}  # not streamed: no TTFT to set it beside
-    assert _predicted({"budget": {**d["budget"], "kind": "latency"}}, "a", 0.3, 2.0) == {"predicted_latency_s": 0.5}
+    assert _predicted({"budget": {**d["budget"], "kind": "latency"}}, "a", 0.3, 2.0) == {
+        "predicted_latency_s": 0.5
+    }
     assert _predicted(d, "c", 0.3, 2.0) == {}  # a deployment outside the policy
-    assert _predicted({"budget": {"kind": "ttft", "budget_s": 1.0, "met": None, "unserved": "no policy"}}, "a", 0.3, 2.0) == {}
+    assert (
+        _predicted(
+            {"budget": {"kind": "ttft", "budget_s": 1.0, "met": None, "unserved": "no policy"}}, "a", 0.3, 2.0
+        )
+        == {}
+    )
     assert _predicted({"budget": None}, "a", 0.3, 2.0) == {}
 
 

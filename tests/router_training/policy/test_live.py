@@ -51,7 +51,12 @@ def test_the_live_factor_judges_each_call_against_its_own_prediction() -> None:
     assert live.factor("b", "ttft", 4.0) == 2.0 and live.factor("b", "latency", 4.0) is None
     assert live.p95("c", "ttft", 4.0) == 9.0 and live.factor("c", "ttft", 4.0) is None
     assert live.slow(["c", "b", "a", "d"], "ttft", 4.0) == {"b": 2.0}
-    assert live.snapshot(4.0)["b"] == {"ttft": 0.8, "latency": 9.0, "ttft_factor": 2.0, "latency_factor": None}
+    assert live.snapshot(4.0)["b"] == {
+        "ttft": 0.8,
+        "latency": 9.0,
+        "ttft_factor": 2.0,
+        "latency_factor": None,
+    }
     live.observe("b", 4.5, ttft_s=0.0, predicted_ttft_s=1.0)  # a free call counts too
     assert live.factor("b", "ttft", 5.0) == 2.0
 
@@ -93,9 +98,17 @@ def test_a_decision_moves_only_where_its_slowed_prediction_leaves_the_mask() -> 
     assert live_move("mid", fallbacks, names, p, pred, 1.0, {"cheap": 3.0}) is None  # mid itself is fine
     assert live_move("mid", fallbacks, names, p, pred, 1.0, {"mid": 1.4}) is None  # 0.98: still within
     # cheap is less likely to pass, slow is predicted past the limit: big
-    assert live_move("mid", fallbacks, names, p, pred, 1.0, {"mid": 2.0}) == ("big", ("mid", "cheap", "slow"), ["mid"])
+    assert live_move("mid", fallbacks, names, p, pred, 1.0, {"mid": 2.0}) == (
+        "big",
+        ("mid", "cheap", "slow"),
+        ["mid"],
+    )
     # the limit is the tier's mask, not the budget: a mask of 2.0 takes slow, first in order
-    assert live_move("mid", fallbacks, names, p, pred, 2.0, {"mid": 3.0}) == ("slow", ("mid", "cheap", "big"), ["mid"])
+    assert live_move("mid", fallbacks, names, p, pred, 2.0, {"mid": 3.0}) == (
+        "slow",
+        ("mid", "cheap", "big"),
+        ["mid"],
+    )
     # big slowed too: nowhere to go
     assert live_move("mid", fallbacks, names, p, pred, 1.0, {"mid": 2.0, "big": 1.2}) is None
     # big slowed a little still fits; the candidates over are listed in candidate order
