@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import subprocess
 import sys
 import tomllib
@@ -95,6 +96,9 @@ def _tree(folder: Path) -> set[str]:
 @pytest.mark.timeout(3600)  # about 570 packages to install: with pip on a busy machine, long
 def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tmp_path) -> None:
     dist = tmp_path / "dist"
+    # the bytecode a checkout gathers where Python writes it (a test run, a custom grader
+    # imported), in a folder the package data takes whole: it must stay out of the wheel
+    py_compile.compile(str(REPO / "evals" / "suites" / "examples" / "example_graders.py"), doraise=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
         check=True,
@@ -102,8 +106,10 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
         timeout=600,
     )
     wheel = next(dist.glob("routeopt-*.whl"))
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
     assert tops == {"routeopt", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+    assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
 
     venv = make_venv(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
