@@ -82,7 +82,13 @@ def certified_targets(
 
     With `weights` the means are weighted and the standard error is that of a weighted mean,
     sqrt(n / (n - 1) * sum w^2 (d - mean)^2) / sum w, which for equal weights is the usual
-    sd / sqrt(n)."""
+    sd / sqrt(n).
+
+    The bound is a line minus a norm of an affine function of x, so concave in x: where it
+    holds at 0 it holds on an interval, whose end is found by bisection over the grid. The grid
+    points around the end, and any row whose bound comes within rounding of 0 where the
+    bisection relies on concavity, are evaluated exactly as on the whole grid, so the answer is
+    the whole grid's to the bit."""
     n = a.shape[1]
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     total = w.sum()
@@ -93,11 +99,68 @@ def certified_targets(
     w2 = w * w
     va, vr = (w2 * da * da).sum(1), float((w2 * dr * dr).sum())
     cov = (w2 * da * dr).sum(1)
-    x = X_GRID[None, :]
-    mean = am[:, None] - x * rm
-    spread = np.sqrt(np.maximum(va[:, None] - 2 * x * cov[:, None] + x * x * vr, 0.0))
+    z = _z(confidence)
+    if n < 2 or not z > 0:
+        whole = _lcb(
+            am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[None, :], slice(None)
+        )
+        return _first_failure(whole >= 0)
+    rows = np.arange(len(a))
+    last = len(X_GRID) - 1
+    lo_lcb = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[0], rows)
+    hi_lcb = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[last], rows)
+    out = np.where(hi_lcb >= 0, X_GRID[last], 0.0)
+    lo, hi = np.zeros(len(a), dtype=np.intp), np.full(len(a), last)
+    todo = np.flatnonzero((lo_lcb >= 0) & (hi_lcb < 0))
+    while len(todo):
+        wide = todo[hi[todo] - lo[todo] > 1]
+        if not len(wide):
+            break
+        mid = (lo[wide] + hi[wide]) // 2
+        ok = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[mid], wide) >= 0
+        lo[wide[ok]], hi[wide[~ok]] = mid[ok], mid[~ok]
+        todo = wide
+    # The grid points around each end, as the whole grid computes them.
+    ends = np.flatnonzero((lo_lcb >= 0) & (hi_lcb < 0))
+    near = np.clip(hi[ends, None] + np.arange(-_WINDOW, _WINDOW + 1), 0, last)
+    ok = _lcb(am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[near], ends) >= 0
+    first = np.where(ok.all(1), last + 1, near[np.arange(len(ends)), np.argmin(ok, axis=1)])
+    out[ends] = np.where(first > 0, X_GRID[np.maximum(first - 1, 0)], 0.0)
+    # Where the bound is within rounding of 0 at a point concavity was relied on, the whole grid.
+    start = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[near[:, 0]], ends)
+    doubtful = np.zeros(len(a), dtype=bool)
+    doubtful[ends] = (start <= _ROUNDING) | ~ok[:, 0]
+    doubtful |= ((lo_lcb >= 0) & (lo_lcb <= _ROUNDING)) | ((hi_lcb >= 0) & (hi_lcb <= _ROUNDING))
+    doubtful |= np.isnan(lo_lcb) | np.isnan(hi_lcb)
+    if doubtful.any():
+        d = np.flatnonzero(doubtful)
+        whole = _lcb(am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[None, :], d)
+        out[d] = _first_failure(whole >= 0)
+    return out
+
+
+_WINDOW = 4  # grid points either side of a bisected end that are evaluated one by one
+_ROUNDING = 1e-9  # a bound this close to 0 may be on either side of it after rounding
+
+
+def _lcb(
+    am: np.ndarray,
+    rm: float,
+    va: np.ndarray,
+    vr: float,
+    cov: np.ndarray,
+    total: float,
+    n: int,
+    z: float,
+    x: np.ndarray,
+    rows: np.ndarray | slice,
+) -> np.ndarray:
+    """The lower confidence bound of mean(a - x r) for `rows` at `x`, in the one order of
+    operations every caller uses (so a point's bound is the same bits however it is reached)."""
+    mean = am[rows] - x * rm
+    spread = np.sqrt(np.maximum(va[rows] - 2 * x * cov[rows] + x * x * vr, 0.0))
     se = spread / total * math.sqrt(n / (n - 1)) if n > 1 else np.full_like(spread, np.inf)
-    return _first_failure(mean - _z(confidence) * se >= 0)
+    return mean - z * se
 
 
 def worst_case_mix(m: np.ndarray, p: np.ndarray, gamma: float) -> np.ndarray:

@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from routeopt.router_training.fit.bounds import Assumption, certified_targets, robust_certified_targets
+from routeopt.router_training.policy.knob import lambda_choices
 from routeopt.router_training.policy.routing import Knob, Member, OperatingPoint, member_choice
 
 DEFAULT_CONFIDENCE = 0.95
@@ -92,10 +93,11 @@ def _members(
     the `allowed` candidates of each request where given (a latency budget's mask)."""
     members, choices, seen = [], [], set()
     k = cal.P.shape[1]
-    candidates = [Member("single", float(ref))] + [Member("single", float(j)) for j in range(k) if j != ref]
-    candidates += [Member("lambda", float(lam)) for lam in lambda_grid(cal.Cp)]
-    for m in candidates:
-        pick = member_choice(m, cal.P, cal.Cp, allowed)
+    singles = [Member("single", float(ref))] + [Member("single", float(j)) for j in range(k) if j != ref]
+    lambdas = lambda_grid(cal.Cp)
+    picks = [member_choice(m, cal.P, cal.Cp, allowed) for m in singles]
+    picks += list(lambda_choices(lambdas, cal.P, cal.Cp, allowed))
+    for m, pick in zip(singles + [Member("lambda", float(lam)) for lam in lambdas], picks):
         key = pick.tobytes()
         if key not in seen:
             seen.add(key)

@@ -167,6 +167,12 @@ class _SeenMasks:
         return self._found[key]
 
 
+def _chosen(values: np.ndarray, choices: np.ndarray) -> np.ndarray:
+    """values[i, choices[m, i]] (members x n): each member's choice's value on every request."""
+    flat = np.arange(0, values.size, values.shape[1]) + choices
+    return values.ravel().take(flat)
+
+
 class _Restricted:
     """One mask's members, the points of their hull on the selection half (the reference's own
     restricted choice first), the members' outcomes, costs and violations on every calibration
@@ -184,8 +190,7 @@ class _Restricted:
     ) -> None:
         Y, C = cal.filled()
         self.members, choices = seen.members(cal, ref, allowed)
-        rows = np.arange(Y.shape[0])
-        self.yq, self.cq, self.vq = Y[rows, choices], C[rows, choices], over[rows, choices]
+        self.yq, self.cq, self.vq = _chosen(Y, choices), _chosen(C, choices), _chosen(over, choices)
         hull, _ = _hull_points(self.yq[:, sel], self.cq[:, sel], w[sel])
         self.points = [(0, 0, 1.0), *[p for p in hull if p != (0, 0, 1.0)]]
         self.cost_sel = _mix(self.points, _mean(self.cq[:, sel], w[sel]))

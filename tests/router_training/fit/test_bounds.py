@@ -131,3 +131,59 @@ def test_the_weighted_reference_moves_only_on_evidence():
     Y2[heavy, 1], Y2[heavy, 0] = 1.0, (rng.random(heavy.sum()) < 0.5)
     w2 = np.where(heavy, 10.0, 0.1)
     assert Basis(Assumption("traffic"), weights=w2).reference(Y2) == 1
+
+
+def _whole_grid(a: np.ndarray, r: np.ndarray, confidence: float, w: np.ndarray | None) -> np.ndarray:
+    """The certificate as its definition reads: the bound at every grid target, then the first
+    target that fails."""
+    from statistics import NormalDist
+
+    from routeopt.router_training.fit.bounds import X_GRID
+
+    n = a.shape[1]
+    w = np.ones(n) if w is None else w
+    total = w.sum()
+    am, rm = (a * w).sum(1) / total, float((r * w).sum() / total)
+    da, dr = a - am[:, None], r - rm
+    va, vr, cov = (w * w * da * da).sum(1), float((w * w * dr * dr).sum()), (w * w * da * dr).sum(1)
+    x = X_GRID[None, :]
+    spread = np.sqrt(np.maximum(va[:, None] - 2 * x * cov[:, None] + x * x * vr, 0.0))
+    se = spread / total * np.sqrt(n / (n - 1)) if n > 1 else np.full_like(spread, np.inf)
+    ok = am[:, None] - x * rm - NormalDist().inv_cdf(confidence) * se >= 0
+    first = np.where(ok.all(1), ok.shape[1], np.argmin(ok, axis=1))
+    return np.where(first > 0, X_GRID[np.maximum(first - 1, 0)], 0.0)
+
+
+@settings(max_examples=300)
+@given(
+    n=st.integers(1, 60),
+    points=st.integers(1, 6),
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(["binary", "scores", "copies", "constant", "weighted"]),
+    confidence=st.sampled_from([0.5, 0.8, 0.95, 0.999]),
+)
+def test_the_bisected_certificate_is_the_whole_grids(n, points, seed, kind, confidence):
+    """Bisection over the grid gives the same target, to the bit, as evaluating every grid point:
+    on pass/fail and fractional outcomes, points that copy the reference (bound exactly at the
+    edge), constant outcomes (zero spread) and weights."""
+    rng = np.random.default_rng(seed)
+    r = (rng.random(n) < rng.random()).astype(float)
+    if kind == "scores":
+        r = rng.random(n)
+    a = (rng.random((points, n)) < rng.random((points, 1))).astype(float)
+    if kind == "scores":
+        a = rng.random((points, n))
+    if kind == "copies":
+        a = np.vstack([r * rng.integers(1, 3) / 2 for _ in range(points)])
+    if kind == "constant":
+        a, r = np.full((points, n), float(rng.integers(0, 2))), np.full(n, float(rng.integers(0, 2)))
+    w = rng.random(n) * 3 + 0.1 if kind == "weighted" else None
+    got = certified_targets(a, r, confidence, w)
+    assert np.array_equal(got, _whole_grid(a, r, confidence, w)), (got, _whole_grid(a, r, confidence, w))
+
+
+def test_the_bisected_certificate_on_many_requests_is_the_whole_grids():
+    for seed in range(40):
+        a, r = _pair(2000, seed, rate=0.5 + seed / 100, lost=seed / 400)
+        rows = np.vstack([a, r, np.maximum(a, r), 0.97 * r])
+        assert np.array_equal(certified_targets(rows, r, 0.95), _whole_grid(rows, r, 0.95, None))

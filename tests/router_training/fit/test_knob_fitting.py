@@ -20,7 +20,7 @@ from routeopt.router_training.fit.knob_fitting import (
     hull_vertices,
     selection_half,
 )
-from routeopt.router_training.policy.routing import Knob, OperatingPoint, member_choice
+from routeopt.router_training.policy.routing import Knob, Member, OperatingPoint, member_choice
 from routeopt.router_training.train import Design, train_router
 
 CODE = "def parse the list return python function loop index".split()
@@ -304,3 +304,36 @@ def test_routing_data_of_a_test_file_scores_fractions(flat):
     data = scoring_data(frame, policy.candidates)  # score wins over a stored 'passed' column
     assert np.allclose(np.nansum(data.Y), frame["score"].sum())
     assert len(routing_data(frame)) == 10
+
+
+@settings(max_examples=200)
+@given(
+    n=st.integers(1, 40),
+    k=st.integers(1, 6),
+    seed=st.integers(0, 2**32 - 1),
+    masked=st.booleans(),
+    coarse=st.booleans(),
+)
+def test_lambdas_scored_together_choose_as_each_lambda_alone(n, k, seed, masked, coarse):
+    """`lambda_choices` (every lambda of the grid at once, a candidate's column at a time) picks,
+    for each lambda, the candidate with the highest p - lambda c, ties to the cheaper, then the
+    first, among the allowed ones: the member's definition, written out here per lambda."""
+    from routeopt.router_training.fit.knob_fitting import lambda_grid
+    from routeopt.router_training.policy.knob import lambda_choices
+
+    rng = np.random.default_rng(seed)
+    p, c = rng.random((n, k)), rng.random((n, k)) * 1e-3
+    if coarse:  # ties in pass probability and in cost
+        p, c = np.round(p * 2) / 2, np.round(c * 2e3) / 2e3
+    allowed = rng.random((n, k)) < 0.6 if masked else None
+    if allowed is not None:
+        allowed[np.arange(n), rng.integers(0, k, n)] = True
+    lams = lambda_grid(c)
+    got = lambda_choices(lams, p, c, allowed)
+    for i, lam in enumerate(lams):
+        score = np.where(allowed if allowed is not None else True, p - lam * c, -np.inf)
+        for row in range(n):
+            top = score[row] >= score[row].max()
+            want = int(np.argmin(np.where(top, c[row], np.inf)))
+            assert got[i, row] == want, (lam, row)
+    assert np.array_equal(member_choice(Member("lambda", float(lams[3])), p, c, allowed), got[3])
