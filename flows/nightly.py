@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 from routeopt.common import tracing
 from routeopt.evals.config import (
@@ -689,7 +690,8 @@ def nightly(
             logger.warning(excluded)
         leave_out = skipped + [m["candidate"] for m in report.misconfigured]
         frame = training_frame(cfg, run_id, leave_out) if train else None
-        result = train_task(cfg, run_id, frame) if train and not frame.empty else None
+        # quote(): large inputs Prefect would otherwise walk, element by element, for futures
+        result = train_task(cfg, run_id, quote(frame)) if train and not frame.empty else None
         if train and result is None:
             logger.error("no graded outcomes to train on: no policy from run %s", run_id)
         metrics = result.metrics if result is not None else None
@@ -775,11 +777,11 @@ def _publish_and_promote(
     if not go:
         return None, None, []
     logger = get_run_logger()
-    published = publish_task(cfg, result, report, sorted(set(frame.run_id)))
+    published = publish_task(cfg, quote(result), quote(report), sorted(set(frame.run_id)))
     if isinstance(published, Refused):
         logger.error(published.message)
         return None, None, [published]
-    promotion = promote_task(cfg, result, frame, published, blocking)
+    promotion = promote_task(cfg, quote(result), quote(frame), quote(published), blocking)
     if isinstance(promotion, Refused):
         logger.error(promotion.message)
         return published, None, [promotion]
