@@ -106,6 +106,15 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api(prefect_harness) -> str:
+    """The session's Prefect server, for `routeopt` commands a test runs in a subprocess where the
+    CLI's own temporary server is not what is tested: each would start one (seconds of CPU)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value())
+
+
 # The wire-protocol fake LLM server's fixtures, for every test module.
 from tests.fake_llm import fake_candidate, fake_llm, fake_llm_process  # noqa: E402,F401
 

@@ -49,10 +49,6 @@ CONSTANTS: dict[re.Pattern[str], tuple[str, ...]] = {
 }
 # Tests whose reason is in a command line another program runs: node id -> markers.
 FACTS: dict[str, tuple[str, ...]] = {
-    # `routeopt run` in a subprocess starts its own Prefect server, twice
-    "tests/flows/test_run_checks.py::test_a_tampered_champion_is_one_sentence_after_the_summary": (
-        "prefect",
-    ),
     # benchmarks/gpu_check.sh builds tiny random checkpoints, serves them, then runs `routeopt run`
     "tests/benchmarks/test_gpu_check.py::test_shell_script_runs_the_pipeline_on_cpu": ("model", "prefect"),
     "tests/benchmarks/test_gpu_check.py::test_cpu_tiny_end_to_end": ("model",),

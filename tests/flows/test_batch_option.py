@@ -81,13 +81,17 @@ def test_bad_batch_names_are_one_sentence_before_prefect(tmp_path: Path) -> None
         assert "prefect" not in imported
 
 
-def test_the_option_batches_like_the_config_and_a_resume_keeps_it(tmp_path: Path, mark: str) -> None:  # noqa: F811
+def test_the_option_batches_like_the_config_and_a_resume_keeps_it(
+    tmp_path: Path,
+    mark: str,
+    prefect_api: str,  # noqa: F811
+) -> None:
     server = Server("--phase-s", "2.0")
     try:
         config = project(tmp_path, {"openai": server.url + "/v1", "anthropic": server.url})
         db = tmp_path / "out" / "routeopt.duckdb"
         args = ("--candidate", "gpt", "--candidate", "claude", "--no-progress", "--no-preflight")
-        proc = _start(config, mark, "--run-id", "night", "--batch", "gpt", *args)
+        proc = _start(config, mark, prefect_api, "--run-id", "night", "--batch", "gpt", *args)
         deadline = time.monotonic() + 240
         while not server.get("/_fake/batches"):  # submitted and recorded: kill it mid-batch
             assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -115,7 +119,7 @@ def test_the_option_batches_like_the_config_and_a_resume_keeps_it(tmp_path: Path
         )
 
         # the plain resume is no config change: it polls the same batch, pays nothing twice
-        proc = _start(config, mark, "--resume", "night", *args)
+        proc = _start(config, mark, prefect_api, "--resume", "night", *args)
         out = proc.communicate(timeout=300)[0]
         assert proc.returncode == 0, out[-3000:]
         batches, billed = server.get("/_fake/batches"), server.get("/_fake/billed")
@@ -176,8 +180,8 @@ def _row(candidate: str):
     return Outcome("r", "arith", "v1", "1", candidate, passed=True, response="2")
 
 
-def _start(config: Path, mark: str, *args: str) -> subprocess.Popen:  # noqa: F811
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def _start(config: Path, mark: str, api: str, *args: str) -> subprocess.Popen:  # noqa: F811
+    env = {**os.environ, "PREFECT_API_URL": api}
     env.update(PYTHONPATH=str(REPO), PREFECT_LOGGING_LEVEL="WARNING", **{MARK: mark})
     return subprocess.Popen(
         [sys.executable, "-m", "routeopt.flows.cli", "eval", "--config", str(config), *args],

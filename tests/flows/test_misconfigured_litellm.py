@@ -94,12 +94,14 @@ def _project(tmp_path: Path, proxy: LiteLLMProxy, **big: object) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _session_prefect(prefect_api: str, monkeypatch) -> None:
+    """`routeopt run` reports to the session's Prefect server instead of starting its own."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+
+
 def _run(config: Path, proxy: LiteLLMProxy, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PREFECT_API_URL", "ROUTEOPT_SIGNING_KEY", "I26_UNSET_KEY")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("ROUTEOPT_SIGNING_KEY", "I26_UNSET_KEY")}
     env.update(
         PYTHONPATH=str(REPO), PREFECT_LOGGING_LEVEL="WARNING", **{KEY_ENV: proxy.master_key}, **env_vars
     )

@@ -149,12 +149,13 @@ def test_log_records_lose_their_traceback_and_keep_the_error_type() -> None:
 
 
 @pytest.mark.slow
-def test_a_tampered_champion_is_one_sentence_after_the_summary(tmp_path: Path) -> None:
+def test_a_tampered_champion_is_one_sentence_after_the_summary(tmp_path: Path, prefect_api: str) -> None:
     """The run's results stand and are shown; why the champion was not moved is the last line,
     with no traceback, and the run exits non-zero."""
     write_arithmetic_suite(tmp_path / "suites", 20)
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ROUTEOPT_SIGNING_KEY")},
+        **{k: v for k, v in os.environ.items() if k != "ROUTEOPT_SIGNING_KEY"},
+        "PREFECT_API_URL": prefect_api,
         "PYTHONPATH": str(REPO),
         "I26_S": "sk-s",
         "I26_W": "sk-w",
