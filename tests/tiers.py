@@ -50,7 +50,7 @@ CONSTANTS: dict[re.Pattern[str], tuple[str, ...]] = {
 # Tests whose reason is in a command line another program runs: node id -> markers.
 FACTS: dict[str, tuple[str, ...]] = {
     # benchmarks/gpu_check.sh builds tiny random checkpoints, serves them, then runs `routeopt run`
-    "tests/benchmarks/test_gpu_check.py::test_shell_script_runs_the_pipeline_on_cpu": ("model", "prefect"),
+    "tests/benchmarks/test_gpu_check.py::test_shell_script_runs_the_pipeline_on_cpu": ("model",),
     "tests/benchmarks/test_gpu_check.py::test_cpu_tiny_end_to_end": ("model",),
     # the sets are found beside the checkout, or beside a worktree's parent
     "tests/gateways/test_js_runtime.py::test_policies_trained_on_every_shared_set_pass_in_javascript": (

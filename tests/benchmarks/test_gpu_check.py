@@ -181,11 +181,11 @@ def _check_levers(res: dict, report: str) -> None:
 
 
 @pytest.mark.slow
-def test_shell_script_runs_the_pipeline_on_cpu(tmp_path):
-    """The wrapper script, including `routeopt run` of the generated suite (Prefect: slow); the
-    levers are test_cpu_tiny_end_to_end's."""
+def test_shell_script_runs_the_pipeline_on_cpu(tmp_path, prefect_api):
+    """The wrapper script, including `routeopt run` of the generated suite (reporting to the
+    session's Prefect server); the levers are test_cpu_tiny_end_to_end's."""
     out = tmp_path / "gc"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PREFECT_API_URL=prefect_api)
     proc = subprocess.run(
         [
             "bash",
