@@ -126,9 +126,10 @@ async def test_fault_mix_plain_into_duckdb(tmp_path, fake_llm, provider):
 async def _run_mix(tmp_path, server: FakeLLM, provider: str, mix: str, *, stream: bool, db: bool = False):
     server.faults = FaultPlan(MIXES[mix], seed=7, retry_after_s=0.01, slow_first_s=0.2)
     suite = load_suite(write_arithmetic_suite(tmp_path, N))
-    # the client's timeout only where the plan hangs calls: elsewhere, on a loaded machine, an
-    # attempt could time out before the server read it, and the server would see one call fewer
-    cand = candidate(server, provider, **({} if "hang" in MIXES[mix] else {"timeout_s": 60.0}))
+    # A client timeout far above what an answer takes on a loaded machine (an attempt that timed
+    # out before the server read it would be one call the server never saw), and below the
+    # plan's hangs (30 s), which must time out.
+    cand = candidate(server, provider, timeout_s=10.0 if "hang" in MIXES[mix] else 60.0)
     from routeopt.evals.providers import make_provider
 
     prov = make_provider(cand)
