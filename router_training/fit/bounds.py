@@ -82,13 +82,8 @@ def certified_targets(
 
     With `weights` the means are weighted and the standard error is that of a weighted mean,
     sqrt(n / (n - 1) * sum w^2 (d - mean)^2) / sum w, which for equal weights is the usual
-    sd / sqrt(n).
-
-    The bound is a line minus a norm of an affine function of x, so concave in x: where it
-    holds at 0 it holds on an interval, whose end is found by bisection over the grid. The grid
-    points around the end, and any row whose bound comes within rounding of 0 where the
-    bisection relies on concavity, are evaluated exactly as on the whole grid, so the answer is
-    the whole grid's to the bit."""
+    sd / sqrt(n). The grid is searched by bisection (`_bisected`), with the whole grid's answer
+    to the bit."""
     n = a.shape[1]
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     total = w.sum()
@@ -99,68 +94,80 @@ def certified_targets(
     w2 = w * w
     va, vr = (w2 * da * da).sum(1), float((w2 * dr * dr).sum())
     cov = (w2 * da * dr).sum(1)
-    z = _z(confidence)
-    if n < 2 or not z > 0:
-        whole = _lcb(
-            am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[None, :], slice(None)
-        )
-        return _first_failure(whole >= 0)
-    rows = np.arange(len(a))
-    last = len(X_GRID) - 1
-    lo_lcb = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[0], rows)
-    hi_lcb = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[last], rows)
-    out = np.where(hi_lcb >= 0, X_GRID[last], 0.0)
-    lo, hi = np.zeros(len(a), dtype=np.intp), np.full(len(a), last)
-    todo = np.flatnonzero((lo_lcb >= 0) & (hi_lcb < 0))
-    while len(todo):
-        wide = todo[hi[todo] - lo[todo] > 1]
-        if not len(wide):
-            break
+    bound = _Bound(am, rm, va, vr, cov, total, n, _z(confidence))
+    if n < 2 or not bound.z > 0:
+        return _first_failure(bound.on_grid(np.arange(len(a))) >= 0)
+    return _bisected(bound, len(a))
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The lower confidence bound of mean(a - x r) per point, from its sums."""
+
+    am: np.ndarray
+    rm: float
+    va: np.ndarray
+    vr: float
+    cov: np.ndarray
+    total: float
+    n: int
+    z: float
+
+    def at(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The bound of each of `rows` at its own target (x: (k,)) or targets (x: (k, w)), by
+        the same operations in the same order whatever the shape, so a point's bound is the
+        same bits however it is reached."""
+        col = (slice(None),) + (None,) * (x.ndim - 1)
+        am, va, cov = self.am[rows][col], self.va[rows][col], self.cov[rows][col]
+        mean = am - x * self.rm
+        spread = np.sqrt(np.maximum(va - 2 * x * cov + x * x * self.vr, 0.0))
+        n = self.n
+        se = spread / self.total * math.sqrt(n / (n - 1)) if n > 1 else np.full_like(spread, np.inf)
+        return mean - self.z * se
+
+    def on_grid(self, rows: np.ndarray) -> np.ndarray:
+        """The bound of `rows` at every target of `X_GRID` (k, len(X_GRID))."""
+        return self.at(np.broadcast_to(X_GRID, (len(rows), len(X_GRID))), rows)
+
+
+def _bisected(bound: _Bound, points: int) -> np.ndarray:
+    """`_first_failure` over the whole grid, by bisection: the bound is a line minus a norm of
+    an affine function of x, so concave, and where it holds at 0 it holds up to one end. The
+    grid points around each end are evaluated one by one, and a row whose bound comes within
+    rounding of 0 where concavity is relied on (0, the last target, the window's start) is
+    evaluated on the whole grid."""
+    rows, last = np.arange(points), len(X_GRID) - 1
+    first_lcb = bound.at(np.full(points, X_GRID[0]), rows)
+    last_lcb = bound.at(np.full(points, X_GRID[last]), rows)
+    out = np.where((first_lcb >= 0) & (last_lcb >= 0), X_GRID[last], 0.0)  # failing at 0: 0
+    ends = np.flatnonzero((first_lcb >= 0) & (last_lcb < 0))
+    lo, hi = np.zeros(len(ends), dtype=np.intp), np.full(len(ends), last)
+    while (wide := np.flatnonzero(hi - lo > 1)).size:
         mid = (lo[wide] + hi[wide]) // 2
-        ok = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[mid], wide) >= 0
+        ok = bound.at(X_GRID[mid], ends[wide]) >= 0
         lo[wide[ok]], hi[wide[~ok]] = mid[ok], mid[~ok]
-        todo = wide
-    # The grid points around each end, as the whole grid computes them.
-    ends = np.flatnonzero((lo_lcb >= 0) & (hi_lcb < 0))
-    near = np.clip(hi[ends, None] + np.arange(-_WINDOW, _WINDOW + 1), 0, last)
-    ok = _lcb(am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[near], ends) >= 0
+    near = np.clip(hi[:, None] + np.arange(-_WINDOW, _WINDOW + 1), 0, last)
+    window = bound.at(X_GRID[near], ends)
+    ok = window >= 0
     first = np.where(ok.all(1), last + 1, near[np.arange(len(ends)), np.argmin(ok, axis=1)])
     out[ends] = np.where(first > 0, X_GRID[np.maximum(first - 1, 0)], 0.0)
-    # Where the bound is within rounding of 0 at a point concavity was relied on, the whole grid.
-    start = _lcb(am, rm, va, vr, cov, total, n, z, X_GRID[near[:, 0]], ends)
-    doubtful = np.zeros(len(a), dtype=bool)
-    doubtful[ends] = (start <= _ROUNDING) | ~ok[:, 0]
-    doubtful |= ((lo_lcb >= 0) & (lo_lcb <= _ROUNDING)) | ((hi_lcb >= 0) & (hi_lcb <= _ROUNDING))
-    doubtful |= np.isnan(lo_lcb) | np.isnan(hi_lcb)
+    doubtful = _near_zero(first_lcb) | _near_zero(last_lcb)
+    doubtful[ends] |= _near_zero(window[:, 0]) | ~ok[:, 0]
     if doubtful.any():
         d = np.flatnonzero(doubtful)
-        whole = _lcb(am[:, None], rm, va[:, None], vr, cov[:, None], total, n, z, X_GRID[None, :], d)
-        out[d] = _first_failure(whole >= 0)
+        out[d] = _first_failure(bound.on_grid(d) >= 0)
     return out
 
 
 _WINDOW = 4  # grid points either side of a bisected end that are evaluated one by one
+
+
+def _near_zero(bound: np.ndarray) -> np.ndarray:
+    """Where a bound is >= 0 by less than rounding could move it, or not a number."""
+    return ~((bound > _ROUNDING) | (bound < 0))
+
+
 _ROUNDING = 1e-9  # a bound this close to 0 may be on either side of it after rounding
-
-
-def _lcb(
-    am: np.ndarray,
-    rm: float,
-    va: np.ndarray,
-    vr: float,
-    cov: np.ndarray,
-    total: float,
-    n: int,
-    z: float,
-    x: np.ndarray,
-    rows: np.ndarray | slice,
-) -> np.ndarray:
-    """The lower confidence bound of mean(a - x r) for `rows` at `x`, in the one order of
-    operations every caller uses (so a point's bound is the same bits however it is reached)."""
-    mean = am[rows] - x * rm
-    spread = np.sqrt(np.maximum(va[rows] - 2 * x * cov[rows] + x * x * vr, 0.0))
-    se = spread / total * math.sqrt(n / (n - 1)) if n > 1 else np.full_like(spread, np.inf)
-    return mean - z * se
 
 
 def worst_case_mix(m: np.ndarray, p: np.ndarray, gamma: float) -> np.ndarray:

@@ -187,3 +187,10 @@ def test_the_bisected_certificate_on_many_requests_is_the_whole_grids():
         a, r = _pair(2000, seed, rate=0.5 + seed / 100, lost=seed / 400)
         rows = np.vstack([a, r, np.maximum(a, r), 0.97 * r])
         assert np.array_equal(certified_targets(rows, r, 0.95), _whole_grid(rows, r, 0.95, None))
+
+
+def test_a_bound_that_fails_at_0_keeps_no_target_even_where_it_holds_further_on():
+    """The bound is concave in the target: two requests whose margin shrinks as the target
+    grows can fail at 0 and hold at 2. The certificate is the first failure, so 0."""
+    a, r = np.array([[0.30556628, 0.97211321]]), np.array([0.045778, 0.32945693])
+    assert certified_targets(a, r, 0.999)[0] == 0.0 == _whole_grid(a, r, 0.999, None)[0]
