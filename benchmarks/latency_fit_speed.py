@@ -15,7 +15,6 @@ import argparse
 import hashlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import numpy as np
 
 def capture(db: Path, tmp: Path) -> list[tuple[tuple, dict]]:
     """The arguments of every latency_policy call `routeopt train --db DB` makes."""
+    from routeopt.artifacts.publish.signing_keys import generate_keys
     from routeopt.flows.cli import cli
     from routeopt.router_training.fit import latency_fitting
 
@@ -36,8 +36,7 @@ def capture(db: Path, tmp: Path) -> list[tuple[tuple, dict]]:
         calls.append((args, kwargs))
         return real(*args, **kwargs)
 
-    key = tmp / "signing_key.pem"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
+    key, _ = generate_keys(tmp)
     latency_fitting.latency_policy = keep
     try:
         train = ["train", "--db", str(db), "--registry", str(tmp / "registry"), "--signing-key", str(key)]

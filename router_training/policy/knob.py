@@ -96,7 +96,7 @@ def lambda_choices(
     c = np.atleast_2d(c)
     params = np.asarray(params, dtype=np.float64)
     mask = None if allowed is None else np.broadcast_to(np.atleast_2d(allowed), p.shape)
-    out = np.empty((len(params), p.shape[0]), dtype=np.intp)
+    out = np.zeros((len(params), p.shape[0]), dtype=np.intp)
     step = max(1, _BLOCK // max(p.shape[0], 1))
     for start in range(0, len(params), step):
         lam = params[start : start + step, None]
@@ -108,7 +108,6 @@ def lambda_choices(
         for score in scores[1:]:
             best = np.maximum(best, score)
         pick = out[start : start + step]
-        pick[...] = 0
         cheapest = np.where(scores[0] >= best, c[:, 0], np.inf)
         for k, score in enumerate(scores[1:], start=1):
             cost = np.where(score >= best, c[:, k], np.inf)
