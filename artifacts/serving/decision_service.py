@@ -1,7 +1,8 @@
 """The decision service: routeopt's decision over HTTP, for gateways that cannot embed Python.
 
-`routeopt gateway serve` (or `routeopt-gateway serve` from the gateway-only install) runs this
-ASGI app under uvicorn. A gateway sends it the request it is about to forward (an OpenAI chat body
+`routeopt gateway serve` (or `routeopt-gateway serve` from the gateway-only install) serves it
+with `routeopt.artifacts.serving.http_server`; it is also an ASGI app, for hosts that mount one.
+A gateway sends it the request it is about to forward (an OpenAI chat body
 works as it is) and copies the answer into the upstream request:
 
 - `POST /v1/route` (and `POST /v1/route/<anything>`, for Envoy's ext_authz `path_prefix`): the
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from routeopt.artifacts.serving.gateway import Gateway
+from routeopt.artifacts.serving.http_server import JSON, Request, Response
 from routeopt.artifacts.serving.settings import GatewayLoader, GatewaySettings
 from routeopt.artifacts.serving.route_request import ALIAS, BadRequest, RouteRequest, route_request
 from routeopt.artifacts.serving.loader import ServedDecision, PolicyLoadError
@@ -39,9 +41,12 @@ from routeopt.artifacts.serving.service_metrics import CONTENT_TYPE, Metrics
 log = logging.getLogger("routeopt.service")
 Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
-JSON = b"application/json"
 ACCEL_HEADER = "x-routeopt-accel-redirect"
 PARTIAL_BODY_HEADER = "x-envoy-auth-partial-body"  # Envoy's ext_authz: "true" when it cut the body
+
+
+class _Disconnected(Exception):
+    """The client went away before sending the whole body."""
 
 
 class Refused(Exception):
@@ -117,13 +122,63 @@ class DecisionService:
     def ready(self) -> bool:
         return self.gateway is not None
 
+    # -- requests ---------------------------------------------------------------------------
+    def respond(self, request: Request) -> Response:
+        """The answer to one request: what both the HTTP server and the ASGI app send."""
+        path, method = request.path, request.method
+        if path == "/v1/route" or path.startswith("/v1/route/"):
+            if method != "POST":
+                self.metrics.refuse("method")
+                return _json(
+                    405,
+                    {
+                        "error": "POST the request to route as the body "
+                        "(an nginx auth_request subrequest carries no body: "
+                        "use X-Accel-Redirect, see gateways/nginx)"
+                    },
+                    [(b"allow", b"POST")],
+                )
+            return self._route(request)
+        if path == "/v1/observe":
+            if method != "POST":
+                return _json(405, {"error": "POST observations to /v1/observe"}, [(b"allow", b"POST")])
+            return self._observe(request)
+        pages = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/metrics": self._metrics_page,
+            "/v1/status": self._status,
+        }
+        page = pages.get(path)
+        if page is None:
+            return _json(404, {"error": f"no such path {path!r}; POST /v1/route"})
+        if method not in ("GET", "HEAD"):
+            return _json(405, {"error": f"{path} answers GET"}, [(b"allow", b"GET, HEAD")])
+        status, body, content_type = page()
+        if method == "HEAD":
+            return Response(status, b"", content_type, [(b"content-length", str(len(body)).encode())])
+        return Response(status, body, content_type)
+
     # -- ASGI -------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        """The same service as an ASGI app, to mount in an ASGI server or test client."""
         kind = scope["type"]
         if kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "http":
-            await self._http(scope, receive, send)
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                body = await self._read(headers, receive) if scope["method"] == "POST" else b""
+            except _Disconnected:
+                self.metrics.refuse("disconnect")
+                return
+            request = Request(scope["method"], scope["path"], scope.get("query_string", b""), headers, body)
+            response = self.respond(request)
+            headers_out = [(b"content-type", response.content_type), *response.headers]
+            if not any(k == b"content-length" for k, _ in headers_out):
+                headers_out.append((b"content-length", str(len(response.body)).encode()))
+            await send({"type": "http.response.start", "status": response.status, "headers": headers_out})
+            await send({"type": "http.response.body", "body": response.body})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -140,47 +195,24 @@ class DecisionService:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if path == "/v1/route" or path.startswith("/v1/route/"):
-            if method != "POST":
-                self.metrics.refuse("method")
-                return await _json(
-                    send,
-                    405,
-                    {
-                        "error": "POST the request to route as the body "
-                        "(an nginx auth_request subrequest carries no body: "
-                        "use X-Accel-Redirect, see gateways/nginx)"
-                    },
-                    [(b"allow", b"POST")],
-                )
-            return await self._route(scope, receive, send)
-        if path == "/v1/observe":
-            if method != "POST":
-                return await _json(
-                    send, 405, {"error": "POST observations to /v1/observe"}, [(b"allow", b"POST")]
-                )
-            return await self._observe(receive, send, _headers(scope))
-        pages = {
-            "/healthz": self._healthz,
-            "/readyz": self._readyz,
-            "/metrics": self._metrics_page,
-            "/v1/status": self._status,
-        }
-        page = pages.get(path)
-        if page is None:
-            return await _json(send, 404, {"error": f"no such path {path!r}; POST /v1/route"})
-        if method not in ("GET", "HEAD"):
-            return await _json(send, 405, {"error": f"{path} answers GET"}, [(b"allow", b"GET, HEAD")])
-        status, body, content_type = page()
-        await _send(
-            send,
-            status,
-            body if method == "GET" else b"",
-            content_type,
-            [(b"content-length", str(len(body)).encode())] if method == "HEAD" else [],
-        )
+    async def _read(self, headers: dict[str, str], receive: Receive) -> bytes | None:
+        """An ASGI request's body, or None once it is over the limit (the rest is not read)."""
+        limit = self.options.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
 
     def _healthz(self) -> tuple[int, bytes, bytes]:
         return 200, b'{"status":"ok"}', JSON
@@ -213,67 +245,61 @@ class DecisionService:
         return 200, _dumps(asdict(self.gateway.status())), JSON
 
     # -- routing ----------------------------------------------------------------------------
-    async def _route(self, scope: dict, receive: Receive, send: Send) -> None:
+    def _route(self, http: Request) -> Response:
         start = time.perf_counter()
-        headers = _headers(scope)
+        headers = http.headers
         try:
-            request = _parse(await self._body(headers, receive), headers, self.options)
+            request = _parse(self._body(http), headers, self.options)
             if request.passthrough is not None:
                 self.metrics.passthrough += 1
-                return await _send(
-                    send,
+                return Response(
                     200,
                     _dumps({"model": request.passthrough, "routed": False}),
                     JSON,
                     self._decision_headers(request.passthrough, None, headers),
                 )
             decision = self._decide(request, headers.get("traceparent"))
-            body = _answer(decision, request, b"explain=1" in scope.get("query_string", b""))
+            body = _answer(decision, request, b"explain=1" in http.query)
         except Refused as exc:
             self.metrics.refuse(exc.reason)
-            return await _json(send, exc.status, {"error": str(exc)})
+            return _json(exc.status, {"error": str(exc)})
         self.metrics.decided(decision.model, decision.default_reason is not None, time.perf_counter() - start)
-        await _send(send, 200, body, JSON, self._decision_headers(decision.model, decision, headers))
+        return Response(200, body, JSON, self._decision_headers(decision.model, decision, headers))
 
-    async def _observe(self, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+    def _observe(self, http: Request) -> Response:
         """Live latency (docs/policy-format.md, 8.4): one observation or a list of them,
         `{"model", "ttft_s"?, "latency_s"?, "predicted_ttft_s"?, "predicted_latency_s"?}`, each
         a call the caller made and timed, with the p95 its decision predicted where it had one."""
         try:
-            body = _json_body(await self._body(headers, receive))
+            body = _json_body(self._body(http))
             items = body if isinstance(body, list) else [body]
             parsed = [
                 _observation(item, f"[{i}]" if isinstance(body, list) else "the body")
                 for i, item in enumerate(items)
             ]
         except Refused as exc:
-            return await _json(send, exc.status, {"error": str(exc)})
+            return _json(exc.status, {"error": str(exc)})
+        except BadRequest as exc:
+            return _json(400, {"error": str(exc)})
         gateway = self.gateway
         if gateway is None:
-            return await _json(send, 503, {"error": f"the service cannot route yet: {self.not_ready_reason}"})
+            return _json(503, {"error": f"the service cannot route yet: {self.not_ready_reason}"})
         for observation in parsed:
             gateway.observe(**observation)
-        await _json(send, 200, {"observed": len(parsed)})
+        return _json(200, {"observed": len(parsed)})
 
-    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
-        limit = self.options.max_body_bytes
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise Refused(
-                413, "too_large", f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)"
+    def _body(self, http: Request) -> bytes:
+        """The request's body, or Refused when it was over the limit."""
+        if http.body is None:
+            limit = self.options.max_body_bytes
+            declared = http.headers.get("content-length", "")
+            message = (
+                f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)"
+                if declared.isdigit()
+                else f"the body is over the {limit}-byte limit (--max-body-bytes)"
             )
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refused(400, "disconnect", "the client went away before sending the whole body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise Refused(413, "too_large", f"the body is over the {limit}-byte limit (--max-body-bytes)")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks)
+            raise Refused(413, "too_large", message)
+        return http.body
 
     def _decide(self, request: RouteRequest, traceparent: str | None) -> ServedDecision:
         """The decision for one parsed request. `traceparent`, the caller's W3C trace context,
@@ -419,25 +445,11 @@ def _answer(d: ServedDecision, request: RouteRequest, explain: bool) -> bytes:
         raise Refused(500, "policy_error", f"the policy's decision is not valid JSON: {exc}") from None
 
 
-def _headers(scope: dict) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str).encode(
         "utf-8"
     )
 
 
-async def _send(
-    send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = [(b"content-type", content_type), *(extra or [])]
-    if not any(k == b"content-length" for k, _ in headers):
-        headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _json(send: Send, status: int, obj: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    await _send(send, status, _dumps(obj), JSON, extra)
+def _json(status: int, obj: Any, extra: list[tuple[bytes, bytes]] | None = None) -> Response:
+    return Response(status, _dumps(obj), JSON, extra or ())

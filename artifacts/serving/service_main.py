@@ -1,4 +1,4 @@
-"""`routeopt-gateway serve` / `routeopt gateway serve`: run the decision service under uvicorn.
+"""`routeopt-gateway serve` / `routeopt gateway serve`: run the decision service over HTTP.
 
 One parser serves both commands: the gateway-only install has no click, pydantic or config file,
 so the options are plain argparse, and every option has an environment variable (see
@@ -14,11 +14,13 @@ import argparse
 import logging
 import os
 import sys
+from typing import Callable
 
 from routeopt.artifacts.serving.settings import GatewaySettings, SettingsError
 from routeopt.artifacts.serving.route_request import ALIAS
 from routeopt.artifacts.serving.loader import PolicyLoadError
 from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions
+from routeopt.artifacts.serving.http_server import Handler, Limits, Serving, bind, serve_workers
 
 
 def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParser:
@@ -83,10 +85,11 @@ def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParse
     p.add_argument("--host", default=os.environ.get("ROUTEOPT_SERVICE_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("ROUTEOPT_SERVICE_PORT", "8700")))
     p.add_argument(
-        "--http",
-        choices=("auto", "h11", "httptools"),
-        default="auto",
-        help="uvicorn's HTTP parser (auto: httptools when installed).",
+        "--workers",
+        type=int,
+        default=int(os.environ.get("ROUTEOPT_SERVICE_WORKERS", "1")),
+        help="Processes serving the port (default: $ROUTEOPT_SERVICE_WORKERS, else 1); "
+        "one per core the service may use. Each loads the policy and keeps its own metrics and decision log.",
     )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
@@ -120,33 +123,48 @@ def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") ->
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.workers < 1:
+            raise SettingsError(f"--workers is {args.workers}; give at least 1")
         service = make_service(args)
-        service.start()  # before binding the port: a configuration error stops here, clearly
+        if args.workers == 1:  # before binding the port: a configuration error stops here, clearly
+            service.start()
     except (SettingsError, PolicyLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    config = uvicorn.Config(
-        service,
-        host=args.host,
-        port=args.port,
-        http=args.http,
-        lifespan="on",
-        access_log=False,
-        log_level=args.log_level,
-        timeout_keep_alive=30,
-    )
-    server = uvicorn.Server(config)
-    state = "ready" if service.ready else f"not ready ({service.not_ready_reason})"
-    print(
-        f"routeopt decision service on http://{args.host}:{args.port} ({state})", file=sys.stderr, flush=True
-    )
+    limits = Limits(max_body_bytes=args.max_body_bytes)
     try:
-        server.run()
-    finally:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
         service.close()
-    return 0
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if args.workers == 1:
+        state = "ready" if service.ready else f"not ready ({service.not_ready_reason})"
+        print(
+            f"routeopt decision service on http://{args.host}:{args.port} ({state})",
+            file=sys.stderr,
+            flush=True,
+        )
+        Serving(sock, service.respond, limits).run(on_stop=service.close)
+        return 0
+
+    def start_worker() -> tuple[Handler, Callable[[], None]]:
+        """In each worker, after the fork: the policy's threads and compiled kernels do not
+        survive one, so the parent never loads it."""
+        try:
+            worker = make_service(args)
+            worker.start()
+        except (SettingsError, PolicyLoadError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return worker.respond, worker.close
+
+    print(
+        f"routeopt decision service on http://{args.host}:{args.port} ({args.workers} workers)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return serve_workers(sock, args.workers, start_worker, limits)
 
 
 def cli() -> None:

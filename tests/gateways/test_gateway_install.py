@@ -33,7 +33,7 @@ ENTRY_POINTS = (
     "routeopt.artifacts.serving.loader",
     "routeopt.artifacts.serving.settings",
 )
-REQUIRED = {"numpy", "cryptography", "uvicorn"}  # the distribution's own dependencies
+REQUIRED = {"numpy", "cryptography", "httptools", "uvloop"}  # the distribution's own dependencies
 PROXY_ONLY = {"litellm"}  # present where the LiteLLM callbacks run: inside LiteLLM
 LAZY_OPTIONAL = {
     "boto3",
