@@ -24,8 +24,11 @@ canary and JSONL decision logs as an embedded gateway.
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
+import mmap
+import multiprocessing
+import struct
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass
@@ -71,6 +74,55 @@ class ServiceOptions:
     model_headers: tuple[str, ...] = ()
 
 
+class SharedObservations:
+    """Live-latency observations that every worker of one service applies, whichever worker
+    received them: a ring of fixed-size records in memory shared across the fork, written under
+    a lock and read without one (a record overwritten before a worker read it is skipped).
+
+    Each reader keeps its own position (`drain(position)`), so a worker applies every
+    observation, its own included, in the order they were published.
+    """
+
+    NAME_BYTES = 200
+    _RECORD = struct.Struct(f"<qH{NAME_BYTES}s5d")  # sequence, name length, name, 4 seconds, at
+
+    def __init__(self, slots: int = 4096) -> None:
+        self.slots = slots
+        self._lock = multiprocessing.Lock()
+        self._memory = mmap.mmap(-1, 8 + slots * self._RECORD.size)
+        self._head = memoryview(self._memory)[:8].cast("q")
+
+    def publish(self, observations: list[dict[str, Any]], at: float) -> None:
+        with self._lock:
+            seq = self._head[0]
+            for o in observations:
+                name = o["model"].encode("utf-8")
+                seconds = [
+                    math.nan if o[k] is None else o[k]
+                    for k in ("ttft_s", "latency_s", "predicted_ttft_s", "predicted_latency_s")
+                ]
+                offset = 8 + (seq % self.slots) * self._RECORD.size
+                self._RECORD.pack_into(self._memory, offset, seq + 1, len(name), name, *seconds, at)
+                seq += 1
+            self._head[0] = seq
+
+    def drain(self, position: int) -> tuple[list[dict[str, Any]], int]:
+        """The observations published since `position`, and the position after them."""
+        head = self._head[0]
+        if head == position:
+            return [], position
+        out = []
+        for seq in range(max(position, head - self.slots), head):
+            offset = 8 + (seq % self.slots) * self._RECORD.size
+            mark, size, name, *seconds, at = self._RECORD.unpack_from(self._memory, offset)
+            if mark != seq + 1 or self._RECORD.unpack_from(self._memory, offset)[0] != mark:
+                continue  # overwritten by writers a whole ring ahead
+            keys = ("ttft_s", "latency_s", "predicted_ttft_s", "predicted_latency_s")
+            fields = {k: None if math.isnan(v) else v for k, v in zip(keys, seconds)}
+            out.append({"model": name[:size].decode("utf-8"), **fields, "at": at})
+        return out, head
+
+
 def header_value(text: str) -> bytes:
     """A header-safe form of `text`: printable ASCII as is, anything else percent-encoded."""
     if text.isascii() and text.isprintable():
@@ -87,10 +139,13 @@ class DecisionService:
         *,
         gateway: Gateway | None = None,
         options: ServiceOptions | None = None,
+        shared: SharedObservations | None = None,
     ) -> None:
+        """`shared`: the observations ring of a service run as several workers (`--workers`)."""
         if (settings is None) == (gateway is None):
             raise ValueError("give settings or an open gateway, not both")
         self.options = options or ServiceOptions()
+        self._shared, self._observed_to = shared, 0
         self.metrics = Metrics()
         self._gateway = gateway
         self._loader = GatewayLoader(settings, on_event=self.metrics.event) if settings is not None else None
@@ -284,9 +339,20 @@ class DecisionService:
         gateway = self.gateway
         if gateway is None:
             return _json(503, {"error": f"the service cannot route yet: {self.not_ready_reason}"})
-        for observation in parsed:
-            gateway.observe(**observation)
+        if self._shared is None:
+            for observation in parsed:
+                gateway.observe(**observation)
+        else:  # every worker applies it (this one now), stamped with the time it arrived
+            self._shared.publish(parsed, time.monotonic())
+            self._catch_up(gateway)
         return _json(200, {"observed": len(parsed)})
+
+    def _catch_up(self, gateway: Gateway) -> None:
+        """Apply what other workers were told since this one last looked."""
+        assert self._shared is not None
+        observations, self._observed_to = self._shared.drain(self._observed_to)
+        for observation in observations:
+            gateway.observe(**observation)
 
     def _body(self, http: Request) -> bytes:
         """The request's body, or Refused when it was over the limit."""
@@ -308,6 +374,8 @@ class DecisionService:
         gateway = self.gateway
         if gateway is None:
             raise Refused(503, "not_ready", f"the service cannot route yet: {self.not_ready_reason}")
+        if self._shared is not None:
+            self._catch_up(gateway)
         try:
             return gateway.route(
                 request.prompt,
@@ -381,8 +449,12 @@ def _observation(item: Any, where: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise Refused(400, "bad_request", f"{where} is not an object")
     model = item.get("model")
-    if not isinstance(model, str) or not model:
-        raise Refused(400, "bad_request", f"{where}.model must be the candidate's name")
+    if not isinstance(model, str) or not model or len(model.encode("utf-8")) > SharedObservations.NAME_BYTES:
+        raise Refused(
+            400,
+            "bad_request",
+            f"{where}.model must be the candidate's name ({SharedObservations.NAME_BYTES} bytes at most)",
+        )
     out: dict[str, Any] = {"model": model}
     for kind in ("ttft", "latency"):
         for name, positive in ((f"{kind}_s", False), (f"predicted_{kind}_s", True)):

@@ -99,7 +99,7 @@ def _error(status: int, message: str) -> Response:
     return Response(status, b'{"error":"' + message.encode("ascii") + b'"}')
 
 
-def _encode(response: Response, keep_alive: bool, head_only: bool = False) -> bytes:
+def _encode(response: Response, keep_alive: bool) -> bytes:
     status = response.status
     parts = [
         b"HTTP/1.1 %d %s\r\ncontent-type: " % (status, _REASONS.get(status, "").encode("ascii")),
@@ -114,9 +114,7 @@ def _encode(response: Response, keep_alive: bool, head_only: bool = False) -> by
         parts.append(b"content-length: %d\r\n" % len(response.body))
     if not keep_alive:
         parts.append(b"connection: close\r\n")
-    parts.append(b"\r\n")
-    if not head_only:
-        parts.append(response.body)
+    parts += (b"\r\n", response.body)
     return b"".join(parts)
 
 

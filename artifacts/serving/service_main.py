@@ -19,7 +19,7 @@ from typing import Callable
 from routeopt.artifacts.serving.settings import GatewaySettings, SettingsError
 from routeopt.artifacts.serving.route_request import ALIAS
 from routeopt.artifacts.serving.loader import PolicyLoadError
-from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions
+from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions, SharedObservations
 from routeopt.artifacts.serving.http_server import Handler, Limits, Serving, bind, serve_workers
 
 
@@ -95,7 +95,7 @@ def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParse
     return p
 
 
-def make_service(args: argparse.Namespace) -> DecisionService:
+def make_service(args: argparse.Namespace, shared: SharedObservations | None = None) -> DecisionService:
     """The service the options describe (raises SettingsError for an unusable value)."""
     if args.max_body_bytes < 1:
         raise SettingsError("--max-body-bytes must be at least 1")
@@ -114,7 +114,7 @@ def make_service(args: argparse.Namespace) -> DecisionService:
         max_body_bytes=args.max_body_bytes,
         model_headers=tuple(args.model_header),
     )
-    return DecisionService(settings, options=options)
+    return DecisionService(settings, options=options, shared=shared)
 
 
 def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") -> int:
@@ -148,11 +148,13 @@ def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") ->
         Serving(sock, service.respond, limits).run(on_stop=service.close)
         return 0
 
+    shared = SharedObservations()  # made before the fork: live latency seen by one worker reaches all
+
     def start_worker() -> tuple[Handler, Callable[[], None]]:
         """In each worker, after the fork: the policy's threads and compiled kernels do not
         survive one, so the parent never loads it."""
         try:
-            worker = make_service(args)
+            worker = make_service(args, shared)
             worker.start()
         except (SettingsError, PolicyLoadError) as exc:
             print(f"error: {exc}", file=sys.stderr)

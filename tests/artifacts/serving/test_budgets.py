@@ -10,7 +10,7 @@ import math
 import httpx
 import pytest
 
-from routeopt.artifacts.serving.decision_service import DecisionService
+from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations
 from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.serving.route_request import BadRequest, route_request
@@ -274,6 +274,69 @@ async def test_the_decision_service_takes_observations(router, timed_policy, reg
             assert (await c.get("/v1/observe")).status_code == 405
     finally:
         service.close()
+
+
+async def test_workers_share_observations_whichever_receives_them(
+    router, timed_policy, registry, keypair
+) -> None:
+    """Two services on one ring, as `--workers 2` runs them: what one is told, both apply, in
+    the order published; a ring lapped before a worker looked skips what it lost."""
+    shared = SharedObservations(slots=8)
+    settings = GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
+    workers = [DecisionService(settings, shared=shared) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        clients = [
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=w), base_url="http://r") for w in workers
+        ]
+        first = [
+            {"model": "small", "ttft_s": 0.2, "predicted_ttft_s": 0.1},
+            {"model": "big", "latency_s": 3.0},
+        ]
+        assert (await clients[0].post("/v1/observe", json=first)).json() == {"observed": 2}
+        third = {"model": "small", "ttft_s": 0.5, "predicted_ttft_s": 0.1}
+        assert (await clients[1].post("/v1/observe", json=third)).json() == {"observed": 1}
+        assert (await clients[0].post("/v1/route", json={"prompt": PROMPTS[0][0]})).status_code == 200
+
+        def seen(w: DecisionService) -> dict:
+            live = w.gateway.champion.live
+            return {k: [row[1:] for row in rows] for k, rows in live._obs.items() if rows}
+
+        assert seen(workers[0]) == seen(workers[1]) != {}
+        assert [r[1] for r in seen(workers[0])["small", "ttft"]] == [2.0, 5.0]  # measured / predicted
+        too_long = {"model": "m" * 201, "ttft_s": 1.0}
+        assert (await clients[0].post("/v1/observe", json=too_long)).status_code == 400
+        for c in clients:
+            await c.aclose()
+    finally:
+        for w in workers:
+            w.close()
+    lapped, position = shared.drain(0)  # 3 of 8 slots used: nothing lost yet
+    assert [o["model"] for o in lapped] == ["small", "big", "small"] and position == 3
+    shared.publish(
+        [
+            {
+                "model": f"m{i}",
+                "ttft_s": 1.0,
+                "latency_s": None,
+                "predicted_ttft_s": None,
+                "predicted_latency_s": None,
+            }
+            for i in range(10)
+        ],
+        at=5.0,
+    )
+    lapped, position = shared.drain(3)
+    assert [o["model"] for o in lapped] == [f"m{i}" for i in range(2, 10)] and position == 13
+    assert lapped[0] == {
+        "model": "m2",
+        "ttft_s": 1.0,
+        "latency_s": None,
+        "predicted_ttft_s": None,
+        "predicted_latency_s": None,
+        "at": 5.0,
+    }
 
 
 def test_litellm_call_timings() -> None:
