@@ -85,8 +85,8 @@ def build_js() -> None:
     package()
 
 
-def node(*args: str, public_key: Path | None = None) -> str:
-    env = {**os.environ, **({"ROUTEOPT_PUBLIC_KEY": str(public_key)} if public_key else {})}
+def node(*args: str, public_key: Path | None = None, env: dict[str, str] | None = None) -> str:
+    env = {**os.environ, **(env or {}), **({"ROUTEOPT_PUBLIC_KEY": str(public_key)} if public_key else {})}
     done = subprocess.run(["node", *args], cwd=JS, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"node {' '.join(args)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")

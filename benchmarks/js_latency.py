@@ -3,7 +3,8 @@
 The RouterBench policy is published through the CLI (benchmarks/js_common.py); both runtimes
 load it from its version folder (verified, self-checked) and route every test-split prompt of
 RouterBench (945, about 1,400 characters each) at the policy's own target, one at a time, after
-a warm-up. Each round reports p50 and p99 per request; the figures are medians of the rounds.
+a warm-up (`--warmup` calls, 500 by default). Each round reports p50 and p99 per request; the
+figures are medians of the rounds.
 
     flock /tmp/routeopt-bench.lock python benchmarks/js_latency.py [--rounds 3] [--set routerbench]
     flock /tmp/routeopt-bench.lock python benchmarks/js_latency.py --budget ttft=0.8 --latency-data DIR
@@ -28,12 +29,13 @@ from js_common import budget_set, build_js, load_average, node, published, reque
 
 
 def python_rounds(
-    version: Path, key: Path, requests: list[dict], rounds: int, budget: dict[str, float]
+    version: Path, key: Path, requests: list[dict], rounds: int, budget: dict[str, float], warmup: int
 ) -> list[tuple[float, float]]:
     from routeopt.artifacts.serving.loader import load
 
     router = load(version, public_key=key, state_dir=False)
-    for r in requests[:500]:
+    for i in range(warmup):
+        r = requests[i % len(requests)]
         router.route(r["prompt"], r["suite"], **budget)
     out = []
     for _ in range(rounds):
@@ -52,6 +54,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", help="KIND=SECONDS: route every request under this budget (ttft or latency)")
     ap.add_argument("--latency-data", type=Path, help="the folder latency_data.py --out wrote")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=500,
+        help="calls before the rounds, cycling through the requests (V8 keeps re-optimising for a "
+        "few thousand: 5000 measures a gateway that has been up a while)",
+    )
     args = ap.parse_args()
     name, data, budget = budget_set(args.set, args.budget, args.latency_data)
     build_js()
@@ -69,12 +78,14 @@ def main() -> None:
                 str(args.rounds),
                 *([args.budget] if budget else []),
                 public_key=key,
+                env={"WARMUP": str(args.warmup)},
             ).splitlines()
         ]
-    py = python_rounds(version, key, requests, args.rounds, budget)
+    py = python_rounds(version, key, requests, args.rounds, budget, args.warmup)
     med = lambda xs: statistics.median(xs)
     print(
-        f"{name}{' ' + args.budget if budget else ''}: {len(requests)} requests per round, {args.rounds} rounds (medians of rounds)"
+        f"{name}{' ' + args.budget if budget else ''}: {len(requests)} requests per round, {args.rounds} rounds "
+        f"after {args.warmup} warm-up calls (medians of rounds)"
     )
     print(
         f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "

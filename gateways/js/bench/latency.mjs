@@ -1,6 +1,7 @@
 // node bench/latency.mjs VERSION_FOLDER REQUESTS.jsonl [ROUNDS] [KIND=SECONDS]: per-request decision
 // latency of Router.route() on a published policy (loaded and verified from its files), after a
 // warm-up; with KIND=SECONDS (ttft or latency), every request under that budget (format 4).
+// Warm-up: $WARMUP calls (default 500), cycling through the requests.
 // Prints {p50_us, p99_us, n} per round as JSON lines. Benchmarks only; never a test.
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -14,7 +15,11 @@ const files = Object.fromEntries(readdirSync(dir).map((f) => [f, new Uint8Array(
 const pem = readFileSync(process.env.ROUTEOPT_PUBLIC_KEY, "utf8");
 const router = await Router.open({ files, publicKeys: [pem] });
 const requests = readFileSync(requestsFile, "utf8").trim().split("\n").map((l) => JSON.parse(l));
-for (const r of requests.slice(0, 500)) router.route(r.prompt, { suite: r.suite, requestId: "w", ...budget });
+const warmup = Number(process.env.WARMUP ?? 500);
+for (let i = 0; i < warmup; i++) {
+  const r = requests[i % requests.length];
+  router.route(r.prompt, { suite: r.suite, requestId: "w", ...budget });
+}
 for (let round = 0; round < Number(rounds); round++) {
   const times = new Float64Array(requests.length);
   for (let i = 0; i < requests.length; i++) {
