@@ -11,7 +11,11 @@ figures are medians of the rounds.
 
 With `--budget KIND=SECONDS` (ttft or latency), the policy is trained on the latency-annotated set
 `benchmarks/latency_data.py --out DIR` writes (a format 4 policy) and both runtimes route every
-request under that budget.
+request under that budget. `--paired` (with `--budget`) measures what the budget costs Node
+alone: each request routed without the budget and with it, back to back, in turn which first
+(no Python).
+Node also prints each request's median over the rounds, then p50 / p99 over requests: the
+decision's own spread, without what the shared machine did to single calls.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def main() -> None:
     ap.add_argument("--budget", help="KIND=SECONDS: route every request under this budget (ttft or latency)")
     ap.add_argument("--latency-data", type=Path, help="the folder latency_data.py --out wrote")
     ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="with --budget: Node routes each request without the budget and with it, back to back",
+    )
+    ap.add_argument(
         "--warmup",
         type=int,
         default=500,
@@ -78,10 +87,11 @@ def main() -> None:
                 str(args.rounds),
                 *([args.budget] if budget else []),
                 public_key=key,
-                env={"WARMUP": str(args.warmup)},
+                env={"WARMUP": str(args.warmup), **({"PAIRED": "1"} if args.paired else {})},
             ).splitlines()
         ]
-    py = python_rounds(version, key, requests, args.rounds, budget, args.warmup)
+    per_request = js.pop()["per_request"]
+    py = [] if args.paired else python_rounds(version, key, requests, args.rounds, budget, args.warmup)
     med = lambda xs: statistics.median(xs)
     print(
         f"{name}{' ' + args.budget if budget else ''}: {len(requests)} requests per round, {args.rounds} rounds "
@@ -91,9 +101,20 @@ def main() -> None:
         f"  JavaScript (Node):  p50 {med([r['p50_us'] for r in js]):7.1f} us   p99 {med([r['p99_us'] for r in js]):7.1f} us   "
         f"rounds {[(round(r['p50_us'], 1), round(r['p99_us'], 1)) for r in js]}"
     )
+    if args.paired:
+        print(
+            f"  JavaScript (Node), {args.budget}, beside the same request without it:  "
+            f"p50 {med([r['budget_p50_us'] for r in js]):7.1f} us   p99 {med([r['budget_p99_us'] for r in js]):7.1f} us   "
+            f"rounds {[(round(r['budget_p50_us'], 1), round(r['budget_p99_us'], 1)) for r in js]}"
+        )
+    else:
+        print(
+            f"  Python:             p50 {med([p for p, _ in py]):7.1f} us   p99 {med([q for _, q in py]):7.1f} us   "
+            f"rounds {[(round(p, 1), round(q, 1)) for p, q in py]}"
+        )
     print(
-        f"  Python:             p50 {med([p for p, _ in py]):7.1f} us   p99 {med([q for _, q in py]):7.1f} us   "
-        f"rounds {[(round(p, 1), round(q, 1)) for p, q in py]}"
+        "  Node, each request's median over the rounds, then p50 / p99 over requests: "
+        + ", ".join(f"{k.removesuffix('_us')} {v:.1f} us" for k, v in per_request.items())
     )
     print(load_average())
 
