@@ -218,6 +218,31 @@ def test_expect_continue_and_a_handler_that_fails(server) -> None:
         assert read_answer(s, data)[0] == 200
 
 
+def test_a_client_that_does_not_read_stops_being_read_until_it_does() -> None:
+    """Thousands of pipelined requests, their answers unread: the server stops reading rather
+    than buffer without end, and answers every one, in order, once the client reads."""
+    server = Running(echo, Limits(keep_alive_s=3600, request_timeout_s=3600))  # no timeout closes it
+    try:
+        n = 40_000  # ~10 MB of answers: more than the kernel's socket buffers hold
+        payload = b"".join(b"GET /p?i=%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(n))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(60)
+            s.connect(("127.0.0.1", server.port))
+            threading.Thread(target=s.sendall, args=(payload,), daemon=True).start()
+            deadline = time.monotonic() + 60
+            connections = server.serving.server.connections
+            while not any(not c.closing and not c.transport.is_reading() for c in list(connections)):
+                assert time.monotonic() < deadline, "the server kept reading with its answers unread"
+                time.sleep(0.05)
+            buffered = bytearray()
+            queries = [json.loads(read_answer(s, buffered)[2])["query"] for _ in range(n)]
+            assert queries == [f"i={i}" for i in range(n)]
+            assert all(c.transport.is_reading() for c in list(connections))
+    finally:
+        server.stop()
+
+
 def test_slow_and_idle_clients_are_closed() -> None:
     running = Running(echo, Limits(request_timeout_s=0.2, keep_alive_s=0.2))
     try:
