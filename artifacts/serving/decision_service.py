@@ -39,7 +39,7 @@ from routeopt.artifacts.serving.http_server import JSON, Request, Response
 from routeopt.artifacts.serving.settings import GatewayLoader, GatewaySettings
 from routeopt.artifacts.serving.route_request import ALIAS, BadRequest, RouteRequest, route_request
 from routeopt.artifacts.serving.loader import ServedDecision, PolicyLoadError
-from routeopt.artifacts.serving.service_metrics import CONTENT_TYPE, Metrics
+from routeopt.artifacts.serving.service_metrics import CONTENT_TYPE, Metrics, SharedMetrics, merge
 
 log = logging.getLogger("routeopt.service")
 Send = Callable[[dict], Awaitable[None]]
@@ -123,6 +123,15 @@ class SharedObservations:
         return out, head
 
 
+@dataclass(frozen=True)
+class WorkerShare:
+    """What the workers of one service share (made before they fork), and which one this is."""
+
+    observations: SharedObservations
+    metrics: SharedMetrics
+    index: int
+
+
 def header_value(text: str) -> bytes:
     """A header-safe form of `text`: printable ASCII as is, anything else percent-encoded."""
     if text.isascii() and text.isprintable():
@@ -139,13 +148,14 @@ class DecisionService:
         *,
         gateway: Gateway | None = None,
         options: ServiceOptions | None = None,
-        shared: SharedObservations | None = None,
+        shared: WorkerShare | None = None,
     ) -> None:
-        """`shared`: the observations ring of a service run as several workers (`--workers`)."""
+        """`shared`: what this worker shares with the others of a service run as several
+        (`--workers`): live-latency observations, and metrics that count the whole service."""
         if (settings is None) == (gateway is None):
             raise ValueError("give settings or an open gateway, not both")
         self.options = options or ServiceOptions()
-        self._shared, self._observed_to = shared, 0
+        self._shared, self._observed_to, self._publish_at = shared, 0, 0.0
         self.metrics = Metrics()
         self._gateway = gateway
         self._loader = GatewayLoader(settings, on_event=self.metrics.event) if settings is not None else None
@@ -180,6 +190,8 @@ class DecisionService:
     # -- requests ---------------------------------------------------------------------------
     def respond(self, request: Request) -> Response:
         """The answer to one request: what both the HTTP server and the ASGI app send."""
+        if self._shared is not None and time.monotonic() >= self._publish_at:
+            self._publish_metrics()
         path, method = request.path, request.method
         if path == "/v1/route" or path.startswith("/v1/route/"):
             if method != "POST":
@@ -291,8 +303,20 @@ class DecisionService:
         )
 
     def _metrics_page(self) -> tuple[int, bytes, bytes]:
+        text = self._publish_metrics()
+        if self._shared is not None:
+            text = merge(text, self._shared.metrics.others(self._shared.index))
+        return 200, text.encode(), CONTENT_TYPE.encode()
+
+    def _publish_metrics(self) -> str:
+        """This worker's exposition text, also left for its siblings' `/metrics` (at most
+        half a second old when one is answered, for a worker that is answering requests)."""
         status = self.gateway.status() if self.gateway is not None else None
-        return 200, self.metrics.render(status, self.ready).encode(), CONTENT_TYPE.encode()
+        text = self.metrics.render(status, self.ready)
+        if self._shared is not None:
+            self._shared.metrics.publish(self._shared.index, text)
+            self._publish_at = time.monotonic() + 0.5
+        return text
 
     def _status(self) -> tuple[int, bytes, bytes]:
         if self.gateway is None:
@@ -343,14 +367,14 @@ class DecisionService:
             for observation in parsed:
                 gateway.observe(**observation)
         else:  # every worker applies it (this one now), stamped with the time it arrived
-            self._shared.publish(parsed, time.monotonic())
+            self._shared.observations.publish(parsed, time.monotonic())
             self._catch_up(gateway)
         return _json(200, {"observed": len(parsed)})
 
     def _catch_up(self, gateway: Gateway) -> None:
         """Apply what other workers were told since this one last looked."""
         assert self._shared is not None
-        observations, self._observed_to = self._shared.drain(self._observed_to)
+        observations, self._observed_to = self._shared.observations.drain(self._observed_to)
         for observation in observations:
             gateway.observe(**observation)
 

@@ -431,11 +431,11 @@ class Serving:
 def serve_workers(
     sock: socket.socket,
     workers: int,
-    start_worker: Callable[[], tuple[Handler, Callable[[], None]]],
+    start_worker: Callable[[int], tuple[Handler, Callable[[], None]]],
     limits: Limits = Limits(),
 ) -> int:
-    """Fork `workers` processes serving `sock`; each calls `start_worker()` for its handler and
-    its on-stop. Returns the exit status: 0 after SIGTERM/SIGINT, else the first dead worker's."""
+    """Fork `workers` processes serving `sock`; each calls `start_worker(index)` for its handler
+    and its on-stop. Returns the exit status: 0 after SIGTERM/SIGINT, else the first dead worker's."""
     shared = mmap.mmap(-1, 8 * workers)
     counts = memoryview(shared).cast("q")
     children: dict[int, int] = {}
@@ -446,7 +446,7 @@ def serve_workers(
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                handler, on_stop = start_worker()
+                handler, on_stop = start_worker(index)
                 Serving(sock, handler, limits, counts=counts, index=index).run(on_stop=on_stop)
                 code = 0
             except SystemExit as exc:

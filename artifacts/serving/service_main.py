@@ -19,7 +19,13 @@ from typing import Callable
 from routeopt.artifacts.serving.settings import GatewaySettings, SettingsError
 from routeopt.artifacts.serving.route_request import ALIAS
 from routeopt.artifacts.serving.loader import PolicyLoadError
-from routeopt.artifacts.serving.decision_service import DecisionService, ServiceOptions, SharedObservations
+from routeopt.artifacts.serving.decision_service import (
+    DecisionService,
+    ServiceOptions,
+    SharedObservations,
+    WorkerShare,
+)
+from routeopt.artifacts.serving.service_metrics import SharedMetrics
 from routeopt.artifacts.serving.http_server import Handler, Limits, Serving, bind, serve_workers
 
 
@@ -95,7 +101,7 @@ def build_parser(prog: str = "routeopt-gateway serve") -> argparse.ArgumentParse
     return p
 
 
-def make_service(args: argparse.Namespace, shared: SharedObservations | None = None) -> DecisionService:
+def make_service(args: argparse.Namespace, shared: WorkerShare | None = None) -> DecisionService:
     """The service the options describe (raises SettingsError for an unusable value)."""
     if args.max_body_bytes < 1:
         raise SettingsError("--max-body-bytes must be at least 1")
@@ -148,13 +154,14 @@ def main(argv: list[str] | None = None, prog: str = "routeopt-gateway serve") ->
         Serving(sock, service.respond, limits).run(on_stop=service.close)
         return 0
 
-    shared = SharedObservations()  # made before the fork: live latency seen by one worker reaches all
+    # made before the fork: live latency seen by one worker reaches all, /metrics counts them all
+    observations, metrics = SharedObservations(), SharedMetrics(args.workers)
 
-    def start_worker() -> tuple[Handler, Callable[[], None]]:
+    def start_worker(index: int) -> tuple[Handler, Callable[[], None]]:
         """In each worker, after the fork: the policy's threads and compiled kernels do not
         survive one, so the parent never loads it."""
         try:
-            worker = make_service(args, shared)
+            worker = make_service(args, WorkerShare(observations, metrics, index))
             worker.start()
         except (SettingsError, PolicyLoadError) as exc:
             print(f"error: {exc}", file=sys.stderr)

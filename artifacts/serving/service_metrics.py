@@ -9,6 +9,8 @@ from `Gateway.status()` when scraped, so they cannot drift from what the gateway
 from __future__ import annotations
 
 import bisect
+import mmap
+import struct
 import threading
 from typing import Any, Iterable
 
@@ -196,3 +198,87 @@ class Metrics:
             out.append(f'{name}_bucket{{le="{le}"}} {running}')
         out.append(f"{name}_sum {self._sum:.17g}")
         out.append(f"{name}_count {self._count}")
+
+
+class SharedMetrics:
+    """What each worker of one service last counted, in memory shared across the fork, so that
+    `/metrics`, whichever worker answers it, counts the whole service (Prometheus would see a
+    counter reset at every scrape that reached another worker).
+
+    Each worker writes its own slot (its exposition text, under a sequence number that is odd
+    while it writes) and reads the others' without a lock, retrying a slot caught mid-write.
+    """
+
+    SLOT_BYTES = 1 << 18
+    _HEAD = struct.Struct("<qq")  # sequence, length
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._memory = mmap.mmap(-1, workers * self.SLOT_BYTES)
+
+    def publish(self, index: int, text: str) -> None:
+        data = text.encode("utf-8")[: self.SLOT_BYTES - self._HEAD.size]
+        at = index * self.SLOT_BYTES
+        seq = self._HEAD.unpack_from(self._memory, at)[0]
+        self._HEAD.pack_into(self._memory, at, seq + 1, 0)
+        self._memory[at + self._HEAD.size : at + self._HEAD.size + len(data)] = data
+        self._HEAD.pack_into(self._memory, at, seq + 2, len(data))
+
+    def others(self, index: int) -> list[str]:
+        """The other workers' last published texts (a worker that has published none: none)."""
+        out = []
+        for i in range(self.workers):
+            if i == index:
+                continue
+            at = i * self.SLOT_BYTES
+            for _ in range(100):
+                seq, size = self._HEAD.unpack_from(self._memory, at)
+                if seq % 2:
+                    continue
+                data = self._memory[at + self._HEAD.size : at + self._HEAD.size + size]
+                if self._HEAD.unpack_from(self._memory, at)[0] == seq:
+                    if seq:
+                        out.append(data.decode("utf-8"))
+                    break
+        return out
+
+
+def merge(own: str, others: list[str]) -> str:
+    """`own` exposition text with every counter and histogram sample summed over `others` too
+    (samples only another worker has are added to their family); gauges stay this worker's."""
+    families: dict[str, dict[str, float]] = {}
+    kinds: dict[str, str] = {}
+    for text in others:
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, family, kind = line.split(" ", 3)
+                kinds[family] = kind
+            elif line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                samples = families.setdefault(family, {})
+                samples[key] = samples.get(key, 0.0) + float(value)
+    out: list[str] = []
+    family, seen = "", set()
+
+    def extra() -> None:  # what others counted under the family just ended, and this worker did not
+        if kinds.get(family) in ("counter", "histogram"):
+            out.extend(f"{k} {v:.17g}" for k, v in families.get(family, {}).items() if k not in seen)
+
+    for line in own.splitlines():
+        if line.startswith("# TYPE "):
+            extra()
+            family, seen = line.split(" ", 3)[2], set()
+            out.append(line)
+        elif line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            seen.add(key)
+            if kinds.get(family) in ("counter", "histogram"):
+                total = float(value) + families.get(family, {}).get(key, 0.0)
+                out.append(f"{key} {total:.17g}")
+            else:
+                out.append(line)
+        else:
+            out.append(line)
+    extra()
+    return "\n".join(out) + "\n"

@@ -10,7 +10,8 @@ import math
 import httpx
 import pytest
 
-from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations
+from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations, WorkerShare
+from routeopt.artifacts.serving.service_metrics import SharedMetrics
 from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.serving.route_request import BadRequest, route_request
@@ -281,9 +282,9 @@ async def test_workers_share_observations_whichever_receives_them(
 ) -> None:
     """Two services on one ring, as `--workers 2` runs them: what one is told, both apply, in
     the order published; a ring lapped before a worker looked skips what it lost."""
-    shared = SharedObservations(slots=8)
+    shared, metrics = SharedObservations(slots=8), SharedMetrics(2)
     settings = GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
-    workers = [DecisionService(settings, shared=shared) for _ in range(2)]
+    workers = [DecisionService(settings, shared=WorkerShare(shared, metrics, i)) for i in range(2)]
     for w in workers:
         w.start()
     try:

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from routeopt.artifacts.serving import http_server
-from routeopt.artifacts.serving.decision_service import DecisionService
+from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations, WorkerShare
+from routeopt.artifacts.serving.service_metrics import SharedMetrics, merge
 from routeopt.artifacts.serving.http_server import Limits, Request, Response, Serving, bind
 from routeopt.artifacts.serving.settings import GatewaySettings
 from tests.artifacts.policies import PROMPTS
@@ -289,12 +290,81 @@ def test_a_worker_with_more_connections_leaves_the_next_to_a_sibling() -> None:
         sock.close()
 
 
+def _samples(text: str) -> dict[str, float]:
+    return {
+        k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    }
+
+
+async def test_metrics_count_every_worker_whichever_answers(policies, publish_to, registry, keypair) -> None:
+    """Two workers' services on one share: counters and the histogram are the sums, a model only
+    the other worker chose appears, gauges stay the answering worker's, and scraping it twice
+    never goes backwards (no counter reset for Prometheus)."""
+    publish_to(policies[0])
+    settings = GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
+    observations, metrics = SharedObservations(), SharedMetrics(2)
+    workers = [DecisionService(settings, shared=WorkerShare(observations, metrics, i)) for i in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        clients = [
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=w), base_url="http://r") for w in workers
+        ]
+        for prompt, suite in PROMPTS:
+            assert (
+                await clients[0].post("/v1/route", json={"prompt": prompt, "suite": suite})
+            ).status_code == 200
+        await clients[1].post("/v1/route", json={"prompt": PROMPTS[0][0], "suite": PROMPTS[0][1]})
+        await clients[1].post("/v1/route", content=b"{not json")
+        workers[0].metrics.passthrough += 5
+        own = [_samples(w.metrics.render(w.gateway.status(), True)) for w in workers]
+        for w in workers:
+            w._publish_metrics()
+        merged = _samples((await clients[1].get("/metrics")).text)
+        for key in set(own[0]) | set(own[1]):
+            name = key.split("{")[0]
+            if name in ("routeopt_ready", "routeopt_policy_version", "routeopt_serving_default_model"):
+                assert merged[key] == own[1][key]
+            elif not name.startswith("routeopt_route_seconds_sum"):
+                assert merged[key] == own[0].get(key, 0) + own[1].get(key, 0), key
+        assert merged["routeopt_passthrough_total"] == 5
+        assert merged['routeopt_refused_requests_total{reason="bad_request"}'] == 1
+        assert merged["routeopt_route_seconds_count"] == len(PROMPTS) + 1
+        again = _samples((await clients[0].get("/metrics")).text)
+        assert all(
+            again[k] >= v for k, v in merged.items() if k.endswith(("_total", "_count")) or "_bucket" in k
+        )
+        for c in clients:
+            await c.aclose()
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_metrics_slots_skip_a_write_in_progress_and_texts_merge_by_family() -> None:
+    shared = SharedMetrics(3)
+    assert shared.others(0) == []  # nobody published yet
+    shared.publish(1, '# TYPE a counter\na{x="1"} 2\n# TYPE g gauge\ng 7\n')
+    shared.publish(2, '# TYPE a counter\na{x="2"} 3\n# TYPE g gauge\ng 9\n')
+    own = '# HELP a A.\n# TYPE a counter\na{x="1"} 1\n# TYPE g gauge\ng 1\n'
+    assert merge(own, shared.others(0)).splitlines() == [
+        "# HELP a A.",
+        "# TYPE a counter",
+        'a{x="1"} 3',
+        'a{x="2"} 3',
+        "# TYPE g gauge",
+        "g 1",
+    ]
+    SharedMetrics._HEAD.pack_into(shared._memory, 2 * shared.SLOT_BYTES, 7, 0)  # worker 2 mid-write
+    assert shared.others(0) == ['# TYPE a counter\na{x="1"} 2\n# TYPE g gauge\ng 7\n']
+
+
 WORKERS = r"""
 import json, os, sys
 from routeopt.artifacts.serving.http_server import Response, bind, serve_workers
 sock = bind("127.0.0.1", 0)
 print(sock.getsockname()[1], flush=True)
-def start():
+def start(index):
     if os.environ.get("FAIL_WORKER"):
         try:  # the first worker to get here fails
             os.close(os.open(os.environ["FAIL_WORKER"], os.O_CREAT | os.O_EXCL))
