@@ -254,9 +254,12 @@ class _Connection(asyncio.Protocol):
         self.transport.write(_encode(_error(status, message), keep_alive=False))
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, abort: bool = False) -> None:
         self.closing = True
-        self.transport.close()
+        if abort:
+            self.transport.abort()
+        else:
+            self.transport.close()
 
 
 @dataclass
@@ -290,14 +293,20 @@ class _Server:
         return any(c < mine for i, c in enumerate(counts) if i != self.index)
 
     def sweep(self) -> None:
-        """Close connections that were idle too long or sent a request too slowly."""
+        """Close connections that were idle too long or sent a request too slowly; one whose
+        answers went unread that long is dropped with them (a close would wait for them)."""
         now = time.monotonic()
         for c in list(self.connections):
             if c.closing:
                 continue
-            if c.in_request and now - c.started > self.limits.request_timeout_s:
+            slow = c.in_request and now - c.started > self.limits.request_timeout_s
+            if not slow and (c.in_request or now - c.last <= self.limits.keep_alive_s):
+                continue
+            if c.transport.get_write_buffer_size() > 0:
+                c._close(abort=True)
+            elif slow:
                 c.fail(408, "the request was not complete in time")
-            elif not c.in_request and now - c.last > self.limits.keep_alive_s:
+            else:
                 c._close()
 
 

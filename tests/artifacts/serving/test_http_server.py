@@ -244,6 +244,28 @@ def test_a_client_that_does_not_read_stops_being_read_until_it_does() -> None:
         server.stop()
 
 
+def test_a_client_that_never_reads_is_dropped_after_the_timeouts() -> None:
+    """Its unread answers are not kept: closing would wait for them for ever."""
+    server = Running(echo, Limits(keep_alive_s=0.2, request_timeout_s=0.2))
+    try:
+        payload = b"".join(b"GET /p?i=%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(40_000))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(60)
+            s.connect(("127.0.0.1", server.port))
+            threading.Thread(target=s.sendall, args=(payload,), daemon=True).start()
+            connections = server.serving.server.connections
+            deadline = time.monotonic() + 60
+            while not connections:  # opened
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            while connections:  # and gone, though the client has read nothing
+                assert time.monotonic() < deadline, "a connection with unread answers was kept"
+                time.sleep(0.05)
+    finally:
+        server.stop()
+
+
 def test_slow_and_idle_clients_are_closed() -> None:
     running = Running(echo, Limits(request_timeout_s=0.2, keep_alive_s=0.2))
     try:
