@@ -10,12 +10,12 @@ import math
 import httpx
 import pytest
 
-from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations, WorkerShare
-from routeopt.artifacts.serving.service_metrics import SharedMetrics
+from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations
 from routeopt.artifacts.serving.gateway import DecisionLog, Exploration, Gateway
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.serving.route_request import BadRequest, route_request
 from routeopt.artifacts.serving.settings import GatewaySettings
+from tests.artifacts.serving.workers import two_workers
 from tests.router_training.conftest import timed_frame
 
 PROMPTS = [
@@ -282,15 +282,8 @@ async def test_workers_share_observations_whichever_receives_them(
 ) -> None:
     """Two services on one ring, as `--workers 2` runs them: what one is told, both apply, in
     the order published; a ring lapped before a worker looked skips what it lost."""
-    shared, metrics = SharedObservations(slots=8), SharedMetrics(2)
-    settings = GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
-    workers = [DecisionService(settings, shared=WorkerShare(shared, metrics, i)) for i in range(2)]
-    for w in workers:
-        w.start()
-    try:
-        clients = [
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=w), base_url="http://r") for w in workers
-        ]
+    shared = SharedObservations(slots=8)
+    async with two_workers(registry, keypair[1], shared) as (workers, clients):
         first = [
             {"model": "small", "ttft_s": 0.2, "predicted_ttft_s": 0.1},
             {"model": "big", "latency_s": 3.0},
@@ -308,11 +301,6 @@ async def test_workers_share_observations_whichever_receives_them(
         assert [r[1] for r in seen(workers[0])["small", "ttft"]] == [2.0, 5.0]  # measured / predicted
         too_long = {"model": "m" * 201, "ttft_s": 1.0}
         assert (await clients[0].post("/v1/observe", json=too_long)).status_code == 400
-        for c in clients:
-            await c.aclose()
-    finally:
-        for w in workers:
-            w.close()
     lapped, position = shared.drain(0)  # 3 of 8 slots used: nothing lost yet
     assert [o["model"] for o in lapped] == ["small", "big", "small"] and position == 3
     shared.publish(

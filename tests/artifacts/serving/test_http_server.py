@@ -20,11 +20,12 @@ import httpx
 import pytest
 
 from routeopt.artifacts.serving import http_server
-from routeopt.artifacts.serving.decision_service import DecisionService, SharedObservations, WorkerShare
+from routeopt.artifacts.serving.decision_service import DecisionService
 from routeopt.artifacts.serving.service_metrics import SharedMetrics, merge
 from routeopt.artifacts.serving.http_server import Limits, Request, Response, Serving, bind
 from routeopt.artifacts.serving.settings import GatewaySettings
 from tests.artifacts.policies import PROMPTS
+from tests.artifacts.serving.workers import two_workers
 
 
 class Running:
@@ -323,15 +324,7 @@ async def test_metrics_count_every_worker_whichever_answers(policies, publish_to
     the other worker chose appears, gauges stay the answering worker's, and scraping it twice
     never goes backwards (no counter reset for Prometheus)."""
     publish_to(policies[0])
-    settings = GatewaySettings(source=str(registry), public_keys=(str(keypair[1]),), refresh_s=0)
-    observations, metrics = SharedObservations(), SharedMetrics(2)
-    workers = [DecisionService(settings, shared=WorkerShare(observations, metrics, i)) for i in range(2)]
-    for w in workers:
-        w.start()
-    try:
-        clients = [
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=w), base_url="http://r") for w in workers
-        ]
+    async with two_workers(registry, keypair[1]) as (workers, clients):
         for prompt, suite in PROMPTS:
             assert (
                 await clients[0].post("/v1/route", json={"prompt": prompt, "suite": suite})
@@ -356,11 +349,6 @@ async def test_metrics_count_every_worker_whichever_answers(policies, publish_to
         assert all(
             again[k] >= v for k, v in merged.items() if k.endswith(("_total", "_count")) or "_bucket" in k
         )
-        for c in clients:
-            await c.aclose()
-    finally:
-        for w in workers:
-            w.close()
 
 
 def test_metrics_slots_skip_a_write_in_progress_and_texts_merge_by_family() -> None:
