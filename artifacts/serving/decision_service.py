@@ -84,7 +84,8 @@ class SharedObservations:
     """
 
     NAME_BYTES = 200
-    _RECORD = struct.Struct(f"<qH{NAME_BYTES}s5d")  # sequence, name length, name, 4 seconds, at
+    _SECONDS = ("ttft_s", "latency_s", "predicted_ttft_s", "predicted_latency_s")  # NaN for None
+    _RECORD = struct.Struct(f"<qH{NAME_BYTES}s5d")  # sequence, name length, name, the 4 seconds, at
 
     def __init__(self, slots: int = 4096) -> None:
         self.slots = slots
@@ -97,10 +98,7 @@ class SharedObservations:
             seq = self._head[0]
             for o in observations:
                 name = o["model"].encode("utf-8")
-                seconds = [
-                    math.nan if o[k] is None else o[k]
-                    for k in ("ttft_s", "latency_s", "predicted_ttft_s", "predicted_latency_s")
-                ]
+                seconds = [math.nan if o[k] is None else o[k] for k in self._SECONDS]
                 offset = 8 + (seq % self.slots) * self._RECORD.size
                 self._RECORD.pack_into(self._memory, offset, seq + 1, len(name), name, *seconds, at)
                 seq += 1
@@ -117,8 +115,7 @@ class SharedObservations:
             mark, size, name, *seconds, at = self._RECORD.unpack_from(self._memory, offset)
             if mark != seq + 1 or self._RECORD.unpack_from(self._memory, offset)[0] != mark:
                 continue  # overwritten by writers a whole ring ahead
-            keys = ("ttft_s", "latency_s", "predicted_ttft_s", "predicted_latency_s")
-            fields = {k: None if math.isnan(v) else v for k, v in zip(keys, seconds)}
+            fields = {k: None if math.isnan(v) else v for k, v in zip(self._SECONDS, seconds)}
             out.append({"model": name[:size].decode("utf-8"), **fields, "at": at})
         return out, head
 
