@@ -2,7 +2,8 @@
 
 The wheel test builds the wheel from this checkout, installs it in a clean virtualenv beside
 OpenAI's `evals` and the `common` distribution (two of the generic names routeopt once put into
-site-packages), and runs the demo from an empty folder, as a platform team's image would.
+site-packages), and runs the demo from an empty folder, as a platform team's image would: it
+prints, figure for figure, the sample output the README's quickstart shows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from routeopt.evals.suite.spec import load_suite
 from routeopt.flows.cli import cli
 from tests import FOLDERS, REPO
 from tests.installer import install, make_venv
+from tests.test_readme_sample import README, _window, figures, readme_sample
 
 
 def _setuptools() -> dict:
@@ -112,7 +114,14 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
 
     venv = make_venv(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # as a user's shell has it: no test settings, no forced colour, an 80-column terminal
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "ROUTEOPT_"))
+        and k not in ("PYTHONPATH", "VIRTUAL_ENV", "FORCE_COLOR")
+    }
+    env["COLUMNS"] = "80"
     installed = install(venv, f"{wheel}[local]", "evals", "common", timeout=1800, env=env, cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr[-2000:]
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -131,6 +140,11 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "published policy v1" in run.stdout
+    sample = readme_sample(README.read_text(encoding="utf-8"))  # what the README says it prints
+    ran = _window(run.stdout + "\n" + run.stderr, sample)
+    assert figures(sample) == figures(ran), (
+        "README.md's sample output differs from a run of the demo; paste this run's output:\n" + ran
+    )
     assert (empty / ".routeopt" / "routeopt.duckdb").is_file()
     assert list((empty / ".routeopt" / "registry" / "versions").iterdir())
     assert _tree(site / "routeopt") == before  # nothing written into site-packages

@@ -1,14 +1,11 @@
-"""The README's sample output is what a run of the packaged demo prints, figure for figure."""
+"""Reading the README's sample output: the figures a run must print (the wheel test in
+tests/test_packaging.py compares them with its run of the demo from an empty folder)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -96,34 +93,3 @@ def test_figures_see_a_changed_number() -> None:
         assert figures(sample.replace(old, new, 1)) != (tables, prose), old
     same = re.sub(r"wall time: \S+", "wall time: 99.9s", sample)
     assert figures(same) == (tables, prose)
-
-
-@pytest.mark.slow
-def test_readme_sample_matches_a_run(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_", "ROUTEOPT_")) and k not in ("FORCE_COLOR", "COLUMNS")
-    }
-    env |= {
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "COLUMNS": "80",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    }
-    project = tmp_path / "empty"
-    project.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "routeopt", "run", "--no-progress"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-
-    sample = readme_sample(README.read_text(encoding="utf-8"))
-    ran = _window(done.stdout + "\n" + done.stderr, sample)
-    assert figures(sample) == figures(ran), (
-        "README.md's sample output differs from a run of the demo; paste this run's output:\n" + ran
-    )

@@ -56,7 +56,7 @@ def test_the_quickstart_marks_every_runtime_and_the_channel_moves() -> None:
 
 
 @pytest.mark.slow
-def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
+def test_the_quickstart_runs_as_written(tmp_path: Path, prefect_api: str) -> None:
     from tests.gateways.node import package
 
     js = package()  # skips where node is missing; builds dist/ once
@@ -69,6 +69,9 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ROUTEOPT_"))}
     env |= {
         "PREFECT_HOME": str(tmp_path / "prefect"),
+        # the run reports to the session's Prefect server: the CLI's own temporary server is
+        # the wheel test's and the CLI lifecycle tests' business, and costs seconds of CPU
+        "PREFECT_API_URL": prefect_api,
         "PYTHONPATH": str(REPO),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "ROUTEOPT_STATE_DIR": str(tmp_path / "state"),

@@ -1,5 +1,9 @@
-"""zoo-l's greedy answers on every demo item are the same alone, verified against zoo-s's drafts,
+"""zoo-l's greedy answers on the demo's items are the same alone, verified against zoo-s's drafts,
 with the prefix cache, and with both: each configuration is compared with one reference run.
+A third of the items (every third of each suite: every task and difficulty), all in flight at
+once, so that batches still mix rows that accept different numbers of drafts and reuse
+prefixes of different lengths; the demo run's pass rates (the README sample, checked by the
+wheel test) cover every item.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ def requests() -> list[Request]:
     out = []
     for name in ("sort", "add", "reverse"):
         suite = load_suite(REPO / "evals" / "suites" / f"{name}.yaml")
-        out += [suite.request(item) for item in suite.items]
-    assert len(out) == sum(zoo.eval_count(t, d) for t in zoo.TASKS for d in zoo.DIFFICULTIES)
+        out += [suite.request(item) for item in suite.items[::3]]
+    total = sum(zoo.eval_count(t, d) for t in zoo.TASKS for d in zoo.DIFFICULTIES)
+    assert len(out) >= total // 3
     return out
 
 
