@@ -1,12 +1,16 @@
-"""Shared test setup: an isolated Prefect home (one per pytest-xdist worker), the repo's paths,
-and the tier markers every test gets from what it uses (tests/tiers.py)."""
+"""Shared test setup: an isolated Prefect home (one per pytest-xdist worker), one temporary Prefect
+server for the whole run, the repo's paths, and the tier markers every test gets from what it
+uses (tests/tiers.py)."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
+import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import hypothesis
@@ -97,13 +101,109 @@ def _keys_and_gateway_state(tmp_path_factory, monkeypatch):
     assert existed or not repo_key.exists(), f"the test created {repo_key}; give it a key in tmp_path"
 
 
+# Where the pytest-xdist controller writes the URL of the run's one Prefect server once it answers
+# (an empty file: it could not start one, and each worker starts its own).
+_SHARED_PREFECT = "ROUTEOPT_TEST_PREFECT_API_FILE"
+_PREFECT_STARTUP_S = 180
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the pytest-xdist controller of a run that selects Prefect tests: start one temporary
+    Prefect server (on a thread, while the workers collect) for every worker to share. A server
+    is seconds of CPU to start and keeps using some while it idles; one per worker was about a
+    minute of CPU per run of the suite."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _distributes(config) or not _selects_prefect(config):
+        return
+    folder = Path(tempfile.mkdtemp(prefix="routeopt-prefect-server-"))
+    target = folder / "api_url"
+    os.environ[_SHARED_PREFECT] = str(target)  # the workers inherit it
+    servers: list = []
+
+    def start() -> None:
+        url = ""
+        try:
+            from prefect.server.api.server import SubprocessASGIServer
+            from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+
+            db = f"sqlite+aiosqlite:///{folder / 'prefect.db'}"
+            with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: db}):
+                server = SubprocessASGIServer(port=_free_port())  # another, should it be taken
+                servers.append(server)
+                server.start(timeout=_PREFECT_STARTUP_S)
+            url = server.api_url
+        finally:
+            (folder / "api_url.tmp").write_text(url)
+            (folder / "api_url.tmp").rename(target)
+
+    thread = threading.Thread(target=start, name="routeopt-prefect-server", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        thread.join(_PREFECT_STARTUP_S)
+        for server in servers:
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    config.add_cleanup(stop)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _distributes(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", 0)) and getattr(config.option, "dist", "no") != "no"
+
+
+def _selects_prefect(config: pytest.Config) -> bool:
+    """Whether the -m expression keeps tests that run flows on a Prefect server (marked
+    `prefect`, and so `slow`): the fast tier starts none."""
+    expression = config.getoption("markexpr", "")
+    if not expression:
+        return True
+    from _pytest.mark.expression import Expression
+
+    return Expression.compile(expression).evaluate(lambda name, **kwargs: name in ("prefect", "slow"))
+
+
+def _shared_prefect_api() -> str | None:
+    """The URL of the run's shared Prefect server, waiting for it to answer; None where there is
+    none (the tests run in one process, or the controller could not start it)."""
+    path = os.environ.get(_SHARED_PREFECT)
+    if not path:
+        return None
+    deadline = time.monotonic() + _PREFECT_STARTUP_S + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+    return Path(path).read_text().strip() or None
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect server for the whole session (it is slow to start)."""
+    """One temporary Prefect server for the whole run (it is slow to start): the one the
+    pytest-xdist controller started for all workers, or this process's own."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    url = _shared_prefect_api()
+    if url is None:
+        with prefect_test_harness(server_startup_timeout=_PREFECT_STARTUP_S):
+            yield
+        return
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        # as prefect_test_harness does: code running in a context copied earlier sees it too
+        with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield
+            APILogWorker.drain_all()  # this worker's logs and events reach the server before it stops
+            EventsWorker.drain_all()
 
 
 @pytest.fixture(scope="session")

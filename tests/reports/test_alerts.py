@@ -79,19 +79,18 @@ def test_drift_goes_out_as_prefect_events(regressed: Path, prefect_harness):
     import time
 
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventRelatedFilter
+    from prefect.events.filters import EventFilter, EventIDFilter, EventNameFilter, EventRelatedFilter
     from prefect.events.worker import EventsWorker
-    from prefect.types._datetime import now
 
     with Store(regressed, read_only=True) as store:
         report = detect_drift(store, "run-03")
-    since = now("UTC")  # other tests on this server emit events about their own 'run-03'
-    assert all(e is not None for e in emit_drift_events(report))
+    emitted = emit_drift_events(report)
+    assert all(e is not None for e in emitted)
     EventsWorker.drain_all()
-    wanted = EventFilter(
+    wanted = EventFilter(  # these events, found as a subscriber would look for them
         event=EventNameFilter(prefix=["routeopt.drift."]),
         related=EventRelatedFilter(id=["routeopt.run.run-03"]),
-        occurred=EventOccurredFilter(since=since),
+        id=EventIDFilter(id=[e.id for e in emitted]),  # other tests emit events about their own 'run-03'
     )
     deadline, got = time.monotonic() + 30, []
     with get_client(sync_client=True) as client:
