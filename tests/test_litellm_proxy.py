@@ -81,7 +81,10 @@ def test_a_batch_candidate_through_the_proxy_gets_its_rows(tmp_path, monkeypatch
                 max_retries=2,
                 batch={"poll_interval_s": 0.05, "latency_sample": 2},
             )
-            run_batches(store, suite, cand)
+            try:
+                run_batches(store, suite, cand)
+            except AssertionError as failed:  # what the proxy said, for a failure seen once under load
+                raise AssertionError(f"{failed}\nthe proxy's log:\n{proxy.log()[-6000:]}") from failed
             got = rows(store)
             jobs = BatchRecords(store).jobs("run-b")
     assert len(got) == N and got.passed.all()
