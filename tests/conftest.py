@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -17,6 +16,7 @@ import hypothesis
 import pytest
 
 from tests import tiers
+from tests.litellm_proxy import free_port
 
 # Prefect reads its settings at import: point it at a throwaway home before anything imports it.
 # Each pytest-xdist worker gets a folder of its own under it: `routeopt run` serialises server
@@ -127,7 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
             db = f"sqlite+aiosqlite:///{folder / 'prefect.db'}"
             with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: db}):
-                server = SubprocessASGIServer(port=_free_port())  # another, should it be taken
+                server = SubprocessASGIServer(port=free_port())  # another, should it be taken
                 servers.append(server)
                 server.start(timeout=_PREFECT_STARTUP_S)
             url = server.api_url
@@ -145,12 +145,6 @@ def pytest_configure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
     config.add_cleanup(stop)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _distributes(config: pytest.Config) -> bool:

@@ -26,7 +26,7 @@ from routeopt.evals.suite.spec import load_suite
 from routeopt.flows.cli import cli
 from tests import FOLDERS, REPO
 from tests.installer import install, make_venv
-from tests.test_readme_sample import README, _window, figures, readme_sample
+from tests.test_readme_sample import README, sample_window, figures, readme_sample
 
 
 def _setuptools() -> dict:
@@ -141,7 +141,7 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder_beside_evals_and_common(tm
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "published policy v1" in run.stdout
     sample = readme_sample(README.read_text(encoding="utf-8"))  # what the README says it prints
-    ran = _window(run.stdout + "\n" + run.stderr, sample)
+    ran = sample_window(run.stdout + "\n" + run.stderr, sample)
     assert figures(sample) == figures(ran), (
         "README.md's sample output differs from a run of the demo; paste this run's output:\n" + ran
     )

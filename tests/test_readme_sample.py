@@ -68,7 +68,7 @@ def figures(text: str) -> tuple[list[list[tuple[str, ...]]], str]:
     return tables, " ".join(" ".join(prose).split())
 
 
-def _window(output: str, sample: str) -> str:
+def sample_window(output: str, sample: str) -> str:
     """The part of a run's output that the sample shows: from its first line to its last."""
 
     def key(line: str) -> str:
