@@ -162,20 +162,27 @@ class LinearPassEstimator(BaseEstimator):
         self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray, grid: tuple, starts: list | None = None
     ) -> tuple[float, np.ndarray, list]:
         """The C of `grid` whose fold models give the best out-of-fold log-loss, those logits and
-        models; each fold's fit starts from its fit at the previous C (or from `starts`)."""
+        models; each fold's fit starts from its fit at the previous C (or from `starts`). A
+        fold's rows and their transpose are made once for all of its Cs."""
+        grid = sorted(grid)
+        oof = np.zeros((len(grid), X.shape[0]))
+        models: list[list] = [[None] * self.n_folds for _ in grid]
+        for f in range(self.n_folds):
+            te = folds == f
+            Xf = X[~te]
+            XT, start = Xf.T.tocsr(), starts[f] if starts is not None else None
+            for i, C in enumerate(grid):
+                W, b = fit_logistic(Xf, ybar[~te], C, start, XT=XT)
+                start = models[i][f] = np.append(W[:, 0], b)
+                oof[i, te] = X[te] @ W[:, 0] + b[0]
+            del Xf, XT
         best = None
-        starts = list(starts) if starts is not None else [None] * self.n_folds
-        for C in sorted(grid):
-            oof = np.zeros(X.shape[0])
-            for f in range(self.n_folds):
-                te = folds == f
-                W, b = fit_logistic(X[~te], ybar[~te], C, starts[f])
-                starts[f] = np.append(W[:, 0], b)
-                oof[te] = X[te] @ W[:, 0] + b[0]
-            loss = soft_log_loss(oof, ybar)
+        for i in range(len(grid)):
+            loss = soft_log_loss(oof[i], ybar)
             if best is None or loss < best[0] - 1e-9:
-                best = (loss, C, oof, list(starts))
-        return best[1], best[2], best[3]
+                best = (loss, i)
+        i = best[1]
+        return grid[i], oof[i], models[i]
 
     def _topics(self, X: sp.csr_matrix) -> None:
         """Fit the text projection (top singular vectors of a row sample) and k-means centroids."""

@@ -41,6 +41,15 @@ def test_products_split_over_threads_are_the_whole_products_bit_for_bit(monkeypa
     assert np.array_equal(L.RowBlocks(XT, threads=2) @ G, L._times(XT, G))
 
 
+def test_the_blocks_are_views_of_the_matrix_not_copies(monkeypatch) -> None:
+    X, _ = _problem(n=997, d=300, k=1)
+    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    blocks = L.RowBlocks(X, threads=2).blocks
+    assert len(blocks) > 1
+    for _, _, block in blocks:
+        assert np.shares_memory(block.data, X.data) and np.shares_memory(block.indices, X.indices)
+
+
 def test_a_fit_with_its_products_split_over_threads_is_the_same_fit(monkeypatch) -> None:
     X, Y = _problem(k=4)
     W1, b1 = L.fit_logistic(X, Y, 0.7)
@@ -60,14 +69,15 @@ def test_a_column_with_nothing_to_learn_gets_a_constant_model() -> None:
     assert b[1] > 3 and b[2] < 0  # the smoothed rates' logits
 
 
+@pytest.mark.parametrize("rank", [0, 10])  # without and with the Nystrom preconditioner
 @pytest.mark.parametrize("C", [0.1, 3.0])
-def test_each_fit_reaches_the_optimum_of_its_objective(C: float) -> None:
+def test_each_fit_reaches_the_optimum_of_its_objective(C: float, rank: int) -> None:
     """Against scipy's L-BFGS-B run to its tightest tolerances on the same objective."""
     from scipy.optimize import minimize
 
     X, Y = _problem(n=600, d=80, k=3, seed=4)
     offset = np.random.default_rng(5).normal(size=Y.shape)
-    W, b = L.fit_logistic(X, Y, C, offset=offset)
+    W, b = L.fit_logistic(X, Y, C, offset=offset, rank=rank)
     for j in range(Y.shape[1]):
         rows = ~np.isnan(Y[:, j])
         Xj, y, o = X[rows], Y[rows, j], offset[rows, j]
@@ -133,3 +143,60 @@ def test_the_cost_model_fits_many_requests_of_one_suite_at_tiny_prices() -> None
     model = E.fit_cost_model(chars, np.zeros(n, dtype=int), costs, 1)
     predicted = model.predict(chars, np.zeros(n, dtype=int))
     assert np.allclose(predicted, costs, rtol=1e-6)
+
+
+def _text_like(n: int, d: int, seed: int) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Unit rows of hashed-word-like counts, a few words in most rows: a spectrum whose top
+    directions have thousands of times the ridge's curvature, as the router's text designs."""
+    rng = np.random.default_rng(seed)
+    common = rng.random((n, 8)) < 0.6
+    rare = sp.random(n, d - 8, density=0.02, random_state=seed, format="csr")
+    X = sp.hstack([sp.csr_matrix(common.astype(float)), rare], format="csr")
+    X = sp.csr_matrix(X.multiply(1 / np.sqrt(np.asarray(X.multiply(X).sum(1)) + 1e-12)))
+    w = rng.normal(size=(d, 3))
+    Y = (rng.random((n, 3)) < 1 / (1 + np.exp(-(X @ w) * 3))).astype(float)
+    return X, Y
+
+
+def test_the_preconditioned_fit_is_the_same_optimum_in_fewer_hessian_products(monkeypatch) -> None:
+    X, Y = _text_like(3000, 400, seed=8)
+    products: list[int] = []  # Hessian products of each fit
+    solve = L.newton_together
+
+    def counting(parts, hess, theta, **kw):
+        products.append(0)
+
+        def counted(V, D):
+            products[-1] += 1
+            return hess(V, D)
+
+        return solve(parts, counted, theta, **kw)
+
+    monkeypatch.setattr(L, "newton_together", counting)
+    plain = L.fit_logistic(X, Y, 3.0, rank=0)
+    preconditioned = L.fit_logistic(X, Y, 3.0, rank=30)
+
+    def objective(W: np.ndarray, b: np.ndarray) -> np.ndarray:
+        z = X @ W + b
+        return (np.logaddexp(0, z) - Y * z).sum(0) + 0.5 * (W * W).sum(0) / 3.0
+
+    f0, f1 = objective(*plain), objective(*preconditioned)
+    assert np.all(np.abs(f1 - f0) <= 1e-6 * np.abs(f0))
+    assert np.allclose(X @ plain[0] + plain[1], X @ preconditioned[0] + preconditioned[1], atol=2e-3)
+    assert products[1] < products[0] / 2, products
+
+
+def test_the_nystrom_preconditioner_flattens_the_top_of_the_spectrum() -> None:
+    rng = np.random.default_rng(9)
+    Q, _ = np.linalg.qr(rng.normal(size=(200, 200)))
+    eig = np.concatenate([np.geomspace(1e5, 1e2, 15), rng.uniform(0, 1, 185)])
+    A = (Q * eig) @ Q.T
+    shift = 0.5
+    M = L.nystrom_preconditioner(lambda B: A @ B, 200, shift, rank=20)
+    assert M is not None
+    H = A + shift * np.eye(200)
+    before = np.linalg.cond(H)
+    PH = M(H)  # P^-1 H: its eigenvalues are those of the symmetric P^-1/2 H P^-1/2
+    after = np.abs(np.linalg.eigvals(PH))
+    assert before > 1e5 and after.max() / after.min() < 50
+    assert L.nystrom_preconditioner(lambda B: 0 * B, 200, shift, rank=20) is None  # nothing to learn
