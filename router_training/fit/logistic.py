@@ -272,7 +272,7 @@ def fit_logistic(
 
         return nystrom_preconditioner(curvature, d + 1, 1.0 / C, rank)
 
-    sketched = 0 < 2 * rank < d + 1  # a rank that leaves most of the spectrum to the rest
+    sketched = 0 < 2 * rank < d + 1  # a sketch of a few of many columns; a small design needs none
     theta = newton_together(parts, hess, theta, preconditioner=preconditioner if sketched else None)
     W[:, cols], b[cols] = theta[:-1], theta[-1]
     return W, b
