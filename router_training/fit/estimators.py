@@ -17,8 +17,13 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from routeopt.router_training.fit.data import release_free_memory
-from routeopt.router_training.fit.logistic import fit_logistic, logit, soft_log_loss
-from routeopt.router_training.policy.batch_features import batch_features, parallel_map, text_counts
+from routeopt.router_training.fit.logistic import FoldRows, StackedRows, fit_logistic, logit, soft_log_loss
+from routeopt.router_training.policy.batch_features import (
+    batch_features,
+    concurrently,
+    parallel_map,
+    text_counts,
+)
 from routeopt.router_training.policy.features import EMBEDDING_DIM, STAT_NAMES, FeatureSpec
 from routeopt.router_training.policy.scorer import CostModel, assign_clusters
 
@@ -137,7 +142,8 @@ class LinearPassEstimator(BaseEstimator):
 
     def _difficulty(self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray):
         """Out-of-fold difficulty logits, the chosen C and the deployed model (weights,
-        intercept): the mean of the fold models, or a refit on all rows.
+        intercept): the mean of the fold models, or a refit on all rows. X's rows are grouped
+        by fold (`folds` never decreases).
 
         C is chosen on at most `SELECTION_ROWS` requests (a fixed sample past that): which C
         wins settles long before the data ends, while the fits it takes grow with it. The
@@ -146,36 +152,46 @@ class LinearPassEstimator(BaseEstimator):
         if X.shape[0] < 2 * self.n_folds or self.n_folds < 2:
             W, b = fit_logistic(X, ybar, grid[0])
             return X @ W[:, 0] + b[0], grid[0], W[:, 0], float(b[0])
+        starts = None
         if len(grid) > 1 and X.shape[0] > SELECTION_ROWS:
             rows = np.sort(np.random.default_rng(self.seed).permutation(X.shape[0])[:SELECTION_ROWS])
-            C, _, starts = self._cross_fit_difficulty(X[rows], ybar[rows], folds[rows], grid)
-            _, oof, starts = self._cross_fit_difficulty(X, ybar, folds, (C,), starts)
-        else:
-            C, oof, starts = self._cross_fit_difficulty(X, ybar, folds, grid)
+            sample = FoldRows(X[rows], self._bounds(folds[rows]))
+            C, _, starts = self._cross_fit_difficulty(sample, ybar[rows], grid)
+            grid = (C,)
+            del sample
+        design = FoldRows(X, self._bounds(folds))
+        C, oof, starts = self._cross_fit_difficulty(design, ybar, grid, starts)
         mean = np.mean(starts, axis=0)
         if self.deploy == "average":
             return oof, C, mean[:-1], float(mean[-1])
-        W, b = fit_logistic(X, ybar, C, mean)
+        W, b = fit_logistic(design.every(), ybar, C, mean)
         return oof, C, W[:, 0], float(b[0])
 
+    def _bounds(self, folds: np.ndarray) -> np.ndarray:
+        """Where each fold's rows begin and end, in rows grouped by fold."""
+        return np.searchsorted(folds, np.arange(self.n_folds + 1))
+
     def _cross_fit_difficulty(
-        self, X: sp.csr_matrix, ybar: np.ndarray, folds: np.ndarray, grid: tuple, starts: list | None = None
+        self, design: FoldRows, ybar: np.ndarray, grid: tuple, starts: list | None = None
     ) -> tuple[float, np.ndarray, list]:
         """The C of `grid` whose fold models give the best out-of-fold log-loss, those logits and
-        models; each fold's fit starts from its fit at the previous C (or from `starts`). A
-        fold's rows and their transpose are made once for all of its Cs."""
+        models; each fold's fit starts from its fit at the previous C (or from `starts`). The
+        folds are fitted at the same time, each on the others' rows."""
         grid = sorted(grid)
-        oof = np.zeros((len(grid), X.shape[0]))
+        bounds = np.concatenate(([0], np.cumsum([p.shape[0] for p in design.parts])))
+        oof = np.zeros((len(grid), len(ybar)))
         models: list[list] = [[None] * self.n_folds for _ in grid]
-        for f in range(self.n_folds):
-            te = folds == f
-            Xf = X[~te]
-            XT, start = Xf.T.tocsr(), starts[f] if starts is not None else None
+
+        def fold(f: int) -> None:
+            lo, hi = bounds[f], bounds[f + 1]
+            rest, y = design.without(f), np.concatenate((ybar[:lo], ybar[hi:]))
+            start = starts[f] if starts is not None else None
             for i, C in enumerate(grid):
-                W, b = fit_logistic(Xf, ybar[~te], C, start, XT=XT)
+                W, b = fit_logistic(rest, y, C, start)
                 start = models[i][f] = np.append(W[:, 0], b)
-                oof[i, te] = X[te] @ W[:, 0] + b[0]
-            del Xf, XT
+                oof[i, lo:hi] = design.fold(f) @ W[:, 0] + b[0]
+
+        concurrently(fold, range(self.n_folds))
         best = None
         for i in range(len(grid)):
             loss = soft_log_loss(oof[i], ybar)
@@ -225,7 +241,7 @@ class LinearPassEstimator(BaseEstimator):
         groups = np.hstack([onehot, topic])
         return np.hstack([groups * _HEAD_SCALE, d[:, None], groups * d[:, None]])
 
-    def _fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
+    def _fit_heads(self, H: np.ndarray, T: sp.csr_matrix | StackedRows | None, Y: np.ndarray) -> tuple:
         """Per candidate: a logistic head on H, then (with candidate text) its own text weights
         on top of the head's logit; returns (head weights, bias, text weights, text bias).
         The candidates are fitted together, each on the rows where it has an outcome."""
@@ -249,26 +265,34 @@ class LinearPassEstimator(BaseEstimator):
         has = seen.any(1)
         ybar = np.where(seen, Y, 0.0).sum(1) / np.maximum(seen.sum(1), 1)
         self.folds_ = self._folds(n)
+        # the fits see the requests fold by fold, so that a fold's rows and the others' are
+        # ranges of one design (`FoldRows`); what they return is put back in request order
+        order = np.argsort(self.folds_, kind="stable")
         self.oof_difficulty_ = np.zeros(n)
         if self.n_clusters:
             self._topics(X)
         else:
             self.cluster_basis_, self.centroids_ = np.zeros((self.n_buckets, 0)), np.zeros((0, 0))
-        Xd = self._with_topics(X)  # a topic's mean difficulty is barely shrunk, as a suite's
+        Xd = self._with_topics(X[order])  # a topic's mean difficulty is barely shrunk, as a suite's
         w_d, b_d, self.C_ = np.zeros(Xd.shape[1]), 0.0, self.C if self.C != "auto" else self.C_grid[0]
-        if has.sum() >= 4:
-            Xh = Xd if has.all() else Xd[has]  # no copy of the design when every request has an outcome
-            self.oof_difficulty_[has], self.C_, w_d, b_d = self._difficulty(Xh, ybar[has], self.folds_[has])
+        kept = order[has[order]]
+        if len(kept) >= 4:
+            Xh = Xd if len(kept) == n else Xd[has[order]]  # no copy when every request has an outcome
+            self.oof_difficulty_[kept], self.C_, w_d, b_d = self._difficulty(
+                Xh, ybar[kept], self.folds_[kept]
+            )
             del Xh
+        T = _columns(Xd, s, self.n_buckets) if self.candidate_text else None
         del Xd  # as large as X: not held while the heads are fitted
         release_free_memory()
         self.topic_difficulty_ = w_d[X.shape[1] :]
         w_d = w_d[: X.shape[1]]
         H = self._head(X, self.oof_difficulty_)
-        T = _columns(X, s, self.n_buckets) if self.candidate_text else None
         if T is not None and self.candidate_text != 1.0:
             T = T * self.candidate_text
-        self.oof_logits_, hw, hb, tw, tb = self._cross_fit_heads(H, T, Y)
+        z, hw, hb, tw, tb = self._cross_fit_heads(H[order], T, Y[order])
+        self.oof_logits_ = np.empty_like(z)
+        self.oof_logits_[order] = z
         g = len(self.centroids_)
         coef = np.zeros((X.shape[1], Y.shape[1]))
         coef[:s] = hw[:s] * _HEAD_SCALE
@@ -285,20 +309,26 @@ class LinearPassEstimator(BaseEstimator):
 
     def _cross_fit_heads(self, H: np.ndarray, T: sp.csr_matrix | None, Y: np.ndarray) -> tuple:
         """Out-of-fold logits from heads fitted without each fold, and the deployed heads: the
-        mean of the fold heads (deploy='average') or a refit on all rows."""
+        mean of the fold heads (deploy='average') or a refit on all rows. The rows are grouped
+        by fold; the folds are fitted at the same time."""
         if len(Y) < 2 * self.n_folds or self.n_folds < 2:
             params = self._fit_heads(H, T, Y)
             return (self._head_logits(H, T, params), *params)
-        sub = lambda A, rows: None if A is None else A[rows]
+        bounds = self._bounds(np.sort(self.folds_))
+        text = None if T is None else FoldRows(T, bounds)
         z = np.zeros(Y.shape)
-        folds = []
-        for f in range(self.n_folds):
-            te = self.folds_ == f
-            folds.append(self._fit_heads(H[~te], sub(T, ~te), Y[~te]))
-            z[te] = self._head_logits(H[te], sub(T, te), folds[-1])
+
+        def fold(f: int) -> tuple:
+            lo, hi = bounds[f], bounds[f + 1]
+            rest = lambda A: np.concatenate((A[:lo], A[hi:]))
+            params = self._fit_heads(rest(H), None if text is None else text.without(f), rest(Y))
+            z[lo:hi] = self._head_logits(H[lo:hi], None if text is None else text.fold(f), params)
+            return params
+
+        folds = concurrently(fold, range(self.n_folds))
         if self.deploy == "average":
             return (z, *(np.mean([p[i] for p in folds], axis=0) for i in range(4)))
-        return (z, *self._fit_heads(H, T, Y))
+        return (z, *self._fit_heads(H, None if text is None else text.every(), Y))
 
     def out_of_fold_logits(self) -> np.ndarray:
         """Logits of each training request from heads fitted without its fold, on its

@@ -5,7 +5,7 @@ difficulty model and per-candidate heads are fitted with (sklearn's objective an
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -154,6 +154,15 @@ def _test_matrix(dim: int, rank: int, seed: int) -> np.ndarray:
     return omega
 
 
+def row_view(A: sp.csr_matrix, lo: int, hi: int) -> sp.csr_matrix:
+    """Rows [lo, hi) of A as a matrix sharing A's arrays (scipy's constructor copies arrays that
+    are small views of larger ones, "prune": they are set on an empty matrix instead)."""
+    s, e = A.indptr[lo], A.indptr[hi]
+    view = sp.csr_matrix((int(hi - lo), A.shape[1]), dtype=A.dtype)
+    view.data, view.indices, view.indptr = A.data[s:e], A.indices[s:e], A.indptr[lo : hi + 1] - s
+    return view
+
+
 class RowBlocks:
     """A matrix whose products run a block of rows per thread: scipy's sparse products release
     the GIL, so on two cores a product takes about half the time. Each output row is computed
@@ -172,14 +181,7 @@ class RowBlocks:
         parts = 4 * threads  # a busy core takes fewer blocks
         cuts = np.searchsorted(A.indptr, np.linspace(0, A.nnz, parts + 1)[1:-1])
         bounds = np.unique(np.concatenate(([0], cuts, [A.shape[0]])))
-        self.blocks = []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            s, e = A.indptr[lo], A.indptr[hi]
-            # scipy's constructor copies arrays that are small views of larger ones ("prune"):
-            # the block's arrays are set on an empty matrix of its shape instead
-            view = sp.csr_matrix((int(hi - lo), A.shape[1]), dtype=A.dtype)
-            view.data, view.indices, view.indptr = A.data[s:e], A.indices[s:e], A.indptr[lo : hi + 1] - s
-            self.blocks.append((int(lo), int(hi), view))
+        self.blocks = [(int(lo), int(hi), row_view(A, lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
     def __matmul__(self, B: np.ndarray) -> np.ndarray:
         if not self.blocks:
@@ -194,6 +196,53 @@ class RowBlocks:
         return out
 
 
+class StackedRows:
+    """The row-stack [A_0; A_1; ...] of sparse parts with the same columns, given with each
+    part's transpose: products with the stack and with its transpose made part by part, so
+    the stack is never copied into a matrix of its own. A cross-fitting fold's design is the
+    other folds' parts (`FoldRows`)."""
+
+    def __init__(self, parts: Sequence[sp.csr_matrix], transposes: Sequence[sp.csr_matrix]):
+        self.bounds = np.concatenate(([0], np.cumsum([p.shape[0] for p in parts]))).astype(int)
+        self.shape = (int(self.bounds[-1]), parts[0].shape[1])
+        self._rows = [RowBlocks(p) for p in parts]
+        self._columns = [RowBlocks(t) for t in transposes]
+
+    def __matmul__(self, B: np.ndarray) -> np.ndarray:
+        out = np.empty((self.shape[0], B.shape[1]))
+        for lo, hi, rows in zip(self.bounds[:-1], self.bounds[1:], self._rows):
+            out[lo:hi] = rows @ B
+        return out
+
+    def transposed_times(self, U: np.ndarray) -> np.ndarray:
+        """The stack's transpose times U (n, k): the parts' products added in their order."""
+        out = self._columns[0] @ U[: self.bounds[1]]
+        for lo, hi, columns in zip(self.bounds[1:-1], self.bounds[2:], self._columns[1:]):
+            out += columns @ U[lo:hi]
+        return out
+
+
+class FoldRows:
+    """A sparse design whose rows are grouped by cross-fitting fold (`bounds[k]` to
+    `bounds[k + 1]` are fold k's), with each fold's transpose made once: the design without a
+    fold is then the other folds' rows and transposes, and the folds' fits, run at the same
+    time, share one copy of the design instead of each taking its own."""
+
+    def __init__(self, X: sp.csr_matrix, bounds: np.ndarray):
+        self.parts = [row_view(X, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.transposes = batch_features.parallel_map(lambda part: part.T.tocsr(), self.parts)
+
+    def fold(self, k: int) -> sp.csr_matrix:
+        return self.parts[k]
+
+    def without(self, k: int) -> StackedRows:
+        keep = [j for j in range(len(self.parts)) if j != k]
+        return StackedRows([self.parts[j] for j in keep], [self.transposes[j] for j in keep])
+
+    def every(self) -> StackedRows:
+        return StackedRows(self.parts, self.transposes)
+
+
 def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:
     """A @ B; for a sparse A and a few columns, one matrix-vector product per column, which is
     faster than scipy's sparse x dense block until about four columns."""
@@ -203,7 +252,7 @@ def _times(A: sp.spmatrix | np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def fit_logistic(
-    X: sp.spmatrix | np.ndarray,
+    X: sp.spmatrix | np.ndarray | StackedRows,
     Y: np.ndarray,
     C: float,
     start: np.ndarray | None = None,
@@ -218,7 +267,8 @@ def fit_logistic(
     Each column is its own fit; they run together (`newton_together`) so that X is read
     once per round for all of them. Returns weights (d, m) and intercepts (m,). A column whose
     target has a single value or too few rows gets a constant model: nothing to learn.
-    `start` is a previous (weights; intercepts) stacked (d + 1, m). The conjugate gradients are
+    `start` is a previous (weights; intercepts) stacked (d + 1, m); `XT`, X's transpose where
+    it is at hand (a `StackedRows` X brings its own). The conjugate gradients are
     preconditioned (`nystrom_preconditioner`, of `rank`, NYSTROM_RANK by default; 0: none) where
     the design has more than twice that many columns: at the starting point, with the columns'
     mean curvature weights.
@@ -239,24 +289,27 @@ def fit_logistic(
     whole = seen[:, cols].all()
     mask, y0 = (None if whole else seen[:, cols].astype(np.float64)), y0[:, cols]
     base = 0.0 if offset is None else offset[:, cols] if offset.ndim == 2 else offset[:, None]
-    if XT is None:
-        XT = X.T.tocsr() if sp.issparse(X) else X.T
-    XB, XTB = RowBlocks(X), RowBlocks(XT)
+    if isinstance(X, StackedRows):
+        forward, backward = X.__matmul__, X.transposed_times
+    else:
+        if XT is None:
+            XT = X.T.tocsr() if sp.issparse(X) else X.T
+        forward, backward = RowBlocks(X).__matmul__, RowBlocks(XT).__matmul__
 
     def parts(theta: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         w = theta[:-1]
-        z = XB @ w + theta[-1] + (base[:, at] if np.ndim(base) == 2 else base)
+        z = forward(w) + theta[-1] + (base[:, at] if np.ndim(base) == 2 else base)
         loss = np.logaddexp(0.0, z) - y0[:, at] * z
         q = expit(z)
         g, D = q - y0[:, at], q * (1.0 - q)
         if mask is not None:
             loss, g, D = loss * mask[:, at], g * mask[:, at], D * mask[:, at]
         f = loss.sum(axis=0) + 0.5 * np.einsum("ij,ij->j", w, w) / C
-        return f, np.vstack((XTB @ g + w / C, g.sum(axis=0))), D
+        return f, np.vstack((backward(g) + w / C, g.sum(axis=0))), D
 
     def hess(V: np.ndarray, D: np.ndarray) -> np.ndarray:
-        u = D * (XB @ V[:-1] + V[-1])
-        return np.vstack((XTB @ u + V[:-1] / C, u.sum(axis=0)))
+        u = D * (forward(V[:-1]) + V[-1])
+        return np.vstack((backward(u) + V[:-1] / C, u.sum(axis=0)))
 
     theta = np.vstack((np.zeros((d, len(cols))), b[cols]))
     if start is not None:
@@ -267,8 +320,8 @@ def fit_logistic(
         w = D.mean(axis=1)[:, None]
 
         def curvature(B: np.ndarray) -> np.ndarray:
-            u = w * (XB @ B[:-1] + B[-1])
-            return np.vstack((XTB @ u, u.sum(axis=0)))
+            u = w * (forward(B[:-1]) + B[-1])
+            return np.vstack((backward(u), u.sum(axis=0)))
 
         return nystrom_preconditioner(curvature, d + 1, 1.0 / C, rank)
 

@@ -200,3 +200,45 @@ def test_the_nystrom_preconditioner_flattens_the_top_of_the_spectrum() -> None:
     after = np.abs(np.linalg.eigvals(PH))
     assert before > 1e5 and after.max() / after.min() < 50
     assert L.nystrom_preconditioner(lambda B: 0 * B, 200, shift, rank=20) is None  # nothing to learn
+
+
+def test_a_design_without_a_fold_is_that_folds_rows_left_out_sharing_their_memory(monkeypatch) -> None:
+    X, _ = _problem(n=997, d=300, k=1)
+    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    bounds = np.array([0, 331, 660, 997])
+    design = L.FoldRows(X, bounds)
+    B, U = np.random.default_rng(2).normal(size=(300, 5)), np.random.default_rng(3).normal(size=(668, 5))
+    rest = sp.vstack([X[:331], X[660:]]).tocsr()
+    assert np.array_equal(design.without(1) @ B, rest @ B)  # each row as the whole product makes it
+    assert np.allclose(design.without(1).transposed_times(U), rest.T @ U, rtol=1e-12, atol=1e-12)
+    assert design.without(1).shape == rest.shape and (design.fold(1) != X[331:660]).nnz == 0
+    assert np.shares_memory(design.fold(2).data, X.data) and np.shares_memory(design.fold(0).indices, X.indices)
+    whole = design.every()
+    assert np.array_equal(whole @ B, X @ B) and whole.shape == X.shape
+
+
+def test_a_fit_on_stacked_parts_is_the_fit_on_their_stack() -> None:
+    X, Y = _problem(n=600, k=3, seed=4)
+    design = L.FoldRows(X, np.array([0, 200, 410, 600]))
+    W1, b1 = L.fit_logistic(design.without(0), Y[200:], 0.7)
+    W2, b2 = L.fit_logistic(X[200:], Y[200:], 0.7)
+    assert np.allclose(W1, W2, atol=1e-8) and np.allclose(b1, b2, atol=1e-8)
+
+
+def test_folds_fitted_at_the_same_time_are_the_fits_made_one_by_one(monkeypatch) -> None:
+    """The cross-fitting folds run concurrently where there are several cores; the estimator
+    they make is the one a single core makes, bit for bit."""
+    X, Y = _problem(n=900, d=200, k=5, seed=5)
+    X = sp.hstack([sp.csr_matrix(np.eye(3)[np.arange(900) % 3]), X]).tocsr()  # 3 suites
+    make = lambda: E.LinearPassEstimator(n_suites=3, n_clusters=2, n_buckets=200, candidate_text=1.0).fit(X, Y)
+    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "available_cores", lambda: 1)
+    alone = make()
+    monkeypatch.setattr(batch_features, "available_cores", lambda: 3)
+    threads = []
+    real = batch_features.concurrently
+    monkeypatch.setattr(E, "concurrently", lambda fn, items: threads.append(1) or real(fn, items))
+    together = make()
+    assert len(threads) >= 2  # the difficulty's folds and the heads'
+    for name in ("coef_", "intercept_", "difficulty_coef_", "slopes_", "oof_logits_", "oof_difficulty_"):
+        assert np.array_equal(getattr(alone, name), getattr(together, name)), name
