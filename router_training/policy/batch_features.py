@@ -274,7 +274,7 @@ class TextLayers(NamedTuple):
         (words, lengths), word_offsets = _gather((self.words, self.lengths), self.word_offsets, idx)
         (buckets, counts), bucket_offsets = _gather((self.buckets, self.counts), self.bucket_offsets, idx)
         text = BatchText(
-            [t.raw[i] for i in idx],
+            [t.raw[i] for i in idx] if t.raw else [],  # layers kept without their bytes have none
             t.utf8_len[idx],
             t.n_chars[idx],
             t.newlines[idx],
@@ -354,13 +354,32 @@ def text_layers(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
     memo = _MEMO.get()
     if memo is not None:
         return memo.layers(unique, spec)
+    return _concat(parallel_map(lambda span: _text_block(unique[span[0] : span[1]], spec), _spans(unique)))
+
+
+def _spans(unique: Sequence[str]) -> list[tuple[int, int]]:
+    """Consecutive ranges of texts of about `_BLOCK_BYTES` each."""
     sizes = np.fromiter((len(t) for t in unique), dtype=np.int64, count=len(unique))
     ends = np.searchsorted(
         np.cumsum(sizes), np.arange(1, int(sizes.sum()) // _BLOCK_BYTES + 1) * _BLOCK_BYTES
     )
     bounds = [0, *sorted({int(e) + 1 for e in ends if e + 1 < len(unique)}), len(unique)]
-    spans = list(zip(bounds[:-1], bounds[1:]))
-    return _concat(parallel_map(lambda span: _text_block(unique[span[0] : span[1]], spec), spans))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _without_words(L: TextLayers) -> TextLayers:
+    """L without its bytes and words (left empty, offsets at zero), its buckets and counts in
+    32 bits: the statistics, character counts and buckets that training reads, in a fraction
+    of the memory."""
+    none = np.zeros(len(L.stats) + 1, dtype=np.int64)
+    return L._replace(
+        text=L.text._replace(raw=[], cut=L.text.cut[:0].copy(), offsets=none),
+        word_offsets=none,
+        words=L.words[:0].copy(),
+        lengths=L.lengths[:0].copy(),
+        buckets=L.buckets.astype(np.int32),
+        counts=L.counts.astype(np.int32),
+    )
 
 
 def _text_block(unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
@@ -420,7 +439,9 @@ def concurrently(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
 
 
 class _LayerMemo:
-    """Text layers of a fixed set of texts, computed once per hashing and taken from after."""
+    """Text layers of a fixed set of texts, computed once per hashing and taken from after.
+    They are kept without their bytes and words (`_without_words`): what training reads of
+    them, at a third of the memory; the layers taken from here have those empty."""
 
     def __init__(self, texts: Sequence[str]):
         self.texts = texts
@@ -432,20 +453,13 @@ class _LayerMemo:
         text's position in them."""
         key = (spec.n_buckets, spec.char_ngrams, spec.word_bigrams)
         with self.lock:
-            return self.made[key] if key in self.made else self._make(key, spec)
-
-    def _make(
-        self, key: tuple[int, tuple[int, ...], bool], spec: FeatureSpec
-    ) -> tuple[TextLayers, dict[str, int]]:
-        token = _MEMO.set(None)  # compute without the memo
-        try:
-            every, _ = _distinct(self.texts)
-            made = text_layers(every, spec)
-        finally:
-            _MEMO.reset(token)
-        narrow = {f: getattr(made, f).astype(np.int32) for f in _NARROW}  # held at half the bytes
-        self.made[key] = (made._replace(**narrow), {t: i for i, t in enumerate(every)})
-        return self.made[key]
+            if key not in self.made:
+                every, _ = _distinct(self.texts)
+                blocks = parallel_map(
+                    lambda span: _without_words(_text_block(every[span[0] : span[1]], spec)), _spans(every)
+                )
+                self.made[key] = (_concat(blocks), {t: i for i, t in enumerate(every)})
+            return self.made[key]
 
     def layers(self, unique: Sequence[str], spec: FeatureSpec) -> TextLayers:
         made, index = self._made(spec)
@@ -503,7 +517,8 @@ _MEMO: ContextVar[_LayerMemo | None] = ContextVar("routeopt_text_layers", defaul
 def reuse_text_layers(texts: Sequence[str]) -> Iterator[None]:
     """Within this block, the text steps of `texts` are computed once (per hashing) and every
     batch of them is taken from that: training computes a spec, a design matrix and held-out
-    predictions from the same prompts several times."""
+    predictions from the same prompts several times. The batches carry no bytes or words
+    (empty): conformance vectors, which record them, are not computed within it."""
     token = _MEMO.set(_LayerMemo(texts))
     try:
         yield

@@ -157,6 +157,8 @@ def _gateway_config(policy: RoutingPolicy) -> dict[str, Any]:
 def _text_layers(f: BatchFeatures, n_detail: int) -> dict[str, np.ndarray]:
     """The integer layers (with digests of the variable-length parts) and the statistics."""
     t, of = f.text, f.text_of
+    if len(t.raw) != len(t.n_chars):
+        raise RuntimeError("conformance layers need the texts' bytes and words: not within reuse_text_layers")
     n, t_of = len(of), of
     cut_d = np.zeros((len(t.raw), 8), np.uint8)
     for i in range(len(t.raw)):
