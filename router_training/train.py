@@ -28,7 +28,7 @@ from routeopt.common.io import jsonable
 from routeopt.router_training.evaluation.baselines import evaluate, outcomes_of
 from routeopt.router_training.evaluation.bench import budget_outcomes
 from routeopt.router_training.fit.data import RoutingData, release_free_memory, routing_data
-from routeopt.router_training.policy.batch_features import reuse_text_layers
+from routeopt.router_training.policy.batch_features import concurrently, reuse_text_layers
 from routeopt.router_training.policy.embeddings import reuse_embeddings
 from routeopt.router_training.fit.estimators import (
     LightGBMPassEstimator,
@@ -239,6 +239,19 @@ def _fit(
     under what `certificate` assumes of the traffic; where the outcomes measured latency, the
     latency model and the budgets certified to keep `latency_alpha`."""
     f = fit_calibrated(data, seed, embeddings, estimator, design, client)
+    return _policy(f, data, quality_target, confidence, design, certificate, latency_alpha)
+
+
+def _policy(
+    f: Calibrated,
+    data: RoutingData,
+    quality_target: float,
+    confidence: float,
+    design: Design,
+    certificate: Certificate,
+    latency_alpha: float,
+) -> RoutingPolicy:
+    """The policy of a fitted scorer: its knob, latency budgets and shift reference."""
     policy = RoutingPolicy(
         candidates=list(data.candidates),
         spec=f.spec,
@@ -386,26 +399,37 @@ def train_router(
     parts = split_requests(data, holdout_fraction, seed)
     train, test = data.subset(parts["train"]), data.subset(parts["test"])
     # each prompt is encoded (with embeddings) and its text steps computed once for all three steps
+    refit = refit and len(test) > 0
     with reuse_embeddings(), reuse_text_layers(data.prompts):
-        fit = lambda d: _fit(
-            d,
-            seed,
-            quality_target,
-            embeddings,
-            estimator,
-            confidence,
-            design,
-            certificate,
-            client,
-            latency_alpha,
-        )
-        evaluated = fit(train)
+        fitted = fit_calibrated(train, seed, embeddings, estimator, design, client)
         release_free_memory()
-        refit = refit and len(test) > 0
-        policy = fit(data) if refit else evaluated
-        holdout = None
-        if len(test) and len(test.complete()):
-            holdout = _holdout_summary(evaluated, train, test, quality_target)
+
+        def evaluate() -> tuple[RoutingPolicy, dict | None]:
+            evaluated = _policy(fitted, train, quality_target, confidence, design, certificate, latency_alpha)
+            if not len(test) or not len(test.complete()):
+                return evaluated, None
+            return evaluated, _holdout_summary(evaluated, train, test, quality_target)
+
+        def fit_all() -> RoutingPolicy:
+            return _fit(
+                data,
+                seed,
+                quality_target,
+                embeddings,
+                estimator,
+                confidence,
+                design,
+                certificate,
+                client,
+                latency_alpha,
+            )
+
+        if refit:  # the held-out measurement runs while the refit does, on the cores it leaves
+            measured, policy = concurrently(lambda job: job(), [evaluate, fit_all])
+            evaluated, holdout = measured
+        else:
+            evaluated, holdout = evaluate()
+            policy = evaluated
     metrics: dict = {
         "n_requests": len(data),
         "n_train": len(train),

@@ -42,6 +42,20 @@ def test_published_policy_is_refit_on_every_request(trained, demo):
     assert np.allclose(kept.policy.predict(prompts, suites)[0], trained.evaluated.predict(prompts, suites)[0])
 
 
+def test_training_on_one_core_publishes_what_several_cores_do(trained, demo, monkeypatch):
+    """With several cores the held-out measurement runs beside the refit and the folds beside
+    each other; the policies and every metric are those of running them one after another."""
+    from routeopt.common.io import jsonable
+    from routeopt.router_training.policy import batch_features
+
+    monkeypatch.setattr(batch_features, "available_cores", lambda: 1)
+    alone = train_router(demo, quality_target=0.95, seed=0)
+    assert jsonable(alone.metrics) == jsonable(trained.metrics) and alone.split == trained.split
+    for got, want in ((alone.policy, trained.policy), (alone.evaluated, trained.evaluated)):
+        assert np.array_equal(got.scorer.weights, want.scorer.weights)
+        assert [p.cost for p in got.knob.points] == [p.cost for p in want.knob.points]
+
+
 def test_metrics_report_router_baselines_and_the_promise(trained):
     m = trained.metrics
     held = m["holdout"]
