@@ -212,7 +212,9 @@ def test_a_design_without_a_fold_is_that_folds_rows_left_out_sharing_their_memor
     assert np.array_equal(design.without(1) @ B, rest @ B)  # each row as the whole product makes it
     assert np.allclose(design.without(1).transposed_times(U), rest.T @ U, rtol=1e-12, atol=1e-12)
     assert design.without(1).shape == rest.shape and (design.fold(1) != X[331:660]).nnz == 0
-    assert np.shares_memory(design.fold(2).data, X.data) and np.shares_memory(design.fold(0).indices, X.indices)
+    assert np.shares_memory(design.fold(2).data, X.data) and np.shares_memory(
+        design.fold(0).indices, X.indices
+    )
     whole = design.every()
     assert np.array_equal(whole @ B, X @ B) and whole.shape == X.shape
 
@@ -230,7 +232,9 @@ def test_folds_fitted_at_the_same_time_are_the_fits_made_one_by_one(monkeypatch)
     they make is the one a single core makes, bit for bit."""
     X, Y = _problem(n=900, d=200, k=5, seed=5)
     X = sp.hstack([sp.csr_matrix(np.eye(3)[np.arange(900) % 3]), X]).tocsr()  # 3 suites
-    make = lambda: E.LinearPassEstimator(n_suites=3, n_clusters=2, n_buckets=200, candidate_text=1.0).fit(X, Y)
+    make = lambda: E.LinearPassEstimator(n_suites=3, n_clusters=2, n_buckets=200, candidate_text=1.0).fit(
+        X, Y
+    )
     monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
     monkeypatch.setattr(batch_features, "available_cores", lambda: 1)
     alone = make()
