@@ -177,8 +177,7 @@ class LinearPassEstimator(BaseEstimator):
         """The C of `grid` whose fold models give the best out-of-fold log-loss, those logits and
         models; each fold's fit starts from its fit at the previous C (or from `starts`). The
         folds are fitted at the same time, each on the others' rows."""
-        grid = sorted(grid)
-        bounds = np.concatenate(([0], np.cumsum([p.shape[0] for p in design.parts])))
+        grid, bounds = sorted(grid), design.bounds
         oof = np.zeros((len(grid), len(ybar)))
         models: list[list] = [[None] * self.n_folds for _ in grid]
 

@@ -229,6 +229,7 @@ class FoldRows:
     time, share one copy of the design instead of each taking its own."""
 
     def __init__(self, X: sp.csr_matrix, bounds: np.ndarray):
+        self.bounds = bounds
         self.parts = [row_view(X, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
         self.transposes = batch_features.parallel_map(lambda part: part.T.tocsr(), self.parts)
 
