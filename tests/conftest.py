@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -17,6 +18,12 @@ import pytest
 
 from tests import tiers
 from tests.litellm_proxy import free_port
+
+# Python's bytecode cache, whatever the machine's environment says (PYTHONDONTWRITEBYTECODE): without
+# it every pytest-xdist worker, and every Python process a test starts, compiles the same modules
+# again (rewriting and compiling the test modules alone is ~8 s of CPU per worker on a fresh clone).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Prefect reads its settings at import: point it at a throwaway home before anything imports it.
 # Each pytest-xdist worker gets a folder of its own under it: `routeopt run` serialises server

@@ -2,6 +2,7 @@
 
     venv = build_gateway_venv(tmp / "gw")                        # a clean one: only the gateway
     venv = build_gateway_venv(tmp / "proxy", base=proxy_venv())  # on top of the LiteLLM proxy's
+    venv = run_gateway_venv(tmp_path_factory, "proxy", base=proxy_venv())  # one per test run
 
 With `base`, the base virtualenv's packages are visible underneath (a .pth file), so pip installs
 only what the base lacks and the proxy runs with the gateway as a platform team's image would
@@ -11,6 +12,8 @@ packages cannot be installed (no package index), the calling test skips and says
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +65,20 @@ def build_gateway_venv(folder: Path, base: Path | None = None) -> Path:
         )
     (folder / ".ready").write_text("ok")
     return folder
+
+
+def run_gateway_venv(tmp_path_factory: pytest.TempPathFactory, name: str, base: Path | None = None) -> Path:
+    """The run's one gateway virtualenv called `name`: built by the first pytest-xdist worker
+    that asks (the others wait on a lock), then shared. Each build is ~10 s of CPU (a venv, an
+    isolated setuptools build, the install); tests that only run what it holds need not repeat it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    shared = root / "gateway-venvs"
+    shared.mkdir(exist_ok=True)
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_gateway_venv(shared / name, base=base)
 
 
 def installed(venv: Path) -> set[str]:

@@ -18,7 +18,7 @@ from routeopt.artifacts.serving.gateway import Gateway
 from routeopt.artifacts.serving.loader import load
 from tests import REPO
 from tests.fake_llm import FakeLLM
-from tests.gateway_venv import build_gateway_venv
+from tests.gateway_venv import run_gateway_venv
 from tests.litellm_proxy import LiteLLMProxy, proxy_venv
 
 pytestmark = pytest.mark.slow  # builds a virtualenv on first use and starts the real proxy
@@ -43,7 +43,7 @@ def _large_prompt(gateway: Gateway) -> str:
 
 
 def test_the_shipped_config_starts_routes_and_names_missing_deployments(
-    tmp_path: Path, policies, keypair
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, policies, keypair
 ) -> None:
     registry = tmp_path / "registry"
     for policy in policies:
@@ -51,7 +51,7 @@ def test_the_shipped_config_starts_routes_and_names_missing_deployments(
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     server, url = serve_in_thread(registry)
     fake = FakeLLM().start()
-    venv = build_gateway_venv(tmp_path / "venv", base=proxy_venv())
+    venv = run_gateway_venv(tmp_path_factory, "on-litellm-proxy", base=proxy_venv())
     env = {
         "LITELLM_MASTER_KEY": "sk-shipped-config-test",
         "MODELS_API_BASE": fake.openai_base_url,

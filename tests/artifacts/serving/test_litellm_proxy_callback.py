@@ -18,7 +18,7 @@ from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests.artifacts.policies import PROMPTS, SUITES
 from tests.fake_llm import FakeLLM, FaultPlan
-from tests.gateway_venv import build_gateway_venv
+from tests.gateway_venv import run_gateway_venv
 from tests.litellm_proxy import LiteLLMProxy, proxy_venv
 
 pytestmark = pytest.mark.slow  # builds two virtualenvs on first use and starts the real proxy
@@ -63,7 +63,7 @@ def setup(tmp_path_factory, policies, keypair):
     )
     move_channel(registry, "champion", 1, signing_key=keypair[0])
     server, url = serve_in_thread(registry)
-    venv = build_gateway_venv(tmp / "proxy-gateway-venv", base=proxy_venv())
+    venv = run_gateway_venv(tmp_path_factory, "on-litellm-proxy", base=proxy_venv())
     candidates = policies[0].candidates
     fakes = {c: FakeLLM().start() for c in candidates}
     model_list = [
@@ -233,7 +233,7 @@ def test_decisions_and_usage_are_logged_under_the_decision_id(setup) -> None:
 
 
 def test_a_proxy_started_before_any_policy_serves_other_models_and_routes_once_one_loads(
-    tmp_path, policies, keypair
+    tmp_path, tmp_path_factory, policies, keypair
 ) -> None:
     """No policy and no default model: the proxy still starts; alias requests get a clear 503
     until the policy is published, then they are routed; other models are served throughout."""
@@ -244,7 +244,7 @@ def test_a_proxy_started_before_any_policy_serves_other_models_and_routes_once_o
     registry = tmp_path / "registry"
     registry.mkdir()
     server, url = serve_in_thread(registry)
-    venv = build_gateway_venv(tmp_path / "proxy-gateway-venv", base=proxy_venv())
+    venv = run_gateway_venv(tmp_path_factory, "on-litellm-proxy", base=proxy_venv())
     fake = FakeLLM().start()
     candidates = policies[0].candidates
     model_list = [
