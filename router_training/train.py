@@ -425,7 +425,8 @@ def train_router(
             )
 
         if refit:  # the held-out measurement runs while the refit does, on the cores it leaves
-            measured, policy = concurrently(lambda job: job(), [evaluate, fit_all])
+            text = sum(len(p) for p in data.prompts)  # what both jobs' text steps stream over
+            measured, policy = concurrently(lambda job: job(), [evaluate, fit_all], text)
             evaluated, holdout = measured
         else:
             evaluated, holdout = evaluate()

@@ -190,7 +190,7 @@ class LinearPassEstimator(BaseEstimator):
                 start = models[i][f] = np.append(W[:, 0], b)
                 oof[i, lo:hi] = design.fold(f) @ W[:, 0] + b[0]
 
-        concurrently(fold, range(self.n_folds))
+        concurrently(fold, range(self.n_folds), design.nnz)
         best = None
         for i in range(len(grid)):
             loss = soft_log_loss(oof[i], ybar)
@@ -324,7 +324,7 @@ class LinearPassEstimator(BaseEstimator):
             z[lo:hi] = self._head_logits(H[lo:hi], None if text is None else text.fold(f), params)
             return params
 
-        folds = concurrently(fold, range(self.n_folds))
+        folds = concurrently(fold, range(self.n_folds), H.size + (0 if T is None else T.nnz))
         if self.deploy == "average":
             return (z, *(np.mean([p[i] for p in folds], axis=0) for i in range(4)))
         return (z, *self._fit_heads(H, None if text is None else text.every(), Y))

@@ -169,12 +169,10 @@ class RowBlocks:
     by one block exactly as the whole product computes it, so results are the same bit for bit
     whatever the number of threads. The blocks are views of the matrix's arrays, not copies."""
 
-    MIN_NNZ = 1 << 20  # below this a product is too short to be worth a second thread
-
     def __init__(self, A: sp.spmatrix | np.ndarray, threads: int | None = None):
         self.A = A
         threads = batch_features.available_cores() if threads is None else threads
-        if not sp.issparse(A) or A.nnz < self.MIN_NNZ or threads < 2:
+        if not sp.issparse(A) or A.nnz < batch_features.MIN_THREADED_SIZE or threads < 2:
             self.blocks: list[tuple[int, int, sp.csr_matrix]] = []
             return
         A = A.tocsr()
@@ -207,6 +205,7 @@ class StackedRows:
         self.shape = (int(self.bounds[-1]), parts[0].shape[1])
         self._rows = [RowBlocks(p) for p in parts]
         self._columns = [RowBlocks(t) for t in transposes]
+        self.nnz = sum(p.nnz for p in parts)
 
     def __matmul__(self, B: np.ndarray) -> np.ndarray:
         out = np.empty((self.shape[0], B.shape[1]))
@@ -229,7 +228,7 @@ class FoldRows:
     time, share one copy of the design instead of each taking its own."""
 
     def __init__(self, X: sp.csr_matrix, bounds: np.ndarray):
-        self.bounds = bounds
+        self.bounds, self.nnz = bounds, X.nnz
         self.parts = [row_view(X, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
         self.transposes = batch_features.parallel_map(lambda part: part.T.tocsr(), self.parts)
 
@@ -271,8 +270,10 @@ def fit_logistic(
     `start` is a previous (weights; intercepts) stacked (d + 1, m); `XT`, X's transpose where
     it is at hand (a `StackedRows` X brings its own). The conjugate gradients are
     preconditioned (`nystrom_preconditioner`, of `rank`, NYSTROM_RANK by default; 0: none) where
-    the design has more than twice that many columns: at the starting point, with the columns'
-    mean curvature weights.
+    the design has more than twice that many columns and more non-zeros than its columns times
+    the rank: at the starting point, with the columns' mean curvature weights. On a sparser
+    design the preconditioner's dense (columns x rank) products cost more per conjugate-gradient
+    step than the Hessian products they save.
     """
     Y = np.asarray(Y, dtype=np.float64)
     Y = Y[:, None] if Y.ndim == 1 else Y
@@ -326,7 +327,8 @@ def fit_logistic(
 
         return nystrom_preconditioner(curvature, d + 1, 1.0 / C, rank)
 
-    sketched = 0 < 2 * rank < d + 1  # a sketch of a few of many columns; a small design needs none
+    nnz = X.nnz if isinstance(X, StackedRows) or sp.issparse(X) else np.size(X)
+    sketched = 0 < 2 * rank < d + 1 and nnz >= (d + 1) * rank  # a few of many columns, and worth it
     theta = newton_together(parts, hess, theta, preconditioner=preconditioner if sketched else None)
     W[:, cols], b[cols] = theta[:-1], theta[-1]
     return W, b

@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from routeopt.router_training.fit.estimators import (
     fit_feature_spec,
     fit_platt,
 )
+from routeopt.router_training import train as train_module
 from routeopt.router_training.train import train_router
 from tests.router_training.conftest import demo_frame
 
@@ -44,14 +47,25 @@ def test_published_policy_is_refit_on_every_request(trained, demo):
 
 def test_training_on_one_core_publishes_what_several_cores_do(trained, demo, monkeypatch):
     """With several cores the held-out measurement runs beside the refit and the folds beside
-    each other; the policies and every metric are those of running them one after another."""
+    each other (here at any size); the policies and every metric are those of running them one
+    after another, which is what a fleet this small does by default."""
     from routeopt.common.io import jsonable
     from routeopt.router_training.policy import batch_features
 
-    monkeypatch.setattr(batch_features, "available_cores", lambda: 1)
-    alone = train_router(demo, quality_target=0.95, seed=0)
-    assert jsonable(alone.metrics) == jsonable(trained.metrics) and alone.split == trained.split
-    for got, want in ((alone.policy, trained.policy), (alone.evaluated, trained.evaluated)):
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
+    monkeypatch.setattr(batch_features, "available_cores", lambda: 3)
+    threads: list[str] = []
+
+    def noting(fn, items, size):
+        return batch_features.concurrently(
+            lambda x: threads.append(threading.current_thread().name) or fn(x), items, size
+        )
+
+    monkeypatch.setattr(train_module, "concurrently", noting)
+    together = train_router(demo, quality_target=0.95, seed=0)
+    assert threads and all(name.startswith("routeopt-fold") for name in threads)  # beside the refit
+    assert jsonable(together.metrics) == jsonable(trained.metrics) and together.split == trained.split
+    for got, want in ((together.policy, trained.policy), (together.evaluated, trained.evaluated)):
         assert np.array_equal(got.scorer.weights, want.scorer.weights)
         assert [p.cost for p in got.knob.points] == [p.cost for p in want.knob.points]
 

@@ -33,7 +33,7 @@ def test_columns_fitted_together_are_each_columns_own_fit(k: int) -> None:
 def test_products_split_over_threads_are_the_whole_products_bit_for_bit(monkeypatch, k: int) -> None:
     X, _ = _problem(n=997, d=300, k=1)
     B = np.random.default_rng(2).normal(size=(X.shape[1], k))
-    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
     blocked = L.RowBlocks(X, threads=3)
     assert len(blocked.blocks) > 1 and blocked.blocks[-1][1] == X.shape[0]
     assert np.array_equal(blocked @ B, L._times(X, B))
@@ -43,7 +43,7 @@ def test_products_split_over_threads_are_the_whole_products_bit_for_bit(monkeypa
 
 def test_the_blocks_are_views_of_the_matrix_not_copies(monkeypatch) -> None:
     X, _ = _problem(n=997, d=300, k=1)
-    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
     blocks = L.RowBlocks(X, threads=2).blocks
     assert len(blocks) > 1
     for _, _, block in blocks:
@@ -53,7 +53,7 @@ def test_the_blocks_are_views_of_the_matrix_not_copies(monkeypatch) -> None:
 def test_a_fit_with_its_products_split_over_threads_is_the_same_fit(monkeypatch) -> None:
     X, Y = _problem(k=4)
     W1, b1 = L.fit_logistic(X, Y, 0.7)
-    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
     monkeypatch.setattr(batch_features, "available_cores", lambda: 2)
     W2, b2 = L.fit_logistic(X, Y, 0.7)
     assert np.array_equal(W1, W2) and np.array_equal(b1, b2)
@@ -204,7 +204,7 @@ def test_the_nystrom_preconditioner_flattens_the_top_of_the_spectrum() -> None:
 
 def test_a_design_without_a_fold_is_that_folds_rows_left_out_sharing_their_memory(monkeypatch) -> None:
     X, _ = _problem(n=997, d=300, k=1)
-    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
     bounds = np.array([0, 331, 660, 997])
     design = L.FoldRows(X, bounds)
     B, U = np.random.default_rng(2).normal(size=(300, 5)), np.random.default_rng(3).normal(size=(668, 5))
@@ -235,13 +235,13 @@ def test_folds_fitted_at_the_same_time_are_the_fits_made_one_by_one(monkeypatch)
     make = lambda: E.LinearPassEstimator(n_suites=3, n_clusters=2, n_buckets=200, candidate_text=1.0).fit(
         X, Y
     )
-    monkeypatch.setattr(L.RowBlocks, "MIN_NNZ", 0)
+    monkeypatch.setattr(batch_features, "MIN_THREADED_SIZE", 0)
     monkeypatch.setattr(batch_features, "available_cores", lambda: 1)
     alone = make()
     monkeypatch.setattr(batch_features, "available_cores", lambda: 3)
     threads = []
     real = batch_features.concurrently
-    monkeypatch.setattr(E, "concurrently", lambda fn, items: threads.append(1) or real(fn, items))
+    monkeypatch.setattr(E, "concurrently", lambda fn, items, size: threads.append(1) or real(fn, items, size))
     together = make()
     assert len(threads) >= 2  # the difficulty's folds and the heads'
     for name in ("coef_", "intercept_", "difficulty_coef_", "slopes_", "oof_logits_", "oof_difficulty_"):
