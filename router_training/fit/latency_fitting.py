@@ -149,11 +149,28 @@ def _violation_ucb(v: np.ndarray, z: float, n: int | None = None) -> np.ndarray:
 class _SeenMasks:
     """The members and choices of the last few masks: neighbouring budgets and scales often give
     the same mask, and choosing members is most of a tier's cost. Choices are held as the
-    smallest unsigned integers that fit the candidates."""
+    smallest unsigned integers that fit the candidates. It also keeps the one restricted knob
+    `mask_scale` chose, which the tier's `budget_knob` then builds on instead of building it
+    again."""
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._found: OrderedDict[bytes, tuple[list, np.ndarray]] = OrderedDict()
+        self.kept: _Restricted | None = None
+
+    def restricted(
+        self,
+        cal: Calibration,
+        ref: int,
+        allowed: np.ndarray,
+        over: np.ndarray,
+        w: np.ndarray,
+        sel: np.ndarray,
+    ) -> "_Restricted":
+        """The restricted knob of these arguments: the kept one where it is that."""
+        if self.kept is not None and self.kept.key == _Restricted.key_of(allowed, over, w, sel):
+            return self.kept
+        return _Restricted(cal, ref, allowed, over, w, sel, self)
 
     def members(self, cal: Calibration, ref: int, allowed: np.ndarray) -> tuple[list, np.ndarray]:
         key = allowed.tobytes()
@@ -189,11 +206,16 @@ class _Restricted:
         seen: "_SeenMasks",
     ) -> None:
         Y, C = cal.filled()
+        self.key = self.key_of(allowed, over, w, sel)
         self.members, choices = seen.members(cal, ref, allowed)
         self.yq, self.cq, self.vq = _chosen(Y, choices), _chosen(C, choices), _chosen(over, choices)
         hull, _ = _hull_points(self.yq[:, sel], self.cq[:, sel], w[sel])
         self.points = [(0, 0, 1.0), *[p for p in hull if p != (0, 0, 1.0)]]
         self.cost_sel = _mix(self.points, _mean(self.cq[:, sel], w[sel]))
+
+    @staticmethod
+    def key_of(allowed: np.ndarray, over: np.ndarray, w: np.ndarray, sel: np.ndarray) -> tuple[bytes, ...]:
+        return allowed.tobytes(), over.tobytes(), w.tobytes(), sel.tobytes()
 
     def sequence(self, sel: np.ndarray, n_test: int, z: float, alpha: float) -> np.ndarray:
         """The order the points are tested in, from the selection half alone (Pareto testing):
@@ -261,14 +283,22 @@ def mask_scale(
     sel_rows, n_test, z = np.flatnonzero(sel), int((~sel).sum()), NormalDist().inv_cdf(sure)
     if n_test < 2 or len(sel_rows) < 2:
         return 1.0
-    best, chosen, seen = math.inf, 1.0, seen if seen is not None else _SeenMasks()
+    best, chosen, kept = math.inf, 1.0, None
+    seen, tried = seen if seen is not None else _SeenMasks(), set()
     for scale in MASK_SCALES:
-        r = _Restricted(cal, ref, budget_mask(pred, budget * scale), over, w, sel, seen)
+        allowed = budget_mask(pred, budget * scale)
+        if allowed.tobytes() in tried:
+            continue  # a smaller scale's mask: the same cost, which never beats itself
+        tried.add(allowed.tobytes())
+        r = _Restricted(cal, ref, allowed, over, w, sel, seen)
         order = r.sequence(sel, n_test, z, alpha)
         ok = r.certified(Y, ref, sel_rows, order, certify, z, alpha, n_test) >= target - 1e-12
         cost = float(r.cost_sel[ok].min()) if ok.any() else math.inf
+        if cost < best or kept is None:
+            kept = r
         if cost < best:
             best, chosen = cost, scale
+    seen.kept = kept
     return chosen
 
 
@@ -297,7 +327,7 @@ def budget_knob(
     test, z = np.flatnonzero(~sel), NormalDist().inv_cdf(confidence)
     if len(test) < 2 or sel.sum() < 2:
         return None
-    r = _Restricted(cal, ref, allowed, over, w, sel, seen if seen is not None else _SeenMasks())
+    r = (seen if seen is not None else _SeenMasks()).restricted(cal, ref, allowed, over, w, sel)
     order = r.sequence(sel, len(test), z + (margin if math.isfinite(margin) else 0.0), alpha)
     certified = r.certified(Y, ref, test, order, certify, z, alpha)
     if not np.isfinite(certified).any():
