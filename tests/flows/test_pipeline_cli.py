@@ -66,7 +66,7 @@ def test_unknown_candidate_or_suite_fails_before_prefect(tmp_path: Path):
     assert "prefect" not in imported
 
 
-def test_before_exit_the_cli_closes_its_stores_and_freezes_the_heap(tmp_path) -> None:
+def test_before_exit_the_cli_closes_its_stores_and_freezes_the_heap(tmp_path, unfrozen_heap) -> None:
     """What `main` does last: every shared DuckDB store closed (its rows readable by another
     connection), then the heap frozen so shutdown's collections skip it."""
     import gc
@@ -78,11 +78,7 @@ def test_before_exit_the_cli_closes_its_stores_and_freezes_the_heap(tmp_path) ->
 
     store = nightly.shared_store(tmp_path / "db.duckdb")
     store.begin_run("run-x")
-    gc.unfreeze()
-    try:
-        cli_module._ready_to_exit()
-        assert not nightly._STORES and gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
+    cli_module._ready_to_exit()
+    assert not nightly._STORES and gc.get_freeze_count() > 0
     with duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True) as con:
         assert con.sql("SELECT run_id FROM runs").fetchall() == [("run-x",)]

@@ -637,7 +637,9 @@ def test_a_full_pipe_to_the_engine_never_stops_the_loop_that_reads_its_answers()
     assert not sender.writing.is_alive()
 
 
-def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_probe(tmp_path: Path) -> None:
+def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_probe(
+    tmp_path: Path, unfrozen_heap
+) -> None:
     """Earlier probes' records stay alive through a sweep; a full collection walking them paused
     the generator. They, and this probe's records, are frozen while it sends, and thawed after."""
     import gc
@@ -672,9 +674,6 @@ def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_prob
     assert min(rec.frozen) >= 0.99 * tracked_before
     assert gc.get_freeze_count() == 0  # and thawed after
     gc.freeze()  # a caller that froze its own heap keeps it frozen
-    try:
-        asyncio.run(replay_once(arrivals.items, 1.0, {"m": Recorder()}))
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
+    asyncio.run(replay_once(arrivals.items, 1.0, {"m": Recorder()}))
+    assert gc.get_freeze_count() > 0
     del earlier
