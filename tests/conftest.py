@@ -72,9 +72,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Freeze what collection left (the test modules and everything they import: over a million
-    objects in a worker) into the permanent generation, which no later full collection walks.
-    Tests that need a heap of their own take `unfrozen_heap`."""
+    """Freeze what collection left (the test modules and everything they import: about 570,000
+    objects) into the permanent generation, which no later full collection walks. Tests that
+    need a heap of their own take `unfrozen_heap`."""
     gc.collect()
     gc.freeze()
 
