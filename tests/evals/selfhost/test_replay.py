@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -637,43 +639,19 @@ def test_a_full_pipe_to_the_engine_never_stops_the_loop_that_reads_its_answers()
     assert not sender.writing.is_alive()
 
 
-def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_probe(
-    tmp_path: Path, unfrozen_heap
-) -> None:
+def test_the_heap_made_before_the_clock_is_left_out_of_collections_during_a_probe(tmp_path: Path) -> None:
     """Earlier probes' records stay alive through a sweep; a full collection walking them paused
-    the generator. They, and this probe's records, are frozen while it sends, and thawed after."""
-    import gc
-
-    class Recorder:
-        where = "recorder"
-
-        def __init__(self) -> None:
-            self.frozen: list[int] = []
-
-        def start(self, rec, text, t0):
-            return None
-
-        async def send(self, rec, text, t0, started=None) -> None:
-            self.frozen.append(gc.get_freeze_count())
-            rec.sent_s = time.perf_counter() - t0
-            rec.first_s = rec.end_s = rec.sent_s
-
-    rows = [
-        {"timestamp": 1000 + i * 0.001, "model": "m", "input_tokens": 5, "output_tokens": 2}
-        for i in range(20)
-    ]
-    arrivals = load_arrivals([trace(tmp_path / "t.jsonl", rows)], ["m"])
-    earlier = [[i] for i in range(1000)]  # stands for the records of earlier probes
-    gc.collect()
-    tracked_before = len(gc.get_objects())
-    rec = Recorder()
-    run = asyncio.run(replay_once(arrivals.items, 1.0, {"m": rec}))
-    assert run.status == "complete" and len(rec.frozen) == 20
-    # everything made before the clock was frozen (less the objects that threads left by earlier
-    # tests in this process free between the count and the freeze: 600 of a million seen once)
-    assert min(rec.frozen) >= 0.99 * tracked_before
-    assert gc.get_freeze_count() == 0  # and thawed after
-    gc.freeze()  # a caller that froze its own heap keeps it frozen
-    asyncio.run(replay_once(arrivals.items, 1.0, {"m": Recorder()}))
-    assert gc.get_freeze_count() > 0
-    del earlier
+    the generator. They, and this probe's records, are frozen while it sends, and thawed after.
+    In a process of its own (tests/evals/selfhost/heap_probe.py), whose heap is a replay's."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("heap_probe.py")), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["status"] == "complete" and len(seen["frozen"]) == 20
+    assert min(seen["frozen"]) >= seen["tracked_before"]  # everything made before the clock
+    assert seen["thawed"] == 0  # and thawed after
+    assert seen["kept"] > 0  # a caller that froze its own heap keeps it frozen
