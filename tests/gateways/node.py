@@ -2,11 +2,12 @@
 
 `npm ci` installs exactly what package-lock.json pins (TypeScript, miniflare with workerd's
 binary) into gateways/js/node_modules, once per lock file (a stamp records which), under a file
-lock so concurrent test sessions wait for one install; `npm run build` compiles src/ to dist/
-once per content of its inputs (a stamp in dist/ records which), under the same lock: the build
-empties dist/ first, so a second build while another pytest-xdist worker or test session runs
-node on dist/ would pull the files from under it. Tests that need node skip with the reason
-where node or npm is missing.
+lock so concurrent test sessions wait for one install. `npm pack`, as a release runs it, builds
+dist/ from src/ (its prepack script is `npm run build`) and writes the tarball users install,
+once per content of the build's inputs (a stamp in dist/ records which), under the same lock:
+the build empties dist/ first, so a second build while another pytest-xdist worker or test
+session runs node on dist/ would pull the files from under it. Tests that need node skip with
+the reason where node or npm is missing.
 """
 
 from __future__ import annotations
@@ -58,9 +59,21 @@ def _npm(*args: str, timeout: int = 900) -> None:
 
 def package() -> Path:
     """gateways/js with its dev dependencies installed and dist/ built from src/."""
+    _build()
+    return PACKAGE
+
+
+def tarball() -> Path:
+    """The tarball `npm pack` made from the current dist/ (the file a release publishes)."""
+    return _build()
+
+
+def _build() -> Path:
+    """Install, then pack (building dist/) unless dist/ and the tarball match the inputs."""
     node()
     lock = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
     stamp = PACKAGE / "node_modules" / ".routeopt-lock"
+    packed = PACKAGE / "node_modules" / ".routeopt-pack"  # npm ignores node_modules/ when packing
     with open(PACKAGE / ".install.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         if not stamp.exists() or stamp.read_text() != lock:
@@ -68,10 +81,14 @@ def package() -> Path:
             stamp.write_text(lock)
         built = PACKAGE / "dist" / ".routeopt-build"
         inputs = _build_inputs(lock)
-        if not built.exists() or built.read_text() != inputs:
-            _npm("run", "build", timeout=600)
+        found = sorted(packed.glob("*.tgz"))
+        if not built.exists() or built.read_text() != inputs or len(found) != 1:
+            shutil.rmtree(packed, ignore_errors=True)
+            packed.mkdir()
+            _npm("pack", "--json", "--pack-destination", str(packed), timeout=600)
             built.write_text(inputs)
-    return PACKAGE
+            found = sorted(packed.glob("*.tgz"))
+    return found[0]
 
 
 def _build_inputs(lock: str) -> str:

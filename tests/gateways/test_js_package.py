@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 import time
@@ -18,6 +17,7 @@ import pytest
 from routeopt.artifacts.serving.loader import load
 from routeopt.artifacts.publish.registry_server import serve_in_thread
 from tests.gateways.node import PACKAGE, node, package, run_node
+from tests.gateways.node import tarball as packed_tarball
 from tests.gateways.test_js_runtime import _python_decisions, _requests, _same, build_fixtures
 
 NPM_ENV = {"npm_config_fund": "false", "npm_config_audit": "false", "npm_config_update_notifier": "false"}
@@ -45,19 +45,10 @@ def fixtures(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tarball(tmp_path_factory) -> Path:
-    """`npm pack` as a release does, its prepack script building dist/ from src/: in a copy of
-    gateways/js, so that the build does not empty the dist/ other tests run meanwhile."""
-    package()
-    out = tmp_path_factory.mktemp("pack")
-    source = out / "gateway"
-    shutil.copytree(
-        PACKAGE, source, ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", ".install.lock")
-    )
-    (source / "node_modules").symlink_to(PACKAGE / "node_modules")
-    done = _npm(source, "pack", "--json", "--pack-destination", str(out), cache=out / ".npm-cache")
-    name = json.loads(done.stdout)[0]["filename"]
-    return out / name
+def tarball() -> Path:
+    """`npm pack` as a release runs it, its prepack script building dist/ from src/ (the build
+    the other JavaScript tests run on; tests/gateways/node.py)."""
+    return packed_tarball()
 
 
 @pytest.fixture(scope="module")
