@@ -79,6 +79,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """After each test, collect what it left and freeze what survives (module fixtures, caches,
+    imports): a full collection, the test's own or the collector's, then walks only what the
+    running test made, not everything a worker's earlier tests kept."""
+    yield
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture
 def unfrozen_heap():
     """The heap as a program has it, nothing frozen; what collection froze is frozen again after
