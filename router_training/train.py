@@ -95,6 +95,7 @@ class Design:
     budget_margin: float = (
         DEFAULT_MARGIN  # how much surer a budget mask's widening must look (inf: masks at the budget)
     )
+    budget_open_mask: bool = False  # a budget's mask may also open to every candidate (else up to 2x)
 
 
 @dataclass
@@ -296,6 +297,7 @@ def _policy(
             basis.weights,
             basis.cells,
             design.budget_margin,
+            design.budget_open_mask,
         )
     policy.metrics = {
         **f.metrics,

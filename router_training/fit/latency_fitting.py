@@ -12,7 +12,8 @@ some candidate has fewer than `MIN_ROWS` measurements of gets no model (and no b
 p95 (cross-fitted: each calibration request's prediction comes from the model fitted on the
 other folds), a knob is built on the calibration requests with every member restricted to the
 candidates the tier's mask allows (`budget_mask`: predicted p95 within the budget times a
-scale, `mask_scale`, chosen on the selection half below). As for the quality knob, its hull
+scale, `mask_scale`, chosen on the selection half below; with `open_mask`, the widest scale
+opens the mask to every candidate on every calibration request). As for the quality knob, its hull
 is chosen on a fixed random half of the requests and tested on the other half in a fixed
 sequence, the reference's own restricted choice included: a point is certified for target x
 only while every point before it and itself pass both tests, the quality margin's lower bound
@@ -63,6 +64,7 @@ QUANTILE_LEVELS = {"p50": 0.5, "p95": 0.95}
 GRID = 24  # budgets per kind (fewer where two allow the same candidates)
 DEFAULT_ALPHA = 0.1  # the violation rate every offered budget is certified to keep
 MASK_SCALES = (1.0, 1.25, 1.5, 2.0)  # how far past its budget a tier's mask may reach (mask_scale)
+# and, with `open_mask`, the scale that allows every candidate on every calibration request
 # mask_scale's predictions: standard errors past the certificate's, chosen by cross-validation
 # on the training splits (benchmarks/latency_budgets.py --cv); infinite keeps masks at the budget.
 DEFAULT_MARGIN = 0.5
@@ -247,6 +249,12 @@ class _Restricted:
         return out
 
 
+def open_scale(pred: np.ndarray, budget: float) -> float:
+    """The mask scale, in hundredths, that lets every candidate through on every request of
+    `pred` (their predicted p95): the widest `mask_scale` tries."""
+    return math.ceil(float(pred.max()) / budget * 100) / 100
+
+
 def mask_scale(
     cal: Calibration,
     ref: int,
@@ -261,12 +269,14 @@ def mask_scale(
     cells: np.ndarray | None = None,
     seen: _SeenMasks | None = None,
     margin: float = DEFAULT_MARGIN,
+    open_mask: bool = False,
 ) -> float:
-    """How far past its budget a tier's mask reaches: the one of `MASK_SCALES` whose cheapest
-    point predicted to be certified for the policy's `target` is cheapest, all of it measured
-    on the selection half (the test half's bounds predicted at its size, `margin` standard
-    errors surer than the certificate asks: the selection half chose the hull it predicts on);
-    1 where none is, and with an infinite margin.
+    """How far past its budget a tier's mask reaches: the one of `MASK_SCALES` (and, with
+    `open_mask`, `open_scale`) whose cheapest point predicted to be certified for the policy's
+    `target` is cheapest, all of it measured on the selection half (the test half's bounds
+    predicted at its size, `margin` standard errors surer than the certificate asks: the
+    selection half chose the hull it predicts on); the smaller of two as cheap; 1 where none
+    is, and with an infinite margin.
 
     A mask of predicted p95 <= budget lets through only candidates that each exceed it on about
     5% of requests, where alpha allows that share over all requests: a wider mask spends the
@@ -285,7 +295,8 @@ def mask_scale(
         return 1.0
     best, chosen, kept = math.inf, 1.0, None
     seen, tried = seen if seen is not None else _SeenMasks(), set()
-    for scale in MASK_SCALES:
+    widest = open_scale(pred, budget) if open_mask else 0.0
+    for scale in (*MASK_SCALES, *([widest] if widest > MASK_SCALES[-1] else [])):
         allowed = budget_mask(pred, budget * scale)
         if allowed.tobytes() in tried:
             continue  # a smaller scale's mask: the same cost, which never beats itself
@@ -361,6 +372,7 @@ def latency_policy(
     weights: np.ndarray | None = None,
     cells: np.ndarray | None = None,
     margin: float = DEFAULT_MARGIN,
+    open_mask: bool = False,
 ) -> tuple[LatencyPolicy | None, dict[str, Any]]:
     """The latency section of a policy from its calibration requests' measurements (None when
     nothing was measured enough to model), and what was measured of each kind."""
@@ -387,6 +399,7 @@ def latency_policy(
                 cells,
                 seen,
                 margin,
+                open_mask,
             )
             allowed = budget_mask(pred, budget * scale)
             built = budget_knob(

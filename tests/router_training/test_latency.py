@@ -11,7 +11,13 @@ import pandas as pd
 import pytest
 
 from routeopt.router_training.fit.knob_fitting import Calibration
-from routeopt.router_training.fit.latency_fitting import MIN_ROWS, budget_knob, fit_quantile_model, mask_scale
+from routeopt.router_training.fit.latency_fitting import (
+    MIN_ROWS,
+    budget_knob,
+    fit_quantile_model,
+    mask_scale,
+    open_scale,
+)
 from routeopt.router_training.policy.knob import Member, choose, member_choice
 from routeopt.router_training.policy.latency import BudgetTier, budget_mask
 from routeopt.router_training.policy.routing import RoutingPolicy
@@ -47,14 +53,16 @@ def test_members_choose_among_the_allowed_candidates_only() -> None:
     assert choose(p, c, "lambda", 0.0, allowed)[0].tolist() == [2, 1, 0]
 
 
-def _slack(over_rate: float, n: int = 3000) -> tuple[Calibration, np.ndarray, np.ndarray]:
+def _slack(over_rate: float, n: int = 3000, slow: float = 1.1) -> tuple[Calibration, np.ndarray, np.ndarray]:
     """A fast, cheap candidate that passes half the time and a slow, dear one that passes 90% of
-    the time, predicted a little over a 1 s budget (1.1 s) and over it on `over_rate` of requests."""
+    the time, predicted a little over a 1 s budget (`slow` seconds) and over it on `over_rate`
+    of requests."""
     rng = np.random.default_rng(3)
     P = np.tile([0.5, 0.9], (n, 1))
     Y = (rng.random((n, 2)) < P).astype(float)
     C = np.tile([1.0, 10.0], (n, 1))
-    pred = np.tile([0.5, 1.1], (n, 1))
+    pred = np.tile([0.5, slow], (n, 1))
+    pred[0, 1] = slow * 1.5  # one request the slow candidate is predicted slower on still
     over = np.stack([np.zeros(n), (rng.random(n) < over_rate).astype(float)], 1)
     return Calibration(P, C, Y, C), pred, over
 
@@ -67,6 +75,21 @@ def test_a_tiers_mask_reaches_past_its_budget_only_where_the_violations_allow(ov
     assert chosen == scale
     knob, _ = budget_knob(cal, 1, budget_mask(pred, 1.0 * chosen), over, 0.9, 0.1)
     assert knob.certified_up_to() >= 0.9 if scale > 1 else knob.certified_up_to() < 0.9
+
+
+@pytest.mark.parametrize("over_rate, open_", [(0.03, True), (0.6, False)])
+def test_a_tiers_mask_opens_to_every_candidate_only_where_the_violations_allow(over_rate, open_) -> None:
+    """Predicted at 3x the budget, the slow candidate is past every fixed scale: only the open
+    mask (every candidate on every calibration request) lets the knob reach the target, and
+    only where its measured violations keep alpha."""
+    cal, pred, over = _slack(over_rate, slow=3.0)
+    widest = open_scale(pred, 1.0)
+    assert widest == 4.5 and budget_mask(pred, widest).all()
+    chosen = mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9, margin=0.5, open_mask=True)
+    assert chosen == (widest if open_ else 1.0)
+    assert mask_scale(cal, 1, pred, 1.0, over, 0.9, 0.1, target=0.9, margin=0.5) == 1.0  # off by default
+    knob, _ = budget_knob(cal, 1, budget_mask(pred, chosen), over, 0.9, 0.1)
+    assert knob.certified_up_to() >= 0.9 if open_ else knob.certified_up_to() < 0.9
 
 
 def test_a_tiers_mask_s_is_read_checked_and_decides(trained_timed, timed) -> None:
